@@ -1,0 +1,67 @@
+"""Error types and the stable quarantine reason codes shared by every stage."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class DeidError(Exception):
+    """Base class of every error deid raises on purpose."""
+
+
+class ConfigError(DeidError, ValueError):
+    """Bad configuration or parameter; the message names it, its value, the valid range and the fix."""
+
+
+class DropError(DeidError, ValueError):
+    """A drop that cannot be processed at all (no manifest, not CSV, missing required column)."""
+
+
+class VerificationError(DeidError):
+    """A signed report or release that does not verify."""
+
+
+class RecordError(DeidError):
+    """One record that cannot be used; it is quarantined with ``code`` and ``message``."""
+
+    def __init__(self, code: str, message: str):
+        if code not in REASONS:
+            raise ValueError(f"unknown quarantine reason code {code!r}; add it to deid.errors.REASONS")
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# Stable, machine-readable reason codes -> one-line human description.
+REASONS: dict[str, str] = {
+    # files
+    "missing_file": "the manifest names a file that does not exist in the drop",
+    "unsafe_path": "the path is absolute, contains '..', or is a symlink leading outside the drop",
+    "duplicate_path": "the same image path is listed more than once in the manifest",
+    "duplicate_across_people": "the same image bytes are listed under two different subject ids",
+    "empty_file": "the file has zero bytes",
+    "unreadable_file": "the file could not be read",
+    "unsupported_format": "the bytes are not a supported image format",
+    "corrupt_image": "the image could not be decoded (truncated or corrupt)",
+    "image_too_large": "the image exceeds the pixel limit (possible decompression bomb)",
+    # manifest rows
+    "missing_subject_id": "the subject_id cell is empty",
+    "missing_label": "a declared utility label is missing or empty",
+    "bad_eye_points": "eye coordinates are not numbers, are incomplete, or lie outside the image",
+    # faces
+    "no_face": "no face was found in the image",
+    "multiple_faces": "more than one face was found and no eye points were given",
+    "eyes_not_found": "a face was found but its eyes could not be located",
+    "eyes_too_close": "the eyes are closer than the minimum distance",
+    "face_too_small": "the face is so small that alignment would upsample it too much",
+}
+
+
+@dataclass(frozen=True)
+class Quarantined:
+    """One record withheld from processing, with its stable reason code."""
+
+    record_id: str
+    image: str
+    code: str
+    message: str
+    stage: str

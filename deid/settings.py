@@ -1,0 +1,68 @@
+"""The one typed settings object; every environment read goes through it (prefix ``DEID_``)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Method = Literal["k-same-select", "k-same"]
+SmallPartitionPolicy = Literal["suppress", "merge", "fail"]
+
+
+class Settings(BaseSettings):
+    """deid configuration. Every field can be set as ``DEID_<FIELD>`` in the environment."""
+
+    model_config = SettingsConfigDict(env_prefix="DEID_", extra="ignore")
+
+    project_dir: Path = Field(default_factory=Path.cwd, description="root for data/ and reports/")
+    data_dir: Path | None = Field(default=None, description="runtime data (default: <project_dir>/data)")
+    reports_dir: Path | None = Field(default=None, description="reports (default: <project_dir>/reports)")
+    signing_key: Path | None = Field(default=None, description="Ed25519 private key PEM used to sign reports")
+    dask_address: str | None = Field(default=None, description="existing Dask scheduler, e.g. tcp://host:8786")
+    dask_workers: int = Field(default=2, ge=1, le=256, description="workers of the default LocalCluster")
+
+    k: int = Field(default=5, ge=2, le=1000)
+    method: Method = "k-same-select"
+    small_partitions: SmallPartitionPolicy = "suppress"
+    utility_tolerance: float = Field(default=0.05, ge=0.0, le=1.0)
+    cv_folds: int = Field(default=5, ge=2, le=20)
+
+    canonical_width: int = Field(default=81, ge=16, le=1024)
+    canonical_height: int = Field(default=92, ge=16, le=1024)
+    # Eye centres in the canonical image, as fractions of width/height.
+    eye_left: tuple[float, float] = (0.30, 0.37)
+    eye_right: tuple[float, float] = (0.70, 0.37)
+    max_upsample: float = Field(default=4.0, gt=0)
+    min_eye_distance_px: float = Field(default=8.0, gt=0)
+    max_pixels: int = Field(default=100_000_000, ge=1)
+
+    pca_components: int = Field(default=50, ge=1, le=2000)
+    align_batch_size: int = Field(default=64, ge=1, le=100_000)
+    seed: int | None = Field(default=None, description="seed for the random parts (release ids, shuffling); None = OS randomness")
+
+    @field_validator("eye_left", "eye_right")
+    @classmethod
+    def _fraction(cls, v: tuple[float, float]) -> tuple[float, float]:
+        if not all(0.0 < c < 1.0 for c in v):
+            raise ValueError(f"eye position {v} must be fractions strictly between 0 and 1 of the canonical size")
+        return v
+
+    @property
+    def data_path(self) -> Path:
+        return (self.data_dir or self.project_dir / "data").resolve()
+
+    @property
+    def reports_path(self) -> Path:
+        return (self.reports_dir or self.project_dir / "reports").resolve()
+
+    @property
+    def canonical_size(self) -> tuple[int, int]:
+        """(width, height) of the aligned canonical face."""
+        return (self.canonical_width, self.canonical_height)
+
+    def canonical_eyes(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """Eye centres in canonical pixel coordinates (left, right)."""
+        w, h = self.canonical_size
+        return ((self.eye_left[0] * w, self.eye_left[1] * h), (self.eye_right[0] * w, self.eye_right[1] * h))
