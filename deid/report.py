@@ -52,11 +52,10 @@ SIGNATURE_NAME = "report.json.sig"
 SCHEMA_NAME = "report.schema.json"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 1 << 20
+_RATE_EPS = 1e-12
 DEFAULT_VERSION_PACKAGES = (
     "deid", "numpy", "opencv-python-headless", "scikit-learn", "pyarrow", "cryptography", "prefect", "dask",
 )
-
-Scalar = float | int | str | bool | None
 
 
 @dataclass
@@ -74,12 +73,12 @@ class DatasetSummary:
 
 @dataclass
 class Check:
-    """One gate check and its outcome."""
+    """One gate check and its outcome (``value``/``threshold``: any JSON value, None when absent)."""
 
     name: str
     passed: bool
-    value: Scalar = None
-    threshold: Scalar = None
+    value: Any = None
+    threshold: Any = None
     detail: str = ""
 
 
@@ -110,6 +109,7 @@ class Utility:
     original_accuracy: float | None
     deidentified_accuracy: float | None
     tolerance: float
+    detail: str = ""
 
 
 @dataclass
@@ -389,7 +389,8 @@ def report_problems(report: Mapping[str, Any]) -> list[str]:
                 f"every cluster must hold at least k = {k} distinct people"
             )
         max_rate = privacy["max_rate"]
-        if max_rate is None or max_rate > privacy["bound"]:
+        # Same epsilon as the gate: a rate of exactly 1/k may round one ulp above it.
+        if max_rate is None or max_rate > privacy["bound"] + _RATE_EPS:
             problems.append(
                 f"verdict 'released' but $.privacy.max_rate = {max_rate!r}; "
                 f"the measured re-identification rate must be at most 1/k = {privacy['bound']!r}"

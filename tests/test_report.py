@@ -205,3 +205,18 @@ def test_write_signed_report_refuses_mismatched_signing_info(tmp_path, signing_k
     d2["signing"]["public_key_fingerprint"] = "sha256:" + "0" * 64
     with pytest.raises(ConfigError, match="does not describe the key"):
         write_signed_report(tmp_path / "r", d2, signing_key)
+
+
+def test_report_accepts_what_the_gate_and_flow_produce(signing_key):
+    """List-valued checks, utility details, missing packages (None) and a rate one ulp above 1/k."""
+    d = make_report(signing_key).to_dict()
+    d["checks"].append({"name": "no_forbidden_columns", "passed": True, "value": [], "threshold": "none", "detail": ""})
+    d["utility"][0]["detail"] = "originals: 5 folds; release: 5 folds"
+    d["versions"]["not-installed"] = None
+    bound = d["privacy"]["bound"]
+    d["privacy"]["max_rate"] = np.nextafter(bound, 1.0).item()
+    d["privacy"]["reidentification"][0]["rate"] = d["privacy"]["max_rate"]
+    validate_report(d)
+    d["privacy"]["max_rate"] = bound + 1e-9
+    with pytest.raises(ConfigError, match="at most 1/k"):
+        validate_report(d)
