@@ -1,0 +1,373 @@
+"""Image decoding by content: sniff the format, refuse decompression bombs from the header, decode to grey.
+
+Every failure on a single file is a :class:`~deid.errors.RecordError` with a stable code, so that the
+caller can quarantine the record and carry on with the rest of the drop.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+
+import cv2
+import numpy as np
+
+from deid.errors import ConfigError, RecordError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["sniff_format", "header_size", "decode_gray", "decode_gray_reduced", "exif_orientation"]
+
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# JPEG start-of-frame markers carry the size; C4 (DHT), C8 (JPG) and CC (DAC) share the range but do not.
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_REDUCED_FLAGS = {
+    1: cv2.IMREAD_GRAYSCALE,
+    2: cv2.IMREAD_REDUCED_GRAYSCALE_2,
+    4: cv2.IMREAD_REDUCED_GRAYSCALE_4,
+    8: cv2.IMREAD_REDUCED_GRAYSCALE_8,
+}
+
+_opencv_quiet = False
+
+
+def _quiet_opencv() -> None:
+    # libjpeg/libpng warnings on corrupt files go to stderr through OpenCV's logger; every such file
+    # is reported as a RecordError instead, so the log lines are only noise (in every Dask worker).
+    global _opencv_quiet
+    if _opencv_quiet:
+        return
+    try:
+        cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+    except AttributeError:  # pragma: no cover - older bindings
+        cv2.setLogLevel(0)
+    _opencv_quiet = True
+
+
+def sniff_format(data: bytes) -> str | None:
+    """Name of the image format from the leading bytes ('jpeg', 'png', 'pnm', 'gif', 'bmp', 'tiff') or None."""
+    head = bytes(data[:18])
+    if head.startswith(b"\xff\xd8\xff"):
+        return "jpeg"
+    if head.startswith(_PNG_MAGIC):
+        return "png"
+    if head.startswith((b"GIF87a", b"GIF89a")):
+        return "gif"
+    if head.startswith((b"II*\x00", b"MM\x00*")):
+        return "tiff"
+    if head.startswith(b"BM") and len(head) >= 18:
+        # "BM" alone is too weak a signature: also require a known DIB header size.
+        dib = struct.unpack_from("<I", head, 14)[0]
+        if dib in (12, 16, 40, 52, 56, 64, 108, 124):
+            return "bmp"
+        return None
+    if len(head) >= 3 and head[0:1] == b"P" and head[1:2] in b"123456" and head[2:3] in b" \t\r\n#":
+        return "pnm"
+    return None
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0x01, *range(0xD0, 0xD8)):  # stand-alone markers
+            i += 2
+            continue
+        if marker in (0xD9, 0xDA):  # EOI / SOS before any SOF: no frame header
+            return None
+        (length,) = struct.unpack_from(">H", data, i + 2)
+        if length < 2:
+            return None
+        if marker in _SOF_MARKERS:
+            if i + 9 > n:
+                return None
+            height, width = struct.unpack_from(">HH", data, i + 5)
+            return (width, height)
+        i += 2 + length
+    return None
+
+
+def _pnm_size(data: bytes) -> tuple[int, int] | None:
+    tokens: list[int] = []
+    i, n = 2, min(len(data), 4096)
+    while len(tokens) < 2 and i < n:
+        c = data[i : i + 1]
+        if c == b"#":
+            while i < n and data[i : i + 1] not in (b"\n", b"\r"):
+                i += 1
+        elif c.isspace():
+            i += 1
+        elif c.isdigit():
+            j = i
+            while j < n and data[j : j + 1].isdigit():
+                j += 1
+            tokens.append(int(data[i:j]))
+            i = j
+        else:
+            return None
+    return (tokens[0], tokens[1]) if len(tokens) == 2 else None
+
+
+def _tiff_ifd0(data: bytes, base: int = 0) -> dict[int, int] | None:
+    """Integer tags of the first IFD of a TIFF structure starting at ``base`` (also EXIF blocks)."""
+    if len(data) < base + 8:
+        return None
+    order = data[base : base + 2]
+    if order == b"II":
+        e = "<"
+    elif order == b"MM":
+        e = ">"
+    else:
+        return None
+    (offset,) = struct.unpack_from(e + "I", data, base + 4)
+    pos = base + offset
+    if pos + 2 > len(data):
+        return None
+    (count,) = struct.unpack_from(e + "H", data, pos)
+    tags: dict[int, int] = {}
+    for k in range(min(count, 512)):
+        entry = pos + 2 + 12 * k
+        if entry + 12 > len(data):
+            break
+        tag, typ, cnt = struct.unpack_from(e + "HHI", data, entry)
+        if cnt != 1:
+            continue
+        if typ == 3:  # SHORT, left-justified in the value field
+            tags[tag] = struct.unpack_from(e + "H", data, entry + 8)[0]
+        elif typ == 4:  # LONG
+            tags[tag] = struct.unpack_from(e + "I", data, entry + 8)[0]
+    return tags
+
+
+def header_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) read from the image header without decoding, or None if it cannot be read."""
+    data = bytes(data[:65536]) if not isinstance(data, bytes) else data
+    fmt = sniff_format(data)
+    try:
+        if fmt == "jpeg":
+            return _jpeg_size(data)
+        if fmt == "png":
+            if data[12:16] != b"IHDR":
+                return None
+            return struct.unpack_from(">II", data, 16)
+        if fmt == "gif":
+            return struct.unpack_from("<HH", data, 6)
+        if fmt == "bmp":
+            (dib,) = struct.unpack_from("<I", data, 14)
+            if dib == 12:
+                return struct.unpack_from("<HH", data, 18)
+            w, h = struct.unpack_from("<ii", data, 18)
+            return (abs(w), abs(h))  # negative height = top-down rows
+        if fmt == "pnm":
+            return _pnm_size(data)
+        if fmt == "tiff":
+            tags = _tiff_ifd0(data)
+            if tags is None or 256 not in tags or 257 not in tags:
+                return None
+            return (tags[256], tags[257])
+    except struct.error:
+        return None
+    return None
+
+
+def _exif_block(data: bytes, fmt: str) -> tuple[bytes, int] | None:
+    """(buffer, offset) of the TIFF-structured EXIF block of a JPEG/PNG, or the TIFF file itself."""
+    if fmt == "tiff":
+        return data, 0
+    if fmt == "jpeg":
+        i, n = 2, len(data)
+        while i + 4 <= n and data[i] == 0xFF:
+            marker = data[i + 1]
+            if marker == 0xDA:
+                return None
+            (length,) = struct.unpack_from(">H", data, i + 2)
+            if marker == 0xE1 and data[i + 4 : i + 10] == b"Exif\x00\x00":
+                return data, i + 10
+            i += 2 + length
+        return None
+    if fmt == "png":
+        i = 8
+        while i + 8 <= len(data):
+            length, ctype = struct.unpack_from(">I4s", data, i)
+            if ctype == b"eXIf":
+                return data, i + 8
+            if ctype in (b"IDAT", b"IEND"):
+                return None
+            i += 12 + length
+    return None
+
+
+def exif_orientation(data: bytes) -> int:
+    """EXIF orientation (1-8) of a JPEG, PNG (eXIf) or TIFF; 1 when absent or unreadable."""
+    fmt = sniff_format(data)
+    if fmt is None:
+        return 1
+    try:
+        block = _exif_block(data, fmt)
+        if block is None:
+            return 1
+        tags = _tiff_ifd0(*block)
+    except struct.error:
+        return 1
+    value = (tags or {}).get(274, 1)
+    return value if 1 <= value <= 8 else 1
+
+
+def _apply_orientation(img: np.ndarray, orientation: int) -> np.ndarray:
+    # Same mapping as OpenCV's ApplyExifOrientation, so every format is turned upright the same way.
+    if orientation == 2:
+        return cv2.flip(img, 1)
+    if orientation == 3:
+        return cv2.rotate(img, cv2.ROTATE_180)
+    if orientation == 4:
+        return cv2.flip(img, 0)
+    if orientation == 5:
+        return cv2.transpose(img)
+    if orientation == 6:
+        return cv2.rotate(img, cv2.ROTATE_90_CLOCKWISE)
+    if orientation == 7:
+        return cv2.rotate(cv2.transpose(img), cv2.ROTATE_180)
+    if orientation == 8:
+        return cv2.rotate(img, cv2.ROTATE_90_COUNTERCLOCKWISE)
+    return img
+
+
+def _jpeg_truncated(data: bytes) -> bool:
+    # Entropy-coded data escapes 0xFF as FF00, so an FFD9 after the first SOS can only be the EOI.
+    # Looking only after SOS skips the EOI of an embedded EXIF thumbnail.
+    i, n = 2, len(data)
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            return True
+        marker = data[i + 1]
+        if marker == 0xFF:
+            i += 1
+            continue
+        if marker in (0x01, *range(0xD0, 0xD8)):
+            i += 2
+            continue
+        if marker == 0xD9:
+            return True  # EOI before any scan: no image data
+        if marker == 0xDA:
+            return data.find(b"\xff\xd9", i + 2) == -1
+        (length,) = struct.unpack_from(">H", data, i + 2)
+        i += 2 + length
+    return True
+
+
+def _to_uint8(img: np.ndarray) -> np.ndarray:
+    if img.dtype == np.uint8:
+        return img
+    if img.dtype == np.uint16:
+        return ((img.astype(np.uint32) * 255 + 32767) // 65535).astype(np.uint8)
+    if img.dtype == np.int8:
+        return (img.astype(np.int16) + 128).astype(np.uint8)
+    if img.dtype == np.int16:
+        return ((img.astype(np.int32) + 32768) * 255 // 65535).astype(np.uint8)
+    if np.issubdtype(img.dtype, np.floating):
+        f = np.nan_to_num(img.astype(np.float64), nan=0.0, posinf=1.0, neginf=0.0)
+        # Float images are conventionally in [0, 1]; anything larger is taken as already 0-255.
+        scale = 255.0 if f.max(initial=0.0) <= 1.0 else 1.0
+        return np.clip(np.rint(f * scale), 0, 255).astype(np.uint8)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def _to_gray(img: np.ndarray) -> np.ndarray:
+    """Any decoded array (grey, grey+alpha, BGR, BGRA; 8/16-bit/float) to 2-D uint8, alpha over white."""
+    img = _to_uint8(img)
+    if img.ndim == 2:
+        return img
+    channels = img.shape[2]
+    if channels == 1:
+        return img[:, :, 0]
+    if channels == 2:
+        gray, alpha = img[:, :, 0], img[:, :, 1]
+    elif channels == 3:
+        return cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
+    else:
+        gray, alpha = cv2.cvtColor(img[:, :, :3], cv2.COLOR_BGR2GRAY), img[:, :, 3]
+    a = alpha.astype(np.float32) / 255.0
+    out = gray.astype(np.float32) * a + 255.0 * (1.0 - a)
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
+def _check(data: bytes, max_pixels: int) -> tuple[str, tuple[int, int]]:
+    if not isinstance(max_pixels, (int, np.integer)) or isinstance(max_pixels, bool) or max_pixels < 1:
+        raise ConfigError(f"max_pixels={max_pixels!r} must be an integer >= 1; pass the pixel limit per image")
+    if len(data) == 0:
+        raise RecordError("empty_file", "the file has zero bytes")
+    fmt = sniff_format(data)
+    if fmt is None:
+        raise RecordError(
+            "unsupported_format",
+            f"the content starts with {bytes(data[:8])!r}, which is none of JPEG, PNG, PNM, GIF, BMP, TIFF",
+        )
+    size = header_size(data)
+    if size is None:
+        raise RecordError("corrupt_image", f"the {fmt} header is unreadable: the image size could not be read")
+    w, h = size
+    if w <= 0 or h <= 0:
+        raise RecordError("corrupt_image", f"the {fmt} header declares an empty image ({w}x{h})")
+    if w * h > max_pixels:
+        raise RecordError(
+            "image_too_large",
+            f"the {fmt} header declares {w}x{h} = {w * h} pixels, above max_pixels={max_pixels}",
+        )
+    if fmt == "jpeg" and _jpeg_truncated(data):
+        raise RecordError("corrupt_image", "the JPEG is truncated: no end-of-image marker after the scan data")
+    if fmt == "png" and b"IEND" not in data[-64:]:
+        raise RecordError("corrupt_image", "the PNG is truncated: no IEND chunk at the end")
+    return fmt, size
+
+
+def _imdecode(data: bytes, flags: int, fmt: str) -> np.ndarray:
+    _quiet_opencv()
+    buf = np.frombuffer(data, dtype=np.uint8)
+    try:
+        img = cv2.imdecode(buf, flags)
+    except cv2.error as exc:
+        raise RecordError("corrupt_image", f"OpenCV could not decode the {fmt} data: {str(exc).strip()[:200]}") from None
+    if img is None or img.size == 0:
+        raise RecordError("corrupt_image", f"OpenCV could not decode the {fmt} data (truncated or corrupt)")
+    return img
+
+
+def decode_gray(data: bytes, *, max_pixels: int = 100_000_000) -> np.ndarray:
+    """Decode image bytes to a 2-D uint8 grey array, upright per EXIF orientation.
+
+    16-bit images are scaled to 8 bits and transparency is composited over white.
+    Raises ``RecordError`` with code empty_file, unsupported_format, image_too_large or corrupt_image.
+    """
+    fmt, (w, h) = _check(data, max_pixels)
+    if fmt == "jpeg":
+        # JPEG has no alpha and (in practice) 8 bits; IMREAD_GRAYSCALE applies the EXIF orientation.
+        img = _imdecode(data, cv2.IMREAD_GRAYSCALE, fmt)
+    else:
+        # UNCHANGED keeps alpha and 16 bits but skips the orientation, which is applied below.
+        img = _imdecode(data, cv2.IMREAD_UNCHANGED, fmt)
+        img = _apply_orientation(_to_gray(img), exif_orientation(data))
+    if img.shape[0] * img.shape[1] > max_pixels:
+        raise RecordError("image_too_large", f"the decoded image is {img.shape[1]}x{img.shape[0]}, above max_pixels={max_pixels}")
+    return np.ascontiguousarray(img)
+
+
+def decode_gray_reduced(data: bytes, factor: int, *, max_pixels: int = 100_000_000) -> np.ndarray:
+    """Grey image downscaled about ``factor`` times (1, 2, 4 or 8); JPEG is decoded directly at that scale.
+
+    The size is ``ceil(full / factor)`` for JPEG; other formats are decoded in full and resized to the same.
+    """
+    if factor not in _REDUCED_FLAGS:
+        raise ConfigError(f"factor={factor!r} must be one of 1, 2, 4, 8; use 1 for the full image")
+    fmt, (w, h) = _check(data, max_pixels)
+    if fmt == "jpeg":
+        return _imdecode(data, _REDUCED_FLAGS[factor], fmt)
+    img = decode_gray(data, max_pixels=max_pixels)
+    if factor == 1:
+        return img
+    hh, ww = img.shape
+    size = (-(-ww // factor), -(-hh // factor))
+    return cv2.resize(img, size, interpolation=cv2.INTER_AREA)

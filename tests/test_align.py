@@ -1,0 +1,271 @@
+"""Similarity alignment, its refusals, align_records quarantining, and the Haar detector on London."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from deid.align import (
+    EyePair,
+    FaceAligner,
+    HaarEyeDetector,
+    _cascade,
+    align_records,
+    similarity_from_eyes,
+)
+from deid.errors import ConfigError, Quarantined, RecordError
+
+LONDON = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "london"
+CANON = FaceAligner().canonical_eyes
+MOUTH = (40.5, 72.0)  # a third canonical point: checks the whole transform, not just the eyes
+
+
+def _apply(m: np.ndarray, p: tuple[float, float]) -> tuple[float, float]:
+    return (m[0, 0] * p[0] + m[0, 1] * p[1] + m[0, 2], m[1, 0] * p[0] + m[1, 1] * p[1] + m[1, 2])
+
+
+def _known_similarity(angle_deg: float, scale: float, tx: float, ty: float) -> np.ndarray:
+    a = math.radians(angle_deg)
+    c, s = scale * math.cos(a), scale * math.sin(a)
+    return np.array([[c, -s, tx], [s, c, ty]])
+
+
+def _dots_image(shape: tuple[int, int], points: list[tuple[float, float]], sigma: float) -> np.ndarray:
+    h, w = shape
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float64)
+    img = np.full(shape, 20.0)
+    for x, y in points:
+        img += 220.0 * np.exp(-((xx - x) ** 2 + (yy - y) ** 2) / (2 * sigma**2))
+    return np.clip(np.rint(img), 0, 255).astype(np.uint8)
+
+
+def _centroid(img: np.ndarray, centre: tuple[float, float], radius: float) -> tuple[float, float]:
+    yy, xx = np.mgrid[0 : img.shape[0], 0 : img.shape[1]].astype(np.float64)
+    weight = np.clip(img.astype(np.float64) - 20.0, 0, None)
+    weight[(xx - centre[0]) ** 2 + (yy - centre[1]) ** 2 > radius**2] = 0
+    return (float((weight * xx).sum() / weight.sum()), float((weight * yy).sum() / weight.sum()))
+
+
+@pytest.mark.parametrize(
+    "angle,scale,tx,ty,shape",
+    [
+        (17.0, 6.5, 180.0, 40.0, (700, 760)),  # big photo: area pre-shrink path (scale 1/6.5)
+        (-8.0, 1.6, 30.0, 25.0, (200, 190)),  # mild downscale, direct warp
+        (25.0, 0.6, 40.0, 12.0, (80, 90)),  # small face: upsampled
+    ],
+)
+def test_alignment_recovers_known_similarity(angle, scale, tx, ty, shape):
+    # Canonical -> source by a known similarity; alignment must undo it.
+    fwd = _known_similarity(angle, scale, tx, ty)
+    pts = [_apply(fwd, p) for p in (CANON.left, CANON.right, MOUTH)]
+    src = _dots_image(shape, pts, sigma=1.6 * scale)
+    face = FaceAligner().align(src, EyePair(pts[0], pts[1]))
+    assert face.image.shape == (92, 81) and face.image.dtype == np.uint8
+    assert face.source == "manifest"
+    for want in (CANON.left, CANON.right, MOUTH):
+        got = _centroid(face.image, want, radius=6)
+        assert math.hypot(got[0] - want[0], got[1] - want[1]) < 0.5, (got, want)
+
+
+finite = st.floats(min_value=-2000, max_value=2000, allow_nan=False, allow_infinity=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(finite, finite, finite, finite, finite, finite, finite, finite)
+def test_similarity_maps_eyes_exactly(a, b, c, d, e, f, g, h):
+    src = EyePair((a, b), (c, d))
+    dst = EyePair((e, f), (g, h))
+    if src.left == src.right:
+        with pytest.raises(RecordError):
+            similarity_from_eyes(src, dst)
+        return
+    if src.distance < 1e-3:
+        return  # numerically meaningless; the aligner refuses < min_eye_distance anyway
+    m = similarity_from_eyes(src, dst)
+    assert m.shape == (2, 3) and m.dtype == np.float64
+    tol = 1e-7 * (1 + max(map(abs, (a, b, c, d, e, f, g, h)))) * (1 + dst.distance / src.distance)
+    for s, t in ((src.left, dst.left), (src.right, dst.right)):
+        x, y = _apply(m, s)
+        assert abs(x - t[0]) <= tol and abs(y - t[1]) <= tol
+    # Similarity: the linear part is a scaled rotation (no shear, no reflection).
+    assert m[0, 0] == pytest.approx(m[1, 1]) and m[0, 1] == pytest.approx(-m[1, 0])
+
+
+def test_eye_pair_distance_and_order():
+    p = EyePair((10.0, 5.0), (4.0, -3.0))
+    assert p.distance == pytest.approx(10.0)
+    assert p.ordered() == EyePair((4.0, -3.0), (10.0, 5.0))
+
+
+def test_swapped_manifest_eyes_are_ordered_not_flipped():
+    pts = [(60.0, 50.0), (140.0, 50.0), (100.0, 120.0)]
+    src = _dots_image((200, 200), pts, sigma=3.0)
+    a = FaceAligner().align(src, EyePair(pts[0], pts[1])).image
+    b = FaceAligner().align(src, EyePair(pts[1], pts[0])).image
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize(
+    "eyes,code",
+    [
+        (EyePair((10.0, 10.0), (500.0, 10.0)), "bad_eye_points"),  # outside the 200 px image
+        (EyePair((-1.0, 10.0), (50.0, 10.0)), "bad_eye_points"),
+        (EyePair((float("nan"), 10.0), (50.0, 10.0)), "bad_eye_points"),
+        (EyePair((10.0, 10.0), (float("inf"), 10.0)), "bad_eye_points"),
+        (EyePair((50.0, 50.0), (55.0, 51.0)), "eyes_too_close"),  # 5.1 px < 8
+        (EyePair((50.0, 50.0), (58.05, 50.0)), "face_too_small"),  # 32.4 / 8.05 > 4
+    ],
+)
+def test_align_refuses_bad_eyes(eyes, code):
+    with pytest.raises(RecordError) as info:
+        FaceAligner().align(np.zeros((200, 200), np.uint8), eyes)
+    assert info.value.code == code
+
+
+def test_face_too_small_follows_max_upsample():
+    img = np.zeros((200, 200), np.uint8)
+    eyes = EyePair((50.0, 50.0), (62.0, 50.0))  # canonical 32.4 px / 12 px = 2.7x
+    with pytest.raises(RecordError) as info:
+        FaceAligner(max_upsample=2.5).align(img, eyes)
+    assert info.value.code == "face_too_small"
+    assert FaceAligner(max_upsample=3.0).align(img, eyes).image.shape == (92, 81)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"size": (0, 92)}, "size"),
+        ({"size": "big"}, "size"),
+        ({"eye_left": (60.0, 34.0), "eye_right": (20.0, 34.0)}, "smaller x"),
+        ({"eye_right": (90.0, 34.0)}, "eye_right"),
+        ({"max_upsample": 0}, "max_upsample"),
+        ({"min_eye_distance": -1.0}, "min_eye_distance"),
+        ({"detector": object()}, "detector"),
+    ],
+)
+def test_aligner_config_errors_name_the_parameter(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        FaceAligner(**kwargs)
+
+
+def test_detector_config_error_and_no_face_on_blank():
+    with pytest.raises(ConfigError, match="scale_factor"):
+        HaarEyeDetector(scale_factor=0.9).detect(np.zeros((100, 100), np.uint8))
+    with pytest.raises(ConfigError, match="cascade"):
+        HaarEyeDetector(face_cascade="no_such_cascade.xml").detect(np.zeros((100, 100), np.uint8))
+    with pytest.raises(RecordError) as info:
+        HaarEyeDetector().detect(np.full((300, 400), 128, np.uint8))
+    assert info.value.code == "no_face"
+
+
+def test_cascades_are_cached():
+    assert _cascade("haarcascade_eye.xml") is _cascade("haarcascade_eye.xml")
+
+
+def _png(img: np.ndarray) -> bytes:
+    ok, buf = cv2.imencode(".png", img)
+    assert ok
+    return buf.tobytes()
+
+
+def test_align_records_quarantines_bad_and_passes_good():
+    pts = [(60.0, 80.0), (140.0, 84.0), (100.0, 150.0)]
+    good = _png(_dots_image((220, 200), pts, sigma=3.0))
+    ok_jpg = cv2.imencode(".jpg", _dots_image((220, 200), pts, sigma=3.0))[1].tobytes()
+    records = [
+        {"record_id": "r1", "image": "a/1.png", "data": good, "eyes": EyePair(pts[0], pts[1])},
+        {"record_id": "r2", "image": "a/2.png", "data": b"", "eyes": None},
+        {"record_id": "r3", "image": "a/3.png", "data": b"not an image at all", "eyes": None},
+        {"record_id": "r4", "image": "a/4.jpg", "data": ok_jpg[: len(ok_jpg) // 2], "eyes": EyePair(pts[0], pts[1])},
+        {"record_id": "r5", "image": "a/5.png", "data": good, "eyes": EyePair((10.0, 10.0), (900.0, 10.0))},
+        {"record_id": "r6", "image": "a/6.png", "data": good, "eyes": EyePair((50.0, 50.0), (53.0, 50.0))},
+        {"record_id": "r7", "image": "a/7.png", "data": _png(np.full((240, 240), 90, np.uint8)), "eyes": None},
+        {"record_id": "r8", "image": "a/8.jpg", "data": ok_jpg, "eyes": EyePair(pts[1], pts[0])},
+    ]
+    done, bad = align_records(records, FaceAligner())
+    assert [d["record_id"] for d in done] == ["r1", "r8"]
+    codes = {q.record_id: q.code for q in bad}
+    assert codes == {
+        "r2": "empty_file",
+        "r3": "unsupported_format",
+        "r4": "corrupt_image",
+        "r5": "bad_eye_points",
+        "r6": "eyes_too_close",
+        "r7": "no_face",
+    }
+    assert all(isinstance(q, Quarantined) and q.stage == "align" and q.message for q in bad)
+    assert {q.image for q in bad} == {f"a/{i}.{'jpg' if i == 4 else 'png'}" for i in range(2, 8)}
+    r1 = done[0]
+    assert len(r1["pixels"]) == 81 * 92
+    img = np.frombuffer(r1["pixels"], np.uint8).reshape(92, 81)
+    for want in (CANON.left, CANON.right):  # the dots sit on the canonical eyes
+        got = _centroid(img, want, radius=5)
+        assert math.hypot(got[0] - want[0], got[1] - want[1]) < 0.5
+    assert r1["eye_source"] == "manifest"
+    assert (r1["eye_left_x"], r1["eye_left_y"], r1["eye_right_x"], r1["eye_right_y"]) == (60.0, 80.0, 140.0, 84.0)
+    assert done[1]["eye_left_x"] == 60.0  # swapped input reported in image-left/right order
+
+
+# --------------------------------------------------------------------------------------------- London
+
+
+def _london() -> Path:
+    if not (LONDON / "neutral_front").is_dir():
+        pytest.fail(f"the London dataset is missing: expected it at {LONDON} (see its README.md)")
+    return LONDON
+
+
+def _tem_eyes(path: Path) -> EyePair:
+    lines = path.read_text().splitlines()
+    (x0, y0), (x1, y1) = (tuple(float(v) for v in lines[i].split()[:2]) for i in (1, 2))
+    return EyePair((x0, y0), (x1, y1))
+
+
+@pytest.mark.london
+@pytest.mark.slow
+def test_london_detector_finds_all_neutral_eyes():
+    from deid.imaging import decode_gray
+
+    images = sorted((_london() / "neutral_front").glob("*.jpg"))
+    assert len(images) == 102
+    detector = HaarEyeDetector()
+    errors = {}
+    for path in images:
+        truth = _tem_eyes(path.with_suffix(".tem"))
+        found = detector.detect(decode_gray(path.read_bytes()))
+        err = max(
+            math.hypot(found.left[0] - truth.left[0], found.left[1] - truth.left[1]),
+            math.hypot(found.right[0] - truth.right[0], found.right[1] - truth.right[1]),
+        )
+        errors[path.name] = err / truth.distance
+    worst = max(errors, key=errors.get)
+    assert errors[worst] < 0.10, f"{worst}: eye error {errors[worst]:.3f} of the inter-ocular distance"
+    assert np.mean(list(errors.values())) < 0.07
+
+
+@pytest.mark.london
+@pytest.mark.slow
+def test_london_smiling_photos_align():
+    images = sorted((_london() / "smiling_front").glob("*.jpg"))
+    assert len(images) == 102
+    records = [{"record_id": p.stem, "image": p.name, "data": p.read_bytes(), "eyes": None} for p in images]
+    done, bad = align_records(records, FaceAligner())
+    assert len(done) >= 101, [(q.record_id, q.code, q.message) for q in bad]
+    assert all(len(d["pixels"]) == 81 * 92 for d in done)
+
+
+@pytest.mark.london
+@pytest.mark.slow
+def test_london_two_people_side_by_side_is_multiple_faces():
+    from deid.imaging import decode_gray
+
+    a, b = sorted((_london() / "neutral_front").glob("*.jpg"))[:2]
+    pair = np.hstack([decode_gray(a.read_bytes()), decode_gray(b.read_bytes())])
+    with pytest.raises(RecordError) as info:
+        HaarEyeDetector(work_width=680).detect(pair)
+    assert info.value.code == "multiple_faces"
