@@ -44,6 +44,7 @@ REASONS: dict[str, str] = {
     "corrupt_image": "the image could not be decoded (truncated or corrupt)",
     "image_too_large": "the image exceeds the pixel limit (possible decompression bomb)",
     # manifest rows
+    "bad_row": "the manifest row has more cells than the header",
     "missing_subject_id": "the subject_id cell is empty",
     "missing_label": "a declared utility label is missing or empty",
     "bad_eye_points": "eye coordinates are not numbers, are incomplete, or lie outside the image",
@@ -53,6 +54,8 @@ REASONS: dict[str, str] = {
     "eyes_not_found": "a face was found but its eyes could not be located",
     "eyes_too_close": "the eyes are closer than the minimum distance",
     "face_too_small": "the face is so small that alignment would upsample it too much",
+    # partitions (withheld, not quarantined)
+    "partition_too_small": "the label partition has fewer than k distinct people and policy is suppress",
 }
 
 

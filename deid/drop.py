@@ -1,0 +1,235 @@
+"""Reading and validating a dataset drop (``manifest.csv`` + optional ``drop.yaml``).
+
+A drop is a directory holding ``manifest.csv`` (``image``, ``subject_id``, one column per
+utility label, optional eye points), an optional ``drop.yaml`` (``name``, ``labels``) and the
+images. Problems with the drop as a whole raise :class:`~deid.errors.DropError`; problems with
+one row quarantine that row with a stable reason code and never stop the run.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import yaml
+
+from deid.errors import DropError, Quarantined
+
+log = logging.getLogger(__name__)
+
+REQUIRED_COLUMNS = ("image", "subject_id")
+EYE_COLUMNS = ("eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y")
+RESERVED_COLUMNS = set(REQUIRED_COLUMNS) | set(EYE_COLUMNS)
+MANIFEST = "manifest.csv"
+DROP_YAML = "drop.yaml"
+READY = "_READY"
+
+
+@dataclass(frozen=True)
+class ManifestRow:
+    """One usable manifest row; ``eyes`` is ``((lx, ly), (rx, ry))`` or None for "detect"."""
+
+    record_id: str
+    row: int
+    image: str
+    path: Path
+    subject_id: str
+    labels: dict[str, str]
+    eyes: tuple[tuple[float, float], tuple[float, float]] | None
+
+
+@dataclass
+class Drop:
+    """A parsed drop: its usable rows, and the rows quarantined while reading the manifest."""
+
+    root: Path
+    name: str
+    labels: list[str]
+    manifest_bytes: bytes
+    rows: list[ManifestRow]
+    quarantined: list[Quarantined]
+    extra_columns: list[str] = field(default_factory=list)
+
+    @property
+    def records_in(self) -> int:
+        return len(self.rows) + len(self.quarantined)
+
+
+def record_id_for_row(row: int) -> str:
+    """Staging record id (internal only; released records get fresh random ids)."""
+    return f"r{row:08d}"
+
+
+def _read_yaml(root: Path) -> dict:
+    path = root / DROP_YAML
+    if not path.exists():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8-sig")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise DropError(f"{path}: drop.yaml is not valid YAML ({exc}); fix or remove it") from exc
+    if not isinstance(data, dict):
+        raise DropError(f"{path}: drop.yaml must be a mapping with 'name' and 'labels'; got {type(data).__name__}")
+    return data
+
+
+def _parse_manifest(path: Path) -> tuple[bytes, list[str], list[list[str]]]:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise DropError(f"cannot read {path}: {exc}") from exc
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DropError(f"{path} is not UTF-8 text ({exc}); save the manifest as UTF-8 CSV") from exc
+    if "\x00" in text:
+        raise DropError(f"{path} is not a CSV file (it contains NUL bytes); the manifest must be UTF-8 CSV")
+    try:
+        rows = list(csv.reader(io.StringIO(text, newline=""), strict=True))
+    except csv.Error as exc:
+        raise DropError(f"{path} is not valid CSV ({exc}); the manifest must be comma-separated UTF-8") from exc
+    rows = [r for r in rows if any(cell.strip() for cell in r)]
+    if not rows:
+        raise DropError(f"{path} is empty; it needs a header row with columns image,subject_id,<labels>")
+    header = [h.strip() for h in rows[0]]
+    if len(set(header)) != len(header):
+        dupes = sorted({h for h in header if header.count(h) > 1})
+        raise DropError(f"{path}: duplicate column names {dupes}; every column name must be unique")
+    return raw, header, rows[1:]
+
+
+def _safe_relative(root: Path, image: str) -> tuple[Path | None, str | None]:
+    """Resolve ``image`` inside ``root``; return (path, None) or (None, reason)."""
+    if not image:
+        return None, "empty image path"
+    if "\\" in image or image.startswith("/") or (len(image) > 1 and image[1] == ":"):
+        return None, f"absolute or non-POSIX path {image!r}; use a relative POSIX path inside the drop"
+    pure = PurePosixPath(image)
+    if any(part == ".." for part in pure.parts):
+        return None, f"path {image!r} contains '..'; paths must stay inside the drop"
+    candidate = root.joinpath(*pure.parts)
+    # Resolving follows symlinks, so a link pointing outside the drop is caught here.
+    resolved = candidate.resolve()
+    if resolved != root and root not in resolved.parents:
+        return None, f"path {image!r} resolves outside the drop (symlink to {resolved})"
+    return candidate, None
+
+
+def _parse_eyes(cells: list[str]):
+    if all(c == "" for c in cells):
+        return None, None
+    if any(c == "" for c in cells):
+        return None, "eye points are incomplete: give all four of " + ", ".join(EYE_COLUMNS) + " or none"
+    try:
+        vals = [float(c) for c in cells]
+    except ValueError:
+        return None, f"eye points {cells} are not numbers"
+    if not all(math.isfinite(v) for v in vals):
+        return None, f"eye points {cells} are not finite"
+    a, b = (vals[0], vals[1]), (vals[2], vals[3])
+    # "left" is the eye with the smaller x in the image; accept either order.
+    return (a, b) if a[0] <= b[0] else (b, a), None
+
+
+def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, name: str | None = None) -> Drop:
+    """Read and validate a drop's manifest; bad rows are quarantined, never dropped silently.
+
+    Parameters
+    ----------
+    drop_dir : path
+        The drop directory.
+    labels : list of str, optional
+        Utility label columns; overrides ``drop.yaml``'s ``labels``.
+    name : str, optional
+        Dataset name; overrides ``drop.yaml``'s ``name`` (default: the directory name).
+
+    Raises
+    ------
+    DropError
+        When the drop as a whole is unusable: no directory, no manifest, not CSV, a required
+        or declared label column missing, or no labels declared.
+    """
+    root = Path(drop_dir)
+    if not root.is_dir():
+        raise DropError(f"drop directory {root} does not exist or is not a directory")
+    root = root.resolve()
+    manifest = root / MANIFEST
+    if not manifest.is_file():
+        raise DropError(f"{root} has no {MANIFEST}; a drop needs a manifest with columns image,subject_id,<labels>")
+    meta = _read_yaml(root)
+    raw, header, body = _parse_manifest(manifest)
+
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise DropError(f"{manifest}: missing required column(s) {missing}; found columns {header}")
+    if labels is None:
+        labels = meta.get("labels")
+        if isinstance(labels, str):
+            labels = [s.strip() for s in labels.split(",") if s.strip()]
+    if not labels:
+        raise DropError(
+            f"{root}: no utility labels declared; pass --labels gender,expression or add 'labels: [..]' to {DROP_YAML}"
+        )
+    labels = [str(x) for x in labels]
+    bad = [x for x in labels if x in RESERVED_COLUMNS]
+    if bad:
+        raise DropError(f"labels {bad} are reserved manifest columns; utility labels must be other columns")
+    absent = [x for x in labels if x not in header]
+    if absent:
+        raise DropError(f"{manifest}: declared label column(s) {absent} are missing; found columns {header}")
+    extra = [c for c in header if c not in RESERVED_COLUMNS and c not in labels]
+    eye_cols_present = [c for c in EYE_COLUMNS if c in header]
+    if eye_cols_present and len(eye_cols_present) != len(EYE_COLUMNS):
+        raise DropError(f"{manifest}: eye columns must come as all four of {list(EYE_COLUMNS)}; found {eye_cols_present}")
+
+    idx = {c: i for i, c in enumerate(header)}
+    rows: list[ManifestRow] = []
+    quarantined: list[Quarantined] = []
+    seen_paths: dict[str, int] = {}
+
+    def quarantine(rid: str, image: str, code: str, message: str) -> None:
+        quarantined.append(Quarantined(rid, image, code, message, "manifest"))
+
+    for n, cells in enumerate(body, start=1):
+        rid = record_id_for_row(n)
+        cells = [c.strip() for c in cells] + [""] * max(0, len(header) - len(cells))
+        if len(cells) > len(header) and any(cells[len(header):]):
+            quarantine(rid, cells[idx["image"]], "bad_row", f"row {n} has {len(cells)} cells, header has {len(header)}")
+            continue
+        image = cells[idx["image"]]
+        subject = cells[idx["subject_id"]]
+        path, why = _safe_relative(root, image)
+        if why:
+            quarantine(rid, image, "unsafe_path", why)
+            continue
+        key = PurePosixPath(image).as_posix()
+        if key in seen_paths:
+            quarantine(rid, image, "duplicate_path", f"{image!r} is listed again (first on row {seen_paths[key]})")
+            continue
+        seen_paths[key] = n
+        if not subject:
+            quarantine(rid, image, "missing_subject_id", f"row {n}: subject_id is empty")
+            continue
+        empty = [x for x in labels if not cells[idx[x]]]
+        if empty:
+            quarantine(rid, image, "missing_label", f"row {n}: label(s) {empty} empty")
+            continue
+        eyes = None
+        if eye_cols_present:
+            eyes, why = _parse_eyes([cells[idx[c]] for c in EYE_COLUMNS])
+            if why:
+                quarantine(rid, image, "bad_eye_points", f"row {n}: {why}")
+                continue
+        if not path.is_file():
+            quarantine(rid, image, "missing_file", f"{image!r} does not exist in the drop")
+            continue
+        rows.append(ManifestRow(rid, n, key, path, subject, {x: cells[idx[x]] for x in labels}, eyes))
+
+    drop_name = name or meta.get("name") or root.name
+    if extra:
+        log.info("manifest columns not used and kept out of the release: %s", extra)
+    return Drop(root, str(drop_name), labels, raw, rows, quarantined, extra)

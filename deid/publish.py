@@ -1,0 +1,87 @@
+"""Building and atomically publishing a release directory.
+
+A release holds only de-identified images (PNG written from pixel arrays, so no source bytes
+or metadata), the utility labels and random cluster ids, in a random order with fresh random
+record ids. It is written to a temporary directory and renamed into place only when the gate
+has passed, so a reader never sees half a release and a rejected run leaves nothing behind.
+"""
+from __future__ import annotations
+
+import csv
+import os
+import secrets
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from schemas import arrow as schemas
+
+RELEASE_TABLE = "release.parquet"
+RELEASE_CSV = "release.csv"
+
+
+def new_release_id() -> str:
+    """A fresh, unguessable release id (the run's time is in the report, not in the id)."""
+    return "rel-" + secrets.token_hex(8)
+
+
+@dataclass
+class StagedRelease:
+    path: Path
+    columns: list[str]
+    n_records: int
+
+
+def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, int], clusters: list[str],
+                  labels: dict[str, list[str]]) -> StagedRelease:
+    """Write a release into ``tmp_dir`` (which must not exist yet).
+
+    Parameters
+    ----------
+    images : (n, h*w) uint8 de-identified faces.
+    shape : (height, width) of each face.
+    clusters : internal cluster names; they are re-mapped to fresh random ids here.
+    labels : label name -> per-record values.
+    """
+    tmp_dir.mkdir(parents=True)
+    (tmp_dir / "images").mkdir()
+    n = len(images)
+    order = list(range(n))
+    secrets.SystemRandom().shuffle(order)  # the release order must not follow the input
+    cluster_ids = {c: "c-" + secrets.token_hex(6) for c in sorted(set(clusters))}
+    rows = []
+    for i in order:
+        rid = secrets.token_hex(8)
+        name = f"images/{rid}.png"
+        ok, buf = cv2.imencode(".png", images[i].reshape(shape))
+        if not ok:
+            raise RuntimeError(f"PNG encoding failed for a {shape} image")
+        (tmp_dir / name).write_bytes(buf.tobytes())
+        rows.append({"record_id": rid, "image": name, "cluster_id": cluster_ids[clusters[i]],
+                     **{k: v[i] for k, v in labels.items()}})
+    schema = schemas.release(list(labels))
+    table = pa.Table.from_pylist(rows, schema=schema)
+    pq.write_table(table, tmp_dir / RELEASE_TABLE)
+    with open(tmp_dir / RELEASE_CSV, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=schema.names)
+        writer.writeheader()
+        writer.writerows(rows)
+    return StagedRelease(tmp_dir, schema.names, n)
+
+
+def commit_release(staged: Path, final: Path) -> Path:
+    """Atomically move a staged release to its final name (a fresh name: never overwrite)."""
+    if final.exists():
+        raise FileExistsError(f"release directory {final} already exists; release ids must be fresh")
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.rename(staged, final)
+    return final
+
+
+def discard(staged: Path) -> None:
+    shutil.rmtree(staged, ignore_errors=True)

@@ -1,0 +1,141 @@
+"""Stage functions that run on Dask workers: each reads Parquet, computes, writes Parquet.
+
+Every function is idempotent (it writes to a temporary file and renames it into place) so a
+task re-run after a lost worker produces the same output. They take paths and small parameters,
+never large arrays, so nothing big travels through the scheduler.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from deid.align import EyePair, FaceAligner, HaarEyeDetector, align_records
+from deid.features import Eigenfaces
+from deid.ksame import KSame
+from schemas import arrow as schemas
+
+log = logging.getLogger(__name__)
+
+
+def _write_atomic(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def make_aligner(params: dict) -> FaceAligner:
+    """Build the aligner from plain parameters (so it can be sent to a worker)."""
+    return FaceAligner(
+        size=tuple(params["size"]),
+        eye_left=tuple(params["eye_left"]),
+        eye_right=tuple(params["eye_right"]),
+        max_upsample=params["max_upsample"],
+        min_eye_distance=params["min_eye_distance"],
+        detector=HaarEyeDetector(),
+    )
+
+
+def align_batch(ingested_path: str, row_groups: list[int], out_path: str, aligner_params: dict,
+                exclude: list[str] = ()) -> dict:
+    """Align the faces of some row groups of the ingested table; return counts and quarantine rows."""
+    pf = pq.ParquetFile(ingested_path)
+    table = pf.read_row_groups(
+        row_groups, columns=["record_id", "image", "data", "eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"]
+    )
+    skip = set(exclude)
+    aligner = make_aligner(aligner_params)
+    cols = table.to_pydict()
+    records = []
+    for i, rid in enumerate(cols["record_id"]):
+        if rid in skip:
+            continue
+        lx, ly, rx, ry = (cols[c][i] for c in ("eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"))
+        eyes = EyePair((lx, ly), (rx, ry)) if lx is not None else None
+        records.append({"record_id": rid, "image": cols["image"][i], "data": cols["data"][i], "eyes": eyes})
+    del cols, table
+    ok, bad = align_records(records, aligner)
+    out = pa.table(
+        {
+            "record_id": [r["record_id"] for r in ok],
+            "pixels": [r["pixels"] for r in ok],
+            "eye_source": [r["eye_source"] for r in ok],
+            "eye_left_x": [float(r["eye_left_x"]) for r in ok],
+            "eye_left_y": [float(r["eye_left_y"]) for r in ok],
+            "eye_right_x": [float(r["eye_right_x"]) for r in ok],
+            "eye_right_y": [float(r["eye_right_y"]) for r in ok],
+        },
+        schema=schemas.aligned(),
+    )
+    _write_atomic(out, Path(out_path))
+    return {
+        "path": out_path,
+        "aligned": len(ok),
+        "quarantined": [q.__dict__ for q in bad],
+        "eye_sources": {s: sum(r["eye_source"] == s for r in ok) for s in {r["eye_source"] for r in ok}},
+    }
+
+
+def read_pixels(paths: list[str], columns=("record_id", "pixels")) -> tuple[list[str], np.ndarray]:
+    """Load aligned faces from Parquet parts as (record ids, uint8 matrix n x p)."""
+    table = pa.concat_tables([pq.read_table(p, columns=list(columns)) for p in paths]) if paths else None
+    if table is None or table.num_rows == 0:
+        return [], np.zeros((0, 0), dtype=np.uint8)
+    ids = table.column("record_id").to_pylist()
+    pix = table.column("pixels").to_pylist()
+    return ids, np.frombuffer(b"".join(pix), dtype=np.uint8).reshape(len(pix), -1)
+
+
+def fit_eigenfaces(aligned_paths: list[str], n_components: int, seed: int = 0) -> Eigenfaces:
+    """Fit the eigenface model on the aligned set (a seeded subset on large drops)."""
+    _, X = read_pixels(aligned_paths)
+    return Eigenfaces(n_components, random_state=seed).fit(X)
+
+
+def project_part(aligned_path: str, model: Eigenfaces, out_path: str) -> int:
+    """Project one aligned part onto the eigenfaces; write (record_id, features)."""
+    ids, X = read_pixels([aligned_path])
+    feats = model.transform(X) if len(ids) else np.zeros((0, model.n_components_), np.float32)
+    out = pa.table(
+        {"record_id": ids, "features": [row.astype(np.float32).tolist() for row in feats]},
+        schema=schemas.features(),
+    )
+    _write_atomic(out, Path(out_path))
+    return len(ids)
+
+
+def deidentify_partition(partition_dir: str, out_path: str, *, k: int, count: str = "people") -> dict:
+    """Run k-Same on one label partition (k-Same-Select = this, once per partition).
+
+    Returns the cluster summary: per cluster its size and number of distinct people. Cluster
+    names are random, so nothing about them follows the input order.
+    """
+    table = ds.dataset(partition_dir, format="parquet").to_table(
+        columns=["record_id", "subject_id", "features", "pixels"]
+    )
+    ids = table.column("record_id").to_pylist()
+    people = np.asarray(table.column("subject_id").to_pylist(), dtype=object)
+    X = np.asarray(table.column("features").to_pylist(), dtype=np.float32)
+    pix = table.column("pixels").to_pylist()
+    images = np.frombuffer(b"".join(pix), dtype=np.uint8).reshape(len(pix), -1)
+    model = KSame(k, count=count).fit(X, people=people, images=images)
+    released = np.clip(np.rint(model.averages_[model.labels_]), 0, 255).astype(np.uint8)
+    names = [uuid.uuid4().hex[:12] for _ in range(model.n_clusters_)]
+    clusters = [names[c] for c in model.labels_]
+    out = pa.table(
+        {"record_id": ids, "cluster": clusters, "pixels": [r.tobytes() for r in released]},
+        schema=schemas.deidentified(),
+    )
+    _write_atomic(out, Path(out_path))
+    summary = []
+    for c, name in enumerate(names):
+        members = model.labels_ == c
+        summary.append({"cluster": name, "size": int(members.sum()), "people": int(len(set(people[members])))})
+    return {"path": out_path, "records": len(ids), "clusters": summary}

@@ -1,0 +1,186 @@
+"""The ``deid`` command line: run, synth, import, verify, keygen.
+
+Exit codes: 0 success / released, 1 rejected or verification failed, 2 bad input or configuration.
+Prefect is imported only by ``deid run``, so the other commands start fast.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from deid.errors import ConfigError, DeidError, DropError
+
+EXIT_OK, EXIT_REJECTED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _labels(value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    out = [s.strip() for s in value.split(",") if s.strip()]
+    if not out:
+        raise argparse.ArgumentTypeError("--labels needs at least one column name, e.g. gender,expression")
+    return out
+
+
+def _k(value: str) -> int:
+    try:
+        k = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k={value!r} must be an integer >= 2") from None
+    if k < 2:
+        raise argparse.ArgumentTypeError(f"--k={k} must be >= 2: k=1 is no anonymity")
+    return k
+
+
+def _quiet_prefect_env() -> None:
+    # Telemetry off by default; the user's explicit settings win.
+    os.environ.setdefault("DO_NOT_TRACK", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def cmd_run(args) -> int:
+    _quiet_prefect_env()
+    from flows.release import release  # noqa: PLC0415 - Prefect is heavy; only `run` needs it
+
+    drop = Path(args.drop)
+    if not drop.is_dir():
+        print(f"deid run: drop directory {drop} does not exist", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(f"deid run: {drop} (k={args.k or 'default'}, method={args.method or 'default'})", file=sys.stderr)
+    result = release(drop=str(drop.resolve()), k=args.k, method=args.method, labels=args.labels,
+                     small_partitions=args.small_partitions, name=args.name)
+    ds = result["dataset"]
+    priv = result["privacy"]
+    print(f"verdict: {result['verdict'].upper()}")
+    for reason in result["reasons"]:
+        print(f"  reason: {reason}")
+    print(f"records: {ds['records_in']} in, {ds['records_released']} released, "
+          f"{ds['records_suppressed']} suppressed, {ds['records_quarantined']} quarantined")
+    if ds.get("quarantine_by_reason"):
+        print("quarantined by reason: " + ", ".join(f"{k}={v}" for k, v in sorted(ds["quarantine_by_reason"].items())))
+    if priv["max_rate"] is not None:
+        print(f"re-identification: max {priv['max_rate']:.4f} (bound 1/k = {priv['bound']:.4f}); "
+              f"min distinct people per cluster {priv['min_distinct_people_per_cluster']}")
+    for u in result["utility"]:
+        o, d = u["original_accuracy"], u["deidentified_accuracy"]
+        print(f"utility {u['label']}: originals {o if o is None else f'{o:.3f}'}, "
+              f"release {d if d is None else f'{d:.3f}'}")
+    if result["release_dir"]:
+        print(f"release: {result['release_dir']}")
+    print(f"report: {result['report']}")
+    if result["key_origin"] == "development":
+        print(f"signed with the development key; verify with: deid verify {result['report_dir']} "
+              f"--public-key {result['public_key']}")
+    return EXIT_OK if result["verdict"] == "released" else EXIT_REJECTED
+
+
+def cmd_synth(args) -> int:
+    from deid.synth import make_synthetic_drop
+
+    path = make_synthetic_drop(Path(args.drop), people=args.people, images_per_person=args.images_per_person,
+                               seed=args.seed, image_format=args.format)
+    print(f"synthetic drop: {path} ({args.people} people x {args.images_per_person} images, seed {args.seed})")
+    return EXIT_OK
+
+
+def cmd_import(args) -> int:
+    if args.source != "london":
+        print(f"deid import: unknown source {args.source!r}; known: london", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from deid.london import import_london
+
+    path = import_london(Path(args.src), Path(args.drop))
+    print(f"London drop: {path}")
+    return EXIT_OK
+
+
+def cmd_verify(args) -> int:
+    from deid.verify import verify_report
+
+    res = verify_report(Path(args.report_dir), public_key=Path(args.public_key) if args.public_key else None,
+                        release_dir=Path(args.release) if args.release else None)
+    for note in res.notes:
+        print(f"note: {note}")
+    for problem in res.problems:
+        print(f"FAIL: {problem}")
+    if res.ok:
+        print("OK: " + ("signature and every artifact verified" if res.authenticated
+                        else "artifacts verified (integrity only, signature not checked against a trusted key)"))
+        return EXIT_OK
+    return EXIT_REJECTED
+
+
+def cmd_keygen(args) -> int:
+    from deid.signing import write_keypair
+
+    passphrase = os.environ.get(args.passphrase_env) if args.passphrase_env else None
+    if args.passphrase_env and not passphrase:
+        print(f"deid keygen: environment variable {args.passphrase_env} is empty or unset", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    priv, pub = write_keypair(Path(args.out), passphrase=passphrase.encode() if passphrase else None)
+    print(f"private key: {priv} (mode 0600; point DEID_SIGNING_KEY at it)")
+    print(f"public key:  {pub} (give this to verifiers)")
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="deid", description="Release face datasets with a k-anonymity guarantee.")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="run the release flow on a drop")
+    r.add_argument("drop")
+    r.add_argument("--k", type=_k, default=None, help="minimum distinct people per cluster (default 5)")
+    r.add_argument("--method", choices=["k-same-select", "k-same"], default=None)
+    r.add_argument("--labels", type=_labels, default=None, help="utility label columns, e.g. gender,expression")
+    r.add_argument("--small-partitions", choices=["suppress", "merge", "fail"], default=None)
+    r.add_argument("--name", default=None, help="dataset name (default: drop.yaml's or the directory name)")
+    r.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("synth", help="write a synthetic face drop")
+    s.add_argument("drop")
+    s.add_argument("--people", type=int, required=True)
+    s.add_argument("--images-per-person", type=int, default=2)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--format", choices=["png", "jpg"], default="png")
+    s.set_defaults(func=cmd_synth)
+
+    i = sub.add_parser("import", help="convert a published dataset layout into a drop")
+    i.add_argument("source", help="dataset kind: london")
+    i.add_argument("src")
+    i.add_argument("drop")
+    i.set_defaults(func=cmd_import)
+
+    v = sub.add_parser("verify", help="verify a signed report and its release")
+    v.add_argument("report_dir")
+    v.add_argument("--public-key", default=None, help="the signer's public key PEM you trust")
+    v.add_argument("--release", default=None, help="release directory (default: from the report)")
+    v.set_defaults(func=cmd_verify)
+
+    kg = sub.add_parser("keygen", help="create an Ed25519 signing key pair")
+    kg.add_argument("--out", default="data/keys")
+    kg.add_argument("--passphrase-env", default=None, help="encrypt the private key with this env variable's value")
+    kg.set_defaults(func=cmd_keygen)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.func(args)
+    except (DropError, ConfigError, FileExistsError, FileNotFoundError) as exc:
+        print(f"deid {args.command}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except DeidError as exc:
+        print(f"deid {args.command}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(main())

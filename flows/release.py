@@ -1,0 +1,129 @@
+"""The ``release`` flow: a dropped dataset in, a gated k-anonymous release (or a signed rejection) out."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from deid.errors import ConfigError
+from deid.publish import new_release_id
+from deid.settings import Settings
+from tasks import stages as t
+from tasks.cluster import dask_cluster
+
+METHODS = {"k-same-select": dict(select=True, count="people"), "k-same": dict(select=False, count="people")}
+
+
+@flow(name="release", log_prints=False, validate_parameters=True)
+def release(drop: str, k: int | None = None, method: str | None = None, labels: list[str] | None = None,
+            small_partitions: str | None = None, name: str | None = None) -> dict:
+    """Ingest, align, featurize, partition, de-identify, gate, publish (if passed) and report."""
+    logger = get_run_logger()
+    settings = Settings()
+    k = settings.k if k is None else k
+    method = method or settings.method
+    policy = small_partitions or settings.small_partitions
+    if not isinstance(k, int) or k < 2:
+        raise ConfigError(f"k={k!r} must be an integer >= 2; k is the minimum number of people per cluster")
+    if method not in METHODS:
+        raise ConfigError(f"method={method!r} must be one of {sorted(METHODS)}")
+    if policy not in ("suppress", "merge", "fail"):
+        raise ConfigError(f"small_partitions={policy!r} must be one of suppress, merge, fail")
+    release_id = new_release_id()
+    staging = settings.data_path / "staging" / release_id
+    staging.mkdir(parents=True)
+    logger.info("release %s: drop %s, k=%d, method %s", release_id, drop, k, method)
+
+    ing = t.ingest_drop(drop, str(staging), labels=labels, name=name, max_pixels=settings.max_pixels,
+                        batch_size=settings.align_batch_size)
+    labels = ing["labels"]
+    w, h = settings.canonical_size
+    aligner = {"size": [w, h], "eye_left": list(settings.canonical_eyes()[0]),
+               "eye_right": list(settings.canonical_eyes()[1]), "max_upsample": settings.max_upsample,
+               "min_eye_distance": settings.min_eye_distance_px}
+    quarantined = list(ing["quarantined"])
+    deid_parts: list[str] = []
+    aligned_parts: list[str] = []
+    part: dict = {"partitions": [], "suppressed": [], "small": [], "failed": False}
+    clusters: list[dict] = []
+    eye_sources: dict = {}
+    with dask_cluster(settings.dask_address, workers=settings.dask_workers) as address:
+        if ing["staged"]:
+            al = t.align(address, ing["ingested"], ing["row_groups"], str(staging), aligner, ing["staged"])
+            quarantined += al["quarantined"]
+            aligned_parts, eye_sources = al["parts"], al["eye_sources"]
+        n_aligned = ing["staged"] - (len(quarantined) - len(ing["quarantined"]))
+        if n_aligned >= 2:
+            feats = t.featurize(address, aligned_parts, str(staging), settings.pca_components, settings.seed or 0)
+            part = t.partition(ing["ingested"], aligned_parts, feats["parts"], str(staging), labels=labels, k=k,
+                               select=METHODS[method]["select"], policy=policy)
+            if part["partitions"]:
+                de = t.deidentify(address, part["partitions"], str(staging), k=k, count=METHODS[method]["count"])
+                deid_parts, clusters = de["parts"], de["clusters"]
+    by_reason = t.quarantine_summary(quarantined, str(staging))
+    counts = {"in": ing["records_in"], "suppressed": len(part["suppressed"]), "quarantined": len(quarantined)}
+    small_detail = "; ".join(f"{e['partition']} has {e['people']} people: {e['action']}" for e in part["small"])
+    g = t.run_gate(ing["ingested"], aligned_parts, deid_parts, labels=labels, k=k, counts=counts,
+                   partition_failed=part["failed"], partition_detail=small_detail,
+                   tolerance=settings.utility_tolerance, folds=settings.cv_folds,
+                   n_components=settings.pca_components, seed=settings.seed or 0)
+    released_dir, artifacts = None, []
+    if g["passed"]:
+        pub = t.publish(deid_parts, ing["ingested"], labels=labels, shape=(h, w),
+                        releases_dir=str(settings.data_path / "releases"), release_id=release_id)
+        released_dir, artifacts = pub["path"], pub["artifacts"]
+    n_released = sum(c["size"] for c in clusters) if g["passed"] else 0
+    report = {
+        "release_id": release_id,
+        "run_id": str(flow_run.get_id() or release_id),
+        "verdict": "released" if g["passed"] else "rejected",
+        "reasons": g["reasons"],
+        "k": k,
+        "method": method,
+        "created_at": t.now_iso(),
+        "dataset": {
+            "name": ing["name"],
+            "fingerprint": ing["fingerprint"],
+            "records_in": ing["records_in"],
+            "records_released": n_released,
+            # A rejected run releases nothing: what would have been released is withheld too.
+            "records_suppressed": counts["suppressed"] + (0 if g["passed"] else sum(c["size"] for c in clusters)),
+            "records_quarantined": counts["quarantined"],
+            "quarantine_by_reason": by_reason,
+        },
+        "checks": g["checks"],
+        "privacy": {
+            "bound": 1.0 / k,
+            "max_rate": g["max_rate"],
+            "min_distinct_people_per_cluster": g["min_people"],
+            "reidentification": g["reidentification"],
+        },
+        "utility": g["utility"],
+        "artifacts": artifacts,
+        "release_dir": released_dir,
+        "configuration": {
+            "labels": labels,
+            "small_partitions": policy,
+            "canonical_size": [w, h],
+            "canonical_eyes": [list(e) for e in settings.canonical_eyes()],
+            "pca_components": settings.pca_components,
+            "utility_tolerance": settings.utility_tolerance,
+            "cv_folds": settings.cv_folds,
+            "eye_sources": eye_sources,
+            "partitions": [{"key": p["key"], "records": p["records"], "people": p["people"]}
+                           for p in part["partitions"]],
+            "small_partitions_detail": part["small"],
+            "clusters": {"count": len(clusters), "sizes": sorted(c["size"] for c in clusters)},
+            "extra_manifest_columns": ing["extra_columns"],
+            "dask": settings.dask_address or f"LocalCluster({settings.dask_workers} workers)",
+        },
+    }
+    rep = t.write_report(str(settings.reports_path / release_id), report=report,
+                         signing_key_path=str(settings.signing_key) if settings.signing_key else None,
+                         keys_dir=str(settings.data_path / "keys"))
+    logger.info("verdict: %s; report %s", report["verdict"], rep["path"])
+    return {"release_id": release_id, "verdict": report["verdict"], "reasons": g["reasons"],
+            "report": rep["path"], "report_dir": str(Path(rep["path"]).parent), "release_dir": released_dir,
+            "public_key": rep["public_key"], "key_origin": rep["key_origin"], "dataset": report["dataset"],
+            "privacy": report["privacy"], "utility": report["utility"], "staging": str(staging)}

@@ -1,0 +1,41 @@
+"""The Dask cluster the heavy stages run on: a LocalCluster by default, or DEID_DASK_ADDRESS."""
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+from distributed import Client, LocalCluster
+
+log = logging.getLogger(__name__)
+_clients: dict[str, Client] = {}
+
+
+@contextlib.contextmanager
+def dask_cluster(address: str | None, *, workers: int = 2) -> Iterator[str]:
+    """Yield a scheduler address: the configured one, or a LocalCluster's for the run's lifetime.
+
+    Workers are processes with one thread each: OpenCV and NumPy hold the GIL in places, and
+    one thread per core avoids oversubscription on small machines.
+    """
+    if address:
+        yield address
+        return
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                           dashboard_address=None, silence_logs=logging.WARNING)
+    try:
+        yield cluster.scheduler_address
+    finally:
+        client = _clients.pop(cluster.scheduler_address, None)
+        if client is not None:
+            client.close()
+        cluster.close()
+
+
+def client_for(address: str) -> Client:
+    """One client per scheduler address per process (connecting is cheap, but not free)."""
+    client = _clients.get(address)
+    if client is None or client.status in ("closed", "closing"):
+        client = Client(address, set_as_default=False)
+        _clients[address] = client
+    return client

@@ -1,0 +1,286 @@
+"""Thin Prefect tasks around the core: I/O paths in, small summaries out, logging and retries.
+
+Heavy work is submitted from these tasks to the Dask cluster as plain core functions, so Dask
+workers never import Prefect (in Prefect's ephemeral mode each worker that does would start its
+own temporary API server, ~10 s each).
+"""
+from __future__ import annotations
+
+import json
+import secrets
+from collections import Counter
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+from distributed import as_completed
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from deid import gate as gate_mod
+from deid import stages
+from deid.drop import read_drop
+from deid.errors import Quarantined
+from deid.ingest import ingest, write_quarantine
+from deid.partition import plan_partitions
+from deid.publish import commit_release, discard, stage_release
+from deid.report import dataset_fingerprint, hash_tree, write_signed_report
+from deid.signing import ensure_signing_key
+from tasks.cluster import client_for
+
+TASK = dict(cache_policy=NO_CACHE)
+
+
+@task(name="ingest", **TASK)
+def ingest_drop(drop_dir: str, staging: str, *, labels: list[str] | None, name: str | None,
+                max_pixels: int, batch_size: int) -> dict:
+    """Validate the manifest and stage the image bytes as Parquet."""
+    logger = get_run_logger()
+    drop = read_drop(drop_dir, labels=labels, name=name)
+    staging_dir = Path(staging)
+    res = ingest(drop, staging_dir / "ingested.parquet", max_pixels=max_pixels, batch_size=batch_size)
+    quarantined = drop.quarantined + res.quarantined
+    logger.info("ingest: %d of %d records staged, %d quarantined", res.n_records, drop.records_in, len(quarantined))
+    if drop.extra_columns:
+        logger.info("ingest: unknown manifest columns kept out of the release: %s", drop.extra_columns)
+    return {
+        "ingested": str(res.path),
+        "row_groups": res.row_groups,
+        "records_in": drop.records_in,
+        "staged": res.n_records,
+        "labels": drop.labels,
+        "name": drop.name,
+        "extra_columns": drop.extra_columns,
+        "fingerprint": dataset_fingerprint(drop.manifest_bytes, res.source_sha256.values()),
+        "quarantined": [q.__dict__ for q in quarantined],
+    }
+
+
+@task(name="align", retries=1, retry_delay_seconds=2, **TASK)
+def align(address: str, ingested: str, row_groups: int, staging: str, aligner_params: dict,
+          total: int) -> dict:
+    """Align every face on the Dask cluster, one task per Parquet row group."""
+    logger = get_run_logger()
+    client = client_for(address)
+    out = Path(staging) / "aligned"
+    futures = [
+        client.submit(stages.align_batch, ingested, [g], str(out / f"part-{g:05d}.parquet"), aligner_params,
+                      key=f"align-{Path(staging).name}-{g}", pure=False)
+        for g in range(row_groups)
+    ]
+    parts, quarantined, done, sources = [], [], 0, Counter()
+    for fut in as_completed(futures, loop=client.loop):
+        res = fut.result()
+        parts.append(res["path"])
+        quarantined.extend(res["quarantined"])
+        sources.update(res["eye_sources"])
+        done += res["aligned"] + len(res["quarantined"])
+        logger.info("align: %d/%d records", done, total)
+    logger.info("align: %d aligned (%s), %d quarantined", sum(sources.values()), dict(sources), len(quarantined))
+    return {"parts": sorted(parts), "quarantined": quarantined, "eye_sources": dict(sources)}
+
+
+@task(name="featurize", retries=1, retry_delay_seconds=2, **TASK)
+def featurize(address: str, parts: list[str], staging: str, n_components: int, seed: int) -> dict:
+    """Fit eigenfaces on the aligned set, then project every part on the cluster."""
+    logger = get_run_logger()
+    client = client_for(address)
+    model = client.submit(stages.fit_eigenfaces, parts, n_components, seed, pure=False).result()
+    logger.info("featurize: %d eigenfaces, %.1f%% of variance", model.n_components_,
+                100 * float(np.sum(model.explained_variance_ratio_)))
+    model_f = client.scatter(model, broadcast=True)
+    out = Path(staging) / "features"
+    futs = [client.submit(stages.project_part, p, model_f, str(out / Path(p).name), pure=False) for p in parts]
+    n = sum(f.result() for f in futs)
+    logger.info("featurize: %d faces projected", n)
+    return {"parts": [str(out / Path(p).name) for p in parts], "n_components": model.n_components_}
+
+
+def _load_faces(ingested: str, aligned_parts: list[str], feature_parts: list[str], labels: list[str]) -> pa.Table:
+    meta = pq.read_table(ingested, columns=["record_id", "subject_id", *labels])
+    pix = pa.concat_tables([pq.read_table(p, columns=["record_id", "pixels"]) for p in aligned_parts])
+    feats = pa.concat_tables([pq.read_table(p) for p in feature_parts])
+    faces = meta.join(pix, "record_id", join_type="inner")
+    # Arrow joins cannot carry list columns, so the features are attached by position.
+    where = {rid: i for i, rid in enumerate(feats.column("record_id").to_pylist())}
+    take = pa.array([where[rid] for rid in faces.column("record_id").to_pylist()], pa.int64())
+    return faces.append_column("features", feats.column("features").take(take))
+
+
+@task(name="partition", **TASK)
+def partition(ingested: str, aligned_parts: list[str], feature_parts: list[str], staging: str, *,
+              labels: list[str], k: int, select: bool, policy: str) -> dict:
+    """Split the aligned faces by utility labels into Hive-partitioned Parquet."""
+    logger = get_run_logger()
+    faces = _load_faces(ingested, aligned_parts, feature_parts, labels).sort_by("record_id")
+    cols = faces.select(["subject_id", *labels]).to_pydict()
+    lab_rows = [{x: cols[x][i] for x in labels} for i in range(faces.num_rows)]
+    plan = plan_partitions(lab_rows, cols["subject_id"], k=k, label_names=labels, select=select, policy=policy)
+    out = Path(staging) / "partitions"
+    dirs = []
+    for n, (key, idx) in enumerate(plan.groups.items()):
+        part = faces.take(pa.array(idx, pa.int64()))
+        # The partition key column keeps merged partitions distinct from their label values.
+        part = part.append_column("partition", pa.array([f"p{n:03d}"] * part.num_rows))
+        ds.write_dataset(part, out, format="parquet", partitioning=ds.partitioning(
+            pa.schema([("partition", pa.string())]), flavor="hive"), existing_data_behavior="overwrite_or_ignore",
+            basename_template=f"part-{n:03d}-{{i}}.parquet")
+        dirs.append({"dir": str(out / f"partition=p{n:03d}"), "key": list(map(str, key)), "records": len(idx),
+                     "people": len(set(cols["subject_id"][i] for i in idx))})
+    ids = faces.column("record_id").to_pylist()
+    suppressed = [ids[i] for i in plan.suppressed]
+    for entry in plan.small:
+        logger.warning("partition %s has %s people (< k=%d): %s", entry["partition"], entry["people"], k, entry["action"])
+    logger.info("partition: %d partitions, %d records suppressed", len(dirs), len(suppressed))
+    return {"partitions": dirs, "suppressed": suppressed, "small": plan.small, "failed": plan.failed}
+
+
+@task(name="deidentify", retries=1, retry_delay_seconds=2, **TASK)
+def deidentify(address: str, partitions: list[dict], staging: str, *, k: int, count: str = "people") -> dict:
+    """k-Same in each partition, one Dask task per partition."""
+    logger = get_run_logger()
+    client = client_for(address)
+    out = Path(staging) / "deidentified"
+    futs = [client.submit(stages.deidentify_partition, p["dir"], str(out / f"{Path(p['dir']).name}.parquet"),
+                          k=k, count=count, pure=False) for p in partitions]
+    results = [f.result() for f in futs]
+    clusters = [c for r in results for c in r["clusters"]]
+    logger.info("deidentify: %d records in %d clusters", sum(r["records"] for r in results), len(clusters))
+    return {"parts": [r["path"] for r in results], "clusters": clusters}
+
+
+@task(name="gate", **TASK)
+def run_gate(ingested: str, aligned_parts: list[str], deid_parts: list[str], *, labels: list[str], k: int,
+             counts: dict, partition_failed: bool, partition_detail: str, tolerance: float, folds: int,
+             n_components: int, seed: int) -> dict:
+    """Structural, privacy and utility checks over the would-be release."""
+    logger = get_run_logger()
+    meta = pq.read_table(ingested, columns=["record_id", "subject_id", *labels])
+    released = pa.concat_tables([pq.read_table(p) for p in deid_parts]) if deid_parts else None
+    result = gate_mod.GateResult()
+    if released is None or released.num_rows == 0:
+        rel_ids, rel_people, rel_clusters = [], [], []
+    else:
+        released = released.join(meta, "record_id", join_type="inner").sort_by("record_id")
+        rel_ids = released.column("record_id").to_pylist()
+        rel_people = released.column("subject_id").to_pylist()
+        rel_clusters = released.column("cluster").to_pylist()
+    from schemas.arrow import RELEASE_BASE_COLUMNS
+
+    checks, min_people = gate_mod.structural_checks(
+        k=k, cluster_ids=rel_clusters, people=rel_people, release_columns=[*RELEASE_BASE_COLUMNS, *labels],
+        labels=labels, records_in=counts["in"], released=len(rel_ids), suppressed=counts["suppressed"],
+        quarantined=counts["quarantined"], partition_failed=partition_failed, partition_detail=partition_detail)
+    result.checks.extend(checks)
+    result.min_people = min_people
+    if rel_ids:
+        rel_pix = np.frombuffer(b"".join(released.column("pixels").to_pylist()), np.uint8).reshape(len(rel_ids), -1)
+        # The attacker's gallery: every aligned original of the released people.
+        released_people = set(rel_people)
+        orig = pa.concat_tables([pq.read_table(p, columns=["record_id", "pixels"]) for p in aligned_parts])
+        orig = orig.join(meta, "record_id", join_type="inner").sort_by("record_id")
+        keep = [i for i, p in enumerate(orig.column("subject_id").to_pylist()) if p in released_people]
+        orig = orig.take(pa.array(keep, pa.int64()))
+        o_pix = np.frombuffer(b"".join(orig.column("pixels").to_pylist()), np.uint8).reshape(orig.num_rows, -1)
+        o_people = np.asarray(orig.column("subject_id").to_pylist(), dtype=object)
+        p_checks, rates, max_rate = gate_mod.privacy_checks(
+            k=k, originals=o_pix, original_people=o_people, released=rel_pix,
+            released_people=np.asarray(rel_people, dtype=object), n_components=n_components)
+        result.checks.extend(p_checks)
+        result.reidentification, result.max_rate = rates, max_rate
+        logger.info("gate: max re-identification rate %.4f (bound %.4f)", max_rate, 1 / k)
+        # Utility: originals of the released records vs the release itself.
+        rel_set = set(rel_ids)
+        o_rel = orig.filter(pa.compute.is_in(orig.column("record_id"), value_set=pa.array(rel_ids)))
+        o_rel_pix = np.frombuffer(b"".join(o_rel.column("pixels").to_pylist()), np.uint8).reshape(o_rel.num_rows, -1)
+        u_checks, util = gate_mod.utility_checks(
+            labels=labels, originals=o_rel_pix,
+            original_labels={x: np.asarray(o_rel.column(x).to_pylist()) for x in labels},
+            original_groups=np.asarray(o_rel.column("subject_id").to_pylist(), dtype=object),
+            released=rel_pix, released_labels={x: np.asarray(released.column(x).to_pylist()) for x in labels},
+            released_groups=np.asarray(rel_clusters, dtype=object), tolerance=tolerance, folds=folds, seed=seed)
+        assert len(rel_set) == o_rel.num_rows
+        result.checks.extend(u_checks)
+        result.utility = util
+        for row in util:
+            logger.info("gate: utility %s original %.3f release %s", row["label"], row["original_accuracy"] or 0,
+                        row["deidentified_accuracy"])
+    verdict = "passed" if result.passed else "failed"
+    logger.info("gate: %s%s", verdict, "" if result.passed else " - " + "; ".join(result.reasons))
+    return {
+        "passed": result.passed,
+        "reasons": result.reasons,
+        "checks": [c.to_dict() for c in result.checks],
+        "reidentification": result.reidentification,
+        "utility": result.utility,
+        "max_rate": result.max_rate,
+        "min_people": result.min_people,
+    }
+
+
+@task(name="publish", **TASK)
+def publish(deid_parts: list[str], ingested: str, *, labels: list[str], shape: tuple[int, int], releases_dir: str,
+            release_id: str) -> dict:
+    """Write the release to a temporary directory and rename it into place."""
+    logger = get_run_logger()
+    meta = pq.read_table(ingested, columns=["record_id", *labels])
+    rel = pa.concat_tables([pq.read_table(p) for p in deid_parts]).join(meta, "record_id", join_type="inner")
+    images = np.frombuffer(b"".join(rel.column("pixels").to_pylist()), np.uint8).reshape(rel.num_rows, -1)
+    root = Path(releases_dir)
+    tmp = root / f".tmp-{release_id}-{secrets.token_hex(4)}"
+    try:
+        staged = stage_release(tmp, images=images, shape=shape, clusters=rel.column("cluster").to_pylist(),
+                               labels={x: rel.column(x).to_pylist() for x in labels})
+        artifacts = hash_tree(staged.path)
+        final = commit_release(staged.path, root / release_id)
+    except BaseException:
+        discard(tmp)
+        raise
+    logger.info("publish: %d records released to %s", staged.n_records, final)
+    return {"path": str(final), "artifacts": artifacts, "columns": staged.columns}
+
+
+def _versions() -> dict:
+    out = {}
+    for pkg in ("deid", "prefect", "dask", "distributed", "numpy", "opencv-python-headless", "scikit-learn",
+                "pyarrow", "cryptography"):
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+@task(name="report", **TASK)
+def write_report(report_dir: str, *, report: dict, signing_key_path: str | None, keys_dir: str) -> dict:
+    """Sign and write report.json (+ .sig); every run gets one, released or rejected."""
+    logger = get_run_logger()
+    key = ensure_signing_key(configured=Path(signing_key_path) if signing_key_path else None, keys_dir=Path(keys_dir))
+    if key.origin == "development":
+        logger.warning("report signed with the development key %s; set DEID_SIGNING_KEY for real releases", key.path)
+    report = dict(report)
+    report["signing"] = {"algorithm": "ed25519", "public_key_fingerprint": key.fingerprint,
+                         "key_origin": key.origin}
+    report["versions"] = _versions()
+    path = write_signed_report(Path(report_dir), report, key)
+    logger.info("report: %s (%s)", path, report["verdict"])
+    return {"path": str(path), "public_key": str(key.public_path) if key.public_path else None,
+            "key_origin": key.origin}
+
+
+def quarantine_summary(quarantined: list[dict], staging: str) -> dict:
+    """Write the quarantine table and count it by reason."""
+    write_quarantine([Quarantined(**q) for q in quarantined], Path(staging) / "quarantine.parquet")
+    return dict(Counter(q["code"] for q in quarantined))
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def dump(obj) -> str:
+    return json.dumps(obj, indent=2, default=str)
