@@ -1,0 +1,424 @@
+"""k-Same and k-Same-Select face de-identification.
+
+k-Same (Newton, Sweeney & Malin 2005) replaces every face by the pixel average of a
+cluster of faces; k-Same-Select (Gross, Airoldi, Malin & Sweeney 2005) runs k-Same
+separately inside each partition of utility labels so that the averages keep those labels.
+
+This implementation counts *people*, not images: a cluster is only valid when it holds
+images of at least ``k`` distinct people, because a dataset with several images per person
+would otherwise let one person's images form a "cluster of k" on their own and release
+that person's face unchanged.
+"""
+from __future__ import annotations
+
+import logging
+from numbers import Integral
+from typing import Any, Hashable, Sequence
+
+import numpy as np
+from sklearn.base import BaseEstimator
+from threadpoolctl import threadpool_limits
+
+from deid.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+_COUNTS = ("people", "images")
+
+
+class InsufficientPeopleError(ConfigError):
+    """Fewer than ``k`` distinct people (in the data or in one partition) to form a cluster.
+
+    Attributes ``k``, ``n_people`` and ``partition`` (``None`` for plain k-Same) let the
+    caller decide what to do, e.g. suppress or merge a small partition.
+    """
+
+    def __init__(self, message: str, *, k: int, n_people: int, partition: Hashable | None = None):
+        super().__init__(message)
+        self.k = k
+        self.n_people = n_people
+        self.partition = partition
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _factorize(values: Any, name: str, n: int) -> tuple[np.ndarray, list]:
+    """Integer codes (first-appearance order) for a sequence of hashable keys."""
+    seq = list(values)
+    if len(seq) != n:
+        raise ConfigError(f"{name} has {len(seq)} entries but X has {n} rows; pass one {name[:-1] if name.endswith('s') else name} key per row")
+    mapping: dict[Hashable, int] = {}
+    codes = np.empty(n, dtype=np.intp)
+    for i, v in enumerate(seq):
+        if isinstance(v, np.ndarray):
+            v = tuple(v.tolist())
+        elif isinstance(v, np.generic):
+            v = v.item()
+        try:
+            codes[i] = mapping.setdefault(v, len(mapping))
+        except TypeError as exc:
+            raise ConfigError(f"{name}[{i}]={v!r} is not hashable; use str, int or tuple keys") from exc
+    return codes, list(mapping)
+
+
+def _check_params(k: Any, count: Any) -> None:
+    if isinstance(k, bool) or not isinstance(k, Integral) or k < 2:
+        raise ConfigError(f"k={k!r} must be an integer >= 2 (k=1 releases every face unchanged); pass e.g. k=5")
+    if count not in _COUNTS:
+        raise ConfigError(f"count={count!r} must be one of {_COUNTS}; use 'people' unless reproducing Newton et al.'s image-counting k-Same")
+
+
+def _check_arrays(X: Any, images: Any) -> tuple[np.ndarray, np.ndarray]:
+    X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2 or X.shape[0] == 0 or X.shape[1] == 0:
+        raise ConfigError(f"X has shape {X.shape}; it must be a non-empty 2-D array (n_faces, n_features) of PCA coefficients")
+    if not np.isfinite(X).all():
+        raise ConfigError("X contains NaN or infinite values; fix the feature extraction (PCA) before de-identification")
+    images = np.asarray(images)
+    if images.ndim != 2 or images.shape[0] != X.shape[0]:
+        raise ConfigError(
+            f"images has shape {images.shape}; it must be 2-D (n_faces={X.shape[0]}, n_pixels): "
+            "flatten each aligned face with images.reshape(len(images), -1)"
+        )
+    if not np.issubdtype(images.dtype, np.number):
+        raise ConfigError(f"images has dtype {images.dtype}; pass uint8 or float pixel values")
+    return X, images
+
+
+def _nearest_distinct(d: np.ndarray, codes: np.ndarray, need: int, n_alive: int) -> np.ndarray:
+    """Positions of the ``need`` nearest entries of ``d`` with pairwise distinct ``codes``.
+
+    Walks the faces by increasing distance (ties: lowest position first) and keeps the first
+    face of each person. Only a short head of the order is sorted; it grows when the head
+    does not hold enough distinct people.
+    """
+    m = min(n_alive, max(4 * need, 64))
+    while True:
+        if m >= n_alive:
+            order = np.argsort(d, kind="stable")[:n_alive]
+        else:
+            t = np.partition(d, m - 1)[m - 1]
+            cand = np.flatnonzero(d <= t)  # every tie at the threshold, in position order
+            order = cand[np.argsort(d[cand], kind="stable")]
+        _, first = np.unique(codes[order], return_index=True)
+        if len(first) >= need or m >= n_alive:
+            return order[np.sort(first)[:need]]
+        m *= 4
+
+
+def _greedy_labels(X: np.ndarray, codes: np.ndarray, k: int) -> tuple[np.ndarray, int]:
+    """Cluster faces into groups of >= k distinct ``codes`` (people); returns (labels, n_leftover).
+
+    Seed rule: the remaining face farthest from the centroid of the remaining faces (as in
+    MDAV microaggregation), so outliers are grouped with their neighbours first instead of
+    being left for a poor final group. Ties everywhere go to the lowest input index.
+    """
+    n = X.shape[0]
+    labels = np.full(n, -1, dtype=np.intp)
+    idx = np.arange(n)
+    Xw = X
+    sq = np.einsum("ij,ij->i", X, X)
+    cw = codes
+    alive = np.ones(n, dtype=bool)
+    n_alive = n
+    left = np.bincount(codes)
+    q = int(np.count_nonzero(left))
+    total = X.sum(axis=0)
+    g = 0
+    while q >= k:
+        if 10 * n_alive <= 9 * len(idx):
+            # The distance passes are memory-bound, so keep the working copy within ~10% of
+            # the remaining faces; a copy every (len/10)/k groups costs far less than the
+            # passes over dead rows it saves.
+            idx, Xw, sq, cw = idx[alive], Xw[alive], sq[alive], cw[alive]
+            alive = np.ones(len(idx), dtype=bool)
+        centroid = total / n_alive
+        far = sq - 2.0 * (Xw @ centroid)
+        far[~alive] = -np.inf
+        s = int(np.argmax(far))
+        d = sq - 2.0 * (Xw @ Xw[s])
+        d[~alive] = np.inf
+        d[s] = -np.inf  # the seed always heads its own group
+        # With >= 2k people left a group of k still leaves >= k people; below that, taking
+        # one image of every remaining person avoids orphaning fewer than k people.
+        need = k if q >= 2 * k else q
+        members = _nearest_distinct(d, cw, need, n_alive)
+        labels[idx[members]] = g
+        g += 1
+        alive[members] = False
+        n_alive -= len(members)
+        total = total - Xw[members].sum(axis=0)
+        pc = cw[members]
+        left[pc] -= 1
+        q -= int(np.count_nonzero(left[pc] == 0))
+
+    rest = np.flatnonzero(labels < 0)
+    if rest.size:
+        _attach_leftovers(X, codes, labels, rest, g)
+    return labels, int(rest.size)
+
+
+def _attach_leftovers(X: np.ndarray, codes: np.ndarray, labels: np.ndarray, rest: np.ndarray, n_groups: int) -> None:
+    """Give each leftover face the nearest group (by the group's mean feature) lacking its person.
+
+    Leftovers are extra images of fewer than k people. Joining a group that does not yet hold
+    the person keeps one image per person per cluster, so no average is weighted towards one
+    person; only when the person is in every group does the face join the nearest group anyway.
+    Group means are those before any leftover joins, so the result does not depend on the
+    order in which leftovers are visited.
+    """
+    done = np.flatnonzero(labels >= 0)
+    order = done[np.argsort(labels[done], kind="stable")]
+    starts = np.r_[0, np.flatnonzero(np.diff(labels[order])) + 1]
+    means = np.add.reduceat(X[order], starts, axis=0) / np.diff(np.r_[starts, len(order)])[:, None]
+    member_groups: dict[int, set[int]] = {}
+    for c, lab in zip(codes[done].tolist(), labels[done].tolist()):
+        member_groups.setdefault(c, set()).add(lab)
+    msq = np.einsum("ij,ij->i", means, means)
+    for start in range(0, rest.size, 512):
+        block = rest[start:start + 512]
+        dist = msq[None, :] - 2.0 * (X[block] @ means.T)
+        for row, i in enumerate(block):
+            taken = member_groups.get(int(codes[i]), set())
+            drow = dist[row]
+            if len(taken) < n_groups:
+                drow = drow.copy()
+                drow[list(taken)] = np.inf
+            labels[i] = int(np.argmin(drow))
+    logger.info("k-Same: %d leftover faces (extra images of fewer than k people) joined existing clusters", rest.size)
+
+
+def _cluster_summaries(labels: np.ndarray, people_codes: np.ndarray, people_keys: list, images: np.ndarray) -> dict[str, Any]:
+    n_clusters = int(labels.max()) + 1
+    order = np.argsort(labels, kind="stable")
+    bounds = np.r_[0, np.cumsum(np.bincount(labels, minlength=n_clusters))]
+    averages = np.empty((n_clusters, images.shape[1]), dtype=np.float64)
+    cluster_people: list[frozenset] = []
+    sizes = np.diff(bounds)
+    max_share = np.empty(n_clusters, dtype=np.float64)
+    for c in range(n_clusters):
+        members = order[bounds[c]:bounds[c + 1]]
+        averages[c] = images[members].mean(axis=0, dtype=np.float64)
+        pc = people_codes[members]
+        cluster_people.append(frozenset(people_keys[j] for j in np.unique(pc)))
+        max_share[c] = np.bincount(pc).max() / len(members)
+    return {
+        "n_clusters_": n_clusters,
+        "averages_": averages,
+        "cluster_people_": cluster_people,
+        "cluster_sizes_": sizes,
+        "cluster_max_share_": max_share,
+    }
+
+
+def _to_uint8(averages: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(averages), 0, 255).astype(np.uint8)[labels]
+
+
+# --------------------------------------------------------------------------- estimators
+
+
+class KSame(BaseEstimator):
+    """k-Same de-identification: replace each face by the mean of a cluster of >= k people.
+
+    Greedy and deterministic (Newton, Sweeney & Malin 2005, with distinct-people counting):
+
+    1. While the remaining faces hold at least ``2k`` distinct people: take as seed the
+       remaining face farthest from the centroid of the remaining faces in ``X`` space, then
+       walk the remaining faces by increasing Euclidean distance to the seed, keeping the
+       first face of each person not yet in the group, until the group holds ``k`` people.
+    2. When the remaining faces hold ``k`` to ``2k - 1`` distinct people, the last group takes
+       the seed and the nearest image of *every* remaining person (a group of k would orphan
+       fewer than k people).
+    3. Images left after that belong to fewer than ``k`` people (they are further images of
+       people already grouped); each joins the nearest group by distance to the group's mean
+       feature, preferring groups that do not already contain its person.
+
+    All ties go to the lowest input index. A person's images are deliberately *not* pulled
+    into the same cluster: a cluster with several images of one person has an average
+    weighted towards that person, which is what a recogniser exploits (the naive attack
+    rate of a cluster is at most its largest one-person share of images, see
+    ``cluster_max_share_``). Keeping one image per person per cluster keeps that share at
+    ``1 / cluster size <= 1/k``; a person with several images appears in several clusters,
+    each of which still hides them among ``k`` people.
+
+    Parameters
+    ----------
+    k : int, default 5
+        Minimum number of distinct people (``count="people"``) or images
+        (``count="images"``) per cluster; >= 2.
+    count : {"people", "images"}, default "people"
+        ``"images"`` treats every image as its own person: Newton et al.'s original
+        formulation, which gives no guarantee when people have several images. Kept only
+        for comparison studies.
+
+    Attributes
+    ----------
+    labels_ : ndarray of shape (n_faces,)
+        Cluster index of every face, ``0 .. n_clusters_ - 1`` in creation order.
+    n_clusters_ : int
+    averages_ : ndarray of shape (n_clusters_, n_pixels), float64
+        Pixel mean of each cluster.
+    cluster_people_ : list of frozenset
+        The distinct person ids in each cluster.
+    cluster_sizes_ : ndarray of shape (n_clusters_,)
+        Images per cluster.
+    cluster_max_share_ : ndarray of shape (n_clusters_,)
+        Largest fraction of a cluster's images that belong to one person.
+    n_leftover_ : int
+        Faces placed by step 3.
+
+    References
+    ----------
+    E. Newton, L. Sweeney, B. Malin. Preserving privacy by de-identifying face images.
+    IEEE Trans. Knowledge and Data Engineering 17(2):232-243, 2005.
+    """
+
+    def __init__(self, k: int = 5, *, count: str = "people"):
+        self.k = k
+        self.count = count
+
+    def fit(self, X: Any, *, people: Sequence[Hashable], images: Any) -> "KSame":
+        """Cluster the faces.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_faces, n_features)
+            Features used for distances (PCA coefficients of the aligned faces).
+        people : sequence of hashable, length n_faces
+            Person id of each face.
+        images : array-like of shape (n_faces, n_pixels)
+            Pixel vectors (0..255 scale) to average.
+
+        Returns
+        -------
+        self
+        """
+        _check_params(self.k, self.count)
+        X, images = _check_arrays(X, images)
+        codes, keys = _factorize(people, "people", X.shape[0])
+        labels, n_left = self._labels(X, codes, partition=None)
+        self.labels_ = labels
+        self.n_leftover_ = n_left
+        for name, value in _cluster_summaries(labels, codes, keys, images).items():
+            setattr(self, name, value)
+        logger.debug("k-Same k=%d: %d faces -> %d clusters", self.k, X.shape[0], self.n_clusters_)
+        return self
+
+    def _labels(self, X: np.ndarray, codes: np.ndarray, partition: Hashable | None) -> tuple[np.ndarray, int]:
+        k = int(self.k)
+        unit = codes if self.count == "people" else np.arange(X.shape[0])
+        n_units = int(np.count_nonzero(np.bincount(unit)))
+        if n_units < k:
+            raise _insufficient(k, n_units, self.count, partition)
+        # Thousands of small matrix-vector products: BLAS threads only add synchronisation
+        # (and stall badly when other processes hold the cores), so run them single-threaded.
+        with threadpool_limits(limits=1, user_api="blas"):
+            return _greedy_labels(X, unit, k)
+
+    def fit_transform(self, X: Any, *, people: Sequence[Hashable], images: Any) -> np.ndarray:
+        """Fit, then return the released images: each row its cluster's mean, rounded to uint8."""
+        self.fit(X, people=people, images=images)
+        return _to_uint8(self.averages_, self.labels_)
+
+
+def _insufficient(k: int, n_units: int, count: str, partition: Hashable | None) -> InsufficientPeopleError:
+    what = "distinct people" if count == "people" else "images"
+    where = "the data" if partition is None else f"partition {partition!r}"
+    fix = (
+        "merge or suppress this partition before k-Same-Select (setting small_partitions), or lower k"
+        if partition is not None
+        else f"lower k to at most {n_units}, or add images of more people"
+    )
+    return InsufficientPeopleError(
+        f"k={k} needs at least {k} {what} per cluster but {where} holds only {n_units}; {fix}",
+        k=k, n_people=n_units, partition=partition,
+    )
+
+
+class KSameSelect(KSame):
+    """k-Same-Select: k-Same run separately inside each partition of utility labels.
+
+    Averaging only faces that share the utility labels (e.g. gender x expression) keeps
+    those labels in the released averages while each cluster still holds >= k people.
+    Partitions are processed in order of first appearance; cluster labels are numbered
+    consecutively across partitions, so they are globally unique.
+
+    Parameters
+    ----------
+    k : int, default 5
+    count : {"people", "images"}, default "people"
+        See :class:`KSame`.
+
+    Attributes
+    ----------
+    labels_, n_clusters_, averages_, cluster_people_, cluster_sizes_, cluster_max_share_, n_leftover_
+        As in :class:`KSame`, over all partitions.
+    partitions_ : list
+        The partition keys in first-appearance order.
+    cluster_partition_ : list
+        The partition key of each cluster.
+
+    References
+    ----------
+    R. Gross, E. Airoldi, B. Malin, L. Sweeney. Integrating utility into face
+    de-identification. Privacy Enhancing Technologies (PET), LNCS 3856, 227-242, 2005.
+    """
+
+    def fit(self, X: Any, *, people: Sequence[Hashable], images: Any, partitions: Sequence[Hashable]) -> "KSameSelect":  # type: ignore[override]
+        """Cluster the faces within each partition.
+
+        Parameters
+        ----------
+        X, people, images
+            As in :meth:`KSame.fit`.
+        partitions : sequence of hashable, length n_faces
+            Partition key of each face (e.g. ``("female", "smiling")``).
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        InsufficientPeopleError
+            When a partition holds fewer than ``k`` distinct people (names the partition);
+            nothing is clustered in that case.
+        """
+        _check_params(self.k, self.count)
+        X, images = _check_arrays(X, images)
+        n = X.shape[0]
+        codes, keys = _factorize(people, "people", n)
+        pcodes, pkeys = _factorize(partitions, "partitions", n)
+        k = int(self.k)
+        members = [np.flatnonzero(pcodes == j) for j in range(len(pkeys))]
+        for j, m in enumerate(members):  # check all first: fail before any work
+            unit = codes[m] if self.count == "people" else m
+            n_units = len(np.unique(unit))
+            if n_units < k:
+                raise _insufficient(k, n_units, self.count, pkeys[j])
+        labels = np.empty(n, dtype=np.intp)
+        cluster_partition: list = []
+        offset = 0
+        n_left = 0
+        for j, m in enumerate(members):
+            lab, left = self._labels(X[m], codes[m], partition=pkeys[j])
+            labels[m] = lab + offset
+            n_sub = int(lab.max()) + 1
+            cluster_partition.extend([pkeys[j]] * n_sub)
+            offset += n_sub
+            n_left += left
+        self.labels_ = labels
+        self.n_leftover_ = n_left
+        self.partitions_ = pkeys
+        self.cluster_partition_ = cluster_partition
+        for name, value in _cluster_summaries(labels, codes, keys, images).items():
+            setattr(self, name, value)
+        logger.debug("k-Same-Select k=%d: %d faces, %d partitions -> %d clusters", k, n, len(pkeys), self.n_clusters_)
+        return self
+
+    def fit_transform(self, X: Any, *, people: Sequence[Hashable], images: Any, partitions: Sequence[Hashable]) -> np.ndarray:  # type: ignore[override]
+        """Fit, then return the released images: each row its cluster's mean, rounded to uint8."""
+        self.fit(X, people=people, images=images, partitions=partitions)
+        return _to_uint8(self.averages_, self.labels_)

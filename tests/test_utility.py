@@ -1,0 +1,103 @@
+"""Tests of the utility evaluation (deid.utility)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from deid.errors import ConfigError
+from deid.utility import UtilityResult, grouped_cv_accuracy, grouped_splits
+
+
+def faces(n_people=40, per_person=3, p=100, seed=0, separable=True):
+    """Pixel vectors whose label shifts a block of pixels (separable) or is random."""
+    rng = np.random.default_rng(seed)
+    people = np.repeat(np.arange(n_people), per_person)
+    label_of_person = rng.integers(0, 2, size=n_people)
+    y = label_of_person[people]
+    base = rng.uniform(60, 190, size=(n_people, p))[people] + rng.normal(scale=8, size=(len(people), p))
+    if separable:
+        base[:, :20] += np.where(y[:, None] == 1, 40.0, -40.0)
+    return np.clip(base, 0, 255).astype(np.uint8), y, people
+
+
+def test_separable_label_is_learned():
+    X, y, people = faces(seed=1)
+    res = grouped_cv_accuracy(X, y, groups=people, folds=5, n_components=20, seed=0)
+    assert isinstance(res, UtilityResult)
+    assert res.accuracy >= 0.95
+    assert res.folds_used == 5 and res.n_groups == 40
+    assert "StratifiedGroupKFold" in res.detail
+
+
+def test_random_label_is_chance():
+    X, _, people = faces(n_people=100, per_person=2, separable=False, seed=2)
+    y = np.random.default_rng(3).integers(0, 2, size=len(people))
+    res = grouped_cv_accuracy(X, y, groups=people, folds=5, n_components=20, seed=0)
+    assert 0.35 <= res.accuracy <= 0.65
+
+
+def test_identical_copies_never_straddle_folds():
+    # Released k-Same data: each cluster's rows are identical copies and form one group.
+    rng = np.random.default_rng(4)
+    clusters = np.repeat(np.arange(30), rng.integers(3, 7, size=30))
+    y = rng.integers(0, 2, size=30)[clusters]
+    for seed in range(3):
+        splits, _ = grouped_splits(y, groups=clusters, folds=5, seed=seed)
+        assert len(splits) == 5
+        seen = np.zeros(len(y), dtype=int)
+        for train, test in splits:
+            assert not set(clusters[train]) & set(clusters[test])
+            seen[test] += 1
+        assert np.all(seen == 1)  # every row tested exactly once
+
+
+def test_deterministic_given_seed():
+    X, y, people = faces(n_people=30, separable=False, seed=5)
+    y = np.random.default_rng(6).integers(0, 2, size=len(y))
+    a = grouped_cv_accuracy(X, y, groups=people, seed=7, n_components=10)
+    b = grouped_cv_accuracy(X, y, groups=people, seed=7, n_components=10)
+    assert a == b
+    s1, _ = grouped_splits(y, groups=people, seed=1)
+    s2, _ = grouped_splits(y, groups=people, seed=2)
+    assert any(not np.array_equal(t1, t2) for (_, t1), (_, t2) in zip(s1, s2))
+
+
+def test_folds_reduced_to_number_of_groups():
+    X, y, people = faces(n_people=4, per_person=5, seed=8)
+    y = np.array([0, 1, 0, 1])[people]
+    res = grouped_cv_accuracy(X, y, groups=people, folds=5, n_components=50)
+    assert res.folds_used == 4 and res.n_groups == 4
+    assert "reduced from 5 to 4" in res.detail
+    assert res.accuracy is not None
+
+
+def test_single_class_gives_none():
+    X, _, people = faces(n_people=10, seed=9)
+    res = grouped_cv_accuracy(X, np.ones(len(people)), groups=people)
+    assert res.accuracy is None and res.folds_used == 0
+    assert "single class" in res.detail
+
+
+def test_fallback_when_stratification_impossible():
+    # Class 1 lives in a single group: StratifiedGroupKFold cannot spread it; the fold that
+    # tests it has no class-1 training data and is skipped rather than faked.
+    X, _, people = faces(n_people=6, per_person=4, seed=10)
+    y = (people == 0).astype(int)
+    res = grouped_cv_accuracy(X, y, groups=people, folds=3, n_components=5)
+    assert "GroupKFold" in res.detail
+    assert res.folds_used == 2 and "skipped" in res.detail
+    assert res.accuracy is not None
+
+
+def test_bad_inputs_are_rejected():
+    X, y, people = faces(n_people=6, seed=11)
+    with pytest.raises(ConfigError, match="folds=1"):
+        grouped_cv_accuracy(X, y, groups=people, folds=1)
+    with pytest.raises(ConfigError, match="groups has 3 entries"):
+        grouped_cv_accuracy(X, y, groups=people[:3])
+    with pytest.raises(ConfigError, match="n_components=0"):
+        grouped_cv_accuracy(X, y, groups=people, n_components=0)
+    with pytest.raises(ConfigError, match="y\\[0\\] is missing"):
+        grouped_cv_accuracy(X, [None] + list(y[1:]), groups=people)
+    with pytest.raises(ConfigError, match="images has shape"):
+        grouped_cv_accuracy(X.reshape(len(X), 10, 10), y, groups=people)
