@@ -1,6 +1,8 @@
 """The ``release`` flow: a dropped dataset in, a gated k-anonymous release (or a signed rejection) out."""
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -11,6 +13,15 @@ from deid.publish import new_release_id
 from deid.settings import Settings
 from tasks import stages as t
 from tasks.cluster import dask_cluster
+
+@contextmanager
+def _timed(timings: dict, stage: str):
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[stage] = round(timings.get(stage, 0.0) + time.perf_counter() - t0, 4)
+
 
 METHODS = {"k-same-select": dict(select=True, count="people"), "k-same": dict(select=False, count="people")}
 
@@ -35,8 +46,10 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
     staging.mkdir(parents=True)
     logger.info("release %s: drop %s, k=%d, method %s", release_id, drop, k, method)
 
-    ing = t.ingest_drop(drop, str(staging), labels=labels, name=name, max_pixels=settings.max_pixels,
-                        batch_size=settings.align_batch_size)
+    timings: dict[str, float] = {}
+    with _timed(timings, "ingest"):
+        ing = t.ingest_drop(drop, str(staging), labels=labels, name=name, max_pixels=settings.max_pixels,
+                            batch_size=settings.align_batch_size)
     labels = ing["labels"]
     w, h = settings.canonical_size
     aligner = {"size": [w, h], "eye_left": list(settings.canonical_eyes()[0]),
@@ -48,30 +61,39 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
     part: dict = {"partitions": [], "suppressed": [], "small": [], "failed": False}
     clusters: list[dict] = []
     eye_sources: dict = {}
+    t0 = time.perf_counter()
     with dask_cluster(settings.dask_address, workers=settings.dask_workers) as address:
+        timings["cluster_start"] = round(time.perf_counter() - t0, 4)
         if ing["staged"]:
-            al = t.align(address, ing["ingested"], ing["row_groups"], str(staging), aligner, ing["staged"])
+            with _timed(timings, "align"):
+                al = t.align(address, ing["ingested"], ing["row_groups"], str(staging), aligner, ing["staged"])
             quarantined += al["quarantined"]
             aligned_parts, eye_sources = al["parts"], al["eye_sources"]
         n_aligned = ing["staged"] - (len(quarantined) - len(ing["quarantined"]))
         if n_aligned >= 2:
-            feats = t.featurize(address, aligned_parts, str(staging), settings.pca_components, settings.seed or 0)
-            part = t.partition(ing["ingested"], aligned_parts, feats["parts"], str(staging), labels=labels, k=k,
-                               select=METHODS[method]["select"], policy=policy)
+            with _timed(timings, "featurize"):
+                feats = t.featurize(address, aligned_parts, str(staging), settings.pca_components, settings.seed or 0)
+            with _timed(timings, "partition"):
+                part = t.partition(ing["ingested"], aligned_parts, feats["parts"], str(staging), labels=labels,
+                                   k=k, select=METHODS[method]["select"], policy=policy)
             if part["partitions"]:
-                de = t.deidentify(address, part["partitions"], str(staging), k=k, count=METHODS[method]["count"])
+                with _timed(timings, "deidentify"):
+                    de = t.deidentify(address, part["partitions"], str(staging), k=k,
+                                      count=METHODS[method]["count"])
                 deid_parts, clusters = de["parts"], de["clusters"]
     by_reason = t.quarantine_summary(quarantined, str(staging))
     counts = {"in": ing["records_in"], "suppressed": len(part["suppressed"]), "quarantined": len(quarantined)}
     small_detail = "; ".join(f"{e['partition']} has {e['people']} people: {e['action']}" for e in part["small"])
-    g = t.run_gate(ing["ingested"], aligned_parts, deid_parts, labels=labels, k=k, counts=counts,
-                   partition_failed=part["failed"], partition_detail=small_detail,
-                   tolerance=settings.utility_tolerance, folds=settings.cv_folds,
-                   n_components=settings.pca_components, seed=settings.seed or 0)
+    with _timed(timings, "gate"):
+        g = t.run_gate(ing["ingested"], aligned_parts, deid_parts, labels=labels, k=k, counts=counts,
+                       partition_failed=part["failed"], partition_detail=small_detail,
+                       tolerance=settings.utility_tolerance, folds=settings.cv_folds,
+                       n_components=settings.pca_components, seed=settings.seed or 0)
     released_dir, artifacts = None, []
     if g["passed"]:
-        pub = t.publish(deid_parts, ing["ingested"], labels=labels, shape=(h, w),
-                        releases_dir=str(settings.data_path / "releases"), release_id=release_id)
+        with _timed(timings, "publish"):
+            pub = t.publish(deid_parts, ing["ingested"], labels=labels, shape=(h, w),
+                            releases_dir=str(settings.data_path / "releases"), release_id=release_id)
         released_dir, artifacts = pub["path"], pub["artifacts"]
     n_released = sum(c["size"] for c in clusters) if g["passed"] else 0
     report = {
@@ -117,6 +139,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
             "clusters": {"count": len(clusters), "sizes": sorted(c["size"] for c in clusters)},
             "extra_manifest_columns": ing["extra_columns"],
             "dask": settings.dask_address or f"LocalCluster({settings.dask_workers} workers)",
+            "stage_seconds": timings,
         },
     }
     rep = t.write_report(str(settings.reports_path / release_id), report=report,
@@ -126,4 +149,5 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
     return {"release_id": release_id, "verdict": report["verdict"], "reasons": g["reasons"],
             "report": rep["path"], "report_dir": str(Path(rep["path"]).parent), "release_dir": released_dir,
             "public_key": rep["public_key"], "key_origin": rep["key_origin"], "dataset": report["dataset"],
-            "privacy": report["privacy"], "utility": report["utility"], "staging": str(staging)}
+            "privacy": report["privacy"], "utility": report["utility"], "staging": str(staging),
+            "timings": timings}

@@ -12,6 +12,9 @@ LONDON = ROOT.parent / "shared" / "datasets" / "london"
 # Keep Prefect's state out of the user's home and quiet, before anything imports prefect.
 os.environ.setdefault("DO_NOT_TRACK", "1")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+# One BLAS thread per process (as the CLI does): threaded OpenBLAS next to Dask workers thrashes.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
 
 @pytest.fixture(scope="session")

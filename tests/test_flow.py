@@ -1,0 +1,160 @@
+"""Integration: the release flow end to end on synthetic drops and on the real London set."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import cv2
+import pyarrow.parquet as pq
+import pytest
+
+from deid.synth import make_synthetic_drop
+from deid.verify import verify_report
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(drop: Path, **params) -> dict:
+    from flows.release import release
+
+    return release(drop=str(drop), **params)
+
+
+def _check_release_invariants(result: dict, *, k: int, drop: Path) -> dict:
+    """Invariants 1 and 2 of DEVELOPERS.md on a published release; returns the release table."""
+    rel = Path(result["release_dir"])
+    table = pq.read_table(rel / "release.parquet").to_pydict()
+    labels = json.loads(Path(result["report"]).read_text())["configuration"]["labels"]
+    assert set(table) == {"record_id", "image", "cluster_id", *labels}
+    n = len(table["record_id"])
+    assert n == result["dataset"]["records_released"] > 0
+    assert len(set(table["record_id"])) == n
+    # Cluster sizes >= k (distinct people are checked by the gate against staging).
+    sizes = defaultdict(int)
+    for c in table["cluster_id"]:
+        sizes[c] += 1
+    assert min(sizes.values()) >= k
+    # No source ids, paths or bytes: ids are fresh, files are our PNGs.
+    manifest = (drop / "manifest.csv").read_text()
+    for rid in table["record_id"][:20]:
+        assert rid not in manifest
+    sources = {p.read_bytes() for p in list(drop.rglob("*.png"))[:50] + list(drop.rglob("*.jpg"))[:50]}
+    for name in table["image"]:
+        data = (rel / name).read_bytes()
+        assert data.startswith(b"\x89PNG") and data not in sources
+        assert b"eXIf" not in data and b"tEXt" not in data
+        img = cv2.imdecode(__import__("numpy").frombuffer(data, "uint8"), cv2.IMREAD_UNCHANGED)
+        assert img.ndim == 2
+    report = json.loads(Path(result["report"]).read_text())
+    assert report["privacy"]["min_distinct_people_per_cluster"] >= k
+    assert {a["path"] for a in report["artifacts"]} == {
+        p.relative_to(rel).as_posix() for p in rel.rglob("*") if p.is_file()}
+    return table
+
+
+def test_synthetic_release_end_to_end_and_verify(project, prefect_server, tmp_path):
+    drop = make_synthetic_drop(tmp_path / "drop", people=40, images_per_person=2, seed=11)
+    result = _run(drop, k=3)
+    assert result["verdict"] == "released", result["reasons"]
+    ds = result["dataset"]
+    assert ds["records_in"] == 80
+    assert ds["records_released"] + ds["records_suppressed"] + ds["records_quarantined"] == 80
+    assert result["privacy"]["max_rate"] <= 1 / 3
+    _check_release_invariants(result, k=3, drop=drop)
+    report_dir = Path(result["report_dir"])
+    pub = Path(result["public_key"])
+    assert verify_report(report_dir, public_key=pub).ok
+    # One flipped byte in a released file breaks verification.
+    victim = next((Path(result["release_dir"]) / "images").iterdir())
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    victim.write_bytes(bytes(data))
+    bad = verify_report(report_dir, public_key=pub)
+    assert not bad.ok and any("hash mismatch" in p for p in bad.problems)
+    # The staging quarantine table exists even when empty; nothing left behind in releases/.
+    releases = project / "data" / "releases"
+    assert [p.name for p in releases.iterdir()] == [result["release_id"]]
+
+
+def test_failed_gate_publishes_nothing_but_signs_a_rejection(project, prefect_server, tmp_path):
+    # 14 people over 4 label partitions: with k=5 every partition is too small; policy "fail".
+    drop = make_synthetic_drop(tmp_path / "drop", people=14, images_per_person=2, seed=5)
+    result = _run(drop, k=5, small_partitions="fail")
+    assert result["verdict"] == "rejected"
+    assert result["release_dir"] is None
+    assert any("small_partitions" in r for r in result["reasons"])
+    assert not (project / "data" / "releases").exists() or not any((project / "data" / "releases").iterdir())
+    report = json.loads(Path(result["report"]).read_text())
+    assert report["verdict"] == "rejected" and report["artifacts"] == []
+    res = verify_report(Path(result["report_dir"]), public_key=Path(result["public_key"]))
+    assert res.ok and res.authenticated
+
+
+def test_bad_files_are_quarantined_and_counted(project, prefect_server, tmp_path):
+    drop = make_synthetic_drop(tmp_path / "drop", people=30, images_per_person=2, seed=2)
+    (drop / "images" / "junk.png").write_bytes(b"not an image at all")
+    (drop / "images" / "trunc.jpg").write_bytes(b"\xff\xd8\xff\xe0" + os.urandom(200))
+    with open(drop / "manifest.csv", "a") as fh:
+        fh.write("images/junk.png,s90001,male,neutral,,,,\n")
+        fh.write("images/trunc.jpg,s90002,female,smile,,,,\n")
+        fh.write("images/nowhere.png,s90003,female,smile,,,,\n")
+        fh.write("../escape.png,s90004,female,smile,,,,\n")
+    result = _run(drop, k=3)
+    ds = result["dataset"]
+    assert ds["records_in"] == 64
+    assert ds["records_quarantined"] == 4
+    assert ds["quarantine_by_reason"] == {"unsupported_format": 1, "corrupt_image": 1, "missing_file": 1,
+                                          "unsafe_path": 1}
+    assert ds["records_released"] + ds["records_suppressed"] + ds["records_quarantined"] == 64
+    staging = Path(result["staging"])
+    q = pq.read_table(staging / "quarantine.parquet").to_pydict()
+    assert sorted(q["code"]) == sorted(["unsupported_format", "corrupt_image", "missing_file", "unsafe_path"])
+
+
+@pytest.mark.london
+def test_london_k5_k_same_select_is_released(project, prefect_server, london_dir, tmp_path):
+    from deid.london import import_london
+
+    drop = import_london(london_dir, tmp_path / "london")
+    result = _run(drop, k=5, method="k-same-select")
+    assert result["verdict"] == "released", result["reasons"]
+    assert result["dataset"]["records_in"] == 204
+    assert result["privacy"]["max_rate"] <= 0.2
+    gender = next(u for u in result["utility"] if u["label"] == "gender")
+    assert gender["deidentified_accuracy"] >= gender["original_accuracy"] - 0.05
+    _check_release_invariants(result, k=5, drop=drop)
+    pub = Path(result["public_key"])
+    cli = [sys.executable, "-m", "flows.cli", "verify", result["report_dir"], "--public-key", str(pub)]
+    ok = subprocess.run(cli, capture_output=True, text=True, cwd=ROOT)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    victim = sorted((Path(result["release_dir"]) / "images").iterdir())[0]
+    data = bytearray(victim.read_bytes())
+    data[-20] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    bad = subprocess.run(cli, capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 1 and "hash mismatch" in bad.stdout
+
+
+def test_demo_path_cli(tmp_path):
+    """What `make demo` does, on a small synthetic drop, through the installed `deid` command."""
+    deid = ROOT / ".venv" / "bin" / "deid"
+    exe = [str(deid)] if deid.exists() else [sys.executable, "-m", "flows.cli"]
+    env = {**os.environ, "DEID_PROJECT_DIR": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect")}
+    env.pop("PREFECT_API_URL", None)
+    env.pop("DEID_SIGNING_KEY", None)
+    s = subprocess.run([*exe, "synth", "drops/demo", "--people", "30", "--seed", "7"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert s.returncode == 0, s.stderr
+    r = subprocess.run([*exe, "run", "drops/demo", "--k", "3"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+    assert "verdict: RELEASED" in r.stdout
+    report = next(line.split(": ", 1)[1] for line in r.stdout.splitlines() if line.startswith("report: "))
+    assert Path(report).is_file() and Path(report + ".sig").is_file()
+    bad = subprocess.run([*exe, "run", "drops/nope"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and "does not exist" in bad.stderr
