@@ -14,6 +14,7 @@ from typing import Any, Hashable, Literal, Sequence
 import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.decomposition import PCA
+from threadpoolctl import threadpool_limits
 
 from deid.errors import ConfigError
 
@@ -24,6 +25,15 @@ logger = logging.getLogger(__name__)
 _MIN_RELATIVE_VARIANCE = 1e-10
 # Probe rows scored per block in attack_rate, to bound the (block, gallery) matrix.
 _BLOCK = 1024
+
+
+def _one_blas_thread() -> threadpool_limits:
+    """Single-threaded BLAS for the attack's small factorisations and products.
+
+    On a busy 2-core machine OpenBLAS threads contending for cores made PCA/SVD work 12x
+    slower than one thread; the pipeline gets its parallelism from separate workers instead.
+    """
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def _as_matrix(a: Any, name: str) -> np.ndarray:
@@ -113,18 +123,19 @@ class WhitenedCosineAttacker(BaseEstimator):
         if len(people) != n:
             raise ConfigError(f"people has {len(people)} entries but gallery has {n} images; pass one person id per image")
         use = min(int(nc), n - 1, p)
-        pca = PCA(n_components=use, whiten=True, random_state=0).fit(g)
-        ev = pca.explained_variance_
-        keep = int(np.count_nonzero(ev > _MIN_RELATIVE_VARIANCE * ev[0])) if ev[0] > 0 else 0
-        if keep == 0:
-            raise ConfigError("gallery images are all identical; there is nothing to recognise")
-        if keep < use:
-            logger.info("attacker: %d of %d components have ~zero variance; refitting with %d", use - keep, use, keep)
-            use = keep
+        with _one_blas_thread():
             pca = PCA(n_components=use, whiten=True, random_state=0).fit(g)
-        self.pca_ = pca
-        self.n_components_ = use
-        self.gallery_ = self._embed(g)
+            ev = pca.explained_variance_
+            keep = int(np.count_nonzero(ev > _MIN_RELATIVE_VARIANCE * ev[0])) if ev[0] > 0 else 0
+            if keep == 0:
+                raise ConfigError("gallery images are all identical; there is nothing to recognise")
+            if keep < use:
+                logger.info("attacker: %d of %d components have ~zero variance; refitting with %d", use - keep, use, keep)
+                use = keep
+                pca = PCA(n_components=use, whiten=True, random_state=0).fit(g)
+            self.pca_ = pca
+            self.n_components_ = use
+            self.gallery_ = self._embed(g)
         self.gallery_people_ = people
         return self
 
@@ -140,7 +151,8 @@ class WhitenedCosineAttacker(BaseEstimator):
         people = np.asarray(list(people), dtype=object)
         if len(people) != len(g):
             raise ConfigError(f"people has {len(people)} entries but gallery has {len(g)} images; pass one person id per image")
-        self.gallery_ = self._embed(g)
+        with _one_blas_thread():
+            self.gallery_ = self._embed(g)
         self.gallery_people_ = people
         return self
 
@@ -163,7 +175,8 @@ class WhitenedCosineAttacker(BaseEstimator):
         """Cosine similarity of whitened probe projections to the gallery, shape (m, n_gallery)."""
         self._check_fitted()
         a = self._check_width(_as_matrix(probes, "probes"))
-        return self._embed(a) @ self.gallery_.T
+        with _one_blas_thread():
+            return self._embed(a) @ self.gallery_.T
 
 
 def _credit_codes(similarity: np.ndarray, probe_codes: np.ndarray, gallery_codes: np.ndarray, rtol: float) -> np.ndarray:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -150,3 +151,61 @@ def test_attack_errors_are_clear():
         reidentification_rate(np.array([[np.nan, 1.0]]), [0], [0, 1])
     with pytest.raises(ConfigError, match="pixels"):
         WhitenedCosineAttacker(3).fit(faces, people=people).similarity(faces[:, :10])
+
+
+LONDON = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "london"
+
+
+def load_london():
+    """Aligned London faces (read in place): pupils from .tem for neutral, Haar for smiling."""
+    import csv
+
+    from deid.align import EyePair, FaceAligner
+    from deid.errors import RecordError
+    from deid.imaging import decode_gray
+
+    if not (LONDON / "london_info.csv").is_file():
+        pytest.fail(f"the London set is missing at {LONDON}; see ../shared/datasets/london/README.md")
+    info = {r["face_id"].zfill(3): r["face_gender"] for r in csv.DictReader(open(LONDON / "london_info.csv"))}
+    aligner = FaceAligner()
+    faces, people, gender, expr = [], [], [], []
+    for folder, ex in (("neutral_front", "neutral"), ("smiling_front", "smile")):
+        for f in sorted((LONDON / folder).glob("*.jpg")):
+            eyes = None
+            if f.with_suffix(".tem").is_file():
+                lines = f.with_suffix(".tem").read_text().splitlines()
+                eyes = EyePair(*[tuple(float(v) for v in lines[1 + i].split()[:2]) for i in range(2)])
+            try:
+                face = aligner.align(decode_gray(f.read_bytes()), eyes)
+            except RecordError:
+                continue
+            faces.append(face.image.reshape(-1))
+            people.append(f.name[:3])
+            gender.append(info[f.name[:3]])
+            expr.append(ex)
+    return np.array(faces), np.array(people), np.array(gender), np.array(expr)
+
+
+@pytest.mark.london
+@pytest.mark.slow
+def test_london_ksame_select_meets_one_over_k():
+    from sklearn.decomposition import PCA
+
+    from deid.ksame import KSameSelect
+    from deid.utility import grouped_cv_accuracy
+
+    faces, people, gender, expr = load_london()
+    assert len(faces) >= 180  # 204 photos; a few smiling ones may fail eye detection
+    unprotected = attack_rate(WhitenedCosineAttacker(50), originals=faces, original_people=people,
+                              released=faces, released_people=people)
+    assert unprotected >= 0.95
+    X = PCA(50, random_state=0).fit_transform(faces.astype(np.float64))
+    k = 5
+    model = KSameSelect(k)
+    released = model.fit_transform(X, people=people, images=faces, partitions=list(zip(gender, expr)))
+    for mode in ("naive", "reverse"):
+        rate = attack_rate(WhitenedCosineAttacker(50), originals=faces, original_people=people,
+                           released=released, released_people=people, mode=mode)
+        assert rate <= 1 / k + 1e-9, (mode, rate)
+    util = grouped_cv_accuracy(released, gender, groups=model.labels_, seed=0)
+    assert util.accuracy >= 0.75, util
