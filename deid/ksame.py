@@ -47,7 +47,7 @@ def _factorize(values: Any, name: str, n: int) -> tuple[np.ndarray, list]:
     """Integer codes (first-appearance order) for a sequence of hashable keys."""
     seq = list(values)
     if len(seq) != n:
-        raise ConfigError(f"{name} has {len(seq)} entries but X has {n} rows; pass one {name[:-1] if name.endswith('s') else name} key per row")
+        raise ConfigError(f"{name} has {len(seq)} entries but X has {n} rows; pass one {name} key per row of X")
     mapping: dict[Hashable, int] = {}
     codes = np.empty(n, dtype=np.intp)
     for i, v in enumerate(seq):

@@ -125,7 +125,7 @@ def test_leftover_prefers_cluster_without_its_person():
         assert len(set(people[members].tolist())) == len(members)
 
 
-def test_group_of_people_seen_only_via_people_count():
+def test_image_counting_lets_one_person_fill_a_cluster():
     # Two people with 5 images each: count="images" happily makes "clusters of 5" of one
     # person; count="people" refuses.
     X, people, images = make_faces([5, 5], seed=3)
