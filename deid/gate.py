@@ -108,13 +108,15 @@ def privacy_checks(*, k: int, originals: np.ndarray, original_people: np.ndarray
 
 def utility_checks(*, labels: list[str], originals: np.ndarray, original_labels: dict[str, np.ndarray],
                    original_groups: np.ndarray, released: np.ndarray, released_labels: dict[str, np.ndarray],
-                   released_groups: np.ndarray, tolerance: float, folds: int = 5,
+                   released_groups: np.ndarray, tolerance: float, folds: int = 5, repeats: int = 10,
                    seed: int = 0) -> tuple[list[Check], list[dict]]:
     """Linear-SVM accuracy per label: release (folds grouped by cluster) vs originals (by person)."""
     checks, rows = [], []
     for label in labels:
-        orig = grouped_cv_accuracy(originals, original_labels[label], groups=original_groups, folds=folds, seed=seed)
-        rel = grouped_cv_accuracy(released, released_labels[label], groups=released_groups, folds=folds, seed=seed)
+        orig = grouped_cv_accuracy(originals, original_labels[label], groups=original_groups, folds=folds,
+                                   seed=seed, repeats=repeats)
+        rel = grouped_cv_accuracy(released, released_labels[label], groups=released_groups, folds=folds,
+                                  seed=seed, repeats=repeats)
         row = {"label": label, "original_accuracy": orig.accuracy, "deidentified_accuracy": rel.accuracy,
                "tolerance": tolerance, "detail": f"originals: {orig.detail}; release: {rel.detail}"}
         rows.append(row)

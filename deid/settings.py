@@ -28,6 +28,7 @@ class Settings(BaseSettings):
     small_partitions: SmallPartitionPolicy = "suppress"
     utility_tolerance: float = Field(default=0.05, ge=0.0, le=1.0)
     cv_folds: int = Field(default=5, ge=2, le=20)
+    cv_repeats: int = Field(default=10, ge=1, le=100, description="repeated grouped CV runs, pooled (utility)")
 
     canonical_width: int = Field(default=81, ge=16, le=1024)
     canonical_height: int = Field(default=92, ge=16, le=1024)

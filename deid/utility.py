@@ -16,7 +16,7 @@ from numbers import Integral
 from typing import Any, Hashable, Sequence
 
 import numpy as np
-from sklearn.decomposition import PCA
+from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import GroupKFold, StratifiedGroupKFold
 from sklearn.pipeline import make_pipeline
@@ -43,6 +43,38 @@ class UtilityResult:
     n_groups: int
     detail: str
     fold_accuracies: tuple[float, ...] = field(default=())
+
+
+class GramPCA(TransformerMixin, BaseEstimator):
+    """Exact PCA through the n x n Gram matrix, for few samples of many pixels.
+
+    With n training faces of p pixels (n << p) the eigenvectors of ``Xc Xc^T`` give the same
+    subspace as an SVD of ``Xc`` at O(n^2 p) cost; measured 4-5x faster than sklearn's PCA on
+    160 x 7452, which matters because the gate refits it in every fold of every repeat.
+
+    Parameters
+    ----------
+    n_components : int
+        Number of components; capped at the rank of the centred training data.
+    """
+
+    def __init__(self, n_components: int = 50):
+        self.n_components = n_components
+
+    def fit(self, X, y=None):
+        X = np.asarray(X, dtype=np.float64)
+        self.mean_ = X.mean(axis=0)
+        Xc = X - self.mean_
+        w, V = np.linalg.eigh(Xc @ Xc.T)
+        order = np.argsort(w)[::-1]
+        w, V = w[order], V[:, order]
+        keep = int(min(self.n_components, np.count_nonzero(w > w[0] * 1e-12)))
+        self.components_ = (V[:, :keep].T @ Xc) / np.sqrt(w[:keep])[:, None]
+        self.n_components_ = keep
+        return self
+
+    def transform(self, X):
+        return (np.asarray(X, dtype=np.float64) - self.mean_) @ self.components_.T
 
 
 def _codes(values: Sequence[Hashable], name: str, n: int) -> np.ndarray:
@@ -119,6 +151,7 @@ def grouped_cv_accuracy(
     folds: int = 5,
     n_components: int = 50,
     seed: int = 0,
+    repeats: int = 1,
 ) -> UtilityResult:
     """Grouped cross-validated accuracy of a linear SVM predicting ``y`` from face pixels.
 
@@ -141,6 +174,11 @@ def grouped_cv_accuracy(
     n_components : int, default 50
     seed : int, default 0
         Seeds the fold shuffling and the SVM; equal inputs and seed give equal results.
+    repeats : int, default 1
+        Repeat the grouped K-fold with seeds ``seed, seed+1, ...`` and pool the test
+        predictions. A k-Same release has only ``n/k`` distinct images, so one split of
+        its few groups is a noisy estimate (measured on a 40-person synthetic release:
+        0.85-1.00 across seeds); repeating shrinks that noise without mixing groups.
 
     Returns
     -------
@@ -170,7 +208,15 @@ def grouped_cv_accuracy(
         return UtilityResult(None, 0, n_groups, "y has a single class; accuracy is undefined (nothing to predict)")
     if n_groups < 2:
         return UtilityResult(None, 0, n_groups, "only one group; grouped cross-validation needs at least 2 groups")
-    splits, detail = grouped_splits(y_codes, groups=g_codes, folds=folds, seed=seed)
+    if isinstance(repeats, bool) or not isinstance(repeats, Integral) or repeats < 1:
+        raise ConfigError(f"repeats={repeats!r} must be an integer >= 1 (setting cv_repeats); pass e.g. 10")
+    splits, detail = [], ""
+    for r in range(int(repeats)):
+        rep_splits, rep_detail = grouped_splits(y_codes, groups=g_codes, folds=folds, seed=seed + r)
+        splits.extend(rep_splits)
+        detail = detail or rep_detail
+    if repeats > 1:
+        detail += f"; repeated {repeats}x (seeds {seed}..{seed + repeats - 1}), predictions pooled"
     # Single-threaded BLAS: these are small factorisations, and on a busy 2-core machine
     # OpenBLAS threads contending for cores were measured 12x slower (6.2 s vs 0.5 s on the
     # London set).
@@ -193,7 +239,7 @@ def _cross_validate(X: np.ndarray, y_codes: np.ndarray, g_codes: np.ndarray, spl
         nc = max(1, min(n_components, len(tr) - 1, p))
         model = make_pipeline(
             StandardScaler(),
-            PCA(n_components=nc, random_state=seed),
+            GramPCA(n_components=nc),
             LinearSVC(C=1.0, max_iter=10_000, random_state=seed),
         )
         with warnings.catch_warnings(record=True) as caught:

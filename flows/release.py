@@ -87,7 +87,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
     with _timed(timings, "gate"):
         g = t.run_gate(ing["ingested"], aligned_parts, deid_parts, labels=labels, k=k, counts=counts,
                        partition_failed=part["failed"], partition_detail=small_detail,
-                       tolerance=settings.utility_tolerance, folds=settings.cv_folds,
+                       tolerance=settings.utility_tolerance, folds=settings.cv_folds, repeats=settings.cv_repeats,
                        n_components=settings.pca_components, seed=settings.seed or 0)
     released_dir, artifacts = None, []
     if g["passed"]:
@@ -132,6 +132,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
             "pca_components": settings.pca_components,
             "utility_tolerance": settings.utility_tolerance,
             "cv_folds": settings.cv_folds,
+            "cv_repeats": settings.cv_repeats,
             "eye_sources": eye_sources,
             "partitions": [{"key": p["key"], "records": p["records"], "people": p["people"]}
                            for p in part["partitions"]],

@@ -23,6 +23,9 @@ def dask_cluster(address: str | None, *, workers: int = 2) -> Iterator[str]:
         return
     cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                            dashboard_address=None, silence_logs=logging.WARNING)
+    # The scheduler lives in this process; its per-connection INFO lines would bury the run's progress.
+    for name in ("distributed", "distributed.scheduler", "distributed.core", "distributed.nanny"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     try:
         yield cluster.scheduler_address
     finally:

@@ -131,6 +131,10 @@ def partition(ingested: str, aligned_parts: list[str], feature_parts: list[str],
             basename_template=f"part-{n:03d}-{{i}}.parquet")
         dirs.append({"dir": str(out / f"partition=p{n:03d}"), "key": list(map(str, key)), "records": len(idx),
                      "people": len(set(cols["subject_id"][i] for i in idx))})
+    # Hive keys are opaque (p000, ...) because a merged partition spans several label values;
+    # the index says which labels each one holds.
+    if dirs:
+        (out / "_index.json").write_text(json.dumps(dirs, indent=2))
     ids = faces.column("record_id").to_pylist()
     suppressed = [ids[i] for i in plan.suppressed]
     for entry in plan.small:
@@ -155,7 +159,7 @@ def deidentify(address: str, partitions: list[dict], staging: str, *, k: int, co
 
 @task(name="gate", **TASK)
 def run_gate(ingested: str, aligned_parts: list[str], deid_parts: list[str], *, labels: list[str], k: int,
-             counts: dict, partition_failed: bool, partition_detail: str, tolerance: float, folds: int,
+             counts: dict, partition_failed: bool, partition_detail: str, tolerance: float, folds: int, repeats: int,
              n_components: int, seed: int) -> dict:
     """Structural, privacy and utility checks over the would-be release."""
     logger = get_run_logger()
@@ -202,7 +206,8 @@ def run_gate(ingested: str, aligned_parts: list[str], deid_parts: list[str], *, 
             original_labels={x: np.asarray(o_rel.column(x).to_pylist()) for x in labels},
             original_groups=np.asarray(o_rel.column("subject_id").to_pylist(), dtype=object),
             released=rel_pix, released_labels={x: np.asarray(released.column(x).to_pylist()) for x in labels},
-            released_groups=np.asarray(rel_clusters, dtype=object), tolerance=tolerance, folds=folds, seed=seed)
+            released_groups=np.asarray(rel_clusters, dtype=object), tolerance=tolerance, folds=folds,
+            repeats=repeats, seed=seed)
         assert len(rel_set) == o_rel.num_rows
         result.checks.extend(u_checks)
         result.utility = util

@@ -58,12 +58,12 @@ def _check_release_invariants(result: dict, *, k: int, drop: Path) -> dict:
 
 
 def test_synthetic_release_end_to_end_and_verify(project, prefect_server, tmp_path):
-    drop = make_synthetic_drop(tmp_path / "drop", people=40, images_per_person=2, seed=11)
+    drop = make_synthetic_drop(tmp_path / "drop", people=60, images_per_person=2, seed=7)
     result = _run(drop, k=3)
     assert result["verdict"] == "released", result["reasons"]
     ds = result["dataset"]
-    assert ds["records_in"] == 80
-    assert ds["records_released"] + ds["records_suppressed"] + ds["records_quarantined"] == 80
+    assert ds["records_in"] == 120
+    assert ds["records_released"] + ds["records_suppressed"] + ds["records_quarantined"] == 120
     assert result["privacy"]["max_rate"] <= 1 / 3
     _check_release_invariants(result, k=3, drop=drop)
     report_dir = Path(result["report_dir"])
@@ -82,9 +82,9 @@ def test_synthetic_release_end_to_end_and_verify(project, prefect_server, tmp_pa
 
 
 def test_failed_gate_publishes_nothing_but_signs_a_rejection(project, prefect_server, tmp_path):
-    # 14 people over 4 label partitions: with k=5 every partition is too small; policy "fail".
+    # 14 people split by gender: at k=8 at least one gender x expression partition is too small.
     drop = make_synthetic_drop(tmp_path / "drop", people=14, images_per_person=2, seed=5)
-    result = _run(drop, k=5, small_partitions="fail")
+    result = _run(drop, k=8, small_partitions="fail")
     assert result["verdict"] == "rejected"
     assert result["release_dir"] is None
     assert any("small_partitions" in r for r in result["reasons"])
@@ -147,10 +147,10 @@ def test_demo_path_cli(tmp_path):
     env = {**os.environ, "DEID_PROJECT_DIR": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect")}
     env.pop("PREFECT_API_URL", None)
     env.pop("DEID_SIGNING_KEY", None)
-    s = subprocess.run([*exe, "synth", "drops/demo", "--people", "30", "--seed", "7"], cwd=tmp_path, env=env,
+    s = subprocess.run([*exe, "synth", "drops/demo", "--people", "60", "--seed", "7"], cwd=tmp_path, env=env,
                        capture_output=True, text=True, timeout=300)
     assert s.returncode == 0, s.stderr
-    r = subprocess.run([*exe, "run", "drops/demo", "--k", "3"], cwd=tmp_path, env=env, capture_output=True,
+    r = subprocess.run([*exe, "run", "drops/demo", "--k", "5"], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     assert "verdict: RELEASED" in r.stdout

@@ -101,3 +101,18 @@ def test_bad_inputs_are_rejected():
         grouped_cv_accuracy(X, [None] + list(y[1:]), groups=people)
     with pytest.raises(ConfigError, match="images has shape"):
         grouped_cv_accuracy(X.reshape(len(X), 10, 10), y, groups=people)
+
+
+def test_gram_pca_matches_full_svd_pca():
+    from sklearn.decomposition import PCA
+
+    from deid.utility import GramPCA
+
+    rng = np.random.default_rng(3)
+    X = rng.random((60, 500)) * 255
+    g = GramPCA(20).fit(X)
+    p = PCA(20, svd_solver="full").fit(X)
+    # Same subspace (projection matrices equal) and same coordinates up to sign.
+    np.testing.assert_allclose(g.components_.T @ g.components_, p.components_.T @ p.components_, atol=1e-10)
+    np.testing.assert_allclose(np.abs(g.transform(X)), np.abs(p.transform(X)), atol=1e-6)
+    assert GramPCA(100).fit(X[:10]).n_components_ == 9  # capped at the rank of 10 centred rows
