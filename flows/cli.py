@@ -6,6 +6,7 @@ Prefect is imported only by ``deid run``, so the other commands start fast.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import sys
@@ -19,6 +20,8 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 from deid.errors import ConfigError, DeidError, DropError  # noqa: E402
 
 EXIT_OK, EXIT_REJECTED, EXIT_BAD_INPUT = 0, 1, 2
+# Modules adding subcommands (each has register(subparsers) and keeps heavy imports lazy).
+EXTENSIONS = ("flows.cli_alignment", "flows.cli_study", "flows.cli_report", "flows.cli_ops")
 
 
 def _labels(value: str | None) -> list[str] | None:
@@ -169,6 +172,16 @@ def build_parser() -> argparse.ArgumentParser:
     kg.add_argument("--out", default="data/keys")
     kg.add_argument("--passphrase-env", default=None, help="encrypt the private key with this env variable's value")
     kg.set_defaults(func=cmd_keygen)
+
+    # Further command groups live in their own modules; each exposes register(subparsers).
+    for name in EXTENSIONS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(sub)
     return p
 
 
