@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Method = Literal["k-same-select", "k-same"]
@@ -20,6 +20,8 @@ class Settings(BaseSettings):
     data_dir: Path | None = Field(default=None, description="runtime data (default: <project_dir>/data)")
     reports_dir: Path | None = Field(default=None, description="reports (default: <project_dir>/reports)")
     signing_key: Path | None = Field(default=None, description="Ed25519 private key PEM used to sign reports")
+    signing_key_passphrase: SecretStr | None = Field(
+        default=None, description="passphrase of an encrypted signing key (DEID_SIGNING_KEY_PASSPHRASE)")
     dask_address: str | None = Field(default=None, description="existing Dask scheduler, e.g. tcp://host:8786")
     dask_workers: int = Field(default=2, ge=1, le=256, description="workers of the default LocalCluster")
 

@@ -29,6 +29,7 @@ from deid.ingest import ingest, write_quarantine
 from deid.partition import plan_partitions
 from deid.publish import commit_release, discard, stage_release
 from deid.report import dataset_fingerprint, hash_tree, write_signed_report
+from deid.settings import Settings
 from deid.signing import ensure_signing_key
 from tasks.cluster import client_for
 
@@ -264,7 +265,9 @@ def _versions() -> dict:
 def write_report(report_dir: str, *, report: dict, signing_key_path: str | None, keys_dir: str) -> dict:
     """Sign and write report.json (+ .sig); every run gets one, released or rejected."""
     logger = get_run_logger()
-    key = ensure_signing_key(configured=Path(signing_key_path) if signing_key_path else None, keys_dir=Path(keys_dir))
+    secret = Settings().signing_key_passphrase  # read here, never passed as a (logged) task parameter
+    key = ensure_signing_key(configured=Path(signing_key_path) if signing_key_path else None, keys_dir=Path(keys_dir),
+                             passphrase_env_value=secret.get_secret_value().encode() if secret else None)
     if key.origin == "development":
         logger.warning("report signed with the development key %s; set DEID_SIGNING_KEY for real releases", key.path)
     report = dict(report)
