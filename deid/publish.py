@@ -11,7 +11,7 @@ import csv
 import os
 import secrets
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import cv2
@@ -35,10 +35,13 @@ class StagedRelease:
     path: Path
     columns: list[str]
     n_records: int
+    # Private: staging record_id / internal cluster -> what was released. Never written into the release;
+    # the flow encrypts it into the linkage record (deid.linkage).
+    mapping: list[dict] = field(default_factory=list)
 
 
 def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, int], clusters: list[str],
-                  labels: dict[str, list[str]]) -> StagedRelease:
+                  labels: dict[str, list[str]], record_ids: list[str] | None = None) -> StagedRelease:
     """Write a release into ``tmp_dir`` (which must not exist yet).
 
     Parameters
@@ -47,7 +50,12 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, int], 
     shape : (height, width) of each face.
     clusters : internal cluster names; they are re-mapped to fresh random ids here.
     labels : label name -> per-record values.
+    record_ids : staging record ids, parallel to ``images``; when given, ``StagedRelease.mapping``
+        lists ``{record_id, released_record_id, image, cluster, cluster_id}`` per released record
+        (for the private linkage record; nothing of it goes into the release).
     """
+    if record_ids is not None and len(record_ids) != len(images):
+        raise ValueError(f"record_ids has {len(record_ids)} entries but images has {len(images)}; pass one id per image")
     tmp_dir.mkdir(parents=True)
     (tmp_dir / "images").mkdir()
     n = len(images)
@@ -55,6 +63,7 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, int], 
     secrets.SystemRandom().shuffle(order)  # the release order must not follow the input
     cluster_ids = {c: "c-" + secrets.token_hex(6) for c in sorted(set(clusters))}
     rows = []
+    mapping = []
     for i in order:
         rid = secrets.token_hex(8)
         name = f"images/{rid}.png"
@@ -64,6 +73,9 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, int], 
         (tmp_dir / name).write_bytes(buf.tobytes())
         rows.append({"record_id": rid, "image": name, "cluster_id": cluster_ids[clusters[i]],
                      **{k: v[i] for k, v in labels.items()}})
+        if record_ids is not None:
+            mapping.append({"record_id": record_ids[i], "released_record_id": rid, "image": name,
+                            "cluster": clusters[i], "cluster_id": cluster_ids[clusters[i]]})
     schema = schemas.release(list(labels))
     table = pa.Table.from_pylist(rows, schema=schema)
     pq.write_table(table, tmp_dir / RELEASE_TABLE)
@@ -71,7 +83,7 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, int], 
         writer = csv.DictWriter(fh, fieldnames=schema.names)
         writer.writeheader()
         writer.writerows(rows)
-    return StagedRelease(tmp_dir, schema.names, n)
+    return StagedRelease(tmp_dir, schema.names, n, mapping)
 
 
 def commit_release(staged: Path, final: Path) -> Path:
