@@ -37,6 +37,7 @@ __all__ = [
     "Utility",
     "dataset_fingerprint",
     "hash_file",
+    "hash_report_files",
     "hash_tree",
     "jsonable",
     "load_schema",
@@ -110,6 +111,8 @@ class Utility:
     deidentified_accuracy: float | None
     tolerance: float
     detail: str = ""
+    # How accuracy was measured (e.g. "train-original/test-release"); None leaves it out of the report.
+    protocol: str | None = None
 
 
 @dataclass
@@ -154,12 +157,20 @@ class Report:
     release_dir: str | None = None
     versions: dict[str, str] = field(default_factory=dict)
     configuration: dict[str, Any] = field(default_factory=dict)
+    # Files of the report directory besides report.json/.sig (report.html, validation results);
+    # None leaves the field out (older reports), a list makes verify check the report dir exactly.
+    report_files: list[Artifact] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (Paths as POSIX strings, tuples as lists, numpy scalars as Python numbers)."""
         d = dataclasses.asdict(self)
         if d["privacy"] is None:
             d["privacy"] = dataclasses.asdict(Privacy(bound=1.0 / self.k))
+        if d["report_files"] is None:
+            del d["report_files"]
+        for u in d["utility"]:
+            if u["protocol"] is None:
+                del u["protocol"]
         return jsonable(d)
 
     @classmethod
@@ -188,6 +199,7 @@ class Report:
             signing=SigningInfo(**d["signing"]),
             versions=dict(d["versions"]),
             configuration=dict(d["configuration"]),
+            report_files=[Artifact(**a) for a in d["report_files"]] if "report_files" in d else None,
         )
 
 
@@ -317,6 +329,30 @@ def hash_tree(root: Path) -> list[dict[str, Any]]:
     return out
 
 
+def hash_report_files(report_dir: Path) -> list[dict[str, Any]]:
+    """``[{path, sha256, bytes}]`` for every file of ``report_dir`` except report.json and its signature.
+
+    Call it after writing report.html and the validation results and before signing, and put the
+    result in the report's ``report_files``; verify then checks the report directory exactly.
+    """
+    report_dir = Path(report_dir)
+    if not report_dir.is_dir():
+        raise ConfigError(f"report directory {report_dir} does not exist; write report.html into it first")
+    files, others = scan_tree(report_dir)
+    if others:
+        raise ConfigError(
+            f"report directory {report_dir} contains symlinks or special files {others[:5]}; "
+            "write regular files only"
+        )
+    out = []
+    for rel, p in files.items():
+        if rel in (REPORT_NAME, SIGNATURE_NAME):
+            continue
+        sha, size = hash_file(p)
+        out.append({"path": rel, "sha256": sha, "bytes": size})
+    return out
+
+
 @functools.lru_cache(maxsize=1)
 def load_schema() -> dict[str, Any]:
     """The report JSON Schema (draft 2020-12) shipped in the ``schemas`` package."""
@@ -376,6 +412,13 @@ def report_problems(report: Mapping[str, Any]) -> list[str]:
     if len(set(paths)) != len(paths):
         dupes = sorted({p for p in paths if paths.count(p) > 1})
         problems.append(f"$.artifacts lists paths more than once: {dupes}")
+    report_paths = [a["path"] for a in report.get("report_files", [])]
+    if len(set(report_paths)) != len(report_paths):
+        dupes = sorted({p for p in report_paths if report_paths.count(p) > 1})
+        problems.append(f"$.report_files lists paths more than once: {dupes}")
+    signed = sorted({REPORT_NAME, SIGNATURE_NAME} & set(report_paths))
+    if signed:
+        problems.append(f"$.report_files must not list {signed}: report.json cannot contain its own hash")
     if report["verdict"] == "released":
         failed = [c["name"] for c in report["checks"] if not c["passed"]]
         if failed:

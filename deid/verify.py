@@ -71,34 +71,48 @@ def _release_dir(report_dir: Path, report: dict[str, Any], release_dir: Path | N
     return report_dir.resolve().parent.parent / "data" / "releases" / str(report.get("release_id", "")), "default location"
 
 
-def _check_release(root: Path, artifacts: list[dict[str, Any]], problems: list[str]) -> None:
+def _check_release(root: Path, artifacts: list[dict[str, Any]], problems: list[str], *,
+                   where: str = "", ignore: frozenset[str] = frozenset(), what: str = "release directory") -> None:
     files, others = scan_tree(root)
-    listed = set()
+    listed = set(ignore)
     root_resolved = root.resolve()
     for a in artifacts:
         rel = a["path"]
         listed.add(rel)
         p = root / rel
         if not p.resolve().is_relative_to(root_resolved):
-            problems.append(f"artifact path {rel} leaves the release directory")
+            problems.append(f"artifact path {rel} leaves the {what}")
             continue
         if rel not in files:
             if p.is_symlink() or rel in others:
-                problems.append(f"not a regular file {rel} (symlinks are not allowed in a release)")
+                problems.append(f"not a regular file {rel}{where} (symlinks are not allowed in a {what})")
             else:
-                problems.append(f"missing file {rel}")
+                problems.append(f"missing file {rel}{where}")
             continue
         sha, size = hash_file(files[rel])
         if size != a["bytes"]:
-            problems.append(f"hash mismatch {rel}: {size} bytes, report lists {a['bytes']}")
+            problems.append(f"hash mismatch {rel}{where}: {size} bytes, report lists {a['bytes']}")
         elif sha != a["sha256"]:
-            problems.append(f"hash mismatch {rel}: sha256 {sha}, report lists {a['sha256']}")
+            problems.append(f"hash mismatch {rel}{where}: sha256 {sha}, report lists {a['sha256']}")
     for rel in files:
         if rel not in listed:
-            problems.append(f"extra unlisted file {rel}")
+            problems.append(f"extra unlisted file {rel}{where}")
     for rel in others:
         if rel not in listed:
-            problems.append(f"extra unlisted file {rel} (symlink or special file)")
+            problems.append(f"extra unlisted file {rel}{where} (symlink or special file)")
+
+
+REPORT_DIR_SUFFIX = " (report directory)"
+
+
+def _check_report_files(report_dir: Path, report: dict[str, Any], problems: list[str], notes: list[str]) -> None:
+    if "report_files" not in report:
+        notes.append("the report lists no report files (report.html, validation results): only report.json was checked")
+        return
+    _check_release(report_dir, report["report_files"], problems, where=REPORT_DIR_SUFFIX,
+                   ignore=frozenset({REPORT_NAME, SIGNATURE_NAME}), what="report directory")
+    if report["report_files"]:
+        notes.append(f"report directory files verified: {len(report['report_files'])} listed")
 
 
 def verify_report(
@@ -170,7 +184,7 @@ def verify_report(
                     problems.append(f"bad signature: {SIGNATURE_NAME} does not match {REPORT_NAME} under {given}")
 
     if schema_problems:
-        notes.append("release files not checked: the report does not match its schema")
+        notes.append("release and report files not checked: the report does not match its schema")
     elif report["verdict"] == "rejected":
         notes.append(f"verdict rejected ({'; '.join(report['reasons'])}): no release (release_dir null)")
         root, how = _release_dir(report_dir, report, release_dir)
@@ -183,6 +197,8 @@ def verify_report(
         else:
             notes.append(f"release directory {root} ({how})")
             _check_release(root, report["artifacts"], problems)
+    if not schema_problems:
+        _check_report_files(report_dir, report, problems, notes)
 
     ok = not problems
     logger.info("verified %s: ok=%s authenticated=%s problems=%d", report_dir, ok, authenticated, len(problems))

@@ -220,3 +220,38 @@ def test_report_accepts_what_the_gate_and_flow_produce(signing_key):
     d["privacy"]["max_rate"] = bound + 1e-9
     with pytest.raises(ConfigError, match="at most 1/k"):
         validate_report(d)
+
+
+def test_report_files_and_protocol_round_trip_and_rules(signing_key, tmp_path):
+    from deid.report import hash_report_files
+
+    (tmp_path / "validation").mkdir()
+    (tmp_path / "report.html").write_text("<html></html>")
+    (tmp_path / "validation" / "index.html").write_text("v")
+    (tmp_path / "report.json").write_text("{}")  # never listed: it cannot hold its own hash
+    (tmp_path / "report.json.sig").write_text("x")
+    files = hash_report_files(tmp_path)
+    assert [f["path"] for f in files] == ["report.html", "validation/index.html"]
+    assert files[0]["sha256"] == hashlib.sha256(b"<html></html>").hexdigest() and files[0]["bytes"] == 13
+
+    report = make_report(signing_key)
+    assert "report_files" not in report.to_dict()  # optional: older reports stay valid
+    assert all("protocol" not in u for u in report.to_dict()["utility"])
+    report.report_files = [Artifact(**f) for f in files]
+    report.utility[0].protocol = "train-original/test-release"
+    d = report.to_dict()
+    validate_report(d)
+    assert Report.from_dict(d).to_dict() == d
+
+    bad = copy.deepcopy(d)
+    bad["report_files"].append(dict(bad["report_files"][0]))
+    with pytest.raises(ConfigError, match="report_files lists paths more than once"):
+        validate_report(bad)
+    bad = copy.deepcopy(d)
+    bad["report_files"].append({"path": "report.json", "sha256": "0" * 64, "bytes": 2})
+    with pytest.raises(ConfigError, match="must not list"):
+        validate_report(bad)
+    bad = copy.deepcopy(d)
+    bad["report_files"][0]["path"] = "../escape.html"
+    with pytest.raises(ConfigError, match="report_files"):
+        validate_report(bad)

@@ -218,3 +218,12 @@ def test_report_edited_and_resigned_with_foreign_key_claims_trusted_fingerprint(
     result = verify_report(report_dir, public_key=pub)
     assert not result.ok and not result.authenticated
     assert any(p.startswith("bad signature") for p in result.problems)
+
+
+def test_report_without_report_files_notes_that_only_report_json_was_checked(tmp_path, key_material):
+    signing_key, pub, _ = key_material
+    report_dir, _ = _signed(tmp_path, signing_key)
+    (report_dir / "report.html").write_text("unlisted, but the report makes no claim about it")
+    result = verify_report(report_dir, public_key=pub)
+    assert result.ok, result.problems
+    assert any("lists no report files" in n for n in result.notes)
