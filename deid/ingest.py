@@ -48,75 +48,124 @@ def _check_bytes(data: bytes, *, max_pixels: int) -> tuple[str, str] | None:
     return None
 
 
+def _batch_table(chunk: list[tuple[ManifestRow, str, bytes]], labels: list[str], schema: pa.Schema) -> pa.Table:
+    cols: dict[str, list] = defaultdict(list)
+    for row, digest, data in chunk:
+        cols["record_id"].append(row.record_id)
+        cols["image"].append(row.image)
+        cols["subject_id"].append(row.subject_id)
+        for label in labels:
+            cols[label].append(row.labels[label])
+        eyes = row.eyes
+        for name, val in zip(
+            ("eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"),
+            (eyes[0][0], eyes[0][1], eyes[1][0], eyes[1][1]) if eyes else (None,) * 4,
+        ):
+            cols[name].append(val)
+        cols["source_sha256"].append(digest)
+        cols["size"].append(len(data))
+        cols["data"].append(data)
+    return pa.table(dict(cols), schema=schema)
+
+
 def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_size: int = 64) -> IngestResult:
     """Stream the drop's usable rows into ``out_path`` (Parquet, one row group per batch).
 
-    Records whose identical bytes appear under two different subject ids are both quarantined
-    (``duplicate_across_people``): the same photo credited to two people would break the
-    per-person count behind the k guarantee.
+    Each source file is read once and at most ``batch_size`` files are held in memory. Records whose
+    identical bytes appear under two different subject ids are both quarantined
+    (``duplicate_across_people``): the same photo credited to two people would break the per-person
+    count behind the k guarantee. Such clashes are only known at the end, so when there are any the
+    staged table is rewritten without them (from the staged table, not from the sources).
     """
     out_path.parent.mkdir(parents=True, exist_ok=True)
     schema = schemas.ingested(drop.labels)
     quarantined: list[Quarantined] = []
     hashes: dict[str, str] = {}
     by_hash: dict[str, set[str]] = defaultdict(set)
-    kept: list[tuple[ManifestRow, str, int]] = []
+    staged: list[tuple[str, str, str, str]] = []  # record_id, image, subject_id, digest
 
-    # Pass 1: hash and check every file (streamed, one file in memory at a time).
-    for row in drop.rows:
-        try:
-            data = row.path.read_bytes()
-        except OSError as exc:
-            quarantined.append(Quarantined(row.record_id, row.image, "unreadable_file", str(exc), "ingest"))
-            continue
-        problem = _check_bytes(data, max_pixels=max_pixels)
-        if problem:
-            quarantined.append(Quarantined(row.record_id, row.image, *problem, "ingest"))
-            continue
-        digest = hashlib.sha256(data).hexdigest()
-        hashes[row.record_id] = digest
-        by_hash[digest].add(row.subject_id)
-        kept.append((row, digest, len(data)))
-
-    clash = {h for h, people in by_hash.items() if len(people) > 1}
-    final: list[tuple[ManifestRow, str, int]] = []
-    for row, digest, size in kept:
-        if digest in clash:
-            others = sorted(by_hash[digest] - {row.subject_id})
-            quarantined.append(
-                Quarantined(row.record_id, row.image, "duplicate_across_people",
-                            f"the same image bytes are also listed under subject(s) {others}", "ingest")
-            )
-        else:
-            final.append((row, digest, size))
-
-    # Pass 2: write the staged table in row groups of ``batch_size`` (the unit of align work).
     tmp = out_path.with_suffix(".parquet.tmp")
     n_groups = 0
+    chunk: list[tuple[ManifestRow, str, bytes]] = []
     with pq.ParquetWriter(tmp, schema) as writer:
-        for start in range(0, len(final), batch_size):
-            chunk = final[start : start + batch_size]
-            cols: dict[str, list] = defaultdict(list)
-            for row, digest, size in chunk:
-                cols["record_id"].append(row.record_id)
-                cols["image"].append(row.image)
-                cols["subject_id"].append(row.subject_id)
-                for label in drop.labels:
-                    cols[label].append(row.labels[label])
-                eyes = row.eyes
-                for name, val in zip(
-                    ("eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"),
-                    (eyes[0][0], eyes[0][1], eyes[1][0], eyes[1][1]) if eyes else (None,) * 4,
-                ):
-                    cols[name].append(val)
-                cols["source_sha256"].append(digest)
-                cols["size"].append(size)
-                cols["data"].append(row.path.read_bytes())
-            writer.write_table(pa.table(dict(cols), schema=schema))
+        for row in drop.rows:
+            try:
+                data = row.path.read_bytes()
+            except OSError as exc:
+                quarantined.append(Quarantined(row.record_id, row.image, "unreadable_file", str(exc), "ingest"))
+                continue
+            problem = _check_bytes(data, max_pixels=max_pixels)
+            if problem:
+                quarantined.append(Quarantined(row.record_id, row.image, *problem, "ingest"))
+                continue
+            digest = hashlib.sha256(data).hexdigest()
+            hashes[row.record_id] = digest
+            by_hash[digest].add(row.subject_id)
+            staged.append((row.record_id, row.image, row.subject_id, digest))
+            chunk.append((row, digest, data))
+            if len(chunk) == batch_size:
+                writer.write_table(_batch_table(chunk, drop.labels, schema))
+                n_groups += 1
+                chunk = []
+        if chunk:
+            writer.write_table(_batch_table(chunk, drop.labels, schema))
             n_groups += 1
+        del chunk
+
+    clash = {h for h, people in by_hash.items() if len(people) > 1}
+    n_final = len(staged)
+    if clash:
+        drop_ids = set()
+        for rid, image, subject, digest in staged:
+            if digest in clash:
+                others = sorted(by_hash[digest] - {subject})
+                quarantined.append(
+                    Quarantined(rid, image, "duplicate_across_people",
+                                f"the same image bytes are also listed under subject(s) {others}", "ingest")
+                )
+                drop_ids.add(rid)
+        n_final -= len(drop_ids)
+        n_groups = _rewrite_without(tmp, drop_ids, schema, batch_size)
     tmp.replace(out_path)
-    log.info("ingested %d records (%d quarantined) into %s", len(final), len(quarantined), out_path)
-    return IngestResult(out_path, len(final), quarantined, hashes, n_groups)
+    log.info("ingested %d records (%d quarantined) into %s", n_final, len(quarantined), out_path)
+    return IngestResult(out_path, n_final, quarantined, hashes, n_groups)
+
+
+def _rewrite_without(path: Path, drop_ids: set[str], schema: pa.Schema, batch_size: int) -> int:
+    """Rewrite the staged table without ``drop_ids``, re-batched to ``batch_size`` rows per row group."""
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    src = pq.ParquetFile(path)
+    out = path.with_suffix(".rewrite.tmp")
+    n_groups = 0
+    skip = pa.array(sorted(drop_ids), pa.string())
+    pending: list[pa.Table] = []
+    pending_rows = 0
+    with pq.ParquetWriter(out, schema) as writer:
+        def flush(limit: int) -> int:
+            nonlocal pending, pending_rows
+            wrote = 0
+            if not pending:
+                return 0
+            table = pa.concat_tables(pending)
+            while table.num_rows >= limit and table.num_rows > 0:
+                writer.write_table(table.slice(0, batch_size))
+                wrote += 1
+                table = table.slice(batch_size)
+            pending, pending_rows = ([table], table.num_rows) if table.num_rows else ([], 0)
+            return wrote
+
+        for g in range(src.num_row_groups):
+            t = src.read_row_group(g)
+            t = t.filter(pc.invert(pc.is_in(t.column("record_id"), value_set=skip)))
+            pending.append(t)
+            pending_rows += t.num_rows
+            if pending_rows >= batch_size:
+                n_groups += flush(batch_size)
+        n_groups += flush(1)
+    src.close()
+    out.replace(path)
+    return n_groups
 
 
 def write_quarantine(records: list[Quarantined], path: Path) -> Path:
