@@ -217,6 +217,12 @@ def _cluster_chart(sizes: list[int], k: int) -> bytes | None:
     fig, ax = plt.subplots(figsize=(max(4.0, 0.5 * len(xs) + 2), 3.0))
     ax.bar(xs, [counts[s] for s in xs], color="#1a73e8", width=0.8)
     ax.axvline(k - 0.5, color="#b3261e", linestyle="--", linewidth=1.0, label=f"k = {k}")
+    lo, hi = min(k - 1, xs[0] - 1), xs[-1] + 1
+    ax.set_xlim(lo, hi)
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("records per cluster")
     ax.set_ylabel("clusters")
     ax.legend(fontsize=8)
