@@ -22,6 +22,7 @@ class Settings(BaseSettings):
     signing_key: Path | None = Field(default=None, description="Ed25519 private key PEM used to sign reports")
     signing_key_passphrase: SecretStr | None = Field(
         default=None, description="passphrase of an encrypted signing key (DEID_SIGNING_KEY_PASSPHRASE)")
+    linkage_key: Path | None = Field(default=None, description="32-byte key file for the private linkage record")
     dask_address: str | None = Field(default=None, description="existing Dask scheduler, e.g. tcp://host:8786")
     dask_workers: int = Field(default=2, ge=1, le=256, description="workers of the default LocalCluster")
 

@@ -89,12 +89,12 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
                        partition_failed=part["failed"], partition_detail=small_detail,
                        tolerance=settings.utility_tolerance, folds=settings.cv_folds, repeats=settings.cv_repeats,
                        n_components=settings.pca_components, seed=settings.seed or 0)
-    released_dir, artifacts = None, []
+    released_dir, artifacts, linkage = None, [], None
     if g["passed"]:
         with _timed(timings, "publish"):
             pub = t.publish(deid_parts, ing["ingested"], labels=labels, shape=(h, w),
                             releases_dir=str(settings.data_path / "releases"), release_id=release_id)
-        released_dir, artifacts = pub["path"], pub["artifacts"]
+        released_dir, artifacts, linkage = pub["path"], pub["artifacts"], pub["linkage"]
     n_released = sum(c["size"] for c in clusters) if g["passed"] else 0
     report = {
         "release_id": release_id,
@@ -146,9 +146,10 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
     rep = t.write_report(str(settings.reports_path / release_id), report=report,
                          signing_key_path=str(settings.signing_key) if settings.signing_key else None,
                          keys_dir=str(settings.data_path / "keys"))
+    t.ui_artifacts(rep["path"])
     logger.info("verdict: %s; report %s", report["verdict"], rep["path"])
     return {"release_id": release_id, "verdict": report["verdict"], "reasons": g["reasons"],
             "report": rep["path"], "report_dir": str(Path(rep["path"]).parent), "release_dir": released_dir,
             "public_key": rep["public_key"], "key_origin": rep["key_origin"], "dataset": report["dataset"],
             "privacy": report["privacy"], "utility": report["utility"], "staging": str(staging),
-            "timings": timings}
+            "timings": timings, "linkage": linkage}

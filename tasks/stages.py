@@ -28,7 +28,9 @@ from deid.errors import Quarantined
 from deid.ingest import ingest, write_quarantine
 from deid.partition import plan_partitions
 from deid.publish import commit_release, discard, stage_release
-from deid.report import dataset_fingerprint, hash_tree, write_signed_report
+from deid.html_report import sample_release_images, write_report_bundle
+from deid.linkage import build_linkage, ensure_linkage_key, linkage_path, sources_from_ingested, write_linkage
+from deid.report import dataset_fingerprint, hash_tree
 from deid.settings import Settings
 from deid.signing import ensure_signing_key
 from tasks.cluster import client_for
@@ -238,16 +240,25 @@ def publish(deid_parts: list[str], ingested: str, *, labels: list[str], shape: t
     images = np.frombuffer(b"".join(rel.column("pixels").to_pylist()), np.uint8).reshape(rel.num_rows, -1)
     root = Path(releases_dir)
     tmp = root / f".tmp-{release_id}-{secrets.token_hex(4)}"
+    settings = Settings()
     try:
         staged = stage_release(tmp, images=images, shape=shape, clusters=rel.column("cluster").to_pylist(),
-                               labels={x: rel.column(x).to_pylist() for x in labels})
+                               labels={x: rel.column(x).to_pylist() for x in labels},
+                               record_ids=rel.column("record_id").to_pylist())
         artifacts = hash_tree(staged.path)
         final = commit_release(staged.path, root / release_id)
     except BaseException:
         discard(tmp)
         raise
-    logger.info("publish: %d records released to %s", staged.n_records, final)
-    return {"path": str(final), "artifacts": artifacts, "columns": staged.columns}
+    # Which sources went into which cluster, for audits and erasure requests: encrypted, outside
+    # the release and the report, and never returned from this task (Prefect may store results).
+    key, key_path, origin = ensure_linkage_key(configured=settings.linkage_key, keys_dir=settings.data_path / "keys")
+    rows = build_linkage(staged.mapping, sources_from_ingested(Path(ingested)))
+    linkage = write_linkage(linkage_path(settings.data_path, release_id), rows, key, release_id=release_id)
+    if origin == "development":
+        logger.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", key_path)
+    logger.info("publish: %d records released to %s (linkage record %s)", staged.n_records, final, linkage)
+    return {"path": str(final), "artifacts": artifacts, "columns": staged.columns, "linkage": str(linkage)}
 
 
 def _versions() -> dict:
@@ -262,7 +273,8 @@ def _versions() -> dict:
 
 
 @task(name="report", **TASK)
-def write_report(report_dir: str, *, report: dict, signing_key_path: str | None, keys_dir: str) -> dict:
+def write_report(report_dir: str, *, report: dict, signing_key_path: str | None, keys_dir: str,
+                 validation: dict | None = None) -> dict:
     """Sign and write report.json (+ .sig); every run gets one, released or rejected."""
     logger = get_run_logger()
     secret = Settings().signing_key_passphrase  # read here, never passed as a (logged) task parameter
@@ -271,13 +283,41 @@ def write_report(report_dir: str, *, report: dict, signing_key_path: str | None,
     if key.origin == "development":
         logger.warning("report signed with the development key %s; set DEID_SIGNING_KEY for real releases", key.path)
     report = dict(report)
-    report["signing"] = {"algorithm": "ed25519", "public_key_fingerprint": key.fingerprint,
-                         "key_origin": key.origin}
     report["versions"] = _versions()
-    path = write_signed_report(Path(report_dir), report, key)
+    # Sample faces only from the committed release: never staging, never a rejected run.
+    samples = sample_release_images(Path(report["release_dir"]), n=24, seed=0) if report.get("release_dir") else None
+    path = write_report_bundle(Path(report_dir), report, key, sample_images=samples,
+                               validation_results=validation or None)
     logger.info("report: %s (%s)", path, report["verdict"])
     return {"path": str(path), "public_key": str(key.public_path) if key.public_path else None,
             "key_origin": key.origin}
+
+
+@task(name="artifacts", **TASK)
+def ui_artifacts(report_path: str) -> None:
+    """The verdict, key figures and every check, shown on the flow run in the Prefect UI."""
+    from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact
+
+    report = json.loads(Path(report_path).read_text())
+    ds, priv = report["dataset"], report["privacy"]
+    lines = [
+        f"# deid release {report['release_id']}: **{report['verdict'].upper()}**",
+        "",
+        f"- dataset **{ds['name']}** (`{ds['fingerprint'][:23]}…`), method **{report['method']}**, k = **{report['k']}**",
+        f"- records: {ds['records_in']} in, {ds['records_released']} released, {ds['records_suppressed']} suppressed,"
+        f" {ds['records_quarantined']} quarantined",
+        f"- max re-identification rate: {priv['max_rate']} (bound 1/k = {priv['bound']:.4f})",
+    ]
+    lines += [f"- utility {u['label']}: originals {u['original_accuracy']}, release {u['deidentified_accuracy']}"
+              for u in report["utility"]]
+    lines += [f"- **reason:** {r}" for r in report.get("reasons", [])]
+    create_markdown_artifact("\n".join(lines), key="deid-verdict", description="deid release verdict")
+    create_table_artifact([{k: (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in c.items()}
+                           for c in report["checks"]], key="deid-checks", description="every gate check")
+    html = Path(report_path).with_name("report.html")
+    if html.exists():
+        create_link_artifact(html.resolve().as_uri(), link_text=f"report.html ({report['release_id']})",
+                             key="deid-report", description="the signed run's self-contained HTML report")
 
 
 def quarantine_summary(quarantined: list[dict], staging: str) -> dict:

@@ -69,6 +69,23 @@ def test_synthetic_release_end_to_end_and_verify(project, prefect_server, tmp_pa
     report_dir = Path(result["report_dir"])
     pub = Path(result["public_key"])
     assert verify_report(report_dir, public_key=pub).ok
+    html = (report_dir / "report.html").read_text()
+    assert "released" in html.lower() and "http://" not in html and "https://" not in html
+    # The private linkage record maps every released record back to its source, under a key.
+    from deid.linkage import load_linkage_key, read_linkage
+
+    rows = read_linkage(Path(result["linkage"]), load_linkage_key(project / "data" / "keys" / "dev_linkage.key"))
+    released_ids = set(pq.read_table(Path(result["release_dir"]) / "release.parquet").column("record_id").to_pylist())
+    assert {r["released_record_id"] for r in rows} == released_ids
+    assert all(r["subject_id"] and r["source_image"].startswith("images/") for r in rows)
+    # The Prefect UI shows the verdict, the checks and a link to the HTML report on the run.
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    run_id = json.loads(Path(result["report"]).read_text())["run_id"]
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
+    assert {a.key for a in arts} >= {"deid-verdict", "deid-checks", "deid-report"}
     # One flipped byte in a released file breaks verification.
     victim = next((Path(result["release_dir"]) / "images").iterdir())
     data = bytearray(victim.read_bytes())
