@@ -1,0 +1,151 @@
+"""``deid server | serve | watch``: run deid as a service (Prefect server, deployments, drop watcher)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+
+
+def _quiet_env(env=os.environ) -> None:
+    env.setdefault("DO_NOT_TRACK", "1")
+    env.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+
+
+def server_env(port: int, base: dict | None = None) -> dict:
+    """Environment of ``prefect server start``: state under ``<data dir>/prefect``, telemetry off."""
+    from deid.settings import Settings
+
+    env = dict(os.environ if base is None else base)
+    home = Settings().data_path / "prefect"
+    home.mkdir(parents=True, exist_ok=True)
+    env["PREFECT_HOME"] = str(home)
+    env.setdefault("PREFECT_SERVER_DATABASE_CONNECTION_URL", f"sqlite+aiosqlite:///{home / 'prefect.db'}")
+    env["PREFECT_SERVER_ANALYTICS_ENABLED"] = "false"
+    env["DO_NOT_TRACK"] = "1"
+    env.pop("PREFECT_API_URL", None)  # the server must not try to talk to another one
+    env["PREFECT_UI_API_URL"] = f"http://127.0.0.1:{port}/api"
+    return env
+
+
+def server_command(port: int) -> list[str]:
+    prefect = shutil.which("prefect", path=str(Path(sys.executable).parent)) or shutil.which("prefect")
+    base = [prefect] if prefect else [sys.executable, "-m", "prefect"]
+    return [*base, "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+
+
+def cmd_server(args) -> int:
+    env = server_env(args.port)
+    print(f"Prefect server: state in {env['PREFECT_HOME']}")
+    print(f"UI:  http://127.0.0.1:{args.port}/")
+    print(f"export PREFECT_API_URL=http://127.0.0.1:{args.port}/api")
+    sys.stdout.flush()
+    proc = subprocess.Popen(server_command(args.port), env=env)
+
+    def stop(signum, _frame):
+        proc.send_signal(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        try:
+            return proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+
+def _need_api(cmd: str) -> str | None:
+    from flows.watch import api_url
+
+    try:
+        return api_url()
+    except Exception as exc:
+        print(f"deid {cmd}: {exc}", file=sys.stderr)
+        return None
+
+
+def cmd_serve(args) -> int:
+    _quiet_env()
+    from flows import serve as s  # sets PREFECT_RUNNER_POLL_FREQUENCY before prefect loads
+
+    url = _need_api("serve")
+    if url is None:
+        return EXIT_BAD_INPUT
+    print(f"deid serve: deployments release (cron {s.schedule_cron()!r} over {s.incoming_dir()}) and "
+          f"release-on-drop (on {s.EVENT}) against {url}", file=sys.stderr)
+    # SIGTERM as SIGINT: serve pauses its deployments and exits cleanly on KeyboardInterrupt.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        s.serve_all(limit=args.limit)
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+def cmd_watch(args) -> int:
+    _quiet_env()
+    incoming = Path(args.incoming)
+    if not incoming.is_dir():
+        print(f"deid watch: INCOMING_DIR {incoming} does not exist or is not a directory; create it or pass "
+              "the directory producers drop into", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.interval <= 0:
+        print(f"deid watch: --interval={args.interval} must be a positive number of seconds, e.g. 2", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from deid.ledger import Ledger
+    from deid.settings import Settings
+    from flows.watch import Watcher
+
+    url = _need_api("watch")
+    if url is None:
+        return EXIT_BAD_INPUT
+    ledger = Ledger(Settings().data_path / "ledger.sqlite")
+    print(f"deid watch: {incoming.resolve()} every {args.interval} s; events to {url}; ledger {ledger.path}",
+          file=sys.stderr)
+
+    def report(row: dict) -> None:
+        if args.json:
+            print(json.dumps(row), flush=True)
+            return
+        o = row["outcome"]
+        if o == "announce":
+            print(f"new drop: {row['drop']} ({row['fingerprint']}) -> deid.drop.ready", flush=True)
+        elif o == "duplicate":
+            print(f"duplicate: {row['drop']} has the same content as {row['duplicate_of']} "
+                  f"({row['status']}{', release ' + row['release_id'] if row.get('release_id') else ''}); "
+                  "not released again", flush=True)
+        elif o in ("error", "unsent"):
+            print(f"{o}: {row['drop']}: {row['error']}", file=sys.stderr, flush=True)
+
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        Watcher(incoming, ledger).run(interval=args.interval, once=args.once, report=report)
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+
+
+def register(subparsers) -> None:
+    """Add ``server``, ``serve`` and ``watch`` to the ``deid`` command line."""
+    p = subparsers.add_parser("server", help="start a local Prefect server (UI + API) with its state under data/")
+    p.add_argument("--port", type=int, default=4200)
+    p.set_defaults(func=cmd_server)
+
+    p = subparsers.add_parser("serve", help="serve the nightly 'release' and the 'release-on-drop' deployments")
+    p.add_argument("--limit", type=int, default=None, help="maximum concurrent flow runs (default: no limit)")
+    p.set_defaults(func=cmd_serve)
+
+    p = subparsers.add_parser("watch", help="announce complete drops (with _READY) in INCOMING_DIR as deid.drop.ready")
+    p.add_argument("incoming", metavar="INCOMING_DIR")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between scans (default 2)")
+    p.add_argument("--once", action="store_true", help="scan once and exit")
+    p.add_argument("--json", action="store_true", help="one JSON line per drop examined")
+    p.set_defaults(func=cmd_watch)
