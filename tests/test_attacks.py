@@ -209,3 +209,155 @@ def test_london_ksame_select_meets_one_over_k():
         assert rate <= 1 / k + 1e-9, (mode, rate)
     util = grouped_cv_accuracy(released, gender, groups=model.labels_, seed=0)
     assert util.accuracy >= 0.75, util
+
+
+# --------------------------------------------------------------------------- all attackers and modes
+
+from deid.attacks import (  # noqa: E402
+    ATTACKERS,
+    FisherfacesAttacker,
+    LBPAttacker,
+    MahalanobisAttacker,
+    attack_all,
+    lbp_codes,
+)
+from deid.ksame import KSameSelect  # noqa: E402
+from deid.methods import deidentify, parrot_for  # noqa: E402
+
+SHAPE = (12, 12)  # make_people's default p=144 pixels viewed as 12 x 12 faces
+
+
+def smooth_people(n_people, per_person, *, seed=0, noise=3.0):
+    """12x12 faces with spatial structure (smoothed random prototypes), so filters keep some identity."""
+    import cv2
+
+    rng = np.random.default_rng(seed)
+    protos = np.stack([cv2.GaussianBlur(rng.uniform(0, 255, SHAPE).astype(np.float32), (0, 0), 1.0)
+                       for _ in range(n_people)])
+    protos = (protos - protos.mean()) * 3 + 128
+    people = np.repeat(np.arange(n_people), per_person)
+    faces = protos[people] + rng.normal(scale=noise, size=(len(people), *SHAPE))
+    return np.clip(np.rint(faces), 0, 255).astype(np.uint8).reshape(len(people), -1), people
+
+
+def test_every_attacker_reidentifies_unprotected_faces():
+    originals, people = make_people([2] * 30, seed=11)
+    rng = np.random.default_rng(12)
+    released = np.clip(originals + rng.normal(scale=2.0, size=originals.shape), 0, 255)
+    rows = attack_all(originals=originals, original_people=people, released=released, released_people=people,
+                      shape=SHAPE, modes=("naive", "reverse"))
+    assert {(r["attacker"], r["mode"]) for r in rows} == {(a, m) for a in ATTACKERS for m in ("naive", "reverse")}
+    for r in rows:
+        assert r["rate"] >= 0.95, r
+
+
+def test_every_attacker_and_mode_respects_one_over_k_on_ksame_select():
+    originals, people = make_people([2] * 24, seed=13)
+    partitions = np.where(people % 2 == 0, "a", "b")
+    for k in (2, 3, 4):
+        released, clusters = deidentify(originals, shape=SHAPE, people=people, partitions=partitions,
+                                         method="k-same-select", k=k, n_components=20)
+        parrot = parrot_for("k-same-select", shape=SHAPE, people=people, partitions=partitions, k=k, n_components=20)
+        rows = attack_all(originals=originals, original_people=people, released=released, released_people=people,
+                          shape=SHAPE, parrot=parrot)
+        assert len(rows) == len(ATTACKERS) * 3
+        for r in rows:
+            assert r["rate"] <= 1 / k + 1e-9, (k, r)
+
+
+def test_parrot_defeats_blur_and_pixelation():
+    originals, people = smooth_people(25, 2, seed=14)
+    for method, kw in (("blur", {"sigma": 3.0}), ("pixelate", {"block": 4})):
+        released, clusters = deidentify(originals, shape=SHAPE, people=people, method=method, **kw)
+        assert clusters is None
+        parrot = parrot_for(method, shape=SHAPE, **kw)
+        rows = attack_all(originals=originals, original_people=people, released=released, released_people=people,
+                          shape=SHAPE, modes=("naive", "parrot"), parrot=parrot)
+        parrot_rates = [r["rate"] for r in rows if r["mode"] == "parrot"]
+        assert min(parrot_rates) >= 0.9, (method, rows)
+        # Each record's parrot gallery image is its released image exactly: far above any 1/k.
+        assert max(r["rate"] for r in rows) >= 0.99
+
+
+def test_attack_all_splits_credit_between_people_sharing_a_face():
+    originals, people = make_people([1] * 6, seed=15)
+    originals[1] = originals[0]  # persons 0 and 1 have the same face
+    released = originals.copy()
+    rows = attack_all(originals=originals, original_people=people, released=released, released_people=people,
+                      shape=SHAPE, modes=("naive", "reverse"))
+    for r in rows:
+        # Probes 0 and 1 each face two identical best candidates, one of them right: 1/2 each.
+        assert r["rate"] == pytest.approx((0.5 + 0.5 + 4) / 6), r
+
+
+def test_attack_all_is_invariant_to_record_order():
+    originals, people = make_people([2] * 15, seed=16)
+    released, _ = deidentify(originals, shape=SHAPE, people=people, method="k-same", k=3, n_components=10)
+    parrot = parrot_for("blur", shape=SHAPE, sigma=1.0)
+    base = attack_all(originals=originals, original_people=people, released=released, released_people=people,
+                      shape=SHAPE, parrot=parrot)
+    rng = np.random.default_rng(17)
+    po, pr = rng.permutation(len(people)), rng.permutation(len(people))
+    other = attack_all(originals=originals[po], original_people=people[po], released=released[pr],
+                       released_people=people[pr], shape=SHAPE, parrot=parrot)
+    for a, b in zip(base, other):
+        assert (a["attacker"], a["mode"]) == (b["attacker"], b["mode"])
+        assert a["rate"] == pytest.approx(b["rate"], abs=1e-9), (a, b)
+
+
+def test_mahalanobis_is_euclidean_in_whitened_pca_space():
+    faces, people = make_people([1] * 20, p=30, seed=18)
+    att = MahalanobisAttacker(5).fit(faces, people=people)
+    from sklearn.decomposition import PCA
+
+    pca = PCA(5).fit(faces.astype(float))
+    z = pca.transform(faces.astype(float)) / np.sqrt(pca.explained_variance_)
+    expected = -np.sqrt(((z[:3, None, :] - z[None, :, :]) ** 2).sum(axis=2))
+    np.testing.assert_allclose(att.similarity(faces[:3]), expected, atol=1e-6)
+
+
+def test_fisherfaces_uses_labels_and_falls_back_without_within_class_scatter():
+    faces, people = make_people([3] * 10, p=50, seed=19)
+    att = FisherfacesAttacker().fit(faces, people=people)
+    assert att.fallback_ is None
+    assert att.n_components_ == 9  # c - 1
+    assert att.pca_.n_components_ == 20  # n - c
+    single, ids = make_people([1] * 8, p=50, seed=20)
+    fb = FisherfacesAttacker().fit(single, people=ids)
+    assert fb.fallback_ and "LDA is undefined" in fb.fallback_
+    assert np.isfinite(fb.similarity(single)).all()
+    with pytest.raises(ConfigError, match="metric="):
+        FisherfacesAttacker(metric="manhattan").fit(faces, people=people)
+
+
+def test_lbp_codes_and_uniform_histograms():
+    flat = np.full((1, 5, 5), 100.0)
+    assert (lbp_codes(flat) == 255).all()  # every neighbour >= centre
+    spot = flat.copy()
+    spot[0, 2, 2] = 200.0  # a bright centre: all neighbours darker
+    assert lbp_codes(spot)[0, 2, 2] == 0
+    imgs = np.random.default_rng(0).integers(0, 256, (4, 120))
+    att = LBPAttacker(shape=(10, 12), grid=(2, 3)).fit(imgs, people=[0, 1, 2, 3])
+    assert att.n_bins_ == 59  # 58 uniform 8-bit patterns + 1 for the rest
+    assert att.gallery_.shape == (4, 6 * 59)
+    np.testing.assert_allclose(att.gallery_.reshape(4, 6, 59).sum(axis=2), 1.0, rtol=1e-6)
+    sim = att.similarity(imgs)  # minus chi-square: 0 for an image against itself, negative otherwise
+    assert np.allclose(np.diag(sim), 0.0, atol=1e-6)
+    assert (sim[~np.eye(4, dtype=bool)] < -1e-3).all()
+    with pytest.raises(ConfigError, match="shape="):
+        LBPAttacker(shape=(10, 10)).fit(np.zeros((3, 120)) + np.arange(3)[:, None], people=[0, 1, 2])
+
+
+def test_attack_all_errors_are_clear():
+    faces, people = make_people([1] * 5, seed=21)
+    with pytest.raises(ConfigError, match="parrot=None"):
+        attack_all(originals=faces, original_people=people, released=faces, released_people=people, shape=SHAPE)
+    with pytest.raises(ConfigError, match="modes="):
+        attack_all(originals=faces, original_people=people, released=faces, released_people=people, shape=SHAPE,
+                   modes=("sideways",))
+    with pytest.raises(ConfigError, match="attackers="):
+        attack_all(originals=faces, original_people=people, released=faces, released_people=people, shape=SHAPE,
+                   modes=("naive",), attackers=["eigen-magic"])
+    with pytest.raises(ConfigError, match="shape="):
+        attack_all(originals=faces, original_people=people, released=faces, released_people=people, shape=(10, 10),
+                   modes=("naive",))

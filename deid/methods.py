@@ -1,0 +1,220 @@
+"""De-identification methods behind one interface, for the gate and the comparison study.
+
+``k-same`` and ``k-same-select`` count distinct people per cluster and carry the formal
+k-Same guarantee. ``k-same-naive`` (Newton et al.'s formulation, which counts images),
+``blur`` and ``pixelate`` (the ad-hoc methods of Gross et al. 2005 §4.2) exist so that
+the gate and the study can show where they fail. Each method has a *parrot*: the same
+de-identification an attacker applies to its own gallery of originals.
+"""
+from __future__ import annotations
+
+import logging
+from numbers import Integral, Real
+from typing import Any, Callable, Hashable, Sequence
+
+import cv2
+import numpy as np
+
+from deid.errors import ConfigError
+from deid.features import Eigenfaces
+from deid.ksame import KSame, KSameSelect
+
+logger = logging.getLogger(__name__)
+
+METHODS: tuple[str, ...] = ("k-same-select", "k-same", "k-same-naive", "blur", "pixelate")
+K_METHODS: tuple[str, ...] = ("k-same-select", "k-same", "k-same-naive")
+# Which keyword sets each method's strength.
+STRENGTH: dict[str, str] = {"k-same-select": "k", "k-same": "k", "k-same-naive": "k", "blur": "sigma",
+                            "pixelate": "block"}
+
+
+def _check_method(method: Any) -> str:
+    if method not in METHODS:
+        raise ConfigError(f"method={method!r} must be one of {list(METHODS)}")
+    return method
+
+
+def _check_images(images: Any, shape: Any) -> tuple[np.ndarray, int, int]:
+    try:
+        h, w = (int(v) for v in shape)
+    except (TypeError, ValueError):
+        raise ConfigError(f"shape={shape!r} must be the (height, width) of the aligned faces, e.g. (92, 81)") from None
+    a = np.asarray(images)
+    if a.ndim != 2 or a.shape[0] == 0:
+        raise ConfigError(f"images has shape {a.shape}; it must be a non-empty (n_images, height * width) array")
+    if a.shape[1] != h * w:
+        raise ConfigError(f"images have {a.shape[1]} pixels but shape={tuple(shape)!r} has {h * w}; pass the (height, width) of the aligned faces")
+    if not np.isfinite(a).all():
+        raise ConfigError("images contain NaN or infinite values; pass aligned uint8 faces")
+    return a, h, w
+
+
+def _to_uint8(a: np.ndarray) -> np.ndarray:
+    return np.clip(np.rint(a), 0, 255).astype(np.uint8)
+
+
+def blur(images: Any, *, shape: tuple[int, int], sigma: float) -> np.ndarray:
+    """Gaussian blur of every face with standard deviation ``sigma`` canonical pixels.
+
+    Borders are replicated; the kernel spans +-4 sigma (OpenCV's default for float images).
+
+    References
+    ----------
+    R. Gross, E. Airoldi, B. Malin, L. Sweeney. Integrating utility into face
+    de-identification. PET 2005, LNCS 3856, 227-242 (section 4.2).
+    """
+    if isinstance(sigma, bool) or not isinstance(sigma, Real) or not 0 < sigma <= 100:
+        raise ConfigError(f"sigma={sigma!r} must be a number in (0, 100] (Gaussian standard deviation in canonical pixels); e.g. --sigma 4")
+    a, h, w = _check_images(images, shape)
+    out = np.empty(a.shape, dtype=np.uint8)
+    for i, row in enumerate(a):
+        face = row.reshape(h, w).astype(np.float32)
+        out[i] = _to_uint8(cv2.GaussianBlur(face, (0, 0), float(sigma), borderType=cv2.BORDER_REPLICATE)).ravel()
+    return out
+
+
+def pixelate(images: Any, *, shape: tuple[int, int], block: int) -> np.ndarray:
+    """Replace every ``block`` x ``block`` square of each face by its mean (edge blocks may be smaller).
+
+    References
+    ----------
+    R. Gross, E. Airoldi, B. Malin, L. Sweeney. Integrating utility into face
+    de-identification. PET 2005, LNCS 3856, 227-242 (section 4.2).
+    """
+    a, h, w = _check_images(images, shape)
+    if isinstance(block, bool) or not isinstance(block, Integral) or not 1 <= block <= max(h, w):
+        raise ConfigError(f"block={block!r} must be an integer between 1 and {max(h, w)} (pixels per block side); e.g. --block 8")
+    b = int(block)
+    faces = a.reshape(len(a), h, w).astype(np.float64)
+    rows, cols = np.arange(0, h, b), np.arange(0, w, b)
+    sums = np.add.reduceat(np.add.reduceat(faces, rows, axis=1), cols, axis=2)
+    counts = np.outer(np.diff(np.r_[rows, h]), np.diff(np.r_[cols, w]))
+    means = sums / counts
+    full = np.repeat(np.repeat(means, b, axis=1)[:, :h], b, axis=2)[:, :, :w]
+    return _to_uint8(full).reshape(len(a), h * w)
+
+
+def deidentify(
+    images: Any,
+    *,
+    shape: tuple[int, int],
+    people: Sequence[Hashable],
+    partitions: Sequence[Hashable] | None = None,
+    method: str,
+    k: int | None = None,
+    sigma: float | None = None,
+    block: int | None = None,
+    n_components: int = 50,
+    seed: int = 0,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """De-identify aligned faces with one of :data:`METHODS`.
+
+    The k-Same family clusters faces by Euclidean distance between their eigenface
+    coefficients (``n_components`` PCA components fitted on ``images``, as the release flow
+    does) and releases each cluster's pixel mean.
+
+    Parameters
+    ----------
+    images : array-like of shape (n, height * width)
+        Aligned grey faces (0..255).
+    shape : (int, int)
+        (height, width) of the faces.
+    people : sequence of hashable, length n
+        Person id of each face (k-Same methods count them).
+    partitions : sequence of hashable, length n, optional
+        Utility-label partition of each face; required by ``k-same-select``.
+    method : str
+        One of ``k-same-select``, ``k-same`` (count people), ``k-same-naive`` (counts images,
+        Newton et al.'s formulation), ``blur`` (needs ``sigma``), ``pixelate`` (needs ``block``).
+    k, sigma, block
+        The strength of the chosen method.
+    n_components : int, default 50
+    seed : int, default 0
+        Seed of the eigenface fit.
+
+    Returns
+    -------
+    released : ndarray of shape (n, height * width), uint8
+        Row ``i`` is the de-identified face ``i``.
+    clusters : ndarray of shape (n,) or None
+        k-Same cluster index of every face (identical released copies share it); None for
+        blur and pixelation.
+    """
+    _check_method(method)
+    a, h, w = _check_images(images, shape)
+    given = {"k": k, "sigma": sigma, "block": block}
+    need = STRENGTH[method]
+    if given[need] is None:
+        raise ConfigError(f"method={method!r} needs {need}=...; e.g. --{need} {dict(k=5, sigma=4, block=8)[need]}")
+    extra = [name for name, v in given.items() if v is not None and name != need]
+    if extra:
+        logger.debug("deidentify %s: ignoring %s", method, extra)
+    if method == "blur":
+        return blur(a, shape=(h, w), sigma=sigma), None
+    if method == "pixelate":
+        return pixelate(a, shape=(h, w), block=block), None
+    people = list(people)
+    if len(people) != len(a):
+        raise ConfigError(f"people has {len(people)} entries but images has {len(a)} rows; pass one person id per face")
+    X = Eigenfaces(n_components, random_state=seed).fit_transform(a)
+    if method == "k-same-select":
+        if partitions is None:
+            raise ConfigError("method='k-same-select' needs partitions=[one utility-label key per face], e.g. (gender, expression) tuples")
+        model = KSameSelect(k)
+        released = model.fit_transform(X, people=people, images=a, partitions=list(partitions))
+    else:
+        model = KSame(k, count="images" if method == "k-same-naive" else "people")
+        released = model.fit_transform(X, people=people, images=a)
+    return released, model.labels_.copy()
+
+
+def parrot_for(
+    method: str,
+    *,
+    shape: tuple[int, int],
+    people: Sequence[Hashable] | None = None,
+    partitions: Sequence[Hashable] | None = None,
+    k: int | None = None,
+    sigma: float | None = None,
+    block: int | None = None,
+    n_components: int = 50,
+    seed: int = 0,
+) -> Callable[[np.ndarray], np.ndarray]:
+    """The parrot attacker's de-identification of its gallery: ``f(originals) -> released-like``.
+
+    Blur and pixelation are applied with the same filter and strength (which an attacker
+    can estimate from the release); the k-Same family runs the same algorithm and ``k`` on
+    the originals, for which the attacker also needs their ``people`` (and ``partitions``
+    for k-Same-Select), aligned with the originals it will pass.
+
+    Returns
+    -------
+    callable
+        For :func:`deid.attacks.attack_all`'s ``parrot`` argument.
+    """
+    _check_method(method)
+    if method in K_METHODS and people is None:
+        raise ConfigError(f"parrot_for({method!r}) needs people=[person id of each original]: the attacker "
+                          "re-runs k-Same on its originals, which counts people")
+    people_list = None if people is None else list(people)
+    part_list = None if partitions is None else list(partitions)
+
+    def parrot(originals: np.ndarray) -> np.ndarray:
+        ids = people_list if people_list is not None else [None] * len(originals)
+        return deidentify(originals, shape=shape, people=ids, partitions=part_list, method=method, k=k,
+                          sigma=sigma, block=block, n_components=n_components, seed=seed)[0]
+
+    return parrot
+
+
+def guarantee(method: str, k: int | None = None) -> str:
+    """One-line statement of what the method promises, for the report."""
+    _check_method(method)
+    if method in ("k-same", "k-same-select"):
+        return (f"formal: 1/k = 1/{k} bound on re-identification by any recogniser, because every released face "
+                f"is the average of a cluster of at least k={k} distinct people (structural check "
+                "min_distinct_people_per_cluster >= k; Newton et al. 2005, counting people)")
+    if method == "k-same-naive":
+        return ("no formal guarantee: clusters count images, not people, so one person's images can make up "
+                "several of the k members of a cluster")
+    return "no formal guarantee"
