@@ -261,3 +261,225 @@ def _cross_validate(X: np.ndarray, y_codes: np.ndarray, g_codes: np.ndarray, spl
     accuracy = correct / tested
     logger.debug("grouped CV accuracy %.4f over %d folds (%d groups)", accuracy, len(accs), n_groups)
     return UtilityResult(accuracy, len(accs), n_groups, "; ".join(notes), tuple(accs))
+
+
+# --------------------------------------------------------------------------- protocols 2 and 3
+
+PROTOCOLS: dict[str, str] = {
+    "cv": "protocol 1: grouped k-fold CV on the release (groups = clusters) vs on the originals (groups = people)",
+    "train-original-test-release": "protocol 2: trained on the originals, tested on the release (Moriarty et al.)",
+    "train-release-test-heldout": "protocol 3: trained on the released records of half the people, tested on the "
+                                  "originals of the other half (2-fold over people, repeated)",
+}
+"""Utility protocol id -> description (the ``protocol`` field of a report's utility row)."""
+
+
+def _svm(n_components: int, n_train: int, p: int, seed: int):
+    nc = max(1, min(n_components, n_train - 1, p))
+    return make_pipeline(StandardScaler(), GramPCA(n_components=nc), LinearSVC(C=1.0, max_iter=10_000, random_state=seed))
+
+
+def _fit_predict(Xtr: np.ndarray, ytr: np.ndarray, Xte: np.ndarray, n_components: int, seed: int) -> tuple[np.ndarray, bool]:
+    model = _svm(n_components, len(Xtr), Xtr.shape[1], seed)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        model.fit(Xtr, ytr)
+    return model.predict(Xte), not any(issubclass(w.category, ConvergenceWarning) for w in caught)
+
+
+def _matrix(a: Any, name: str) -> np.ndarray:
+    X = np.asarray(a)
+    if X.ndim != 2 or X.shape[0] == 0 or X.shape[1] == 0:
+        raise ConfigError(f"{name} has shape {X.shape}; it must be a non-empty 2-D array (n_images, n_pixels)")
+    X = X.astype(np.float64, copy=False)
+    if not np.isfinite(X).all():
+        raise ConfigError(f"{name} contain NaN or infinite values; pass finite pixel values")
+    return X
+
+
+def _joint_label_codes(a: Sequence[Hashable], b: Sequence[Hashable], na: int, nb: int, name_a: str, name_b: str) -> tuple[np.ndarray, np.ndarray]:
+    """Integer codes shared by two label sequences (equal values, equal codes)."""
+    a, b = list(a), list(b)
+    _codes(a, name_a, na)  # length and missing-value errors that name the right argument
+    _codes(b, name_b, nb)
+    c = _codes(a + b, f"{name_a} + {name_b}", na + nb)
+    return c[:na], c[na:]
+
+
+def train_original_test_release(
+    originals: Any,
+    original_y: Sequence[Hashable],
+    released: Any,
+    released_y: Sequence[Hashable],
+    *,
+    n_components: int = 50,
+    seed: int = 0,
+) -> UtilityResult:
+    """Protocol 2: a linear SVM trained on all originals, tested on all released faces.
+
+    Answers "does a classifier built on real faces still read the label off the released
+    ones?" (Moriarty et al.'s protocol). ``StandardScaler -> PCA -> LinearSVC`` as in
+    :func:`grouped_cv_accuracy`.
+
+    Returns
+    -------
+    UtilityResult
+        ``accuracy`` over the released faces (None when the originals hold a single class);
+        ``folds_used`` is 1.
+
+    References
+    ----------
+    R. Moriarty et al. (train on original faces, test on de-identified faces), as used to
+    judge face de-identification utility; R. Gross, E. Airoldi, B. Malin, L. Sweeney.
+    Integrating utility into face de-identification. PET 2005, LNCS 3856, 227-242.
+    """
+    Xo, Xr = _matrix(originals, "originals"), _matrix(released, "released")
+    if Xo.shape[1] != Xr.shape[1]:
+        raise ConfigError(f"originals have {Xo.shape[1]} pixels but released faces {Xr.shape[1]}; use the same canonical size")
+    yo, yr = _joint_label_codes(original_y, released_y, len(Xo), len(Xr), "original_y", "released_y")
+    if len(np.unique(yo)) < 2:
+        return UtilityResult(None, 0, 0, "originals hold a single class; nothing to learn")
+    with threadpool_limits(limits=1, user_api="blas"):
+        pred, converged = _fit_predict(Xo, yo, Xr, int(n_components), seed)
+    acc = float(np.mean(pred == yr))
+    detail = f"trained on {len(Xo)} originals, tested on {len(Xr)} released faces"
+    if not converged:
+        detail += "; LinearSVC did not fully converge (max_iter=10000)"
+    return UtilityResult(acc, 1, 0, detail, (acc,))
+
+
+def train_release_test_heldout(
+    released: Any,
+    released_y: Sequence[Hashable],
+    released_people: Sequence[Hashable],
+    originals: Any,
+    original_y: Sequence[Hashable],
+    original_people: Sequence[Hashable],
+    *,
+    repeats: int = 5,
+    n_components: int = 50,
+    seed: int = 0,
+) -> tuple[UtilityResult, UtilityResult]:
+    """Protocol 3: trained on the release, tested on originals of people outside the training part.
+
+    What a data consumer does: learn from the released faces, apply to new real faces. The
+    people are split into two halves A and B (seeded, ``repeats`` times, both directions):
+    the SVM is trained on the released records of the people in A and tested on the
+    original faces of the people in B. The same splits trained on the originals of A give
+    the reference accuracy. A k-Same released face is an average over a cluster, which may
+    include people of B; that is inherent to testing a given release (re-running the
+    de-identification on A alone would test a different release) and only makes the test
+    people slightly less "unseen".
+
+    Returns
+    -------
+    (release, reference) : tuple of UtilityResult
+        Accuracy pooled over every tested original face of every split, trained on the
+        release and on the originals respectively.
+    """
+    Xr, Xo = _matrix(released, "released"), _matrix(originals, "originals")
+    if Xo.shape[1] != Xr.shape[1]:
+        raise ConfigError(f"originals have {Xo.shape[1]} pixels but released faces {Xr.shape[1]}; use the same canonical size")
+    if isinstance(repeats, bool) or not isinstance(repeats, Integral) or repeats < 1:
+        raise ConfigError(f"repeats={repeats!r} must be an integer >= 1; pass e.g. 5")
+    yr, yo = _joint_label_codes(released_y, original_y, len(Xr), len(Xo), "released_y", "original_y")
+    pr, po = _joint_label_codes(released_people, original_people, len(Xr), len(Xo), "released_people", "original_people")
+    people = np.unique(np.r_[pr, po])
+    if len(people) < 2:
+        return (UtilityResult(None, 0, len(people), "fewer than 2 people; no held-out people to test on"),) * 2
+    hits = {"release": [0, 0], "originals": [0, 0]}
+    accs: dict[str, list[float]] = {"release": [], "originals": []}
+    skipped = 0
+    converged = True
+    with threadpool_limits(limits=1, user_api="blas"):
+        for r in range(int(repeats)):
+            perm = np.random.default_rng(seed + r).permutation(people)
+            halves = (perm[: len(perm) // 2], perm[len(perm) // 2:])
+            for a, b in (halves, halves[::-1]):
+                test = np.isin(po, b)
+                for source, X, y, pp in (("release", Xr, yr, pr), ("originals", Xo, yo, po)):
+                    train = np.isin(pp, a)
+                    if not test.any() or len(np.unique(y[train])) < 2:
+                        skipped += 1
+                        continue
+                    pred, ok = _fit_predict(X[train], y[train], Xo[test], int(n_components), seed)
+                    converged &= ok
+                    hit = int(np.count_nonzero(pred == yo[test]))
+                    hits[source][0] += hit
+                    hits[source][1] += int(test.sum())
+                    accs[source].append(hit / int(test.sum()))
+    note = f"{repeats} random halvings of {len(people)} people (seeds {seed}..{seed + repeats - 1}), both directions"
+    if skipped:
+        note += f"; {skipped} training part(s) skipped (single class or empty test)"
+    if not converged:
+        note += "; LinearSVC did not fully converge in some split"
+    out = []
+    for source in ("release", "originals"):
+        c, t = hits[source]
+        out.append(UtilityResult(c / t if t else None, len(accs[source]), len(people),
+                                 f"trained on the {source} of half the people, tested on the other half's originals; {note}",
+                                 tuple(accs[source])))
+    return out[0], out[1]
+
+
+def utility_protocols(
+    *,
+    labels: Sequence[str],
+    originals: Any,
+    original_labels: dict[str, Sequence[Hashable]],
+    original_people: Sequence[Hashable],
+    released: Any,
+    released_labels: dict[str, Sequence[Hashable]],
+    released_people: Sequence[Hashable],
+    released_groups: Sequence[Hashable] | None = None,
+    protocols: Sequence[str] = tuple(PROTOCOLS),
+    folds: int = 5,
+    repeats: int = 10,
+    n_components: int = 50,
+    seed: int = 0,
+) -> list[dict]:
+    """All utility protocols for every label: one row per (label, protocol).
+
+    ``originals`` are the original faces of the released records (row ``i`` of the
+    originals and of the release need not correspond). ``released_groups`` are the k-Same
+    cluster labels (identical copies); for methods without clusters (blur, pixelation)
+    pass None and the release is grouped by person.
+
+    Returns
+    -------
+    list of dict
+        ``{"label", "protocol", "original_accuracy", "deidentified_accuracy", "detail"}``
+        (the report's utility row without ``tolerance``, which the gate adds).
+        ``original_accuracy`` is the reference measured the same way on the originals:
+        protocol 1 and 2 use grouped CV on the originals, protocol 3 trains on the
+        originals of the same halves of people.
+    """
+    bad = [p for p in protocols if p not in PROTOCOLS]
+    if bad or not protocols:
+        raise ConfigError(f"protocols={list(protocols)!r} must be a non-empty subset of {list(PROTOCOLS)}")
+    groups = list(released_people) if released_groups is None else list(released_groups)
+    rows = []
+    for label in labels:
+        for name, source in (("original_labels", original_labels), ("released_labels", released_labels)):
+            if label not in source:
+                raise ConfigError(f"{name} has no entry for label {label!r}; it has {sorted(source)}")
+        cv_orig = grouped_cv_accuracy(originals, original_labels[label], groups=original_people, folds=folds,
+                                      n_components=n_components, seed=seed, repeats=repeats)
+        for protocol in protocols:
+            if protocol == "cv":
+                rel = grouped_cv_accuracy(released, released_labels[label], groups=groups, folds=folds,
+                                          n_components=n_components, seed=seed, repeats=repeats)
+                ref = cv_orig
+            elif protocol == "train-original-test-release":
+                rel = train_original_test_release(originals, original_labels[label], released, released_labels[label],
+                                                  n_components=n_components, seed=seed)
+                ref = cv_orig
+            else:
+                rel, ref = train_release_test_heldout(released, released_labels[label], released_people, originals,
+                                                      original_labels[label], original_people,
+                                                      repeats=max(1, repeats // 2), n_components=n_components,
+                                                      seed=seed)
+            rows.append({"label": str(label), "protocol": protocol, "original_accuracy": ref.accuracy,
+                         "deidentified_accuracy": rel.accuracy,
+                         "detail": f"{PROTOCOLS[protocol]}. originals: {ref.detail}; release: {rel.detail}"})
+    return rows

@@ -116,3 +116,79 @@ def test_gram_pca_matches_full_svd_pca():
     np.testing.assert_allclose(g.components_.T @ g.components_, p.components_.T @ p.components_, atol=1e-10)
     np.testing.assert_allclose(np.abs(g.transform(X)), np.abs(p.transform(X)), atol=1e-6)
     assert GramPCA(100).fit(X[:10]).n_components_ == 9  # capped at the rank of 10 centred rows
+
+
+# --------------------------------------------------------------------------- protocols 2 and 3
+
+from deid.utility import (  # noqa: E402
+    PROTOCOLS,
+    train_original_test_release,
+    train_release_test_heldout,
+    utility_protocols,
+)
+
+
+def test_protocol2_trains_on_originals_and_tests_the_release():
+    X, y, people = faces(n_people=40, per_person=2, seed=21)
+    rng = np.random.default_rng(22)
+    kept = np.clip(X + rng.normal(scale=3, size=X.shape), 0, 255)
+    good = train_original_test_release(X, y, kept, y, n_components=20)
+    assert good.accuracy >= 0.95 and good.folds_used == 1
+    wiped = X.copy()
+    wiped[:, :20] = 128  # the label's pixels destroyed in the release
+    bad = train_original_test_release(X, y, wiped, y, n_components=20)
+    assert bad.accuracy < good.accuracy - 0.2
+    # Labels are matched by value, not by position of first appearance.
+    names = np.where(y == 1, "f", "m")
+    flipped = train_original_test_release(X, names, kept[::-1], names[::-1], n_components=20)
+    assert flipped.accuracy == pytest.approx(good.accuracy)
+
+
+def test_protocol3_tests_on_originals_of_people_outside_the_training_half():
+    X, y, people = faces(n_people=40, per_person=2, seed=23)
+    rel, ref = train_release_test_heldout(X, y, people, X, y, people, repeats=2, n_components=20)
+    assert rel.accuracy >= 0.9 and ref.accuracy >= 0.9
+    assert rel.folds_used == 4 and rel.n_groups == 40  # 2 halvings x 2 directions
+    noise = np.random.default_rng(24).integers(0, 256, size=X.shape)
+    useless, _ = train_release_test_heldout(noise, y, people, X, y, people, repeats=2, n_components=20)
+    assert useless.accuracy <= 0.7
+
+
+def test_protocol3_never_tests_on_a_training_person(monkeypatch):
+    import deid.utility as u
+
+    X, y, people = faces(n_people=10, per_person=2, seed=25)
+    seen = []
+    real = u._fit_predict
+
+    def spy(Xtr, ytr, Xte, n_components, seed):
+        seen.append((Xtr, Xte))
+        return real(Xtr, ytr, Xte, n_components, seed)
+
+    monkeypatch.setattr(u, "_fit_predict", spy)
+    # Released rows encode their person in pixel 0 so we can tell who trained.
+    rel = X.copy()
+    rel[:, 0] = people
+    orig = X.copy()
+    orig[:, 0] = people
+    u.train_release_test_heldout(rel, y, people, orig, y, people, repeats=1, n_components=5)
+    for Xtr, Xte in seen:
+        assert not set(Xtr[:, 0].astype(int)) & set(Xte[:, 0].astype(int))
+
+
+def test_utility_protocols_rows():
+    X, y, people = faces(n_people=30, per_person=2, seed=26)
+    labels = {"g": y, "r": np.random.default_rng(27).integers(0, 2, size=len(y))}
+    rows = utility_protocols(labels=["g"], originals=X, original_labels=labels, original_people=people,
+                             released=X, released_labels=labels, released_people=people, released_groups=None,
+                             repeats=1, n_components=10)
+    assert [r["protocol"] for r in rows] == list(PROTOCOLS)
+    for r in rows:
+        assert set(r) == {"label", "protocol", "original_accuracy", "deidentified_accuracy", "detail"}
+        assert r["label"] == "g" and r["deidentified_accuracy"] >= 0.9 and r["original_accuracy"] >= 0.9
+    with pytest.raises(ConfigError, match="protocols="):
+        utility_protocols(labels=["g"], originals=X, original_labels=labels, original_people=people, released=X,
+                          released_labels=labels, released_people=people, protocols=["loo"])
+    with pytest.raises(ConfigError, match="no entry for label 'x'"):
+        utility_protocols(labels=["x"], originals=X, original_labels=labels, original_people=people, released=X,
+                          released_labels=labels, released_people=people)
