@@ -30,6 +30,8 @@ class Settings(BaseSettings):
     method: Method = "k-same-select"
     small_partitions: SmallPartitionPolicy = "suppress"
     utility_tolerance: float = Field(default=0.05, ge=0.0, le=1.0)
+    max_quarantine_fraction: float = Field(default=0.05, ge=0.0, le=1.0,
+                                           description="a drop quarantining more than this fraction fails the gate")
     cv_folds: int = Field(default=5, ge=2, le=20)
     cv_repeats: int = Field(default=10, ge=1, le=100, description="repeated grouped CV runs, pooled (utility)")
 
@@ -43,7 +45,8 @@ class Settings(BaseSettings):
     max_pixels: int = Field(default=100_000_000, ge=1)
 
     pca_components: int = Field(default=50, ge=1, le=2000)
-    align_batch_size: int = Field(default=64, ge=1, le=100_000)
+    align_batch_size: int = Field(default=512, ge=1, le=100_000,
+                                  description="max records per align task (small drops use smaller batches)")
     seed: int | None = Field(default=None, description="seed for the random parts (release ids, shuffling); None = OS randomness")
 
     @field_validator("eye_left", "eye_right")

@@ -49,7 +49,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
     timings: dict[str, float] = {}
     with _timed(timings, "ingest"):
         ing = t.ingest_drop(drop, str(staging), labels=labels, name=name, max_pixels=settings.max_pixels,
-                            batch_size=settings.align_batch_size)
+                            batch_size=settings.align_batch_size, workers=settings.dask_workers, k=k)
     labels = ing["labels"]
     w, h = settings.canonical_size
     aligner = {"size": [w, h], "eye_left": list(settings.canonical_eyes()[0]),
@@ -61,16 +61,23 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
     part: dict = {"partitions": [], "suppressed": [], "small": [], "failed": False}
     clusters: list[dict] = []
     eye_sources: dict = {}
+    validation = dict(ing["validation"])
+    extra_checks = list(ing["checks"])
+    # An empty drop or one with fewer than k people goes straight to a (rejected) gate.
+    proceed = all(c["passed"] for c in ing["checks"] if c["name"] in ("drop_not_empty", "enough_people"))
     t0 = time.perf_counter()
     with dask_cluster(settings.dask_address, workers=settings.dask_workers) as address:
         timings["cluster_start"] = round(time.perf_counter() - t0, 4)
-        if ing["staged"]:
+        if ing["staged"] and proceed:
             with _timed(timings, "align"):
                 al = t.align(address, ing["ingested"], ing["row_groups"], str(staging), aligner, ing["staged"])
             quarantined += al["quarantined"]
             aligned_parts, eye_sources = al["parts"], al["eye_sources"]
+            if al["validation"]:
+                validation["aligned"] = al["validation"]
+                extra_checks.append(t.suite_check(al["validation"]).to_dict())
         n_aligned = ing["staged"] - (len(quarantined) - len(ing["quarantined"]))
-        if n_aligned >= 2:
+        if n_aligned >= 2 and proceed:
             with _timed(timings, "featurize"):
                 feats = t.featurize(address, aligned_parts, str(staging), settings.pca_components, settings.seed or 0)
             with _timed(timings, "partition"):
@@ -84,17 +91,27 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
     by_reason = t.quarantine_summary(quarantined, str(staging))
     counts = {"in": ing["records_in"], "suppressed": len(part["suppressed"]), "quarantined": len(quarantined)}
     small_detail = "; ".join(f"{e['partition']} has {e['people']} people: {e['action']}" for e in part["small"])
+    releases_dir = str(settings.data_path / "releases")
+    staged = None
+    if deid_parts:
+        with _timed(timings, "stage"):
+            staged = t.stage(deid_parts, ing["ingested"], str(staging), labels=labels, shape=(h, w),
+                             releases_dir=releases_dir, release_id=release_id, k=k)
+        validation["release"] = staged["validation"]
+        extra_checks.append(t.suite_check(staged["validation"]).to_dict())
     with _timed(timings, "gate"):
         g = t.run_gate(ing["ingested"], aligned_parts, deid_parts, labels=labels, k=k, counts=counts,
                        partition_failed=part["failed"], partition_detail=small_detail,
                        tolerance=settings.utility_tolerance, folds=settings.cv_folds, repeats=settings.cv_repeats,
-                       n_components=settings.pca_components, seed=settings.seed or 0)
+                       n_components=settings.pca_components, seed=settings.seed or 0,
+                       max_quarantine_fraction=settings.max_quarantine_fraction, extra_checks=extra_checks)
     released_dir, artifacts, linkage = None, [], None
     if g["passed"]:
         with _timed(timings, "publish"):
-            pub = t.publish(deid_parts, ing["ingested"], labels=labels, shape=(h, w),
-                            releases_dir=str(settings.data_path / "releases"), release_id=release_id)
-        released_dir, artifacts, linkage = pub["path"], pub["artifacts"], pub["linkage"]
+            pub = t.publish(staged, str(staging), releases_dir=releases_dir, release_id=release_id)
+        released_dir, artifacts, linkage = pub["path"], staged["artifacts"], pub["linkage"]
+    elif staged is not None:
+        t.withhold(staged, str(staging))
     n_released = sum(c["size"] for c in clusters) if g["passed"] else 0
     report = {
         "release_id": release_id,
@@ -122,6 +139,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
             "reidentification": g["reidentification"],
         },
         "utility": g["utility"],
+        "validation": validation,
         "artifacts": artifacts,
         "release_dir": released_dir,
         "configuration": {
@@ -131,6 +149,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
             "canonical_eyes": [list(e) for e in settings.canonical_eyes()],
             "pca_components": settings.pca_components,
             "utility_tolerance": settings.utility_tolerance,
+            "max_quarantine_fraction": settings.max_quarantine_fraction,
             "cv_folds": settings.cv_folds,
             "cv_repeats": settings.cv_repeats,
             "eye_sources": eye_sources,
@@ -145,7 +164,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
     }
     rep = t.write_report(str(settings.reports_path / release_id), report=report,
                          signing_key_path=str(settings.signing_key) if settings.signing_key else None,
-                         keys_dir=str(settings.data_path / "keys"))
+                         keys_dir=str(settings.data_path / "keys"), validation=validation)
     t.ui_artifacts(rep["path"])
     logger.info("verdict: %s; report %s", report["verdict"], rep["path"])
     return {"release_id": release_id, "verdict": report["verdict"], "reasons": g["reasons"],

@@ -7,6 +7,8 @@ own temporary API server, ~10 s each).
 from __future__ import annotations
 
 import json
+import math
+import os
 import secrets
 from collections import Counter
 from datetime import datetime, timezone
@@ -27,12 +29,22 @@ from deid.drop import read_drop
 from deid.errors import Quarantined
 from deid.ingest import ingest, write_quarantine
 from deid.partition import plan_partitions
-from deid.publish import commit_release, discard, stage_release
+from deid.publish import RELEASE_TABLE, commit_release, discard, stage_release
 from deid.html_report import sample_release_images, write_report_bundle
 from deid.linkage import build_linkage, ensure_linkage_key, linkage_path, sources_from_ingested, write_linkage
 from deid.report import dataset_fingerprint, hash_tree
 from deid.settings import Settings
 from deid.signing import ensure_signing_key
+from deid.validation import (
+    drop_checks,
+    observed_label_sets,
+    quarantine_fraction_check,
+    suite_check,
+    validate_aligned,
+    validate_ingested,
+    validate_manifest,
+    validate_release,
+)
 from tasks.cluster import client_for
 
 TASK = dict(cache_policy=NO_CACHE)
@@ -40,13 +52,19 @@ TASK = dict(cache_policy=NO_CACHE)
 
 @task(name="ingest", **TASK)
 def ingest_drop(drop_dir: str, staging: str, *, labels: list[str] | None, name: str | None,
-                max_pixels: int, batch_size: int) -> dict:
+                max_pixels: int, batch_size: int, workers: int, k: int) -> dict:
     """Validate the manifest and stage the image bytes as Parquet."""
     logger = get_run_logger()
     drop = read_drop(drop_dir, labels=labels, name=name)
     staging_dir = Path(staging)
-    res = ingest(drop, staging_dir / "ingested.parquet", max_pixels=max_pixels, batch_size=batch_size)
+    # Several align tasks per worker even on small drops, at most batch_size records each.
+    batch = max(1, min(batch_size, math.ceil(len(drop.rows) / (4 * max(workers, 1)))))
+    res = ingest(drop, staging_dir / "ingested.parquet", max_pixels=max_pixels, batch_size=batch)
     quarantined = drop.quarantined + res.quarantined
+    people = len(set(pq.read_table(res.path, columns=["subject_id"]).column("subject_id").to_pylist()))
+    validation = {"manifest": validate_manifest(drop), "ingested": validate_ingested(res.path, drop.labels)}
+    checks = [c.to_dict() for c in drop_checks(records_in=drop.records_in, people=people, k=k)]
+    checks.append(suite_check(validation["ingested"]).to_dict())
     logger.info("ingest: %d of %d records staged, %d quarantined", res.n_records, drop.records_in, len(quarantined))
     if drop.extra_columns:
         logger.info("ingest: unknown manifest columns kept out of the release: %s", drop.extra_columns)
@@ -60,6 +78,9 @@ def ingest_drop(drop_dir: str, staging: str, *, labels: list[str] | None, name: 
         "extra_columns": drop.extra_columns,
         "fingerprint": dataset_fingerprint(drop.manifest_bytes, res.source_sha256.values()),
         "quarantined": [q.__dict__ for q in quarantined],
+        "people": people,
+        "validation": validation,
+        "checks": checks,
     }
 
 
@@ -84,7 +105,10 @@ def align(address: str, ingested: str, row_groups: int, staging: str, aligner_pa
         done += res["aligned"] + len(res["quarantined"])
         logger.info("align: %d/%d records", done, total)
     logger.info("align: %d aligned (%s), %d quarantined", sum(sources.values()), dict(sources), len(quarantined))
-    return {"parts": sorted(parts), "quarantined": quarantined, "eye_sources": dict(sources)}
+    w, h = aligner_params["size"]
+    validation = validate_aligned(sorted(parts), pixel_bytes=int(w) * int(h)) if parts else None
+    return {"parts": sorted(parts), "quarantined": quarantined, "eye_sources": dict(sources),
+            "validation": validation}
 
 
 @task(name="featurize", retries=1, retry_delay_seconds=2, **TASK)
@@ -163,8 +187,9 @@ def deidentify(address: str, partitions: list[dict], staging: str, *, k: int, co
 @task(name="gate", **TASK)
 def run_gate(ingested: str, aligned_parts: list[str], deid_parts: list[str], *, labels: list[str], k: int,
              counts: dict, partition_failed: bool, partition_detail: str, tolerance: float, folds: int, repeats: int,
-             n_components: int, seed: int) -> dict:
-    """Structural, privacy and utility checks over the would-be release."""
+             n_components: int, seed: int, max_quarantine_fraction: float,
+             extra_checks: list[dict] = ()) -> dict:
+    """Structural, privacy and utility checks over the would-be release, plus data-validation checks."""
     logger = get_run_logger()
     meta = pq.read_table(ingested, columns=["record_id", "subject_id", *labels])
     released = pa.concat_tables([pq.read_table(p) for p in deid_parts]) if deid_parts else None
@@ -183,6 +208,8 @@ def run_gate(ingested: str, aligned_parts: list[str], deid_parts: list[str], *, 
         labels=labels, records_in=counts["in"], released=len(rel_ids), suppressed=counts["suppressed"],
         quarantined=counts["quarantined"], partition_failed=partition_failed, partition_detail=partition_detail)
     result.checks.extend(checks)
+    result.checks.append(quarantine_fraction_check(counts["in"], counts["quarantined"], max_quarantine_fraction))
+    result.checks.extend(gate_mod.Check(**c) for c in extra_checks)
     result.min_people = min_people
     if rel_ids:
         rel_pix = np.frombuffer(b"".join(released.column("pixels").to_pylist()), np.uint8).reshape(len(rel_ids), -1)
@@ -230,35 +257,58 @@ def run_gate(ingested: str, aligned_parts: list[str], deid_parts: list[str], *, 
     }
 
 
-@task(name="publish", **TASK)
-def publish(deid_parts: list[str], ingested: str, *, labels: list[str], shape: tuple[int, int], releases_dir: str,
-            release_id: str) -> dict:
-    """Write the release to a temporary directory and rename it into place."""
+@task(name="stage-release", **TASK)
+def stage(deid_parts: list[str], ingested: str, staging: str, *, labels: list[str], shape: tuple[int, int],
+          releases_dir: str, release_id: str, k: int) -> dict:
+    """Write the would-be release to a hidden temporary directory and validate exactly that."""
     logger = get_run_logger()
+    settings = Settings()
     meta = pq.read_table(ingested, columns=["record_id", *labels])
     rel = pa.concat_tables([pq.read_table(p) for p in deid_parts]).join(meta, "record_id", join_type="inner")
     images = np.frombuffer(b"".join(rel.column("pixels").to_pylist()), np.uint8).reshape(rel.num_rows, -1)
-    root = Path(releases_dir)
-    tmp = root / f".tmp-{release_id}-{secrets.token_hex(4)}"
-    settings = Settings()
+    tmp = Path(releases_dir) / f".tmp-{release_id}-{secrets.token_hex(4)}"
     try:
         staged = stage_release(tmp, images=images, shape=shape, clusters=rel.column("cluster").to_pylist(),
                                labels={x: rel.column(x).to_pylist() for x in labels},
                                record_ids=rel.column("record_id").to_pylist())
         artifacts = hash_tree(staged.path)
-        final = commit_release(staged.path, root / release_id)
+        validation = validate_release(staged.path / RELEASE_TABLE, labels,
+                                      label_sets=observed_label_sets(ingested, labels), k=k)
+        # Which sources went into which cluster, for audits and erasure requests: encrypted at
+        # once, kept in private staging until commit, never returned from this task.
+        key, key_path, origin = ensure_linkage_key(configured=settings.linkage_key,
+                                                   keys_dir=settings.data_path / "keys")
+        rows = build_linkage(staged.mapping, sources_from_ingested(Path(ingested)))
+        write_linkage(Path(staging) / "linkage.bin", rows, key, release_id=release_id)
     except BaseException:
         discard(tmp)
         raise
-    # Which sources went into which cluster, for audits and erasure requests: encrypted, outside
-    # the release and the report, and never returned from this task (Prefect may store results).
-    key, key_path, origin = ensure_linkage_key(configured=settings.linkage_key, keys_dir=settings.data_path / "keys")
-    rows = build_linkage(staged.mapping, sources_from_ingested(Path(ingested)))
-    linkage = write_linkage(linkage_path(settings.data_path, release_id), rows, key, release_id=release_id)
     if origin == "development":
         logger.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", key_path)
-    logger.info("publish: %d records released to %s (linkage record %s)", staged.n_records, final, linkage)
-    return {"path": str(final), "artifacts": artifacts, "columns": staged.columns, "linkage": str(linkage)}
+    logger.info("stage: %d records staged for release in %s", staged.n_records, tmp)
+    return {"tmp": str(tmp), "artifacts": artifacts, "columns": staged.columns, "records": staged.n_records,
+            "validation": validation}
+
+
+@task(name="publish", **TASK)
+def publish(staged: dict, staging: str, *, releases_dir: str, release_id: str) -> dict:
+    """Atomically rename the staged release into place and file its linkage record."""
+    logger = get_run_logger()
+    settings = Settings()
+    final = commit_release(Path(staged["tmp"]), Path(releases_dir) / release_id)
+    target = linkage_path(settings.data_path, release_id)
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.replace(Path(staging) / "linkage.bin", target)
+    logger.info("publish: %d records released to %s (linkage record %s)", staged["records"], final, target)
+    return {"path": str(final), "linkage": str(target)}
+
+
+@task(name="withhold", **TASK)
+def withhold(staged: dict, staging: str) -> None:
+    """A rejected run publishes nothing: drop the staged release and its linkage record."""
+    discard(Path(staged["tmp"]))
+    (Path(staging) / "linkage.bin").unlink(missing_ok=True)
+    get_run_logger().info("withhold: staged release removed; nothing published")
 
 
 def _versions() -> dict:
