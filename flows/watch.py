@@ -29,8 +29,8 @@ def api_url() -> str:
     url = PREFECT_API_URL.value()
     if not url:
         raise ConfigError(
-            "PREFECT_API_URL is not set: deid watch must send its events to the server that runs "
-            "`deid serve` (without it Prefect starts a private temporary server and nothing is triggered). "
+            "PREFECT_API_URL is not set: `deid watch` and `deid serve` must talk to one shared Prefect server "
+            "(without it each starts a private temporary server and no event triggers a run). "
             "Start one with `deid server` and run: export PREFECT_API_URL=http://127.0.0.1:4200/api")
     return url
 
