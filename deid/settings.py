@@ -26,6 +26,10 @@ class Settings(BaseSettings):
     dask_address: str | None = Field(default=None, description="existing Dask scheduler, e.g. tcp://host:8786")
     dask_workers: int = Field(default=2, ge=1, le=256, description="workers of the default LocalCluster")
 
+    schedule_cron: str = Field(default="0 2 * * *", description="cron of the scheduled `release` deployment")
+    incoming_dir: Path | None = Field(default=None, description="where drops arrive (default: <data>/incoming)")
+    ledger_stale_after: float = Field(default=21600.0, gt=0, description="seconds before a running claim is stale")
+
     k: int = Field(default=5, ge=2, le=1000)
     method: Method = "k-same-select"
     small_partitions: SmallPartitionPolicy = "suppress"

@@ -35,20 +35,19 @@ LEDGER_FILE = "ledger.sqlite"
 def schedule_cron(settings: Settings | None = None) -> str:
     """The nightly release's cron expression (``DEID_SCHEDULE_CRON``, default nightly at 02:00)."""
     settings = settings or Settings()
-    return getattr(settings, "schedule_cron", None) or os.environ.get("DEID_SCHEDULE_CRON") or DEFAULT_CRON
+    return settings.schedule_cron or DEFAULT_CRON
 
 
 def incoming_dir(settings: Settings | None = None) -> Path:
     """Where producers drop datasets (``DEID_INCOMING_DIR``, default ``<data dir>/incoming``)."""
     settings = settings or Settings()
-    value = getattr(settings, "incoming_dir", None) or os.environ.get("DEID_INCOMING_DIR")
-    return Path(value).resolve() if value else settings.data_path / DEFAULT_INCOMING
+    return settings.incoming_dir.resolve() if settings.incoming_dir else settings.data_path / DEFAULT_INCOMING
 
 
 def ledger(settings: Settings | None = None) -> Ledger:
     """The project's ledger, ``<data dir>/ledger.sqlite``."""
     settings = settings or Settings()
-    return Ledger(settings.data_path / LEDGER_FILE)
+    return Ledger(settings.data_path / LEDGER_FILE, stale_after=settings.ledger_stale_after)
 
 
 def _run_claimed(drop: str, fingerprint: str, led: Ledger, by: str, **params) -> dict:
