@@ -24,15 +24,7 @@ from deid.synth import make_synthetic_drop
 from deid.verify import verify_report
 
 
-def _ops_marks() -> list:
-    # `ops` must be registered in pyproject's markers (--strict-markers); until it is, only `slow`.
-    try:
-        return [pytest.mark.ops]
-    except pytest.fail.Exception:
-        return []
-
-
-pytestmark = [pytest.mark.slow, *_ops_marks()]
+pytestmark = [pytest.mark.slow, pytest.mark.ops]
 ROOT = Path(__file__).resolve().parents[1]
 DEID = [sys.executable, "-m", "flows.cli"]
 
