@@ -18,10 +18,7 @@ from deid.synth import make_synthetic_drop
 from deid.verify import verify_report
 from test_ops import Proc, free_port, wait_for
 
-try:
-    pytestmark = [pytest.mark.slow, pytest.mark.ops]
-except pytest.fail.Exception:  # `ops` not registered in pyproject yet
-    pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.ops]
 ROOT = Path(__file__).resolve().parents[1]
 
 FLOW = """
