@@ -9,12 +9,14 @@ from deid.methods import METHODS, blur, deidentify, guarantee, parrot_for, pixel
 
 SHAPE = (10, 9)
 
+
 def faces(n_people=12, per_person=2, seed=0):
     rng = np.random.default_rng(seed)
     people = np.repeat(np.arange(n_people), per_person)
     protos = rng.uniform(30, 220, size=(n_people, SHAPE[0] * SHAPE[1]))
     x = protos[people] + rng.normal(scale=5, size=(len(people), protos.shape[1]))
     return np.clip(np.rint(x), 0, 255).astype(np.uint8), people
+
 
 def test_pixelate_makes_constant_blocks_with_the_block_mean():
     x, _ = faces(seed=1)
@@ -28,6 +30,7 @@ def test_pixelate_makes_constant_blocks_with_the_block_mean():
             assert block.flat[0] == np.clip(np.rint(src[r0:r0 + 4, c0:c0 + 4].mean()), 0, 255)
     np.testing.assert_array_equal(pixelate(x, shape=SHAPE, block=1), x)
 
+
 def test_blur_smooths_and_keeps_constant_images():
     x, _ = faces(seed=2)
     out = blur(x, shape=SHAPE, sigma=2.0)
@@ -35,6 +38,7 @@ def test_blur_smooths_and_keeps_constant_images():
     assert out.astype(float).std(axis=1).mean() < 0.6 * x.astype(float).std(axis=1).mean()
     flat = np.full((2, 90), 77, dtype=np.uint8)
     np.testing.assert_array_equal(blur(flat, shape=SHAPE, sigma=3), flat)
+
 
 def test_ksame_methods_count_people_or_images():
     x, people = faces(n_people=12, per_person=3, seed=3)
@@ -53,6 +57,7 @@ def test_ksame_methods_count_people_or_images():
             if method == "k-same-select":
                 assert len(set(partitions[members])) == 1
 
+
 def test_parrot_reproduces_the_method_on_the_same_faces():
     x, people = faces(seed=4)
     partitions = np.where(people % 2 == 0, "a", "b")
@@ -62,12 +67,14 @@ def test_parrot_reproduces_the_method_on_the_same_faces():
         parrot = parrot_for(method, shape=SHAPE, people=people, partitions=partitions, **kw)
         np.testing.assert_array_equal(parrot(x), released)
 
+
 def test_guarantee_statements():
     assert guarantee("k-same-select", 5).startswith("formal: 1/k = 1/5")
     assert guarantee("k-same", 3).startswith("formal")
     for method in ("blur", "pixelate", "k-same-naive"):
         assert guarantee(method, 5).startswith("no formal guarantee")
     assert set(METHODS) == {"k-same-select", "k-same", "k-same-naive", "blur", "pixelate"}
+
 
 def test_method_errors_name_the_parameter():
     x, people = faces(seed=5)
