@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 CACHE = "aligned.npz"
 CSV_COLUMNS = ("method", "strength_name", "strength", "kind", "attacker", "mode", "rate", "bound", "label",
-               "protocol", "accuracy", "original_accuracy", "detail")
+               "protocol", "accuracy", "original_accuracy", "min_distance", "detail")
 
 
 def _aligner_params() -> dict:

@@ -94,7 +94,8 @@ def test_study_cli_on_a_small_synthetic_drop(tmp_path, capsys):
     assert {(r["label"], r["protocol"]) for r in utility} == {
         (lab, p) for lab in ("gender", "expression") for p in ("cv", "train-original-test-release",
                                                                "train-release-test-heldout")}
-    assert len([r for r in rows if r["kind"] == "leak"]) == 2
+    leaks = [r for r in rows if r["kind"] == "leak"]
+    assert len(leaks) == 2 and all(float(r["min_distance"]) > 0 for r in leaks)
     for name in ("reidentification.png", "utility.png"):
         assert (out / name).read_bytes().startswith(b"\x89PNG")
     assert (out / "aligned.npz").is_file() and not (out / "ingested.parquet").exists()
