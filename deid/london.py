@@ -1,0 +1,101 @@
+"""Importer: the Face Research Lab London Set's published layout -> a deid drop.
+
+DeBruine, L., & Jones, B. (2017). Face Research Lab London Set (Version 5). figshare.
+https://doi.org/10.6084/m9.figshare.5047666.v5 (CC BY 4.0).
+"""
+from __future__ import annotations
+
+import csv
+import logging
+import os
+import shutil
+from pathlib import Path
+
+from deid.errors import DropError
+
+log = logging.getLogger(__name__)
+
+HEADER = ["image", "subject_id", "gender", "expression", "eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"]
+FOLDERS = {"neutral": ("neutral_front", "03"), "smile": ("smiling_front", "08")}
+
+
+def read_tem_eyes(path: Path) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Pupil centres from a ``.tem`` template: point 0 is image-left, point 1 image-right."""
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    try:
+        n = int(lines[0].strip())
+        p0 = [float(v) for v in lines[1].split()[:2]]
+        p1 = [float(v) for v in lines[2].split()[:2]]
+    except (ValueError, IndexError) as exc:
+        raise DropError(f"{path}: not a .tem landmark file (first line N, then N lines 'x<TAB>y'): {exc}") from exc
+    if n < 2 or len(p0) != 2 or len(p1) != 2:
+        raise DropError(f"{path}: a .tem file needs at least two points (the pupils); found {n}")
+    return (p0[0], p0[1]), (p1[0], p1[1])
+
+
+def _gender(value: str, where: str) -> str:
+    v = value.strip().lower()
+    if v in ("female", "f", "woman"):
+        return "female"
+    if v in ("male", "m", "man"):
+        return "male"
+    raise DropError(f"{where}: face_gender={value!r} is not male/female")
+
+
+def _place(src: Path, dst: Path) -> None:
+    """Hard link when possible (no copy of 92 MB), else copy; never a symlink (ingest rejects them)."""
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def import_london(src: str | os.PathLike, drop_dir: str | os.PathLike, *, name: str = "london") -> Path:
+    """Convert the London set at ``src`` into a drop at ``drop_dir``.
+
+    The drop has labels ``gender`` (female/male, from ``london_info.csv``) and ``expression``
+    (neutral/smile, from the folder), the neutral images' hand-placed pupil centres from their
+    ``.tem`` files, and empty eye cells ("detect") for the smiling images, which have none.
+    ``_READY`` is written last.
+    """
+    src, drop = Path(src), Path(drop_dir)
+    info_path = src / "london_info.csv"
+    missing = [p for p in (info_path, src / "neutral_front", src / "smiling_front") if not p.exists()]
+    if missing:
+        raise DropError(f"{src} is not the London set's layout: missing {', '.join(str(m) for m in missing)}")
+    if drop.exists() and any(drop.iterdir()):
+        raise DropError(f"drop directory {drop} exists and is not empty; choose a new directory")
+    with open(info_path, newline="", encoding="utf-8-sig") as fh:
+        reader = csv.DictReader(fh)
+        need = {"face_id", "face_gender"}
+        if not need <= set(reader.fieldnames or []):
+            raise DropError(f"{info_path}: needs columns {sorted(need)}; found {reader.fieldnames}")
+        people = {row["face_id"].strip().zfill(3): _gender(row["face_gender"], f"{info_path} face_id={row['face_id']}")
+                  for row in reader}
+    rows = []
+    for sid, gender in sorted(people.items()):
+        for expression, (folder, suffix) in FOLDERS.items():
+            image = src / folder / f"{sid}_{suffix}.jpg"
+            if not image.is_file():
+                log.warning("London import: %s is missing; subject %s has no %s image", image, sid, expression)
+                continue
+            rel = f"{folder}/{sid}_{suffix}.jpg"
+            _place(image, drop / rel)
+            eyes = ["", "", "", ""]
+            tem = image.with_suffix(".tem")
+            if expression == "neutral" and tem.is_file():
+                (lx, ly), (rx, ry) = read_tem_eyes(tem)
+                eyes = [f"{lx:.2f}", f"{ly:.2f}", f"{rx:.2f}", f"{ry:.2f}"]
+            rows.append([rel, sid, gender, expression, *eyes])
+    if not rows:
+        raise DropError(f"{src}: no images found under neutral_front/ or smiling_front/")
+    drop.mkdir(parents=True, exist_ok=True)
+    with open(drop / "manifest.csv", "w", newline="", encoding="utf-8") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(HEADER)
+        writer.writerows(rows)
+    (drop / "drop.yaml").write_text(f"name: {name}\nlabels: [gender, expression]\n", encoding="utf-8")
+    (drop / "_READY").touch()
+    log.info("London import: %d images of %d people into %s", len(rows), len(people), drop)
+    return drop
