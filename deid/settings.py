@@ -7,7 +7,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-Method = Literal["k-same-select", "k-same"]
+Method = Literal["k-same-select", "k-same", "k-same-naive", "blur", "pixelate"]
+UtilityProtocol = Literal["cv", "train-original-test-release", "train-release-test-heldout"]
 SmallPartitionPolicy = Literal["suppress", "merge", "fail"]
 
 
@@ -33,6 +34,11 @@ class Settings(BaseSettings):
     k: int = Field(default=5, ge=2, le=1000)
     method: Method = "k-same-select"
     small_partitions: SmallPartitionPolicy = "suppress"
+    sigma: float = Field(default=4.0, gt=0, le=100, description="Gaussian blur sigma (canonical pixels), method blur")
+    block: int = Field(default=8, ge=2, le=64, description="pixelation block size (canonical pixels), method pixelate")
+    utility_protocol: UtilityProtocol = Field(default="cv", description="the utility protocol the gate enforces")
+    leak_threshold: float = Field(default=2.0, ge=0, description="mean abs grey difference below which a released "
+                                  "face counts as a near copy of an original")
     utility_tolerance: float = Field(default=0.05, ge=0.0, le=1.0)
     max_quarantine_fraction: float = Field(default=0.05, ge=0.0, le=1.0,
                                            description="a drop quarantining more than this fraction fails the gate")

@@ -19,6 +19,7 @@ import pyarrow.parquet as pq
 from deid.align import EyePair, FaceAligner, HaarEyeDetector, align_records
 from deid.features import Eigenfaces
 from deid.ksame import KSame
+from deid.methods import deidentify as deidentify_images
 from schemas import arrow as schemas
 
 log = logging.getLogger(__name__)
@@ -111,11 +112,16 @@ def project_part(aligned_path: str, model: Eigenfaces, out_path: str) -> int:
     return len(ids)
 
 
-def deidentify_partition(partition_dir: str, out_path: str, *, k: int, count: str = "people") -> dict:
-    """Run k-Same on one label partition (k-Same-Select = this, once per partition).
+def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: str = "k-same-select",
+                         shape: tuple[int, int] | None = None, sigma: float | None = None,
+                         block: int | None = None) -> dict:
+    """De-identify one partition: k-Same (k-Same-Select = this, once per label partition).
 
-    Returns the cluster summary: per cluster its size and number of distinct people. Cluster
-    names are random, so nothing about them follows the input order.
+    ``k-same-naive`` counts images instead of people (Newton et al.'s formulation, for
+    comparison); ``blur`` and ``pixelate`` filter each face on its own (no clusters: every record
+    is its own "cluster", which the gate's k checks reject). Returns the cluster summary: per
+    cluster its size and number of distinct people. Cluster names are random, so nothing about
+    them follows the input order.
     """
     table = ds.dataset(partition_dir, format="parquet").to_table(
         columns=["record_id", "subject_id", "features", "pixels"]
@@ -125,10 +131,16 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, count: st
     X = np.asarray(table.column("features").to_pylist(), dtype=np.float32)
     pix = table.column("pixels").to_pylist()
     images = np.frombuffer(b"".join(pix), dtype=np.uint8).reshape(len(pix), -1)
-    model = KSame(k, count=count).fit(X, people=people, images=images)
-    released = np.clip(np.rint(model.averages_[model.labels_]), 0, 255).astype(np.uint8)
-    names = [uuid.uuid4().hex[:12] for _ in range(model.n_clusters_)]
-    clusters = [names[c] for c in model.labels_]
+    if method in ("blur", "pixelate"):
+        released = deidentify_images(images, shape=shape, people=list(people), method=method, sigma=sigma,
+                                     block=block)[0]
+        labels_ = np.arange(len(ids))
+    else:
+        model = KSame(k, count="images" if method == "k-same-naive" else "people").fit(X, people=people, images=images)
+        released = np.clip(np.rint(model.averages_[model.labels_]), 0, 255).astype(np.uint8)
+        labels_ = model.labels_
+    names = [uuid.uuid4().hex[:12] for _ in range(int(labels_.max()) + 1 if len(labels_) else 0)]
+    clusters = [names[c] for c in labels_]
     out = pa.table(
         {"record_id": ids, "cluster": clusters, "pixels": [r.tobytes() for r in released]},
         schema=schemas.deidentified(),
@@ -136,6 +148,6 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, count: st
     _write_atomic(out, Path(out_path))
     summary = []
     for c, name in enumerate(names):
-        members = model.labels_ == c
+        members = labels_ == c
         summary.append({"cluster": name, "size": int(members.sum()), "people": int(len(set(people[members])))})
     return {"path": out_path, "records": len(ids), "clusters": summary}

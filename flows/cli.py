@@ -59,7 +59,7 @@ def cmd_run(args) -> int:
         return EXIT_BAD_INPUT
     print(f"deid run: {drop} (k={args.k or 'default'}, method={args.method or 'default'})", file=sys.stderr)
     result = release(drop=str(drop.resolve()), k=args.k, method=args.method, labels=args.labels,
-                     small_partitions=args.small_partitions, name=args.name)
+                     small_partitions=args.small_partitions, name=args.name, sigma=args.sigma, block=args.block)
     ds = result["dataset"]
     priv = result["privacy"]
     print(f"verdict: {result['verdict'].upper()}")
@@ -74,7 +74,7 @@ def cmd_run(args) -> int:
               f"min distinct people per cluster {priv['min_distinct_people_per_cluster']}")
     for u in result["utility"]:
         o, d = u["original_accuracy"], u["deidentified_accuracy"]
-        print(f"utility {u['label']}: originals {o if o is None else f'{o:.3f}'}, "
+        print(f"utility {u['label']} [{u.get('protocol', 'cv')}]: originals {o if o is None else f'{o:.3f}'}, "
               f"release {d if d is None else f'{d:.3f}'}")
     if result["release_dir"]:
         print(f"release: {result['release_dir']}")
@@ -142,7 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run the release flow on a drop")
     r.add_argument("drop")
     r.add_argument("--k", type=_k, default=None, help="minimum distinct people per cluster (default 5)")
-    r.add_argument("--method", choices=["k-same-select", "k-same"], default=None)
+    r.add_argument("--method", choices=["k-same-select", "k-same", "k-same-naive", "blur", "pixelate"], default=None,
+                   help="k-same-select (default) or k-same; k-same-naive, blur and pixelate are for comparison "
+                        "(the gate rejects them)")
+    r.add_argument("--sigma", type=float, default=None, help="blur strength (canonical pixels), method blur")
+    r.add_argument("--block", type=int, default=None, help="pixelation block (canonical pixels), method pixelate")
     r.add_argument("--labels", type=_labels, default=None, help="utility label columns, e.g. gender,expression")
     r.add_argument("--small-partitions", choices=["suppress", "merge", "fail"], default=None)
     r.add_argument("--name", default=None, help="dataset name (default: drop.yaml's or the directory name)")

@@ -9,6 +9,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from deid.errors import ConfigError
+from deid.methods import guarantee
 from deid.publish import new_release_id
 from deid.settings import Settings
 from tasks import stages as t
@@ -23,18 +24,24 @@ def _timed(timings: dict, stage: str):
         timings[stage] = round(timings.get(stage, 0.0) + time.perf_counter() - t0, 4)
 
 
-METHODS = {"k-same-select": dict(select=True, count="people"), "k-same": dict(select=False, count="people")}
+# Which methods partition by the utility labels. k-same-naive, blur and pixelate exist to be
+# compared (and rejected) by the same gate; they carry no formal guarantee.
+METHODS = {"k-same-select": dict(select=True), "k-same": dict(select=False), "k-same-naive": dict(select=False),
+           "blur": dict(select=False), "pixelate": dict(select=False)}
 
 
 @flow(name="release", log_prints=False, validate_parameters=True)
 def release(drop: str, k: int | None = None, method: str | None = None, labels: list[str] | None = None,
-            small_partitions: str | None = None, name: str | None = None) -> dict:
+            small_partitions: str | None = None, name: str | None = None, sigma: float | None = None,
+            block: int | None = None) -> dict:
     """Ingest, align, featurize, partition, de-identify, gate, publish (if passed) and report."""
     logger = get_run_logger()
     settings = Settings()
     k = settings.k if k is None else k
     method = method or settings.method
     policy = small_partitions or settings.small_partitions
+    sigma = settings.sigma if sigma is None else sigma
+    block = settings.block if block is None else block
     if not isinstance(k, int) or k < 2:
         raise ConfigError(f"k={k!r} must be an integer >= 2; k is the minimum number of people per cluster")
     if method not in METHODS:
@@ -85,8 +92,8 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
                                    k=k, select=METHODS[method]["select"], policy=policy)
             if part["partitions"]:
                 with _timed(timings, "deidentify"):
-                    de = t.deidentify(address, part["partitions"], str(staging), k=k,
-                                      count=METHODS[method]["count"])
+                    de = t.deidentify(address, part["partitions"], str(staging), k=k, method=method,
+                                      shape_hw=[h, w], sigma=sigma, block=block)
                 deid_parts, clusters = de["parts"], de["clusters"]
     by_reason = t.quarantine_summary(quarantined, str(staging))
     counts = {"in": ing["records_in"], "suppressed": len(part["suppressed"]), "quarantined": len(quarantined)}
@@ -104,7 +111,10 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
                        partition_failed=part["failed"], partition_detail=small_detail,
                        tolerance=settings.utility_tolerance, folds=settings.cv_folds, repeats=settings.cv_repeats,
                        n_components=settings.pca_components, seed=settings.seed or 0,
-                       max_quarantine_fraction=settings.max_quarantine_fraction, extra_checks=extra_checks)
+                       max_quarantine_fraction=settings.max_quarantine_fraction, method=method, shape_hw=[h, w],
+                       sigma=sigma, block=block, protocol=settings.utility_protocol,
+                       leak_threshold=settings.leak_threshold, partitions_root=str(staging / "partitions"),
+                       file_metadata=staged["file_metadata"] if staged else None, extra_checks=extra_checks)
     released_dir, artifacts, linkage = None, [], None
     if g["passed"]:
         with _timed(timings, "publish"):
@@ -120,6 +130,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
         "reasons": g["reasons"],
         "k": k,
         "method": method,
+        "guarantee": guarantee(method, k),
         "created_at": t.now_iso(),
         "dataset": {
             "name": ing["name"],
@@ -149,6 +160,10 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
             "canonical_eyes": [list(e) for e in settings.canonical_eyes()],
             "pca_components": settings.pca_components,
             "utility_tolerance": settings.utility_tolerance,
+            "utility_protocol": settings.utility_protocol,
+            "leak_threshold": settings.leak_threshold,
+            **({"sigma": sigma} if method == "blur" else {}),
+            **({"block": block} if method == "pixelate" else {}),
             "max_quarantine_fraction": settings.max_quarantine_fraction,
             "cv_folds": settings.cv_folds,
             "cv_repeats": settings.cv_repeats,

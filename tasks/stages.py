@@ -34,6 +34,8 @@ from deid.html_report import sample_release_images, write_report_bundle
 from deid.linkage import build_linkage, ensure_linkage_key, linkage_path, sources_from_ingested, write_linkage
 from deid.report import dataset_fingerprint, hash_tree
 from deid.settings import Settings
+from deid.leaks import release_files_metadata
+from deid.methods import parrot_for
 from deid.signing import ensure_signing_key
 from deid.validation import (
     drop_checks,
@@ -171,13 +173,15 @@ def partition(ingested: str, aligned_parts: list[str], feature_parts: list[str],
 
 
 @task(name="deidentify", retries=1, retry_delay_seconds=2, **TASK)
-def deidentify(address: str, partitions: list[dict], staging: str, *, k: int, count: str = "people") -> dict:
-    """k-Same in each partition, one Dask task per partition."""
+def deidentify(address: str, partitions: list[dict], staging: str, *, k: int, method: str, shape_hw: list[int],
+               sigma: float | None = None, block: int | None = None) -> dict:
+    """De-identify each partition (k-Same family, or a comparison filter), one Dask task per partition."""
     logger = get_run_logger()
     client = client_for(address)
     out = Path(staging) / "deidentified"
     futs = [client.submit(stages.deidentify_partition, p["dir"], str(out / f"{Path(p['dir']).name}.parquet"),
-                          k=k, count=count, pure=False) for p in partitions]
+                          k=k, method=method, shape=tuple(shape_hw), sigma=sigma, block=block, pure=False)
+            for p in partitions]
     results = [f.result() for f in futs]
     clusters = [c for r in results for c in r["clusters"]]
     logger.info("deidentify: %d records in %d clusters", sum(r["records"] for r in results), len(clusters))
@@ -187,12 +191,19 @@ def deidentify(address: str, partitions: list[dict], staging: str, *, k: int, co
 @task(name="gate", **TASK)
 def run_gate(ingested: str, aligned_parts: list[str], deid_parts: list[str], *, labels: list[str], k: int,
              counts: dict, partition_failed: bool, partition_detail: str, tolerance: float, folds: int, repeats: int,
-             n_components: int, seed: int, max_quarantine_fraction: float,
+             n_components: int, seed: int, max_quarantine_fraction: float, method: str, shape_hw: list[int],
+             sigma: float | None, block: int | None, protocol: str, leak_threshold: float,
+             partitions_root: str | None = None, file_metadata: dict | None = None,
              extra_checks: list[dict] = ()) -> dict:
     """Structural, privacy and utility checks over the would-be release, plus data-validation checks."""
     logger = get_run_logger()
     meta = pq.read_table(ingested, columns=["record_id", "subject_id", *labels])
     released = pa.concat_tables([pq.read_table(p) for p in deid_parts]) if deid_parts else None
+    partition_of: dict[str, str] = {}
+    if partitions_root and Path(partitions_root).is_dir():
+        parts = ds.dataset(partitions_root, format="parquet", partitioning="hive").to_table(
+            columns=["record_id", "partition"]).to_pydict()
+        partition_of = dict(zip(parts["record_id"], parts["partition"]))
     result = gate_mod.GateResult()
     if released is None or released.num_rows == 0:
         rel_ids, rel_people, rel_clusters = [], [], []
@@ -213,37 +224,37 @@ def run_gate(ingested: str, aligned_parts: list[str], deid_parts: list[str], *, 
     result.min_people = min_people
     if rel_ids:
         rel_pix = np.frombuffer(b"".join(released.column("pixels").to_pylist()), np.uint8).reshape(len(rel_ids), -1)
-        # The attacker's gallery: every aligned original of the released people.
-        released_people = set(rel_people)
+        # The attacker's gallery: the aligned originals of the released records, in the same order.
         orig = pa.concat_tables([pq.read_table(p, columns=["record_id", "pixels"]) for p in aligned_parts])
+        orig = orig.filter(pa.compute.is_in(orig.column("record_id"), value_set=pa.array(rel_ids)))
         orig = orig.join(meta, "record_id", join_type="inner").sort_by("record_id")
-        keep = [i for i, p in enumerate(orig.column("subject_id").to_pylist()) if p in released_people]
-        orig = orig.take(pa.array(keep, pa.int64()))
+        assert orig.column("record_id").to_pylist() == rel_ids
         o_pix = np.frombuffer(b"".join(orig.column("pixels").to_pylist()), np.uint8).reshape(orig.num_rows, -1)
-        o_people = np.asarray(orig.column("subject_id").to_pylist(), dtype=object)
+        o_people = np.asarray(rel_people, dtype=object)
+        shape = (int(shape_hw[0]), int(shape_hw[1]))
+        parrot = parrot_for(method, shape=shape, people=o_people,
+                            partitions=[partition_of.get(r, "all") for r in rel_ids] if method == "k-same-select" else None,
+                            k=k, sigma=sigma, block=block, n_components=n_components, seed=seed)
         p_checks, rates, max_rate = gate_mod.privacy_checks(
-            k=k, originals=o_pix, original_people=o_people, released=rel_pix,
-            released_people=np.asarray(rel_people, dtype=object), n_components=n_components)
+            k=k, originals=o_pix, original_people=o_people, released=rel_pix, released_people=o_people,
+            shape=shape, parrot=parrot)
         result.checks.extend(p_checks)
         result.reidentification, result.max_rate = rates, max_rate
-        logger.info("gate: max re-identification rate %.4f (bound %.4f)", max_rate, 1 / k)
-        # Utility: originals of the released records vs the release itself.
-        rel_set = set(rel_ids)
-        o_rel = orig.filter(pa.compute.is_in(orig.column("record_id"), value_set=pa.array(rel_ids)))
-        o_rel_pix = np.frombuffer(b"".join(o_rel.column("pixels").to_pylist()), np.uint8).reshape(o_rel.num_rows, -1)
+        logger.info("gate: max re-identification rate %.4f over %d attacker x mode pairs (bound %.4f)",
+                    max_rate, len(rates), 1 / k)
+        result.checks.extend(gate_mod.leak_checks(released=rel_pix, originals=o_pix, threshold=leak_threshold,
+                                                  file_metadata=file_metadata or {}))
         u_checks, util = gate_mod.utility_checks(
-            labels=labels, originals=o_rel_pix,
-            original_labels={x: np.asarray(o_rel.column(x).to_pylist()) for x in labels},
-            original_groups=np.asarray(o_rel.column("subject_id").to_pylist(), dtype=object),
-            released=rel_pix, released_labels={x: np.asarray(released.column(x).to_pylist()) for x in labels},
-            released_groups=np.asarray(rel_clusters, dtype=object), tolerance=tolerance, folds=folds,
-            repeats=repeats, seed=seed)
-        assert len(rel_set) == o_rel.num_rows
+            labels=labels, originals=o_pix, original_labels={x: np.asarray(orig.column(x).to_pylist()) for x in labels},
+            original_people=o_people, released=rel_pix,
+            released_labels={x: np.asarray(released.column(x).to_pylist()) for x in labels},
+            released_people=o_people, released_groups=np.asarray(rel_clusters, dtype=object), tolerance=tolerance,
+            protocol=protocol, folds=folds, repeats=repeats, seed=seed)
         result.checks.extend(u_checks)
         result.utility = util
         for row in util:
-            logger.info("gate: utility %s original %.3f release %s", row["label"], row["original_accuracy"] or 0,
-                        row["deidentified_accuracy"])
+            logger.info("gate: utility %s [%s] original %s release %s", row["label"], row["protocol"],
+                        row["original_accuracy"], row["deidentified_accuracy"])
     verdict = "passed" if result.passed else "failed"
     logger.info("gate: %s%s", verdict, "" if result.passed else " - " + "; ".join(result.reasons))
     return {
@@ -274,6 +285,7 @@ def stage(deid_parts: list[str], ingested: str, staging: str, *, labels: list[st
         artifacts = hash_tree(staged.path)
         validation = validate_release(staged.path / RELEASE_TABLE, labels,
                                       label_sets=observed_label_sets(ingested, labels), k=k)
+        file_metadata = release_files_metadata(staged.path)
         # Which sources went into which cluster, for audits and erasure requests: encrypted at
         # once, kept in private staging until commit, never returned from this task.
         key, key_path, origin = ensure_linkage_key(configured=settings.linkage_key,
@@ -287,7 +299,7 @@ def stage(deid_parts: list[str], ingested: str, staging: str, *, labels: list[st
         logger.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", key_path)
     logger.info("stage: %d records staged for release in %s", staged.n_records, tmp)
     return {"tmp": str(tmp), "artifacts": artifacts, "columns": staged.columns, "records": staged.n_records,
-            "validation": validation}
+            "validation": validation, "file_metadata": file_metadata}
 
 
 @task(name="publish", **TASK)

@@ -175,3 +175,37 @@ def test_demo_path_cli(tmp_path):
     assert Path(report).is_file() and Path(report + ".sig").is_file()
     bad = subprocess.run([*exe, "run", "drops/nope"], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and "does not exist" in bad.stderr
+
+
+@pytest.fixture(scope="module")
+def london_drop(london_dir, tmp_path_factory):
+    from deid.london import import_london
+
+    return import_london(london_dir, tmp_path_factory.mktemp("london") / "drop")
+
+
+@pytest.mark.london
+@pytest.mark.parametrize("method, params", [("blur", {"sigma": 4.0}), ("pixelate", {"block": 8}),
+                                            ("k-same-naive", {})])
+def test_london_gate_rejects_methods_without_the_guarantee(project, prefect_server, london_drop, method, params):
+    """Issue 4: at k=5 the gate rejects blur, pixelation and k-Same-naive on the real London set."""
+    result = _run(london_drop, k=5, method=method, **params)
+    assert result["verdict"] == "rejected"
+    assert result["release_dir"] is None
+    assert not (project / "data" / "releases").exists() or not any((project / "data" / "releases").iterdir())
+    report = json.loads(Path(result["report"]).read_text())
+    rates = {(r["attacker"], r["mode"]): r["rate"] for r in report["privacy"]["reidentification"]}
+    assert {a for a, _ in rates} == {"pca-mahalanobis", "pca-whitened-cosine", "fisherfaces", "lbp-chi2",
+                                     "release-refit-pca"}
+    assert {m for _, m in rates} == {"naive", "reverse", "parrot"}
+    assert report["privacy"]["max_rate"] > 0.2
+    assert "no formal guarantee" in report["guarantee"] or method == "k-same-naive"
+    failed = {c["name"] for c in report["checks"] if not c["passed"]}
+    assert "reidentification_rate" in failed
+    if method in ("blur", "pixelate"):
+        # The parrot attacker (same filter on its gallery) re-identifies nearly everyone.
+        assert max(r for (a, m), r in rates.items() if m == "parrot") >= 0.8
+        assert "min_cluster_size" in failed
+    else:
+        # Counting images, not people, lets a person fill a cluster: the structural check fails.
+        assert "min_distinct_people_per_cluster" in failed or report["privacy"]["max_rate"] > 0.2
