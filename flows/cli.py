@@ -118,6 +118,19 @@ def cmd_verify(args) -> int:
         print("OK: " + ("signature and every artifact verified" if res.authenticated
                         else "artifacts verified (integrity only, signature not checked against a trusted key)"))
         return EXIT_OK
+    return verify_exit_code(res.problems)
+
+
+# One exit code per kind of verification failure, most serious first when several occur.
+VERIFY_EXIT = (("wrong key", 4), ("bad signature", 3), ("hash mismatch", 6), ("missing file", 5),
+               ("extra unlisted file", 7))
+
+
+def verify_exit_code(problems: list[str]) -> int:
+    """3 bad signature, 4 wrong key, 5 missing file, 6 hash mismatch, 7 extra unlisted file, 1 other."""
+    for prefix, code in VERIFY_EXIT:
+        if any(p.startswith(prefix) for p in problems):
+            return code
     return EXIT_REJECTED
 
 
@@ -166,7 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("drop")
     i.set_defaults(func=cmd_import)
 
-    v = sub.add_parser("verify", help="verify a signed report and its release")
+    v = sub.add_parser("verify", help="verify a signed report and its release",
+                       description="Exit codes: 0 verified, 3 bad signature, 4 wrong key, 5 missing file, "
+                                   "6 hash mismatch, 7 extra unlisted file, 1 other problem, 2 bad input.")
     v.add_argument("report_dir")
     v.add_argument("--public-key", default=None, help="the signer's public key PEM you trust")
     v.add_argument("--release", default=None, help="release directory (default: from the report)")

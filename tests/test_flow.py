@@ -154,7 +154,7 @@ def test_london_k5_k_same_select_is_released(project, prefect_server, london_dir
     data[-20] ^= 0xFF
     victim.write_bytes(bytes(data))
     bad = subprocess.run(cli, capture_output=True, text=True, cwd=ROOT)
-    assert bad.returncode == 1 and "hash mismatch" in bad.stdout
+    assert bad.returncode == 6 and "hash mismatch" in bad.stdout
 
 
 def test_demo_path_cli(tmp_path):
