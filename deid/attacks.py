@@ -54,6 +54,25 @@ def _as_matrix(a: Any, name: str) -> np.ndarray:
     return a
 
 
+def _people_array(people: Sequence[Hashable], n: int) -> np.ndarray:
+    """Person ids as an object array, checked to hold one id per gallery image."""
+    people = np.asarray(list(people), dtype=object)
+    if len(people) != n:
+        raise ConfigError(f"people has {len(people)} entries but gallery has {n} images; pass one person id per image")
+    return people
+
+
+def _enroll(attacker: Any, gallery: Any, people: Sequence[Hashable]) -> Any:
+    """Shared ``enroll``: embed a new gallery with the attacker's already fitted model."""
+    attacker._check_fitted()
+    g = attacker._check_width(_as_matrix(gallery, "gallery"))
+    people = _people_array(people, len(g))
+    with _one_blas_thread():
+        attacker.gallery_ = attacker._embed(g)
+    attacker.gallery_people_ = people
+    return attacker
+
+
 def _joint_codes(probe_people: Sequence[Hashable], gallery_people: Sequence[Hashable], m: int, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Integer person codes shared by probes and gallery (ids of any hashable type)."""
     mapping: dict[Hashable, int] = {}
@@ -128,20 +147,14 @@ class WhitenedCosineAttacker(BaseEstimator):
         n, p = g.shape
         if n < 2:
             raise ConfigError(f"gallery has {n} image; the attacker needs at least 2 to fit a PCA")
-        people = np.asarray(list(people), dtype=object)
-        if len(people) != n:
-            raise ConfigError(f"people has {len(people)} entries but gallery has {n} images; pass one person id per image")
+        people = _people_array(people, n)
         use = min(int(nc), n - 1, p)
         with _one_blas_thread():
-            pca = PCA(n_components=use, whiten=True, random_state=0).fit(g)
-            ev = pca.explained_variance_
-            keep = int(np.count_nonzero(ev > _MIN_RELATIVE_VARIANCE * ev[0])) if ev[0] > 0 else 0
-            if keep == 0:
-                raise ConfigError("gallery images are all identical; there is nothing to recognise")
-            if keep < use:
-                logger.info("attacker: %d of %d components have ~zero variance; refitting with %d", use - keep, use, keep)
-                use = keep
-                pca = PCA(n_components=use, whiten=True, random_state=0).fit(g)
+            pca = _sklearn_pca(g, use, whiten=True)
+            if pca.n_components_ < use:
+                logger.info("attacker: %d of %d components have ~zero variance; refitting with %d",
+                            use - pca.n_components_, use, pca.n_components_)
+                use = pca.n_components_
             self.pca_ = pca
             self.n_components_ = use
             self.gallery_ = self._embed(g)
@@ -155,15 +168,7 @@ class WhitenedCosineAttacker(BaseEstimator):
         -------
         self
         """
-        self._check_fitted()
-        g = self._check_width(_as_matrix(gallery, "gallery"))
-        people = np.asarray(list(people), dtype=object)
-        if len(people) != len(g):
-            raise ConfigError(f"people has {len(people)} entries but gallery has {len(g)} images; pass one person id per image")
-        with _one_blas_thread():
-            self.gallery_ = self._embed(g)
-        self.gallery_people_ = people
-        return self
+        return _enroll(self, gallery, people)
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "pca_"):
@@ -339,9 +344,7 @@ class _GalleryAttacker(BaseEstimator):
         g = _as_matrix(gallery, "gallery")
         if len(g) < 2:
             raise ConfigError(f"gallery has {len(g)} image; the attacker needs at least 2 to fit")
-        people = np.asarray(list(people), dtype=object)
-        if len(people) != len(g):
-            raise ConfigError(f"people has {len(people)} entries but gallery has {len(g)} images; pass one person id per image")
+        people = _people_array(people, len(g))
         codes, _ = _joint_codes(people, [], len(g), 0)
         with _one_blas_thread():
             self._fit_model(g, codes)
@@ -357,15 +360,7 @@ class _GalleryAttacker(BaseEstimator):
         -------
         self
         """
-        self._check_fitted()
-        g = self._check_width(_as_matrix(gallery, "gallery"))
-        people = np.asarray(list(people), dtype=object)
-        if len(people) != len(g):
-            raise ConfigError(f"people has {len(people)} entries but gallery has {len(g)} images; pass one person id per image")
-        with _one_blas_thread():
-            self.gallery_ = self._embed(g)
-        self.gallery_people_ = people
-        return self
+        return _enroll(self, gallery, people)
 
     def similarity(self, probes: Any) -> np.ndarray:
         """Similarity of every probe to every gallery image, shape (n_probes, n_gallery)."""
@@ -416,6 +411,11 @@ def _fit_pca(g: np.ndarray, n_components: int, *, whiten: bool) -> Any:
     use = min(n_components, g.shape[0] - 1, g.shape[1])
     if g.shape[0] <= min(g.shape[1], 3000):
         return _GramPCA(g, use, whiten)
+    return _sklearn_pca(g, use, whiten=whiten)
+
+
+def _sklearn_pca(g: np.ndarray, use: int, *, whiten: bool) -> PCA:
+    """sklearn PCA on ``use`` components, refitted without the ~zero-variance ones."""
     pca = PCA(n_components=use, whiten=whiten, random_state=0).fit(g)
     ev = pca.explained_variance_
     keep = int(np.count_nonzero(ev > _MIN_RELATIVE_VARIANCE * ev[0])) if ev[0] > 0 else 0
