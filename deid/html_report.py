@@ -161,7 +161,7 @@ def _reid_chart(reid: list[dict[str, Any]], bound: float) -> bytes | None:
     colors = ["#b3261e" if r > bound + 1e-12 else "#1a73e8" for r in rates]
     ax.bar(range(len(rates)), rates, color=colors)
     ax.axhline(bound, color="#202124", linestyle="--", linewidth=1.2, label=f"1/k = {bound:.4g}")
-    ax.set_xticks(range(len(rates)), names, fontsize=8)
+    ax.set_xticks(range(len(rates)), names, fontsize=7, rotation=35, ha="right")
     ax.set_ylabel("re-identification rate")
     ax.set_ylim(0, max(max(rates), bound) * 1.25 or 1.0)
     for i, r in enumerate(rates):
@@ -186,7 +186,7 @@ def _utility_chart(utility: list[dict[str, Any]]) -> bytes | None:
     fig, ax = plt.subplots(figsize=(max(4.0, 1.4 * len(rows) + 2), 3.2))
     ax.bar(x - 0.2, orig, width=0.4, label="original", color="#9aa0a6")
     ax.bar(x + 0.2, deid, width=0.4, label="release", color="#1a73e8")
-    ax.set_xticks(x, [_utility_label(u) for u in rows], fontsize=8)
+    ax.set_xticks(x, [_utility_label(u) for u in rows], fontsize=7, rotation=25, ha="right")
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("classifier accuracy")
     ax.legend(loc="lower right", fontsize=8)
