@@ -24,7 +24,6 @@ import json
 import logging
 import os
 import secrets
-import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -33,6 +32,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from deid.errors import ConfigError, VerificationError
+from deid.keyfiles import check_private_key_file
 
 logger = logging.getLogger(__name__)
 
@@ -110,20 +110,12 @@ def generate_linkage_key(path: Path) -> Path:
 def load_linkage_key(path: Path) -> bytes:
     """Read a linkage key file (base64 text or 32 raw bytes), refusing one that group or others may access."""
     path = Path(path)
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise ConfigError(
-            f"linkage key file {path} does not exist; create one with `deid linkage-keygen --out {path}`"
-        ) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"linkage key {path} is not a regular file; pass the key file written by deid linkage-keygen")
-    mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o077:
-        raise ConfigError(
-            f"linkage key file {path} has mode {mode:04o}, readable or writable by group or others; "
-            f"a key must be 0600: run `chmod 600 {path}`"
-        )
+    check_private_key_file(
+        path,
+        kind="linkage",
+        create_hint=f"create one with `deid linkage-keygen --out {path}`",
+        regular_hint="pass the key file written by deid linkage-keygen",
+    )
     data = path.read_bytes()
     if len(data) == KEY_BYTES:
         return data

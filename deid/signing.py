@@ -5,7 +5,6 @@ import hashlib
 import json
 import logging
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -15,6 +14,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from deid.errors import ConfigError
+from deid.keyfiles import check_private_key_file
 
 logger = logging.getLogger(__name__)
 
@@ -120,21 +120,14 @@ def write_keypair(
 def load_private_key(path: Path, *, passphrase: bytes | None = None) -> Ed25519PrivateKey:
     """Load an Ed25519 private key PEM, refusing one that group or others may read or write."""
     path = Path(path)
-    try:
-        st = path.stat()
-    except FileNotFoundError:
-        raise ConfigError(
-            f"signing key file {path} does not exist; create one with deid.signing.write_keypair "
-            "or point the signing_key setting (DEID_SIGNING_KEY) at an existing key"
-        ) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigError(f"signing key {path} is not a regular file; point DEID_SIGNING_KEY at a PEM file")
-    mode = stat.S_IMODE(st.st_mode)
-    if mode & 0o077:
-        raise ConfigError(
-            f"signing key file {path} has mode {mode:04o}, readable or writable by group or others; "
-            f"a private key must be 0600: run `chmod 600 {path}`"
-        )
+    check_private_key_file(
+        path,
+        kind="signing",
+        create_hint="create one with deid.signing.write_keypair "
+        "or point the signing_key setting (DEID_SIGNING_KEY) at an existing key",
+        regular_hint="point DEID_SIGNING_KEY at a PEM file",
+        noun="private key",
+    )
     data = path.read_bytes()
     try:
         key = serialization.load_pem_private_key(data, password=passphrase)
