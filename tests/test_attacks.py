@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from hypothesis import strategies as st
 from deid.attacks import WhitenedCosineAttacker, attack_rate, rank_credit, reidentification_rate
 from deid.errors import ConfigError
 from deid.ksame import KSame
+from helpers import load_london_aligned
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -153,37 +153,10 @@ def test_attack_errors_are_clear():
         WhitenedCosineAttacker(3).fit(faces, people=people).similarity(faces[:, :10])
 
 
-LONDON = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "london"
-
-
 def load_london():
     """Aligned London faces (read in place): pupils from .tem for neutral, Haar for smiling."""
-    import csv
-
-    from deid.align import EyePair, FaceAligner
-    from deid.errors import RecordError
-    from deid.imaging import decode_gray
-
-    if not (LONDON / "london_info.csv").is_file():
-        pytest.fail(f"the London set is missing at {LONDON}; see ../shared/datasets/london/README.md")
-    info = {r["face_id"].zfill(3): r["face_gender"] for r in csv.DictReader(open(LONDON / "london_info.csv"))}
-    aligner = FaceAligner()
-    faces, people, gender, expr = [], [], [], []
-    for folder, ex in (("neutral_front", "neutral"), ("smiling_front", "smile")):
-        for f in sorted((LONDON / folder).glob("*.jpg")):
-            eyes = None
-            if f.with_suffix(".tem").is_file():
-                lines = f.with_suffix(".tem").read_text().splitlines()
-                eyes = EyePair(*[tuple(float(v) for v in lines[1 + i].split()[:2]) for i in range(2)])
-            try:
-                face = aligner.align(decode_gray(f.read_bytes()), eyes)
-            except RecordError:
-                continue
-            faces.append(face.image.reshape(-1))
-            people.append(f.name[:3])
-            gender.append(info[f.name[:3]])
-            expr.append(ex)
-    return np.array(faces), np.array(people), np.array(gender), np.array(expr)
+    faces, people, gender, expr = load_london_aligned(smiling="smile")
+    return faces, np.array(people), np.array(gender), np.array(expr)
 
 
 @pytest.mark.london

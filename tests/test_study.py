@@ -4,7 +4,6 @@ from __future__ import annotations
 import csv
 import struct
 import zlib
-from pathlib import Path
 
 import cv2
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 
 from deid.errors import ConfigError
 from deid.leaks import near_copy_check, nearest_original_distance, png_has_metadata, release_files_metadata
+from helpers import load_london_aligned
 
 
 # --------------------------------------------------------------------------- leak checks
@@ -124,36 +124,10 @@ def test_load_aligned_uses_its_cache(tmp_path, monkeypatch):
     assert list(again[1]) == list(people) and again[3] == shape
 
 
-LONDON = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "london"
-
-
 def _london_aligned():
     """Aligned London faces, read in place (pupils from .tem for neutral, Haar for smiling)."""
-    from deid.align import EyePair, FaceAligner
-    from deid.errors import RecordError
-    from deid.imaging import decode_gray
-
-    if not (LONDON / "london_info.csv").is_file():
-        pytest.fail(f"the London set is missing at {LONDON}; see ../shared/datasets/london/README.md")
-    with open(LONDON / "london_info.csv", newline="") as fh:
-        info = {r["face_id"].zfill(3): r["face_gender"] for r in csv.DictReader(fh)}
-    aligner = FaceAligner()
-    faces, people, gender, expr = [], [], [], []
-    for folder, ex in (("neutral_front", "neutral"), ("smiling_front", "smiling")):
-        for f in sorted((LONDON / folder).glob("*.jpg")):
-            eyes = None
-            if f.with_suffix(".tem").is_file():
-                lines = f.with_suffix(".tem").read_text().splitlines()
-                eyes = EyePair(*[tuple(float(v) for v in lines[1 + i].split()[:2]) for i in range(2)])
-            try:
-                face = aligner.align(decode_gray(f.read_bytes()), eyes)
-            except RecordError:
-                continue
-            faces.append(face.image.reshape(-1))
-            people.append(f.name[:3])
-            gender.append(info[f.name[:3]])
-            expr.append(ex)
-    return (np.array(faces), np.array(people, dtype=object),
+    faces, people, gender, expr = load_london_aligned()
+    return (faces, np.array(people, dtype=object),
             {"gender": np.array(gender, dtype=object), "expression": np.array(expr, dtype=object)}, (92, 81))
 
 

@@ -1,0 +1,44 @@
+"""Helpers shared by several test modules (tests/ is on sys.path: ``from helpers import ...``)."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+LONDON = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "london"
+
+
+def load_london_aligned(*, smiling: str = "smiling") -> tuple[np.ndarray, list[str], list[str], list[str]]:
+    """Aligned London faces read in place: (pixels, people, gender, expression), one row per face.
+
+    Pupils come from the .tem files (neutral photos), Haar eye detection otherwise (smiling);
+    faces whose eyes cannot be found are skipped. ``smiling`` is the expression label of the
+    smiling photos ("neutral" for the others). Fails the test when the dataset is missing.
+    """
+    from deid.align import EyePair, FaceAligner
+    from deid.errors import RecordError
+    from deid.imaging import decode_gray
+
+    if not (LONDON / "london_info.csv").is_file():
+        pytest.fail(f"the London set is missing at {LONDON}; see ../shared/datasets/london/README.md")
+    with open(LONDON / "london_info.csv", newline="") as fh:
+        info = {r["face_id"].zfill(3): r["face_gender"] for r in csv.DictReader(fh)}
+    aligner = FaceAligner()
+    faces, people, gender, expr = [], [], [], []
+    for folder, ex in (("neutral_front", "neutral"), ("smiling_front", smiling)):
+        for f in sorted((LONDON / folder).glob("*.jpg")):
+            eyes = None
+            if f.with_suffix(".tem").is_file():
+                lines = f.with_suffix(".tem").read_text().splitlines()
+                eyes = EyePair(*[tuple(float(v) for v in lines[1 + i].split()[:2]) for i in range(2)])
+            try:
+                face = aligner.align(decode_gray(f.read_bytes()), eyes)
+            except RecordError:
+                continue
+            faces.append(face.image.reshape(-1))
+            people.append(f.name[:3])
+            gender.append(info[f.name[:3]])
+            expr.append(ex)
+    return np.array(faces), people, gender, expr
