@@ -311,22 +311,31 @@ def scan_tree(root: Path) -> tuple[dict[str, Path], list[str]]:
     return dict(sorted(files.items())), sorted(others)
 
 
-def hash_tree(root: Path) -> list[dict[str, Any]]:
-    """``[{path, sha256, bytes}]`` for every regular file under ``root``, sorted by POSIX relative path; refuses symlinks."""
-    root = Path(root)
+def _hash_regular_files(root: Path, *, what: str, missing: str, special: str,
+                        skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """``[{path, sha256, bytes}]`` of the files under ``root`` but ``skip``; ``what`` and the hints word the errors."""
     if not root.is_dir():
-        raise ConfigError(f"release directory {root} does not exist or is not a directory")
+        raise ConfigError(f"{what} {root} {missing}")
     files, others = scan_tree(root)
     if others:
-        raise ConfigError(
-            f"release directory {root} contains symlinks or special files {others[:5]}; "
-            "a release must hold only regular files (copy the data instead of linking it)"
-        )
+        raise ConfigError(f"{what} {root} contains symlinks or special files {others[:5]}; {special}")
     out = []
     for rel, p in files.items():
+        if rel in skip:
+            continue
         sha, size = hash_file(p)
         out.append({"path": rel, "sha256": sha, "bytes": size})
     return out
+
+
+def hash_tree(root: Path) -> list[dict[str, Any]]:
+    """``[{path, sha256, bytes}]`` for every regular file under ``root``, sorted by POSIX relative path; refuses symlinks."""
+    return _hash_regular_files(
+        Path(root),
+        what="release directory",
+        missing="does not exist or is not a directory",
+        special="a release must hold only regular files (copy the data instead of linking it)",
+    )
 
 
 def hash_report_files(report_dir: Path) -> list[dict[str, Any]]:
@@ -335,22 +344,13 @@ def hash_report_files(report_dir: Path) -> list[dict[str, Any]]:
     Call it after writing report.html and the validation results and before signing, and put the
     result in the report's ``report_files``; verify then checks the report directory exactly.
     """
-    report_dir = Path(report_dir)
-    if not report_dir.is_dir():
-        raise ConfigError(f"report directory {report_dir} does not exist; write report.html into it first")
-    files, others = scan_tree(report_dir)
-    if others:
-        raise ConfigError(
-            f"report directory {report_dir} contains symlinks or special files {others[:5]}; "
-            "write regular files only"
-        )
-    out = []
-    for rel, p in files.items():
-        if rel in (REPORT_NAME, SIGNATURE_NAME):
-            continue
-        sha, size = hash_file(p)
-        out.append({"path": rel, "sha256": sha, "bytes": size})
-    return out
+    return _hash_regular_files(
+        Path(report_dir),
+        what="report directory",
+        missing="does not exist; write report.html into it first",
+        special="write regular files only",
+        skip=(REPORT_NAME, SIGNATURE_NAME),
+    )
 
 
 @functools.lru_cache(maxsize=1)
