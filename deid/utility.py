@@ -138,9 +138,14 @@ def grouped_splits(y: Sequence[Hashable], *, groups: Sequence[Hashable], folds: 
     return splits, "; ".join(notes)
 
 
+def _check_int(name: str, value: Any, low: int, advice: str) -> None:
+    """Refuse a non-integer (or bool) ``value`` below ``low``; ``advice`` ends the message."""
+    if isinstance(value, bool) or not isinstance(value, Integral) or value < low:
+        raise ConfigError(f"{name}={value!r} must be an integer >= {low}{advice}")
+
+
 def _check_folds(folds: Any) -> None:
-    if isinstance(folds, bool) or not isinstance(folds, Integral) or folds < 2:
-        raise ConfigError(f"folds={folds!r} must be an integer >= 2 (setting cv_folds); pass e.g. folds=5")
+    _check_int("folds", folds, 2, " (setting cv_folds); pass e.g. folds=5")
 
 
 def grouped_cv_accuracy(
@@ -190,15 +195,9 @@ def grouped_cv_accuracy(
     R. Gross, E. Airoldi, B. Malin, L. Sweeney. Integrating utility into face
     de-identification. Privacy Enhancing Technologies (PET), LNCS 3856, 227-242, 2005.
     """
-    X = np.asarray(images)
-    if X.ndim != 2 or X.shape[0] == 0 or X.shape[1] == 0:
-        raise ConfigError(f"images has shape {X.shape}; it must be a non-empty 2-D array (n_images, n_pixels): flatten with .reshape(len(images), -1)")
-    X = X.astype(np.float64, copy=False)
-    if not np.isfinite(X).all():
-        raise ConfigError("images contain NaN or infinite values; pass finite pixel values")
+    X = _matrix(images, "images", hint=": flatten with .reshape(len(images), -1)")
     n, p = X.shape
-    if isinstance(n_components, bool) or not isinstance(n_components, Integral) or n_components < 1:
-        raise ConfigError(f"n_components={n_components!r} must be an integer >= 1 (setting pca_components); pass e.g. 50")
+    _check_int("n_components", n_components, 1, " (setting pca_components); pass e.g. 50")
     _check_folds(folds)
     y_codes = _codes(y, "y", n)
     g_codes = _codes(groups, "groups", n)
@@ -208,8 +207,7 @@ def grouped_cv_accuracy(
         return UtilityResult(None, 0, n_groups, "y has a single class; accuracy is undefined (nothing to predict)")
     if n_groups < 2:
         return UtilityResult(None, 0, n_groups, "only one group; grouped cross-validation needs at least 2 groups")
-    if isinstance(repeats, bool) or not isinstance(repeats, Integral) or repeats < 1:
-        raise ConfigError(f"repeats={repeats!r} must be an integer >= 1 (setting cv_repeats); pass e.g. 10")
+    _check_int("repeats", repeats, 1, " (setting cv_repeats); pass e.g. 10")
     splits, detail = [], ""
     for r in range(int(repeats)):
         rep_splits, rep_detail = grouped_splits(y_codes, groups=g_codes, folds=folds, seed=seed + r)
@@ -287,14 +285,19 @@ def _fit_predict(Xtr: np.ndarray, ytr: np.ndarray, Xte: np.ndarray, n_components
     return model.predict(Xte), not any(issubclass(w.category, ConvergenceWarning) for w in caught)
 
 
-def _matrix(a: Any, name: str) -> np.ndarray:
+def _matrix(a: Any, name: str, *, hint: str = "") -> np.ndarray:
     X = np.asarray(a)
     if X.ndim != 2 or X.shape[0] == 0 or X.shape[1] == 0:
-        raise ConfigError(f"{name} has shape {X.shape}; it must be a non-empty 2-D array (n_images, n_pixels)")
+        raise ConfigError(f"{name} has shape {X.shape}; it must be a non-empty 2-D array (n_images, n_pixels){hint}")
     X = X.astype(np.float64, copy=False)
     if not np.isfinite(X).all():
         raise ConfigError(f"{name} contain NaN or infinite values; pass finite pixel values")
     return X
+
+
+def _check_same_width(Xo: np.ndarray, Xr: np.ndarray) -> None:
+    if Xo.shape[1] != Xr.shape[1]:
+        raise ConfigError(f"originals have {Xo.shape[1]} pixels but released faces {Xr.shape[1]}; use the same canonical size")
 
 
 def _joint_label_codes(a: Sequence[Hashable], b: Sequence[Hashable], na: int, nb: int, name_a: str, name_b: str) -> tuple[np.ndarray, np.ndarray]:
@@ -334,8 +337,7 @@ def train_original_test_release(
     Integrating utility into face de-identification. PET 2005, LNCS 3856, 227-242.
     """
     Xo, Xr = _matrix(originals, "originals"), _matrix(released, "released")
-    if Xo.shape[1] != Xr.shape[1]:
-        raise ConfigError(f"originals have {Xo.shape[1]} pixels but released faces {Xr.shape[1]}; use the same canonical size")
+    _check_same_width(Xo, Xr)
     yo, yr = _joint_label_codes(original_y, released_y, len(Xo), len(Xr), "original_y", "released_y")
     if len(np.unique(yo)) < 2:
         return UtilityResult(None, 0, 0, "originals hold a single class; nothing to learn")
@@ -378,10 +380,8 @@ def train_release_test_heldout(
         release and on the originals respectively.
     """
     Xr, Xo = _matrix(released, "released"), _matrix(originals, "originals")
-    if Xo.shape[1] != Xr.shape[1]:
-        raise ConfigError(f"originals have {Xo.shape[1]} pixels but released faces {Xr.shape[1]}; use the same canonical size")
-    if isinstance(repeats, bool) or not isinstance(repeats, Integral) or repeats < 1:
-        raise ConfigError(f"repeats={repeats!r} must be an integer >= 1; pass e.g. 5")
+    _check_same_width(Xo, Xr)
+    _check_int("repeats", repeats, 1, "; pass e.g. 5")
     yr, yo = _joint_label_codes(released_y, original_y, len(Xr), len(Xo), "released_y", "original_y")
     pr, po = _joint_label_codes(released_people, original_people, len(Xr), len(Xo), "released_people", "original_people")
     people = np.unique(np.r_[pr, po])
