@@ -2,9 +2,12 @@
 
 Usage: .venv/bin/python bench/bench_align_london.py [--london PATH] [--limit N]
 
-Prints per-image stage times (full grey decode, reduced x4 decode, detect, warp), eye error of the
-detector on the neutral photos against the manual .tem pupils (max of the two eyes' distances divided
-by the true inter-ocular distance), and the alignment rate on the smiling photos.
+Prints per-image stage times of the path align_records takes (decode at the detector's JPEG
+reduction, detect on that reduced image, warp from it; the full grey decode and the manifest-eye
+reduced decode for reference), eye error of the detector on the neutral photos against the manual .tem
+pupils (max of the two eyes' distances divided by the true inter-ocular distance), the alignment rate
+on the smiling photos (align_records), and how far the manifest-eye faces from the reduced decode are
+from the full-resolution ones (mean absolute grey difference).
 """
 from __future__ import annotations
 
@@ -19,9 +22,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from deid.align import EyePair, FaceAligner, HaarEyeDetector  # noqa: E402
+from deid.align import EyePair, FaceAligner, HaarEyeDetector, _scale_eyes, align_records  # noqa: E402
 from deid.errors import RecordError  # noqa: E402
-from deid.imaging import decode_gray, decode_gray_reduced  # noqa: E402
+from deid.imaging import decode_gray, decode_gray_reduced, upright_size  # noqa: E402
 
 DEFAULT_LONDON = ROOT.parent / "shared" / "datasets" / "london"
 
@@ -63,24 +66,33 @@ def main() -> int:
 
     detector = HaarEyeDetector()
     aligner = FaceAligner(detector=detector)
-    times: dict[str, list[float]] = {"decode_full": [], "decode_reduced4": [], "detect": [], "warp": []}
+    times: dict[str, list[float]] = {"decode_full": [], "decode_detect": [], "detect": [], "warp": [],
+                                     "decode_manifest": []}
+    diffs = []
     errors, sources, failures, fallback_errors = [], [], [], []
-    print(f"{'image':<12} {'full':>7} {'red4':>7} {'detect':>7} {'warp':>7}  {'error':>6} source")
+    print(f"{'image':<12} {'full':>7} {'red':>7} {'detect':>7} {'warp':>7}  {'error':>6} source")
     for path in neutral:
         data = path.read_bytes()
-        gray, t_full = timed(decode_gray, data)
-        _, t_red = timed(decode_gray_reduced, data, 4)
+        full, t_full = timed(decode_gray, data)
+        size = upright_size(data)
+        f = detector.reduction(*size)
+        gray, t_red = timed(decode_gray_reduced, data, f)
         truth = read_tem(path.with_suffix(".tem"))
+        fm = aligner.reduction_for(truth.distance)
+        man, t_man = timed(decode_gray_reduced, data, fm)
+        diffs.append(float(np.abs(aligner.align(man, truth, factor=fm, full_size=size).image.astype(float)
+                                  - aligner.align(full, truth).image.astype(float)).mean()))
         try:
             found, t_det = timed(detector.locate, gray)
         except RecordError as exc:
             failures.append((path.name, exc.code))
             print(f"{path.name:<12} {t_full * 1e3:7.1f} {t_red * 1e3:7.1f}  FAILED {exc.code}")
             continue
-        _, t_warp = timed(aligner.align, gray, found.eyes)
-        err = eye_error(found.eyes, truth)
+        eyes = _scale_eyes(found.eyes, f)
+        _, t_warp = timed(lambda: aligner.align(gray, eyes, factor=f, full_size=size))
+        err = eye_error(eyes, truth)
         # How good would the face-box fallback alone be on this image?
-        fx, fy, fw, fh = found.face
+        fx, fy, fw, fh = (v * f for v in found.face)
         geo = EyePair(
             (fx + detector.GEOMETRY_LEFT[0] * fw, fy + detector.GEOMETRY_LEFT[1] * fh),
             (fx + detector.GEOMETRY_RIGHT[0] * fw, fy + detector.GEOMETRY_RIGHT[1] * fh),
@@ -88,21 +100,20 @@ def main() -> int:
         fallback_errors.append(eye_error(geo, truth))
         errors.append(err)
         sources.append(found.source)
-        for key, t in zip(times, (t_full, t_red, t_det, t_warp)):
+        for key, t in zip(times, (t_full, t_red, t_det, t_warp, t_man)):
             times[key].append(t)
         print(f"{path.name:<12} {t_full * 1e3:7.1f} {t_red * 1e3:7.1f} {t_det * 1e3:7.1f} {t_warp * 1e3:7.1f}  {err:6.3f} {found.source}")
 
-    smile_ok, smile_codes, smile_sources = 0, {}, {}
-    for path in smiling:
-        gray = decode_gray(path.read_bytes())
-        try:
-            face = aligner.align(gray)
-        except RecordError as exc:
-            smile_codes[exc.code] = smile_codes.get(exc.code, 0) + 1
-            print(f"smiling {path.name}: {exc.code} ({exc.message})")
-            continue
-        smile_ok += 1
-        smile_sources[face.source] = smile_sources.get(face.source, 0) + 1
+    records = [{"record_id": p.stem, "image": p.name, "data": p.read_bytes(), "eyes": None} for p in smiling]
+    t0 = time.perf_counter()
+    done, bad = align_records(records, aligner)
+    t_smile = (time.perf_counter() - t0) / max(1, len(smiling))
+    smile_ok, smile_codes, smile_sources = len(done), {}, {}
+    for q in bad:
+        smile_codes[q.code] = smile_codes.get(q.code, 0) + 1
+        print(f"smiling {q.image}: {q.code} ({q.message})")
+    for d in done:
+        smile_sources[d["eye_source"]] = smile_sources.get(d["eye_source"], 0) + 1
 
     e = np.array(errors)
     print("\n== stage time per image (ms, one thread) ==")
@@ -117,7 +128,10 @@ def main() -> int:
         g = np.array(fallback_errors)
         print(f"face-box geometry only: mean {g.mean():.4f}  max {g.max():.4f}  fraction<0.10 {(g < 0.10).mean():.3f}")
     print("\n== smiling alignment (no landmarks) ==")
-    print(f"aligned {smile_ok}/{len(smiling)}  sources {smile_sources}  refused {smile_codes}")
+    print(f"aligned {smile_ok}/{len(smiling)}  sources {smile_sources}  refused {smile_codes}  "
+          f"{t_smile * 1e3:.1f} ms per photo (align_records: decode + detect + warp)")
+    print("\n== manifest eyes: reduced decode vs full resolution ==")
+    print(f"mean abs grey difference: mean {np.mean(diffs):.3f}  max {np.max(diffs):.3f}")
     return 0
 
 

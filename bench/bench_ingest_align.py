@@ -3,7 +3,8 @@
 Usage: .venv/bin/python bench/bench_ingest_align.py [--n 20000] [--rss-n 100000] [--no-dask] [--no-london]
 
 Prints, for the London drop and a synthetic JPEG drop of N faces, seconds per image for decode,
-detect, warp and featurize, and the ratio (ingest + align + featurize) / (IMREAD_REDUCED_GRAYSCALE_4
+detect, warp and featurize (decode at the reduction align_records uses: by the manifest eye distance,
+or by the image size for detection; detect on that reduced image; warp from it), and the ratio (ingest + align + featurize) / (IMREAD_REDUCED_GRAYSCALE_4
 decode of the same files); the peak RSS of ingest on a synthetic drop (child process, ru_maxrss);
 and the speed-up of 2 Dask workers over 1 for the align stage (deid.stages.align_batch per row group).
 """
@@ -62,13 +63,14 @@ def bench_drop(label: str, drop_dir: Path, work: Path, detect_sample: int) -> di
     import numpy as np
     import pyarrow.parquet as pq
 
-    from deid.align import EyePair, HaarEyeDetector, align_records
+    from deid.align import EyePair, HaarEyeDetector, _scale_eyes, align_records
     from deid.drop import read_drop
     from deid.features import Eigenfaces
-    from deid.imaging import decode_gray
+    from deid.imaging import decode_gray_reduced, upright_size
     from deid.ingest import ingest
     from deid.stages import make_aligner
 
+    cv2.setNumThreads(1)  # as a Dask worker (align_records caps it too): the baseline gets the same
     drop = read_drop(drop_dir)
     n = len(drop.rows)
     blobs = [r.path.read_bytes() for r in drop.rows]  # warm the page cache for every timing below
@@ -103,30 +105,43 @@ def bench_drop(label: str, drop_dir: Path, work: Path, detect_sample: int) -> di
     model.transform(X)
     t_feat = time.perf_counter() - t0
 
-    # Component costs on a sample: full decode, detection (ignoring manifest eyes), warp.
+    # Component costs on a sample, as align_records does them: decode at the detection reduction and
+    # detect (ignoring manifest eyes); decode at the manifest-eye reduction when there are eyes; warp.
     sample = list(range(0, n, max(1, n // detect_sample)))[:detect_sample]
     detector = HaarEyeDetector()
     t_dec = t_det = t_warp = 0.0
-    found = 0
+    found, factors = 0, {}
     for i in sample:
+        size = upright_size(blobs[i])
+        f_det = detector.reduction(*size)
+        row = drop.rows[i]
         t0 = time.perf_counter()
-        gray = decode_gray(blobs[i])
+        gray = decode_gray_reduced(blobs[i], f_det)
         t1 = time.perf_counter()
         try:
-            eyes = detector.detect(gray)
+            eyes = _scale_eyes(detector.detect(gray), f_det)
             found += 1
         except Exception:  # noqa: BLE001 - a miss is counted, not fatal
             eyes = None
         t2 = time.perf_counter()
-        row = drop.rows[i]
-        use = EyePair(*row.eyes) if row.eyes else eyes
-        if use is not None:
+        t_det += t2 - t1
+        f = f_det
+        if row.eyes:  # the flow decodes once, at the manifest-eye reduction, and does not detect
+            eyes = EyePair(*row.eyes)
+            f = aligner.reduction_for(eyes.distance)
+            t0 = time.perf_counter()
+            gray = decode_gray_reduced(blobs[i], f)
+            t_dec += time.perf_counter() - t0
+        else:
+            t_dec += t1 - t0
+        factors[f] = factors.get(f, 0) + 1
+        t0 = time.perf_counter()
+        if eyes is not None:
             try:
-                aligner.align(gray, use)
+                aligner.align(gray, eyes, factor=f, full_size=size)
             except Exception:  # noqa: BLE001
                 pass
-        t3 = time.perf_counter()
-        t_dec, t_det, t_warp = t_dec + t1 - t0, t_det + t2 - t1, t_warp + t3 - t2
+        t_warp += time.perf_counter() - t0
     m = len(sample)
     out = {
         "images": n,
@@ -134,7 +149,8 @@ def bench_drop(label: str, drop_dir: Path, work: Path, detect_sample: int) -> di
         "ingest_s_per_image": t_ingest / n,
         "align_s_per_image": t_align / n,
         "featurize_s_per_image": t_feat / n,
-        "decode_full_s_per_image": t_dec / m,
+        "decode_s_per_image": t_dec / m,
+        "decode_reductions": dict(sorted(factors.items())),
         "detect_s_per_image": t_det / m,
         "detect_found": f"{found}/{m}",
         "warp_s_per_image": t_warp / m,

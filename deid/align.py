@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 
 from deid.errors import ConfigError, Quarantined, RecordError
-from deid.imaging import decode_gray
+from deid.imaging import decode_gray_reduced, sniff_format, upright_size
 
 logger = logging.getLogger(__name__)
 
@@ -127,26 +127,37 @@ def _positive(name: str, value: Any, *, low: float = 0.0, high: float = math.inf
 class HaarEyeDetector:
     """Eye centres from OpenCV Haar cascades: the face at a coarse scale, then the eyes inside it.
 
-    The face is searched on the image downscaled to ``work_width`` pixels wide; the eyes are searched
-    only in the upper band of the largest face, resampled to ``eye_work_width`` pixels wide, and the
-    best left/right pair is chosen by geometry (roughly horizontal, 0.25-0.55 face widths apart,
-    symmetric about the face centre, similar sizes). Cascades are Viola & Jones (2001) detectors as
-    shipped with OpenCV.
+    Faces smaller than ``min_face_fraction`` of the image's shorter side are not searched, so the
+    face search runs on the image area-downscaled until that smallest face is ``min_face_size``
+    pixels (about 100 px for a portrait): the cascade cost grows with the number of windows, and a
+    coarse face box is enough because the eyes are then searched only in the eye band of the largest
+    face (``eye_band`` of its height), resampled to ``eye_work_width`` pixels wide, for eyes of
+    ``eye_size`` of that width. The best left/right pair is chosen by geometry (roughly horizontal,
+    0.25-0.55 face widths apart, symmetric about the face centre, similar sizes). Cascades are Viola
+    & Jones (2001) detectors as shipped with OpenCV.
 
     Parameters
     ----------
-    work_width : int
-        Width of the downscaled image searched for faces (images narrower are not upscaled).
+    min_face_fraction : float
+        Smallest face searched, as a fraction of the image's shorter side (0.25: portraits, not
+        group photos; a smaller face is ``no_face``).
+    min_face_size : int
+        Size in pixels of that smallest face in the downscaled search image (>= 20, the cascade window).
     face_cascade, eye_cascade : str
         Cascade XML file names in ``cv2.data.haarcascades`` (or absolute paths).
     scale_factor, min_neighbors : float, int
         ``detectMultiScale`` parameters of the face search.
-    min_face_size : int
-        Smallest face searched, in pixels of the downscaled image.
     eye_work_width : int
         Width to which the eye band of the face is resampled for the eye search.
+    eye_band : (float, float)
+        Top and bottom of the eye band as fractions of the face box height.
+    eye_size : (float, float)
+        Smallest and largest eye box searched, as fractions of ``eye_work_width``.
     eye_scale_factor, eye_min_neighbors : float, int
         ``detectMultiScale`` parameters of the eye search.
+    detect_min_side : int
+        :func:`align_records` decodes a JPEG for detection at the largest reduction (1/2, 1/4, 1/8)
+        that keeps the shorter side at least this many pixels (see :meth:`reduction`).
     multiple_face_ratio : float
         Another non-overlapping face at least this fraction of the largest face's width makes the image
         ambiguous (``multiple_faces``); smaller ones are taken as false positives and ignored.
@@ -155,53 +166,71 @@ class HaarEyeDetector:
         (source 'face_geometry') instead of raising ``eyes_not_found``.
     """
 
-    # Mean eye centres inside the alt2 face box (fractions of its width/height), measured on the
-    # 102 neutral London photos against the manual landmarks; used only by the geometry fallback.
-    GEOMETRY_LEFT = (0.307, 0.384)
-    GEOMETRY_RIGHT = (0.685, 0.384)
+    # Mean eye centres inside the alt2 face box as found by the coarse face search with the default
+    # parameters (fractions of its width/height), measured on the 102 neutral London photos against
+    # the manual landmarks (sd 0.013-0.017); used only by the geometry fallback.
+    GEOMETRY_LEFT = (0.324, 0.386)
+    GEOMETRY_RIGHT = (0.659, 0.386)
 
     def __init__(
         self,
         *,
-        work_width: int = 340,
+        min_face_fraction: float = 0.25,
+        min_face_size: int = 24,
         face_cascade: str = "haarcascade_frontalface_alt2.xml",
         eye_cascade: str = "haarcascade_eye.xml",
         scale_factor: float = 1.1,
         min_neighbors: int = 4,
-        min_face_size: int = 40,
         eye_work_width: int = 200,
+        eye_band: tuple[float, float] = (0.20, 0.55),
+        eye_size: tuple[float, float] = (0.18, 0.32),
         eye_scale_factor: float = 1.1,
         eye_min_neighbors: int = 3,
         multiple_face_ratio: float = 0.5,
         geometry_fallback: bool = True,
+        detect_min_side: int = 512,
     ):
-        self.work_width = work_width
+        self.min_face_fraction = min_face_fraction
+        self.min_face_size = min_face_size
         self.face_cascade = face_cascade
         self.eye_cascade = eye_cascade
         self.scale_factor = scale_factor
         self.min_neighbors = min_neighbors
-        self.min_face_size = min_face_size
         self.eye_work_width = eye_work_width
+        self.eye_band = eye_band
+        self.eye_size = eye_size
         self.eye_scale_factor = eye_scale_factor
         self.eye_min_neighbors = eye_min_neighbors
         self.multiple_face_ratio = multiple_face_ratio
         self.geometry_fallback = geometry_fallback
+        self.detect_min_side = detect_min_side
 
     def _validate(self) -> None:
-        _positive("work_width", self.work_width, low=31, integer=True)
-        _positive("eye_work_width", self.eye_work_width, low=39, integer=True)
+        _positive("min_face_fraction", self.min_face_fraction, low=0.0, high=1.0)
         _positive("min_face_size", self.min_face_size, low=19, integer=True)
+        _positive("eye_work_width", self.eye_work_width, low=39, integer=True)
+        _positive("detect_min_side", self.detect_min_side, low=31, integer=True)
+        _fractions("eye_band", self.eye_band, high=1.0)
+        _fractions("eye_size", self.eye_size, high=1.0)
         _positive("scale_factor", self.scale_factor, low=1.0, high=2.0)
         _positive("eye_scale_factor", self.eye_scale_factor, low=1.0, high=2.0)
         _positive("min_neighbors", self.min_neighbors, low=-1, integer=True)
         _positive("eye_min_neighbors", self.eye_min_neighbors, low=-1, integer=True)
         _positive("multiple_face_ratio", self.multiple_face_ratio, low=0.0, high=1.0)
 
+    def reduction(self, width: int, height: int) -> int:
+        """Largest JPEG decode reduction in (1, 2, 4, 8) keeping the shorter side >= ``detect_min_side``."""
+        f = 8
+        while f > 1 and min(width, height) / f < self.detect_min_side:
+            f //= 2
+        return f
+
     def _face(self, gray: np.ndarray) -> tuple[float, float, float, float]:
         h, w = gray.shape
-        s = min(1.0, self.work_width / w)
+        smallest = self.min_face_fraction * min(h, w)
+        s = min(1.0, self.min_face_size / smallest) if smallest > 0 else 1.0
         small = gray if s == 1.0 else cv2.resize(gray, (max(1, round(w * s)), max(1, round(h * s))), interpolation=cv2.INTER_AREA)
-        size = int(self.min_face_size)
+        size = max(20, min(int(self.min_face_size), round(smallest * s)))
         if min(small.shape) < size:
             raise RecordError("no_face", f"the image ({w}x{h}) is smaller than the smallest face searched")
         faces = _cascade(self.face_cascade).detectMultiScale(
@@ -225,7 +254,7 @@ class HaarEyeDetector:
         fx, fy, fw, fh = face
         h, w = gray.shape
         x0, x1 = max(0, int(fx)), min(w, int(math.ceil(fx + fw)))
-        y0, y1 = max(0, int(fy + 0.15 * fh)), min(h, int(math.ceil(fy + 0.58 * fh)))
+        y0, y1 = max(0, int(fy + self.eye_band[0] * fh)), min(h, int(math.ceil(fy + self.eye_band[1] * fh)))
         if x1 - x0 < 8 or y1 - y0 < 8:
             return None
         roi = gray[y0:y1, x0:x1]
@@ -233,7 +262,7 @@ class HaarEyeDetector:
         interp = cv2.INTER_AREA if k < 1 else cv2.INTER_LINEAR
         band = cv2.resize(roi, (int(self.eye_work_width), max(1, round(roi.shape[0] * k))), interpolation=interp)
         ky = band.shape[0] / roi.shape[0]
-        lo, hi = round(0.10 * self.eye_work_width), round(0.40 * self.eye_work_width)
+        lo, hi = round(self.eye_size[0] * self.eye_work_width), round(self.eye_size[1] * self.eye_work_width)
         found = _cascade(self.eye_cascade).detectMultiScale(
             band, scaleFactor=self.eye_scale_factor, minNeighbors=int(self.eye_min_neighbors), minSize=(lo, lo), maxSize=(hi, hi)
         )
@@ -294,6 +323,15 @@ def _overlaps(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
     return ix * iy > 0.3 * min(a[2] * a[3], b[2] * b[3])
 
 
+def _fractions(name: str, value: Any, *, high: float) -> None:
+    try:
+        lo, hi = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name}={value!r} must be a (low, high) pair of fractions") from None
+    if not (0.0 <= lo < hi <= high):
+        raise ConfigError(f"{name}={value!r} must satisfy 0 <= low < high <= {high}")
+
+
 def _check_gray(gray: Any) -> np.ndarray:
     gray = np.asarray(gray)
     if gray.ndim != 2 or gray.dtype != np.uint8 or gray.size == 0:
@@ -322,7 +360,9 @@ class FaceAligner:
     -----
     Alignment precedes the pixel-space averaging of k-Same (Newton, Sweeney & Malin, 2005, IEEE TKDE
     17(2)). Large reductions are done by area averaging before the warp so that 1350 px photos are not
-    aliased down to 81 px.
+    aliased down to 81 px; :func:`align_records` goes further and decodes JPEGs directly at 1/2, 1/4 or
+    1/8 scale when the reduced eye distance stays >= 1.5x the canonical one (:meth:`reduction_for`),
+    which gives the same canonical face (mean grey difference ~1.5 on London) for a fraction of the cost.
     """
 
     def __init__(
@@ -378,22 +418,57 @@ class FaceAligner:
             return found.eyes, found.source
         return detector.detect(gray), "detected"
 
-    def align(self, gray: np.ndarray, eyes: EyePair | None = None) -> AlignedFace:
-        """Canonical uint8 (height, width) face from a grey image; eyes from the detector when None."""
+    def reduction_for(self, eye_distance: float) -> int:
+        """Largest decode reduction in (1, 2, 4, 8) keeping the reduced eye distance >= 1.5x the canonical one.
+
+        With that margin the warp still shrinks (area-averaged) rather than magnifies, so aligning from the
+        reduced image gives essentially the same canonical face as from the full-resolution one.
+        """
+        need = _REDUCTION_MARGIN * self.canonical_eyes.distance
+        f = 8
+        while f > 1 and not eye_distance / f >= need:
+            f //= 2
+        return f
+
+    def align(
+        self,
+        gray: np.ndarray,
+        eyes: EyePair | None = None,
+        *,
+        factor: int = 1,
+        full_size: tuple[int, int] | None = None,
+    ) -> AlignedFace:
+        """Canonical uint8 (height, width) face from a grey image; eyes from the detector when None.
+
+        ``gray`` may be the source image reduced ``factor`` times (a reduced JPEG decode, pixel centres
+        mapping as ``q = (p + 0.5) / factor - 0.5``); ``eyes`` (given and returned) and every check are in
+        full-resolution source coordinates, ``full_size`` = (width, height) of the source (default: the
+        reduced size times ``factor``).
+        """
         self._validate()
         gray = _check_gray(gray)
-        h, w = gray.shape
+        if factor not in (1, 2, 4, 8):
+            raise ConfigError(f"factor={factor!r} must be one of 1, 2, 4, 8 (the reduction of gray)")
         if eyes is None:
             eyes, source = self._find_eyes(gray)
+            eyes = _scale_eyes(eyes, factor)
         else:
             source = "manifest"
+        return self._align_full(gray, eyes, source, factor, full_size)
+
+    def _align_full(
+        self, gray: np.ndarray, eyes: EyePair, source: str, factor: int, full_size: tuple[int, int] | None
+    ) -> AlignedFace:
+        h, w = gray.shape
+        fw, fh = full_size if full_size is not None else (w * factor, h * factor)
+        if source == "manifest":
             if not isinstance(eyes, EyePair) or not eyes.is_finite():
                 raise RecordError("bad_eye_points", f"eye points {eyes!r} are not four finite numbers")
             eyes = EyePair(tuple(map(float, eyes.left)), tuple(map(float, eyes.right))).ordered()
             for x, y in (eyes.left, eyes.right):
-                if not (0 <= x <= w - 1 and 0 <= y <= h - 1):
+                if not (0 <= x <= fw - 1 and 0 <= y <= fh - 1):
                     raise RecordError(
-                        "bad_eye_points", f"eye point ({x:g}, {y:g}) lies outside the {w}x{h} image"
+                        "bad_eye_points", f"eye point ({x:g}, {y:g}) lies outside the {fw}x{fh} image"
                     )
         d = eyes.distance
         if d < self.min_eye_distance:
@@ -408,22 +483,39 @@ class FaceAligner:
                 f"the eyes are {d:.1f} px apart: reaching {target.distance:.1f} px would upsample "
                 f"{scale:.2f}x, above max_upsample={self.max_upsample}",
             )
-        image = _warp(gray, similarity_from_eyes(eyes, target), (int(self.size[0]), int(self.size[1])), scale)
+        local = _scale_eyes(eyes, 1.0 / factor)
+        image = _warp(gray, similarity_from_eyes(local, target), (int(self.size[0]), int(self.size[1])), scale * factor)
         return AlignedFace(image=image, eyes=eyes, source=source)
+
+
+# Reduced decodes keep the source eye distance at least this multiple of the canonical one.
+_REDUCTION_MARGIN = 1.5
+
+
+def _scale_eyes(eyes: EyePair, factor: float) -> EyePair:
+    """Eyes of an image reduced ``1/factor`` times in the coordinates of the unreduced one (pixel centres)."""
+    if factor == 1:
+        return eyes
+    return EyePair(*(((x + 0.5) * factor - 0.5, (y + 0.5) * factor - 0.5) for x, y in (eyes.left, eyes.right)))
 
 
 def _warp(gray: np.ndarray, m: np.ndarray, size: tuple[int, int], scale: float) -> np.ndarray:
     """warpAffine of the part of ``gray`` that ``m`` maps into ``size``, area-shrunk first when scale < 0.5."""
     out_w, out_h = size
     h, w = gray.shape
-    inv = cv2.invertAffineTransform(m)
-    corners = np.array([[-1, -1, 1], [out_w, -1, 1], [-1, out_h, 1], [out_w, out_h, 1]], dtype=np.float64)
-    src = corners @ inv.T
+    # Inverse of the similarity by hand (plain floats: this runs once per image, numpy calls cost more).
+    (a, b, tx), (c, d, ty) = m.tolist()
+    det = a * d - b * c
+    ia, ib, ic, id_ = d / det, -b / det, -c / det, a / det
+    xs, ys = [], []
+    for u, v in ((-1, -1), (out_w, -1), (-1, out_h), (out_w, out_h)):
+        xs.append(ia * (u - tx) + ib * (v - ty))
+        ys.append(ic * (u - tx) + id_ * (v - ty))
     margin = 2.0 / min(scale, 1.0) + 2
-    x0 = int(np.clip(math.floor(src[:, 0].min() - margin), 0, w - 1))
-    x1 = int(np.clip(math.ceil(src[:, 0].max() + margin), x0 + 1, w))
-    y0 = int(np.clip(math.floor(src[:, 1].min() - margin), 0, h - 1))
-    y1 = int(np.clip(math.ceil(src[:, 1].max() + margin), y0 + 1, h))
+    x0 = min(max(math.floor(min(xs) - margin), 0), w - 1)
+    x1 = min(max(math.ceil(max(xs) + margin), x0 + 1), w)
+    y0 = min(max(math.floor(min(ys) - margin), 0), h - 1)
+    y1 = min(max(math.ceil(max(ys) + margin), y0 + 1), h)
     crop = gray[y0:y1, x0:x1]
     # Crop coordinates: q = (p - origin + 0.5) * s - 0.5 per axis (pixel centres, as cv2.resize maps them).
     sx = sy = 1.0
@@ -433,23 +525,69 @@ def _warp(gray: np.ndarray, m: np.ndarray, size: tuple[int, int], scale: float) 
         crop = cv2.resize(crop, (nw, nh), interpolation=cv2.INTER_AREA)
         sx, sy = nw / cw, nh / ch
     # p = (q + 0.5) / s - 0.5 + origin, so m applied to p is m' applied to q.
-    lin = m[:, :2] @ np.diag([1.0 / sx, 1.0 / sy])
-    off = m[:, :2] @ np.array([0.5 / sx - 0.5 + x0, 0.5 / sy - 0.5 + y0]) + m[:, 2]
-    m2 = np.hstack([lin, off[:, None]])
+    ox, oy = 0.5 / sx - 0.5 + x0, 0.5 / sy - 0.5 + y0
+    m2 = np.array([[a / sx, b / sy, a * ox + b * oy + tx], [c / sx, d / sy, c * ox + d * oy + ty]])
     return cv2.warpAffine(crop, m2, (out_w, out_h), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
 
 
+_threads_capped = False
+
+
+def _cap_opencv_threads(n: int | None) -> None:
+    # Dask runs one task per worker thread on each core; OpenCV's own thread pool on top of that only
+    # oversubscribes the cores (and detectMultiScale parallelises badly over small images).
+    global _threads_capped
+    if n is None or _threads_capped:
+        return
+    cv2.setNumThreads(int(n))
+    _threads_capped = True
+
+
+def _decode_for_alignment(
+    data: bytes, eyes: Any, aligner: FaceAligner, max_pixels: int
+) -> tuple[np.ndarray, EyePair | None, str, int, tuple[int, int] | None]:
+    """Decode once at the coarsest resolution that suffices; returns (gray, full-res eyes, source, factor, size).
+
+    JPEG is decoded reduced by libjpeg's DCT scaling (IMREAD_REDUCED_GRAYSCALE_*, which also applies
+    the EXIF orientation); other formats are decoded in full, the warp and the detector area-shrink
+    only the part they need.
+    """
+    jpeg = sniff_format(data) == "jpeg"
+    size = upright_size(data) if jpeg else None
+    if eyes is not None:
+        ok = isinstance(eyes, EyePair) and eyes.is_finite()
+        f = aligner.reduction_for(eyes.distance) if (ok and size is not None) else 1
+        return decode_gray_reduced(data, f, max_pixels=max_pixels), eyes, "manifest", f, size
+    detector = aligner.detector if aligner.detector is not None else HaarEyeDetector()
+    f = detector.reduction(*size) if (size is not None and hasattr(detector, "reduction")) else 1
+    gray = decode_gray_reduced(data, f, max_pixels=max_pixels)
+    found, source = aligner._find_eyes(gray)
+    found = _scale_eyes(found, f)
+    need = aligner.reduction_for(found.distance)
+    if need < f:  # a small face: too few pixels at this reduction for the warp, decode finer
+        f = need
+        gray = decode_gray_reduced(data, f, max_pixels=max_pixels)
+    return gray, found, source, f, size
+
+
 def align_records(
-    records: Iterable[dict], aligner: FaceAligner, *, max_pixels: int = 100_000_000
+    records: Iterable[dict], aligner: FaceAligner, *, max_pixels: int = 100_000_000, opencv_threads: int | None = 1
 ) -> tuple[list[dict], list[Quarantined]]:
-    """Decode and align a batch of records; bad ones are quarantined (stage 'align'), never raised."""
+    """Decode and align a batch of records; bad ones are quarantined (stage 'align'), never raised.
+
+    Each image is decoded once, at a reduced JPEG resolution when that loses nothing for the canonical
+    face (see :meth:`FaceAligner.reduction_for`, :meth:`HaarEyeDetector.reduction`). ``opencv_threads``
+    caps OpenCV's thread pool for the whole process (None leaves it alone): parallelism comes from Dask.
+    """
+    _cap_opencv_threads(opencv_threads)
+    aligner._validate()  # a bad configuration is the caller's error, raised once, not a quarantine
     done: list[dict] = []
     bad: list[Quarantined] = []
     for rec in records:
         rid, image = str(rec.get("record_id", "")), str(rec.get("image", ""))
         try:
-            gray = decode_gray(rec["data"], max_pixels=max_pixels)
-            face = aligner.align(gray, rec.get("eyes"))
+            gray, eyes, source, f, size = _decode_for_alignment(rec["data"], rec.get("eyes"), aligner, max_pixels)
+            face = aligner._align_full(_check_gray(gray), eyes, source, f, size)
         except RecordError as exc:
             bad.append(Quarantined(rid, image, exc.code, exc.message, stage="align"))
             continue

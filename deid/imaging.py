@@ -15,7 +15,7 @@ from deid.errors import ConfigError, RecordError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["sniff_format", "header_size", "decode_gray", "decode_gray_reduced", "exif_orientation"]
+__all__ = ["sniff_format", "header_size", "upright_size", "decode_gray", "decode_gray_reduced", "exif_orientation"]
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers carry the size; C4 (DHT), C8 (JPG) and CC (DAC) share the range but do not.
@@ -217,6 +217,15 @@ def exif_orientation(data: bytes) -> int:
     return value if 1 <= value <= 8 else 1
 
 
+def upright_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) of the decoded image once turned upright per EXIF (header only), or None."""
+    size = header_size(data)
+    if size is None:
+        return None
+    # Orientations 5-8 include a transpose: width and height swap.
+    return (size[1], size[0]) if exif_orientation(data) >= 5 else size
+
+
 def _apply_orientation(img: np.ndarray, orientation: int) -> np.ndarray:
     # Same mapping as OpenCV's ApplyExifOrientation, so every format is turned upright the same way.
     if orientation == 2:
@@ -253,6 +262,9 @@ def _jpeg_truncated(data: bytes) -> bool:
         if marker == 0xD9:
             return True  # EOI before any scan: no image data
         if marker == 0xDA:
+            # The EOI is normally in the last bytes: look there first, the whole scan only if not.
+            if data.rfind(b"\xff\xd9", max(i + 2, n - 256)) != -1:
+                return False
             return data.find(b"\xff\xd9", i + 2) == -1
         (length,) = struct.unpack_from(">H", data, i + 2)
         i += 2 + length
@@ -358,7 +370,9 @@ def decode_gray(data: bytes, *, max_pixels: int = 100_000_000) -> np.ndarray:
 def decode_gray_reduced(data: bytes, factor: int, *, max_pixels: int = 100_000_000) -> np.ndarray:
     """Grey image downscaled about ``factor`` times (1, 2, 4 or 8); JPEG is decoded directly at that scale.
 
-    The size is ``ceil(full / factor)`` for JPEG; other formats are decoded in full and resized to the same.
+    The size is ``ceil(full / factor)`` for JPEG, upright per EXIF orientation like :func:`decode_gray`
+    (OpenCV applies it to reduced decodes too); other formats are decoded in full and area-resized to
+    the same size. The decompression-bomb and truncation checks run on the header before decoding.
     """
     if factor not in _REDUCED_FLAGS:
         raise ConfigError(f"factor={factor!r} must be one of 1, 2, 4, 8; use 1 for the full image")

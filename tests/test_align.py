@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import struct
 from pathlib import Path
 
 import cv2
@@ -19,6 +20,7 @@ from deid.align import (
     similarity_from_eyes,
 )
 from deid.errors import ConfigError, Quarantined, RecordError
+from deid.imaging import decode_gray
 
 LONDON = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "london"
 CANON = FaceAligner().canonical_eyes
@@ -211,6 +213,108 @@ def test_align_records_quarantines_bad_and_passes_good():
     assert done[1]["eye_left_x"] == 60.0  # swapped input reported in image-left/right order
 
 
+def _jpeg(img: np.ndarray, quality: int = 95) -> bytes:
+    ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    assert ok
+    return buf.tobytes()
+
+
+def _textured_face(shape: tuple[int, int], pts: list[tuple[float, float]], seed: int) -> np.ndarray:
+    # Smooth random texture (photo-like spectrum) plus the dots: enough detail to see resampling error.
+    rng = np.random.default_rng(seed)
+    noise = cv2.GaussianBlur(rng.normal(0, 40, shape), (0, 0), 6) + cv2.GaussianBlur(rng.normal(0, 25, shape), (0, 0), 1.5)
+    img = _dots_image(shape, pts, sigma=8.0).astype(np.float64) * 0.6 + 60 + noise
+    return np.clip(np.rint(img), 0, 255).astype(np.uint8)
+
+
+def test_reduction_factors_keep_the_warp_downsampling():
+    aligner = FaceAligner()  # canonical eye distance 32.4 px: reduced distance must stay >= 48.6 px
+    assert [aligner.reduction_for(d) for d in (30.0, 90.0, 97.3, 120.0, 213.0, 400.0, 5000.0)] == [1, 1, 2, 2, 4, 8, 8]
+    assert aligner.reduction_for(float("nan")) == 1
+    det = HaarEyeDetector(detect_min_side=512)
+    assert [det.reduction(w, h) for w, h in ((200, 200), (1350, 1350), (1350, 900), (4000, 3000))] == [1, 2, 1, 4]
+
+
+def test_reduced_decode_alignment_matches_full_resolution():
+    # A big JPEG with manifest eyes: align_records decodes it at 1/4 (distance 240 px -> 60 >= 48.6);
+    # the canonical face must be the one the full-resolution decode gives.
+    pts = [(310.0, 402.0), (550.0, 396.0), (432.0, 640.0)]
+    data = _jpeg(_textured_face((960, 880), pts, seed=3))
+    aligner = FaceAligner()
+    assert aligner.reduction_for(math.dist(pts[0], pts[1])) == 4
+    done, bad = align_records([{"record_id": "a", "image": "a.jpg", "data": data, "eyes": EyePair(pts[0], pts[1])}], aligner)
+    assert not bad
+    fast = np.frombuffer(done[0]["pixels"], np.uint8).reshape(92, 81).astype(np.float64)
+    full = aligner.align(decode_gray(data), EyePair(pts[0], pts[1])).image.astype(np.float64)
+    assert np.abs(fast - full).mean() < 2.0
+    assert (done[0]["eye_left_x"], done[0]["eye_left_y"], done[0]["eye_right_x"], done[0]["eye_right_y"]) == (
+        310.0, 402.0, 550.0, 396.0)
+    for want in (CANON.left, CANON.right, MOUTH):
+        got = _centroid(done_image(done[0]), want, radius=6)
+        assert math.hypot(got[0] - want[0], got[1] - want[1]) < 0.6, (got, want)
+
+
+def done_image(row: dict) -> np.ndarray:
+    return np.frombuffer(row["pixels"], np.uint8).reshape(92, 81)
+
+
+def test_reduced_decode_respects_exif_orientation_and_full_size():
+    # Stored sideways with EXIF orientation 6: the upright image is 640 wide x 960 high. Manifest eyes are
+    # upright coordinates; a point beyond the stored width but inside the upright one is valid, and
+    # one beyond the upright size is refused with the full-resolution size in the message.
+    up_pts = [(200.0, 300.0), (440.0, 300.0), (320.0, 520.0)]
+    upright = _textured_face((960, 640), up_pts, seed=5)
+    stored = cv2.rotate(upright, cv2.ROTATE_90_COUNTERCLOCKWISE)  # orientation 6 turns it back clockwise
+    plain = _jpeg(stored)
+    payload = b"Exif\x00\x00" + b"MM\x00*" + struct.pack(">I", 8) + struct.pack(">H", 1)
+    payload += struct.pack(">HHIHH", 274, 3, 1, 6, 0) + struct.pack(">I", 0)
+    data = plain[:2] + b"\xff\xe1" + struct.pack(">H", len(payload) + 2) + payload + plain[2:]
+    aligner = FaceAligner()
+    recs = [
+        {"record_id": "ok", "image": "ok.jpg", "data": data, "eyes": EyePair(up_pts[0], up_pts[1])},
+        {"record_id": "out", "image": "out.jpg", "data": data, "eyes": EyePair((200.0, 300.0), (700.0, 300.0))},
+    ]
+    done, bad = align_records(recs, aligner)
+    assert [d["record_id"] for d in done] == ["ok"]
+    assert bad[0].code == "bad_eye_points" and "640x960" in bad[0].message
+    full = aligner.align(decode_gray(data), EyePair(up_pts[0], up_pts[1])).image.astype(np.float64)
+    assert np.abs(done_image(done[0]).astype(np.float64) - full).mean() < 2.0
+    got = _centroid(done_image(done[0]), MOUTH, radius=6)  # the mouth is below the eyes: really upright
+    assert math.hypot(got[0] - MOUTH[0], got[1] - MOUTH[1]) < 0.6
+
+
+def test_align_at_a_reduction_reports_full_resolution_eyes():
+    pts = [(150.0, 200.0), (270.0, 204.0)]
+    img = _textured_face((480, 440), [*pts, (210.0, 320.0)], seed=1)
+    half = cv2.resize(img, (220, 240), interpolation=cv2.INTER_AREA)
+    face = FaceAligner().align(half, EyePair(*pts), factor=2, full_size=(440, 480))
+    assert face.eyes == EyePair(*pts)
+    ref = FaceAligner().align(img, EyePair(*pts)).image.astype(np.float64)
+    assert np.abs(face.image.astype(np.float64) - ref).mean() < 2.0
+    with pytest.raises(ConfigError, match="factor=3"):
+        FaceAligner().align(half, EyePair(*pts), factor=3)
+
+
+def test_align_records_caps_opencv_threads():
+    align_records([], FaceAligner())
+    assert cv2.getNumThreads() == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"min_face_fraction": 1.5}, "min_face_fraction"),
+        ({"min_face_size": 10}, "min_face_size"),
+        ({"eye_band": (0.6, 0.2)}, "eye_band"),
+        ({"eye_size": "x"}, "eye_size"),
+        ({"detect_min_side": 0}, "detect_min_side"),
+    ],
+)
+def test_detector_config_errors_name_the_parameter(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        HaarEyeDetector(**kwargs).detect(np.zeros((100, 100), np.uint8))
+
+
 # --------------------------------------------------------------------------------------------- London
 
 
@@ -267,5 +371,40 @@ def test_london_two_people_side_by_side_is_multiple_faces():
     a, b = sorted((_london() / "neutral_front").glob("*.jpg"))[:2]
     pair = np.hstack([decode_gray(a.read_bytes()), decode_gray(b.read_bytes())])
     with pytest.raises(RecordError) as info:
-        HaarEyeDetector(work_width=680).detect(pair)
+        HaarEyeDetector().detect(pair)
     assert info.value.code == "multiple_faces"
+
+
+@pytest.mark.london
+@pytest.mark.slow
+def test_london_reduced_decode_gives_the_full_resolution_faces():
+    # Manifest (.tem) eyes: align_records decodes the 1350 px photos at 1/4; the canonical faces must be
+    # essentially those of the full-resolution path.
+    images = sorted((_london() / "neutral_front").glob("*.jpg"))
+    aligner = FaceAligner()
+    records = [{"record_id": p.stem, "image": p.name, "data": p.read_bytes(), "eyes": _tem_eyes(p.with_suffix(".tem"))}
+               for p in images]
+    done, bad = align_records(records, aligner)
+    assert not bad and len(done) == len(images)
+    diffs = []
+    for rec, row in zip(records, done):
+        full = aligner.align(decode_gray(rec["data"]), rec["eyes"]).image.astype(np.float64)
+        diffs.append(np.abs(done_image(row).astype(np.float64) - full).mean())
+    assert np.mean(diffs) < 2.0 and max(diffs) < 3.0, (np.mean(diffs), max(diffs))
+
+
+@pytest.mark.london
+@pytest.mark.slow
+def test_london_detection_through_align_records_is_accurate():
+    # The fast path (reduced decode, coarse face search) must keep the detector's accuracy.
+    images = sorted((_london() / "neutral_front").glob("*.jpg"))
+    records = [{"record_id": p.stem, "image": p.name, "data": p.read_bytes(), "eyes": None} for p in images]
+    done, bad = align_records(records, FaceAligner())
+    assert not bad, [(q.record_id, q.code) for q in bad]
+    errors = []
+    for p, row in zip(images, done):
+        truth = _tem_eyes(p.with_suffix(".tem"))
+        errors.append(max(math.hypot(row["eye_left_x"] - truth.left[0], row["eye_left_y"] - truth.left[1]),
+                          math.hypot(row["eye_right_x"] - truth.right[0], row["eye_right_y"] - truth.right[1]))
+                      / truth.distance)
+    assert max(errors) < 0.10 and np.mean(errors) < 0.07, (max(errors), np.mean(errors))

@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from deid.errors import ConfigError, RecordError
-from deid.imaging import decode_gray, decode_gray_reduced, exif_orientation, header_size, sniff_format
+from deid.imaging import (
+    decode_gray,
+    decode_gray_reduced,
+    exif_orientation,
+    header_size,
+    sniff_format,
+    upright_size,
+)
 
 H, W = 40, 56
 
@@ -140,6 +147,11 @@ def test_jpeg_exif_orientation_6_is_applied():
     assert out[:6, -6:].mean() > 200 and out[:6, :6].mean() < 150
     reduced = decode_gray_reduced(data, 2)
     assert reduced.shape == (W // 2, H // 2)
+    # The reduced decode is turned upright too (OpenCV applies EXIF to IMREAD_REDUCED_* as well).
+    ref = cv2.resize(out, (H // 2, W // 2), interpolation=cv2.INTER_AREA).astype(float)
+    assert np.abs(reduced.astype(float) - ref).mean() < 4.0
+    assert upright_size(data) == (H, W) and header_size(data) == (W, H)
+    assert upright_size(plain) == (W, H) and upright_size(b"junk") is None
 
 
 def test_png_exif_orientation_matches_jpeg_handling():
