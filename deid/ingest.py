@@ -68,6 +68,11 @@ def _batch_table(chunk: list[tuple[ManifestRow, str, bytes]], labels: list[str],
     return pa.table(dict(cols), schema=schema)
 
 
+# Image bytes are already compressed: snappy and dictionary encoding on them cost ~4x a JPEG
+# decode per image (4.7 ms vs 1.2 ms measured on London) and save nothing.
+_WRITER_OPTIONS = dict(compression={"data": "none"}, use_dictionary=False)
+
+
 def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_size: int = 64) -> IngestResult:
     """Stream the drop's usable rows into ``out_path`` (Parquet, one row group per batch).
 
@@ -87,7 +92,7 @@ def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_s
     tmp = out_path.with_suffix(".parquet.tmp")
     n_groups = 0
     chunk: list[tuple[ManifestRow, str, bytes]] = []
-    with pq.ParquetWriter(tmp, schema) as writer:
+    with pq.ParquetWriter(tmp, schema, **_WRITER_OPTIONS) as writer:
         for row in drop.rows:
             try:
                 data = row.path.read_bytes()
@@ -141,7 +146,7 @@ def _rewrite_without(path: Path, drop_ids: set[str], schema: pa.Schema, batch_si
     skip = pa.array(sorted(drop_ids), pa.string())
     pending: list[pa.Table] = []
     pending_rows = 0
-    with pq.ParquetWriter(out, schema) as writer:
+    with pq.ParquetWriter(out, schema, **_WRITER_OPTIONS) as writer:
         def flush(limit: int) -> int:
             nonlocal pending, pending_rows
             wrote = 0

@@ -105,7 +105,9 @@ def project_part(aligned_path: str, model: Eigenfaces, out_path: str) -> int:
     ids, X = read_pixels([aligned_path])
     feats = model.transform(X) if len(ids) else np.zeros((0, model.n_components_), np.float32)
     out = pa.table(
-        {"record_id": ids, "features": [row.astype(np.float32).tolist() for row in feats]},
+        {"record_id": ids, "features": pa.ListArray.from_arrays(
+            pa.array(np.arange(0, feats.size + 1, max(feats.shape[1], 1), dtype=np.int32)[: len(ids) + 1]),
+            pa.array(np.ascontiguousarray(feats, dtype=np.float32).ravel()))},
         schema=schemas.features(),
     )
     _write_atomic(out, Path(out_path))
