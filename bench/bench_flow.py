@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import cv2
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 LONDON = ROOT.parent / "shared" / "datasets" / "london"
@@ -31,11 +32,11 @@ def decode_cost(files: list[Path]) -> tuple[float, float]:
     blobs = [f.read_bytes() for f in files]
     t = time.perf_counter()
     for b in blobs:
-        cv2.imdecode(memoryview(b), cv2.IMREAD_GRAYSCALE)
+        cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_GRAYSCALE)
     full = (time.perf_counter() - t) / len(blobs)
     t = time.perf_counter()
     for b in blobs:
-        cv2.imdecode(memoryview(b), cv2.IMREAD_REDUCED_GRAYSCALE_4)
+        cv2.imdecode(np.frombuffer(b, np.uint8), cv2.IMREAD_REDUCED_GRAYSCALE_4)
     reduced = (time.perf_counter() - t) / len(blobs)
     return full, reduced
 
