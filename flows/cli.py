@@ -209,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if not args.verbose:
+        logging.getLogger("great_expectations").setLevel(logging.WARNING)
     try:
         return args.func(args)
     except (DropError, ConfigError, FileExistsError, FileNotFoundError) as exc:

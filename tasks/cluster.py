@@ -21,11 +21,13 @@ def dask_cluster(address: str | None, *, workers: int = 2) -> Iterator[str]:
     if address:
         yield address
         return
+    # The scheduler lives in this process; its start-up and per-connection INFO lines would bury
+    # the run's progress.
+    for name in ("distributed", "distributed.scheduler", "distributed.core", "distributed.nanny",
+                 "distributed.http.proxy", "distributed.diskutils"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                            dashboard_address=None, silence_logs=logging.WARNING)
-    # The scheduler lives in this process; its per-connection INFO lines would bury the run's progress.
-    for name in ("distributed", "distributed.scheduler", "distributed.core", "distributed.nanny"):
-        logging.getLogger(name).setLevel(logging.WARNING)
     try:
         yield cluster.scheduler_address
     finally:
