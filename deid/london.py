@@ -11,7 +11,9 @@ import os
 import shutil
 from pathlib import Path
 
-from deid.errors import DropError
+import yaml
+
+from deid.errors import ConfigError, DropError
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,10 @@ def read_tem_eyes(path: Path) -> tuple[tuple[float, float], tuple[float, float]]
         raise DropError(f"{path}: not a .tem landmark file (first line N, then N lines 'x<TAB>y'): {exc}") from exc
     if n < 2 or len(p0) != 2 or len(p1) != 2:
         raise DropError(f"{path}: a .tem file needs at least two points (the pupils); found {n}")
+    if p0[0] > p1[0]:
+        # The drop format's "left" eye is the one with the smaller x; keep that invariant.
+        log.warning("%s: point 0 is right of point 1; swapping them so eye_left has the smaller x", path)
+        p0, p1 = p1, p0
     return (p0[0], p0[1]), (p1[0], p1[1])
 
 
@@ -60,11 +66,16 @@ def import_london(src: str | os.PathLike, drop_dir: str | os.PathLike, *, name: 
     ``_READY`` is written last.
     """
     src, drop = Path(src), Path(drop_dir)
+    if not isinstance(name, str) or not name.strip():
+        raise ConfigError(f"name={name!r} must be a non-empty string (the drop's name in drop.yaml)")
+    if not src.is_dir():
+        raise DropError(f"src={str(src)!r} is not a directory; pass the London set's folder "
+                        "(with london_info.csv, neutral_front/ and smiling_front/)")
     info_path = src / "london_info.csv"
     missing = [p for p in (info_path, src / "neutral_front", src / "smiling_front") if not p.exists()]
     if missing:
         raise DropError(f"{src} is not the London set's layout: missing {', '.join(str(m) for m in missing)}")
-    if drop.exists() and any(drop.iterdir()):
+    if drop.exists() and (not drop.is_dir() or any(drop.iterdir())):
         raise DropError(f"drop directory {drop} exists and is not empty; choose a new directory")
     with open(info_path, newline="", encoding="utf-8-sig") as fh:
         reader = csv.DictReader(fh)
@@ -81,7 +92,6 @@ def import_london(src: str | os.PathLike, drop_dir: str | os.PathLike, *, name: 
                 log.warning("London import: %s is missing; subject %s has no %s image", image, sid, expression)
                 continue
             rel = f"{folder}/{sid}_{suffix}.jpg"
-            _place(image, drop / rel)
             eyes = ["", "", "", ""]
             tem = image.with_suffix(".tem")
             if expression == "neutral" and tem.is_file():
@@ -90,12 +100,17 @@ def import_london(src: str | os.PathLike, drop_dir: str | os.PathLike, *, name: 
             rows.append([rel, sid, gender, expression, *eyes])
     if not rows:
         raise DropError(f"{src}: no images found under neutral_front/ or smiling_front/")
+    # Every check above passed before anything is written, so a bad source leaves no half drop.
+    for rel, *_ in rows:
+        _place(src / rel, drop / rel)
     drop.mkdir(parents=True, exist_ok=True)
     with open(drop / "manifest.csv", "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)
         writer.writerow(HEADER)
         writer.writerows(rows)
-    (drop / "drop.yaml").write_text(f"name: {name}\nlabels: [gender, expression]\n", encoding="utf-8")
+    with open(drop / "drop.yaml", "w", encoding="utf-8") as fh:
+        yaml.safe_dump({"name": name, "labels": ["gender", "expression"]}, fh, sort_keys=False)
+    # _READY last: consumers only pick up complete drops.
     (drop / "_READY").touch()
     log.info("London import: %d images of %d people into %s", len(rows), len(people), drop)
     return drop

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from deid.drop import read_drop
-from deid.errors import DropError
-from deid.london import import_london
+from deid.errors import ConfigError, DropError
+from deid.london import import_london, read_tem_eyes
 
 
 def _fake_london(root, n=3):
@@ -66,7 +66,75 @@ def test_import_real_london(london_dir, tmp_path):
     assert Counter(genders.values()) == {"male": 53, "female": 49}
     with_eyes = [r for r in rows if r["eye_left_x"]]
     assert len(with_eyes) == 102 and all(r["expression"] == "neutral" for r in with_eyes)
-    first = next(r for r in rows if r["image"] == "neutral_front/001_03.jpg")
-    tem = (london_dir / "neutral_front" / "001_03.tem").read_text().split("\n")
-    assert float(first["eye_left_x"]) == pytest.approx(float(tem[1].split()[0]))
-    assert float(first["eye_right_y"]) == pytest.approx(float(tem[2].split()[1]))
+    for r in with_eyes:
+        tem = (london_dir / r["image"]).with_suffix(".tem").read_text().split("\n")
+        p0, p1 = [float(v) for v in tem[1].split()[:2]], [float(v) for v in tem[2].split()[:2]]
+        got = [float(r[c]) for c in ("eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y")]
+        assert got == pytest.approx([*p0, *p1], abs=0.006), r["image"]
+    assert all(r["eye_left_x"] == r["eye_right_y"] == "" for r in rows if r["expression"] == "smile")
+    # Self-contained: every image is a regular file inside the drop with the source's bytes.
+    assert not any(p.is_symlink() for p in drop.rglob("*"))
+    for r in rows[:4]:
+        assert (drop / r["image"]).read_bytes() == (london_dir / r["image"]).read_bytes()
+
+
+def test_hard_links_on_the_same_filesystem_and_manifest_cells(tmp_path):
+    src = _fake_london(tmp_path / "src", n=2)
+    drop = import_london(src, tmp_path / "drop", name="fake london")
+    for rel in ("neutral_front/001_03.jpg", "smiling_front/002_08.jpg"):
+        assert (drop / rel).samefile(src / rel), "same filesystem: the image should be hard linked, not copied"
+        assert not (drop / rel).is_symlink()
+    with open(drop / "manifest.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [(r["image"], r["subject_id"], r["gender"], r["expression"]) for r in rows] == [
+        ("neutral_front/001_03.jpg", "001", "female", "neutral"),
+        ("smiling_front/001_08.jpg", "001", "female", "smile"),
+        ("neutral_front/002_03.jpg", "002", "male", "neutral"),
+        ("smiling_front/002_08.jpg", "002", "male", "smile"),
+    ]
+    assert [r["eye_left_x"] for r in rows] == ["21.00", "", "22.00", ""]
+    assert "fake london" in (drop / "drop.yaml").read_text()
+    assert not list(drop.rglob("*.tem"))
+
+
+def test_gender_values_are_normalised_and_checked(tmp_path):
+    src = _fake_london(tmp_path / "src", n=2)
+    (src / "london_info.csv").write_text("face_id,face_age,face_gender,face_eth\n001,30, Female ,x\n002,31,M,y\n")
+    drop = import_london(src, tmp_path / "drop")
+    with open(drop / "manifest.csv", newline="") as fh:
+        assert {r["subject_id"]: r["gender"] for r in csv.DictReader(fh)} == {"001": "female", "002": "male"}
+    (src / "london_info.csv").write_text("face_id,face_age,face_gender,face_eth\n001,30,unknown,x\n")
+    with pytest.raises(DropError, match="face_gender='unknown'"):
+        import_london(src, tmp_path / "drop2")
+    (src / "london_info.csv").write_text("face_id,sex\n001,female\n")
+    with pytest.raises(DropError, match="face_gender"):
+        import_london(src, tmp_path / "drop3")
+
+
+@pytest.mark.parametrize("remove", ["neutral_front", "smiling_front"])
+def test_missing_folder_is_named(tmp_path, remove):
+    import shutil
+
+    src = _fake_london(tmp_path / "src")
+    shutil.rmtree(src / remove)
+    with pytest.raises(DropError, match=remove):
+        import_london(src, tmp_path / "drop")
+    assert not (tmp_path / "drop").exists()
+
+
+def test_bad_src_name_and_tem(tmp_path):
+    with pytest.raises(DropError, match="not a directory"):
+        import_london(tmp_path / "nowhere", tmp_path / "drop")
+    src = _fake_london(tmp_path / "src")
+    with pytest.raises(ConfigError, match="name"):
+        import_london(src, tmp_path / "drop", name="")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DropError, match="not empty"):
+        import_london(src, tmp_path / "file")
+    tem = src / "neutral_front" / "001_03.tem"
+    tem.write_text("2\n50\t30\n20\t31\n")
+    assert read_tem_eyes(tem) == ((20.0, 31.0), (50.0, 30.0))  # left = smaller x
+    tem.write_text("not a template\n")
+    with pytest.raises(DropError, match="001_03.tem"):
+        import_london(src, tmp_path / "drop")
+    assert not (tmp_path / "drop").exists(), "a bad source must not leave a half-written drop"

@@ -1,83 +1,243 @@
-"""The synthetic face-drop generator: deterministic, exact eye points, and faces that carry signal."""
+"""Synthetic face drops: format, determinism, eye points and the face-science quality bar."""
 from __future__ import annotations
 
 import csv
-import hashlib
+import tracemalloc
+from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
+import yaml
+from sklearn.decomposition import PCA
+from sklearn.model_selection import GroupKFold, cross_val_score
+from sklearn.pipeline import make_pipeline
+from sklearn.svm import LinearSVC
 
-from deid.align import EyePair, FaceAligner
-from deid.attacks import WhitenedCosineAttacker, reidentification_rate
-from deid.drop import read_drop
 from deid.errors import ConfigError
-from deid.synth import make_synthetic_drop
-from deid.utility import grouped_cv_accuracy
+from deid.synth import MANIFEST_COLUMNS, draw_face, make_person, make_synthetic_drop
+
+CANON_W, CANON_H = 81, 92
+CANON_EYES = np.float32([[0.30 * CANON_W, 0.37 * CANON_H], [0.70 * CANON_W, 0.37 * CANON_H]])
 
 
-def _digest(drop) -> str:
-    h = hashlib.sha256()
-    for p in sorted(drop.rglob("*")):
-        if p.is_file():
-            h.update(p.relative_to(drop).as_posix().encode() + p.read_bytes())
-    return h.hexdigest()
+def read_manifest(drop: Path) -> list[dict[str, str]]:
+    with open(drop / "manifest.csv", newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
 
 
-def test_deterministic_per_seed(tmp_path):
-    a = make_synthetic_drop(tmp_path / "a", people=4, seed=3, name="s")
-    b = make_synthetic_drop(tmp_path / "b", people=4, seed=3, name="s")
-    c = make_synthetic_drop(tmp_path / "c", people=4, seed=4, name="s")
-    assert _digest(a) == _digest(b) != _digest(c)
-    # A larger drop with the same seed starts with the same people.
-    d = make_synthetic_drop(tmp_path / "d", people=6, seed=3)
-    assert (a / "images" / "s00002_1.png").read_bytes() == (d / "images" / "s00002_1.png").read_bytes()
+def eyes_of(row: dict[str, str]) -> np.ndarray:
+    return np.float32([[float(row["eye_left_x"]), float(row["eye_left_y"])],
+                       [float(row["eye_right_x"]), float(row["eye_right_y"])]])
 
 
-def test_drop_is_canonical_and_eyes_fall_on_pupils(tmp_path):
+def _with_third(p: np.ndarray) -> np.ndarray:
+    # A similarity is fixed by two points; a third one perpendicular to the eye line lets
+    # getAffineTransform compute it.
+    d = p[1] - p[0]
+    return np.vstack([p, (p[0] + p[1]) / 2 + np.float32([-d[1], d[0]])]).astype(np.float32)
+
+
+def align(img: np.ndarray, eyes: np.ndarray) -> np.ndarray:
+    """Grey 81x92 face with the eyes moved to the canonical positions (test-local aligner)."""
+    m = cv2.getAffineTransform(_with_third(eyes), _with_third(CANON_EYES))
+    grey = cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
+    return cv2.warpAffine(grey, m, (CANON_W, CANON_H), flags=cv2.INTER_AREA, borderMode=cv2.BORDER_REPLICATE)
+
+
+@pytest.fixture(scope="module")
+def drop60(tmp_path_factory) -> Path:
+    return make_synthetic_drop(tmp_path_factory.mktemp("synth") / "drop", people=60, images_per_person=2, seed=7)
+
+
+@pytest.fixture(scope="module")
+def aligned60(drop60):
+    rows = read_manifest(drop60)
+    x = np.array([align(cv2.imread(str(drop60 / r["image"])), eyes_of(r)).ravel() for r in rows], dtype=float)
+    return rows, x / 255.0
+
+
+def test_drop_layout_and_manifest(tmp_path):
+    drop = make_synthetic_drop(tmp_path / "d", people=4, images_per_person=3, seed=3, name="tiny")
+    assert sorted(p.name for p in drop.iterdir()) == ["_READY", "drop.yaml", "images", "manifest.csv"]
+    assert (drop / "_READY").stat().st_size == 0
+    # _READY is written last.
+    assert (drop / "_READY").stat().st_mtime_ns >= max(
+        p.stat().st_mtime_ns for p in [drop / "manifest.csv", drop / "drop.yaml", *(drop / "images").iterdir()])
+    assert yaml.safe_load((drop / "drop.yaml").read_text()) == {"name": "tiny", "labels": ["gender", "expression"]}
+    with open(drop / "manifest.csv", newline="", encoding="utf-8") as fh:
+        assert tuple(next(csv.reader(fh))) == MANIFEST_COLUMNS
+    rows = read_manifest(drop)
+    assert len(rows) == 12
+    assert [r["image"] for r in rows[:3]] == ["images/s00001_1.png", "images/s00001_2.png", "images/s00001_3.png"]
+    assert sorted({r["subject_id"] for r in rows}) == ["s00001", "s00002", "s00003", "s00004"]
+    for sid in {r["subject_id"] for r in rows}:
+        mine = [r for r in rows if r["subject_id"] == sid]
+        assert [r["expression"] for r in mine[:2]] == ["neutral", "smile"]
+        assert len({r["gender"] for r in mine}) == 1
+    for r in rows:
+        assert r["gender"] in {"female", "male"} and r["expression"] in {"neutral", "smile"}
+        img = cv2.imread(str(drop / r["image"]))
+        assert img is not None and img.shape == (200, 200, 3)
+        e = eyes_of(r)
+        assert e[0, 0] < e[1, 0], "left eye must be the one with the smaller x"
+        assert 40 - 1e-3 <= np.linalg.norm(e[1] - e[0]) <= 70 + 1e-3
+        assert np.all((e >= 0) & (e < 200))
+        assert all(len(r[c].split(".")[1]) == 3 for c in MANIFEST_COLUMNS[4:])
+
+
+def test_drop_parses_as_a_canonical_drop(tmp_path):
+    from deid.drop import read_drop
+
     drop = make_synthetic_drop(tmp_path / "d", people=6, images_per_person=3, seed=1, image_format="jpg")
     parsed = read_drop(drop)
     assert parsed.labels == ["gender", "expression"] and len(parsed.rows) == 18 and not parsed.quarantined
-    assert (drop / "_READY").exists()
-    with open(drop / "manifest.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    assert {r["expression"] for r in rows if r["image"].endswith("_1.jpg")} == {"neutral"}
-    assert {r["expression"] for r in rows if r["image"].endswith("_2.jpg")} == {"smile"}
+    rows = read_manifest(drop)
+    for parsed_row, row in zip(sorted(parsed.rows, key=lambda r: str(r.path)), sorted(rows, key=lambda r: r["image"])):
+        assert np.allclose(np.float32(parsed_row.eyes), eyes_of(row), atol=1e-3)
+
+
+def test_jpg_format_and_other_size(tmp_path):
+    drop = make_synthetic_drop(tmp_path / "d", people=2, image_size=128, image_format="jpg")
+    rows = read_manifest(drop)
+    assert all(r["image"].endswith(".jpg") for r in rows)
+    assert (drop / rows[0]["image"]).read_bytes()[:2] == b"\xff\xd8"
+    assert cv2.imread(str(drop / rows[0]["image"])).shape == (128, 128, 3)
+    assert yaml.safe_load((drop / "drop.yaml").read_text())["name"] == "d"
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    ({"people": 0}, "people"),
+    ({"people": 2.5}, "people"),
+    ({"people": True}, "people"),
+    ({"people": 2, "images_per_person": 0}, "images_per_person"),
+    ({"people": 2, "image_format": "gif"}, "image_format"),
+    ({"people": 2, "seed": -1}, "seed"),
+    ({"people": 2, "image_size": 10}, "image_size"),
+    ({"people": 2, "name": ""}, "name"),
+])
+def test_bad_parameters_are_named(tmp_path, kwargs, word):
+    with pytest.raises(ConfigError, match=word):
+        make_synthetic_drop(tmp_path / "d", **kwargs)
+    assert not (tmp_path / "d").exists() or not any((tmp_path / "d").iterdir())
+
+
+def test_refuses_non_empty_dir(tmp_path):
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "x.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="drop_dir"):
+        make_synthetic_drop(tmp_path / "d", people=1)
+    assert (tmp_path / "d" / "x.txt").read_text() == "keep me"
+    make_synthetic_drop(tmp_path / "empty_ok", people=1)  # an empty existing dir is fine
+    (tmp_path / "empty2").mkdir()
+    assert (make_synthetic_drop(tmp_path / "empty2", people=1) / "_READY").exists()
+
+
+def _bytes(drop: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(drop)): p.read_bytes() for p in sorted(drop.rglob("*")) if p.is_file()
+            and p.name != "drop.yaml"}
+
+
+def test_deterministic_per_seed_and_person(tmp_path):
+    a = _bytes(make_synthetic_drop(tmp_path / "a", people=5, seed=11))
+    b = _bytes(make_synthetic_drop(tmp_path / "b", people=5, seed=11))
+    assert a == b
+    c = _bytes(make_synthetic_drop(tmp_path / "c", people=5, seed=12))
+    assert a["manifest.csv"] != c["manifest.csv"]
+    assert all(a[k] != c[k] for k in a if k.startswith("images/"))
+    # Person n is the same whatever the drop size.
+    small = _bytes(make_synthetic_drop(tmp_path / "s", people=3, seed=11))
+    for k, v in small.items():
+        if k.startswith("images/"):
+            assert a[k] == v
+    assert a["manifest.csv"].decode().splitlines()[:7] == small["manifest.csv"].decode().splitlines()
+    assert make_person(11, 4) == make_person(11, 4) and make_person(11, 4) != make_person(11, 5)
+
+
+def test_eye_points_are_on_the_pupils(drop60):
+    rows = read_manifest(drop60)
     for r in rows:
-        img = cv2.imread(str(drop / r["image"]), cv2.IMREAD_GRAYSCALE)
-        for x, y in ((r["eye_left_x"], r["eye_left_y"]), (r["eye_right_x"], r["eye_right_y"])):
-            x, y = round(float(x)), round(float(y))
-            # The pupil is the darkest thing around the eye centre.
-            patch = img[max(0, y - 12): y + 13, max(0, x - 12): x + 13]
-            assert img[y, x] <= np.percentile(patch, 20) + 10
+        grey = cv2.cvtColor(cv2.imread(str(drop60 / r["image"])), cv2.COLOR_BGR2GRAY).astype(int)
+        e = eyes_of(r)
+        d = float(np.linalg.norm(e[1] - e[0]))
+        for x, y in e:
+            yi, xi = int(round(y)), int(round(x))
+            # The pupil is ~1.5 px in radius on the smallest faces and a catch-light sits
+            # next to it, so look at the eye point's 3x3 neighbourhood.
+            pupil = grey[yi - 1: yi + 2, xi - 1: xi + 2].min()
+            assert pupil < 60, f"{r['image']}: no dark pupil pixel within 1 px of the eye point ({x:.1f},{y:.1f})"
+            # Half an eye distance above or below (forehead, cheek) is much brighter than the pupil.
+            around = [grey[int(round(y + dy * d)), int(round(x))] for dy in (-0.5, 0.5)
+                      if 0 <= round(y + dy * d) < grey.shape[0]]
+            assert around and max(around) > pupil + 25, (r["image"], around, pupil)
+            # ... and the pupil is the darkest thing around the eye point.
+            patch = grey[max(0, yi - 12): yi + 13, max(0, xi - 12): xi + 13]
+            assert pupil <= np.percentile(patch, 10), (r["image"], pupil, np.percentile(patch, 10))
 
 
-def test_bad_parameters_are_clear(tmp_path):
-    with pytest.raises(ConfigError, match="people"):
-        make_synthetic_drop(tmp_path / "x", people=0)
-    with pytest.raises(ConfigError, match="png|jpg"):
-        make_synthetic_drop(tmp_path / "y", people=2, image_format="gif")
+def test_draw_face_rejects_unknown_expression():
+    with pytest.raises(ConfigError, match="expression"):
+        draw_face(make_person(0, 1), expression="frown", rng=np.random.default_rng(0))
+
+
+def test_memory_does_not_grow_with_people(tmp_path):
+    peaks = []
+    for n in (3, 30):
+        tracemalloc.start()
+        make_synthetic_drop(tmp_path / f"m{n}", people=n, seed=1)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+    assert peaks[1] < peaks[0] * 1.3 + 200_000, peaks
+
+
+def test_labels_are_learnable_after_alignment(aligned60):
+    rows, x = aligned60
+    groups = np.array([r["subject_id"] for r in rows])
+    genders = {r["gender"] for r in rows}
+    assert genders == {"female", "male"}
+    n_male = sum(r["gender"] == "male" for r in rows[::2])
+    assert 15 <= n_male <= 45, "gender should be roughly 50/50 over 60 people"
+    for label in ("gender", "expression"):
+        y = np.array([r[label] for r in rows])
+        model = make_pipeline(PCA(n_components=50, random_state=0), LinearSVC())
+        acc = cross_val_score(model, x, y, groups=groups, cv=GroupKFold(n_splits=5)).mean()
+        assert acc >= 0.85, f"{label} accuracy {acc:.3f} < 0.85"
+
+
+def test_identity_is_recognisable(aligned60):
+    rows, x = aligned60
+    gallery, probes = x[0::2], x[1::2]
+    assert [r["subject_id"] for r in rows[0::2]] == [r["subject_id"] for r in rows[1::2]]
+    pca = PCA(n_components=50, whiten=True, random_state=0).fit(x)
+    g, p = pca.transform(gallery), pca.transform(probes)
+    g /= np.linalg.norm(g, axis=1, keepdims=True)
+    p /= np.linalg.norm(p, axis=1, keepdims=True)
+    hits = np.argmax(p @ g.T, axis=1) == np.arange(len(p))
+    assert hits.mean() >= 0.70, f"rank-1 identification {hits.mean():.3f} < 0.70"
 
 
 @pytest.mark.slow
-def test_faces_carry_identity_gender_and_expression(tmp_path):
-    drop = make_synthetic_drop(tmp_path / "d", people=60, images_per_person=2, seed=7)
-    d = read_drop(drop)
+def test_faces_carry_signal_through_the_project_aligner(drop60):
+    """The same quality bar through deid.align / deid.attacks / deid.utility (integration)."""
+    from deid.align import EyePair, FaceAligner
+    from deid.attacks import WhitenedCosineAttacker, reidentification_rate
+    from deid.drop import read_drop
+    from deid.utility import grouped_cv_accuracy
+
+    d = read_drop(drop60)
     aligner = FaceAligner()
     pix, people, gender, expr = [], [], [], []
     for r in d.rows:
         gray = cv2.imread(str(r.path), cv2.IMREAD_GRAYSCALE)
-        face = aligner.align(gray, EyePair(*r.eyes)).image
-        pix.append(face.ravel())
+        pix.append(aligner.align(gray, EyePair(*r.eyes)).image.ravel())
         people.append(r.subject_id)
         gender.append(r.labels["gender"])
         expr.append(r.labels["expression"])
-    X = np.asarray(pix)
+    x = np.asarray(pix)
     people = np.asarray(people, dtype=object)
-    assert grouped_cv_accuracy(X, gender, groups=people, repeats=3).accuracy >= 0.85
-    assert grouped_cv_accuracy(X, expr, groups=people, repeats=3).accuracy >= 0.85
-    first = np.arange(0, len(X), 2)
-    second = first + 1
-    attacker = WhitenedCosineAttacker(n_components=50).fit(X[first], people=people[first])
-    rate = reidentification_rate(attacker.similarity(X[second]), people[second], people[first])
+    assert grouped_cv_accuracy(x, gender, groups=people, repeats=3).accuracy >= 0.85
+    assert grouped_cv_accuracy(x, expr, groups=people, repeats=3).accuracy >= 0.85
+    first = np.arange(0, len(x), 2)
+    attacker = WhitenedCosineAttacker(n_components=50).fit(x[first], people=people[first])
+    rate = reidentification_rate(attacker.similarity(x[first + 1]), people[first + 1], people[first])
     assert rate >= 0.7
