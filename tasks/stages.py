@@ -27,15 +27,15 @@ from deid import gate as gate_mod
 from deid import stages
 from deid.drop import read_drop
 from deid.errors import Quarantined
+from deid.html_report import sample_release_images, write_report_bundle
 from deid.ingest import ingest, write_quarantine
+from deid.leaks import release_files_metadata
+from deid.linkage import build_linkage, ensure_linkage_key, linkage_path, sources_from_ingested, write_linkage
+from deid.methods import parrot_for
 from deid.partition import plan_partitions
 from deid.publish import RELEASE_TABLE, commit_release, discard, stage_release
-from deid.html_report import sample_release_images, write_report_bundle
-from deid.linkage import build_linkage, ensure_linkage_key, linkage_path, sources_from_ingested, write_linkage
 from deid.report import dataset_fingerprint, hash_tree
 from deid.settings import Settings
-from deid.leaks import release_files_metadata
-from deid.methods import parrot_for
 from deid.signing import ensure_signing_key
 from deid.validation import (
     drop_checks,
@@ -47,6 +47,7 @@ from deid.validation import (
     validate_manifest,
     validate_release,
 )
+from schemas.arrow import RELEASE_BASE_COLUMNS
 from tasks.cluster import client_for
 
 TASK = dict(cache_policy=NO_CACHE)
@@ -212,8 +213,6 @@ def run_gate(ingested: str, aligned_parts: list[str], deid_parts: list[str], *, 
         rel_ids = released.column("record_id").to_pylist()
         rel_people = released.column("subject_id").to_pylist()
         rel_clusters = released.column("cluster").to_pylist()
-    from schemas.arrow import RELEASE_BASE_COLUMNS
-
     checks, min_people = gate_mod.structural_checks(
         k=k, cluster_ids=rel_clusters, people=rel_people, release_columns=[*RELEASE_BASE_COLUMNS, *labels],
         labels=labels, records_in=counts["in"], released=len(rel_ids), suppressed=counts["suppressed"],
@@ -228,7 +227,8 @@ def run_gate(ingested: str, aligned_parts: list[str], deid_parts: list[str], *, 
         orig = pa.concat_tables([pq.read_table(p, columns=["record_id", "pixels"]) for p in aligned_parts])
         orig = orig.filter(pa.compute.is_in(orig.column("record_id"), value_set=pa.array(rel_ids)))
         orig = orig.join(meta, "record_id", join_type="inner").sort_by("record_id")
-        assert orig.column("record_id").to_pylist() == rel_ids
+        if orig.column("record_id").to_pylist() != rel_ids:
+            raise RuntimeError("gate: the aligned originals do not match the released records one to one")
         o_pix = np.frombuffer(b"".join(orig.column("pixels").to_pylist()), np.uint8).reshape(orig.num_rows, -1)
         o_people = np.asarray(rel_people, dtype=object)
         shape = (int(shape_hw[0]), int(shape_hw[1]))
@@ -391,6 +391,3 @@ def quarantine_summary(quarantined: list[dict], staging: str) -> dict:
 def now_iso() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
-
-def dump(obj) -> str:
-    return json.dumps(obj, indent=2, default=str)

@@ -164,7 +164,6 @@ def load_london():
 def test_london_ksame_select_meets_one_over_k():
     from sklearn.decomposition import PCA
 
-    from deid.ksame import KSameSelect
     from deid.utility import grouped_cv_accuracy
 
     faces, people, gender, expr = load_london()
