@@ -138,3 +138,42 @@ def test_partitions_suppress_merge_fail():
     for p in (plan, merged, whole):
         flat = sorted([i for idx in p.groups.values() for i in idx] + p.suppressed)
         assert flat == list(range(13))
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    layout=st.lists(st.tuples(st.integers(1, 4), st.sampled_from("fm"), st.sampled_from("ns")), min_size=1,
+                    max_size=40),
+    k=st.integers(2, 5),
+    policy=st.sampled_from(["suppress", "merge"]),
+    seed=st.integers(0, 2**16),
+)
+def test_partition_then_ksame_covers_every_input_once(layout, k, policy, seed):
+    """Property: after partitioning and k-Same, every input is in exactly one cluster or suppressed,
+    and every cluster holds >= k images of >= k distinct people (many images per person allowed)."""
+    from deid.ksame import KSame
+
+    people, labels = [], []
+    for person, (n_images, gender, expression) in enumerate(layout):
+        for i in range(n_images):
+            people.append(f"p{person}")
+            # A person keeps their gender; expression varies between their images.
+            labels.append({"g": gender, "e": expression if i % 2 == 0 else ("s" if expression == "n" else "n")})
+    plan = plan_partitions(labels, people, k=k, label_names=["g", "e"], policy=policy)
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(len(people), 5))
+    images = rng.integers(0, 255, size=(len(people), 12))
+    seen = list(plan.suppressed)
+    for idx in plan.groups.values():
+        idx = np.asarray(idx)
+        model = KSame(k).fit(X[idx], people=[people[i] for i in idx], images=images[idx])
+        for c in range(model.n_clusters_):
+            members = idx[model.labels_ == c]
+            assert len(members) >= k
+            assert len({people[i] for i in members}) >= k
+        seen.extend(idx.tolist())
+    assert sorted(seen) == list(range(len(people)))
