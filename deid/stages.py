@@ -95,9 +95,28 @@ def read_pixels(paths: list[str], columns=("record_id", "pixels")) -> tuple[list
 
 
 def fit_eigenfaces(aligned_paths: list[str], n_components: int, seed: int = 0) -> Eigenfaces:
-    """Fit the eigenface model on the aligned set (a seeded subset on large drops)."""
-    _, X = read_pixels(aligned_paths)
-    return Eigenfaces(n_components, random_state=seed).fit(X)
+    """Fit the eigenface model on the aligned set (a seeded subset on large drops).
+
+    Only the subset Eigenfaces would draw is loaded (the same seeded choice), so memory stays
+    bounded by ``max_fit_samples`` faces instead of the whole drop.
+    """
+    model = Eigenfaces(n_components, random_state=seed)
+    counts = [pq.ParquetFile(p).metadata.num_rows for p in aligned_paths]
+    total = sum(counts)
+    if total <= model.max_fit_samples:
+        _, X = read_pixels(aligned_paths)
+        return model.fit(X)
+    rng = np.random.default_rng(seed)
+    chosen = np.sort(rng.choice(total, model.max_fit_samples, replace=False))
+    rows, start = [], 0
+    for path, n in zip(aligned_paths, counts):
+        local = chosen[(chosen >= start) & (chosen < start + n)] - start
+        if len(local):
+            pix = pq.read_table(path, columns=["pixels"]).column("pixels").take(pa.array(local)).to_pylist()
+            rows.extend(pix)
+        start += n
+    X = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), -1)
+    return model.fit(X)
 
 
 def project_part(aligned_path: str, model: Eigenfaces, out_path: str) -> int:
