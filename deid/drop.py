@@ -170,11 +170,8 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
         labels = meta.get("labels")
         if isinstance(labels, str):
             labels = [s.strip() for s in labels.split(",") if s.strip()]
-    if not labels:
-        raise DropError(
-            f"{root}: no utility labels declared; pass --labels gender,expression or add 'labels: [..]' to {DROP_YAML}"
-        )
-    labels = [str(x) for x in labels]
+    # No labels is a normal drop: k-Same runs without partitions and utility is not applicable.
+    labels = [str(x) for x in labels or []]
     bad = [x for x in labels if x in RESERVED_COLUMNS]
     if bad:
         raise DropError(f"labels {bad} are reserved manifest columns; utility labels must be other columns")

@@ -1,44 +1,122 @@
-"""The release gate: structural k checks, a re-identification attack and utility checks.
+"""The release gate: exact k checks, bounded re-identification attacks, leak and utility checks.
 
-A release passes only if every check passes; the result lists every check with its value and
-threshold so the signed report says exactly why a run was released or rejected.
+One entry point, :func:`evaluate`, takes typed inputs (:class:`GateInputs`,
+:class:`GateConfig`) and returns a :class:`GateResult`; the Prefect task only loads the
+arrays and adapts. Every check has a status (``pass``, ``fail``, ``inconclusive``,
+``not_applicable``) besides ``passed`` (does it block the release?) and, where it is an
+empirical rate, its interval and sample size.
+
+Privacy is decided exactly where it can be. When every member of every cluster received the
+identical image (the k-Same family), no recogniser can do better than naming, for each
+released image, the person who holds the largest share of its cluster: the exact bound is
+``max_person_share`` (max over clusters of that share), checked against 1/k in O(N). The
+empirical attacks still run, each rate with a one-sided Clopper-Pearson interval
+(Bonferroni over all attacker x mode pairs); for such releases a rate fails only if its
+*lower* bound exceeds 1/k (a correct release sits at 1/k against a strong attacker), for
+every other method its *upper* bound must stay <= 1/k.
 """
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Hashable, Literal, Sequence
 
 import numpy as np
+from scipy.stats import beta
 
-from deid.attacks import MODES, attack_all
+from deid.attacks import ATTACKERS, MODES, attack_all, unique_rows
+from deid.checks import STATUSES, Check, Status  # noqa: F401 (re-exported)
 from deid.errors import ConfigError
-from deid.leaks import near_copy_check
-from deid.utility import PROTOCOLS, utility_protocols
+from deid.leaks import nearest_original_distance
+from deid.validation import quarantine_fraction_check
 from schemas.arrow import FORBIDDEN_RELEASE_COLUMNS, RELEASE_BASE_COLUMNS
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class Check:
-    name: str
-    passed: bool
-    value: object
-    threshold: object
-    detail: str = ""
 
-    def to_dict(self) -> dict:
-        return {"name": self.name, "passed": bool(self.passed), "value": self.value,
-                "threshold": self.threshold, "detail": self.detail}
+@dataclass(frozen=True)
+class GateConfig:
+    """How strict the gate is; one value per run, from :class:`deid.settings.Settings`."""
+
+    k: int
+    method: str
+    labels: tuple[str, ...] = ()
+    tolerance: float = 0.05
+    confidence: float = 0.95
+    max_quarantine_fraction: float = 0.05
+    leak_threshold: float = 2.0
+    closeness_ratio: float = 0.3
+    attack_sample: int = 2000
+    attackers: tuple[str, ...] | None = None
+    modes: tuple[str, ...] = MODES
+    utility_protocol: str = "cv"
+    utility_inconclusive: Literal["release", "reject"] = "release"
+    folds: int = 5
+    repeats: int = 10
+    n_components: int = 50
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 2:
+            raise ConfigError(f"k={self.k!r} must be an integer >= 2; k is the minimum number of people per cluster")
+        if not 0.5 < self.confidence < 1:
+            raise ConfigError(f"confidence={self.confidence!r} must be in (0.5, 1); e.g. 0.95")
+        if self.attack_sample < 10:
+            raise ConfigError(f"attack_sample={self.attack_sample!r} must be >= 10 records; e.g. 2000")
+        if self.utility_inconclusive not in ("release", "reject"):
+            raise ConfigError(f"utility_inconclusive={self.utility_inconclusive!r} must be 'release' or 'reject'")
+        if not 0 < self.closeness_ratio < 1:
+            raise ConfigError(f"closeness_ratio={self.closeness_ratio!r} must be in (0, 1); e.g. 0.3")
 
 
-@dataclass
+@dataclass(frozen=True)
+class GateInputs:
+    """The would-be release and the originals it came from, one row per released record.
+
+    ``released[i]`` is the de-identified face of the record whose aligned original is
+    ``originals[i]``; ``people[i]`` is its person (after id normalisation and merging of
+    records recognised as the same person), ``clusters[i]`` its cluster (None for methods
+    without clusters), ``partitions[i]`` its label partition. ``deidentify(images, people=...,
+    partitions=...)`` re-runs the run's method with its k on other faces: the parrot attacker
+    applies it to its gallery, and the utility protocol to the training people.
+    """
+
+    shape: tuple[int, int]
+    people: np.ndarray
+    released: np.ndarray
+    originals: np.ndarray
+    clusters: np.ndarray | None = None
+    partitions: np.ndarray | None = None
+    labels: dict[str, np.ndarray] = field(default_factory=dict)
+    records_in: int = 0
+    suppressed: int = 0
+    quarantined: int = 0
+    partition_failed: bool = False
+    partition_detail: str = ""
+    release_columns: tuple[str, ...] = ()
+    file_metadata: dict[str, list[str]] = field(default_factory=dict)
+    extra_checks: tuple[Check, ...] = ()
+    deidentify: Callable[..., np.ndarray] | None = None
+
+    @property
+    def n(self) -> int:
+        return int(len(self.people))
+
+
+@dataclass(frozen=True)
 class GateResult:
-    checks: list[Check] = field(default_factory=list)
-    reidentification: list[dict] = field(default_factory=list)
-    utility: list[dict] = field(default_factory=list)
+    """Every check, the attack rates with their intervals, and the utility evidence."""
+
+    checks: tuple[Check, ...]
+    reidentification: tuple[dict, ...] = ()
+    utility: tuple[dict, ...] = ()
     max_rate: float | None = None
     min_people: int | None = None
+    max_person_share: float | None = None
+    exact_bound: bool = False
+    attack_sample: dict | None = None
 
     @property
     def passed(self) -> bool:
@@ -49,111 +127,346 @@ class GateResult:
         return [f"{c.name}: {c.detail or f'value {c.value} vs threshold {c.threshold}'}"
                 for c in self.checks if not c.passed]
 
+    @property
+    def warnings(self) -> list[str]:
+        return [f"{c.name}: {c.detail}" for c in self.checks if c.passed and c.status == "inconclusive"]
 
-def structural_checks(*, k: int, cluster_ids: list[str], people: list[str], release_columns: list[str],
-                      labels: list[str], records_in: int, released: int, suppressed: int, quarantined: int,
-                      partition_failed: bool = False, partition_detail: str = "") -> tuple[list[Check], int | None]:
-    """Checks that need no model: cluster sizes, people per cluster, columns, record accounting."""
-    checks: list[Check] = []
-    sizes: dict[str, int] = {}
-    members: dict[str, set] = {}
-    for c, p in zip(cluster_ids, people):
-        sizes[c] = sizes.get(c, 0) + 1
-        members.setdefault(c, set()).add(p)
-    min_size = min(sizes.values()) if sizes else None
-    min_people = min(len(m) for m in members.values()) if members else None
-    checks.append(Check("release_not_empty", released > 0, released, ">= 1",
-                        "" if released > 0 else "no record could be released"))
-    checks.append(Check("min_cluster_size", min_size is not None and min_size >= k, min_size, k,
-                        f"{len(sizes)} clusters; smallest has {min_size} images"))
-    checks.append(Check("min_distinct_people_per_cluster", min_people is not None and min_people >= k,
-                        min_people, k, f"smallest number of distinct people in a cluster: {min_people}"))
-    allowed = set(RELEASE_BASE_COLUMNS) | set(labels)
-    bad = sorted(set(release_columns) - allowed)
-    forbidden = sorted(set(release_columns) & set(FORBIDDEN_RELEASE_COLUMNS))
+
+# --------------------------------------------------------------------------- statistics
+
+
+def clopper_pearson(successes: float, n: int, *, confidence: float = 0.95) -> tuple[float, float]:
+    """One-sided exact binomial bounds: (lower, upper), each holding with ``confidence``.
+
+    Fractional successes (tie credit) are rounded outwards: down for the lower bound, up for
+    the upper, so the interval stays conservative on both sides.
+
+    References
+    ----------
+    C. J. Clopper, E. S. Pearson. The use of confidence or fiducial limits illustrated in the
+    case of the binomial. Biometrika 26(4):404-413, 1934.
+    """
+    if n <= 0:
+        return 0.0, 1.0
+    alpha = 1.0 - confidence
+    lo_x = max(0, min(n, math.floor(successes + 1e-9)))
+    hi_x = max(0, min(n, math.ceil(successes - 1e-9)))
+    lower = 0.0 if lo_x == 0 else float(beta.ppf(alpha, lo_x, n - lo_x + 1))
+    upper = 1.0 if hi_x == n else float(beta.ppf(1 - alpha, hi_x + 1, n - hi_x))
+    return lower, upper
+
+
+# --------------------------------------------------------------------------- structure
+
+
+def cluster_shares(clusters: Sequence[Hashable], people: Sequence[Hashable]) -> tuple[dict, dict, dict]:
+    """Per cluster: its size, its number of distinct people and its largest one-person share."""
+    c_codes, c_keys = _codes(clusters)
+    p_codes, _ = _codes(people)
+    sizes = np.bincount(c_codes, minlength=len(c_keys))
+    pairs, counts = np.unique(np.stack([c_codes, p_codes]), axis=1, return_counts=True)
+    distinct = np.bincount(pairs[0], minlength=len(c_keys))
+    top = np.zeros(len(c_keys), dtype=np.int64)
+    np.maximum.at(top, pairs[0], counts)
+    return ({c_keys[i]: int(sizes[i]) for i in range(len(c_keys))},
+            {c_keys[i]: int(distinct[i]) for i in range(len(c_keys))},
+            {c_keys[i]: float(top[i] / sizes[i]) for i in range(len(c_keys))})
+
+
+def _codes(values: Sequence[Hashable]) -> tuple[np.ndarray, list]:
+    index: dict = {}
+    codes = np.fromiter((index.setdefault(v, len(index)) for v in values), dtype=np.int64, count=len(values))
+    return codes, list(index)
+
+
+def identical_within_clusters(released: np.ndarray, clusters: Sequence[Hashable]) -> bool:
+    """True when every cluster's released rows are bit-identical (the k-Same structure)."""
+    if clusters is None or len(released) == 0:
+        return False
+    _, index = unique_rows(released)
+    c_codes, _ = _codes(list(clusters))
+    # Each cluster must map to exactly one distinct image.
+    pairs = np.unique(np.stack([c_codes, index]), axis=1)
+    return bool(len(pairs[0]) == len(np.unique(c_codes)))
+
+
+def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check], int | None, float | None, bool]:
+    """Checks that need no model: cluster sizes, people and person shares per cluster, columns, accounting."""
+    k = config.k
+    n = inputs.n
+    checks = [Check("release_not_empty", n > 0, n, ">= 1", "" if n > 0 else "no record could be released")]
+    min_people = share = None
+    exact = False
+    if n and inputs.clusters is not None:
+        sizes, distinct, shares = cluster_shares(list(inputs.clusters), list(inputs.people))
+        min_size, min_people, share = min(sizes.values()), min(distinct.values()), max(shares.values())
+        exact = identical_within_clusters(inputs.released, list(inputs.clusters))
+        checks.append(Check("min_cluster_size", min_size >= k, min_size, f">= {k}",
+                            f"{len(sizes)} clusters; smallest has {min_size} images"))
+        checks.append(Check("min_distinct_people_per_cluster", min_people >= k, min_people, f">= {k}",
+                            f"smallest number of distinct people in a cluster: {min_people}"))
+        worst = max(shares, key=shares.get)
+        checks.append(Check(
+            "max_person_share", share <= 1.0 / k + 1e-12, round(share, 6), f"<= {1.0 / k:.4f}",
+            f"largest share of one person's images in a cluster: {share:.3f} (cluster of {sizes[worst]} images, "
+            f"{distinct[worst]} people); " + ("every cluster's members received the identical image, so this is "
+                                               "the exact bound on any recogniser's success"
+                                               if exact else "clusters are not identical copies: the empirical "
+                                               "attacks decide")))
+    elif n:
+        checks.append(Check("min_cluster_size", False, None, f">= {k}",
+                            f"method {config.method} forms no clusters; nothing structural guarantees 1/k",
+                            status="fail"))
+    columns = inputs.release_columns or (*RELEASE_BASE_COLUMNS, *config.labels)
+    allowed = set(RELEASE_BASE_COLUMNS) | set(config.labels)
+    bad = sorted(set(columns) - allowed)
+    forbidden = sorted(set(columns) & set(FORBIDDEN_RELEASE_COLUMNS))
     checks.append(Check("no_forbidden_columns", not bad and not forbidden, bad or forbidden or [],
-                        sorted(allowed), "release columns: " + ", ".join(release_columns)))
-    total = released + suppressed + quarantined
-    checks.append(Check("records_accounted", total == records_in, total, records_in,
-                        f"released {released} + suppressed {suppressed} + quarantined {quarantined} "
-                        f"= {total} of {records_in} in"))
-    if partition_failed:
+                        sorted(allowed), "release columns: " + ", ".join(columns)))
+    total = n + inputs.suppressed + inputs.quarantined
+    checks.append(Check("records_accounted", total == inputs.records_in, total, inputs.records_in,
+                        f"released {n} + suppressed {inputs.suppressed} + quarantined {inputs.quarantined} "
+                        f"= {total} of {inputs.records_in} in"))
+    if inputs.partition_failed:
         checks.append(Check("small_partitions", False, "fail", "every partition >= k people",
-                            partition_detail or "a label partition has fewer than k distinct people"))
-    return checks, min_people
+                            inputs.partition_detail or "a label partition has fewer than k distinct people"))
+    checks.append(quarantine_fraction_check(inputs.records_in, inputs.quarantined, config.max_quarantine_fraction))
+    return checks, min_people, share, exact
 
 
-def privacy_checks(*, k: int, originals: np.ndarray, original_people: np.ndarray,
-                   released: np.ndarray, released_people: np.ndarray, shape: tuple[int, int],
-                   parrot=None, modes=MODES, attackers=None) -> tuple[list[Check], list[dict], float | None]:
-    """Re-identification by every attacker in every mode, over all released records; max must be <= 1/k.
+def closeness_check(inputs: GateInputs, config: GateConfig) -> Check:
+    """No cluster's image is much closer to one member's face than clusters normally are.
 
-    Attackers (:data:`deid.attacks.ATTACKERS`): PCA with Mahalanobis distance (Gross et al.
-    2005), PCA whitened cosine (Gross et al. 2009), Fisherfaces, LBP chi-square, and PCA re-fitted
-    on the release. Modes (Newton et al. 2005; Gross et al. 2009): naive (released probes vs
-    originals), reverse (originals vs released gallery) and parrot (the attacker applies the same
-    de-identification to its gallery). A match counts when it is the right person (any of that
-    person's images), ties credited fractionally.
+    A cluster made of one person's photographs under several subject ids averages away the
+    noise and releases that person's face; its image then sits far closer to one member's
+    original than a real average of k different people does. Each cluster's distance to its
+    closest member (mean absolute grey difference) is compared with the median over
+    clusters of the mean member distance.
     """
-    if len(released) == 0:
-        return [Check("reidentification_rate", False, None, 1.0 / k, "nothing released to attack")], [], None
-    modes = tuple(m for m in modes if m != "parrot" or parrot is not None)
-    rates = attack_all(originals=originals, original_people=original_people, released=released,
-                       released_people=released_people, shape=shape, modes=modes, parrot=parrot,
-                       attackers=attackers)
-    max_rate = max(r["rate"] for r in rates)
+    name = "cluster_not_close_to_one_member"
+    if inputs.clusters is None or inputs.n == 0:
+        return Check(name, True, None, None, "not applicable: no clusters", status="not_applicable")
+    c_codes, keys = _codes(list(inputs.clusters))
+    if len(keys) < 5:
+        return Check(name, True, None, None, f"not applicable: {len(keys)} clusters are too few for a typical "
+                     "distance (needs 5)", status="not_applicable")
+    d = np.empty(inputs.n, dtype=np.float64)
+    for s in range(0, inputs.n, 4096):
+        d[s:s + 4096] = np.abs(inputs.released[s:s + 4096].astype(np.int16)
+                               - inputs.originals[s:s + 4096].astype(np.int16)).mean(axis=1)
+    closest = np.full(len(keys), np.inf)
+    np.minimum.at(closest, c_codes, d)
+    mean = np.bincount(c_codes, weights=d, minlength=len(keys)) / np.bincount(c_codes, minlength=len(keys))
+    typical = float(np.median(mean))
+    limit = config.closeness_ratio * typical
+    worst = int(np.argmin(closest))
+    bad = int(np.count_nonzero(closest < limit))
+    return Check(name, bad == 0, round(float(closest[worst]), 3), f">= {limit:.3f}",
+                 f"{bad} of {len(keys)} clusters lie within {config.closeness_ratio:g} x the typical member distance "
+                 f"({typical:.2f} grey levels) of one member; closest {closest[worst]:.2f}")
+
+
+# --------------------------------------------------------------------------- attacks
+
+
+def attack_sample(inputs: GateInputs, *, max_records: int, seed: int) -> np.ndarray:
+    """Indices of the records attacked: all of them, or whole clusters (or people) at random.
+
+    Sampling whole clusters keeps every cluster's k people together, so the attacker still
+    faces the k-way ambiguity the release has; the gallery shrinks to the sample's people,
+    which only makes the attacks stronger.
+    """
+    n = inputs.n
+    if n <= max_records:
+        return np.arange(n)
+    units = inputs.clusters if inputs.clusters is not None else inputs.people
+    codes, keys = _codes(list(units))
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(keys))
+    sizes = np.bincount(codes, minlength=len(keys))
+    take = order[np.cumsum(sizes[order]) <= max_records]
+    if len(take) == 0:
+        take = order[:1]
+    return np.flatnonzero(np.isin(codes, take))
+
+
+def _parrot(deidentify: Callable[..., np.ndarray], people: np.ndarray, partitions: np.ndarray | None
+            ) -> Callable[[np.ndarray], np.ndarray]:
+    """The parrot attacker de-identifies its own gallery of originals the way the release was made."""
+    return lambda originals: deidentify(originals, people=people, partitions=partitions)
+
+
+def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
+                   ) -> tuple[list[Check], list[dict], float | None, dict]:
+    """Every attacker in every mode on a bounded sample, each rate with its interval."""
+    k = config.k
+    if inputs.n == 0:
+        return [Check("reidentification_rate", False, None, f"<= {1.0 / k:.4f}", "nothing released to attack")], \
+            [], None, {}
+    idx = attack_sample(inputs, max_records=config.attack_sample, seed=config.seed)
+    originals, released, people = inputs.originals[idx], inputs.released[idx], inputs.people[idx]
+    modes = tuple(m for m in config.modes if m != "parrot" or inputs.deidentify is not None)
+    parts = None if inputs.partitions is None else inputs.partitions[idx]
+    parrot = None if "parrot" not in modes else _parrot(inputs.deidentify, people, parts)
+    names = list(config.attackers) if config.attackers is not None else list(ATTACKERS)
+    rows: list[dict] = []
+    for name in names:
+        # An attacker may cap how many records it can afford (the deep recogniser embeds each face).
+        cap = getattr(ATTACKERS[name], "max_records", None)
+        sub = np.arange(len(idx))
+        if cap is not None and len(idx) > cap:
+            sub_inputs = replace(inputs, people=people, released=released, originals=originals,
+                                 clusters=None if inputs.clusters is None else inputs.clusters[idx])
+            sub = attack_sample(sub_inputs, max_records=cap, seed=config.seed + 1)
+        p_sub = parrot
+        if parrot is not None and len(sub) < len(idx):
+            p_sub = _parrot(inputs.deidentify, people[sub], None if parts is None else parts[sub])
+        for r in attack_all(originals=originals[sub], original_people=people[sub], released=released[sub],
+                            released_people=people[sub], shape=inputs.shape, modes=modes, parrot=p_sub,
+                            attackers=[name]):
+            r["records"] = int(len(sub))
+            rows.append(r)
+    m = len(rows)
+    # Bonferroni: the family of m one-sided tests keeps the stated confidence overall.
+    level = 1.0 - (1.0 - config.confidence) / m
     bound = 1.0 / k
-    worst = max(rates, key=lambda r: r["rate"])
-    detail = (f"max over {len(rates)} attacker x mode pairs: {worst['attacker']}/{worst['mode']} "
-              f"{worst['rate']:.4f}")
-    # A tiny epsilon absorbs float rounding at exactly 1/k (e.g. every cluster of exactly k).
-    return [Check("reidentification_rate", max_rate <= bound + 1e-12, round(max_rate, 6), round(bound, 6),
-                  detail)], rates, max_rate
+    failing = []
+    for r in rows:
+        lo, hi = clopper_pearson(r["rate"] * r["n_probes"], r["n_probes"], confidence=level)
+        r["lower"], r["upper"] = round(lo, 6), round(hi, 6)
+        r["rate"] = round(r["rate"], 6)
+        r.pop("credit", None)
+        if (lo > bound + 1e-12) if exact else (hi > bound + 1e-12):
+            failing.append(r)
+    worst = max(rows, key=lambda r: r["rate"])
+    max_rate = worst["rate"]
+    rule = ("fails only if a lower bound exceeds 1/k (the exact bound max_person_share decides)" if exact
+            else "every upper bound must be <= 1/k (no exact bound: clusters are not identical copies)")
+    detail = (f"max over {m} attacker x mode pairs: {worst['attacker']}/{worst['mode']} {worst['rate']:.3f} "
+              f"[{worst['lower']:.3f}, {worst['upper']:.3f}] on {worst['n_probes']} distinct probes; "
+              f"one-sided {config.confidence:.0%} Clopper-Pearson, Bonferroni over {m}; {rule}")
+    if failing:
+        f0 = max(failing, key=lambda r: r["upper"])
+        detail += (f"; {len(failing)} failing, e.g. {f0['attacker']}/{f0['mode']} {f0['rate']:.3f} "
+                   f"[{f0['lower']:.3f}, {f0['upper']:.3f}]")
+    sample = {"records": int(len(idx)), "of": inputs.n, "seed": config.seed,
+              "unit": "cluster" if inputs.clusters is not None else "person", "confidence": config.confidence,
+              "bonferroni_over": m}
+    check = Check("reidentification_rate", not failing, max_rate, f"<= {bound:.4f}", detail,
+                  interval=(worst["lower"], worst["upper"]), n=worst["n_probes"])
+    return [check], rows, max_rate, sample
 
 
-def utility_checks(*, labels: list[str], originals: np.ndarray, original_labels: dict[str, np.ndarray],
-                   original_people: np.ndarray, released: np.ndarray, released_labels: dict[str, np.ndarray],
-                   released_people: np.ndarray, released_groups: np.ndarray, tolerance: float,
-                   protocol: str = "cv", folds: int = 5, repeats: int = 10,
-                   seed: int = 0) -> tuple[list[Check], list[dict]]:
-    """Linear-SVM utility per label under every protocol; the gate holds ``protocol`` to the tolerance.
+def leak_checks(inputs: GateInputs, config: GateConfig) -> list[Check]:
+    """No released face is (nearly) a copy of an original; no released file carries metadata."""
+    threshold = config.leak_threshold
+    checks = []
+    if inputs.n:
+        # Every record against its own original (O(N)); all pairs on the bounded sample.
+        own = np.empty(inputs.n)
+        for s in range(0, inputs.n, 4096):
+            own[s:s + 4096] = np.abs(inputs.released[s:s + 4096].astype(np.int16)
+                                     - inputs.originals[s:s + 4096].astype(np.int16)).mean(axis=1)
+        idx = attack_sample(inputs, max_records=config.attack_sample, seed=config.seed)
+        distinct, _ = unique_rows(inputs.released[idx])
+        cross, _ = nearest_original_distance(distinct, inputs.originals[idx], threshold=threshold)
+        low = float(min(own.min(), cross.min()))
+        n_ident = int(np.count_nonzero(own == 0) + np.count_nonzero(cross == 0))
+        n_below = int(np.count_nonzero(own < threshold) + np.count_nonzero(cross < threshold))
+        checks.append(Check("no_near_copies", low >= threshold, round(low, 4), f">= {threshold}",
+                            f"{n_ident} identical and {n_below} within {threshold} grey levels (mean absolute "
+                            f"difference) of an original aligned face; every record vs its own original, and "
+                            f"{len(distinct)} distinct released images vs {len(idx)} originals"))
+    bad_files = sorted(inputs.file_metadata)
+    checks.append(Check("no_source_metadata", not bad_files, len(bad_files), 0,
+                        "clean" if not bad_files else f"{bad_files[:5]} carry {inputs.file_metadata[bad_files[0]]}"))
+    return checks
 
-    Protocol "cv" (Gross et al. 2005 §5.4): grouped 5-fold CV on the release (folds by cluster)
-    against the same on the originals (folds by person); "train-original-test-release"
-    (Moriarty et al.); "train-release-test-heldout" (what a data consumer does).
+
+# --------------------------------------------------------------------------- the gate
+
+
+def evaluate(inputs: GateInputs, config: GateConfig) -> GateResult:
+    """Run every check on the would-be release; the release passes only if none blocks.
+
+    Parameters
+    ----------
+    inputs : GateInputs
+        The released records with their originals, people, clusters and labels.
+    config : GateConfig
+        k, method, bounds and sample sizes.
+
+    Returns
+    -------
+    GateResult
+
+    References
+    ----------
+    E. Newton, L. Sweeney, B. Malin. Preserving privacy by de-identifying face images. IEEE
+    TKDE 17(2):232-243, 2005. R. Gross, E. Airoldi, B. Malin, L. Sweeney. Integrating utility
+    into face de-identification. PET 2005, LNCS 3856, 227-242.
     """
-    if protocol not in PROTOCOLS:
-        raise ConfigError(f"utility_protocol={protocol!r} must be one of {sorted(PROTOCOLS)}")
-    rows = utility_protocols(labels=labels, originals=originals, original_labels=original_labels,
-                             original_people=original_people, released=released, released_labels=released_labels,
-                             released_people=released_people, released_groups=released_groups,
-                             folds=folds, repeats=repeats, seed=seed)
+    checks, min_people, share, exact = structural_checks(inputs, config)
+    checks.extend(inputs.extra_checks)
+    reid: list[dict] = []
+    util: list[dict] = []
+    max_rate = None
+    sample = None
+    if inputs.n:
+        checks.append(closeness_check(inputs, config))
+        p_checks, reid, max_rate, sample = privacy_checks(inputs, config, exact=exact)
+        checks.extend(p_checks)
+        log.info("gate: max re-identification rate %.4f over %d attacker x mode pairs (bound %.4f)",
+                 max_rate, len(reid), 1 / config.k)
+        checks.extend(leak_checks(inputs, config))
+        u_checks, util = utility_checks(inputs, config)
+        checks.extend(u_checks)
+    result = GateResult(checks=tuple(checks), reidentification=tuple(reid), utility=tuple(util),
+                        max_rate=max_rate, min_people=min_people, max_person_share=share, exact_bound=exact,
+                        attack_sample=sample)
+    log.info("gate: %s%s", "passed" if result.passed else "failed",
+             "" if result.passed else " - " + "; ".join(result.reasons))
+    return result
+
+
+def utility_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check], list[dict]]:
+    """Utility per label: the gate's protocol decides, the other protocols are extra evidence."""
+    from deid.utility import PROTOCOLS, utility_protocols  # noqa: PLC0415 (sklearn import cost)
+
+    if not config.labels:
+        return [Check("utility", True, None, None, "not applicable: the drop declares no utility labels",
+                      status="not_applicable")], []
+    if config.utility_protocol not in PROTOCOLS:
+        raise ConfigError(f"utility_protocol={config.utility_protocol!r} must be one of {sorted(PROTOCOLS)}")
+    rows = utility_protocols(labels=list(config.labels), originals=inputs.originals, original_labels=inputs.labels,
+                             original_people=inputs.people, released=inputs.released, released_labels=inputs.labels,
+                             released_people=inputs.people,
+                             released_groups=inputs.clusters if inputs.clusters is not None else None,
+                             folds=config.folds, repeats=config.repeats, seed=config.seed)
     checks = []
     for row in rows:
-        row["tolerance"] = tolerance
-        if row["protocol"] != protocol:
+        row["tolerance"] = config.tolerance
+        if row["protocol"] != config.utility_protocol:
             continue
         label, orig, rel = row["label"], row["original_accuracy"], row["deidentified_accuracy"]
         if orig is None:
-            # A label the originals cannot predict (one class) gives nothing to preserve.
-            checks.append(Check(f"utility_{label}", True, rel, None, f"not evaluated: {row['detail']}"))
+            checks.append(utility_status_check(f"utility_{label}", status="not_applicable", value=rel, threshold=None,
+                                               detail=f"not applicable: {row['detail']}",
+                                               inconclusive=config.utility_inconclusive))
             continue
-        threshold = orig - tolerance
+        threshold = orig - config.tolerance
         ok = rel is not None and rel >= threshold - 1e-12
-        checks.append(Check(f"utility_{label}", ok, None if rel is None else round(rel, 4), round(threshold, 4),
-                            f"protocol {protocol}: release {rel} vs originals {orig:.4f} - tolerance {tolerance}"))
+        checks.append(utility_status_check(
+            f"utility_{label}", status="pass" if ok else "fail", value=None if rel is None else round(rel, 4),
+            threshold=f">= {threshold:.4f}", inconclusive=config.utility_inconclusive,
+            detail=f"protocol {config.utility_protocol}: release {rel} vs originals {orig:.4f} - tolerance "
+                   f"{config.tolerance}"))
     return checks, rows
 
 
-def leak_checks(*, released: np.ndarray, originals: np.ndarray, threshold: float,
-                file_metadata: dict[str, list[str]]) -> list[Check]:
-    """No released face is (nearly) a copy of an original; no released file carries metadata."""
-    near = near_copy_check(released, originals, threshold=threshold)
-    bad_files = sorted(file_metadata)
-    return [
-        Check("no_near_copies", bool(near["passed"]), near["min_distance"], threshold,
-              f"{near['identical']} identical and {near['below_threshold']} within {threshold} grey levels "
-              "(mean absolute difference) of an original aligned face"),
-        Check("no_source_metadata", not bad_files, len(bad_files), 0,
-              "clean" if not bad_files else f"{bad_files[:5]} carry {file_metadata[bad_files[0]]}"),
-    ]
+def utility_status_check(name: str, *, status: str, value: Any, threshold: Any, detail: str,
+                         inconclusive: str, interval: tuple[float, float] | None = None,
+                         n: int | None = None) -> Check:
+    """A utility check whose blocking follows its status and the inconclusive policy."""
+    passed = status in ("pass", "not_applicable") or (status == "inconclusive" and inconclusive == "release")
+    return Check(name, passed, value, threshold, detail, status=status, interval=interval, n=n)

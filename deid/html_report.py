@@ -171,6 +171,12 @@ def _reid_chart(reid: list[dict[str, Any]], bound: float) -> bytes | None:
     return _figure_png(fig)
 
 
+def _interval(iv: Any, n: Any = None) -> str:
+    if not iv:
+        return ""
+    return f"[{iv[0]:.3f}, {iv[1]:.3f}]" + (f" n={n}" if n is not None else "")
+
+
 def _utility_label(u: Mapping[str, Any]) -> str:
     return f"{u['label']} ({u['protocol']})" if u.get("protocol") else str(u["label"])
 
@@ -333,15 +339,21 @@ def render_report_html(
     add(f"<h1>{_e(ds.get('name', 'dataset'))}: k = {k}, {_e(r.get('method'))}</h1>")
     add(f'<div class="muted">release {_e(r.get("release_id"))} &middot; run {_e(r.get("run_id"))} '
         f"&middot; {_e(r.get('created_at'))}</div></header>")
+    if r.get("guarantee"):
+        add(f"<p class='guarantee'>{_e(r['guarantee'])}</p>")
     if r.get("reasons"):
         add('<div class="reasons"><b>Rejected because:</b><ul>'
             + "".join(f"<li>{_e(x)}</li>" for x in r["reasons"]) + "</ul></div>")
+    if r.get("warnings"):
+        add('<div class="reasons"><b>Warnings (not blocking):</b><ul>'
+            + "".join(f"<li>{_e(x)}</li>" for x in r["warnings"]) + "</ul></div>")
     add('<div class="summary">')
     for label, value in (
         ("records in", ds.get("records_in")), ("released", ds.get("records_released")),
         ("suppressed", ds.get("records_suppressed")), ("quarantined", ds.get("records_quarantined")),
         ("max re-identification", _pct(privacy.get("max_rate"))), ("bound 1/k", _pct(privacy.get("bound"))),
         ("min people per cluster", privacy.get("min_distinct_people_per_cluster")),
+        ("max person share", _pct(privacy.get("max_person_share"))),
     ):
         add(f"<div><b>{_e(value)}</b><span class='muted'>{_e(label)}</span></div>")
     add("</div>")
@@ -350,8 +362,9 @@ def render_report_html(
     add("<h2>Checks</h2>")
     checks = r.get("checks", [])
     if checks:
-        add(_table(["check", "value", "threshold", "result", "detail"], [
-            [_e(c["name"]), _e(_fmt(c.get("value"))), _e(_fmt(c.get("threshold"))),
+        add(_table(["check", "value", "interval", "threshold", "status", "result", "detail"], [
+            [_e(c["name"]), _e(_fmt(c.get("value"))), _e(_interval(c.get("interval"), c.get("n"))),
+             _e(_fmt(c.get("threshold"))), _e(str(c.get("status") or ("pass" if c["passed"] else "fail")).replace("_", " ")),
              '<span class="pass">pass</span>' if c["passed"] else '<span class="fail">FAIL</span>',
              _e(c.get("detail", ""))]
             for c in checks
@@ -366,11 +379,18 @@ def render_report_html(
     chart = _reid_chart(reid, bound)
     if chart:
         add(_img(chart, "re-identification rate per attacker and mode, with the 1/k bound"))
-        add(_table(["attacker", "mode", "rate", "bound 1/k", "result"], [
-            [_e(x["attacker"]), _e(x["mode"]), _pct(x["rate"]), _pct(bound),
+        add(_table(["attacker", "mode", "rate", "interval (n distinct probes)", "bound 1/k", "point estimate"], [
+            [_e(x["attacker"]), _e(x["mode"]), _pct(x["rate"]),
+             _e(_interval((x["lower"], x["upper"]), x.get("n_probes")) if "lower" in x else ""), _pct(bound),
              '<span class="pass">&le; 1/k</span>' if x["rate"] <= bound + 1e-12 else '<span class="fail">&gt; 1/k</span>']
             for x in reid
-        ], num=(2, 3)))
+        ], num=(2, 4)))
+        sample = privacy.get("attack_sample") or {}
+        if sample:
+            add(f"<p class='muted'>Attacked {sample.get('records')} of {sample.get('of')} released records "
+                f"(whole {_e(sample.get('unit'))}s sampled, seed {_e(sample.get('seed'))}); one-sided "
+                f"{_pct(sample.get('confidence'))} Clopper-Pearson bounds, Bonferroni over "
+                f"{_e(sample.get('bonferroni_over'))} attacker x mode pairs.</p>")
     else:
         add("<p class='muted'>No re-identification attack was run.</p>")
 

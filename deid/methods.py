@@ -207,6 +207,26 @@ def parrot_for(
     return parrot
 
 
+def method_runner(method: str, *, shape: tuple[int, int], k: int | None = None, sigma: float | None = None,
+                  block: int | None = None, n_components: int = 50, seed: int = 0) -> Callable[..., np.ndarray]:
+    """``f(images, people=..., partitions=...) -> released``: the run's method, re-applied to other faces.
+
+    The gate's parrot attacker de-identifies its gallery with it, and the utility protocol
+    the training people. k-Same-Select without partitions (a drop with no labels) is k-Same.
+    """
+    _check_method(method)
+
+    def run(images: np.ndarray, *, people: Sequence[Hashable], partitions: Sequence[Hashable] | None = None
+            ) -> np.ndarray:
+        m = method
+        if m == "k-same-select" and partitions is None:
+            m = "k-same"
+        return deidentify(images, shape=shape, people=people, partitions=partitions, method=m, k=k, sigma=sigma,
+                          block=block, n_components=n_components, seed=seed)[0]
+
+    return run
+
+
 def guarantee(method: str, k: int | None = None) -> str:
     """One-line statement of what the method promises, for the report."""
     _check_method(method)

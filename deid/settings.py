@@ -40,6 +40,12 @@ class Settings(BaseSettings):
     leak_threshold: float = Field(default=2.0, ge=0, description="mean abs grey difference below which a released "
                                   "face counts as a near copy of an original")
     utility_tolerance: float = Field(default=0.05, ge=0.0, le=1.0)
+    utility_inconclusive: Literal["release", "reject"] = Field(
+        default="release", description="what an inconclusive utility check does (it never hides the privacy verdict)")
+    gate_confidence: float = Field(default=0.95, gt=0.5, lt=1.0,
+                                   description="one-sided confidence of every empirical rate's interval")
+    attack_sample: int = Field(default=2000, ge=10, le=1_000_000,
+                               description="most records attacked (whole clusters sampled at random beyond it)")
     max_quarantine_fraction: float = Field(default=0.05, ge=0.0, le=1.0,
                                            description="a drop quarantining more than this fraction fails the gate")
     cv_folds: int = Field(default=5, ge=2, le=20)

@@ -172,3 +172,45 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
         members = labels_ == c
         summary.append({"cluster": name, "size": int(members.sum()), "people": int(len(set(people[members])))})
     return {"path": out_path, "records": len(ids), "clusters": summary}
+
+
+def load_gate_arrays(ingested_path: str, aligned_paths: list[str], deid_paths: list[str], *, labels: list[str],
+                     partitions_root: str | None = None, person_of: dict[str, str] | None = None) -> dict:
+    """The would-be release joined with its aligned originals, one row per released record, by record id.
+
+    Returns plain arrays for :class:`deid.gate.GateInputs`: ``record_ids``, ``people`` (mapped
+    through ``person_of``, the record -> effective person map, when given), ``clusters``,
+    ``partitions``, ``released``, ``originals`` and ``labels`` (name -> values).
+    """
+    meta = pq.read_table(ingested_path, columns=["record_id", "subject_id", *labels])
+    if not deid_paths:
+        return {}
+    released = pa.concat_tables([pq.read_table(p) for p in deid_paths])
+    if released.num_rows == 0:
+        return {}
+    released = released.join(meta, "record_id", join_type="inner").sort_by("record_id")
+    ids = released.column("record_id").to_pylist()
+    orig = pa.concat_tables([pq.read_table(p, columns=["record_id", "pixels"]) for p in aligned_paths])
+    orig = orig.filter(pa.compute.is_in(orig.column("record_id"), value_set=pa.array(ids))).sort_by("record_id")
+    if orig.column("record_id").to_pylist() != ids:
+        raise RuntimeError("gate: the aligned originals do not match the released records one to one")
+    partition_of: dict[str, str] = {}
+    if partitions_root and Path(partitions_root).is_dir():
+        parts = ds.dataset(partitions_root, format="parquet", partitioning="hive").to_table(
+            columns=["record_id", "partition"]).to_pydict()
+        partition_of = dict(zip(parts["record_id"], parts["partition"]))
+    subjects = released.column("subject_id").to_pylist()
+    people = [person_of.get(r, s) for r, s in zip(ids, subjects)] if person_of else subjects
+
+    def pixels(table: pa.Table) -> np.ndarray:
+        return np.frombuffer(b"".join(table.column("pixels").to_pylist()), np.uint8).reshape(table.num_rows, -1)
+
+    return {
+        "record_ids": ids,
+        "people": np.asarray(people, dtype=object),
+        "clusters": np.asarray(released.column("cluster").to_pylist(), dtype=object),
+        "partitions": np.asarray([partition_of.get(r, "all") for r in ids], dtype=object),
+        "released": pixels(released),
+        "originals": pixels(orig),
+        "labels": {x: np.asarray(released.column(x).to_pylist(), dtype=object) for x in labels},
+    }

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from deid.errors import ConfigError
-from deid.gate import Check
+from deid.checks import Check
 
 log = logging.getLogger(__name__)
 

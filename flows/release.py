@@ -9,6 +9,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from deid.errors import ConfigError
+from deid.gate import GateConfig
 from deid.methods import guarantee
 from deid.publish import new_release_id
 from deid.settings import Settings
@@ -58,6 +59,11 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
         ing = t.ingest_drop(drop, str(staging), labels=labels, name=name, max_pixels=settings.max_pixels,
                             batch_size=settings.align_batch_size, workers=settings.dask_workers, k=k)
     labels = ing["labels"]
+    select = METHODS[method]["select"] and bool(labels)
+    notes: list[str] = []
+    if METHODS[method]["select"] and not labels:
+        notes.append(f"{method} without utility labels runs as k-Same (one partition); utility is not applicable")
+        logger.warning("%s", notes[-1])
     w, h = settings.canonical_size
     aligner = {"size": [w, h], "eye_left": list(settings.canonical_eyes()[0]),
                "eye_right": list(settings.canonical_eyes()[1]), "max_upsample": settings.max_upsample,
@@ -89,7 +95,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
                 feats = t.featurize(address, aligned_parts, str(staging), settings.pca_components, settings.seed or 0)
             with _timed(timings, "partition"):
                 part = t.partition(ing["ingested"], aligned_parts, feats["parts"], str(staging), labels=labels,
-                                   k=k, select=METHODS[method]["select"], policy=policy)
+                                   k=k, select=select, policy=policy)
             if part["partitions"]:
                 with _timed(timings, "deidentify"):
                     de = t.deidentify(address, part["partitions"], str(staging), k=k, method=method,
@@ -106,14 +112,17 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
                              releases_dir=releases_dir, release_id=release_id, k=k)
         validation["release"] = staged["validation"]
         extra_checks.append(t.suite_check(staged["validation"]).to_dict())
+    gate_config = GateConfig(
+        k=k, method=method, labels=tuple(labels), tolerance=settings.utility_tolerance,
+        confidence=settings.gate_confidence, max_quarantine_fraction=settings.max_quarantine_fraction,
+        leak_threshold=settings.leak_threshold, attack_sample=settings.attack_sample,
+        utility_protocol=settings.utility_protocol, utility_inconclusive=settings.utility_inconclusive,
+        folds=settings.cv_folds, repeats=settings.cv_repeats, n_components=settings.pca_components,
+        seed=settings.seed or 0)
     with _timed(timings, "gate"):
-        g = t.run_gate(ing["ingested"], aligned_parts, deid_parts, labels=labels, k=k, counts=counts,
-                       partition_failed=part["failed"], partition_detail=small_detail,
-                       tolerance=settings.utility_tolerance, folds=settings.cv_folds, repeats=settings.cv_repeats,
-                       n_components=settings.pca_components, seed=settings.seed or 0,
-                       max_quarantine_fraction=settings.max_quarantine_fraction, method=method, shape_hw=[h, w],
-                       sigma=sigma, block=block, protocol=settings.utility_protocol,
-                       leak_threshold=settings.leak_threshold, partitions_root=str(staging / "partitions"),
+        g = t.run_gate(ing["ingested"], aligned_parts, deid_parts, config=gate_config, counts=counts,
+                       partition_failed=part["failed"], partition_detail=small_detail, shape_hw=[h, w],
+                       sigma=sigma, block=block, partitions_root=str(staging / "partitions"),
                        file_metadata=staged["file_metadata"] if staged else None, extra_checks=extra_checks)
     released_dir, artifacts, linkage = None, [], None
     if g["passed"]:
@@ -128,6 +137,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
         "run_id": str(flow_run.get_id() or release_id),
         "verdict": "released" if g["passed"] else "rejected",
         "reasons": g["reasons"],
+        "warnings": g["warnings"],
         "k": k,
         "method": method,
         "guarantee": guarantee(method, k),
@@ -147,6 +157,9 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
             "bound": 1.0 / k,
             "max_rate": g["max_rate"],
             "min_distinct_people_per_cluster": g["min_people"],
+            "max_person_share": g["max_person_share"],
+            "exact_bound": g["exact_bound"],
+            "attack_sample": g["attack_sample"],
             "reidentification": g["reidentification"],
         },
         "utility": g["utility"],
@@ -155,12 +168,16 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
         "release_dir": released_dir,
         "configuration": {
             "labels": labels,
+            "notes": notes,
             "small_partitions": policy,
             "canonical_size": [w, h],
             "canonical_eyes": [list(e) for e in settings.canonical_eyes()],
             "pca_components": settings.pca_components,
             "utility_tolerance": settings.utility_tolerance,
             "utility_protocol": settings.utility_protocol,
+            "utility_inconclusive": settings.utility_inconclusive,
+            "gate_confidence": settings.gate_confidence,
+            "attack_sample": settings.attack_sample,
             "leak_threshold": settings.leak_threshold,
             **({"sigma": sigma} if method == "blur" else {}),
             **({"block": block} if method == "pixelate" else {}),

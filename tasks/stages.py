@@ -31,7 +31,7 @@ from deid.html_report import sample_release_images, write_report_bundle
 from deid.ingest import ingest, write_quarantine
 from deid.leaks import release_files_metadata
 from deid.linkage import build_linkage, ensure_linkage_key, linkage_path, sources_from_ingested, write_linkage
-from deid.methods import parrot_for
+from deid.methods import method_runner
 from deid.partition import plan_partitions
 from deid.publish import RELEASE_TABLE, commit_release, discard, stage_release
 from deid.report import dataset_fingerprint, hash_tree
@@ -40,7 +40,6 @@ from deid.signing import ensure_signing_key
 from deid.validation import (
     drop_checks,
     observed_label_sets,
-    quarantine_fraction_check,
     suite_check,
     validate_aligned,
     validate_ingested,
@@ -190,81 +189,40 @@ def deidentify(address: str, partitions: list[dict], staging: str, *, k: int, me
 
 
 @task(name="gate", **TASK)
-def run_gate(ingested: str, aligned_parts: list[str], deid_parts: list[str], *, labels: list[str], k: int,
-             counts: dict, partition_failed: bool, partition_detail: str, tolerance: float, folds: int, repeats: int,
-             n_components: int, seed: int, max_quarantine_fraction: float, method: str, shape_hw: list[int],
-             sigma: float | None, block: int | None, protocol: str, leak_threshold: float,
-             partitions_root: str | None = None, file_metadata: dict | None = None,
-             extra_checks: list[dict] = ()) -> dict:
-    """Structural, privacy and utility checks over the would-be release, plus data-validation checks."""
+def run_gate(ingested: str, aligned_parts: list[str], deid_parts: list[str], *, config: gate_mod.GateConfig,
+             counts: dict, partition_failed: bool, partition_detail: str, shape_hw: list[int],
+             sigma: float | None, block: int | None, partitions_root: str | None = None,
+             file_metadata: dict | None = None, extra_checks: list[dict] = (),
+             person_of: dict[str, str] | None = None) -> dict:
+    """Load the would-be release and its originals, then run the core gate on them."""
     logger = get_run_logger()
-    meta = pq.read_table(ingested, columns=["record_id", "subject_id", *labels])
-    released = pa.concat_tables([pq.read_table(p) for p in deid_parts]) if deid_parts else None
-    partition_of: dict[str, str] = {}
-    if partitions_root and Path(partitions_root).is_dir():
-        parts = ds.dataset(partitions_root, format="parquet", partitioning="hive").to_table(
-            columns=["record_id", "partition"]).to_pydict()
-        partition_of = dict(zip(parts["record_id"], parts["partition"]))
-    result = gate_mod.GateResult()
-    if released is None or released.num_rows == 0:
-        rel_ids, rel_people, rel_clusters = [], [], []
-    else:
-        released = released.join(meta, "record_id", join_type="inner").sort_by("record_id")
-        rel_ids = released.column("record_id").to_pylist()
-        rel_people = released.column("subject_id").to_pylist()
-        rel_clusters = released.column("cluster").to_pylist()
-    checks, min_people = gate_mod.structural_checks(
-        k=k, cluster_ids=rel_clusters, people=rel_people, release_columns=[*RELEASE_BASE_COLUMNS, *labels],
-        labels=labels, records_in=counts["in"], released=len(rel_ids), suppressed=counts["suppressed"],
-        quarantined=counts["quarantined"], partition_failed=partition_failed, partition_detail=partition_detail)
-    result.checks.extend(checks)
-    result.checks.append(quarantine_fraction_check(counts["in"], counts["quarantined"], max_quarantine_fraction))
-    result.checks.extend(gate_mod.Check(**c) for c in extra_checks)
-    result.min_people = min_people
-    if rel_ids:
-        rel_pix = np.frombuffer(b"".join(released.column("pixels").to_pylist()), np.uint8).reshape(len(rel_ids), -1)
-        # The attacker's gallery: the aligned originals of the released records, in the same order.
-        orig = pa.concat_tables([pq.read_table(p, columns=["record_id", "pixels"]) for p in aligned_parts])
-        orig = orig.filter(pa.compute.is_in(orig.column("record_id"), value_set=pa.array(rel_ids)))
-        orig = orig.join(meta, "record_id", join_type="inner").sort_by("record_id")
-        if orig.column("record_id").to_pylist() != rel_ids:
-            raise RuntimeError("gate: the aligned originals do not match the released records one to one")
-        o_pix = np.frombuffer(b"".join(orig.column("pixels").to_pylist()), np.uint8).reshape(orig.num_rows, -1)
-        o_people = np.asarray(rel_people, dtype=object)
-        shape = (int(shape_hw[0]), int(shape_hw[1]))
-        parrot = parrot_for(method, shape=shape, people=o_people,
-                            partitions=[partition_of.get(r, "all") for r in rel_ids] if method == "k-same-select" else None,
-                            k=k, sigma=sigma, block=block, n_components=n_components, seed=seed)
-        p_checks, rates, max_rate = gate_mod.privacy_checks(
-            k=k, originals=o_pix, original_people=o_people, released=rel_pix, released_people=o_people,
-            shape=shape, parrot=parrot)
-        result.checks.extend(p_checks)
-        result.reidentification, result.max_rate = rates, max_rate
-        logger.info("gate: max re-identification rate %.4f over %d attacker x mode pairs (bound %.4f)",
-                    max_rate, len(rates), 1 / k)
-        result.checks.extend(gate_mod.leak_checks(released=rel_pix, originals=o_pix, threshold=leak_threshold,
-                                                  file_metadata=file_metadata or {}))
-        u_checks, util = gate_mod.utility_checks(
-            labels=labels, originals=o_pix, original_labels={x: np.asarray(orig.column(x).to_pylist()) for x in labels},
-            original_people=o_people, released=rel_pix,
-            released_labels={x: np.asarray(released.column(x).to_pylist()) for x in labels},
-            released_people=o_people, released_groups=np.asarray(rel_clusters, dtype=object), tolerance=tolerance,
-            protocol=protocol, folds=folds, repeats=repeats, seed=seed)
-        result.checks.extend(u_checks)
-        result.utility = util
-        for row in util:
-            logger.info("gate: utility %s [%s] original %s release %s", row["label"], row["protocol"],
-                        row["original_accuracy"], row["deidentified_accuracy"])
-    verdict = "passed" if result.passed else "failed"
-    logger.info("gate: %s%s", verdict, "" if result.passed else " - " + "; ".join(result.reasons))
+    arrays = stages.load_gate_arrays(ingested, aligned_parts, deid_parts, labels=list(config.labels),
+                                     partitions_root=partitions_root, person_of=person_of)
+    shape = (int(shape_hw[0]), int(shape_hw[1]))
+    empty = np.zeros((0, shape[0] * shape[1]), np.uint8)
+    inputs = gate_mod.GateInputs(
+        shape=shape, people=arrays.get("people", np.zeros(0, object)), released=arrays.get("released", empty),
+        originals=arrays.get("originals", empty), clusters=arrays.get("clusters"), partitions=arrays.get("partitions"),
+        labels=arrays.get("labels", {}), records_in=counts["in"], suppressed=counts["suppressed"],
+        quarantined=counts["quarantined"], partition_failed=partition_failed, partition_detail=partition_detail,
+        file_metadata=file_metadata or {}, extra_checks=tuple(gate_mod.Check.from_dict(c) for c in extra_checks),
+        deidentify=method_runner(config.method, shape=shape, k=config.k, sigma=sigma, block=block,
+                                 n_components=config.n_components, seed=config.seed))
+    result = gate_mod.evaluate(inputs, config)
+    logger.info("gate: %s%s", "passed" if result.passed else "failed",
+                "" if result.passed else " - " + "; ".join(result.reasons))
     return {
         "passed": result.passed,
         "reasons": result.reasons,
+        "warnings": result.warnings,
         "checks": [c.to_dict() for c in result.checks],
-        "reidentification": result.reidentification,
-        "utility": result.utility,
+        "reidentification": list(result.reidentification),
+        "utility": list(result.utility),
         "max_rate": result.max_rate,
         "min_people": result.min_people,
+        "max_person_share": result.max_person_share,
+        "exact_bound": result.exact_bound,
+        "attack_sample": result.attack_sample,
     }
 
 

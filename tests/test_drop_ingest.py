@@ -94,10 +94,20 @@ def test_unusable_manifest_raises_drop_error(tmp_path, content, message):
         read_drop(root)
 
 
-def test_no_labels_declared_is_a_clear_error(tmp_path):
+def test_no_labels_declared_is_a_drop_without_labels(tmp_path):
+    # Issue 9: a drop with no utility labels is a normal case (k-Same without partitions);
+    # the undeclared manifest column stays out of the release as an extra column.
     root = _write_drop(tmp_path / "d", ["a.png,s1,f,,,,"], yaml_text=None, files={"a.png": _png(1)})
-    with pytest.raises(DropError, match="--labels"):
-        read_drop(root)
+    drop = read_drop(root)
+    assert drop.labels == []
+    assert "gender" in drop.extra_columns
+    assert len(drop.rows) == 1
+
+
+def test_mistyped_label_names_the_real_columns(tmp_path):
+    root = _write_drop(tmp_path / "d", ["a.png,s1,f,,,,"], yaml_text=None, files={"a.png": _png(1)})
+    with pytest.raises(DropError, match=r"\['gendr'\] are missing; found columns \[.*'gender'"):
+        read_drop(root, labels=["gendr"])
 
 
 def test_ingest_stages_bytes_and_quarantines_bad_files(tmp_path):

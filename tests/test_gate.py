@@ -1,0 +1,192 @@
+"""The core gate (deid.gate): exact structure checks, bounded attacks with intervals, statuses."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from deid.gate import (
+    Check,
+    GateConfig,
+    GateInputs,
+    attack_sample,
+    clopper_pearson,
+    cluster_shares,
+    closeness_check,
+    evaluate,
+    identical_within_clusters,
+)
+from deid.methods import deidentify, method_runner
+
+SHAPE = (24, 20)
+
+
+def _faces(n_people: int, per_person: int = 1, seed: int = 0, noise: float = 6.0):
+    """Smooth random 'faces': one identity pattern per person plus per-image noise."""
+    rng = np.random.default_rng(seed)
+    h, w = SHAPE
+    base = rng.normal(128, 40, (n_people, h // 4, w // 4))
+    ident = np.repeat(np.repeat(base, 4, axis=1), 4, axis=2).reshape(n_people, -1)
+    people = np.repeat(np.arange(n_people), per_person).astype(object)
+    faces = ident[people.astype(int)] + rng.normal(0, noise, (len(people), h * w))
+    return np.clip(faces, 0, 255).astype(np.uint8), np.asarray([f"p{p}" for p in people], dtype=object)
+
+
+def _inputs(released, originals, people, clusters, **kw):
+    return GateInputs(shape=SHAPE, people=people, released=released, originals=originals, clusters=clusters,
+                      records_in=len(people), release_columns=("record_id", "image", "cluster_id"), **kw)
+
+
+def _fast(k=5, **kw):
+    return GateConfig(k=k, method=kw.pop("method", "k-same"), attackers=("pca-whitened-cosine", "lbp-chi2"), **kw)
+
+
+def test_clopper_pearson_known_values():
+    lo, hi = clopper_pearson(0, 20, confidence=0.95)
+    assert lo == 0.0 and hi == pytest.approx(1 - 0.05 ** (1 / 20), rel=1e-9)
+    lo, hi = clopper_pearson(20, 20, confidence=0.95)
+    assert hi == 1.0 and lo == pytest.approx(0.05 ** (1 / 20), rel=1e-9)
+    lo, hi = clopper_pearson(10, 50)
+    assert lo < 0.2 < hi
+    # Fractional credit rounds outwards on both sides.
+    assert clopper_pearson(4.5, 30)[0] == clopper_pearson(4, 30)[0]
+    assert clopper_pearson(4.5, 30)[1] == clopper_pearson(5, 30)[1]
+    # Larger samples give tighter intervals around the same rate.
+    assert np.diff(clopper_pearson(20, 100)) > np.diff(clopper_pearson(200, 1000))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(0, 7)), min_size=1, max_size=60))
+def test_cluster_shares_match_a_direct_count(pairs):
+    clusters = [f"c{c}" for c, _ in pairs]
+    people = [f"p{p}" for _, p in pairs]
+    sizes, distinct, shares = cluster_shares(clusters, people)
+    for c in set(clusters):
+        members = [p for cc, p in zip(clusters, people) if cc == c]
+        assert sizes[c] == len(members)
+        assert distinct[c] == len(set(members))
+        assert shares[c] == max(members.count(p) for p in set(members)) / len(members)
+
+
+def test_identical_within_clusters():
+    a = np.array([[1, 2], [1, 2], [3, 4], [3, 4]], np.uint8)
+    assert identical_within_clusters(a, ["x", "x", "y", "y"])
+    assert not identical_within_clusters(a, ["x", "y", "y", "y"])
+
+
+def test_ksame_release_passes_privacy_with_exact_bound():
+    faces, people = _faces(40)
+    released, clusters = deidentify(faces, shape=SHAPE, people=people, method="k-same", k=5, n_components=10)
+    res = evaluate(_inputs(released, faces, people, clusters.astype(object),
+                           deidentify=method_runner("k-same", shape=SHAPE, k=5, n_components=10)), _fast())
+    checks = {c.name: c for c in res.checks}
+    assert res.exact_bound
+    assert checks["max_person_share"].passed and res.max_person_share <= 0.2
+    rate = checks["reidentification_rate"]
+    assert rate.passed and rate.interval[0] <= rate.value <= rate.interval[1] and rate.n > 0
+    for row in res.reidentification:
+        assert 0 <= row["lower"] <= row["rate"] <= row["upper"] <= 1
+        # Naive and parrot probes are the distinct released images only (N/k of them).
+        if row["mode"] in ("naive", "parrot"):
+            assert row["n_probes"] == len(set(clusters.tolist()))
+    assert checks["utility"].status == "not_applicable" and checks["utility"].passed
+    assert res.passed, res.reasons
+
+
+def test_blur_is_rejected_on_privacy():
+    faces, people = _faces(40, per_person=2)
+    released = deidentify(faces, shape=SHAPE, people=people, method="blur", sigma=1.0)[0]
+    res = evaluate(_inputs(released, faces, people, np.arange(len(people)).astype(object),
+                           deidentify=method_runner("blur", shape=SHAPE, sigma=1.0)), _fast(method="blur"))
+    checks = {c.name: c for c in res.checks}
+    assert not checks["reidentification_rate"].passed
+    assert not checks["max_person_share"].passed
+    assert not res.passed
+
+
+def test_non_identical_clusters_are_decided_by_upper_bounds():
+    # Averages plus per-member noise: members no longer share one image, so the exact bound
+    # does not apply and every attack's upper bound must stay below 1/k.
+    faces, people = _faces(40)
+    released, clusters = deidentify(faces, shape=SHAPE, people=people, method="k-same", k=5, n_components=10)
+    noisy = np.clip(released.astype(int) + np.random.default_rng(1).integers(-1, 2, released.shape), 0, 255)
+    res = evaluate(_inputs(noisy.astype(np.uint8), faces, people, clusters.astype(object)), _fast())
+    assert not res.exact_bound
+    rate = next(c for c in res.checks if c.name == "reidentification_rate")
+    # 40 records give upper bounds far above 1/5: the data cannot show the release is safe.
+    assert not rate.passed and rate.interval[1] > 0.2
+    assert "upper bound" in rate.detail
+
+
+def test_noisy_duplicates_under_fake_ids_fail_the_closeness_check():
+    faces, people = _faces(40)
+    rng = np.random.default_rng(3)
+    # Five lightly noisy copies of person p0 under five fake ids, averaged as one cluster:
+    # the average removes the noise and releases p0's face.
+    dup = np.clip(faces[0].astype(int) + rng.normal(0, 3, (5, faces.shape[1])), 0, 255).astype(np.uint8)
+    real, real_clusters = deidentify(faces[5:], shape=SHAPE, people=people[5:], method="k-same", k=5,
+                                     n_components=10)
+    released = np.vstack([real, np.tile(np.rint(dup.mean(axis=0)).astype(np.uint8), (5, 1))])
+    clusters = np.concatenate([real_clusters.astype(str), ["dup"] * 5]).astype(object)
+    originals = np.vstack([faces[5:], dup])
+    ids = np.concatenate([people[5:], np.asarray([f"fake{i}" for i in range(5)], object)])
+    check = closeness_check(_inputs(released, originals, ids, clusters), _fast())
+    assert not check.passed and check.status == "fail"
+    assert check.detail.startswith("1 of 8 clusters")
+    clean = closeness_check(_inputs(real, faces[5:], people[5:], real_clusters.astype(object)), _fast())
+    assert clean.passed
+
+
+def test_person_share_above_one_over_k_fails_even_with_k_people():
+    # 6 images of 5 people, one person twice: 5 distinct people but a share of 1/3 > 1/5.
+    faces, people = _faces(5)
+    faces6 = np.vstack([faces, faces[:1]])
+    people6 = np.concatenate([people, people[:1]])
+    mean = np.rint(faces6.mean(axis=0)).astype(np.uint8)
+    released = np.tile(mean, (6, 1))
+    res = evaluate(_inputs(released, faces6, people6, np.asarray(["c"] * 6, object)), _fast(attack_sample=10))
+    checks = {c.name: c for c in res.checks}
+    assert checks["min_distinct_people_per_cluster"].passed
+    assert not checks["max_person_share"].passed and checks["max_person_share"].value == pytest.approx(1 / 3, 1e-6)
+
+
+def test_attack_sample_takes_whole_clusters_and_is_seeded():
+    people = np.asarray([f"p{i}" for i in range(1000)], object)
+    clusters = np.asarray([f"c{i // 5}" for i in range(1000)], object)
+    inputs = GateInputs(shape=SHAPE, people=people, released=np.zeros((1000, 1), np.uint8),
+                        originals=np.zeros((1000, 1), np.uint8), clusters=clusters)
+    idx = attack_sample(inputs, max_records=203, seed=4)
+    assert len(idx) == 200  # whole clusters of 5 only
+    chosen = set(clusters[idx])
+    assert all((clusters == c).sum() == 5 for c in chosen)
+    assert np.array_equal(idx, attack_sample(inputs, max_records=203, seed=4))
+    assert not np.array_equal(idx, attack_sample(inputs, max_records=203, seed=5))
+
+
+def test_large_release_is_attacked_on_a_reported_sample():
+    faces, people = _faces(120)
+    released, clusters = deidentify(faces, shape=SHAPE, people=people, method="k-same", k=5, n_components=10)
+    res = evaluate(_inputs(released, faces, people, clusters.astype(object)), _fast(attack_sample=50))
+    assert res.attack_sample["records"] == 50 and res.attack_sample["of"] == 120
+    assert all(r["records"] == 50 for r in res.reidentification)
+
+
+def test_check_status_and_dict_round_trip():
+    c = Check("x", True, 0.1, "<= 0.2", "d", status="inconclusive", interval=(0.0, 0.3), n=40)
+    d = c.to_dict()
+    assert d["status"] == "inconclusive" and d["interval"] == [0.0, 0.3] and d["n"] == 40
+    assert Check.from_dict(d) == c
+    assert Check("y", False, 1, 0).status == "fail"
+    with pytest.raises(ValueError, match="status"):
+        Check("z", True, 1, 0, status="maybe")
+
+
+def test_config_errors_name_the_parameter():
+    with pytest.raises(Exception, match="k=1"):
+        GateConfig(k=1, method="k-same")
+    with pytest.raises(Exception, match="utility_inconclusive"):
+        GateConfig(k=5, method="k-same", utility_inconclusive="maybe")
+    assert math.isclose(GateConfig(k=4, method="k-same").confidence, 0.95)
