@@ -68,7 +68,7 @@ def _enroll(attacker: Any, gallery: Any, people: Sequence[Hashable]) -> Any:
     g = attacker._check_width(_as_matrix(gallery, "gallery"))
     people = _people_array(people, len(g))
     with _one_blas_thread():
-        attacker.gallery_ = attacker._embed(g)
+        attacker.gallery_ = getattr(attacker, "_embed_cached", attacker._embed)(g)
     attacker.gallery_people_ = people
     return attacker
 
@@ -346,10 +346,11 @@ class _GalleryAttacker(BaseEstimator):
             raise ConfigError(f"gallery has {len(g)} image; the attacker needs at least 2 to fit")
         people = _people_array(people, len(g))
         codes, _ = _joint_codes(people, [], len(g), 0)
+        self.__dict__.pop("_embedding_cache", None)
         with _one_blas_thread():
             self._fit_model(g, codes)
             self.n_features_in_ = g.shape[1]
-            self.gallery_ = self._embed(g)
+            self.gallery_ = self._embed_cached(g)
         self.gallery_people_ = people
         return self
 
@@ -367,7 +368,23 @@ class _GalleryAttacker(BaseEstimator):
         self._check_fitted()
         a = self._check_width(_as_matrix(probes, "probes"))
         with _one_blas_thread():
-            return self._score(self._embed(a), self.gallery_)
+            return self._score(self._embed_cached(a), self.gallery_)
+
+    def _embed_cached(self, a: np.ndarray) -> np.ndarray:
+        """``_embed``, remembering the last few arrays: attack_all shows the same originals and
+        distinct released images to one fitted recogniser in several modes."""
+        cache = self.__dict__.setdefault("_embedding_cache", {})
+        # Keyed by the memory the rows live in; the entry holds a reference to that memory's
+        # owner, so it cannot be freed and reused by another array while cached. fit() clears it.
+        key = (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype.str)
+        hit = cache.get(key)
+        if hit is not None:
+            return hit[1]
+        z = self._embed(a)
+        if len(cache) >= 4:
+            cache.pop(next(iter(cache)))
+        cache[key] = (a if a.base is None else a.base, z)
+        return z
 
     def _check_fitted(self) -> None:
         if not hasattr(self, "gallery_"):
@@ -739,38 +756,46 @@ def unique_rows(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Distinct rows of ``a`` (first occurrences, in order) and the index of each row's distinct row.
 
     A k-Same release of N faces holds only about N/k distinct images: scoring each once and
-    expanding by index gives the same similarities at a fraction of the cost.
+    expanding by index gives the same similarities at a fraction of the cost. Rows are
+    grouped by a 64-bit hash and every row is then compared with its group's first row, so
+    a hash collision can never merge different images (it falls back to an exact sort).
     """
     a = np.ascontiguousarray(a)
     if len(a) == 0:
         return a, np.zeros(0, dtype=np.int64)
-    view = a.view(np.dtype((np.void, a.dtype.itemsize * a.shape[1]))).ravel()
-    _, first, inverse = np.unique(view, return_index=True, return_inverse=True)
+    flat = a.reshape(len(a), -1).view(np.uint8)
+    width = flat.shape[1]
+    words = np.zeros((len(a), -(-width // 8) * 8), dtype=np.uint8)
+    words[:, :width] = flat
+    words = words.view(np.uint64)
+    mult = np.random.default_rng(0x5EED).integers(1, 2**63, size=words.shape[1], dtype=np.uint64) | np.uint64(1)
+    with np.errstate(over="ignore"):
+        h = (words * mult).sum(axis=1, dtype=np.uint64) ^ np.uint64(width)
+    _, first, inverse = np.unique(h, return_index=True, return_inverse=True)
+    inverse = inverse.ravel()
+    if not np.array_equal(flat, flat[first[inverse]]):
+        view = flat.view(np.dtype((np.void, width))).ravel()
+        _, first, inverse = np.unique(view, return_index=True, return_inverse=True)
+        inverse = inverse.ravel()
     order = np.argsort(first, kind="stable")
     rank = np.empty_like(order)
     rank[order] = np.arange(len(order))
-    return a[first[order]], rank[inverse.ravel()]
+    return a[first[order]], rank[inverse]
 
 
-def _enroll_distinct(attacker: Any, gallery: np.ndarray, people: Sequence[Hashable]) -> np.ndarray:
-    """Enroll only the distinct gallery rows; return each gallery row's index among them."""
-    distinct, index = unique_rows(gallery)
-    first = np.unique(index, return_index=True)[1]
-    attacker.enroll(distinct, people=[people[i] for i in first])
-    return index
-
-
-def _rate(attacker: Any, probes: np.ndarray, probe_people: Sequence[Hashable], gallery_people: Sequence[Hashable],
-          rtol: float, gallery_index: np.ndarray | None = None) -> tuple[float, int, float]:
+def _rate(attacker: Any, probes: tuple[np.ndarray, np.ndarray], probe_people: Sequence[Hashable],
+          gallery_people: Sequence[Hashable], rtol: float, gallery_index: np.ndarray | None = None
+          ) -> tuple[float, int, float]:
     """Mean credit over all probes, the number of distinct probe images and the credit sum.
 
-    Distinct probe rows are scored once; ``gallery_index`` expands the similarity of a
-    gallery enrolled as distinct rows back to one column per gallery record, so ties between
-    identical released images are still credited fractionally per record.
+    ``probes`` is ``(distinct rows, index of each probe record's row)``: distinct probe rows
+    are scored once; ``gallery_index`` expands the similarity of a gallery enrolled as
+    distinct rows back to one column per gallery record, so ties between identical released
+    images are still credited fractionally per record.
     """
-    pc, gc = _joint_codes(probe_people, gallery_people, len(probes), len(gallery_people))
-    distinct, index = unique_rows(probes)
-    credits = np.empty(len(probes), dtype=np.float64)
+    distinct, index = probes
+    pc, gc = _joint_codes(probe_people, gallery_people, len(index), len(gallery_people))
+    credits = np.empty(len(index), dtype=np.float64)
     n_gallery = len(gallery_people)
     # Bound the (block, gallery) matrix to ~32 MiB of float64 whatever the gallery size.
     block = max(1, min(_BLOCK, 4_000_000 // max(1, n_gallery)))
@@ -865,25 +890,38 @@ def attack_all(
         gallery_parrot = _as_matrix(parrot(np.asarray(originals)), "parrot(originals)")
         if gallery_parrot.shape != orig.shape:
             raise ConfigError(f"parrot(originals) returned shape {gallery_parrot.shape}; it must keep the originals' shape {orig.shape}")
+    sets = {"originals": (orig, original_people), "released": (rel, released_people),
+            "parrot": (gallery_parrot, original_people)}
+    distinct: dict[str, tuple[np.ndarray, np.ndarray, list]] = {}
+
+    def distinct_rows(key: str) -> tuple[np.ndarray, np.ndarray, list]:
+        if key not in distinct:
+            a, people = sets[key]
+            rows_, index = unique_rows(a)
+            first = np.unique(index, return_index=True)[1]
+            distinct[key] = (rows_, index, [people[i] for i in first])
+        return distinct[key]
+
+    gallery_of = {"naive": "originals", "reverse": "released", "parrot": "parrot"}
+    probes_of = {"naive": "released", "reverse": "originals", "parrot": "released"}
     rows = []
     for name in names:
+        # One fit per training set: naive and reverse share the recogniser fitted on the
+        # originals, and an attacker fitted on the release serves every mode.
+        fitted: dict[str, Any] = {}
         for mode in modes:
             attacker = ATTACKERS[name]((h, w))
             on_release = getattr(attacker, "fit_on", "originals") == "released"
-            if mode == "parrot":
-                train, train_people = (rel, released_people) if on_release else (gallery_parrot, original_people)
-                attacker.fit(train, people=train_people)
-                g_index = _enroll_distinct(attacker, gallery_parrot, original_people)
-                rate, n, credit = _rate(attacker, rel, released_people, original_people, rtol, g_index)
-            else:
-                train, train_people = (rel, released_people) if on_release else (orig, original_people)
-                attacker.fit(train, people=train_people)
-                if mode == "naive":
-                    g_index = _enroll_distinct(attacker, orig, original_people)
-                    rate, n, credit = _rate(attacker, rel, released_people, original_people, rtol, g_index)
-                else:
-                    g_index = _enroll_distinct(attacker, rel, released_people)
-                    rate, n, credit = _rate(attacker, orig, original_people, released_people, rtol, g_index)
+            train_key = "released" if on_release else ("parrot" if mode == "parrot" else "originals")
+            if train_key not in fitted:
+                train, train_people = sets[train_key]
+                fitted[train_key] = attacker.fit(train, people=train_people)
+            attacker = fitted[train_key]
+            g_rows, g_index, g_people = distinct_rows(gallery_of[mode])
+            attacker.enroll(g_rows, people=g_people)
+            p_rows, p_index, _ = distinct_rows(probes_of[mode])
+            rate, n, credit = _rate(attacker, (p_rows, p_index), sets[probes_of[mode]][1], sets[gallery_of[mode]][1],
+                                    rtol, g_index)
             rows.append({"attacker": name, "mode": mode, "rate": rate, "n_probes": n, "credit": credit})
             logger.debug("attack %s/%s: %.4f over %d distinct probes", name, mode, rate, n)
     return rows

@@ -54,6 +54,8 @@ REASONS: dict[str, str] = {
     "eyes_not_found": "a face was found but its eyes could not be located",
     "eyes_too_close": "the eyes are closer than the minimum distance",
     "face_too_small": "the face is so small that alignment would upsample it too much",
+    # identity
+    "same_face_other_id": "the face matches a record under another subject id (duplicate_ids=quarantine)",
     # partitions (withheld, not quarantined)
     "partition_too_small": "the label partition has fewer than k distinct people and policy is suppress",
 }

@@ -47,7 +47,7 @@ class GateConfig:
     confidence: float = 0.95
     max_quarantine_fraction: float = 0.05
     leak_threshold: float = 2.0
-    closeness_ratio: float = 0.3
+    closeness_ratio: float = 0.25
     attack_sample: int = 2000
     attackers: tuple[str, ...] | None = None
     modes: tuple[str, ...] = MODES
@@ -68,25 +68,29 @@ class GateConfig:
         if self.utility_inconclusive not in ("release", "reject"):
             raise ConfigError(f"utility_inconclusive={self.utility_inconclusive!r} must be 'release' or 'reject'")
         if not 0 < self.closeness_ratio < 1:
-            raise ConfigError(f"closeness_ratio={self.closeness_ratio!r} must be in (0, 1); e.g. 0.3")
+            raise ConfigError(f"closeness_ratio={self.closeness_ratio!r} must be in (0, 1); e.g. 0.25")
 
 
 @dataclass(frozen=True)
 class GateInputs:
-    """The would-be release and the originals it came from, one row per released record.
+    """The would-be release, one entry per released record, without holding its pixels.
 
-    ``released[i]`` is the de-identified face of the record whose aligned original is
-    ``originals[i]``; ``people[i]`` is its person (after id normalisation and merging of
-    records recognised as the same person), ``clusters[i]`` its cluster (None for methods
-    without clusters), ``partitions[i]`` its label partition. ``deidentify(images, people=...,
-    partitions=...)`` re-runs the run's method with its k on other faces: the parrot attacker
-    applies it to its gallery, and the utility protocol to the training people.
+    ``people[i]`` is record i's person (after id normalisation and merging of records
+    recognised as the same person), ``clusters[i]`` its cluster (None for methods without
+    clusters), ``partitions[i]`` its label partition, ``image_index[i]`` the index of its
+    released image among the distinct released images, ``own_distance[i]`` the mean absolute
+    grey difference between its released image and its own aligned original. ``fetch(idx)``
+    returns ``(released, originals)`` pixel rows for the records ``idx`` (only the attacked
+    sample is ever loaded). ``deidentify(images, people=..., partitions=...)`` re-runs the
+    run's method with its k on other faces: the parrot attacker applies it to its gallery,
+    the utility protocol to the training people.
     """
 
     shape: tuple[int, int]
     people: np.ndarray
-    released: np.ndarray
-    originals: np.ndarray
+    image_index: np.ndarray
+    own_distance: np.ndarray
+    fetch: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
     clusters: np.ndarray | None = None
     partitions: np.ndarray | None = None
     labels: dict[str, np.ndarray] = field(default_factory=dict)
@@ -103,6 +107,33 @@ class GateInputs:
     @property
     def n(self) -> int:
         return int(len(self.people))
+
+    @classmethod
+    def from_arrays(cls, *, shape: tuple[int, int], people: Any, released: np.ndarray, originals: np.ndarray,
+                    **kw: Any) -> "GateInputs":
+        """Inputs from in-memory arrays (tests, notebooks, the study)."""
+        released, originals = np.asarray(released), np.asarray(originals)
+        if released.shape != originals.shape:
+            raise ConfigError(f"released has shape {released.shape} but originals {originals.shape}; pass one "
+                              "original per released record")
+        _, index = unique_rows(released)
+        return cls(shape=tuple(shape), people=np.asarray(people, dtype=object), image_index=index,
+                   own_distance=mean_abs_difference(released, originals),
+                   fetch=lambda idx: (released[idx], originals[idx]), **kw)
+
+    @classmethod
+    def empty(cls, *, shape: tuple[int, int], **kw: Any) -> "GateInputs":
+        """Nothing to release (empty drop, everything suppressed)."""
+        z = np.zeros((0, shape[0] * shape[1]), np.uint8)
+        return cls.from_arrays(shape=shape, people=[], released=z, originals=z, **kw)
+
+
+def mean_abs_difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise mean absolute grey difference, in blocks (no full int16 copies)."""
+    out = np.empty(len(a), dtype=np.float64)
+    for s in range(0, len(a), 4096):
+        out[s:s + 4096] = np.abs(a[s:s + 4096].astype(np.int16) - b[s:s + 4096].astype(np.int16)).mean(axis=1)
+    return out
 
 
 @dataclass(frozen=True)
@@ -179,15 +210,13 @@ def _codes(values: Sequence[Hashable]) -> tuple[np.ndarray, list]:
     return codes, list(index)
 
 
-def identical_within_clusters(released: np.ndarray, clusters: Sequence[Hashable]) -> bool:
-    """True when every cluster's released rows are bit-identical (the k-Same structure)."""
-    if clusters is None or len(released) == 0:
+def identical_within_clusters(image_index: Sequence[int], clusters: Sequence[Hashable] | None) -> bool:
+    """True when every cluster's released rows are one distinct image (the k-Same structure)."""
+    if clusters is None or len(image_index) == 0:
         return False
-    _, index = unique_rows(released)
     c_codes, _ = _codes(list(clusters))
-    # Each cluster must map to exactly one distinct image.
-    pairs = np.unique(np.stack([c_codes, index]), axis=1)
-    return bool(len(pairs[0]) == len(np.unique(c_codes)))
+    pairs = np.unique(np.stack([c_codes, np.asarray(image_index, dtype=np.int64)]), axis=1)
+    return bool(pairs.shape[1] == len(np.unique(c_codes)))
 
 
 def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check], int | None, float | None, bool]:
@@ -200,7 +229,7 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
     if n and inputs.clusters is not None:
         sizes, distinct, shares = cluster_shares(list(inputs.clusters), list(inputs.people))
         min_size, min_people, share = min(sizes.values()), min(distinct.values()), max(shares.values())
-        exact = identical_within_clusters(inputs.released, list(inputs.clusters))
+        exact = identical_within_clusters(inputs.image_index, list(inputs.clusters))
         checks.append(Check("min_cluster_size", min_size >= k, min_size, f">= {k}",
                             f"{len(sizes)} clusters; smallest has {min_size} images"))
         checks.append(Check("min_distinct_people_per_cluster", min_people >= k, min_people, f">= {k}",
@@ -240,8 +269,11 @@ def closeness_check(inputs: GateInputs, config: GateConfig) -> Check:
     A cluster made of one person's photographs under several subject ids averages away the
     noise and releases that person's face; its image then sits far closer to one member's
     original than a real average of k different people does. Each cluster's distance to its
-    closest member (mean absolute grey difference) is compared with the median over
-    clusters of the mean member distance.
+    closest member (mean absolute grey difference) is compared with the median of that
+    distance over all clusters. Measured (k-Same, k = 2..10): the smallest ratio was 0.65 on
+    London and 0.56 on synthetic drops; five noisy copies of one face (sigma 3) gave ~0.2.
+    Records under different ids with near-identical faces are merged into one person before
+    clustering (:mod:`deid.identity`); this check is the backstop on the released images.
     """
     name = "cluster_not_close_to_one_member"
     if inputs.clusters is None or inputs.n == 0:
@@ -250,20 +282,16 @@ def closeness_check(inputs: GateInputs, config: GateConfig) -> Check:
     if len(keys) < 5:
         return Check(name, True, None, None, f"not applicable: {len(keys)} clusters are too few for a typical "
                      "distance (needs 5)", status="not_applicable")
-    d = np.empty(inputs.n, dtype=np.float64)
-    for s in range(0, inputs.n, 4096):
-        d[s:s + 4096] = np.abs(inputs.released[s:s + 4096].astype(np.int16)
-                               - inputs.originals[s:s + 4096].astype(np.int16)).mean(axis=1)
+    d = np.asarray(inputs.own_distance, dtype=np.float64)
     closest = np.full(len(keys), np.inf)
     np.minimum.at(closest, c_codes, d)
-    mean = np.bincount(c_codes, weights=d, minlength=len(keys)) / np.bincount(c_codes, minlength=len(keys))
-    typical = float(np.median(mean))
+    typical = float(np.median(closest))
     limit = config.closeness_ratio * typical
     worst = int(np.argmin(closest))
     bad = int(np.count_nonzero(closest < limit))
     return Check(name, bad == 0, round(float(closest[worst]), 3), f">= {limit:.3f}",
-                 f"{bad} of {len(keys)} clusters lie within {config.closeness_ratio:g} x the typical member distance "
-                 f"({typical:.2f} grey levels) of one member; closest {closest[worst]:.2f}")
+                 f"{bad} of {len(keys)} clusters lie within {config.closeness_ratio:g} x the median closest-member "
+                 f"distance ({typical:.2f} grey levels) of one member; closest {closest[worst]:.2f}")
 
 
 # --------------------------------------------------------------------------- attacks
@@ -304,18 +332,23 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
         return [Check("reidentification_rate", False, None, f"<= {1.0 / k:.4f}", "nothing released to attack")], \
             [], None, {}
     idx = attack_sample(inputs, max_records=config.attack_sample, seed=config.seed)
-    originals, released, people = inputs.originals[idx], inputs.released[idx], inputs.people[idx]
+    released, originals = inputs.fetch(idx)
+    people = inputs.people[idx]
     modes = tuple(m for m in config.modes if m != "parrot" or inputs.deidentify is not None)
     parts = None if inputs.partitions is None else inputs.partitions[idx]
     parrot = None if "parrot" not in modes else _parrot(inputs.deidentify, people, parts)
     names = list(config.attackers) if config.attackers is not None else list(ATTACKERS)
-    rows: list[dict] = []
+    # Attackers that can afford the whole sample share one pass (one parrot gallery, one set
+    # of distinct images); an attacker may cap the records it attacks (a deep recogniser
+    # embeds every face it sees).
+    groups: dict[int | None, list[str]] = {}
     for name in names:
-        # An attacker may cap how many records it can afford (the deep recogniser embeds each face).
-        cap = getattr(ATTACKERS[name], "max_records", None)
+        groups.setdefault(getattr(ATTACKERS[name], "max_records", None), []).append(name)
+    rows: list[dict] = []
+    for cap, group in groups.items():
         sub = np.arange(len(idx))
         if cap is not None and len(idx) > cap:
-            sub_inputs = replace(inputs, people=people, released=released, originals=originals,
+            sub_inputs = replace(inputs, people=people,
                                  clusters=None if inputs.clusters is None else inputs.clusters[idx])
             sub = attack_sample(sub_inputs, max_records=cap, seed=config.seed + 1)
         p_sub = parrot
@@ -323,7 +356,7 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
             p_sub = _parrot(inputs.deidentify, people[sub], None if parts is None else parts[sub])
         for r in attack_all(originals=originals[sub], original_people=people[sub], released=released[sub],
                             released_people=people[sub], shape=inputs.shape, modes=modes, parrot=p_sub,
-                            attackers=[name]):
+                            attackers=group):
             r["records"] = int(len(sub))
             rows.append(r)
     m = len(rows)
@@ -363,13 +396,11 @@ def leak_checks(inputs: GateInputs, config: GateConfig) -> list[Check]:
     checks = []
     if inputs.n:
         # Every record against its own original (O(N)); all pairs on the bounded sample.
-        own = np.empty(inputs.n)
-        for s in range(0, inputs.n, 4096):
-            own[s:s + 4096] = np.abs(inputs.released[s:s + 4096].astype(np.int16)
-                                     - inputs.originals[s:s + 4096].astype(np.int16)).mean(axis=1)
+        own = np.asarray(inputs.own_distance)
         idx = attack_sample(inputs, max_records=config.attack_sample, seed=config.seed)
-        distinct, _ = unique_rows(inputs.released[idx])
-        cross, _ = nearest_original_distance(distinct, inputs.originals[idx], threshold=threshold)
+        released, originals = inputs.fetch(idx)
+        distinct, _ = unique_rows(released)
+        cross, _ = nearest_original_distance(distinct, originals, threshold=threshold)
         low = float(min(own.min(), cross.min()))
         n_ident = int(np.count_nonzero(own == 0) + np.count_nonzero(cross == 0))
         n_below = int(np.count_nonzero(own < threshold) + np.count_nonzero(cross < threshold))
@@ -438,10 +469,13 @@ def utility_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check],
                       status="not_applicable")], []
     if config.utility_protocol not in PROTOCOLS:
         raise ConfigError(f"utility_protocol={config.utility_protocol!r} must be one of {sorted(PROTOCOLS)}")
-    rows = utility_protocols(labels=list(config.labels), originals=inputs.originals, original_labels=inputs.labels,
-                             original_people=inputs.people, released=inputs.released, released_labels=inputs.labels,
-                             released_people=inputs.people,
-                             released_groups=inputs.clusters if inputs.clusters is not None else None,
+    idx = attack_sample(inputs, max_records=config.attack_sample, seed=config.seed)
+    released, originals = inputs.fetch(idx)
+    labels = {x: np.asarray(v)[idx] for x, v in inputs.labels.items()}
+    rows = utility_protocols(labels=list(config.labels), originals=originals, original_labels=labels,
+                             original_people=inputs.people[idx], released=released, released_labels=labels,
+                             released_people=inputs.people[idx],
+                             released_groups=inputs.clusters[idx] if inputs.clusters is not None else None,
                              folds=config.folds, repeats=config.repeats, seed=config.seed)
     checks = []
     for row in rows:

@@ -40,6 +40,8 @@ class Settings(BaseSettings):
     leak_threshold: float = Field(default=2.0, ge=0, description="mean abs grey difference below which a released "
                                   "face counts as a near copy of an original")
     utility_tolerance: float = Field(default=0.05, ge=0.0, le=1.0)
+    duplicate_ids: Literal["merge", "quarantine"] = Field(
+        default="merge", description="records whose faces match under different subject ids: one person, or withheld")
     utility_inconclusive: Literal["release", "reject"] = Field(
         default="release", description="what an inconclusive utility check does (it never hides the privacy verdict)")
     gate_confidence: float = Field(default=0.95, gt=0.5, lt=1.0,

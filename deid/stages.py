@@ -17,7 +17,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from deid.align import EyePair, FaceAligner, HaarEyeDetector, align_records
+from deid.errors import Quarantined
 from deid.features import Eigenfaces
+from deid.identity import PeopleResolution, resolve_people
 from deid.ksame import KSame
 from deid.methods import deidentify as deidentify_images
 from schemas import arrow as schemas
@@ -174,43 +176,116 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     return {"path": out_path, "records": len(ids), "clusters": summary}
 
 
-def load_gate_arrays(ingested_path: str, aligned_paths: list[str], deid_paths: list[str], *, labels: list[str],
-                     partitions_root: str | None = None, person_of: dict[str, str] | None = None) -> dict:
-    """The would-be release joined with its aligned originals, one row per released record, by record id.
+def _paired_batches(partition_dir: str, deid_path: str, columns: list[str], batch_rows: int):
+    """Stream a label partition and its de-identified part side by side (same record order)."""
+    orig = ds.dataset(partition_dir, format="parquet").to_batches(columns=columns, batch_size=batch_rows)
+    rel = pq.ParquetFile(deid_path).iter_batches(batch_size=batch_rows, columns=["record_id", "cluster", "pixels"])
+    o_buf: list[pa.RecordBatch] = []
+    for r in rel:
+        need = r.num_rows
+        while sum(b.num_rows for b in o_buf) < need:
+            o_buf.append(next(orig))
+        o = pa.Table.from_batches(o_buf).combine_chunks()
+        head, rest = o.slice(0, need), o.slice(need)
+        o_buf = rest.to_batches() if rest.num_rows else []
+        if head.column("record_id").to_pylist() != r.column("record_id").to_pylist():
+            raise RuntimeError(f"gate: {deid_path} and {partition_dir} do not list the same records in the same order")
+        yield head, r
 
-    Returns plain arrays for :class:`deid.gate.GateInputs`: ``record_ids``, ``people`` (mapped
-    through ``person_of``, the record -> effective person map, when given), ``clusters``,
-    ``partitions``, ``released``, ``originals`` and ``labels`` (name -> values).
+
+def _pixels(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    values = column.to_pylist()
+    return np.frombuffer(b"".join(values), np.uint8).reshape(len(values), -1) if values else np.zeros((0, 0), np.uint8)
+
+
+def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[str], batch_rows: int = 4096) -> dict:
+    """Per-record facts the gate needs, streamed: memory holds metadata, never all pixels.
+
+    Returns plain arrays for :class:`deid.gate.GateInputs`: ``record_ids``, ``people`` (the
+    effective person the partition stage resolved, see :func:`resolve_identities`),
+    ``clusters``, ``partitions``, ``labels`` (name -> values), ``image_index`` (index of the
+    record's released image among the distinct ones, by content hash) and ``own_distance``
+    (mean absolute difference between the released image and the record's own original),
+    plus ``fetch(idx) -> (released, originals)``, which reads just those records' pixels.
     """
-    meta = pq.read_table(ingested_path, columns=["record_id", "subject_id", *labels])
-    if not deid_paths:
-        return {}
-    released = pa.concat_tables([pq.read_table(p) for p in deid_paths])
-    if released.num_rows == 0:
-        return {}
-    released = released.join(meta, "record_id", join_type="inner").sort_by("record_id")
-    ids = released.column("record_id").to_pylist()
-    orig = pa.concat_tables([pq.read_table(p, columns=["record_id", "pixels"]) for p in aligned_paths])
-    orig = orig.filter(pa.compute.is_in(orig.column("record_id"), value_set=pa.array(ids))).sort_by("record_id")
-    if orig.column("record_id").to_pylist() != ids:
-        raise RuntimeError("gate: the aligned originals do not match the released records one to one")
-    partition_of: dict[str, str] = {}
-    if partitions_root and Path(partitions_root).is_dir():
-        parts = ds.dataset(partitions_root, format="parquet", partitioning="hive").to_table(
-            columns=["record_id", "partition"]).to_pydict()
-        partition_of = dict(zip(parts["record_id"], parts["partition"]))
-    subjects = released.column("subject_id").to_pylist()
-    people = [person_of.get(r, s) for r, s in zip(ids, subjects)] if person_of else subjects
+    import hashlib  # noqa: PLC0415
 
-    def pixels(table: pa.Table) -> np.ndarray:
-        return np.frombuffer(b"".join(table.column("pixels").to_pylist()), np.uint8).reshape(table.num_rows, -1)
+    pairs = []
+    for path in sorted(deid_paths):
+        name = Path(path).name[: -len(".parquet")]
+        pairs.append((str(Path(partitions_root) / name), path))
+    ids: list[str] = []
+    people: list[str] = []
+    clusters: list[str] = []
+    partitions: list[str] = []
+    label_values: dict[str, list] = {x: [] for x in labels}
+    image_index: list[int] = []
+    own: list[np.ndarray] = []
+    digests: dict[bytes, int] = {}
+    for pdir, dpath in pairs:
+        key = Path(pdir).name.split("=", 1)[-1]
+        for o, r in _paired_batches(pdir, dpath, ["record_id", "subject_id", "pixels", *labels], batch_rows):
+            ids += r.column("record_id").to_pylist()
+            people += o.column("subject_id").to_pylist()
+            clusters += r.column("cluster").to_pylist()
+            partitions += [key] * r.num_rows
+            for x in labels:
+                label_values[x] += o.column(x).to_pylist()
+            rel = r.column("pixels").to_pylist()
+            image_index += [digests.setdefault(hashlib.blake2b(b, digest_size=16).digest(), len(digests)) for b in rel]
+            a, b = _pixels(r.column("pixels")), _pixels(o.column("pixels"))
+            own.append(np.abs(a.astype(np.int16) - b.astype(np.int16)).mean(axis=1))
+    position = {rid: i for i, rid in enumerate(ids)}
+
+    def fetch(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.asarray(idx, dtype=np.int64)
+        want = {ids[i] for i in idx}
+        rel_rows: dict[int, np.ndarray] = {}
+        orig_rows: dict[int, np.ndarray] = {}
+        for pdir, dpath in pairs:
+            for o, r in _paired_batches(pdir, dpath, ["record_id", "pixels"], batch_rows):
+                rid = r.column("record_id").to_pylist()
+                hit = [j for j, x in enumerate(rid) if x in want]
+                if not hit:
+                    continue
+                take = pa.array(hit, pa.int64())
+                a, b = _pixels(r.column("pixels").take(take)), _pixels(o.column("pixels").take(take))
+                for n, j in enumerate(hit):
+                    rel_rows[position[rid[j]]], orig_rows[position[rid[j]]] = a[n], b[n]
+        return (np.stack([rel_rows[i] for i in idx]) if len(idx) else np.zeros((0, 0), np.uint8),
+                np.stack([orig_rows[i] for i in idx]) if len(idx) else np.zeros((0, 0), np.uint8))
 
     return {
         "record_ids": ids,
         "people": np.asarray(people, dtype=object),
-        "clusters": np.asarray(released.column("cluster").to_pylist(), dtype=object),
-        "partitions": np.asarray([partition_of.get(r, "all") for r in ids], dtype=object),
-        "released": pixels(released),
-        "originals": pixels(orig),
-        "labels": {x: np.asarray(released.column(x).to_pylist(), dtype=object) for x in labels},
+        "clusters": np.asarray(clusters, dtype=object),
+        "partitions": np.asarray(partitions, dtype=object),
+        "labels": {x: np.asarray(v, dtype=object) for x, v in label_values.items()},
+        "image_index": np.asarray(image_index, dtype=np.int64),
+        "own_distance": np.concatenate(own) if own else np.zeros(0),
+        "fetch": fetch,
     }
+
+
+def resolve_identities(faces: pa.Table, *, policy: str = "merge") -> tuple[pa.Table, PeopleResolution, list[Quarantined]]:
+    """Replace ``subject_id`` by the effective person (normalised ids, near-duplicate faces merged).
+
+    ``policy="quarantine"`` withholds every record involved in a face match across ids
+    instead of merging them.
+    """
+    if policy not in ("merge", "quarantine"):
+        raise ValueError(f"duplicate_ids={policy!r} must be 'merge' or 'quarantine'")
+    X = np.asarray(faces.column("features").to_pylist(), dtype=np.float64) if faces.num_rows else None
+    res = resolve_people(faces.column("subject_id").to_pylist(), X)
+    people = pa.array(list(res.person), pa.string())
+    faces = faces.set_column(faces.schema.get_field_index("subject_id"), "subject_id", people)
+    quarantined: list[Quarantined] = []
+    if policy == "quarantine" and res.flagged_records:
+        ids = faces.column("record_id").to_pylist()
+        quarantined = [Quarantined(ids[i], "", "same_face_other_id",
+                                   "the face matches a record under another subject id", "identity")
+                       for i in res.flagged_records]
+        keep = np.ones(faces.num_rows, dtype=bool)
+        keep[list(res.flagged_records)] = False
+        faces = faces.filter(pa.array(keep))
+    return faces, res, quarantined

@@ -71,7 +71,8 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
     quarantined = list(ing["quarantined"])
     deid_parts: list[str] = []
     aligned_parts: list[str] = []
-    part: dict = {"partitions": [], "suppressed": [], "small": [], "failed": False}
+    part: dict = {"partitions": [], "suppressed": [], "small": [], "failed": False, "identity": None,
+                  "quarantined": []}
     clusters: list[dict] = []
     eye_sources: dict = {}
     validation = dict(ing["validation"])
@@ -95,7 +96,8 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
                 feats = t.featurize(address, aligned_parts, str(staging), settings.pca_components, settings.seed or 0)
             with _timed(timings, "partition"):
                 part = t.partition(ing["ingested"], aligned_parts, feats["parts"], str(staging), labels=labels,
-                                   k=k, select=select, policy=policy)
+                                   k=k, select=select, policy=policy, duplicate_ids=settings.duplicate_ids)
+            quarantined += part["quarantined"]
             if part["partitions"]:
                 with _timed(timings, "deidentify"):
                     de = t.deidentify(address, part["partitions"], str(staging), k=k, method=method,
@@ -120,7 +122,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
         folds=settings.cv_folds, repeats=settings.cv_repeats, n_components=settings.pca_components,
         seed=settings.seed or 0)
     with _timed(timings, "gate"):
-        g = t.run_gate(ing["ingested"], aligned_parts, deid_parts, config=gate_config, counts=counts,
+        g = t.run_gate(deid_parts, config=gate_config, counts=counts,
                        partition_failed=part["failed"], partition_detail=small_detail, shape_hw=[h, w],
                        sigma=sigma, block=block, partitions_root=str(staging / "partitions"),
                        file_metadata=staged["file_metadata"] if staged else None, extra_checks=extra_checks)
@@ -169,6 +171,8 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
         "configuration": {
             "labels": labels,
             "notes": notes,
+            "identity": part["identity"],
+            "duplicate_ids": settings.duplicate_ids,
             "small_partitions": policy,
             "canonical_size": [w, h],
             "canonical_eyes": [list(e) for e in settings.canonical_eyes()],

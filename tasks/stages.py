@@ -142,10 +142,14 @@ def _load_faces(ingested: str, aligned_parts: list[str], feature_parts: list[str
 
 @task(name="partition", **TASK)
 def partition(ingested: str, aligned_parts: list[str], feature_parts: list[str], staging: str, *,
-              labels: list[str], k: int, select: bool, policy: str) -> dict:
+              labels: list[str], k: int, select: bool, policy: str, duplicate_ids: str = "merge") -> dict:
     """Split the aligned faces by utility labels into Hive-partitioned Parquet."""
     logger = get_run_logger()
     faces = _load_faces(ingested, aligned_parts, feature_parts, labels).sort_by("record_id")
+    faces, identity, dup_quarantined = stages.resolve_identities(faces, policy=duplicate_ids)
+    if identity.normalized_merges or identity.face_merges:
+        logger.warning("partition: %d subject ids merged by normalisation, %d groups by matching faces (%s)",
+                       identity.normalized_merges, len(identity.face_merges), duplicate_ids)
     cols = faces.select(["subject_id", *labels]).to_pydict()
     lab_rows = [{x: cols[x][i] for x in labels} for i in range(faces.num_rows)]
     plan = plan_partitions(lab_rows, cols["subject_id"], k=k, label_names=labels, select=select, policy=policy)
@@ -169,7 +173,8 @@ def partition(ingested: str, aligned_parts: list[str], feature_parts: list[str],
     for entry in plan.small:
         logger.warning("partition %s has %s people (< k=%d): %s", entry["partition"], entry["people"], k, entry["action"])
     logger.info("partition: %d partitions, %d records suppressed", len(dirs), len(suppressed))
-    return {"partitions": dirs, "suppressed": suppressed, "small": plan.small, "failed": plan.failed}
+    return {"partitions": dirs, "suppressed": suppressed, "small": plan.small, "failed": plan.failed,
+            "identity": identity.summary(), "quarantined": [q.__dict__ for q in dup_quarantined]}
 
 
 @task(name="deidentify", retries=1, retry_delay_seconds=2, **TASK)
@@ -189,25 +194,26 @@ def deidentify(address: str, partitions: list[dict], staging: str, *, k: int, me
 
 
 @task(name="gate", **TASK)
-def run_gate(ingested: str, aligned_parts: list[str], deid_parts: list[str], *, config: gate_mod.GateConfig,
+def run_gate(deid_parts: list[str], *, config: gate_mod.GateConfig,
              counts: dict, partition_failed: bool, partition_detail: str, shape_hw: list[int],
              sigma: float | None, block: int | None, partitions_root: str | None = None,
-             file_metadata: dict | None = None, extra_checks: list[dict] = (),
-             person_of: dict[str, str] | None = None) -> dict:
+             file_metadata: dict | None = None, extra_checks: list[dict] = ()) -> dict:
     """Load the would-be release and its originals, then run the core gate on them."""
     logger = get_run_logger()
-    arrays = stages.load_gate_arrays(ingested, aligned_parts, deid_parts, labels=list(config.labels),
-                                     partitions_root=partitions_root, person_of=person_of)
     shape = (int(shape_hw[0]), int(shape_hw[1]))
-    empty = np.zeros((0, shape[0] * shape[1]), np.uint8)
-    inputs = gate_mod.GateInputs(
-        shape=shape, people=arrays.get("people", np.zeros(0, object)), released=arrays.get("released", empty),
-        originals=arrays.get("originals", empty), clusters=arrays.get("clusters"), partitions=arrays.get("partitions"),
-        labels=arrays.get("labels", {}), records_in=counts["in"], suppressed=counts["suppressed"],
-        quarantined=counts["quarantined"], partition_failed=partition_failed, partition_detail=partition_detail,
-        file_metadata=file_metadata or {}, extra_checks=tuple(gate_mod.Check.from_dict(c) for c in extra_checks),
-        deidentify=method_runner(config.method, shape=shape, k=config.k, sigma=sigma, block=block,
-                                 n_components=config.n_components, seed=config.seed))
+    common = dict(records_in=counts["in"], suppressed=counts["suppressed"], quarantined=counts["quarantined"],
+                  partition_failed=partition_failed, partition_detail=partition_detail,
+                  file_metadata=file_metadata or {},
+                  extra_checks=tuple(gate_mod.Check.from_dict(c) for c in extra_checks),
+                  deidentify=method_runner(config.method, shape=shape, k=config.k, sigma=sigma, block=block,
+                                           n_components=config.n_components, seed=config.seed))
+    if deid_parts and partitions_root:
+        rec = stages.gate_records(partitions_root, deid_parts, labels=list(config.labels))
+        inputs = gate_mod.GateInputs(shape=shape, people=rec["people"], image_index=rec["image_index"],
+                                     own_distance=rec["own_distance"], fetch=rec["fetch"], clusters=rec["clusters"],
+                                     partitions=rec["partitions"], labels=rec["labels"], **common)
+    else:
+        inputs = gate_mod.GateInputs.empty(shape=shape, **common)
     result = gate_mod.evaluate(inputs, config)
     logger.info("gate: %s%s", "passed" if result.passed else "failed",
                 "" if result.passed else " - " + "; ".join(result.reasons))

@@ -36,8 +36,9 @@ def _faces(n_people: int, per_person: int = 1, seed: int = 0, noise: float = 6.0
 
 
 def _inputs(released, originals, people, clusters, **kw):
-    return GateInputs(shape=SHAPE, people=people, released=released, originals=originals, clusters=clusters,
-                      records_in=len(people), release_columns=("record_id", "image", "cluster_id"), **kw)
+    return GateInputs.from_arrays(shape=SHAPE, people=people, released=released, originals=originals,
+                                  clusters=clusters, records_in=len(people),
+                                  release_columns=("record_id", "image", "cluster_id"), **kw)
 
 
 def _fast(k=5, **kw):
@@ -72,9 +73,10 @@ def test_cluster_shares_match_a_direct_count(pairs):
 
 
 def test_identical_within_clusters():
-    a = np.array([[1, 2], [1, 2], [3, 4], [3, 4]], np.uint8)
-    assert identical_within_clusters(a, ["x", "x", "y", "y"])
-    assert not identical_within_clusters(a, ["x", "y", "y", "y"])
+    index = [0, 0, 1, 1]  # distinct released image of each record
+    assert identical_within_clusters(index, ["x", "x", "y", "y"])
+    assert not identical_within_clusters(index, ["x", "y", "y", "y"])
+    assert not identical_within_clusters(index, None)
 
 
 def test_ksame_release_passes_privacy_with_exact_bound():
@@ -156,8 +158,8 @@ def test_person_share_above_one_over_k_fails_even_with_k_people():
 def test_attack_sample_takes_whole_clusters_and_is_seeded():
     people = np.asarray([f"p{i}" for i in range(1000)], object)
     clusters = np.asarray([f"c{i // 5}" for i in range(1000)], object)
-    inputs = GateInputs(shape=SHAPE, people=people, released=np.zeros((1000, 1), np.uint8),
-                        originals=np.zeros((1000, 1), np.uint8), clusters=clusters)
+    inputs = GateInputs.from_arrays(shape=SHAPE, people=people, released=np.zeros((1000, 1), np.uint8),
+                                    originals=np.zeros((1000, 1), np.uint8), clusters=clusters)
     idx = attack_sample(inputs, max_records=203, seed=4)
     assert len(idx) == 200  # whole clusters of 5 only
     chosen = set(clusters[idx])
