@@ -139,15 +139,14 @@ def image_sha256(image: np.ndarray) -> str:
 class LineageCluster:
     """One released cluster as the lineage records it.
 
-    ``records`` and ``people`` are the *basis*: the source records averaged into ``image`` and
-    their people. A republished cluster keeps its basis; records released with it later (new
+    ``members`` is the *basis*: (source fingerprint, person pseudonym) of every record averaged
+    into ``image``. A republished cluster keeps its basis; records released with it later (new
     photos of returning people) are in :attr:`LineageState.record_cluster` but not averaged.
     """
 
     key: str                      # stable id "<release_id>/<n>"
     release_id: str               # the release that created it
-    people: frozenset[str]        # pseudonyms of the basis people
-    records: frozenset[str]       # source fingerprints (sha256) of the basis records
+    members: frozenset[tuple[str, str]]   # (sha256 of source bytes, pseudonym) of each basis record
     image: np.ndarray             # uint8 (n_pixels,): the released average, stored
     shape: tuple[int, int]        # (height, width)
     partition: tuple[str, ...]    # utility label values of the cluster (counterfeits carry them)
@@ -159,9 +158,19 @@ class LineageCluster:
     def image_sha256(self) -> str:
         return image_sha256(self.image)
 
+    @property
+    def records(self) -> frozenset[str]:
+        """Fingerprints of the basis records."""
+        return frozenset(f for f, _ in self.members)
+
+    @property
+    def people(self) -> frozenset[str]:
+        """Pseudonyms of the basis people."""
+        return frozenset(p for _, p in self.members)
+
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "release_id": self.release_id, "people": sorted(self.people),
-                "records": sorted(self.records), "image_sha256": self.image_sha256,
+        return {"key": self.key, "release_id": self.release_id, "members": sorted(map(list, self.members)),
+                "image_sha256": self.image_sha256,
                 "image": base64.b64encode(np.ascontiguousarray(self.image, dtype=np.uint8).tobytes()).decode(),
                 "shape": list(self.shape), "partition": list(self.partition), "n_released": self.n_released,
                 "k": self.k, "method": self.method}
@@ -169,8 +178,8 @@ class LineageCluster:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "LineageCluster":
         image = np.frombuffer(base64.b64decode(d["image"]), dtype=np.uint8).copy()
-        c = cls(key=d["key"], release_id=d["release_id"], people=frozenset(d["people"]),
-                records=frozenset(d["records"]), image=image, shape=(int(d["shape"][0]), int(d["shape"][1])),
+        c = cls(key=d["key"], release_id=d["release_id"], members=frozenset((f, p) for f, p in d["members"]),
+                image=image, shape=(int(d["shape"][0]), int(d["shape"][1])),
                 partition=tuple(d["partition"]), n_released=int(d["n_released"]), k=int(d["k"]),
                 method=str(d["method"]))
         if c.image_sha256 != d["image_sha256"]:
@@ -605,8 +614,8 @@ def _new_clusters(release_id: str, idx: Sequence[int], labels: np.ndarray, image
         ps = [parts[i] for i in members] if parts is not None else [()]
         part = min(Counter(ps).most_common(), key=lambda x: (-x[1], x[0]))[0]
         key = f"{release_id}/{n:05d}"
-        clusters.append(LineageCluster(key=key, release_id=release_id, people=frozenset(pseud[i] for i in members),
-                                       records=frozenset(fps[i] for i in members), image=img.copy(), shape=shape,
+        clusters.append(LineageCluster(key=key, release_id=release_id,
+                                       members=frozenset((fps[i], pseud[i]) for i in members), image=img.copy(), shape=shape,
                                        partition=tuple(part), n_released=len(members), k=k, method=method))
         for i in members:
             where[i] = key
@@ -701,8 +710,8 @@ def describe_lineage(state: LineageState, *, members: bool = False) -> dict[str,
     }
     if members:
         out["clusters"] = [
-            {"key": c.key, "release_id": c.release_id, "partition": list(c.partition), "people": sorted(c.people),
-             "records": sorted(c.records), "image_sha256": c.image_sha256, "released_sizes":
+            {"key": c.key, "release_id": c.release_id, "partition": list(c.partition),
+             "members": sorted(map(list, c.members)), "image_sha256": c.image_sha256, "released_sizes":
                  list(state.released_sizes.get(c.key, ()))}
             for c in sorted(state.clusters.values(), key=lambda c: c.key)]
     return out

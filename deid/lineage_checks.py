@@ -50,54 +50,52 @@ class LineageCheck:
 def check_structure(state: LineageState, release: LineageRelease) -> tuple[LineageCheck, LineageCheck]:
     """The two structural lineage checks of a release against the registered clusters.
 
-    ``lineage_cluster_differences``: no released cluster and registered cluster differ by 1 to
-    ``k - 1`` *basis records* (symmetric difference of the source records averaged into the two
-    images) or by 1 to ``k - 1`` *people* (symmetric difference of their people); a cluster with the
-    same basis must carry the bit-identical image. Records, because an average is a sum of records
-    (two photos of one person swapped leak both photos); people too, because one added person with
-    several photos still gives their mean face away. ``k`` is the larger of the two clusters' and
-    the release's ``k``. Records released with a registered image without being averaged into it
-    (new photos of returning people, counterfeits) change nothing: the image is the same.
+    ``lineage_cluster_differences``: for every cluster first released now and every registered
+    cluster, the basis records in one but not the other (symmetric difference of the records
+    averaged into the two images) must be none, or belong to at least ``k`` distinct people. The
+    difference of two such averages, scaled by the sizes, is the sum of those records (with signs):
+    fewer than ``k`` people's faces, in the clear. This is "no two clusters differ by 1 to k-1
+    member records" (the records then belong to at most k-1 people), extended to one added person
+    with several photos (their summed photos give their mean face away). Two clusters of the same
+    release share no record, so the rule never fires within a release. Clusters with the same basis
+    must carry the bit-identical image, and a republished cluster the registered image. ``k`` is the
+    largest of the two clusters' and the release's. Records released with a registered image
+    without being averaged into it (new photos of returning people, counterfeits) change nothing.
 
     ``lineage_returning_identical``: every released record of a person or a source record already
     registered carries, bit for bit, a registered image of that person (that record's cluster for
     a registered record).
 
-    Only pairs sharing a record or a person are compared exactly; disjoint pairs differ by the sum
-    of their sizes, which can only fall below ``k`` for clusters smaller than ``k`` (checked too).
+    Only pairs sharing a record are compared member by member; a disjoint pair differs by all its
+    records, whose people number ``|P1 | P2| >= k`` unless both clusters are tiny (checked too).
+    Republished clusters were compared when first released; only their image is checked again.
     """
     released = release.released_clusters(state)
     by_record: dict[str, set[str]] = defaultdict(set)
-    by_person: dict[str, set[str]] = defaultdict(set)
     for c in state.clusters.values():
         for r in c.records:
             by_record[r].add(c.key)
-        for p in c.people:
-            by_person[p].add(c.key)
     findings: list[dict] = []
     n_pairs = 0
     registered = list(state.clusters.values())
     for key, (c1, _) in released.items():
-        cands = set().union(*(by_record.get(r, ()) for r in c1.records), *(by_person.get(p, ()) for p in c1.people))
-        small = [c2 for c2 in registered
-                 if min(len(c1.records) + len(c2.records), len(c1.people) + len(c2.people)) < max(release.k, c2.k)]
-        cands |= {c2.key for c2 in small}
-        cands.discard(key)
+        if key in state.clusters:
+            continue
+        cands = set().union(*(by_record.get(r, ()) for r in c1.records))
+        cands |= {c2.key for c2 in registered if len(c1.people | c2.people) < max(release.k, c1.k, c2.k)}
         for k2 in sorted(cands):
             c2 = state.clusters[k2]
             n_pairs += 1
             kk = max(release.k, c1.k, c2.k)
-            d_rec = len(c1.records ^ c2.records)
-            d_people = len(c1.people ^ c2.people)
+            delta = c1.members ^ c2.members
+            d_people = len({p for _, p in delta})
             problem = None
-            if 1 <= d_rec < kk:
-                problem = f"differ by {d_rec} record(s)"
-            elif 1 <= d_people < kk:
-                problem = f"differ by {d_people} person(s)"
-            elif d_rec == 0 and c1.image_sha256 != c2.image_sha256:
+            if delta and d_people < kk:
+                problem = f"differ by {len(delta)} record(s) of {d_people} person(s)"
+            elif not delta and c1.image_sha256 != c2.image_sha256:
                 problem = "same records, different image"
             if problem:
-                findings.append({"released": key, "registered": k2, "records": d_rec, "people": d_people,
+                findings.append({"released": key, "registered": k2, "records": len(delta), "people": d_people,
                                  "problem": problem})
     # A republished cluster is the registered one: its image must not have changed either.
     for key, (c1, _) in released.items():
@@ -107,7 +105,7 @@ def check_structure(state: LineageState, release: LineageRelease) -> tuple[Linea
         "lineage_cluster_differences", not findings, len(findings), 0,
         f"{len(released)} released clusters vs {len(state.clusters)} registered clusters of "
         f"{len(state.releases)} earlier releases: {n_pairs} overlapping pairs compared, {len(findings)} differ by "
-        f"1 to k-1 records or people" + (f" (e.g. {findings[0]['problem']})" if findings else ""),
+        f"records of 1 to k-1 people" + (f" (e.g. {findings[0]['problem']})" if findings else ""),
         tuple(findings))
     return diff, _check_returning(state, release, released)
 
@@ -323,21 +321,35 @@ def _pairs(Y1: np.ndarray, Y2: np.ndarray, all_pairs: bool, neighbors: int) -> t
     return np.concatenate(out_i), np.concatenate(out_j)
 
 
-def _best_pairs(Dz: np.ndarray, Zx: np.ndarray, zsq: np.ndarray, candidates: int) -> np.ndarray:
-    """For each difference D, the pair (a, b), a != b, with Z_a - Z_b nearest D among a few a's.
+def _best_pairs(Dz: np.ndarray, Zx: np.ndarray, zsq: np.ndarray, candidates: int,
+                exact_limit: int = 3000) -> np.ndarray:
+    """For each difference D, the pair (a, b), a != b, of originals with Z_a - Z_b nearest to D.
 
-    For the true pair, ``(Z_a - Z_b) . D = |D|^2`` is large, so ``a`` is among the originals most
-    aligned with ``D``; ``b`` is then the original nearest to ``Z_a - D``.
+    Exact over all pairs up to ``exact_limit`` originals, using
+    ``|Z_a - Z_b - D|^2 = |Z_a - Z_b|^2 - 2 (u_a - u_b) + |D|^2`` with ``u = Z D`` (n^2 per difference,
+    no feature dimension). Beyond that, ``a`` is taken among the ``candidates`` originals most aligned
+    with ``D`` and ``b`` is the original nearest to ``Z_a - D`` (an approximation).
     """
-    t = min(candidates, Zx.shape[0])
+    n = Zx.shape[0]
     u = Dz @ Zx.T                                             # (B, n)
+    if n <= exact_limit:
+        G = zsq[:, None] + zsq[None, :] - 2.0 * (Zx @ Zx.T)
+        np.fill_diagonal(G, np.inf)                           # a != b
+        step = max(1, 4_000_000 // (n * n))
+        out = np.empty((len(Dz), 2), dtype=np.int64)
+        for s in range(0, len(Dz), step):
+            uu = u[s:s + step]
+            d = G[None, :, :] - 2.0 * (uu[:, :, None] - uu[:, None, :])
+            flat = np.argmin(d.reshape(len(uu), -1), axis=1)
+            out[s:s + step, 0], out[s:s + step, 1] = np.divmod(flat, n)
+        return out
+    t = min(max(candidates, 64), n)
     A = np.argpartition(-u, t - 1, axis=1)[:, :t]             # (B, t)
-    T = Zx[A] - Dz[:, None, :]                                # (B, t, q): where b should be
-    d = np.einsum("btq,btq->bt", T, T)[:, :, None] - 2.0 * T @ Zx.T + zsq[None, None, :]
-    d[np.arange(len(A))[:, None], np.arange(t)[None, :], A] = np.inf    # b != a
-    B = np.argmin(d, axis=2)                                  # (B, t)
-    best = np.take_along_axis(d, B[:, :, None], axis=2)[:, :, 0]
-    col = np.argmin(best, axis=1)
-    rows = np.arange(len(A))
-    return np.stack([A[rows, col], B[rows, col]], axis=1)
-
+    out = np.empty((len(Dz), 2), dtype=np.int64)
+    for r in range(len(Dz)):
+        T = Zx[A[r]] - Dz[r][None, :]                         # (t, q): where b should be
+        d = np.einsum("tq,tq->t", T, T)[:, None] - 2.0 * T @ Zx.T + zsq[None, :]
+        d[np.arange(t), A[r]] = np.inf                        # b != a
+        flat = int(np.argmin(d))
+        out[r] = (A[r][flat // n], flat % n)
+    return out
