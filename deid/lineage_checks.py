@@ -190,7 +190,7 @@ def _cluster_sizes(c: LineageCluster, *more: int) -> list[int]:
 def differencing_attack(state: LineageState, release: LineageRelease, originals: Any, *,
                         original_people: Sequence[Hashable] | None = None, tolerance: float = 1.0,
                         n_components: int = 50, max_pairs: int = 200_000, neighbors: int = 10,
-                        candidates: int = 4, block: int = 2048) -> DifferencingResult:
+                        candidates: int = 16, block: int = 1024) -> DifferencingResult:
     """Difference every released average of this release against every registered one; match to originals.
 
     The attacker sees each release's images and cluster sizes. For a released cluster (average
@@ -203,9 +203,10 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
 
     Plausible sizes are those the releases show (records per image in each release) and the true
     basis sizes (the gate knows them: the strongest attacker). Matching is done in PCA space
-    (eigenfaces of the originals; Turk & Pentland 1991): single faces by nearest neighbour, pairs
-    by taking the ``candidates`` originals most aligned with the difference as ``a`` and the nearest
-    original to ``a - D`` as ``b``. Every best candidate is verified in pixels: it is an *exact*
+    (eigenfaces of the originals; Turk & Pentland 1991): single faces by nearest neighbour; pairs
+    among the ``candidates`` originals most and least aligned with the difference in whitened PCA
+    space (the true ``a`` and ``b`` rank first there: measured on London, 20 of 20 swapped pairs had
+    ``a`` at rank 0 and ``b`` at rank <= 1), all ``candidates^2`` combinations compared. Every best candidate is verified in pixels: it is an *exact*
     match when the mean absolute error divided by ``max(s1, s2)`` is below ``tolerance`` grey levels,
     i.e. the error at the scale of the released averages (uint8 rounding of two averages explains
     at most ``0.5 (s1 + s2) / max(s1, s2) <= 1`` grey level per pixel there; a wrong face is off by
@@ -229,7 +230,7 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
     -------
     DifferencingResult
     """
-    X = np.asarray(originals, dtype=np.float64)
+    X = np.asarray(originals, dtype=np.float32)
     if X.ndim != 2 or X.shape[0] < 2:
         raise ConfigError(f"originals has shape {X.shape}; pass at least two aligned faces, one flattened row each")
     if original_people is not None and len(original_people) != X.shape[0]:
@@ -246,45 +247,48 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
             raise ConfigError(f"cluster images have {c.image.shape[0]} pixels but originals {X.shape[1]}; pass the "
                               "aligned faces at the canonical size")
 
-    mu = X.mean(axis=0)
-    q = max(1, min(n_components, X.shape[0] - 1, X.shape[1]))
-    W = _components(X - mu, q)                       # (q, p) orthonormal rows
-    Zx = X @ W.T                                     # linear projections: differences are exact
-    M1 = np.stack([c.image for c, _ in new]).astype(np.float64)
-    M2 = np.stack([c.image for c, _ in reg]).astype(np.float64)
-    Y1, Y2 = M1 @ W.T, M2 @ W.T
+    Wz, mu, sd = _pca(X, n_components)              # (q, p) orthonormal rows, mean, component std
+    Zc = (X - mu) @ Wz.T                             # centred projections of the originals
+    Zw = Zc / sd                                     # whitened: pair candidates
+    M1 = np.stack([c.image for c, _ in new]).astype(np.float32)
+    M2 = np.stack([c.image for c, _ in reg]).astype(np.float32)
+    Y1, Y2 = M1 @ Wz.T, M2 @ Wz.T                    # linear projections: differences are exact
+    muz = mu @ Wz.T
     h1 = [c.image_sha256 for c, _ in new]
     h2 = [c.image_sha256 for c, _ in reg]
 
-    pairs_i, pairs_j = _pairs(Y1, Y2, len(new) * len(reg) <= max_pairs, neighbors)
-    mode = "all pairs" if len(new) * len(reg) <= max_pairs else f"{neighbors} nearest registered per released"
-    keep = np.array([h1[i] != h2[j] for i, j in zip(pairs_i, pairs_j)], dtype=bool)
+    all_pairs = len(new) * len(reg) <= max_pairs
+    pairs_i, pairs_j = _pairs(Y1, Y2, all_pairs, neighbors)
+    mode = "all pairs" if all_pairs else f"{neighbors} nearest registered averages per released one"
+    keep = np.array([h1[i] != h2[j] for i, j in zip(pairs_i.tolist(), pairs_j.tolist())], dtype=bool)
     pairs_i, pairs_j = pairs_i[keep], pairs_j[keep]
     tests = [(i, j, s1, s2) for i, j in zip(pairs_i.tolist(), pairs_j.tolist())
              for s1 in new[i][1] for s2 in reg[j][1] if abs(s1 - s2) <= 1]
     matches: list[DifferencingMatch] = []
-    zsq = np.einsum("ij,ij->i", Zx, Zx)
+    csq = np.einsum("ij,ij->i", Zc, Zc)
     for start in range(0, len(tests), block):
         t = np.array(tests[start:start + block], dtype=np.int64)
         i, j, s1, s2 = t.T
-        sign = np.where(s1 >= s2, 1.0, -1.0)[:, None]   # larger cluster first: the difference is +x
+        sign = np.where(s1 >= s2, 1.0, -1.0).astype(np.float32)[:, None]  # larger cluster first: +x
         Dz = sign * (s1[:, None] * Y1[i] - s2[:, None] * Y2[j])
         single = s1 != s2
         best = np.full((len(t), 2), -1, dtype=np.int64)
         if single.any():
-            d = zsq[None, :] - 2.0 * Dz[single] @ Zx.T
+            d = csq[None, :] - 2.0 * (Dz[single] - muz) @ Zc.T      # nearest original to the difference
             best[single, 0] = np.argmin(d, axis=1)
         if (~single).any():
-            best[~single] = _best_pairs(Dz[~single], Zx, zsq, candidates)
-        for row in range(len(t)):
-            a, b = best[row]
-            D = sign[row, 0] * (s1[row] * M1[i[row]] - s2[row] * M2[j[row]])
-            target = X[a] if b < 0 else X[a] - X[b]
-            mae = float(np.abs(D - target).mean()) / max(int(s1[row]), int(s2[row]))
-            if mae < tolerance:
-                matches.append(DifferencingMatch(new[i[row]][0].key, reg[j[row]][0].key, (int(s1[row]), int(s2[row])),
-                                                 "single" if b < 0 else "pair",
-                                                 (int(a),) if b < 0 else (int(a), int(b)), round(mae, 4)))
+            best[~single] = _best_pairs(Dz[~single] / sd, Zw, candidates)
+        for v in range(0, len(t), 256):  # verify in pixels, a few hundred differences at a time
+            r = slice(v, v + 256)
+            D = sign[r] * (s1[r, None] * M1[i[r]] - s2[r, None] * M2[j[r]])
+            a, b = best[r, 0], best[r, 1]
+            target = X[a] - np.where(b[:, None] >= 0, X[np.maximum(b, 0)], 0.0)
+            mae = np.abs(D - target).mean(axis=1) / np.maximum(s1[r], s2[r])
+            for row in np.flatnonzero(mae < tolerance):
+                n1, n2 = int(i[r][row]), int(j[r][row])
+                origs = (int(a[row]),) if b[row] < 0 else (int(a[row]), int(b[row]))
+                matches.append(DifferencingMatch(new[n1][0].key, reg[n2][0].key, (int(s1[r][row]), int(s2[r][row])),
+                                                 "single" if b[row] < 0 else "pair", origs, round(float(mae[row]), 4)))
     if original_people is not None:
         people = frozenset(original_people[g] for m in matches for g in m.originals)
     else:
@@ -294,16 +298,27 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
     return DifferencingResult(len(pairs_i), len(tests), mode, tuple(matches), people, tolerance)
 
 
-def _components(Xc: np.ndarray, q: int) -> np.ndarray:
-    # Eigenfaces through the small Gram matrix (n x n) when there are fewer faces than pixels.
-    n, p = Xc.shape
-    if n <= p:
+def _pca(X: np.ndarray, n_components: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Eigenfaces of the originals (Turk & Pentland 1991): components, mean, per-component std.
+
+    Through the small Gram matrix when there are at most a few thousand faces, else randomized SVD.
+    """
+    n, p = X.shape
+    q = max(1, min(n_components, n - 1, p))
+    mu = X.mean(axis=0)
+    Xc = X - mu
+    if n <= 3000:
         vals, vecs = np.linalg.eigh(Xc @ Xc.T)
         order = np.argsort(vals)[::-1][:q]
-        vals, vecs = np.maximum(vals[order], 1e-12), vecs[:, order]
-        return (Xc.T @ vecs / np.sqrt(vals)).T
-    _, _, vt = np.linalg.svd(Xc, full_matrices=False)
-    return vt[:q]
+        vals, vecs = np.maximum(vals[order], 1e-6), vecs[:, order]
+        W = (Xc.T @ vecs / np.sqrt(vals)).T
+    else:
+        from sklearn.decomposition import PCA  # noqa: PLC0415 - only large galleries need it
+
+        W = PCA(q, svd_solver="randomized", random_state=0).fit(Xc).components_
+        vals = ((Xc @ W.T) ** 2).sum(axis=0)
+    sd = np.sqrt(np.maximum(vals, 1e-6) / n).astype(np.float32)
+    return W.astype(np.float32), mu.astype(np.float32), sd
 
 
 def _pairs(Y1: np.ndarray, Y2: np.ndarray, all_pairs: bool, neighbors: int) -> tuple[np.ndarray, np.ndarray]:
@@ -321,35 +336,22 @@ def _pairs(Y1: np.ndarray, Y2: np.ndarray, all_pairs: bool, neighbors: int) -> t
     return np.concatenate(out_i), np.concatenate(out_j)
 
 
-def _best_pairs(Dz: np.ndarray, Zx: np.ndarray, zsq: np.ndarray, candidates: int,
-                exact_limit: int = 3000) -> np.ndarray:
-    """For each difference D, the pair (a, b), a != b, of originals with Z_a - Z_b nearest to D.
+def _best_pairs(Dw: np.ndarray, Zw: np.ndarray, candidates: int) -> np.ndarray:
+    """For each whitened difference D, the pair (a, b), a != b, of originals with Z_a - Z_b nearest to D.
 
-    Exact over all pairs up to ``exact_limit`` originals, using
-    ``|Z_a - Z_b - D|^2 = |Z_a - Z_b|^2 - 2 (u_a - u_b) + |D|^2`` with ``u = Z D`` (n^2 per difference,
-    no feature dimension). Beyond that, ``a`` is taken among the ``candidates`` originals most aligned
-    with ``D`` and ``b`` is the original nearest to ``Z_a - D`` (an approximation).
+    For the true pair, ``Z_a . D = Z_a . (Z_a - Z_b)`` is about ``|Z_a|^2``, far above the other
+    originals in whitened space (where every component has unit variance), and ``Z_b . D`` far
+    below; so ``a`` is searched among the ``candidates`` originals most aligned with D, ``b`` among
+    the ``candidates`` least aligned, all combinations compared exactly. O(n q) per difference.
     """
-    n = Zx.shape[0]
-    u = Dz @ Zx.T                                             # (B, n)
-    if n <= exact_limit:
-        G = zsq[:, None] + zsq[None, :] - 2.0 * (Zx @ Zx.T)
-        np.fill_diagonal(G, np.inf)                           # a != b
-        step = max(1, 4_000_000 // (n * n))
-        out = np.empty((len(Dz), 2), dtype=np.int64)
-        for s in range(0, len(Dz), step):
-            uu = u[s:s + step]
-            d = G[None, :, :] - 2.0 * (uu[:, :, None] - uu[:, None, :])
-            flat = np.argmin(d.reshape(len(uu), -1), axis=1)
-            out[s:s + step, 0], out[s:s + step, 1] = np.divmod(flat, n)
-        return out
-    t = min(max(candidates, 64), n)
-    A = np.argpartition(-u, t - 1, axis=1)[:, :t]             # (B, t)
-    out = np.empty((len(Dz), 2), dtype=np.int64)
-    for r in range(len(Dz)):
-        T = Zx[A[r]] - Dz[r][None, :]                         # (t, q): where b should be
-        d = np.einsum("tq,tq->t", T, T)[:, None] - 2.0 * T @ Zx.T + zsq[None, :]
-        d[np.arange(t), A[r]] = np.inf                        # b != a
-        flat = int(np.argmin(d))
-        out[r] = (A[r][flat // n], flat % n)
-    return out
+    t = min(candidates, Zw.shape[0])
+    u = Dw @ Zw.T                                                  # (B, n)
+    A = np.argpartition(-u, t - 1, axis=1)[:, :t]                  # (B, t)
+    C = np.argpartition(u, t - 1, axis=1)[:, :t]                   # (B, t)
+    R = Zw[A][:, :, None, :] - Zw[C][:, None, :, :] - Dw[:, None, None, :]   # (B, t, t, q)
+    d = np.einsum("btcq,btcq->btc", R, R)
+    d[A[:, :, None] == C[:, None, :]] = np.inf                     # a != b
+    flat = np.argmin(d.reshape(len(Dw), -1), axis=1)
+    ia, ic = np.divmod(flat, t)
+    rows = np.arange(len(Dw))
+    return np.stack([A[rows, ia], C[rows, ic]], axis=1)
