@@ -77,12 +77,16 @@ def check_structure(state: LineageState, release: LineageRelease) -> tuple[Linea
             by_record[r].add(c.key)
     findings: list[dict] = []
     n_pairs = 0
-    registered = list(state.clusters.values())
+    kmax = max([release.k, *(c.k for c in state.clusters.values())])
+    # A disjoint pair differs by all its records, of |P1 | P2| >= max(|P1|, |P2|) people: only two
+    # clusters both below k people can fall short, so only those are compared beyond overlaps.
+    tiny = [c2 for c2 in state.clusters.values() if len(c2.people) < kmax]
     for key, (c1, _) in released.items():
         if key in state.clusters:
             continue
         cands = set().union(*(by_record.get(r, ()) for r in c1.records))
-        cands |= {c2.key for c2 in registered if len(c1.people | c2.people) < max(release.k, c1.k, c2.k)}
+        if len(c1.people) < kmax:
+            cands |= {c2.key for c2 in tiny if len(c1.people | c2.people) < max(release.k, c1.k, c2.k)}
         for k2 in sorted(cands):
             c2 = state.clusters[k2]
             n_pairs += 1

@@ -176,6 +176,34 @@ def test_independent_reclustering_fails_the_structural_checks():
     assert not diff.passed and diff.findings and all(f["people"] < 4 for f in diff.findings)
 
 
+def test_raised_k_suppresses_registered_clusters_below_it():
+    w = World(n_people=8, photos=1)
+    s0 = empty_state("synthetic")
+    _, r1 = _release(w, range(8), s0, rid="rel-a", k=2, select=False)
+    s1 = s0.with_entry(r1.to_entry())
+    small = {c.key for c in s1.clusters.values() if len(c.people) < 3}
+    assert small
+    plan, r2 = _release(w, range(8), s1, rid="rel-b", k=3, select=False)
+    assert {key for key, reason in plan.suppressed_clusters if reason == "registered_cluster_below_k"} == small
+    assert small.isdisjoint(r.key for r in r2.republished)
+    assert all(c.passed for c in check_structure(s1, r2))
+
+
+def test_abandoned_release_no_longer_constrains(tmp_path):
+    w = World(n_people=9, photos=1)
+    reg = Registry.open(tmp_path, "synthetic", KEY)
+    s0 = reg.load()
+    _, r1 = _release(w, range(9), s0, rid="rel-a", k=3, select=False)
+    s1 = reg.append_release(s0, r1)
+    assert len(s1.clusters) == 3
+    s2 = reg.mark_abandoned(s1, "rel-a")  # e.g. the publish step failed after registering
+    assert not s2.clusters and [r.status for r in reg.load().releases] == ["abandoned"]
+    plan = plan_release(s2, w.people, w.fps, key=KEY, k=3)
+    assert len(plan.new_records) == 9 and not plan.republish
+    with pytest.raises(LineageError, match="only a pending release"):
+        reg.mark_published(s2, "rel-a")
+
+
 def test_bad_parameters_are_named():
     s0 = empty_state("synthetic")
     with pytest.raises(Exception, match="DEID_LINEAGE_POLICY"):
