@@ -578,6 +578,11 @@ class LineageRelease:
             out[r.key] = (state.clusters[r.key], r.n_released)
         return out
 
+    def released_records(self, state: LineageState) -> list[tuple[int, str, np.ndarray]]:
+        """(drop record index, cluster key, released uint8 image) of every released drop record, by index."""
+        clusters = self.released_clusters(state)
+        return [(i, key, clusters[key][0].image) for i, key in enumerate(self.record_cluster) if key is not None]
+
     def counterfeits(self, state: LineageState) -> list[tuple[np.ndarray, tuple[str, ...]]]:
         """(image, partition) of every counterfeit record to add to the release (private: not marked there)."""
         return [(state.clusters[r.key].image, state.clusters[r.key].partition)

@@ -34,7 +34,7 @@ import json
 import logging
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -278,6 +278,14 @@ class Registry:
     def mark_abandoned(self, state: LineageState, release_id: str) -> LineageState:
         """Record that ``release_id`` was never published: its clusters stop constraining later releases."""
         return self._mark(state, release_id, "abandoned")
+
+    def reconcile(self, state: LineageState, is_published: Callable[[str], bool]) -> LineageState:
+        """Settle releases left pending by an interrupted run: published if ``is_published(release_id)``
+        (e.g. its release directory exists), else abandoned. Call at the start of a run, before planning."""
+        for r in state.releases:
+            if r.status == "pending":
+                state = (self.mark_published if is_published(r.release_id) else self.mark_abandoned)(state, r.release_id)
+        return state
 
     def _mark(self, state: LineageState, release_id: str, kind: str) -> LineageState:
         status = {r.release_id: r.status for r in state.releases}

@@ -204,6 +204,17 @@ def test_abandoned_release_no_longer_constrains(tmp_path):
         reg.mark_published(s2, "rel-a")
 
 
+def test_reconcile_settles_pending_releases(tmp_path):
+    w, reg, s2 = _two_releases(tmp_path)  # rel-a published, rel-b pending (run interrupted)
+    s3 = reg.reconcile(s2, lambda rid: rid == "rel-b")
+    assert [r.status for r in reg.load().releases] == ["published", "published"] and s3.head == reg.load().head
+    _, rel = _release(w, range(12), s3, rid="rel-c", k=3, select=False)
+    s4 = reg.append_release(s3, rel)
+    s5 = reg.reconcile(s4, lambda rid: False)
+    assert [r.status for r in s5.releases] == ["published", "published", "abandoned"]
+    assert [(i, key) for i, key, _ in rel.released_records(s4)][:1] == [(0, rel.record_cluster[0])]
+
+
 def test_bad_parameters_are_named():
     s0 = empty_state("synthetic")
     with pytest.raises(Exception, match="DEID_LINEAGE_POLICY"):
