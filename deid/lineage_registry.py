@@ -19,6 +19,13 @@ linkage key, :func:`deid.linkage.ensure_linkage_key`) by HKDF-SHA256 per purpose
 (:func:`deid.lineage.derive_key`); the same derivation gives the pseudonym key. A separate key
 file with the same format works as well: pass its bytes instead.
 
+Lifecycle of a release: :meth:`Registry.append_release` after the gate passed and *before* the
+release directory is committed (status ``pending``); :meth:`Registry.mark_published` once the
+release is published and its report signed; :meth:`Registry.mark_abandoned` if publishing failed.
+A pending release constrains later plans like a published one, so a crash between publishing and
+registering can never let the next run re-cluster people already released; at the start of a run,
+:meth:`Registry.reconcile` settles what an interrupted run left pending.
+
 Crash safety: an entry is written to a temporary file, fsynced, then hard-linked to its final
 name (which fails if the name exists: two writers cannot both append entry n) and the directory
 fsynced; HEAD is then replaced the same way. A crash before the link leaves only a temporary file
@@ -34,7 +41,7 @@ import json
 import logging
 import os
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
