@@ -21,7 +21,7 @@ from deid.errors import ConfigError, DeidError, DropError  # noqa: E402
 
 EXIT_OK, EXIT_REJECTED, EXIT_BAD_INPUT = 0, 1, 2
 # Modules adding subcommands (each has register(subparsers) and keeps heavy imports lazy).
-EXTENSIONS = ("flows.cli_alignment", "flows.cli_study", "flows.cli_report", "flows.cli_ops")
+EXTENSIONS = ("flows.cli_alignment", "flows.cli_study", "flows.cli_report", "flows.cli_ops", "flows.cli_lineage")
 
 
 def _labels(value: str | None) -> list[str] | None:
