@@ -121,7 +121,8 @@ def run_suite(name: str, dataframe, *, labels: list[str] = (), label_sets: dict[
     """
     d = load_suite(name)
     spec = d.get("meta", {}).get("deid", {})
-    given = {"labels": labels if labels else None, "label_sets": label_sets, **params}
+    # An empty label list is a valid answer (a drop without utility labels); only None is missing.
+    given = {"labels": None if labels is None else list(labels), "label_sets": label_sets, **params}
     missing = [p for p in spec.get("required", []) if given.get(p) is None]
     if missing:
         raise ConfigError(f"run_suite({name!r}) needs parameter(s) {missing}; pass them as keyword arguments")
