@@ -56,13 +56,23 @@ class GramPCA(TransformerMixin, BaseEstimator):
     ----------
     n_components : int
         Number of components; capped at the rank of the centred training data.
+    max_samples : int or None, default None
+        Fit the basis on at most this many training rows (a seeded uniform subset), so the
+        O(n^2 p) Gram matrix stays small at scale; None uses every row.
+    random_state : int, default 0
+        Seed of that subset.
     """
 
-    def __init__(self, n_components: int = 50):
+    def __init__(self, n_components: int = 50, *, max_samples: int | None = None, random_state: int = 0):
         self.n_components = n_components
+        self.max_samples = max_samples
+        self.random_state = random_state
 
     def fit(self, X, y=None):
         X = np.asarray(X, dtype=np.float64)
+        if self.max_samples is not None and len(X) > self.max_samples:
+            rows = np.sort(np.random.default_rng(self.random_state).choice(len(X), self.max_samples, replace=False))
+            X = X[rows]
         self.mean_ = X.mean(axis=0)
         Xc = X - self.mean_
         w, V = np.linalg.eigh(Xc @ Xc.T)
@@ -234,12 +244,7 @@ def _cross_validate(X: np.ndarray, y_codes: np.ndarray, g_codes: np.ndarray, spl
         if len(te) == 0 or len(np.unique(y_codes[tr])) < 2:
             skipped += 1
             continue
-        nc = max(1, min(n_components, len(tr) - 1, p))
-        model = make_pipeline(
-            StandardScaler(),
-            GramPCA(n_components=nc),
-            LinearSVC(C=1.0, max_iter=10_000, random_state=seed),
-        )
+        model = _svm(n_components, len(tr), p, seed)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", ConvergenceWarning)
             model.fit(X[tr], y_codes[tr])
@@ -272,12 +277,26 @@ PROTOCOLS: dict[str, str] = {
 """Utility protocol id -> description (the ``protocol`` field of a report's utility row)."""
 
 
+# Basis of the SVM's PCA fitted on at most this many training faces: the Gram matrix costs
+# O(n^2 p), 4 s at n = 1,600 faces of 7,452 pixels on one core, 0.4 s at 600.
+PCA_FIT_ROWS = 600
+
+
 def _svm(n_components: int, n_train: int, p: int, seed: int):
-    nc = max(1, min(n_components, n_train - 1, p))
-    return make_pipeline(StandardScaler(), GramPCA(n_components=nc), LinearSVC(C=1.0, max_iter=10_000, random_state=seed))
+    """StandardScaler -> PCA -> StandardScaler -> LinearSVC.
+
+    The PCA scores are standardised before the SVM: raw scores have variances in the
+    thousands, which makes liblinear's dual solver behave like a hard-margin SVM and crawl
+    (0.17 s per fit with 11 classes one-vs-rest on 132 faces, 0.03 s once standardised; same
+    accuracy within noise on London and synthetic drops).
+    """
+    nc = max(1, min(n_components, min(n_train, PCA_FIT_ROWS) - 1, p))
+    return make_pipeline(StandardScaler(), GramPCA(n_components=nc, max_samples=PCA_FIT_ROWS, random_state=seed),
+                         StandardScaler(), LinearSVC(C=1.0, max_iter=10_000, random_state=seed))
 
 
 def _fit_predict(Xtr: np.ndarray, ytr: np.ndarray, Xte: np.ndarray, n_components: int, seed: int) -> tuple[np.ndarray, bool]:
+    """Fit :func:`_svm` on (Xtr, ytr), predict Xte; the bool says whether liblinear converged."""
     model = _svm(n_components, len(Xtr), Xtr.shape[1], seed)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
