@@ -587,9 +587,25 @@ def paired_bootstrap(people: Sequence[Hashable], a: Any, b: Any, *, n_boot: int 
     percentiles of the replicates (two one-sided bounds, i.e. a ``2 * confidence - 1``
     two-sided interval).
 
+    A bootstrap cannot see an effect rarer than its sample: when the two scores never
+    disagree its interval collapses to a point, however few people were tested. Each bound
+    is therefore at least ``1 - (1 - confidence) ** (1 / n_people)`` from the estimate: the
+    one-sided Clopper-Pearson bound on the share of people affected when none of
+    ``n_people`` was seen affected (about 3 / n_people, the "rule of three").
+
+    Parameters
+    ----------
+    people : sequence of hashable
+        Person of each item.
+    a, b : array-like of float in [0, 1]
+        Paired scores of each item (e.g. 1 when a classifier is right).
+    n_boot, confidence, seed
+        Replicates, one-sided level, seed.
+
     Returns
     -------
     (estimate, lower, upper) : tuple of float
+        Bounds clipped to [-1, 1].
 
     References
     ----------
@@ -601,6 +617,8 @@ def paired_bootstrap(people: Sequence[Hashable], a: Any, b: Any, *, n_boot: int 
     b = np.asarray(b, dtype=np.float64)
     if a.shape != b.shape or a.ndim != 1 or len(a) == 0:
         raise ConfigError(f"a and b have shapes {a.shape} and {b.shape}; pass two non-empty 1-D arrays of equal length")
+    if not (np.all((a >= 0) & (a <= 1)) and np.all((b >= 0) & (b <= 1))):
+        raise ConfigError("a and b must be scores in [0, 1] (e.g. 1 = correct prediction, 0 = wrong)")
     codes = _codes(people, "people", len(a))
     _check_int("n_boot", n_boot, 1, "; pass e.g. n_boot=2000")
     _check_confidence(confidence)
@@ -617,8 +635,9 @@ def paired_bootstrap(people: Sequence[Hashable], a: Any, b: Any, *, n_boot: int 
         stats[start:start + m] = (w @ diff) / (w @ count)
     q = 1.0 - float(confidence)
     lower, upper = np.quantile(stats, [q, 1.0 - q])
-    # Percentiles of a finite set can fall a rounding error outside the estimate's range.
-    return estimate, float(min(lower, estimate)), float(max(upper, estimate))
+    floor = 1.0 - q ** (1.0 / n_people)
+    # Scores in [0, 1]: a difference of means lies in [-1, 1].
+    return estimate, float(max(-1.0, min(lower, estimate - floor))), float(min(1.0, max(upper, estimate + floor)))
 
 
 def _check_confidence(confidence: Any) -> None:
