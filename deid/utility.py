@@ -794,8 +794,12 @@ def cross_fit_utility(
     V. Chernozhukov et al. Double/debiased machine learning. Econometrics J. 21, 2018
     (cross-fitting: fit on some units, evaluate on the others, rotate).
     """
-    X = _matrix(images, "images")
-    n = len(X)
+    # Validate shapes on the whole input but convert only the sampled rows: a 100,000-face
+    # drop as float64 would be 6 GB.
+    A = np.asarray(images)
+    if A.ndim != 2 or A.shape[0] == 0 or A.shape[1] == 0:
+        raise ConfigError(f"images has shape {A.shape}; it must be a non-empty 2-D array (n_images, n_pixels)")
+    n = len(A)
     if not callable(deidentify):
         raise ConfigError(f"deidentify={deidentify!r} must be a callable deidentify(images, people=..., partitions=...), "
                           "e.g. functools.partial(deid.methods.deidentify, shape=(h, w), method='k-same', k=5)")
@@ -821,12 +825,12 @@ def cross_fit_utility(
             raise ConfigError(f"partitions has {len(parts_all)} entries but images has {n} rows; pass one key per face")
     R = None
     if released is not None:
-        R = _matrix(released, "released")
-        if R.shape != X.shape:
-            raise ConfigError(f"released has shape {R.shape} but images {X.shape}; row i must be face i's released image")
+        R = np.asarray(released)
+        if R.shape != A.shape:
+            raise ConfigError(f"released has shape {R.shape} but images {A.shape}; row i must be face i's released image")
     rows, sample = _sample_people(pc_all, int(max_images), seed)
-    X = X[rows]
-    R = None if R is None else R[rows]
+    X = _matrix(A[rows], "images")
+    R = None if R is None else _matrix(R[rows], "released")
     pc = _codes(pc_all[rows], "people", len(rows))
     parts = None if parts_all is None else [parts_all[i] for i in rows]
     ys = {name: c[rows] for name, c in label_codes.items()}
