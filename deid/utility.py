@@ -542,6 +542,12 @@ class UtilityEvidence:
     released records of the training people (catches a release whose labels or rows do
     not match its faces, which re-running the method cannot see). :attr:`decision`
     combines them. Accuracies are None, and bounds None, when nothing could be tested.
+
+    Other fields: ``n_test_images`` / ``n_test_people`` are the distinct held-out images and
+    people behind the bounds; ``folds_used`` counts evaluated folds over all repeats;
+    ``suppressed_training_records`` counts training records withheld from the method
+    (partitions below k), summed over folds and repeats; ``sample`` says which images were
+    used (all, or a seeded sample of people) and ``seed`` the seed of everything random.
     """
 
     label: str
