@@ -6,6 +6,11 @@ linear SVM on standardised PCA coefficients, cross-validated with folds grouped 
 no group (a person, or a k-Same cluster whose released images are identical copies) is
 split between training and test data: otherwise the classifier would be tested on
 copies of its training images and utility would be overstated.
+
+The gate's check is :func:`cross_fit_utility`: the method is re-run on the training people
+of each fold and the classifiers are tested on held-out people's originals, with bootstrap
+bounds and a pass / fail / inconclusive status (:class:`UtilityEvidence`). The three older
+protocols (:func:`utility_protocols`) remain as extra evidence for the report and the study.
 """
 from __future__ import annotations
 
