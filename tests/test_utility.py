@@ -192,3 +192,231 @@ def test_utility_protocols_rows():
     with pytest.raises(ConfigError, match="no entry for label 'x'"):
         utility_protocols(labels=["x"], originals=X, original_labels=labels, original_people=people, released=X,
                           released_labels=labels, released_people=people)
+
+
+# --------------------------------------------------------------------------- cross-fitted utility (the gate's check)
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from deid.ksame import InsufficientPeopleError  # noqa: E402
+from deid.utility import STATUSES, UtilityEvidence, cross_fit_utility, paired_bootstrap  # noqa: E402
+
+
+def group_means(k, *, permute_seed=None):
+    """Fake k-Same: within each partition, people in sorted order form groups of k (the last
+    absorbs the remainder) and every member gets the group's mean face. ``permute_seed``
+    hands each group the mean of a random other group instead: labels permuted across
+    clusters (the negative control)."""
+    def deidentify(images, *, people, partitions=None):
+        images = np.asarray(images, dtype=float)
+        people = np.asarray(people)
+        parts = ["all"] * len(images) if partitions is None else list(partitions)
+        groups = []
+        for key in dict.fromkeys(parts):
+            idx = np.flatnonzero([p == key for p in parts])
+            who = np.unique(people[idx])
+            if len(who) < k:
+                raise InsufficientPeopleError(f"partition {key!r} has {len(who)} people", k=k, n_people=len(who),
+                                              partition=key)
+            n_groups = len(who) // k
+            for g in range(n_groups):
+                members = who[g * k:] if g == n_groups - 1 else who[g * k:(g + 1) * k]
+                groups.append(idx[np.isin(people[idx], members)])
+        means = [images[rows].mean(axis=0) for rows in groups]
+        if permute_seed is not None:
+            means = [means[i] for i in np.random.default_rng(permute_seed).permutation(len(means))]
+        out = np.empty_like(images)
+        for rows, m in zip(groups, means):
+            out[rows] = m
+        return out, None
+    return deidentify
+
+
+def test_cross_fit_passes_when_the_label_survives_deidentification():
+    # 120 people: enough that the rule-of-three floor (0.025) leaves room under the 0.05 tolerance.
+    X, y, people = faces(n_people=120, per_person=2, seed=31)
+    ev, = cross_fit_utility(X, people=people, labels={"g": y}, deidentify=group_means(5),
+                            partitions=[(v,) for v in y], k=5, n_components=10)
+    assert isinstance(ev, UtilityEvidence) and ev.status in STATUSES
+    assert ev.status == "pass" and ev.majority_status == "pass" and ev.decision == "pass"
+    assert ev.delta_lower <= ev.delta <= ev.delta_upper <= ev.tolerance
+    assert ev.accuracy_release >= 0.9 and ev.n_test_images == 240 and ev.n_test_people == 120
+    assert ev.folds_used == 15 and ev.suppressed_training_records == 0  # 5 folds x 3 repeats
+    d = ev.to_dict()
+    assert d["decision"] == "pass" and d["label"] == "g" and d["sample"] == "all 240 images of 120 people"
+
+
+def test_cross_fit_fails_when_labels_are_permuted_across_clusters():
+    X, y, people = faces(n_people=80, per_person=2, seed=32)
+    ev, = cross_fit_utility(X, people=people, labels={"g": y}, deidentify=group_means(5, permute_seed=0),
+                            partitions=[(v,) for v in y], k=5, n_components=10)
+    assert ev.status == "fail" and ev.decision == "fail"
+    assert ev.delta_lower > ev.tolerance
+    assert ev.majority_status != "pass"
+
+
+def test_actual_release_evidence_catches_a_release_whose_labels_do_not_match():
+    # The method is fine, but the release handed to the gate has its clusters' faces swapped.
+    X, y, people = faces(n_people=80, per_person=2, seed=33)
+    parts = [(v,) for v in y]
+    good, _ = group_means(5)(X, people=people, partitions=parts)
+    bad, _ = group_means(5, permute_seed=1)(X, people=people, partitions=parts)
+    kw = dict(people=people, labels={"g": y}, deidentify=group_means(5), partitions=parts, k=5, n_components=10)
+    ok, = cross_fit_utility(X, released=good, **kw)
+    wrong, = cross_fit_utility(X, released=bad, **kw)
+    assert ok.actual_status == "pass" and ok.decision == "pass"
+    assert wrong.status == "pass" and wrong.actual_status == "fail" and wrong.decision == "fail"
+
+
+def test_tiny_data_is_inconclusive_and_states_the_testable_margin():
+    X, y, people = faces(n_people=12, per_person=1, seed=34)
+    ev, = cross_fit_utility(X, people=people, labels={"g": y}, deidentify=group_means(3),
+                            partitions=[(v,) for v in y], k=3, n_components=5)
+    assert ev.status == "inconclusive" and ev.decision == "inconclusive"
+    # 12 people: the rule-of-three floor alone is 1 - 0.05 ** (1 / 12) = 0.22.
+    assert ev.testable_margin >= 0.2
+    assert "12 test images of 12 people can only test a margin of" in ev.detail
+
+
+def test_labels_the_originals_cannot_predict_are_not_applicable():
+    X, y, people = faces(n_people=20, per_person=2, seed=35)
+    one_class = np.zeros(len(y))
+    one_person_each = np.where(people == 0, "a", np.where(people == 1, "b", "c"))  # only 'c' has >= 2 people
+    calls = []
+
+    def spy(images, *, people, partitions=None):
+        calls.append(len(images))
+        return np.asarray(images), None
+
+    out = cross_fit_utility(X, people=people, labels={"one": one_class, "rare": one_person_each}, deidentify=spy)
+    assert [e.status for e in out] == ["not_applicable", "not_applicable"]
+    assert [e.decision for e in out] == ["not_applicable", "not_applicable"]
+    assert "single value" in out[0].detail and "fewer than 2 values" in out[1].detail
+    assert calls == []  # nothing to test: the method is not even run
+
+
+def test_small_training_partitions_are_suppressed_and_counted():
+    X, y, people = faces(n_people=60, per_person=2, seed=36)
+    rare = np.where(people < 4, "r", "c")  # a value held by 4 people: below k=5 in every training fold
+    parts = list(zip(y.tolist(), rare.tolist()))
+    labels = {"g": y, "rare": rare}
+    lazy, = cross_fit_utility(X, people=people, labels=labels, deidentify=group_means(5), partitions=parts,
+                              n_components=10)[:1]  # discovered one InsufficientPeopleError at a time
+    eager, = cross_fit_utility(X, people=people, labels=labels, deidentify=group_means(5), partitions=parts, k=5,
+                               n_components=10)[:1]  # suppressed up front from k
+    assert lazy.suppressed_training_records == eager.suppressed_training_records > 0
+    assert "suppressed" in eager.detail
+    assert lazy.to_dict() == eager.to_dict()
+
+
+def test_each_person_is_held_out_of_exactly_one_deidentification():
+    X, y, people = faces(n_people=30, per_person=2, seed=37)
+    seen = []
+
+    def spy(images, *, people, partitions=None):
+        seen.append(set(people))
+        return np.asarray(images), None
+
+    cross_fit_utility(X, people=people, labels={"g": y}, deidentify=spy, folds=5, repeats=1, n_components=5)
+    assert len(seen) == 5
+    everyone = set(people.tolist())
+    held_out = [everyone - s for s in seen]
+    assert all(held_out) and sum(len(h) for h in held_out) == 30 and set().union(*held_out) == everyone
+
+
+def test_large_drops_are_subsampled_by_people_with_the_sample_reported():
+    X, y, people = faces(n_people=100, per_person=2, seed=38)
+    ev, = cross_fit_utility(X, people=people, labels={"g": y}, deidentify=group_means(5),
+                            partitions=[(v,) for v in y], k=5, max_images=60, seed=3, n_components=10)
+    assert ev.n_test_images == 60 and ev.n_test_people == 30
+    assert "sample (seed 3) of 30 of 100 people, 60 of 200 images" in ev.sample
+
+
+def test_cross_fit_is_deterministic_per_seed():
+    X, y, people = faces(n_people=40, per_person=2, seed=39)
+    y = np.random.default_rng(40).integers(0, 3, size=len(y))  # a noisy 3-valued label
+    kw = dict(people=people, labels={"g": y}, deidentify=group_means(4), k=4, n_components=10)
+    a, b, c = (cross_fit_utility(X, seed=s, **kw)[0] for s in (5, 5, 6))
+    assert a == b
+    assert a.seed == 5 and c.seed == 6 and a.to_dict() != c.to_dict()
+
+
+def test_cross_fit_rejects_bad_arguments():
+    X, y, people = faces(n_people=10, seed=41)
+    kw = dict(people=people, labels={"g": y}, deidentify=group_means(2))
+    with pytest.raises(ConfigError, match="deidentify=.*must be a callable"):
+        cross_fit_utility(X, **{**kw, "deidentify": "k-same"})
+    with pytest.raises(ConfigError, match="tolerance=2"):
+        cross_fit_utility(X, tolerance=2, **kw)
+    with pytest.raises(ConfigError, match="partitions has 3 entries"):
+        cross_fit_utility(X, partitions=[1, 2, 3], **kw)
+    with pytest.raises(ConfigError, match="confidence=0.3"):
+        cross_fit_utility(X, confidence=0.3, **kw)
+    with pytest.raises(ConfigError, match="released has shape"):
+        cross_fit_utility(X, released=X[:5], **kw)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 40), st.integers(0, 10_000), st.floats(0.6, 0.9))
+def test_bootstrap_bounds_bracket_the_estimate_and_widen_with_confidence(n_people, seed, conf):
+    rng = np.random.default_rng(seed)
+    who = rng.integers(0, n_people, size=3 * n_people)
+    a, b = rng.integers(0, 2, size=(2, len(who)))
+    est, lo, up = paired_bootstrap(who, a, b, n_boot=300, confidence=conf, seed=seed)
+    assert lo <= est <= up and -1 <= lo and up <= 1
+    assert est == pytest.approx(np.mean(a) - np.mean(b))
+    n_seen = len(np.unique(who))
+    floor = 1 - (1 - conf) ** (1 / n_seen)  # the rule-of-three floor, within the feasible [-1, 1]
+    assert up >= min(1.0, est + floor) - 1e-12 and lo <= max(-1.0, est - floor) + 1e-12
+    _, lo2, up2 = paired_bootstrap(who, a, b, n_boot=300, confidence=min(conf + 0.09, 0.99), seed=seed)
+    assert lo2 <= lo and up2 >= up
+
+
+def test_bootstrap_narrows_with_more_people():
+    rng = np.random.default_rng(42)
+
+    def width(n_people):
+        who = np.repeat(np.arange(n_people), 2)
+        a = rng.random(len(who)) < 0.9
+        b = rng.random(len(who)) < 0.8
+        _, lo, up = paired_bootstrap(who, a, b, n_boot=1000, seed=1)
+        return up - lo
+
+    assert width(400) < width(100) < width(25)
+
+
+def _permuted_clusters(deidentify, seed):
+    """The method, then every cluster's released face handed to a random cluster: labels permuted
+    across clusters (the negative control)."""
+    def run(images, *, people, partitions=None):
+        released, clusters = deidentify(images, people=people, partitions=partitions)
+        ids = np.unique(clusters)
+        face_of = {c: released[np.flatnonzero(clusters == c)[0]] for c in ids}
+        swap = dict(zip(ids.tolist(), np.random.default_rng(seed).permutation(ids).tolist()))
+        return np.stack([face_of[swap[c]] for c in clusters.tolist()]), clusters
+    return run
+
+
+@pytest.mark.slow
+@pytest.mark.london
+def test_london_k_same_select_keeps_gender_and_expression_and_the_permuted_control_fails():
+    import functools
+
+    from helpers import load_london_aligned
+
+    from deid.methods import deidentify
+
+    X, people, gender, expression = load_london_aligned()
+    labels = {"gender": gender, "expression": expression}
+    method = functools.partial(deidentify, shape=(92, 81), method="k-same-select", k=5)
+    kw = dict(people=people, labels=labels, partitions=list(zip(gender, expression)), k=5)
+    ev = {e.label: e for e in cross_fit_utility(X, deidentify=method, **kw)}
+    assert ev["gender"].status == "pass", ev["gender"].detail
+    # Expression when written: originals 0.941 vs release 0.907, delta +0.034 [+0.005, +0.063]:
+    # 102 test people can only test a margin of 0.029, so at tolerance 0.05 it is inconclusive
+    # (the same for seeds 0-4); it must not fail.
+    assert ev["expression"].status in ("pass", "inconclusive"), ev["expression"].detail
+    assert all(e.majority_status == "pass" and e.n_test_people == 102 for e in ev.values())
+    control = cross_fit_utility(X, deidentify=_permuted_clusters(method, seed=0), repeats=1, **kw)
+    assert [e.status for e in control] == ["fail", "fail"], [e.detail for e in control]
