@@ -8,7 +8,6 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Method = Literal["k-same-select", "k-same", "k-same-naive", "blur", "pixelate"]
-UtilityProtocol = Literal["cv", "train-original-test-release", "train-release-test-heldout"]
 SmallPartitionPolicy = Literal["suppress", "merge", "fail"]
 
 
@@ -36,7 +35,9 @@ class Settings(BaseSettings):
     small_partitions: SmallPartitionPolicy = "suppress"
     sigma: float = Field(default=4.0, gt=0, le=100, description="Gaussian blur sigma (canonical pixels), method blur")
     block: int = Field(default=8, ge=2, le=64, description="pixelation block size (canonical pixels), method pixelate")
-    utility_protocol: UtilityProtocol = Field(default="cv", description="the utility protocol the gate enforces")
+    utility_sample: int = Field(default=1000, ge=20, le=100_000,
+                                description="most images (whole people, seeded sample) in the gate's cross-fitted "
+                                            "utility protocol")
     leak_threshold: float = Field(default=2.0, ge=0, description="mean abs grey difference below which a released "
                                   "face counts as a near copy of an original")
     utility_tolerance: float = Field(default=0.05, ge=0.0, le=1.0)
@@ -51,7 +52,8 @@ class Settings(BaseSettings):
     max_quarantine_fraction: float = Field(default=0.05, ge=0.0, le=1.0,
                                            description="a drop quarantining more than this fraction fails the gate")
     cv_folds: int = Field(default=5, ge=2, le=20)
-    cv_repeats: int = Field(default=10, ge=1, le=100, description="repeated grouped CV runs, pooled (utility)")
+    cv_repeats: int = Field(default=3, ge=1, le=100,
+                            description="repeated grouped CV runs of the earlier utility protocols (report evidence)")
 
     canonical_width: int = Field(default=81, ge=16, le=1024)
     canonical_height: int = Field(default=92, ge=16, le=1024)

@@ -118,7 +118,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
         k=k, method=method, labels=tuple(labels), tolerance=settings.utility_tolerance,
         confidence=settings.gate_confidence, max_quarantine_fraction=settings.max_quarantine_fraction,
         leak_threshold=settings.leak_threshold, attack_sample=settings.attack_sample,
-        utility_protocol=settings.utility_protocol, utility_inconclusive=settings.utility_inconclusive,
+        utility_sample=settings.utility_sample, utility_inconclusive=settings.utility_inconclusive,
         folds=settings.cv_folds, repeats=settings.cv_repeats, n_components=settings.pca_components,
         seed=settings.seed or 0)
     with _timed(timings, "gate"):
@@ -178,7 +178,8 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
             "canonical_eyes": [list(e) for e in settings.canonical_eyes()],
             "pca_components": settings.pca_components,
             "utility_tolerance": settings.utility_tolerance,
-            "utility_protocol": settings.utility_protocol,
+            "utility_protocol": "cross-fit",
+            "utility_sample": settings.utility_sample,
             "utility_inconclusive": settings.utility_inconclusive,
             "gate_confidence": settings.gate_confidence,
             "attack_sample": settings.attack_sample,

@@ -192,3 +192,50 @@ def test_config_errors_name_the_parameter():
     with pytest.raises(Exception, match="utility_inconclusive"):
         GateConfig(k=5, method="k-same", utility_inconclusive="maybe")
     assert math.isclose(GateConfig(k=4, method="k-same").confidence, 0.95)
+
+
+def _labelled_faces(n_people: int, seed: int = 0):
+    """Faces whose label 'bright' shows in the upper half (a strong, learnable attribute)."""
+    faces, people = _faces(n_people, per_person=2, seed=seed)
+    label = np.asarray(["a" if int(p[1:]) % 2 else "b" for p in people], dtype=object)
+    f = faces.astype(int).reshape(len(faces), *SHAPE)
+    f[label == "a", : SHAPE[0] // 2] += 40
+    return np.clip(f, 0, 255).astype(np.uint8).reshape(len(faces), -1), people, label
+
+
+def test_utility_is_cross_fitted_and_a_label_permuted_release_fails():
+    faces, people, label = _labelled_faces(60)
+    run = method_runner("k-same-select", shape=SHAPE, k=5, n_components=10)
+    released, clusters = deidentify(faces, shape=SHAPE, people=people, partitions=list(label), method="k-same-select",
+                                    k=5, n_components=10)
+    config = _fast(method="k-same-select", labels=("bright",))
+    common = dict(labels={"bright": label}, partitions=label, deidentify=run)
+    res = evaluate(_inputs(released, faces, people, clusters.astype(object), **common), config)
+    util = next(c for c in res.checks if c.name == "utility_bright")
+    assert util.status in ("pass", "inconclusive") and util.passed
+    assert util.interval is not None and util.n > 0
+    row = next(r for r in res.utility if r.get("protocol") == "cross-fit")
+    assert row["decision"] == util.status and row["n_test_people"] > 0
+    assert any(r.get("evidence_only") for r in res.utility)  # the earlier protocols, reported only
+    # Negative control: each cluster's image swapped with a cluster of the other label, which
+    # is the release's label column permuted across clusters.
+    keys = np.unique(clusters)
+    of_label = {c: label[clusters == c][0] for c in keys}
+    a = [c for c in keys if of_label[c] == "a"]
+    b = [c for c in keys if of_label[c] == "b"]
+    swapped = released.copy()
+    for ca, cb in zip(a, b):
+        swapped[clusters == ca] = released[clusters == cb][0]
+        swapped[clusters == cb] = released[clusters == ca][0]
+    bad = evaluate(_inputs(swapped, faces, people, clusters.astype(object), **common), config)
+    check = next(c for c in bad.checks if c.name == "utility_bright")
+    assert check.status == "fail" and not check.passed and not bad.passed
+
+
+def test_inconclusive_utility_blocks_only_when_configured():
+    from deid.gate import utility_status_check
+
+    kw = dict(status="inconclusive", value=0.03, threshold="<= 0.05", detail="")
+    assert utility_status_check("u", inconclusive="release", **kw).passed
+    assert not utility_status_check("u", inconclusive="reject", **kw).passed
+    assert utility_status_check("u", inconclusive="reject", **{**kw, "status": "not_applicable"}).passed
