@@ -63,9 +63,9 @@ class EyePair:
 class EyeDetection:
     """Detector output: the eyes, how they were found and the face box.
 
-    ``source`` is 'landmarks' (5-point landmarks in a detected face box), 'landmarks_frame'
-    (landmarks with the whole image as the face box: tightly cropped faces), 'detected' (Haar eye
-    cascade) or 'face_geometry' (estimated from the face box).
+    ``source`` is 'landmarks' (5-point landmarks in the Haar face box), 'landmarks_hog' (landmarks
+    in dlib's HOG face box, where the Haar face cascade found no face: e.g. tightly cropped faces),
+    'detected' (Haar eye cascade) or 'face_geometry' (estimated from the face box).
     """
 
     eyes: EyePair
@@ -174,19 +174,21 @@ class HaarEyeDetector:
         Use dlib's 5-point shape predictor (eye centre = mean of the eye's two corner points, moved
         up by ``pupil_offset``) before the Haar eye cascade ("primary"), only when the cascade finds
         no pair ("fallback"), or never. With landmarks on, a face the Haar face cascade misses is
-        searched with dlib's HOG detector and, failing that, the whole image is taken as the face
-        box (a tightly cropped face fills the frame); the result is kept only if plausible.
+        searched with dlib's HOG detector on the image padded by replicated borders (a tightly
+        cropped face fills the frame, leaving no context for either detector); landmark eyes are
+        kept only if plausible (distance and tilt).
     pupil_offset : float
         Distance, as a fraction of the inter-ocular distance, from the eye-corner midpoint up to the
         pupil centre (perpendicular to the eye line): 0.052 measured on the 102 neutral London
-        photos against their manual pupils (sd 0.010; 0.051 and 0.053 on the odd and even halves).
+        photos against their manual pupils (sd 0.009; 0.0514 and 0.0516 on odd and even ids; the
+        offset of one half applied to the other gives mean errors 0.018 and 0.0175, max 0.048).
         Our canonical eye points are pupils, so every eye source lands on the same point.
 
     Notes
     -----
     Measured on the 102 neutral London photos (``deid eval-alignment``): Haar eye cascade mean
-    error 0.053 of the inter-ocular distance (max 0.093); landmarks in the Haar face box 0.021
-    (max 0.047), at about 1.6 ms instead of the eye cascade's cost. The predictor was trained on
+    error 0.051 of the inter-ocular distance (max 0.097); landmarks in the Haar face box 0.018
+    (max 0.039), the predictor costing ~1.6 ms instead of the eye cascade's search. The predictor was trained on
     HOG boxes, so the Haar box is first mapped to the HOG box geometry (``HOG_BOX_IN_HAAR``).
     V. Kazemi, J. Sullivan. One millisecond face alignment with an ensemble of regression trees.
     CVPR 2014. N. Dalal, B. Triggs. Histograms of oriented gradients for human detection. CVPR 2005.
@@ -204,9 +206,16 @@ class HaarEyeDetector:
     # boxes: ~0.41 on London), and largest tilt of the eye line in radians.
     LANDMARK_EYE_DISTANCE = (0.25, 0.65)
     LANDMARK_MAX_TILT = 0.35
-    # HOG face search: the image is resampled so its shorter side is about this many pixels
-    # (the detector's window is 80 px; faces of min_face_fraction of the side stay above it).
+    # The same HOG box relative to the pupils (offsets of its top-left corner from the eye midpoint,
+    # width, height; units of the inter-ocular distance), from the two measurements above.
+    HOG_BOX_FROM_EYES = (-1.20, -0.68, 2.43, 2.44)
+    # HOG face search where the Haar face cascade finds none: padding (fraction of the shorter side),
+    # working size of the padded shorter side (the detector's window is 80 px) and score threshold.
+    # On 200 synthetic faces cropped tightly (2.0-2.4 inter-ocular distances, 80 px) it found
+    # 194-199 faces at -0.8 (58-141 unpadded at dlib's default 0), and none in 100 noise textures.
+    HOG_PAD = 0.25
     HOG_WORK_SIDE = 340
+    HOG_THRESHOLD = -0.8
 
     def __init__(
         self,
@@ -227,6 +236,7 @@ class HaarEyeDetector:
         detect_min_side: int = 512,
         landmarks: str = "primary",
         pupil_offset: float = 0.052,
+        refine_landmarks: bool = True,
     ):
         self.min_face_fraction = min_face_fraction
         self.min_face_size = min_face_size
@@ -244,6 +254,7 @@ class HaarEyeDetector:
         self.detect_min_side = detect_min_side
         self.landmarks = landmarks
         self.pupil_offset = pupil_offset
+        self.refine_landmarks = refine_landmarks
 
     def _validate(self) -> None:
         _positive("min_face_fraction", self.min_face_fraction, low=0.0, high=1.0)
@@ -347,7 +358,22 @@ class HaarEyeDetector:
         return None if best is None else best[1]
 
     def _landmark_eyes(self, gray: np.ndarray, box: tuple[float, float, float, float]) -> EyePair | None:
-        """Pupils from the 5-point landmarks in ``box`` (x, y, w, h), or None when implausible."""
+        """Pupils from the 5-point landmarks in ``box`` (x, y, w, h), or None when implausible.
+
+        The predictor is run a second time in the HOG-shaped box placed on the first eyes
+        (``HOG_BOX_FROM_EYES``): the regression trees were trained on HOG boxes, and a Haar box or
+        the whole frame is only roughly one.
+        """
+        eyes = self._landmark_pass(gray, box)
+        if eyes is None or not self.refine_landmarks:
+            return eyes
+        d = eyes.distance
+        mx, my = (eyes.left[0] + eyes.right[0]) / 2, (eyes.left[1] + eyes.right[1]) / 2
+        ox, oy, bw, bh = self.HOG_BOX_FROM_EYES
+        again = self._landmark_pass(gray, (mx + ox * d, my + oy * d, bw * d, bh * d))
+        return again if again is not None else eyes
+
+    def _landmark_pass(self, gray: np.ndarray, box: tuple[float, float, float, float]) -> EyePair | None:
         import dlib  # noqa: PLC0415 - only when landmarks are used
 
         from deid.recognizer import _dlib_model  # noqa: PLC0415
@@ -373,43 +399,40 @@ class HaarEyeDetector:
         return eyes
 
     def _hog_faces(self, gray: np.ndarray) -> list[tuple[float, float, float, float]]:
-        """dlib HOG face boxes (x, y, w, h) in ``gray`` coordinates, largest first."""
+        """dlib HOG face boxes (x, y, w, h) in ``gray`` coordinates, largest first.
+
+        The image is padded by ``HOG_PAD`` of its shorter side (replicated borders) so that a face
+        filling the frame (tightly cropped drops) still fits the detector's window with context, and
+        resampled so the padded shorter side is ``HOG_WORK_SIDE`` pixels; detections down to the
+        score ``HOG_THRESHOLD`` are kept (dlib's default is 0).
+        """
         from deid.recognizer import _dlib_model  # noqa: PLC0415
 
         h, w = gray.shape
-        s = self.HOG_WORK_SIDE / min(h, w)
-        if s < 1:
-            n = max(1, int(1.0 / s))
-            work = cv2.resize(gray[: h - h % n, : w - w % n], (w // n, h // n), interpolation=cv2.INTER_AREA)
-            sx, sy = n, n
-        else:
-            s = min(s, 8.0)  # tiny images: magnify to the detector's scale, not beyond 8x
-            work = cv2.resize(gray, (round(w * s), round(h * s)), interpolation=cv2.INTER_LINEAR)
-            sx, sy = w / work.shape[1], h / work.shape[0]
-        found = _dlib_model("hog")(work, 0)
-        boxes = [(r.left() * sx, r.top() * sy, r.width() * sx, r.height() * sy) for r in found]
+        p = int(self.HOG_PAD * min(h, w))
+        padded = cv2.copyMakeBorder(gray, p, p, p, p, cv2.BORDER_REPLICATE) if p else gray
+        ph, pw = padded.shape
+        s = min(self.HOG_WORK_SIDE / min(ph, pw), 8.0)  # tiny images magnified at most 8x
+        work = cv2.resize(padded, (max(1, round(pw * s)), max(1, round(ph * s))),
+                          interpolation=cv2.INTER_AREA if s < 1 else cv2.INTER_LINEAR)
+        sx, sy = pw / work.shape[1], ph / work.shape[0]
+        found, _, _ = _dlib_model("hog").run(work, 0, self.HOG_THRESHOLD)
+        boxes = [(r.left() * sx - p, r.top() * sy - p, r.width() * sx, r.height() * sy) for r in found]
         return sorted(boxes, key=lambda b: b[2] * b[3], reverse=True)
 
     def _locate_without_haar_face(self, gray: np.ndarray) -> EyeDetection | None:
-        """Landmarks on dlib's HOG face box, else on the whole image (a face filling the frame)."""
+        """Landmarks in dlib's HOG face box, searched on the padded image (faces filling the frame)."""
         smallest = self.min_face_fraction * min(gray.shape)
         faces = [f for f in self._hog_faces(gray) if f[2] >= 0.8 * smallest]
-        if faces:
-            big = faces[0]
-            for other in faces[1:]:
-                if other[2] >= self.multiple_face_ratio * big[2] and not _overlaps(big, other):
-                    raise RecordError("multiple_faces", f"{len(faces)} faces found by the HOG detector; a second one "
-                                      f"is {other[2] / big[2]:.2f} of the largest's width")
-            eyes = self._landmark_eyes(gray, big)
-            if eyes is not None:
-                return EyeDetection(eyes, "landmarks", big)
-        h, w = gray.shape
-        frame = (0.0, 0.0, float(w - 1), float(h - 1))
-        eyes = self._landmark_eyes(gray, frame)
-        # A face filling the frame has its eyes in the upper part and not too far from the middle.
-        if eyes is not None and max(eyes.left[1], eyes.right[1]) < 0.65 * h and abs((eyes.left[0] + eyes.right[0]) / 2 - w / 2) < 0.2 * w:
-            return EyeDetection(eyes, "landmarks_frame", frame)
-        return None
+        if not faces:
+            return None
+        big = faces[0]
+        for other in faces[1:]:
+            if other[2] >= self.multiple_face_ratio * big[2] and not _overlaps(big, other):
+                raise RecordError("multiple_faces", f"{len(faces)} faces found by the HOG detector; a second one "
+                                  f"is {other[2] / big[2]:.2f} of the largest's width")
+        eyes = self._landmark_eyes(gray, big)
+        return None if eyes is None else EyeDetection(eyes, "landmarks_hog", big)
 
     def locate(self, gray: np.ndarray) -> EyeDetection:
         """Eyes of the single face of ``gray`` with their source; raises RecordError when not found."""
