@@ -163,7 +163,7 @@ class _DescriptorCache:
 
 
 DESCRIPTOR_CACHE = _DescriptorCache()
-"""Shared descriptor cache (at most 200,000 descriptors, ~110 MB); ``DESCRIPTOR_CACHE.clear()`` empties it."""
+"""Shared descriptor cache (at most 200,000 descriptors, ~150 MB); ``DESCRIPTOR_CACHE.clear()`` empties it."""
 
 
 def _check_pair(name: str, value: Any) -> tuple[float, float]:
@@ -253,10 +253,11 @@ class DlibEmbedder(BaseEstimator):
         m = np.array([[a.real, -a.imag, b.real], [a.imag, a.real, b.imag]], dtype=np.float64)
         return h, w, m
 
-    def _key_prefix(self) -> bytes:
+    def _key_base(self) -> Any:
+        """Hash state seeded with the geometry, so equal pixels under another geometry key differently."""
         h, w, _ = self._geometry()
-        return repr((h, w, tuple(map(float, self.eye_left)), tuple(map(float, self.eye_right)),
-                     int(self.num_jitters))).encode()
+        seed = repr((h, w, tuple(map(float, self.eye_left)), tuple(map(float, self.eye_right)), int(self.num_jitters)))
+        return hashlib.blake2b(seed.encode(), digest_size=16, person=b"deid-dlib")
 
     def fit(self, X: Any = None, y: Any = None) -> "DlibEmbedder":
         """Check the parameters (the network is pre-trained; nothing is learned). Returns self."""
@@ -284,10 +285,13 @@ class DlibEmbedder(BaseEstimator):
 
     def transform(self, X: Any) -> np.ndarray:
         """Descriptors of the rows of ``X``: float32 array (n, 128), rows of identical faces identical."""
-        prefix = self._key_prefix()
+        base = self._key_base()
         a = _to_uint8_rows(X, "X")
-        keys = [hashlib.blake2b(row.tobytes(), digest_size=16, person=b"deid-dlib").digest() for row in a]
-        keys = [prefix + k for k in keys]
+        keys = []
+        for row in a:
+            h = base.copy()
+            h.update(row.data)
+            keys.append(h.digest())
         out = np.empty((len(a), 128), dtype=np.float32)
         todo: dict[bytes, list[int]] = {}
         for i, k in enumerate(keys):
