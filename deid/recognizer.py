@@ -407,7 +407,8 @@ def same_person_pairs(embeddings: Any, ids: Sequence[Hashable], *, threshold: fl
     sample_pairs, seed : int
         That median is estimated on at most ``sample_pairs`` random pairs (seeded).
     block : int
-        Rows per block of the exact all-pairs search (memory ~ block x n floats).
+        Largest number of rows per block of the exact all-pairs search (fewer when n is large, so a
+        block holds at most 16 M distances). Cost: n^2/2 dot products of 128 floats (BLAS).
 
     Returns
     -------
@@ -443,11 +444,13 @@ def same_person_pairs(embeddings: Any, ids: Sequence[Hashable], *, threshold: fl
                        "separate these faces; matching near-copies only (distance < %.2f)", med, min_median_distance, t)
     pairs: list[SamePersonPair] = []
     sq = np.einsum("ij,ij->i", e, e)
-    for s in range(0, n, int(block)):
-        rows = e[s:s + int(block)]
-        d2 = sq[s:s + len(rows), None] + sq[None, :] - 2.0 * (rows @ e.T)
+    # Exact search over the upper triangle, in row blocks of at most ~16 M distances (64 MB float32).
+    step = max(1, min(int(block), 16_000_000 // max(n, 1)))
+    for s in range(0, n, step):
+        rows = e[s:s + step]
+        d2 = sq[s:s + len(rows), None] + sq[None, s:] - 2.0 * (rows @ e[s:].T)
         ii, jj = np.nonzero(d2 < t * t)
-        for i, j in zip(ii + s, jj):
+        for i, j in zip(ii + s, jj + s):
             if j > i and codes[i] != codes[j]:
                 dist = float(np.linalg.norm(e[i].astype(np.float64) - e[j]))
                 if dist < t:
