@@ -392,7 +392,9 @@ def same_person_pairs(embeddings: Any, ids: Sequence[Hashable], *, threshold: fl
     people (different ids: median 0.475, 20% of 19,800 pairs below 0.40), so when the median
     distance between different ids in the drop is below ``min_median_distance`` (London: 0.83,
     sd 0.09) the descriptors are declared not informative and only near-copies below
-    ``duplicate_threshold`` match (synthetic: none of 19,800 pairs below 0.157).
+    ``duplicate_threshold`` match (synthetic: none of 19,800 pairs below 0.157; a synthetic face
+    with Gaussian noise of sd 2 / 3 / 5 grey levels added to its canonical face is at most 0.085 /
+    0.129 / 0.214 from the clean one, n=20, so only the lightest noisy copies are caught there).
 
     Parameters
     ----------
