@@ -59,6 +59,9 @@ class AlignmentEvaluation:
                 "aligned": sum(r.aligned for r in rows),
                 "detection_rate": sum(r.found for r in rows) / len(rows),
                 "sources": {s: sum(r.source == s for r in rows) for s in sorted({r.source for r in rows if r.source})},
+                "source_shares": {s: sum(r.source == s for r in rows) / len(rows)
+                                  for s in sorted({r.source for r in rows if r.source})},
+                "error_by_source": _error_by_source(rows, self.threshold),
                 "failures": {c: sum(r.code == c for r in rows) for c in sorted({r.code for r in rows if r.code})},
                 "seconds_per_image": statistics.fmean(r.seconds for r in rows),
             }
@@ -74,6 +77,16 @@ class AlignmentEvaluation:
 
     def to_dict(self) -> dict:
         return {"summary": self.summary(), "rows": [asdict(r) for r in self.rows]}
+
+
+def _error_by_source(rows: list[EyeEvalRow], threshold: float) -> dict:
+    """Mean / max error and count under the threshold for each eye source with measured errors."""
+    out = {}
+    for src in sorted({r.source for r in rows if r.source and r.error is not None}):
+        errs = [r.error for r in rows if r.source == src and r.error is not None]
+        out[src] = {"n": len(errs), "mean_error": statistics.fmean(errs), "max_error": max(errs),
+                    "under_threshold": sum(e < threshold for e in errs)}
+    return out
 
 
 def eye_error(found: EyePair, truth: EyePair) -> float:

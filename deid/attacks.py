@@ -740,12 +740,19 @@ class ReleaseRefitAttacker(WhitenedCosineAttacker):
 
 # --------------------------------------------------------------------------- all attacks
 
+def _dlib_resnet(shape: tuple[int, int]) -> Any:
+    from deid.recognizer import DlibResNetAttacker  # noqa: PLC0415 - recognizer imports this module
+
+    return DlibResNetAttacker(tuple(shape))
+
+
 ATTACKERS: dict[str, Callable[[tuple[int, int]], Any]] = {
     "pca-mahalanobis": lambda shape: MahalanobisAttacker(50),
     "pca-whitened-cosine": lambda shape: WhitenedCosineAttacker(50),
     "fisherfaces": lambda shape: FisherfacesAttacker(),
     "lbp-chi2": lambda shape: LBPAttacker(tuple(shape)),
     "release-refit-pca": lambda shape: ReleaseRefitAttacker(50),
+    "dlib-resnet": _dlib_resnet,
 }
 """Attacker name -> factory ``f(shape) -> unfitted recogniser`` (``shape`` = (height, width))."""
 

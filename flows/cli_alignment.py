@@ -9,7 +9,11 @@ def cmd_eval_alignment(args) -> int:
     from deid.align_eval import evaluate_alignment  # noqa: PLC0415 - OpenCV only when run
 
     labels = [s.strip() for s in args.labels.split(",") if s.strip()] if args.labels else None
-    ev = evaluate_alignment(args.drop, include_unlabelled=args.all, labels=labels, threshold=args.threshold)
+    from deid.align import HaarEyeDetector  # noqa: PLC0415
+
+    detector = HaarEyeDetector(landmarks=args.landmarks)
+    ev = evaluate_alignment(args.drop, detector=detector, include_unlabelled=args.all, labels=labels,
+                            threshold=args.threshold)
     if args.json:
         json.dump(ev.to_dict(), sys.stdout, indent=2)
         print()
@@ -31,6 +35,11 @@ def cmd_eval_alignment(args) -> int:
                          f"{part['median_error']:.3f}, max {part['max_error']:.3f}, "
                          f"{part['under_threshold']}/{part['found']} under {args.threshold}")
             print(line)
+            shares = ", ".join(f"{src} {n} ({part['source_shares'][src]:.1%})" for src, n in part["sources"].items())
+            print(f"  eye sources: {shares or 'none'}")
+            for src, e in part["error_by_source"].items():
+                print(f"  {src}: n={e['n']}, mean error {e['mean_error']:.3f}, max {e['max_error']:.3f}, "
+                      f"{e['under_threshold']}/{e['n']} under {args.threshold}")
     truth = ev.summary().get("with_eye_points")
     if truth is None:
         print("deid eval-alignment: no manifest row has eye points to compare with", file=sys.stderr)
@@ -45,4 +54,6 @@ def register(subparsers) -> None:
     p.add_argument("--labels", default=None, help="label columns, if drop.yaml declares none")
     p.add_argument("--threshold", type=float, default=0.10, help="error reported as 'under' (default 0.10)")
     p.add_argument("--json", action="store_true", help="print the per-image rows and summary as JSON")
+    p.add_argument("--landmarks", choices=("primary", "fallback", "off"), default="primary",
+                   help="dlib 5-point landmarks before the Haar eye cascade (default), after it, or never")
     p.set_defaults(func=cmd_eval_alignment)
