@@ -756,6 +756,10 @@ ATTACKERS: dict[str, Callable[[tuple[int, int]], Any]] = {
 }
 """Attacker name -> factory ``f(shape) -> unfitted recogniser`` (``shape`` = (height, width))."""
 
+DEEP_ATTACKERS: frozenset[str] = frozenset({"dlib-resnet"})
+"""Attackers that embed every face with a deep network (~0.09 s of one core per distinct face):
+the gate runs them on a smaller sample of whole clusters (``deep_attack_sample``)."""
+
 MODES = ("naive", "reverse", "parrot")
 
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Hashable, Literal, Sequence
 import numpy as np
 from scipy.stats import beta
 
-from deid.attacks import ATTACKERS, MODES, attack_all, unique_rows
+from deid.attacks import ATTACKERS, DEEP_ATTACKERS, MODES, attack_all, unique_rows
 from deid.checks import STATUSES, Check, Status  # noqa: F401 (re-exported)
 from deid.errors import ConfigError
 from deid.leaks import nearest_original_distance
@@ -49,6 +49,7 @@ class GateConfig:
     leak_threshold: float = 2.0
     closeness_ratio: float = 0.25
     attack_sample: int = 2000
+    deep_attack_sample: int = 200
     attackers: tuple[str, ...] | None = None
     modes: tuple[str, ...] = MODES
     utility_sample: int = 1000
@@ -343,7 +344,7 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
     # embeds every face it sees).
     groups: dict[int | None, list[str]] = {}
     for name in names:
-        groups.setdefault(getattr(ATTACKERS[name], "max_records", None), []).append(name)
+        groups.setdefault(config.deep_attack_sample if name in DEEP_ATTACKERS else None, []).append(name)
     rows: list[dict] = []
     for cap, group in groups.items():
         sub = np.arange(len(idx))

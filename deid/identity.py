@@ -129,11 +129,12 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
     features : ndarray of shape (n, d), optional
         Eigenface coefficients; records under different ids closer than
         ``near_duplicate_ratio`` x the median nearest-other-person distance are merged.
-    embeddings : ndarray of shape (n, e), optional
-        Face-recogniser embeddings (e.g. dlib's ResNet); records under different ids closer
-        than ``same_person_distance`` (Euclidean) are merged.
+    embeddings : ndarray of shape (n, 128), optional
+        dlib ResNet descriptors (:class:`deid.recognizer.DlibEmbedder`); pairs under different
+        ids that :func:`deid.recognizer.same_person_pairs` calls the same person are merged.
     same_person_distance : float, optional
-        The recogniser's calibrated same-person threshold; required with ``embeddings``.
+        Override of the recogniser's calibrated threshold (default
+        :data:`deid.recognizer.SAME_PERSON_THRESHOLD`).
     near_duplicate_ratio : float, default 0.2
 
     Returns
@@ -171,13 +172,19 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
             raise ConfigError(f"features has {X.shape[0]} rows but subject_ids has {n}; pass one row per record")
         match("eigenface near-duplicate", X, None, near_duplicate_ratio)
     if embeddings is not None and n >= 2:
-        if same_person_distance is None or same_person_distance <= 0:
-            raise ConfigError("embeddings given without same_person_distance; pass the recogniser's calibrated "
-                              "threshold, e.g. same_person_distance=0.5")
+        from deid.recognizer import same_person_pairs  # noqa: PLC0415 (dlib import cost)
+
         E = np.asarray(embeddings, dtype=np.float64)
         if E.shape[0] != n:
             raise ConfigError(f"embeddings has {E.shape[0]} rows but subject_ids has {n}; pass one row per record")
-        match("face recogniser", E, float(same_person_distance) ** 2, None)
+        kw = {} if same_person_distance is None else {"threshold": float(same_person_distance)}
+        found = same_person_pairs(E, ids, **kw)
+        for pair in found.pairs:
+            if uf.union(ids[pair.i], ids[pair.j]):
+                merges.append({"ids": sorted({ids[pair.i], ids[pair.j]}), "evidence": "face recogniser",
+                               "distance": round(float(pair.distance), 4),
+                               "threshold": round(float(found.threshold_used), 4)})
+            flagged.update((int(pair.i), int(pair.j)))
     person = tuple(str(uf.find(x)) for x in ids)
     if normalized_merges or merges:
         log.warning("identity: %d ids merged by normalisation, %d by matching faces (%d records)",

@@ -314,6 +314,18 @@ class DlibEmbedder(BaseEstimator):
     def fit_transform(self, X: Any, y: Any = None) -> np.ndarray:
         return self.fit(X).transform(X)
 
+    def prime(self, X: Any, descriptors: Any) -> None:
+        """Remember descriptors computed elsewhere (e.g. on Dask workers) for the rows of ``X``."""
+        base = self._key_base()
+        a = _to_uint8_rows(X, "X")
+        d = np.asarray(descriptors, dtype=np.float32)
+        if d.shape != (len(a), 128):
+            raise ValueError(f"descriptors have shape {d.shape}; expected ({len(a)}, 128), one per row of X")
+        for row, desc in zip(a, d):
+            h = base.copy()
+            h.update(row.data)
+            DESCRIPTOR_CACHE.put(h.digest(), desc.copy())
+
     def _compute(self, a: np.ndarray) -> np.ndarray:
         model = _dlib_model("recognizer")
         chips = self.chips(a)

@@ -43,10 +43,17 @@ class Settings(BaseSettings):
     utility_tolerance: float = Field(default=0.05, ge=0.0, le=1.0)
     duplicate_ids: Literal["merge", "quarantine"] = Field(
         default="merge", description="records whose faces match under different subject ids: one person, or withheld")
+    identity_embed_max: int = Field(
+        default=2000, ge=0, le=10_000_000,
+        description="embed every face with the dlib recogniser to find one person under several ids when the drop "
+                    "has at most this many faces (~0.09 s per face per worker core); 0 = eigenface near-duplicates only")
     utility_inconclusive: Literal["release", "reject"] = Field(
         default="release", description="what an inconclusive utility check does (it never hides the privacy verdict)")
     gate_confidence: float = Field(default=0.95, gt=0.5, lt=1.0,
                                    description="one-sided confidence of every empirical rate's interval")
+    deep_attack_sample: int = Field(default=200, ge=10, le=1_000_000,
+                                    description="most records the deep recogniser (dlib-resnet, ~0.09 s per face) "
+                                                "attacks (whole clusters sampled at random beyond it)")
     attack_sample: int = Field(default=2000, ge=10, le=1_000_000,
                                description="most records attacked (whole clusters sampled at random beyond it)")
     max_quarantine_fraction: float = Field(default=0.05, ge=0.0, le=1.0,

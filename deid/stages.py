@@ -267,16 +267,26 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     }
 
 
-def resolve_identities(faces: pa.Table, *, policy: str = "merge") -> tuple[pa.Table, PeopleResolution, list[Quarantined]]:
-    """Replace ``subject_id`` by the effective person (normalised ids, near-duplicate faces merged).
+def embed_faces(pixels: list[bytes], shape: tuple[int, int]) -> np.ndarray:
+    """dlib ResNet descriptors of aligned canonical faces (a Dask task: one core per chunk)."""
+    from deid.recognizer import DlibEmbedder  # noqa: PLC0415 (dlib import cost)
 
-    ``policy="quarantine"`` withholds every record involved in a face match across ids
-    instead of merging them.
+    a = np.frombuffer(b"".join(pixels), np.uint8).reshape(len(pixels), -1)
+    return DlibEmbedder(tuple(shape)).transform(a)
+
+
+def resolve_identities(faces: pa.Table, *, policy: str = "merge", embeddings: np.ndarray | None = None
+                       ) -> tuple[pa.Table, PeopleResolution, list[Quarantined]]:
+    """Replace ``subject_id`` by the effective person (normalised ids, matching faces merged).
+
+    Near-duplicate eigenface features always count; ``embeddings`` (dlib descriptors, one per
+    row) add the recogniser's same-person matches. ``policy="quarantine"`` withholds every
+    record involved in a face match across ids instead of merging them.
     """
     if policy not in ("merge", "quarantine"):
         raise ValueError(f"duplicate_ids={policy!r} must be 'merge' or 'quarantine'")
     X = np.asarray(faces.column("features").to_pylist(), dtype=np.float64) if faces.num_rows else None
-    res = resolve_people(faces.column("subject_id").to_pylist(), X)
+    res = resolve_people(faces.column("subject_id").to_pylist(), X, embeddings=embeddings)
     people = pa.array(list(res.person), pa.string())
     faces = faces.set_column(faces.schema.get_field_index("subject_id"), "subject_id", people)
     quarantined: list[Quarantined] = []

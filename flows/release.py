@@ -96,7 +96,8 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
                 feats = t.featurize(address, aligned_parts, str(staging), settings.pca_components, settings.seed or 0)
             with _timed(timings, "partition"):
                 part = t.partition(ing["ingested"], aligned_parts, feats["parts"], str(staging), labels=labels,
-                                   k=k, select=select, policy=policy, duplicate_ids=settings.duplicate_ids)
+                                   k=k, select=select, policy=policy, duplicate_ids=settings.duplicate_ids,
+                                   address=address, embed_max=settings.identity_embed_max, shape_hw=(h, w))
             quarantined += part["quarantined"]
             if part["partitions"]:
                 with _timed(timings, "deidentify"):
@@ -118,6 +119,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
         k=k, method=method, labels=tuple(labels), tolerance=settings.utility_tolerance,
         confidence=settings.gate_confidence, max_quarantine_fraction=settings.max_quarantine_fraction,
         leak_threshold=settings.leak_threshold, attack_sample=settings.attack_sample,
+        deep_attack_sample=settings.deep_attack_sample,
         utility_sample=settings.utility_sample, utility_inconclusive=settings.utility_inconclusive,
         folds=settings.cv_folds, repeats=settings.cv_repeats, n_components=settings.pca_components,
         seed=settings.seed or 0)
@@ -183,6 +185,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
             "utility_inconclusive": settings.utility_inconclusive,
             "gate_confidence": settings.gate_confidence,
             "attack_sample": settings.attack_sample,
+            "deep_attack_sample": settings.deep_attack_sample,
             "leak_threshold": settings.leak_threshold,
             **({"sigma": sigma} if method == "blur" else {}),
             **({"block": block} if method == "pixelate" else {}),

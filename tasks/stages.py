@@ -140,13 +140,30 @@ def _load_faces(ingested: str, aligned_parts: list[str], feature_parts: list[str
     return faces.append_column("features", feats.column("features").take(take))
 
 
+def _embed_on_cluster(address: str, faces: pa.Table, shape_hw: tuple[int, int]) -> np.ndarray:
+    """dlib descriptors of every face, chunked over the Dask workers; remembered for the gate's attacker."""
+    from deid.recognizer import DlibEmbedder  # noqa: PLC0415
+
+    client = client_for(address)
+    pixels = faces.column("pixels").to_pylist()
+    n_chunks = max(1, min(len(pixels) // 16, 2 * len(client.scheduler_info()["workers"])))
+    bounds = np.linspace(0, len(pixels), n_chunks + 1).astype(int)
+    futs = [client.submit(stages.embed_faces, pixels[a:b], tuple(shape_hw), pure=False)
+            for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    E = np.vstack([f.result() for f in futs])
+    DlibEmbedder(tuple(shape_hw)).prime(np.frombuffer(b"".join(pixels), np.uint8).reshape(len(pixels), -1), E)
+    return E
+
+
 @task(name="partition", **TASK)
 def partition(ingested: str, aligned_parts: list[str], feature_parts: list[str], staging: str, *,
-              labels: list[str], k: int, select: bool, policy: str, duplicate_ids: str = "merge") -> dict:
+              labels: list[str], k: int, select: bool, policy: str, duplicate_ids: str = "merge",
+              address: str | None = None, embed_max: int = 0, shape_hw: tuple[int, int] = (92, 81)) -> dict:
     """Split the aligned faces by utility labels into Hive-partitioned Parquet."""
     logger = get_run_logger()
     faces = _load_faces(ingested, aligned_parts, feature_parts, labels).sort_by("record_id")
-    faces, identity, dup_quarantined = stages.resolve_identities(faces, policy=duplicate_ids)
+    embeddings = _embed_on_cluster(address, faces, shape_hw) if address and 0 < faces.num_rows <= embed_max else None
+    faces, identity, dup_quarantined = stages.resolve_identities(faces, policy=duplicate_ids, embeddings=embeddings)
     if identity.normalized_merges or identity.face_merges:
         logger.warning("partition: %d subject ids merged by normalisation, %d groups by matching faces (%s)",
                        identity.normalized_merges, len(identity.face_merges), duplicate_ids)

@@ -50,13 +50,17 @@ def test_distinct_people_are_not_merged():
 
 
 def test_embeddings_merge_at_the_calibrated_distance():
-    E = np.eye(4) * 10
+    # Informative descriptors (different people far apart) and one pair closer than 0.45.
+    rng = np.random.default_rng(0)
+    E = rng.normal(0, 1, (30, 128))
+    E /= np.linalg.norm(E, axis=1, keepdims=True)  # pairwise distances ~1.41
     E = np.vstack([E, E[0] + 0.01])
-    res = resolve_people(["a", "b", "c", "d", "e"], embeddings=E, same_person_distance=0.6)
-    assert res.person[0] == res.person[4] and res.n_people == 4
+    ids = [f"p{i}" for i in range(30)] + ["other-id"]
+    res = resolve_people(ids, embeddings=E)
+    assert res.person[0] == res.person[30] and res.n_people == 30
     assert res.face_merges[0]["evidence"] == "face recogniser"
-    with pytest.raises(ConfigError, match="same_person_distance"):
-        resolve_people(["a", "b"], embeddings=E[:2])
+    with pytest.raises(ConfigError, match="rows"):
+        resolve_people(["a", "b"], embeddings=E)
 
 
 @settings(max_examples=40, deadline=None)
