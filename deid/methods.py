@@ -9,8 +9,9 @@ de-identification an attacker applies to its own gallery of originals.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from numbers import Integral, Real
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 import cv2
 import numpy as np
@@ -18,14 +19,69 @@ import numpy as np
 from deid.errors import ConfigError
 from deid.features import Eigenfaces
 from deid.ksame import KSame, KSameSelect
+from deid.methods_ksame import KSameEigen, KSameM
 
 logger = logging.getLogger(__name__)
 
-METHODS: tuple[str, ...] = ("k-same-select", "k-same", "k-same-naive", "blur", "pixelate")
-K_METHODS: tuple[str, ...] = ("k-same-select", "k-same", "k-same-naive")
+def _formal(what: str) -> Callable[[int | None], str]:
+    def text(k: int | None) -> str:
+        return (f"formal: 1/k = 1/{k} bound on re-identification by any recogniser, because every released face "
+                f"is {what} of a cluster of at least k={k} distinct people, identical for every member (structural "
+                "check min_distinct_people_per_cluster >= k; Newton et al. 2005, counting people)")
+    return text
+
+
+def _empirical(why: str) -> Callable[[int | None], str]:
+    return lambda k: f"no formal guarantee; the empirical attacks decide ({why})"
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    """What the rest of deid needs to know about one de-identification method.
+
+    Attributes
+    ----------
+    name : str
+        The ``--method`` name.
+    strength : str
+        The keyword that sets its strength (``k``, ``sigma`` or ``block``).
+    partitions_by_labels : bool
+        The release flow partitions the faces by the utility labels before it runs.
+    identical_within_cluster : bool
+        Every member of a cluster gets the identical image (the k-Same structure).
+    clustered : bool
+        It returns a cluster index per face, every cluster holding >= k distinct people.
+    guarantee : callable
+        ``guarantee(k) -> str``: what the method promises, for the report.
+    """
+
+    name: str
+    strength: str
+    partitions_by_labels: bool
+    identical_within_cluster: bool
+    clustered: bool
+    guarantee: Callable[[int | None], str]
+
+
+_NAIVE = ("no formal guarantee: clusters count images, not people, so one person's images can make up "
+          "several of the k members of a cluster")
+REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
+    MethodSpec("k-same-select", "k", True, True, True, _formal("the pixel average")),
+    MethodSpec("k-same", "k", False, True, True, _formal("the pixel average")),
+    MethodSpec("k-same-naive", "k", False, True, True, lambda k: _NAIVE),
+    MethodSpec("blur", "sigma", False, False, False, lambda k: "no formal guarantee"),
+    MethodSpec("pixelate", "block", False, False, False, lambda k: "no formal guarantee"),
+    MethodSpec("k-same-eigen", "k", False, True, True,
+               _formal("the eigenface reconstruction of the mean coefficients")),
+    MethodSpec("k-same-m", "k", False, True, True,
+               _formal("the shape-and-appearance (optical-flow registered) average")),
+)}
+
+METHODS: tuple[str, ...] = tuple(REGISTRY)
+# Methods whose strength is k (the gate's 1/k bound is the reference for them).
+K_METHODS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.strength == "k")
 # Which keyword sets each method's strength.
-STRENGTH: dict[str, str] = {"k-same-select": "k", "k-same": "k", "k-same-naive": "k", "blur": "sigma",
-                            "pixelate": "block"}
+STRENGTH: dict[str, str] = {n: s.strength for n, s in REGISTRY.items()}
 
 
 def _check_method(method: Any) -> str:
@@ -106,12 +162,16 @@ def deidentify(
     block: int | None = None,
     n_components: int = 50,
     seed: int = 0,
+    labels: Mapping[str, Sequence[Hashable]] | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """De-identify aligned faces with one of :data:`METHODS`.
 
     The k-Same family clusters faces by Euclidean distance between their eigenface
     coefficients (``n_components`` PCA components fitted on ``images``, as the release flow
-    does) and releases each cluster's pixel mean.
+    does) and releases one face per cluster: the pixel mean (``k-same``, ``k-same-select``,
+    ``k-same-naive``), the reconstruction of the mean coefficients (``k-same-eigen``) or the
+    shape-and-appearance average (``k-same-m``).
 
     Parameters
     ----------
@@ -124,21 +184,25 @@ def deidentify(
     partitions : sequence of hashable, length n, optional
         Utility-label partition of each face; required by ``k-same-select``.
     method : str
-        One of ``k-same-select``, ``k-same`` (count people), ``k-same-naive`` (counts images,
-        Newton et al.'s formulation), ``blur`` (needs ``sigma``), ``pixelate`` (needs ``block``).
+        One of :data:`METHODS`; :data:`REGISTRY` says what each promises.
     k, sigma, block
-        The strength of the chosen method.
+        The strength of the chosen method (:data:`STRENGTH`).
     n_components : int, default 50
     seed : int, default 0
-        Seed of the eigenface fit.
+        Seed of the eigenface fit (and of any random draw of the method).
+    labels : mapping of str to sequence, optional
+        Utility labels per face (e.g. ``{"gender": [...], "expression": [...]}``) for the
+        methods that use them (``multi-factor``, ``selective-mean``, ``attribute-preserving``).
+    options : mapping, optional
+        Further parameters of the method's estimator (e.g. ``{"flow": "dis"}`` for k-same-m).
 
     Returns
     -------
     released : ndarray of shape (n, height * width), uint8
         Row ``i`` is the de-identified face ``i``.
     clusters : ndarray of shape (n,) or None
-        k-Same cluster index of every face (identical released copies share it); None for
-        blur and pixelation.
+        Cluster index of every face (for methods with ``identical_within_cluster``, identical
+        released copies share it); None for methods without clusters (blur, pixelation).
     """
     _check_method(method)
     a, h, w = _check_images(images, shape)
@@ -149,6 +213,7 @@ def deidentify(
     extra = [name for name, v in given.items() if v is not None and name != need]
     if extra:
         logger.debug("deidentify %s: ignoring %s", method, extra)
+    opts = dict(options or {})
     if method == "blur":
         return blur(a, shape=(h, w), sigma=sigma), None
     if method == "pixelate":
@@ -156,6 +221,14 @@ def deidentify(
     people = list(people)
     if len(people) != len(a):
         raise ConfigError(f"people has {len(people)} entries but images has {len(a)} rows; pass one person id per face")
+    if method in _ESTIMATORS:
+        try:
+            model = _ESTIMATORS[method](k, shape=(h, w), n_components=n_components, seed=seed, **opts)
+        except TypeError as exc:
+            raise ConfigError(f"options={opts!r} for method={method!r}: {exc}") from None
+        released = model.fit_transform(a, people=people, **({"labels": labels} if method in _USES_LABELS else {}))
+        clusters = getattr(model, "labels_", None)
+        return released, None if clusters is None else np.asarray(clusters).copy()
     X = Eigenfaces(n_components, random_state=seed).fit_transform(a)
     if method == "k-same-select":
         if partitions is None:
@@ -166,6 +239,17 @@ def deidentify(
         model = KSame(k, count="images" if method == "k-same-naive" else "people")
         released = model.fit_transform(X, people=people, images=a)
     return released, model.labels_.copy()
+
+
+# The estimators of the methods beyond pixel k-Same: (k, shape, n_components, seed, **options) -> estimator.
+_ESTIMATORS: dict[str, Callable[..., Any]] = {
+    "k-same-eigen": lambda k, shape, n_components, seed, **o: KSameEigen(k, n_components=n_components,
+                                                                          random_state=seed, **o),
+    "k-same-m": lambda k, shape, n_components, seed, **o: KSameM(k, shape=shape, n_components=n_components,
+                                                                  random_state=seed, **o),
+}
+# Methods whose estimator takes the utility labels.
+_USES_LABELS: frozenset[str] = frozenset()
 
 
 def parrot_for(
@@ -179,13 +263,16 @@ def parrot_for(
     block: int | None = None,
     n_components: int = 50,
     seed: int = 0,
+    labels: Mapping[str, Sequence[Hashable]] | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> Callable[[np.ndarray], np.ndarray]:
     """The parrot attacker's de-identification of its gallery: ``f(originals) -> released-like``.
 
     Blur and pixelation are applied with the same filter and strength (which an attacker
-    can estimate from the release); the k-Same family runs the same algorithm and ``k`` on
-    the originals, for which the attacker also needs their ``people`` (and ``partitions``
-    for k-Same-Select), aligned with the originals it will pass.
+    can estimate from the release); the k-Same family and the other k methods run the same
+    algorithm and ``k`` on the originals, for which the attacker also needs their ``people``
+    (and ``partitions`` for k-Same-Select, ``labels`` for the label-using methods), aligned
+    with the originals it will pass.
 
     Returns
     -------
@@ -202,19 +289,12 @@ def parrot_for(
     def parrot(originals: np.ndarray) -> np.ndarray:
         ids = people_list if people_list is not None else [None] * len(originals)
         return deidentify(originals, shape=shape, people=ids, partitions=part_list, method=method, k=k,
-                          sigma=sigma, block=block, n_components=n_components, seed=seed)[0]
+                          sigma=sigma, block=block, n_components=n_components, seed=seed, labels=labels,
+                          options=options)[0]
 
     return parrot
 
 
 def guarantee(method: str, k: int | None = None) -> str:
-    """One-line statement of what the method promises, for the report."""
-    _check_method(method)
-    if method in ("k-same", "k-same-select"):
-        return (f"formal: 1/k = 1/{k} bound on re-identification by any recogniser, because every released face "
-                f"is the average of a cluster of at least k={k} distinct people (structural check "
-                "min_distinct_people_per_cluster >= k; Newton et al. 2005, counting people)")
-    if method == "k-same-naive":
-        return ("no formal guarantee: clusters count images, not people, so one person's images can make up "
-                "several of the k members of a cluster")
-    return "no formal guarantee"
+    """One-line statement of what the method promises, for the report (:attr:`MethodSpec.guarantee`)."""
+    return REGISTRY[_check_method(method)].guarantee(k)

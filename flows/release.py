@@ -9,7 +9,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from deid.errors import ConfigError
-from deid.methods import guarantee
+from deid.methods import REGISTRY, guarantee
 from deid.publish import new_release_id
 from deid.settings import Settings
 from tasks import stages as t
@@ -26,8 +26,7 @@ def _timed(timings: dict, stage: str):
 
 # Which methods partition by the utility labels. k-same-naive, blur and pixelate exist to be
 # compared (and rejected) by the same gate; they carry no formal guarantee.
-METHODS = {"k-same-select": dict(select=True), "k-same": dict(select=False), "k-same-naive": dict(select=False),
-           "blur": dict(select=False), "pixelate": dict(select=False)}
+METHODS = {name: dict(select=spec.partitions_by_labels) for name, spec in REGISTRY.items()}
 
 
 @flow(name="release", log_prints=False, validate_parameters=True)
