@@ -19,6 +19,7 @@ import numpy as np
 from deid.errors import ConfigError
 from deid.features import Eigenfaces
 from deid.ksame import KSame, KSameSelect
+from deid.methods_factor import MultiFactor
 from deid.methods_ksame import KSameEigen, KSameM
 
 logger = logging.getLogger(__name__)
@@ -75,6 +76,9 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
                _formal("the eigenface reconstruction of the mean coefficients")),
     MethodSpec("k-same-m", "k", False, True, True,
                _formal("the shape-and-appearance (optical-flow registered) average")),
+    MethodSpec("multi-factor", "k", False, False, True,
+               _empirical("identity factors are k-Same averaged over >= k people, but every face keeps its own "
+                          "non-identity factor, so cluster members do not share an identical image")),
 )}
 
 METHODS: tuple[str, ...] = tuple(REGISTRY)
@@ -247,9 +251,11 @@ _ESTIMATORS: dict[str, Callable[..., Any]] = {
                                                                           random_state=seed, **o),
     "k-same-m": lambda k, shape, n_components, seed, **o: KSameM(k, shape=shape, n_components=n_components,
                                                                   random_state=seed, **o),
+    "multi-factor": lambda k, shape, n_components, seed, **o: MultiFactor(k, n_components=n_components,
+                                                                          random_state=seed, **o),
 }
 # Methods whose estimator takes the utility labels.
-_USES_LABELS: frozenset[str] = frozenset()
+_USES_LABELS: frozenset[str] = frozenset({"multi-factor"})
 
 
 def parrot_for(

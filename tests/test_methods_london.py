@@ -8,7 +8,7 @@ from helpers import load_london_aligned
 from deid.methods import REGISTRY, deidentify, guarantee
 
 K = 5
-NEW = ("k-same-eigen", "k-same-m")
+NEW = ("k-same-eigen", "k-same-m", "multi-factor")
 
 
 @pytest.fixture(scope="module")

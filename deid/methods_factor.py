@@ -1,0 +1,163 @@
+"""Multi-factor de-identification: k-Same on the identity factor, each image keeps its own expression."""
+from __future__ import annotations
+
+import logging
+from numbers import Integral
+from typing import Any, Hashable, Mapping, Sequence
+
+import numpy as np
+from sklearn.base import BaseEstimator
+
+from deid.errors import ConfigError
+from deid.features import Eigenfaces
+from deid.ksame import KSame, _factorize
+from deid.methods_ksame import check_images, check_k, to_uint8
+
+logger = logging.getLogger(__name__)
+
+NON_IDENTITY = ("residual", "labels")
+
+
+def check_labels(labels: Mapping[str, Sequence[Hashable]] | None, n: int) -> dict[str, np.ndarray]:
+    """Validate ``{label name: one value per face}``; returns integer codes per label."""
+    if labels is None:
+        return {}
+    if not isinstance(labels, Mapping):
+        raise ConfigError(f"labels={type(labels).__name__} must be a mapping {{label name: one value per face}}, "
+                          "e.g. {'expression': [...]}")
+    return {str(name): _factorize(values, f"labels[{name!r}]", n)[0] for name, values in labels.items()}
+
+
+def group_means(Z: np.ndarray, codes: np.ndarray, n_groups: int) -> np.ndarray:
+    """Mean row of ``Z`` per code 0..n_groups-1 (zero for an empty group)."""
+    sums = np.zeros((n_groups, Z.shape[1]))
+    np.add.at(sums, codes, Z)
+    counts = np.bincount(codes, minlength=n_groups)
+    return sums / np.maximum(counts, 1)[:, None]
+
+
+class MultiFactor(BaseEstimator):
+    """Multi-factor de-identification in eigenface space.
+
+    Each face's eigenface coefficients are modelled additively as an identity factor (one
+    vector per person) plus non-identity effects (one vector per value of each label that
+    varies within people, e.g. expression) plus the face's own residual::
+
+        z_i = a[person_i] + sum_l b_l[label_l,i] + e_i
+
+    fitted by least squares (backfitting, label effects centred), so the labels constrain
+    the split: a person photographed only smiling does not get a smiling identity. Labels
+    constant within every person (e.g. gender) are attributes of identity and are left in
+    ``a``. Without labels the model reduces to person means and per-face deviations.
+
+    The identity vectors of the people are de-identified with people-aware k-Same
+    (:class:`deid.ksame.KSame`, one row per person: clusters of >= k distinct people), and
+    face ``i`` is reconstructed from its cluster's mean identity plus its *own* non-identity
+    factor: ``z_i - a[person_i]`` (``non_identity="residual"``, keeps frame-by-frame
+    expression) or only its label effects ``sum_l b_l`` (``"labels"``, stricter: drops the
+    person-specific residual). Faces of one cluster do not share an identical image, so no
+    formal k-Same guarantee holds: the empirical attacks decide.
+
+    Parameters
+    ----------
+    k : int, default 5
+        Minimum number of distinct people per identity cluster (>= 2).
+    n_components : int, default 50
+        Eigenfaces of the linear model.
+    non_identity : {"residual", "labels"}, default "residual"
+    n_iter : int, default 50
+        Maximum backfitting sweeps (stops earlier when the fit no longer changes).
+    random_state : int, default 0
+        Seed of the eigenface fit.
+
+    Attributes
+    ----------
+    eigenfaces_ : deid.features.Eigenfaces
+    people_ : list
+        Person ids in first-appearance order (rows of ``identity_``).
+    identity_ : ndarray of shape (n_people, n_components_)
+        Fitted identity factor per person.
+    effects_ : dict of str to ndarray
+        Fitted effect per value (code order) of each non-identity label.
+    non_identity_labels_ : list of str
+        The labels that vary within people (used as non-identity factors).
+    non_identity_ : ndarray of shape (n_faces, n_components_)
+        The non-identity factor each face keeps.
+    person_clusters_ : ndarray of shape (n_people,)
+        k-Same cluster of each person.
+    labels_ : ndarray of shape (n_faces,)
+        Cluster of every face (its person's cluster).
+
+    References
+    ----------
+    R. Gross, L. Sweeney, J. Cohn, F. de la Torre, S. Baker. Face de-identification. In
+    Protecting Privacy in Video Surveillance, Springer 2009, ch. 8 (multi-factor models).
+    R. Gross, L. Sweeney, F. de la Torre, S. Baker. Semi-supervised learning of multi-factor
+    models for face de-identification. IEEE CVPR 2008.
+    """
+
+    def __init__(self, k: int = 5, *, n_components: int = 50, non_identity: str = "residual", n_iter: int = 50,
+                 random_state: int = 0):
+        self.k = k
+        self.n_components = n_components
+        self.non_identity = non_identity
+        self.n_iter = n_iter
+        self.random_state = random_state
+
+    def fit(self, X: Any, *, people: Sequence[Hashable],
+            labels: Mapping[str, Sequence[Hashable]] | None = None) -> "MultiFactor":
+        """Fit the factor model on faces ``X`` (n_faces, n_pixels) and de-identify the identities."""
+        check_k(self.k)
+        if self.non_identity not in NON_IDENTITY:
+            raise ConfigError(f"non_identity={self.non_identity!r} must be one of {list(NON_IDENTITY)}: 'residual' keeps "
+                              "each face's own deviation from its identity, 'labels' only its label effects")
+        if isinstance(self.n_iter, bool) or not isinstance(self.n_iter, Integral) or self.n_iter < 1:
+            raise ConfigError(f"n_iter={self.n_iter!r} must be an integer >= 1 (backfitting sweeps); e.g. 50")
+        a = check_images(X)
+        n = len(a)
+        pcodes, pkeys = _factorize(people, "people", n)
+        codes = check_labels(labels, n)
+        self.eigenfaces_ = Eigenfaces(self.n_components, random_state=self.random_state).fit(a)
+        Z = self.eigenfaces_.transform(a).astype(np.float64)
+        # A label is a non-identity factor only if it varies within some person; one constant
+        # within every person (gender) cannot be told apart from identity.
+        varying = [name for name, c in codes.items()
+                   if any(len(np.unique(c[pcodes == p])) > 1 for p in range(len(pkeys)))]
+        if labels is not None and not varying:
+            logger.warning("multi-factor: no label varies within a person (%s); identity = person mean", list(codes))
+        identity, effects = self._backfit(Z, pcodes, len(pkeys), {name: codes[name] for name in varying})
+        fx = sum((effects[name][codes[name]] for name in varying), np.zeros_like(Z))
+        self.non_identity_ = Z - identity[pcodes] if self.non_identity == "residual" else fx
+        ks = KSame(self.k).fit(identity, people=pkeys, images=identity)
+        self.people_, self.identity_, self.effects_ = pkeys, identity, effects
+        self.non_identity_labels_ = varying
+        self.person_clusters_ = ks.labels_
+        self.labels_ = ks.labels_[pcodes]
+        self.cluster_identity_ = ks.averages_
+        e = self.eigenfaces_
+        coef = ks.averages_[self.labels_] + self.non_identity_
+        self.released_ = e.mean_.astype(np.float64) + coef @ e.components_.astype(np.float64)
+        return self
+
+    def _backfit(self, Z: np.ndarray, pcodes: np.ndarray, n_people: int,
+                 codes: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        sizes = {name: int(c.max()) + 1 for name, c in codes.items()}
+        effects = {name: np.zeros((sizes[name], Z.shape[1])) for name in codes}
+        identity = group_means(Z, pcodes, n_people)
+        for sweep in range(int(self.n_iter) if codes else 0):
+            before = identity
+            for name, c in codes.items():
+                others = sum((effects[m][codes[m]] for m in codes if m != name), np.zeros_like(Z))
+                b = group_means(Z - identity[pcodes] - others, c, sizes[name])
+                effects[name] = b - b[c].mean(axis=0)  # centred over faces: the identity holds the mean
+            fx = sum((effects[m][codes[m]] for m in codes), np.zeros_like(Z))
+            identity = group_means(Z - fx, pcodes, n_people)
+            if np.abs(identity - before).max() <= 1e-6 * (1 + np.abs(identity).max()):
+                logger.debug("multi-factor: backfitting converged after %d sweeps", sweep + 1)
+                break
+        return identity, effects
+
+    def fit_transform(self, X: Any, *, people: Sequence[Hashable],
+                      labels: Mapping[str, Sequence[Hashable]] | None = None) -> np.ndarray:
+        """Fit, then return the released faces (uint8)."""
+        return to_uint8(self.fit(X, people=people, labels=labels).released_)
