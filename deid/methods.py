@@ -21,6 +21,7 @@ from deid.features import Eigenfaces
 from deid.ksame import KSame, KSameSelect
 from deid.methods_factor import MultiFactor
 from deid.methods_ksame import KSameEigen, KSameM
+from deid.methods_selective import SelectiveMean
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +80,9 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("multi-factor", "k", False, False, True,
                _empirical("identity factors are k-Same averaged over >= k people, but every face keeps its own "
                           "non-identity factor, so cluster members do not share an identical image")),
+    MethodSpec("selective-mean", "k", False, False, False,
+               _empirical("each face is a weighted mean over its own random set of k faces of k people, in which "
+                          "it keeps a higher weight on label-relevant features; sets overlap, there are no clusters")),
 )}
 
 METHODS: tuple[str, ...] = tuple(REGISTRY)
@@ -253,9 +257,11 @@ _ESTIMATORS: dict[str, Callable[..., Any]] = {
                                                                   random_state=seed, **o),
     "multi-factor": lambda k, shape, n_components, seed, **o: MultiFactor(k, n_components=n_components,
                                                                           random_state=seed, **o),
+    "selective-mean": lambda k, shape, n_components, seed, **o: SelectiveMean(k, n_components=n_components,
+                                                                              random_state=seed, **o),
 }
 # Methods whose estimator takes the utility labels.
-_USES_LABELS: frozenset[str] = frozenset({"multi-factor"})
+_USES_LABELS: frozenset[str] = frozenset({"multi-factor", "selective-mean"})
 
 
 def parrot_for(

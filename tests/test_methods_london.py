@@ -8,7 +8,7 @@ from helpers import load_london_aligned
 from deid.methods import REGISTRY, deidentify, guarantee
 
 K = 5
-NEW = ("k-same-eigen", "k-same-m", "multi-factor")
+NEW = ("k-same-eigen", "k-same-m", "multi-factor", "selective-mean")
 
 
 @pytest.fixture(scope="module")
@@ -24,12 +24,18 @@ def test_method_on_london_keeps_its_structure(london, method):
     x, people, labels = london
     released, clusters = deidentify(x, shape=(92, 81), people=people, method=method, k=K, labels=labels)
     spec = REGISTRY[method]
+    assert guarantee(method, K).startswith("formal" if spec.identical_within_cluster else "no formal guarantee")
     assert released.shape == x.shape and released.dtype == np.uint8
     assert not (released == x).all(axis=1).any()  # no face released unchanged
+    if not spec.clustered:  # a set of >= k people behind every face instead
+        from deid.methods_selective import SelectiveMean
+        assert clusters is None
+        sets = SelectiveMean(K, n_components=50).fit(x, people=people, labels=labels).sets_
+        assert all(len(set(people[row])) == K for row in sets)
+        return
     assert clusters is not None and len(clusters) == len(x)
     for c in np.unique(clusters):
         members = clusters == c
         assert len(set(people[members])) >= K
         if spec.identical_within_cluster:
             assert (released[members] == released[members][0]).all()
-    assert guarantee(method, K).startswith("formal" if spec.identical_within_cluster else "no formal guarantee")
