@@ -19,6 +19,7 @@ import numpy as np
 from deid.errors import ConfigError
 from deid.features import Eigenfaces
 from deid.ksame import KSame, KSameSelect
+from deid.methods_attribute import AttributePreserving
 from deid.methods_factor import MultiFactor
 from deid.methods_ksame import KSameEigen, KSameM
 from deid.methods_selective import SelectiveMean
@@ -83,6 +84,9 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("selective-mean", "k", False, False, False,
                _empirical("each face is a weighted mean over its own random set of k faces of k people, in which "
                           "it keeps a higher weight on label-relevant features; sets overlap, there are no clusters")),
+    MethodSpec("attribute-preserving", "k", False, False, False,
+               _empirical("each face is the average of the k nearest faces of k other people, moved to its labels "
+                          "by a linear transfer in eigenface space (not the paper's GAN); no clusters")),
 )}
 
 METHODS: tuple[str, ...] = tuple(REGISTRY)
@@ -259,9 +263,11 @@ _ESTIMATORS: dict[str, Callable[..., Any]] = {
                                                                           random_state=seed, **o),
     "selective-mean": lambda k, shape, n_components, seed, **o: SelectiveMean(k, n_components=n_components,
                                                                               random_state=seed, **o),
+    "attribute-preserving": lambda k, shape, n_components, seed, **o: AttributePreserving(
+        k, n_components=n_components, random_state=seed, **o),
 }
 # Methods whose estimator takes the utility labels.
-_USES_LABELS: frozenset[str] = frozenset({"multi-factor", "selective-mean"})
+_USES_LABELS: frozenset[str] = frozenset({"multi-factor", "selective-mean", "attribute-preserving"})
 
 
 def parrot_for(

@@ -8,7 +8,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Method = Literal["k-same-select", "k-same", "k-same-naive", "blur", "pixelate", "k-same-eigen", "k-same-m",
-                 "multi-factor", "selective-mean"]
+                 "multi-factor", "selective-mean", "attribute-preserving"]
 UtilityProtocol = Literal["cv", "train-original-test-release", "train-release-test-heldout"]
 SmallPartitionPolicy = Literal["suppress", "merge", "fail"]
 

@@ -8,7 +8,7 @@ from helpers import load_london_aligned
 from deid.methods import REGISTRY, deidentify, guarantee
 
 K = 5
-NEW = ("k-same-eigen", "k-same-m", "multi-factor", "selective-mean")
+NEW = ("k-same-eigen", "k-same-m", "multi-factor", "selective-mean", "attribute-preserving")
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +28,16 @@ def test_method_on_london_keeps_its_structure(london, method):
     assert released.shape == x.shape and released.dtype == np.uint8
     assert not (released == x).all(axis=1).any()  # no face released unchanged
     if not spec.clustered:  # a set of >= k people behind every face instead
+        from deid.methods_attribute import AttributePreserving
         from deid.methods_selective import SelectiveMean
         assert clusters is None
-        sets = SelectiveMean(K, n_components=50).fit(x, people=people, labels=labels).sets_
-        assert all(len(set(people[row])) == K for row in sets)
+        if method == "selective-mean":  # the face and k - 1 others: k people
+            sets = SelectiveMean(K).fit(x, people=people, labels=labels).sets_
+        else:  # k donors of k people other than the face's own
+            donors = AttributePreserving(K).fit(x, people=people, labels=labels).donors_
+            assert not (people[donors] == people[:, None]).any()
+            sets = np.c_[np.arange(len(x)), donors]
+        assert all(len(set(people[row])) >= K for row in sets)
         return
     assert clusters is not None and len(clusters) == len(x)
     for c in np.unique(clusters):
