@@ -80,7 +80,7 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
                _formal("the shape-and-appearance (optical-flow registered) average")),
     MethodSpec("multi-factor", "k", False, False, True,
                _empirical("identity factors are k-Same averaged over >= k people, but every face keeps its own "
-                          "non-identity factor, so cluster members do not share an identical image")),
+                          "non-identity factor, so only cluster members with the same labels share an image")),
     MethodSpec("selective-mean", "k", False, False, False,
                _empirical("each face is a weighted mean over its own random set of k faces of k people, in which "
                           "it keeps a higher weight on label-relevant features; sets overlap, there are no clusters")),

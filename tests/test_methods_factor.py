@@ -12,7 +12,7 @@ SHAPE = (10, 9)
 EFFECT = {"neutral": (0.0, 0.0), "smile": (40.0, 0.0), "surprise": (0.0, 40.0)}
 
 
-def factor_faces(n_people=24, seed=0):
+def factor_faces(n_people=24, seed=0, intensity=False):
     """Faces = 128 + identity (4-D subspace) + expression (2-D subspace, orthogonal) + noise.
 
     Expressions are unbalanced across people (some only smile), so person means mix
@@ -21,6 +21,7 @@ def factor_faces(n_people=24, seed=0):
     rng = np.random.default_rng(seed)
     basis = np.linalg.qr(rng.normal(size=(SHAPE[0] * SHAPE[1], 6)))[0]
     u_id, u_ex = basis[:, :4], basis[:, 4:]
+    # ``intensity``: how strongly each face shows its expression (1 = the label's mean effect).
     ident = rng.normal(scale=30, size=(n_people, 4))
     people, expr = [], []
     for p in range(n_people):
@@ -29,7 +30,7 @@ def factor_faces(n_people=24, seed=0):
             people.append(p)
             expr.append(str(rng.choice(options)))
     people = np.array(people)
-    ex = np.array([EFFECT[e] for e in expr])
+    ex = np.array([EFFECT[e] for e in expr]) * (rng.uniform(0.6, 1.4, size=len(people))[:, None] if intensity else 1)
     x = 128 + ident[people] @ u_id.T + ex @ u_ex.T + rng.normal(scale=0.5, size=(len(people), basis.shape[0]))
     gender = np.where(people % 2 == 0, "f", "m")
     return np.clip(np.rint(x), 0, 255).astype(np.uint8), people, expr, gender, ident, ex, u_id, u_ex
@@ -51,7 +52,7 @@ def test_multi_factor_separates_identity_from_expression_and_keeps_expression():
     plain = MultiFactor(3, n_components=6).fit(x, people=people)
     assert ((e.mean_ + plain.identity_ @ e.components_ - 128) @ u_ex).std(axis=0).max() > 5.0
 
-    released = m.fit_transform(x, people=people, labels=labels)
+    released = m.fit_transform(x, people=people, labels=labels)  # non_identity="labels"
     rel = released.astype(float) - 128
     kept = rel @ u_ex - ex  # every face keeps its own expression (up to one offset)
     assert (kept - kept.mean(axis=0)).std(axis=0).max() < 1.5
@@ -66,6 +67,10 @@ def test_multi_factor_separates_identity_from_expression_and_keeps_expression():
 
 def test_multi_factor_label_mode_keeps_only_label_effects_and_is_reachable_by_name():
     x, people, expr, gender, *_ = factor_faces(seed=1)
+    r = MultiFactor(3, n_components=6, non_identity="residual").fit(x, people=people, labels={"expression": expr})
+    z = r.eigenfaces_.transform(x)
+    codes = {p: i for i, p in enumerate(r.people_)}
+    np.testing.assert_allclose(r.non_identity_ + r.identity_[[codes[p] for p in people]], z, atol=1e-3)
     m = MultiFactor(3, n_components=6, non_identity="labels").fit(x, people=people, labels={"expression": expr})
     fx = m.effects_["expression"]
     codes = {v: i for i, v in enumerate(dict.fromkeys(expr))}
@@ -84,3 +89,18 @@ def test_multi_factor_label_mode_keeps_only_label_effects_and_is_reachable_by_na
         MultiFactor(3).fit(x, people=people, labels=[expr])
     with pytest.raises(ConfigError, match="labels\\['expression'\\] has 3 entries"):
         MultiFactor(3).fit(x, people=people, labels={"expression": expr[:3]})
+
+
+def test_projected_keeps_each_faces_expression_intensity_labels_mode_only_the_label_mean():
+    x, people, expr, gender, ident, ex, u_id, u_ex = factor_faces(seed=2, intensity=True)
+    labels = {"expression": expr}
+
+    def kept_error(mode):  # spread of (released expression - the face's true expression)
+        rel = MultiFactor(3, n_components=6, non_identity=mode).fit_transform(x, people=people, labels=labels) - 128.0
+        d = rel @ u_ex - ex
+        return (d - d.mean(axis=0)).std(axis=0).max()
+
+    # Only smiles and surprises have an intensity to keep: the projection keeps it, label
+    # effects keep the mean smile / surprise only.
+    assert kept_error("projected") < 2.0
+    assert kept_error("labels") > 4.0
