@@ -21,7 +21,7 @@ from deid.features import Eigenfaces
 from deid.ksame import KSame, KSameSelect
 from deid.methods_attribute import AttributePreserving
 from deid.methods_factor import MultiFactor
-from deid.methods_ksame import KSameEigen, KSameM
+from deid.methods_ksame import KSameEigen, KSameM, check_images, check_shape, to_uint8
 from deid.methods_selective import SelectiveMean
 
 logger = logging.getLogger(__name__)
@@ -103,22 +103,9 @@ def _check_method(method: Any) -> str:
 
 
 def _check_images(images: Any, shape: Any) -> tuple[np.ndarray, int, int]:
-    try:
-        h, w = (int(v) for v in shape)
-    except (TypeError, ValueError):
-        raise ConfigError(f"shape={shape!r} must be the (height, width) of the aligned faces, e.g. (92, 81)") from None
-    a = np.asarray(images)
-    if a.ndim != 2 or a.shape[0] == 0:
-        raise ConfigError(f"images has shape {a.shape}; it must be a non-empty (n_images, height * width) array")
-    if a.shape[1] != h * w:
-        raise ConfigError(f"images have {a.shape[1]} pixels but shape={tuple(shape)!r} has {h * w}; pass the (height, width) of the aligned faces")
-    if not np.isfinite(a).all():
-        raise ConfigError("images contain NaN or infinite values; pass aligned uint8 faces")
+    a = check_images(images)
+    h, w = check_shape(shape, a.shape[1])
     return a, h, w
-
-
-def _to_uint8(a: np.ndarray) -> np.ndarray:
-    return np.clip(np.rint(a), 0, 255).astype(np.uint8)
 
 
 def blur(images: Any, *, shape: tuple[int, int], sigma: float) -> np.ndarray:
@@ -137,7 +124,7 @@ def blur(images: Any, *, shape: tuple[int, int], sigma: float) -> np.ndarray:
     out = np.empty(a.shape, dtype=np.uint8)
     for i, row in enumerate(a):
         face = row.reshape(h, w).astype(np.float32)
-        out[i] = _to_uint8(cv2.GaussianBlur(face, (0, 0), float(sigma), borderType=cv2.BORDER_REPLICATE)).ravel()
+        out[i] = to_uint8(cv2.GaussianBlur(face, (0, 0), float(sigma), borderType=cv2.BORDER_REPLICATE)).ravel()
     return out
 
 
@@ -159,7 +146,7 @@ def pixelate(images: Any, *, shape: tuple[int, int], block: int) -> np.ndarray:
     counts = np.outer(np.diff(np.r_[rows, h]), np.diff(np.r_[cols, w]))
     means = sums / counts
     full = np.repeat(np.repeat(means, b, axis=1)[:, :h], b, axis=2)[:, :, :w]
-    return _to_uint8(full).reshape(len(a), h * w)
+    return to_uint8(full).reshape(len(a), h * w)
 
 
 def deidentify(

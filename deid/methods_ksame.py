@@ -41,8 +41,8 @@ def check_shape(shape: Any, n_pixels: int | None = None) -> tuple[int, int]:
         h, w = (int(v) for v in shape)
     except (TypeError, ValueError):
         raise ConfigError(f"shape={shape!r} must be the (height, width) of the aligned faces, e.g. (92, 81)") from None
-    if h < 8 or w < 8:
-        raise ConfigError(f"shape={shape!r}: faces must be at least 8 x 8 pixels")
+    if h < 1 or w < 1:
+        raise ConfigError(f"shape={shape!r} must be positive (height, width) of the aligned faces, e.g. (92, 81)")
     if n_pixels is not None and h * w != n_pixels:
         raise ConfigError(f"images have {n_pixels} pixels but shape={tuple(shape)!r} has {h * w}; "
                           "pass the (height, width) of the aligned faces")
