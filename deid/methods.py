@@ -3,8 +3,13 @@
 ``k-same`` and ``k-same-select`` count distinct people per cluster and carry the formal
 k-Same guarantee. ``k-same-naive`` (Newton et al.'s formulation, which counts images),
 ``blur`` and ``pixelate`` (the ad-hoc methods of Gross et al. 2005 §4.2) exist so that
-the gate and the study can show where they fail. Each method has a *parrot*: the same
-de-identification an attacker applies to its own gallery of originals.
+the gate and the study can show where they fail. ``k-same-eigen`` and ``k-same-m``
+(:mod:`deid.methods_ksame`) form each cluster's face differently but keep the k-Same
+structure (identical image per cluster). ``multi-factor`` (:mod:`deid.methods_factor`),
+``selective-mean`` (:mod:`deid.methods_selective`) and ``attribute-preserving``
+(:mod:`deid.methods_attribute`) give faces individual releases: no formal guarantee, the
+gate's attacks decide. :data:`REGISTRY` holds what each method promises. Each method has a
+*parrot*: the same de-identification an attacker applies to its own gallery of originals.
 """
 from __future__ import annotations
 
@@ -25,6 +30,7 @@ from deid.methods_ksame import KSameEigen, KSameM, check_images, check_shape, to
 from deid.methods_selective import SelectiveMean
 
 logger = logging.getLogger(__name__)
+
 
 def _formal(what: str) -> Callable[[int | None], str]:
     def text(k: int | None) -> str:
