@@ -10,7 +10,7 @@ from sklearn.base import BaseEstimator
 
 from deid.errors import ConfigError
 from deid.features import Eigenfaces
-from deid.ksame import KSame, _factorize
+from deid.ksame import InsufficientPeopleError, KSame, KSameSelect, _factorize
 from deid.methods_ksame import check_images, check_k, to_uint8
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class MultiFactor(BaseEstimator):
     fitted by least squares (backfitting, label effects centred), so the labels constrain
     the split: a person photographed only smiling does not get a smiling identity. Labels
     constant within every person (e.g. gender) are attributes of identity and are left in
-    ``a``. Without labels the model reduces to person means and per-face deviations.
+    ``a`` (and kept by clustering within their cells, ``select_identity``). Without labels the model reduces to person means and per-face deviations.
 
     The identity vectors of the people are de-identified with people-aware k-Same
     (:class:`deid.ksame.KSame`, one row per person: clusters of >= k distinct people), and
@@ -85,6 +85,11 @@ class MultiFactor(BaseEstimator):
     non_identity : {"labels", "projected", "residual"}, default "labels"
         Without labels that vary within people, "projected" and "labels" keep nothing (the
         release is k-Same-Eigen of the person means) and "residual" the person deviation.
+    select_identity : bool, default True
+        Cluster the identities within each cell of the labels that are constant within
+        people (e.g. gender: k-Same-Select on the identity factor only, a few cells instead of
+        one per label combination), so the release keeps them; falls back to one cell, with a
+        warning, when a cell holds fewer than k people.
     n_iter : int, default 50
         Maximum backfitting sweeps (stops earlier when the fit no longer changes).
     random_state : int, default 0
@@ -101,6 +106,8 @@ class MultiFactor(BaseEstimator):
         Fitted effect per value (code order) of each non-identity label.
     non_identity_labels_ : list of str
         The labels that vary within people (used as non-identity factors).
+    identity_labels_ : list of str
+        The person-constant labels whose cells the identity clusters respect.
     non_identity_ : ndarray of shape (n_faces, n_components_)
         The non-identity factor each face keeps.
     person_clusters_ : ndarray of shape (n_people,)
@@ -116,9 +123,10 @@ class MultiFactor(BaseEstimator):
     models for face de-identification. IEEE CVPR 2008.
     """
 
-    def __init__(self, k: int = 5, *, n_components: int = 50, non_identity: str = "labels", n_iter: int = 50,
-                 random_state: int = 0):
+    def __init__(self, k: int = 5, *, n_components: int = 50, non_identity: str = "labels",
+                 select_identity: bool = True, n_iter: int = 50, random_state: int = 0):
         self.k = k
+        self.select_identity = select_identity
         self.n_components = n_components
         self.non_identity = non_identity
         self.n_iter = n_iter
@@ -132,6 +140,8 @@ class MultiFactor(BaseEstimator):
             raise ConfigError(f"non_identity={self.non_identity!r} must be one of {list(NON_IDENTITY)}: 'labels' keeps "
                               "each face's label effects, 'projected' its deviation from its identity within the "
                               "label-effect subspace, 'residual' all of that deviation")
+        if not isinstance(self.select_identity, (bool, np.bool_)):
+            raise ConfigError(f"select_identity={self.select_identity!r} must be True or False")
         if isinstance(self.n_iter, bool) or not isinstance(self.n_iter, Integral) or self.n_iter < 1:
             raise ConfigError(f"n_iter={self.n_iter!r} must be an integer >= 1 (backfitting sweeps); e.g. 50")
         a = check_images(X)
@@ -148,7 +158,7 @@ class MultiFactor(BaseEstimator):
             logger.warning("multi-factor: no label varies within a person (%s); identity = person mean", list(codes))
         identity, effects = self._backfit(Z, pcodes, len(pkeys), {name: codes[name] for name in varying})
         fx = sum((effects[name][codes[name]] for name in varying), np.zeros_like(Z))
-        ks = KSame(self.k).fit(identity, people=pkeys, images=identity)
+        ks = self._cluster(identity, pkeys, pcodes, {name: c for name, c in codes.items() if name not in varying})
         face_identity = ks.averages_[ks.labels_[pcodes]]
         if self.non_identity == "labels":
             self.non_identity_ = fx
@@ -165,6 +175,21 @@ class MultiFactor(BaseEstimator):
         coef = face_identity + self.non_identity_
         self.released_ = e.mean_.astype(np.float64) + coef @ e.components_.astype(np.float64)
         return self
+
+    def _cluster(self, identity: np.ndarray, pkeys: list, pcodes: np.ndarray,
+                 constant: dict[str, np.ndarray]) -> KSame:
+        """People-aware k-Same on the identities, within cells of the identity labels if asked."""
+        self.identity_labels_ = list(constant) if self.select_identity else []
+        if self.identity_labels_:
+            first = np.unique(pcodes, return_index=True)[1]  # each person's first face
+            cells = [tuple(int(c[i]) for c in constant.values()) for i in first]
+            try:
+                return KSameSelect(self.k).fit(identity, people=pkeys, images=identity, partitions=cells)
+            except InsufficientPeopleError as exc:
+                logger.warning("multi-factor: identity labels %s not kept (%s); clustering all people together",
+                               self.identity_labels_, exc)
+                self.identity_labels_ = []
+        return KSame(self.k).fit(identity, people=pkeys, images=identity)
 
     def _backfit(self, Z: np.ndarray, pcodes: np.ndarray, n_people: int,
                  codes: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:

@@ -56,13 +56,17 @@ def test_multi_factor_separates_identity_from_expression_and_keeps_expression():
     rel = released.astype(float) - 128
     kept = rel @ u_ex - ex  # every face keeps its own expression (up to one offset)
     assert (kept - kept.mean(axis=0)).std(axis=0).max() < 1.5
-    for c in np.unique(m.labels_):  # identity: the mean identity of >= k people
+    assert m.identity_labels_ == ["gender"]
+    for c in np.unique(m.labels_):  # identity: the mean identity of >= k people of one gender
         members = m.labels_ == c
-        assert len(set(people[members])) >= 3
+        assert len(set(people[members])) >= 3 and len(set(gender[members])) == 1
         want = ident[np.unique(people[members])].mean(axis=0)
         got = (rel[members] @ u_id).mean(axis=0)
         assert np.abs(got - want).max() < 2.0
-        assert not (released[members] == released[members][0]).all() or members.sum() == 1
+        for e in set(np.asarray(expr)[members]):  # non_identity="labels": one image per cluster x expression
+            same = members & (np.asarray(expr) == e)
+            assert (released[same] == released[same][0]).all()
+            assert not (released[members & ~same] == released[same][0]).all(axis=1).any()
 
 
 def test_multi_factor_label_mode_keeps_only_label_effects_and_is_reachable_by_name():
@@ -104,3 +108,16 @@ def test_projected_keeps_each_faces_expression_intensity_labels_mode_only_the_la
     # effects keep the mean smile / surprise only.
     assert kept_error("projected") < 2.0
     assert kept_error("labels") > 4.0
+
+
+def test_identity_cells_fall_back_to_one_when_too_small():
+    x, people, expr, gender, *_ = factor_faces(seed=3)
+    few = np.where(people == people[0], "x", "y")  # one person alone in cell "x"
+    m = MultiFactor(3, n_components=6).fit(x, people=people, labels={"expression": expr, "group": few})
+    assert m.identity_labels_ == []
+    assert min(len(set(people[m.labels_ == c])) for c in np.unique(m.labels_)) >= 3
+    off = MultiFactor(3, n_components=6, select_identity=False).fit(x, people=people, labels={"gender": gender})
+    assert off.identity_labels_ == []
+    assert any(len(set(gender[off.labels_ == c])) == 2 for c in np.unique(off.labels_))  # genders mixed
+    with pytest.raises(ConfigError, match="select_identity='yes'"):
+        MultiFactor(3, select_identity="yes").fit(x, people=people)
