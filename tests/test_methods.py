@@ -87,9 +87,10 @@ def test_registry_is_the_one_source_of_the_method_facts():
 
     assert set(get_args(Method)) == set(METHODS) == set(REGISTRY) == set(FLOW_METHODS) == set(STRENGTH)
     assert {m for m in METHODS if STRENGTH[m] == "k"} == set(K_METHODS)
-    assert [m for m in FLOW_METHODS if FLOW_METHODS[m]["select"]] == ["k-same-select"]
-    for spec in REGISTRY.values():  # identical images only make sense with clusters
-        assert spec.clustered or not spec.identical_within_cluster
+    assert {m for m in FLOW_METHODS if FLOW_METHODS[m]["select"]} == {m for m in METHODS if REGISTRY[m].partitions_by_labels}
+    assert "k-same-select" in {m for m in FLOW_METHODS if FLOW_METHODS[m]["select"]}
+    for spec in REGISTRY.values():  # identical images and label partitions only make sense with clusters
+        assert spec.clustered or not (spec.identical_within_cluster or spec.partitions_by_labels)
 
 
 def test_method_errors_name_the_parameter():

@@ -105,3 +105,21 @@ def test_ksame_family_parrots_and_errors():
         KSameM(2, shape=(10, 10)).fit(x, people=people)
     with pytest.raises(ConfigError, match="options="):
         deidentify(x, shape=SHAPE, people=people, method="k-same-m", k=2, options={"warp": 1})
+
+
+def test_partitioned_runs_stay_inside_their_partition():
+    from deid.methods import REGISTRY
+
+    x, people = misaligned_faces(n_people=12, seed=5)
+    parts = np.where(people < 6, "a", "b")
+    for method in ("k-same-eigen", "k-same-m"):
+        released, clusters = deidentify(x, shape=SHAPE, people=people, partitions=parts, method=method, k=3,
+                                        n_components=6)
+        assert_k_structure(released, clusters, people, 3)
+        if REGISTRY[method].partitions_by_labels:
+            assert all(len(set(parts[clusters == c])) == 1 for c in np.unique(clusters))
+            alone, _ = deidentify(x[parts == "b"], shape=SHAPE, people=people[parts == "b"], method=method, k=3,
+                                  n_components=6)
+            np.testing.assert_array_equal(released[parts == "b"], alone)
+        parrot = parrot_for(method, shape=SHAPE, people=people, partitions=parts, k=3, n_components=6)
+        np.testing.assert_array_equal(parrot(x), released)

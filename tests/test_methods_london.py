@@ -22,8 +22,10 @@ def london():
 @pytest.mark.parametrize("method", NEW)
 def test_method_on_london_keeps_its_structure(london, method):
     x, people, labels = london
-    released, clusters = deidentify(x, shape=(92, 81), people=people, method=method, k=K, labels=labels)
     spec = REGISTRY[method]
+    parts = list(zip(labels["gender"], labels["expression"])) if spec.partitions_by_labels else None
+    released, clusters = deidentify(x, shape=(92, 81), people=people, method=method, k=K, labels=labels,
+                                    partitions=parts)
     assert guarantee(method, K).startswith("formal" if spec.identical_within_cluster else "no formal guarantee")
     assert released.shape == x.shape and released.dtype == np.uint8
     assert not (released == x).all(axis=1).any()  # no face released unchanged
@@ -45,3 +47,5 @@ def test_method_on_london_keeps_its_structure(london, method):
         assert len(set(people[members])) >= K
         if spec.identical_within_cluster:
             assert (released[members] == released[members][0]).all()
+        if parts is not None:
+            assert len({parts[i] for i in np.flatnonzero(members)}) == 1
