@@ -64,13 +64,13 @@ class MultiFactor(BaseEstimator):
     factor, one of:
 
     * ``"labels"`` (default): its label effects ``sum_l b_l`` (faces of one cluster with
-      the same labels get the identical image). London k=5: max re-identification 0.196
-      (naive + reverse, five attackers), within the 1/k bound;
+      the same labels get the identical image). London k=5: max re-identification 0.186
+      (naive + reverse, five attackers; 0.186 with parrot too in the release flow), within 1/k;
     * ``"projected"``: inside the subspace spanned by the label effects the face keeps its
       own coefficients (e.g. how much this very face smiles, frame by frame), elsewhere it
-      gets the cluster's identity. London k=5: 0.206 (n=204 faces: not distinguishable from the
-      0.2 bound, but over it as a point estimate);
-    * ``"residual"``: the whole deviation ``z_i - a[person_i]``. London k=5: 0.95 (with two
+      gets the cluster's identity. London k=5: 0.196 (n=204 faces: at the 0.2 bound; 0.206
+      without the gender cells of ``select_identity``);
+    * ``"residual"``: the whole deviation ``z_i - a[person_i]``. London k=5: 0.92 (with two
       photos per person the deviations are +-half their difference: an identity signature).
 
     Faces of one cluster do not in general share an identical image, so no formal k-Same
