@@ -319,10 +319,30 @@ def attack_sample(inputs: GateInputs, *, max_records: int, seed: int) -> np.ndar
     return np.flatnonzero(np.isin(codes, take))
 
 
-def _parrot(deidentify: Callable[..., np.ndarray], people: np.ndarray, partitions: np.ndarray | None
-            ) -> Callable[[np.ndarray], np.ndarray]:
+def _parrot(deidentify: Callable[..., np.ndarray], people: np.ndarray, partitions: np.ndarray | None,
+            labels: dict[str, np.ndarray] | None = None) -> Callable[[np.ndarray], np.ndarray]:
     """The parrot attacker de-identifies its own gallery of originals the way the release was made."""
-    return lambda originals: deidentify(originals, people=people, partitions=partitions)
+    return lambda originals: deidentify(originals, people=people, partitions=partitions,
+                                        labels={x: list(v) for x, v in (labels or {}).items()} or None)
+
+
+def _labelled(deidentify: Callable[..., np.ndarray], originals: np.ndarray, labels: dict[str, np.ndarray]
+              ) -> Callable[..., np.ndarray]:
+    """The method runner, given each face's labels by its pixels (the cross-fitted utility
+    protocol hands the runner subsets of these originals, not their indices)."""
+    if not labels:
+        return deidentify
+    def key(rows: np.ndarray) -> list[bytes]:
+        return [r.tobytes() for r in np.clip(np.rint(np.asarray(rows, dtype=np.float64)), 0, 255).astype(np.uint8)]
+
+    by_row = {b: i for i, b in enumerate(key(originals))}
+
+    def run(images: np.ndarray, *, people, partitions=None):
+        rows = [by_row[b] for b in key(images)]
+        return deidentify(images, people=people, partitions=partitions,
+                          labels={x: [v[i] for i in rows] for x, v in labels.items()})
+
+    return run
 
 
 def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
@@ -337,7 +357,8 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
     people = inputs.people[idx]
     modes = tuple(m for m in config.modes if m != "parrot" or inputs.deidentify is not None)
     parts = None if inputs.partitions is None else inputs.partitions[idx]
-    parrot = None if "parrot" not in modes else _parrot(inputs.deidentify, people, parts)
+    labs = {x: np.asarray(v)[idx] for x, v in inputs.labels.items()}
+    parrot = None if "parrot" not in modes else _parrot(inputs.deidentify, people, parts, labs)
     names = list(config.attackers) if config.attackers is not None else list(ATTACKERS)
     # Attackers that can afford the whole sample share one pass (one parrot gallery, one set
     # of distinct images); an attacker may cap the records it attacks (a deep recogniser
@@ -354,7 +375,8 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
             sub = attack_sample(sub_inputs, max_records=cap, seed=config.seed + 1)
         p_sub = parrot
         if parrot is not None and len(sub) < len(idx):
-            p_sub = _parrot(inputs.deidentify, people[sub], None if parts is None else parts[sub])
+            p_sub = _parrot(inputs.deidentify, people[sub], None if parts is None else parts[sub],
+                            {x: v[sub] for x, v in labs.items()})
         for r in attack_all(originals=originals[sub], original_people=people[sub], released=released[sub],
                             released_people=people[sub], shape=inputs.shape, modes=modes, parrot=p_sub,
                             attackers=group):
@@ -482,7 +504,7 @@ def utility_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check],
     is within the tolerance, ``fail`` if its lower bound exceeds it, otherwise
     ``inconclusive`` (blocking only with ``utility_inconclusive="reject"``).
     """
-    from deid.methods import K_METHODS  # noqa: PLC0415
+    from deid.methods import K_METHODS, REGISTRY  # noqa: PLC0415
     from deid.utility import cross_fit_utility, utility_protocols  # noqa: PLC0415 (sklearn import cost)
 
     if not config.labels:
@@ -494,9 +516,10 @@ def utility_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check],
         idx = people_sample(inputs, max_records=config.utility_sample, seed=config.seed)
         released, originals = inputs.fetch(idx)
         labels = {x: np.asarray(inputs.labels[x])[idx] for x in config.labels}
-        select = config.method == "k-same-select" and inputs.partitions is not None
+        select = REGISTRY[config.method].partitions_by_labels and inputs.partitions is not None
         evidence = cross_fit_utility(
-            originals, people=list(inputs.people[idx]), labels=labels, deidentify=inputs.deidentify,
+            originals, people=list(inputs.people[idx]), labels=labels,
+            deidentify=_labelled(inputs.deidentify, originals, labels),
             partitions=list(inputs.partitions[idx]) if select else None,
             k=config.k if config.method in K_METHODS else None, released=released, tolerance=config.tolerance,
             folds=config.folds, confidence=config.confidence, max_images=config.utility_sample,

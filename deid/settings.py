@@ -7,7 +7,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-Method = Literal["k-same-select", "k-same", "k-same-naive", "blur", "pixelate"]
+Method = Literal["k-same-select", "k-same", "k-same-naive", "blur", "pixelate", "k-same-eigen", "k-same-m",
+                 "multi-factor", "selective-mean", "attribute-preserving"]
 SmallPartitionPolicy = Literal["suppress", "merge", "fail"]
 
 

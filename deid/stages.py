@@ -137,27 +137,32 @@ def project_part(aligned_path: str, model: Eigenfaces, out_path: str) -> int:
 
 def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: str = "k-same-select",
                          shape: tuple[int, int] | None = None, sigma: float | None = None,
-                         block: int | None = None) -> dict:
+                         block: int | None = None, labels: tuple[str, ...] | list[str] = ()) -> dict:
     """De-identify one partition: k-Same (k-Same-Select = this, once per label partition).
 
     ``k-same-naive`` counts images instead of people (Newton et al.'s formulation, for
     comparison); ``blur`` and ``pixelate`` filter each face on its own (no clusters: every record
-    is its own "cluster", which the gate's k checks reject). Returns the cluster summary: per
+    is its own "cluster", which the gate's k checks reject). Every other method of
+    :data:`deid.methods.REGISTRY` runs through :func:`deid.methods.deidentify` on the pixels,
+    with the partition's ``labels`` columns; methods without clusters get one per record too. Returns the cluster summary: per
     cluster its size and number of distinct people. Cluster names are random, so nothing about
     them follows the input order.
     """
     table = ds.dataset(partition_dir, format="parquet").to_table(
-        columns=["record_id", "subject_id", "features", "pixels"]
+        columns=["record_id", "subject_id", "features", "pixels", *labels]
     )
     ids = table.column("record_id").to_pylist()
     people = np.asarray(table.column("subject_id").to_pylist(), dtype=object)
     X = np.asarray(table.column("features").to_pylist(), dtype=np.float32)
     pix = table.column("pixels").to_pylist()
     images = np.frombuffer(b"".join(pix), dtype=np.uint8).reshape(len(pix), -1)
-    if method in ("blur", "pixelate"):
-        released = deidentify_images(images, shape=shape, people=list(people), method=method, sigma=sigma,
-                                     block=block)[0]
-        labels_ = np.arange(len(ids))
+    if method not in ("k-same", "k-same-naive", "k-same-select"):
+        # Every other method (registry in deid.methods) runs on the pixels; those without
+        # clusters (blur, pixelate, selective-mean, attribute-preserving) get one per record.
+        released, found = deidentify_images(images, shape=shape, people=list(people), method=method, k=k,
+                                            sigma=sigma, block=block,
+                                            labels={x: table.column(x).to_pylist() for x in labels} or None)
+        labels_ = np.arange(len(ids)) if found is None else found
     else:
         model = KSame(k, count="images" if method == "k-same-naive" else "people").fit(X, people=people, images=images)
         released = np.clip(np.rint(model.averages_[model.labels_]), 0, 255).astype(np.uint8)

@@ -10,6 +10,7 @@ import importlib
 import logging
 import os
 import sys
+import typing
 from pathlib import Path
 
 # Multi-threaded OpenBLAS spins on its threads and, next to Dask workers on a small machine,
@@ -18,6 +19,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 from deid.errors import ConfigError, DeidError, DropError  # noqa: E402
+from deid.settings import Method  # noqa: E402  (light: the CLI keeps heavy imports lazy)
 
 EXIT_OK, EXIT_REJECTED, EXIT_BAD_INPUT = 0, 1, 2
 # Modules adding subcommands (each has register(subparsers) and keeps heavy imports lazy).
@@ -155,9 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run the release flow on a drop")
     r.add_argument("drop")
     r.add_argument("--k", type=_k, default=None, help="minimum distinct people per cluster (default 5)")
-    r.add_argument("--method", choices=["k-same-select", "k-same", "k-same-naive", "blur", "pixelate"], default=None,
-                   help="k-same-select (default) or k-same; k-same-naive, blur and pixelate are for comparison "
-                        "(the gate rejects them)")
+    r.add_argument("--method", choices=list(typing.get_args(Method)), default=None,
+                   help="k-same-select (default), k-same, k-same-eigen or k-same-m (formal k-Same guarantee); "
+                        "multi-factor, selective-mean, attribute-preserving (the gate's attacks decide); "
+                        "k-same-naive, blur and pixelate are for comparison (the gate rejects them)")
     r.add_argument("--sigma", type=float, default=None, help="blur strength (canonical pixels), method blur")
     r.add_argument("--block", type=int, default=None, help="pixelation block (canonical pixels), method pixelate")
     r.add_argument("--labels", type=_labels, default=None, help="utility label columns, e.g. gender,expression")

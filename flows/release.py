@@ -10,7 +10,7 @@ from prefect.runtime import flow_run
 
 from deid.errors import ConfigError
 from deid.gate import GateConfig
-from deid.methods import guarantee
+from deid.methods import REGISTRY, guarantee
 from deid.publish import new_release_id
 from deid.settings import Settings
 from tasks import stages as t
@@ -27,8 +27,7 @@ def _timed(timings: dict, stage: str):
 
 # Which methods partition by the utility labels. k-same-naive, blur and pixelate exist to be
 # compared (and rejected) by the same gate; they carry no formal guarantee.
-METHODS = {"k-same-select": dict(select=True), "k-same": dict(select=False), "k-same-naive": dict(select=False),
-           "blur": dict(select=False), "pixelate": dict(select=False)}
+METHODS = {name: dict(select=spec.partitions_by_labels) for name, spec in REGISTRY.items()}
 
 
 @flow(name="release", log_prints=False, validate_parameters=True)
@@ -102,7 +101,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
             if part["partitions"]:
                 with _timed(timings, "deidentify"):
                     de = t.deidentify(address, part["partitions"], str(staging), k=k, method=method,
-                                      shape_hw=[h, w], sigma=sigma, block=block)
+                                      shape_hw=[h, w], sigma=sigma, block=block, labels=labels)
                 deid_parts, clusters = de["parts"], de["clusters"]
     by_reason = t.quarantine_summary(quarantined, str(staging))
     counts = {"in": ing["records_in"], "suppressed": len(part["suppressed"]), "quarantined": len(quarantined)}

@@ -196,13 +196,14 @@ def partition(ingested: str, aligned_parts: list[str], feature_parts: list[str],
 
 @task(name="deidentify", retries=1, retry_delay_seconds=2, **TASK)
 def deidentify(address: str, partitions: list[dict], staging: str, *, k: int, method: str, shape_hw: list[int],
-               sigma: float | None = None, block: int | None = None) -> dict:
+               sigma: float | None = None, block: int | None = None, labels: list[str] = ()) -> dict:
     """De-identify each partition (k-Same family, or a comparison filter), one Dask task per partition."""
     logger = get_run_logger()
     client = client_for(address)
     out = Path(staging) / "deidentified"
     futs = [client.submit(stages.deidentify_partition, p["dir"], str(out / f"{Path(p['dir']).name}.parquet"),
-                          k=k, method=method, shape=tuple(shape_hw), sigma=sigma, block=block, pure=False)
+                          k=k, method=method, shape=tuple(shape_hw), sigma=sigma, block=block, labels=list(labels),
+                          pure=False)
             for p in partitions]
     results = [f.result() for f in futs]
     clusters = [c for r in results for c in r["clusters"]]

@@ -73,7 +73,24 @@ def test_guarantee_statements():
     assert guarantee("k-same", 3).startswith("formal")
     for method in ("blur", "pixelate", "k-same-naive"):
         assert guarantee(method, 5).startswith("no formal guarantee")
-    assert set(METHODS) == {"k-same-select", "k-same", "k-same-naive", "blur", "pixelate"}
+    assert {"k-same-select", "k-same", "k-same-naive", "blur", "pixelate"} <= set(METHODS)
+    for method in ("k-same-eigen", "k-same-m"):
+        assert guarantee(method, 5).startswith("formal: 1/k = 1/5")
+
+
+def test_registry_is_the_one_source_of_the_method_facts():
+    from typing import get_args
+
+    from deid.methods import K_METHODS, REGISTRY, STRENGTH
+    from deid.settings import Method
+    from flows.release import METHODS as FLOW_METHODS
+
+    assert set(get_args(Method)) == set(METHODS) == set(REGISTRY) == set(FLOW_METHODS) == set(STRENGTH)
+    assert {m for m in METHODS if STRENGTH[m] == "k"} == set(K_METHODS)
+    assert {m for m in FLOW_METHODS if FLOW_METHODS[m]["select"]} == {m for m in METHODS if REGISTRY[m].partitions_by_labels}
+    assert "k-same-select" in {m for m in FLOW_METHODS if FLOW_METHODS[m]["select"]}
+    for spec in REGISTRY.values():  # identical images and label partitions only make sense with clusters
+        assert spec.clustered or not (spec.identical_within_cluster or spec.partitions_by_labels)
 
 
 def test_method_errors_name_the_parameter():
