@@ -62,7 +62,7 @@ def ingest_drop(drop_dir: str, staging: str, *, labels: list[str] | None, name: 
         drop = read_drop(drop_dir, labels=labels, name=name)
     except DataError as exc:
         # An unreadable drop is a verdict on the input, not a crash: no traceback; the flow signs a rejection.
-        logger.error("ingest: %s", exc)
+        logger.info("ingest: the drop is unreadable; the run signs a rejection naming the reason")
         return {"drop_error": str(exc)}
     staging_dir = Path(staging)
     # Several align tasks per worker even on small drops, at most batch_size records each.
