@@ -39,7 +39,6 @@ from deid.settings import Settings
 from deid.signing import ensure_signing_key
 from deid.validation import (
     drop_checks,
-    observed_label_sets,
     quarantine_fraction_check,
     suite_check,
     validate_aligned,
@@ -275,6 +274,22 @@ def run_gate(ingested: str, aligned_parts: list[str], deid_parts: list[str], *, 
     }
 
 
+def _releasable_label_sets(ingested: str, labels: list[str], k: int) -> dict[str, list[str]]:
+    """Per label, the values at least k distinct people hold: what a release may carry.
+
+    Stricter than every observed value, and it keeps the rare values out of the validation
+    results that go into the signed report (a value held by one person is itself identifying).
+    """
+    t = pq.read_table(ingested, columns=["subject_id", *labels]).to_pydict()
+    out = {}
+    for x in labels:
+        people: dict[str, set] = {}
+        for value, subject in zip(t[x], t["subject_id"]):
+            people.setdefault(str(value), set()).add(subject)
+        out[x] = sorted(v for v, who in people.items() if len(who) >= k)
+    return out
+
+
 @task(name="stage-release", **TASK)
 def stage(deid_parts: list[str], ingested: str, staging: str, *, labels: list[str], shape: tuple[int, int],
           release_id: str, k: int) -> dict:
@@ -294,7 +309,7 @@ def stage(deid_parts: list[str], ingested: str, staging: str, *, labels: list[st
                                record_ids=rel.column("record_id").to_pylist())
         artifacts = hash_tree(staged.path)
         validation = validate_release(staged.path / RELEASE_TABLE, labels,
-                                      label_sets=observed_label_sets(ingested, labels), k=k)
+                                      label_sets=_releasable_label_sets(ingested, labels, k), k=k)
         file_metadata = release_files_metadata(staged.path)
         # Which sources went into which cluster, for audits and erasure requests: encrypted at
         # once, kept in private staging until commit, never returned from this task.

@@ -116,3 +116,37 @@ def test_fault_matrix_never_a_release_without_its_signed_report(project, prefect
     assert faults == len(KILLS) + len(DISK_FULL) and without_report == 0
     # kill:after:publish leaves a complete release; every rerun adds one.
     assert n_releases == 1 + faults
+
+
+def test_rare_labels_stay_out_of_the_report_and_formulas_out_of_release_csv(project, prefect_server, tmp_path,
+                                                                           monkeypatch):
+    """A suppressed partition is described by counts only; a formula label is neutralised in release.csv."""
+    import csv
+
+    from flows.release import release
+
+    for key, value in FAST.items():
+        monkeypatch.setenv(key, value)
+    drop = make_synthetic_drop(tmp_path / "drop", people=14, images_per_person=2, seed=1)
+    lines = (drop / "manifest.csv").read_text().splitlines()
+    out = [lines[0]]
+    for line in lines[1:]:
+        cells = line.split(",")
+        if cells[1] == "s00001":
+            cells[3] = "RAREVALUE"  # one person: a partition of 1 < k people, suppressed
+        if cells[2] == "female":
+            cells[2] = '=HYPERLINK("http://x")'.replace(",", ";")
+        out.append(",".join(cells))
+    (drop / "manifest.csv").write_text("\n".join(out) + "\n")
+    result = release(drop=str(drop), k=3)
+    assert result["verdict"] == "released", result["reasons"]
+    assert result["dataset"]["records_suppressed"] >= 1
+    report_dir = Path(result["report_dir"])
+    leaked = [p.relative_to(report_dir).as_posix() for p in report_dir.rglob("*")
+              if p.is_file() and b"RAREVALUE" in p.read_bytes()]
+    assert not leaked, f"a suppressed partition's label value appears in {leaked}"
+    small = json.loads((report_dir / "report.json").read_text())["configuration"]["small_partitions_detail"]
+    assert small and all(set(e) == {"records", "people", "action"} for e in small)
+    with open(Path(result["release_dir"]) / "release.csv", newline="", encoding="utf-8") as fh:
+        genders = {r["gender"] for r in csv.DictReader(fh)}
+    assert "'=HYPERLINK(\"http://x\")" in genders and not any(g.startswith("=") for g in genders)
