@@ -190,7 +190,8 @@ def start_prefect_server_child():
     srv.subprocess = types.SimpleNamespace(Popen=popen, TimeoutExpired=subprocess.TimeoutExpired)
     try:
         server = srv.SubprocessASGIServer()
-        server.start()
+        # Prefect's default start-up timeout (20 s) is too short on a loaded 2-core machine.
+        server.start(timeout=max(90, int(settings.server.ephemeral.startup_timeout_seconds)))
     finally:
         srv.subprocess = subprocess
     return server

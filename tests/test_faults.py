@@ -150,3 +150,40 @@ def test_rare_labels_stay_out_of_the_report_and_formulas_out_of_release_csv(proj
     with open(Path(result["release_dir"]) / "release.csv", newline="", encoding="utf-8") as fh:
         genders = {r["gender"] for r in csv.DictReader(fh)}
     assert "'=HYPERLINK(\"http://x\")" in genders and not any(g.startswith("=") for g in genders)
+
+
+def _processes_with_env(name: str, value: str) -> list[int]:
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+            stat_ = (proc / "stat").read_text().split()
+        except OSError:
+            continue
+        if f"{name}={value}".encode() in env and stat_[2] != "Z":
+            out.append(int(proc.name))
+    return out
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_kill_9_of_deid_run_leaves_no_prefect_server_behind(project, tmp_path):
+    """Without PREFECT_API_URL `deid run` starts Prefect's temporary server; it must die with the run."""
+    import time
+
+    drop = make_synthetic_drop(tmp_path / "drop", people=6, images_per_person=2, seed=3)
+    home = tmp_path / "prefect_home"
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update({"DEID_PROJECT_DIR": str(project), "PREFECT_HOME": str(home), "PYTHONPATH": str(ROOT),
+                FAULT_ENV: "kill:after:ingest", "DEID_DASK_WORKERS": "1"})
+    proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(drop), "--k", "3"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    assert "Starting temporary server" in proc.stderr  # the server really was started by this run
+    for _ in range(50):
+        left = _processes_with_env("PREFECT_HOME", str(home))
+        if not left:
+            break
+        time.sleep(0.2)
+    assert not left, f"processes of the killed run still alive: {left}"
