@@ -72,7 +72,8 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
         _abandon(staging, report_dir, logger)
         if not (report_dir / "report.json.sig").exists():  # never replace a signed report
             _sign_rejection(release_id, report_dir, drop=drop, name=name, k=k, method=method, settings=settings,
-                            reason=f"environment failure (not a verdict on the data): {failure}", logger=logger)
+                            reason=f"environment failure (not a verdict on the data): {failure}", logger=logger,
+                            check="environment")
         raise failure from None
     except BaseException:
         _abandon(staging, report_dir, logger)
@@ -100,7 +101,8 @@ def _manifest_fingerprint(drop: str) -> str:
 
 
 def _sign_rejection(release_id: str, report_dir: Path, *, drop: str, name: str | None, k: int, method: str,
-                    settings: Settings, reason: str, logger, labels: list[str] | None = None) -> dict | None:
+                    settings: Settings, reason: str, logger, labels: list[str] | None = None,
+                    check: str = "drop_readable") -> dict | None:
     """The signed rejection of a run that could not get as far as the gate (bad drop, environment failure)."""
     report = {
         "release_id": release_id, "run_id": str(flow_run.get_id() or release_id), "verdict": "rejected",
@@ -108,7 +110,7 @@ def _sign_rejection(release_id: str, report_dir: Path, *, drop: str, name: str |
         "dataset": {"name": name or Path(drop).name or "drop", "fingerprint": _manifest_fingerprint(drop),
                     "records_in": 0, "records_released": 0, "records_suppressed": 0, "records_quarantined": 0,
                     "quarantine_by_reason": {}},
-        "checks": [{"name": "drop_readable", "passed": False, "value": None, "threshold": None, "detail": reason}],
+        "checks": [{"name": check, "passed": False, "value": None, "threshold": None, "detail": reason}],
         "privacy": {"bound": 1.0 / k, "max_rate": None, "min_distinct_people_per_cluster": None,
                     "reidentification": []},
         "utility": [], "validation": {}, "artifacts": [], "release_dir": None,
