@@ -187,3 +187,38 @@ def test_kill_9_of_deid_run_leaves_no_prefect_server_behind(project, tmp_path):
             break
         time.sleep(0.2)
     assert not left, f"processes of the killed run still alive: {left}"
+
+
+def test_publish_failing_after_signing_leaves_a_signed_addendum_and_nothing_published(project, prefect_server,
+                                                                                       tmp_path, monkeypatch):
+    import errno
+
+    import tasks.stages
+    from deid.errors import EnvironmentFailure
+    from flows.release import release
+
+    for key, value in FAST.items():
+        monkeypatch.setenv(key, value)
+
+    def refuse(staged, final):
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), str(final))
+
+    monkeypatch.setattr(tasks.stages, "commit_release", refuse)
+    drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=1)
+    with pytest.raises(EnvironmentFailure, match="after its report was signed"):
+        release(drop=str(drop), k=3)
+    (report_dir,) = list((project / "reports").iterdir())
+    pub = project / "data" / "keys" / "dev_signing.pub.pem"
+    assert json.loads((report_dir / "report.json").read_text())["verdict"] == "released"
+    add = json.loads((report_dir / ADDENDUM_NAME).read_text())
+    assert add["event"] == "publish_failed" and add["release_published"] is False
+    res = verify_report(report_dir, public_key=pub)
+    # The report is genuine, the release it describes was never published, and verify says both.
+    assert not res.ok and res.authenticated and any("not found" in p for p in res.problems)
+    assert any(n.startswith("addendum: publish_failed") for n in res.notes)
+    assert not list((project / "data" / "releases").iterdir())
+    assert not list((project / "data" / "staging").iterdir())
+    assert not (project / "data" / "private").exists() or not list((project / "data" / "private").rglob("*.bin"))
+    # A forged addendum does not verify.
+    (report_dir / ADDENDUM_NAME).write_text((report_dir / ADDENDUM_NAME).read_text().replace("publish_failed", "x"))
+    assert any("bad signature: addendum" in p for p in verify_report(report_dir, public_key=pub).problems)
