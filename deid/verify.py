@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from deid.errors import ConfigError, VerificationError
-from deid.safety import ADDENDUM_NAME, ADDENDUM_SIG_NAME
 from deid.report import REPORT_NAME, SIGNATURE_NAME, hash_file, report_problems, scan_tree
+from deid.safety import ADDENDUM_NAME, ADDENDUM_SIG_NAME
 from deid.signing import SIGNATURE_BYTES, canonical_json, load_public_key, public_key_fingerprint, verify_bytes
 
 logger = logging.getLogger(__name__)

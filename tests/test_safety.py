@@ -10,7 +10,6 @@ import errno
 import json
 import os
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from deid.errors import ConfigError, DataError, DropError, EnvironmentFailure, R
 from deid.imaging import decode_gray
 from deid.ingest import ingest
 from deid.publish import stage_release
-from deid.safety import COMPLETE_MARKER, LOCK_NAME, RunLock, is_live, preflight_locations, recover
+from deid.safety import COMPLETE_MARKER, RunLock, is_live, preflight_locations, recover
 from deid.signing import write_keypair
 from flows.cli import (
     EXIT_BAD_INPUT,
