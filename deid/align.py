@@ -33,6 +33,10 @@ __all__ = [
 ]
 
 
+# Where an aligned face's eye positions came from; the aligned-table suite
+# (schemas/expectations/aligned.json) lists the same values, tests/test_align.py checks it.
+EYE_SOURCES: tuple[str, ...] = ("manifest", "detected", "landmarks", "landmarks_hog", "face_geometry")
+
 @dataclass(frozen=True)
 class EyePair:
     """Eye centres in pixel coordinates; ``left`` is the eye with the smaller x in the image."""

@@ -8,16 +8,18 @@ one row quarantine that row with a stable reason code and never stop the run.
 from __future__ import annotations
 
 import csv
+import errno
 import io
 import logging
 import math
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 import yaml
 
-from deid.errors import DropError, Quarantined
+from deid.errors import DropError, Quarantined, RecordError
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +66,78 @@ def record_id_for_row(row: int) -> str:
     return f"r{row:08d}"
 
 
+def _open_in_drop(root: Path, relative: str) -> int:
+    """Open ``root/relative`` read-only, following no symlink in any component; return the fd.
+
+    Each component is opened with ``O_NOFOLLOW`` relative to its parent's descriptor, so a file
+    swapped for a symlink after the manifest was read is refused at the moment of reading.
+    Raises RecordError (unsafe_path, missing_file, not_regular_file, unreadable_file).
+    """
+    parts = PurePosixPath(relative).parts
+    if not parts or any(p in ("..", "/") for p in parts):
+        raise RecordError("unsafe_path", f"path {relative!r} must be a relative path inside the drop")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            # O_NONBLOCK: opening a FIFO must not wait for a writer.
+            flags = os.O_RDONLY | os.O_NOFOLLOW | (os.O_NONBLOCK if last else os.O_DIRECTORY)
+            try:
+                nfd = os.open(part, flags, dir_fd=fd)
+            except OSError as exc:
+                where = "/".join(parts[: i + 1])
+                if exc.errno == errno.ENOENT:
+                    raise RecordError("missing_file", f"{relative!r} does not exist in the drop") from None
+                if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(root.joinpath(*parts[: i + 1]))):
+                    raise RecordError("unsafe_path", f"{where!r} is a symlink; drop files are read without "
+                                                     "following links (copy the file into the drop)") from None
+                if exc.errno == errno.ENOTDIR:
+                    raise RecordError("missing_file", f"{relative!r} does not exist in the drop ({where!r} is not a directory)") from None
+                raise RecordError("unreadable_file", f"{relative!r} could not be opened: {os.strerror(exc.errno)}") from None
+            os.close(fd)
+            fd = nfd
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+            raise RecordError("not_regular_file", f"{relative!r} is {kind}; list image files only")
+        out, fd = fd, -1
+        return out
+    finally:
+        if fd != -1:
+            os.close(fd)
+
+
+def read_drop_file(root: Path, relative: str) -> bytes:
+    """The bytes of one drop file, opened with :func:`_open_in_drop` (no symlink followed)."""
+    fd = _open_in_drop(Path(root), relative)
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
+            return fh.read()
+    except OSError as exc:
+        raise RecordError("unreadable_file", f"{relative!r} could not be read: {exc.strerror or exc}") from None
+    finally:
+        if fd != -1:
+            os.close(fd)
+
+
+def _read_drop_text(root: Path, name: str) -> bytes | None:
+    """``manifest.csv`` / ``drop.yaml`` bytes (None if absent); a symlink or non-file is a DropError."""
+    try:
+        return read_drop_file(root, name)
+    except RecordError as exc:
+        if exc.code == "missing_file":
+            return None
+        raise DropError(f"{root / name}: {exc.message}; it must be a regular file inside the drop") from None
+
+
 def _read_yaml(root: Path) -> dict:
     path = root / DROP_YAML
-    if not path.exists():
+    raw = _read_drop_text(root, DROP_YAML)
+    if raw is None:
         return {}
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8-sig")) or {}
+        data = yaml.safe_load(raw.decode("utf-8-sig")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
         raise DropError(f"{path}: drop.yaml is not valid YAML ({exc}); fix or remove it") from exc
     if not isinstance(data, dict):
@@ -77,11 +145,7 @@ def _read_yaml(root: Path) -> dict:
     return data
 
 
-def _parse_manifest(path: Path) -> tuple[bytes, list[str], list[list[str]]]:
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise DropError(f"cannot read {path}: {exc}") from exc
+def _parse_manifest(path: Path, raw: bytes) -> tuple[bytes, list[str], list[list[str]]]:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
@@ -158,10 +222,11 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
         raise DropError(f"drop directory {root} does not exist or is not a directory")
     root = root.resolve()
     manifest = root / MANIFEST
-    if not manifest.is_file():
+    manifest_raw = _read_drop_text(root, MANIFEST)
+    if manifest_raw is None:
         raise DropError(f"{root} has no {MANIFEST}; a drop needs a manifest with columns image,subject_id,<labels>")
     meta = _read_yaml(root)
-    raw, header, body = _parse_manifest(manifest)
+    raw, header, body = _parse_manifest(manifest, manifest_raw)
 
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
@@ -170,6 +235,10 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
         labels = meta.get("labels")
         if isinstance(labels, str):
             labels = [s.strip() for s in labels.split(",") if s.strip()]
+        elif labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
+            raise DropError(
+                f"{root / DROP_YAML}: 'labels' must be a list of column names, e.g. 'labels: [gender, expression]'; "
+                f"got a {type(labels).__name__} ({labels!r}); or pass --labels gender,expression")
     # No labels is a normal drop: k-Same runs without partitions and utility is not applicable.
     labels = [str(x) for x in labels or []]
     bad = [x for x in labels if x in RESERVED_COLUMNS]
@@ -221,8 +290,15 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
             if why:
                 quarantine(rid, image, "bad_eye_points", f"row {n}: {why}")
                 continue
-        if not path.is_file():
+        # Cheap early look (lstat, no link followed); the file is checked again when it is opened.
+        try:
+            mode = path.lstat().st_mode
+        except OSError:
             quarantine(rid, image, "missing_file", f"{image!r} does not exist in the drop")
+            continue
+        if not stat.S_ISREG(mode) and not stat.S_ISLNK(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+            quarantine(rid, image, "not_regular_file", f"{image!r} is {kind}; list image files only")
             continue
         rows.append(ManifestRow(rid, n, key, path, subject, {x: cells[idx[x]] for x in labels}, eyes))
 

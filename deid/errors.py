@@ -12,8 +12,44 @@ class ConfigError(DeidError, ValueError):
     """Bad configuration or parameter; the message names it, its value, the valid range and the fix."""
 
 
-class DropError(DeidError, ValueError):
+class DataError(DeidError, ValueError):
+    """Input data that cannot be used as a whole (the run writes a signed rejection and exits 2)."""
+
+
+class DropError(DataError):
     """A drop that cannot be processed at all (no manifest, not CSV, missing required column)."""
+
+
+class StateError(DeidError):
+    """The project's on-disk state forbids going on (e.g. a release id already taken, a publish undone)."""
+
+
+class EnvironmentFailure(DeidError):
+    """The machine failed the run, not the data: disk full, I/O error, permission denied.
+
+    Never a verdict on the data: the CLI gives it its own exit code. ``errno`` is the OS error
+    number when there is one.
+    """
+
+    def __init__(self, message: str, *, errno: int | None = None):
+        super().__init__(message)
+        self.errno = errno
+
+    @classmethod
+    def from_oserror(cls, exc: OSError, *, doing: str) -> EnvironmentFailure:
+        """Wrap ``exc`` with what was being done and what to do about it."""
+        import errno as _errno  # noqa: PLC0415
+        import os as _os  # noqa: PLC0415
+
+        code = exc.errno
+        what = _os.strerror(code) if code else str(exc)
+        where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""
+        hint = {_errno.ENOSPC: "free space on that filesystem and run again",
+                _errno.EDQUOT: "raise the quota or free space and run again",
+                _errno.EACCES: "fix the permissions of that location",
+                _errno.EROFS: "that filesystem is read-only; point DEID_DATA_DIR / DEID_REPORTS_DIR elsewhere",
+                _errno.EIO: "check the disk; an I/O error is not a property of the data"}.get(code, "run again")
+        return cls(f"{doing}: {what}{where}; {hint}", errno=code)
 
 
 class VerificationError(DeidError):
@@ -35,9 +71,10 @@ class RecordError(DeidError):
 REASONS: dict[str, str] = {
     # files
     "missing_file": "the manifest names a file that does not exist in the drop",
-    "unsafe_path": "the path is absolute, contains '..', or is a symlink leading outside the drop",
+    "unsafe_path": "the path is absolute, contains '..', or goes through a symlink (refused when the file is opened)",
     "duplicate_path": "the same image path is listed more than once in the manifest",
     "duplicate_across_people": "the same image bytes are listed under two different subject ids",
+    "not_regular_file": "the path is a directory, FIFO, device or other non-regular file",
     "empty_file": "the file has zero bytes",
     "unreadable_file": "the file could not be read",
     "unsupported_format": "the bytes are not a supported image format",

@@ -439,8 +439,10 @@ def render_report_html(
         f"{_e(ds.get('records_quarantined', 0))} quarantined.</p>")
     small = cfg.get("small_partitions_detail") or []
     if small:
-        add(_table(["partition", "people", "action"],
-                   [[_e(s.get("partition")), _e(s.get("people")), _e(s.get("action"))] for s in small], num=(1,)))
+        # Counts only: a suppressed partition's label values may single out the few people in it.
+        add(_table(["partition below k", "records", "people", "action"],
+                   [[f"#{i}", _e(s.get("records")), _e(s.get("people")), _e(s.get("action"))]
+                    for i, s in enumerate(small, start=1)], num=(1, 2)))
     by_reason = ds.get("quarantine_by_reason") or {}
     if by_reason:
         add(_table(["reason", "records", "meaning"], [

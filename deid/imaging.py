@@ -15,7 +15,7 @@ from deid.errors import ConfigError, RecordError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["sniff_format", "header_size", "upright_size", "decode_gray", "decode_gray_reduced", "exif_orientation"]
+__all__ = ["sniff_format", "header_size", "decoded_bytes", "max_decoded_bytes", "upright_size", "decode_gray", "decode_gray_reduced", "exif_orientation"]
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers carry the size; C4 (DHT), C8 (JPG) and CC (DAC) share the range but do not.
@@ -174,6 +174,81 @@ def header_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
+# Decoded-buffer budget per pixel of max_pixels: an 8-bit RGB image at the pixel limit fits exactly;
+# a 16-bit RGBA one (8 bytes per pixel) is held to 3/8 of the pixel limit.
+BYTES_PER_PIXEL_BUDGET = 3
+
+
+def max_decoded_bytes(max_pixels: int) -> int:
+    """The most bytes a decoded image may take: ``BYTES_PER_PIXEL_BUDGET * max_pixels``."""
+    return BYTES_PER_PIXEL_BUDGET * int(max_pixels)
+
+
+def _tiff_samples(data: bytes) -> tuple[int, int] | None:
+    """(samples per pixel, bytes per sample) of a TIFF's first IFD (BitsPerSample may be an array)."""
+    if len(data) < 8 or data[:2] not in (b"II", b"MM"):
+        return None
+    e = "<" if data[:2] == b"II" else ">"
+    (pos,) = struct.unpack_from(e + "I", data, 4)
+    (count,) = struct.unpack_from(e + "H", data, pos)
+    samples, bits = 1, 8
+    for k in range(min(count, 512)):
+        entry = pos + 2 + 12 * k
+        tag, typ, cnt = struct.unpack_from(e + "HHI", data, entry)
+        if tag == 277 and typ == 3:
+            samples = struct.unpack_from(e + "H", data, entry + 8)[0]
+        elif tag == 258 and typ == 3:
+            where = entry + 8 if cnt <= 2 else struct.unpack_from(e + "I", data, entry + 8)[0]
+            bits = max(struct.unpack_from(e + "H", data, where + 2 * i)[0] for i in range(min(cnt, 8)))
+    return max(samples, 1), max(1, -(-bits // 8))
+
+
+def decoded_bytes(data: bytes) -> int | None:
+    """Bytes of the decoded buffer, width x height x channels x bytes per sample, from the header only.
+
+    A bit depth or channel count the header does not give is taken at its worst case for the
+    format (OpenCV decodes palettes and GIF to 3-4 channels). None when the size is unreadable.
+    """
+    size = header_size(data)
+    if size is None:
+        return None
+    w, h = size
+    fmt = sniff_format(data)
+    channels, per_sample = 4, 1
+    try:
+        if fmt == "png":
+            depth, color = data[24], data[25]
+            channels = {0: 1, 2: 3, 3: 4, 4: 4, 6: 4}.get(color, 4)  # grey+alpha is decoded as BGRA
+            per_sample = 2 if depth == 16 else 1
+        elif fmt == "jpeg":
+            i, n = 2, len(data)
+            while i + 10 <= n and data[i] == 0xFF:
+                marker = data[i + 1]
+                if marker in _SOF_MARKERS:
+                    precision, channels = data[i + 4], data[i + 9]
+                    per_sample = 2 if precision > 8 else 1
+                    break
+                if marker == 0xFF:
+                    i += 1
+                    continue
+                (length,) = struct.unpack_from(">H", data, i + 2)
+                i += 2 + length
+        elif fmt == "pnm":
+            channels = 3 if data[1:2] in b"36" else 1
+            tokens = data[2:64].split()
+            maxval = int(tokens[2]) if data[1:2] not in b"14" and len(tokens) >= 3 and tokens[2].isdigit() else 255
+            per_sample = 2 if maxval > 255 else 1
+        elif fmt == "bmp":
+            (dib,) = struct.unpack_from("<I", data, 14)
+            bpp = struct.unpack_from("<H", data, 24 if dib == 12 else 28)[0]
+            channels = 4 if bpp == 32 else 3
+        elif fmt == "tiff":
+            channels, per_sample = _tiff_samples(data) or (4, 8)
+    except (struct.error, IndexError, ValueError):
+        channels, per_sample = 4, 8  # unreadable depth: assume the worst
+    return int(w) * int(h) * max(int(channels), 1) * per_sample
+
+
 def _exif_block(data: bytes, fmt: str) -> tuple[bytes, int] | None:
     """(buffer, offset) of the TIFF-structured EXIF block of a JPEG/PNG, or the TIFF file itself."""
     if fmt == "tiff":
@@ -328,6 +403,13 @@ def _check(data: bytes, max_pixels: int) -> tuple[str, tuple[int, int]]:
         raise RecordError(
             "image_too_large",
             f"the {fmt} header declares {w}x{h} = {w * h} pixels, above max_pixels={max_pixels}",
+        )
+    need, limit = decoded_bytes(data), max_decoded_bytes(max_pixels)
+    if need is not None and need > limit:
+        raise RecordError(
+            "image_too_large",
+            f"decoding the {fmt} needs {need} bytes (width x height x channels x bytes per sample), "
+            f"above {limit} (3 bytes per pixel of max_pixels={max_pixels})",
         )
     if fmt == "jpeg" and _jpeg_truncated(data):
         raise RecordError("corrupt_image", "the JPEG is truncated: no end-of-image marker after the scan data")

@@ -14,9 +14,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deid.drop import Drop, ManifestRow
-from deid.errors import Quarantined
-from deid.imaging import header_size, sniff_format
+from deid.drop import Drop, ManifestRow, read_drop_file
+from deid.errors import Quarantined, RecordError
+from deid.imaging import decoded_bytes, header_size, max_decoded_bytes, sniff_format
+from deid.safety import fault_enospc
 from schemas import arrow as schemas
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,12 @@ def _check_bytes(data: bytes, *, max_pixels: int) -> tuple[str, str] | None:
         return "image_too_large", (
             f"{size[0]}x{size[1]} = {size[0] * size[1]} pixels exceeds max_pixels={max_pixels}; "
             "raise DEID_MAX_PIXELS if the image is genuine"
+        )
+    need, limit = decoded_bytes(data), max_decoded_bytes(max_pixels)
+    if need is not None and need > limit:
+        return "image_too_large", (
+            f"decoding needs {need} bytes (width x height x channels x bytes per sample), above "
+            f"{limit} (3 bytes per pixel of max_pixels={max_pixels}); raise DEID_MAX_PIXELS if the image is genuine"
         )
     return None
 
@@ -84,20 +91,32 @@ def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_s
     """
     out_path.parent.mkdir(parents=True, exist_ok=True)
     schema = schemas.ingested(drop.labels)
+
+    tmp = out_path.with_suffix(".parquet.tmp")
+    try:
+        return _ingest(drop, out_path, tmp, schema, max_pixels=max_pixels, batch_size=batch_size)
+    except BaseException:
+        # A partial file of raw source bytes must not stay behind (e.g. on a full disk).
+        tmp.unlink(missing_ok=True)
+        out_path.with_suffix(".rewrite.tmp").unlink(missing_ok=True)
+        raise
+
+
+def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pixels: int,
+            batch_size: int) -> IngestResult:
     quarantined: list[Quarantined] = []
     hashes: dict[str, str] = {}
     by_hash: dict[str, set[str]] = defaultdict(set)
     staged: list[tuple[str, str, str, str]] = []  # record_id, image, subject_id, digest
-
-    tmp = out_path.with_suffix(".parquet.tmp")
     n_groups = 0
     chunk: list[tuple[ManifestRow, str, bytes]] = []
     with pq.ParquetWriter(tmp, schema, **_WRITER_OPTIONS) as writer:
         for row in drop.rows:
             try:
-                data = row.path.read_bytes()
-            except OSError as exc:
-                quarantined.append(Quarantined(row.record_id, row.image, "unreadable_file", str(exc), "ingest"))
+                # Opened relative to the drop, following no symlink, at the moment of reading.
+                data = read_drop_file(drop.root, row.image)
+            except RecordError as exc:
+                quarantined.append(Quarantined(row.record_id, row.image, exc.code, exc.message, "ingest"))
                 continue
             problem = _check_bytes(data, max_pixels=max_pixels)
             if problem:
@@ -109,10 +128,12 @@ def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_s
             staged.append((row.record_id, row.image, row.subject_id, digest))
             chunk.append((row, digest, data))
             if len(chunk) == batch_size:
+                fault_enospc("data", tmp)
                 writer.write_table(_batch_table(chunk, drop.labels, schema))
                 n_groups += 1
                 chunk = []
         if chunk:
+            fault_enospc("data", tmp)
             writer.write_table(_batch_table(chunk, drop.labels, schema))
             n_groups += 1
         del chunk

@@ -2,7 +2,7 @@
 
 A release holds only de-identified images (PNG written from pixel arrays, so no source bytes
 or metadata), the utility labels and random cluster ids, in a random order with fresh random
-record ids. It is written to a temporary directory and renamed into place only when the gate
+record ids. It is written to a directory inside the run's private staging directory and renamed into place only when the gate
 has passed, so a reader never sees half a release and a rejected run leaves nothing behind.
 """
 from __future__ import annotations
@@ -19,10 +19,27 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from deid.errors import StateError
+from deid.safety import fault_enospc
 from schemas import arrow as schemas
 
 RELEASE_TABLE = "release.parquet"
 RELEASE_CSV = "release.csv"
+
+
+# Spreadsheets execute a cell starting with one of these as a formula (CSV formula injection).
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_safe(value):
+    """A CSV cell that no spreadsheet runs as a formula: text starting with = + - @ TAB or CR gets a leading '.
+
+    Only ``release.csv`` is neutralised (the OWASP recommendation); ``release.parquet`` keeps the
+    exact label values, which a typed reader never evaluates.
+    """
+    if isinstance(value, str) and value.startswith(_FORMULA_START):
+        return "'" + value
+    return value
 
 
 def new_release_id() -> str:
@@ -70,6 +87,7 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, int], 
         ok, buf = cv2.imencode(".png", images[i].reshape(shape))
         if not ok:
             raise RuntimeError(f"PNG encoding failed for a {shape} image")
+        fault_enospc("stage", tmp_dir / name)
         (tmp_dir / name).write_bytes(buf.tobytes())
         rows.append({"record_id": rid, "image": name, "cluster_id": cluster_ids[clusters[i]],
                      **{k: v[i] for k, v in labels.items()}})
@@ -82,17 +100,26 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, int], 
     with open(tmp_dir / RELEASE_CSV, "w", newline="", encoding="utf-8") as fh:
         writer = csv.DictWriter(fh, fieldnames=schema.names)
         writer.writeheader()
-        writer.writerows(rows)
+        writer.writerows({k: csv_safe(v) for k, v in row.items()} for row in rows)
     return StagedRelease(tmp_dir, schema.names, n, mapping)
 
 
 def commit_release(staged: Path, final: Path) -> Path:
-    """Atomically move a staged release to its final name (a fresh name: never overwrite)."""
+    """Atomically move a staged release to its final name (a fresh name: never overwrite).
+
+    ``staged`` lives in the run's staging directory on the same filesystem as ``final`` (checked
+    before the run), so this one ``rename`` is the publication: readers see all or nothing.
+    """
     if final.exists():
-        raise FileExistsError(f"release directory {final} already exists; release ids must be fresh")
+        raise StateError(f"release directory {final} already exists; release ids must be fresh")
     final.parent.mkdir(parents=True, exist_ok=True)
     os.rename(staged, final)
     return final
+
+
+def unpublish(final: Path, staged: Path) -> None:
+    """Move a just-published release back out (when what follows its rename fails)."""
+    os.rename(final, staged)
 
 
 def discard(staged: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 from deid.errors import ConfigError, VerificationError
 from deid.report import REPORT_NAME, SIGNATURE_NAME, hash_file, report_problems, scan_tree
+from deid.safety import ADDENDUM_NAME, ADDENDUM_SIG_NAME
 from deid.signing import SIGNATURE_BYTES, canonical_json, load_public_key, public_key_fingerprint, verify_bytes
 
 logger = logging.getLogger(__name__)
@@ -110,9 +111,35 @@ def _check_report_files(report_dir: Path, report: dict[str, Any], problems: list
         notes.append("the report lists no report files (report.html, validation results): only report.json was checked")
         return
     _check_release(report_dir, report["report_files"], problems, where=REPORT_DIR_SUFFIX,
-                   ignore=frozenset({REPORT_NAME, SIGNATURE_NAME}), what="report directory")
+                   ignore=frozenset({REPORT_NAME, SIGNATURE_NAME, ADDENDUM_NAME, ADDENDUM_SIG_NAME}),
+                   what="report directory")
     if report["report_files"]:
         notes.append(f"report directory files verified: {len(report['report_files'])} listed")
+
+
+def _check_addendum(report_dir: Path, public_key: Path | None, problems: list[str], notes: list[str]) -> None:
+    """A signed addendum (written when a publish failed after signing, or by recovery) is shown and checked."""
+    path = report_dir / ADDENDUM_NAME
+    if not path.is_file():
+        return
+    payload = path.read_bytes()
+    try:
+        add = json.loads(payload.decode("utf-8"))
+        notes.append(f"addendum: {add.get('event')}: {add.get('detail')}")
+    except (UnicodeDecodeError, ValueError):
+        problems.append(f"{ADDENDUM_NAME} is not valid JSON")
+        return
+    if public_key is None:
+        return
+    sig_path = report_dir / ADDENDUM_SIG_NAME
+    try:
+        sig = base64.b64decode(sig_path.read_bytes().strip(), validate=True)
+        key = load_public_key(Path(public_key))
+    except (OSError, binascii.Error, ValueError, ConfigError):
+        problems.append(f"bad signature: {ADDENDUM_SIG_NAME} missing or unreadable")
+        return
+    if not verify_bytes(payload, sig, key):
+        problems.append(f"bad signature: {ADDENDUM_SIG_NAME} does not match {ADDENDUM_NAME}")
 
 
 def verify_report(
@@ -199,6 +226,7 @@ def verify_report(
             _check_release(root, report["artifacts"], problems)
     if not schema_problems:
         _check_report_files(report_dir, report, problems, notes)
+    _check_addendum(report_dir, public_key, problems, notes)
 
     ok = not problems
     logger.info("verified %s: ok=%s authenticated=%s problems=%d", report_dir, ok, authenticated, len(problems))

@@ -1,15 +1,36 @@
 """The ``deid`` command line: run, synth, import, verify, keygen.
 
-Exit codes: 0 success / released, 1 rejected or verification failed, 2 bad input or configuration.
+Exit codes are chosen by the *type* of what happened, never by message text:
+
+==== ==========================================================================================
+code meaning
+==== ==========================================================================================
+0    ``run``: released (report signed, release published); ``verify``: verified against a trusted key
+1    ``run``: rejected by the gate (signed rejection); ``verify``: other verification problem
+2    bad input or configuration (DataError/DropError, ConfigError, usage); an unreadable drop
+     still gets a signed rejection first
+3-7  ``verify``: bad signature, wrong key, missing file, hash mismatch, extra unlisted file
+8    ``verify`` without ``--public-key``: integrity only (files match, signature NOT checked)
+70   state or internal error (StateError, a bug): nothing half-published; ``--debug`` for the traceback
+74   environment failure (EnvironmentFailure / OSError: disk full, I/O error, permissions),
+     never a verdict on the data
+130  interrupted (Ctrl-C)
+==== ==========================================================================================
+
 Prefect is imported only by ``deid run``, so the other commands start fast.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import importlib
 import logging
 import os
+import signal
+import subprocess
 import sys
+import traceback
+import types
 import typing
 from pathlib import Path
 
@@ -18,10 +39,46 @@ from pathlib import Path
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
-from deid.errors import ConfigError, DeidError, DropError  # noqa: E402
+from deid.errors import (  # noqa: E402
+    ConfigError,
+    DataError,
+    DeidError,
+    EnvironmentFailure,
+    StateError,
+    VerificationError,
+)
 from deid.settings import Method  # noqa: E402  (light: the CLI keeps heavy imports lazy)
 
 EXIT_OK, EXIT_REJECTED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_INTEGRITY_ONLY = 8
+EXIT_STATE = 70  # sysexits EX_SOFTWARE
+EXIT_ENVIRONMENT = 74  # sysexits EX_IOERR
+EXIT_INTERRUPTED = 130
+# Exception type -> exit code, most specific first (see the module docstring).
+EXIT_BY_TYPE: tuple[tuple[type[BaseException], int], ...] = (
+    (EnvironmentFailure, EXIT_ENVIRONMENT),
+    (StateError, EXIT_STATE),
+    (DataError, EXIT_BAD_INPUT),
+    (ConfigError, EXIT_BAD_INPUT),
+    (VerificationError, EXIT_REJECTED),
+    (DeidError, EXIT_BAD_INPUT),
+    # A path the user named that is missing or taken is bad input; any other OS error is the machine's.
+    (FileNotFoundError, EXIT_BAD_INPUT),
+    (FileExistsError, EXIT_BAD_INPUT),
+    (NotADirectoryError, EXIT_BAD_INPUT),
+    (IsADirectoryError, EXIT_BAD_INPUT),
+    (OSError, EXIT_ENVIRONMENT),
+)
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The exit code of an exception, by its type (EXIT_STATE for anything unexpected)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    for kind, code in EXIT_BY_TYPE:
+        if isinstance(exc, kind):
+            return code
+    return EXIT_STATE
 # Modules adding subcommands (each has register(subparsers) and keeps heavy imports lazy).
 EXTENSIONS = ("flows.cli_alignment", "flows.cli_study", "flows.cli_report", "flows.cli_ops", "flows.cli_lineage")
 
@@ -51,17 +108,115 @@ def _quiet_prefect_env() -> None:
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 
 
+def _settings():
+    """Settings from the environment; a bad DEID_* value is a ConfigError naming it."""
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from deid.settings import Settings  # noqa: PLC0415
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = "DEID_" + str(first["loc"][0]).upper() if first.get("loc") else "a DEID_ setting"
+        raise ConfigError(f"{field}={first.get('input')!r}: {first['msg']}; fix or unset it") from None
+
+
+def preflight_run() -> None:
+    """Before Prefect starts: settings, the signing key (readable, 0600, passphrase) and writable locations."""
+    from deid.safety import preflight_locations  # noqa: PLC0415
+    from deid.signing import ensure_signing_key  # noqa: PLC0415
+
+    settings = _settings()
+    preflight_locations(settings.data_path, settings.reports_path)
+    secret = settings.signing_key_passphrase
+    ensure_signing_key(configured=settings.signing_key, keys_dir=settings.data_path / "keys",
+                       passphrase_env_value=secret.get_secret_value().encode() if secret else None)
+
+
+class _NoTracebacks(logging.Filter):
+    """Console filter: Prefect's failure records lose their traceback (the CLI prints one line instead)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and record.name.startswith("prefect"):
+            if record.exc_info or "Finished in state Failed" in record.getMessage():
+                return False
+        return True
+
+
+def _quiet_prefect_tracebacks() -> None:
+    flt = _NoTracebacks()
+    loggers = [logging.getLogger()] + [logging.getLogger(n) for n in list(logging.Logger.manager.loggerDict)
+                                       if n.startswith("prefect")]
+    for lg in loggers:
+        for h in lg.handlers:
+            # Console only: the API handler still sends the full failure to the Prefect UI.
+            if isinstance(h, logging.StreamHandler):
+                h.addFilter(flt)
+
+
+def _die_with_parent(parent: int):
+    """preexec_fn: the child gets SIGKILL when the process that started it dies (Linux PR_SET_PDEATHSIG)."""
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before fork: nothing to load in the child
+
+    def preexec() -> None:
+        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os._exit(1)
+
+    return preexec
+
+
+def start_prefect_server_child():
+    """Start Prefect's temporary API server as a child that dies with this process, or None.
+
+    Without PREFECT_API_URL, Prefect starts a temporary server (uvicorn) the first time a client
+    is needed; a ``kill -9`` of ``deid run`` used to orphan it (~220 MB each). Started here, from
+    the main thread, with PR_SET_PDEATHSIG: the kernel kills it when ``deid run`` dies, however
+    it dies. Prefect reuses this instance (``SubprocessASGIServer`` is a per-port singleton).
+    """
+    from prefect.settings import get_current_settings  # noqa: PLC0415
+
+    settings = get_current_settings()
+    if settings.api.url or not settings.server.ephemeral.enabled or not sys.platform.startswith("linux"):
+        return None
+    import prefect.server.api.server as srv  # noqa: PLC0415
+
+    real_popen = subprocess.Popen
+    preexec = _die_with_parent(os.getpid())
+
+    def popen(*a, **kw):
+        kw.setdefault("preexec_fn", preexec)
+        return real_popen(*a, **kw)
+
+    srv.subprocess = types.SimpleNamespace(Popen=popen, TimeoutExpired=subprocess.TimeoutExpired)
+    try:
+        server = srv.SubprocessASGIServer()
+        # Prefect's default start-up timeout (20 s) is too short on a loaded 2-core machine.
+        server.start(timeout=max(90, int(settings.server.ephemeral.startup_timeout_seconds)))
+    finally:
+        srv.subprocess = subprocess
+    return server
+
+
 def cmd_run(args) -> int:
+    drop = Path(args.drop)
+    if not drop.is_dir():
+        raise DataError(f"drop directory {drop} does not exist or is not a directory")
+    preflight_run()
     _quiet_prefect_env()
     from flows.release import release  # noqa: PLC0415 - Prefect is heavy; only `run` needs it
 
-    drop = Path(args.drop)
-    if not drop.is_dir():
-        print(f"deid run: drop directory {drop} does not exist", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    if not args.debug:
+        _quiet_prefect_tracebacks()
+    start_prefect_server_child()
     print(f"deid run: {drop} (k={args.k or 'default'}, method={args.method or 'default'})", file=sys.stderr)
     result = release(drop=str(drop.resolve()), k=args.k, method=args.method, labels=args.labels,
                      small_partitions=args.small_partitions, name=args.name, sigma=args.sigma, block=args.block)
+    if result.get("input_error"):
+        print("verdict: REJECTED (unreadable drop)")
+        print(f"report: {result['report']}")
+        raise DataError(result["input_error"])
     ds = result["dataset"]
     priv = result["privacy"]
     print(f"verdict: {result['verdict'].upper()}")
@@ -116,10 +271,14 @@ def cmd_verify(args) -> int:
         print(f"note: {note}")
     for problem in res.problems:
         print(f"FAIL: {problem}")
-    if res.ok:
-        print("OK: " + ("signature and every artifact verified" if res.authenticated
-                        else "artifacts verified (integrity only, signature not checked against a trusted key)"))
+    if res.ok and res.authenticated:
+        print("OK: signature and every artifact verified")
         return EXIT_OK
+    if res.ok:
+        # Never 0: without a trusted key a forged signature looks exactly like a genuine one.
+        print("INTEGRITY ONLY: every file matches the report, but the signature was NOT checked "
+              "(no --public-key); this does not show who made the release")
+        return EXIT_INTEGRITY_ONLY
     return verify_exit_code(res.problems)
 
 
@@ -152,6 +311,7 @@ def cmd_keygen(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deid", description="Release face datasets with a k-anonymity guarantee.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    p.add_argument("--debug", action="store_true", help="show tracebacks (by default a failure is one line)")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run the release flow on a drop")
@@ -183,8 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.set_defaults(func=cmd_import)
 
     v = sub.add_parser("verify", help="verify a signed report and its release",
-                       description="Exit codes: 0 verified, 3 bad signature, 4 wrong key, 5 missing file, "
-                                   "6 hash mismatch, 7 extra unlisted file, 1 other problem, 2 bad input.")
+                       description="Exit codes: 0 verified with the trusted key, 8 integrity only (no "
+                                   "--public-key: files match, signature not checked), 3 bad signature, 4 wrong "
+                                   "key, 5 missing file, 6 hash mismatch, 7 extra unlisted file, 1 other problem, "
+                                   "2 bad input.")
     v.add_argument("report_dir")
     v.add_argument("--public-key", default=None, help="the signer's public key PEM you trust")
     v.add_argument("--release", default=None, help="release directory (default: from the report)")
@@ -216,12 +378,20 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("great_expectations").setLevel(logging.WARNING)
     try:
         return args.func(args)
-    except (DropError, ConfigError, FileExistsError, FileNotFoundError) as exc:
-        print(f"deid {args.command}: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    except DeidError as exc:
-        print(f"deid {args.command}: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print(f"deid {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except Exception as exc:  # noqa: BLE001 - every failure ends as one line and a typed exit code
+        if args.debug:
+            traceback.print_exc()
+        code = exit_code_for(exc)
+        if isinstance(exc, OSError) and code == EXIT_ENVIRONMENT:
+            exc = EnvironmentFailure.from_oserror(exc, doing=f"deid {args.command} failed")
+        kind = {EXIT_ENVIRONMENT: "environment failure: ", EXIT_STATE: "error: "}.get(code, "")
+        if code == EXIT_STATE and not isinstance(exc, DeidError):
+            kind = f"internal error ({type(exc).__name__}, rerun with --debug for the traceback): "
+        print(f"deid {args.command}: {kind}{exc}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

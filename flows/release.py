@@ -1,4 +1,10 @@
-"""The ``release`` flow: a dropped dataset in, a gated k-anonymous release (or a signed rejection) out."""
+"""The ``release`` flow: a dropped dataset in, a gated k-anonymous release (or a signed rejection) out.
+
+Order of commitment (see deid/safety.py): pre-flight (signing key, writable locations) -> recovery
+of killed runs' leftovers -> lock the run's staging directory -> work, staging the would-be
+release inside it -> gate -> write, validate and sign the report -> publish by one rename. A
+publish that fails after signing gets a signed addendum and the release stays unpublished.
+"""
 from __future__ import annotations
 
 import time
@@ -8,10 +14,12 @@ from pathlib import Path
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
-from deid.errors import ConfigError
+from deid.errors import ConfigError, EnvironmentFailure, StateError
 from deid.gate import GateConfig
 from deid.methods import REGISTRY, guarantee
-from deid.publish import new_release_id
+from deid.publish import discard, new_release_id
+from deid.report import dataset_fingerprint
+from deid.safety import RunLock, fault_point
 from deid.settings import Settings
 from tasks import stages as t
 from tasks.cluster import dask_cluster
@@ -34,7 +42,7 @@ METHODS = {name: dict(select=spec.partitions_by_labels) for name, spec in REGIST
 def release(drop: str, k: int | None = None, method: str | None = None, labels: list[str] | None = None,
             small_partitions: str | None = None, name: str | None = None, sigma: float | None = None,
             block: int | None = None) -> dict:
-    """Ingest, align, featurize, partition, de-identify, gate, publish (if passed) and report."""
+    """Ingest, align, featurize, partition, de-identify, gate, report (signed) and publish (if passed)."""
     logger = get_run_logger()
     settings = Settings()
     k = settings.k if k is None else k
@@ -48,15 +56,96 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
         raise ConfigError(f"method={method!r} must be one of {sorted(METHODS)}")
     if policy not in ("suppress", "merge", "fail"):
         raise ConfigError(f"small_partitions={policy!r} must be one of suppress, merge, fail")
+    # Before any work: the signing key loads and every location is writable.
+    t.preflight()
+    recovered = t.recover_leftovers()["removed"]
     release_id = new_release_id()
     staging = settings.data_path / "staging" / release_id
-    staging.mkdir(parents=True)
+    lock = RunLock.create(staging)
     logger.info("release %s: drop %s, k=%d, method %s", release_id, drop, k, method)
+    report_dir = settings.reports_path / release_id
+    try:
+        result = _run(drop, release_id=release_id, staging=staging, settings=settings, k=k, method=method,
+                      labels=labels, policy=policy, name=name, sigma=sigma, block=block)
+    except OSError as exc:
+        failure = EnvironmentFailure.from_oserror(exc, doing=f"release {release_id} failed")
+        _abandon(staging, report_dir, logger)
+        if not (report_dir / "report.json.sig").exists():  # never replace a signed report
+            _sign_rejection(release_id, report_dir, drop=drop, name=name, k=k, method=method, settings=settings,
+                            reason=f"environment failure (not a verdict on the data): {failure}", logger=logger,
+                            check="environment")
+        raise failure from None
+    except BaseException:
+        _abandon(staging, report_dir, logger)
+        raise
+    finally:
+        lock.close()
+    result["recovered"] = recovered
+    return result
 
+
+def _abandon(staging: Path, report_dir: Path, logger) -> None:
+    """A run that fails: its private staging (and any staged release) goes, and so does an unsigned report."""
+    discard(staging)
+    if report_dir.is_dir() and not (report_dir / "report.json.sig").exists():
+        discard(report_dir)
+    logger.info("removed the staging directory %s of the failed run", staging)
+
+
+def _manifest_fingerprint(drop: str) -> str:
+    try:
+        raw = (Path(drop) / "manifest.csv").read_bytes()
+    except OSError:
+        raw = b""
+    return dataset_fingerprint(raw, [])
+
+
+def _sign_rejection(release_id: str, report_dir: Path, *, drop: str, name: str | None, k: int, method: str,
+                    settings: Settings, reason: str, logger, labels: list[str] | None = None,
+                    check: str = "drop_readable") -> dict | None:
+    """The signed rejection of a run that could not get as far as the gate (bad drop, environment failure)."""
+    report = {
+        "release_id": release_id, "run_id": str(flow_run.get_id() or release_id), "verdict": "rejected",
+        "reasons": [reason], "k": k, "method": method, "guarantee": guarantee(method, k), "created_at": t.now_iso(),
+        "dataset": {"name": name or Path(drop).name or "drop", "fingerprint": _manifest_fingerprint(drop),
+                    "records_in": 0, "records_released": 0, "records_suppressed": 0, "records_quarantined": 0,
+                    "quarantine_by_reason": {}},
+        "checks": [{"name": check, "passed": False, "value": None, "threshold": None, "detail": reason}],
+        "privacy": {"bound": 1.0 / k, "max_rate": None, "min_distinct_people_per_cluster": None,
+                    "reidentification": []},
+        "utility": [], "validation": {}, "artifacts": [], "release_dir": None,
+        "configuration": {"labels": labels or [], "fingerprint_scope": "manifest.csv only (no image was read)"},
+    }
+    try:
+        rep = t.write_report(str(report_dir), report=report)
+    except Exception as exc:  # noqa: BLE001 - e.g. the reports disk is the full one: say so, raise the cause
+        logger.error("could not write the signed rejection: %s", exc)
+        return None
+    return rep
+
+
+def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: int, method: str,
+         labels: list[str] | None, policy: str, name: str | None, sigma: float, block: int) -> dict:
+    """The run's work, inside its locked staging directory; returns the flow's result."""
+    logger = get_run_logger()
     timings: dict[str, float] = {}
     with _timed(timings, "ingest"):
         ing = t.ingest_drop(drop, str(staging), labels=labels, name=name, max_pixels=settings.max_pixels,
                             batch_size=settings.align_batch_size, workers=settings.dask_workers, k=k)
+    if "drop_error" in ing:
+        reason = f"unreadable drop: {ing['drop_error']}"
+        discard(staging)  # nothing was staged worth keeping
+        rep = _sign_rejection(release_id, settings.reports_path / release_id, drop=drop, name=name, k=k,
+                              method=method, settings=settings, reason=reason, logger=logger, labels=labels)
+        if rep is None:
+            raise StateError(f"{reason}; and its signed rejection could not be written (see the log)")
+        return {"release_id": release_id, "verdict": "rejected", "reasons": [reason], "report": rep["path"],
+                "report_dir": str(Path(rep["path"]).parent), "release_dir": None, "public_key": rep["public_key"],
+                "key_origin": rep["key_origin"], "input_error": ing["drop_error"], "staging": None,
+                "dataset": {"records_in": 0, "records_released": 0, "records_suppressed": 0,
+                            "records_quarantined": 0}, "privacy": {"max_rate": None}, "utility": [],
+                "timings": {}, "linkage": None}
+    fault_point("ingest")
     labels = ing["labels"]
     select = METHODS[method]["select"] and bool(labels)
     notes: list[str] = []
@@ -84,6 +173,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
         if ing["staged"] and proceed:
             with _timed(timings, "align"):
                 al = t.align(address, ing["ingested"], ing["row_groups"], str(staging), aligner, ing["staged"])
+            fault_point("align")
             quarantined += al["quarantined"]
             aligned_parts, eye_sources = al["parts"], al["eye_sources"]
             if al["validation"]:
@@ -105,13 +195,15 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
                 deid_parts, clusters = de["parts"], de["clusters"]
     by_reason = t.quarantine_summary(quarantined, str(staging))
     counts = {"in": ing["records_in"], "suppressed": len(part["suppressed"]), "quarantined": len(quarantined)}
-    small_detail = "; ".join(f"{e['partition']} has {e['people']} people: {e['action']}" for e in part["small"])
+    # Counts only, never the label values: a rare value held by one person is itself identifying.
+    small_detail = "; ".join(f"a partition of {e['records']} records has {e['people']} people: {e['action']}"
+                             for e in part["small"])
     releases_dir = str(settings.data_path / "releases")
     staged = None
     if deid_parts:
         with _timed(timings, "stage"):
             staged = t.stage(deid_parts, ing["ingested"], str(staging), labels=labels, shape=(h, w),
-                             releases_dir=releases_dir, release_id=release_id, k=k)
+                             release_id=release_id, k=k)
         validation["release"] = staged["validation"]
         extra_checks.append(t.suite_check(staged["validation"]).to_dict())
     gate_config = GateConfig(
@@ -127,11 +219,11 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
                        partition_failed=part["failed"], partition_detail=small_detail, shape_hw=[h, w],
                        sigma=sigma, block=block, partitions_root=str(staging / "partitions"),
                        file_metadata=staged["file_metadata"] if staged else None, extra_checks=extra_checks)
+    fault_point("gate")
     released_dir, artifacts, linkage = None, [], None
     if g["passed"]:
-        with _timed(timings, "publish"):
-            pub = t.publish(staged, str(staging), releases_dir=releases_dir, release_id=release_id)
-        released_dir, artifacts, linkage = pub["path"], staged["artifacts"], pub["linkage"]
+        # Where the release will be once published; the report is signed before the rename.
+        released_dir, artifacts = str(Path(releases_dir) / release_id), staged["artifacts"]
     elif staged is not None:
         t.withhold(staged, str(staging))
     n_released = sum(c["size"] for c in clusters) if g["passed"] else 0
@@ -194,17 +286,37 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
             "eye_sources": eye_sources,
             "partitions": [{"key": p["key"], "records": p["records"], "people": p["people"]}
                            for p in part["partitions"]],
-            "small_partitions_detail": part["small"],
+            # Counts only, never the label values of a partition too small to release.
+            "small_partitions_detail": [{"records": e["records"], "people": e["people"], "action": e["action"]}
+                                        for e in part["small"]],
             "clusters": {"count": len(clusters), "sizes": sorted(c["size"] for c in clusters)},
             "extra_manifest_columns": ing["extra_columns"],
             "dask": settings.dask_address or f"LocalCluster({settings.dask_workers} workers)",
             "stage_seconds": timings,
         },
     }
-    rep = t.write_report(str(settings.reports_path / release_id), report=report,
-                         signing_key_path=str(settings.signing_key) if settings.signing_key else None,
-                         keys_dir=str(settings.data_path / "keys"), validation=validation)
+    report_dir = settings.reports_path / release_id
+    rep = t.write_report(str(report_dir), report=report, validation=validation,
+                         release_files=staged["tmp"] if g["passed"] else None)
+    fault_point("sign")
+    if g["passed"]:
+        try:
+            with _timed(timings, "publish"):
+                pub = t.publish(staged, str(staging), releases_dir=releases_dir, release_id=release_id)
+        except Exception as exc:
+            # Signed "released" but not published: say so under the same key, and keep nothing staged.
+            t.publish_failed_addendum(str(report_dir), release_id=release_id, error=f"{type(exc).__name__}: {exc}")
+            t.withhold(staged, str(staging))
+            if isinstance(exc, OSError):
+                raise EnvironmentFailure.from_oserror(
+                    exc, doing=f"publishing {release_id} failed after its report was signed (signed addendum "
+                               f"{report_dir / 'addendum.json'}; nothing published)") from None
+            raise StateError(f"publishing {release_id} failed after its report was signed: {exc}; a signed "
+                             f"addendum says it was not published") from exc
+        linkage = pub["linkage"]
+        fault_point("publish")
     t.ui_artifacts(rep["path"])
+    (staging / ".complete").touch()
     logger.info("verdict: %s; report %s", report["verdict"], rep["path"])
     return {"release_id": release_id, "verdict": report["verdict"], "reasons": g["reasons"],
             "report": rep["path"], "report_dir": str(Path(rep["path"]).parent), "release_dir": released_dir,

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import secrets
 from collections import Counter
 from datetime import datetime, timezone
 from importlib import metadata
@@ -26,7 +25,7 @@ from prefect.cache_policies import NO_CACHE
 from deid import gate as gate_mod
 from deid import stages
 from deid.drop import read_drop
-from deid.errors import Quarantined
+from deid.errors import DataError, Quarantined
 from deid.html_report import sample_release_images, write_report_bundle
 from deid.ingest import ingest, write_quarantine
 from deid.leaks import release_files_metadata
@@ -35,11 +34,11 @@ from deid.methods import method_runner
 from deid.partition import plan_partitions
 from deid.publish import RELEASE_TABLE, commit_release, discard, stage_release
 from deid.report import dataset_fingerprint, hash_tree
+from deid.safety import RELEASE_SUBDIR, fault_enospc, preflight_locations, recover, write_signed_addendum
 from deid.settings import Settings
 from deid.signing import ensure_signing_key
 from deid.validation import (
     drop_checks,
-    observed_label_sets,
     suite_check,
     validate_aligned,
     validate_ingested,
@@ -57,7 +56,12 @@ def ingest_drop(drop_dir: str, staging: str, *, labels: list[str] | None, name: 
                 max_pixels: int, batch_size: int, workers: int, k: int) -> dict:
     """Validate the manifest and stage the image bytes as Parquet."""
     logger = get_run_logger()
-    drop = read_drop(drop_dir, labels=labels, name=name)
+    try:
+        drop = read_drop(drop_dir, labels=labels, name=name)
+    except DataError as exc:
+        # An unreadable drop is a verdict on the input, not a crash: no traceback; the flow signs a rejection.
+        logger.info("ingest: the drop is unreadable; the run signs a rejection naming the reason")
+        return {"drop_error": str(exc)}
     staging_dir = Path(staging)
     # Several align tasks per worker even on small drops, at most batch_size records each.
     batch = max(1, min(batch_size, math.ceil(len(drop.rows) / (4 * max(workers, 1)))))
@@ -188,7 +192,9 @@ def partition(ingested: str, aligned_parts: list[str], feature_parts: list[str],
     ids = faces.column("record_id").to_pylist()
     suppressed = [ids[i] for i in plan.suppressed]
     for entry in plan.small:
-        logger.warning("partition %s has %s people (< k=%d): %s", entry["partition"], entry["people"], k, entry["action"])
+        # Counts only: a rare label value held by one person is itself identifying (also in logs).
+        logger.warning("a partition of %s records has %s people (< k=%d): %s", entry["records"], entry["people"], k,
+                       entry["action"])
     logger.info("partition: %d partitions, %d records suppressed", len(dirs), len(suppressed))
     return {"partitions": dirs, "suppressed": suppressed, "small": plan.small, "failed": plan.failed,
             "identity": identity.summary(), "quarantined": [q.__dict__ for q in dup_quarantined]}
@@ -250,23 +256,42 @@ def run_gate(deid_parts: list[str], *, config: gate_mod.GateConfig,
     }
 
 
+def _releasable_label_sets(ingested: str, labels: list[str], k: int) -> dict[str, list[str]]:
+    """Per label, the values at least k distinct people hold: what a release may carry.
+
+    Stricter than every observed value, and it keeps the rare values out of the validation
+    results that go into the signed report (a value held by one person is itself identifying).
+    """
+    t = pq.read_table(ingested, columns=["subject_id", *labels]).to_pydict()
+    out = {}
+    for x in labels:
+        people: dict[str, set] = {}
+        for value, subject in zip(t[x], t["subject_id"]):
+            people.setdefault(str(value), set()).add(subject)
+        out[x] = sorted(v for v, who in people.items() if len(who) >= k)
+    return out
+
+
 @task(name="stage-release", **TASK)
 def stage(deid_parts: list[str], ingested: str, staging: str, *, labels: list[str], shape: tuple[int, int],
-          releases_dir: str, release_id: str, k: int) -> dict:
-    """Write the would-be release to a hidden temporary directory and validate exactly that."""
+          release_id: str, k: int) -> dict:
+    """Write the would-be release inside the run's staging directory and validate exactly that.
+
+    Never inside ``data/releases/``: a run killed before publishing leaves nothing there.
+    """
     logger = get_run_logger()
     settings = Settings()
     meta = pq.read_table(ingested, columns=["record_id", *labels])
     rel = pa.concat_tables([pq.read_table(p) for p in deid_parts]).join(meta, "record_id", join_type="inner")
     images = np.frombuffer(b"".join(rel.column("pixels").to_pylist()), np.uint8).reshape(rel.num_rows, -1)
-    tmp = Path(releases_dir) / f".tmp-{release_id}-{secrets.token_hex(4)}"
+    tmp = Path(staging) / RELEASE_SUBDIR
     try:
         staged = stage_release(tmp, images=images, shape=shape, clusters=rel.column("cluster").to_pylist(),
                                labels={x: rel.column(x).to_pylist() for x in labels},
                                record_ids=rel.column("record_id").to_pylist())
         artifacts = hash_tree(staged.path)
         validation = validate_release(staged.path / RELEASE_TABLE, labels,
-                                      label_sets=observed_label_sets(ingested, labels), k=k)
+                                      label_sets=_releasable_label_sets(ingested, labels, k), k=k)
         file_metadata = release_files_metadata(staged.path)
         # Which sources went into which cluster, for audits and erasure requests: encrypted at
         # once, kept in private staging until commit, never returned from this task.
@@ -286,15 +311,64 @@ def stage(deid_parts: list[str], ingested: str, staging: str, *, labels: list[st
 
 @task(name="publish", **TASK)
 def publish(staged: dict, staging: str, *, releases_dir: str, release_id: str) -> dict:
-    """Atomically rename the staged release into place and file its linkage record."""
+    """File the linkage record, then publish by one atomic rename (called only after the report is signed)."""
     logger = get_run_logger()
     settings = Settings()
-    final = commit_release(Path(staged["tmp"]), Path(releases_dir) / release_id)
     target = linkage_path(settings.data_path, release_id)
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     os.replace(Path(staging) / "linkage.bin", target)
+    try:
+        final = commit_release(Path(staged["tmp"]), Path(releases_dir) / release_id)
+    except BaseException:
+        # Nothing was published: the linkage record goes back to private staging with its release.
+        os.replace(target, Path(staging) / "linkage.bin")
+        raise
     logger.info("publish: %d records released to %s (linkage record %s)", staged["records"], final, target)
     return {"path": str(final), "linkage": str(target)}
+
+
+def _signing_key():
+    settings = Settings()
+    secret = settings.signing_key_passphrase  # read here, never passed as a (logged) task parameter
+    return ensure_signing_key(configured=settings.signing_key, keys_dir=settings.data_path / "keys",
+                              passphrase_env_value=secret.get_secret_value().encode() if secret else None)
+
+
+@task(name="preflight", **TASK)
+def preflight() -> dict:
+    """Before any work: the signing key loads (readable, mode 0600, passphrase) and every location is writable."""
+    settings = Settings()
+    preflight_locations(settings.data_path, settings.reports_path)
+    key = _signing_key()
+    return {"key_origin": key.origin, "fingerprint": key.fingerprint}
+
+
+@task(name="recover", **TASK)
+def recover_leftovers() -> dict:
+    """Remove what killed runs left (temporary releases, dead runs' staging, partial files)."""
+    settings = Settings()
+
+    def unpublished(release_id: str, report_dir: Path) -> None:
+        write_signed_addendum(report_dir, {
+            "release_id": release_id, "event": "not_published", "release_published": False,
+            "created_at": now_iso(),
+            "detail": "the run died after signing its report and before publishing; its staged release was "
+                      "removed by recovery and nothing was published"}, _signing_key())
+
+    rec = recover(settings.data_path, settings.reports_path, on_unpublished=unpublished)
+    if rec.removed:
+        get_run_logger().warning("recovery: removed %d leftovers of killed runs: %s", len(rec.removed),
+                                 ", ".join(rec.removed))
+    return {"removed": rec.removed, "annotated": rec.annotated}
+
+
+@task(name="addendum", **TASK)
+def publish_failed_addendum(report_dir: str, *, release_id: str, error: str) -> str:
+    """A publish that failed after the report was signed: say so in a signed addendum."""
+    return str(write_signed_addendum(Path(report_dir), {
+        "release_id": release_id, "event": "publish_failed", "release_published": False, "created_at": now_iso(),
+        "detail": f"publishing failed after the report was signed ({error}); the release was not published"},
+        _signing_key()))
 
 
 @task(name="withhold", **TASK)
@@ -317,19 +391,22 @@ def _versions() -> dict:
 
 
 @task(name="report", **TASK)
-def write_report(report_dir: str, *, report: dict, signing_key_path: str | None, keys_dir: str,
-                 validation: dict | None = None) -> dict:
-    """Sign and write report.json (+ .sig); every run gets one, released or rejected."""
+def write_report(report_dir: str, *, report: dict, validation: dict | None = None,
+                 release_files: str | None = None) -> dict:
+    """Validate, sign and write report.json (+ .sig); every run gets one, released or rejected.
+
+    Runs *before* publishing: ``release_files`` is the staged release that passed the gate (its
+    sample faces go into report.html); a rejected run passes None and shows no faces.
+    """
     logger = get_run_logger()
-    secret = Settings().signing_key_passphrase  # read here, never passed as a (logged) task parameter
-    key = ensure_signing_key(configured=Path(signing_key_path) if signing_key_path else None, keys_dir=Path(keys_dir),
-                             passphrase_env_value=secret.get_secret_value().encode() if secret else None)
+    key = _signing_key()
     if key.origin == "development":
         logger.warning("report signed with the development key %s; set DEID_SIGNING_KEY for real releases", key.path)
     report = dict(report)
     report["versions"] = _versions()
-    # Sample faces only from the committed release: never staging, never a rejected run.
-    samples = sample_release_images(Path(report["release_dir"]), n=24, seed=0) if report.get("release_dir") else None
+    fault_enospc("reports", report_dir)
+    samples = (sample_release_images(Path(release_files), n=24, seed=0)
+               if release_files and report.get("verdict") == "released" else None)
     path = write_report_bundle(Path(report_dir), report, key, sample_images=samples,
                                validation_results=validation or None)
     logger.info("report: %s (%s)", path, report["verdict"])

@@ -489,3 +489,16 @@ def test_london_landmark_eyes_are_primary_and_accurate():
     assert max(errors) < 0.10 and np.mean(errors) < 0.03, (max(errors), np.mean(errors))
     off = align_records(records[:10], FaceAligner(detector=HaarEyeDetector(landmarks="off")))[0]
     assert {d["eye_source"] for d in off} <= {"detected", "face_geometry"}
+
+
+def test_aligned_suite_allows_exactly_the_eye_sources():
+    import json
+
+    from deid.align import EYE_SOURCES
+    from deid.validation import load_suite
+
+    suite = load_suite("aligned")
+    sets = [e["kwargs"]["value_set"] for e in suite["expectations"]
+            if e["type"] == "expect_column_values_to_be_in_set" and e["kwargs"]["column"] == "eye_source"]
+    assert sets and set(sets[0]) == set(EYE_SOURCES)
+    assert json.dumps(sets[0])

@@ -6,6 +6,7 @@ eyes), never real faces; the face cases that need a real face detector use the L
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import struct
@@ -248,7 +249,11 @@ def test_manifest_that_is_not_csv_exits_2_and_writes_no_release(project, prefect
     (drop / "drop.yaml").write_text("labels: [gender]\n")
     assert main(["run", str(drop), "--k", "2"]) == 2
     assert "not" in capsys.readouterr().err
-    assert not (project / "data" / "releases").exists()
+    releases = project / "data" / "releases"
+    assert not releases.exists() or not any(releases.iterdir())
+    # The run started, so it signed a rejection naming the reason (issue 11).
+    (report,) = (project / "reports").glob("*/report.json")
+    assert json.loads(report.read_text())["verdict"] == "rejected"
 
 
 # ------------------------------------------------------------------------------- faces (London)
