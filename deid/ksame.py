@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 from numbers import Integral
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Hashable, Sequence
 
 import numpy as np
@@ -376,6 +377,80 @@ def plan_blocks(X: np.ndarray, codes: np.ndarray, *, k: int, block_size: int) ->
     return blocks
 
 
+# Shares of the worst clusters (by mean squared distance to their centroid) dissolved and
+# regrouped in each refinement round; measured on 48-50-d Gaussian mixtures (bench/bench_grouping.py)
+# it takes blockwise WCSS from ~+14% to ~+2.5% over the single greedy at ~25% extra time.
+REFINE_SCHEDULE: tuple[float, ...] = (0.15, 0.07, 0.03)
+
+
+def _cluster_sse(X: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sum of squared distances to the mean, size) of every cluster ``0 .. labels.max()``."""
+    n_c = int(labels.max()) + 1
+    cnt = np.bincount(labels, minlength=n_c)
+    order = np.argsort(labels, kind="stable")
+    sums = np.add.reduceat(X[order], np.r_[0, np.cumsum(cnt)[:-1]], axis=0)
+    sq = np.bincount(labels, weights=np.einsum("ij,ij->i", X, X), minlength=n_c)
+    return np.maximum(sq - np.einsum("ij,ij->i", sums, sums) / cnt, 0.0), cnt
+
+
+def _feasible(codes: np.ndarray, k: int) -> bool:
+    cnt = np.bincount(codes)
+    return int(np.count_nonzero(cnt)) >= k and int(cnt.max()) * k <= codes.size
+
+
+def _map_blocks(X: np.ndarray, codes: np.ndarray, blocks: list[np.ndarray], k: int, map_blocks) -> np.ndarray:
+    results = list(map_blocks(partial(group_block, k=k), [X[b] for b in blocks], [codes[b] for b in blocks]))
+    labels = np.empty(X.shape[0], dtype=np.intp)
+    offset = 0
+    for b, res in zip(blocks, results):
+        labels[b] = res.labels + offset
+        offset += res.n_clusters
+    return labels
+
+
+def blockwise_labels(X: np.ndarray, codes: np.ndarray, *, k: int, block_size: int, map_blocks=map,
+                     schedule: tuple[float, ...] = REFINE_SCHEDULE) -> np.ndarray:
+    """Blockwise k-Same grouping with boundary refinement; ``map_blocks`` runs the blocks.
+
+    1. :func:`plan_blocks` splits the faces; :func:`group_block` groups each block.
+    2. Clusters at block boundaries are the costly ones (their faces' neighbours lie across
+       the cut; measured: the block greedy's worst clusters are its first seeds, the faces
+       farthest out along the cut). For each share ``f`` in ``schedule``: the ``f`` share of
+       clusters with the largest mean squared distance to their centroid is dissolved, its
+       faces are re-blocked (new cuts, since they are a different set) and regrouped; the
+       new clusters replace the old ones only if their total within-cluster sum of squares
+       is smaller, and only if the dissolved faces form a feasible set (>= k people, no
+       person above ``floor(n/k)`` images).
+
+    Every cluster is made by :func:`group_block` on a feasible block, so every cluster has
+    >= k distinct people and no person above ``floor(size/k)`` of its images. Deterministic
+    whatever ``map_blocks`` is, as long as it returns results in input order: e.g. the
+    builtin ``map``, or ``lambda f, *its: client.gather(client.map(f, *its))`` on Dask.
+    """
+    k = int(k)
+    labels = _map_blocks(X, codes, plan_blocks(X, codes, k=k, block_size=block_size), k, map_blocks)
+    for share in schedule:
+        sse, cnt = _cluster_sse(X, labels)
+        n_c = sse.size
+        m = int(share * n_c)
+        if m < 2:
+            continue
+        worst = np.zeros(n_c, dtype=bool)
+        worst[np.argsort(-(sse / cnt), kind="stable")[:m]] = True
+        redo = np.flatnonzero(worst[labels])
+        if not _feasible(codes[redo], k):
+            continue
+        XD, cD = X[redo], codes[redo]
+        new = _map_blocks(XD, cD, plan_blocks(XD, cD, k=k, block_size=block_size), k, map_blocks)
+        if _cluster_sse(XD, new)[0].sum() >= sse[worst].sum():
+            continue
+        renumber = np.cumsum(~worst) - 1
+        n_keep = int(renumber[-1]) + 1
+        labels = renumber[labels]
+        labels[redo] = new + n_keep
+    return labels
+
+
 def _check_shares(codes: np.ndarray, k: int, count: str, partition: Hashable | None, keys: list | None = None) -> None:
     """Refuse data where some person holds more than ``floor(n/k)`` images: no grouping can hide them."""
     if count != "people":
@@ -457,7 +532,7 @@ class KSame(BaseEstimator):
     cluster_max_share_ : ndarray of shape (n_clusters_,)
         Largest fraction of a cluster's images that belong to one person.
     n_leftover_ : int
-        Faces placed by step 3.
+        Faces placed by step 3 (single greedy); blockwise, the faces beyond ``k`` per cluster.
 
     References
     ----------
@@ -511,15 +586,11 @@ class KSame(BaseEstimator):
             with threadpool_limits(limits=1, user_api="blas"):
                 return _greedy_labels(X, unit, k)
         with threadpool_limits(limits=1, user_api="blas"):
-            blocks = plan_blocks(X, unit, k=k, block_size=int(self.block_size))
-        labels = np.empty(X.shape[0], dtype=np.intp)
-        offset = n_left = 0
-        for block in blocks:
-            res = group_block(X[block], unit[block], k)
-            labels[block] = res.labels + offset
-            offset += res.n_clusters
-            n_left += res.n_leftover
-        logger.debug("k-Same: %d faces in %d blocks -> %d clusters", X.shape[0], len(blocks), offset)
+            labels = blockwise_labels(X, unit, k=k, block_size=int(self.block_size))
+        # Blockwise, "leftover" has no single meaning (each block and refinement round has its
+        # own); report faces in clusters larger than the people needed, a comparable count.
+        n_left = int(labels.size - k * (int(labels.max()) + 1))
+        logger.debug("k-Same: %d faces blockwise -> %d clusters", X.shape[0], int(labels.max()) + 1)
         return labels, n_left
 
     def fit_transform(self, X: Any, *, people: Sequence[Hashable], images: Any) -> np.ndarray:

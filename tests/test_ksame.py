@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from deid.errors import ConfigError
 from deid.ksame import (DominantPersonError, InsufficientPeopleError, KSame, KSameSelect, _greedy_labels,
-                        group_block, plan_blocks)
+                        blockwise_labels, group_block, plan_blocks)
 
 
 def make_faces(images_per_person, *, d=6, p=12, seed=0, partitions=None):
@@ -60,6 +60,10 @@ def layouts(draw, with_partitions=False, max_images=80):
         person_part = np.random.default_rng(seed).integers(0, n_parts, size=len(counts))
         parts = np.array([f"p{person_part[q]}" for q in people])
     return k, X, people, images, parts
+
+
+def wcss(X, labels):
+    return sum(((X[labels == c] - X[labels == c].mean(axis=0)) ** 2).sum() for c in set(labels.tolist()))
 
 
 def feasible(people, k):
@@ -276,8 +280,13 @@ def test_blockwise_grouping_keeps_every_invariant(case, block_size):
         assert feasible(people[idx], k)
     for q in set(people.tolist()):  # a person's images never straddle blocks
         assert len(set(block_of[people == q].tolist())) == 1
-    for c in range(model.n_clusters_):  # clusters never straddle blocks
-        assert len(set(block_of[model.labels_ == c].tolist())) == 1
+    # Without refinement, clusters never straddle blocks; refinement regroups across cuts.
+    plain = blockwise_labels(X, people, k=k, block_size=block_size, schedule=())
+    for c in range(int(plain.max()) + 1):
+        assert len(set(block_of[plain == c].tolist())) == 1
+    refined = blockwise_labels(X, people, k=k, block_size=block_size)
+    np.testing.assert_array_equal(refined, model.labels_)
+    assert wcss(X, refined) <= wcss(X, plain) + 1e-9  # a round is kept only when it lowers the WCSS
 
 
 def test_several_blocks_occur_and_are_deterministic():
@@ -290,11 +299,16 @@ def test_several_blocks_occur_and_are_deterministic():
     check_clusters(a, X, people, images, 3)
     # Blocks cost a little information loss, not much, on this clustered data.
     greedy = KSame(3, block_size=None).fit(X, people=people, images=images)
+    assert wcss(X, a.labels_) <= 1.5 * wcss(X, greedy.labels_)
+    # Any order-keeping map runs the blocks (the caller may pass a Dask client's map).
+    calls = []
 
-    def wcss(labels):
-        return sum(((X[labels == c] - X[labels == c].mean(axis=0)) ** 2).sum() for c in set(labels.tolist()))
+    def logging_map(fn, *its):
+        calls.append(len(its[0]))
+        return [fn(*args) for args in zip(*its)]
 
-    assert wcss(a.labels_) <= 1.5 * wcss(greedy.labels_)
+    np.testing.assert_array_equal(blockwise_labels(X, people, k=3, block_size=60, map_blocks=logging_map), a.labels_)
+    assert calls and calls[0] == len(blocks)
 
 
 @FAST
