@@ -222,7 +222,7 @@ def _light_map(kind: str, lin: np.ndarray) -> np.ndarray:
     if kind == "center":
         r2 = lin[None, :] ** 2 + lin[:, None] ** 2
         return (1.3 - 1.4 * r2).astype(np.float32)
-    sign = -1.0 if kind == "left" else 1.0  # light from the image's left: the right side is dark
+    sign = 1.0 if kind == "left" else -1.0  # light from the image's left: the right side is dark
     return np.broadcast_to((0.62 - sign * 0.58 * np.tanh(3.5 * lin))[None, :], (lin.size, lin.size)).astype(np.float32)
 
 
