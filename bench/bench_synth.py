@@ -32,6 +32,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, nargs="*", default=[200])
     ap.add_argument("--format", default="jpeg")
     ap.add_argument("--tmp", default=None, help="parent directory for the temporary drop")
+    ap.add_argument("--quick-noise", action="store_true")
     a = ap.parse_args()
     for size in a.size:
         tmp = Path(tempfile.mkdtemp(prefix="deid-synth-bench-", dir=a.tmp))
@@ -39,13 +40,14 @@ def main() -> None:
             t0 = time.perf_counter()
             cpu0 = _cpu()
             drop = make_synthetic_drop(tmp / "drop", people=a.people, images_per_person=2, seed=0,
-                                       image_size=size, image_format=a.format, workers=a.workers)
+                                       image_size=size, image_format=a.format, workers=a.workers,
+                                       quick_noise=a.quick_noise)
             dt = time.perf_counter() - t0
             cpu = _cpu() - cpu0
             n = 2 * a.people
             nbytes = sum(p.stat().st_size for p in (drop / "images").iterdir())
             rate = n / dt
-            print(f"{n:,} {a.format} faces {size}px, {a.workers} workers: {dt:.1f} s = {rate:.0f} images/s "
+            print(f"{n:,} {a.format} faces {size}px{' quick noise' if a.quick_noise else ''}, {a.workers} workers: {dt:.1f} s = {rate:.0f} images/s "
                   f"({1000 * dt * a.workers / n:.2f} ms per image per worker), {nbytes / n / 1024:.1f} KiB/image; "
                   f"1,000,000 faces at this rate: {1e6 / rate / 60:.1f} min, {nbytes / n * 1e6 / 2**30:.1f} GiB",
                   flush=True)

@@ -92,7 +92,7 @@ def cmd_synth(args) -> int:
                                seed=args.seed, image_format=args.format, image_size=args.size,
                                condition_values=args.condition_values, crop=args.crop, grey=args.grey,
                                lighting=args.lighting, background=args.background, labels=not args.no_labels,
-                               eyes=not args.no_eyes, workers=args.workers)
+                               eyes=not args.no_eyes, workers=args.workers, quick_noise=args.quick_noise)
     print(f"synthetic drop: {path} ({args.people} people x {args.images_per_person} images, seed {args.seed})")
     return EXIT_OK
 
@@ -186,6 +186,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-labels", action="store_true", help="no label columns in the manifest")
     s.add_argument("--no-eyes", action="store_true", help="no eye columns: alignment must find the eyes")
     s.add_argument("--workers", type=int, default=1, help="processes drawing images (output is the same)")
+    s.add_argument("--quick-noise", action="store_true",
+                   help="cheaper sensor noise for million-face benchmarks (different images)")
     s.set_defaults(func=cmd_synth)
 
     i = sub.add_parser("import", help="convert a published dataset layout into a drop")

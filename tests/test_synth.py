@@ -382,3 +382,12 @@ def test_cli_synth_options(tmp_path):
     assert main(["synth", str(tmp_path / "e"), "--people", "2", "--no-labels", "--no-eyes"]) == 0
     assert (tmp_path / "e" / "manifest.csv").read_text().splitlines()[0] == "image,subject_id"
     assert main(["synth", str(tmp_path / "f"), "--people", "2", "--condition-values", "20"]) == 2
+
+
+def test_quick_noise_is_a_different_but_same_geometry_face(tmp_path):
+    a = make_synthetic_drop(tmp_path / "a", people=2, seed=4, image_size=128, image_format="jpeg")
+    b = make_synthetic_drop(tmp_path / "b", people=2, seed=4, image_size=128, image_format="jpeg", quick_noise=True)
+    for ra, rb in zip(read_manifest(a), read_manifest(b)):
+        assert {c: ra[c] for c in ra if c != "image"} == {c: rb[c] for c in rb if c != "image"}
+        ia, ib = (cv2.imread(str(d / r["image"])).astype(float) for d, r in ((a, ra), (b, rb)))
+        assert not np.array_equal(ia, ib) and np.abs(ia - ib).mean() < 8  # only the noise differs
