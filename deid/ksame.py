@@ -381,8 +381,8 @@ def plan_blocks(X: np.ndarray, codes: np.ndarray, *, k: int, block_size: int) ->
 
 # Shares of the worst clusters (by mean squared distance to their centroid) dissolved and
 # regrouped in each refinement round; measured on 48-50-d Gaussian mixtures (bench/bench_grouping.py)
-# it takes blockwise WCSS from ~+14% to ~+2.5% over the single greedy at ~25% extra time.
-REFINE_SCHEDULE: tuple[float, ...] = (0.15, 0.07, 0.03)
+# it takes blockwise WCSS from ~+14% to ~+2.5% over the single greedy at ~30% extra time.
+REFINE_SCHEDULE: tuple[float, ...] = (0.25, 0.12, 0.06, 0.03)
 
 
 def _cluster_sse(X: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -417,8 +417,9 @@ def blockwise_labels(X: np.ndarray, codes: np.ndarray, *, k: int, block_size: in
     1. :func:`plan_blocks` splits the faces; :func:`group_block` groups each block.
     2. Clusters at block boundaries are the costly ones (their faces' neighbours lie across
        the cut; measured: the block greedy's worst clusters are its first seeds, the faces
-       farthest out along the cut). For each share ``f`` in ``schedule``: the ``f`` share of
-       clusters with the largest mean squared distance to their centroid is dissolved, its
+       farthest out along the cut). For each share ``f`` in ``schedule`` (default 25, 12,
+       6, 3%): the ``f`` share of clusters with the largest mean squared distance to their
+       centroid is dissolved, its
        faces are re-blocked (new cuts, since they are a different set) and regrouped; the
        new clusters replace the old ones only if their total within-cluster sum of squares
        is smaller, and only if the dissolved faces form a feasible set (>= k people, no
