@@ -7,11 +7,15 @@ separately inside each partition of utility labels so that the averages keep tho
 This implementation counts *people*, not images: a cluster is only valid when it holds
 images of at least ``k`` distinct people, because a dataset with several images per person
 would otherwise let one person's images form a "cluster of k" on their own and release
-that person's face unchanged.
+that person's face unchanged. Every cluster also keeps each person at most ``floor(size/k)``
+of its images (so at most 1/k of it), and above ``block_size`` faces the greedy runs in
+blocks of the feature space so that a million faces group in about a minute.
 """
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from functools import partial
 from numbers import Integral
 from typing import Any, Hashable, Sequence
 
@@ -40,6 +44,14 @@ class InsufficientPeopleError(ConfigError):
         self.partition = partition
 
 
+class DominantPersonError(InsufficientPeopleError):
+    """One person holds more than ``1/k`` of the images (of the data or of one partition).
+
+    Every cluster may hold at most ``floor(size / k)`` images of one person, so summed over
+    clusters a person can have at most ``floor(n / k)`` images; beyond that no grouping exists.
+    """
+
+
 # --------------------------------------------------------------------------- helpers
 
 
@@ -62,9 +74,12 @@ def _factorize(values: Any, name: str, n: int) -> tuple[np.ndarray, list]:
     return codes, list(mapping)
 
 
-def _check_params(k: Any, count: Any) -> None:
+def _check_params(k: Any, count: Any, block_size: Any = None) -> None:
     if isinstance(k, bool) or not isinstance(k, Integral) or k < 2:
         raise ConfigError(f"k={k!r} must be an integer >= 2 (k=1 releases every face unchanged); pass e.g. k=5")
+    if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, Integral) or block_size < 2):
+        raise ConfigError(f"block_size={block_size!r} must be None or an integer >= 2; use e.g. 2000 "
+                          "(blocks of 1,000-2,000 faces keep k-Same within a few % of the single greedy)")
     if count not in _COUNTS:
         raise ConfigError(f"count={count!r} must be one of {_COUNTS}; use 'people' unless reproducing Newton et al.'s image-counting k-Same")
 
@@ -155,37 +170,88 @@ def _greedy_labels(X: np.ndarray, codes: np.ndarray, k: int) -> tuple[np.ndarray
 
     rest = np.flatnonzero(labels < 0)
     if rest.size:
-        _attach_leftovers(X, codes, labels, rest, g)
+        _attach_leftovers(X, codes, labels, rest, g, k)
     return labels, int(rest.size)
 
 
-def _attach_leftovers(X: np.ndarray, codes: np.ndarray, labels: np.ndarray, rest: np.ndarray, n_groups: int) -> None:
-    """Give each leftover face the nearest group (by the group's mean feature) lacking its person.
+def _attach_leftovers(X: np.ndarray, codes: np.ndarray, labels: np.ndarray, rest: np.ndarray, n_groups: int, k: int) -> None:
+    """Place every leftover face (extra images of fewer than k people) so no person exceeds 1/k of a cluster.
 
-    Leftovers are extra images of fewer than k people. Joining a group that does not yet hold
-    the person keeps one image per person per cluster, so no average is weighted towards one
-    person; only when the person is in every group does the face join the nearest group anyway.
-    Group means are those before any leftover joins, so the result does not depend on the
-    order in which leftovers are visited.
+    Invariant kept for every cluster ``C`` of size ``s`` and every person ``p`` with ``c``
+    images in it: ``c <= floor(s / k)``, hence ``c / s <= 1/k``. Leftovers are visited in
+    input order; each one, of person ``p``:
+
+    1. joins the nearest group (distance to the group's mean feature) that does not hold
+       ``p`` yet -- one image per person per cluster, so no average leans towards anyone;
+    2. else the nearest group that can take another image of ``p``, i.e. ``(c + 1) * k <= s + 1``;
+    3. else groups are merged: the group nearest the face absorbs its nearest group until
+       step 2's test passes, or until a single group is left, which the face then joins.
+
+    Proof that the invariant holds at the end. The greedy's groups hold >= k images of
+    pairwise distinct people, so ``c = 1 <= floor(s/k)``. Steps 1 and 2 only add ``p`` where
+    ``c + 1 <= floor((s + 1)/k)`` (step 1: ``c = 0`` and ``s >= k``), and a larger ``s`` never
+    lowers another person's allowance ``floor(s/k)``. Merging keeps it because
+    ``floor(a/k) + floor(b/k) <= floor((a + b)/k)``. Step 3 ends either with an admissible
+    group (as step 2), or with one group, which after the last leftover holds all ``n`` faces;
+    then every person has ``m_p <= floor(n/k)`` images in it, which the caller checked
+    (:func:`_check_shares`) before grouping. Groups only ever gain members, so each keeps
+    >= k distinct people. Group numbers stay dense (merged groups are renumbered in order).
     """
     done = np.flatnonzero(labels >= 0)
-    order = done[np.argsort(labels[done], kind="stable")]
-    starts = np.r_[0, np.flatnonzero(np.diff(labels[order])) + 1]
-    means = np.add.reduceat(X[order], starts, axis=0) / np.diff(np.r_[starts, len(order)])[:, None]
-    member_groups: dict[int, set[int]] = {}
+    sums = np.zeros((n_groups, X.shape[1]))
+    np.add.at(sums, labels[done], X[done])
+    sizes = np.bincount(labels[done], minlength=n_groups).astype(np.int64)
+    counts: dict[tuple[int, int], int] = {}
     for c, lab in zip(codes[done].tolist(), labels[done].tolist()):
-        member_groups.setdefault(c, set()).add(lab)
-    msq = np.einsum("ij,ij->i", means, means)
-    for start in range(0, rest.size, 512):
-        block = rest[start:start + 512]
-        dist = msq[None, :] - 2.0 * (X[block] @ means.T)
-        for row, i in enumerate(block):
-            taken = member_groups.get(int(codes[i]), set())
-            drow = dist[row]
-            if len(taken) < n_groups:
-                drow = drow.copy()
-                drow[list(taken)] = np.inf
-            labels[i] = int(np.argmin(drow))
+        counts[(c, lab)] = counts.get((c, lab), 0) + 1
+    # Ranking uses the group means before any leftover joins (cheap, stable); merged groups
+    # get their merged mean.
+    means = sums / sizes[:, None]
+    alive = np.ones(n_groups, dtype=bool)
+    parent = np.arange(n_groups)  # merged group -> group that absorbed it
+    n_merges = 0
+    for i in rest.tolist():
+        p = int(codes[i])
+        dist = np.einsum("ij,ij->i", means - X[i], means - X[i])
+        dist[~alive] = np.inf
+        order = np.argsort(dist, kind="stable")[: int(alive.sum())]
+        target = -1
+        for g in order.tolist():  # step 1
+            if counts.get((p, g), 0) == 0:
+                target = g
+                break
+        if target < 0:  # step 2
+            for g in order.tolist():
+                if (counts.get((p, g), 0) + 1) * k <= sizes[g] + 1:
+                    target = g
+                    break
+        if target < 0:  # step 3
+            g = int(order[0])
+            while (counts.get((p, g), 0) + 1) * k > sizes[g] + 1 and alive.sum() > 1:
+                dm = np.einsum("ij,ij->i", means - means[g], means - means[g])
+                dm[~alive] = np.inf
+                dm[g] = np.inf
+                h = int(np.argmin(dm))
+                alive[h] = False
+                parent[h] = g
+                sums[g] += sums[h]
+                sizes[g] += sizes[h]
+                means[g] = sums[g] / sizes[g]
+                for key in [key for key in counts if key[1] == h]:
+                    counts[(key[0], g)] = counts.get((key[0], g), 0) + counts.pop(key)
+                n_merges += 1
+            target = g
+        labels[i] = target
+        counts[(p, target)] = counts.get((p, target), 0) + 1
+        sizes[target] += 1
+    if n_merges:
+        # Follow merge chains to the surviving group, then renumber survivors densely in order.
+        root = parent.copy()
+        while np.any(root[root] != root):
+            root = root[root]
+        new = np.cumsum(alive) - 1
+        labels[:] = new[root[labels]]
+        logger.info("k-Same: %d cluster merges to keep every person at most 1/k of a cluster", n_merges)
     logger.info("k-Same: %d leftover faces (extra images of fewer than k people) joined existing clusters", rest.size)
 
 
@@ -216,6 +282,196 @@ def _to_uint8(averages: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(averages), 0, 255).astype(np.uint8)[labels]
 
 
+# --------------------------------------------------------------------------- blocks
+
+
+@dataclass(frozen=True)
+class BlockGrouping:
+    """k-Same grouping of one block: ``labels`` are 0-based within the block."""
+
+    labels: np.ndarray
+    n_leftover: int
+
+    @property
+    def n_clusters(self) -> int:
+        return int(self.labels.max()) + 1 if self.labels.size else 0
+
+
+def group_block(X: np.ndarray, codes: np.ndarray, k: int) -> BlockGrouping:
+    """The greedy k-Same grouping of one block (pure; map it over blocks on any executor).
+
+    ``codes`` are integer person codes (any non-negative ints); the block must hold >= k
+    distinct people and no person above ``floor(n/k)`` images, which :func:`plan_blocks`
+    guarantees for its blocks.
+    """
+    X = np.ascontiguousarray(X, dtype=np.float64)
+    _, local = np.unique(np.asarray(codes), return_inverse=True)
+    with threadpool_limits(limits=1, user_api="blas"):
+        labels, n_left = _greedy_labels(X, local.astype(np.intp), int(k))
+    return BlockGrouping(labels, n_left)
+
+
+def _principal_direction(Xn: np.ndarray) -> np.ndarray:
+    """Leading eigenvector of the node's covariance, sign fixed (largest |component| > 0)."""
+    c = Xn - Xn.mean(axis=0)
+    cov = c.T @ c
+    _, vecs = np.linalg.eigh(cov)
+    v = vecs[:, -1]
+    return v if v[np.argmax(np.abs(v))] >= 0 else -v
+
+
+def plan_blocks(X: np.ndarray, codes: np.ndarray, *, k: int, block_size: int) -> list[np.ndarray]:
+    """Split faces into blocks of at most about ``block_size`` images for blockwise k-Same.
+
+    A k-d-tree-like recursive split of the feature space (principal-direction median
+    splits, as in the blocking step of large-scale microaggregation): a node with more than
+    ``block_size`` images is split at the image-count median of its *people* ordered by
+    their mean projection on the node's principal direction. Every person's images stay in
+    one block (the k rules are about people, and a person split across blocks could end up
+    above 1/k nowhere visible to one block's greedy). A split is made only when both sides
+    keep >= 2k distinct people and stay feasible (no person above ``floor(n_side / k)``
+    images), so the greedy inside every block can always satisfy the invariants; a node
+    that cannot be split that way stays one (larger) block.
+
+    Deterministic: ties in projection go to the lower person code; blocks come in
+    depth-first, low-side-first order. Returns sorted index arrays that partition
+    ``range(n)``.
+
+    References
+    ----------
+    J. Domingo-Ferrer, J. M. Mateo-Sanz. Practical data-oriented microaggregation for
+    statistical disclosure control. IEEE TKDE 14(1):189-201, 2002 (blocking for large data).
+    """
+    X = np.asarray(X, dtype=np.float64)
+    codes = np.asarray(codes)
+    n = X.shape[0]
+    k = int(k)
+    blocks: list[np.ndarray] = []
+    stack = [np.arange(n)]
+    while stack:
+        node = stack.pop()
+        if node.size <= block_size:
+            blocks.append(node)
+            continue
+        people, local = np.unique(codes[node], return_inverse=True)
+        n_people = people.size
+        if n_people < 4 * k:
+            blocks.append(node)
+            continue
+        proj = X[node] @ _principal_direction(X[node])
+        cnt = np.bincount(local, minlength=n_people)
+        mean_proj = np.bincount(local, weights=proj, minlength=n_people) / cnt
+        order = np.lexsort((np.arange(n_people), mean_proj))
+        cum = np.cumsum(cnt[order])
+        j = int(np.searchsorted(cum, node.size / 2.0)) + 1  # people on the low side
+        j = min(max(j, 2 * k), n_people - 2 * k)
+        left_people = np.zeros(n_people, dtype=bool)
+        left_people[order[:j]] = True
+        n_left = int(cum[j - 1])
+        n_right = node.size - n_left
+        if (cnt[left_people].max() * k > n_left) or (cnt[~left_people].max() * k > n_right):
+            blocks.append(node)
+            continue
+        side = left_people[local]
+        stack.append(node[~side])  # popped second
+        stack.append(node[side])
+    logger.debug("k-Same blocks: %d faces -> %d blocks (largest %d)", n, len(blocks), max(b.size for b in blocks))
+    return blocks
+
+
+# Shares of the worst clusters (by mean squared distance to their centroid) dissolved and
+# regrouped in each refinement round; measured on 48-50-d Gaussian mixtures (bench/bench_grouping.py)
+# it takes blockwise WCSS from ~+14% to ~+2.5% over the single greedy at ~30% extra time.
+REFINE_SCHEDULE: tuple[float, ...] = (0.25, 0.12, 0.06, 0.03)
+
+
+def _cluster_sse(X: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sum of squared distances to the mean, size) of every cluster ``0 .. labels.max()``."""
+    n_c = int(labels.max()) + 1
+    cnt = np.bincount(labels, minlength=n_c)
+    order = np.argsort(labels, kind="stable")
+    sums = np.add.reduceat(X[order], np.r_[0, np.cumsum(cnt)[:-1]], axis=0)
+    sq = np.bincount(labels, weights=np.einsum("ij,ij->i", X, X), minlength=n_c)
+    return np.maximum(sq - np.einsum("ij,ij->i", sums, sums) / cnt, 0.0), cnt
+
+
+def _feasible(codes: np.ndarray, k: int) -> bool:
+    cnt = np.bincount(codes)
+    return int(np.count_nonzero(cnt)) >= k and int(cnt.max()) * k <= codes.size
+
+
+def _map_blocks(X: np.ndarray, codes: np.ndarray, blocks: list[np.ndarray], k: int, map_blocks) -> np.ndarray:
+    results = list(map_blocks(partial(group_block, k=k), [X[b] for b in blocks], [codes[b] for b in blocks]))
+    labels = np.empty(X.shape[0], dtype=np.intp)
+    offset = 0
+    for b, res in zip(blocks, results):
+        labels[b] = res.labels + offset
+        offset += res.n_clusters
+    return labels
+
+
+def blockwise_labels(X: np.ndarray, codes: np.ndarray, *, k: int, block_size: int, map_blocks=map,
+                     schedule: tuple[float, ...] = REFINE_SCHEDULE) -> np.ndarray:
+    """Blockwise k-Same grouping with boundary refinement; ``map_blocks`` runs the blocks.
+
+    1. :func:`plan_blocks` splits the faces; :func:`group_block` groups each block.
+    2. Clusters at block boundaries are the costly ones (their faces' neighbours lie across
+       the cut; measured: the block greedy's worst clusters are its first seeds, the faces
+       farthest out along the cut). For each share ``f`` in ``schedule`` (default 25, 12,
+       6, 3%): the ``f`` share of clusters with the largest mean squared distance to their
+       centroid is dissolved, its
+       faces are re-blocked (new cuts, since they are a different set) and regrouped; the
+       new clusters replace the old ones only if their total within-cluster sum of squares
+       is smaller, and only if the dissolved faces form a feasible set (>= k people, no
+       person above ``floor(n/k)`` images).
+
+    Every cluster is made by :func:`group_block` on a feasible block, so every cluster has
+    >= k distinct people and no person above ``floor(size/k)`` of its images. Deterministic
+    whatever ``map_blocks`` is, as long as it returns results in input order: e.g. the
+    builtin ``map``, or ``lambda f, *its: client.gather(client.map(f, *its))`` on Dask.
+    """
+    k = int(k)
+    labels = _map_blocks(X, codes, plan_blocks(X, codes, k=k, block_size=block_size), k, map_blocks)
+    for share in schedule:
+        sse, cnt = _cluster_sse(X, labels)
+        n_c = sse.size
+        m = int(share * n_c)
+        if m < 2:
+            continue
+        worst = np.zeros(n_c, dtype=bool)
+        worst[np.argsort(-(sse / cnt), kind="stable")[:m]] = True
+        redo = np.flatnonzero(worst[labels])
+        if not _feasible(codes[redo], k):
+            continue
+        XD, cD = X[redo], codes[redo]
+        new = _map_blocks(XD, cD, plan_blocks(XD, cD, k=k, block_size=block_size), k, map_blocks)
+        if _cluster_sse(XD, new)[0].sum() >= sse[worst].sum():
+            continue
+        renumber = np.cumsum(~worst) - 1
+        n_keep = int(renumber[-1]) + 1
+        labels = renumber[labels]
+        labels[redo] = new + n_keep
+    return labels
+
+
+def _check_shares(codes: np.ndarray, k: int, count: str, partition: Hashable | None, keys: list | None = None) -> None:
+    """Refuse data where some person holds more than ``floor(n/k)`` images: no grouping can hide them."""
+    if count != "people":
+        return
+    cnt = np.bincount(codes)
+    n = codes.size
+    top = int(np.argmax(cnt))
+    if cnt[top] * k > n:
+        who = keys[top] if keys is not None else top
+        where = "the data" if partition is None else f"partition {partition!r}"
+        raise DominantPersonError(
+            f"person {who!r} has {int(cnt[top])} of the {n} images in {where}; with k={k} no person may hold "
+            f"more than 1/k of any cluster, so at most {n // k} images of one person can be released; "
+            "drop some of that person's images, add images of other people, or lower k",
+            k=k, n_people=int(np.count_nonzero(cnt)), partition=partition,
+        )
+
+
 # --------------------------------------------------------------------------- estimators
 
 
@@ -232,8 +488,17 @@ class KSame(BaseEstimator):
        the seed and the nearest image of *every* remaining person (a group of k would orphan
        fewer than k people).
     3. Images left after that belong to fewer than ``k`` people (they are further images of
-       people already grouped); each joins the nearest group by distance to the group's mean
-       feature, preferring groups that do not already contain its person.
+       people already grouped); each joins the nearest group (by the group's mean feature)
+       that does not contain its person yet, else the nearest that can take one more image of
+       that person, else nearby groups are merged (see :func:`_attach_leftovers`, which
+       proves that every person ends with at most ``floor(size/k)`` images of every cluster).
+
+    Above ``block_size`` faces the greedy (O(N^2)) runs inside blocks instead: the faces are
+    split recursively at the median along each node's principal direction, people never
+    split across blocks and each side keeping >= 2k people (:func:`plan_blocks`), and each
+    block is grouped independently (:func:`group_block`), so the cost is about
+    ``N * block_size`` and the blocks can run in parallel. With one block it is exactly the
+    greedy.
 
     All ties go to the lowest input index. A person's images are deliberately *not* pulled
     into the same cluster: a cluster with several images of one person has an average
@@ -252,6 +517,9 @@ class KSame(BaseEstimator):
         ``"images"`` treats every image as its own person: Newton et al.'s original
         formulation, which gives no guarantee when people have several images. Kept only
         for comparison studies.
+    block_size : int or None, default 2000
+        Faces (of one partition) above which the grouping runs blockwise; ``None`` always
+        runs the single greedy. Blocks hold about ``block_size / 2`` to ``block_size`` faces.
 
     Attributes
     ----------
@@ -267,7 +535,7 @@ class KSame(BaseEstimator):
     cluster_max_share_ : ndarray of shape (n_clusters_,)
         Largest fraction of a cluster's images that belong to one person.
     n_leftover_ : int
-        Faces placed by step 3.
+        Faces placed by step 3 (single greedy); blockwise, the faces beyond ``k`` per cluster.
 
     References
     ----------
@@ -275,9 +543,10 @@ class KSame(BaseEstimator):
     IEEE Trans. Knowledge and Data Engineering 17(2):232-243, 2005.
     """
 
-    def __init__(self, k: int = 5, *, count: str = "people"):
+    def __init__(self, k: int = 5, *, count: str = "people", block_size: int | None = 2000):
         self.k = k
         self.count = count
+        self.block_size = block_size
 
     def fit(self, X: Any, *, people: Sequence[Hashable], images: Any) -> "KSame":
         """Cluster the faces.
@@ -295,10 +564,10 @@ class KSame(BaseEstimator):
         -------
         self
         """
-        _check_params(self.k, self.count)
+        _check_params(self.k, self.count, self.block_size)
         X, images = _check_arrays(X, images)
         codes, keys = _factorize(people, "people", X.shape[0])
-        labels, n_left = self._labels(X, codes, partition=None)
+        labels, n_left = self._labels(X, codes, partition=None, keys=keys)
         self.labels_ = labels
         self.n_leftover_ = n_left
         for name, value in _cluster_summaries(labels, codes, keys, images).items():
@@ -306,16 +575,26 @@ class KSame(BaseEstimator):
         logger.debug("k-Same k=%d: %d faces -> %d clusters", self.k, X.shape[0], self.n_clusters_)
         return self
 
-    def _labels(self, X: np.ndarray, codes: np.ndarray, partition: Hashable | None) -> tuple[np.ndarray, int]:
+    def _labels(self, X: np.ndarray, codes: np.ndarray, partition: Hashable | None, keys: list | None = None
+                ) -> tuple[np.ndarray, int]:
         k = int(self.k)
         unit = codes if self.count == "people" else np.arange(X.shape[0])
         n_units = int(np.count_nonzero(np.bincount(unit)))
         if n_units < k:
             raise _insufficient(k, n_units, self.count, partition)
-        # Thousands of small matrix-vector products: BLAS threads only add synchronisation
-        # (and stall badly when other processes hold the cores), so run them single-threaded.
+        _check_shares(unit, k, self.count, partition, keys)
+        if self.block_size is None or X.shape[0] <= self.block_size:
+            # Thousands of small matrix-vector products: BLAS threads only add synchronisation
+            # (and stall badly when other processes hold the cores), so run them single-threaded.
+            with threadpool_limits(limits=1, user_api="blas"):
+                return _greedy_labels(X, unit, k)
         with threadpool_limits(limits=1, user_api="blas"):
-            return _greedy_labels(X, unit, k)
+            labels = blockwise_labels(X, unit, k=k, block_size=int(self.block_size))
+        # Blockwise, "leftover" has no single meaning (each block and refinement round has its
+        # own); report faces in clusters larger than the people needed, a comparable count.
+        n_left = int(labels.size - k * (int(labels.max()) + 1))
+        logger.debug("k-Same: %d faces blockwise -> %d clusters", X.shape[0], int(labels.max()) + 1)
+        return labels, n_left
 
     def fit_transform(self, X: Any, *, people: Sequence[Hashable], images: Any) -> np.ndarray:
         """Fit, then return the released images: each row its cluster's mean, rounded to uint8."""
@@ -386,7 +665,7 @@ class KSameSelect(KSame):
             When a partition holds fewer than ``k`` distinct people (names the partition);
             nothing is clustered in that case.
         """
-        _check_params(self.k, self.count)
+        _check_params(self.k, self.count, self.block_size)
         X, images = _check_arrays(X, images)
         n = X.shape[0]
         codes, keys = _factorize(people, "people", n)
@@ -398,6 +677,7 @@ class KSameSelect(KSame):
             n_units = len(np.unique(unit))
             if n_units < k:
                 raise _insufficient(k, n_units, self.count, pkeys[j])
+            _check_shares(codes[m], k, self.count, pkeys[j], keys)
         labels = np.empty(n, dtype=np.intp)
         cluster_partition: list = []
         offset = 0

@@ -246,7 +246,10 @@ def cmd_synth(args) -> int:
     from deid.synth import make_synthetic_drop
 
     path = make_synthetic_drop(Path(args.drop), people=args.people, images_per_person=args.images_per_person,
-                               seed=args.seed, image_format=args.format)
+                               seed=args.seed, image_format=args.format, image_size=args.size,
+                               condition_values=args.condition_values, crop=args.crop, grey=args.grey,
+                               lighting=args.lighting, background=args.background, labels=not args.no_labels,
+                               eyes=not args.no_eyes, workers=args.workers, quick_noise=args.quick_noise)
     print(f"synthetic drop: {path} ({args.people} people x {args.images_per_person} images, seed {args.seed})")
     return EXIT_OK
 
@@ -333,7 +336,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--people", type=int, required=True)
     s.add_argument("--images-per-person", type=int, default=2)
     s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--format", choices=["png", "jpg"], default="png")
+    s.add_argument("--format", choices=["png", "jpg", "jpeg", "pgm", "gif"], default="png",
+                   help="pgm and gif are greyscale")
+    s.add_argument("--size", type=int, default=200, help="image width in pixels (64-4096)")
+    s.add_argument("--condition-values", type=int, default=None, metavar="V",
+                   help="one label 'condition' with V (2-11) Yale-like values instead of gender/expression")
+    s.add_argument("--crop", choices=["none", "tight"], default="none", help="tight: the face fills the frame")
+    s.add_argument("--grey", action="store_true", help="single-channel images")
+    s.add_argument("--lighting", choices=["normal", "side"], default="normal", help="side: strong side light")
+    s.add_argument("--background", choices=["plain", "clutter"], default="plain",
+                   help="clutter: indoor-like colour background")
+    s.add_argument("--no-labels", action="store_true", help="no label columns in the manifest")
+    s.add_argument("--no-eyes", action="store_true", help="no eye columns: alignment must find the eyes")
+    s.add_argument("--workers", type=int, default=1, help="processes drawing images (output is the same)")
+    s.add_argument("--quick-noise", action="store_true",
+                   help="cheaper sensor noise for million-face benchmarks (different images)")
     s.set_defaults(func=cmd_synth)
 
     i = sub.add_parser("import", help="convert a published dataset layout into a drop")

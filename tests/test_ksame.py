@@ -10,7 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deid.errors import ConfigError
-from deid.ksame import InsufficientPeopleError, KSame, KSameSelect
+from deid.ksame import (DominantPersonError, InsufficientPeopleError, KSame, KSameSelect, _greedy_labels,
+                        blockwise_labels, group_block, plan_blocks)
 
 
 def make_faces(images_per_person, *, d=6, p=12, seed=0, partitions=None):
@@ -34,6 +35,8 @@ def check_clusters(model, X, people, images, k, count="people"):
         distinct = set(people[members].tolist())
         if count == "people":
             assert len(distinct) >= k
+            # No person above 1/k of the cluster: at most floor(size / k) images each.
+            assert max(Counter(people[members].tolist()).values()) <= len(members) // k
         assert model.cluster_people_[c] == frozenset(distinct)
         assert model.cluster_sizes_[c] == len(members)
         expect_share = max(Counter(people[members].tolist()).values()) / len(members)
@@ -42,11 +45,11 @@ def check_clusters(model, X, people, images, k, count="people"):
 
 
 @st.composite
-def layouts(draw, with_partitions=False):
+def layouts(draw, with_partitions=False, max_images=80):
     k = draw(st.integers(2, 6))
     n_people = draw(st.integers(k, 30))
     counts = draw(st.lists(st.integers(1, 6), min_size=n_people, max_size=n_people))
-    while sum(counts) > 80 and len(counts) > k:
+    while sum(counts) > max_images and len(counts) > k:
         counts.pop()
     seed = draw(st.integers(0, 2**16))
     X, people, images = make_faces(counts, seed=seed)
@@ -59,6 +62,15 @@ def layouts(draw, with_partitions=False):
     return k, X, people, images, parts
 
 
+def wcss(X, labels):
+    return sum(((X[labels == c] - X[labels == c].mean(axis=0)) ** 2).sum() for c in set(labels.tolist()))
+
+
+def feasible(people, k):
+    """Some grouping exists iff no person holds more than floor(n/k) images (one cluster of all is then valid)."""
+    return max(Counter(people.tolist()).values()) <= len(people) // k
+
+
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -66,7 +78,12 @@ FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthChe
 @given(layouts())
 def test_ksame_clusters_hold_k_distinct_people(case):
     k, X, people, images, _ = case
-    model = KSame(k).fit(X, people=people, images=images)
+    if feasible(people, k):
+        model = KSame(k).fit(X, people=people, images=images)
+    else:
+        with pytest.raises(DominantPersonError, match=r"no person may hold more than 1/k"):
+            KSame(k).fit(X, people=people, images=images)
+        return
     check_clusters(model, X, people, images, k)
     released = KSame(k).fit_transform(X, people=people, images=images)
     assert released.dtype == np.uint8 and released.shape == images.shape
@@ -79,11 +96,12 @@ def test_ksame_clusters_hold_k_distinct_people(case):
 def test_ksame_select_never_mixes_partitions(case):
     k, X, people, images, parts = case
     part_people = {p: len(set(people[parts == p].tolist())) for p in set(parts.tolist())}
+    bad = {p for p in part_people if part_people[p] < k or not feasible(people[parts == p], k)}
     model = KSameSelect(k)
-    if min(part_people.values()) < k:
+    if bad:
         with pytest.raises(InsufficientPeopleError) as err:
             model.fit(X, people=people, images=images, partitions=parts)
-        small = [p for p, c in part_people.items() if c < k]
+        small = sorted(bad)
         assert err.value.partition in small and repr(err.value.partition) in str(err.value)
         return
     model.fit(X, people=people, images=images, partitions=parts)
@@ -103,12 +121,38 @@ def test_one_image_per_person_per_cluster_when_possible():
 
 
 def test_dominant_person_leftovers_join_clusters():
-    # One person with 10 images, six with one: after the groups are formed only that person's
-    # images remain; they must still land in clusters of >= k people.
-    X, people, images = make_faces([10, 1, 1, 1, 1, 1, 1], seed=2)
+    # One person with 4 images, eight with one (n=12, k=3: 4 = floor(12/3) is just allowed).
+    # The person's leftovers must land where they stay at most 1/k of the cluster, merging
+    # clusters when no single cluster can take them.
+    X, people, images = make_faces([4] + [1] * 8, seed=2)
     model = KSame(3).fit(X, people=people, images=images)
     check_clusters(model, X, people, images, 3)
     assert model.n_leftover_ > 0
+    assert model.cluster_max_share_.max() <= 1 / 3
+
+
+def test_person_above_one_kth_of_all_images_is_refused():
+    # 10 of 16 images are one person's: no clustering keeps them at <= 1/3 of every cluster.
+    X, people, images = make_faces([10, 1, 1, 1, 1, 1, 1], seed=2)
+    with pytest.raises(DominantPersonError) as err:
+        KSame(3).fit(X, people=people, images=images)
+    assert "person 0 has 10 of the 16 images" in str(err.value) and "at most 5" in str(err.value)
+    assert isinstance(err.value, InsufficientPeopleError) and err.value.partition is None
+    # Image counting (the naive baseline) has no such rule.
+    KSame(3, count="images").fit(X, people=people, images=images)
+
+
+def test_leftover_never_gives_a_person_two_images_in_a_small_cluster():
+    # The old rule "nearest group, even if it holds the person" put a 2nd image of person 0
+    # into a cluster of 3 (share 2/4 > 1/3). 4 people x 2 images + 2 singles, k=3.
+    rng = np.random.default_rng(0)
+    for seed in range(30):
+        counts = rng.integers(1, 4, size=int(rng.integers(3, 9))).tolist()
+        X, people, images = make_faces(counts, seed=seed)
+        if not feasible(people, 3) or len(counts) < 3:
+            continue
+        model = KSame(3).fit(X, people=people, images=images)
+        check_clusters(model, X, people, images, 3)
 
 
 def test_leftover_prefers_cluster_without_its_person():
@@ -170,7 +214,7 @@ def test_bad_inputs_are_rejected():
 def test_sklearn_contract_and_determinism():
     X, people, images = make_faces([2, 3, 1, 4, 2, 2, 1, 3], seed=5)
     model = KSame(3)
-    assert model.get_params() == {"k": 3, "count": "people"}
+    assert model.get_params() == {"k": 3, "count": "people", "block_size": 2000}
     assert model.fit(X, people=people, images=images) is model
     assert model.k == 3 and model.count == "people"
     again = KSame(3).fit(X, people=people, images=images)
@@ -213,3 +257,77 @@ def test_large_partition_is_fast():
     assert sizes.min() >= 5
     assert min(len(s) for s in model.cluster_people_) >= 5
     assert elapsed < 15, f"k-Same on 20,000 x 50 took {elapsed:.1f}s"
+
+
+# --------------------------------------------------------------------------- blockwise grouping
+
+
+@FAST
+@given(layouts(max_images=120), st.integers(6, 40))
+def test_blockwise_grouping_keeps_every_invariant(case, block_size):
+    k, X, people, images, _ = case
+    if not feasible(people, k):
+        return
+    model = KSame(k, block_size=block_size).fit(X, people=people, images=images)
+    check_clusters(model, X, people, images, k)
+    blocks = plan_blocks(X, people, k=k, block_size=block_size)
+    np.testing.assert_array_equal(np.sort(np.concatenate(blocks)), np.arange(len(X)))
+    block_of = np.empty(len(X), dtype=int)
+    for b, idx in enumerate(blocks):
+        block_of[idx] = b
+        if len(blocks) > 1:
+            assert len(set(people[idx].tolist())) >= 2 * k
+        assert feasible(people[idx], k)
+    for q in set(people.tolist()):  # a person's images never straddle blocks
+        assert len(set(block_of[people == q].tolist())) == 1
+    # Without refinement, clusters never straddle blocks; refinement regroups across cuts.
+    plain = blockwise_labels(X, people, k=k, block_size=block_size, schedule=())
+    for c in range(int(plain.max()) + 1):
+        assert len(set(block_of[plain == c].tolist())) == 1
+    refined = blockwise_labels(X, people, k=k, block_size=block_size)
+    np.testing.assert_array_equal(refined, model.labels_)
+    assert wcss(X, refined) <= wcss(X, plain) + 1e-9  # a round is kept only when it lowers the WCSS
+
+
+def test_several_blocks_occur_and_are_deterministic():
+    X, people, images = make_faces([2] * 150 + [1] * 40 + [3] * 20, seed=8)
+    blocks = plan_blocks(X, people, k=3, block_size=60)
+    assert len(blocks) >= 5 and max(len(b) for b in blocks) <= 60
+    a = KSame(3, block_size=60).fit(X, people=people, images=images)
+    b = KSame(3, block_size=60).fit(X, people=people, images=images)
+    np.testing.assert_array_equal(a.labels_, b.labels_)
+    check_clusters(a, X, people, images, 3)
+    # Blocks cost a little information loss, not much, on this clustered data.
+    greedy = KSame(3, block_size=None).fit(X, people=people, images=images)
+    assert wcss(X, a.labels_) <= 1.5 * wcss(X, greedy.labels_)
+    # Any order-keeping map runs the blocks (the caller may pass a Dask client's map).
+    calls = []
+
+    def logging_map(fn, *its):
+        calls.append(len(its[0]))
+        return [fn(*args) for args in zip(*its)]
+
+    np.testing.assert_array_equal(blockwise_labels(X, people, k=3, block_size=60, map_blocks=logging_map), a.labels_)
+    assert calls and calls[0] == len(blocks)
+
+
+@FAST
+@given(layouts(max_images=60))
+def test_one_block_is_exactly_the_greedy(case):
+    k, X, people, images, _ = case
+    if not feasible(people, k):
+        return
+    greedy = KSame(k, block_size=None).fit(X, people=people, images=images)
+    one = KSame(k, block_size=len(X)).fit(X, people=people, images=images)
+    np.testing.assert_array_equal(greedy.labels_, one.labels_)
+    assert [b.tolist() for b in plan_blocks(X, people, k=k, block_size=len(X))] == [list(range(len(X)))]
+    res = group_block(X, people, k)
+    np.testing.assert_array_equal(res.labels, _greedy_labels(X, np.unique(people, return_inverse=True)[1], k)[0])
+    np.testing.assert_array_equal(res.labels, greedy.labels_)
+
+
+@pytest.mark.parametrize("block_size", [1, 0, 2.5, "big", True])
+def test_bad_block_size_is_rejected(block_size):
+    X, people, images = make_faces([1] * 6)
+    with pytest.raises(ConfigError, match=r"block_size=.* must be None or an integer >= 2"):
+        KSame(2, block_size=block_size).fit(X, people=people, images=images)

@@ -15,7 +15,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.svm import LinearSVC
 
 from deid.errors import ConfigError
-from deid.synth import MANIFEST_COLUMNS, draw_face, make_person, make_synthetic_drop
+from deid.synth import CONDITIONS, EYE_COLUMNS, MANIFEST_COLUMNS, _seq, draw_face, make_person, make_synthetic_drop
 
 CANON_W, CANON_H = 81, 92
 CANON_EYES = np.float32([[0.30 * CANON_W, 0.37 * CANON_H], [0.70 * CANON_W, 0.37 * CANON_H]])
@@ -111,7 +111,14 @@ def test_jpg_format_and_other_size(tmp_path):
     ({"people": 2.5}, "people"),
     ({"people": True}, "people"),
     ({"people": 2, "images_per_person": 0}, "images_per_person"),
-    ({"people": 2, "image_format": "gif"}, "image_format"),
+    ({"people": 2, "image_format": "bmp"}, "image_format"),
+    ({"people": 2, "condition_values": 1}, "condition_values"),
+    ({"people": 2, "condition_values": 12}, "condition_values"),
+    ({"people": 2, "crop": "loose"}, "crop"),
+    ({"people": 2, "lighting": "dark"}, "lighting"),
+    ({"people": 2, "background": "beach"}, "background"),
+    ({"people": 2, "workers": 0}, "workers"),
+    ({"people": 2, "eyes": "no"}, "eyes"),
     ({"people": 2, "seed": -1}, "seed"),
     ({"people": 2, "image_size": 10}, "image_size"),
     ({"people": 2, "name": ""}, "name"),
@@ -241,3 +248,146 @@ def test_faces_carry_signal_through_the_project_aligner(drop60):
     attacker = WhitenedCosineAttacker(n_components=50).fit(x[first], people=people[first])
     rate = reidentification_rate(attacker.similarity(x[first + 1]), people[first + 1], people[first])
     assert rate >= 0.7
+
+
+# --------------------------------------------------------------------------- drop shapes that mimic real drops
+
+
+def test_default_pixels_are_unchanged():
+    # Tests and published figures depend on the default faces: this is the sha256 of the
+    # pixels drawn before the drop variants were added (seed 7, person 1, image 2, 96 px).
+    import hashlib
+
+    img, _ = draw_face(make_person(7, 1), expression="smile", rng=_seq(7, 1, 2), image_size=96)
+    assert hashlib.sha256(img.tobytes()).hexdigest() == "c18383cf8fd418c7cf0af77e1c111b30c77bada24bc9a344c70f335d7210551a"
+
+
+def _decode(path: Path) -> np.ndarray:
+    from deid.imaging import decode_gray
+
+    return decode_gray(path.read_bytes())
+
+
+def test_one_image_per_person(tmp_path):
+    drop = make_synthetic_drop(tmp_path / "d", people=5, images_per_person=1, seed=2)
+    rows = read_manifest(drop)
+    assert len(rows) == 5 and len({r["subject_id"] for r in rows}) == 5
+    assert {r["expression"] for r in rows} == {"neutral"}
+
+
+def test_many_per_person_with_an_eleven_valued_label(tmp_path):
+    from deid.drop import read_drop
+
+    drop = make_synthetic_drop(tmp_path / "d", people=3, images_per_person=11, seed=4, condition_values=11,
+                               image_size=96, eyes=False)
+    rows = read_manifest(drop)
+    with open(drop / "manifest.csv", newline="", encoding="utf-8") as fh:
+        assert next(csv.reader(fh)) == ["image", "subject_id", "condition"]
+    for sid in {r["subject_id"] for r in rows}:
+        assert sorted(r["condition"] for r in rows if r["subject_id"] == sid) == sorted(CONDITIONS)
+    assert yaml.safe_load((drop / "drop.yaml").read_text())["labels"] == ["condition"]
+    parsed = read_drop(drop)
+    assert parsed.labels == ["condition"] and len(parsed.rows) == 33 and all(r.eyes is None for r in parsed.rows)
+    # Conditions are drawn differently: every person's 11 images are pairwise distinct, and
+    # side lighting darkens one half of the face.
+    by_cond = {r["condition"]: _decode(drop / r["image"]).astype(float) for r in rows if r["subject_id"] == "s00001"}
+    assert len({v.tobytes() for v in by_cond.values()}) == 11
+    half = lambda img: img[:, : img.shape[1] // 2].mean() / img[:, img.shape[1] // 2:].mean()  # noqa: E731
+    assert half(by_cond["leftlight"]) > 1.5 and half(by_cond["rightlight"]) < 1 / 1.5
+
+
+@pytest.mark.parametrize("fmt, magic", [("pgm", b"P5"), ("gif", b"GIF89a"), ("jpeg", b"\xff\xd8"), ("png", b"\x89PNG")])
+def test_tight_small_grey_crops_in_every_format(tmp_path, fmt, magic):
+    drop = make_synthetic_drop(tmp_path / "d", people=2, images_per_person=2, seed=5, crop="tight", image_size=64,
+                               grey=True, image_format=fmt, labels=False)
+    rows = read_manifest(drop)
+    with open(drop / "manifest.csv", newline="", encoding="utf-8") as fh:
+        assert tuple(next(csv.reader(fh))) == ("image", "subject_id", *EYE_COLUMNS)
+    assert yaml.safe_load((drop / "drop.yaml").read_text())["labels"] == []
+    for r in rows:
+        path = drop / r["image"]
+        assert path.read_bytes().startswith(magic)
+        grey = _decode(path)
+        assert grey.shape == (77, 64)
+        raw = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
+        assert raw is not None and raw.shape[:2] == (77, 64)
+        e = eyes_of(r)
+        # The face fills the frame: eyes 0.42 of the width apart, at 34% of the height.
+        assert abs(np.linalg.norm(e[1] - e[0]) - 64 / 2.4) < 1.0
+        assert abs((e[:, 1].mean() + 0.5) / 77 - 1.0 / 2.9) < 0.03
+        yi, xi = int(round(e[0, 1])), int(round(e[0, 0]))
+        assert grey[yi - 1: yi + 2, xi - 1: xi + 2].min() < np.percentile(grey, 10) + 10  # pupil is dark
+
+
+def test_gif_is_lossless_grey(tmp_path):
+    kw = dict(people=2, images_per_person=1, seed=6, crop="tight", image_size=64)
+    gif = make_synthetic_drop(tmp_path / "g", image_format="gif", **kw)
+    pgm = make_synthetic_drop(tmp_path / "p", image_format="pgm", **kw)
+    for name in ("s00001_1", "s00002_1"):
+        np.testing.assert_array_equal(_decode(gif / f"images/{name}.gif"), _decode(pgm / f"images/{name}.pgm"))
+
+
+def test_no_labels_no_eyes_manifest(tmp_path):
+    drop = make_synthetic_drop(tmp_path / "d", people=3, labels=False, eyes=False, seed=1)
+    with open(drop / "manifest.csv", newline="", encoding="utf-8") as fh:
+        lines = list(csv.reader(fh))
+    assert lines[0] == ["image", "subject_id"] and lines[1] == ["images/s00001_1.png", "s00001"] and len(lines) == 7
+
+
+def test_side_lighting_and_cluttered_colour_background_keep_the_face_geometry(tmp_path):
+    plain = make_synthetic_drop(tmp_path / "a", people=3, seed=9, image_format="jpeg")
+    varied = make_synthetic_drop(tmp_path / "b", people=3, seed=9, image_format="jpeg", lighting="side",
+                                 background="clutter")
+    for a, b in zip(read_manifest(plain), read_manifest(varied)):
+        assert {c: a[c] for c in a if c != "image"} == {c: b[c] for c in b if c != "image"}  # same eyes, labels
+        ia, ib = cv2.imread(str(plain / a["image"])), cv2.imread(str(varied / b["image"]))
+        assert ib.shape == (200, 200, 3) and not np.array_equal(ia, ib)
+        # Side light: the two eye regions differ in brightness far more than under normal light.
+        e = eyes_of(b).round().astype(int)
+        lum = [cv2.cvtColor(ib, cv2.COLOR_BGR2GRAY)[y + 8: y + 20, x - 8: x + 8].mean() for x, y in e]
+        assert max(lum) / max(min(lum), 1.0) > 1.4, lum
+    clutter = make_synthetic_drop(tmp_path / "c", people=3, seed=9, image_format="jpeg", background="clutter")
+    for a, c in zip(read_manifest(plain), read_manifest(clutter)):
+        assert {k: a[k] for k in a if k != "image"} == {k: c[k] for k in c if k != "image"}
+        ia, ic = cv2.imread(str(plain / a["image"])).astype(float), cv2.imread(str(clutter / c["image"])).astype(float)
+        top = int(min(eyes_of(a)[:, 1])) - 60  # above the head: background only
+        if top >= 10:
+            assert np.abs(ia[:top] - ic[:top]).mean() > 15  # the background really is another scene
+        # ... while the eye region (the face) is drawn the same way.
+        x, y = eyes_of(a)[0].round().astype(int)
+        assert np.abs(ia[y - 3: y + 4, x - 3: x + 4] - ic[y - 3: y + 4, x - 3: x + 4]).mean() < 15
+
+
+def test_output_does_not_depend_on_worker_count(tmp_path):
+    kw = dict(people=5, images_per_person=2, seed=3, image_size=96, image_format="jpeg", condition_values=4,
+              background="clutter")
+    one = _bytes(make_synthetic_drop(tmp_path / "one", workers=1, **kw))
+    two = _bytes(make_synthetic_drop(tmp_path / "two", workers=2, chunk_people=2, **kw))
+    assert one == two and len(one) == 12  # 10 images, manifest, _READY
+
+
+def test_cli_synth_options(tmp_path):
+    from flows.cli import main
+
+    out = tmp_path / "d"
+    rc = main(["synth", str(out), "--people", "2", "--images-per-person", "3", "--condition-values", "3",
+               "--crop", "tight", "--size", "64", "--format", "gif", "--no-eyes", "--lighting", "side",
+               "--workers", "2"])
+    assert rc == 0
+    with open(out / "manifest.csv", newline="", encoding="utf-8") as fh:
+        lines = list(csv.reader(fh))
+    assert lines[0] == ["image", "subject_id", "condition"] and len(lines) == 7
+    assert {ln[2] for ln in lines[1:]} == set(CONDITIONS[:3])
+    assert _decode(out / lines[1][0]).shape == (77, 64)
+    assert main(["synth", str(tmp_path / "e"), "--people", "2", "--no-labels", "--no-eyes"]) == 0
+    assert (tmp_path / "e" / "manifest.csv").read_text().splitlines()[0] == "image,subject_id"
+    assert main(["synth", str(tmp_path / "f"), "--people", "2", "--condition-values", "20"]) == 2
+
+
+def test_quick_noise_is_a_different_but_same_geometry_face(tmp_path):
+    a = make_synthetic_drop(tmp_path / "a", people=2, seed=4, image_size=128, image_format="jpeg")
+    b = make_synthetic_drop(tmp_path / "b", people=2, seed=4, image_size=128, image_format="jpeg", quick_noise=True)
+    for ra, rb in zip(read_manifest(a), read_manifest(b)):
+        assert {c: ra[c] for c in ra if c != "image"} == {c: rb[c] for c in rb if c != "image"}
+        ia, ib = (cv2.imread(str(d / r["image"])).astype(float) for d, r in ((a, ra), (b, rb)))
+        assert not np.array_equal(ia, ib) and np.abs(ia - ib).mean() < 8  # only the noise differs
