@@ -77,6 +77,38 @@ def plan_partitions(labels: list[dict[str, str]], people: list[str], *, k: int, 
         plan.suppressed.extend(big.pop(key))
         plan.small.append({"partition": {"pooled": "/".join(map(str, key))}, "people": None,
                            "records": None, "action": "suppressed (still fewer than k people after merge)"})
+    # No person may hold more than 1/k of a partition's images, or no cluster could keep them
+    # at <= 1/k (deid.ksame.DominantPersonError): withhold that person's surplus images.
+    for key, idx in big.items():
+        kept, trimmed = _trim_dominant(idx, people, k)
+        if trimmed:
+            big[key] = kept
+            plan.suppressed.extend(trimmed)
+            plan.small.append({"partition": dict(zip(label_names, key)) if select else {"all": "all"},
+                               "people": 1, "records": len(trimmed),
+                               "action": "suppressed: one person's images above 1/k of the partition"})
     plan.groups = {key: sorted(idx) for key, idx in sorted(big.items(), key=lambda kv: tuple(map(str, kv[0])))}
     plan.suppressed.sort()
     return plan
+
+
+def _trim_dominant(idx: list[int], people: list[str], k: int) -> tuple[list[int], list[int]]:
+    """Keep at most floor((n - c) / (k - 1)) of the c images of any person (n = partition size).
+
+    Then every person holds at most 1/k of the partition (c' <= (n - c + c') / k), the condition
+    under which k-Same can keep every cluster's one-person share <= 1/k. Later images (by
+    index) are the ones withheld, so the choice is deterministic.
+    """
+    trimmed: list[int] = []
+    while True:
+        counts: dict[str, list[int]] = {}
+        for i in idx:
+            counts.setdefault(people[i], []).append(i)
+        n = len(idx)
+        worst = max(counts.values(), key=len) if counts else []
+        allowed = (n - len(worst)) // (k - 1) if k > 1 else len(worst)
+        if len(worst) <= allowed or not worst:
+            return idx, sorted(trimmed)
+        drop = set(worst[max(allowed, 0):])
+        trimmed.extend(drop)
+        idx = [i for i in idx if i not in drop]

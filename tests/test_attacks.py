@@ -55,6 +55,13 @@ def test_ksame_release_respects_the_attack_bound(k, counts, seed):
         return
     originals, people = make_people(counts, p=64, seed=seed)
     model = KSame(k)
+    if max(counts) * k > sum(counts):
+        # No grouping can keep that person at <= 1/k of every cluster: k-Same refuses.
+        from deid.ksame import DominantPersonError
+
+        with pytest.raises(DominantPersonError):
+            model.fit(originals.astype(np.float64), people=people, images=originals)
+        return
     released = model.fit_transform(originals.astype(np.float64), people=people, images=originals)
     attacker = WhitenedCosineAttacker(20)
     naive = attack_rate(attacker, originals=originals, original_people=people,
