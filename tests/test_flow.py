@@ -216,3 +216,36 @@ def test_london_gate_rejects_methods_without_the_guarantee(project, prefect_serv
         # exact bound (largest one-person share) exceeds 1/k and decides.
         assert report["privacy"]["exact_bound"] is True
         assert "max_person_share" in failed and report["privacy"]["max_person_share"] > 0.2
+
+
+# Issue 9: drops shaped like real ones (built with `deid synth` options) are released at k=5,
+# possibly with utility inconclusive, and none is refused as bad input.
+DROP_SHAPES = {
+    "one-photo-per-person": dict(people=40, images_per_person=1, seed=1),
+    "many-per-person-11-valued-label": dict(people=15, images_per_person=11, condition_values=11, image_format="gif",
+                                            eyes=False, seed=2),
+    "tight-small-grey-pgm-no-labels": dict(people=25, images_per_person=4, crop="tight", image_size=64,
+                                           image_format="pgm", labels=False, eyes=False, seed=3),
+    "tight-small-gif": dict(people=20, images_per_person=3, crop="tight", image_size=64, image_format="gif",
+                            eyes=False, seed=4),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(DROP_SHAPES))
+def test_real_drop_shapes_are_released(project, prefect_server, tmp_path, shape):
+    drop = make_synthetic_drop(tmp_path / shape, **DROP_SHAPES[shape])
+    result = _run(drop, k=5)
+    assert result["verdict"] == "released", result["reasons"]
+    report = json.loads(Path(result["report"]).read_text())
+    statuses = {c["name"]: c["status"] for c in report["checks"]}
+    assert all(s != "fail" for s in statuses.values()), statuses
+    # Utility is decided, inconclusive (a warning with its numbers) or not applicable (no labels).
+    util = {n: s for n, s in statuses.items() if n.startswith("utility")}
+    assert util and all(s in ("pass", "inconclusive", "not_applicable") for s in util.values())
+    if not DROP_SHAPES[shape].get("labels", True):
+        assert util == {"utility": "not_applicable"}
+    assert len(report.get("warnings", [])) == sum(s == "inconclusive" for s in util.values())
+    # Landmarks or manifest eyes align nearly everything; the face-box guess stays rare.
+    sources = report["configuration"]["eye_sources"]
+    assert sources.get("face_geometry", 0) <= 0.02 * sum(sources.values())
+    assert report["privacy"]["max_person_share"] <= 0.2
