@@ -48,7 +48,7 @@ class GateConfig:
     max_quarantine_fraction: float = 0.05
     leak_threshold: float = 2.0
     closeness_ratio: float = 0.25
-    attack_sample: int = 2000
+    attack_sample: int = 1000
     deep_attack_sample: int = 200
     attackers: tuple[str, ...] | None = None
     modes: tuple[str, ...] = MODES

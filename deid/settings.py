@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     deep_attack_sample: int = Field(default=200, ge=10, le=1_000_000,
                                     description="most records the deep recogniser (dlib-resnet, ~0.09 s per face) "
                                                 "attacks (whole clusters sampled at random beyond it)")
-    attack_sample: int = Field(default=2000, ge=10, le=1_000_000,
+    attack_sample: int = Field(default=1000, ge=10, le=1_000_000,
                                description="most records attacked (whole clusters sampled at random beyond it)")
     max_quarantine_fraction: float = Field(default=0.05, ge=0.0, le=1.0,
                                            description="a drop quarantining more than this fraction fails the gate")
