@@ -249,3 +249,30 @@ def test_real_drop_shapes_are_released(project, prefect_server, tmp_path, shape)
     sources = report["configuration"]["eye_sources"]
     assert sources.get("face_geometry", 0) <= 0.02 * sum(sources.values())
     assert report["privacy"]["max_person_share"] <= 0.2
+
+
+def test_one_face_under_five_fake_ids_is_one_person(project, prefect_server, tmp_path):
+    """Issue 9: one photograph, lightly noised, listed under five fake subject ids, is one person."""
+    import numpy as np
+
+    drop = make_synthetic_drop(tmp_path / "dup", people=40, images_per_person=1, seed=5)
+    lines = (drop / "manifest.csv").read_text().splitlines()
+    header, first = lines[0], lines[1].split(",")
+    src = cv2.imread(str(drop / first[0]), cv2.IMREAD_COLOR)
+    rng = np.random.default_rng(0)
+    extra = []
+    for i in range(5):
+        noisy = np.clip(src.astype(int) + rng.normal(0, 2, src.shape), 0, 255).astype(np.uint8)
+        name = f"images/fake{i}.png"
+        cv2.imwrite(str(drop / name), noisy)
+        extra.append(",".join([name, f"Fake-ID-{i}", *first[2:]]))
+    (drop / "manifest.csv").write_text("\n".join([header, *lines[1:], *extra]) + "\n")
+    result = _run(drop, k=5)
+    report = json.loads(Path(result["report"]).read_text())
+    identity = report["configuration"]["identity"]
+    assert identity["people"] == 40
+    assert identity["records_in_face_merges"] == 6
+    if result["verdict"] == "released":
+        # That person may hold at most 1/k of any cluster: the surplus copies were withheld.
+        assert report["privacy"]["max_person_share"] <= 0.2
+        assert report["dataset"]["records_suppressed"] >= 4
