@@ -184,9 +184,18 @@ def start_prefect_server_child():
 
     real_popen = subprocess.Popen
     preexec = _die_with_parent(os.getpid())
+    # The server's own output (e.g. its shutdown tracebacks when the run ends early) goes to a
+    # log file, so a failed run prints one message, not the server's teardown.
+    from deid.settings import Settings  # noqa: PLC0415
+
+    log_dir = Settings().data_path / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log = open(log_dir / "prefect-server.log", "ab")  # noqa: SIM115 - owned by the child for its lifetime
 
     def popen(*a, **kw):
         kw.setdefault("preexec_fn", preexec)
+        kw.setdefault("stdout", log)
+        kw.setdefault("stderr", log)
         return real_popen(*a, **kw)
 
     srv.subprocess = types.SimpleNamespace(Popen=popen, TimeoutExpired=subprocess.TimeoutExpired)
