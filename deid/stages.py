@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
@@ -242,23 +243,33 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
             own.append(np.abs(a.astype(np.int16) - b.astype(np.int16)).mean(axis=1))
     position = {rid: i for i, rid in enumerate(ids)}
 
+    memo: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+
     def fetch(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         idx = np.asarray(idx, dtype=np.int64)
-        want = {ids[i] for i in idx}
-        rel_rows: dict[int, np.ndarray] = {}
-        orig_rows: dict[int, np.ndarray] = {}
+        key = idx.tobytes()
+        if key in memo:
+            return memo[key]
+        want = pa.array(sorted({ids[i] for i in idx}), pa.string())
+        got_ids: list[str] = []
+        rel_parts, orig_parts = [], []
         for pdir, dpath in pairs:
             for o, r in _paired_batches(pdir, dpath, ["record_id", "pixels"], batch_rows):
-                rid = r.column("record_id").to_pylist()
-                hit = [j for j, x in enumerate(rid) if x in want]
-                if not hit:
+                mask = pc.is_in(r.column("record_id"), value_set=want)
+                if not pc.any(mask).as_py():
                     continue
-                take = pa.array(hit, pa.int64())
-                a, b = _pixels(r.column("pixels").take(take)), _pixels(o.column("pixels").take(take))
-                for n, j in enumerate(hit):
-                    rel_rows[position[rid[j]]], orig_rows[position[rid[j]]] = a[n], b[n]
-        return (np.stack([rel_rows[i] for i in idx]) if len(idx) else np.zeros((0, 0), np.uint8),
-                np.stack([orig_rows[i] for i in idx]) if len(idx) else np.zeros((0, 0), np.uint8))
+                got_ids += r.column("record_id").filter(mask).to_pylist()
+                rel_parts.append(_pixels(r.column("pixels").filter(mask)))
+                orig_parts.append(_pixels(o.column("pixels").filter(mask)))
+        if not len(idx):
+            out = (np.zeros((0, 0), np.uint8), np.zeros((0, 0), np.uint8))
+        else:
+            where = {rid: n for n, rid in enumerate(got_ids)}
+            order = np.asarray([where[ids[i]] for i in idx], dtype=np.int64)
+            out = (np.concatenate(rel_parts)[order], np.concatenate(orig_parts)[order])
+        memo.clear()  # keep one sample: the gate asks for the same records several times in a row
+        memo[key] = out
+        return out
 
     return {
         "record_ids": ids,

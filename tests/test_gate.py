@@ -239,3 +239,36 @@ def test_inconclusive_utility_blocks_only_when_configured():
     assert utility_status_check("u", inconclusive="release", **kw).passed
     assert not utility_status_check("u", inconclusive="reject", **kw).passed
     assert utility_status_check("u", inconclusive="reject", **{**kw, "status": "not_applicable"}).passed
+
+
+def test_gate_records_stream_the_staging_layout(tmp_path):
+    """deid.stages.gate_records: per-record facts by streaming, pixels fetched only on request."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from deid.stages import gate_records
+
+    faces, people = _faces(20)
+    paths = []
+    for p, rows in (("p000", range(0, 10)), ("p001", range(10, 20))):
+        rows = list(rows)
+        part = tmp_path / "partitions" / f"partition={p}"
+        part.mkdir(parents=True)
+        ids = [f"r{i:03d}" for i in rows]
+        pq.write_table(pa.table({"record_id": ids, "subject_id": list(people[rows]), "g": ["x"] * len(rows),
+                                 "pixels": [faces[i].tobytes() for i in rows]}), part / "part-0.parquet")
+        released = np.repeat(np.rint(faces[rows].reshape(2, 5, -1).mean(axis=1)).astype(np.uint8), 5, axis=0)
+        out = tmp_path / "deidentified" / f"partition={p}.parquet"
+        out.parent.mkdir(exist_ok=True)
+        pq.write_table(pa.table({"record_id": ids, "cluster": [f"{p}-{i // 5}" for i in range(len(rows))],
+                                 "pixels": [r.tobytes() for r in released]}), out)
+        paths.append(str(out))
+    rec = gate_records(str(tmp_path / "partitions"), paths, labels=["g"], batch_rows=3)
+    assert len(rec["record_ids"]) == 20 and len(set(rec["image_index"].tolist())) == 4
+    assert set(rec["partitions"]) == {"p000", "p001"} and list(rec["labels"]["g"]) == ["x"] * 20
+    idx = np.array([17, 2, 9])
+    rel, orig = rec["fetch"](idx)
+    for n, i in enumerate(idx):
+        j = int(rec["record_ids"][i][1:])
+        assert np.array_equal(orig[n], faces[j])
+        assert rec["own_distance"][i] == pytest.approx(np.abs(rel[n].astype(int) - faces[j].astype(int)).mean())
