@@ -215,7 +215,7 @@ def test_utility_is_cross_fitted_and_a_label_permuted_release_fails():
     assert util.status in ("pass", "inconclusive") and util.passed
     assert util.interval is not None and util.n > 0
     row = next(r for r in res.utility if r.get("protocol") == "cross-fit")
-    assert row["decision"] == util.status and row["n_test_people"] > 0
+    assert row["gate_status"] == util.status and row["n_test_people"] > 0
     assert any(r.get("evidence_only") for r in res.utility)  # the earlier protocols, reported only
     # Negative control: each cluster's image swapped with a cluster of the other label, which
     # is the release's label column permuted across clusters.
