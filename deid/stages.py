@@ -184,7 +184,9 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
 
 def _paired_batches(partition_dir: str, deid_path: str, columns: list[str], batch_rows: int):
     """Stream a label partition and its de-identified part side by side (same record order)."""
-    orig = ds.dataset(partition_dir, format="parquet").to_batches(columns=columns, batch_size=batch_rows)
+    # Little read-ahead: memory stays at a few batches of pixels whatever the partition size.
+    orig = ds.dataset(partition_dir, format="parquet").to_batches(columns=columns, batch_size=batch_rows,
+                                                                  batch_readahead=1, fragment_readahead=1)
     rel = pq.ParquetFile(deid_path).iter_batches(batch_size=batch_rows, columns=["record_id", "cluster", "pixels"])
     o_buf: list[pa.RecordBatch] = []
     for r in rel:
