@@ -263,6 +263,7 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
         "release_dir": released_dir,
         "configuration": {
             "labels": labels,
+            "license": ing["license"],
             "notes": notes,
             "identity": part["identity"],
             "duplicate_ids": settings.duplicate_ids,
@@ -295,6 +296,9 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
             "stage_seconds": timings,
         },
     }
+    if g["passed"]:
+        # The dataset card states the gate's figures; written into the staged release before it is hashed and signed.
+        report["artifacts"] = t.dataset_card(staged, report=report)
     report_dir = settings.reports_path / release_id
     rep = t.write_report(str(report_dir), report=report, validation=validation,
                          release_files=staged["tmp"] if g["passed"] else None)

@@ -24,6 +24,7 @@ from prefect.cache_policies import NO_CACHE
 
 from deid import gate as gate_mod
 from deid import stages
+from deid.card import DatasetCard, write_card
 from deid.drop import read_drop
 from deid.errors import DataError, Quarantined
 from deid.html_report import sample_release_images, write_report_bundle
@@ -81,6 +82,7 @@ def ingest_drop(drop_dir: str, staging: str, *, labels: list[str] | None, name: 
         "staged": res.n_records,
         "labels": drop.labels,
         "name": drop.name,
+        "license": drop.license,
         "extra_columns": drop.extra_columns,
         "fingerprint": dataset_fingerprint(drop.manifest_bytes, res.source_sha256.values()),
         "quarantined": [q.__dict__ for q in quarantined],
@@ -307,6 +309,17 @@ def stage(deid_parts: list[str], ingested: str, staging: str, *, labels: list[st
     logger.info("stage: %d records staged for release in %s", staged.n_records, tmp)
     return {"tmp": str(tmp), "artifacts": artifacts, "columns": staged.columns, "records": staged.n_records,
             "validation": validation, "file_metadata": file_metadata}
+
+
+@task(name="dataset-card", **TASK)
+def dataset_card(staged: dict, *, report: dict) -> list[dict]:
+    """Write the dataset card (the gate's figures) into the staged release, then hash every release file.
+
+    Runs after the gate and before the report is signed: the signed report lists the card's sha256.
+    """
+    path = write_card(Path(staged["tmp"]), DatasetCard.from_report(report))
+    get_run_logger().info("dataset card: %s", path)
+    return hash_tree(Path(staged["tmp"]))
 
 
 @task(name="publish", **TASK)
