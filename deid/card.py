@@ -50,6 +50,7 @@ class DatasetCard:
     figures: KeyFigures
     warnings: tuple[str, ...]
     license: str | None
+    color: bool = False
 
     @classmethod
     def from_report(cls, report: dict[str, Any]) -> DatasetCard:
@@ -71,7 +72,7 @@ class DatasetCard:
             created_at=str(report.get("created_at") or ""), labels=tuple(cfg.get("labels") or ()),
             records=int(report["dataset"]["records_released"]),
             clusters=(cfg.get("clusters") or {}).get("count"), width=size[0], height=size[1], figures=fig,
-            warnings=tuple(report.get("warnings") or ()), license=cfg.get("license"))
+            warnings=tuple(report.get("warnings") or ()), license=cfg.get("license"), color=bool(cfg.get("color")))
 
     def header(self) -> dict[str, Any]:
         """The YAML metadata block (Hugging Face keys, plus ``deid`` with the figures)."""
@@ -87,6 +88,7 @@ class DatasetCard:
                 "release_id": self.release_id, "created_at": self.created_at, "k": self.k, "method": self.method,
                 "guarantee": self.guarantee, "records": self.records, "clusters": self.clusters,
                 "labels": list(self.labels), "image_size": [self.width, self.height],
+                "color": self.color,
                 "reidentification_bound": fig.bound, "max_reidentification_rate": fig.max_rate,
                 "worst_attack": {"name": fig.worst_attack, "rate": fig.worst_rate, "lower": fig.worst_lower,
                                  "upper": fig.worst_upper, "probes": fig.worst_probes},
@@ -109,10 +111,14 @@ class DatasetCard:
             f"# {name}, de-identified (k = {self.k}, {self.method})",
             "",
             f"A de-identified release of the face dataset **{name}**, made and checked by deid on "
-            f"{_md(self.created_at)} (release `{self.release_id}`). It holds {self.records} grey-scale faces of "
+            f"{_md(self.created_at)} (release `{self.release_id}`). It holds {self.records} "
+            f"{'colour' if self.color else 'grey-scale'} faces of "
             f"{size}, aligned on the eyes, in {self.clusters if self.clusters is not None else 'its'} clusters. "
             f"Every face is replaced by a face computed from its cluster of at least {self.k} people "
-            f"({self.method}); no released face is a photograph of one person.",
+            f"({self.method}"
+            + ("; the mean of the cluster's faces per colour channel" if self.color else "")
+            + "); no released face is a photograph of one person."
+            + (" The privacy figures below were measured on the grey version of these faces." if self.color else ""),
             "",
             "## Guarantee",
             "",

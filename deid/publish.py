@@ -65,14 +65,14 @@ class StagedRelease:
     mapping: list[dict] = field(default_factory=list)
 
 
-def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, int], clusters: list[str],
+def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], clusters: list[str],
                   labels: dict[str, list[str]], record_ids: list[str] | None = None) -> StagedRelease:
     """Write a release into ``tmp_dir`` (which must not exist yet).
 
     Parameters
     ----------
-    images : (n, h*w) uint8 de-identified faces.
-    shape : (height, width) of each face.
+    images : (n, h*w) uint8 de-identified grey faces, or (n, h*w*3) BGR colour faces.
+    shape : (height, width) of each face, or (height, width, 3) for colour.
     clusters : internal cluster names; they are re-mapped to fresh random ids here.
     labels : label name -> per-record values.
     record_ids : staging record ids, parallel to ``images``; when given, ``StagedRelease.mapping``
