@@ -12,7 +12,7 @@ export OMP_NUM_THREADS ?= 1
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,consumer]'
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 
 from deid.errors import ConfigError, Quarantined, RecordError
-from deid.imaging import decode_gray_reduced, sniff_format, upright_size
+from deid.imaging import decode_color_reduced, decode_gray_reduced, sniff_format, upright_size
 
 logger = logging.getLogger(__name__)
 
@@ -651,9 +651,15 @@ class FaceAligner:
                 f"the eyes are {d:.1f} px apart: reaching {target.distance:.1f} px would upsample "
                 f"{scale:.2f}x, above max_upsample={self.max_upsample}",
             )
+        return AlignedFace(image=self._warp_to_canonical(gray, eyes, factor), eyes=eyes, source=source)
+
+    def _warp_to_canonical(self, image: np.ndarray, eyes: EyePair, factor: int) -> np.ndarray:
+        """The canonical face of ``image`` (grey, or colour of the same size) reduced ``factor`` times,
+        with ``eyes`` in full-resolution coordinates (already checked by :meth:`_align_full`)."""
+        target = self.canonical_eyes
         local = _scale_eyes(eyes, 1.0 / factor)
-        image = _warp(gray, similarity_from_eyes(local, target), (int(self.size[0]), int(self.size[1])), scale * factor)
-        return AlignedFace(image=image, eyes=eyes, source=source)
+        return _warp(image, similarity_from_eyes(local, target), (int(self.size[0]), int(self.size[1])),
+                     target.distance / eyes.distance * factor)
 
 
 # Reduced decodes keep the source eye distance at least this multiple of the canonical one.
@@ -670,7 +676,7 @@ def _scale_eyes(eyes: EyePair, factor: float) -> EyePair:
 def _warp(gray: np.ndarray, m: np.ndarray, size: tuple[int, int], scale: float) -> np.ndarray:
     """warpAffine of the part of ``gray`` that ``m`` maps into ``size``, area-shrunk first when scale < 0.5."""
     out_w, out_h = size
-    h, w = gray.shape
+    h, w = gray.shape[:2]
     # Inverse of the similarity by hand (plain floats: this runs once per image, numpy calls cost more).
     (a, b, tx), (c, d, ty) = m.tolist()
     det = a * d - b * c
@@ -688,7 +694,7 @@ def _warp(gray: np.ndarray, m: np.ndarray, size: tuple[int, int], scale: float) 
     # Crop coordinates: q = (p - origin + 0.5) * s - 0.5 per axis (pixel centres, as cv2.resize maps them).
     sx = sy = 1.0
     if scale < 0.5:
-        cw, ch = crop.shape[1], crop.shape[0]
+        ch, cw = crop.shape[:2]
         nw, nh = max(1, round(cw * scale)), max(1, round(ch * scale))
         crop = cv2.resize(crop, (nw, nh), interpolation=cv2.INTER_AREA)
         sx, sy = nw / cw, nh / ch
@@ -739,13 +745,17 @@ def _decode_for_alignment(
 
 
 def align_records(
-    records: Iterable[dict], aligner: FaceAligner, *, max_pixels: int = 100_000_000, opencv_threads: int | None = 1
+    records: Iterable[dict], aligner: FaceAligner, *, max_pixels: int = 100_000_000, opencv_threads: int | None = 1,
+    color: bool = False,
 ) -> tuple[list[dict], list[Quarantined]]:
     """Decode and align a batch of records; bad ones are quarantined (stage 'align'), never raised.
 
     Each image is decoded once, at a reduced JPEG resolution when that loses nothing for the canonical
     face (see :meth:`FaceAligner.reduction_for`, :meth:`HaarEyeDetector.reduction`). ``opencv_threads``
     caps OpenCV's thread pool for the whole process (None leaves it alone): parallelism comes from Dask.
+    With ``color`` each record also gets ``color``: the (height, width, 3) BGR canonical face, decoded
+    again in colour at the same reduction and warped by the same transform as the grey one (eyes are
+    found, and everything but the released pixels is computed, on grey).
     """
     _cap_opencv_threads(opencv_threads)
     aligner._validate()  # a bad configuration is the caller's error, raised once, not a quarantine
@@ -756,6 +766,13 @@ def align_records(
         try:
             gray, eyes, source, f, size = _decode_for_alignment(rec["data"], rec.get("eyes"), aligner, max_pixels)
             face = aligner._align_full(_check_gray(gray), eyes, source, f, size)
+            extra = {}
+            if color:
+                bgr = decode_color_reduced(rec["data"], f, max_pixels=max_pixels)
+                if bgr.shape[:2] != gray.shape:
+                    raise RecordError("corrupt_image", f"the colour decode is {bgr.shape[1]}x{bgr.shape[0]} but "
+                                                       f"the grey one {gray.shape[1]}x{gray.shape[0]}")
+                extra["color"] = aligner._warp_to_canonical(bgr, face.eyes, f).tobytes()
         except RecordError as exc:
             bad.append(Quarantined(rid, image, exc.code, exc.message, stage="align"))
             continue
@@ -771,6 +788,7 @@ def align_records(
                 "eye_left_y": float(face.eyes.left[1]),
                 "eye_right_x": float(face.eyes.right[0]),
                 "eye_right_y": float(face.eyes.right[1]),
+                **extra,
             }
         )
     return done, bad

@@ -1,8 +1,8 @@
 """Reading and validating a dataset drop (``manifest.csv`` + optional ``drop.yaml``).
 
 A drop is a directory holding ``manifest.csv`` (``image``, ``subject_id``, one column per
-utility label, optional eye points), an optional ``drop.yaml`` (``name``, ``labels``) and the
-images. Problems with the drop as a whole raise :class:`~deid.errors.DropError`; problems with
+utility label, optional eye points), an optional ``drop.yaml`` (``name``, ``labels``,
+``license``) and the images. Problems with the drop as a whole raise :class:`~deid.errors.DropError`; problems with
 one row quarantine that row with a stable reason code and never stop the run.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ import io
 import logging
 import math
 import os
+import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -29,6 +30,11 @@ RESERVED_COLUMNS = set(REQUIRED_COLUMNS) | set(EYE_COLUMNS)
 MANIFEST = "manifest.csv"
 DROP_YAML = "drop.yaml"
 READY = "_READY"
+# The licence a release carries when drop.yaml names none: "other" (Hugging Face's id for "see the
+# card") -- the steward must state the terms; the dataset card says that none were given.
+DEFAULT_LICENSE = "other"
+# A licence id as the Hugging Face hub writes them (SPDX-like, e.g. cc-by-4.0, apache-2.0, other).
+_LICENSE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+-]{0,63}$")
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,8 @@ class Drop:
     rows: list[ManifestRow]
     quarantined: list[Quarantined]
     extra_columns: list[str] = field(default_factory=list)
+    # From drop.yaml's ``license`` (a licence id such as cc-by-4.0); None when the steward set none.
+    license: str | None = None
 
     @property
     def records_in(self) -> int:
@@ -305,4 +313,15 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
     drop_name = name or meta.get("name") or root.name
     if extra:
         log.info("manifest columns not used and kept out of the release: %s", extra)
-    return Drop(root, str(drop_name), labels, raw, rows, quarantined, extra)
+    return Drop(root, str(drop_name), labels, raw, rows, quarantined, extra, license=_license(root, meta))
+
+
+def _license(root: Path, meta: dict) -> str | None:
+    """drop.yaml's ``license``: a licence id (cc-by-4.0, apache-2.0, other...), or None when absent."""
+    value = meta.get("license")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _LICENSE_ID.match(value.strip()):
+        raise DropError(f"{root / DROP_YAML}: 'license' must be a licence id such as cc-by-4.0, cc-by-nc-4.0 or "
+                        f"other (letters, digits, '.', '+', '-'; at most 64); got {value!r}")
+    return value.strip()

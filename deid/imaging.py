@@ -15,7 +15,7 @@ from deid.errors import ConfigError, RecordError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["sniff_format", "header_size", "decoded_bytes", "max_decoded_bytes", "upright_size", "decode_gray", "decode_gray_reduced", "exif_orientation"]
+__all__ = ["sniff_format", "header_size", "decoded_bytes", "max_decoded_bytes", "upright_size", "decode_gray", "decode_gray_reduced", "decode_color_reduced", "exif_orientation"]
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers carry the size; C4 (DHT), C8 (JPG) and CC (DAC) share the range but do not.
@@ -25,6 +25,12 @@ _REDUCED_FLAGS = {
     2: cv2.IMREAD_REDUCED_GRAYSCALE_2,
     4: cv2.IMREAD_REDUCED_GRAYSCALE_4,
     8: cv2.IMREAD_REDUCED_GRAYSCALE_8,
+}
+_REDUCED_COLOR_FLAGS = {
+    1: cv2.IMREAD_COLOR,
+    2: cv2.IMREAD_REDUCED_COLOR_2,
+    4: cv2.IMREAD_REDUCED_COLOR_4,
+    8: cv2.IMREAD_REDUCED_COLOR_8,
 }
 
 _opencv_quiet = False
@@ -382,6 +388,25 @@ def _to_gray(img: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 
+def _to_bgr(img: np.ndarray) -> np.ndarray:
+    """Any decoded array to (h, w, 3) uint8 BGR: grey replicated, alpha composited over white (as :func:`_to_gray`)."""
+    img = _to_uint8(img)
+    if img.ndim == 2:
+        return cv2.cvtColor(img, cv2.COLOR_GRAY2BGR)
+    channels = img.shape[2]
+    if channels == 1:
+        return cv2.cvtColor(img[:, :, 0], cv2.COLOR_GRAY2BGR)
+    if channels == 3:
+        return img
+    if channels == 2:
+        colour, alpha = cv2.cvtColor(img[:, :, 0], cv2.COLOR_GRAY2BGR), img[:, :, 1]
+    else:
+        colour, alpha = img[:, :, :3], img[:, :, 3]
+    a = alpha.astype(np.float32)[:, :, None] / 255.0
+    out = colour.astype(np.float32) * a + 255.0 * (1.0 - a)
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
 def _check(data: bytes, max_pixels: int) -> tuple[str, tuple[int, int]]:
     if not isinstance(max_pixels, (int, np.integer)) or isinstance(max_pixels, bool) or max_pixels < 1:
         raise ConfigError(f"max_pixels={max_pixels!r} must be an integer >= 1; pass the pixel limit per image")
@@ -467,3 +492,24 @@ def decode_gray_reduced(data: bytes, factor: int, *, max_pixels: int = 100_000_0
     hh, ww = img.shape
     size = (-(-ww // factor), -(-hh // factor))
     return cv2.resize(img, size, interpolation=cv2.INTER_AREA)
+
+
+def decode_color_reduced(data: bytes, factor: int, *, max_pixels: int = 100_000_000) -> np.ndarray:
+    """Colour (h, w, 3) uint8 BGR image downscaled ``factor`` times: the same size and orientation as
+    :func:`decode_gray_reduced` gives for the same bytes, so one alignment transform fits both.
+
+    Grey sources come back with three equal channels; alpha is composited over white.
+    """
+    if factor not in _REDUCED_COLOR_FLAGS:
+        raise ConfigError(f"factor={factor!r} must be one of 1, 2, 4, 8; use 1 for the full image")
+    fmt, _ = _check(data, max_pixels)
+    if fmt == "jpeg":
+        img = _to_bgr(_imdecode(data, _REDUCED_COLOR_FLAGS[factor], fmt))  # applies the EXIF orientation
+    else:
+        img = _apply_orientation(_to_bgr(_imdecode(data, cv2.IMREAD_UNCHANGED, fmt)), exif_orientation(data))
+        if img.shape[0] * img.shape[1] > max_pixels:
+            raise RecordError("image_too_large", f"the decoded image is {img.shape[1]}x{img.shape[0]}, above max_pixels={max_pixels}")
+        if factor > 1:
+            hh, ww = img.shape[:2]
+            img = cv2.resize(img, (-(-ww // factor), -(-hh // factor)), interpolation=cv2.INTER_AREA)
+    return np.ascontiguousarray(img)

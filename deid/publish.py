@@ -2,7 +2,11 @@
 
 A release holds only de-identified images (PNG written from pixel arrays, so no source bytes
 or metadata), the utility labels and random cluster ids, in a random order with fresh random
-record ids. It is written to a directory inside the run's private staging directory and renamed into place only when the gate
+record ids. It follows the Hugging Face ``imagefolder`` layout, so consumers load it with
+``datasets.load_dataset("imagefolder", data_dir=...)`` or pandas as it is: ``images/*.png``,
+``metadata.csv`` (``file_name`` + ``record_id``, ``cluster_id``, the labels), ``release.parquet``
+and ``release.csv`` (the same table with the column ``image``) and a dataset card ``README.md``
+(:mod:`deid.card`, written once the gate's figures exist, before the release is hashed and signed). It is written to a directory inside the run's private staging directory and renamed into place only when the gate
 has passed, so a reader never sees half a release and a rejected run leaves nothing behind.
 """
 from __future__ import annotations
@@ -19,12 +23,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deid.errors import StateError
+from deid.errors import ConfigError, StateError
 from deid.safety import fault_enospc
 from schemas import arrow as schemas
 
 RELEASE_TABLE = "release.parquet"
 RELEASE_CSV = "release.csv"
+# The Hugging Face imagefolder metadata file: ``file_name`` is the image path relative to it.
+METADATA_CSV = "metadata.csv"
+# Columns every release table has; a utility label may not take one of these names.
+_RESERVED = ("record_id", "image", "cluster_id", "file_name")
 
 
 # Spreadsheets execute a cell starting with one of these as a formula (CSV formula injection).
@@ -34,8 +42,8 @@ _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 def csv_safe(value):
     """A CSV cell that no spreadsheet runs as a formula: text starting with = + - @ TAB or CR gets a leading '.
 
-    Only ``release.csv`` is neutralised (the OWASP recommendation); ``release.parquet`` keeps the
-    exact label values, which a typed reader never evaluates.
+    Only the CSV files (``release.csv``, ``metadata.csv``) are neutralised (the OWASP
+    recommendation); ``release.parquet`` keeps the exact label values, which a typed reader never evaluates.
     """
     if isinstance(value, str) and value.startswith(_FORMULA_START):
         return "'" + value
@@ -57,14 +65,14 @@ class StagedRelease:
     mapping: list[dict] = field(default_factory=list)
 
 
-def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, int], clusters: list[str],
+def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], clusters: list[str],
                   labels: dict[str, list[str]], record_ids: list[str] | None = None) -> StagedRelease:
     """Write a release into ``tmp_dir`` (which must not exist yet).
 
     Parameters
     ----------
-    images : (n, h*w) uint8 de-identified faces.
-    shape : (height, width) of each face.
+    images : (n, h*w) uint8 de-identified grey faces, or (n, h*w*3) BGR colour faces.
+    shape : (height, width) of each face, or (height, width, 3) for colour.
     clusters : internal cluster names; they are re-mapped to fresh random ids here.
     labels : label name -> per-record values.
     record_ids : staging record ids, parallel to ``images``; when given, ``StagedRelease.mapping``
@@ -73,6 +81,10 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, int], 
     """
     if record_ids is not None and len(record_ids) != len(images):
         raise ValueError(f"record_ids has {len(record_ids)} entries but images has {len(images)}; pass one id per image")
+    clash = sorted(set(labels) & set(_RESERVED))
+    if clash:
+        raise ConfigError(f"labels {clash} clash with the release columns {list(_RESERVED)}; rename those label "
+                          "columns in the manifest")
     tmp_dir.mkdir(parents=True)
     (tmp_dir / "images").mkdir()
     n = len(images)
@@ -97,11 +109,18 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, int], 
     schema = schemas.release(list(labels))
     table = pa.Table.from_pylist(rows, schema=schema)
     pq.write_table(table, tmp_dir / RELEASE_TABLE)
-    with open(tmp_dir / RELEASE_CSV, "w", newline="", encoding="utf-8") as fh:
-        writer = csv.DictWriter(fh, fieldnames=schema.names)
-        writer.writeheader()
-        writer.writerows({k: csv_safe(v) for k, v in row.items()} for row in rows)
+    _write_csv(tmp_dir / RELEASE_CSV, schema.names, rows)
+    # imagefolder: file_name first, relative to metadata.csv; the same columns otherwise.
+    _write_csv(tmp_dir / METADATA_CSV, ["file_name", *(c for c in schema.names if c != "image")],
+               [{"file_name": r["image"], **r} for r in rows], drop=("image",))
     return StagedRelease(tmp_dir, schema.names, n, mapping)
+
+
+def _write_csv(path: Path, fieldnames: list[str], rows: list[dict], *, drop: tuple[str, ...] = ()) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fieldnames)
+        writer.writeheader()
+        writer.writerows({k: csv_safe(v) for k, v in row.items() if k not in drop} for row in rows)
 
 
 def commit_release(staged: Path, final: Path) -> Path:

@@ -65,6 +65,8 @@ class Settings(BaseSettings):
 
     canonical_width: int = Field(default=81, ge=16, le=1024)
     canonical_height: int = Field(default=92, ge=16, le=1024)
+    color: bool = Field(default=False, description="release colour faces (each cluster's mean per channel); eyes, "
+                                                   "features, identity and the gate's attacks stay grey")
     # Eye centres in the canonical image, as fractions of width/height.
     eye_left: tuple[float, float] = (0.30, 0.37)
     eye_right: tuple[float, float] = (0.70, 0.37)

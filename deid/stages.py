@@ -18,7 +18,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from deid.align import EyePair, FaceAligner, HaarEyeDetector, align_records
-from deid.errors import Quarantined
+from deid.errors import ConfigError, Quarantined, StateError
 from deid.features import Eigenfaces
 from deid.identity import PeopleResolution, resolve_people
 from deid.ksame import KSame
@@ -65,7 +65,13 @@ def align_batch(ingested_path: str, row_groups: list[int], out_path: str, aligne
         eyes = EyePair((lx, ly), (rx, ry)) if lx is not None else None
         records.append({"record_id": rid, "image": cols["image"][i], "data": cols["data"][i], "eyes": eyes})
     del cols, table
-    ok, bad = align_records(records, aligner)
+    color = bool(aligner_params.get("color"))
+    ok, bad = align_records(records, aligner, color=color)
+    if color:
+        # Colour faces beside the grey ones (<staging>/aligned_color/<same part name>): only the
+        # de-identification reads them; everything measured (eyes, features, identity, attacks) is grey.
+        _write_atomic(pa.table({"record_id": [r["record_id"] for r in ok], "color": [r["color"] for r in ok]},
+                               schema=schemas.aligned_color()), color_part(out_path))
     out = pa.table(
         {
             "record_id": [r["record_id"] for r in ok],
@@ -85,6 +91,18 @@ def align_batch(ingested_path: str, row_groups: list[int], out_path: str, aligne
         "quarantined": [q.__dict__ for q in bad],
         "eye_sources": {s: sum(r["eye_source"] == s for r in ok) for s in {r["eye_source"] for r in ok}},
     }
+
+
+COLOR_SUBDIR = "aligned_color"
+# The colour methods: those whose released face is the plain mean of its cluster's faces, so the
+# same mean per channel is the colour release (see deidentify_partition).
+COLOR_METHODS = ("k-same", "k-same-select", "k-same-naive")
+
+
+def color_part(aligned_part: str | Path) -> Path:
+    """Where :func:`align_batch` writes the colour faces of one aligned part."""
+    p = Path(aligned_part)
+    return p.parent.parent / COLOR_SUBDIR / p.name
 
 
 def read_pixels(paths: list[str], columns=("record_id", "pixels")) -> tuple[list[str], np.ndarray]:
@@ -138,7 +156,8 @@ def project_part(aligned_path: str, model: Eigenfaces, out_path: str) -> int:
 
 def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: str = "k-same-select",
                          shape: tuple[int, int] | None = None, sigma: float | None = None,
-                         block: int | None = None, labels: tuple[str, ...] | list[str] = ()) -> dict:
+                         block: int | None = None, labels: tuple[str, ...] | list[str] = (),
+                         color_dir: str | None = None) -> dict:
     """De-identify one partition: k-Same (k-Same-Select = this, once per label partition).
 
     ``k-same-naive`` counts images instead of people (Newton et al.'s formulation, for
@@ -148,6 +167,10 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     with the partition's ``labels`` columns; methods without clusters get one per record too. Returns the cluster summary: per
     cluster its size and number of distinct people. Cluster names are random, so nothing about
     them follows the input order.
+
+    With ``color_dir`` (the aligned colour faces, ``DEID_COLOR``), a k-Same method releases each
+    cluster's mean per colour channel (BGR, column ``color``) and its ``pixels`` become the grey
+    of that colour face, so the gate attacks exactly the grey of what is published.
     """
     table = ds.dataset(partition_dir, format="parquet").to_table(
         columns=["record_id", "subject_id", "features", "pixels", *labels]
@@ -170,16 +193,52 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
         labels_ = model.labels_
     names = [uuid.uuid4().hex[:12] for _ in range(int(labels_.max()) + 1 if len(labels_) else 0)]
     clusters = [names[c] for c in labels_]
-    out = pa.table(
-        {"record_id": ids, "cluster": clusters, "pixels": [r.tobytes() for r in released]},
-        schema=schemas.deidentified(),
-    )
+    columns = {"record_id": ids, "cluster": clusters}
+    if color_dir is not None:
+        if method not in COLOR_METHODS:
+            raise ConfigError(f"method={method!r} cannot release colour; with DEID_COLOR=true use one of "
+                              f"{list(COLOR_METHODS)}")
+        colour = _cluster_colour_means(color_dir, ids, labels_)
+        released = colour_to_grey(colour)
+        columns["color"] = [r.tobytes() for r in colour]
+    columns["pixels"] = [r.tobytes() for r in released]
+    out = pa.table(columns, schema=schemas.deidentified(color=color_dir is not None))
     _write_atomic(out, Path(out_path))
     summary = []
     for c, name in enumerate(names):
         members = labels_ == c
         summary.append({"cluster": name, "size": int(members.sum()), "people": int(len(set(people[members])))})
     return {"path": out_path, "records": len(ids), "clusters": summary}
+
+
+def _cluster_colour_means(color_dir: str, ids: list[str], labels_: np.ndarray) -> np.ndarray:
+    """Per record, the per-channel mean colour face of its cluster (uint8, n x h*w*3)."""
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    t = ds.dataset(color_dir, format="parquet").to_table(filter=pc.field("record_id").isin(ids))
+    where = {rid: i for i, rid in enumerate(t.column("record_id").to_pylist())}
+    missing = [rid for rid in ids if rid not in where]
+    if missing:
+        raise StateError(f"{len(missing)} records have no colour face in {color_dir} (e.g. {missing[0]}); "
+                         "the aligned colour parts are incomplete")
+    raw = t.column("color").to_pylist()
+    colour = np.frombuffer(b"".join(raw[where[rid]] for rid in ids), np.uint8).reshape(len(ids), -1)
+    out = np.empty_like(colour)
+    for c in np.unique(labels_):
+        members = labels_ == c
+        out[members] = np.clip(np.rint(colour[members].mean(axis=0, dtype=np.float64)), 0, 255).astype(np.uint8)
+    return out
+
+
+def colour_to_grey(colour: np.ndarray) -> np.ndarray:
+    """(n, h*w*3) BGR faces to (n, h*w) grey with OpenCV's weights (those every grey decode uses)."""
+    import cv2  # noqa: PLC0415
+
+    n = len(colour)
+    if n == 0:
+        return np.zeros((0, 0), np.uint8)
+    grey = cv2.cvtColor(colour.reshape(n, -1, 3), cv2.COLOR_BGR2GRAY)
+    return np.ascontiguousarray(grey.reshape(n, -1))
 
 
 def _paired_batches(partition_dir: str, deid_path: str, columns: list[str], batch_rows: int):

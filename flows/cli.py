@@ -80,7 +80,8 @@ def exit_code_for(exc: BaseException) -> int:
             return code
     return EXIT_STATE
 # Modules adding subcommands (each has register(subparsers) and keeps heavy imports lazy).
-EXTENSIONS = ("flows.cli_alignment", "flows.cli_study", "flows.cli_report", "flows.cli_ops", "flows.cli_lineage")
+EXTENSIONS = ("flows.cli_alignment", "flows.cli_study", "flows.cli_report", "flows.cli_ops", "flows.cli_lineage",
+              "flows.cli_releases")
 
 
 def _labels(value: str | None) -> list[str] | None:

@@ -21,6 +21,7 @@ from deid.publish import discard, new_release_id
 from deid.report import dataset_fingerprint
 from deid.safety import RunLock, fault_point
 from deid.settings import Settings
+from deid.stages import COLOR_METHODS
 from tasks import stages as t
 from tasks.cluster import dask_cluster
 
@@ -54,6 +55,8 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
         raise ConfigError(f"k={k!r} must be an integer >= 2; k is the minimum number of people per cluster")
     if method not in METHODS:
         raise ConfigError(f"method={method!r} must be one of {sorted(METHODS)}")
+    if settings.color and method not in COLOR_METHODS:
+        raise ConfigError(f"method={method!r} cannot release colour (DEID_COLOR=true); use one of {list(COLOR_METHODS)}")
     if policy not in ("suppress", "merge", "fail"):
         raise ConfigError(f"small_partitions={policy!r} must be one of suppress, merge, fail")
     # Before any work: the signing key loads and every location is writable.
@@ -155,7 +158,7 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
     w, h = settings.canonical_size
     aligner = {"size": [w, h], "eye_left": list(settings.canonical_eyes()[0]),
                "eye_right": list(settings.canonical_eyes()[1]), "max_upsample": settings.max_upsample,
-               "min_eye_distance": settings.min_eye_distance_px}
+               "min_eye_distance": settings.min_eye_distance_px, "color": settings.color}
     quarantined = list(ing["quarantined"])
     deid_parts: list[str] = []
     aligned_parts: list[str] = []
@@ -191,7 +194,8 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
             if part["partitions"]:
                 with _timed(timings, "deidentify"):
                     de = t.deidentify(address, part["partitions"], str(staging), k=k, method=method,
-                                      shape_hw=[h, w], sigma=sigma, block=block, labels=labels)
+                                      shape_hw=[h, w], sigma=sigma, block=block, labels=labels,
+                                      color=settings.color)
                 deid_parts, clusters = de["parts"], de["clusters"]
     by_reason = t.quarantine_summary(quarantined, str(staging))
     counts = {"in": ing["records_in"], "suppressed": len(part["suppressed"]), "quarantined": len(quarantined)}
@@ -263,11 +267,13 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
         "release_dir": released_dir,
         "configuration": {
             "labels": labels,
+            "license": ing["license"],
             "notes": notes,
             "identity": part["identity"],
             "duplicate_ids": settings.duplicate_ids,
             "small_partitions": policy,
             "canonical_size": [w, h],
+            "color": settings.color,
             "canonical_eyes": [list(e) for e in settings.canonical_eyes()],
             "pca_components": settings.pca_components,
             "utility_tolerance": settings.utility_tolerance,
@@ -295,6 +301,9 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
             "stage_seconds": timings,
         },
     }
+    if g["passed"]:
+        # The dataset card states the gate's figures; written into the staged release before it is hashed and signed.
+        report["artifacts"] = t.dataset_card(staged, report=report)
     report_dir = settings.reports_path / release_id
     rep = t.write_report(str(report_dir), report=report, validation=validation,
                          release_files=staged["tmp"] if g["passed"] else None)

@@ -58,11 +58,23 @@ def features() -> pa.Schema:
     )
 
 
-def deidentified() -> pa.Schema:
+def aligned_color() -> pa.Schema:
+    """Aligned canonical faces in colour (uint8 BGR, row-major height x width x 3), DEID_COLOR only."""
+    return pa.schema(
+        [
+            pa.field("record_id", pa.string(), nullable=False),
+            pa.field("color", pa.binary(), nullable=False),
+        ]
+    )
+
+
+def deidentified(color: bool = False) -> pa.Schema:
+    """De-identified faces: grey ``pixels`` (what the gate attacks) and, with colour, the BGR ``color``."""
     return pa.schema(
         [
             pa.field("record_id", pa.string(), nullable=False),
             pa.field("cluster", pa.string(), nullable=False),
+            *([pa.field("color", pa.binary(), nullable=False)] if color else []),
             pa.field("pixels", pa.binary(), nullable=False),
         ]
     )

@@ -24,6 +24,7 @@ from prefect.cache_policies import NO_CACHE
 
 from deid import gate as gate_mod
 from deid import stages
+from deid.card import DatasetCard, write_card
 from deid.drop import read_drop
 from deid.errors import DataError, Quarantined
 from deid.html_report import sample_release_images, write_report_bundle
@@ -81,6 +82,7 @@ def ingest_drop(drop_dir: str, staging: str, *, labels: list[str] | None, name: 
         "staged": res.n_records,
         "labels": drop.labels,
         "name": drop.name,
+        "license": drop.license,
         "extra_columns": drop.extra_columns,
         "fingerprint": dataset_fingerprint(drop.manifest_bytes, res.source_sha256.values()),
         "quarantined": [q.__dict__ for q in quarantined],
@@ -202,14 +204,15 @@ def partition(ingested: str, aligned_parts: list[str], feature_parts: list[str],
 
 @task(name="deidentify", retries=1, retry_delay_seconds=2, **TASK)
 def deidentify(address: str, partitions: list[dict], staging: str, *, k: int, method: str, shape_hw: list[int],
-               sigma: float | None = None, block: int | None = None, labels: list[str] = ()) -> dict:
+               sigma: float | None = None, block: int | None = None, labels: list[str] = (),
+               color: bool = False) -> dict:
     """De-identify each partition (k-Same family, or a comparison filter), one Dask task per partition."""
     logger = get_run_logger()
     client = client_for(address)
     out = Path(staging) / "deidentified"
     futs = [client.submit(stages.deidentify_partition, p["dir"], str(out / f"{Path(p['dir']).name}.parquet"),
                           k=k, method=method, shape=tuple(shape_hw), sigma=sigma, block=block, labels=list(labels),
-                          pure=False)
+                          color_dir=str(Path(staging) / stages.COLOR_SUBDIR) if color else None, pure=False)
             for p in partitions]
     results = [f.result() for f in futs]
     clusters = [c for r in results for c in r["clusters"]]
@@ -283,7 +286,9 @@ def stage(deid_parts: list[str], ingested: str, staging: str, *, labels: list[st
     settings = Settings()
     meta = pq.read_table(ingested, columns=["record_id", *labels])
     rel = pa.concat_tables([pq.read_table(p) for p in deid_parts]).join(meta, "record_id", join_type="inner")
-    images = np.frombuffer(b"".join(rel.column("pixels").to_pylist()), np.uint8).reshape(rel.num_rows, -1)
+    # DEID_COLOR: the colour faces (BGR) are released; the gate attacked their grey ("pixels").
+    column, shape = ("color", (*shape, 3)) if "color" in rel.column_names else ("pixels", shape)
+    images = np.frombuffer(b"".join(rel.column(column).to_pylist()), np.uint8).reshape(rel.num_rows, -1)
     tmp = Path(staging) / RELEASE_SUBDIR
     try:
         staged = stage_release(tmp, images=images, shape=shape, clusters=rel.column("cluster").to_pylist(),
@@ -307,6 +312,17 @@ def stage(deid_parts: list[str], ingested: str, staging: str, *, labels: list[st
     logger.info("stage: %d records staged for release in %s", staged.n_records, tmp)
     return {"tmp": str(tmp), "artifacts": artifacts, "columns": staged.columns, "records": staged.n_records,
             "validation": validation, "file_metadata": file_metadata}
+
+
+@task(name="dataset-card", **TASK)
+def dataset_card(staged: dict, *, report: dict) -> list[dict]:
+    """Write the dataset card (the gate's figures) into the staged release, then hash every release file.
+
+    Runs after the gate and before the report is signed: the signed report lists the card's sha256.
+    """
+    path = write_card(Path(staged["tmp"]), DatasetCard.from_report(report))
+    get_run_logger().info("dataset card: %s", path)
+    return hash_tree(Path(staged["tmp"]))
 
 
 @task(name="publish", **TASK)

@@ -1,6 +1,7 @@
 """Integration: the release flow end to end on synthetic drops and on the real London set."""
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -12,6 +13,7 @@ import cv2
 import pyarrow.parquet as pq
 import pytest
 
+from deid.card import split_card
 from deid.synth import make_synthetic_drop
 from deid.verify import verify_report
 
@@ -52,6 +54,13 @@ def _check_release_invariants(result: dict, *, k: int, drop: Path) -> dict:
         assert img.ndim == 2
     report = json.loads(Path(result["report"]).read_text())
     assert report["privacy"]["min_distinct_people_per_cluster"] >= k
+    # The Hugging Face imagefolder layout and the dataset card, with the gate's figures as signed.
+    with open(rel / "metadata.csv", newline="", encoding="utf-8") as fh:
+        meta = list(csv.DictReader(fh))
+    assert sorted(r["file_name"] for r in meta) == sorted(table["image"])
+    card, _ = split_card((rel / "README.md").read_text())
+    assert (card["deid"]["k"], card["deid"]["records"]) == (k, n)
+    assert card["deid"]["max_reidentification_rate"] == report["privacy"]["max_rate"]
     assert {a["path"] for a in report["artifacts"]} == {
         p.relative_to(rel).as_posix() for p in rel.rglob("*") if p.is_file()}
     return table

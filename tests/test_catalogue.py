@@ -1,0 +1,97 @@
+"""The catalogue of releases (deid.catalogue, ``deid releases``): every run listed, index.html offline."""
+import json
+import re
+
+from deid.catalogue import read_catalogue, write_index
+from flows.cli import main
+
+
+def _report(release_id, *, verdict="released", created="2026-11-01T10:00:00Z", name="london", k=5, reasons=()):
+    return {
+        "release_id": release_id, "verdict": verdict, "reasons": list(reasons), "k": k, "method": "k-same-select",
+        "created_at": created,
+        "dataset": {"name": name, "records_in": 204, "records_released": 200 if verdict == "released" else 0},
+        "privacy": {"bound": 1 / k, "max_rate": 0.17, "min_distinct_people_per_cluster": 5,
+                    "reidentification": [
+                        {"attacker": "pca", "mode": "naive", "rate": 0.17, "lower": 0.05, "upper": 0.31,
+                         "n_probes": 40},
+                        {"attacker": "lbp", "mode": "reverse", "rate": 0.12, "lower": 0.08, "upper": 0.18,
+                         "n_probes": 200}]},
+        "utility": [
+            {"label": "gender", "protocol": "cv", "original_accuracy": 0.9, "deidentified_accuracy": 0.5},
+            {"label": "gender", "protocol": "cross-fit", "original_accuracy": 0.84, "deidentified_accuracy": 0.85,
+             "delta_lower": -0.08, "delta_upper": 0.06, "n_test_images": 200, "status": "pass"}],
+        "configuration": {"utility_protocol": "cross-fit"},
+    }
+
+
+def _write(root, report, *, signed=True, html=True):
+    d = root / report["release_id"]
+    d.mkdir(parents=True)
+    (d / "report.json").write_text(json.dumps(report))
+    if signed:
+        (d / "report.json.sig").write_text("c2ln\n")
+    if html:
+        (d / "report.html").write_text("<html></html>")
+    return d
+
+
+def _reports(tmp_path):
+    root = tmp_path / "reports"
+    _write(root, _report("rel-old", created="2026-10-01T09:00:00Z"))
+    _write(root, _report("rel-rej", verdict="rejected", created="2026-11-02T09:00:00Z", name="drop <b>x</b>",
+                         reasons=["utility_gender: release 0.5 vs originals 0.9 - tolerance 0.05"]))
+    d = _write(root, _report("rel-gone", created="2026-11-03T09:00:00Z"))
+    (d / "addendum.json").write_text(json.dumps({"event": "not_published", "release_published": False}))
+    _write(root, _report("rel-nosig", created="2026-11-04T09:00:00Z"), signed=False, html=False)
+    (root / "rel-broken").mkdir()
+    (root / "rel-broken" / "report.json").write_text("{not json")
+    (root / "README.md").write_text("not a run")
+    return root
+
+
+def test_catalogue_lists_every_run_newest_first_with_its_state(tmp_path):
+    entries = read_catalogue(_reports(tmp_path))
+    assert [e.release_id for e in entries] == ["rel-nosig", "rel-gone", "rel-rej", "rel-old", "rel-broken"]
+    by = {e.release_id: e for e in entries}
+    assert by["rel-old"].verdict == "released" and by["rel-old"].status is None
+    assert by["rel-rej"].verdict == "rejected" and by["rel-rej"].reasons[0].startswith("utility_gender")
+    assert by["rel-gone"].status.startswith("not published") and "not_published" in by["rel-gone"].status
+    assert by["rel-nosig"].status == "unsigned" and by["rel-nosig"].report_html is None
+    assert by["rel-broken"].verdict == "unreadable" and "could not be read" in by["rel-broken"].status
+    fig = by["rel-old"].figures
+    # The worst attack is the one with the highest upper bound; utility is the protocol the gate decided by.
+    assert (fig.worst_attack, fig.worst_upper, fig.worst_probes) == ("pca (naive)", 0.31, 40)
+    assert [(u.label, u.deidentified_accuracy, u.n_test) for u in fig.utility] == [("gender", 0.85, 200)]
+    assert (fig.records_in, fig.records_released, fig.bound) == (204, 200, 0.2)
+
+
+def test_index_html_links_each_report_relatively_and_references_nothing_external(tmp_path):
+    root = _reports(tmp_path)
+    page = write_index(root).read_text()
+    links = re.findall(r'href="([^"]+)"', page)
+    assert sorted(links) == ["rel-gone/report.html", "rel-old/report.html", "rel-rej/report.html"]
+    assert all((root / link).is_file() for link in links)
+    assert "http://" not in page and "https://" not in page and "src=" not in page
+    assert "Content-Security-Policy" in page and "default-src 'none'" in page
+    assert "drop &lt;b&gt;x&lt;/b&gt;" in page and "<b>x</b>" not in page  # dataset names are escaped
+    assert "rel-broken" in page and "no report.html" in page
+    assert not list(root.glob(".*.tmp"))
+
+
+def test_deid_releases_prints_the_catalogue_and_writes_the_index(tmp_path, capsys):
+    root = _reports(tmp_path)
+    assert main(["releases", "--reports-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "rel-old  RELEASED" in out and "rel-rej  REJECTED" in out and "reason: utility_gender" in out
+    assert "max re-id rate 0.170 (bound 1/k 0.200)" in out and str(root / "rel-old" / "report.json") in out
+    assert "5 runs: 1 released, 4 rejected, unpublished, unsigned or unreadable" in out
+    assert (root / "index.html").is_file()
+    assert main(["releases", "--reports-dir", str(root), "--json", "--no-index"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [e["release_id"] for e in listed][:2] == ["rel-nosig", "rel-gone"]
+
+
+def test_deid_releases_on_a_missing_directory_is_bad_input(tmp_path, capsys):
+    assert main(["releases", "--reports-dir", str(tmp_path / "nope")]) == 2
+    assert "is not a directory" in capsys.readouterr().err
