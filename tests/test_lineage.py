@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deid.ksame import KSame, KSameSelect
+from deid.partition import plan_partitions
 from deid.lineage import (
     LineageError,
     build_release,
@@ -63,16 +64,23 @@ def _release(world: World, idx, state, *, rid: str, k: int, policy="invariant", 
     plan = plan_release(state, people, fps, key=KEY, k=k, policy=policy, absent=absent,
                         partitions=parts if select else None)
     new = [idx[i] for i in plan.new_records]
-    if new:
+    labels = np.full(len(new), -1, dtype=np.intp)
+    images = np.zeros((len(new), world.images.shape[1]), np.uint8)
+    # As the flow does: label partitions first (small ones and a person's images above 1/k of
+    # a partition are withheld), then k-Same on what is kept.
+    pplan = plan_partitions([{"p": world.parts[i]} for i in new], [world.people[i] for i in new], k=k,
+                            label_names=["p"], select=select)
+    keep = sorted(j for g in pplan.groups.values() for j in g)
+    if keep:
+        kept = [new[j] for j in keep]
         if select:
-            model = KSameSelect(k).fit(world.feats[new], people=[world.people[i] for i in new],
-                                       images=world.images[new], partitions=[world.parts[i] for i in new])
+            model = KSameSelect(k).fit(world.feats[kept], people=[world.people[i] for i in kept],
+                                       images=world.images[kept], partitions=[world.parts[i] for i in kept])
         else:
-            model = KSame(k).fit(world.feats[new], people=[world.people[i] for i in new], images=world.images[new])
-        labels = model.labels_
-        images = np.clip(np.rint(model.averages_[labels]), 0, 255).astype(np.uint8)
-    else:
-        labels, images = np.zeros(0, np.intp), np.zeros((0, world.images.shape[1]), np.uint8)
+            model = KSame(k).fit(world.feats[kept], people=[world.people[i] for i in kept],
+                                 images=world.images[kept])
+        labels[keep] = model.labels_
+        images[keep] = np.clip(np.rint(model.averages_[model.labels_]), 0, 255).astype(np.uint8)
     rel = build_release(plan, state, release_id=rid, method="k-same-select", new_labels=labels, new_images=images,
                         shape=SHAPE)
     return plan, rel
