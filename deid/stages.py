@@ -21,6 +21,7 @@ from deid.errors import Quarantined
 from deid.features import Eigenfaces
 from deid.identity import PeopleResolution, resolve_people
 from deid.ksame import KSame
+from deid.linkage import COUNTERFEIT_PREFIX  # staging id of a counterfeit record (private linkage only)
 from deid.methods import deidentify as deidentify_images
 from schemas import arrow as schemas
 
@@ -304,3 +305,111 @@ def resolve_identities(faces: pa.Table, *, policy: str = "merge", embeddings: np
         keep[list(res.flagged_records)] = False
         faces = faces.filter(pa.array(keep))
     return faces, res, quarantined
+
+
+# --------------------------------------------------------------------------- release lineage (deid.lineage)
+
+LINEAGE_PARTITION = "lineage"      # hive key of the returning people's records (released as registered averages)
+
+
+def plan_lineage(faces: pa.Table, sources: dict[str, str], state, *, key: bytes, k: int, policy: str, absent: str,
+                 labels: list[str], select: bool):
+    """The lineage plan over the resolved faces (``subject_id`` = effective person), in table order.
+
+    ``sources`` maps record_id -> source_sha256. Partitions are the label tuples when the method
+    partitions by labels (k-Same-Select), else none.
+    """
+    from deid.lineage import plan_release  # noqa: PLC0415 - crypto imports only where needed
+
+    cols = faces.select(["record_id", "subject_id", *labels]).to_pydict()
+    parts = [tuple(str(cols[x][i]) for x in labels) for i in range(faces.num_rows)] if select and labels else None
+    return plan_release(state, cols["subject_id"], [sources[r] for r in cols["record_id"]], key=key, k=k,
+                        policy=policy, absent=absent, partitions=parts)
+
+
+def lineage_new_labels(plan, record_ids: list[str], deid_paths: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(cluster index, released uint8 image) of each of ``plan.new_records`` from the de-identified parts.
+
+    A new record the partition stage withheld (not in any part) gets cluster -1 and a zero image.
+    """
+    found: dict[str, tuple[str, bytes]] = {}
+    for path in deid_paths:
+        t = pq.read_table(path, columns=["record_id", "cluster", "pixels"]).to_pydict()
+        found.update(zip(t["record_id"], zip(t["cluster"], t["pixels"])))
+    names: dict[str, int] = {}
+    width = len(next(iter(found.values()))[1]) if found else 0
+    labels_ = np.full(len(plan.new_records), -1, dtype=np.intp)
+    images = np.zeros((len(plan.new_records), width), dtype=np.uint8)
+    for j, i in enumerate(plan.new_records):
+        hit = found.get(record_ids[i])
+        if hit is not None:
+            labels_[j] = names.setdefault(hit[0], len(names))
+            images[j] = np.frombuffer(hit[1], np.uint8)
+    return labels_, images
+
+
+def write_lineage_part(partition_dir: str, out_path: str, release, state, record_ids: list[str]) -> dict:
+    """The de-identified part of the returning people: each record carries its registered stored average.
+
+    Written in the order of the ``partition=lineage`` dataset, like every de-identified part, so
+    the gate pairs each record with its original. Returns the cluster summary of
+    :func:`deidentify_partition` (sizes count this drop's records, not counterfeits).
+    """
+    where = {record_ids[i]: key for i, key in enumerate(release.record_cluster) if key is not None}
+    t = ds.dataset(partition_dir, format="parquet").to_table(columns=["record_id", "subject_id"])
+    ids = t.column("record_id").to_pylist()
+    people = t.column("subject_id").to_pylist()
+    clusters = [where[r] for r in ids]
+    pixels = [np.ascontiguousarray(state.clusters[c].image, dtype=np.uint8).tobytes() for c in clusters]
+    _write_atomic(pa.table({"record_id": ids, "cluster": clusters, "pixels": pixels}, schema=schemas.deidentified()),
+                  Path(out_path))
+    summary = []
+    for c in sorted(set(clusters)):
+        members = [p for p, x in zip(people, clusters) if x == c]
+        summary.append({"cluster": c, "size": len(members), "people": len(set(members))})
+    return {"path": out_path, "records": len(ids), "clusters": summary}
+
+
+def counterfeit_rows(release, state, labels: list[str], present: dict[str, list[dict]],
+                     fallback: dict[str, str]) -> list[dict]:
+    """The counterfeit records of the republished clusters: stored image and utility labels, no source.
+
+    Labels come from the cluster's partition (k-Same-Select), else from a record of the cluster in
+    this drop (``present``: cluster key -> label dicts), else the drop's most common values.
+    """
+    rows = []
+    for r in release.republished:
+        c = state.clusters[r.key]
+        for n in range(r.n_counterfeit):
+            if labels and len(c.partition) == len(labels):
+                lab = dict(zip(labels, c.partition))
+            elif present.get(r.key):
+                lab = present[r.key][n % len(present[r.key])]
+            else:
+                lab = dict(fallback)
+            rows.append({"record_id": f"{COUNTERFEIT_PREFIX}{len(rows):06d}", "cluster": r.key,
+                         "pixels": np.ascontiguousarray(c.image, dtype=np.uint8), "labels": lab})
+    return rows
+
+
+def republished_k_check(release, state, k: int):
+    """Every republished cluster counted on its registered members: >= k people, no person > 1/k of its basis."""
+    from collections import Counter  # noqa: PLC0415
+
+    from deid.checks import Check  # noqa: PLC0415
+
+    worst_people, worst_share = None, 0.0
+    for r in release.republished:
+        c = state.clusters[r.key]
+        counts = Counter(p for _, p in c.members)
+        people, share = len(counts), max(counts.values()) / max(1, len(c.members))
+        worst_people = people if worst_people is None else min(worst_people, people)
+        worst_share = max(worst_share, share)
+    n = len(release.republished)
+    if not n:
+        return Check("lineage_republished_k", True, None, f">= {k}", "no registered cluster republished",
+                     status="not_applicable")
+    ok = worst_people >= k and worst_share <= 1.0 / k + 1e-12
+    return Check("lineage_republished_k", ok, worst_people, f">= {k} people, share <= {1.0 / k:.4f}",
+                 f"{n} republished clusters counted on their registered members: smallest has {worst_people} "
+                 f"people, largest one-person share {worst_share:.3f}")
