@@ -413,3 +413,19 @@ def republished_k_check(release, state, k: int):
     return Check("lineage_republished_k", ok, worst_people, f">= {k} people, share <= {1.0 / k:.4f}",
                  f"{n} republished clusters counted on their registered members: smallest has {worst_people} "
                  f"people, largest one-person share {worst_share:.3f}")
+
+
+def lineage_can_abandon(state, release_id: str) -> bool:
+    """Whether a pending release may be marked abandoned: no release registered after it.
+
+    A later release was planned with this one's clusters as registered (pending constrains) and
+    may republish them; abandoning it would drop clusters that release refers to. It stays
+    pending then, which only ever constrains more.
+    """
+    seen = False
+    for doc in state.entries:
+        if doc.get("kind") == "release":
+            if seen:
+                return False
+            seen = doc.get("release_id") == release_id
+    return True

@@ -37,7 +37,7 @@ from deid.methods import method_runner
 from deid.partition import plan_partitions
 from deid.publish import RELEASE_TABLE, commit_release, discard, stage_release
 from deid.report import dataset_fingerprint, hash_tree
-from deid.safety import RELEASE_SUBDIR, fault_enospc, preflight_locations, recover, write_signed_addendum
+from deid.safety import RELEASE_SUBDIR, fault_enospc, is_live, preflight_locations, recover, write_signed_addendum
 from deid.settings import Settings
 from deid.signing import ensure_signing_key
 from deid.validation import (
@@ -246,7 +246,17 @@ def lineage_open(dataset: str, releases_dir: str):
     settings = Settings()
     try:
         reg = Registry.open(settings.data_path, dataset, _lineage_key())
-        state = reg.reconcile(reg.load(), lambda rid: (Path(releases_dir) / rid).exists())
+        state = reg.load()
+        for r in state.releases:
+            # Settle what a dead run left pending: published if its release directory exists, else abandoned.
+            # A pending release of a run still alive (its staging is locked) stays pending: it constrains.
+            if r.status != "pending":
+                continue
+            if (Path(releases_dir) / r.release_id).exists():
+                state = reg.mark_published(state, r.release_id)
+            elif not is_live(settings.data_path / "staging" / r.release_id) and \
+                    stages.lineage_can_abandon(state, r.release_id):
+                state = reg.mark_abandoned(state, r.release_id)
     except LineageError as exc:
         raise StateError(f"lineage of dataset {dataset!r}: {exc}") from None
     get_run_logger().info("lineage %s: %d earlier releases, %d registered clusters (entry %d)", dataset,
@@ -294,7 +304,14 @@ def lineage_register(dataset: str, state, rel=None, *, mark: str | None = None, 
     try:
         if rel is not None:
             return reg.append_release(state, rel)
-        return (reg.mark_published if mark == "published" else reg.mark_abandoned)(state, release_id)
+        current = reg.load()
+        if mark == "published":
+            return reg.mark_published(current, release_id)
+        if not stages.lineage_can_abandon(current, release_id):
+            get_run_logger().warning("lineage %s: %s stays pending (a later release was planned on it)", dataset,
+                                     release_id)
+            return current
+        return reg.mark_abandoned(current, release_id)
     except LineageError as exc:
         raise StateError(f"lineage of dataset {dataset!r}: {exc}") from None
 
