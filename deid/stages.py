@@ -392,27 +392,28 @@ def counterfeit_rows(release, state, labels: list[str], present: dict[str, list[
     return rows
 
 
-def republished_k_check(release, state, k: int):
-    """Every republished cluster counted on its registered members: >= k people, no person > 1/k of its basis."""
-    from collections import Counter  # noqa: PLC0415
+def republished_members(release, state) -> dict[str, list[str]]:
+    """Cluster key -> the person (pseudonym) of each registered basis record, for every republished cluster."""
+    return {r.key: sorted(p for _, p in state.clusters[r.key].members) for r in release.republished}
 
-    from deid.checks import Check  # noqa: PLC0415
 
-    worst_people, worst_share = None, 0.0
-    for r in release.republished:
-        c = state.clusters[r.key]
-        counts = Counter(p for _, p in c.members)
-        people, share = len(counts), max(counts.values()) / max(1, len(c.members))
-        worst_people = people if worst_people is None else min(worst_people, people)
-        worst_share = max(worst_share, share)
-    n = len(release.republished)
-    if not n:
-        return Check("lineage_republished_k", True, None, f">= {k}", "no registered cluster republished",
-                     status="not_applicable")
-    ok = worst_people >= k and worst_share <= 1.0 / k + 1e-12
-    return Check("lineage_republished_k", ok, worst_people, f">= {k} people, share <= {1.0 / k:.4f}",
-                 f"{n} republished clusters counted on their registered members: smallest has {worst_people} "
-                 f"people, largest one-person share {worst_share:.3f}")
+def count_registered_members(clusters, people, image_index, members: dict[str, list[str]]
+                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gate rows for the k checks: a republished cluster counts its registered members, not its released rows.
+
+    The rows of republished clusters (``members`` keys) are replaced by one row per registered
+    basis record (person = its pseudonym) with one image index per cluster; every other row is
+    kept. A republished cluster without any row in this drop (only counterfeits) is counted too.
+    """
+    clusters = np.asarray(clusters, dtype=object)
+    keep = np.array([c not in members for c in clusters], dtype=bool)
+    start = int(np.max(image_index)) + 1 if len(image_index) else 0
+    extra_c = [c for c, ps in members.items() for _ in ps]
+    extra_p = [p for ps in members.values() for p in ps]
+    extra_i = [start + n for n, ps in enumerate(members.values()) for _ in ps]
+    return (np.concatenate([clusters[keep], np.asarray(extra_c, dtype=object)]),
+            np.concatenate([np.asarray(people, dtype=object)[keep], np.asarray(extra_p, dtype=object)]),
+            np.concatenate([np.asarray(image_index, dtype=np.int64)[keep], np.asarray(extra_i, dtype=np.int64)]))
 
 
 def lineage_can_abandon(state, release_id: str) -> bool:

@@ -21,6 +21,7 @@ from deid.publish import discard, new_release_id
 from deid.report import dataset_fingerprint
 from deid.safety import RunLock, fault_point
 from deid.settings import Settings
+from deid.stages import republished_members
 from tasks import stages as t
 from tasks.cluster import dask_cluster
 
@@ -232,7 +233,7 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
                     if lin["part"]:
                         deid_parts, clusters = [*deid_parts, lin["part"]], [*clusters, *lin["clusters"]]
                     extra_checks += t.lineage_checks(lineage_state, lin["release"], part["lineage_plan"],
-                                                     part["lineage_ids"], aligned_parts, k=k)
+                                                     part["lineage_ids"], aligned_parts)
     by_reason = t.quarantine_summary(quarantined, str(staging))
     counts = {"in": ing["records_in"], "suppressed": len(part["suppressed"]), "quarantined": len(quarantined)}
     # Counts only, never the label values: a rare value held by one person is itself identifying.
@@ -258,7 +259,8 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
         g = t.run_gate(deid_parts, config=gate_config, counts=counts,
                        partition_failed=part["failed"], partition_detail=small_detail, shape_hw=[h, w],
                        sigma=sigma, block=block, partitions_root=str(staging / "partitions"),
-                       file_metadata=staged["file_metadata"] if staged else None, extra_checks=extra_checks)
+                       file_metadata=staged["file_metadata"] if staged else None, extra_checks=extra_checks,
+                       lineage_members=republished_members(lin["release"], lineage_state) if lin else None)
     fault_point("gate")
     released_dir, artifacts, linkage = None, [], None
     if g["passed"] and lin is not None:

@@ -10,6 +10,7 @@ import json
 import math
 import os
 from collections import Counter
+from dataclasses import replace
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -280,8 +281,8 @@ def lineage_release(plan, state, record_ids: list[str], deid_parts: list[str], s
 
 
 @task(name="lineage-checks", **TASK)
-def lineage_checks(state, rel, plan, record_ids: list[str], aligned_parts: list[str], *, k: int) -> list[dict]:
-    """The gate's lineage checks: structure against the registry, the differencing attack, republished k."""
+def lineage_checks(state, rel, plan, record_ids: list[str], aligned_parts: list[str]) -> list[dict]:
+    """The gate's lineage checks: structure against the registry and the differencing attack."""
     ids, X = stages.read_pixels(aligned_parts)
     where = {r: i for i, r in enumerate(ids)}
     rows = [where[r] for r in record_ids if r in where]
@@ -292,7 +293,6 @@ def lineage_checks(state, rel, plan, record_ids: list[str], aligned_parts: list[
         get_run_logger().info("lineage differencing attack: %d cluster pairs, %d tests, %d matches",
                               attack.n_cluster_pairs, attack.n_tests, len(attack.matches))
         checks.append(attack.to_check().to_dict())
-    checks.append(stages.republished_k_check(rel, state, k).to_dict())
     return checks
 
 
@@ -337,8 +337,14 @@ def deidentify(address: str, partitions: list[dict], staging: str, *, k: int, me
 def run_gate(deid_parts: list[str], *, config: gate_mod.GateConfig,
              counts: dict, partition_failed: bool, partition_detail: str, shape_hw: list[int],
              sigma: float | None, block: int | None, partitions_root: str | None = None,
-             file_metadata: dict | None = None, extra_checks: list[dict] = ()) -> dict:
-    """Load the would-be release and its originals, then run the core gate on them."""
+             file_metadata: dict | None = None, extra_checks: list[dict] = (),
+             lineage_members: dict[str, list[str]] | None = None) -> dict:
+    """Load the would-be release and its originals, then run the core gate on them.
+
+    ``lineage_members`` (republished cluster -> registered basis people): the k checks count a
+    republished cluster's registered members, not its released rows (new photos of returning
+    people, counterfeits); every other check runs on the released records of this drop.
+    """
     logger = get_run_logger()
     shape = (int(shape_hw[0]), int(shape_hw[1]))
     common = dict(records_in=counts["in"], suppressed=counts["suppressed"], quarantined=counts["quarantined"],
@@ -355,6 +361,8 @@ def run_gate(deid_parts: list[str], *, config: gate_mod.GateConfig,
     else:
         inputs = gate_mod.GateInputs.empty(shape=shape, **common)
     result = gate_mod.evaluate(inputs, config)
+    if lineage_members:
+        result = _k_checks_on_registered_members(result, inputs, config, lineage_members)
     logger.info("gate: %s%s", "passed" if result.passed else "failed",
                 "" if result.passed else " - " + "; ".join(result.reasons))
     return {
@@ -370,6 +378,33 @@ def run_gate(deid_parts: list[str], *, config: gate_mod.GateConfig,
         "exact_bound": result.exact_bound,
         "attack_sample": result.attack_sample,
     }
+
+
+K_CHECKS = ("min_cluster_size", "min_distinct_people_per_cluster", "max_person_share")
+
+
+def _k_checks_on_registered_members(result, inputs, config, members: dict[str, list[str]]):
+    """The gate's k checks again, with every republished cluster counted on its registered members."""
+    clusters = inputs.clusters if inputs.clusters is not None else np.zeros(0, dtype=object)
+    c, p, idx = stages.count_registered_members(clusters, inputs.people, inputs.image_index, members)
+    checks, min_people, share, _ = gate_mod.structural_checks(
+        replace(inputs, clusters=c, people=p, image_index=idx), config)
+    note = f" ({len(members)} republished clusters counted on their registered members)"
+    by_name = {x.name: replace(x, detail=x.detail + note) for x in checks if x.name in K_CHECKS}
+    merged = [by_name.pop(x.name, x) if x.name in K_CHECKS else x for x in result.checks]
+    bound = 1.0 / config.k
+    if result.max_rate is not None and result.max_rate > bound + 1e-12:
+        # The exact-bound rule lets a rate through unless its lower bound exceeds 1/k, because the row
+        # shares bound it; counted on registered members they no longer do. A released report claims
+        # the measured rate <= 1/k: withhold instead. The attacks see this drop's records only (a
+        # counterfeit has no original to attack with), so absent members and new photos of returning
+        # people make the rate pessimistic.
+        merged.append(gate_mod.Check(
+            "reidentification_rate_on_drop_records", False, round(result.max_rate, 6), f"<= {bound:.4f}",
+            f"the attacks on this drop's released records named their person at rate {result.max_rate:.3f} > 1/k; "
+            "returning people with new photos, or absent members of republished clusters (counterfeits cannot be "
+            "attacked: they have no original), raise the share of this drop's records above the registered one"))
+    return replace(result, checks=(*merged, *by_name.values()), min_people=min_people, max_person_share=share)
 
 
 def _releasable_label_sets(ingested: str, labels: list[str], k: int) -> dict[str, list[str]]:
