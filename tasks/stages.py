@@ -187,8 +187,10 @@ def partition(ingested: str, aligned_parts: list[str], feature_parts: list[str],
     lineage_plan, lineage_ids, lineage_dir, held_back = None, [], None, []
     if lineage is not None:
         sources = dict(zip(*pq.read_table(ingested, columns=["record_id", "source_sha256"]).to_pydict().values()))
+        # Per label partition, the lineage holds back fewer than k new people (they wait): the `suppress`
+        # policy. Under `merge` or `fail` it plans on one partition and the small-partition policy decides.
         lineage_plan = stages.plan_lineage(faces, sources, lineage, key=_lineage_key(), k=k, policy=lineage_policy,
-                                           absent=lineage_absent, labels=labels, select=select)
+                                           absent=lineage_absent, labels=labels, select=select and policy == "suppress")
         lineage_ids = faces.column("record_id").to_pylist()
         held_back = [lineage_ids[i] for i, _ in lineage_plan.suppressed]
         returning = sorted(i for r in lineage_plan.republish for i in r.records)
