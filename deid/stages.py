@@ -204,7 +204,8 @@ def _pixels(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.frombuffer(b"".join(values), np.uint8).reshape(len(values), -1) if values else np.zeros((0, 0), np.uint8)
 
 
-def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[str], batch_rows: int = 4096) -> dict:
+def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[str], batch_rows: int = 4096,
+                 select: bool = False) -> dict:
     """Per-record facts the gate needs, streamed: memory holds metadata, never all pixels.
 
     Returns plain arrays for :class:`deid.gate.GateInputs`: ``record_ids``, ``people`` (the
@@ -213,6 +214,8 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     record's released image among the distinct ones, by content hash) and ``own_distance``
     (mean absolute difference between the released image and the record's own original),
     plus ``fetch(idx) -> (released, originals)``, which reads just those records' pixels.
+    ``select``: the method partitions by the labels (the returning people's records then join
+    the partition of their label values).
     """
     import hashlib  # noqa: PLC0415
 
@@ -228,13 +231,18 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     image_index: list[int] = []
     own: list[np.ndarray] = []
     digests: dict[bytes, int] = {}
+    lineage_key = _lineage_partition_key(Path(partitions_root), labels, select)
     for pdir, dpath in pairs:
         key = Path(pdir).name.split("=", 1)[-1]
         for o, r in _paired_batches(pdir, dpath, ["record_id", "subject_id", "pixels", *labels], batch_rows):
             ids += r.column("record_id").to_pylist()
             people += o.column("subject_id").to_pylist()
             clusters += r.column("cluster").to_pylist()
-            partitions += [key] * r.num_rows
+            if key == LINEAGE_PARTITION:
+                cols = [o.column(x).to_pylist() for x in labels]
+                partitions += [lineage_key(tuple(str(c[j]) for c in cols)) for j in range(r.num_rows)]
+            else:
+                partitions += [key] * r.num_rows
             for x in labels:
                 label_values[x] += o.column(x).to_pylist()
             rel = r.column("pixels").to_pylist()
@@ -271,6 +279,23 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
         "own_distance": np.concatenate(own) if own else np.zeros(0),
         "fetch": fetch,
     }
+
+
+def _lineage_partition_key(root: Path, labels: list[str], select: bool):
+    """The gate partition of a returning person's record: the label partition its labels belong to.
+
+    Returning records are staged together (``partition=lineage``); the gate's utility protocol
+    re-runs the method per partition, so they join the new records' partition of the same label
+    values (k-Same-Select), or the single partition of plain k-Same.
+    """
+    import json  # noqa: PLC0415
+
+    index = json.loads((root / "_index.json").read_text()) if (root / "_index.json").is_file() else []
+    by_key = {tuple(e["key"]): Path(e["dir"]).name.split("=", 1)[-1] for e in index}
+    if not select:
+        single = next(iter(by_key.values())) if len(by_key) == 1 else LINEAGE_PARTITION
+        return lambda lab: single
+    return lambda lab: by_key.get(lab, f"{LINEAGE_PARTITION}|" + "|".join(lab))
 
 
 def embed_faces(pixels: list[bytes], shape: tuple[int, int]) -> np.ndarray:

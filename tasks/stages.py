@@ -34,7 +34,7 @@ from deid.lineage import LineageError, build_release
 from deid.lineage_checks import check_structure, differencing_attack
 from deid.lineage_registry import Registry
 from deid.linkage import build_linkage, ensure_linkage_key, linkage_path, sources_from_ingested, write_linkage
-from deid.methods import method_runner
+from deid.methods import REGISTRY, method_runner
 from deid.partition import plan_partitions
 from deid.publish import RELEASE_TABLE, commit_release, discard, stage_release
 from deid.report import dataset_fingerprint, hash_tree
@@ -356,7 +356,8 @@ def run_gate(deid_parts: list[str], *, config: gate_mod.GateConfig,
                   deidentify=method_runner(config.method, shape=shape, k=config.k, sigma=sigma, block=block,
                                            n_components=config.n_components, seed=config.seed))
     if deid_parts and partitions_root:
-        rec = stages.gate_records(partitions_root, deid_parts, labels=list(config.labels))
+        rec = stages.gate_records(partitions_root, deid_parts, labels=list(config.labels),
+                                  select=REGISTRY[config.method].partitions_by_labels and bool(config.labels))
         inputs = gate_mod.GateInputs(shape=shape, people=rec["people"], image_index=rec["image_index"],
                                      own_distance=rec["own_distance"], fetch=rec["fetch"], clusters=rec["clusters"],
                                      partitions=rec["partitions"], labels=rec["labels"], **common)
