@@ -20,7 +20,7 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
-from deid.errors import DropError, Quarantined, RecordError
+from deid.errors import ConfigError, DropError, Quarantined, RecordError
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class Drop:
     extra_columns: list[str] = field(default_factory=list)
     # From drop.yaml's ``license`` (a licence id such as cc-by-4.0); None when the steward set none.
     license: str | None = None
+    dataset: str = ""  # the lineage this drop belongs to (drop.yaml `dataset:`, default: a name-safe form of `name`)
 
     @property
     def records_in(self) -> int:
@@ -313,7 +314,8 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
     drop_name = name or meta.get("name") or root.name
     if extra:
         log.info("manifest columns not used and kept out of the release: %s", extra)
-    return Drop(root, str(drop_name), labels, raw, rows, quarantined, extra, license=_license(root, meta))
+    return Drop(root, str(drop_name), labels, raw, rows, quarantined, extra, license=_license(root, meta),
+                dataset=_dataset_name(root, meta.get("dataset"), str(drop_name)))
 
 
 def _license(root: Path, meta: dict) -> str | None:
@@ -325,3 +327,16 @@ def _license(root: Path, meta: dict) -> str | None:
         raise DropError(f"{root / DROP_YAML}: 'license' must be a licence id such as cc-by-4.0, cc-by-nc-4.0 or "
                         f"other (letters, digits, '.', '+', '-'; at most 64); got {value!r}")
     return value.strip()
+
+
+def _dataset_name(root: Path, declared: object, drop_name: str) -> str:
+    """The drop's dataset (its release lineage): ``dataset:`` as declared, else the drop's name made name-safe."""
+    from deid.lineage import check_dataset_name  # noqa: PLC0415 - crypto imports only where needed
+
+    if declared is None:
+        safe = re.sub(r"[^A-Za-z0-9._-]+", "-", drop_name).strip("-").lstrip(".")[:128]
+        return safe or "drop"
+    try:
+        return check_dataset_name(str(declared) if isinstance(declared, str | int) else declared)
+    except ConfigError as exc:
+        raise DropError(f"{root / DROP_YAML}: {exc}") from None

@@ -55,6 +55,7 @@ KEY_BYTES = 32
 NONCE_BYTES = 12
 LINKAGE_NAME = "linkage.bin"
 DEV_KEY_NAME = "dev_linkage.key"
+COUNTERFEIT_PREFIX = "counterfeit-"  # staging id of a lineage counterfeit record (deid.stages.COUNTERFEIT_PREFIX)
 # Column order of the CSV export; records may carry more keys, which follow in sorted order.
 LINKAGE_COLUMNS = (
     "released_record_id", "released_image", "cluster_id", "source_record_id", "subject_id", "source_image",
@@ -201,11 +202,15 @@ def build_linkage(
 
     ``staged_mapping`` is :attr:`deid.publish.StagedRelease.mapping`; ``sources`` maps a staging
     record_id to ``{"subject_id", "image"}`` (e.g. from ``ingested.parquet``, see
-    :func:`sources_from_ingested`). Rows are sorted by released record id.
+    :func:`sources_from_ingested`). Rows are sorted by released record id. A counterfeit record
+    of a republished lineage cluster (staging id starting with ``counterfeit-``) has no source:
+    its row says ``counterfeit: true`` (the release itself does not mark it).
     """
     rows = []
     for m in staged_mapping:
         src = sources.get(m["record_id"])
+        if src is None and str(m["record_id"]).startswith(COUNTERFEIT_PREFIX):
+            src = {"subject_id": None, "image": None, "counterfeit": True}
         if src is None:
             raise ConfigError(f"released record {m['record_id']!r} has no source row; pass the run's ingested table")
         rows.append({
@@ -216,6 +221,7 @@ def build_linkage(
             "subject_id": src["subject_id"],
             "source_image": src["image"],
             "internal_cluster": m["cluster"],
+            **({"counterfeit": True} if src.get("counterfeit") else {}),
         })
     return sorted(rows, key=lambda r: (r["released_record_id"], r["source_record_id"]))
 

@@ -42,6 +42,12 @@ class Settings(BaseSettings):
     leak_threshold: float = Field(default=2.0, ge=0, description="mean abs grey difference below which a released "
                                   "face counts as a near copy of an original")
     utility_tolerance: float = Field(default=0.05, ge=0.0, le=1.0)
+    lineage_policy: Literal["invariant", "release-once"] = Field(
+        default="invariant", description="successive releases of a dataset: returning people keep their registered "
+                                         "cluster (invariant) or appear in one release only (release-once)")
+    lineage_absent: Literal["republish", "suppress"] = Field(
+        default="republish", description="a registered cluster with absent members: republished with counterfeit "
+                                         "records, or suppressed in this release")
     duplicate_ids: Literal["merge", "quarantine"] = Field(
         default="merge", description="records whose faces match under different subject ids: one person, or withheld")
     identity_embed_max: int = Field(

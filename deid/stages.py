@@ -22,6 +22,7 @@ from deid.errors import ConfigError, Quarantined, StateError
 from deid.features import Eigenfaces
 from deid.identity import PeopleResolution, resolve_people
 from deid.ksame import KSame
+from deid.linkage import COUNTERFEIT_PREFIX  # staging id of a counterfeit record (private linkage only)
 from deid.methods import deidentify as deidentify_images
 from schemas import arrow as schemas
 
@@ -265,7 +266,8 @@ def _pixels(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.frombuffer(b"".join(values), np.uint8).reshape(len(values), -1) if values else np.zeros((0, 0), np.uint8)
 
 
-def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[str], batch_rows: int = 4096) -> dict:
+def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[str], batch_rows: int = 4096,
+                 select: bool = False) -> dict:
     """Per-record facts the gate needs, streamed: memory holds metadata, never all pixels.
 
     Returns plain arrays for :class:`deid.gate.GateInputs`: ``record_ids``, ``people`` (the
@@ -274,6 +276,8 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     record's released image among the distinct ones, by content hash) and ``own_distance``
     (mean absolute difference between the released image and the record's own original),
     plus ``fetch(idx) -> (released, originals)``, which reads just those records' pixels.
+    ``select``: the method partitions by the labels (the returning people's records then join
+    the partition of their label values).
     """
     import hashlib  # noqa: PLC0415
 
@@ -289,13 +293,18 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     image_index: list[int] = []
     own: list[np.ndarray] = []
     digests: dict[bytes, int] = {}
+    lineage_key = _lineage_partition_key(Path(partitions_root), labels, select)
     for pdir, dpath in pairs:
         key = Path(pdir).name.split("=", 1)[-1]
         for o, r in _paired_batches(pdir, dpath, ["record_id", "subject_id", "pixels", *labels], batch_rows):
             ids += r.column("record_id").to_pylist()
             people += o.column("subject_id").to_pylist()
             clusters += r.column("cluster").to_pylist()
-            partitions += [key] * r.num_rows
+            if key == LINEAGE_PARTITION:
+                cols = [o.column(x).to_pylist() for x in labels]
+                partitions += [lineage_key(tuple(str(c[j]) for c in cols)) for j in range(r.num_rows)]
+            else:
+                partitions += [key] * r.num_rows
             for x in labels:
                 label_values[x] += o.column(x).to_pylist()
             rel = r.column("pixels").to_pylist()
@@ -344,6 +353,23 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     }
 
 
+def _lineage_partition_key(root: Path, labels: list[str], select: bool):
+    """The gate partition of a returning person's record: the label partition its labels belong to.
+
+    Returning records are staged together (``partition=lineage``); the gate's utility protocol
+    re-runs the method per partition, so they join the new records' partition of the same label
+    values (k-Same-Select), or the single partition of plain k-Same.
+    """
+    import json  # noqa: PLC0415
+
+    index = json.loads((root / "_index.json").read_text()) if (root / "_index.json").is_file() else []
+    by_key = {tuple(e["key"]): Path(e["dir"]).name.split("=", 1)[-1] for e in index}
+    if not select:
+        single = next(iter(by_key.values())) if len(by_key) == 1 else LINEAGE_PARTITION
+        return lambda lab: single
+    return lambda lab: by_key.get(lab, f"{LINEAGE_PARTITION}|" + "|".join(lab))
+
+
 def embed_faces(pixels: list[bytes], shape: tuple[int, int]) -> np.ndarray:
     """dlib ResNet descriptors of aligned canonical faces (a Dask task: one core per chunk)."""
     from deid.recognizer import DlibEmbedder  # noqa: PLC0415 (dlib import cost)
@@ -376,3 +402,128 @@ def resolve_identities(faces: pa.Table, *, policy: str = "merge", embeddings: np
         keep[list(res.flagged_records)] = False
         faces = faces.filter(pa.array(keep))
     return faces, res, quarantined
+
+
+# --------------------------------------------------------------------------- release lineage (deid.lineage)
+
+LINEAGE_PARTITION = "lineage"      # hive key of the returning people's records (released as registered averages)
+
+
+def plan_lineage(faces: pa.Table, sources: dict[str, str], state, *, key: bytes, k: int, policy: str, absent: str,
+                 labels: list[str], select: bool):
+    """The lineage plan over the resolved faces (``subject_id`` = effective person), in table order.
+
+    ``sources`` maps record_id -> source_sha256. Partitions are the label tuples when the method
+    partitions by labels (k-Same-Select), else none.
+    """
+    from deid.lineage import plan_release  # noqa: PLC0415 - crypto imports only where needed
+
+    cols = faces.select(["record_id", "subject_id", *labels]).to_pydict()
+    parts = [tuple(str(cols[x][i]) for x in labels) for i in range(faces.num_rows)] if select and labels else None
+    return plan_release(state, cols["subject_id"], [sources[r] for r in cols["record_id"]], key=key, k=k,
+                        policy=policy, absent=absent, partitions=parts)
+
+
+def lineage_new_labels(plan, record_ids: list[str], deid_paths: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(cluster index, released uint8 image) of each of ``plan.new_records`` from the de-identified parts.
+
+    A new record the partition stage withheld (not in any part) gets cluster -1 and a zero image.
+    """
+    found: dict[str, tuple[str, bytes]] = {}
+    for path in deid_paths:
+        t = pq.read_table(path, columns=["record_id", "cluster", "pixels"]).to_pydict()
+        found.update(zip(t["record_id"], zip(t["cluster"], t["pixels"])))
+    names: dict[str, int] = {}
+    width = len(next(iter(found.values()))[1]) if found else 0
+    labels_ = np.full(len(plan.new_records), -1, dtype=np.intp)
+    images = np.zeros((len(plan.new_records), width), dtype=np.uint8)
+    for j, i in enumerate(plan.new_records):
+        hit = found.get(record_ids[i])
+        if hit is not None:
+            labels_[j] = names.setdefault(hit[0], len(names))
+            images[j] = np.frombuffer(hit[1], np.uint8)
+    return labels_, images
+
+
+def write_lineage_part(partition_dir: str, out_path: str, release, state, record_ids: list[str]) -> dict:
+    """The de-identified part of the returning people: each record carries its registered stored average.
+
+    Written in the order of the ``partition=lineage`` dataset, like every de-identified part, so
+    the gate pairs each record with its original. Returns the cluster summary of
+    :func:`deidentify_partition` (sizes count this drop's records, not counterfeits).
+    """
+    where = {record_ids[i]: key for i, key in enumerate(release.record_cluster) if key is not None}
+    t = ds.dataset(partition_dir, format="parquet").to_table(columns=["record_id", "subject_id"])
+    ids = t.column("record_id").to_pylist()
+    people = t.column("subject_id").to_pylist()
+    clusters = [where[r] for r in ids]
+    pixels = [np.ascontiguousarray(state.clusters[c].image, dtype=np.uint8).tobytes() for c in clusters]
+    _write_atomic(pa.table({"record_id": ids, "cluster": clusters, "pixels": pixels}, schema=schemas.deidentified()),
+                  Path(out_path))
+    summary = []
+    for c in sorted(set(clusters)):
+        members = [p for p, x in zip(people, clusters) if x == c]
+        summary.append({"cluster": c, "size": len(members), "people": len(set(members))})
+    return {"path": out_path, "records": len(ids), "clusters": summary}
+
+
+def counterfeit_rows(release, state, labels: list[str], present: dict[str, list[dict]],
+                     fallback: dict[str, str]) -> list[dict]:
+    """The counterfeit records of the republished clusters: stored image and utility labels, no source.
+
+    Labels come from the cluster's partition (k-Same-Select), else from a record of the cluster in
+    this drop (``present``: cluster key -> label dicts), else the drop's most common values.
+    """
+    rows = []
+    for r in release.republished:
+        c = state.clusters[r.key]
+        for n in range(r.n_counterfeit):
+            if labels and len(c.partition) == len(labels):
+                lab = dict(zip(labels, c.partition))
+            elif present.get(r.key):
+                lab = present[r.key][n % len(present[r.key])]
+            else:
+                lab = dict(fallback)
+            rows.append({"record_id": f"{COUNTERFEIT_PREFIX}{len(rows):06d}", "cluster": r.key,
+                         "pixels": np.ascontiguousarray(c.image, dtype=np.uint8), "labels": lab})
+    return rows
+
+
+def republished_members(release, state) -> dict[str, list[str]]:
+    """Cluster key -> the person (pseudonym) of each registered basis record, for every republished cluster."""
+    return {r.key: sorted(p for _, p in state.clusters[r.key].members) for r in release.republished}
+
+
+def count_registered_members(clusters, people, image_index, members: dict[str, list[str]]
+                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gate rows for the k checks: a republished cluster counts its registered members, not its released rows.
+
+    The rows of republished clusters (``members`` keys) are replaced by one row per registered
+    basis record (person = its pseudonym) with one image index per cluster; every other row is
+    kept. A republished cluster without any row in this drop (only counterfeits) is counted too.
+    """
+    clusters = np.asarray(clusters, dtype=object)
+    keep = np.array([c not in members for c in clusters], dtype=bool)
+    start = int(np.max(image_index)) + 1 if len(image_index) else 0
+    extra_c = [c for c, ps in members.items() for _ in ps]
+    extra_p = [p for ps in members.values() for p in ps]
+    extra_i = [start + n for n, ps in enumerate(members.values()) for _ in ps]
+    return (np.concatenate([clusters[keep], np.asarray(extra_c, dtype=object)]),
+            np.concatenate([np.asarray(people, dtype=object)[keep], np.asarray(extra_p, dtype=object)]),
+            np.concatenate([np.asarray(image_index, dtype=np.int64)[keep], np.asarray(extra_i, dtype=np.int64)]))
+
+
+def lineage_can_abandon(state, release_id: str) -> bool:
+    """Whether a pending release may be marked abandoned: no release registered after it.
+
+    A later release was planned with this one's clusters as registered (pending constrains) and
+    may republish them; abandoning it would drop clusters that release refers to. It stays
+    pending then, which only ever constrains more.
+    """
+    seen = False
+    for doc in state.entries:
+        if doc.get("kind") == "release":
+            if seen:
+                return False
+            seen = doc.get("release_id") == release_id
+    return True

@@ -21,7 +21,7 @@ from deid.publish import discard, new_release_id
 from deid.report import dataset_fingerprint
 from deid.safety import RunLock, fault_point
 from deid.settings import Settings
-from deid.stages import COLOR_METHODS
+from deid.stages import COLOR_METHODS, republished_members
 from tasks import stages as t
 from tasks.cluster import dask_cluster
 
@@ -95,6 +95,27 @@ def _abandon(staging: Path, report_dir: Path, logger) -> None:
     logger.info("removed the staging directory %s of the failed run", staging)
 
 
+def _lineage_section(dataset: str, plan, lin: dict | None, *, registered: bool, method: str) -> dict:
+    """The report's ``lineage`` section: counts and decisions only (no pseudonym, fingerprint or cluster key)."""
+    if plan is None:
+        spec = REGISTRY[method]
+        why = ("not applicable: the method gives no identical image per cluster to register"
+               if not (spec.identical_within_cluster and spec.clustered) else "not planned: nothing reached partitioning")
+        return {"dataset": dataset, "applied": False, "detail": why}
+    counts = dict(lin["release"].counts) if lin else {}
+    return {**plan.summary(), "applied": True, "based_on_head": plan.based_on_head,
+            "registered": bool(registered and lin), "release_counts": counts}
+
+
+def _settle_lineage(dataset: str, state, release_id: str, kind: str, logger) -> None:
+    """Mark a registered release published or abandoned; if that fails, the next run's reconcile settles it."""
+    try:
+        t.lineage_register(dataset, state, mark=kind, release_id=release_id)
+    except (StateError, OSError) as exc:
+        logger.warning("lineage %s: could not mark %s %s (%s); the next run settles it from the releases directory",
+                       dataset, release_id, kind, exc)
+
+
 def _manifest_fingerprint(drop: str) -> str:
     try:
         raw = (Path(drop) / "manifest.csv").read_bytes()
@@ -149,6 +170,13 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
                             "records_quarantined": 0}, "privacy": {"max_rate": None}, "utility": [],
                 "timings": {}, "linkage": None}
     fault_point("ingest")
+    releases_dir = str(settings.data_path / "releases")
+    # Successive releases of one dataset (deid.lineage): only methods that give every cluster member
+    # the identical image have registered averages to keep; the others are gated on their own.
+    spec = REGISTRY[method]
+    lineage_state = (t.lineage_open(ing["dataset"], releases_dir)
+                     if spec.identical_within_cluster and spec.clustered else None)
+    lin = None
     labels = ing["labels"]
     select = METHODS[method]["select"] and bool(labels)
     notes: list[str] = []
@@ -189,7 +217,9 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
             with _timed(timings, "partition"):
                 part = t.partition(ing["ingested"], aligned_parts, feats["parts"], str(staging), labels=labels,
                                    k=k, select=select, policy=policy, duplicate_ids=settings.duplicate_ids,
-                                   address=address, embed_max=settings.identity_embed_max, shape_hw=(h, w))
+                                   address=address, embed_max=settings.identity_embed_max, shape_hw=(h, w),
+                                   lineage=lineage_state, lineage_policy=settings.lineage_policy,
+                                   lineage_absent=settings.lineage_absent)
             quarantined += part["quarantined"]
             if part["partitions"]:
                 with _timed(timings, "deidentify"):
@@ -197,17 +227,27 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
                                       shape_hw=[h, w], sigma=sigma, block=block, labels=labels,
                                       color=settings.color)
                 deid_parts, clusters = de["parts"], de["clusters"]
+            if part.get("lineage_plan") is not None:
+                # New clusters registered as made; returning people's records carry their stored averages.
+                with _timed(timings, "lineage"):
+                    lin = t.lineage_release(part["lineage_plan"], lineage_state, part["lineage_ids"], deid_parts,
+                                            str(staging), release_id=release_id, method=method, shape_hw=[h, w],
+                                            lineage_dir=part["lineage_dir"])
+                    if lin["part"]:
+                        deid_parts, clusters = [*deid_parts, lin["part"]], [*clusters, *lin["clusters"]]
+                    extra_checks += t.lineage_checks(lineage_state, lin["release"], part["lineage_plan"],
+                                                     part["lineage_ids"], aligned_parts)
     by_reason = t.quarantine_summary(quarantined, str(staging))
     counts = {"in": ing["records_in"], "suppressed": len(part["suppressed"]), "quarantined": len(quarantined)}
     # Counts only, never the label values: a rare value held by one person is itself identifying.
     small_detail = "; ".join(f"a partition of {e['records']} records has {e['people']} people: {e['action']}"
                              for e in part["small"])
-    releases_dir = str(settings.data_path / "releases")
     staged = None
     if deid_parts:
         with _timed(timings, "stage"):
             staged = t.stage(deid_parts, ing["ingested"], str(staging), labels=labels, shape=(h, w),
-                             release_id=release_id, k=k)
+                             release_id=release_id, k=k, lineage_release=lin["release"] if lin else None,
+                             lineage_state=lineage_state)
         validation["release"] = staged["validation"]
         extra_checks.append(t.suite_check(staged["validation"]).to_dict())
     gate_config = GateConfig(
@@ -222,9 +262,14 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
         g = t.run_gate(deid_parts, config=gate_config, counts=counts,
                        partition_failed=part["failed"], partition_detail=small_detail, shape_hw=[h, w],
                        sigma=sigma, block=block, partitions_root=str(staging / "partitions"),
-                       file_metadata=staged["file_metadata"] if staged else None, extra_checks=extra_checks)
+                       file_metadata=staged["file_metadata"] if staged else None, extra_checks=extra_checks,
+                       lineage_members=republished_members(lin["release"], lineage_state) if lin else None)
     fault_point("gate")
     released_dir, artifacts, linkage = None, [], None
+    if g["passed"] and lin is not None:
+        # Registered (pending) before the report is signed and the release published: a crash from here
+        # on can never let the next run re-cluster these people; the next run settles the status.
+        lineage_state = t.lineage_register(ing["dataset"], lineage_state, lin["release"])
     if g["passed"]:
         # Where the release will be once published; the report is signed before the rename.
         released_dir, artifacts = str(Path(releases_dir) / release_id), staged["artifacts"]
@@ -262,6 +307,8 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
             "reidentification": g["reidentification"],
         },
         "utility": g["utility"],
+        "lineage": _lineage_section(ing["dataset"], part.get("lineage_plan"), lin, registered=g["passed"],
+                                    method=method),
         "validation": validation,
         "artifacts": artifacts,
         "release_dir": released_dir,
@@ -316,6 +363,8 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
             # Signed "released" but not published: say so under the same key, and keep nothing staged.
             t.publish_failed_addendum(str(report_dir), release_id=release_id, error=f"{type(exc).__name__}: {exc}")
             t.withhold(staged, str(staging))
+            if lin is not None:
+                _settle_lineage(ing["dataset"], lineage_state, release_id, "abandoned", logger)
             if isinstance(exc, OSError):
                 raise EnvironmentFailure.from_oserror(
                     exc, doing=f"publishing {release_id} failed after its report was signed (signed addendum "
@@ -324,6 +373,8 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
                              f"addendum says it was not published") from exc
         linkage = pub["linkage"]
         fault_point("publish")
+        if lin is not None:
+            _settle_lineage(ing["dataset"], lineage_state, release_id, "published", logger)
     t.ui_artifacts(rep["path"])
     (staging / ".complete").touch()
     logger.info("verdict: %s; report %s", report["verdict"], rep["path"])

@@ -10,6 +10,7 @@ import json
 import math
 import os
 from collections import Counter
+from dataclasses import replace
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -26,16 +27,19 @@ from deid import gate as gate_mod
 from deid import stages
 from deid.card import DatasetCard, write_card
 from deid.drop import read_drop
-from deid.errors import DataError, Quarantined
+from deid.errors import ConfigError, DataError, Quarantined, StateError
 from deid.html_report import sample_release_images, write_report_bundle
 from deid.ingest import ingest, write_quarantine
 from deid.leaks import release_files_metadata
+from deid.lineage import LineageError, build_release
+from deid.lineage_checks import check_structure, differencing_attack
+from deid.lineage_registry import Registry
 from deid.linkage import build_linkage, ensure_linkage_key, linkage_path, sources_from_ingested, write_linkage
-from deid.methods import method_runner
+from deid.methods import REGISTRY, method_runner
 from deid.partition import plan_partitions
 from deid.publish import RELEASE_TABLE, commit_release, discard, stage_release
 from deid.report import dataset_fingerprint, hash_tree
-from deid.safety import RELEASE_SUBDIR, fault_enospc, preflight_locations, recover, write_signed_addendum
+from deid.safety import RELEASE_SUBDIR, fault_enospc, is_live, preflight_locations, recover, write_signed_addendum
 from deid.settings import Settings
 from deid.signing import ensure_signing_key
 from deid.validation import (
@@ -83,6 +87,7 @@ def ingest_drop(drop_dir: str, staging: str, *, labels: list[str] | None, name: 
         "labels": drop.labels,
         "name": drop.name,
         "license": drop.license,
+        "dataset": drop.dataset,
         "extra_columns": drop.extra_columns,
         "fingerprint": dataset_fingerprint(drop.manifest_bytes, res.source_sha256.values()),
         "quarantined": [q.__dict__ for q in quarantined],
@@ -164,8 +169,15 @@ def _embed_on_cluster(address: str, faces: pa.Table, shape_hw: tuple[int, int]) 
 @task(name="partition", **TASK)
 def partition(ingested: str, aligned_parts: list[str], feature_parts: list[str], staging: str, *,
               labels: list[str], k: int, select: bool, policy: str, duplicate_ids: str = "merge",
-              address: str | None = None, embed_max: int = 0, shape_hw: tuple[int, int] = (92, 81)) -> dict:
-    """Split the aligned faces by utility labels into Hive-partitioned Parquet."""
+              address: str | None = None, embed_max: int = 0, shape_hw: tuple[int, int] = (92, 81),
+              lineage=None, lineage_policy: str = "invariant", lineage_absent: str = "republish") -> dict:
+    """Split the aligned faces by utility labels into Hive-partitioned Parquet.
+
+    With a ``lineage`` (:class:`deid.lineage.LineageState`), the lineage is planned on the
+    effective persons first: only new people are partitioned (and clustered); the returning
+    people's records go to ``partition=lineage`` (released later as their registered averages),
+    and the records the plan holds back are suppressed.
+    """
     logger = get_run_logger()
     faces = _load_faces(ingested, aligned_parts, feature_parts, labels).sort_by("record_id")
     embeddings = _embed_on_cluster(address, faces, shape_hw) if address and 0 < faces.num_rows <= embed_max else None
@@ -173,10 +185,30 @@ def partition(ingested: str, aligned_parts: list[str], feature_parts: list[str],
     if identity.normalized_merges or identity.face_merges:
         logger.warning("partition: %d subject ids merged by normalisation, %d groups by matching faces (%s)",
                        identity.normalized_merges, len(identity.face_merges), duplicate_ids)
+    out = Path(staging) / "partitions"
+    lineage_plan, lineage_ids, lineage_dir, held_back = None, [], None, []
+    if lineage is not None:
+        sources = dict(zip(*pq.read_table(ingested, columns=["record_id", "source_sha256"]).to_pydict().values()))
+        # Per label partition, the lineage holds back fewer than k new people (they wait): the `suppress`
+        # policy. Under `merge` or `fail` it plans on one partition and the small-partition policy decides.
+        lineage_plan = stages.plan_lineage(faces, sources, lineage, key=_lineage_key(), k=k, policy=lineage_policy,
+                                           absent=lineage_absent, labels=labels, select=select and policy == "suppress")
+        lineage_ids = faces.column("record_id").to_pylist()
+        held_back = [lineage_ids[i] for i, _ in lineage_plan.suppressed]
+        returning = sorted(i for r in lineage_plan.republish for i in r.records)
+        if returning:
+            back = faces.take(pa.array(returning, pa.int64()))
+            back = back.append_column("partition", pa.array([stages.LINEAGE_PARTITION] * back.num_rows))
+            ds.write_dataset(back, out, format="parquet", partitioning=ds.partitioning(
+                pa.schema([("partition", pa.string())]), flavor="hive"), existing_data_behavior="overwrite_or_ignore",
+                basename_template="part-lineage-{i}.parquet")
+            lineage_dir = str(out / f"partition={stages.LINEAGE_PARTITION}")
+        logger.info("partition: lineage of %s (%s): %d records of returning people, %d new records, %d held back",
+                    lineage.dataset, lineage_policy, len(returning), len(lineage_plan.new_records), len(held_back))
+        faces = faces.take(pa.array(list(lineage_plan.new_records), pa.int64()))
     cols = faces.select(["subject_id", *labels]).to_pydict()
     lab_rows = [{x: cols[x][i] for x in labels} for i in range(faces.num_rows)]
     plan = plan_partitions(lab_rows, cols["subject_id"], k=k, label_names=labels, select=select, policy=policy)
-    out = Path(staging) / "partitions"
     dirs = []
     for n, (key, idx) in enumerate(plan.groups.items()):
         part = faces.take(pa.array(idx, pa.int64()))
@@ -192,14 +224,100 @@ def partition(ingested: str, aligned_parts: list[str], feature_parts: list[str],
     if dirs:
         (out / "_index.json").write_text(json.dumps(dirs, indent=2))
     ids = faces.column("record_id").to_pylist()
-    suppressed = [ids[i] for i in plan.suppressed]
+    suppressed = [ids[i] for i in plan.suppressed] + held_back
     for entry in plan.small:
         # Counts only: a rare label value held by one person is itself identifying (also in logs).
         logger.warning("a partition of %s records has %s people (< k=%d): %s", entry["records"], entry["people"], k,
                        entry["action"])
     logger.info("partition: %d partitions, %d records suppressed", len(dirs), len(suppressed))
     return {"partitions": dirs, "suppressed": suppressed, "small": plan.small, "failed": plan.failed,
-            "identity": identity.summary(), "quarantined": [q.__dict__ for q in dup_quarantined]}
+            "identity": identity.summary(), "quarantined": [q.__dict__ for q in dup_quarantined],
+            "lineage_plan": lineage_plan, "lineage_ids": lineage_ids, "lineage_dir": lineage_dir}
+
+
+def _lineage_key() -> bytes:
+    """The steward's key (the linkage key): read here, never passed as a (logged) task parameter."""
+    settings = Settings()
+    return ensure_linkage_key(configured=settings.linkage_key, keys_dir=settings.data_path / "keys")[0]
+
+
+@task(name="lineage-open", **TASK)
+def lineage_open(dataset: str, releases_dir: str):
+    """Load and verify the dataset's lineage registry; settle releases an interrupted run left pending.
+
+    A tampered registry or a wrong key is a :class:`~deid.errors.StateError` (exit 70): the run
+    stops before any work, with the registry's one-line reason.
+    """
+    settings = Settings()
+    try:
+        reg = Registry.open(settings.data_path, dataset, _lineage_key())
+        state = reg.load()
+        for r in state.releases:
+            # Settle what a dead run left pending: published if its release directory exists, else abandoned.
+            # A pending release of a run still alive (its staging is locked) stays pending: it constrains.
+            if r.status != "pending":
+                continue
+            if (Path(releases_dir) / r.release_id).exists():
+                state = reg.mark_published(state, r.release_id)
+            elif not is_live(settings.data_path / "staging" / r.release_id) and \
+                    stages.lineage_can_abandon(state, r.release_id):
+                state = reg.mark_abandoned(state, r.release_id)
+    except LineageError as exc:
+        raise StateError(f"lineage of dataset {dataset!r}: {exc}") from None
+    get_run_logger().info("lineage %s: %d earlier releases, %d registered clusters (entry %d)", dataset,
+                          len(state.releases), len(state.clusters), state.seq)
+    return state
+
+
+@task(name="lineage-release", **TASK)
+def lineage_release(plan, state, record_ids: list[str], deid_parts: list[str], staging: str, *, release_id: str,
+                    method: str, shape_hw: list[int], lineage_dir: str | None) -> dict:
+    """The release as the lineage sees it, and the returning people's de-identified part (registered averages)."""
+    new_labels, new_images = stages.lineage_new_labels(plan, record_ids, deid_parts)
+    rel = build_release(plan, state, release_id=release_id, method=method, new_labels=new_labels,
+                        new_images=new_images, shape=(int(shape_hw[0]), int(shape_hw[1])))
+    part = None
+    if lineage_dir:
+        out = Path(staging) / "deidentified" / f"{Path(lineage_dir).name}.parquet"
+        part = stages.write_lineage_part(lineage_dir, str(out), rel, state, record_ids)
+    get_run_logger().info("lineage-release: %s", dict(rel.counts))
+    return {"release": rel, "part": part["path"] if part else None, "clusters": part["clusters"] if part else []}
+
+
+@task(name="lineage-checks", **TASK)
+def lineage_checks(state, rel, plan, record_ids: list[str], aligned_parts: list[str]) -> list[dict]:
+    """The gate's lineage checks: structure against the registry and the differencing attack."""
+    ids, X = stages.read_pixels(aligned_parts)
+    where = {r: i for i, r in enumerate(ids)}
+    rows = [where[r] for r in record_ids if r in where]
+    people = [plan.pseudonyms[i] for i, r in enumerate(record_ids) if r in where]
+    checks = [c.to_dict() for c in check_structure(state, rel)]
+    if len(rows) >= 2:
+        attack = differencing_attack(state, rel, X[rows], original_people=people)
+        get_run_logger().info("lineage differencing attack: %d cluster pairs, %d tests, %d matches",
+                              attack.n_cluster_pairs, attack.n_tests, len(attack.matches))
+        checks.append(attack.to_check().to_dict())
+    return checks
+
+
+@task(name="lineage-register", **TASK)
+def lineage_register(dataset: str, state, rel=None, *, mark: str | None = None, release_id: str | None = None):
+    """Append a release to the registry (pending), or mark it ``published`` / ``abandoned``; returns the state."""
+    settings = Settings()
+    reg = Registry.open(settings.data_path, dataset, _lineage_key())
+    try:
+        if rel is not None:
+            return reg.append_release(state, rel)
+        current = reg.load()
+        if mark == "published":
+            return reg.mark_published(current, release_id)
+        if not stages.lineage_can_abandon(current, release_id):
+            get_run_logger().warning("lineage %s: %s stays pending (a later release was planned on it)", dataset,
+                                     release_id)
+            return current
+        return reg.mark_abandoned(current, release_id)
+    except LineageError as exc:
+        raise StateError(f"lineage of dataset {dataset!r}: {exc}") from None
 
 
 @task(name="deidentify", retries=1, retry_delay_seconds=2, **TASK)
@@ -224,8 +342,14 @@ def deidentify(address: str, partitions: list[dict], staging: str, *, k: int, me
 def run_gate(deid_parts: list[str], *, config: gate_mod.GateConfig,
              counts: dict, partition_failed: bool, partition_detail: str, shape_hw: list[int],
              sigma: float | None, block: int | None, partitions_root: str | None = None,
-             file_metadata: dict | None = None, extra_checks: list[dict] = ()) -> dict:
-    """Load the would-be release and its originals, then run the core gate on them."""
+             file_metadata: dict | None = None, extra_checks: list[dict] = (),
+             lineage_members: dict[str, list[str]] | None = None) -> dict:
+    """Load the would-be release and its originals, then run the core gate on them.
+
+    ``lineage_members`` (republished cluster -> registered basis people): the k checks count a
+    republished cluster's registered members, not its released rows (new photos of returning
+    people, counterfeits); every other check runs on the released records of this drop.
+    """
     logger = get_run_logger()
     shape = (int(shape_hw[0]), int(shape_hw[1]))
     common = dict(records_in=counts["in"], suppressed=counts["suppressed"], quarantined=counts["quarantined"],
@@ -235,13 +359,16 @@ def run_gate(deid_parts: list[str], *, config: gate_mod.GateConfig,
                   deidentify=method_runner(config.method, shape=shape, k=config.k, sigma=sigma, block=block,
                                            n_components=config.n_components, seed=config.seed))
     if deid_parts and partitions_root:
-        rec = stages.gate_records(partitions_root, deid_parts, labels=list(config.labels))
+        rec = stages.gate_records(partitions_root, deid_parts, labels=list(config.labels),
+                                  select=REGISTRY[config.method].partitions_by_labels and bool(config.labels))
         inputs = gate_mod.GateInputs(shape=shape, people=rec["people"], image_index=rec["image_index"],
                                      own_distance=rec["own_distance"], fetch=rec["fetch"], clusters=rec["clusters"],
                                      partitions=rec["partitions"], labels=rec["labels"], **common)
     else:
         inputs = gate_mod.GateInputs.empty(shape=shape, **common)
     result = gate_mod.evaluate(inputs, config)
+    if lineage_members:
+        result = _k_checks_on_registered_members(result, inputs, config, lineage_members)
     logger.info("gate: %s%s", "passed" if result.passed else "failed",
                 "" if result.passed else " - " + "; ".join(result.reasons))
     return {
@@ -257,6 +384,33 @@ def run_gate(deid_parts: list[str], *, config: gate_mod.GateConfig,
         "exact_bound": result.exact_bound,
         "attack_sample": result.attack_sample,
     }
+
+
+K_CHECKS = ("min_cluster_size", "min_distinct_people_per_cluster", "max_person_share")
+
+
+def _k_checks_on_registered_members(result, inputs, config, members: dict[str, list[str]]):
+    """The gate's k checks again, with every republished cluster counted on its registered members."""
+    clusters = inputs.clusters if inputs.clusters is not None else np.zeros(0, dtype=object)
+    c, p, idx = stages.count_registered_members(clusters, inputs.people, inputs.image_index, members)
+    checks, min_people, share, _ = gate_mod.structural_checks(
+        replace(inputs, clusters=c, people=p, image_index=idx), config)
+    note = f" ({len(members)} republished clusters counted on their registered members)"
+    by_name = {x.name: replace(x, detail=x.detail + note) for x in checks if x.name in K_CHECKS}
+    merged = [by_name.pop(x.name, x) if x.name in K_CHECKS else x for x in result.checks]
+    bound = 1.0 / config.k
+    if result.max_rate is not None and result.max_rate > bound + 1e-12:
+        # The exact-bound rule lets a rate through unless its lower bound exceeds 1/k, because the row
+        # shares bound it; counted on registered members they no longer do. A released report claims
+        # the measured rate <= 1/k: withhold instead. The attacks see this drop's records only (a
+        # counterfeit has no original to attack with), so absent members and new photos of returning
+        # people make the rate pessimistic.
+        merged.append(gate_mod.Check(
+            "reidentification_rate_on_drop_records", False, round(result.max_rate, 6), f"<= {bound:.4f}",
+            f"the attacks on this drop's released records named their person at rate {result.max_rate:.3f} > 1/k; "
+            "returning people with new photos, or absent members of republished clusters (counterfeits cannot be "
+            "attacked: they have no original), raise the share of this drop's records above the registered one"))
+    return replace(result, checks=(*merged, *by_name.values()), min_people=min_people, max_person_share=share)
 
 
 def _releasable_label_sets(ingested: str, labels: list[str], k: int) -> dict[str, list[str]]:
@@ -277,10 +431,12 @@ def _releasable_label_sets(ingested: str, labels: list[str], k: int) -> dict[str
 
 @task(name="stage-release", **TASK)
 def stage(deid_parts: list[str], ingested: str, staging: str, *, labels: list[str], shape: tuple[int, int],
-          release_id: str, k: int) -> dict:
+          release_id: str, k: int, lineage_release=None, lineage_state=None) -> dict:
     """Write the would-be release inside the run's staging directory and validate exactly that.
 
-    Never inside ``data/releases/``: a run killed before publishing leaves nothing there.
+    Never inside ``data/releases/``: a run killed before publishing leaves nothing there. With a
+    lineage release, the counterfeit records of its republished clusters are added (stored
+    average, labels of their partition); only the private linkage record marks them.
     """
     logger = get_run_logger()
     settings = Settings()
@@ -289,11 +445,28 @@ def stage(deid_parts: list[str], ingested: str, staging: str, *, labels: list[st
     # DEID_COLOR: the colour faces (BGR) are released; the gate attacked their grey ("pixels").
     column, shape = ("color", (*shape, 3)) if "color" in rel.column_names else ("pixels", shape)
     images = np.frombuffer(b"".join(rel.column(column).to_pylist()), np.uint8).reshape(rel.num_rows, -1)
+    clusters = rel.column("cluster").to_pylist()
+    label_values = {x: rel.column(x).to_pylist() for x in labels}
+    record_ids = rel.column("record_id").to_pylist()
+    if lineage_release is not None and lineage_release.counts["counterfeit_records"]:
+        if column == "color":
+            raise ConfigError("DEID_COLOR=true cannot republish registered clusters yet (their stored averages are "
+                              "grey); release this dataset in grey, or start a new dataset name for colour releases")
+        present: dict[str, list[dict]] = {}
+        for i, c in enumerate(clusters):
+            present.setdefault(c, []).append({x: label_values[x][i] for x in labels})
+        fallback = {x: Counter(map(str, meta.column(x).to_pylist())).most_common(1)[0][0] for x in labels}
+        fakes = stages.counterfeit_rows(lineage_release, lineage_state, labels, present, fallback)
+        images = np.vstack([images, *[f["pixels"][None, :] for f in fakes]])
+        clusters += [f["cluster"] for f in fakes]
+        record_ids += [f["record_id"] for f in fakes]
+        for x in labels:
+            label_values[x] += [f["labels"][x] for f in fakes]
+        logger.info("stage: %d counterfeit records of republished clusters", len(fakes))
     tmp = Path(staging) / RELEASE_SUBDIR
     try:
-        staged = stage_release(tmp, images=images, shape=shape, clusters=rel.column("cluster").to_pylist(),
-                               labels={x: rel.column(x).to_pylist() for x in labels},
-                               record_ids=rel.column("record_id").to_pylist())
+        staged = stage_release(tmp, images=images, shape=shape, clusters=clusters, labels=label_values,
+                               record_ids=record_ids)
         artifacts = hash_tree(staged.path)
         validation = validate_release(staged.path / RELEASE_TABLE, labels,
                                       label_sets=_releasable_label_sets(ingested, labels, k), k=k)
