@@ -285,4 +285,6 @@ def test_london_no_face_and_two_faces_with_and_without_eye_points():
     ]
     done, bad = align_records(records, FaceAligner())
     assert {q.record_id: q.code for q in bad} == {"two": "multiple_faces", "none": "no_face"}
-    assert {d["record_id"]: d["eye_source"] for d in done} == {"two_eyes": "manifest", "one": "detected"}
+    sources = {d["record_id"]: d["eye_source"] for d in done}
+    # Detected eyes: dlib's landmarks (primary) or the Haar eye cascade.
+    assert sources["two_eyes"] == "manifest" and sources["one"] in ("landmarks", "landmarks_hog", "detected")
