@@ -432,12 +432,26 @@ def report_problems(report: Mapping[str, Any]) -> list[str]:
                 f"every cluster must hold at least k = {k} distinct people"
             )
         max_rate = privacy["max_rate"]
-        # Same epsilon as the gate: a rate of exactly 1/k may round one ulp above it.
-        if max_rate is None or max_rate > privacy["bound"] + _RATE_EPS:
-            problems.append(
-                f"verdict 'released' but $.privacy.max_rate = {max_rate!r}; "
-                f"the measured re-identification rate must be at most 1/k = {privacy['bound']!r}"
-            )
+        bound = privacy["bound"] + _RATE_EPS  # same epsilon as the gate: exactly 1/k may round one ulp above
+        if max_rate is None:
+            problems.append("verdict 'released' but $.privacy.max_rate is null: no attack was measured")
+        elif privacy.get("exact_bound"):
+            # Identical images per cluster: the exact bound decides; an attack fails only by its lower bound.
+            share = privacy.get("max_person_share")
+            if share is None or share > bound:
+                problems.append(f"verdict 'released' but $.privacy.max_person_share = {share!r} exceeds 1/k = "
+                                f"{privacy['bound']!r}")
+            bad = [r for r in privacy["reidentification"] if r.get("lower", r["rate"]) > bound]
+            if bad:
+                problems.append(f"verdict 'released' but {bad[0]['attacker']}/{bad[0]['mode']} has a lower bound "
+                                f"{bad[0].get('lower', bad[0]['rate'])!r} above 1/k = {privacy['bound']!r}")
+        else:
+            bad = [r for r in privacy["reidentification"] if r.get("upper", r["rate"]) > bound]
+            if bad:
+                problems.append(
+                    f"verdict 'released' but {bad[0]['attacker']}/{bad[0]['mode']} re-identification "
+                    f"{bad[0]['rate']!r} (upper bound {bad[0].get('upper')!r}) is not shown to be at most 1/k = "
+                    f"{privacy['bound']!r}")
         for r in privacy["reidentification"]:
             if max_rate is not None and r["rate"] > max_rate:
                 problems.append(f"$.privacy.max_rate = {max_rate!r} is below the {r['attacker']}/{r['mode']} rate {r['rate']!r}")

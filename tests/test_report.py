@@ -122,7 +122,11 @@ def test_schema_rejects_rate_above_one(signing_key):
         (lambda d: d["dataset"]["quarantine_by_reason"].__setitem__("made_up", 1), r"unknown reason codes"),
         (lambda d: d["checks"][0].__setitem__("passed", False), r"checks failed"),
         (lambda d: d["privacy"].__setitem__("min_distinct_people_per_cluster", 2), r"at least k = 3 distinct people"),
-        (lambda d: d["privacy"].__setitem__("max_rate", 0.4), r"at most 1/k"),
+        # Without the exact bound, every attack's upper bound (here: its rate) must be <= 1/k.
+        (lambda d: d["privacy"]["reidentification"][0].__setitem__("rate", 0.4), r"at most 1/k"),
+        # With identical images per cluster, the exact largest one-person share decides.
+        (lambda d: d["privacy"].update(exact_bound=True, max_person_share=0.5), r"max_person_share = 0.5 exceeds"),
+        (lambda d: d["privacy"].update(max_rate=None), r"no attack was measured"),
         (lambda d: d.__setitem__("reasons", ["x"]), r"\$\.reasons"),
         (lambda d: d.__setitem__("release_dir", None), r"\$\.release_dir"),
         (lambda d: d.__setitem__("extra", 1), r"Additional properties"),
@@ -217,7 +221,7 @@ def test_report_accepts_what_the_gate_and_flow_produce(signing_key):
     d["privacy"]["max_rate"] = np.nextafter(bound, 1.0).item()
     d["privacy"]["reidentification"][0]["rate"] = d["privacy"]["max_rate"]
     validate_report(d)
-    d["privacy"]["max_rate"] = bound + 1e-9
+    d["privacy"]["max_rate"] = d["privacy"]["reidentification"][0]["rate"] = bound + 1e-9
     with pytest.raises(ConfigError, match="at most 1/k"):
         validate_report(d)
 
