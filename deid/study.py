@@ -359,6 +359,24 @@ def _plt():
 
 
 _FAMILIES = ("k", "sigma", "block")
+
+
+def _label_axes(ax, title: str, xlabel: str, ylabel: str, *, legend: float | None = None) -> None:
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=legend)
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 _STYLES = {"naive": "-", "reverse": "--", "parrot": ":"}
 
 
@@ -466,15 +484,9 @@ def plot_utility(rows: list[dict], out_dir: Path) -> list[Path]:
             if tol is not None:
                 ax.axhline(float(tol), color="r", ls="--", lw=1, label=f"tolerance {float(tol):g}")
             ax.axhline(0, color="k", lw=0.6)
-            ax.set_title(f"{label}: cross-fit accuracy drop ({fam})", fontsize=9)
-            ax.set_xlabel(fam)
-            ax.set_ylabel("accuracy(originals) - accuracy(release)")
-            ax.grid(alpha=0.3)
-            ax.legend(fontsize=6)
-    fig.tight_layout()
-    paths.append(out_dir / "utility.png")
-    fig.savefig(paths[-1], dpi=100)
-    plt.close(fig)
+            _label_axes(ax, f"{label}: cross-fit accuracy drop ({fam})", fam, "accuracy(originals) - accuracy(release)",
+                        legend=6)
+    paths.append(_save(fig, out_dir / "utility.png"))
 
     old = [r for r in util if r["protocol"] != "cross-fit" and r["accuracy"] is not None]
     protocols = list(dict.fromkeys(r["protocol"] for r in old))
@@ -491,16 +503,9 @@ def plot_utility(rows: list[dict], out_dir: Path) -> list[Path]:
                         if pts:
                             ax.plot(*zip(*pts), styles.get(p, "-"), marker="o", ms=3,
                                     color=colours[mi % len(colours)], label=f"{method} / {p}")
-                ax.set_title(f"{label}: older protocols ({fam})", fontsize=9)
-                ax.set_xlabel(fam)
-                ax.set_ylabel("accuracy")
                 ax.set_ylim(0.3, 1.02)
-                ax.grid(alpha=0.3)
-                ax.legend(fontsize=5)
-        fig.tight_layout()
-        paths.append(out_dir / "utility_protocols.png")
-        fig.savefig(paths[-1], dpi=100)
-        plt.close(fig)
+                _label_axes(ax, f"{label}: older protocols ({fam})", fam, "accuracy", legend=5)
+        paths.append(_save(fig, out_dir / "utility_protocols.png"))
     return paths
 
 
@@ -547,12 +552,8 @@ def plot_privacy_utility(rows: list[dict], out_dir: Path) -> Path | None:
         ax.set_ylabel(f"{label} accuracy (trained on release, tested on held-out originals)", fontsize=8)
         ax.set_title(f"{label}: filled = gate passed, open = failed; numbers = strength", fontsize=9)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    path = out_dir / "privacy_utility.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+        ax.legend(fontsize=7, loc="best")
+    return _save(fig, out_dir / "privacy_utility.png")
 
 
 TILE_GAP = 2
