@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -72,6 +73,13 @@ def summary_table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def _progress() -> None:
+    """One log line per studied point (deid.study at INFO) even when the CLI logs only warnings."""
+    log = logging.getLogger("deid.study")
+    if log.getEffectiveLevel() > logging.INFO:
+        log.setLevel(logging.INFO)
+
+
 def cmd_study(args) -> int:
     from dataclasses import replace  # noqa: PLC0415
 
@@ -102,6 +110,7 @@ def cmd_study(args) -> int:
                           methods=tuple(args.methods) if args.methods else None,
                           labels=tuple(args.labels) if args.labels else None)
         print(f"deid study: {drop} -> {out}", file=sys.stderr)
+        _progress()
         res = study_drop(drop, out, cfg)
     except ConfigError as exc:
         print(f"deid study: {exc}", file=sys.stderr)
