@@ -116,7 +116,8 @@ class StudyConfig:
     modes, folds, repeats, seed, ...); its ``k``, ``method`` and ``labels`` are replaced per
     point. Methods whose strength is not k (blur, pixelate) are judged against the smallest
     k studied, the most lenient 1/k bound. ``methods=None`` studies every method of
-    :data:`deid.methods.REGISTRY`, each with its default options.
+    :data:`deid.methods.REGISTRY`, each with its default options. ``workers`` > 1 studies
+    points in that many forked processes (each embeds the originals for the deep attacker once).
     """
 
     ks: Sequence[int] = (2, 3, 5, 10)
@@ -126,6 +127,7 @@ class StudyConfig:
     labels: Sequence[str] | None = None
     gate: GateConfig = field(default_factory=lambda: GateConfig(k=2, method="k-same"))
     examples: int = 3
+    workers: int = 1
 
 
 @dataclass(frozen=True)
@@ -250,48 +252,92 @@ def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray
     Torre, S. Baker. Face de-identification. In Protecting Privacy in Video Surveillance,
     Springer, 2009 (Fig. 12, the privacy-utility map).
     """
-    from deid.methods import deidentify, method_runner  # noqa: PLC0415
-
     cfg = cfg or StudyConfig()
     names = list(cfg.labels) if cfg.labels else list(labels)
     missing = [x for x in names if x not in labels]
     if missing:
         raise ConfigError(f"labels {missing} are not in the drop's labels {sorted(labels)}")
+    if isinstance(cfg.workers, bool) or not isinstance(cfg.workers, int) or cfg.workers < 1:
+        raise ConfigError(f"workers={cfg.workers!r} must be an integer >= 1 (processes studying points in parallel)")
     pixels = np.asarray(pixels)
     n = len(pixels)
     people = np.asarray(people, dtype=object)
     labs = {x: np.asarray(labels[x], dtype=object) for x in names}
-    partitions = _partition_keys(labs, names, n)
     chosen = _example_records(people, cfg.examples, cfg.gate.seed)
+    data = _PointData(pixels, people, labs, _partition_keys(labs, names, n), tuple(shape), chosen, cfg.gate)
+    points = _points(cfg)
+    if cfg.workers == 1 or len(points) == 1:
+        results = [_study_point(data, point) for point in points]
+    else:
+        import multiprocessing  # noqa: PLC0415
+        from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
+
+        # Forked workers inherit the faces; each studies whole points, in the points' order.
+        with ProcessPoolExecutor(min(cfg.workers, len(points)), mp_context=multiprocessing.get_context("fork"),
+                                 initializer=_set_worker_data, initargs=(data,)) as pool:
+            results = list(pool.map(_study_worker_point, points, chunksize=1))
     rows: list[dict] = []
     examples: dict[tuple[str, str, float], np.ndarray] = {}
-    g = cfg.gate
-    for method, sname, strength, k in _points(cfg):
-        t0 = time.perf_counter()
-        kw = {sname: strength}
-        base = {"method": method, "strength_name": sname, "strength": strength, "k": k}
-        gcfg = replace(g, k=k, method=method, labels=tuple(names))
-        try:
-            released, clusters = deidentify(pixels, shape=shape, people=list(people), partitions=list(partitions),
-                                            method=method, labels={x: list(v) for x, v in labs.items()} or None,
-                                            n_components=g.n_components, seed=g.seed, **kw)
-        except ConfigError as exc:  # e.g. a label partition with fewer than k people
-            rows.append({**base, "kind": "skipped", "verdict": "skipped", "detail": str(exc)})
-            logger.warning("study: %s %s=%s skipped: %s", method, sname, strength, exc)
-            continue
-        inputs = GateInputs.from_arrays(
-            shape=shape, people=people, released=released, originals=pixels, clusters=clusters,
-            partitions=partitions, labels=labs, records_in=n,
-            deidentify=method_runner(method, shape=shape, n_components=g.n_components, seed=g.seed, **kw))
-        result = evaluate(inputs, gcfg)
-        seconds = round(time.perf_counter() - t0, 2)
-        point = gate_rows(result, base, k=k, confidence=g.confidence)
-        point[-1]["seconds"] = seconds
-        rows.extend(point)
-        examples[(method, sname, strength)] = released[chosen].copy()
-        logger.info("study: %s %s=%s gate %s, max re-id %.3f, share %s (%.1f s)", method, sname, strength,
-                    "passed" if result.passed else "failed", result.max_rate or 0.0, result.max_person_share, seconds)
+    for (method, sname, strength, _), (point_rows, faces) in zip(points, results):
+        rows.extend(point_rows)
+        if faces is not None:
+            examples[(method, sname, strength)] = faces
     return StudyResult(rows=rows, examples=examples, example_records=chosen, shape=tuple(shape))
+
+
+@dataclass(frozen=True)
+class _PointData:
+    """What every point of a study shares: the faces, their people, labels and partitions."""
+
+    pixels: np.ndarray
+    people: np.ndarray
+    labels: dict[str, np.ndarray]
+    partitions: np.ndarray
+    shape: tuple[int, int]
+    examples: np.ndarray
+    gate: GateConfig
+
+
+_WORKER_DATA: _PointData | None = None
+
+
+def _set_worker_data(data: _PointData) -> None:
+    global _WORKER_DATA  # noqa: PLW0603 - one study's data per worker process
+    _WORKER_DATA = data
+
+
+def _study_worker_point(point: tuple[str, str, float, int]) -> tuple[list[dict], np.ndarray | None]:
+    return _study_point(_WORKER_DATA, point)
+
+
+def _study_point(data: _PointData, point: tuple[str, str, float, int]) -> tuple[list[dict], np.ndarray | None]:
+    """One (method, strength): de-identify as the flow does, then the gate's verdict as rows."""
+    from deid.methods import deidentify, method_runner  # noqa: PLC0415
+
+    method, sname, strength, k = point
+    t0 = time.perf_counter()
+    kw = {sname: strength}
+    g = data.gate
+    base = {"method": method, "strength_name": sname, "strength": strength, "k": k}
+    try:
+        released, clusters = deidentify(data.pixels, shape=data.shape, people=list(data.people),
+                                        partitions=list(data.partitions), method=method,
+                                        labels={x: list(v) for x, v in data.labels.items()} or None,
+                                        n_components=g.n_components, seed=g.seed, **kw)
+    except ConfigError as exc:  # e.g. a label partition with fewer than k people
+        logger.warning("study: %s %s=%s skipped: %s", method, sname, strength, exc)
+        return [{**base, "kind": "skipped", "verdict": "skipped", "detail": str(exc)}], None
+    inputs = GateInputs.from_arrays(
+        shape=data.shape, people=data.people, released=released, originals=data.pixels, clusters=clusters,
+        partitions=data.partitions, labels=data.labels, records_in=len(data.pixels),
+        deidentify=method_runner(method, shape=data.shape, n_components=g.n_components, seed=g.seed, **kw))
+    result = evaluate(inputs, replace(g, k=k, method=method, labels=tuple(data.labels)))
+    seconds = round(time.perf_counter() - t0, 2)
+    rows = gate_rows(result, base, k=k, confidence=g.confidence)
+    rows[-1]["seconds"] = seconds
+    logger.info("study: %s %s=%s gate %s, max re-id %.3f, share %s (%.1f s)", method, sname, strength,
+                "passed" if result.passed else "failed", result.max_rate or 0.0, result.max_person_share, seconds)
+    return rows, released[data.examples].copy()
 
 
 def write_csv(rows: list[dict], path: str | Path) -> Path:

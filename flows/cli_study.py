@@ -108,7 +108,7 @@ def cmd_study(args) -> int:
             gate = replace(gate, attackers=tuple(args.attackers))
         cfg = StudyConfig(ks=args.k, sigmas=args.sigma, blocks=args.block, gate=gate,
                           methods=tuple(args.methods) if args.methods else None,
-                          labels=tuple(args.labels) if args.labels else None)
+                          labels=tuple(args.labels) if args.labels else None, workers=args.workers)
         print(f"deid study: {drop} -> {out}", file=sys.stderr)
         _progress()
         res = study_drop(drop, out, cfg)
@@ -143,6 +143,8 @@ def register(subparsers) -> None:
                    help="subset of the attackers (default all, dlib-resnet included on the gate's deep_attack_sample)")
     p.add_argument("--deep-sample", type=int, default=None,
                    help="records attacked by the deep recogniser per point (default: settings deep_attack_sample)")
+    p.add_argument("--workers", type=int, default=1,
+                   help="processes studying points in parallel (default 1; the machine's cores at most)")
     p.add_argument("--labels", type=_names, default=None, help="utility labels (default: the drop's)")
     p.add_argument("--repeats", type=int, default=None,
                    help="repeats of the older utility protocols per point (default: settings cv_repeats)")

@@ -174,13 +174,15 @@ def test_every_registry_method_runs_in_the_study(synthetic_aligned):
 
 
 def test_example_grid_shows_released_faces_only(synthetic_aligned, tmp_path):
+    from dataclasses import replace
+
     import cv2
     from deid.study import StudyConfig, example_grid, run_study, write_examples
 
     pixels, people, labels, shape = synthetic_aligned
-    res = run_study(pixels, people, labels, shape,
-                    StudyConfig(ks=(2,), sigmas=(0.5,), blocks=(2,), methods=("k-same", "blur", "pixelate"),
-                                gate=_cheap_gate(modes=("naive",)), examples=3))
+    cfg = StudyConfig(ks=(2,), sigmas=(0.5,), blocks=(2,), methods=("k-same", "blur", "pixelate"),
+                      gate=_cheap_gate(modes=("naive",)), examples=3)
+    res = run_study(pixels, people, labels, shape, cfg)
     mosaic, positions = example_grid(res)
     assert len(positions) == 3 * 3
     originals = {row.tobytes() for row in pixels}
@@ -194,6 +196,14 @@ def test_example_grid_shows_released_faces_only(synthetic_aligned, tmp_path):
                    for top in range(mosaic.shape[0] - h + 1) for left in (p[1] for p in positions.values()))
     path = write_examples(res, tmp_path)
     np.testing.assert_array_equal(cv2.imread(str(path), cv2.IMREAD_GRAYSCALE), mosaic)
+
+    # Two worker processes give the same rows and faces, in the same order.
+    par = run_study(pixels, people, labels, shape, replace(cfg, workers=2))
+    strip = lambda rows: [{c: v for c, v in r.items() if c != "seconds"} for r in rows]  # noqa: E731
+    assert strip(par.rows) == strip(res.rows)
+    assert all(np.array_equal(par.examples[key], res.examples[key]) for key in res.examples)
+    with pytest.raises(ConfigError, match="workers="):
+        run_study(pixels, people, labels, shape, replace(cfg, workers=0))
 
 
 def test_study_config_names_bad_values():
