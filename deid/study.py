@@ -457,7 +457,7 @@ def plot_reidentification(rows: list[dict], out_dir: Path) -> list[Path]:
                                  if r["attacker"] == att and r["mode"] == mode)
                     if not pts:
                         continue
-                    off = span * 0.012 * (i * len(modes) + j - len(attackers) * len(modes) / 2)
+                    off = span * 0.004 * (i * len(modes) + j - len(attackers) * len(modes) / 2)
                     x = np.array([p[0] for p in pts], dtype=float) + off
                     y = np.array([p[1] for p in pts])
                     err = np.array([[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]).clip(0)
