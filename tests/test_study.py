@@ -152,7 +152,7 @@ def synthetic_aligned(tmp_path_factory):
 def _cheap_gate(**kw):
     from deid.gate import GateConfig
 
-    return GateConfig(k=2, method="k-same", attackers=("pca-whitened-cosine",), repeats=1, **kw)
+    return GateConfig(k=2, method="k-same", attackers=("pca-whitened-cosine",), repeats=1, folds=3, **kw)
 
 
 def test_every_registry_method_runs_in_the_study(synthetic_aligned):
