@@ -68,41 +68,156 @@ def test_nearest_original_distance_finds_copies_and_near_copies():
 # --------------------------------------------------------------------------- the study
 
 
+CHEAP = ("pca-whitened-cosine", "lbp-chi2")
+
+
+def _f(x: str) -> float:
+    return float(x)
+
+
 def test_study_cli_on_a_small_synthetic_drop(tmp_path, capsys):
-    from deid.synth import make_synthetic_drop
+    from deid.study import CSV_COLUMNS
     from flows.cli import main
+    from deid.synth import make_synthetic_drop
 
     drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=0)
     out = tmp_path / "study"
-    argv = ["study", str(drop), "--k", "2", "--sigma", "2", "--block", "4", "--out", str(out), "--repeats", "1",
-            "--methods", "k-same-select,blur", "--attackers", "pca-whitened-cosine,lbp-chi2"]
+    argv = ["study", str(drop), "--k", "2,3", "--sigma", "2", "--block", "4", "--out", str(out), "--repeats", "1",
+            "--methods", "k-same-select,blur,multi-factor", "--attackers", ",".join(CHEAP)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    assert "k-same-select | k=2" in printed and "blur | sigma=2" in printed
+    assert "| k-same-select | k=2 | pass |" in printed and "| blur | sigma=2 | fail |" in printed
     with open(out / "study.csv", newline="") as fh:
-        rows = list(csv.DictReader(fh))
+        reader = csv.DictReader(fh)
+        assert tuple(reader.fieldnames) == CSV_COLUMNS
+        rows = list(reader)
+    assert {"lower", "upper", "n", "status", "verdict", "max_person_share", "delta"} <= set(CSV_COLUMNS)
+    points = {("k-same-select", "2"), ("k-same-select", "3"), ("multi-factor", "2"), ("multi-factor", "3"),
+              ("blur", "2.0")}
+    verdicts = {(r["method"], r["strength"]): r for r in rows if r["kind"] == "verdict"}
+    assert set(verdicts) == points
+
     privacy = [r for r in rows if r["kind"] == "privacy"]
-    assert {(r["method"], r["attacker"], r["mode"]) for r in privacy} == {
-        (m, a, mode) for m in ("k-same-select", "blur") for a in ("pca-whitened-cosine", "lbp-chi2")
-        for mode in ("naive", "reverse", "parrot")}
+    assert {(r["method"], r["strength"], r["attacker"], r["mode"]) for r in privacy} == {
+        (m, s, a, mode) for m, s in points for a in CHEAP for mode in ("naive", "reverse", "parrot")}
     for r in privacy:
-        if r["method"] == "k-same-select":
-            assert float(r["rate"]) <= 0.5 + 1e-9 and float(r["bound"]) == 0.5
-        elif r["mode"] == "parrot":
-            assert float(r["rate"]) >= 0.9
+        assert 0 <= _f(r["lower"]) <= _f(r["rate"]) <= _f(r["upper"]) <= 1, r
+        assert int(r["n"]) > 0 and int(r["bonferroni"]) == 6 and r["status"] in ("pass", "fail")
+        assert _f(r["bound"]) == 1 / int(r["k"])
+        if r["method"] == "blur" and r["mode"] == "parrot":
+            assert _f(r["rate"]) >= 0.9 and r["status"] == "fail"
+    for s in ("2", "3"):
+        v = verdicts[("k-same-select", s)]
+        # Identical copies per cluster: the exact share decides, and it is at most 1/k.
+        assert v["exact_bound"] == "True" and _f(v["max_person_share"]) <= 1 / int(s) + 1e-12
+        assert verdicts[("multi-factor", s)]["exact_bound"] == "False"
+    assert verdicts[("blur", "2.0")]["verdict"] == "fail" and verdicts[("blur", "2.0")]["k"] == "2"
+
+    checks = [r for r in rows if r["kind"] == "check"]
+    for (m, s), v in verdicts.items():
+        mine = {r["check"]: r["status"] for r in checks if (r["method"], r["strength"]) == (m, s)}
+        assert {"reidentification_rate", "no_near_copies", "utility_gender", "utility_expression"} <= set(mine)
+        # The verdict is the gate's: it fails exactly when a check fails (inconclusive utility releases).
+        assert (v["verdict"] == "fail") == ("fail" in mine.values()), (m, s, mine)
     utility = [r for r in rows if r["kind"] == "utility"]
-    assert {(r["label"], r["protocol"]) for r in utility} == {
-        (lab, p) for lab in ("gender", "expression") for p in ("cv", "train-original-test-release",
-                                                               "train-release-test-heldout")}
-    leaks = [r for r in rows if r["kind"] == "leak"]
-    assert len(leaks) == 2 and all(float(r["min_distance"]) > 0 for r in leaks)
-    for name in ("reidentification.png", "utility.png"):
-        assert (out / name).read_bytes().startswith(b"\x89PNG")
+    cross = [r for r in utility if r["protocol"] == "cross-fit"]
+    assert {(r["method"], r["strength"], r["label"]) for r in cross} == {
+        (m, s, lab) for m, s in points for lab in ("gender", "expression")}
+    for r in cross:
+        assert _f(r["lower"]) <= _f(r["delta"]) <= _f(r["upper"]) and int(r["n"]) > 0
+        assert r["status"] in ("pass", "fail", "inconclusive")
+    assert {r["protocol"] for r in utility} == {"cross-fit", "cv", "train-original-test-release",
+                                                "train-release-test-heldout"}
+    for name in ("reidentification_k.png", "reidentification_sigma.png", "utility.png", "utility_protocols.png",
+                 "privacy_utility.png", "examples.png"):
+        assert (out / name).read_bytes().startswith(b"\x89PNG"), name
+    assert not (out / "reidentification_block.png").exists()  # no pixelation point was asked for
     assert (out / "aligned.npz").is_file() and not (out / "ingested.parquet").exists()
 
     # Bad input: exit code 2 with a message naming the parameter.
     assert main(["study", str(drop), "--k", "2", "--methods", "median", "--out", str(out)]) == 2
     assert "methods=" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def synthetic_aligned(tmp_path_factory):
+    import deid.study as study
+    from deid.synth import make_synthetic_drop
+
+    tmp = tmp_path_factory.mktemp("study")
+    drop = make_synthetic_drop(tmp / "drop", people=12, images_per_person=2, seed=2)
+    return study.load_aligned(drop, tmp / "work")
+
+
+def _cheap_gate(**kw):
+    from deid.gate import GateConfig
+
+    return GateConfig(k=2, method="k-same", attackers=("pca-whitened-cosine",), repeats=1, folds=3, **kw)
+
+
+def test_every_registry_method_runs_in_the_study(synthetic_aligned):
+    from deid.methods import METHODS, STRENGTH
+    from deid.study import StudyConfig, run_study, summary
+
+    pixels, people, labels, shape = synthetic_aligned
+    res = run_study(pixels, people, labels, shape,
+                    StudyConfig(ks=(2,), sigmas=(2.0,), blocks=(4,), gate=_cheap_gate(modes=("naive", "parrot"))))
+    points = {s["method"]: s for s in summary(res.rows)}
+    assert set(points) == set(METHODS)
+    for method, s in points.items():
+        assert s["verdict"] in ("pass", "fail"), (method, s.get("skipped"))
+        assert s["strength_name"] == STRENGTH[method] and s["k"] == 2
+        assert s["max_rate"] is not None and s["lower"] <= s["max_rate"] <= s["upper"]
+        assert set(s["utility"]) == {"gender", "expression"}
+    assert points["k-same-select"]["exact_bound"] and points["k-same-eigen"]["exact_bound"]
+    assert not points["selective-mean"]["exact_bound"] and points["blur"]["verdict"] == "fail"
+
+
+def test_example_grid_shows_released_faces_only(synthetic_aligned, tmp_path):
+    from dataclasses import replace
+
+    import cv2
+    from deid.study import StudyConfig, example_grid, run_study, write_examples
+
+    pixels, people, labels, shape = synthetic_aligned
+    cfg = StudyConfig(ks=(2,), sigmas=(0.5,), blocks=(2,), methods=("k-same", "blur", "pixelate"),
+                      gate=_cheap_gate(modes=("naive",)), examples=3)
+    res = run_study(pixels, people, labels, shape, cfg)
+    mosaic, positions = example_grid(res)
+    assert len(positions) == 3 * 3
+    originals = {row.tobytes() for row in pixels}
+    h, w = shape
+    for (method, sname, strength, j), (top, left) in positions.items():
+        tile = mosaic[top:top + h, left:left + w].ravel()
+        assert tile.tobytes() not in originals, (method, j)
+        np.testing.assert_array_equal(tile, res.examples[(method, sname, strength)][j])
+    # No original face anywhere in the mosaic, at any offset of the tile grid's rows.
+    assert not any(mosaic[top:top + h, left:left + w].tobytes() in originals
+                   for top in range(mosaic.shape[0] - h + 1) for left in (p[1] for p in positions.values()))
+    path = write_examples(res, tmp_path)
+    np.testing.assert_array_equal(cv2.imread(str(path), cv2.IMREAD_GRAYSCALE), mosaic)
+
+    # Two worker processes give the same rows and faces, in the same order.
+    par = run_study(pixels, people, labels, shape, replace(cfg, workers=2))
+    strip = lambda rows: [{c: v for c, v in r.items() if c != "seconds"} for r in rows]  # noqa: E731
+    assert strip(par.rows) == strip(res.rows)
+    assert all(np.array_equal(par.examples[key], res.examples[key]) for key in res.examples)
+    with pytest.raises(ConfigError, match="workers="):
+        run_study(pixels, people, labels, shape, replace(cfg, workers=0))
+
+
+def test_study_config_names_bad_values():
+    from deid.study import StudyConfig, _points
+
+    with pytest.raises(ConfigError, match="methods="):
+        _points(StudyConfig(methods=("median",)))
+    with pytest.raises(ConfigError, match="ks="):
+        _points(StudyConfig(ks=(1,)))
+    with pytest.raises(ConfigError, match="--sigma"):
+        _points(StudyConfig(methods=("blur",), sigmas=()))
+    pts = _points(StudyConfig(ks=(3, 5), sigmas=(2.0,), blocks=(), methods=("k-same", "blur")))
+    # Methods whose strength is not k are judged against the smallest k studied.
+    assert pts == [("k-same", "k", 3, 3), ("k-same", "k", 5, 5), ("blur", "sigma", 2.0, 3)]
 
 
 def test_load_aligned_uses_its_cache(tmp_path, monkeypatch):
@@ -134,25 +249,45 @@ def _london_aligned():
 @pytest.mark.london
 @pytest.mark.slow
 def test_london_study_supports_the_issue_claims():
+    from deid.attacks import ATTACKERS, DEEP_ATTACKERS
+    from deid.gate import GateConfig
     from deid.study import StudyConfig, run_study, summary
 
     pixels, people, labels, shape = _london_aligned()
     assert len(pixels) >= 190
     k = 5
-    rows = run_study(pixels, people, labels, shape, StudyConfig(ks=(k,), sigmas=(4.0,), blocks=(8,), utility_repeats=3))
+    # The deep recogniser is left out and the older utility protocols run once, to keep the
+    # test lean; `deid study` runs them all.
+    gate = GateConfig(k=2, method="k-same", attackers=tuple(a for a in ATTACKERS if a not in DEEP_ATTACKERS),
+                      repeats=1)
+    methods = ("k-same-select", "k-same", "k-same-naive", "blur", "pixelate", "k-same-eigen")
+    res = run_study(pixels, people, labels, shape,
+                    StudyConfig(ks=(k,), sigmas=(4.0,), blocks=(8,), methods=methods, gate=gate))
+    rows = res.rows
     priv = [r for r in rows if r["kind"] == "privacy"]
     by = {s["method"]: s for s in summary(rows)}
-    # Every k-Same-Select point at or below 1/k, for every attacker and mode.
-    assert all(r["rate"] <= 1 / k + 1e-9 for r in priv if r["method"] == "k-same-select")
-    assert all(r["rate"] <= 1 / k + 1e-9 for r in priv if r["method"] == "k-same")
-    # Parrot keeps blur and pixelation far above 1/k.
+    assert set(by) == set(methods)
+    # Every k-Same(-Select) point at or below 1/k, for every attacker and mode, and the exact
+    # share (identical copies per cluster) at most 1/k: the gate passes k-Same-Select.
+    for method in ("k-same-select", "k-same"):
+        assert all(r["rate"] <= 1 / k + 1e-9 for r in priv if r["method"] == method), method
+        assert by[method]["exact_bound"] and by[method]["max_person_share"] <= 1 / k + 1e-12
+    assert by["k-same-select"]["verdict"] == "pass", by["k-same-select"]["failed"]
+    # Parrot keeps blur and pixelation far above 1/k; the gate rejects them on re-identification.
     for method in ("blur", "pixelate"):
         parrot = [r["rate"] for r in priv if r["method"] == method and r["mode"] == "parrot"]
         assert max(parrot) >= 0.8 and min(parrot) >= 3 / k, (method, parrot)
+        assert by[method]["verdict"] == "fail" and "reidentification_rate" in by[method]["failed"]
     # Newton's image-counting k-Same breaks the bound.
     assert by["k-same-naive"]["max_rate"] > 1 / k + 0.05
-    # k-Same-Select keeps gender at least as well as k-Same (protocol 1).
-    assert by["k-same-select"]["utility"][("gender", "cv")] >= by["k-same"]["utility"][("gender", "cv")]
-    # No release is a near copy of an original at k=5.
-    leaks = {r["method"]: r["min_distance"] for r in rows if r["kind"] == "leak"}
-    assert leaks["k-same-select"] > 2.0 and leaks["k-same"] > 2.0
+    assert "min_distinct_people_per_cluster" in by["k-same-naive"]["failed"]
+    # k-Same-Select keeps gender at least as well as k-Same (cross-fit, and protocol 1 as evidence).
+    assert by["k-same-select"]["utility"]["gender"]["delta"] <= by["k-same"]["utility"]["gender"]["delta"]
+    assert by["k-same-select"]["evidence"][("gender", "cv")] >= by["k-same"]["evidence"][("gender", "cv")]
+    # k-Same-Eigen (issue 14) keeps the k-Same structure: exact share <= 1/k, and the gate releases it.
+    eigen = by["k-same-eigen"]
+    assert eigen["exact_bound"] and eigen["max_person_share"] <= 1 / k + 1e-12 and eigen["verdict"] == "pass"
+    # No release of the k-Same family is a near copy of an original at k=5.
+    leaks = {r["method"]: r for r in rows if r["kind"] == "check" and r["check"] == "no_near_copies"}
+    for method in ("k-same-select", "k-same", "k-same-eigen"):
+        assert leaks[method]["status"] == "pass" and leaks[method]["value"] > 2.0
