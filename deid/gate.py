@@ -220,6 +220,14 @@ def identical_within_clusters(image_index: Sequence[int], clusters: Sequence[Has
     return bool(pairs.shape[1] == len(np.unique(c_codes)))
 
 
+def _clustered(method: str) -> bool:
+    """Does the method form clusters (the registry says)? Unknown names are treated as clustered."""
+    from deid.methods import REGISTRY  # noqa: PLC0415
+
+    spec = REGISTRY.get(method)
+    return True if spec is None else bool(spec.clustered)
+
+
 def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check], int | None, float | None, bool]:
     """Checks that need no model: cluster sizes, people and person shares per cluster, columns, accounting."""
     k = config.k
@@ -227,7 +235,7 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
     checks = [Check("release_not_empty", n > 0, n, ">= 1", "" if n > 0 else "no record could be released")]
     min_people = share = None
     exact = False
-    if n and inputs.clusters is not None:
+    if n and inputs.clusters is not None and _clustered(config.method):
         sizes, distinct, shares = cluster_shares(list(inputs.clusters), list(inputs.people))
         min_size, min_people, share = min(sizes.values()), min(distinct.values()), max(shares.values())
         exact = identical_within_clusters(inputs.image_index, list(inputs.clusters))
@@ -244,9 +252,10 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
                                                if exact else "clusters are not identical copies: the empirical "
                                                "attacks decide")))
     elif n:
-        checks.append(Check("min_cluster_size", False, None, f">= {k}",
-                            f"method {config.method} forms no clusters; nothing structural guarantees 1/k",
-                            status="fail"))
+        checks.append(Check("min_cluster_size", True, None, f">= {k}",
+                            f"not applicable: method {config.method} forms no clusters, so nothing structural "
+                            "bounds re-identification; the empirical attacks decide (every upper bound <= 1/k)",
+                            status="not_applicable"))
     columns = inputs.release_columns or (*RELEASE_BASE_COLUMNS, *config.labels)
     allowed = set(RELEASE_BASE_COLUMNS) | set(config.labels)
     bad = sorted(set(columns) - allowed)
@@ -277,7 +286,7 @@ def closeness_check(inputs: GateInputs, config: GateConfig) -> Check:
     clustering (:mod:`deid.identity`); this check is the backstop on the released images.
     """
     name = "cluster_not_close_to_one_member"
-    if inputs.clusters is None or inputs.n == 0:
+    if inputs.clusters is None or inputs.n == 0 or not _clustered(config.method):
         return Check(name, True, None, None, "not applicable: no clusters", status="not_applicable")
     c_codes, keys = _codes(list(inputs.clusters))
     if len(keys) < 5:
@@ -308,7 +317,7 @@ def attack_sample(inputs: GateInputs, *, max_records: int, seed: int) -> np.ndar
     n = inputs.n
     if n <= max_records:
         return np.arange(n)
-    units = inputs.clusters if inputs.clusters is not None else inputs.people
+    units = inputs.clusters if inputs.clusters is not None and len(set(inputs.clusters)) < inputs.n else inputs.people
     codes, keys = _codes(list(units))
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(keys))

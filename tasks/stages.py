@@ -357,7 +357,10 @@ def run_gate(deid_parts: list[str], *, config: gate_mod.GateConfig,
                   file_metadata=file_metadata or {},
                   extra_checks=tuple(gate_mod.Check.from_dict(c) for c in extra_checks),
                   deidentify=method_runner(config.method, shape=shape, k=config.k, sigma=sigma, block=block,
-                                           n_components=config.n_components, seed=config.seed))
+                                           n_components=config.n_components,
+                                           # The attacker re-runs the method but cannot know the
+                                           # release's random state (a random method's secret).
+                                           seed=config.seed + 1))
     if deid_parts and partitions_root:
         rec = stages.gate_records(partitions_root, deid_parts, labels=list(config.labels),
                                   select=REGISTRY[config.method].partitions_by_labels and bool(config.labels))

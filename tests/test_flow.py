@@ -219,7 +219,9 @@ def test_london_gate_rejects_methods_without_the_guarantee(project, prefect_serv
         parrot = [r for r in rows if r["mode"] == "parrot"]
         assert max(r["rate"] for r in parrot) >= 0.8
         assert max(r["lower"] for r in parrot) > 0.2
-        assert {"reidentification_rate", "min_cluster_size"} <= failed
+        assert "reidentification_rate" in failed
+        # No clusters: nothing structural applies; the attacks' upper bounds decide.
+        assert checks["min_cluster_size"]["status"] == "not_applicable"
     else:
         # Counting images, not people, lets one person hold two of a cluster's images: the
         # exact bound (largest one-person share) exceeds 1/k and decides.
