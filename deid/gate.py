@@ -49,7 +49,7 @@ class GateConfig:
     leak_threshold: float = 2.0
     closeness_ratio: float = 0.25
     attack_sample: int = 1000
-    deep_attack_sample: int = 200
+    deep_attack_sample: int = 100
     attackers: tuple[str, ...] | None = None
     modes: tuple[str, ...] = MODES
     utility_sample: int = 1000

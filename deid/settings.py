@@ -58,7 +58,7 @@ class Settings(BaseSettings):
         default="release", description="what an inconclusive utility check does (it never hides the privacy verdict)")
     gate_confidence: float = Field(default=0.95, gt=0.5, lt=1.0,
                                    description="one-sided confidence of every empirical rate's interval")
-    deep_attack_sample: int = Field(default=200, ge=10, le=1_000_000,
+    deep_attack_sample: int = Field(default=100, ge=10, le=1_000_000,
                                     description="most records the deep recogniser (dlib-resnet, ~0.09 s per face) "
                                                 "attacks (whole clusters sampled at random beyond it)")
     attack_sample: int = Field(default=1000, ge=10, le=1_000_000,

@@ -25,7 +25,11 @@ pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 KILLS = ["kill:after:ingest", "kill:after:align", "kill:after:gate", "kill:after:sign", "kill:after:publish"]
 DISK_FULL = ["enospc:data", "enospc:stage", "enospc:reports"]
-FAST = {"DEID_CV_REPEATS": "1", "DEID_DASK_WORKERS": "1"}
+# Operations tests check processes, commitment order and recovery, not the gate's figures: the
+# gate still runs every check and attacker, with the deep recogniser on a small sample and
+# without the (per-face, ~0.09 s) recogniser identity check.
+_QUICK = {"DEID_IDENTITY_EMBED_MAX": "0", "DEID_DEEP_ATTACK_SAMPLE": "20"}
+FAST = {"DEID_CV_REPEATS": "1", "DEID_DASK_WORKERS": "1", **_QUICK}
 
 
 def _releases_without_verified_report(project: Path) -> list[str]:
@@ -147,8 +151,14 @@ def test_rare_labels_stay_out_of_the_report_and_formulas_out_of_release_csv(proj
     leaked = [p.relative_to(report_dir).as_posix() for p in report_dir.rglob("*")
               if p.is_file() and b"RAREVALUE" in p.read_bytes()]
     assert not leaked, f"a suppressed partition's label value appears in {leaked}"
-    small = json.loads((report_dir / "report.json").read_text())["configuration"]["small_partitions_detail"]
-    assert small and all(set(e) == {"records", "people", "action"} for e in small)
+    report = json.loads((report_dir / "report.json").read_text())
+    small = report["configuration"]["small_partitions_detail"]
+    assert all(set(e) == {"records", "people", "action"} for e in small)
+    # The one-person partition is held back either by the partition policy or, for a dataset's
+    # lineage, by the release plan (newcomers wait until k of them share a partition): by counts.
+    lineage = report.get("lineage") or {}
+    assert small or lineage.get("suppressed_records", 0) >= 1
+    assert all(isinstance(v, int) for v in lineage.get("suppressed_by_reason", {}).values())
     with open(Path(result["release_dir"]) / "release.csv", newline="", encoding="utf-8") as fh:
         genders = {r["gender"] for r in csv.DictReader(fh)}
     assert "'=HYPERLINK(\"http://x\")" in genders and not any(g.startswith("=") for g in genders)

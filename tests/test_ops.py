@@ -117,6 +117,8 @@ def stack(tmp_path_factory):
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DEID_"))}
+    # Operations, not the gate's figures: deep recogniser on a small sample, no recogniser identity check.
+    env.update(DEID_IDENTITY_EMBED_MAX="0", DEID_DEEP_ATTACK_SAMPLE="20")
     env.update(DEID_PROJECT_DIR=str(project), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_HOME=str(base / "prefect-client"), PYTHONUNBUFFERED="1", DEID_DASK_WORKERS="1",
                OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
