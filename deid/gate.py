@@ -28,7 +28,7 @@ from scipy.stats import beta
 from deid.attacks import ATTACKERS, DEEP_ATTACKERS, MODES, attack_all, unique_rows
 from deid.checks import STATUSES, Check, Status  # noqa: F401 (re-exported)
 from deid.errors import ConfigError
-from deid.leaks import nearest_original_distance
+from deid.leaks import mean_abs_difference, nearest_original_distance
 from deid.validation import quarantine_fraction_check
 from schemas.arrow import FORBIDDEN_RELEASE_COLUMNS, RELEASE_BASE_COLUMNS
 
@@ -127,14 +127,6 @@ class GateInputs:
         """Nothing to release (empty drop, everything suppressed)."""
         z = np.zeros((0, shape[0] * shape[1]), np.uint8)
         return cls.from_arrays(shape=shape, people=[], released=z, originals=z, **kw)
-
-
-def mean_abs_difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise mean absolute grey difference, in blocks (no full int16 copies)."""
-    out = np.empty(len(a), dtype=np.float64)
-    for s in range(0, len(a), 4096):
-        out[s:s + 4096] = np.abs(a[s:s + 4096].astype(np.int16) - b[s:s + 4096].astype(np.int16)).mean(axis=1)
-    return out
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,14 @@ _HARMLESS = frozenset({b"gAMA", b"cHRM", b"sRGB", b"sBIT", b"pHYs", b"bKGD", b"t
 _PNG = b"\x89PNG\r\n\x1a\n"
 
 
+def mean_abs_difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise mean absolute grey difference, in blocks (no full int16 copies)."""
+    out = np.empty(len(a), dtype=np.float64)
+    for s in range(0, len(a), 4096):
+        out[s:s + 4096] = np.abs(a[s:s + 4096].astype(np.int16) - b[s:s + 4096].astype(np.int16)).mean(axis=1)
+    return out
+
+
 def nearest_original_distance(released: Any, originals: Any, *, threshold: float = DEFAULT_THRESHOLD
                               ) -> tuple[np.ndarray, float]:
     """Mean absolute pixel difference from every released face to its nearest original.

@@ -22,6 +22,7 @@ from deid.errors import ConfigError, Quarantined, StateError
 from deid.features import Eigenfaces
 from deid.identity import PeopleResolution, resolve_people
 from deid.ksame import KSame
+from deid.leaks import mean_abs_difference
 from deid.linkage import COUNTERFEIT_PREFIX  # staging id of a counterfeit record (private linkage only)
 from deid.methods import deidentify as deidentify_images
 from schemas import arrow as schemas
@@ -310,8 +311,7 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
             rel = r.column("pixels").to_pylist()
             image_index += [digests.setdefault(hashlib.blake2b(b, digest_size=16).digest(), len(digests)) for b in rel]
             a, b = _pixels(r.column("pixels")), _pixels(o.column("pixels"))
-            own.append(np.abs(a.astype(np.int16) - b.astype(np.int16)).mean(axis=1))
-    position = {rid: i for i, rid in enumerate(ids)}
+            own.append(mean_abs_difference(a, b))
 
     memo: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 

@@ -50,7 +50,6 @@ from deid.validation import (
     validate_manifest,
     validate_release,
 )
-from schemas.arrow import RELEASE_BASE_COLUMNS
 from tasks.cluster import client_for
 
 TASK = dict(cache_policy=NO_CACHE)
