@@ -327,25 +327,6 @@ def _parrot(deidentify: Callable[..., np.ndarray], people: np.ndarray, partition
                                         labels={x: list(v) for x, v in (labels or {}).items()} or None)
 
 
-def _labelled(deidentify: Callable[..., np.ndarray], originals: np.ndarray, labels: dict[str, np.ndarray]
-              ) -> Callable[..., np.ndarray]:
-    """The method runner, given each face's labels by its pixels (the cross-fitted utility
-    protocol hands the runner subsets of these originals, not their indices)."""
-    if not labels:
-        return deidentify
-    def key(rows: np.ndarray) -> list[bytes]:
-        return [r.tobytes() for r in np.clip(np.rint(np.asarray(rows, dtype=np.float64)), 0, 255).astype(np.uint8)]
-
-    by_row = {b: i for i, b in enumerate(key(originals))}
-
-    def run(images: np.ndarray, *, people, partitions=None):
-        rows = [by_row[b] for b in key(images)]
-        return deidentify(images, people=people, partitions=partitions,
-                          labels={x: [v[i] for i in rows] for x, v in labels.items()})
-
-    return run
-
-
 def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
                    ) -> tuple[list[Check], list[dict], float | None, dict]:
     """Every attacker in every mode on a bounded sample, each rate with its interval."""
@@ -520,7 +501,7 @@ def utility_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check],
         select = REGISTRY[config.method].partitions_by_labels and inputs.partitions is not None
         evidence = cross_fit_utility(
             originals, people=list(inputs.people[idx]), labels=labels,
-            deidentify=_labelled(inputs.deidentify, originals, labels),
+            deidentify=inputs.deidentify,
             partitions=list(inputs.partitions[idx]) if select else None,
             k=config.k if config.method in K_METHODS else None, released=released, tolerance=config.tolerance,
             folds=config.folds, confidence=config.confidence, max_images=config.utility_sample,

@@ -718,9 +718,12 @@ def _small_cells(parts: list, people: np.ndarray, k: int) -> np.ndarray:
 
 
 def _deidentify_fold(deidentify: Callable[..., Any], X: np.ndarray, people: np.ndarray, parts: list | None,
-                     k: int | None) -> tuple[np.ndarray | None, np.ndarray, str]:
+                     k: int | None, labels: Mapping[str, Sequence[Hashable]] | None = None
+                     ) -> tuple[np.ndarray | None, np.ndarray, str]:
     """De-identify one training fold, suppressing partitions with too few people.
 
+    ``labels`` holds the fold's own label values (row i of ``X``); the method receives the
+    values of the rows it de-identifies, so label-aware methods never guess them.
     Returns (released rows or None, mask of kept rows, note).
     """
     keep = np.ones(len(X), dtype=bool)
@@ -730,7 +733,8 @@ def _deidentify_fold(deidentify: Callable[..., Any], X: np.ndarray, people: np.n
         idx = np.flatnonzero(keep)
         try:
             out = deidentify(X[idx], people=people[idx].tolist(),
-                             partitions=None if parts is None else [parts[i] for i in idx])
+                             partitions=None if parts is None else [parts[i] for i in idx],
+                             labels=None if not labels else {name: [v[i] for i in idx] for name, v in labels.items()})
         except InsufficientPeopleError as exc:
             hit = (np.array([p == exc.partition for p in parts], dtype=bool)
                    if parts is not None and exc.partition is not None else np.zeros(len(X), dtype=bool))
@@ -785,7 +789,7 @@ def cross_fit_utility(
     labels : mapping of str to sequence, each length n
         Utility label values per face, e.g. ``{"gender": [...], "expression": [...]}``.
     deidentify : callable
-        ``deidentify(images, people=list, partitions=list | None) -> released`` or
+        ``deidentify(images, people=list, partitions=list | None, labels=dict | None) -> released`` or
         ``(released, clusters)``, e.g. ``functools.partial(deid.methods.deidentify,
         shape=(h, w), method=m, k=k, sigma=s, block=b, n_components=c, seed=seed)``.
         It may raise :class:`deid.ksame.InsufficientPeopleError`; that partition's training
@@ -841,7 +845,7 @@ def cross_fit_utility(
         raise ConfigError(f"images has shape {A.shape}; it must be a non-empty 2-D array (n_images, n_pixels)")
     n = len(A)
     if not callable(deidentify):
-        raise ConfigError(f"deidentify={deidentify!r} must be a callable deidentify(images, people=..., partitions=...), "
+        raise ConfigError(f"deidentify={deidentify!r} must be a callable deidentify(images, people=..., partitions=..., labels=...), "
                           "e.g. functools.partial(deid.methods.deidentify, shape=(h, w), method='k-same', k=5)")
     if isinstance(tolerance, bool) or not isinstance(tolerance, Real) or not 0 <= tolerance <= 1:
         raise ConfigError(f"tolerance={tolerance!r} must be a number in [0, 1] (accuracy loss; setting "
@@ -875,6 +879,7 @@ def cross_fit_utility(
     pc = _codes(pc_all[rows], "people", len(rows))
     parts = None if parts_all is None else [parts_all[i] for i in rows]
     ys = {name: c[rows] for name, c in label_codes.items()}
+    raw = {str(name): [values[i] for i in rows] for name, values in labels.items()}
     n_people = int(pc.max()) + 1
     if repeats is None:
         repeats = 3 if len(rows) <= AUTO_REPEAT_IMAGES else 1
@@ -918,7 +923,8 @@ def cross_fit_utility(
             splits, how_r = grouped_splits(joint, groups=pc, folds=min(int(folds), n_people), seed=seed + r)
             how = how or how_r
             for f, (tr, te) in enumerate(splits):
-                rel, keep, note = _deidentify_fold(deidentify, X[tr], pc[tr], None if parts is None else [parts[i] for i in tr], k)
+                rel, keep, note = _deidentify_fold(deidentify, X[tr], pc[tr], None if parts is None else [parts[i] for i in tr],
+                                                   k, {name: [v[i] for i in tr] for name, v in raw.items()})
                 suppressed += int(np.count_nonzero(~keep)) if rel is not None else 0
                 if rel is None:
                     notes.append(f"repeat {r} fold {f} skipped: {note}")

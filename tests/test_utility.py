@@ -208,7 +208,7 @@ def group_means(k, *, permute_seed=None):
     absorbs the remainder) and every member gets the group's mean face. ``permute_seed``
     hands each group the mean of a random other group instead: labels permuted across
     clusters (the negative control)."""
-    def deidentify(images, *, people, partitions=None):
+    def deidentify(images, *, people, partitions=None, labels=None):
         images = np.asarray(images, dtype=float)
         people = np.asarray(people)
         parts = ["all"] * len(images) if partitions is None else list(partitions)
@@ -285,7 +285,7 @@ def test_labels_the_originals_cannot_predict_are_not_applicable():
     one_person_each = np.where(people == 0, "a", np.where(people == 1, "b", "c"))  # only 'c' has >= 2 people
     calls = []
 
-    def spy(images, *, people, partitions=None):
+    def spy(images, *, people, partitions=None, labels=None):
         calls.append(len(images))
         return np.asarray(images), None
 
@@ -314,7 +314,7 @@ def test_each_person_is_held_out_of_exactly_one_deidentification():
     X, y, people = faces(n_people=30, per_person=2, seed=37)
     seen = []
 
-    def spy(images, *, people, partitions=None):
+    def spy(images, *, people, partitions=None, labels=None):
         seen.append(set(people))
         return np.asarray(images), None
 
@@ -389,7 +389,7 @@ def test_bootstrap_narrows_with_more_people():
 def _permuted_clusters(deidentify, seed):
     """The method, then every cluster's released face handed to a random cluster: labels permuted
     across clusters (the negative control)."""
-    def run(images, *, people, partitions=None):
+    def run(images, *, people, partitions=None, labels=None):
         released, clusters = deidentify(images, people=people, partitions=partitions)
         ids = np.unique(clusters)
         face_of = {c: released[np.flatnonzero(clusters == c)[0]] for c in ids}
@@ -424,3 +424,24 @@ def test_london_k_same_select_keeps_gender_and_expression_and_the_permuted_contr
     assert all(e.majority_status == "pass" and e.n_test_people == 102 for e in ev.values())
     control = cross_fit_utility(X, deidentify=_permuted_clusters(method, seed=0), repeats=1, **kw)
     assert [e.status for e in control] == ["fail", "fail"], [e.detail for e in control]
+
+
+def test_the_method_receives_each_training_rows_own_labels():
+    """Label-aware methods get the labels of exactly the rows they de-identify, even when two
+    people's faces are pixel-identical (labels travel with the rows, not looked up by pixels)."""
+    rng = np.random.default_rng(3)
+    people = np.repeat(np.arange(20), 2)
+    y = people % 2  # the label is a function of the person
+    X = rng.normal(100, 20, (40, 30))
+    X[2:4] = X[0:2]  # person 1's faces are person 0's, pixel for pixel, with the other label
+    seen = []
+
+    def spy(images, *, people, partitions=None, labels=None):
+        seen.append((list(people), list(labels["g"])))
+        return np.asarray(images), None
+
+    cross_fit_utility(X, people=people, labels={"g": y}, deidentify=spy, folds=4, repeats=1, n_components=5)
+    assert len(seen) == 4
+    for who, got in seen:
+        assert [int(v) for v in got] == [int(p) % 2 for p in who]
+    assert any(0 in who for who, _ in seen) and any(1 in who for who, _ in seen)
