@@ -16,6 +16,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from deid.errors import ConfigError
+from deid.neighbours import distance_blocks
 
 log = logging.getLogger(__name__)
 
@@ -87,16 +88,13 @@ class PeopleResolution:
 def _nearest_other(X: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each row, its nearest row under another code (index, squared distance); exact, blocked."""
     n = len(X)
-    sq = np.einsum("ij,ij->i", X, X)
     best = np.full(n, np.inf)
     arg = np.full(n, -1, dtype=np.int64)
-    block = max(1, 4_000_000 // max(1, n))
-    for s in range(0, n, block):
-        d = sq[s:s + block, None] + sq[None, :] - 2.0 * (X[s:s + block] @ X.T)
-        d[codes[s:s + block, None] == codes[None, :]] = np.inf
+    for s, d in distance_blocks(X, max_cells=4_000_000):
+        d[codes[s:s + len(d), None] == codes[None, :]] = np.inf
         j = np.argmin(d, axis=1)
-        arg[s:s + block] = j
-        best[s:s + block] = d[np.arange(len(j)), j]
+        arg[s:s + len(d)] = j
+        best[s:s + len(d)] = d[np.arange(len(j)), j]
     return arg, np.maximum(best, 0.0)
 
 

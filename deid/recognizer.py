@@ -35,6 +35,7 @@ import numpy as np
 from sklearn.base import BaseEstimator
 
 from deid.errors import ConfigError
+from deid.neighbours import distance_blocks
 
 logger = logging.getLogger(__name__)
 
@@ -457,12 +458,8 @@ def same_person_pairs(embeddings: Any, ids: Sequence[Hashable], *, threshold: fl
         logger.warning("same person: median distance between different ids %.3f < %.2f: the recogniser does not "
                        "separate these faces; matching near-copies only (distance < %.2f)", med, min_median_distance, t)
     pairs: list[SamePersonPair] = []
-    sq = np.einsum("ij,ij->i", e, e)
     # Exact search over the upper triangle, in row blocks of at most ~16 M distances (64 MB float32).
-    step = max(1, min(int(block), 16_000_000 // max(n, 1)))
-    for s in range(0, n, step):
-        rows = e[s:s + step]
-        d2 = sq[s:s + len(rows), None] + sq[None, s:] - 2.0 * (rows @ e[s:].T)
+    for s, d2 in distance_blocks(e, max_cells=16_000_000, max_rows=int(block), upper=True):
         ii, jj = np.nonzero(d2 < t * t)
         for i, j in zip(ii + s, jj + s):
             if j > i and codes[i] != codes[j]:

@@ -104,3 +104,17 @@ def test_london_has_no_false_merges_and_noisy_copies_merge():
     res = resolve_people([*people, *[f"fake{i}" for i in range(5)]], model.transform(np.vstack([faces, copies])))
     assert res.n_people == len(set(people))
     assert len({res.person[0], *res.person[-5:]}) == 1
+
+
+def test_distance_blocks_cover_every_pair_exactly_once():
+    from deid.neighbours import distance_blocks
+    X = np.random.default_rng(0).normal(size=(37, 5))
+    full = ((X[:, None, :] - X[None, :, :]) ** 2).sum(-1)
+    got = np.vstack([d for _, d in distance_blocks(X, max_cells=100)])
+    assert np.allclose(got, full)
+    seen = np.zeros_like(full)
+    for s, d in distance_blocks(X, max_cells=100, max_rows=3, upper=True):
+        assert d.shape[0] <= 3
+        seen[s:s + len(d), s:] += 1
+        assert np.allclose(d, full[s:s + len(d), s:])
+    assert np.array_equal(np.triu(seen, 1), np.triu(np.ones_like(full), 1))  # every pair i < j, once
