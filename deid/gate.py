@@ -444,6 +444,7 @@ def evaluate(inputs: GateInputs, config: GateConfig) -> GateResult:
     """
     checks, min_people, share, exact = structural_checks(inputs, config)
     checks.extend(inputs.extra_checks)
+    inputs = _read_samples_once(inputs, config)
     reid: list[dict] = []
     util: list[dict] = []
     max_rate = None
@@ -463,6 +464,31 @@ def evaluate(inputs: GateInputs, config: GateConfig) -> GateResult:
     log.info("gate: %s%s", "passed" if result.passed else "failed",
              "" if result.passed else " - " + "; ".join(result.reasons))
     return result
+
+
+def _read_samples_once(inputs: GateInputs, config: GateConfig) -> GateInputs:
+    """The same inputs whose ``fetch`` serves the attack and utility samples from one read.
+
+    ``fetch`` streams the staged release from disk; the attacked sample and the utility sample
+    differ when the release is large, and one pass over their union halves the reading.
+    """
+    if not inputs.n:
+        return inputs
+    wanted = [attack_sample(inputs, max_records=config.attack_sample, seed=config.seed)]
+    if config.labels and inputs.deidentify is not None:
+        wanted.append(people_sample(inputs, max_records=config.utility_sample, seed=config.seed))
+    union = np.unique(np.concatenate(wanted)).astype(np.int64)
+    released, originals = inputs.fetch(union)
+    fetch_all = inputs.fetch
+
+    def fetch(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.asarray(idx, dtype=np.int64)
+        at = np.searchsorted(union, idx)
+        if len(idx) and (at.max() >= len(union) or not np.array_equal(union[at], idx)):
+            return fetch_all(idx)  # not one of the pre-read samples
+        return released[at], originals[at]
+
+    return replace(inputs, fetch=fetch)
 
 
 def people_sample(inputs: GateInputs, *, max_records: int, seed: int) -> np.ndarray:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -177,6 +178,22 @@ def test_large_release_is_attacked_on_a_reported_sample():
     res = evaluate(_inputs(released, faces, people, clusters.astype(object)), _fast(attack_sample=50))
     assert res.attack_sample["records"] == 50 and res.attack_sample["of"] == 120
     assert all(r["records"] == 50 for r in res.reidentification)
+
+
+def test_the_gate_reads_the_release_pixels_once():
+    """The attacked sample and the utility sample differ on a large release; one read serves both."""
+    faces, people, label = _labelled_faces(60)
+    released, clusters = deidentify(faces, shape=SHAPE, people=people, partitions=list(label), method="k-same-select",
+                                    k=5, n_components=10)
+    reads = []
+    inputs = _inputs(released, faces, people, clusters.astype(object), labels={"bright": label}, partitions=label,
+                     deidentify=method_runner("k-same-select", shape=SHAPE, k=5, n_components=10))
+    counted = replace(inputs, fetch=lambda idx: (reads.append(len(idx)), inputs.fetch(idx))[1])
+    config = _fast(method="k-same-select", labels=("bright",), attack_sample=40, utility_sample=60)
+    res = evaluate(counted, config)
+    assert len(reads) == 1 and 40 < reads[0] <= 100
+    assert res.attack_sample["records"] <= 40
+    assert next(c for c in res.checks if c.name == "utility_bright").n > 0
 
 
 def test_check_status_and_dict_round_trip():
