@@ -112,9 +112,7 @@ def read_pixels(paths: list[str], columns=("record_id", "pixels")) -> tuple[list
     table = pa.concat_tables([pq.read_table(p, columns=list(columns)) for p in paths]) if paths else None
     if table is None or table.num_rows == 0:
         return [], np.zeros((0, 0), dtype=np.uint8)
-    ids = table.column("record_id").to_pylist()
-    pix = table.column("pixels").to_pylist()
-    return ids, np.frombuffer(b"".join(pix), dtype=np.uint8).reshape(len(pix), -1)
+    return table.column("record_id").to_pylist(), _pixels(table.column("pixels"))
 
 
 def fit_eigenfaces(aligned_paths: list[str], n_components: int, seed: int = 0) -> Eigenfaces:
@@ -243,12 +241,22 @@ def colour_to_grey(colour: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(grey.reshape(n, -1))
 
 
+STREAM_BUFFER = 1 << 20  # bytes read at a time from a Parquet column chunk when streaming
+
+
 def _paired_batches(partition_dir: str, deid_path: str, columns: list[str], batch_rows: int):
     """Stream a label partition and its de-identified part side by side (same record order)."""
-    # Little read-ahead: memory stays at a few batches of pixels whatever the partition size.
-    orig = ds.dataset(partition_dir, format="parquet").to_batches(columns=columns, batch_size=batch_rows,
-                                                                  batch_readahead=1, fragment_readahead=1)
-    rel = pq.ParquetFile(deid_path).iter_batches(batch_size=batch_rows, columns=["record_id", "cluster", "pixels"])
+    # Little read-ahead and buffered column streams (no pre-buffering of whole column chunks):
+    # without them the reader's memory grew with the file (1 GB at 100,000 faces), with them it
+    # stays at a few batches of pixels whatever the partition size (bench/bench_gate.py).
+    # The dataset scanner read ahead of a slow consumer (~0.5 GB held at 100,000 faces), so the
+    # partition's files are streamed one by one, in the dataset's own file order.
+    def stream(path: str, cols: list[str]):
+        return pq.ParquetFile(path, buffer_size=STREAM_BUFFER, pre_buffer=False).iter_batches(
+            batch_size=batch_rows, columns=cols)
+
+    orig = (b for f in ds.dataset(partition_dir, format="parquet").files for b in stream(f, columns))
+    rel = stream(deid_path, ["record_id", "cluster", "pixels"])
     o_buf: list[pa.RecordBatch] = []
     for r in rel:
         need = r.num_rows
@@ -263,8 +271,25 @@ def _paired_batches(partition_dir: str, deid_path: str, columns: list[str], batc
 
 
 def _pixels(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    values = column.to_pylist()
-    return np.frombuffer(b"".join(values), np.uint8).reshape(len(values), -1) if values else np.zeros((0, 0), np.uint8)
+    """A binary column of equal-length pixel rows as an (n, p) uint8 matrix, without Python bytes.
+
+    Going through ``to_pylist`` makes one Python bytes object per face; at 100,000 faces the
+    freed 7 KB blocks fragment the C heap and the process keeps gigabytes it no longer uses.
+    The matrix views the Arrow data buffer directly (one copy when the column is chunked).
+    """
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    n = len(arr)
+    if n == 0:
+        return np.zeros((0, 0), np.uint8)
+    if arr.null_count:
+        raise ValueError("pixel column holds nulls; every staged face must have pixels")
+    wide = pa.types.is_large_binary(arr.type)
+    offsets = np.frombuffer(arr.buffers()[1], np.int64 if wide else np.int32)[arr.offset: arr.offset + n + 1]
+    width = int(offsets[1] - offsets[0])
+    if width == 0 or np.any(np.diff(offsets) != width):
+        raise ValueError("pixel rows differ in length; every staged face must have the canonical size")
+    data = np.frombuffer(arr.buffers()[2], np.uint8)
+    return data[int(offsets[0]): int(offsets[-1])].reshape(n, width)
 
 
 def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[str], batch_rows: int = 4096,
@@ -308,9 +333,8 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
                 partitions += [key] * r.num_rows
             for x in labels:
                 label_values[x] += o.column(x).to_pylist()
-            rel = r.column("pixels").to_pylist()
-            image_index += [digests.setdefault(hashlib.blake2b(b, digest_size=16).digest(), len(digests)) for b in rel]
             a, b = _pixels(r.column("pixels")), _pixels(o.column("pixels"))
+            image_index += [digests.setdefault(hashlib.blake2b(row, digest_size=16).digest(), len(digests)) for row in a]
             own.append(mean_abs_difference(a, b))
 
     memo: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
