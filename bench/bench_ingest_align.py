@@ -63,7 +63,9 @@ def bench_drop(label: str, drop_dir: Path, work: Path, detect_sample: int) -> di
     import numpy as np
     import pyarrow.parquet as pq
 
-    from deid.alignment.align import EyePair, HaarEyeDetector, _scale_eyes, align_records
+    from deid.alignment.eyes import EyePair, HaarEyeDetector
+    from deid.alignment.canonical import _scale_eyes
+    from deid.alignment.align import align_records
     from deid.intake.drop import read_drop
     from deid.alignment.features import Eigenfaces
     from deid.intake.imaging import decode_gray_reduced, upright_size

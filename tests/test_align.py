@@ -11,14 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deid.alignment.align import (
-    EyePair,
-    FaceAligner,
-    HaarEyeDetector,
-    _cascade,
-    align_records,
-    similarity_from_eyes,
-)
+from deid.alignment.eyes import EyePair, HaarEyeDetector, _cascade
+from deid.alignment.canonical import FaceAligner, similarity_from_eyes
+from deid.alignment.align import align_records
 from deid.errors import ConfigError, Quarantined, RecordError
 from deid.intake.imaging import decode_gray
 
@@ -494,7 +489,7 @@ def test_london_landmark_eyes_are_primary_and_accurate():
 def test_aligned_suite_allows_exactly_the_eye_sources():
     import json
 
-    from deid.alignment.align import EYE_SOURCES
+    from deid.alignment.eyes import EYE_SOURCES
     from deid.evaluation.validation import load_suite
 
     suite = load_suite("aligned")

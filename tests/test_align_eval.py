@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import pytest
 
-from deid.alignment.align import EyePair
+from deid.alignment.eyes import EyePair
 from deid.alignment.align_eval import evaluate_alignment, eye_error
 
 LONDON = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "london"

@@ -8,7 +8,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deid.evaluation.attacks import WhitenedCosineAttacker, attack_rate, rank_credit, reidentification_rate
+from deid.evaluation.attackers import WhitenedCosineAttacker
+from deid.evaluation.attacks import attack_rate
+from deid.evaluation.scoring import rank_credit, reidentification_rate
 from deid.errors import ConfigError
 from deid.anonymise.ksame import KSame
 from helpers import load_london_aligned
@@ -192,14 +194,8 @@ def test_london_ksame_select_meets_one_over_k():
 
 # --------------------------------------------------------------------------- all attackers and modes
 
-from deid.evaluation.attacks import (  # noqa: E402
-    ATTACKERS,
-    FisherfacesAttacker,
-    LBPAttacker,
-    MahalanobisAttacker,
-    attack_all,
-    lbp_codes,
-)
+from deid.evaluation.attacks import ATTACKERS, attack_all  # noqa: E402
+from deid.evaluation.attackers import FisherfacesAttacker, LBPAttacker, MahalanobisAttacker, lbp_codes  # noqa: E402
 from deid.anonymise.ksame import KSameSelect  # noqa: E402
 from deid.anonymise.methods import deidentify, parrot_for  # noqa: E402
 

@@ -271,7 +271,9 @@ def _london_gray(n: int) -> np.ndarray:
 @pytest.mark.london
 @pytest.mark.slow
 def test_london_no_face_and_two_faces_with_and_without_eye_points():
-    from deid.alignment.align import EyePair, FaceAligner, align_records
+    from deid.alignment.eyes import EyePair
+    from deid.alignment.canonical import FaceAligner
+    from deid.alignment.align import align_records
 
     a, b = _london_gray(0), _london_gray(1)  # 675 x 675 each
     pair = np.hstack([a, b])

@@ -11,8 +11,10 @@ from helpers import load_london_aligned
 from scipy.stats import beta
 
 import deid.evaluation.recognizer as recognizer
-from deid.alignment.align import EyePair, FaceAligner
-from deid.evaluation.attacks import ATTACKERS, attack_all, rank_credit
+from deid.alignment.eyes import EyePair
+from deid.alignment.canonical import FaceAligner
+from deid.evaluation.attacks import ATTACKERS, attack_all
+from deid.evaluation.scoring import rank_credit
 from deid.errors import ConfigError
 from deid.intake.imaging import decode_gray
 from deid.evaluation.recognizer import (

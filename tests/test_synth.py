@@ -226,8 +226,10 @@ def test_identity_is_recognisable(aligned60):
 @pytest.mark.slow
 def test_faces_carry_signal_through_the_project_aligner(drop60):
     """The same quality bar through deid.alignment.align / deid.evaluation.attacks / deid.evaluation.utility (integration)."""
-    from deid.alignment.align import EyePair, FaceAligner
-    from deid.evaluation.attacks import WhitenedCosineAttacker, reidentification_rate
+    from deid.alignment.eyes import EyePair
+    from deid.alignment.canonical import FaceAligner
+    from deid.evaluation.attackers import WhitenedCosineAttacker
+    from deid.evaluation.scoring import reidentification_rate
     from deid.intake.drop import read_drop
     from deid.evaluation.utility import grouped_cv_accuracy
 

@@ -13,7 +13,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from deid.alignment.align import EyePair, FaceAligner, HaarEyeDetector
+from deid.alignment.eyes import EyePair, HaarEyeDetector
+from deid.alignment.canonical import FaceAligner
 from deid.intake.drop import read_drop
 from deid.errors import RecordError
 from deid.intake.imaging import decode_gray

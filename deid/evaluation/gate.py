@@ -25,7 +25,8 @@ from typing import Any, Callable, Hashable, Literal, Sequence
 import numpy as np
 from scipy.stats import beta
 
-from deid.evaluation.attacks import ATTACKERS, DEEP_ATTACKERS, MODES, attack_all, unique_rows
+from deid.evaluation.attacks import ATTACKERS, DEEP_ATTACKERS, MODES, attack_all
+from deid.evaluation.scoring import unique_rows
 from deid.evaluation.checks import STATUSES, Check, Status  # noqa: F401 (re-exported)
 from deid.errors import ConfigError
 from deid.evaluation.leaks import mean_abs_difference, nearest_original_distance

@@ -207,7 +207,7 @@ class DlibEmbedder(BaseEstimator):
         (height, width) of the aligned faces.
     eye_left, eye_right : (float, float)
         Canonical eye centres as fractions of (width, height); defaults match
-        :class:`deid.alignment.align.FaceAligner` (0.30, 0.37) and (0.70, 0.37).
+        :class:`deid.alignment.canonical.FaceAligner` (0.30, 0.37) and (0.70, 0.37).
     num_jitters : int, default 0
         dlib's test-time augmentation (0 or 1: none); each jitter costs a full forward pass.
     batch_size : int, default 32
@@ -473,7 +473,7 @@ def same_person_pairs(embeddings: Any, ids: Sequence[Hashable], *, threshold: fl
 
 
 # ------------------------------------------------------------------------------------- attacker
-from deid.evaluation.attacks import _GalleryAttacker  # noqa: E402 - attacks registers this class lazily (no import cycle)
+from deid.evaluation.attackers import _GalleryAttacker  # noqa: E402 - attacks registers this class lazily (no import cycle)
 
 
 class DlibResNetAttacker(_GalleryAttacker):

@@ -17,7 +17,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from deid.alignment.align import EyePair, FaceAligner, HaarEyeDetector, align_records
+from deid.alignment.eyes import EyePair, HaarEyeDetector
+from deid.alignment.canonical import FaceAligner
+from deid.alignment.align import align_records
 from deid.errors import ConfigError, Quarantined, StateError
 from deid.alignment.features import Eigenfaces
 from deid.anonymise.identity import PeopleResolution, resolve_people
