@@ -1,0 +1,109 @@
+"""Face alignment of staged records: decode each image once, at the coarsest sufficient resolution, and align it.
+
+k-Same (Newton, Sweeney & Malin, 2005) averages faces in pixel space, so every face is registered
+first: eyes from :mod:`deid.alignment.eyes`, the similarity warp to the canonical frame from
+:mod:`deid.alignment.canonical`. Bad records are quarantined, never raised.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import cv2
+import numpy as np
+
+from deid.errors import Quarantined, RecordError
+from deid.intake.imaging import decode_color_reduced, decode_gray_reduced, sniff_format, upright_size
+from deid.alignment.canonical import FaceAligner, _scale_eyes
+from deid.alignment.eyes import EyePair, HaarEyeDetector, _check_gray
+
+__all__ = ["align_records"]
+
+
+_threads_capped = False
+
+
+def _cap_opencv_threads(n: int | None) -> None:
+    # Dask runs one task per worker thread on each core; OpenCV's own thread pool on top of that only
+    # oversubscribes the cores (and detectMultiScale parallelises badly over small images).
+    global _threads_capped
+    if n is None or _threads_capped:
+        return
+    cv2.setNumThreads(int(n))
+    _threads_capped = True
+
+
+def _decode_for_alignment(
+    data: bytes, eyes: Any, aligner: FaceAligner, max_pixels: int
+) -> tuple[np.ndarray, EyePair | None, str, int, tuple[int, int] | None]:
+    """Decode once at the coarsest resolution that suffices; returns (gray, full-res eyes, source, factor, size).
+
+    JPEG is decoded reduced by libjpeg's DCT scaling (IMREAD_REDUCED_GRAYSCALE_*, which also applies
+    the EXIF orientation); other formats are decoded in full, the warp and the detector area-shrink
+    only the part they need.
+    """
+    jpeg = sniff_format(data) == "jpeg"
+    size = upright_size(data) if jpeg else None
+    if eyes is not None:
+        ok = isinstance(eyes, EyePair) and eyes.is_finite()
+        f = aligner.reduction_for(eyes.distance) if (ok and size is not None) else 1
+        return decode_gray_reduced(data, f, max_pixels=max_pixels), eyes, "manifest", f, size
+    detector = aligner.detector if aligner.detector is not None else HaarEyeDetector()
+    f = detector.reduction(*size) if (size is not None and hasattr(detector, "reduction")) else 1
+    gray = decode_gray_reduced(data, f, max_pixels=max_pixels)
+    found, source = aligner._find_eyes(gray)
+    found = _scale_eyes(found, f)
+    need = aligner.reduction_for(found.distance)
+    if need < f:  # a small face: too few pixels at this reduction for the warp, decode finer
+        f = need
+        gray = decode_gray_reduced(data, f, max_pixels=max_pixels)
+    return gray, found, source, f, size
+
+
+def align_records(
+    records: Iterable[dict], aligner: FaceAligner, *, max_pixels: int = 100_000_000, opencv_threads: int | None = 1,
+    color: bool = False,
+) -> tuple[list[dict], list[Quarantined]]:
+    """Decode and align a batch of records; bad ones are quarantined (stage 'align'), never raised.
+
+    Each image is decoded once, at a reduced JPEG resolution when that loses nothing for the canonical
+    face (see :meth:`FaceAligner.reduction_for`, :meth:`HaarEyeDetector.reduction`). ``opencv_threads``
+    caps OpenCV's thread pool for the whole process (None leaves it alone): parallelism comes from Dask.
+    With ``color`` each record also gets ``color``: the (height, width, 3) BGR canonical face, decoded
+    again in colour at the same reduction and warped by the same transform as the grey one (eyes are
+    found, and everything but the released pixels is computed, on grey).
+    """
+    _cap_opencv_threads(opencv_threads)
+    aligner._validate()  # a bad configuration is the caller's error, raised once, not a quarantine
+    done: list[dict] = []
+    bad: list[Quarantined] = []
+    for rec in records:
+        rid, image = str(rec.get("record_id", "")), str(rec.get("image", ""))
+        try:
+            gray, eyes, source, f, size = _decode_for_alignment(rec["data"], rec.get("eyes"), aligner, max_pixels)
+            face = aligner._align_full(_check_gray(gray), eyes, source, f, size)
+            extra = {}
+            if color:
+                bgr = decode_color_reduced(rec["data"], f, max_pixels=max_pixels)
+                if bgr.shape[:2] != gray.shape:
+                    raise RecordError("corrupt_image", f"the colour decode is {bgr.shape[1]}x{bgr.shape[0]} but "
+                                                       f"the grey one {gray.shape[1]}x{gray.shape[0]}")
+                extra["color"] = aligner._warp_to_canonical(bgr, face.eyes, f).tobytes()
+        except RecordError as exc:
+            bad.append(Quarantined(rid, image, exc.code, exc.message, stage="align"))
+            continue
+        except cv2.error as exc:
+            bad.append(Quarantined(rid, image, "corrupt_image", f"OpenCV failed: {str(exc).strip()[:200]}", stage="align"))
+            continue
+        done.append(
+            {
+                "record_id": rid,
+                "pixels": face.image.tobytes(),
+                "eye_source": face.source,
+                "eye_left_x": float(face.eyes.left[0]),
+                "eye_left_y": float(face.eyes.left[1]),
+                "eye_right_x": float(face.eyes.right[0]),
+                "eye_right_y": float(face.eyes.right[1]),
+                **extra,
+            }
+        )
+    return done, bad
