@@ -425,13 +425,17 @@ def blockwise_labels(X: np.ndarray, codes: np.ndarray, *, k: int, block_size: in
        is smaller, and only if the dissolved faces form a feasible set (>= k people, no
        person above ``floor(n/k)`` images).
 
-    Every cluster is made by :func:`group_block` on a feasible block, so every cluster has
+    With a single block (nothing to cut) the result is exactly the greedy's. Every cluster is
+    made by :func:`group_block` on a feasible block, so every cluster has
     >= k distinct people and no person above ``floor(size/k)`` of its images. Deterministic
     whatever ``map_blocks`` is, as long as it returns results in input order: e.g. the
     builtin ``map``, or ``lambda f, *its: client.gather(client.map(f, *its))`` on Dask.
     """
     k = int(k)
-    labels = _map_blocks(X, codes, plan_blocks(X, codes, k=k, block_size=block_size), k, map_blocks)
+    blocks = plan_blocks(X, codes, k=k, block_size=block_size)
+    labels = _map_blocks(X, codes, blocks, k, map_blocks)
+    if len(blocks) == 1:
+        return labels  # no cut to refine across: exactly the greedy, as KSame.fit gives below block_size
     for share in schedule:
         sse, cnt = _cluster_sse(X, labels)
         n_c = sse.size
