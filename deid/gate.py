@@ -255,7 +255,7 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
     checks.append(Check("no_forbidden_columns", not bad and not forbidden, bad or forbidden or [],
                         sorted(allowed), "release columns: " + ", ".join(columns)))
     total = n + inputs.suppressed + inputs.quarantined
-    checks.append(Check("records_accounted", total == inputs.records_in, total, inputs.records_in,
+    checks.append(Check("records_accounted", total == inputs.records_in, total, f"= {inputs.records_in}",
                         f"released {n} + suppressed {inputs.suppressed} + quarantined {inputs.quarantined} "
                         f"= {total} of {inputs.records_in} in"))
     if inputs.partition_failed:
@@ -433,7 +433,7 @@ def leak_checks(inputs: GateInputs, config: GateConfig) -> list[Check]:
                             f"difference) of an original aligned face; every record vs its own original, and "
                             f"{len(distinct)} distinct released images vs {len(idx)} originals"))
     bad_files = sorted(inputs.file_metadata)
-    checks.append(Check("no_source_metadata", not bad_files, len(bad_files), 0,
+    checks.append(Check("no_source_metadata", not bad_files, len(bad_files), "= 0",
                         "clean" if not bad_files else f"{bad_files[:5]} carry {inputs.file_metadata[bad_files[0]]}"))
     return checks
 
