@@ -80,7 +80,11 @@ def round_numbers(text: str, digits: int = 3) -> str:
     Gate details carry full-precision floats (``0.8216666666666667``); the page shows them rounded,
     report.json keeps them exact.
     """
-    return _LONG_DECIMAL.sub(lambda m: f"{float(m.group(1)):.{digits}f}", text)
+    def short(m: re.Match) -> str:
+        sign = "+" if m.group(1).startswith("+") else ""  # an explicit "+" (a signed difference) stays
+        return f"{sign}{float(m.group(1)):.{digits}f}"
+
+    return _LONG_DECIMAL.sub(short, text)
 
 
 def fmt(value: Any) -> str:

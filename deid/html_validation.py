@@ -74,7 +74,7 @@ def render_validation_html(results: Any, *, title: str = "Data validation result
     for s in suites:
         parts.append(f'<h2 id="{esc(s.suite)}">{esc(s.suite)} {_result(s.success)}</h2>')
         about = _TABLES.get(s.suite)
-        parts.append(f"<p class='muted'>{esc(about) + '. ' if about else ''}{s.passed} of {s.evaluated} "
+        parts.append(f"<p class='muted'>{esc(about[0].upper() + about[1:]) + '. ' if about else ''}{s.passed} of {s.evaluated} "
                      f"expectations passed" + (f"; Great Expectations {esc(s.gx_version)}" if s.gx_version else "")
                      + ".</p>")
         parts.append(table(["result", "expectation", "arguments", "observed"], _expectation_rows(s))

@@ -268,7 +268,7 @@ def suite_results(results: Any) -> list[SuiteResult]:
         items = [(None, x) for x in results]
     else:
         items = [(None, results)]
-    out = []
+    out: list[SuiteResult] = []
     for name, res in items:
         if isinstance(res, SuiteResult):
             out.append(res if name is None or name == res.suite else SuiteResult(str(name), res.expectations,
@@ -277,7 +277,9 @@ def suite_results(results: Any) -> list[SuiteResult]:
             out.append(SuiteResult.from_gx(res, suite=name))
         else:
             out.append(SuiteResult.from_dict(res, suite=name))
-    return out
+    # In the order the run validates its tables (report.json's canonical JSON sorts the keys).
+    order = {name: i for i, name in enumerate(SUITES)}
+    return sorted(out, key=lambda s: order.get(s.suite, len(order)))
 
 
 def validation_section(results: Mapping[str, SuiteResult]) -> dict[str, dict]:
