@@ -26,6 +26,7 @@ import numpy as np
 from scipy.stats import beta
 
 from deid.attacks import ATTACKERS, DEEP_ATTACKERS, MODES, attack_all, unique_rows
+from deid.progress import Progress
 from deid.checks import STATUSES, Check, Status  # noqa: F401 (re-exported)
 from deid.errors import ConfigError
 from deid.leaks import mean_abs_difference, nearest_original_distance
@@ -368,6 +369,8 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
     for name in names:
         groups.setdefault(config.deep_attack_sample if name in DEEP_ATTACKERS else None, []).append(name)
     rows: list[dict] = []
+    progress = Progress(f"gate: attacks on {len(idx)} records", unit="attacker x mode pairs").start(
+        len(names) * len(modes))
     for cap, group in groups.items():
         sub = np.arange(len(idx))
         if cap is not None and len(idx) > cap:
@@ -380,7 +383,7 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
                             {x: v[sub] for x, v in labs.items()})
         for r in attack_all(originals=originals[sub], original_people=people[sub], released=released[sub],
                             released_people=people[sub], shape=inputs.shape, modes=modes, parrot=p_sub,
-                            attackers=group):
+                            attackers=group, on_pair=lambda a, m: progress.advance(note=f"{a}/{m}")):
             r["records"] = int(len(sub))
             rows.append(r)
     m = len(rows)
@@ -524,7 +527,8 @@ def utility_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check],
             partitions=list(inputs.partitions[idx]) if select else None,
             k=config.k if config.method in K_METHODS else None, released=released, tolerance=config.tolerance,
             folds=config.folds, confidence=config.confidence, max_images=config.utility_sample,
-            n_components=config.n_components, seed=config.seed)
+            n_components=config.n_components, seed=config.seed,
+            progress=Progress(f"gate: utility cross-fit on {len(idx)} records", unit="folds"))
         for ev in evidence:
             row = ev.to_dict()
             row.update(protocol="cross-fit", original_accuracy=ev.accuracy_original,
