@@ -62,8 +62,9 @@ def _render(fig, alt: str) -> Chart:
     plt = _pyplot()
     buf = io.BytesIO()
     # No Software metadata: it carries matplotlib's homepage URL.
-    fig.savefig(buf, format="png", dpi=_DPI * _SCALE, bbox_inches="tight", pad_inches=0.08,
-                metadata={"Software": None})
+    # The figure keeps its size (constrained layout fits labels and legend inside it), so the
+    # displayed width is the width the text was drawn for.
+    fig.savefig(buf, format="png", dpi=_DPI * _SCALE, metadata={"Software": None})
     plt.close(fig)
     png = buf.getvalue()
     w, h = _png_size(png)
@@ -72,7 +73,7 @@ def _render(fig, alt: str) -> Chart:
 
 def _figure(width_in: float, height_in: float):
     # Called inside plt.rc_context(_style()): the figure's text takes its sizes from there.
-    fig, ax = _pyplot().subplots(figsize=(width_in, height_in), dpi=_DPI)
+    fig, ax = _pyplot().subplots(figsize=(width_in, height_in), dpi=_DPI, layout="constrained")
     ax.tick_params(labelsize=FONT_PT)
     return fig, ax
 
