@@ -26,10 +26,10 @@ import numpy as np
 from scipy.stats import beta
 
 from deid.attacks import ATTACKERS, DEEP_ATTACKERS, MODES, attack_all, unique_rows
-from deid.progress import Progress
 from deid.checks import STATUSES, Check, Status  # noqa: F401 (re-exported)
 from deid.errors import ConfigError
 from deid.leaks import mean_abs_difference, nearest_original_distance
+from deid.progress import Progress
 from deid.validation import quarantine_fraction_check
 from schemas.arrow import FORBIDDEN_RELEASE_COLUMNS, RELEASE_BASE_COLUMNS
 
