@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from html.parser import HTMLParser
 
-from deid.html_page import fmt
-from deid.validation import SuiteResult
+from deid.reporting.html_page import fmt
+from deid.evaluation.validation import SuiteResult
 
 
 class Page(HTMLParser):

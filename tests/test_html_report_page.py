@@ -8,10 +8,10 @@ import struct
 import pytest
 from pagecheck import Page
 
-from deid import html_charts
-from deid.html_charts import FONT_PT, MAX_WIDTH_PX
-from deid.html_page import round_numbers
-from deid.html_report import check_requirement, render_report_html, threshold_text
+from deid.reporting import html_charts
+from deid.reporting.html_charts import FONT_PT, MAX_WIDTH_PX
+from deid.reporting.html_page import round_numbers
+from deid.reporting.html_report import check_requirement, render_report_html, threshold_text
 
 GUARANTEE = ("formal: 1/k = 1/5 bound on re-identification by any recogniser, because every released face is the "
              "pixel average of a cluster of at least k=5 distinct people (Newton et al. 2005)")

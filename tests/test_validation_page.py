@@ -16,15 +16,15 @@ import pyarrow.parquet as pq
 import pytest
 from pagecheck import Page, assert_validation_page_names_every_expectation
 
-from deid.drop import read_drop
-from deid.html_report import render_report_html
-from deid.html_validation import build_offline_data_docs
-from deid.ingest import ingest
-from deid.publish import stage_release
+from deid.intake.drop import read_drop
+from deid.reporting.html_report import render_report_html
+from deid.reporting.html_validation import build_offline_data_docs
+from deid.intake.ingest import ingest
+from deid.release.publish import stage_release
 from deid.settings import Settings
-from deid.stages import align_batch
-from deid.synth import make_synthetic_drop
-from deid.validation import (
+from deid.operations.stages import align_batch
+from deid.intake.synth import make_synthetic_drop
+from deid.evaluation.validation import (
     SuiteResult,
     observed_label_sets,
     suite_check,

@@ -1,0 +1,569 @@
+"""report.html: the one self-contained page a data steward reads, and the report bundle beside it.
+
+The page answers, top down: was it released, what does the release guarantee, why was it
+rejected (in words, rounded), then the evidence (checks with their required direction, attacks,
+utility, partitions, clusters, validation), provenance and how to verify, and the configuration.
+Everything is inline (see :mod:`deid.reporting.html_page`); the charts come from :mod:`deid.reporting.html_charts`,
+the validation page from :mod:`deid.reporting.html_validation`. Sample faces are taken only from a
+published release directory by :func:`sample_release_images`; this module never reads staging data.
+"""
+from __future__ import annotations
+
+import base64
+import logging
+import os
+import random
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from deid.errors import REASONS, ConfigError
+from deid.reporting.html_charts import Chart, cluster_chart, partition_chart, partition_name, reid_chart, utility_chart
+from deid.reporting.html_page import document, esc, fmt, round_numbers, strip_urls, table
+from deid.reporting.html_validation import (
+    VALIDATION_HTML,
+    build_offline_data_docs,
+    render_validation_html,
+    validation_summary_table,
+)
+from deid.evaluation.validation import suite_results
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "REPORT_HTML",
+    "VALIDATION_DIR",
+    "build_offline_data_docs",
+    "check_requirement",
+    "render_report_html",
+    "render_validation_html",
+    "sample_release_images",
+    "strip_urls",
+    "threshold_text",
+    "write_report_bundle",
+]
+
+REPORT_HTML = "report.html"
+VALIDATION_DIR = "validation"
+_MAX_SAMPLES = 200
+
+# What each gate check requires, in words (the check's code name is shown beside it).
+_REQUIREMENTS = {
+    "drop_readable": "The drop can be read",
+    "drop_not_empty": "The drop has records",
+    "enough_people": "The drop has at least k distinct usable people",
+    "quarantine_fraction": "Few records are quarantined",
+    "release_not_empty": "At least one record is released",
+    "min_cluster_size": "Every cluster holds at least k images",
+    "min_distinct_people_per_cluster": "Every cluster holds at least k distinct people",
+    "max_person_share": "No person makes up more than 1/k of a cluster's images",
+    "no_forbidden_columns": "The release carries only its allowed columns",
+    "records_accounted": "Every record is released, suppressed or quarantined",
+    "small_partitions": "Every label partition has at least k people",
+    "cluster_not_close_to_one_member": "No released face is close to one member's original",
+    "reidentification_rate": "Re-identification attacks succeed at most 1/k of the time",
+    "no_near_copies": "No released face is a near-copy of an original",
+    "no_source_metadata": "Released files carry no source metadata",
+    "utility": "The utility labels stay learnable",
+    "lineage_cluster_differences": "Clusters of successive releases do not differ by fewer than k people",
+    "lineage_returning_identical": "Returning people receive their registered image again",
+    "lineage_differencing_attack": "Differencing successive releases exposes nobody",
+}
+# Reports signed before thresholds carried their direction: the direction of their bare numbers.
+_LEGACY_DIRECTION = {"quarantine_fraction": "<=", "enough_people": ">=", "records_accounted": "=",
+                     "min_cluster_size": ">=", "min_distinct_people_per_cluster": ">="}
+
+# The configuration table: what each setting means; shown in this order, unknown keys after.
+_SETTINGS = {
+    "labels": "utility labels (k-Same-Select partitions by them)",
+    "license": "licence the dataset card states",
+    "notes": "notes of the run",
+    "small_partitions": "what happens to a label partition with fewer than k people",
+    "duplicate_ids": "policy for one person listed under several subject ids",
+    "identity": "how people were counted (merges of ids that are the same face)",
+    "canonical_size": "aligned face size in pixels (width, height)",
+    "canonical_eyes": "eye centres in the aligned face, pixels (x, y)",
+    "color": "colour kept (otherwise grey levels)",
+    "eye_sources": "where the eye positions came from (records)",
+    "pca_components": "eigenface components",
+    "sigma": "blur sigma (method blur)",
+    "block": "pixel block size (method pixelate)",
+    "gate_confidence": "confidence of every interval the gate decides from",
+    "attack_sample": "records attacked (at most)",
+    "deep_attack_sample": "records attacked by the deep recogniser (at most)",
+    "leak_threshold": "mean grey-level difference below which a released face counts as a copy",
+    "max_quarantine_fraction": "largest share of the drop that may be quarantined",
+    "utility_protocol": "utility protocol the gate decides from",
+    "utility_tolerance": "largest accuracy drop allowed",
+    "utility_sample": "images used by the utility test (at most)",
+    "utility_inconclusive": "what an inconclusive utility test does",
+    "cv_folds": "cross-validation folds",
+    "cv_repeats": "cross-validation repeats",
+    "extra_manifest_columns": "manifest columns kept out of the release",
+    "fingerprint_scope": "what the dataset fingerprint covers",
+    "dask": "compute cluster",
+    "stage_seconds": "wall time per stage, seconds",
+}
+# Shown in their own sections, not in the configuration table.
+_SHOWN_ELSEWHERE = ("partitions", "clusters", "small_partitions_detail")
+
+
+def _png_data_uri(png: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+
+
+def _face_png(image: np.ndarray) -> bytes:
+    import cv2  # noqa: PLC0415 - keeps the module importable without OpenCV for the JSON-only paths
+
+    arr = np.asarray(image)
+    if arr.dtype != np.uint8 or arr.ndim not in (2, 3):
+        raise ConfigError(
+            f"sample image of dtype {arr.dtype} and shape {arr.shape} must be a uint8 (h, w) or (h, w, c) array; "
+            "pass the decoded released PNGs from sample_release_images"
+        )
+    ok, buf = cv2.imencode(".png", arr)
+    if not ok:
+        raise ConfigError(f"could not PNG-encode a sample image of shape {arr.shape}")
+    return buf.tobytes()
+
+
+def _chart(chart: Chart | None) -> str:
+    if chart is None:
+        return ""
+    # Displayed at its CSS size: the text was drawn for that size (deid.reporting.html_charts).
+    return (f'<img class="chart" alt="{esc(chart.alt)}" width="{chart.width}" height="{chart.height}" '
+            f'src="{_png_data_uri(chart.png)}">')
+
+
+# --------------------------------------------------------------------------- sample faces
+
+
+def sample_release_images(release_dir: Path, n: int = 24, seed: int = 0) -> list[np.ndarray]:
+    """Decode up to ``n`` released faces (grayscale uint8), one per released cluster, from a published release.
+
+    Reads only ``release_dir/release.parquet`` and PNGs under ``release_dir/images/``: a path that
+    leaves ``images/``, a symlink or a non-PNG is skipped, so nothing but released faces can be shown.
+    Without ``release.parquet`` the PNGs of ``images/`` are sampled directly.
+    """
+    import cv2  # noqa: PLC0415
+
+    if not isinstance(n, int) or isinstance(n, bool) or not 0 <= n <= _MAX_SAMPLES:
+        raise ConfigError(f"n={n!r} must be an integer between 0 and {_MAX_SAMPLES}")
+    release_dir = Path(release_dir)
+    images_dir = release_dir / "images"
+    if not images_dir.is_dir() or images_dir.is_symlink():
+        raise ConfigError(f"{release_dir} is not a published release (no images/ directory); pass data/releases/<id>")
+    root = images_dir.resolve()
+    rng = random.Random(seed)
+    table_path = release_dir / "release.parquet"
+    candidates: list[str]
+    if table_path.is_file():
+        import pyarrow.parquet as pq  # noqa: PLC0415
+
+        rows = pq.read_table(table_path, columns=["image", "cluster_id"]).to_pylist()
+        by_cluster: dict[str, list[str]] = {}
+        for r in rows:
+            by_cluster.setdefault(str(r["cluster_id"]), []).append(str(r["image"]))
+        clusters = sorted(by_cluster)
+        rng.shuffle(clusters)
+        # One face per cluster: k-Same gives every member of a cluster the same face.
+        candidates = [rng.choice(sorted(by_cluster[c])) for c in clusters]
+    else:
+        candidates = sorted(p.relative_to(release_dir).as_posix() for p in images_dir.glob("*.png"))
+        rng.shuffle(candidates)
+    out: list[np.ndarray] = []
+    for rel in candidates:
+        if len(out) >= n:
+            break
+        p = release_dir / rel
+        if p.is_symlink() or not p.is_file() or p.suffix.lower() != ".png" or p.resolve().parent != root:
+            logger.warning("sample_release_images: skipping %s (not a PNG directly under images/)", rel)
+            continue
+        img = cv2.imdecode(np.frombuffer(p.read_bytes(), np.uint8), cv2.IMREAD_UNCHANGED)
+        if img is None or img.dtype != np.uint8:
+            logger.warning("sample_release_images: skipping %s (not an 8-bit PNG)", rel)
+            continue
+        out.append(img)
+    return out
+
+
+# --------------------------------------------------------------------------- words for numbers
+
+
+def check_requirement(name: str) -> str:
+    """What gate check ``name`` requires, in plain words."""
+    if name in _REQUIREMENTS:
+        return _REQUIREMENTS[name]
+    if name.startswith("expectations_"):
+        return f"Data validation of the {name.removeprefix('expectations_')} table passes"
+    if name.startswith("utility_"):
+        return f"The label '{name.removeprefix('utility_')}' stays learnable from the release"
+    return name.replace("_", " ").capitalize()
+
+
+def threshold_text(name: str, threshold: Any) -> str:
+    """A check's threshold with its direction (``>= 0.840``, ``<= 0.200``, ``= 0``), numbers rounded."""
+    if threshold is None:
+        return "\u2014"
+    if isinstance(threshold, str):
+        return round_numbers(threshold)
+    if isinstance(threshold, list | tuple):
+        return "only: " + (", ".join(str(t) for t in threshold) or "none")
+    if isinstance(threshold, int | float) and not isinstance(threshold, bool):
+        op = _LEGACY_DIRECTION.get(name) or ("=" if threshold == 0 or name.startswith("expectations_") else "vs")
+        return f"{op} {fmt(threshold)}"
+    return fmt(threshold)
+
+
+def _measured(c: Mapping[str, Any]) -> str:
+    """A check's value (rounded) and, for an empirical rate, its interval and sample size."""
+    value = c.get("value")
+    text = fmt(round(value, 4) if isinstance(value, float) else value)
+    if str(c.get("name", "")).startswith("expectations_") and isinstance(value, int):
+        text = f"{value} failed"
+    iv = c.get("interval")
+    if iv:
+        text += f" [{iv[0]:.3f}, {iv[1]:.3f}]"
+    if c.get("n") is not None:
+        text += f" n={c['n']}"
+    return text
+
+
+def _status(c: Mapping[str, Any]) -> str:
+    status = str(c.get("status") or ("pass" if c.get("passed") else "fail"))
+    if status == "inconclusive":
+        return ('<span class="inconclusive">inconclusive</span> '
+                + ("(not blocking)" if c.get("passed") else '<span class="fail">(blocks)</span>'))
+    if status == "not_applicable":
+        return '<span class="na">not applicable</span>'
+    return '<span class="pass">pass</span>' if c.get("passed") else '<span class="fail">FAIL</span>'
+
+
+def _check_sentence(c: Mapping[str, Any], *, verb: str) -> str:
+    """One failed (or inconclusive) check as a plain sentence with rounded numbers."""
+    name = str(c["name"])
+    parts = [f"<b>{esc(check_requirement(name))}</b> &mdash; {verb}: measured {esc(_measured(c))}, "
+             f"required {esc(threshold_text(name, c.get('threshold')))}."]
+    if c.get("detail"):
+        parts.append(f"<span class='detail'><code>{esc(name)}</code>: {esc(round_numbers(str(c['detail'])))}</span>")
+    return "<li>" + "".join(parts) + "</li>"
+
+
+def _reasons_html(r: Mapping[str, Any]) -> str:
+    checks = list(r.get("checks") or [])
+    failed = [c for c in checks if not c.get("passed")]
+    items = [_check_sentence(c, verb="not met") for c in failed]
+    # A reason without a failed check behind it (older reports): shown as written, numbers rounded.
+    named = {str(c["name"]) for c in failed}
+    items += [f"<li>{esc(round_numbers(str(x)))}</li>" for x in r.get("reasons") or []
+              if str(x).split(":", 1)[0] not in named]
+    out = ""
+    if items:
+        out += '<div class="reasons"><b>Rejected because:</b><ul>' + "".join(items) + "</ul></div>"
+    undecided = [c for c in checks if c.get("passed") and c.get("status") == "inconclusive"]
+    warn = [_check_sentence(c, verb="could not be decided") for c in undecided]
+    named = {str(c["name"]) for c in undecided}
+    warn += [f"<li>{esc(round_numbers(str(x)))}</li>" for x in r.get("warnings") or []
+             if str(x).split(":", 1)[0] not in named]
+    if warn:
+        out += ('<div class="reasons warnings"><b>Not blocking, but the data could not decide:</b><ul>'
+                + "".join(warn) + "</ul></div>")
+    return out
+
+
+def _num(v: Any, digits: int = 3) -> str:
+    return "\u2014" if v is None else f"{float(v):.{digits}f}"
+
+
+# --------------------------------------------------------------------------- the page's sections
+
+
+def _header(r: Mapping[str, Any]) -> str:
+    ds = r.get("dataset", {}) or {}
+    verdict = str(r["verdict"])
+    out = [f'<header><span class="verdict {esc(verdict)}">{esc(verdict.upper())}</span>',
+           f"<h1>{esc(ds.get('name', 'dataset'))}: k = {int(r['k'])}, {esc(r.get('method'))}</h1>",
+           f'<div class="muted">release {esc(r.get("release_id"))} &middot; run {esc(r.get("run_id"))} '
+           f"&middot; {esc(r.get('created_at'))}</div></header>"]
+    guarantee = r.get("guarantee")
+    if guarantee:
+        formal = not str(guarantee).lower().startswith("no formal")
+        lead = ("Guarantee of this release" if verdict == "released"
+                else "Guarantee the method would have given (nothing was released)")
+        out.append(f"<p class='guarantee{'' if formal else ' none'}'><b>{lead}:</b> {esc(guarantee)}</p>")
+    out.append(_reasons_html(r))
+    return "".join(out)
+
+
+def _tiles(r: Mapping[str, Any]) -> str:
+    ds = r.get("dataset", {}) or {}
+    privacy = r.get("privacy") or {}
+    tiles = [("records in", ds.get("records_in")), ("released", ds.get("records_released")),
+             ("suppressed", ds.get("records_suppressed")), ("quarantined", ds.get("records_quarantined")),
+             ("max re-identification", _num(privacy.get("max_rate"))), ("bound 1/k", _num(privacy.get("bound"))),
+             ("min people per cluster", privacy.get("min_distinct_people_per_cluster")),
+             ("max person share", _num(privacy.get("max_person_share")))]
+    return ('<div class="summary">' + "".join(f"<div><b>{esc(v)}</b><span class='muted'>{esc(label)}</span></div>"
+                                               for label, v in tiles) + "</div>")
+
+
+def _checks(r: Mapping[str, Any]) -> str:
+    checks = list(r.get("checks") or [])
+    if not checks:
+        return "<h2>Checks</h2><p class='muted'>No checks were run.</p>"
+    rows = [[f"{esc(check_requirement(str(c['name'])))}<small class='code'>{esc(c['name'])}</small>",
+             esc(_measured(c)), esc(threshold_text(str(c["name"]), c.get("threshold"))), _status(c),
+             esc(round_numbers(str(c.get("detail") or "")))]
+            for c in checks]
+    return "<h2>Checks</h2>" + table(["requirement", "measured", "required", "result", "detail"], rows)
+
+
+def _reidentification(r: Mapping[str, Any]) -> str:
+    privacy = r.get("privacy") or {}
+    reid = list(privacy.get("reidentification") or [])
+    out = ["<h2>Re-identification</h2>"]
+    if not reid:
+        return out[0] + "<p class='muted'>No re-identification attack was run.</p>"
+    bound = float(privacy.get("bound") or 1.0 / int(r["k"]))
+    sample = privacy.get("attack_sample") or {}
+    out.append(f"<p>Each attacker tries to match released faces to the right person; a formal release keeps "
+               f"every rate at or below 1/k = {bound:.3f}. Bars are rates, whiskers their one-sided "
+               f"{_num(sample.get('confidence', 0.95), 2)} confidence intervals.</p>")
+    out.append(_chart(reid_chart(reid, bound)))
+    rows = [[esc(x["attacker"]), esc(x["mode"]), _num(x["rate"]),
+             esc(f"[{x['lower']:.3f}, {x['upper']:.3f}]" if x.get("lower") is not None else ""),
+             esc(x.get("n_probes")),
+             '<span class="pass">&le; 1/k</span>' if x["rate"] <= bound + 1e-12 else '<span class="fail">&gt; 1/k</span>']
+            for x in reid]
+    out.append(table(["attacker", "mode", "rate", "interval", "probes", "point estimate"], rows, num=(2, 3, 4)))
+    if sample:
+        out.append(f"<p class='muted'>Attacked {esc(sample.get('records'))} of {esc(sample.get('of'))} released "
+                   f"records (whole {esc(sample.get('unit'))}s sampled, seed {esc(sample.get('seed'))}); one-sided "
+                   f"{_num(sample.get('confidence'), 2)} Clopper-Pearson bounds, Bonferroni over "
+                   f"{esc(sample.get('bonferroni_over'))} attacker x mode pairs.</p>")
+    return "".join(out)
+
+
+def _utility(r: Mapping[str, Any]) -> str:
+    utility = list(r.get("utility") or [])
+    if not utility:
+        return "<h2>Utility</h2><p class='muted'>No utility labels were measured.</p>"
+    out = ["<h2>Utility</h2>", "<p>Can a classifier still learn each label from the release? Accuracy on the "
+           "originals vs on the release; the gate decides from the cross-fit rows, the others are evidence.</p>",
+           _chart(utility_chart(utility))]
+    has_protocol = any(u.get("protocol") for u in utility)
+    rows = []
+    for u in utility:
+        o, d = u.get("original_accuracy"), u.get("deidentified_accuracy")
+        detail = round_numbers(str(u.get("detail") or ""))
+        rows.append([esc(u["label"]), *([esc(u.get("protocol"))] if has_protocol else []), _num(o), _num(d),
+                     _num(None if o is None or d is None else o - d), esc(f"<= {fmt(u.get('tolerance'))}"),
+                     f"<details><summary>how measured</summary>{esc(detail)}</details>" if detail else ""])
+    off = 1 if has_protocol else 0
+    out.append(table(["label", *(["protocol"] if has_protocol else []), "originals", "release", "drop",
+                      "allowed drop", "detail"], rows, num=(1 + off, 2 + off, 3 + off, 4 + off)))
+    return "".join(out)
+
+
+def _partitions(r: Mapping[str, Any]) -> str:
+    cfg = r.get("configuration") or {}
+    k = int(r["k"])
+    out = ["<h2>Partitions and clusters</h2>"]
+    partitions = list(cfg.get("partitions") or [])
+    if partitions:
+        labels = cfg.get("labels") or []
+        head = "partition" + (f" ({esc(' / '.join(map(str, labels)))})" if labels else "")
+        out.append(f"<p>k-Same runs inside each partition of the labels; each needs at least k = {k} people.</p>")
+        out.append(_chart(partition_chart(partitions, k)))
+        out.append(table([head, "records", "people"],
+                         [[esc(partition_name(p.get("key"))), esc(p.get("records")), esc(p.get("people"))]
+                          for p in partitions], num=(1, 2)))
+    clusters = cfg.get("clusters") or {}
+    sizes = list(clusters.get("sizes") or [])
+    if sizes:
+        out.append(f"<h3>Cluster sizes</h3><p>{esc(clusters.get('count', len(sizes)))} clusters of "
+                   f"{min(sizes)}&ndash;{max(sizes)} records; every cluster needs at least k = {k}.</p>")
+        out.append(_chart(cluster_chart(sizes, k)))
+    if not partitions and not sizes:
+        out.append("<p class='muted'>No partitions or clusters (nothing was de-identified).</p>")
+    return "".join(out)
+
+
+def _withheld(r: Mapping[str, Any]) -> str:
+    ds = r.get("dataset", {}) or {}
+    cfg = r.get("configuration") or {}
+    out = ["<h2>Suppressed and quarantined records</h2>",
+           f"<p>{esc(ds.get('records_suppressed', 0))} suppressed (small partitions or a rejected run), "
+           f"{esc(ds.get('records_quarantined', 0))} quarantined.</p>"]
+    small = cfg.get("small_partitions_detail") or []
+    if small:
+        # Counts only: a suppressed partition's label values may single out the few people in it.
+        out.append(table(["partition below k", "records", "people", "action"],
+                         [[f"#{i}", esc(s.get("records")), esc(s.get("people")), esc(s.get("action"))]
+                          for i, s in enumerate(small, start=1)], num=(1, 2)))
+    by_reason = ds.get("quarantine_by_reason") or {}
+    if by_reason:
+        out.append(table(["reason", "records", "meaning"], [
+            [f"<code>{esc(code)}</code>", esc(count), esc(REASONS.get(code, ""))]
+            for code, count in sorted(by_reason.items(), key=lambda kv: (-kv[1], kv[0]))
+        ], num=(1,)))
+    return "".join(out)
+
+
+def _faces(verdict: str, sample_images: Sequence[np.ndarray] | None) -> str:
+    out = "<h2>Sample of released faces</h2>"
+    if verdict != "released":
+        return out + "<p class='muted'>Nothing was released, so no faces are shown.</p>"
+    if not sample_images:
+        return out + "<p class='muted'>No sample faces were provided.</p>"
+    return (out + f"<p class='muted'>{len(sample_images)} de-identified faces from the published release "
+            "(one per cluster). No original or quarantined face is ever shown.</p>"
+            + '<div class="faces">' + "".join(
+                f'<img class="sample" alt="released de-identified face" src="{_png_data_uri(_face_png(im))}">'
+                for im in sample_images) + "</div>")
+
+
+def _validation(results: Any, href: str | None) -> str:
+    suites = suite_results(results)
+    if not suites and not href:
+        return ""
+    out = ["<h2>Data validation</h2>",
+           "<p>Great Expectations suites on each table of the run (counts of expectations).</p>",
+           validation_summary_table(suites, href=href)]
+    if href:
+        out.append(f'<p>Every expectation with its arguments and observed value (offline): '
+                   f'<a href="{esc(href)}">{esc(href)}</a></p>')
+    return "".join(out)
+
+
+def _provenance(r: Mapping[str, Any], public_key_hint: str, report_dir_hint: str | None) -> str:
+    ds = r.get("dataset", {}) or {}
+    signing = r.get("signing") or {}
+    out = ["<h2>Provenance</h2>", table(["", ""], [
+        ["dataset fingerprint", f"<code>{esc(ds.get('fingerprint'))}</code>"],
+        ["run id", f"<code>{esc(r.get('run_id'))}</code>"],
+        ["release id", f"<code>{esc(r.get('release_id'))}</code>"],
+        ["release directory", esc(r.get("release_dir"))],
+        ["signer's key fingerprint", f"<code>{esc(signing.get('public_key_fingerprint'))}</code> "
+                                     f"({esc(signing.get('algorithm', 'ed25519'))}, {esc(signing.get('key_origin'))} key)"],
+        ["released files", esc(len(r.get("artifacts") or []))],
+    ], cls="kv")]
+    if signing.get("key_origin") == "development":
+        out.append("<p class='fail'>Signed with a development key: not for production releases.</p>")
+    report_dir = report_dir_hint or f"reports/{r.get('release_id')}"
+    out += ["<h3>How to verify</h3>",
+            "<p>report.json is signed (Ed25519 over its canonical JSON, in report.json.sig) and lists the "
+            "SHA-256 of every released file, of this page and of the validation results. With the signer's "
+            "public key obtained from a channel you trust (never from beside the report), run:</p>",
+            f"<pre>deid verify {esc(report_dir)} --public-key {esc(public_key_hint)}</pre>",
+            f"<p class='muted'>The key's fingerprint must be <code>{esc(signing.get('public_key_fingerprint'))}</code>. "
+            "Without --public-key only integrity is checked, not who signed.</p>"]
+    return "".join(out)
+
+
+def _setting_value(key: str, value: Any) -> str:
+    if key == "stage_seconds" and isinstance(value, Mapping):
+        return ", ".join(f"{k} {float(v):.1f}" for k, v in value.items())
+    if key in ("canonical_size", "canonical_eyes") and isinstance(value, list | tuple):
+        inner = [" x ".join(fmt(x) for x in v) if isinstance(v, list | tuple) else fmt(v) for v in value]
+        return (" x " if key == "canonical_size" else "; ").join(inner)
+    return fmt(value)
+
+
+def _configuration(cfg: Mapping[str, Any]) -> str:
+    keys = [k for k in _SETTINGS if k in cfg] + sorted(k for k in cfg if k not in _SETTINGS)
+    rows = [[f"<code>{esc(k)}</code>", esc(round_numbers(_setting_value(k, cfg[k]))), esc(_SETTINGS.get(k, ""))]
+            for k in keys if k not in _SHOWN_ELSEWHERE]
+    if not rows:
+        return "<h2>Configuration</h2><p class='muted'>not recorded</p>"
+    return "<h2>Configuration</h2>" + table(["setting", "value", "meaning"], rows, cls="kv")
+
+
+# --------------------------------------------------------------------------- the page
+
+
+def render_report_html(
+    report: Mapping[str, Any],
+    *,
+    sample_images: Sequence[np.ndarray] | None = None,
+    gx_results: Any = None,
+    validation_href: str | None = None,
+    public_key_hint: str = "KEY.pub.pem",
+    report_dir_hint: str | None = None,
+) -> str:
+    """The steward's report as one self-contained HTML document (no external reference of any kind).
+
+    Parameters
+    ----------
+    report : the report dict (as signed; ``report_files`` is not needed and cannot include this page).
+    sample_images : de-identified faces to show, uint8 arrays; pass only released images
+        (:func:`sample_release_images`). Ignored for a rejected run, which released nothing.
+    gx_results : the run's validation results (anything :func:`deid.evaluation.validation.suite_results`
+        accepts); default: the report's own ``validation`` section.
+    validation_href : relative link to the offline validation page (e.g. ``"validation/index.html"``).
+    public_key_hint, report_dir_hint : shown in the "how to verify" command.
+    """
+    r = report
+    verdict = str(r["verdict"])
+    versions = r.get("versions") or {}
+    body = "".join([
+        _header(r),
+        _tiles(r),
+        _checks(r),
+        _reidentification(r),
+        _utility(r),
+        _partitions(r),
+        _withheld(r),
+        _faces(verdict, sample_images),
+        _validation(gx_results if gx_results is not None else r.get("validation"), validation_href),
+        _provenance(r, public_key_hint, report_dir_hint),
+        "<h2>Versions</h2>" + (table(["package", "version"], [[esc(p), esc(v)] for p, v in sorted(versions.items())])
+                               if versions else "<p class='muted'>not recorded</p>"),
+        _configuration(r.get("configuration") or {}),
+    ])
+    return document(f"deid report {r.get('release_id')}: {verdict}", body)
+
+
+# --------------------------------------------------------------------------- all together
+
+
+def write_report_bundle(
+    report_dir: Path,
+    report: Mapping[str, Any],
+    signing_key,
+    *,
+    sample_images: Sequence[np.ndarray] | None = None,
+    validation_results: Any = None,
+    public_key_hint: str | None = None,
+) -> Path:
+    """Write report.html, the offline validation results, and the signed report.json listing their hashes.
+
+    ``signing_key`` is a :class:`deid.release.signing.SigningKey`; ``report["signing"]`` is set from it.
+    ``validation_results`` defaults to the report's ``validation`` section. Order matters: the HTML
+    and validation files are written first, hashed into ``report["report_files"]``, and only then
+    is report.json signed. Returns report.json's path.
+    """
+    from deid.reporting.report import hash_report_files, write_signed_report  # noqa: PLC0415 - avoid a cycle at import
+
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    d = dict(report)
+    d["signing"] = {"algorithm": "ed25519", "public_key_fingerprint": signing_key.fingerprint,
+                    "key_origin": signing_key.origin}
+    d.pop("report_files", None)
+    if validation_results is None:
+        validation_results = d.get("validation") or None
+    href = None
+    if validation_results is not None:
+        build_offline_data_docs(validation_results, report_dir / VALIDATION_DIR)
+        href = f"{VALIDATION_DIR}/{VALIDATION_HTML}"
+    hint = public_key_hint or (str(signing_key.public_path) if signing_key.public_path else "KEY.pub.pem")
+    page = render_report_html(d, sample_images=sample_images, gx_results=validation_results,
+                              validation_href=href, public_key_hint=hint, report_dir_hint=str(report_dir))
+    tmp = report_dir / f".{REPORT_HTML}.tmp"
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, report_dir / REPORT_HTML)
+    d["report_files"] = hash_report_files(report_dir)
+    return write_signed_report(report_dir, d, signing_key)
