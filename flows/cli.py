@@ -219,6 +219,8 @@ def cmd_run(args) -> int:
 
     if not args.debug:
         _quiet_prefect_tracebacks()
+    # Long stages report records done and time left (deid.progress, throttled) even when other logs are quiet.
+    logging.getLogger("deid.progress").setLevel(logging.INFO)
     start_prefect_server_child()
     print(f"deid run: {drop} (k={args.k or 'default'}, method={args.method or 'default'})", file=sys.stderr)
     result = release(drop=str(drop.resolve()), k=args.k, method=args.method, labels=args.labels,

@@ -22,6 +22,7 @@ from deid.reporting.report import dataset_fingerprint
 from deid.operations.safety import RunLock, fault_point
 from deid.settings import Settings
 from deid.operations.stages import COLOR_METHODS, republished_members
+from deid.evaluation.validation import validation_section
 from tasks import stages as t
 from tasks.cluster import dask_cluster
 
@@ -309,7 +310,7 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
         "utility": g["utility"],
         "lineage": _lineage_section(ing["dataset"], part.get("lineage_plan"), lin, registered=g["passed"],
                                     method=method),
-        "validation": validation,
+        "validation": validation_section(validation),
         "artifacts": artifacts,
         "release_dir": released_dir,
         "configuration": {

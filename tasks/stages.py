@@ -37,6 +37,7 @@ from deid.release.lineage_registry import Registry
 from deid.release.linkage import build_linkage, ensure_linkage_key, linkage_path, sources_from_ingested, write_linkage
 from deid.anonymise.methods import REGISTRY, method_runner
 from deid.anonymise.partition import plan_partitions
+from deid.progress import Progress
 from deid.release.publish import RELEASE_TABLE, commit_release, discard, stage_release
 from deid.reporting.report import dataset_fingerprint, hash_tree
 from deid.operations.safety import RELEASE_SUBDIR, fault_enospc, is_live, preflight_locations, recover, write_signed_addendum
@@ -108,14 +109,15 @@ def align(address: str, ingested: str, row_groups: int, staging: str, aligner_pa
                       key=f"align-{Path(staging).name}-{g}", pure=False)
         for g in range(row_groups)
     ]
-    parts, quarantined, done, sources = [], [], 0, Counter()
+    parts, quarantined, sources = [], [], Counter()
+    progress = Progress("align", logger=logger).start(total)
     for fut in as_completed(futures, loop=client.loop):
         res = fut.result()
         parts.append(res["path"])
         quarantined.extend(res["quarantined"])
         sources.update(res["eye_sources"])
-        done += res["aligned"] + len(res["quarantined"])
-        logger.info("align: %d/%d records", done, total)
+        progress.advance(res["aligned"] + len(res["quarantined"]))
+    progress.finish()
     logger.info("align: %d aligned (%s), %d quarantined", sum(sources.values()), dict(sources), len(quarantined))
     w, h = aligner_params["size"]
     validation = validate_aligned(sorted(parts), pixel_bytes=int(w) * int(h)) if parts else None
@@ -134,7 +136,12 @@ def featurize(address: str, parts: list[str], staging: str, n_components: int, s
     model_f = client.scatter(model, broadcast=True)
     out = Path(staging) / "features"
     futs = [client.submit(stages.project_part, p, model_f, str(out / Path(p).name), pure=False) for p in parts]
-    n = sum(f.result() for f in futs)
+    progress = Progress("featurize: projecting", logger=logger).start(
+        sum(pq.ParquetFile(p).metadata.num_rows for p in parts))
+    n = 0
+    for fut in as_completed(futs, loop=client.loop):
+        n += fut.result()
+        progress.advance(fut.result())
     logger.info("featurize: %d faces projected", n)
     return {"parts": [str(out / Path(p).name) for p in parts], "n_components": model.n_components_}
 
@@ -160,6 +167,9 @@ def _embed_on_cluster(address: str, faces: pa.Table, shape_hw: tuple[int, int]) 
     bounds = np.linspace(0, len(pixels), n_chunks + 1).astype(int)
     futs = [client.submit(stages.embed_faces, pixels[a:b], tuple(shape_hw), pure=False)
             for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+    progress = Progress("partition: face descriptors").start(len(pixels))
+    for fut in as_completed(futs, loop=client.loop):
+        progress.advance(len(fut.result()))
     E = np.vstack([f.result() for f in futs])
     DlibEmbedder(tuple(shape_hw)).prime(np.frombuffer(b"".join(pixels), np.uint8).reshape(len(pixels), -1), E)
     return E
@@ -331,6 +341,9 @@ def deidentify(address: str, partitions: list[dict], staging: str, *, k: int, me
                           k=k, method=method, shape=tuple(shape_hw), sigma=sigma, block=block, labels=list(labels),
                           color_dir=str(Path(staging) / stages.COLOR_SUBDIR) if color else None, pure=False)
             for p in partitions]
+    progress = Progress("deidentify", logger=logger).start(sum(int(p["records"]) for p in partitions))
+    for fut in as_completed(futs, loop=client.loop):
+        progress.advance(fut.result()["records"])
     results = [f.result() for f in futs]
     clusters = [c for r in results for c in r["clusters"]]
     logger.info("deidentify: %d records in %d clusters", sum(r["records"] for r in results), len(clusters))

@@ -15,6 +15,7 @@ from deid.intake.drop import read_drop
 from deid.errors import ConfigError
 from deid.evaluation.validation import (
     SUITES,
+    SuiteResult,
     expand_suite,
     load_suite,
     observed_label_sets,
@@ -28,8 +29,8 @@ from deid.evaluation.validation import (
 from deid.schemas import arrow as schemas
 
 
-def _failed(summary: dict) -> dict[tuple[str, str | None], int | None]:
-    return {(r["expectation"], r["column"]): r["unexpected_count"] for r in summary["results"] if not r["success"]}
+def _failed(summary: SuiteResult) -> dict[tuple[str, str | None], int | None]:
+    return {(e.type, e.column): e.unexpected_count for e in summary.expectations if not e.success}
 
 
 def test_stored_suites_round_trip_through_great_expectations():
@@ -57,18 +58,18 @@ def test_manifest_suite_reports_nulls_and_duplicates(tmp_path):
         "\ufeffimage,subject_id,gender\r\na.png,s1,f\r\nb.png,,m\r\nc.png,s3,\r\na.png,s4,f\r\n".encode())
     drop = read_drop(root, labels=["gender"])
     summary = validate_manifest(drop)
-    assert summary["suite"] == "manifest" and summary["success"] is False
+    assert summary.suite == "manifest" and summary.success is False
     assert _failed(summary) == {
         ("expect_column_values_to_not_be_null", "subject_id"): 1,
         ("expect_column_values_to_not_be_null", "gender"): 1,
         ("expect_column_values_to_be_unique", "image"): 2,
     }
-    json.dumps(summary)  # JSON-able for the report
+    assert SuiteResult.from_dict(json.loads(json.dumps(summary.to_dict()))) == summary  # report.json round trip
     clean = tmp_path / "clean"
     clean.mkdir()
     (clean / "a.png").write_bytes(b"x")
     (clean / "manifest.csv").write_text("image,subject_id,gender\na.png,s1,f\n")
-    assert validate_manifest(read_drop(clean, labels=["gender"]))["success"]
+    assert validate_manifest(read_drop(clean, labels=["gender"])).success
     header_only = tmp_path / "empty"
     header_only.mkdir()
     (header_only / "manifest.csv").write_text("image,subject_id,gender\n")
@@ -96,8 +97,8 @@ def _ingested(tmp_path, rows, labels=("gender",)):
 def test_ingested_suite_types_uniqueness_and_label_sets(tmp_path):
     path = _ingested(tmp_path, [("r1", "s1", "f", b"aa"), ("r2", "s2", "m", b"bb"), ("r3", "s2", "x", b"cc")])
     ok = validate_ingested(path, ["gender"])
-    assert ok["success"], _failed(ok)
-    assert ok["evaluated"] == len(load_suite("ingested")["expectations"]) + 1
+    assert ok.success, _failed(ok)
+    assert ok.evaluated == len(load_suite("ingested")["expectations"]) + 1
     sets = observed_label_sets(path, ["gender"])
     assert sets == {"gender": ["f", "m", "x"]}
     restricted = validate_ingested(path, ["gender"], label_sets={"gender": ["f", "m"]})
@@ -123,7 +124,7 @@ def test_aligned_suite_checks_pixel_length(tmp_path):
     bad = ok.set_column(1, "pixels", pa.array([bytes(81 * 92), bytes(100)], pa.binary()))
     bad = bad.set_column(2, "eye_source", pa.array(["manifest", "guessed"]))
     pq.write_table(bad, tmp_path / "part-1.parquet")
-    assert validate_aligned([tmp_path / "part-0.parquet"], pixel_bytes=81 * 92)["success"]
+    assert validate_aligned([tmp_path / "part-0.parquet"], pixel_bytes=81 * 92).success
     summary = validate_aligned([tmp_path / "part-0.parquet", tmp_path / "part-1.parquet"], pixel_bytes=81 * 92)
     assert _failed(summary) == {
         ("expect_column_values_to_be_unique", "record_id"): 4,
@@ -148,7 +149,7 @@ def test_release_suite_k_forbidden_columns_and_labels(tmp_path):
     good = _release()
     pq.write_table(pa.Table.from_pandas(good, preserve_index=False), tmp_path / "release.parquet")
     summary = validate_release(tmp_path / "release.parquet", ["gender"], label_sets=sets, k=3)
-    assert summary["success"], _failed(summary)
+    assert summary.success, _failed(summary)
     check = suite_check(summary)
     assert check.passed and check.name == "expectations_release"
 

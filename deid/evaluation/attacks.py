@@ -66,6 +66,8 @@ def attack_rate(
     mode : {"naive", "reverse"}
     rtol : float
         Tie tolerance, see :func:`rank_credit`.
+    on_pair : callable, optional
+        ``on_pair(attacker, mode)`` after each pair is scored (progress reporting).
 
     Returns
     -------
@@ -127,6 +129,7 @@ def attack_all(
     parrot: Callable[[np.ndarray], np.ndarray] | None = None,
     attackers: Iterable[str] | None = None,
     rtol: float = 1e-9,
+    on_pair: Callable[[str, str], None] | None = None,
 ) -> list[dict]:
     """Re-identification rate of every attacker in every mode.
 
@@ -156,6 +159,8 @@ def attack_all(
         Names from :data:`ATTACKERS`; default all.
     rtol : float
         Tie tolerance, see :func:`rank_credit`.
+    on_pair : callable, optional
+        ``on_pair(attacker, mode)`` after each pair is scored (progress reporting).
 
     Returns
     -------
@@ -230,4 +235,6 @@ def attack_all(
                                     rtol, g_index)
             rows.append({"attacker": name, "mode": mode, "rate": rate, "n_probes": n, "credit": credit})
             logger.debug("attack %s/%s: %.4f over %d distinct probes", name, mode, rate, n)
+            if on_pair is not None:
+                on_pair(name, mode)
     return rows

@@ -30,6 +30,7 @@ from deid.evaluation.scoring import unique_rows
 from deid.evaluation.checks import STATUSES, Check, Status  # noqa: F401 (re-exported)
 from deid.errors import ConfigError
 from deid.evaluation.leaks import mean_abs_difference, nearest_original_distance
+from deid.progress import Progress
 from deid.evaluation.validation import quarantine_fraction_check
 from deid.schemas.arrow import FORBIDDEN_RELEASE_COLUMNS, RELEASE_BASE_COLUMNS
 
@@ -256,7 +257,7 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
     checks.append(Check("no_forbidden_columns", not bad and not forbidden, bad or forbidden or [],
                         sorted(allowed), "release columns: " + ", ".join(columns)))
     total = n + inputs.suppressed + inputs.quarantined
-    checks.append(Check("records_accounted", total == inputs.records_in, total, inputs.records_in,
+    checks.append(Check("records_accounted", total == inputs.records_in, total, f"= {inputs.records_in}",
                         f"released {n} + suppressed {inputs.suppressed} + quarantined {inputs.quarantined} "
                         f"= {total} of {inputs.records_in} in"))
     if inputs.partition_failed:
@@ -350,6 +351,8 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
     for name in names:
         groups.setdefault(config.deep_attack_sample if name in DEEP_ATTACKERS else None, []).append(name)
     rows: list[dict] = []
+    progress = Progress(f"gate: attacks on {len(idx)} records", unit="attacker x mode pairs").start(
+        len(names) * len(modes))
     for cap, group in groups.items():
         sub = np.arange(len(idx))
         if cap is not None and len(idx) > cap:
@@ -362,7 +365,7 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
                             {x: v[sub] for x, v in labs.items()})
         for r in attack_all(originals=originals[sub], original_people=people[sub], released=released[sub],
                             released_people=people[sub], shape=inputs.shape, modes=modes, parrot=p_sub,
-                            attackers=group):
+                            attackers=group, on_pair=lambda a, m: progress.advance(note=f"{a}/{m}")):
             r["records"] = int(len(sub))
             rows.append(r)
     m = len(rows)
@@ -415,7 +418,7 @@ def leak_checks(inputs: GateInputs, config: GateConfig) -> list[Check]:
                             f"difference) of an original aligned face; every record vs its own original, and "
                             f"{len(distinct)} distinct released images vs {len(idx)} originals"))
     bad_files = sorted(inputs.file_metadata)
-    checks.append(Check("no_source_metadata", not bad_files, len(bad_files), 0,
+    checks.append(Check("no_source_metadata", not bad_files, len(bad_files), "= 0",
                         "clean" if not bad_files else f"{bad_files[:5]} carry {inputs.file_metadata[bad_files[0]]}"))
     return checks
 
@@ -532,7 +535,8 @@ def utility_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check],
             partitions=list(inputs.partitions[idx]) if select else None,
             k=config.k if config.method in K_METHODS else None, released=released, tolerance=config.tolerance,
             folds=config.folds, confidence=config.confidence, max_images=config.utility_sample,
-            n_components=config.n_components, seed=config.seed)
+            n_components=config.n_components, seed=config.seed,
+            progress=Progress(f"gate: utility cross-fit on {len(idx)} records", unit="folds"))
         for ev in evidence:
             row = ev.to_dict()
             row.update(protocol="cross-fit", original_accuracy=ev.accuracy_original,

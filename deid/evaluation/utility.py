@@ -31,6 +31,7 @@ from threadpoolctl import threadpool_limits
 
 from deid.errors import ConfigError
 from deid.anonymise.ksame import InsufficientPeopleError
+from deid.progress import Progress, track
 
 logger = logging.getLogger(__name__)
 
@@ -767,6 +768,7 @@ def cross_fit_utility(
     max_images: int = 1000,
     n_components: int = 50,
     seed: int = 0,
+    progress: Progress | None = None,
 ) -> list[UtilityEvidence]:
     """Utility of a de-identification method by mechanism-level cross-fitting over people.
 
@@ -825,6 +827,8 @@ def cross_fit_utility(
         0.03), well inside a 0.05 tolerance; each fold re-runs the method on 80% of them.
     n_components, seed : int
         PCA components of the SVM; seed of the sample, folds, SVM and bootstrap.
+    progress : deid.progress.Progress, optional
+        Told the number of folds (repeats x folds) and each fold done.
 
     Returns
     -------
@@ -918,11 +922,13 @@ def cross_fit_utility(
     suppressed = 0
     notes: list[str] = []
     how = ""
+    if progress is not None:
+        progress.start(int(repeats) * min(int(folds), n_people))
     with threadpool_limits(limits=1, user_api="blas"):
         for r in range(int(repeats)):
             splits, how_r = grouped_splits(joint, groups=pc, folds=min(int(folds), n_people), seed=seed + r)
             how = how or how_r
-            for f, (tr, te) in enumerate(splits):
+            for f, (tr, te) in enumerate(track(splits, progress)):
                 rel, keep, note = _deidentify_fold(deidentify, X[tr], pc[tr], None if parts is None else [parts[i] for i in tr],
                                                    k, {name: [v[i] for i in tr] for name, v in raw.items()})
                 suppressed += int(np.count_nonzero(~keep)) if rel is not None else 0
@@ -955,6 +961,8 @@ def cross_fit_utility(
                         d["a"].append(p_a == y[te])
                     folds_used[name] += 1
 
+    if progress is not None:
+        progress.finish()  # a repeat may yield fewer folds than asked
     base_note = f"{how}; {repeats} repeat(s)" + (f"; {suppressed} training record(s) suppressed over all folds "
                                                  "(partitions with fewer than k people)" if suppressed else "")
     for name in applicable:

@@ -11,6 +11,9 @@ Besides ordinary expectations, each suite's ``meta["deid"]`` declares:
   Great Expectations has no "group size" or "byte length" expectation.
 
 Great Expectations is imported lazily (about 3-5 s) and one ephemeral context is kept per process.
+A suite's outcome is a :class:`SuiteResult` (one :class:`ExpectationResult` per expectation), built
+from GX's own result objects; the gate's checks, report.json and the offline validation page all
+read that one shape.
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ import io
 import json
 import logging
 import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -96,9 +101,195 @@ def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
+def _short(value: Any) -> str:
+    """Compact text of an observed value (lists as comma-separated items)."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, list | tuple):
+        return ", ".join(_short(v) for v in value)
+    return str(value)
+
+
+# Examples of unexpected values kept per expectation: enough to find the problem, not a copy of the table.
+_MAX_EXAMPLES = 5
+
+
+@dataclass(frozen=True)
+class ExpectationResult:
+    """One expectation as Great Expectations evaluated it (from an ``ExpectationValidationResult``).
+
+    ``type`` is the expectation's name (``ExpectationConfiguration.type``), ``kwargs`` its
+    arguments after the suite parameters were substituted (GX's ``batch_id`` dropped); the
+    remaining fields are GX's ``result`` dict: ``observed_value`` for aggregate expectations,
+    the ``*_count`` fields for column-map ones, ``error`` when GX raised instead of evaluating.
+    """
+
+    type: str
+    kwargs: Mapping[str, Any]
+    success: bool
+    observed_value: Any = None
+    element_count: int | None = None
+    unexpected_count: int | None = None
+    unexpected_percent: float | None = None
+    partial_unexpected: tuple[str, ...] = ()
+    error: str | None = None
+    why: str | None = None
+
+    @property
+    def column(self) -> str | None:
+        col = self.kwargs.get("column")
+        return None if col is None else str(col)
+
+    def observed_text(self) -> str:
+        """What GX observed, in words (every expectation has one; never blank)."""
+        if self.error:
+            return f"error: {self.error}"
+        if self.observed_value is not None:
+            return _short(self.observed_value)
+        if self.unexpected_count is not None:
+            of = "" if self.element_count is None else f" of {self.element_count}"
+            text = f"{self.unexpected_count} unexpected{of} ({float(self.unexpected_percent or 0.0):.1f}%)"
+            if self.partial_unexpected:
+                text += "; e.g. " + ", ".join(self.partial_unexpected[:3])
+            return text
+        if self.type == "expect_column_to_exist":
+            return "column present" if self.success else "column missing"
+        return "GX reports pass/fail only for this expectation"
+
+    @classmethod
+    def from_gx(cls, r: Any) -> "ExpectationResult":
+        """From a GX 1.x ``ExpectationValidationResult``."""
+        cfg = r.expectation_config
+        result = dict(r.result or {})
+        exc = r.exception_info or {}
+        raised = bool(exc.get("raised_exception")) if isinstance(exc, dict) else False
+        meta = cfg.meta or {}
+        return cls(
+            type=str(cfg.type),
+            kwargs=_jsonable({k: v for k, v in cfg.kwargs.items() if k != "batch_id"}),
+            success=bool(r.success),
+            observed_value=_jsonable(result.get("observed_value")),
+            element_count=result.get("element_count"),
+            unexpected_count=result.get("unexpected_count"),
+            unexpected_percent=result.get("unexpected_percent"),
+            partial_unexpected=tuple(str(v) for v in (result.get("partial_unexpected_list") or [])[:_MAX_EXAMPLES]),
+            error=str(exc.get("exception_message"))[:300] if raised else None,
+            why=meta.get("why") or cfg.description,
+        )
+
+    def to_dict(self) -> dict:
+        out = {"expectation": self.type, "column": self.column, "kwargs": dict(self.kwargs),
+               "success": self.success, "observed_value": self.observed_value, "element_count": self.element_count,
+               "unexpected_count": self.unexpected_count, "unexpected_percent": self.unexpected_percent,
+               "partial_unexpected": list(self.partial_unexpected)}
+        if self.error:
+            out["error"] = self.error
+        if self.why:
+            out["why"] = self.why
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ExpectationResult":
+        """Inverse of :meth:`to_dict` (also reads the summaries of earlier report.json files)."""
+        kind = d.get("expectation") or d.get("type") if isinstance(d, Mapping) else None
+        if not kind or "success" not in d:
+            shape = "GX's to_json_dict() form" if isinstance(d, Mapping) and "expectation_config" in d else repr(d)[:80]
+            raise ConfigError(f"expectation result {shape} has no 'expectation' name and 'success'; pass GX result "
+                              "objects or SuiteResult.to_dict() output")
+        return cls(type=str(kind), kwargs=dict(d.get("kwargs") or {}),
+                   success=bool(d.get("success")), observed_value=d.get("observed_value"),
+                   element_count=d.get("element_count"), unexpected_count=d.get("unexpected_count"),
+                   unexpected_percent=d.get("unexpected_percent"),
+                   partial_unexpected=tuple(d.get("partial_unexpected") or ()), error=d.get("error"),
+                   why=d.get("why"))
+
+
+@dataclass(frozen=True)
+class SuiteResult:
+    """One suite's validation of one table (from an ``ExpectationSuiteValidationResult``)."""
+
+    suite: str
+    expectations: tuple[ExpectationResult, ...] = field(default_factory=tuple)
+    gx_version: str | None = None
+
+    @property
+    def success(self) -> bool:
+        return all(e.success for e in self.expectations)
+
+    @property
+    def evaluated(self) -> int:
+        return len(self.expectations)
+
+    @property
+    def failed(self) -> int:
+        return sum(not e.success for e in self.expectations)
+
+    @property
+    def passed(self) -> int:
+        return self.evaluated - self.failed
+
+    @classmethod
+    def from_gx(cls, res: Any, *, suite: str | None = None) -> "SuiteResult":
+        """From a GX 1.x ``ExpectationSuiteValidationResult`` (``suite`` overrides its ``suite_name``)."""
+        meta = res.meta or {}
+        return cls(suite=str(suite or res.suite_name),
+                   expectations=tuple(ExpectationResult.from_gx(r) for r in res.results),
+                   gx_version=meta.get("great_expectations_version"))
+
+    def to_dict(self) -> dict:
+        """The JSON form kept in report.json and ``validation/validation_results.json``."""
+        return {"suite": self.suite, "success": self.success, "evaluated": self.evaluated, "passed": self.passed,
+                "failed": self.failed, "gx_version": self.gx_version,
+                "results": [e.to_dict() for e in self.expectations]}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], *, suite: str | None = None) -> "SuiteResult":
+        """Inverse of :meth:`to_dict`."""
+        if not isinstance(d, Mapping) or not isinstance(d.get("results"), list):
+            raise ConfigError(f"validation result {suite or '?'} is a {type(d).__name__} without a 'results' list; "
+                              "pass SuiteResult.to_dict() output (report.json's 'validation' entries)")
+        return cls(suite=str(suite or d.get("suite") or d.get("name") or "suite"),
+                   expectations=tuple(ExpectationResult.from_dict(e) for e in d["results"]),
+                   gx_version=d.get("gx_version"))
+
+
+def suite_results(results: Any) -> list[SuiteResult]:
+    """Any form of the run's validation results as a list of :class:`SuiteResult`.
+
+    Accepts a :class:`SuiteResult`, a GX ``ExpectationSuiteValidationResult``, the JSON form of a
+    SuiteResult, a list of these, or a mapping suite name -> one of these (report.json's
+    ``validation``); a mapping key names its suite.
+    """
+    if results is None:
+        return []
+    if isinstance(results, Mapping) and "results" not in results:
+        items = list(results.items())
+    elif isinstance(results, list | tuple):
+        items = [(None, x) for x in results]
+    else:
+        items = [(None, results)]
+    out: list[SuiteResult] = []
+    for name, res in items:
+        if isinstance(res, SuiteResult):
+            out.append(res if name is None or name == res.suite else SuiteResult(str(name), res.expectations,
+                                                                                res.gx_version))
+        elif hasattr(res, "results") and hasattr(res, "suite_name"):
+            out.append(SuiteResult.from_gx(res, suite=name))
+        else:
+            out.append(SuiteResult.from_dict(res, suite=name))
+    # In the order the run validates its tables (report.json's canonical JSON sorts the keys).
+    order = {name: i for i, name in enumerate(SUITES)}
+    return sorted(out, key=lambda s: order.get(s.suite, len(order)))
+
+
+def validation_section(results: Mapping[str, SuiteResult]) -> dict[str, dict]:
+    """report.json's ``validation``: each suite's :meth:`SuiteResult.to_dict`, by table."""
+    return {s.suite: s.to_dict() for s in suite_results(dict(results))}
+
+
 def run_suite(name: str, dataframe, *, labels: list[str] = (), label_sets: dict[str, list] | None = None,
-              **params) -> dict:
-    """Validate a table against a stored suite; return a JSON-able summary.
+              **params) -> SuiteResult:
+    """Validate a table against a stored suite.
 
     Parameters
     ----------
@@ -115,9 +306,8 @@ def run_suite(name: str, dataframe, *, labels: list[str] = (), label_sets: dict[
 
     Returns
     -------
-    dict
-        ``{"suite", "success", "evaluated", "failed", "results": [{"expectation", "column", "success",
-        "unexpected_count", "unexpected_percent", "partial_unexpected", "observed_value", "kwargs"}]}``.
+    SuiteResult
+        Every expectation with its arguments, what GX observed and whether it passed.
     """
     d = load_suite(name)
     spec = d.get("meta", {}).get("deid", {})
@@ -145,28 +335,9 @@ def run_suite(name: str, dataframe, *, labels: list[str] = (), label_sets: dict[
     with _lock:  # one shared asset: validations in threads of one process take turns
         batch = batch_def.get_batch(batch_parameters={"dataframe": df})
         res = batch.validate(suite, result_format="COMPLETE", expectation_parameters=params)
-    rows = []
-    for r in res.results:
-        cfg = r.expectation_config
-        kwargs = {k: v for k, v in cfg.kwargs.items() if k != "batch_id"}
-        result = r.result or {}
-        exc = r.exception_info or {}
-        raised = exc.get("raised_exception") if isinstance(exc, dict) else False
-        rows.append({
-            "expectation": cfg.type,
-            "column": kwargs.get("column"),
-            "success": bool(r.success),
-            "unexpected_count": result.get("unexpected_count"),
-            "unexpected_percent": result.get("unexpected_percent"),
-            "partial_unexpected": [str(v) for v in (result.get("partial_unexpected_list") or [])[:5]],
-            "observed_value": result.get("observed_value"),
-            "kwargs": kwargs,
-            **({"error": str(exc.get("exception_message"))[:300]} if raised else {}),
-        })
-    failed = sum(not r["success"] for r in rows)
-    summary = {"suite": name, "success": failed == 0, "evaluated": len(rows), "failed": failed, "results": rows}
-    log.info("expectations %s: %d/%d passed", name, len(rows) - failed, len(rows))
-    return _jsonable(summary)
+    out = SuiteResult.from_gx(res, suite=name)
+    log.info("expectations %s: %d/%d passed", name, out.passed, out.evaluated)
+    return out
 
 
 # --------------------------------------------------------------------------------------------- tables
@@ -185,12 +356,12 @@ def manifest_frame(manifest_bytes: bytes):
     return pd.DataFrame(body, columns=header, dtype=object)
 
 
-def validate_manifest(drop) -> dict:
+def validate_manifest(drop) -> SuiteResult:
     """Run the ``manifest`` suite on a :class:`~deid.intake.drop.Drop`'s manifest (its declared labels)."""
     return run_suite("manifest", manifest_frame(drop.manifest_bytes), labels=list(drop.labels))
 
 
-def validate_ingested(path: str | Path, labels: list[str], *, label_sets: dict[str, list] | None = None) -> dict:
+def validate_ingested(path: str | Path, labels: list[str], *, label_sets: dict[str, list] | None = None) -> SuiteResult:
     """Run the ``ingested`` suite on the staged table (its image bytes are not read)."""
     import pyarrow.parquet as pq  # noqa: PLC0415
 
@@ -199,7 +370,7 @@ def validate_ingested(path: str | Path, labels: list[str], *, label_sets: dict[s
     return run_suite("ingested", table, labels=list(labels), label_sets=label_sets)
 
 
-def validate_aligned(paths: list[str | Path], *, pixel_bytes: int) -> dict:
+def validate_aligned(paths: list[str | Path], *, pixel_bytes: int) -> SuiteResult:
     """Run the ``aligned`` suite on the aligned parts; ``pixel_bytes`` = canonical width * height."""
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.compute as pc  # noqa: PLC0415
@@ -225,7 +396,7 @@ def observed_label_sets(ingested_path: str | Path, labels: list[str]) -> dict[st
     return {x: sorted(str(v) for v in pc.unique(t.column(x)).to_pylist() if v is not None) for x in labels}
 
 
-def validate_release(release, labels: list[str], *, label_sets: dict[str, list], k: int) -> dict:
+def validate_release(release, labels: list[str], *, label_sets: dict[str, list], k: int) -> SuiteResult:
     """Run the ``release`` suite on a release table (path to release.parquet, pyarrow Table or DataFrame)."""
     if isinstance(release, (str, Path)):
         import pyarrow.parquet as pq  # noqa: PLC0415
@@ -237,17 +408,12 @@ def validate_release(release, labels: list[str], *, label_sets: dict[str, list],
 # --------------------------------------------------------------------------------------------- checks
 
 
-def suite_check(summary: dict) -> Check:
-    """A gate check from a :func:`run_suite` summary: passes when every expectation passed."""
-    bad = [r for r in summary["results"] if not r["success"]]
-    detail = "; ".join(
-        f"{r['expectation']}({r['column'] or ''}): "
-        + (f"{r['unexpected_count']} unexpected, e.g. {r['partial_unexpected'][:3]}"
-           if r.get("unexpected_count") else f"observed {r.get('observed_value')}")
-        for r in bad[:5]
-    )
-    return Check(f"expectations_{summary['suite']}", bool(summary["success"]), summary["failed"], 0,
-                 detail or f"{summary['evaluated']} expectations passed")
+def suite_check(summary: SuiteResult) -> Check:
+    """A gate check from a :func:`run_suite` result: passes when every expectation passed."""
+    bad = [e for e in summary.expectations if not e.success]
+    detail = "; ".join(f"{e.type}({e.column or ''}): {e.observed_text()}" for e in bad[:5])
+    return Check(f"expectations_{summary.suite}", summary.success, summary.failed, "= 0 failed",
+                 detail or f"{summary.evaluated} expectations passed")
 
 
 def quarantine_fraction_check(records_in: int, quarantined: int, max_fraction: float = 0.05) -> Check:
@@ -261,13 +427,13 @@ def quarantine_fraction_check(records_in: int, quarantined: int, max_fraction: f
     if records_in < 0 or quarantined < 0 or quarantined > records_in:
         raise ConfigError(f"quarantined={quarantined} must be between 0 and records_in={records_in}")
     if records_in == 0:
-        return Check("quarantine_fraction", True, 0.0, max_fraction, "empty drop: see drop_not_empty")
+        return Check("quarantine_fraction", True, 0.0, f"<= {max_fraction:g}", "empty drop: see drop_not_empty")
     frac = quarantined / records_in
     ok = frac <= max_fraction + 1e-12
     detail = f"{quarantined} of {records_in} records quarantined ({frac:.1%}; limit {max_fraction:.1%})"
     if not ok:
         detail += "; fix the drop (see the quarantine table) or raise DEID_MAX_QUARANTINE_FRACTION"
-    return Check("quarantine_fraction", ok, round(frac, 6), max_fraction, detail)
+    return Check("quarantine_fraction", ok, round(frac, 6), f"<= {max_fraction:g}", detail)
 
 
 def drop_checks(*, records_in: int, people: int, k: int) -> list[Check]:
@@ -280,7 +446,7 @@ def drop_checks(*, records_in: int, people: int, k: int) -> list[Check]:
     return [
         Check("drop_not_empty", not empty, records_in, ">= 1",
               "the manifest has no data rows (header only)" if empty else f"{records_in} records in"),
-        Check("enough_people", people >= k, people, k,
+        Check("enough_people", people >= k, people, f">= {k}",
               f"{people} distinct usable people, fewer than k={k}: no cluster of k people can be formed"
               if people < k else f"{people} distinct usable people"),
     ]

@@ -1,0 +1,158 @@
+"""The offline validation page and report.html's validation counts, on REAL Great Expectations output.
+
+Earlier the page expected GX's JSON shape while the flow passed its own summary, and a fixture in
+GX's shape hid it (suites ``suite-0..3``, blank names, ``{}`` arguments). Here the suites run for
+real: on a synthetic drop through the core stages (fast), and in a whole flow run (slow).
+"""
+from __future__ import annotations
+
+import html
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from pagecheck import Page, assert_validation_page_names_every_expectation
+
+from deid.intake.drop import read_drop
+from deid.reporting.html_report import render_report_html
+from deid.reporting.html_validation import build_offline_data_docs
+from deid.intake.ingest import ingest
+from deid.release.publish import stage_release
+from deid.settings import Settings
+from deid.operations.stages import align_batch
+from deid.intake.synth import make_synthetic_drop
+from deid.evaluation.validation import (
+    SuiteResult,
+    observed_label_sets,
+    suite_check,
+    suite_results,
+    validate_aligned,
+    validate_ingested,
+    validate_manifest,
+    validate_release,
+)
+
+
+def _aligner() -> dict:
+    s = Settings()
+    (w, h), (el, er) = s.canonical_size, s.canonical_eyes()
+    return {"size": [w, h], "eye_left": list(el), "eye_right": list(er), "max_upsample": s.max_upsample,
+            "min_eye_distance": s.min_eye_distance_px, "color": False}
+
+
+@pytest.fixture(scope="module")
+def real_suites(tmp_path_factory) -> dict[str, SuiteResult]:
+    """The four suites as the flow runs them, on a 6-person synthetic drop whose manifest lists one image twice."""
+    tmp = tmp_path_factory.mktemp("suites")
+    drop_dir = make_synthetic_drop(tmp / "drop", people=6, images_per_person=2, seed=3, image_size=120)
+    manifest = drop_dir / "manifest.csv"
+    lines = manifest.read_text().splitlines()
+    manifest.write_text("\n".join([*lines, lines[1]]) + "\n")  # a duplicate row: one real failure
+    drop = read_drop(drop_dir)
+    staged = ingest(drop, tmp / "ingested.parquet")
+    aligned = tmp / "aligned.parquet"
+    align_batch(str(staged.path), list(range(staged.row_groups)), str(aligned), _aligner())
+    t = pq.read_table(aligned, columns=["record_id", "pixels"]).to_pydict()
+    meta = pq.read_table(staged.path, columns=["record_id", *drop.labels]).to_pydict()
+    where = {r: i for i, r in enumerate(meta["record_id"])}
+    w, h = Settings().canonical_size
+    images = np.frombuffer(b"".join(t["pixels"]), np.uint8).reshape(len(t["pixels"]), -1)
+    release = stage_release(tmp / "release", images=images, shape=(h, w),
+                            clusters=[f"c{i // 4}" for i in range(len(images))],
+                            labels={x: [meta[x][where[r]] for r in t["record_id"]] for x in drop.labels})
+    sets = observed_label_sets(staged.path, drop.labels)
+    return {"manifest": validate_manifest(drop), "ingested": validate_ingested(staged.path, drop.labels),
+            "aligned": validate_aligned([aligned], pixel_bytes=w * h),
+            "release": validate_release(release.path / "release.parquet", drop.labels, label_sets=sets, k=2)}
+
+
+def test_page_names_every_expectation_of_the_real_suites(real_suites, tmp_path):
+    json_path, html_path = build_offline_data_docs(real_suites, tmp_path / "validation")
+    suites = suite_results(real_suites)
+    assert [s.suite for s in suites] == ["manifest", "ingested", "aligned", "release"]
+    assert_validation_page_names_every_expectation(html_path.read_text(), suites)
+    # What GX observed, as the page shows it: the row count, the duplicated image, the release's columns.
+    manifest = real_suites["manifest"]
+    rows = next(e for e in manifest.expectations if e.type == "expect_table_row_count_to_be_between")
+    assert rows.observed_text() == "13"  # 12 images + the duplicated row
+    dup = next(e for e in manifest.expectations if e.type == "expect_column_values_to_be_unique")
+    assert not dup.success and dup.observed_text().startswith("2 unexpected of 13 (15.4%); e.g. images/")
+    assert not manifest.success and real_suites["ingested"].success and real_suites["release"].success
+    cols = next(e for e in real_suites["release"].expectations if e.type == "expect_table_columns_to_match_set")
+    assert "record_id" in cols.observed_text() and "cluster_id" in cols.observed_text()
+    # One shape everywhere: the JSON beside the page and report.json's section read back to the same results.
+    assert suite_results(json.loads(json_path.read_text())) == suites
+    check = suite_check(manifest)
+    assert (check.name, check.passed, check.value, check.threshold) == ("expectations_manifest", False, 1, "= 0 failed")
+    assert "2 unexpected of 13" in check.detail
+
+
+def test_report_html_counts_are_numbers(real_suites):
+    report = {"release_id": "rel-x", "verdict": "rejected", "k": 2, "method": "k-same", "checks": [],
+              "validation": {name: s.to_dict() for name, s in real_suites.items()}}
+    page = Page(render_report_html(report, validation_href="validation/index.html"))
+    table = page.table_after("suite")
+    assert [r[0] for r in table[1:]] == ["manifest", "ingested", "aligned", "release"]
+    for row, s in zip(table[1:], suite_results(real_suites), strict=True):
+        assert row[3:6] == [str(s.evaluated), str(s.passed), str(s.failed)] and s.evaluated > 0
+
+
+# --------------------------------------------------------------------------- a real run
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@pytest.mark.slow
+def test_a_real_runs_pages(project, prefect_server, tmp_path):
+    """One flow run: its validation page names every expectation, report.html reads at a glance,
+    and the long stages reported their progress (throttled)."""
+    from flows.release import release
+
+    # Our own handler: Prefect's logging set-up replaces the root handlers pytest's caplog relies on.
+    progress_log = logging.getLogger("deid.progress")
+    seen = _Lines()
+    progress_log.addHandler(seen)
+    level, progress_log.level = progress_log.level, logging.INFO
+    try:
+        drop = make_synthetic_drop(tmp_path / "drop", people=20, images_per_person=2, seed=11, image_size=120)
+        result = release(drop=str(drop), k=3)
+    finally:
+        progress_log.removeHandler(seen)
+        progress_log.setLevel(level)
+    report_dir = Path(result["report_dir"])
+    report = json.loads((report_dir / "report.json").read_text())
+    on_disk = json.loads((report_dir / "validation" / "validation_results.json").read_text())
+    suites = suite_results(report["validation"])
+    assert suites == suite_results(on_disk) and [s.suite for s in suites] == [
+        "manifest", "ingested", "aligned", "release"]
+    assert_validation_page_names_every_expectation((report_dir / "validation" / "index.html").read_text(), suites)
+
+    doc = (report_dir / "report.html").read_text()
+    page = Page(doc)
+    counts = page.table_after("suite")
+    assert [r[3:6] for r in counts[1:]] == [[str(s.evaluated), str(s.passed), str(s.failed)] for s in suites]
+    # The guarantee sentence of report.json, under the verdict (before any evidence).
+    assert 0 < doc.index(html.escape(report["guarantee"])) < doc.index("<h2>Checks</h2>")
+    checks = page.table_after("requirement")
+    assert all(c[2] == "\u2014" or c[2].startswith(("<=", ">=", "=", "only:", "accuracy drop <=",
+                                                    "every partition >="))
+               for c in checks[1:]), [c[2] for c in checks[1:]]
+    partitions = page.table_after("partition")
+    assert partitions[0][0] == "partition (gender / expression)"
+    assert {r[0] for r in partitions[1:]} <= {"female / neutral", "female / smile", "male / neutral", "male / smile"}
+    assert "['" not in doc and "<pre>{" not in doc
+
+    lines = seen.lines
+    assert any(x.startswith("gate: attacks on") and "done in" in x for x in lines), lines
+    assert any(x.startswith("gate: utility cross-fit") and "done in" in x for x in lines), lines
+    assert len(lines) < 40, lines  # throttled: a few lines per stage, not one per unit
