@@ -21,7 +21,7 @@ from deid.publish import discard, new_release_id
 from deid.report import dataset_fingerprint
 from deid.safety import RunLock, fault_point
 from deid.settings import Settings
-from deid.stages import COLOR_METHODS, republished_members
+from deid.stages import COLOR_METHODS, republished_for_gate
 from tasks import stages as t
 from tasks.cluster import dask_cluster
 
@@ -263,7 +263,7 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
                        partition_failed=part["failed"], partition_detail=small_detail, shape_hw=[h, w],
                        sigma=sigma, block=block, partitions_root=str(staging / "partitions"),
                        file_metadata=staged["file_metadata"] if staged else None, extra_checks=extra_checks,
-                       lineage_members=republished_members(lin["release"], lineage_state) if lin else None)
+                       republished=republished_for_gate(lin["release"], lineage_state) if lin else None)
     fault_point("gate")
     released_dir, artifacts, linkage = None, [], None
     if g["passed"] and lin is not None:
