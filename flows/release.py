@@ -270,6 +270,7 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
         # Registered (pending) before the report is signed and the release published: a crash from here
         # on can never let the next run re-cluster these people; the next run settles the status.
         lineage_state = t.lineage_register(ing["dataset"], lineage_state, lin["release"])
+        fault_point("register")
     if g["passed"]:
         # Where the release will be once published; the report is signed before the rename.
         released_dir, artifacts = str(Path(releases_dir) / release_id), staged["artifacts"]
