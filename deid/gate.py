@@ -101,7 +101,8 @@ class Republished:
     images: Mapping[Hashable, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        bad = sorted(str(c) for c, n in self.counterfeits.items() if n and (c not in self.members or c not in self.images))
+        bad = sorted(str(c) for c, n in self.counterfeits.items()
+                     if n and (c not in self.members or c not in self.images))
         if bad:
             raise ConfigError(f"counterfeits of clusters {bad[:3]} need the cluster's registered members and its "
                               "stored image (Republished.members and .images)")
