@@ -488,11 +488,12 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
     every release cannot tell them from the real rows of their cluster (bit-identical), so naming
     a person for one is wrong and, in the reverse gallery, they take their share of a tie. The
     gallery of originals holds this drop's real records: the absent members' faces are not in the
-    drop. For a fixed recogniser, leaving them out can only raise the credit of the real rows
-    (fewer candidates to lose to), so the rates are those of an attacker who also knows who is
-    absent, and at least those of one who holds the absent members' faces and does not know they
-    left (the m-invariance premise). A returning person's new photo is a real record with its own
-    original, released as the registered image: an ordinary probe and gallery item.
+    drop. For a fixed recogniser, leaving them out can only raise the credit of a released row
+    (fewer candidates to lose to: naive and parrot modes; the reverse mode's probes are this drop's
+    faces either way), so the rates are those of an attacker who also knows who is absent, and at
+    least those of one who holds the absent members' faces and does not know they left (the
+    m-invariance premise). A returning person's new photo is a real record with its own original,
+    released as the registered image: an ordinary probe and gallery item.
 
     Measuring this drop's real rows alone (counterfeits dropped) is not the release's rate: it
     conditions on knowing which rows are real, which the release hides, and it would exceed 1/k
