@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deid.ledger import FAILED, RELEASED, Ledger, drop_fingerprint
-from deid.lineage_registry import Registry, lineage_dir
-from deid.linkage import linkage_path, load_linkage_key, read_linkage
-from deid.safety import FAULT_ENV
-from deid.synth import make_synthetic_drop
+from deid.operations.ledger import FAILED, RELEASED, Ledger, drop_fingerprint
+from deid.release.lineage_registry import Registry, lineage_dir
+from deid.release.linkage import linkage_path, load_linkage_key, read_linkage
+from deid.operations.safety import FAULT_ENV
+from deid.intake.synth import make_synthetic_drop
 from test_faults import FAST, _leftovers, _releases_without_verified_report
 
 pytestmark = pytest.mark.slow
@@ -122,7 +122,7 @@ def test_kills_between_registering_and_publishing_are_reconciled_by_the_next_run
 def test_a_run_whose_registry_moves_on_fails_and_the_ledger_runs_it_again(project, prefect_server, tmp_path,
                                                                           monkeypatch):
     import tasks.stages as ts
-    from deid.lineage import build_release, plan_release
+    from deid.release.lineage import build_release, plan_release
     from flows.serve import release_incoming
 
     for name, value in OPS.items():

@@ -24,8 +24,8 @@ from types import SimpleNamespace
 import cv2
 import pytest
 
-from deid.linkage import load_linkage_key, read_linkage
-from deid.synth import make_synthetic_drop
+from deid.release.linkage import load_linkage_key, read_linkage
+from deid.intake.synth import make_synthetic_drop
 
 pytestmark = pytest.mark.slow
 DATASET = "ward-faces"

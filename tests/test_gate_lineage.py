@@ -1,7 +1,7 @@
 """The gate on a lineage release (issue 10): absent members' counterfeits, returning people's new photos.
 
-Release 1 is k-Same on seeded synthetic faces; release 2 is planned by :func:`deid.lineage.plan_release`
-and judged by :func:`deid.gate.evaluate` with the republished clusters (:class:`deid.gate.Republished`):
+Release 1 is k-Same on seeded synthetic faces; release 2 is planned by :func:`deid.release.lineage.plan_release`
+and judged by :func:`deid.evaluation.gate.evaluate` with the republished clusters (:class:`deid.evaluation.gate.Republished`):
 registered members for the structure, counterfeit rows attacked as released rows of no one.
 """
 from __future__ import annotations
@@ -11,11 +11,11 @@ import hashlib
 import numpy as np
 import pytest
 
-from deid.attacks import attack_all
-from deid.gate import GateConfig, GateInputs, Republished, evaluate
-from deid.ksame import KSame
-from deid.lineage import build_release, empty_state, plan_release
-from deid.stages import republished_for_gate
+from deid.evaluation.attacks import attack_all
+from deid.evaluation.gate import GateConfig, GateInputs, Republished, evaluate
+from deid.anonymise.ksame import KSame
+from deid.release.lineage import build_release, empty_state, plan_release
+from deid.operations.stages import republished_for_gate
 
 SHAPE = (24, 20)
 KEY = bytes(range(32))

@@ -1,9 +1,9 @@
 """Property: in every release of a lineage, no person holds more than 1/k of a cluster's released rows.
 
 Random sequences of drops (people arriving, leaving, returning with photos never released before)
-through :func:`deid.lineage.plan_release`: a republished cluster's rows are this drop's records of it
+through :func:`deid.release.lineage.plan_release`: a republished cluster's rows are this drop's records of it
 plus its counterfeits (rows of no one); a new cluster's rows are its records. The gate's
-``max_person_share`` (:func:`deid.gate.structural_checks`) must hold on them and on the registered
+``max_person_share`` (:func:`deid.evaluation.gate.structural_checks`) must hold on them and on the registered
 members, whatever the drop.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deid.gate import GateConfig, GateInputs, structural_checks
-from deid.lineage import empty_state
-from deid.stages import republished_for_gate
+from deid.evaluation.gate import GateConfig, GateInputs, structural_checks
+from deid.release.lineage import empty_state
+from deid.operations.stages import republished_for_gate
 from test_lineage import SHAPE, World, _release
 
 
