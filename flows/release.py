@@ -21,7 +21,7 @@ from deid.release.publish import discard, new_release_id
 from deid.reporting.report import dataset_fingerprint
 from deid.operations.safety import RunLock, fault_point
 from deid.settings import Settings
-from deid.operations.stages import COLOR_METHODS, republished_members
+from deid.operations.stages import COLOR_METHODS, republished_for_gate
 from deid.evaluation.validation import validation_section
 from tasks import stages as t
 from tasks.cluster import dask_cluster
@@ -264,13 +264,14 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
                        partition_failed=part["failed"], partition_detail=small_detail, shape_hw=[h, w],
                        sigma=sigma, block=block, partitions_root=str(staging / "partitions"),
                        file_metadata=staged["file_metadata"] if staged else None, extra_checks=extra_checks,
-                       lineage_members=republished_members(lin["release"], lineage_state) if lin else None)
+                       republished=republished_for_gate(lin["release"], lineage_state) if lin else None)
     fault_point("gate")
     released_dir, artifacts, linkage = None, [], None
     if g["passed"] and lin is not None:
         # Registered (pending) before the report is signed and the release published: a crash from here
         # on can never let the next run re-cluster these people; the next run settles the status.
         lineage_state = t.lineage_register(ing["dataset"], lineage_state, lin["release"])
+        fault_point("register")
     if g["passed"]:
         # Where the release will be once published; the report is signed before the rename.
         released_dir, artifacts = str(Path(releases_dir) / release_id), staged["artifacts"]

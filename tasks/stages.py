@@ -10,7 +10,6 @@ import json
 import math
 import os
 from collections import Counter
-from dataclasses import replace
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -355,12 +354,11 @@ def run_gate(deid_parts: list[str], *, config: gate_mod.GateConfig,
              counts: dict, partition_failed: bool, partition_detail: str, shape_hw: list[int],
              sigma: float | None, block: int | None, partitions_root: str | None = None,
              file_metadata: dict | None = None, extra_checks: list[dict] = (),
-             lineage_members: dict[str, list[str]] | None = None) -> dict:
+             republished: gate_mod.Republished | None = None) -> dict:
     """Load the would-be release and its originals, then run the core gate on them.
 
-    ``lineage_members`` (republished cluster -> registered basis people): the k checks count a
-    republished cluster's registered members, not its released rows (new photos of returning
-    people, counterfeits); every other check runs on the released records of this drop.
+    ``republished``: the lineage clusters released again (registered members, counterfeit rows),
+    counted and attacked as :func:`deid.evaluation.gate.structural_checks` and :func:`deid.evaluation.gate.privacy_checks` say.
     """
     logger = get_run_logger()
     shape = (int(shape_hw[0]), int(shape_hw[1]))
@@ -372,7 +370,8 @@ def run_gate(deid_parts: list[str], *, config: gate_mod.GateConfig,
                                            n_components=config.n_components,
                                            # The attacker re-runs the method but cannot know the
                                            # release's random state (a random method's secret).
-                                           seed=config.seed + 1))
+                                           seed=config.seed + 1),
+                  republished=republished)
     if deid_parts and partitions_root:
         rec = stages.gate_records(partitions_root, deid_parts, labels=list(config.labels),
                                   select=REGISTRY[config.method].partitions_by_labels and bool(config.labels))
@@ -382,8 +381,6 @@ def run_gate(deid_parts: list[str], *, config: gate_mod.GateConfig,
     else:
         inputs = gate_mod.GateInputs.empty(shape=shape, **common)
     result = gate_mod.evaluate(inputs, config)
-    if lineage_members:
-        result = _k_checks_on_registered_members(result, inputs, config, lineage_members)
     logger.info("gate: %s%s", "passed" if result.passed else "failed",
                 "" if result.passed else " - " + "; ".join(result.reasons))
     return {
@@ -399,33 +396,6 @@ def run_gate(deid_parts: list[str], *, config: gate_mod.GateConfig,
         "exact_bound": result.exact_bound,
         "attack_sample": result.attack_sample,
     }
-
-
-K_CHECKS = ("min_cluster_size", "min_distinct_people_per_cluster", "max_person_share")
-
-
-def _k_checks_on_registered_members(result, inputs, config, members: dict[str, list[str]]):
-    """The gate's k checks again, with every republished cluster counted on its registered members."""
-    clusters = inputs.clusters if inputs.clusters is not None else np.zeros(0, dtype=object)
-    c, p, idx = stages.count_registered_members(clusters, inputs.people, inputs.image_index, members)
-    checks, min_people, share, _ = gate_mod.structural_checks(
-        replace(inputs, clusters=c, people=p, image_index=idx), config)
-    note = f" ({len(members)} republished clusters counted on their registered members)"
-    by_name = {x.name: replace(x, detail=x.detail + note) for x in checks if x.name in K_CHECKS}
-    merged = [by_name.pop(x.name, x) if x.name in K_CHECKS else x for x in result.checks]
-    bound = 1.0 / config.k
-    if result.max_rate is not None and result.max_rate > bound + 1e-12:
-        # The exact-bound rule lets a rate through unless its lower bound exceeds 1/k, because the row
-        # shares bound it; counted on registered members they no longer do. A released report claims
-        # the measured rate <= 1/k: withhold instead. The attacks see this drop's records only (a
-        # counterfeit has no original to attack with), so absent members and new photos of returning
-        # people make the rate pessimistic.
-        merged.append(gate_mod.Check(
-            "reidentification_rate_on_drop_records", False, round(result.max_rate, 6), f"<= {bound:.4f}",
-            f"the attacks on this drop's released records named their person at rate {result.max_rate:.3f} > 1/k; "
-            "returning people with new photos, or absent members of republished clusters (counterfeits cannot be "
-            "attacked: they have no original), raise the share of this drop's records above the registered one"))
-    return replace(result, checks=(*merged, *by_name.values()), min_people=min_people, max_person_share=share)
 
 
 def _releasable_label_sets(ingested: str, labels: list[str], k: int) -> dict[str, list[str]]:

@@ -42,8 +42,7 @@ def _released_by_source(result: dict, key: bytes) -> dict[str, bytes]:
     return out
 
 
-def test_second_drop_of_a_dataset_reuses_every_cluster_bit_for_bit(project, prefect_server, tmp_path, capsys,
-                                                                    monkeypatch):
+def test_second_drop_of_a_dataset_reuses_every_cluster_bit_for_bit(project, prefect_server, tmp_path, capsys):
     from flows.cli_lineage import cmd_lineage
     from flows.release import release
 
@@ -82,24 +81,6 @@ def test_second_drop_of_a_dataset_reuses_every_cluster_bit_for_bit(project, pref
     assert [(r["release_id"], r["status"]) for r in desc["releases"]] == [
         (r1["release_id"], "published"), (r2["release_id"], "published")]
     assert desc["releases"][1]["republished_clusters"] == lin2["republished_clusters"] > 0
-
-    # Drop 3: only people 0-8 come back. Their clusters are republished whole, absent members covered by
-    # counterfeit records (private linkage only). The gate's attacks can only use this drop's records (a
-    # counterfeit has no original), whose share in those clusters now exceeds 1/k: the release is withheld,
-    # signed, and nothing is registered. (Nine people are too few for the utility folds: not the point here.)
-    monkeypatch.setenv("DEID_UTILITY_TOLERANCE", "1.0")
-    r3 = release(drop=str(_drop(tmp_path / "d3", 9)), k=3)
-    monkeypatch.delenv("DEID_UTILITY_TOLERANCE")
-    rep3 = json.loads(Path(r3["report"]).read_text())
-    lin3 = rep3["lineage"]
-    assert lin3["returning_people"] == 9 and lin3["new_people"] == 0 and lin3["counterfeit_records"] > 0
-    checks3 = {c["name"]: c for c in rep3["checks"]}
-    assert checks3["min_distinct_people_per_cluster"]["passed"] and checks3["max_person_share"]["passed"]
-    assert r3["verdict"] == "rejected" and not checks3["reidentification_rate_on_drop_records"]["passed"]
-    assert not lin3["registered"] and r3["release_dir"] is None
-    capsys.readouterr()
-    assert cmd_lineage(args) == 0
-    assert len(json.loads(capsys.readouterr().out)["releases"]) == 2
 
     # One modified byte in the registry: the next run stops before any work, with the reason.
     entry = sorted((project / "data" / "private" / "lineage" / DATASET).glob("*.entry"))[1]

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import math
+from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Hashable, Literal, Sequence
+from typing import Any, Callable, Hashable, Literal, Mapping, Sequence
 
 import numpy as np
 from scipy.stats import beta
@@ -74,6 +75,41 @@ class GateConfig:
             raise ConfigError(f"closeness_ratio={self.closeness_ratio!r} must be in (0, 1); e.g. 0.25")
 
 
+class _NoOne:
+    """The person of a counterfeit row: equal to nobody but itself, so naming anyone for it is wrong."""
+
+    def __repr__(self) -> str:
+        return "<counterfeit: no one>"
+
+
+COUNTERFEIT = _NoOne()
+
+
+@dataclass(frozen=True)
+class Republished:
+    """Registered clusters of a dataset's lineage that this release publishes again (:mod:`deid.release.lineage`).
+
+    ``members[c]`` is the person of every registered basis record of cluster ``c`` (the records
+    averaged into its stored image, from the earlier release); ``counterfeits[c]`` the counterfeit
+    rows released with it (the stored image, the cluster's labels, no source and no original);
+    ``images[c]`` its stored uint8 image, needed for every cluster with counterfeits. The drop's
+    real records of these clusters (returning people, old and new photos) are ordinary gate
+    records. How the gate counts them is explained in :func:`structural_checks` and
+    :func:`privacy_checks`.
+    """
+
+    members: Mapping[Hashable, tuple[Hashable, ...]]
+    counterfeits: Mapping[Hashable, int] = field(default_factory=dict)
+    images: Mapping[Hashable, np.ndarray] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        bad = sorted(str(c) for c, n in self.counterfeits.items()
+                     if n and (c not in self.members or c not in self.images))
+        if bad:
+            raise ConfigError(f"counterfeits of clusters {bad[:3]} need the cluster's registered members and its "
+                              "stored image (Republished.members and .images)")
+
+
 @dataclass(frozen=True)
 class GateInputs:
     """The would-be release, one entry per released record, without holding its pixels.
@@ -86,7 +122,8 @@ class GateInputs:
     returns ``(released, originals)`` pixel rows for the records ``idx`` (only the attacked
     sample is ever loaded). ``deidentify(images, people=..., partitions=...)`` re-runs the
     run's method with its k on other faces: the parrot attacker applies it to its gallery,
-    the utility protocol to the training people.
+    the utility protocol to the training people. ``republished``: registered lineage clusters
+    released again, with their registered members and counterfeit rows (:class:`Republished`).
     """
 
     shape: tuple[int, int]
@@ -106,6 +143,7 @@ class GateInputs:
     file_metadata: dict[str, list[str]] = field(default_factory=dict)
     extra_checks: tuple[Check, ...] = ()
     deidentify: Callable[..., np.ndarray] | None = None
+    republished: Republished | None = None
 
     @property
     def n(self) -> int:
@@ -222,29 +260,96 @@ def _clustered(method: str) -> bool:
     return True if spec is None else bool(spec.clustered)
 
 
+def registered_rows(clusters: Sequence[Hashable], people: Sequence[Hashable],
+                    members: Mapping[Hashable, Sequence[Hashable]]) -> tuple[list, list]:
+    """Cluster and person of every row, a republished cluster's rows replaced by its registered basis.
+
+    The image of a republished cluster is the average of its registered basis records (the earlier
+    release's members), whoever of them is in this drop: its size, its distinct people and their
+    shares are those of the basis. A republished cluster with no row in this drop is counted too.
+    """
+    keep = [(c, p) for c, p in zip(clusters, people) if c not in members]
+    keep += [(c, p) for c, ps in members.items() for p in ps]
+    return [c for c, _ in keep], [p for _, p in keep]
+
+
+def republished_row_shares(clusters: Sequence[Hashable], people: Sequence[Hashable], republished: Republished
+                           ) -> tuple[dict, dict]:
+    """Per republished cluster: one person's largest share of its released rows, and of its real rows.
+
+    Released rows are this drop's real rows plus the counterfeits, which belong to no one. Every row
+    carries the identical image, so any recogniser names one person (or a tie) for all of them: the
+    first share bounds its success on the cluster. The second is what an attacker who knows exactly
+    who is in this drop learns: the real rows belong to the present members (evidence, see
+    :func:`structural_checks`).
+    """
+    per: dict[Hashable, Counter] = {c: Counter() for c in republished.members}
+    for c, p in zip(clusters, people):
+        if c in per:
+            per[c][p] += 1
+    rows, real = {}, {}
+    for c, counts in per.items():
+        n_real = sum(counts.values())
+        top = max(counts.values(), default=0)
+        total = n_real + int(republished.counterfeits.get(c, 0))
+        rows[c] = top / total if total else 0.0
+        real[c] = top / n_real if n_real else 0.0
+    return rows, real
+
+
 def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check], int | None, float | None, bool]:
-    """Checks that need no model: cluster sizes, people and person shares per cluster, columns, accounting."""
+    """Checks that need no model: cluster sizes, people and person shares per cluster, columns, accounting.
+
+    Republished lineage clusters (``inputs.republished``) are counted twice, and both must hold.
+    Their size, distinct people and person shares are those of their *registered basis*: the
+    released image is the average of those records, so the k-anonymity of the image is the basis's
+    (a drop where members are absent, or bring new photos, does not change the image). And one
+    person's share of their *released rows*, counterfeits included as rows of no one, must stay
+    <= 1/k: all rows carry one image, so that share is the exact bound on any recogniser naming a
+    person for them (:func:`republished_row_shares`); a returning person with new photos is where
+    it could exceed the basis share (the lineage plan pads or trims for it).
+    """
     k = config.k
     n = inputs.n
     checks = [Check("release_not_empty", n > 0, n, ">= 1", "" if n > 0 else "no record could be released")]
     min_people = share = None
     exact = False
     if n and inputs.clusters is not None and _clustered(config.method):
-        sizes, distinct, shares = cluster_shares(list(inputs.clusters), list(inputs.people))
+        rep = inputs.republished
+        clusters, people = list(inputs.clusters), list(inputs.people)
+        row_shares: dict = {}
+        real_shares: dict = {}
+        if rep is not None and rep.members:
+            row_shares, real_shares = republished_row_shares(clusters, people, rep)
+            clusters, people = registered_rows(clusters, people, rep.members)
+        sizes, distinct, shares = cluster_shares(clusters, people)
+        shares = {c: max(v, row_shares.get(c, 0.0)) for c, v in shares.items()}
         min_size, min_people, share = min(sizes.values()), min(distinct.values()), max(shares.values())
         exact = identical_within_clusters(inputs.image_index, list(inputs.clusters))
+        note = ""
+        if row_shares:
+            n_fake = sum(int(rep.counterfeits.get(c, 0)) for c in row_shares)
+            note = (f"; {len(row_shares)} republished clusters counted on their registered members, and on their "
+                    f"released rows with {n_fake} counterfeit rows of no one (largest share "
+                    f"{max(row_shares.values()):.3f})")
         checks.append(Check("min_cluster_size", min_size >= k, min_size, f">= {k}",
-                            f"{len(sizes)} clusters; smallest has {min_size} images"))
+                            f"{len(sizes)} clusters; smallest has {min_size} images" + note))
         checks.append(Check("min_distinct_people_per_cluster", min_people >= k, min_people, f">= {k}",
-                            f"smallest number of distinct people in a cluster: {min_people}"))
+                            f"smallest number of distinct people in a cluster: {min_people}" + note))
         worst = max(shares, key=shares.get)
+        presence = ""
+        if real_shares:
+            presence = (f"; an attacker who knows exactly who is in this drop knows a republished cluster's real rows "
+                        f"belong to its present members: up to {max(real_shares.values()):.3f} of them to one person "
+                        "(1.0: one member present; DEID_LINEAGE_ABSENT=suppress withholds clusters with absent "
+                        "members)")
         checks.append(Check(
             "max_person_share", share <= 1.0 / k + 1e-12, round(share, 6), f"<= {1.0 / k:.4f}",
             f"largest share of one person's images in a cluster: {share:.3f} (cluster of {sizes[worst]} images, "
             f"{distinct[worst]} people); " + ("every cluster's members received the identical image, so this is "
                                                "the exact bound on any recogniser's success"
                                                if exact else "clusters are not identical copies: the empirical "
-                                               "attacks decide")))
+                                               "attacks decide") + note + presence))
     elif n:
         checks.append(Check("min_cluster_size", True, None, f">= {k}",
                             f"not applicable: method {config.method} forms no clusters, so nothing structural "
@@ -322,6 +427,31 @@ def attack_sample(inputs: GateInputs, *, max_records: int, seed: int) -> np.ndar
     return np.flatnonzero(np.isin(codes, take))
 
 
+def counterfeit_sample(inputs: GateInputs, idx: np.ndarray, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The counterfeit rows attacked with the sampled records ``idx``: (uint8 images, people = no one).
+
+    Every counterfeit of a republished cluster the sample holds real records of, and of the
+    clusters released with counterfeits only, a seeded share as large as the sample's share of the
+    release's clusters (all of them when the whole release is attacked).
+    """
+    rep = inputs.republished
+    width = inputs.shape[0] * inputs.shape[1]
+    none = np.zeros((0, width), np.uint8), np.zeros(0, dtype=object)
+    if rep is None or not any(rep.counterfeits.values()) or inputs.clusters is None:
+        return none
+    present = set(inputs.clusters.tolist())
+    sampled = set(inputs.clusters[np.asarray(idx, dtype=np.int64)].tolist())
+    only = sorted((c for c, m in rep.counterfeits.items() if m and c not in present), key=str)
+    n_only = len(only) if len(sampled) >= len(present) else round(len(only) * len(sampled) / max(len(present), 1))
+    chosen = [only[i] for i in sorted(np.random.default_rng(seed).permutation(len(only))[:n_only])]
+    keys = [c for c in sorted(sampled & set(rep.counterfeits), key=str) if rep.counterfeits[c]] + chosen
+    if not keys:
+        return none
+    images = np.vstack([np.broadcast_to(np.asarray(rep.images[c], dtype=np.uint8).reshape(1, -1),
+                                        (int(rep.counterfeits[c]), width)) for c in keys])
+    return images, np.full(len(images), COUNTERFEIT, dtype=object)
+
+
 def _parrot(deidentify: Callable[..., np.ndarray], people: np.ndarray, partitions: np.ndarray | None,
             labels: dict[str, np.ndarray] | None = None) -> Callable[[np.ndarray], np.ndarray]:
     """The parrot attacker de-identifies its own gallery of originals the way the release was made."""
@@ -331,7 +461,29 @@ def _parrot(deidentify: Callable[..., np.ndarray], people: np.ndarray, partition
 
 def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
                    ) -> tuple[list[Check], list[dict], float | None, dict]:
-    """Every attacker in every mode on a bounded sample, each rate with its interval."""
+    """Every attacker in every mode on a bounded sample, each rate with its interval.
+
+    Counterfeit rows of republished lineage clusters (``inputs.republished``) are attacked as what
+    they are in the release: rows that carry their cluster's stored image and labels, under a
+    random name, in random order, and belong to no one. They join the released side of every mode
+    (naive and parrot probes, the reverse gallery) with a person that matches nobody; they have no
+    original, so they are never a reverse probe nor in a gallery of originals. An attacker holding
+    every release cannot tell them from the real rows of their cluster (bit-identical), so naming
+    a person for one is wrong and, in the reverse gallery, they take their share of a tie. The
+    gallery of originals holds this drop's real records: the absent members' faces are not in the
+    drop. For a fixed recogniser, leaving them out can only raise the credit of a released row
+    (fewer candidates to lose to: naive and parrot modes; the reverse mode's probes are this drop's
+    faces either way), so the rates are those of an attacker who also knows who is absent, and at
+    least those of one who holds the absent members' faces and does not know they left (the
+    m-invariance premise). A returning person's new photo is a real record with its own original,
+    released as the registered image: an ordinary probe and gallery item.
+
+    Measuring this drop's real rows alone (counterfeits dropped) is not the release's rate: it
+    conditions on knowing which rows are real, which the release hides, and it would exceed 1/k
+    for release 1's own rows restricted to the people who came back. What an attacker who knows
+    who is present does learn (a cluster's real rows belong to its present members) is stated by
+    ``max_person_share`` (:func:`structural_checks`).
+    """
     k = config.k
     if inputs.n == 0:
         return [Check("reidentification_rate", False, None, f"<= {1.0 / k:.4f}", "nothing released to attack")], \
@@ -363,9 +515,11 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
         if parrot is not None and len(sub) < len(idx):
             p_sub = _parrot(inputs.deidentify, people[sub], None if parts is None else parts[sub],
                             {x: v[sub] for x, v in labs.items()})
-        for r in attack_all(originals=originals[sub], original_people=people[sub], released=released[sub],
-                            released_people=people[sub], shape=inputs.shape, modes=modes, parrot=p_sub,
-                            attackers=group, on_pair=lambda a, m: progress.advance(note=f"{a}/{m}")):
+        fake, no_one = counterfeit_sample(inputs, idx[sub], seed=config.seed + 2)
+        rel = np.vstack([released[sub], fake]) if len(fake) else released[sub]
+        for r in attack_all(originals=originals[sub], original_people=people[sub], released=rel,
+                            released_people=np.concatenate([people[sub], no_one]), shape=inputs.shape, modes=modes,
+                            parrot=p_sub, attackers=group, on_pair=lambda a, m: progress.advance(note=f"{a}/{m}")):
             r["records"] = int(len(sub))
             rows.append(r)
     m = len(rows)
@@ -394,6 +548,11 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
     sample = {"records": int(len(idx)), "of": inputs.n, "seed": config.seed,
               "unit": "cluster" if inputs.clusters is not None else "person", "confidence": config.confidence,
               "bonferroni_over": m}
+    n_fake = len(counterfeit_sample(inputs, idx, seed=config.seed + 2)[0])
+    if n_fake:
+        sample["counterfeits"] = n_fake
+        detail += (f"; {n_fake} counterfeit rows of republished lineage clusters attacked as released rows of no "
+                   "one (no original)")
     check = Check("reidentification_rate", not failing, max_rate, f"<= {bound:.4f}", detail,
                   interval=(worst["lower"], worst["upper"]), n=worst["n_probes"])
     return [check], rows, max_rate, sample
@@ -408,7 +567,8 @@ def leak_checks(inputs: GateInputs, config: GateConfig) -> list[Check]:
         own = np.asarray(inputs.own_distance)
         idx = attack_sample(inputs, max_records=config.attack_sample, seed=config.seed)
         released, originals = inputs.fetch(idx)
-        distinct, _ = unique_rows(released)
+        fake, _ = counterfeit_sample(inputs, idx, seed=config.seed + 2)  # stored images released again
+        distinct, _ = unique_rows(np.vstack([released, fake]) if len(fake) else released)
         cross, _ = nearest_original_distance(distinct, originals, threshold=threshold)
         low = float(min(own.min(), cross.min()))
         n_ident = int(np.count_nonzero(own == 0) + np.count_nonzero(cross == 0))

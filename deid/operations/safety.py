@@ -53,7 +53,7 @@ RELEASE_SUBDIR = "release"  # the would-be release inside a run's staging direct
 FAULT_ENV = "DEID_FAULT_INJECT"
 # Stage boundaries at which `kill:after:<stage>` SIGKILLs the run (the process itself, exactly
 # like `kill -9` from outside at that moment, but deterministic).
-FAULT_STAGES = ("ingest", "align", "gate", "sign", "publish")
+FAULT_STAGES = ("ingest", "align", "gate", "register", "sign", "publish")
 # Locations at which `enospc:<location>` raises ENOSPC as a full disk would.
 FAULT_LOCATIONS = ("data", "stage", "reports")
 

@@ -515,28 +515,18 @@ def counterfeit_rows(release, state, labels: list[str], present: dict[str, list[
     return rows
 
 
-def republished_members(release, state) -> dict[str, list[str]]:
-    """Cluster key -> the person (pseudonym) of each registered basis record, for every republished cluster."""
-    return {r.key: sorted(p for _, p in state.clusters[r.key].members) for r in release.republished}
+def republished_for_gate(release, state):
+    """The gate's view of the republished clusters (:class:`deid.evaluation.gate.Republished`).
 
-
-def count_registered_members(clusters, people, image_index, members: dict[str, list[str]]
-                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Gate rows for the k checks: a republished cluster counts its registered members, not its released rows.
-
-    The rows of republished clusters (``members`` keys) are replaced by one row per registered
-    basis record (person = its pseudonym) with one image index per cluster; every other row is
-    kept. A republished cluster without any row in this drop (only counterfeits) is counted too.
+    Per republished cluster: the person (pseudonym) of each registered basis record, its counterfeit
+    rows and its stored image.
     """
-    clusters = np.asarray(clusters, dtype=object)
-    keep = np.array([c not in members for c in clusters], dtype=bool)
-    start = int(np.max(image_index)) + 1 if len(image_index) else 0
-    extra_c = [c for c, ps in members.items() for _ in ps]
-    extra_p = [p for ps in members.values() for p in ps]
-    extra_i = [start + n for n, ps in enumerate(members.values()) for _ in ps]
-    return (np.concatenate([clusters[keep], np.asarray(extra_c, dtype=object)]),
-            np.concatenate([np.asarray(people, dtype=object)[keep], np.asarray(extra_p, dtype=object)]),
-            np.concatenate([np.asarray(image_index, dtype=np.int64)[keep], np.asarray(extra_i, dtype=np.int64)]))
+    from deid.evaluation.gate import Republished  # noqa: PLC0415 (the gate's imports are not needed on workers)
+
+    return Republished(
+        members={r.key: tuple(sorted(p for _, p in state.clusters[r.key].members)) for r in release.republished},
+        counterfeits={r.key: int(r.n_counterfeit) for r in release.republished},
+        images={r.key: state.clusters[r.key].image for r in release.republished})
 
 
 def lineage_can_abandon(state, release_id: str) -> bool:

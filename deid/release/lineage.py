@@ -84,6 +84,7 @@ WAITING = "waiting_for_k_new_people"
 RELEASED_BEFORE = "released_before"  # release-once
 PARTITION_MISMATCH = "returning_partition_mismatch"
 CLUSTER_SUPPRESSED = "registered_cluster_suppressed"
+SURPLUS = "returning_surplus_over_1_k"   # absent=suppress: a returning person's rows above 1/k of the cluster
 # Reasons a registered cluster is not republished.
 MEMBER_ABSENT = "member_absent"
 BELOW_K = "registered_cluster_below_k"
@@ -410,6 +411,12 @@ def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerp
        its first size, whoever left, so absence reveals nothing; the counterfeits are counted in the
        private registry only. A registered cluster with fewer than ``k`` people (``k`` was raised)
        is suppressed.
+    5. No person holds more than 1/k of a republished cluster's released rows (every row carries
+       the same image: a recogniser naming one person for it is right on that person's share of the
+       rows). A returning person with new photos could exceed it: ``republish`` adds counterfeits
+       until the cluster has at least ``k`` times that person's rows; ``suppress`` withholds the
+       surplus (``returning_surplus_over_1_k``, new photos first), as the partition stage does for
+       new clusters.
 
     Policy ``release-once``: every record of a person already released (or a registered record) is
     suppressed (``released_before``); only new people are clustered; registered clusters retire.
@@ -480,7 +487,10 @@ def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerp
                 suppressed_clusters.append((ckey, reason))
                 suppressed.extend((i, CLUSTER_SUPPRESSED) for i in recs)
                 continue
-            pad = max(0, c.n_released - len(recs)) if absent == "republish" else 0
+            if absent == "suppress":
+                recs, surplus = _trim_surplus(recs, pseud, fps, c, k)
+                suppressed.extend((i, SURPLUS) for i in surplus)
+            pad = _counterfeits_needed(c, recs, pseud, k) if absent == "republish" else 0
             if recs or pad:
                 republish.append(Republish(c, tuple(sorted(recs)), pad))
     else:
@@ -510,6 +520,39 @@ def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerp
         suppressed=tuple(sorted(suppressed)), suppressed_clusters=tuple(suppressed_clusters),
         n_new_people=n_new_people, n_returning_people=len(returning), n_waiting_people=len(waiting),
     )
+
+
+def _counterfeits_needed(c: LineageCluster, recs: Sequence[int], pseud: Sequence[str], k: int) -> int:
+    """Counterfeit rows a republished cluster needs (``absent="republish"``).
+
+    At least its first released size (so an absent member's rows look as before) and at least
+    ``k`` times the rows of the person with the most of them: every row carries the same image,
+    so a recogniser that names one person for it is right on at most that person's share of the
+    rows. A counterfeit belongs to no one, so it dilutes a returning person who brought new photos
+    exactly as an absent member's row would.
+    """
+    top = max(Counter(pseud[i] for i in recs).values(), default=0)
+    return max(0, c.n_released - len(recs), k * top - len(recs))
+
+
+def _trim_surplus(recs: Sequence[int], pseud: Sequence[str], fps: Sequence[str], c: LineageCluster,
+                  k: int) -> tuple[list[int], list[int]]:
+    """``absent="suppress"`` (no counterfeits): withhold a person's rows above 1/k of the cluster's rows.
+
+    As the partition stage does for new clusters. New photos go first, then registered ones, the
+    highest record index first (deterministic).
+    """
+    keep = sorted(recs, key=lambda i: (fps[i] in c.records, -i))  # new photos first, then by index
+    surplus: list[int] = []
+    while keep:
+        counts = Counter(pseud[i] for i in keep)
+        person, top = max(counts.items(), key=lambda x: (x[1], x[0]))
+        if k * top <= len(keep):
+            break
+        drop = next(i for i in keep if pseud[i] == person)
+        keep.remove(drop)
+        surplus.append(drop)
+    return sorted(keep), surplus
 
 
 def _check_consistent(state: LineageState, pseud: Sequence[str], fps: Sequence[str]) -> None:

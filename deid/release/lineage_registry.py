@@ -271,6 +271,11 @@ class Registry:
             raise ConfigError(f"release of dataset {release.dataset!r} cannot go into the registry of {self.dataset!r}")
         if not state.entries and release.based_on_head == GENESIS_PREV:
             state = self.init()  # planned on the empty lineage: the genesis entry comes first
+            if len(state.entries) > 1:
+                # Another run registered first (two first drops of a dataset at once): this release was
+                # planned without its clusters and must be planned again, like any later release.
+                raise LineageError(f"lineage registry {self.root} moved on (entry {state.seq}) since release "
+                                   f"{release.release_id} was planned on the empty lineage; reload and plan again")
         elif release.based_on_head != state.head:
             raise LineageError(f"release {release.release_id} was planned on another lineage state (entry "
                                f"{release.based_on_seq}); the registry is at entry {state.seq}; plan again")
