@@ -81,6 +81,9 @@ class Settings(BaseSettings):
     max_pixels: int = Field(default=100_000_000, ge=1)
 
     pca_components: int = Field(default=50, ge=1, le=2000)
+    ksame_block_size: int = Field(default=2000, ge=2, le=10_000_000,
+                                  description="faces of one partition above which k-Same groups blockwise, one Dask "
+                                              "task per block of about half to all of this many faces")
     align_batch_size: int = Field(default=512, ge=1, le=100_000,
                                   description="max records per align task (small drops use smaller batches)")
     seed: int | None = Field(default=None, description="seed for the random parts (release ids, shuffling); None = OS randomness")
