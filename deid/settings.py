@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     schedule_cron: str = Field(default="0 2 * * *", description="cron of the scheduled `release` deployment")
     incoming_dir: Path | None = Field(default=None, description="where drops arrive (default: <data>/incoming)")
     ledger_stale_after: float = Field(default=21600.0, gt=0, description="seconds before a running claim is stale")
+    database_url: SecretStr | None = Field(
+        default=None, description="PostgreSQL URL of the drop ledger when several machines share the work "
+                                  "(postgresql://user:password@host:5432/db); unset: <data>/ledger.sqlite")
 
     k: int = Field(default=5, ge=2, le=1000)
     method: Method = "k-same-select"
