@@ -90,3 +90,9 @@ def test_three_dask_workers_release_what_one_local_worker_releases(tmp_path, mon
     assert expected == c1
     print(f"\n{n_blocks} blocks, {len(block_tasks)} block tasks on {len({t['worker'] for t in block_tasks})} "
           f"workers; {len(c1)} clusters, identical to the 1-worker run")
+
+
+def test_map_on_cluster_outside_a_worker_is_the_builtin_map():
+    from tasks.cluster import map_on_cluster
+
+    assert map_on_cluster(pow, [2, 3], [3, 2]) == [8, 9]
