@@ -57,9 +57,10 @@ def synthetic_aligned_faces(n_faces: int, *, seed: int = 1) -> tuple[np.ndarray,
     """(faces uint8 (n, 92, 81), person of each face): deid's synthetic faces aligned by their eye points."""
     import cv2
 
-    from deid.align import EyePair, FaceAligner
+    from deid.alignment.eyes import EyePair
+    from deid.alignment.canonical import FaceAligner
     from deid.settings import Settings
-    from deid.synth import iter_synthetic_faces
+    from deid.intake.synth import iter_synthetic_faces
 
     s = Settings()
     (le, re_) = s.canonical_eyes()
@@ -109,8 +110,8 @@ def compare_ksame(n_faces: int, k: int) -> list[dict]:
     from anonypyx import kSame as AnonypyxKSame
     from anonypyx.microaggregation import MDAVGeneric
 
-    from deid.features import Eigenfaces
-    from deid.ksame import KSame
+    from deid.alignment.features import Eigenfaces
+    from deid.anonymise.ksame import KSame
 
     (faces, people), w, _ = _timed(lambda: synthetic_aligned_faces(n_faces))
     n, h, wd = faces.shape
@@ -204,7 +205,7 @@ def compare_pipeline(n_photos: int, k: int, backend: str) -> dict:
 
 
 def _compare_pipeline(work: Path, n_photos: int, k: int, backend: str) -> dict:
-    from deid.london import import_london
+    from deid.intake.london import import_london
 
     drop = import_london(LONDON, work / "drop")
     if n_photos < 204:  # keep whole people: the first n_photos rows of the manifest (2 per person)

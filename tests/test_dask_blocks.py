@@ -11,8 +11,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from deid.ksame import KSame, plan_blocks
-from deid.synth import make_synthetic_drop
+from deid.anonymise.ksame import KSame, plan_blocks
+from deid.intake.synth import make_synthetic_drop
 
 pytestmark = [pytest.mark.slow, pytest.mark.ops]
 

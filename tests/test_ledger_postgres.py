@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from deid.errors import ConfigError, EnvironmentFailure
-from deid.ledger import FAILED, QUEUED, RELEASED, RUNNING, Ledger, drop_fingerprint, open_ledger, postgres_conninfo
+from deid.operations.ledger import FAILED, QUEUED, RELEASED, RUNNING, Ledger, drop_fingerprint, open_ledger, postgres_conninfo
 from deid.settings import Settings
 
 pytestmark = [pytest.mark.slow, pytest.mark.ops]
@@ -145,7 +145,7 @@ def test_lifecycle_on_postgres(url):
 WORKER = r"""
 import json, os, random, sys, time
 from pathlib import Path
-from deid.ledger import Ledger
+from deid.operations.ledger import Ledger
 url, tag, go, drops = sys.argv[1], sys.argv[2], Path(sys.argv[3]), json.loads(sys.argv[4])
 led = Ledger(url)
 rng = random.Random(tag)
