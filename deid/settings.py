@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     schedule_cron: str = Field(default="0 2 * * *", description="cron of the scheduled `release` deployment")
     incoming_dir: Path | None = Field(default=None, description="where drops arrive (default: <data>/incoming)")
     ledger_stale_after: float = Field(default=21600.0, gt=0, description="seconds before a running claim is stale")
+    database_url: SecretStr | None = Field(
+        default=None, description="PostgreSQL URL of the drop ledger when several machines share the work "
+                                  "(postgresql://user:password@host:5432/db); unset: <data>/ledger.sqlite")
 
     k: int = Field(default=5, ge=2, le=1000)
     method: Method = "k-same-select"
@@ -81,6 +84,9 @@ class Settings(BaseSettings):
     max_pixels: int = Field(default=100_000_000, ge=1)
 
     pca_components: int = Field(default=50, ge=1, le=2000)
+    ksame_block_size: int = Field(default=2000, ge=2, le=10_000_000,
+                                  description="faces of one partition above which k-Same groups blockwise, one Dask "
+                                              "task per block of about half to all of this many faces")
     align_batch_size: int = Field(default=512, ge=1, le=100_000,
                                   description="max records per align task (small drops use smaller batches)")
     seed: int | None = Field(default=None, description="seed for the random parts (release ids, shuffling); None = OS randomness")

@@ -100,15 +100,15 @@ def cmd_watch(args) -> int:
     if args.interval <= 0:
         print(f"deid watch: --interval={args.interval} must be a positive number of seconds, e.g. 2", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from deid.operations.ledger import Ledger
+    from deid.operations.ledger import open_ledger
     from deid.settings import Settings
     from flows.watch import Watcher
 
     url = _need_api("watch")
     if url is None:
         return EXIT_BAD_INPUT
-    ledger = Ledger(Settings().data_path / "ledger.sqlite")
-    print(f"deid watch: {incoming.resolve()} every {args.interval} s; events to {url}; ledger {ledger.path}",
+    ledger = open_ledger(Settings())
+    print(f"deid watch: {incoming.resolve()} every {args.interval} s; events to {url}; ledger {ledger.location}",
           file=sys.stderr)
 
     def report(row: dict) -> None:

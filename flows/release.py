@@ -226,7 +226,7 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
                 with _timed(timings, "deidentify"):
                     de = t.deidentify(address, part["partitions"], str(staging), k=k, method=method,
                                       shape_hw=[h, w], sigma=sigma, block=block, labels=labels,
-                                      color=settings.color)
+                                      color=settings.color, block_size=settings.ksame_block_size)
                 deid_parts, clusters = de["parts"], de["clusters"]
             if part.get("lineage_plan") is not None:
                 # New clusters registered as made; returning people's records carry their stored averages.
@@ -325,6 +325,7 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
             "color": settings.color,
             "canonical_eyes": [list(e) for e in settings.canonical_eyes()],
             "pca_components": settings.pca_components,
+            "ksame_block_size": settings.ksame_block_size,
             "utility_tolerance": settings.utility_tolerance,
             "utility_protocol": "cross-fit",
             "utility_sample": settings.utility_sample,

@@ -19,7 +19,7 @@ from prefect import flow, get_run_logger  # noqa: E402
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from deid.operations.ledger import Ledger, drop_fingerprint, ready_drops
+from deid.operations.ledger import Ledger, drop_fingerprint, open_ledger, ready_drops
 from deid.settings import Settings
 from flows.release import release
 
@@ -29,7 +29,6 @@ RESOURCE_PREFIX = "deid.drop."
 # DEID_SCHEDULE_CRON / DEID_INCOMING_DIR override them.
 DEFAULT_CRON = "0 2 * * *"
 DEFAULT_INCOMING = "incoming"  # under the data dir
-LEDGER_FILE = "ledger.sqlite"
 
 
 def schedule_cron(settings: Settings | None = None) -> str:
@@ -45,9 +44,8 @@ def incoming_dir(settings: Settings | None = None) -> Path:
 
 
 def ledger(settings: Settings | None = None) -> Ledger:
-    """The project's ledger, ``<data dir>/ledger.sqlite``."""
-    settings = settings or Settings()
-    return Ledger(settings.data_path / LEDGER_FILE, stale_after=settings.ledger_stale_after)
+    """The project's ledger: ``DEID_DATABASE_URL`` (PostgreSQL) or ``<data dir>/ledger.sqlite``."""
+    return open_ledger(settings or Settings())
 
 
 def _run_claimed(drop: str, fingerprint: str, led: Ledger, by: str, **params) -> dict:

@@ -44,3 +44,22 @@ def client_for(address: str) -> Client:
         client = Client(address, set_as_default=False)
         _clients[address] = client
     return client
+
+
+def map_on_cluster(fn, *iterables) -> list:
+    """Order-keeping ``map`` that runs one Dask task per item, callable from inside a Dask task.
+
+    The de-identification stage runs on a worker and passes this as k-Same's ``map_blocks``:
+    the worker's client (``worker_client``, which secedes from the worker's thread pool while it
+    waits, so a one-thread worker can run block tasks itself) submits one task per block and
+    gathers the results in input order. Outside a worker it is the builtin ``map``: the
+    clusters are the same either way.
+    """
+    from distributed import get_worker, worker_client  # noqa: PLC0415
+
+    try:
+        get_worker()
+    except ValueError:
+        return list(map(fn, *iterables))
+    with worker_client() as client:
+        return client.gather(client.map(fn, *iterables, pure=False))

@@ -50,7 +50,7 @@ from deid.evaluation.validation import (
     validate_manifest,
     validate_release,
 )
-from tasks.cluster import client_for
+from tasks.cluster import client_for, map_on_cluster
 
 TASK = dict(cache_policy=NO_CACHE)
 
@@ -331,14 +331,15 @@ def lineage_register(dataset: str, state, rel=None, *, mark: str | None = None, 
 @task(name="deidentify", retries=1, retry_delay_seconds=2, **TASK)
 def deidentify(address: str, partitions: list[dict], staging: str, *, k: int, method: str, shape_hw: list[int],
                sigma: float | None = None, block: int | None = None, labels: list[str] = (),
-               color: bool = False) -> dict:
-    """De-identify each partition (k-Same family, or a comparison filter), one Dask task per partition."""
+               color: bool = False, block_size: int | None = 2000) -> dict:
+    """De-identify each partition (k-Same family, or a comparison filter): one Dask task per partition and per k-Same block."""
     logger = get_run_logger()
     client = client_for(address)
     out = Path(staging) / "deidentified"
     futs = [client.submit(stages.deidentify_partition, p["dir"], str(out / f"{Path(p['dir']).name}.parquet"),
                           k=k, method=method, shape=tuple(shape_hw), sigma=sigma, block=block, labels=list(labels),
-                          color_dir=str(Path(staging) / stages.COLOR_SUBDIR) if color else None, pure=False)
+                          color_dir=str(Path(staging) / stages.COLOR_SUBDIR) if color else None,
+                          block_size=block_size, map_blocks=map_on_cluster, pure=False)
             for p in partitions]
     progress = Progress("deidentify", logger=logger).start(sum(int(p["records"]) for p in partitions))
     for fut in as_completed(futs, loop=client.loop):

@@ -214,7 +214,7 @@ def test_bad_inputs_are_rejected():
 def test_sklearn_contract_and_determinism():
     X, people, images = make_faces([2, 3, 1, 4, 2, 2, 1, 3], seed=5)
     model = KSame(3)
-    assert model.get_params() == {"k": 3, "count": "people", "block_size": 2000}
+    assert model.get_params() == {"k": 3, "count": "people", "block_size": 2000, "map_blocks": None}
     assert model.fit(X, people=people, images=images) is model
     assert model.k == 3 and model.count == "people"
     again = KSame(3).fit(X, people=people, images=images)

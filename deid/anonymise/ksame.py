@@ -74,7 +74,10 @@ def _factorize(values: Any, name: str, n: int) -> tuple[np.ndarray, list]:
     return codes, list(mapping)
 
 
-def _check_params(k: Any, count: Any, block_size: Any = None) -> None:
+def _check_params(k: Any, count: Any, block_size: Any = None, map_blocks: Any = None) -> None:
+    if map_blocks is not None and not callable(map_blocks):
+        raise ConfigError(f"map_blocks={map_blocks!r} must be None or a callable like map(fn, *iterables) returning "
+                          "results in input order; pass None to run the blocks serially")
     if isinstance(k, bool) or not isinstance(k, Integral) or k < 2:
         raise ConfigError(f"k={k!r} must be an integer >= 2 (k=1 releases every face unchanged); pass e.g. k=5")
     if block_size is not None and (isinstance(block_size, bool) or not isinstance(block_size, Integral) or block_size < 2):
@@ -524,6 +527,10 @@ class KSame(BaseEstimator):
     block_size : int or None, default 2000
         Faces (of one partition) above which the grouping runs blockwise; ``None`` always
         runs the single greedy. Blocks hold about ``block_size / 2`` to ``block_size`` faces.
+    map_blocks : callable or None, default None
+        How the blocks run: ``map_blocks(fn, *iterables)`` must return ``fn``'s results in input
+        order (``None``: the builtin ``map``, serially; on Dask e.g. a ``client.map`` + ``gather``).
+        The clusters do not depend on it.
 
     Attributes
     ----------
@@ -547,10 +554,11 @@ class KSame(BaseEstimator):
     IEEE Trans. Knowledge and Data Engineering 17(2):232-243, 2005.
     """
 
-    def __init__(self, k: int = 5, *, count: str = "people", block_size: int | None = 2000):
+    def __init__(self, k: int = 5, *, count: str = "people", block_size: int | None = 2000, map_blocks=None):
         self.k = k
         self.count = count
         self.block_size = block_size
+        self.map_blocks = map_blocks
 
     def fit(self, X: Any, *, people: Sequence[Hashable], images: Any) -> "KSame":
         """Cluster the faces.
@@ -568,7 +576,7 @@ class KSame(BaseEstimator):
         -------
         self
         """
-        _check_params(self.k, self.count, self.block_size)
+        _check_params(self.k, self.count, self.block_size, self.map_blocks)
         X, images = _check_arrays(X, images)
         codes, keys = _factorize(people, "people", X.shape[0])
         labels, n_left = self._labels(X, codes, partition=None, keys=keys)
@@ -593,7 +601,7 @@ class KSame(BaseEstimator):
             with threadpool_limits(limits=1, user_api="blas"):
                 return _greedy_labels(X, unit, k)
         with threadpool_limits(limits=1, user_api="blas"):
-            labels = blockwise_labels(X, unit, k=k, block_size=int(self.block_size))
+            labels = blockwise_labels(X, unit, k=k, block_size=int(self.block_size), map_blocks=self.map_blocks or map)
         # Blockwise, "leftover" has no single meaning (each block and refinement round has its
         # own); report faces in clusters larger than the people needed, a comparable count.
         n_left = int(labels.size - k * (int(labels.max()) + 1))
@@ -669,7 +677,7 @@ class KSameSelect(KSame):
             When a partition holds fewer than ``k`` distinct people (names the partition);
             nothing is clustered in that case.
         """
-        _check_params(self.k, self.count, self.block_size)
+        _check_params(self.k, self.count, self.block_size, self.map_blocks)
         X, images = _check_arrays(X, images)
         n = X.shape[0]
         codes, keys = _factorize(people, "people", n)

@@ -3,27 +3,33 @@
 A drop is *complete* when its producer has written ``_READY`` (last). Its fingerprint is a
 SHA-256 over its manifest and every other file's bytes, so the same content dropped again under
 another name is recognised, and a changed drop under the same name is not. The ledger (SQLite
-under the data dir) records one row per fingerprint and moves it through::
+under the data dir, or PostgreSQL when ``DEID_DATABASE_URL`` is set: several machines) records
+one row per fingerprint and moves it through::
 
     queued (the watcher emitted an event) -> running (a flow claimed it) -> released | rejected
                                                                        \\-> failed (may be claimed again)
 
-``claim`` is one SQLite transaction, so two flows given the same fingerprint (a duplicate
-event, the nightly run overlapping a drop-triggered one) cannot both run it.
+``claim`` is one serializable transaction (SQLite: ``BEGIN IMMEDIATE``, one writer at a time;
+PostgreSQL: ``SERIALIZABLE``, retried on a serialization failure), so two flows given the same
+fingerprint (a duplicate event, the nightly run overlapping a drop-triggered one, two machines)
+cannot both run it.
 """
 from __future__ import annotations
 
 import hashlib
 import logging
 import os
+import random
 import sqlite3
 import time
 from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Iterator, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from deid.intake.drop import MANIFEST, READY
-from deid.errors import ConfigError, DropError
+from deid.errors import ConfigError, DropError, EnvironmentFailure
 from deid.reporting.report import hash_file, scan_tree
 
 log = logging.getLogger(__name__)
@@ -32,13 +38,17 @@ QUEUED, RUNNING, RELEASED, REJECTED, FAILED = "queued", "running", "released", "
 SETTLED = (RELEASED, REJECTED)
 STATUSES = (QUEUED, RUNNING, RELEASED, REJECTED, FAILED)
 
+LEDGER_FILE = "ledger.sqlite"
+T = TypeVar("T")
+
+# Times are epoch seconds: REAL is a double in SQLite but a 4-byte float in PostgreSQL.
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS drops (
     fingerprint TEXT PRIMARY KEY,
     status      TEXT NOT NULL,
     drop_path   TEXT NOT NULL,
-    first_seen  REAL NOT NULL,
-    updated     REAL NOT NULL,
+    first_seen  DOUBLE PRECISION NOT NULL,
+    updated     DOUBLE PRECISION NOT NULL,
     claimed_by  TEXT,
     release_id  TEXT,
     verdict     TEXT,
@@ -48,7 +58,7 @@ CREATE TABLE IF NOT EXISTS drops (
 CREATE TABLE IF NOT EXISTS sightings (
     drop_path   TEXT NOT NULL,
     fingerprint TEXT NOT NULL,
-    seen        REAL NOT NULL,
+    seen        DOUBLE PRECISION NOT NULL,
     outcome     TEXT NOT NULL,
     PRIMARY KEY (drop_path, fingerprint)
 );
@@ -122,30 +132,68 @@ class Claim:
     entry: Entry
 
 
-class Ledger:
-    """The SQLite ledger of dropped datasets, keyed by :func:`drop_fingerprint`.
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (for logs and error messages)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)
+    user = netloc[0].split(":", 1)[0]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
 
-    Parameters
-    ----------
-    path : path
-        The database file (created with its parent directory).
-    stale_after : float, keyword-only
-        Seconds after which a ``queued`` or ``running`` entry whose flow never reported back
-        (killed process, lost event) may be claimed again. Default 6 hours.
+
+def postgres_conninfo(url: str) -> str:
+    """The libpq URL of ``DEID_DATABASE_URL``: ``postgresql://`` as is, a SQLAlchemy ``+driver`` suffix dropped.
+
+    So the URL Prefect's server is given (``postgresql+asyncpg://...``) can be given to deid too.
     """
+    scheme, sep, rest = url.partition("://")
+    base = scheme.split("+", 1)[0].lower()
+    if not sep or base not in ("postgresql", "postgres"):
+        raise ConfigError(f"DEID_DATABASE_URL={redact_url(url)!r} must be a PostgreSQL URL, "
+                          "postgresql://user:password@host:5432/dbname (or postgresql+asyncpg://..., the form "
+                          "Prefect takes); leave it unset for the embedded SQLite ledger")
+    return f"postgresql://{rest}"
 
-    def __init__(self, path: str | os.PathLike, *, stale_after: float = 6 * 3600.0):
-        if not (isinstance(stale_after, (int, float)) and stale_after > 0):
-            raise ConfigError(f"stale_after={stale_after!r} must be a positive number of seconds, e.g. 21600")
-        self.path = Path(path)
-        self.stale_after = stale_after
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with closing(sqlite3.connect(self.path, timeout=30.0)) as db:
+
+class _Query:
+    """One open transaction: ``?`` placeholders, rows as dicts, on either backend."""
+
+    def __init__(self, cursor: Any, paramstyle: str):
+        self._cur = cursor
+        self._pg = paramstyle == "format"
+
+    def run(self, sql: str, params: tuple = ()) -> None:
+        self._cur.execute(sql.replace("?", "%s") if self._pg else sql, params)
+
+    def one(self, sql: str, params: tuple = ()) -> dict | None:
+        self.run(sql, params)
+        row = self._cur.fetchone()
+        return None if row is None else dict(row)
+
+    def all(self, sql: str, params: tuple = ()) -> list[dict]:
+        self.run(sql, params)
+        return [dict(r) for r in self._cur.fetchall()]
+
+
+class _SQLiteStore:
+    """The embedded ledger: one file; ``BEGIN IMMEDIATE`` makes every operation the only writer."""
+
+    retryable: tuple[type[BaseException], ...] = ()
+    attempts = 1  # SQLite waits for the lock (30 s busy timeout) instead of aborting
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with closing(sqlite3.connect(path, timeout=30.0)) as db:
             db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
             db.executescript(_SCHEMA)
 
+    def describe(self) -> str:
+        return str(self.path)
+
     @contextmanager
-    def _tx(self):
+    def tx(self) -> Iterator[_Query]:
         # One connection per operation: the watcher, the server's flow runs and the nightly
         # run are separate processes; SQLite's file locks serialise them.
         db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
@@ -153,25 +201,133 @@ class Ledger:
         with closing(db):
             db.execute("BEGIN IMMEDIATE")
             try:
-                yield db
+                yield _Query(db.cursor(), "qmark")
             except BaseException:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
 
+
+class _PostgresStore:
+    """The shared ledger on PostgreSQL (``DEID_DATABASE_URL``), for runs on several machines.
+
+    Every operation is one ``SERIALIZABLE`` transaction, retried when PostgreSQL aborts it as a
+    serialization failure or deadlock (and on a unique violation: two first inserts of one key).
+    Why SERIALIZABLE, and not row locks: each operation reads an entry and decides from it
+    (claim, sight), and the entry may not exist yet -- ``SELECT ... FOR UPDATE`` cannot lock a
+    row that is not there, so two claims of a new fingerprint would both see nothing. Under
+    serializable snapshot isolation the outcome is that of some serial order of the operations,
+    like SQLite's one writer at a time, without a lock on the whole table; the primary keys stay
+    as the last line (one row per fingerprint, one per sighting). Operations are short and
+    re-run from the start (``now`` read again), so a retry is always safe.
+    """
+
+    attempts = 30
+
+    def __init__(self, url: str):
+        try:
+            import psycopg  # noqa: PLC0415 - only when PostgreSQL is configured
+            from psycopg import errors  # noqa: PLC0415
+            from psycopg.rows import dict_row  # noqa: PLC0415
+        except ImportError as exc:  # pragma: no cover - psycopg is a pinned dependency
+            raise ConfigError("DEID_DATABASE_URL is set but the PostgreSQL driver is missing; "
+                              "pip install 'psycopg[binary]==3.3.9' (a deid dependency)") from exc
+        self._psycopg = psycopg
+        self._dict_row = dict_row
+        self.conninfo = postgres_conninfo(url)
+        self.url = url
+        self.retryable = (errors.SerializationFailure, errors.DeadlockDetected, errors.UniqueViolation)
+        with self._connect() as conn:
+            # CREATE TABLE IF NOT EXISTS is not safe against itself run concurrently (catalog
+            # unique violations): the first process creates, the others wait and find the tables.
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('deid.ledger.schema'))")
+            for stmt in filter(str.strip, _SCHEMA.split(";")):
+                conn.execute(stmt)
+
+    def describe(self) -> str:
+        return redact_url(self.url)
+
+    def _connect(self):
+        try:
+            return self._psycopg.connect(self.conninfo, row_factory=self._dict_row, connect_timeout=30,
+                                         application_name="deid-ledger")
+        except self._psycopg.OperationalError as exc:
+            raise EnvironmentFailure(f"ledger database {redact_url(self.url)} (DEID_DATABASE_URL) is unreachable: "
+                                     f"{str(exc).strip()}; start PostgreSQL or fix the URL") from None
+
+    @contextmanager
+    def tx(self) -> Iterator[_Query]:
+        with self._connect() as conn:  # commits on a clean exit (a serialization failure may surface here)
+            conn.isolation_level = self._psycopg.IsolationLevel.SERIALIZABLE
+            with conn.cursor() as cur:
+                yield _Query(cur, "format")
+
+
+def open_ledger(settings=None) -> "Ledger":
+    """The project's ledger: PostgreSQL at ``DEID_DATABASE_URL`` if set, else ``<data dir>/ledger.sqlite``."""
+    from deid.settings import Settings  # noqa: PLC0415
+
+    settings = settings or Settings()
+    url = settings.database_url.get_secret_value() if settings.database_url else None
+    return Ledger(url or settings.data_path / LEDGER_FILE, stale_after=settings.ledger_stale_after)
+
+
+class Ledger:
+    """The ledger of dropped datasets, keyed by :func:`drop_fingerprint`.
+
+    Parameters
+    ----------
+    location : path or str
+        A SQLite database file (created with its parent directory), or a PostgreSQL URL
+        (``postgresql://user:password@host:5432/db``; the tables are created if missing).
+    stale_after : float, keyword-only
+        Seconds after which a ``queued`` or ``running`` entry whose flow never reported back
+        (killed process, lost event) may be claimed again. Default 6 hours.
+    """
+
+    def __init__(self, location: str | os.PathLike, *, stale_after: float = 6 * 3600.0):
+        if not (isinstance(stale_after, (int, float)) and stale_after > 0):
+            raise ConfigError(f"stale_after={stale_after!r} must be a positive number of seconds, e.g. 21600")
+        self.stale_after = stale_after
+        if isinstance(location, str) and "://" in location:
+            self._store: _SQLiteStore | _PostgresStore = _PostgresStore(location)
+            self.path: Path | None = None
+        else:
+            self.path = Path(location)
+            self._store = _SQLiteStore(self.path)
+
+    @property
+    def location(self) -> str:
+        """Where the ledger lives (file path, or the database URL without its password)."""
+        return self._store.describe()
+
+    def _run(self, op: Callable[[_Query], T]) -> T:
+        """Run ``op`` in one transaction; re-run it from the start when the database aborted it."""
+        for attempt in range(1, 1 + self._store.attempts):
+            try:
+                with self._store.tx() as db:
+                    return op(db)
+            except self._store.retryable as exc:
+                if attempt == self._store.attempts:
+                    raise
+                log.debug("ledger transaction retried (%s, attempt %d)", type(exc).__name__, attempt)
+                time.sleep(random.uniform(0.005, 0.02 * attempt))  # noqa: S311 - jitter, not a secret
+        raise AssertionError("unreachable")  # pragma: no cover
+
     @staticmethod
-    def _entry(row) -> Entry | None:
-        return None if row is None else Entry(**dict(row))
+    def _entry(row: dict | None) -> Entry | None:
+        return None if row is None else Entry(**row)
+
+    def _get(self, db: _Query, fingerprint: str) -> Entry | None:
+        return self._entry(db.one("SELECT * FROM drops WHERE fingerprint=?", (fingerprint,)))
 
     def get(self, fingerprint: str) -> Entry | None:
         """The entry of ``fingerprint``, or None."""
-        with self._tx() as db:
-            return self._entry(db.execute("SELECT * FROM drops WHERE fingerprint=?", (fingerprint,)).fetchone())
+        return self._run(lambda db: self._get(db, fingerprint))
 
     def entries(self) -> list[Entry]:
         """Every entry, oldest first."""
-        with self._tx() as db:
-            return [Entry(**dict(r)) for r in db.execute("SELECT * FROM drops ORDER BY first_seen, fingerprint")]
+        return self._run(lambda db: [Entry(**r) for r in db.all("SELECT * FROM drops ORDER BY first_seen, fingerprint")])
 
     def _open(self, entry: Entry | None, now: float) -> bool:
         """Whether a new run may take this fingerprint."""
@@ -191,26 +347,30 @@ class Ledger:
             another sighting; reported once per path.
             ``"known"``: this path and fingerprint were already reported as a duplicate.
         """
-        now = time.time()
         path = str(drop_path)
-        with self._tx() as db:
-            seen = db.execute("SELECT outcome FROM sightings WHERE drop_path=? AND fingerprint=?",
-                              (path, fingerprint)).fetchone()
-            entry = self._entry(db.execute("SELECT * FROM drops WHERE fingerprint=?", (fingerprint,)).fetchone())
+
+        def op(db: _Query) -> str:
+            now = time.time()
+            seen = db.one("SELECT outcome FROM sightings WHERE drop_path=? AND fingerprint=?", (path, fingerprint))
+            entry = self._get(db, fingerprint)
             if entry is None:
-                db.execute("INSERT INTO drops (fingerprint, status, drop_path, first_seen, updated) "
-                           "VALUES (?, ?, ?, ?, ?)", (fingerprint, QUEUED, path, now, now))
+                db.run("INSERT INTO drops (fingerprint, status, drop_path, first_seen, updated) "
+                       "VALUES (?, ?, ?, ?, ?)", (fingerprint, QUEUED, path, now, now))
                 outcome = "announce"
             elif self._open(entry, now):
-                db.execute("UPDATE drops SET status=?, drop_path=?, updated=?, error=NULL WHERE fingerprint=?",
-                           (QUEUED, path, now, fingerprint))
+                db.run("UPDATE drops SET status=?, drop_path=?, updated=?, error=NULL WHERE fingerprint=?",
+                       (QUEUED, path, now, fingerprint))
                 outcome = "announce"
             elif seen is not None:
                 return "pending" if seen["outcome"] == "announce" and entry.status == QUEUED else "known"
             else:
                 outcome = "duplicate"
-            db.execute("INSERT OR REPLACE INTO sightings VALUES (?, ?, ?, ?)", (path, fingerprint, now, outcome))
+            db.run("INSERT INTO sightings (drop_path, fingerprint, seen, outcome) VALUES (?, ?, ?, ?) "
+                   "ON CONFLICT (drop_path, fingerprint) DO UPDATE SET seen=excluded.seen, outcome=excluded.outcome",
+                   (path, fingerprint, now, outcome))
             return outcome
+
+        return self._run(op)
 
     def claim(self, fingerprint: str, drop_path: str | os.PathLike, *, by: str) -> Claim:
         """Atomically take ``fingerprint`` for a run (``by``: e.g. the flow run id).
@@ -218,19 +378,21 @@ class Ledger:
         Granted when the fingerprint is unknown, queued, failed, or stale; refused (a duplicate)
         when it is released, rejected, or running elsewhere.
         """
-        now = time.time()
-        with self._tx() as db:
-            entry = self._entry(db.execute("SELECT * FROM drops WHERE fingerprint=?", (fingerprint,)).fetchone())
+
+        def op(db: _Query) -> Claim:
+            now = time.time()
+            entry = self._get(db, fingerprint)
             if entry is not None and entry.status != QUEUED and not self._open(entry, now):
                 return Claim(False, entry)
             if entry is None:
-                db.execute("INSERT INTO drops (fingerprint, status, drop_path, first_seen, updated, claimed_by) "
-                           "VALUES (?, ?, ?, ?, ?, ?)", (fingerprint, RUNNING, str(drop_path), now, now, by))
+                db.run("INSERT INTO drops (fingerprint, status, drop_path, first_seen, updated, claimed_by) "
+                       "VALUES (?, ?, ?, ?, ?, ?)", (fingerprint, RUNNING, str(drop_path), now, now, by))
             else:
-                db.execute("UPDATE drops SET status=?, drop_path=?, updated=?, claimed_by=?, error=NULL "
-                           "WHERE fingerprint=?", (RUNNING, str(drop_path), now, by, fingerprint))
-            row = db.execute("SELECT * FROM drops WHERE fingerprint=?", (fingerprint,)).fetchone()
-            return Claim(True, self._entry(row))
+                db.run("UPDATE drops SET status=?, drop_path=?, updated=?, claimed_by=?, error=NULL "
+                       "WHERE fingerprint=?", (RUNNING, str(drop_path), now, by, fingerprint))
+            return Claim(True, self._get(db, fingerprint))
+
+        return self._run(op)
 
     def finish(self, fingerprint: str, *, by: str, release_id: str, verdict: str, report: str) -> Entry:
         """Record a finished run: status ``released`` or ``rejected`` (from ``verdict``)."""
@@ -243,17 +405,18 @@ class Ledger:
         return self._set(fingerprint, by, status=FAILED, error=error[:2000])
 
     def _set(self, fingerprint: str, by: str, **fields) -> Entry:
-        with self._tx() as db:
-            entry = self._entry(db.execute("SELECT * FROM drops WHERE fingerprint=?", (fingerprint,)).fetchone())
+        def op(db: _Query) -> Entry:
+            entry = self._get(db, fingerprint)
             if entry is None or entry.status != RUNNING or entry.claimed_by != by:
                 raise ConfigError(f"fingerprint {fingerprint} is not running under claim {by!r} "
                                   f"(ledger has {entry}); claim it first")
             cols = ", ".join(f"{k}=?" for k in fields)
-            db.execute(f"UPDATE drops SET {cols}, updated=? WHERE fingerprint=?",
-                       (*fields.values(), time.time(), fingerprint))
-            return self._entry(db.execute("SELECT * FROM drops WHERE fingerprint=?", (fingerprint,)).fetchone())
+            db.run(f"UPDATE drops SET {cols}, updated=? WHERE fingerprint=?",  # noqa: S608 - column names are ours
+                   (*fields.values(), time.time(), fingerprint))
+            return self._get(db, fingerprint)
+
+        return self._run(op)
 
     def sightings(self) -> list[dict]:
         """Every (drop_path, fingerprint, seen, outcome) the watcher recorded, oldest first."""
-        with self._tx() as db:
-            return [dict(r) for r in db.execute("SELECT * FROM sightings ORDER BY seen")]
+        return self._run(lambda db: db.all("SELECT * FROM sightings ORDER BY seen"))

@@ -159,7 +159,7 @@ def project_part(aligned_path: str, model: Eigenfaces, out_path: str) -> int:
 def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: str = "k-same-select",
                          shape: tuple[int, int] | None = None, sigma: float | None = None,
                          block: int | None = None, labels: tuple[str, ...] | list[str] = (),
-                         color_dir: str | None = None) -> dict:
+                         color_dir: str | None = None, block_size: int | None = 2000, map_blocks=None) -> dict:
     """De-identify one partition: k-Same (k-Same-Select = this, once per label partition).
 
     ``k-same-naive`` counts images instead of people (Newton et al.'s formulation, for
@@ -173,6 +173,9 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     With ``color_dir`` (the aligned colour faces, ``DEID_COLOR``), a k-Same method releases each
     cluster's mean per colour channel (BGR, column ``color``) and its ``pixels`` become the grey
     of that colour face, so the gate attacks exactly the grey of what is published.
+
+    A k-Same partition above ``block_size`` faces is grouped blockwise (:class:`deid.anonymise.ksame.KSame`);
+    ``map_blocks`` runs its blocks (e.g. one Dask task per block); the clusters do not depend on it.
     """
     table = ds.dataset(partition_dir, format="parquet").to_table(
         columns=["record_id", "subject_id", "features", "pixels", *labels]
@@ -190,7 +193,8 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
                                             labels={x: table.column(x).to_pylist() for x in labels} or None)
         labels_ = np.arange(len(ids)) if found is None else found
     else:
-        model = KSame(k, count="images" if method == "k-same-naive" else "people").fit(X, people=people, images=images)
+        model = KSame(k, count="images" if method == "k-same-naive" else "people", block_size=block_size,
+                      map_blocks=map_blocks).fit(X, people=people, images=images)
         released = np.clip(np.rint(model.averages_[model.labels_]), 0, 255).astype(np.uint8)
         labels_ = model.labels_
     names = [uuid.uuid4().hex[:12] for _ in range(int(labels_.max()) + 1 if len(labels_) else 0)]
