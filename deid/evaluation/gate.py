@@ -254,15 +254,16 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
         sizes, distinct, shares = cluster_shares(list(inputs.clusters), list(inputs.people))
         min_size, min_people, share = min(sizes.values()), min(distinct.values()), max(shares.values())
         exact = identical_within_clusters(inputs.image_index, list(inputs.clusters))
+        unit, copy = ("records", "vector") if inputs.kind == "features" else ("images", "image")
         checks.append(Check("min_cluster_size", min_size >= k, min_size, f">= {k}",
-                            f"{len(sizes)} clusters; smallest has {min_size} images"))
+                            f"{len(sizes)} clusters; smallest has {min_size} {unit}"))
         checks.append(Check("min_distinct_people_per_cluster", min_people >= k, min_people, f">= {k}",
                             f"smallest number of distinct people in a cluster: {min_people}"))
         worst = max(shares, key=shares.get)
         checks.append(Check(
             "max_person_share", share <= 1.0 / k + 1e-12, round(share, 6), f"<= {1.0 / k:.4f}",
-            f"largest share of one person's images in a cluster: {share:.3f} (cluster of {sizes[worst]} images, "
-            f"{distinct[worst]} people); " + ("every cluster's members received the identical image, so this is "
+            f"largest share of one person's {unit} in a cluster: {share:.3f} (cluster of {sizes[worst]} {unit}, "
+            f"{distinct[worst]} people); " + (f"every cluster's members received the identical {copy}, so this is "
                                                "the exact bound on any recogniser's success"
                                                if exact else "clusters are not identical copies: the empirical "
                                                "attacks decide")))

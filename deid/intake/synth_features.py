@@ -7,10 +7,12 @@ Record ``i`` of person ``p`` is the sum of three seeded parts, in ``dim`` dimens
 with ``u``, ``w`` and ``e`` standard normal. A *person label* (e.g. gender) has one value per
 person, drawn at random; a *record label* (e.g. expression) varies within a person: record
 ``i`` of person ``p`` takes value ``(p + i) mod V``, so everyone shows several values. The
-identity part makes people recognisable (records of one person are ``noise * sqrt(2 dim)``
-apart, different people about ``sqrt(2 dim (identity_scale^2 + noise^2))``), the label parts
-make the labels learnable: what de-identification must hide and what it must keep. The same
-arguments give the same bytes; person ``p`` is the same in every drop of a seed.
+identity part makes people recognisable: by default (identity 2, labels 1, noise 0.5) two
+records of one person differ by their record labels and noise, about ``sqrt(2 dim (1 +
+0.25))``, two people with the same labels by about ``sqrt(2 dim (4 + 0.25))``, so a record's
+nearest neighbour is its own person's. The label parts make the labels learnable: what
+de-identification must hide and what it must keep. The same arguments give the same bytes;
+person ``p`` is the same in every drop of a seed.
 """
 from __future__ import annotations
 
@@ -76,7 +78,7 @@ def _check_scale(name: str, value) -> float:
 
 def synthetic_features(*, people: int, per_person: int = 2, dim: int = 32, labels: str | list[str] | None = None,
                        person_labels: tuple[str, ...] | list[str] | None = None, seed: int = 0,
-                       identity_scale: float = 1.0, label_scale: float = 1.0, noise: float = 0.5) -> SyntheticFeatures:
+                       identity_scale: float = 2.0, label_scale: float = 1.0, noise: float = 0.5) -> SyntheticFeatures:
     """Seeded feature vectors with identity, label and noise parts (see the module docstring)."""
     people = _check_int("people", people, 1, 10_000_000)
     per_person = _check_int("per_person", per_person, 1, 10_000)
@@ -117,7 +119,7 @@ def synthetic_features(*, people: int, per_person: int = 2, dim: int = 32, label
 
 def make_feature_drop(drop_dir: str | os.PathLike, *, people: int, per_person: int = 2, dim: int = 32,
                       labels: str | list[str] | None = None, person_labels: tuple[str, ...] | list[str] | None = None,
-                      seed: int = 0, identity_scale: float = 1.0, label_scale: float = 1.0, noise: float = 0.5,
+                      seed: int = 0, identity_scale: float = 2.0, label_scale: float = 1.0, noise: float = 0.5,
                       name: str | None = None) -> Path:
     """Write a synthetic feature drop (``vectors.parquet``, ``drop.yaml``, ``_READY``); return its path."""
     drop = Path(drop_dir)

@@ -451,16 +451,21 @@ def render_report_html(
         ], num=(1,)))
 
     # --- sample faces
-    add("<h2>Sample of released faces</h2>")
-    if verdict != "released":
-        add("<p class='muted'>Nothing was released, so no faces are shown.</p>")
-    elif sample_images:
-        add(f"<p class='muted'>{len(sample_images)} de-identified faces from the published release "
-            "(one per cluster). No original or quarantined face is ever shown.</p>")
-        add('<div class="faces">' + "".join(
-            _img(_face_png(im), "released de-identified face", cls="sample") for im in sample_images) + "</div>")
+    if cfg.get("kind") == "features":
+        add("<h2>Released feature vectors</h2>")
+        add(f"<p class='muted'>A release of {_e(cfg.get('feature_dim'))}-value feature vectors "
+            "(<code>release.parquet</code>): no faces to show.</p>")
     else:
-        add("<p class='muted'>No sample faces were provided.</p>")
+        add("<h2>Sample of released faces</h2>")
+        if verdict != "released":
+            add("<p class='muted'>Nothing was released, so no faces are shown.</p>")
+        elif sample_images:
+            add(f"<p class='muted'>{len(sample_images)} de-identified faces from the published release "
+                "(one per cluster). No original or quarantined face is ever shown.</p>")
+            add('<div class="faces">' + "".join(
+                _img(_face_png(im), "released de-identified face", cls="sample") for im in sample_images) + "</div>")
+        else:
+            add("<p class='muted'>No sample faces were provided.</p>")
 
     # --- validation
     if gx_results is not None or validation_href:
