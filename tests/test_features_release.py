@@ -39,8 +39,15 @@ def _release(drop: Path, root: Path, **kw):
                                 **{"k": K, **kw})
 
 
-def test_synthetic_feature_drop_released_at_k5_within_1_over_k(synth_drop, tmp_path):
-    res = _release(synth_drop, tmp_path, method="k-same-select")
+@pytest.fixture(scope="module")
+def released(synth_drop, tmp_path_factory):
+    """The synthetic drop released at k=5 with k-Same-Select (once for the module)."""
+    root = tmp_path_factory.mktemp("released")
+    return root, _release(synth_drop, root, method="k-same-select")
+
+
+def test_synthetic_feature_drop_released_at_k5_within_1_over_k(released):
+    _, res = released
     assert res.verdict == "released", res.reasons
     priv = res.privacy
     # Every attacker x mode, each with its interval and sample size; k-Same's exact bound decides.
@@ -60,11 +67,14 @@ def test_synthetic_feature_drop_released_at_k5_within_1_over_k(synth_drop, tmp_p
     assert {u["label"]: u["gate_status"] for u in cross} == {"gender": "pass", "expression": "pass"}
     assert report["configuration"]["kind"] == "features" and report["configuration"]["feature_dim"] == 32
     assert report["lineage"]["applied"] is False
+    assert "Released feature vectors" in (Path(res.report_dir) / "report.html").read_text()
 
-    # The release: vectors as Parquet, labels, the card; no subject id, no input order, fresh ids.
+
+def test_feature_release_holds_cluster_means_without_ids_or_order(released, synth_drop):
+    root, res = released
     rel = Path(res.release_dir)
     assert sorted(p.name for p in rel.iterdir()) == ["README.md", "metadata.csv", "release.parquet"]
-    table, released = read_vector_release(rel)
+    table, vectors = read_vector_release(rel)
     assert table.column_names == ["record_id", "cluster_id", "gender", "expression"]
     assert pq.read_schema(rel / "release.parquet").field("features").type.list_size == 32
     drop = read_feature_drop(synth_drop)
@@ -73,9 +83,10 @@ def test_synthetic_feature_drop_released_at_k5_within_1_over_k(synth_drop, tmp_p
     assert not set(table.column("record_id").to_pylist()) & set(drop.record_ids)
     with open(rel / "metadata.csv", newline="") as fh:
         assert len(list(csv.DictReader(fh))) == 300
-    assert (rel / "README.md").read_text().startswith("---\n") and "kind: features" in (rel / "README.md").read_text()
+    card = (rel / "README.md").read_text()
+    assert card.startswith("---\n") and "kind: features" in card and "feature_dim: 32" in card
     # Each released vector is the mean of its cluster's original vectors; rows are not in input order.
-    link = read_linkage(Path(res.linkage), load_linkage_key(tmp_path / "data" / "keys" / "dev_linkage.key"))
+    link = read_linkage(Path(res.linkage), load_linkage_key(root / "data" / "keys" / "dev_linkage.key"))
     where = {rid: i for i, rid in enumerate(drop.record_ids)}
     released_at = {rid: i for i, rid in enumerate(table.column("record_id").to_pylist())}
     by_cluster: dict[str, list[dict]] = {}
@@ -84,12 +95,22 @@ def test_synthetic_feature_drop_released_at_k5_within_1_over_k(synth_drop, tmp_p
     for members in by_cluster.values():
         mean = drop.vectors[[where[m["source_record_id"]] for m in members]].astype(np.float64).mean(axis=0)
         for m in members:
-            np.testing.assert_allclose(released[released_at[m["released_record_id"]]], mean, rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(vectors[released_at[m["released_record_id"]]], mean, rtol=1e-5, atol=1e-5)
         assert len({m["subject_id"] for m in members}) >= K
     order = [where[r["source_record_id"]] for r in sorted(link, key=lambda r: released_at[r["released_record_id"]])]
     assert order != sorted(order)
-    v = verify_report(Path(res.report_dir), public_key=tmp_path / "data" / "keys" / "dev_signing.pub.pem")
+    v = verify_report(Path(res.report_dir), public_key=root / "data" / "keys" / "dev_signing.pub.pem")
     assert v.ok and v.authenticated, v.problems
+
+
+def test_datasets_loads_the_feature_release(released, monkeypatch, tmp_path):
+    datasets = pytest.importorskip("datasets", reason="the consumer extra (datasets) is not installed")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    _, res = released
+    ds = datasets.load_dataset("parquet", data_files=str(Path(res.release_dir) / "release.parquet"), split="train",
+                               cache_dir=str(tmp_path / "cache"))
+    assert ds.num_rows == 300 and len(ds[0]["features"]) == 32 and set(ds.unique("gender")) == {"g0", "g1"}
 
 
 def test_noise_control_is_rejected_by_the_feature_attacks(synth_drop, tmp_path):
