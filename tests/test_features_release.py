@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
@@ -234,9 +235,20 @@ def test_cli_run_routes_a_feature_drop_and_signs_rejections(synth_drop, tmp_path
 
     monkeypatch.setenv("DEID_PROJECT_DIR", str(tmp_path))
     monkeypatch.delenv("DEID_SIGNING_KEY", raising=False)
-    assert main(["run", str(synth_drop), "--k", "5"]) == 0
+    # The synthetic drop plus two bad rows: quarantined with their reasons, the rest released.
+    table = pq.read_table(synth_drop / "vectors.parquet")
+    bad_rows = pa.table({"record_id": ["bad-1", "bad-2"], "subject_id": ["s000001", "s000002"],
+                         "gender": ["g0", "g1"], "expression": ["e0", "e1"],
+                         "features": pa.array([[1.0] * 31, [float("nan")] * 32], pa.list_(pa.float32()))})
+    table = table.cast(table.schema.set(4, pa.field("features", pa.list_(pa.float32()))))
+    drop = tmp_path / "with-bad-rows"
+    drop.mkdir()
+    pq.write_table(pa.concat_tables([table, bad_rows]), drop / "vectors.parquet")
+    (drop / "drop.yaml").write_text((synth_drop / "drop.yaml").read_text())
+    assert main(["run", str(drop), "--k", "5"]) == 0
     out = capsys.readouterr().out
-    assert "verdict: RELEASED" in out and "records: 300 in, 300 released" in out
+    assert "verdict: RELEASED" in out and "records: 302 in, 300 released, 0 suppressed, 2 quarantined" in out
+    assert "quarantined by reason: non_finite_features=1, wrong_length=1" in out
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "drop.yaml").write_text("kind: features\nfeatures: vectors.parquet\n")

@@ -32,6 +32,10 @@ _SIZES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000
           (10_000_000, "1M<n<10M"))
 
 
+_CSV_NOTE = ("CSV cells starting with `=`, `+`, `-`, `@`, TAB or CR are prefixed with `'` so that no "
+             "spreadsheet runs them as formulas; `release.parquet` keeps the exact values.")
+
+
 @dataclass(frozen=True)
 class DatasetCard:
     """What the card states about one release (see :meth:`from_report`)."""
@@ -142,8 +146,7 @@ class DatasetCard:
             "- `metadata.csv`: the same rows without the vectors.",
             "- `README.md`: this card.",
             "",
-            "CSV cells starting with `=`, `+`, `-`, `@`, TAB or CR are prefixed with `'` so that no "
-            "spreadsheet runs them as formulas; `release.parquet` keeps the exact values.",
+            _CSV_NOTE,
             "",
             "## Loading",
             "",
@@ -195,8 +198,7 @@ class DatasetCard:
             "- `release.parquet` and `release.csv`: the same table with the image path in the column `image`.",
             "- `README.md`: this card.",
             "",
-            "CSV cells starting with `=`, `+`, `-`, `@`, TAB or CR are prefixed with `'` so that no "
-            "spreadsheet runs them as formulas; `release.parquet` keeps the exact values.",
+            _CSV_NOTE,
             "",
             "## Loading",
             "",
