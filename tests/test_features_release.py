@@ -258,3 +258,11 @@ def test_cli_run_routes_a_feature_drop_and_signs_rejections(synth_drop, tmp_path
     assert "verdict: REJECTED (unreadable drop)" in captured.out and "not a readable Parquet file" in captured.err
     reports = [p for p in (tmp_path / "reports").iterdir() if (p / "report.json.sig").exists()]
     assert len(reports) == 2
+
+
+def test_cli_lists_the_feature_only_methods_of_the_registry():
+    from deid.anonymise.methods import FEATURE_METHODS, FEATURE_ONLY, REGISTRY
+    from flows.cli import FEATURE_ONLY_METHODS
+
+    assert FEATURE_ONLY_METHODS == tuple(FEATURE_ONLY) and not set(FEATURE_ONLY) & set(REGISTRY)
+    assert set(FEATURE_METHODS) <= set(REGISTRY) | set(FEATURE_ONLY)

@@ -51,8 +51,6 @@ from deid.anonymise.methods import K_METHODS, method_spec
 from deid.anonymise.partition import POLICIES, PartitionPlan, plan_partitions
 from deid.errors import ConfigError, DataError, EnvironmentFailure, Quarantined, StateError
 from deid.evaluation.gate import Check, GateConfig, GateInputs, GateResult, evaluate
-from deid.evaluation.leaks import vector_distance
-from deid.evaluation.scoring import unique_rows
 from deid.evaluation.validation import drop_checks
 from deid.intake.features import INGESTED, FeatureDrop, read_feature_drop
 from deid.intake.ingest import write_quarantine
