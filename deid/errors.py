@@ -91,6 +91,12 @@ REASONS: dict[str, str] = {
     "eyes_not_found": "a face was found but its eyes could not be located",
     "eyes_too_close": "the eyes are closer than the minimum distance",
     "face_too_small": "the face is so small that alignment would upsample it too much",
+    # feature vectors (feature drops, deid.intake.features)
+    "missing_record_id": "the record id cell of a feature row is empty",
+    "duplicate_record_id": "the same record id is listed more than once in the feature table",
+    "missing_features": "the feature vector is null or holds null values",
+    "wrong_length": "the feature vector does not have the drop's dimension",
+    "non_finite_features": "the feature vector holds NaN or infinite values",
     # identity
     "same_face_other_id": "the face matches a record under another subject id (duplicate_ids=quarantine)",
     # partitions (withheld, not quarantined)

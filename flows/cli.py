@@ -49,6 +49,8 @@ from deid.errors import (  # noqa: E402
 )
 from deid.settings import Method  # noqa: E402  (light: the CLI keeps heavy imports lazy)
 
+# deid.anonymise.methods.FEATURE_ONLY, without importing it (the CLI keeps heavy imports lazy).
+FEATURE_ONLY_METHODS = ("noise",)
 EXIT_OK, EXIT_REJECTED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_INTEGRITY_ONLY = 8
 EXIT_STATE = 70  # sysexits EX_SOFTWARE
@@ -209,10 +211,34 @@ def start_prefect_server_child():
     return server
 
 
+def _drop_kind(drop: Path) -> str:
+    """``features`` for a feature drop (drop.yaml ``kind: features``), else ``images``.
+
+    A drop.yaml that cannot be read is left to the image flow, which signs a rejection naming it.
+    """
+    from deid.intake.features import drop_kind  # noqa: PLC0415
+
+    try:
+        return drop_kind(drop)
+    except DataError:
+        return "images"
+
+
 def cmd_run(args) -> int:
     drop = Path(args.drop)
     if not drop.is_dir():
         raise DataError(f"drop directory {drop} does not exist or is not a directory")
+    if _drop_kind(drop) == "features":
+        # Feature vectors: nothing to align or distribute; the core entry point runs without Prefect.
+        from deid.operations.features import release_feature_drop  # noqa: PLC0415
+
+        preflight_run()
+        print(f"deid run: {drop} (feature drop, k={args.k or 'default'}, method={args.method or 'default'})",
+              file=sys.stderr)
+        res = release_feature_drop(drop.resolve(), k=args.k, method=args.method, labels=args.labels,
+                                   name=args.name, small_partitions=args.small_partitions, sigma=args.sigma,
+                                   settings=_settings())
+        return _print_run(res.to_dict())
     preflight_run()
     _quiet_prefect_env()
     from flows.release import release  # noqa: PLC0415 - Prefect is heavy; only `run` needs it
@@ -225,6 +251,11 @@ def cmd_run(args) -> int:
     print(f"deid run: {drop} (k={args.k or 'default'}, method={args.method or 'default'})", file=sys.stderr)
     result = release(drop=str(drop.resolve()), k=args.k, method=args.method, labels=args.labels,
                      small_partitions=args.small_partitions, name=args.name, sigma=args.sigma, block=args.block)
+    return _print_run(result)
+
+
+def _print_run(result: dict) -> int:
+    """Print a run's verdict, counts and key figures; the exit code of its verdict."""
     if result.get("input_error"):
         print("verdict: REJECTED (unreadable drop)")
         print(f"report: {result['report']}")
@@ -255,6 +286,15 @@ def cmd_run(args) -> int:
 
 
 def cmd_synth(args) -> int:
+    if args.kind == "features":
+        from deid.intake.synth_features import make_feature_drop  # noqa: PLC0415
+
+        path = make_feature_drop(Path(args.drop), people=args.people, per_person=args.per_person, dim=args.dim,
+                                 labels=[] if args.no_labels else args.labels,
+                                 person_labels=args.person_labels, seed=args.seed, noise=args.noise)
+        print(f"synthetic feature drop: {path} ({args.people} people x {args.per_person} records, dim {args.dim}, "
+              f"seed {args.seed})")
+        return EXIT_OK
     from deid.intake.synth import make_synthetic_drop
 
     path = make_synthetic_drop(Path(args.drop), people=args.people, images_per_person=args.images_per_person,
@@ -332,21 +372,34 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run the release flow on a drop")
     r.add_argument("drop")
     r.add_argument("--k", type=_k, default=None, help="minimum distinct people per cluster (default 5)")
-    r.add_argument("--method", choices=list(typing.get_args(Method)), default=None,
+    r.add_argument("--method", choices=[*typing.get_args(Method), *FEATURE_ONLY_METHODS], default=None,
                    help="k-same-select (default), k-same, k-same-eigen or k-same-m (formal k-Same guarantee); "
                         "multi-factor, selective-mean, attribute-preserving (the gate's attacks decide); "
-                        "k-same-naive, blur and pixelate are for comparison (the gate rejects them)")
-    r.add_argument("--sigma", type=float, default=None, help="blur strength (canonical pixels), method blur")
+                        "k-same-naive, blur and pixelate are for comparison (the gate rejects them); feature drops: "
+                        "the k-Same family, multi-factor, selective-mean, attribute-preserving, and noise (control)")
+    r.add_argument("--sigma", type=float, default=None,
+                   help="blur strength (canonical pixels), method blur; feature drops, method noise: the noise in "
+                        "feature standard deviations (e.g. 0.1)")
     r.add_argument("--block", type=int, default=None, help="pixelation block (canonical pixels), method pixelate")
     r.add_argument("--labels", type=_labels, default=None, help="utility label columns, e.g. gender,expression")
     r.add_argument("--small-partitions", choices=["suppress", "merge", "fail"], default=None)
     r.add_argument("--name", default=None, help="dataset name (default: drop.yaml's or the directory name)")
     r.set_defaults(func=cmd_run)
 
-    s = sub.add_parser("synth", help="write a synthetic face drop")
+    s = sub.add_parser("synth", help="write a synthetic face drop (or, with --kind features, a feature drop)")
     s.add_argument("drop")
+    s.add_argument("--kind", choices=["faces", "features"], default="faces",
+                   help="features: a Parquet table of vectors (identity + label + noise parts, seeded)")
     s.add_argument("--people", type=int, required=True)
     s.add_argument("--images-per-person", type=int, default=2)
+    s.add_argument("--per-person", type=int, default=2, help="records per person (--kind features)")
+    s.add_argument("--dim", type=int, default=32, help="vector dimension (--kind features)")
+    s.add_argument("--labels", default="gender,expression",
+                   help="label columns, NAME or NAME=V values (--kind features), e.g. gender,expression=3")
+    s.add_argument("--person-labels", type=_labels, default=None,
+                   help="labels constant within a person (--kind features; default gender)")
+    s.add_argument("--noise", type=float, default=0.5,
+                   help="per-record noise (identity part 2, label parts 1; --kind features)")
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--format", choices=["png", "jpg", "jpeg", "pgm", "gif"], default="png",
                    help="pgm and gif are greyscale")

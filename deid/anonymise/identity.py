@@ -117,7 +117,7 @@ def _buckets(X: np.ndarray, size: int) -> list[np.ndarray]:
 
 def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = None, *,
                    embeddings: np.ndarray | None = None, same_person_distance: float | None = None,
-                   near_duplicate_ratio: float = NEAR_DUPLICATE_RATIO) -> PeopleResolution:
+                   near_duplicate_ratio: float = NEAR_DUPLICATE_RATIO, space: str = "eigenface") -> PeopleResolution:
     """The effective person of every record.
 
     Parameters
@@ -134,6 +134,9 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
         Override of the recogniser's calibrated threshold (default
         :data:`deid.evaluation.recognizer.SAME_PERSON_THRESHOLD`).
     near_duplicate_ratio : float, default 0.2
+    space : str, default "eigenface"
+        What ``features`` are, named in the evidence of a merge (``"feature"`` for the vectors
+        of a feature drop: the same ratio rule applies to any vector space).
 
     Returns
     -------
@@ -168,7 +171,7 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
         X = np.asarray(features, dtype=np.float64)
         if X.shape[0] != n:
             raise ConfigError(f"features has {X.shape[0]} rows but subject_ids has {n}; pass one row per record")
-        match("eigenface near-duplicate", X, None, near_duplicate_ratio)
+        match(f"{space} near-duplicate", X, None, near_duplicate_ratio)
     if embeddings is not None and n >= 2:
         from deid.evaluation.recognizer import same_person_pairs  # noqa: PLC0415 (dlib import cost)
 

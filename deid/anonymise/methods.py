@@ -98,6 +98,27 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
                           "by a linear transfer in eigenface space (not the paper's GAN); no clusters")),
 )}
 
+# Methods of feature-vector releases (deid.anonymise.features). ``noise`` (Gaussian noise on each
+# vector) is the feature analogue of blur: a control without a guarantee, which the gate must
+# reject. It is kept out of REGISTRY, which lists the methods of face releases (the flow, the
+# CLI's DEID_METHOD, the study).
+FEATURE_ONLY: dict[str, MethodSpec] = {s.name: s for s in (
+    MethodSpec("noise", "sigma", False, False, False,
+               lambda k: "no formal guarantee: each vector plus Gaussian noise (a control, like blur for faces)"),
+)}
+FEATURE_METHODS: tuple[str, ...] = ("k-same-select", "k-same", "k-same-naive", "multi-factor", "selective-mean",
+                                    "attribute-preserving", *FEATURE_ONLY)
+
+
+def method_spec(method: str) -> MethodSpec:
+    """The :class:`MethodSpec` of a face method (:data:`REGISTRY`) or a feature-only one (:data:`FEATURE_ONLY`)."""
+    spec = REGISTRY.get(method) or FEATURE_ONLY.get(method)
+    if spec is None:
+        raise ConfigError(f"method={method!r} must be one of {list(REGISTRY)} (faces) or {list(FEATURE_METHODS)} "
+                          "(feature vectors)")
+    return spec
+
+
 METHODS: tuple[str, ...] = tuple(REGISTRY)
 # Methods whose strength is k (the gate's 1/k bound is the reference for them).
 K_METHODS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.strength == "k")
@@ -357,4 +378,4 @@ def method_runner(method: str, *, shape: tuple[int, int], k: int | None = None, 
 
 def guarantee(method: str, k: int | None = None) -> str:
     """One-line statement of what the method promises, for the report (:attr:`MethodSpec.guarantee`)."""
-    return REGISTRY[_check_method(method)].guarantee(k)
+    return method_spec(method).guarantee(k)

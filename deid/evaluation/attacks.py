@@ -31,6 +31,7 @@ from deid.evaluation.attackers import (
     _as_matrix,
     _check_shape,
 )
+from deid.evaluation.feature_attackers import EuclideanAttacker, IdentityClassifierAttacker
 from deid.evaluation.scoring import _BLOCK, _check_similarity, _credit_codes, _joint_codes, _rate, unique_rows
 
 
@@ -111,11 +112,35 @@ ATTACKERS: dict[str, Callable[[tuple[int, int]], Any]] = {
 }
 """Attacker name -> factory ``f(shape) -> unfitted recogniser`` (``shape`` = (height, width))."""
 
+FEATURE_ATTACKERS: dict[str, Callable[[tuple[int, ...]], Any]] = {
+    # The Mahalanobis-cosine of the CSU system on the vectors, whitening the leading 50
+    # directions (all of them below 50 features). Whitening every direction is a weak
+    # attacker: on London's dlib embeddings (204 x 128) the low-variance directions turn a
+    # 0.1-sd noise into the dominant signal (rank-1 0.02 with 100+ components, 1.0 with 20-64).
+    "feature-whitened-cosine": lambda shape: WhitenedCosineAttacker(min(int(shape[-1]), 50)),
+    "feature-euclidean": lambda shape: EuclideanAttacker(),
+    "identity-classifier": lambda shape: IdentityClassifierAttacker(),
+}
+"""Attackers of feature releases (``GateInputs.kind == "features"``): name -> factory
+``f(shape) -> unfitted recogniser`` with ``shape = (n_features,)``. They need no image model:
+nearest neighbour by whitened cosine and by Euclidean distance, and an identity classifier
+trained on the original vectors (:mod:`deid.evaluation.feature_attackers`)."""
+
 DEEP_ATTACKERS: frozenset[str] = frozenset({"dlib-resnet"})
 """Attackers that embed every face with a deep network (~0.09 s of one core per distinct face):
 the gate runs them on a smaller sample of whole clusters (``deep_attack_sample``)."""
 
 MODES = ("naive", "reverse", "parrot")
+
+
+def _check_vector_shape(shape: Any) -> tuple[int]:
+    try:
+        dims = tuple(int(v) for v in shape)
+    except (TypeError, ValueError):
+        raise ConfigError(f"shape={shape!r} must be (n_features,) for feature-vector attackers, e.g. (128,)") from None
+    if len(dims) != 1 or dims[0] < 1:
+        raise ConfigError(f"shape={shape!r} must be (n_features,) with n_features >= 1 for feature-vector attackers")
+    return dims
 
 
 def attack_all(
@@ -149,14 +174,15 @@ def attack_all(
     original_people : sequence of hashable, length n
     released : array-like of shape (m, height * width)
     released_people : sequence of hashable, length m
-    shape : (int, int)
-        (height, width) of the aligned faces.
+    shape : (int, int) or (int,)
+        (height, width) of the aligned faces, or ``(n_features,)`` for the
+        :data:`FEATURE_ATTACKERS` of feature vectors.
     modes : iterable of {"naive", "reverse", "parrot"}
     parrot : callable, optional
         ``parrot(originals) -> de-identified originals`` (same shape); required for the
         ``parrot`` mode, e.g. :func:`deid.anonymise.methods.parrot_for`.
     attackers : iterable of str, optional
-        Names from :data:`ATTACKERS`; default all.
+        Names from :data:`ATTACKERS` (default all of them) or from :data:`FEATURE_ATTACKERS`.
     rtol : float
         Tie tolerance, see :func:`rank_credit`.
     on_pair : callable, optional
@@ -181,15 +207,25 @@ def attack_all(
     if bad or not modes:
         raise ConfigError(f"modes={modes!r} must be a non-empty subset of {MODES}")
     names = list(ATTACKERS) if attackers is None else list(attackers)
-    unknown = [a for a in names if a not in ATTACKERS]
+    known = {**ATTACKERS, **FEATURE_ATTACKERS}
+    unknown = [a for a in names if a not in known]
     if unknown or not names:
-        raise ConfigError(f"attackers={names!r} must be a non-empty subset of {sorted(ATTACKERS)}")
-    h, w = _check_shape(shape)
+        raise ConfigError(f"attackers={names!r} must be a non-empty subset of {sorted(ATTACKERS)} (faces) or "
+                          f"{sorted(FEATURE_ATTACKERS)} (feature vectors)")
+    if any(a in ATTACKERS for a in names):
+        if any(a in FEATURE_ATTACKERS for a in names):
+            raise ConfigError(f"attackers={names!r} mixes face and feature-vector attackers; pass one kind")
+        shape = _check_shape(shape)
+        what = f"pixels but shape={tuple(shape)!r} has {shape[0] * shape[1]}; pass the (height, width) of the aligned faces"
+    else:
+        shape = _check_vector_shape(shape)
+        what = f"values but shape={shape!r} says {shape[0]}; pass (n_features,) of the vectors"
+    width = int(np.prod(shape))
     orig = _as_matrix(originals, "originals")
     rel = _as_matrix(released, "released")
     for name, a in (("originals", orig), ("released", rel)):
-        if a.shape[1] != h * w:
-            raise ConfigError(f"{name} have {a.shape[1]} pixels but shape={tuple(shape)!r} has {h * w}; pass the (height, width) of the aligned faces")
+        if a.shape[1] != width:
+            raise ConfigError(f"{name} have {a.shape[1]} {what}")
     original_people = list(original_people)
     released_people = list(released_people)
     _joint_codes(released_people, original_people, len(rel), len(orig))  # length checks up front
@@ -221,7 +257,7 @@ def attack_all(
         # originals, and an attacker fitted on the release serves every mode.
         fitted: dict[str, Any] = {}
         for mode in modes:
-            attacker = ATTACKERS[name]((h, w))
+            attacker = known[name](shape)
             on_release = getattr(attacker, "fit_on", "originals") == "released"
             train_key = "released" if on_release else ("parrot" if mode == "parrot" else "originals")
             if train_key not in fitted:

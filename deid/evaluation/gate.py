@@ -26,14 +26,21 @@ from typing import Any, Callable, Hashable, Literal, Mapping, Sequence
 import numpy as np
 from scipy.stats import beta
 
-from deid.evaluation.attacks import ATTACKERS, DEEP_ATTACKERS, MODES, attack_all
+from deid.evaluation.attacks import ATTACKERS, DEEP_ATTACKERS, FEATURE_ATTACKERS, MODES, attack_all
 from deid.evaluation.scoring import unique_rows
 from deid.evaluation.checks import STATUSES, Check, Status  # noqa: F401 (re-exported)
 from deid.errors import ConfigError
-from deid.evaluation.leaks import mean_abs_difference, nearest_original_distance
+from deid.evaluation.leaks import (
+    FEATURE_NEAR_COPY_RATIO,
+    mean_abs_difference,
+    nearest_original_distance,
+    nearest_vector_distance,
+    other_person_scale,
+    vector_distance,
+)
 from deid.progress import Progress
 from deid.evaluation.validation import quarantine_fraction_check
-from deid.schemas.arrow import FORBIDDEN_RELEASE_COLUMNS, RELEASE_BASE_COLUMNS
+from deid.schemas.arrow import FEATURE_RELEASE_BASE_COLUMNS, FORBIDDEN_RELEASE_COLUMNS, RELEASE_BASE_COLUMNS
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +58,7 @@ class GateConfig:
     max_quarantine_fraction: float = 0.05
     leak_threshold: float = 2.0
     closeness_ratio: float = 0.25
+    feature_near_copy_ratio: float = FEATURE_NEAR_COPY_RATIO
     attack_sample: int = 1000
     deep_attack_sample: int = 100
     attackers: tuple[str, ...] | None = None
@@ -73,6 +81,8 @@ class GateConfig:
             raise ConfigError(f"utility_inconclusive={self.utility_inconclusive!r} must be 'release' or 'reject'")
         if not 0 < self.closeness_ratio < 1:
             raise ConfigError(f"closeness_ratio={self.closeness_ratio!r} must be in (0, 1); e.g. 0.25")
+        if not 0 < self.feature_near_copy_ratio < 1:
+            raise ConfigError(f"feature_near_copy_ratio={self.feature_near_copy_ratio!r} must be in (0, 1); e.g. 0.2")
 
 
 class _NoOne:
@@ -124,9 +134,15 @@ class GateInputs:
     run's method with its k on other faces: the parrot attacker applies it to its gallery,
     the utility protocol to the training people. ``republished``: registered lineage clusters
     released again, with their registered members and counterfeit rows (:class:`Republished`).
+
+    ``kind`` is ``"images"`` (faces: ``shape`` = (height, width), ``own_distance`` in grey
+    levels) or ``"features"`` (feature vectors: ``shape`` = (n_features,), ``own_distance``
+    Euclidean in the features' units); it selects the attackers (:data:`ATTACKERS` or
+    :data:`FEATURE_ATTACKERS`, unless ``GateConfig.attackers`` names them), the leak rule and
+    the release columns allowed.
     """
 
-    shape: tuple[int, int]
+    shape: tuple[int, ...]
     people: np.ndarray
     image_index: np.ndarray
     own_distance: np.ndarray
@@ -144,6 +160,11 @@ class GateInputs:
     extra_checks: tuple[Check, ...] = ()
     deidentify: Callable[..., np.ndarray] | None = None
     republished: Republished | None = None
+    kind: Literal["images", "features"] = "images"
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("images", "features"):
+            raise ConfigError(f"kind={self.kind!r} must be 'images' (faces) or 'features' (feature vectors)")
 
     @property
     def n(self) -> int:
@@ -158,14 +179,15 @@ class GateInputs:
             raise ConfigError(f"released has shape {released.shape} but originals {originals.shape}; pass one "
                               "original per released record")
         _, index = unique_rows(released)
+        own = (vector_distance(released, originals) if kw.get("kind") == "features"
+               else mean_abs_difference(released, originals))
         return cls(shape=tuple(shape), people=np.asarray(people, dtype=object), image_index=index,
-                   own_distance=mean_abs_difference(released, originals),
-                   fetch=lambda idx: (released[idx], originals[idx]), **kw)
+                   own_distance=own, fetch=lambda idx: (released[idx], originals[idx]), **kw)
 
     @classmethod
     def empty(cls, *, shape: tuple[int, int], **kw: Any) -> "GateInputs":
         """Nothing to release (empty drop, everything suppressed)."""
-        z = np.zeros((0, shape[0] * shape[1]), np.uint8)
+        z = np.zeros((0, math.prod(shape)), np.float32 if kw.get("kind") == "features" else np.uint8)
         return cls.from_arrays(shape=shape, people=[], released=z, originals=z, **kw)
 
 
@@ -254,9 +276,9 @@ def identical_within_clusters(image_index: Sequence[int], clusters: Sequence[Has
 
 def _clustered(method: str) -> bool:
     """Does the method form clusters (the registry says)? Unknown names are treated as clustered."""
-    from deid.anonymise.methods import REGISTRY  # noqa: PLC0415
+    from deid.anonymise.methods import FEATURE_ONLY, REGISTRY  # noqa: PLC0415
 
-    spec = REGISTRY.get(method)
+    spec = REGISTRY.get(method) or FEATURE_ONLY.get(method)
     return True if spec is None else bool(spec.clustered)
 
 
@@ -326,6 +348,7 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
         shares = {c: max(v, row_shares.get(c, 0.0)) for c, v in shares.items()}
         min_size, min_people, share = min(sizes.values()), min(distinct.values()), max(shares.values())
         exact = identical_within_clusters(inputs.image_index, list(inputs.clusters))
+        unit, copy = ("records", "vector") if inputs.kind == "features" else ("images", "image")
         note = ""
         if row_shares:
             n_fake = sum(int(rep.counterfeits.get(c, 0)) for c in row_shares)
@@ -333,7 +356,7 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
                     f"released rows with {n_fake} counterfeit rows of no one (largest share "
                     f"{max(row_shares.values()):.3f})")
         checks.append(Check("min_cluster_size", min_size >= k, min_size, f">= {k}",
-                            f"{len(sizes)} clusters; smallest has {min_size} images" + note))
+                            f"{len(sizes)} clusters; smallest has {min_size} {unit}" + note))
         checks.append(Check("min_distinct_people_per_cluster", min_people >= k, min_people, f">= {k}",
                             f"smallest number of distinct people in a cluster: {min_people}" + note))
         worst = max(shares, key=shares.get)
@@ -345,8 +368,8 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
                         "members)")
         checks.append(Check(
             "max_person_share", share <= 1.0 / k + 1e-12, round(share, 6), f"<= {1.0 / k:.4f}",
-            f"largest share of one person's images in a cluster: {share:.3f} (cluster of {sizes[worst]} images, "
-            f"{distinct[worst]} people); " + ("every cluster's members received the identical image, so this is "
+            f"largest share of one person's {unit} in a cluster: {share:.3f} (cluster of {sizes[worst]} {unit}, "
+            f"{distinct[worst]} people); " + (f"every cluster's members received the identical {copy}, so this is "
                                                "the exact bound on any recogniser's success"
                                                if exact else "clusters are not identical copies: the empirical "
                                                "attacks decide") + note + presence))
@@ -355,8 +378,9 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
                             f"not applicable: method {config.method} forms no clusters, so nothing structural "
                             "bounds re-identification; the empirical attacks decide (every upper bound <= 1/k)",
                             status="not_applicable"))
-    columns = inputs.release_columns or (*RELEASE_BASE_COLUMNS, *config.labels)
-    allowed = set(RELEASE_BASE_COLUMNS) | set(config.labels)
+    base = FEATURE_RELEASE_BASE_COLUMNS if inputs.kind == "features" else RELEASE_BASE_COLUMNS
+    columns = inputs.release_columns or (*base, *config.labels)
+    allowed = set(base) | set(config.labels)
     bad = sorted(set(columns) - allowed)
     forbidden = sorted(set(columns) & set(FORBIDDEN_RELEASE_COLUMNS))
     checks.append(Check("no_forbidden_columns", not bad and not forbidden, bad or forbidden or [],
@@ -398,9 +422,10 @@ def closeness_check(inputs: GateInputs, config: GateConfig) -> Check:
     limit = config.closeness_ratio * typical
     worst = int(np.argmin(closest))
     bad = int(np.count_nonzero(closest < limit))
+    unit = "(Euclidean, feature units)" if inputs.kind == "features" else "grey levels"
     return Check(name, bad == 0, round(float(closest[worst]), 3), f">= {limit:.3f}",
                  f"{bad} of {len(keys)} clusters lie within {config.closeness_ratio:g} x the median closest-member "
-                 f"distance ({typical:.2f} grey levels) of one member; closest {closest[worst]:.2f}")
+                 f"distance ({typical:.2f} {unit}) of one member; closest {closest[worst]:.2f}")
 
 
 # --------------------------------------------------------------------------- attacks
@@ -435,7 +460,7 @@ def counterfeit_sample(inputs: GateInputs, idx: np.ndarray, *, seed: int) -> tup
     release's clusters (all of them when the whole release is attacked).
     """
     rep = inputs.republished
-    width = inputs.shape[0] * inputs.shape[1]
+    width = int(np.prod(inputs.shape))  # (h, w) faces or (n_features,) vectors
     none = np.zeros((0, width), np.uint8), np.zeros(0, dtype=object)
     if rep is None or not any(rep.counterfeits.values()) or inputs.clusters is None:
         return none
@@ -495,7 +520,8 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
     parts = None if inputs.partitions is None else inputs.partitions[idx]
     labs = {x: np.asarray(v)[idx] for x, v in inputs.labels.items()}
     parrot = None if "parrot" not in modes else _parrot(inputs.deidentify, people, parts, labs)
-    names = list(config.attackers) if config.attackers is not None else list(ATTACKERS)
+    default = FEATURE_ATTACKERS if inputs.kind == "features" else ATTACKERS
+    names = list(config.attackers) if config.attackers is not None else list(default)
     # Attackers that can afford the whole sample share one pass (one parrot gallery, one set
     # of distinct images); an attacker may cap the records it attacks (a deep recogniser
     # embeds every face it sees).
@@ -562,7 +588,9 @@ def leak_checks(inputs: GateInputs, config: GateConfig) -> list[Check]:
     """No released face is (nearly) a copy of an original; no released file carries metadata."""
     threshold = config.leak_threshold
     checks = []
-    if inputs.n:
+    if inputs.n and inputs.kind == "features":
+        checks.append(feature_near_copy_check(inputs, config))
+    elif inputs.n:
         # Every record against its own original (O(N)); all pairs on the bounded sample.
         own = np.asarray(inputs.own_distance)
         idx = attack_sample(inputs, max_records=config.attack_sample, seed=config.seed)
@@ -581,6 +609,36 @@ def leak_checks(inputs: GateInputs, config: GateConfig) -> list[Check]:
     checks.append(Check("no_source_metadata", not bad_files, len(bad_files), "= 0",
                         "clean" if not bad_files else f"{bad_files[:5]} carry {inputs.file_metadata[bad_files[0]]}"))
     return checks
+
+
+def feature_near_copy_check(inputs: GateInputs, config: GateConfig) -> Check:
+    """No released feature vector is (nearly) a copy of an original vector.
+
+    Vectors have no grey levels: the threshold is ``feature_near_copy_ratio`` (0.2) times the
+    median distance from an original to the nearest record of *another* person, measured on the
+    attacked sample's originals (the typical distance between different people). Every record
+    is compared with its own original (``own_distance``), the sample's distinct released
+    vectors with every original of the sample.
+    """
+    own = np.asarray(inputs.own_distance, dtype=np.float64)
+    idx = attack_sample(inputs, max_records=config.attack_sample, seed=config.seed)
+    released, originals = inputs.fetch(idx)
+    distinct, _ = unique_rows(np.ascontiguousarray(released))
+    cross = nearest_vector_distance(distinct, originals)
+    scale = other_person_scale(originals, inputs.people[idx])
+    low = float(min(own.min(), cross.min()))
+    n_ident = int(np.count_nonzero(own == 0) + np.count_nonzero(cross == 0))
+    if scale is None or scale <= 0:
+        ok = n_ident == 0
+        return Check("no_near_copies", ok, round(low, 6), "> 0",
+                     f"{n_ident} released vectors identical to an original; the sample holds one person, so no "
+                     "typical distance between people sets a near-copy threshold", status="pass" if ok else "fail")
+    threshold = config.feature_near_copy_ratio * scale
+    n_below = int(np.count_nonzero(own < threshold) + np.count_nonzero(cross < threshold))
+    return Check("no_near_copies", low >= threshold, round(low, 6), f">= {threshold:.6g}",
+                 f"{n_ident} identical and {n_below} within {config.feature_near_copy_ratio:g} x the median "
+                 f"nearest-other-person distance ({scale:.4g}, Euclidean) of an original vector; every record vs "
+                 f"its own original, and {len(distinct)} distinct released vectors vs {len(idx)} originals")
 
 
 # --------------------------------------------------------------------------- the gate
@@ -676,7 +734,7 @@ def utility_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check],
     is within the tolerance, ``fail`` if its lower bound exceeds it, otherwise
     ``inconclusive`` (blocking only with ``utility_inconclusive="reject"``).
     """
-    from deid.anonymise.methods import K_METHODS, REGISTRY  # noqa: PLC0415
+    from deid.anonymise.methods import K_METHODS, method_spec  # noqa: PLC0415
     from deid.evaluation.utility import cross_fit_utility, utility_protocols  # noqa: PLC0415 (sklearn import cost)
 
     if not config.labels:
@@ -684,18 +742,20 @@ def utility_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check],
                       status="not_applicable")], []
     rows: list[dict] = []
     checks: list[Check] = []
+    # Feature vectors are classified as they are (standardised, no PCA): see deid.evaluation.utility._svm.
+    n_components = None if inputs.kind == "features" else config.n_components
     if inputs.deidentify is not None:
         idx = people_sample(inputs, max_records=config.utility_sample, seed=config.seed)
         released, originals = inputs.fetch(idx)
         labels = {x: np.asarray(inputs.labels[x])[idx] for x in config.labels}
-        select = REGISTRY[config.method].partitions_by_labels and inputs.partitions is not None
+        select = method_spec(config.method).partitions_by_labels and inputs.partitions is not None
         evidence = cross_fit_utility(
             originals, people=list(inputs.people[idx]), labels=labels,
             deidentify=inputs.deidentify,
             partitions=list(inputs.partitions[idx]) if select else None,
             k=config.k if config.method in K_METHODS else None, released=released, tolerance=config.tolerance,
             folds=config.folds, confidence=config.confidence, max_images=config.utility_sample,
-            n_components=config.n_components, seed=config.seed,
+            n_components=n_components, seed=config.seed,
             progress=Progress(f"gate: utility cross-fit on {len(idx)} records", unit="folds"))
         for ev in evidence:
             row = ev.to_dict()
@@ -725,7 +785,8 @@ def utility_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check],
                                  original_people=inputs.people[idx], released=released, released_labels=labels,
                                  released_people=inputs.people[idx],
                                  released_groups=inputs.clusters[idx] if inputs.clusters is not None else None,
-                                 folds=config.folds, repeats=config.repeats, seed=config.seed):
+                                 folds=config.folds, repeats=config.repeats, seed=config.seed,
+                                 **({"n_components": None} if inputs.kind == "features" else {})):
         row["tolerance"] = config.tolerance
         row["evidence_only"] = True
         rows.append(row)

@@ -138,3 +138,61 @@ def release_files_metadata(release_dir: str | Path, *, pattern: str = "images/*.
         if found:
             out[str(f.relative_to(root))] = found
     return out
+
+
+# --------------------------------------------------------------------------- feature vectors
+
+# A released feature vector closer to an original than this fraction of the median distance
+# from an original to the nearest record of another person is a near copy: as close as the
+# identity check's near-duplicate rule (deid.anonymise.identity.NEAR_DUPLICATE_RATIO), the
+# distance at which two records are taken to be one face.
+FEATURE_NEAR_COPY_RATIO = 0.2
+
+
+def vector_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise Euclidean distance between two (n, d) matrices of feature vectors, in blocks."""
+    out = np.empty(len(a), dtype=np.float64)
+    for s in range(0, len(a), 4096):
+        diff = np.asarray(a[s:s + 4096], dtype=np.float64) - np.asarray(b[s:s + 4096], dtype=np.float64)
+        out[s:s + 4096] = np.sqrt(np.einsum("ij,ij->i", diff, diff))
+    return out
+
+
+def _min_sq_dist(a: np.ndarray, b: np.ndarray, mask_same=None) -> np.ndarray:
+    from deid.evaluation.attackers import _sq_dist  # noqa: PLC0415
+
+    out = np.empty(len(a), dtype=np.float64)
+    block = max(1, 4_000_000 // max(1, len(b)))
+    for s in range(0, len(a), block):
+        d = _sq_dist(a[s:s + block], b)
+        if mask_same is not None:
+            d[mask_same(s, s + len(d))] = np.inf
+        out[s:s + block] = d.min(axis=1)
+    return out
+
+
+def nearest_vector_distance(released: Any, originals: Any) -> np.ndarray:
+    """Euclidean distance from every released vector to its nearest original vector (exact, blocked)."""
+    r = np.asarray(released, dtype=np.float64)
+    o = np.asarray(originals, dtype=np.float64)
+    for name, a in (("released", r), ("originals", o)):
+        if a.ndim != 2 or a.shape[0] == 0:
+            raise ConfigError(f"{name} has shape {a.shape}; it must be a non-empty (n_records, n_features) array")
+    if r.shape[1] != o.shape[1]:
+        raise ConfigError(f"released vectors have {r.shape[1]} features but originals {o.shape[1]}; compare "
+                          "vectors of the same dimension")
+    return np.sqrt(np.maximum(_min_sq_dist(r, o), 0.0))
+
+
+def other_person_scale(originals: Any, people: Any) -> float | None:
+    """Median over originals of the Euclidean distance to the nearest record of another person.
+
+    The typical distance between different people in the feature space, which the feature
+    leak threshold is a fraction of; None when fewer than two people are given.
+    """
+    o = np.asarray(originals, dtype=np.float64)
+    codes = np.unique(np.asarray(people, dtype=object).astype(str), return_inverse=True)[1].ravel()
+    if len(np.unique(codes)) < 2:
+        return None
+    d = _min_sq_dist(o, o, mask_same=lambda s, e: codes[s:e, None] == codes[None, :])
+    return float(np.median(np.sqrt(np.maximum(d, 0.0))))

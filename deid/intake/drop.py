@@ -235,6 +235,9 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
     if manifest_raw is None:
         raise DropError(f"{root} has no {MANIFEST}; a drop needs a manifest with columns image,subject_id,<labels>")
     meta = _read_yaml(root)
+    if meta.get("kind", "images") != "images":
+        raise DropError(f"{root / DROP_YAML}: kind={meta.get('kind')!r}: not an image drop; a feature drop (kind: "
+                        "features) is read by deid.intake.features.read_feature_drop (deid run routes it there)")
     raw, header, body = _parse_manifest(manifest, manifest_raw)
 
     missing = [c for c in REQUIRED_COLUMNS if c not in header]

@@ -32,6 +32,10 @@ _SIZES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000
           (10_000_000, "1M<n<10M"))
 
 
+_CSV_NOTE = ("CSV cells starting with `=`, `+`, `-`, `@`, TAB or CR are prefixed with `'` so that no "
+             "spreadsheet runs them as formulas; `release.parquet` keeps the exact values.")
+
+
 @dataclass(frozen=True)
 class DatasetCard:
     """What the card states about one release (see :meth:`from_report`)."""
@@ -51,6 +55,8 @@ class DatasetCard:
     warnings: tuple[str, ...]
     license: str | None
     color: bool = False
+    kind: str = "images"  # "features": a release of feature vectors (deid.operations.features)
+    dim: int | None = None  # the vectors' dimension (feature releases)
 
     @classmethod
     def from_report(cls, report: dict[str, Any]) -> DatasetCard:
@@ -72,23 +78,27 @@ class DatasetCard:
             created_at=str(report.get("created_at") or ""), labels=tuple(cfg.get("labels") or ()),
             records=int(report["dataset"]["records_released"]),
             clusters=(cfg.get("clusters") or {}).get("count"), width=size[0], height=size[1], figures=fig,
-            warnings=tuple(report.get("warnings") or ()), license=cfg.get("license"), color=bool(cfg.get("color")))
+            warnings=tuple(report.get("warnings") or ()), license=cfg.get("license"), color=bool(cfg.get("color")),
+            kind=str(cfg.get("kind") or "images"), dim=cfg.get("feature_dim"))
 
     def header(self) -> dict[str, Any]:
         """The YAML metadata block (Hugging Face keys, plus ``deid`` with the figures)."""
         fig = self.figures
         size = next((s for limit, s in _SIZES if self.records < limit), "n>10M")
+        features = self.kind == "features"
         return {
             "pretty_name": f"{self.name} (de-identified, k={self.k})",
             "license": self.license or DEFAULT_LICENSE,
-            "task_categories": ["image-classification"] if self.labels else [],
+            "task_categories": ([] if not self.labels else ["tabular-classification"] if features
+                                else ["image-classification"]),
             "size_categories": [size],
-            "tags": ["k-anonymity", "face-de-identification", self.method, "deid"],
+            "tags": ["k-anonymity", "feature-vectors" if features else "face-de-identification", self.method, "deid"],
             "deid": {
                 "release_id": self.release_id, "created_at": self.created_at, "k": self.k, "method": self.method,
                 "guarantee": self.guarantee, "records": self.records, "clusters": self.clusters,
-                "labels": list(self.labels), "image_size": [self.width, self.height],
-                "color": self.color,
+                "labels": list(self.labels),
+                **({"kind": "features", "feature_dim": self.dim} if features else
+                   {"image_size": [self.width, self.height], "color": self.color}),
                 "reidentification_bound": fig.bound, "max_reidentification_rate": fig.max_rate,
                 "worst_attack": {"name": fig.worst_attack, "rate": fig.worst_rate, "lower": fig.worst_lower,
                                  "upper": fig.worst_upper, "probes": fig.worst_probes},
@@ -103,11 +113,62 @@ class DatasetCard:
 
     def render(self) -> str:
         """The card's text: ``---`` YAML header ``---`` then Markdown."""
-        fig = self.figures
+        if self.kind == "features":
+            return self._render(self._feature_intro())
+        return self._render(self._image_intro())
+
+    def _feature_intro(self) -> list[str]:
+        """Title, description, guarantee, contents and loading of a feature release."""
+        name = _md(self.name)
+        labels = ", ".join(f"`{_md(x)}`" for x in self.labels) or "none"
+        clusters = self.clusters if self.clusters is not None else "its"
+        return [
+            f"# {name}, de-identified (k = {self.k}, {self.method})",
+            "",
+            f"A de-identified release of the feature-vector dataset **{name}**, made and checked by deid on "
+            f"{_md(self.created_at)} (release `{self.release_id}`). It holds {self.records} feature vectors of "
+            f"{self.dim} values, in {clusters} clusters. Every vector is replaced by a vector computed from its "
+            f"cluster of at least {self.k} people ({self.method}); no released vector is one person's record.",
+            "",
+            "## Guarantee",
+            "",
+            f"{_md(self.guarantee)}. Every released cluster holds at least {self.k} records of at least "
+            f"{self.k} distinct people and no person makes up more than 1/{self.k} of a cluster's records, so an "
+            f"attacker who matches a released vector against the people's original vectors re-identifies it with "
+            f"probability at most 1/{self.k} = {1 / self.k:.3f}. The release carries no subject id, source id or "
+            "source row; its rows are in random order with fresh random ids.",
+            "",
+            "## Contents",
+            "",
+            f"- `release.parquet`: one row per record: `record_id` (a fresh random id), `cluster_id` (a random id of "
+            f"the record's cluster), the utility labels ({labels}) and `features`, the de-identified vector "
+            f"(`fixed_size_list<float32>[{self.dim}]`).",
+            "- `metadata.csv`: the same rows without the vectors.",
+            "- `README.md`: this card.",
+            "",
+            _CSV_NOTE,
+            "",
+            "## Loading",
+            "",
+            "```python",
+            "import numpy as np",
+            "import pandas as pd",
+            "",
+            'df = pd.read_parquet("path/to/this/directory/release.parquet")',
+            'X = np.stack(df["features"].to_numpy())  # (records, features)',
+            "",
+            "from datasets import load_dataset",
+            "",
+            'ds = load_dataset("parquet", data_files="path/to/this/directory/release.parquet", split="train")',
+            "```",
+        ]
+
+    def _image_intro(self) -> list[str]:
+        """Title, description, guarantee, contents and loading of a face release."""
         name = _md(self.name)
         labels = ", ".join(f"`{_md(x)}`" for x in self.labels) or "none"
         size = f"{self.width} x {self.height} pixels" if self.width and self.height else "a fixed size"
-        lines = [
+        return [
             f"# {name}, de-identified (k = {self.k}, {self.method})",
             "",
             f"A de-identified release of the face dataset **{name}**, made and checked by deid on "
@@ -137,8 +198,7 @@ class DatasetCard:
             "- `release.parquet` and `release.csv`: the same table with the image path in the column `image`.",
             "- `README.md`: this card.",
             "",
-            "CSV cells starting with `=`, `+`, `-`, `@`, TAB or CR are prefixed with `'` so that no "
-            "spreadsheet runs them as formulas; `release.parquet` keeps the exact values.",
+            _CSV_NOTE,
             "",
             "## Loading",
             "",
@@ -151,6 +211,12 @@ class DatasetCard:
             "",
             'df = pd.read_parquet("path/to/this/directory/release.parquet")',
             "```",
+        ]
+
+    def _render(self, intro: list[str]) -> str:
+        fig = self.figures
+        lines = [
+            *intro,
             "",
             "## What the gate measured before release",
             "",
@@ -165,10 +231,11 @@ class DatasetCard:
                          f"confidence interval [{_f(fig.worst_lower)}, {_f(fig.worst_upper)}], {fig.worst_probes} probes |")
         lines.append(f"| fewest distinct people in a cluster | {fig.min_people if fig.min_people is not None else '-'} |")
         if fig.utility:
-            lines += ["", "Utility: a classifier of each label trained on the original faces and tested on held-out "
+            what, unit = ("records", "records") if self.kind == "features" else ("faces", "images")
+            lines += ["", f"Utility: a classifier of each label trained on the original {what} and tested on held-out "
                       "originals, against one trained on the release (accuracy difference: originals minus "
                       "release, with its confidence interval).", "",
-                      "| label | originals | release | difference interval | test images | decision |",
+                      f"| label | originals | release | difference interval | test {unit} | decision |",
                       "| --- | --- | --- | --- | --- | --- |"]
             lines += [f"| {_md(u.label)} | {_f(u.original_accuracy)} | {_f(u.deidentified_accuracy)} | "
                       f"[{_f(u.delta_lower)}, {_f(u.delta_upper)}] | {u.n_test if u.n_test is not None else '-'} | "

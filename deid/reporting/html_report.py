@@ -412,7 +412,11 @@ def _withheld(r: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
-def _faces(verdict: str, sample_images: Sequence[np.ndarray] | None) -> str:
+def _faces(verdict: str, sample_images: Sequence[np.ndarray] | None, cfg: dict | None = None) -> str:
+    if (cfg or {}).get("kind") == "features":
+        return ("<h2>Released feature vectors</h2>"
+                f"<p class='muted'>A release of {esc((cfg or {}).get('feature_dim'))}-value feature vectors "
+                "(<code>release.parquet</code>): no faces to show.</p>")
     out = "<h2>Sample of released faces</h2>"
     if verdict != "released":
         return out + "<p class='muted'>Nothing was released, so no faces are shown.</p>"
@@ -516,7 +520,7 @@ def render_report_html(
         _utility(r),
         _partitions(r),
         _withheld(r),
-        _faces(verdict, sample_images),
+        _faces(verdict, sample_images, r.get("configuration") or {}),
         _validation(gx_results if gx_results is not None else r.get("validation"), validation_href),
         _provenance(r, public_key_hint, report_dir_hint),
         "<h2>Versions</h2>" + (table(["package", "version"], [[esc(p), esc(v)] for p, v in sorted(versions.items())])

@@ -82,6 +82,8 @@ def deidentified(color: bool = False) -> pa.Schema:
 
 # Columns a release may carry besides the utility labels; anything else is forbidden.
 RELEASE_BASE_COLUMNS = ("record_id", "image", "cluster_id")
+# The same for a feature release (release.parquet with the vectors in ``features``).
+FEATURE_RELEASE_BASE_COLUMNS = ("record_id", "cluster_id", "features")
 FORBIDDEN_RELEASE_COLUMNS = ("subject_id", "source_sha256", "source_path", "path", "data", "size", "row")
 
 
@@ -92,5 +94,17 @@ def release(labels: list[str]) -> pa.Schema:
             pa.field("image", pa.string(), nullable=False),
             pa.field("cluster_id", pa.string(), nullable=False),
             *[pa.field(x, pa.string(), nullable=False) for x in labels],
+        ]
+    )
+
+
+def feature_release(labels: list[str], dim: int) -> pa.Schema:
+    """A feature release table: fresh random ids, random cluster ids, the labels, the de-identified vectors."""
+    return pa.schema(
+        [
+            pa.field("record_id", pa.string(), nullable=False),
+            pa.field("cluster_id", pa.string(), nullable=False),
+            *[pa.field(x, pa.string(), nullable=False) for x in labels],
+            pa.field("features", pa.list_(pa.float32(), int(dim)), nullable=False),
         ]
     )

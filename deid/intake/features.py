@@ -1,0 +1,372 @@
+"""Feature drops: a Parquet table of fixed-length feature vectors instead of images.
+
+A *feature drop* is a directory whose ``drop.yaml`` says ``kind: features`` and names the
+feature table, a Parquet file inside the drop::
+
+    kind: features
+    features: vectors.parquet        # the table (a relative path inside the drop)
+    name: clinic-voices
+    labels: [gender, accent]         # utility label columns of the table
+    license: cc-by-4.0
+    vector_column: features          # optional, default "features"
+    dim: 192                         # optional: the dimension every vector must have
+
+The table holds one row per record: ``subject_id`` (required), optionally ``record_id`` (the
+steward's own id; it is never released), one column per utility label, and the vector column,
+a list of numbers (``fixed_size_list<float32>[D]`` preferred; any list of floats or integers
+is read). No ``manifest.csv`` is needed: the table *is* the manifest, with typed columns and
+no second file to keep in step with it.
+
+Problems with the drop as a whole (no table, not Parquet, a required column missing, a
+vector column that is not a list of numbers) raise :class:`~deid.errors.DropError` with one
+line naming the file, the column, the value and the fix. Problems with one row quarantine
+that row with a reason code (``missing_subject_id``, ``missing_label``, ``missing_record_id``,
+``duplicate_record_id``, ``missing_features``, ``wrong_length``, ``non_finite_features``) and
+never stop the run. The dimension is ``dim`` when declared, else the fixed list size, else the
+most common length; vectors of any other length are ``wrong_length``.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from deid.errors import DropError, Quarantined, RecordError
+from deid.intake.drop import (
+    DROP_YAML,
+    _dataset_name,
+    _license,
+    _read_drop_text,
+    _read_yaml,
+    read_drop_file,
+    record_id_for_row,
+)
+
+log = logging.getLogger(__name__)
+
+KINDS = ("images", "features")
+DEFAULT_VECTOR_COLUMN = "features"
+RESERVED = ("record_id", "subject_id")
+# Staging table of an ingested feature drop (private): staging id, the steward's id, person, labels, vector.
+INGESTED = "ingested_features.parquet"
+
+
+@dataclass(frozen=True)
+class FeatureDrop:
+    """A parsed feature drop: the usable records (vectors as float32) and the quarantined rows.
+
+    ``record_ids`` are staging ids (``r00000001`` = table row 1), ``source_ids`` the steward's
+    ``record_id`` cells (or ``row N`` without that column); neither is ever released.
+    """
+
+    root: Path
+    name: str
+    labels: tuple[str, ...]
+    dim: int
+    features_file: str
+    vector_column: str
+    config_bytes: bytes
+    table_sha256: str
+    record_ids: tuple[str, ...]
+    source_ids: tuple[str, ...]
+    subject_ids: tuple[str, ...]
+    label_values: dict[str, tuple[str, ...]]
+    vectors: np.ndarray
+    quarantined: tuple[Quarantined, ...]
+    extra_columns: tuple[str, ...] = ()
+    license: str | None = None
+    dataset: str = ""
+    value_type: str = "float"
+
+    @property
+    def records_in(self) -> int:
+        return len(self.record_ids) + len(self.quarantined)
+
+    @property
+    def people(self) -> int:
+        return len(set(self.subject_ids))
+
+    def to_table(self) -> pa.Table:
+        """The usable records as the staging table (vectors as ``fixed_size_list<float32>[dim]``)."""
+        flat = pa.array(self.vectors.astype(np.float32, copy=False).reshape(-1), pa.float32())
+        return pa.table({
+            "record_id": pa.array(self.record_ids, pa.string()),
+            "source_id": pa.array(self.source_ids, pa.string()),
+            "subject_id": pa.array(self.subject_ids, pa.string()),
+            **{x: pa.array(self.label_values[x], pa.string()) for x in self.labels},
+            "features": pa.FixedSizeListArray.from_arrays(flat, self.dim),
+        })
+
+
+def drop_kind(drop_dir: str | os.PathLike) -> str:
+    """``"features"`` when the drop's ``drop.yaml`` says ``kind: features``, else ``"images"``.
+
+    Raises DropError for a ``kind`` that is neither, or an unreadable ``drop.yaml``.
+    """
+    root = Path(drop_dir)
+    if not root.is_dir():
+        raise DropError(f"drop directory {root} does not exist or is not a directory")
+    kind = _read_yaml(root.resolve()).get("kind", "images")
+    if kind not in KINDS:
+        raise DropError(f"{root / DROP_YAML}: kind={kind!r} must be one of {list(KINDS)} ('features' for a "
+                        "Parquet table of feature vectors, 'images' or no kind for faces)")
+    return str(kind)
+
+
+def _config(root: Path, meta: dict) -> tuple[str, str, int | None]:
+    where = root / DROP_YAML
+    table = meta.get("features")
+    if not isinstance(table, str) or not table.strip():
+        raise DropError(f"{where}: kind: features needs 'features: <table>.parquet', the feature table inside the "
+                        f"drop; got features={table!r}")
+    column = meta.get("vector_column", DEFAULT_VECTOR_COLUMN)
+    if not isinstance(column, str) or not column.strip():
+        raise DropError(f"{where}: vector_column={column!r} must be a column name, e.g. 'vector_column: embedding'")
+    dim = meta.get("dim")
+    if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or not 1 <= dim <= 1_000_000):
+        raise DropError(f"{where}: dim={dim!r} must be an integer between 1 and 1000000 (the length of every "
+                        "feature vector), or left out to take it from the table")
+    return table.strip(), column.strip(), dim
+
+
+def _read_table(root: Path, relative: str) -> tuple[pa.Table, str]:
+    """The feature table, read from its bytes (opened without following any symlink), and its sha256."""
+    try:
+        raw = read_drop_file(root, relative)
+    except RecordError as exc:
+        raise DropError(f"{root / DROP_YAML}: features={relative!r}: {exc.message}; put the feature table inside "
+                        "the drop as a regular file") from None
+    try:
+        table = pq.read_table(pa.BufferReader(raw))
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise DropError(f"{root / relative} is not a readable Parquet file ({str(exc).splitlines()[0][:200]}); "
+                        "write the feature table with pyarrow.parquet.write_table or pandas.DataFrame.to_parquet") from None
+    return table, hashlib.sha256(raw).hexdigest()
+
+
+def _text_cells(column: pa.ChunkedArray) -> list[str | None]:
+    """Cells as stripped text, None for null or empty (ids and labels may be strings or numbers)."""
+    out = []
+    for v in column.to_pylist():
+        s = None if v is None else str(v).strip()
+        out.append(s or None)
+    return out
+
+
+def _vector_column(path: Path, table: pa.Table, column: str) -> pa.Array:
+    if column not in table.column_names:
+        raise DropError(f"{path}: vector column {column!r} is missing (found {table.column_names}); name it in "
+                        "drop.yaml as 'vector_column: <name>'")
+    col = table.column(column).combine_chunks()
+    t = col.type
+    if not (pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)):
+        raise DropError(f"{path}: column {column!r} has type {t}; it must be a list of numbers, one feature vector "
+                        "per row (fixed_size_list<float32>[D], e.g. pa.FixedSizeListArray.from_arrays(values, D))")
+    vt = t.value_type
+    if not (pa.types.is_floating(vt) or pa.types.is_integer(vt)):
+        raise DropError(f"{path}: column {column!r} is a list of {vt}; feature vectors must hold numbers "
+                        "(float32 preferred)")
+    return col
+
+
+def _dimension(path: Path, col: pa.Array, lengths: np.ndarray, valid: np.ndarray, declared: int | None) -> int:
+    fixed = col.type.list_size if pa.types.is_fixed_size_list(col.type) else None
+    if declared is not None:
+        if fixed is not None and fixed != declared:
+            raise DropError(f"{path}: drop.yaml says dim={declared} but the vector column is a fixed-size list of "
+                            f"{fixed}; fix dim or the table")
+        return declared
+    if fixed is not None:
+        return int(fixed)
+    seen = Counter(lengths[valid].tolist())
+    if not seen:
+        raise DropError(f"{path}: the vector column holds no vector (every row is null); write one feature vector "
+                        "per record")
+    # The most common length (ties: the longer); the other rows are quarantined as wrong_length.
+    return int(max(seen, key=lambda n: (seen[n], n)))
+
+
+def read_feature_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None,
+                      name: str | None = None) -> FeatureDrop:
+    """Read and validate a feature drop; bad rows are quarantined with a reason, never dropped silently.
+
+    Parameters
+    ----------
+    drop_dir : path
+        The drop directory (``drop.yaml`` with ``kind: features`` and the feature table).
+    labels : list of str, optional
+        Utility label columns; overrides ``drop.yaml``'s ``labels``.
+    name : str, optional
+        Dataset name; overrides ``drop.yaml``'s ``name`` (default: the directory name).
+
+    Returns
+    -------
+    FeatureDrop
+
+    Raises
+    ------
+    DropError
+        When the drop as a whole is unusable (see the module docstring).
+    """
+    root = Path(drop_dir)
+    if not root.is_dir():
+        raise DropError(f"drop directory {root} does not exist or is not a directory")
+    root = root.resolve()
+    config_bytes = _read_drop_text(root, DROP_YAML)
+    if config_bytes is None:
+        raise DropError(f"{root} has no {DROP_YAML}; a feature drop needs one with 'kind: features' and "
+                        "'features: <table>.parquet'")
+    meta = _read_yaml(root)
+    if meta.get("kind") != "features":
+        raise DropError(f"{root / DROP_YAML}: kind={meta.get('kind')!r}; a feature drop needs 'kind: features'")
+    relative, column, declared = _config(root, meta)
+    path = root / relative
+    table, sha = _read_table(root, relative)
+    if labels is None:
+        labels = meta.get("labels")
+        if isinstance(labels, str):
+            labels = [s.strip() for s in labels.split(",") if s.strip()]
+        elif labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
+            raise DropError(f"{root / DROP_YAML}: 'labels' must be a list of column names, e.g. 'labels: [gender, "
+                            f"accent]'; got a {type(labels).__name__} ({labels!r}); or pass --labels gender,accent")
+    labels = [str(x) for x in labels or []]
+    bad = [x for x in labels if x in (*RESERVED, column)]
+    if bad:
+        raise DropError(f"labels {bad} are the id, subject or vector columns; utility labels must be other columns")
+    if "subject_id" not in table.column_names:
+        raise DropError(f"{path}: required column 'subject_id' is missing (found {table.column_names}); add one "
+                        "person id per record")
+    absent = [x for x in labels if x not in table.column_names]
+    if absent:
+        raise DropError(f"{path}: declared label column(s) {absent} are missing; found columns {table.column_names}")
+    col = _vector_column(path, table, column)
+    n = table.num_rows
+    valid = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    if pa.types.is_fixed_size_list(col.type):
+        lengths = np.full(n, col.type.list_size, dtype=np.int64)
+    else:
+        lengths = pc.list_value_length(col).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    dim = _dimension(path, col, lengths, valid, declared)
+
+    subjects = _text_cells(table.column("subject_id"))
+    label_cells = {x: _text_cells(table.column(x)) for x in labels}
+    has_ids = "record_id" in table.column_names
+    own_ids = _text_cells(table.column("record_id")) if has_ids else [f"row {i}" for i in range(1, n + 1)]
+    # Which rows' vectors can be read: not null and of the right length; then null elements and non-finite values.
+    right = valid & (lengths == dim)
+    take = np.flatnonzero(right)
+    vectors = np.zeros((len(take), dim), dtype=np.float64)
+    null_elem = np.zeros(len(take), dtype=bool)
+    if len(take):
+        values = col.take(pa.array(take, pa.int64())).flatten()
+        null_elem = ~np.asarray(values.is_valid().to_numpy(zero_copy_only=False), dtype=bool).reshape(len(take), dim).all(axis=1)
+        vectors = values.cast(pa.float64()).to_numpy(zero_copy_only=False).reshape(len(take), dim)
+    where = {int(r): j for j, r in enumerate(take)}
+
+    quarantined: list[Quarantined] = []
+    keep_rows: list[int] = []
+    keep_vec: list[int] = []
+    seen: dict[str, int] = {}
+    for i in range(n):
+        row = i + 1
+        rid = record_id_for_row(row)
+        ref = own_ids[i] or f"row {row}"
+
+        def q(code: str, message: str) -> None:
+            quarantined.append(Quarantined(rid, ref, code, message, "features"))
+
+        if has_ids and own_ids[i] is None:
+            q("missing_record_id", f"row {row}: record_id is empty")
+            continue
+        if has_ids:
+            if own_ids[i] in seen:
+                q("duplicate_record_id", f"row {row}: record_id {own_ids[i]!r} is listed again (first on row "
+                                         f"{seen[own_ids[i]]})")
+                continue
+            seen[own_ids[i]] = row
+        if subjects[i] is None:
+            q("missing_subject_id", f"row {row}: subject_id is empty")
+            continue
+        empty = [x for x in labels if label_cells[x][i] is None]
+        if empty:
+            q("missing_label", f"row {row}: label(s) {empty} empty")
+            continue
+        if not valid[i]:
+            q("missing_features", f"row {row}: column {column!r} is null; give a vector of {dim} numbers")
+            continue
+        if lengths[i] != dim:
+            q("wrong_length", f"row {row}: column {column!r} holds {lengths[i]} values; every vector must have "
+                              f"dim={dim}")
+            continue
+        j = where[i]
+        if null_elem[j]:
+            q("missing_features", f"row {row}: column {column!r} holds null values; give {dim} numbers")
+            continue
+        if not np.isfinite(vectors[j]).all():
+            bad_at = int(np.flatnonzero(~np.isfinite(vectors[j]))[0])
+            q("non_finite_features", f"row {row}: column {column!r} holds {vectors[j][bad_at]} at position "
+                                     f"{bad_at}; every value must be finite")
+            continue
+        keep_rows.append(i)
+        keep_vec.append(j)
+    extra = tuple(c for c in table.column_names if c not in (*RESERVED, column, *labels))
+    if extra:
+        log.info("feature table columns not used and kept out of the release: %s", list(extra))
+    if quarantined:
+        log.info("feature drop %s: %d of %d rows quarantined", root.name, len(quarantined), n)
+    drop_name = name or meta.get("name") or root.name
+    return FeatureDrop(
+        root=root, name=str(drop_name), labels=tuple(labels), dim=dim, features_file=relative, vector_column=column,
+        config_bytes=config_bytes, table_sha256=sha,
+        record_ids=tuple(record_id_for_row(i + 1) for i in keep_rows),
+        source_ids=tuple(own_ids[i] for i in keep_rows),
+        subject_ids=tuple(subjects[i] for i in keep_rows),
+        label_values={x: tuple(label_cells[x][i] for i in keep_rows) for x in labels},
+        vectors=vectors[keep_vec].astype(np.float32) if keep_vec else np.zeros((0, dim), np.float32),
+        quarantined=tuple(quarantined), extra_columns=extra, license=_license(root, meta),
+        dataset=_dataset_name(root, meta.get("dataset"), str(drop_name)),
+        value_type=str(col.type.value_type))
+
+
+def write_feature_drop(drop_dir: str | os.PathLike, *, vectors: Any, subject_ids: list[str],
+                       labels: dict[str, list[str]] | None = None, record_ids: list[str] | None = None,
+                       name: str | None = None, license: str | None = None, table: str = "vectors.parquet",
+                       extra_yaml: dict | None = None) -> Path:
+    """Write a feature drop (the table, then ``drop.yaml``, then ``_READY``); return its path.
+
+    The producer side of :func:`read_feature_drop`, used by ``deid synth --kind features`` and
+    the tests. ``vectors`` is (n, d); the table stores them as ``fixed_size_list<float32>[d]``.
+    """
+    import yaml  # noqa: PLC0415
+
+    drop = Path(drop_dir)
+    if drop.exists() and (not drop.is_dir() or any(drop.iterdir())):
+        raise DropError(f"drop directory {drop} exists and is not empty; choose a new directory")
+    v = np.asarray(vectors, dtype=np.float32)
+    if v.ndim != 2 or len(v) != len(subject_ids):
+        raise DropError(f"vectors has shape {v.shape} but there are {len(subject_ids)} subject ids; pass one "
+                        "(n, d) vector per record")
+    labels = dict(labels or {})
+    cols: dict[str, Any] = {}
+    if record_ids is not None:
+        cols["record_id"] = pa.array(record_ids, pa.string())
+    cols["subject_id"] = pa.array(subject_ids, pa.string())
+    for x, values in labels.items():
+        cols[x] = pa.array(values, pa.string())
+    cols["features"] = pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1), pa.float32()), v.shape[1])
+    drop.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(cols), drop / table)
+    meta = {"kind": "features", "features": table, "name": name or drop.name, "labels": list(labels),
+            **({"license": license} if license else {}), **(extra_yaml or {})}
+    (drop / DROP_YAML).write_text(yaml.safe_dump(meta, sort_keys=False), encoding="utf-8")
+    (drop / "_READY").touch()  # last: consumers only pick up complete drops
+    return drop
