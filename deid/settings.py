@@ -7,9 +7,12 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-Method = Literal["k-same-select", "k-same", "k-same-naive", "blur", "pixelate", "k-same-eigen", "k-same-m",
-                 "multi-factor", "selective-mean", "attribute-preserving"]
-SmallPartitionPolicy = Literal["suppress", "merge", "fail"]
+from deid.method_registry import METHODS
+
+# The method names come from the registry (deid.method_registry), the one list of methods.
+Method = Literal[METHODS]  # type: ignore[valid-type]
+SMALL_PARTITION_POLICIES: tuple[str, ...] = ("suppress", "merge", "fail")
+SmallPartitionPolicy = Literal[SMALL_PARTITION_POLICIES]  # type: ignore[valid-type]
 
 
 class Settings(BaseSettings):

@@ -152,7 +152,7 @@ def test_every_record_of_a_messy_drop_is_aligned_or_quarantined_with_a_reason(tm
     groups = list(range(res.row_groups))
     out = align_batch(str(res.path), groups, str(tmp_path / "st" / "aligned" / "part-0.parquet"),
                       _aligner_params(settings))
-    quarantined = [q.__dict__ for q in drop.quarantined + res.quarantined] + out["quarantined"]
+    quarantined = [q.__dict__ for q in [*drop.quarantined, *res.quarantined, *out["quarantined"]]]
 
     # The counts add up: every record in is aligned or quarantined, exactly once.
     assert drop.records_in == len(expected) == out["aligned"] + len(quarantined)
