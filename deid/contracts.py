@@ -382,3 +382,17 @@ class RunResult:
     @property
     def utility(self):
         return self.report.utility
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready summary (paths as strings, the report's dataset, privacy and utility sections)."""
+        d = self.report.to_dict()
+
+        def text(p: Path | None) -> str | None:
+            return None if p is None else str(p)
+
+        return {"release_id": self.release_id, "verdict": self.verdict, "reasons": list(d["reasons"]),
+                "report": str(self.report_path), "report_dir": str(self.report_dir),
+                "release_dir": text(self.release_dir), "public_key": text(self.public_key),
+                "key_origin": self.key_origin, "staging": text(self.staging), "linkage": text(self.linkage),
+                "input_error": self.input_error, "dataset": d["dataset"], "privacy": d["privacy"],
+                "utility": d["utility"], "timings": dict(self.timings), "recovered": list(self.recovered)}

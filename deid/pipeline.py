@@ -77,11 +77,15 @@ def linkage_key(config: RunConfig) -> tuple[bytes, Path, str]:
 
 
 def preflight(config: RunConfig):
-    """Before any work: every location is writable and the signing key loads (readable, 0600, passphrase)."""
+    """Before any work: every location is writable and the signing key loads (readable, 0600, passphrase).
+
+    Returns the key's :class:`~deid.report.SigningInfo` (fingerprint and origin; the key stays here).
+    """
+    from deid.report import SigningInfo  # noqa: PLC0415
     from deid.safety import preflight_locations  # noqa: PLC0415
 
     preflight_locations(config.data_path, config.reports_path)
-    return signing_key(config)
+    return SigningInfo.from_key(signing_key(config))
 
 
 def recover_leftovers(config: RunConfig) -> tuple[str, ...]:

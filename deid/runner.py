@@ -106,13 +106,13 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
         (:class:`~deid.errors.EnvironmentFailure` after signing a rejection naming the machine's
         fault, :class:`~deid.errors.StateError`, ...), leaving nothing half-published.
     """
-    key = steps.preflight(config)  # before any work: the signing key loads, every location is writable
+    signing = steps.preflight(config)  # before any work: the signing key loads, every location is writable
     recovered = steps.recover(config)
     release_id = new_release_id()
     layout = StagingLayout.for_run(config.data_path, release_id)
     lock = RunLock.create(layout.root)
     run = _Run(drop=str(drop), config=config, layout=layout, release_id=release_id, run_id=run_id or release_id,
-               steps=steps, signing=SigningInfo.from_key(key))
+               steps=steps, signing=signing)
     log.info("release %s: drop %s, k=%d, method %s", release_id, drop, config.k, config.method)
     try:
         result = run.walk(cluster)
@@ -203,19 +203,20 @@ class _Run:
             g = s.gate(deid, part, config, labels=ing.labels, counts=counts, extra_checks=extra_checks,
                        staged=staged, lineage=lin)
         fault_point("gate")
+        report = build_report(
+            release_id=self.release_id, run_id=self.run_id, created_at=pipeline.now_iso(), config=config,
+            ingested=ing, aligned=aligned, partitioned=part, deidentified=deid, lineage=lin, staged=staged, gate=g,
+            counts=counts, quarantine_by_reason=by_reason, validation=validation, notes=notes, timings=timings,
+            signing=self.signing, versions=run_versions())
+        # Before anything is committed: a report the schema refuses stops the run with nothing registered,
+        # signed or published.
+        validate_report(report.to_dict())
         if g.passed and lin is not None:
             # Registered (pending) before the report is signed and the release published: a crash from here
             # on can never let the next run re-cluster these people; the next run settles the status.
             s.register_lineage(ing.dataset, lin.state, config, lin.release)
         elif not g.passed and staged is not None:
             s.withhold(staged)
-        report = build_report(
-            release_id=self.release_id, run_id=self.run_id, created_at=pipeline.now_iso(), config=config,
-            ingested=ing, aligned=aligned, partitioned=part, deidentified=deid, lineage=lin, staged=staged, gate=g,
-            counts=counts, quarantine_by_reason=by_reason, validation=validation, notes=notes, timings=timings,
-            signing=self.signing, versions=run_versions())
-        # Before anything is committed: a report the schema refuses stops the run with nothing published.
-        validate_report(report.to_dict())
         if g.passed:
             # The dataset card states the gate's figures; written into the staged release before it is hashed.
             report = replace(report, artifacts=list(s.dataset_card(staged, report)))

@@ -3,7 +3,8 @@
 Both wrap :func:`flows.release.release` (run as a subflow) with the ledger: a flow claims the
 drop's fingerprint before running and records the verdict after, so a duplicate event, a
 re-drop, or the nightly run meeting a drop already released never releases the same content
-twice.
+twice. A rejected drop is settled too (ledger ``rejected``): no deployment retries it; its
+``release-on-drop`` run ends ``Rejected`` like the release subflow.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from prefect.runtime import flow_run
 
 from deid.ledger import Ledger, drop_fingerprint, ready_drops
 from deid.settings import Settings
-from flows.release import release
+from flows.release import rejected_state, run_flow
 
 EVENT = "deid.drop.ready"
 RESOURCE_PREFIX = "deid.drop."
@@ -51,14 +52,20 @@ def ledger(settings: Settings | None = None) -> Ledger:
 
 
 def _run_claimed(drop: str, fingerprint: str, led: Ledger, by: str, **params) -> dict:
-    """Run the release subflow on a claimed drop and write its outcome to the ledger."""
+    """Run the release subflow on a claimed drop and write its outcome to the ledger.
+
+    A rejected release is a settled verdict (ledger ``rejected``, never claimed again); only a
+    run that failed without a verdict is ``failed`` (another run may claim it).
+    """
     try:
-        result = release(drop=drop, **params)
+        result = run_flow(drop, **params)
     except BaseException as exc:
         led.fail(fingerprint, by=by, error=f"{type(exc).__name__}: {exc}")
         raise
-    led.finish(fingerprint, by=by, release_id=result["release_id"], verdict=result["verdict"], report=result["report"])
-    return result
+    led.finish(fingerprint, by=by, release_id=result.release_id, verdict=result.verdict,
+               report=str(result.report_path))
+    return {"drop": drop, "fingerprint": fingerprint, "status": result.verdict, "release_id": result.release_id,
+            "report": str(result.report_path)}
 
 
 def _summary_artifact(rows: list[dict]) -> None:
@@ -89,10 +96,11 @@ def release_on_drop(drop: str, fingerprint: str | None = None) -> dict:
                "ledger_status": e.status, "release_id": e.release_id, "report": e.report}
         _summary_artifact([row])
         return row
-    result = _run_claimed(drop_path, fp, led, by)
-    row = {"drop": drop_path, "fingerprint": fp, "status": result["verdict"], "release_id": result["release_id"],
-           "report": result["report"]}
+    row = _run_claimed(drop_path, fp, led, by)
     _summary_artifact([row])
+    if row["status"] == "rejected":
+        # Like its release subflow: the UI shows the rejection (a Failed state named Rejected).
+        return rejected_state(f"drop {drop_path} rejected (release {row['release_id']})", row)
     return row
 
 
@@ -111,9 +119,7 @@ def release_incoming(incoming: str | None = None) -> list[dict]:
             logger.debug("skip %s: %s (%s)", drop, claim.entry.status, claim.entry.drop_path)
             continue
         try:
-            result = _run_claimed(str(drop), fp, led, by)
-            rows.append({"drop": str(drop), "fingerprint": fp, "status": result["verdict"],
-                         "release_id": result["release_id"], "report": result["report"]})
+            rows.append(_run_claimed(str(drop), fp, led, by))
         except Exception as exc:  # one bad drop must not stop the others; the ledger marks it failed
             logger.error("drop %s failed: %s", drop, exc)
             rows.append({"drop": str(drop), "fingerprint": fp, "status": "failed", "error": str(exc)})

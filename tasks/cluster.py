@@ -5,10 +5,11 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-from distributed import Client, LocalCluster
+from distributed import LocalCluster
+
+from deid.executors import DaskExecutor, client_for, close_client  # noqa: F401 (client_for re-exported)
 
 log = logging.getLogger(__name__)
-_clients: dict[str, Client] = {}
 
 
 @contextlib.contextmanager
@@ -31,16 +32,12 @@ def dask_cluster(address: str | None, *, workers: int = 2) -> Iterator[str]:
     try:
         yield cluster.scheduler_address
     finally:
-        client = _clients.pop(cluster.scheduler_address, None)
-        if client is not None:
-            client.close()
+        close_client(cluster.scheduler_address)
         cluster.close()
 
 
-def client_for(address: str) -> Client:
-    """One client per scheduler address per process (connecting is cheap, but not free)."""
-    client = _clients.get(address)
-    if client is None or client.status in ("closed", "closing"):
-        client = Client(address, set_as_default=False)
-        _clients[address] = client
-    return client
+@contextlib.contextmanager
+def dask_executor(config) -> Iterator[DaskExecutor]:
+    """The run's :class:`~deid.executors.DaskExecutor` (``cluster`` of :func:`deid.runner.run_release`)."""
+    with dask_cluster(config.dask_address, workers=config.dask_workers) as address:
+        yield DaskExecutor(address)

@@ -127,7 +127,7 @@ def test_rare_labels_stay_out_of_the_report_and_formulas_out_of_release_csv(proj
     """A suppressed partition is described by counts only; a formula label is neutralised in release.csv."""
     import csv
 
-    from flows.release import release
+    from flows.release import run_flow
 
     for key, value in FAST.items():
         monkeypatch.setenv(key, value)
@@ -144,7 +144,7 @@ def test_rare_labels_stay_out_of_the_report_and_formulas_out_of_release_csv(proj
             cells[2] = '=HYPERLINK("http://x")'.replace(",", ";")
         out.append(",".join(cells))
     (drop / "manifest.csv").write_text("\n".join(out) + "\n")
-    result = release(drop=str(drop), k=3)
+    result = run_flow(str(drop), k=3).summary()
     assert result["verdict"] == "released", result["reasons"]
     assert result["dataset"]["records_suppressed"] >= 1
     report_dir = Path(result["report_dir"])
@@ -205,9 +205,9 @@ def test_publish_failing_after_signing_leaves_a_signed_addendum_and_nothing_publ
                                                                                        tmp_path, monkeypatch):
     import errno
 
-    import tasks.stages
+    import deid.publish
     from deid.errors import EnvironmentFailure
-    from flows.release import release
+    from flows.release import run_flow
 
     for key, value in FAST.items():
         monkeypatch.setenv(key, value)
@@ -215,10 +215,10 @@ def test_publish_failing_after_signing_leaves_a_signed_addendum_and_nothing_publ
     def refuse(staged, final):
         raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), str(final))
 
-    monkeypatch.setattr(tasks.stages, "commit_release", refuse)
+    monkeypatch.setattr(deid.publish, "commit_release", refuse)
     drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=1)
     with pytest.raises(EnvironmentFailure, match="after its report was signed"):
-        release(drop=str(drop), k=3)
+        run_flow(str(drop), k=3)
     (report_dir,) = list((project / "reports").iterdir())
     pub = project / "data" / "keys" / "dev_signing.pub.pem"
     assert json.loads((report_dir / "report.json").read_text())["verdict"] == "released"

@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(drop: Path, **params) -> dict:
-    from flows.release import release
+    from flows.release import run_flow
 
-    return release(drop=str(drop), **params)
+    return run_flow(str(drop), **params).summary()
 
 
 def _check_release_invariants(result: dict, *, k: int, drop: Path) -> dict:

@@ -45,11 +45,11 @@ def _released_by_source(result: dict, key: bytes) -> dict[str, bytes]:
 def test_second_drop_of_a_dataset_reuses_every_cluster_bit_for_bit(project, prefect_server, tmp_path, capsys,
                                                                     monkeypatch):
     from flows.cli_lineage import cmd_lineage
-    from flows.release import release
+    from flows.release import run_flow
 
-    r1 = release(drop=str(_drop(tmp_path / "d1", 15)), k=3)
+    r1 = run_flow(str(_drop(tmp_path / "d1", 15)), k=3).summary()
     assert r1["verdict"] == "released", r1["reasons"]
-    r2 = release(drop=str(_drop(tmp_path / "d2", 24)), k=3)
+    r2 = run_flow(str(_drop(tmp_path / "d2", 24)), k=3).summary()
     assert r2["verdict"] == "released", r2["reasons"]
 
     key = load_linkage_key(project / "data" / "keys" / "dev_linkage.key")
@@ -88,7 +88,7 @@ def test_second_drop_of_a_dataset_reuses_every_cluster_bit_for_bit(project, pref
     # counterfeit has no original), whose share in those clusters now exceeds 1/k: the release is withheld,
     # signed, and nothing is registered. (Nine people are too few for the utility folds: not the point here.)
     monkeypatch.setenv("DEID_UTILITY_TOLERANCE", "1.0")
-    r3 = release(drop=str(_drop(tmp_path / "d3", 9)), k=3)
+    r3 = run_flow(str(_drop(tmp_path / "d3", 9)), k=3).summary()
     monkeypatch.delenv("DEID_UTILITY_TOLERANCE")
     rep3 = json.loads(Path(r3["report"]).read_text())
     lin3 = rep3["lineage"]
@@ -107,6 +107,6 @@ def test_second_drop_of_a_dataset_reuses_every_cluster_bit_for_bit(project, pref
     blob[-5] ^= 0x01
     entry.write_bytes(bytes(blob))
     with pytest.raises(StateError, match="does not authenticate"):
-        release(drop=str(tmp_path / "d2"), k=3)
+        run_flow(str(tmp_path / "d2"), k=3)
     assert sorted(p.name for p in (project / "data" / "releases").iterdir()) == sorted(
         [r1["release_id"], r2["release_id"]])
