@@ -241,7 +241,7 @@ def test_fewer_than_k_people_fails_the_drop_check(tmp_path):
 
 @pytest.mark.slow
 def test_manifest_that_is_not_csv_exits_2_and_writes_no_release(project, prefect_server, capsys):
-    from flows.cli import main
+    from deid.cli import main
 
     drop = project / "drop"
     drop.mkdir()

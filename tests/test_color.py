@@ -77,7 +77,7 @@ def test_london_in_colour_at_128x160_is_released_with_colour_samples(project, pr
     from deid.card import split_card
     from deid.london import import_london
     from deid.verify import verify_report
-    from flows.release import run_flow
+    from deid.orchestration.flow import run_flow
 
     monkeypatch.setenv("DEID_COLOR", "true")
     monkeypatch.setenv("DEID_CANONICAL_WIDTH", "128")

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(drop: Path, **params) -> dict:
-    from flows.release import run_flow
+    from deid.orchestration.flow import run_flow
 
     return run_flow(str(drop), **params).summary()
 
@@ -155,7 +155,7 @@ def test_london_k5_k_same_select_is_released(project, prefect_server, london_dir
     assert gender["deidentified_accuracy"] >= gender["original_accuracy"] - 0.05
     _check_release_invariants(result, k=5, drop=drop)
     pub = Path(result["public_key"])
-    cli = [sys.executable, "-m", "flows.cli", "verify", result["report_dir"], "--public-key", str(pub)]
+    cli = [sys.executable, "-m", "deid.cli", "verify", result["report_dir"], "--public-key", str(pub)]
     ok = subprocess.run(cli, capture_output=True, text=True, cwd=ROOT)
     assert ok.returncode == 0, ok.stdout + ok.stderr
     victim = sorted((Path(result["release_dir"]) / "images").iterdir())[0]
@@ -169,7 +169,7 @@ def test_london_k5_k_same_select_is_released(project, prefect_server, london_dir
 def test_demo_path_cli(tmp_path):
     """What `make demo` does, on a small synthetic drop, through the installed `deid` command."""
     deid = ROOT / ".venv" / "bin" / "deid"
-    exe = [str(deid)] if deid.exists() else [sys.executable, "-m", "flows.cli"]
+    exe = [str(deid)] if deid.exists() else [sys.executable, "-m", "deid.cli"]
     env = {**os.environ, "DEID_PROJECT_DIR": str(tmp_path), "PREFECT_HOME": str(tmp_path / "prefect")}
     env.pop("PREFECT_API_URL", None)
     env.pop("DEID_SIGNING_KEY", None)

@@ -44,8 +44,8 @@ def _released_by_source(result: dict, key: bytes) -> dict[str, bytes]:
 
 def test_second_drop_of_a_dataset_reuses_every_cluster_bit_for_bit(project, prefect_server, tmp_path, capsys,
                                                                     monkeypatch):
-    from flows.cli_lineage import cmd_lineage
-    from flows.release import run_flow
+    from deid.cli.lineage import cmd_lineage
+    from deid.orchestration.flow import run_flow
 
     r1 = run_flow(str(_drop(tmp_path / "d1", 15)), k=3).summary()
     assert r1["verdict"] == "released", r1["reasons"]

@@ -84,7 +84,7 @@ def test_registry_is_the_one_source_of_the_method_facts():
     from deid.methods import K_METHODS, REGISTRY, STRENGTH
     from deid.run_config import RunConfig
     from deid.settings import Method, Settings
-    from flows.cli import build_parser
+    from deid.cli import build_parser
 
     run = build_parser()._subparsers._group_actions[0].choices["run"]
     cli_methods = next(a.choices for a in run._actions if a.dest == "method")

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FLOW = """
 import json, sys
-from flows.release import run_flow
+from deid.orchestration.flow import run_flow
 if __name__ == "__main__":
     result = run_flow(sys.argv[1], k=5)
     print("RESULT " + json.dumps(result.summary()))

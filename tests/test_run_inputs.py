@@ -12,7 +12,7 @@ import pytest
 from deid.synth import make_synthetic_drop
 
 ROOT = Path(__file__).resolve().parents[1]
-DEID = [sys.executable, "-m", "flows.cli"]
+DEID = [sys.executable, "-m", "deid.cli"]
 
 
 def _cli(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:

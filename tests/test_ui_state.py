@@ -23,7 +23,7 @@ QUICK = {"DEID_IDENTITY_EMBED_MAX": "0", "DEID_DEEP_ATTACK_SAMPLE": "20", "DEID_
 # A deployment calls the flow with the drop only: the flow resolves k and method itself.
 FLOW_DEFAULTS = """
 import sys
-from flows.release import run_flow
+from deid.orchestration.flow import run_flow
 if __name__ == "__main__":
     result = run_flow(sys.argv[1], method="blur")
     print("VERDICT", result.verdict, result.release_id)

@@ -1,6 +1,6 @@
 """Deployments: a nightly ``release`` over the incoming directory and ``release-on-drop`` on ``deid.drop.ready``.
 
-Both wrap :func:`flows.release.release` (run as a subflow) with the ledger: a flow claims the
+Both wrap :func:`deid.orchestration.flow.release` (run as a subflow) with the ledger: a flow claims the
 drop's fingerprint before running and records the verdict after, so a duplicate event, a
 re-drop, or the nightly run meeting a drop already released never releases the same content
 twice. A rejected drop is settled too (ledger ``rejected``): no deployment retries it; its
@@ -22,7 +22,7 @@ from prefect.runtime import flow_run
 
 from deid.ledger import Ledger, drop_fingerprint, ready_drops
 from deid.settings import Settings
-from flows.release import rejected_state, run_flow
+from deid.orchestration.flow import rejected_state, run_flow
 
 EVENT = "deid.drop.ready"
 RESOURCE_PREFIX = "deid.drop."

@@ -1,7 +1,7 @@
 """The ``release`` flow: a dropped dataset in, a gated k-anonymous release (or a signed rejection) out.
 
 The flow is a thin shell around :func:`deid.runner.run_release` (the stages' one order, Prefect
-free), run with the Prefect tasks of :mod:`tasks.stages` on a Dask cluster. What Prefect adds:
+free), run with the Prefect tasks of :mod:`deid.orchestration.tasks` on a Dask cluster. What Prefect adds:
 
 - the run is named after the dataset, k and method, records the parameters actually used
   (defaults resolved) and is tagged with its verdict and release id;
@@ -26,8 +26,8 @@ from deid.errors import ReleaseRejected
 from deid.run_config import RunConfig
 from deid.runner import run_release
 from deid.settings import Settings
-from tasks.cluster import dask_executor
-from tasks.stages import STEPS
+from deid.orchestration.cluster import dask_executor
+from deid.orchestration.tasks import STEPS
 
 REJECTED = "Rejected"  # the state name a rejected release ends in
 

@@ -82,8 +82,8 @@ def exit_code_for(exc: BaseException) -> int:
             return code
     return EXIT_STATE
 # Modules adding subcommands (each has register(subparsers) and keeps heavy imports lazy).
-EXTENSIONS = ("flows.cli_alignment", "flows.cli_study", "flows.cli_report", "flows.cli_ops", "flows.cli_lineage",
-              "flows.cli_releases")
+EXTENSIONS = ("deid.cli.alignment", "deid.cli.study", "deid.cli.report", "deid.cli.ops", "deid.cli.lineage",
+              "deid.cli.releases")
 
 
 def _labels(value: str | None) -> list[str] | None:
@@ -226,7 +226,7 @@ def cmd_run(args) -> int:
                                block=args.block)
     preflight_run()
     _quiet_prefect_env()
-    from flows.release import run_flow  # noqa: PLC0415 - Prefect is heavy; only `run` needs it
+    from deid.orchestration.flow import run_flow  # noqa: PLC0415 - Prefect is heavy; only `run` needs it
 
     if not args.debug:
         _quiet_prefect_tracebacks()
