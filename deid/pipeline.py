@@ -2,8 +2,8 @@
 
 Each function here is one stage of a release run (see :mod:`deid.contracts` for the walk). The
 heavy per-part work goes to an :class:`~deid.executors.Executor` as the worker functions of
-:mod:`deid.stages`; ``progress`` (optional) receives one line per step, e.g. Prefect's run
-logger. :mod:`deid.runner` calls them in order; the Prefect tasks of
+:mod:`deid.stages`; ``logger`` (optional, default this module's) receives the stage's
+progress and warnings, e.g. Prefect's run logger. :mod:`deid.runner` calls them in order; the Prefect tasks of
 :mod:`deid.orchestration.tasks` are one-line adapters around them.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import logging
 import math
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -49,7 +49,7 @@ from deid.executors import Executor
 from deid.run_config import RunConfig
 
 log = logging.getLogger(__name__)
-Progress = Callable[[str], None] | None
+Logger = logging.Logger | logging.LoggerAdapter
 
 
 def now_iso() -> str:
@@ -88,7 +88,7 @@ def preflight(config: RunConfig):
     return SigningInfo.from_key(signing_key(config))
 
 
-def recover_leftovers(config: RunConfig) -> tuple[str, ...]:
+def recover_leftovers(config: RunConfig, *, logger: Logger | None = None) -> tuple[str, ...]:
     """Remove what killed runs left (temporary releases, dead runs' staging, partial files); returns what went."""
     from deid.safety import recover, write_signed_addendum  # noqa: PLC0415
 
@@ -101,7 +101,7 @@ def recover_leftovers(config: RunConfig) -> tuple[str, ...]:
 
     rec = recover(config.data_path, config.reports_path, on_unpublished=unpublished)
     if rec.removed:
-        log.warning("recovery: removed %d leftovers of killed runs: %s", len(rec.removed), ", ".join(rec.removed))
+        (logger or log).warning("recovery: removed %d leftovers of killed runs: %s", len(rec.removed), ", ".join(rec.removed))
     return tuple(rec.removed)
 
 
@@ -109,18 +109,18 @@ def recover_leftovers(config: RunConfig) -> tuple[str, ...]:
 
 
 def ingest_drop(drop_dir: str | Path, layout: StagingLayout, config: RunConfig, *,
-                progress: Progress = None) -> Ingested | UnreadableDrop:
+                logger: Logger | None = None) -> Ingested | UnreadableDrop:
     """Validate the manifest and stage the image bytes as Parquet; an unreadable drop is a verdict, not a crash."""
     from deid.drop import read_drop  # noqa: PLC0415
     from deid.ingest import ingest  # noqa: PLC0415
     from deid.report import dataset_fingerprint  # noqa: PLC0415
     from deid.validation import drop_checks, suite_check, validate_ingested, validate_manifest  # noqa: PLC0415
 
-    say = progress or log.info
+    lg = logger or log
     try:
         drop = read_drop(drop_dir, labels=list(config.labels) if config.labels else None, name=config.name)
     except DataError as exc:
-        say("ingest: the drop is unreadable; the run signs a rejection naming the reason")
+        lg.info("ingest: the drop is unreadable; the run signs a rejection naming the reason")
         return UnreadableDrop(str(exc))
     # Several align tasks per worker even on small drops, at most align_batch_size records each.
     batch = max(1, min(config.align_batch_size, math.ceil(len(drop.rows) / (4 * max(config.dask_workers, 1)))))
@@ -130,9 +130,9 @@ def ingest_drop(drop_dir: str | Path, layout: StagingLayout, config: RunConfig, 
     people = len(set(metadata.column("subject_id").to_pylist()))
     validation = {"manifest": validate_manifest(drop), "ingested": validate_ingested(metadata, drop.labels)}
     quarantined = (*drop.quarantined, *res.quarantined)
-    say(f"ingest: {res.n_records} of {drop.records_in} records staged, {len(quarantined)} quarantined")
+    lg.info(f"ingest: {res.n_records} of {drop.records_in} records staged, {len(quarantined)} quarantined")
     if drop.extra_columns:
-        say(f"ingest: unknown manifest columns kept out of the release: {drop.extra_columns}")
+        lg.info(f"ingest: unknown manifest columns kept out of the release: {drop.extra_columns}")
     return Ingested(
         path=res.path, row_groups=res.row_groups, records_in=drop.records_in, staged=res.n_records,
         labels=tuple(drop.labels), name=drop.name, license=drop.license, dataset=drop.dataset,
@@ -145,11 +145,11 @@ def ingest_drop(drop_dir: str | Path, layout: StagingLayout, config: RunConfig, 
 
 
 def align(ingested: Ingested, layout: StagingLayout, config: RunConfig, executor: Executor, *,
-          progress: Progress = None) -> Aligned:
+          logger: Logger | None = None) -> Aligned:
     """Align every face, one executor call per Parquet row group of the ingested table."""
     from deid.validation import suite_check, validate_aligned  # noqa: PLC0415
 
-    say = progress or log.info
+    lg = logger or log
     params = config.aligner.to_dict()
     calls = [dict(ingested_path=str(ingested.path), row_groups=[g], out_path=str(layout.aligned_part(g)),
                   aligner_params=params) for g in range(ingested.row_groups)]
@@ -158,7 +158,7 @@ def align(ingested: Ingested, layout: StagingLayout, config: RunConfig, executor
     def on_done(res: dict) -> None:
         nonlocal done
         done += res["aligned"] + len(res["quarantined"])
-        say(f"align: {done}/{ingested.staged} records")
+        lg.info(f"align: {done}/{ingested.staged} records")
 
     results = executor.map(stages.align_batch, calls, on_done=on_done)
     parts = tuple(sorted(Path(r["path"]) for r in results))
@@ -166,7 +166,7 @@ def align(ingested: Ingested, layout: StagingLayout, config: RunConfig, executor
     for r in results:
         sources.update(r["eye_sources"])
     quarantined = tuple(q for r in results for q in r["quarantined"])
-    say(f"align: {sum(sources.values())} aligned ({dict(sources)}), {len(quarantined)} quarantined")
+    lg.info(f"align: {sum(sources.values())} aligned ({dict(sources)}), {len(quarantined)} quarantined")
     w, h = config.aligner.size
     validation = validate_aligned([str(p) for p in parts], pixel_bytes=int(w) * int(h)) if parts else None
     return Aligned(parts=parts, quarantined=quarantined, eye_sources=dict(sources), validation=validation,
@@ -174,18 +174,18 @@ def align(ingested: Ingested, layout: StagingLayout, config: RunConfig, executor
 
 
 def featurize(aligned: Aligned, layout: StagingLayout, config: RunConfig, executor: Executor, *,
-              progress: Progress = None) -> Featurized:
+              logger: Logger | None = None) -> Featurized:
     """Fit eigenfaces on the aligned set, then project every part (the model is shared with the workers once)."""
-    say = progress or log.info
+    lg = logger or log
     (model,) = executor.map(stages.fit_eigenfaces, [dict(
         aligned_paths=[str(p) for p in aligned.parts], n_components=config.pca_components, seed=config.seed)])
-    say(f"featurize: {model.n_components_} eigenfaces, "
+    lg.info(f"featurize: {model.n_components_} eigenfaces, "
         f"{100 * float(np.sum(model.explained_variance_ratio_)):.1f}% of variance")
     shared = executor.share(model)
     outs = tuple(layout.feature_part(p) for p in aligned.parts)
     n = sum(executor.map(stages.project_part, [dict(aligned_path=str(p), model=shared, out_path=str(o))
                                                 for p, o in zip(aligned.parts, outs)]))
-    say(f"featurize: {n} faces projected")
+    lg.info(f"featurize: {n} faces projected")
     return Featurized(parts=outs, n_components=int(model.n_components_))
 
 
@@ -245,7 +245,7 @@ def write_partitions(faces: pa.Table, groups: Mapping[tuple, list[int]], layout:
 
 
 def _plan_lineage(faces: pa.Table, metadata: pa.Table, state, layout: StagingLayout, config: RunConfig,
-                  labels: Sequence[str], *, say) -> tuple[pa.Table, LineagePlanned, list[str]]:
+                  labels: Sequence[str], *, lg) -> tuple[pa.Table, LineagePlanned, list[str]]:
     """Plan the lineage on the effective persons; stage the returning people's records; keep the new ones."""
     sources = dict(zip(*metadata.select(["record_id", "source_sha256"]).to_pydict().values()))
     # Per label partition, the lineage holds back fewer than k new people (they wait): the `suppress`
@@ -260,14 +260,14 @@ def _plan_lineage(faces: pa.Table, metadata: pa.Table, state, layout: StagingLay
     if returning:
         back_dir = _write_hive(faces.take(pa.array(returning, pa.int64())), layout.partitions_dir, LINEAGE_PARTITION,
                                "part-lineage-{i}.parquet")
-    say(f"partition: lineage of {state.dataset} ({config.lineage_policy}): {len(returning)} records of returning "
+    lg.info(f"partition: lineage of {state.dataset} ({config.lineage_policy}): {len(returning)} records of returning "
         f"people, {len(plan.new_records)} new records, {len(held_back)} held back")
     planned = LineagePlanned(plan=plan, state=state, record_ids=tuple(ids), returning_dir=back_dir)
     return faces.take(pa.array(list(plan.new_records), pa.int64())), planned, held_back
 
 
 def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layout: StagingLayout,
-              config: RunConfig, executor: Executor, *, lineage_state=None, progress: Progress = None) -> Partitioned:
+              config: RunConfig, executor: Executor, *, lineage_state=None, logger: Logger | None = None) -> Partitioned:
     """Resolve who is who, then split the faces by utility labels into Hive-partitioned Parquet.
 
     With a ``lineage_state`` (:class:`deid.lineage.LineageState`) the lineage is planned on the
@@ -276,7 +276,7 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
     """
     from deid.partition import plan_partitions  # noqa: PLC0415
 
-    say = progress or log.info
+    lg = logger or log
     labels = ingested.labels
     faces = load_faces(ingested.metadata, aligned, featurized, labels)
     embeddings = (embed_faces(faces, config.shape_hw, executor)
@@ -284,12 +284,12 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
     faces, identity, dup_quarantined = stages.resolve_identities(faces, policy=config.duplicate_ids,
                                                                  embeddings=embeddings)
     if identity.normalized_merges or identity.face_merges:
-        log.warning("partition: %d subject ids merged by normalisation, %d groups by matching faces (%s)",
+        lg.warning("partition: %d subject ids merged by normalisation, %d groups by matching faces (%s)",
                     identity.normalized_merges, len(identity.face_merges), config.duplicate_ids)
     planned, held_back = None, []
     if lineage_state is not None:
         faces, planned, held_back = _plan_lineage(faces, ingested.metadata, lineage_state, layout, config, labels,
-                                                  say=say)
+                                                  lg=lg)
     cols = faces.select(["subject_id", *labels]).to_pydict()
     plan = plan_partitions([{x: cols[x][i] for x in labels} for i in range(faces.num_rows)], cols["subject_id"],
                            k=config.k, label_names=list(labels), select=config.select(labels),
@@ -298,32 +298,32 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
     ids = faces.column("record_id").to_pylist()
     small = tuple(SmallPartition(records=e["records"], people=e["people"], action=e["action"]) for e in plan.small)
     for e in small:  # counts only: a rare label value held by one person is itself identifying (also in logs)
-        log.warning("a partition of %s records has %s people (< k=%d): %s", e.records, e.people, config.k, e.action)
+        lg.warning("a partition of %s records has %s people (< k=%d): %s", e.records, e.people, config.k, e.action)
     suppressed = (*(ids[i] for i in plan.suppressed), *held_back)
-    say(f"partition: {len(parts)} partitions, {len(suppressed)} records suppressed")
+    lg.info(f"partition: {len(parts)} partitions, {len(suppressed)} records suppressed")
     return Partitioned(root=layout.partitions_dir, partitions=parts, suppressed=suppressed, small=small,
                        failed=plan.failed, identity=identity.summary(), quarantined=tuple(dup_quarantined),
                        lineage=planned)
 
 
 def deidentify(partitioned: Partitioned, labels: Sequence[str], layout: StagingLayout, config: RunConfig,
-               executor: Executor, *, progress: Progress = None) -> Deidentified:
+               executor: Executor, *, logger: Logger | None = None) -> Deidentified:
     """De-identify each partition (k-Same family, or a comparison filter), one executor call per partition."""
-    say = progress or log.info
+    lg = logger or log
     color_dir = str(layout.aligned_color_dir) if config.color else None
     calls = [dict(partition_dir=str(p.dir), out_path=str(layout.deidentified_part(p.dir)), k=config.k,
                   method=config.method, shape=config.shape_hw, sigma=config.sigma, block=config.block,
                   labels=list(labels), color_dir=color_dir) for p in partitioned.partitions]
     results = executor.map(stages.deidentify_partition, calls)
     clusters = tuple(ClusterInfo(**c) for r in results for c in r["clusters"])
-    say(f"deidentify: {sum(r['records'] for r in results)} records in {len(clusters)} clusters")
+    lg.info(f"deidentify: {sum(r['records'] for r in results)} records in {len(clusters)} clusters")
     return Deidentified(parts=tuple(Path(r["path"]) for r in results), clusters=clusters)
 
 
 # --------------------------------------------------------------------------- release lineage (deid.lineage)
 
 
-def open_lineage(dataset: str, config: RunConfig, *, progress: Progress = None):
+def open_lineage(dataset: str, config: RunConfig, *, logger: Logger | None = None):
     """Load and verify the dataset's lineage registry; settle releases an interrupted run left pending.
 
     A tampered registry or a wrong key is a :class:`~deid.errors.StateError` (exit 70): the run
@@ -348,13 +348,13 @@ def open_lineage(dataset: str, config: RunConfig, *, progress: Progress = None):
                 state = reg.mark_abandoned(state, r.release_id)
     except LineageError as exc:
         raise StateError(f"lineage of dataset {dataset!r}: {exc}") from None
-    (progress or log.info)(f"lineage {dataset}: {len(state.releases)} earlier releases, {len(state.clusters)} "
+    (logger or log).info(f"lineage {dataset}: {len(state.releases)} earlier releases, {len(state.clusters)} "
                            f"registered clusters (entry {state.seq})")
     return state
 
 
 def apply_lineage(partitioned: Partitioned, deidentified: Deidentified, aligned: Aligned, layout: StagingLayout,
-                  config: RunConfig, *, release_id: str, progress: Progress = None) -> LineageApplied:
+                  config: RunConfig, *, release_id: str, logger: Logger | None = None) -> LineageApplied:
     """The release as the lineage sees it: new clusters registered as made, returning people's registered
     averages added as a de-identified part, and the gate's lineage checks (structure, differencing attack)."""
     from deid.lineage import build_release  # noqa: PLC0415
@@ -370,13 +370,13 @@ def apply_lineage(partitioned: Partitioned, deidentified: Deidentified, aligned:
                                          rel, lin.state, ids)
         out = Deidentified(parts=(*deidentified.parts, Path(part["path"])),
                            clusters=(*deidentified.clusters, *(ClusterInfo(**c) for c in part["clusters"])))
-    (progress or log.info)(f"lineage-release: {dict(rel.counts)}")
-    checks = lineage_checks(lin, rel, aligned, progress=progress)
+    (logger or log).info(f"lineage-release: {dict(rel.counts)}")
+    checks = lineage_checks(lin, rel, aligned, logger=logger)
     members = {key: tuple(m) for key, m in stages.republished_members(rel, lin.state).items()}
     return LineageApplied(release=rel, state=lin.state, deidentified=out, checks=checks, members=members)
 
 
-def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, progress: Progress = None) -> tuple[Check, ...]:
+def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, logger: Logger | None = None) -> tuple[Check, ...]:
     """The gate's lineage checks: structure against the registry and the differencing attack."""
     from deid.lineage_checks import check_structure, differencing_attack  # noqa: PLC0415
 
@@ -387,14 +387,14 @@ def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, progress: Prog
     checks = [c.to_gate_check() for c in check_structure(lin.state, rel)]
     if len(rows) >= 2:
         attack = differencing_attack(lin.state, rel, X[rows], original_people=people)
-        (progress or log.info)(f"lineage differencing attack: {attack.n_cluster_pairs} cluster pairs, "
+        (logger or log).info(f"lineage differencing attack: {attack.n_cluster_pairs} cluster pairs, "
                                f"{attack.n_tests} tests, {len(attack.matches)} matches")
         checks.append(attack.to_check().to_gate_check())
     return tuple(checks)
 
 
 def register_lineage(dataset: str, state, config: RunConfig, rel=None, *, mark: str | None = None,
-                     release_id: str | None = None, progress: Progress = None):
+                     release_id: str | None = None, logger: Logger | None = None):
     """Append a release to the registry (pending), or mark it ``published`` / ``abandoned``; returns the state."""
     from deid.lineage import LineageError  # noqa: PLC0415
     from deid.lineage_registry import Registry  # noqa: PLC0415
@@ -407,7 +407,7 @@ def register_lineage(dataset: str, state, config: RunConfig, rel=None, *, mark: 
         if mark == "published":
             return reg.mark_published(current, release_id)
         if not stages.lineage_can_abandon(current, release_id):
-            (progress or log.warning)(f"lineage {dataset}: {release_id} stays pending (a later release was "
+            (logger or log).warning(f"lineage {dataset}: {release_id} stays pending (a later release was "
                                       "planned on it)")
             return current
         return reg.mark_abandoned(current, release_id)
@@ -435,7 +435,7 @@ def releasable_label_sets(metadata: pa.Table, labels: Sequence[str], k: int) -> 
 
 
 def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequence[str], shape_hw,
-                  lineage: LineageApplied | None, *, say) -> dict:
+                  lineage: LineageApplied | None, *, lg) -> dict:
     """Images, clusters, labels and staging ids of every record of the would-be release."""
     meta = metadata.select(["record_id", *labels])
     rel = pa.concat_tables([pq.read_table(p) for p in deidentified.parts]).join(meta, "record_id", join_type="inner")
@@ -458,12 +458,12 @@ def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequen
         rows["record_ids"] += [f["record_id"] for f in fakes]
         for x in labels:
             rows["labels"][x] += [f["labels"][x] for f in fakes]
-        say(f"stage: {len(fakes)} counterfeit records of republished clusters")
+        lg.info(f"stage: {len(fakes)} counterfeit records of republished clusters")
     return rows
 
 
 def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout, config: RunConfig, *,
-          release_id: str, lineage: LineageApplied | None = None, progress: Progress = None) -> Staged:
+          release_id: str, lineage: LineageApplied | None = None, logger: Logger | None = None) -> Staged:
     """Write the would-be release inside the run's staging directory and validate exactly that.
 
     Never inside ``data/releases/``: a run killed before publishing leaves nothing there. With a
@@ -477,9 +477,9 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
     from deid.report import Artifact, hash_tree  # noqa: PLC0415
     from deid.validation import suite_check, validate_release  # noqa: PLC0415
 
-    say = progress or log.info
+    lg = logger or log
     labels = ingested.labels
-    rows = _release_rows(deidentified, ingested.metadata, labels, config.shape_hw, lineage, say=say)
+    rows = _release_rows(deidentified, ingested.metadata, labels, config.shape_hw, lineage, lg=lg)
     tmp = layout.release_dir
     try:
         staged = stage_release(tmp, **rows)
@@ -495,8 +495,8 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
         discard(tmp)
         raise
     if origin == "development":
-        log.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", key_path)
-    say(f"stage: {staged.n_records} records staged for release in {tmp}")
+        lg.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", key_path)
+    lg.info(f"stage: {staged.n_records} records staged for release in {tmp}")
     return Staged(dir=tmp, artifacts=artifacts, columns=tuple(staged.columns), records=staged.n_records,
                   validation=validation, checks=(suite_check(validation),), file_metadata=file_metadata,
                   linkage=layout.linkage)
@@ -534,7 +534,7 @@ def k_checks_on_registered_members(result, inputs, config, members: Mapping[str,
 
 def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig, *, labels: Sequence[str],
          counts: RecordCounts, extra_checks: Sequence[Check] = (), staged: Staged | None = None,
-         lineage: LineageApplied | None = None, progress: Progress = None):
+         lineage: LineageApplied | None = None, logger: Logger | None = None):
     """Stream the would-be release and its originals into the core gate (:func:`deid.gate.evaluate`).
 
     With a lineage, the k checks count a republished cluster's registered members, not its
@@ -565,14 +565,14 @@ def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig
     result = evaluate(inputs, gconfig)
     if lineage is not None and lineage.members:
         result = k_checks_on_registered_members(result, inputs, gconfig, lineage.members)
-    (progress or log.info)("gate: " + ("passed" if result.passed else "failed - " + "; ".join(result.reasons)))
+    (logger or log).info("gate: " + ("passed" if result.passed else "failed - " + "; ".join(result.reasons)))
     return result
 
 
 # --------------------------------------------------------------------------- report -> publish
 
 
-def dataset_card(staged: Staged, report) -> tuple:
+def dataset_card(staged: Staged, report, *, logger: Logger | None = None) -> tuple:
     """Write the dataset card (the gate's figures) into the staged release, then hash every release file.
 
     Runs after the gate and before the report is signed: the signed report lists the card's sha256.
@@ -581,12 +581,12 @@ def dataset_card(staged: Staged, report) -> tuple:
     from deid.report import Artifact, hash_tree  # noqa: PLC0415
 
     path = write_card(staged.dir, DatasetCard.from_report(report.to_dict()))
-    log.info("dataset card: %s", path)
+    (logger or log).info("dataset card: %s", path)
     return tuple(Artifact(**a) for a in hash_tree(staged.dir))
 
 
 def write_report(report, config: RunConfig, *, validation: Mapping | None = None, staged: Staged | None = None,
-                 progress: Progress = None) -> SignedReport:
+                 logger: Logger | None = None) -> SignedReport:
     """Render report.html and the validation page, then sign report.json; every run gets one.
 
     Runs *before* publishing: ``staged`` is the staged release that passed the gate (its sample
@@ -597,17 +597,17 @@ def write_report(report, config: RunConfig, *, validation: Mapping | None = None
 
     key = signing_key(config)
     if key.origin == "development":
-        log.warning("report signed with the development key %s; set DEID_SIGNING_KEY for real releases", key.path)
+        (logger or log).warning("report signed with the development key %s; set DEID_SIGNING_KEY for real releases", key.path)
     report_dir = config.reports_path / report.release_id
     fault_enospc("reports", report_dir)
     samples = sample_release_images(staged.dir, n=24, seed=0) if staged and report.verdict == "released" else None
     path = write_report_bundle(report_dir, report.to_dict(), key, sample_images=samples,
                                validation_results=dict(validation) if validation else None)
-    (progress or log.info)(f"report: {path} ({report.verdict})")
+    (logger or log).info(f"report: {path} ({report.verdict})")
     return SignedReport(path=Path(path), public_key=key.public_path, key_origin=key.origin)
 
 
-def publish(staged: Staged, config: RunConfig, *, release_id: str, progress: Progress = None) -> Published:
+def publish(staged: Staged, config: RunConfig, *, release_id: str, logger: Logger | None = None) -> Published:
     """File the linkage record, then publish by one atomic rename (only after the report is signed)."""
     from deid.linkage import linkage_path  # noqa: PLC0415
     from deid.publish import commit_release  # noqa: PLC0415
@@ -621,7 +621,7 @@ def publish(staged: Staged, config: RunConfig, *, release_id: str, progress: Pro
         # Nothing was published: the linkage record goes back to private staging with its release.
         os.replace(target, staged.linkage)
         raise
-    (progress or log.info)(f"publish: {staged.records} records released to {final} (linkage record {target})")
+    (logger or log).info(f"publish: {staged.records} records released to {final} (linkage record {target})")
     return Published(path=Path(final), linkage=target)
 
 
@@ -635,13 +635,13 @@ def publish_failed_addendum(report_dir: Path, config: RunConfig, *, release_id: 
         signing_key(config))
 
 
-def withhold(staged: Staged) -> None:
+def withhold(staged: Staged, *, logger: Logger | None = None) -> None:
     """A rejected run publishes nothing: drop the staged release and its linkage record."""
     from deid.publish import discard  # noqa: PLC0415
 
     discard(staged.dir)
     staged.linkage.unlink(missing_ok=True)
-    log.info("withhold: staged release removed; nothing published")
+    (logger or log).info("withhold: staged release removed; nothing published")
 
 
 def quarantine_summary(quarantined: Sequence[Quarantined], layout: StagingLayout) -> dict[str, int]:

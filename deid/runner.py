@@ -82,7 +82,7 @@ def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
 
 def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
                 cluster: Callable[[RunConfig], ContextManager[Executor]] = local_cluster,
-                run_id: str | None = None) -> RunResult:
+                run_id: str | None = None, logger: logging.Logger | logging.LoggerAdapter | None = None) -> RunResult:
     """Ingest, align, featurize, partition, de-identify, gate, report (signed) and publish (if passed).
 
     Parameters
@@ -98,6 +98,8 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
         heavy stages run on (default: this process).
     run_id : str, optional
         The orchestrator's run id, recorded in the report (default: the release id).
+    logger : logger, optional
+        Where the run's own messages go (default: this module's logger), e.g. Prefect's run logger.
 
     Returns
     -------
@@ -112,8 +114,8 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
     layout = StagingLayout.for_run(config.data_path, release_id)
     lock = RunLock.create(layout.root)
     run = _Run(drop=str(drop), config=config, layout=layout, release_id=release_id, run_id=run_id or release_id,
-               steps=steps, signing=signing)
-    log.info("release %s: drop %s, k=%d, method %s", release_id, drop, config.k, config.method)
+               steps=steps, signing=signing, logger=logger or log)
+    run.logger.info("release %s: drop %s, k=%d, method %s", release_id, drop, config.k, config.method)
     try:
         result = run.walk(cluster)
     except OSError as exc:
@@ -141,6 +143,7 @@ class _Run:
     run_id: str
     steps: Steps
     signing: SigningInfo
+    logger: logging.Logger | logging.LoggerAdapter = log
 
     @property
     def report_dir(self) -> Path:
@@ -160,7 +163,7 @@ class _Run:
         if config.spec.partitions_by_labels and not ing.labels:
             notes.append(f"{config.method} without utility labels runs as k-Same (one partition); utility is not "
                          "applicable")
-            log.warning("%s", notes[-1])
+            self.logger.warning("%s", notes[-1])
         aligned, part, deid, lin = Aligned(), Partitioned(root=layout.partitions_dir), Deidentified(), None
         t0 = time.perf_counter()
         with cluster(config) as executor:
@@ -227,7 +230,7 @@ class _Run:
         if lin is not None and published is not None:
             self.settle_lineage(ing.dataset, "published")
         self.layout.complete.touch()
-        log.info("verdict: %s; report %s", report.verdict, signed.path)
+        self.logger.info("verdict: %s; report %s", report.verdict, signed.path)
         return RunResult(release_id=self.release_id, verdict=report.verdict, report=report, report_path=signed.path,
                          public_key=signed.public_key, key_origin=signed.key_origin, staging=self.layout.root,
                          release_dir=published.path if published else None,
@@ -259,7 +262,7 @@ class _Run:
         try:
             self.steps.register_lineage(dataset, None, self.config, mark=kind, release_id=self.release_id)
         except (StateError, OSError) as exc:
-            log.warning("lineage %s: could not mark %s %s (%s); the next run settles it from the releases "
+            self.logger.warning("lineage %s: could not mark %s %s (%s); the next run settles it from the releases "
                         "directory", dataset, self.release_id, kind, exc)
 
     def unreadable(self, ing: UnreadableDrop) -> RunResult:
@@ -286,7 +289,7 @@ class _Run:
         try:
             return report, self.steps.write_report(report, self.config)
         except Exception as exc:  # noqa: BLE001 - e.g. the reports disk is the full one: say so, raise the cause
-            log.error("could not write the signed rejection: %s", exc)
+            self.logger.error("could not write the signed rejection: %s", exc)
             return None
 
     def abandon(self) -> None:
@@ -294,4 +297,4 @@ class _Run:
         discard(self.layout.root)
         if self.report_dir.is_dir() and not (self.report_dir / "report.json.sig").exists():
             discard(self.report_dir)
-        log.info("removed the staging directory %s of the failed run", self.layout.root)
+        self.logger.info("removed the staging directory %s of the failed run", self.layout.root)
