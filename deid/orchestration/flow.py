@@ -56,7 +56,11 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
                 tags=[f"verdict:{result.verdict}", f"release:{result.release_id}"])
     if result.released:
         return result
-    return rejected_state(f"release {result.release_id} rejected: " + "; ".join(result.reasons)[:500], result)
+    # The failed checks' names only: the reasons are in the verdict artifact and the report (the
+    # console shows this message too, and `deid run` prints the reasons once).
+    failed = [c.name for c in result.report.checks if not c.passed]
+    return rejected_state(f"release {result.release_id} rejected: {', '.join(failed)} (reasons in the deid-verdict "
+                          "artifact and report.json)", result)
 
 
 def rejected_state(message: str, result: object) -> State:
