@@ -42,9 +42,9 @@ class MethodSpec:
         It returns a cluster index per face, every cluster holding >= k distinct people.
     guarantee : callable
         ``guarantee(k) -> str``: what the method promises, for the report.
-    color : bool
-        The released face is the plain mean of its cluster's faces, so the same mean per colour
-        channel is the colour release (``DEID_COLOR``).
+    cluster_mean : bool
+        The released face is the plain pixel mean of its cluster (k-Same on the eigenface
+        features): the same mean per colour channel is then the colour release (``DEID_COLOR``).
     """
 
     name: str
@@ -53,15 +53,15 @@ class MethodSpec:
     identical_within_cluster: bool
     clustered: bool
     guarantee: Callable[[int | None], str]
-    color: bool = False
+    cluster_mean: bool = False
 
 
 _NAIVE = ("no formal guarantee: clusters count images, not people, so one person's images can make up "
           "several of the k members of a cluster")
 REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
-    MethodSpec("k-same-select", "k", True, True, True, _formal("the pixel average"), color=True),
-    MethodSpec("k-same", "k", False, True, True, _formal("the pixel average"), color=True),
-    MethodSpec("k-same-naive", "k", False, True, True, lambda k: _NAIVE, color=True),
+    MethodSpec("k-same-select", "k", True, True, True, _formal("the pixel average"), cluster_mean=True),
+    MethodSpec("k-same", "k", False, True, True, _formal("the pixel average"), cluster_mean=True),
+    MethodSpec("k-same-naive", "k", False, True, True, lambda k: _NAIVE, cluster_mean=True),
     MethodSpec("blur", "sigma", False, False, False, lambda k: "no formal guarantee"),
     MethodSpec("pixelate", "block", False, False, False, lambda k: "no formal guarantee"),
     # k-Same-Eigen and k-Same-M run inside the label partitions, as k-Same-Select does: without
@@ -96,7 +96,7 @@ def _check_method(method: Any) -> str:
 
 
 # Methods whose released face is the plain mean of its cluster (colour releases, DEID_COLOR).
-COLOR_METHODS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.color)
+COLOR_METHODS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.cluster_mean)
 
 
 def guarantee(method: str, k: int | None = None) -> str:

@@ -25,7 +25,7 @@ from deid.identity import PeopleResolution, resolve_people
 from deid.ksame import KSame
 from deid.leaks import mean_abs_difference
 from deid.linkage import COUNTERFEIT_PREFIX  # staging id of a counterfeit record (private linkage only)
-from deid.method_registry import COLOR_METHODS
+from deid.method_registry import COLOR_METHODS, REGISTRY
 from deid.methods import deidentify as deidentify_images
 from schemas import arrow as schemas
 
@@ -178,7 +178,8 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     X = np.asarray(table.column("features").to_pylist(), dtype=np.float32)
     pix = table.column("pixels").to_pylist()
     images = np.frombuffer(b"".join(pix), dtype=np.uint8).reshape(len(pix), -1)
-    if method not in ("k-same", "k-same-naive", "k-same-select"):
+    spec = REGISTRY.get(method)
+    if spec is None or not spec.cluster_mean:  # (an unknown name gets deid.methods' ConfigError)
         # Every other method (registry in deid.methods) runs on the pixels; those without
         # clusters (blur, pixelate, selective-mean, attribute-preserving) get one per record.
         released, found = deidentify_images(images, shape=shape, people=list(people), method=method, k=k,
