@@ -472,7 +472,7 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
     (which source went into which cluster) is encrypted at once and stays in private staging.
     """
     from deid.leaks import release_files_metadata  # noqa: PLC0415
-    from deid.linkage import build_linkage, write_linkage  # noqa: PLC0415
+    from deid.linkage import build_linkage, sources_from_ingested, write_linkage  # noqa: PLC0415
     from deid.publish import RELEASE_TABLE, discard, stage_release  # noqa: PLC0415
     from deid.report import Artifact, hash_tree  # noqa: PLC0415
     from deid.validation import suite_check, validate_release  # noqa: PLC0415
@@ -488,9 +488,8 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
                                       label_sets=releasable_label_sets(ingested.metadata, labels, config.k))
         file_metadata = release_files_metadata(staged.path)
         key, key_path, origin = linkage_key(config)
-        sources = {r["record_id"]: {"subject_id": r["subject_id"], "image": r["image"]}
-                   for r in ingested.metadata.select(["record_id", "subject_id", "image"]).to_pylist()}
-        write_linkage(layout.linkage, build_linkage(staged.mapping, sources), key, release_id=release_id)
+        write_linkage(layout.linkage, build_linkage(staged.mapping, sources_from_ingested(ingested.metadata)), key,
+                      release_id=release_id)
     except BaseException:
         discard(tmp)
         raise
