@@ -350,6 +350,7 @@ def render_report_html(
     add('<div class="summary">')
     for label, value in (
         ("records in", ds.get("records_in")), ("released", ds.get("records_released")),
+        *([("withheld (rejected)", ds["records_withheld"])] if ds.get("records_withheld") else []),
         ("suppressed", ds.get("records_suppressed")), ("quarantined", ds.get("records_quarantined")),
         ("max re-identification", _pct(privacy.get("max_rate"))), ("bound 1/k", _pct(privacy.get("bound"))),
         ("min people per cluster", privacy.get("min_distinct_people_per_cluster")),
@@ -435,8 +436,11 @@ def render_report_html(
 
     # --- withheld records
     add("<h2>Suppressed and quarantined records</h2>")
-    add(f"<p>{_e(ds.get('records_suppressed', 0))} suppressed (small partitions or a rejected run), "
-        f"{_e(ds.get('records_quarantined', 0))} quarantined.</p>")
+    # Reports before records_withheld counted a rejected run's would-be release as suppressed.
+    why = "small partitions" if "records_withheld" in ds else "small partitions or a rejected run"
+    add(f"<p>{_e(ds.get('records_suppressed', 0))} suppressed ({why}), "
+        + (f"{_e(ds['records_withheld'])} withheld because the run was rejected, " if ds.get("records_withheld")
+           else "") + f"{_e(ds.get('records_quarantined', 0))} quarantined.</p>")
     small = cfg.get("small_partitions_detail") or []
     if small:
         # Counts only: a suppressed partition's label values may single out the few people in it.
