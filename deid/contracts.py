@@ -1,14 +1,14 @@
 """The typed contracts between the release stages, and the staging layout every stage writes into.
 
-Each stage of :mod:`deid.pipeline` takes contracts in and returns one out, the same whether the
-Prefect flow (:mod:`deid.orchestration`) or the plain runner (:mod:`deid.runner`) calls it::
+Each stage of :mod:`deid.operations.pipeline` takes contracts in and returns one out, the same whether the
+Prefect flow (:mod:`deid.orchestration`) or the plain runner (:mod:`deid.operations.runner`) calls it::
 
     drop -> Ingested -> Aligned -> Featurized -> Partitioned -> Deidentified [-> LineageApplied]
-         -> Staged -> GateResult (deid.gate) -> Report (deid.report) -> SignedReport [-> Published]
+         -> Staged -> GateResult (deid.evaluation.gate) -> Report (deid.reporting.report) -> SignedReport [-> Published]
          -> RunResult
 
 All are frozen dataclasses; paths are :class:`~pathlib.Path`; quarantine records stay
-:class:`~deid.errors.Quarantined` and checks :class:`~deid.checks.Check` from the stage that
+:class:`~deid.errors.Quarantined` and checks :class:`~deid.evaluation.checks.Check` from the stage that
 made them to the report. :class:`StagingLayout` names every path of a run's staging directory.
 """
 from __future__ import annotations
@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from deid.checks import Check
+from deid.evaluation.checks import Check
 from deid.errors import Quarantined
-from deid.safety import COMPLETE_MARKER, LOCK_NAME, RELEASE_SUBDIR
+from deid.operations.safety import COMPLETE_MARKER, LOCK_NAME, RELEASE_SUBDIR
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pyarrow as pa
 
-    from deid.report import Artifact, Report
+    from deid.reporting.report import Artifact, Report
 
 # Drop-level checks that, failed, send the run straight to a (rejected) gate.
 BLOCKING_DROP_CHECKS = ("drop_not_empty", "enough_people")
@@ -210,7 +210,7 @@ class SmallPartition:
 
 @dataclass(frozen=True)
 class LineagePlanned:
-    """The lineage plan of the drop (:func:`deid.lineage.plan_release`) and where its returning records are."""
+    """The lineage plan of the drop (:func:`deid.release.lineage.plan_release`) and where its returning records are."""
 
     plan: Any
     state: Any
@@ -265,14 +265,14 @@ class Deidentified:
 
 @dataclass(frozen=True)
 class LineageApplied:
-    """The release as the dataset's lineage sees it (:class:`deid.lineage.LineageRelease`).
+    """The release as the dataset's lineage sees it (:class:`deid.release.lineage.LineageRelease`).
 
     ``deidentified`` now includes the returning people's part (their registered averages);
     ``members`` maps each republished cluster to its registered members (the gate's k checks).
     """
 
     release: Any
-    state: Any  # the deid.lineage.LineageState the release was planned on
+    state: Any  # the deid.release.lineage.LineageState the release was planned on
     deidentified: Deidentified
     checks: tuple[Check, ...]
     members: Mapping[str, tuple[str, ...]]
@@ -372,7 +372,7 @@ class RunResult:
 
     @property
     def dataset(self):
-        """The report's :class:`~deid.report.DatasetSummary` (records in, released, withheld ...)."""
+        """The report's :class:`~deid.reporting.report.DatasetSummary` (records in, released, withheld ...)."""
         return self.report.dataset
 
     @property

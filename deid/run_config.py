@@ -3,7 +3,7 @@
 :meth:`RunConfig.resolve` takes :class:`deid.settings.Settings` (the environment) and what the
 CLI or the flow's caller chose (k, method, labels ...), fills every default, checks every value
 and returns a frozen :class:`RunConfig` that is passed explicitly to every stage
-(:mod:`deid.pipeline`). Nothing downstream reads the environment again.
+(:mod:`deid.operations.pipeline`). Nothing downstream reads the environment again.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from deid.errors import ConfigError
-from deid.method_registry import COLOR_METHODS, REGISTRY, MethodSpec
+from deid.anonymise.method_registry import COLOR_METHODS, REGISTRY, MethodSpec
 from deid.settings import SMALL_PARTITION_POLICIES, Settings
 
 
@@ -40,7 +40,7 @@ class AlignerParams:
         return int(self.size[1]), int(self.size[0])
 
     def to_dict(self) -> dict[str, Any]:
-        """What :func:`deid.stages.make_aligner` takes (picklable, no deid import needed to read it)."""
+        """What :func:`deid.operations.stages.make_aligner` takes (picklable, no deid import needed to read it)."""
         return {"size": list(self.size), "eye_left": list(self.eye_left), "eye_right": list(self.eye_right),
                 "max_upsample": self.max_upsample, "min_eye_distance": self.min_eye_distance, "color": self.color}
 
@@ -157,8 +157,8 @@ class RunConfig:
                 "block": self.block}
 
     def gate_config(self, labels: tuple[str, ...] | list[str]):
-        """The gate's :class:`~deid.gate.GateConfig` for the drop's labels."""
-        from deid.gate import GateConfig  # noqa: PLC0415 - the gate imports scipy and the attacks
+        """The gate's :class:`~deid.evaluation.gate.GateConfig` for the drop's labels."""
+        from deid.evaluation.gate import GateConfig  # noqa: PLC0415 - the gate imports scipy and the attacks
 
         return GateConfig(
             k=self.k, method=self.method, labels=tuple(labels), tolerance=self.utility_tolerance,

@@ -7,12 +7,12 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from deid.method_registry import METHODS
-from deid.partition import POLICIES
+from deid.anonymise.method_registry import METHODS
+from deid.anonymise.partition import POLICIES
 
-# The method names come from the registry (deid.method_registry), the one list of methods.
+# The method names come from the registry (deid.anonymise.method_registry), the one list of methods.
 Method = Literal[METHODS]  # type: ignore[valid-type]
-SMALL_PARTITION_POLICIES: tuple[str, ...] = POLICIES  # deid.partition: the one list
+SMALL_PARTITION_POLICIES: tuple[str, ...] = POLICIES  # deid.anonymise.partition: the one list
 SmallPartitionPolicy = Literal[SMALL_PARTITION_POLICIES]  # type: ignore[valid-type]
 
 

@@ -17,9 +17,10 @@ def load_london_aligned(*, smiling: str = "smiling") -> tuple[np.ndarray, list[s
     faces whose eyes cannot be found are skipped. ``smiling`` is the expression label of the
     smiling photos ("neutral" for the others). Fails the test when the dataset is missing.
     """
-    from deid.align import EyePair, FaceAligner
+    from deid.alignment.eyes import EyePair
+    from deid.alignment.canonical import FaceAligner
     from deid.errors import RecordError
-    from deid.imaging import decode_gray
+    from deid.intake.imaging import decode_gray
 
     if not (LONDON / "london_info.csv").is_file():
         pytest.fail(f"the London set is missing at {LONDON}; see ../shared/datasets/london/README.md")

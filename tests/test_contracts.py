@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from deid.checks import Check as GateCheck
+from deid.evaluation.checks import Check as GateCheck
 from deid.contracts import Partitioned, PartitionInfo, RecordCounts, SmallPartition, StagingLayout
 from deid.errors import ConfigError
-from deid.method_registry import COLOR_METHODS, REGISTRY
-from deid.report import Check, Report, Utility, report_problems
-from deid.report_build import build_rejection, dataset_summary
+from deid.anonymise.method_registry import COLOR_METHODS, REGISTRY
+from deid.reporting.report import Check, Report, Utility, report_problems
+from deid.reporting.report_build import build_rejection, dataset_summary
 from deid.run_config import RunConfig
-from deid.safety import COMPLETE_MARKER, LOCK_NAME, RELEASE_SUBDIR
+from deid.operations.safety import COMPLETE_MARKER, LOCK_NAME, RELEASE_SUBDIR
 from deid.settings import Settings
 
 
@@ -44,7 +44,7 @@ def test_staging_layout_names_every_path_under_the_run_directory(tmp_path):
 
 
 def test_the_colour_part_of_the_worker_follows_the_layout(tmp_path):
-    from deid.stages import color_part
+    from deid.operations.stages import color_part
 
     layout = StagingLayout(tmp_path)
     assert color_part(layout.aligned_part(3)) == layout.color_part(layout.aligned_part(3))
@@ -118,7 +118,7 @@ def test_partitioned_gives_the_gate_its_label_mapping_and_counts_only_detail(tmp
 
 
 def _signing():
-    from deid.report import SigningInfo
+    from deid.reporting.report import SigningInfo
 
     return SigningInfo(public_key_fingerprint="sha256:" + "1" * 64, key_origin="development")
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from deid.safety import ADDENDUM_NAME, FAULT_ENV
-from deid.synth import make_synthetic_drop
-from deid.verify import verify_report
+from deid.operations.safety import ADDENDUM_NAME, FAULT_ENV
+from deid.intake.synth import make_synthetic_drop
+from deid.release.verify import verify_report
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,7 +205,7 @@ def test_publish_failing_after_signing_leaves_a_signed_addendum_and_nothing_publ
                                                                                        tmp_path, monkeypatch):
     import errno
 
-    import deid.publish
+    import deid.release.publish
     from deid.errors import EnvironmentFailure
     from deid.orchestration.flow import run_flow
 
@@ -215,7 +215,7 @@ def test_publish_failing_after_signing_leaves_a_signed_addendum_and_nothing_publ
     def refuse(staged, final):
         raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), str(final))
 
-    monkeypatch.setattr(deid.publish, "commit_release", refuse)
+    monkeypatch.setattr(deid.release.publish, "commit_release", refuse)
     drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=1)
     with pytest.raises(EnvironmentFailure, match="after its report was signed"):
         run_flow(str(drop), k=3)

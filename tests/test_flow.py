@@ -13,9 +13,9 @@ import cv2
 import pyarrow.parquet as pq
 import pytest
 
-from deid.card import split_card
-from deid.synth import make_synthetic_drop
-from deid.verify import verify_report
+from deid.release.card import split_card
+from deid.intake.synth import make_synthetic_drop
+from deid.release.verify import verify_report
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,7 +81,7 @@ def test_synthetic_release_end_to_end_and_verify(project, prefect_server, tmp_pa
     html = (report_dir / "report.html").read_text()
     assert "released" in html.lower() and "http://" not in html and "https://" not in html
     # The private linkage record maps every released record back to its source, under a key.
-    from deid.linkage import load_linkage_key, read_linkage
+    from deid.release.linkage import load_linkage_key, read_linkage
 
     rows = read_linkage(Path(result["linkage"]), load_linkage_key(project / "data" / "keys" / "dev_linkage.key"))
     released_ids = set(pq.read_table(Path(result["release_dir"]) / "release.parquet").column("record_id").to_pylist())
@@ -145,7 +145,7 @@ def test_bad_files_are_quarantined_and_counted(project, prefect_server, tmp_path
 
 @pytest.mark.london
 def test_london_k5_k_same_select_is_released(project, prefect_server, london_dir, tmp_path):
-    from deid.london import import_london
+    from deid.intake.london import import_london
 
     drop = import_london(london_dir, tmp_path / "london")
     result = _run(drop, k=5, method="k-same-select")
@@ -189,7 +189,7 @@ def test_demo_path_cli(tmp_path):
 
 @pytest.fixture(scope="module")
 def london_drop(london_dir, tmp_path_factory):
-    from deid.london import import_london
+    from deid.intake.london import import_london
 
     return import_london(london_dir, tmp_path_factory.mktemp("london") / "drop")
 

@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from deid.ledger import Ledger
-from deid.synth import make_synthetic_drop
-from deid.verify import verify_report
+from deid.operations.ledger import Ledger
+from deid.intake.synth import make_synthetic_drop
+from deid.release.verify import verify_report
 
 
 pytestmark = [pytest.mark.slow, pytest.mark.ops]

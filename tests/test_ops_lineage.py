@@ -12,9 +12,9 @@ from pathlib import Path
 import cv2
 import pytest
 
-from deid.ledger import Ledger
-from deid.linkage import linkage_path, load_linkage_key, read_linkage
-from deid.synth import make_synthetic_drop
+from deid.operations.ledger import Ledger
+from deid.release.linkage import linkage_path, load_linkage_key, read_linkage
+from deid.intake.synth import make_synthetic_drop
 from test_ops import drop_into, flow_runs, stack, wait_for  # noqa: F401 (stack is a fixture)
 
 pytestmark = pytest.mark.slow

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from deid.ledger import Ledger
-from deid.synth import make_synthetic_drop
+from deid.operations.ledger import Ledger
+from deid.intake.synth import make_synthetic_drop
 from test_ops import api, drop_into, flow_runs, stack, wait_for  # noqa: F401 (stack is a fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.ops]

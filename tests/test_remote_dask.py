@@ -13,8 +13,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from deid.synth import make_synthetic_drop
-from deid.verify import verify_report
+from deid.intake.synth import make_synthetic_drop
+from deid.release.verify import verify_report
 from test_ops import Proc, free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.ops]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from deid.synth import make_synthetic_drop
+from deid.intake.synth import make_synthetic_drop
 
 ROOT = Path(__file__).resolve().parents[1]
 DEID = [sys.executable, "-m", "deid.cli"]

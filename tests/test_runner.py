@@ -1,4 +1,4 @@
-"""The Prefect-free runner (deid.runner) end to end on small `deid synth` drops: released, rejected, refused."""
+"""The Prefect-free runner (deid.operations.runner) end to end on small `deid synth` drops: released, rejected, refused."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from deid import report_build
+from deid.reporting import report_build
 from deid.contracts import RunResult
 from deid.errors import ConfigError
-from deid.report import report_problems
+from deid.reporting.report import report_problems
 from deid.run_config import RunConfig
-from deid.runner import run_release
+from deid.operations.runner import run_release
 from deid.settings import Settings
-from deid.synth import make_synthetic_drop
-from deid.verify import verify_report
+from deid.intake.synth import make_synthetic_drop
+from deid.release.verify import verify_report
 
 # The runner's subject is the walk and the report, not the gate's figures: the deep recogniser on a
 # small sample, no per-face recogniser identity check, one repeat of the older utility protocols.
@@ -81,7 +81,7 @@ def test_a_report_the_schema_refuses_stops_the_run_before_anything_is_published(
     def broken(**kw):
         return dataclasses.replace(real(**kw), k=1)  # the schema's minimum k is 2
 
-    monkeypatch.setattr("deid.runner.build_report", broken)
+    monkeypatch.setattr("deid.operations.runner.build_report", broken)
     with pytest.raises(ConfigError, match="schema"):
         _run(tmp_path, drop, k=3)
     project = tmp_path / "project"
@@ -89,8 +89,8 @@ def test_a_report_the_schema_refuses_stops_the_run_before_anything_is_published(
     assert not list((project / "reports").glob("*/report.json*"))
     assert not any((project / "data" / "staging").iterdir())  # the failed run's staging went too
     # Nor registered in the dataset's lineage: the next release plans as if this run never happened.
-    from deid.lineage_registry import Registry
-    from deid.pipeline import linkage_key
+    from deid.release.lineage_registry import Registry
+    from deid.operations.pipeline import linkage_key
 
     config = RunConfig.resolve(Settings(project_dir=project))
     assert Registry.open(config.data_path, "drop", linkage_key(config)[0]).load().releases == ()

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_ops import DEID, Proc, _browser, _chromium, api, free_port, wait_for
 
-from deid.synth import make_synthetic_drop
+from deid.intake.synth import make_synthetic_drop
 
 pytestmark = [pytest.mark.slow, pytest.mark.ops]
 ROOT = Path(__file__).resolve().parents[1]

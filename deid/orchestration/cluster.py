@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from distributed import LocalCluster
 
-from deid.executors import DaskExecutor, client_for, close_client  # noqa: F401 (client_for re-exported)
+from deid.operations.executors import DaskExecutor, client_for, close_client  # noqa: F401 (client_for re-exported)
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,6 @@ def dask_cluster(address: str | None, *, workers: int = 2) -> Iterator[str]:
 
 @contextlib.contextmanager
 def dask_executor(config) -> Iterator[DaskExecutor]:
-    """The run's :class:`~deid.executors.DaskExecutor` (``cluster`` of :func:`deid.runner.run_release`)."""
+    """The run's :class:`~deid.operations.executors.DaskExecutor` (``cluster`` of :func:`deid.operations.runner.run_release`)."""
     with dask_cluster(config.dask_address, workers=config.dask_workers) as address:
         yield DaskExecutor(address)

@@ -1,6 +1,6 @@
 """The ``release`` flow: a dropped dataset in, a gated k-anonymous release (or a signed rejection) out.
 
-The flow is a thin shell around :func:`deid.runner.run_release` (the stages' one order, Prefect
+The flow is a thin shell around :func:`deid.operations.runner.run_release` (the stages' one order, Prefect
 free), run with the Prefect tasks of :mod:`deid.orchestration.tasks` on a Dask cluster. What Prefect adds:
 
 - the run is named after the dataset, k and method, records the parameters actually used
@@ -24,7 +24,7 @@ from prefect.states import Failed, State
 from deid.contracts import RunResult
 from deid.errors import ReleaseRejected
 from deid.run_config import RunConfig
-from deid.runner import run_release
+from deid.operations.runner import run_release
 from deid.settings import Settings
 from deid.orchestration.cluster import dask_executor
 from deid.orchestration.tasks import STEPS

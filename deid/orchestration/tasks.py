@@ -1,7 +1,7 @@
-"""Thin Prefect tasks around the core stages (:mod:`deid.pipeline`): contracts in, a contract out.
+"""Thin Prefect tasks around the core stages (:mod:`deid.operations.pipeline`): contracts in, a contract out.
 
 Each task only adds what Prefect gives: a task run in the UI, its log lines (the stage logs its
-progress and warnings to the run logger) and retries. The order of the stages is :mod:`deid.runner`'s;
+progress and warnings to the run logger) and retries. The order of the stages is :mod:`deid.operations.runner`'s;
 :data:`STEPS` hands these tasks to it. Heavy work goes from the core stages to the Dask cluster
 as plain core functions, so Dask workers never import Prefect (in Prefect's ephemeral mode each
 worker that does would start its own temporary API server, ~10 s each).
@@ -11,8 +11,8 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from deid import pipeline
-from deid.runner import Steps
+from deid.operations import pipeline
+from deid.operations.runner import Steps
 
 TASK = dict(cache_policy=NO_CACHE)
 RETRY = dict(retries=1, retry_delay_seconds=2, **TASK)
@@ -127,7 +127,7 @@ def withhold(staged):
     pipeline.withhold(staged, logger=get_run_logger())
 
 
-# The run's stages as Prefect tasks, for deid.runner.run_release (which owns their order).
+# The run's stages as Prefect tasks, for deid.operations.runner.run_release (which owns their order).
 STEPS = Steps(preflight=preflight, recover=recover, ingest=ingest, open_lineage=open_lineage, align=align,
               featurize=featurize, partition=partition, deidentify=deidentify, apply_lineage=apply_lineage,
               register_lineage=register_lineage, stage=stage, gate=gate, dataset_card=dataset_card,

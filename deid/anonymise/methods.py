@@ -1,0 +1,285 @@
+"""De-identification methods behind one interface, for the gate and the comparison study.
+
+``k-same`` and ``k-same-select`` count distinct people per cluster and carry the formal
+k-Same guarantee. ``k-same-naive`` (Newton et al.'s formulation, which counts images),
+``blur`` and ``pixelate`` (the ad-hoc methods of Gross et al. 2005 §4.2) exist so that
+the gate and the study can show where they fail. ``k-same-eigen`` and ``k-same-m``
+(:mod:`deid.anonymise.methods_ksame`) form each cluster's face differently but keep the k-Same
+structure (identical image per cluster). ``multi-factor`` (:mod:`deid.anonymise.methods_factor`),
+``selective-mean`` (:mod:`deid.anonymise.methods_selective`) and ``attribute-preserving``
+(:mod:`deid.anonymise.methods_attribute`) give faces individual releases: no formal guarantee, the
+gate's attacks decide. :data:`REGISTRY` holds what each method promises. Each method has a
+*parrot*: the same de-identification an attacker applies to its own gallery of originals.
+"""
+from __future__ import annotations
+
+import logging
+from numbers import Integral, Real
+from typing import Any, Callable, Hashable, Mapping, Sequence
+
+import cv2
+import numpy as np
+
+from deid.errors import ConfigError
+from deid.alignment.features import Eigenfaces
+from deid.anonymise.ksame import KSame, KSameSelect
+from deid.anonymise.method_registry import (  # noqa: F401 (re-exported: the registry is the one method list)
+    COLOR_METHODS,
+    K_METHODS,
+    METHODS,
+    REGISTRY,
+    STRENGTH,
+    MethodSpec,
+    _check_method,
+    guarantee,
+)
+from deid.anonymise.methods_attribute import AttributePreserving
+from deid.anonymise.methods_factor import MultiFactor
+from deid.anonymise.methods_ksame import KSameEigen, KSameM, check_images, check_shape, to_uint8
+from deid.anonymise.methods_selective import SelectiveMean
+
+logger = logging.getLogger(__name__)
+
+
+def _check_images(images: Any, shape: Any) -> tuple[np.ndarray, int, int]:
+    a = check_images(images)
+    h, w = check_shape(shape, a.shape[1])
+    return a, h, w
+
+
+def blur(images: Any, *, shape: tuple[int, int], sigma: float) -> np.ndarray:
+    """Gaussian blur of every face with standard deviation ``sigma`` canonical pixels.
+
+    Borders are replicated; the kernel spans +-4 sigma (OpenCV's default for float images).
+
+    References
+    ----------
+    R. Gross, E. Airoldi, B. Malin, L. Sweeney. Integrating utility into face
+    de-identification. PET 2005, LNCS 3856, 227-242 (section 4.2).
+    """
+    if isinstance(sigma, bool) or not isinstance(sigma, Real) or not 0 < sigma <= 100:
+        raise ConfigError(f"sigma={sigma!r} must be a number in (0, 100] (Gaussian standard deviation in canonical pixels); e.g. --sigma 4")
+    a, h, w = _check_images(images, shape)
+    out = np.empty(a.shape, dtype=np.uint8)
+    for i, row in enumerate(a):
+        face = row.reshape(h, w).astype(np.float32)
+        out[i] = to_uint8(cv2.GaussianBlur(face, (0, 0), float(sigma), borderType=cv2.BORDER_REPLICATE)).ravel()
+    return out
+
+
+def pixelate(images: Any, *, shape: tuple[int, int], block: int) -> np.ndarray:
+    """Replace every ``block`` x ``block`` square of each face by its mean (edge blocks may be smaller).
+
+    References
+    ----------
+    R. Gross, E. Airoldi, B. Malin, L. Sweeney. Integrating utility into face
+    de-identification. PET 2005, LNCS 3856, 227-242 (section 4.2).
+    """
+    a, h, w = _check_images(images, shape)
+    if isinstance(block, bool) or not isinstance(block, Integral) or not 1 <= block <= max(h, w):
+        raise ConfigError(f"block={block!r} must be an integer between 1 and {max(h, w)} (pixels per block side); e.g. --block 8")
+    b = int(block)
+    faces = a.reshape(len(a), h, w).astype(np.float64)
+    rows, cols = np.arange(0, h, b), np.arange(0, w, b)
+    sums = np.add.reduceat(np.add.reduceat(faces, rows, axis=1), cols, axis=2)
+    counts = np.outer(np.diff(np.r_[rows, h]), np.diff(np.r_[cols, w]))
+    means = sums / counts
+    full = np.repeat(np.repeat(means, b, axis=1)[:, :h], b, axis=2)[:, :, :w]
+    return to_uint8(full).reshape(len(a), h * w)
+
+
+def deidentify(
+    images: Any,
+    *,
+    shape: tuple[int, int],
+    people: Sequence[Hashable],
+    partitions: Sequence[Hashable] | None = None,
+    method: str,
+    k: int | None = None,
+    sigma: float | None = None,
+    block: int | None = None,
+    n_components: int = 50,
+    seed: int = 0,
+    labels: Mapping[str, Sequence[Hashable]] | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """De-identify aligned faces with one of :data:`METHODS`.
+
+    The k-Same family clusters faces by Euclidean distance between their eigenface
+    coefficients (``n_components`` PCA components fitted on ``images``, as the release flow
+    does) and releases one face per cluster: the pixel mean (``k-same``, ``k-same-select``,
+    ``k-same-naive``), the reconstruction of the mean coefficients (``k-same-eigen``) or the
+    shape-and-appearance average (``k-same-m``).
+
+    Parameters
+    ----------
+    images : array-like of shape (n, height * width)
+        Aligned grey faces (0..255).
+    shape : (int, int)
+        (height, width) of the faces.
+    people : sequence of hashable, length n
+        Person id of each face (k-Same methods count them).
+    partitions : sequence of hashable, length n, optional
+        Utility-label partition of each face; required by ``k-same-select``.
+    method : str
+        One of :data:`METHODS`; :data:`REGISTRY` says what each promises.
+    k, sigma, block
+        The strength of the chosen method (:data:`STRENGTH`).
+    n_components : int, default 50
+    seed : int, default 0
+        Seed of the eigenface fit (and of any random draw of the method).
+    labels : mapping of str to sequence, optional
+        Utility labels per face (e.g. ``{"gender": [...], "expression": [...]}``) for the
+        methods that use them (``multi-factor``, ``selective-mean``, ``attribute-preserving``).
+    options : mapping, optional
+        Further parameters of the method's estimator (e.g. ``{"flow": "dis"}`` for k-same-m).
+
+    Returns
+    -------
+    released : ndarray of shape (n, height * width), uint8
+        Row ``i`` is the de-identified face ``i``.
+    clusters : ndarray of shape (n,) or None
+        Cluster index of every face (for methods with ``identical_within_cluster``, identical
+        released copies share it); None for methods without clusters (blur, pixelation).
+    """
+    _check_method(method)
+    a, h, w = _check_images(images, shape)
+    given = {"k": k, "sigma": sigma, "block": block}
+    need = STRENGTH[method]
+    if given[need] is None:
+        raise ConfigError(f"method={method!r} needs {need}=...; e.g. --{need} {dict(k=5, sigma=4, block=8)[need]}")
+    extra = [name for name, v in given.items() if v is not None and name != need]
+    if extra:
+        logger.debug("deidentify %s: ignoring %s", method, extra)
+    opts = dict(options or {})
+    if method == "blur":
+        return blur(a, shape=(h, w), sigma=sigma), None
+    if method == "pixelate":
+        return pixelate(a, shape=(h, w), block=block), None
+    people = list(people)
+    if len(people) != len(a):
+        raise ConfigError(f"people has {len(people)} entries but images has {len(a)} rows; pass one person id per face")
+    if method in _ESTIMATORS:
+        if partitions is None or not REGISTRY[method].partitions_by_labels:
+            return _fit_estimator(method, a, people, labels, k=k, shape=(h, w), n_components=n_components, seed=seed,
+                                  options=opts)
+        # As k-Same-Select: the method runs on its own inside each utility-label partition.
+        keys = list(partitions)
+        if len(keys) != len(a):
+            raise ConfigError(f"partitions has {len(keys)} entries but images has {len(a)} rows; one key per face")
+        released = np.empty(a.shape, dtype=np.uint8)
+        clusters = np.empty(len(a), dtype=np.intp)
+        offset = 0
+        for key in dict.fromkeys(keys):
+            idx = np.array([i for i, v in enumerate(keys) if v == key])
+            sub_labels = None if labels is None else {n: [list(v)[i] for i in idx] for n, v in labels.items()}
+            rel, lab = _fit_estimator(method, a[idx], [people[i] for i in idx], sub_labels, k=k, shape=(h, w),
+                                      n_components=n_components, seed=seed, options=opts)
+            released[idx] = rel
+            clusters[idx] = lab + offset
+            offset = int(clusters[idx].max()) + 1
+        return released, clusters
+    X = Eigenfaces(n_components, random_state=seed).fit_transform(a)
+    if method == "k-same-select":
+        if partitions is None:
+            raise ConfigError("method='k-same-select' needs partitions=[one utility-label key per face], e.g. (gender, expression) tuples")
+        model = KSameSelect(k)
+        released = model.fit_transform(X, people=people, images=a, partitions=list(partitions))
+    else:
+        model = KSame(k, count="images" if method == "k-same-naive" else "people")
+        released = model.fit_transform(X, people=people, images=a)
+    return released, model.labels_.copy()
+
+
+def _fit_estimator(method: str, a: np.ndarray, people: list, labels: Mapping[str, Sequence[Hashable]] | None, *,
+                   k: int, shape: tuple[int, int], n_components: int, seed: int,
+                   options: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
+    try:
+        model = _ESTIMATORS[method](k, shape=shape, n_components=n_components, seed=seed, **options)
+    except TypeError as exc:
+        raise ConfigError(f"options={options!r} for method={method!r}: {exc}") from None
+    released = model.fit_transform(a, people=people, **({"labels": labels} if method in _USES_LABELS else {}))
+    clusters = getattr(model, "labels_", None)
+    return released, None if clusters is None else np.asarray(clusters).copy()
+
+
+# The estimators of the methods beyond pixel k-Same: (k, shape, n_components, seed, **options) -> estimator.
+_ESTIMATORS: dict[str, Callable[..., Any]] = {
+    "k-same-eigen": lambda k, shape, n_components, seed, **o: KSameEigen(k, n_components=n_components,
+                                                                          random_state=seed, **o),
+    "k-same-m": lambda k, shape, n_components, seed, **o: KSameM(k, shape=shape, n_components=n_components,
+                                                                  random_state=seed, **o),
+    "multi-factor": lambda k, shape, n_components, seed, **o: MultiFactor(k, n_components=n_components,
+                                                                          random_state=seed, **o),
+    "selective-mean": lambda k, shape, n_components, seed, **o: SelectiveMean(k, n_components=n_components,
+                                                                              random_state=seed, **o),
+    "attribute-preserving": lambda k, shape, n_components, seed, **o: AttributePreserving(
+        k, n_components=n_components, random_state=seed, **o),
+}
+# Methods whose estimator takes the utility labels.
+_USES_LABELS: frozenset[str] = frozenset({"multi-factor", "selective-mean", "attribute-preserving"})
+
+
+def parrot_for(
+    method: str,
+    *,
+    shape: tuple[int, int],
+    people: Sequence[Hashable] | None = None,
+    partitions: Sequence[Hashable] | None = None,
+    k: int | None = None,
+    sigma: float | None = None,
+    block: int | None = None,
+    n_components: int = 50,
+    seed: int = 0,
+    labels: Mapping[str, Sequence[Hashable]] | None = None,
+    options: Mapping[str, Any] | None = None,
+) -> Callable[[np.ndarray], np.ndarray]:
+    """The parrot attacker's de-identification of its gallery: ``f(originals) -> released-like``.
+
+    Blur and pixelation are applied with the same filter and strength (which an attacker
+    can estimate from the release); the k-Same family and the other k methods run the same
+    algorithm and ``k`` on the originals, for which the attacker also needs their ``people``
+    (and ``partitions`` for k-Same-Select, ``labels`` for the label-using methods), aligned
+    with the originals it will pass.
+
+    Returns
+    -------
+    callable
+        For :func:`deid.evaluation.attacks.attack_all`'s ``parrot`` argument.
+    """
+    _check_method(method)
+    if method in K_METHODS and people is None:
+        raise ConfigError(f"parrot_for({method!r}) needs people=[person id of each original]: the attacker "
+                          "re-runs k-Same on its originals, which counts people")
+    people_list = None if people is None else list(people)
+    part_list = None if partitions is None else list(partitions)
+
+    def parrot(originals: np.ndarray) -> np.ndarray:
+        ids = people_list if people_list is not None else [None] * len(originals)
+        return deidentify(originals, shape=shape, people=ids, partitions=part_list, method=method, k=k,
+                          sigma=sigma, block=block, n_components=n_components, seed=seed, labels=labels,
+                          options=options)[0]
+
+    return parrot
+
+
+def method_runner(method: str, *, shape: tuple[int, int], k: int | None = None, sigma: float | None = None,
+                  block: int | None = None, n_components: int = 50, seed: int = 0) -> Callable[..., np.ndarray]:
+    """``f(images, people=..., partitions=...) -> released``: the run's method, re-applied to other faces.
+
+    The gate's parrot attacker de-identifies its gallery with it, and the utility protocol
+    the training people. k-Same-Select without partitions (a drop with no labels) is k-Same.
+    """
+    _check_method(method)
+
+    def run(images: np.ndarray, *, people: Sequence[Hashable], partitions: Sequence[Hashable] | None = None,
+            labels: Mapping[str, Sequence[Hashable]] | None = None) -> np.ndarray:
+        m = method
+        if m == "k-same-select" and partitions is None:
+            m = "k-same"
+        if not REGISTRY[m].partitions_by_labels:
+            partitions = None
+        return deidentify(images, shape=shape, people=people, partitions=partitions, method=m, k=k, sigma=sigma,
+                          block=block, n_components=n_components, seed=seed, labels=labels or None)[0]
+
+    return run
