@@ -50,12 +50,10 @@ def london_drop(dst: Path) -> Path:
 
 
 def aligner_params() -> dict:
+    from deid.run_config import AlignerParams
     from deid.settings import Settings
 
-    s = Settings()
-    left, right = s.canonical_eyes()
-    return {"size": list(s.canonical_size), "eye_left": list(left), "eye_right": list(right),
-            "max_upsample": s.max_upsample, "min_eye_distance": s.min_eye_distance_px}
+    return {**AlignerParams.from_settings(Settings()).to_dict(), "color": False}
 
 
 def bench_drop(label: str, drop_dir: Path, work: Path, detect_sample: int) -> dict:

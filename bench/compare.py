@@ -216,7 +216,7 @@ def _compare_pipeline(work: Path, n_photos: int, k: int, backend: str) -> dict:
     env = {**os.environ, "DEID_PROJECT_DIR": str(work / "project"), "PREFECT_HOME": str(work / "prefect"),
            "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONPATH": str(ROOT)}
     print(f"(b) {n} London photos ({drop}), k={k}; deid and deface one after the other on this machine")
-    run, d_wall, d_cpu = _run_measured([sys.executable, "-m", "flows.cli", "run", str(drop), "--k", str(k)], env)
+    run, d_wall, d_cpu = _run_measured([sys.executable, "-m", "deid.cli", "run", str(drop), "--k", str(k)], env)
     report_line = [ln for ln in run.stdout.splitlines() if ln.startswith("report: ")]
     if not report_line:
         raise SystemExit(f"deid run failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")

@@ -56,6 +56,18 @@ class VerificationError(DeidError):
     """A signed report or release that does not verify."""
 
 
+class ReleaseRejected(DeidError):
+    """The gate rejected the release (a verdict, signed and reported, not a failure of the run).
+
+    Carried by the ``Rejected`` state of the Prefect flow run; ``result`` is the run's
+    :class:`~deid.contracts.RunResult` (or the deployment's summary row).
+    """
+
+    def __init__(self, message: str, *, result: object = None):
+        super().__init__(message)
+        self.result = result
+
+
 class RecordError(DeidError):
     """One record that cannot be used; it is quarantined with ``code`` and ``message``."""
 

@@ -7,9 +7,13 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-Method = Literal["k-same-select", "k-same", "k-same-naive", "blur", "pixelate", "k-same-eigen", "k-same-m",
-                 "multi-factor", "selective-mean", "attribute-preserving"]
-SmallPartitionPolicy = Literal["suppress", "merge", "fail"]
+from deid.anonymise.method_registry import METHODS
+from deid.anonymise.partition import POLICIES
+
+# The method names come from the registry (deid.anonymise.method_registry), the one list of methods.
+Method = Literal[METHODS]  # type: ignore[valid-type]
+SMALL_PARTITION_POLICIES: tuple[str, ...] = POLICIES  # deid.anonymise.partition: the one list
+SmallPartitionPolicy = Literal[SMALL_PARTITION_POLICIES]  # type: ignore[valid-type]
 
 
 class Settings(BaseSettings):

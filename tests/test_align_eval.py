@@ -24,7 +24,7 @@ def test_eye_error_is_worst_eye_over_true_distance():
 
 
 def test_blank_images_with_eye_points_count_as_not_found(tmp_path, capsys):
-    from flows.cli import main
+    from deid.cli import main
 
     drop = tmp_path / "drop"
     drop.mkdir()

@@ -152,7 +152,7 @@ def test_every_record_of_a_messy_drop_is_aligned_or_quarantined_with_a_reason(tm
     groups = list(range(res.row_groups))
     out = align_batch(str(res.path), groups, str(tmp_path / "st" / "aligned" / "part-0.parquet"),
                       _aligner_params(settings))
-    quarantined = [q.__dict__ for q in drop.quarantined + res.quarantined] + out["quarantined"]
+    quarantined = [q.__dict__ for q in [*drop.quarantined, *res.quarantined, *out["quarantined"]]]
 
     # The counts add up: every record in is aligned or quarantined, exactly once.
     assert drop.records_in == len(expected) == out["aligned"] + len(quarantined)
@@ -241,7 +241,7 @@ def test_fewer_than_k_people_fails_the_drop_check(tmp_path):
 
 @pytest.mark.slow
 def test_manifest_that_is_not_csv_exits_2_and_writes_no_release(project, prefect_server, capsys):
-    from flows.cli import main
+    from deid.cli import main
 
     drop = project / "drop"
     drop.mkdir()

@@ -3,7 +3,7 @@ import json
 import re
 
 from deid.release.catalogue import read_catalogue, write_index
-from flows.cli import main
+from deid.cli import main
 
 
 def _report(release_id, *, verdict="released", created="2026-11-01T10:00:00Z", name="london", k=5, reasons=()):

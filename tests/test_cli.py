@@ -1,7 +1,7 @@
 """CLI exit codes: one per kind of verification failure; bad input is 2."""
 import pytest
 
-from flows.cli import EXIT_BAD_INPUT, main, verify_exit_code
+from deid.cli import EXIT_BAD_INPUT, main, verify_exit_code
 
 
 @pytest.mark.parametrize("problems, code", [

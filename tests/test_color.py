@@ -77,13 +77,13 @@ def test_london_in_colour_at_128x160_is_released_with_colour_samples(project, pr
     from deid.release.card import split_card
     from deid.intake.london import import_london
     from deid.release.verify import verify_report
-    from flows.release import release
+    from deid.orchestration.flow import run_flow
 
     monkeypatch.setenv("DEID_COLOR", "true")
     monkeypatch.setenv("DEID_CANONICAL_WIDTH", "128")
     monkeypatch.setenv("DEID_CANONICAL_HEIGHT", "160")
     drop = import_london(london_dir, tmp_path / "london")
-    result = release(drop=str(drop), k=5, method="k-same-select")
+    result = run_flow(str(drop), k=5, method="k-same-select").summary()
     assert result["verdict"] == "released", result["reasons"]
     assert result["privacy"]["max_rate"] <= 0.2
     rel = Path(result["release_dir"])

@@ -40,7 +40,7 @@ def _release_facts(result: dict) -> tuple[set, dict, Counter, Counter]:
 def test_three_dask_workers_release_what_one_local_worker_releases(tmp_path, monkeypatch, prefect_server):
     from distributed import Client, LocalCluster, get_task_stream
 
-    from flows.release import release
+    from deid.orchestration.flow import run_flow
 
     drop = make_synthetic_drop(tmp_path / "drop", people=60, images_per_person=2, seed=11, labels=False)
     monkeypatch.delenv("DEID_SIGNING_KEY", raising=False)
@@ -54,7 +54,7 @@ def test_three_dask_workers_release_what_one_local_worker_releases(tmp_path, mon
     # run is not a successive release of the same dataset (lineage would reuse the first's clusters).
     monkeypatch.setenv("DEID_PROJECT_DIR", str(tmp_path / "one"))
     monkeypatch.setenv("DEID_DASK_WORKERS", "1")
-    one = release(drop=str(drop), k=K, method="k-same")
+    one = run_flow(str(drop), k=K, method="k-same").summary()
 
     monkeypatch.setenv("DEID_PROJECT_DIR", str(tmp_path / "three"))
     with LocalCluster(n_workers=3, threads_per_worker=1, processes=True, dashboard_address=None,
@@ -62,7 +62,7 @@ def test_three_dask_workers_release_what_one_local_worker_releases(tmp_path, mon
         client.wait_for_workers(3, timeout=60)
         monkeypatch.setenv("DEID_DASK_ADDRESS", cluster.scheduler_address)
         with get_task_stream(client) as stream:
-            three = release(drop=str(drop), k=K, method="k-same")
+            three = run_flow(str(drop), k=K, method="k-same").summary()
     block_tasks = [t for t in stream.data if str(t["key"]).startswith("group_block-")]
 
     # The partition really was grouped blockwise, one Dask task per block, on several workers.
@@ -93,7 +93,7 @@ def test_three_dask_workers_release_what_one_local_worker_releases(tmp_path, mon
 
 
 def test_map_on_cluster_outside_a_worker_is_the_builtin_map():
-    from tasks.cluster import map_on_cluster
+    from deid.operations.executors import map_on_cluster
 
     assert map_on_cluster(pow, [2, 3], [3, 2]) == [8, 9]
 

@@ -55,7 +55,7 @@ def test_fault_matrix_never_a_release_without_its_signed_report(project, prefect
                                                                   capsys):
     from prefect.settings import PREFECT_API_URL
 
-    from flows.cli import EXIT_ENVIRONMENT, EXIT_OK, main
+    from deid.cli import EXIT_ENVIRONMENT, EXIT_OK, main
 
     drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=1)
     for key, value in FAST.items():
@@ -73,7 +73,7 @@ def test_fault_matrix_never_a_release_without_its_signed_report(project, prefect
         assert not _leftovers(project), f"after the rerun following {after}: {_leftovers(project)}"
 
     for fault in KILLS:
-        proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(drop), "--k", "3"], cwd=ROOT,
+        proc = subprocess.run([sys.executable, "-m", "deid.cli", "run", str(drop), "--k", "3"], cwd=ROOT,
                               env={**env, FAULT_ENV: fault}, capture_output=True, text=True, timeout=900)
         assert proc.returncode == -signal.SIGKILL, f"{fault}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
         faults += 1
@@ -94,7 +94,7 @@ def test_fault_matrix_never_a_release_without_its_signed_report(project, prefect
         figures.append(fault)
 
     for fault in DISK_FULL:
-        proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(drop), "--k", "3"], cwd=ROOT,
+        proc = subprocess.run([sys.executable, "-m", "deid.cli", "run", str(drop), "--k", "3"], cwd=ROOT,
                               env={**env, FAULT_ENV: fault}, capture_output=True, text=True, timeout=900)
         faults += 1
         err = proc.stderr
@@ -127,7 +127,7 @@ def test_rare_labels_stay_out_of_the_report_and_formulas_out_of_release_csv(proj
     """A suppressed partition is described by counts only; a formula label is neutralised in release.csv."""
     import csv
 
-    from flows.release import release
+    from deid.orchestration.flow import run_flow
 
     for key, value in FAST.items():
         monkeypatch.setenv(key, value)
@@ -144,7 +144,7 @@ def test_rare_labels_stay_out_of_the_report_and_formulas_out_of_release_csv(proj
             cells[2] = '=HYPERLINK("http://x")'.replace(",", ";")
         out.append(",".join(cells))
     (drop / "manifest.csv").write_text("\n".join(out) + "\n")
-    result = release(drop=str(drop), k=3)
+    result = run_flow(str(drop), k=3).summary()
     assert result["verdict"] == "released", result["reasons"]
     assert result["dataset"]["records_suppressed"] >= 1
     report_dir = Path(result["report_dir"])
@@ -189,7 +189,7 @@ def test_kill_9_of_deid_run_leaves_no_prefect_server_behind(project, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update({"DEID_PROJECT_DIR": str(project), "PREFECT_HOME": str(home), "PYTHONPATH": str(ROOT),
                 FAULT_ENV: "kill:after:ingest", "DEID_DASK_WORKERS": "1"})
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(drop), "--k", "3"], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "deid.cli", "run", str(drop), "--k", "3"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
     assert "Starting temporary server" in proc.stderr  # the server really was started by this run
@@ -205,9 +205,9 @@ def test_publish_failing_after_signing_leaves_a_signed_addendum_and_nothing_publ
                                                                                        tmp_path, monkeypatch):
     import errno
 
-    import tasks.stages
+    import deid.release.publish
     from deid.errors import EnvironmentFailure
-    from flows.release import release
+    from deid.orchestration.flow import run_flow
 
     for key, value in FAST.items():
         monkeypatch.setenv(key, value)
@@ -215,10 +215,10 @@ def test_publish_failing_after_signing_leaves_a_signed_addendum_and_nothing_publ
     def refuse(staged, final):
         raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), str(final))
 
-    monkeypatch.setattr(tasks.stages, "commit_release", refuse)
+    monkeypatch.setattr(deid.release.publish, "commit_release", refuse)
     drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=1)
     with pytest.raises(EnvironmentFailure, match="after its report was signed"):
-        release(drop=str(drop), k=3)
+        run_flow(str(drop), k=3)
     (report_dir,) = list((project / "reports").iterdir())
     pub = project / "data" / "keys" / "dev_signing.pub.pem"
     assert json.loads((report_dir / "report.json").read_text())["verdict"] == "released"

@@ -28,7 +28,7 @@ def _drop(tmp_path, table: pa.Table | None = None, **meta):
 
 
 def test_synth_cli_writes_a_feature_drop_the_reader_accepts(tmp_path, capsys):
-    from flows.cli import main
+    from deid.cli import main
 
     rc = main(["synth", str(tmp_path / "f"), "--kind", "features", "--people", "12", "--per-person", "3",
                "--dim", "8", "--labels", "gender,expression=3", "--seed", "4"])

@@ -231,7 +231,7 @@ def test_vector_methods_refuse_image_methods_and_need_their_strength():
 
 
 def test_cli_run_routes_a_feature_drop_and_signs_rejections(synth_drop, tmp_path, monkeypatch, capsys):
-    from flows.cli import main
+    from deid.cli import main
 
     monkeypatch.setenv("DEID_PROJECT_DIR", str(tmp_path))
     monkeypatch.delenv("DEID_SIGNING_KEY", raising=False)
@@ -262,7 +262,7 @@ def test_cli_run_routes_a_feature_drop_and_signs_rejections(synth_drop, tmp_path
 
 def test_cli_lists_the_feature_only_methods_of_the_registry():
     from deid.anonymise.methods import FEATURE_METHODS, FEATURE_ONLY, REGISTRY
-    from flows.cli import FEATURE_ONLY_METHODS
+    from deid.cli import FEATURE_ONLY_METHODS
 
     assert FEATURE_ONLY_METHODS == tuple(FEATURE_ONLY) and not set(FEATURE_ONLY) & set(REGISTRY)
     assert set(FEATURE_METHODS) <= set(REGISTRY) | set(FEATURE_ONLY)

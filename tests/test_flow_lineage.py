@@ -42,13 +42,14 @@ def _released_by_source(result: dict, key: bytes) -> dict[str, bytes]:
     return out
 
 
-def test_second_drop_of_a_dataset_reuses_every_cluster_bit_for_bit(project, prefect_server, tmp_path, capsys):
-    from flows.cli_lineage import cmd_lineage
-    from flows.release import release
+def test_second_drop_of_a_dataset_reuses_every_cluster_bit_for_bit(project, prefect_server, tmp_path, capsys,
+                                                                    monkeypatch):
+    from deid.cli.lineage import cmd_lineage
+    from deid.orchestration.flow import run_flow
 
-    r1 = release(drop=str(_drop(tmp_path / "d1", 15)), k=3)
+    r1 = run_flow(str(_drop(tmp_path / "d1", 15)), k=3).summary()
     assert r1["verdict"] == "released", r1["reasons"]
-    r2 = release(drop=str(_drop(tmp_path / "d2", 24)), k=3)
+    r2 = run_flow(str(_drop(tmp_path / "d2", 24)), k=3).summary()
     assert r2["verdict"] == "released", r2["reasons"]
 
     key = load_linkage_key(project / "data" / "keys" / "dev_linkage.key")
@@ -88,6 +89,6 @@ def test_second_drop_of_a_dataset_reuses_every_cluster_bit_for_bit(project, pref
     blob[-5] ^= 0x01
     entry.write_bytes(bytes(blob))
     with pytest.raises(StateError, match="does not authenticate"):
-        release(drop=str(tmp_path / "d2"), k=3)
+        run_flow(str(tmp_path / "d2"), k=3)
     assert sorted(p.name for p in (project / "data" / "releases").iterdir()) == sorted(
         [r1["release_id"], r2["release_id"]])

@@ -58,7 +58,7 @@ def test_kills_between_registering_and_publishing_are_reconciled_by_the_next_run
                                                                                  monkeypatch):
     from prefect.settings import PREFECT_API_URL
 
-    from flows.release import release
+    from deid.orchestration.flow import run_flow
 
     for name, value in OPS.items():
         monkeypatch.setenv(name, value)
@@ -67,7 +67,7 @@ def test_kills_between_registering_and_publishing_are_reconciled_by_the_next_run
            "PYTHONPATH": str(ROOT)}
 
     def killed_run(fault: str) -> None:
-        proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(drop), "--k", "3"], cwd=ROOT,
+        proc = subprocess.run([sys.executable, "-m", "deid.cli", "run", str(drop), "--k", "3"], cwd=ROOT,
                               env={**env, FAULT_ENV: fault}, capture_output=True, text=True, timeout=900)
         assert proc.returncode == -signal.SIGKILL, f"{fault}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
 
@@ -91,7 +91,7 @@ def test_kills_between_registering_and_publishing_are_reconciled_by_the_next_run
     assert not _releases_without_verified_report(project)
 
     # 3. The next run marks it published (its release exists) and republishes every cluster bit for bit.
-    r3 = release(drop=str(drop), k=3)
+    r3 = run_flow(str(drop), k=3).summary()
     assert r3["verdict"] == "released", r3["reasons"]
     state = _registry(project).load()  # verifies the whole chain and HEAD
     assert _kinds(state) == [("genesis", None), ("release", r1.release_id), ("abandoned", r1.release_id),
@@ -121,9 +121,10 @@ def test_kills_between_registering_and_publishing_are_reconciled_by_the_next_run
 
 def test_a_run_whose_registry_moves_on_fails_and_the_ledger_runs_it_again(project, prefect_server, tmp_path,
                                                                           monkeypatch):
-    import tasks.stages as ts
+    import deid.operations.pipeline as ts
+    from deid.run_config import RunConfig
     from deid.release.lineage import build_release, plan_release
-    from flows.serve import release_incoming
+    from deid.orchestration.serve import release_incoming
 
     for name, value in OPS.items():
         monkeypatch.setenv(name, value)
@@ -132,18 +133,18 @@ def test_a_run_whose_registry_moves_on_fails_and_the_ledger_runs_it_again(projec
     checks = ts.lineage_checks
     other: list[str] = []
 
-    def racing(state, rel, plan, record_ids, aligned_parts):
+    def racing(lin, rel, aligned, *, logger=None):
         # Another run of the dataset registers its release while this one is past planning (the flow
         # plans, clusters and gates before it registers).
         if not other:
             reg = _registry(project)
             current = reg.load()
-            p = plan_release(current, [], [], key=ts._lineage_key(), k=3)
+            p = plan_release(current, [], [], key=ts.linkage_key(RunConfig.resolve())[0], k=3)
             o = build_release(p, current, release_id="other-run", method="k-same-select", new_labels=[],
                               new_images=np.zeros((0, 92 * 81), np.uint8), shape=(92, 81))
             reg.append_release(current, o)
             other.append(o.release_id)
-        return checks(state, rel, plan, record_ids, aligned_parts)
+        return checks(lin, rel, aligned, logger=logger)
 
     monkeypatch.setattr(ts, "lineage_checks", racing)
     (row,) = release_incoming(incoming=str(incoming))

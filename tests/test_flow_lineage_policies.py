@@ -75,12 +75,12 @@ def _report(result: dict) -> dict:
 
 def test_absent_members_new_photo_suppress_and_release_once_through_the_flow(project, prefect_server, tmp_path,
                                                                               monkeypatch, capsys):
-    from flows.cli_lineage import cmd_lineage
-    from flows.release import release
+    from deid.cli.lineage import cmd_lineage
+    from deid.orchestration.flow import run_flow
 
     monkeypatch.setenv("DEID_IDENTITY_EMBED_MAX", "0")
     key_path = project / "data" / "keys" / "dev_linkage.key"
-    r1 = release(drop=str(_drop(tmp_path / "d1", range(15))), k=3)
+    r1 = run_flow(str(_drop(tmp_path / "d1", range(15))), k=3).summary()
     assert r1["verdict"] == "released", r1["reasons"]
     key = load_linkage_key(key_path)
     first, fake1, _ = _released(r1, key)
@@ -90,7 +90,7 @@ def test_absent_members_new_photo_suppress_and_release_once_through_the_flow(pro
         by_person.setdefault(Path(src).name.split("_")[0], set()).add(px)
 
     # ---- 2. republish: five people absent, s00001 brings a third photo.
-    r2 = release(drop=str(_drop(tmp_path / "d2", range(10), extra_photo=0)), k=3)
+    r2 = run_flow(str(_drop(tmp_path / "d2", range(10), extra_photo=0)), k=3).summary()
     assert r2["verdict"] == "released", r2["reasons"]
     rep2 = _report(r2)
     lin2 = rep2["lineage"]
@@ -129,7 +129,7 @@ def test_absent_members_new_photo_suppress_and_release_once_through_the_flow(pro
         monkeypatch.setenv(name, value)
     # ---- 3. suppress: s00014 and s00015 leave; their registered clusters are withheld whole.
     monkeypatch.setenv("DEID_LINEAGE_ABSENT", "suppress")
-    r3 = release(drop=str(_drop(tmp_path / "d3", range(13))), k=3)
+    r3 = run_flow(str(_drop(tmp_path / "d3", range(13))), k=3).summary()
     monkeypatch.delenv("DEID_LINEAGE_ABSENT")
     assert r3["verdict"] == "released", r3["reasons"]
     lin3 = _report(r3)["lineage"]
@@ -148,7 +148,7 @@ def test_absent_members_new_photo_suppress_and_release_once_through_the_flow(pro
 
     # ---- 4. release-once: the 15 come back with 15 new people; only the new ones are released.
     monkeypatch.setenv("DEID_LINEAGE_POLICY", "release-once")
-    r4 = release(drop=str(_drop(tmp_path / "d4", range(30))), k=3)
+    r4 = run_flow(str(_drop(tmp_path / "d4", range(30))), k=3).summary()
     monkeypatch.delenv("DEID_LINEAGE_POLICY")
     assert r4["verdict"] == "released", r4["reasons"]
     lin4 = _report(r4)["lineage"]

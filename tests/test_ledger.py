@@ -10,7 +10,7 @@ import pytest
 
 from deid.errors import ConfigError, DropError
 from deid.operations.ledger import FAILED, QUEUED, RELEASED, RUNNING, Ledger, drop_fingerprint, ready_drops
-from flows.watch import Watcher
+from deid.orchestration.watch import Watcher
 
 
 def _drop(path: Path, *, seed: int = 0, ready: bool = True) -> Path:

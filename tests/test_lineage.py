@@ -441,7 +441,7 @@ def test_registry_survives_a_killed_append_and_continues_the_chain(tmp_path, whe
 
 
 def test_describe_and_cli_list_releases_and_members_only_with_key(tmp_path, capsys, monkeypatch):
-    from flows import cli_lineage
+    from deid.cli import lineage as cli_lineage
 
     _, reg, s2 = _two_releases(tmp_path)
     desc = describe_lineage(s2)

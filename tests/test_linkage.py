@@ -24,7 +24,7 @@ from deid.release.linkage import (
     write_linkage,
 )
 from deid.release.publish import stage_release
-from flows.cli import main
+from deid.cli import main
 
 
 def _mapping(n: int = 5) -> list[dict]:

@@ -82,13 +82,16 @@ def test_registry_is_the_one_source_of_the_method_facts():
     from typing import get_args
 
     from deid.anonymise.methods import K_METHODS, REGISTRY, STRENGTH
-    from deid.settings import Method
-    from flows.release import METHODS as FLOW_METHODS
+    from deid.run_config import RunConfig
+    from deid.settings import Method, Settings
+    from deid.cli import build_parser
 
-    assert set(get_args(Method)) == set(METHODS) == set(REGISTRY) == set(FLOW_METHODS) == set(STRENGTH)
+    run = build_parser()._subparsers._group_actions[0].choices["run"]
+    cli_methods = next(a.choices for a in run._actions if a.dest == "method")
+    assert set(get_args(Method)) == set(METHODS) == set(REGISTRY) == set(cli_methods) == set(STRENGTH)
     assert {m for m in METHODS if STRENGTH[m] == "k"} == set(K_METHODS)
-    assert {m for m in FLOW_METHODS if FLOW_METHODS[m]["select"]} == {m for m in METHODS if REGISTRY[m].partitions_by_labels}
-    assert "k-same-select" in {m for m in FLOW_METHODS if FLOW_METHODS[m]["select"]}
+    selecting = {m for m in METHODS if RunConfig.resolve(Settings(), method=m).select(["gender"])}
+    assert selecting == {m for m in METHODS if REGISTRY[m].partitions_by_labels} and "k-same-select" in selecting
     for spec in REGISTRY.values():  # identical images and label partitions only make sense with clusters
         assert spec.clustered or not (spec.identical_within_cluster or spec.partitions_by_labels)
 

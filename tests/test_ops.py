@@ -26,7 +26,7 @@ from deid.release.verify import verify_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.ops]
 ROOT = Path(__file__).resolve().parents[1]
-DEID = [sys.executable, "-m", "flows.cli"]
+DEID = [sys.executable, "-m", "deid.cli"]
 
 
 def free_port() -> int:

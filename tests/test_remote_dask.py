@@ -22,10 +22,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 FLOW = """
 import json, sys
-from flows.release import release
+from deid.orchestration.flow import run_flow
 if __name__ == "__main__":
-    result = release(drop=sys.argv[1], k=5)
-    print("RESULT " + json.dumps(result, default=str))
+    result = run_flow(sys.argv[1], k=5)
+    print("RESULT " + json.dumps(result.summary()))
 """
 
 

@@ -27,7 +27,7 @@ from deid.intake.ingest import ingest
 from deid.release.publish import stage_release
 from deid.operations.safety import COMPLETE_MARKER, RunLock, is_live, preflight_locations, recover
 from deid.release.signing import write_keypair
-from flows.cli import (
+from deid.cli import (
     EXIT_BAD_INPUT,
     EXIT_ENVIRONMENT,
     EXIT_INTEGRITY_ONLY,
@@ -313,7 +313,7 @@ def test_verify_without_a_key_is_never_exit_0(tmp_path, capsys):
 
 def test_a_child_started_with_die_with_parent_dies_on_kill_9(tmp_path):
     script = (f"import os, subprocess, sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
-              "from flows.cli import _die_with_parent\n"
+              "from deid.cli import _die_with_parent\n"
               "p = subprocess.Popen(['sleep', '120'], preexec_fn=_die_with_parent(os.getpid()))\n"
               "print(p.pid, flush=True); time.sleep(120)\n")
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
@@ -376,7 +376,7 @@ def test_unreadable_drop_through_the_real_cli_prints_no_traceback(project, prefe
     (drop / "manifest.csv").write_bytes(BAD_MANIFESTS["semicolons"][0])
     env = {**os.environ, "DEID_PROJECT_DIR": str(project), "PREFECT_API_URL": PREFECT_API_URL.value(),
            "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(drop), "--k", "2"], cwd=ROOT, env=env,
+    proc = subprocess.run([sys.executable, "-m", "deid.cli", "run", str(drop), "--k", "2"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == EXIT_BAD_INPUT, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr

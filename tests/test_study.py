@@ -77,7 +77,7 @@ def _f(x: str) -> float:
 
 def test_study_cli_on_a_small_synthetic_drop(tmp_path, capsys):
     from deid.evaluation.study import CSV_COLUMNS
-    from flows.cli import main
+    from deid.cli import main
     from deid.intake.synth import make_synthetic_drop
 
     drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=0)

@@ -369,7 +369,7 @@ def test_output_does_not_depend_on_worker_count(tmp_path):
 
 
 def test_cli_synth_options(tmp_path):
-    from flows.cli import main
+    from deid.cli import main
 
     out = tmp_path / "d"
     rc = main(["synth", str(out), "--people", "2", "--images-per-person", "3", "--condition-values", "3",

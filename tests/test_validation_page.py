@@ -116,7 +116,7 @@ class _Lines(logging.Handler):
 def test_a_real_runs_pages(project, prefect_server, tmp_path):
     """One flow run: its validation page names every expectation, report.html reads at a glance,
     and the long stages reported their progress (throttled)."""
-    from flows.release import release
+    from deid.orchestration.flow import run_flow
 
     # Our own handler: Prefect's logging set-up replaces the root handlers pytest's caplog relies on.
     progress_log = logging.getLogger("deid.progress")
@@ -125,7 +125,7 @@ def test_a_real_runs_pages(project, prefect_server, tmp_path):
     level, progress_log.level = progress_log.level, logging.INFO
     try:
         drop = make_synthetic_drop(tmp_path / "drop", people=20, images_per_person=2, seed=11, image_size=120)
-        result = release(drop=str(drop), k=3)
+        result = run_flow(str(drop), k=3).summary()
     finally:
         progress_log.removeHandler(seen)
         progress_log.setLevel(level)

@@ -333,7 +333,10 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
     """
     k = config.k
     n = inputs.n
-    checks = [Check("release_not_empty", n > 0, n, ">= 1", "" if n > 0 else "no record could be released")]
+    # n counts the records judged here: released if every check passes, withheld if the gate rejects.
+    checks = [Check("release_not_empty", n > 0, n, ">= 1",
+                    f"{n} de-identified records judged (released only if every check passes)" if n > 0
+                    else "no record could be released")]
     min_people = share = None
     exact = False
     if n and inputs.clusters is not None and _clustered(config.method):
@@ -387,8 +390,8 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
                         sorted(allowed), "release columns: " + ", ".join(columns)))
     total = n + inputs.suppressed + inputs.quarantined
     checks.append(Check("records_accounted", total == inputs.records_in, total, f"= {inputs.records_in}",
-                        f"released {n} + suppressed {inputs.suppressed} + quarantined {inputs.quarantined} "
-                        f"= {total} of {inputs.records_in} in"))
+                        f"judged {n} (released, or withheld if rejected) + suppressed {inputs.suppressed} + "
+                        f"quarantined {inputs.quarantined} = {total} of {inputs.records_in} in"))
     if inputs.partition_failed:
         checks.append(Check("small_partitions", False, "fail", "every partition >= k people",
                             inputs.partition_detail or "a label partition has fewer than k distinct people"))

@@ -40,13 +40,11 @@ CSV_COLUMNS = ("method", "strength_name", "strength", "k", "kind", "check", "att
 
 
 def _aligner_params() -> dict:
-    from deid.settings import Settings  # noqa: PLC0415 - settings read only when aligning
+    from deid.run_config import AlignerParams  # noqa: PLC0415 - settings read only when aligning
+    from deid.settings import Settings  # noqa: PLC0415
 
-    s = Settings()
-    w, h = s.canonical_size
-    left, right = s.canonical_eyes()
-    return {"size": [w, h], "eye_left": list(left), "eye_right": list(right), "max_upsample": s.max_upsample,
-            "min_eye_distance": s.min_eye_distance_px}
+    # Grey only: the study measures what the gate measures.
+    return {**AlignerParams.from_settings(Settings()).to_dict(), "color": False}
 
 
 def load_aligned(drop_dir: str | Path, workdir: str | Path, *, labels: list[str] | None = None

@@ -361,13 +361,17 @@ def validate_manifest(drop) -> SuiteResult:
     return run_suite("manifest", manifest_frame(drop.manifest_bytes), labels=list(drop.labels))
 
 
-def validate_ingested(path: str | Path, labels: list[str], *, label_sets: dict[str, list] | None = None) -> SuiteResult:
-    """Run the ``ingested`` suite on the staged table (its image bytes are not read)."""
-    import pyarrow.parquet as pq  # noqa: PLC0415
+def validate_ingested(path, labels: list[str], *, label_sets: dict[str, list] | None = None) -> SuiteResult:
+    """Run the ``ingested`` suite on the staged table (its image bytes are not read).
 
-    schema = pq.read_schema(path)
-    table = pq.read_table(path, columns=[c for c in schema.names if c != "data"])
-    return run_suite("ingested", table, labels=list(labels), label_sets=label_sets)
+    ``path``: ingested.parquet, or its table already read without the ``data`` column.
+    """
+    if isinstance(path, (str, Path)):
+        import pyarrow.parquet as pq  # noqa: PLC0415
+
+        schema = pq.read_schema(path)
+        path = pq.read_table(path, columns=[c for c in schema.names if c != "data"])
+    return run_suite("ingested", path, labels=list(labels), label_sets=label_sets)
 
 
 def validate_aligned(paths: list[str | Path], *, pixel_bytes: int) -> SuiteResult:

@@ -1,6 +1,6 @@
 """Run safety: pre-flight checks, the run lock, recovery after killed runs, signed addenda, fault hooks.
 
-The order of commitment of a run (``flows/release.py``) is: pre-flight (configuration, signing
+The order of commitment of a run (``deid/operations/runner.py``) is: pre-flight (configuration, signing
 key, writable data and reports locations on the right filesystems) -> lock the run's staging
 directory -> recover what dead runs left -> work, staging the would-be release *inside* the
 run's staging directory -> write, validate and sign the report -> publish by one ``rename``

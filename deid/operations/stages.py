@@ -20,12 +20,14 @@ import pyarrow.parquet as pq
 from deid.alignment.eyes import EyePair, HaarEyeDetector
 from deid.alignment.canonical import FaceAligner
 from deid.alignment.align import align_records
+from deid.contracts import LINEAGE_PARTITION, StagingLayout
 from deid.errors import ConfigError, Quarantined, StateError
 from deid.alignment.features import Eigenfaces
 from deid.anonymise.identity import PeopleResolution, resolve_people
 from deid.anonymise.ksame import KSame
 from deid.evaluation.leaks import mean_abs_difference
 from deid.release.linkage import COUNTERFEIT_PREFIX  # staging id of a counterfeit record (private linkage only)
+from deid.anonymise.method_registry import COLOR_METHODS, REGISTRY
 from deid.anonymise.methods import deidentify as deidentify_images
 from deid.schemas import arrow as schemas
 
@@ -53,7 +55,7 @@ def make_aligner(params: dict) -> FaceAligner:
 
 def align_batch(ingested_path: str, row_groups: list[int], out_path: str, aligner_params: dict,
                 exclude: list[str] = ()) -> dict:
-    """Align the faces of some row groups of the ingested table; return counts and quarantine rows."""
+    """Align the faces of some row groups of the ingested table; return counts and quarantine records."""
     pf = pq.ParquetFile(ingested_path)
     table = pf.read_row_groups(
         row_groups, columns=["record_id", "image", "data", "eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"]
@@ -92,21 +94,15 @@ def align_batch(ingested_path: str, row_groups: list[int], out_path: str, aligne
     return {
         "path": out_path,
         "aligned": len(ok),
-        "quarantined": [q.__dict__ for q in bad],
+        "quarantined": list(bad),
         "eye_sources": {s: sum(r["eye_source"] == s for r in ok) for s in {r["eye_source"] for r in ok}},
     }
 
 
-COLOR_SUBDIR = "aligned_color"
-# The colour methods: those whose released face is the plain mean of its cluster's faces, so the
-# same mean per channel is the colour release (see deidentify_partition).
-COLOR_METHODS = ("k-same", "k-same-select", "k-same-naive")
-
-
 def color_part(aligned_part: str | Path) -> Path:
-    """Where :func:`align_batch` writes the colour faces of one aligned part."""
+    """Where :func:`align_batch` writes the colour faces of one aligned part (``<staging>/aligned/<part>``)."""
     p = Path(aligned_part)
-    return p.parent.parent / COLOR_SUBDIR / p.name
+    return StagingLayout(p.parent.parent).color_part(p)
 
 
 def read_pixels(paths: list[str], columns=("record_id", "pixels")) -> tuple[list[str], np.ndarray]:
@@ -185,7 +181,8 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     X = np.asarray(table.column("features").to_pylist(), dtype=np.float32)
     pix = table.column("pixels").to_pylist()
     images = np.frombuffer(b"".join(pix), dtype=np.uint8).reshape(len(pix), -1)
-    if method not in ("k-same", "k-same-naive", "k-same-select"):
+    spec = REGISTRY.get(method)
+    if spec is None or not spec.cluster_mean:  # (an unknown name gets deid.anonymise.methods' ConfigError)
         # Every other method (registry in deid.anonymise.methods) runs on the pixels; those without
         # clusters (blur, pixelate, selective-mean, attribute-preserving) get one per record.
         released, found = deidentify_images(images, shape=shape, people=list(people), method=method, k=k,
@@ -299,7 +296,7 @@ def _pixels(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 
 def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[str], batch_rows: int = 4096,
-                 select: bool = False) -> dict:
+                 select: bool = False, partition_keys: dict[tuple[str, ...], str] | None = None) -> dict:
     """Per-record facts the gate needs, streamed: memory holds metadata, never all pixels.
 
     Returns plain arrays for :class:`deid.evaluation.gate.GateInputs`: ``record_ids``, ``people`` (the
@@ -309,7 +306,9 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     (mean absolute difference between the released image and the record's own original),
     plus ``fetch(idx) -> (released, originals)``, which reads just those records' pixels.
     ``select``: the method partitions by the labels (the returning people's records then join
-    the partition of their label values).
+    the partition of their label values); ``partition_keys`` maps label values to Hive keys, as
+    the partition stage returned them (:attr:`deid.contracts.Partitioned.gate_keys`; read from
+    ``_index.json`` when absent).
     """
     import hashlib  # noqa: PLC0415
 
@@ -325,7 +324,7 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     image_index: list[int] = []
     own: list[np.ndarray] = []
     digests: dict[bytes, int] = {}
-    lineage_key = _lineage_partition_key(Path(partitions_root), labels, select)
+    lineage_key = _lineage_partition_key(Path(partitions_root), labels, select, partition_keys)
     for pdir, dpath in pairs:
         key = Path(pdir).name.split("=", 1)[-1]
         for o, r in _paired_batches(pdir, dpath, ["record_id", "subject_id", "pixels", *labels], batch_rows):
@@ -383,7 +382,8 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     }
 
 
-def _lineage_partition_key(root: Path, labels: list[str], select: bool):
+def _lineage_partition_key(root: Path, labels: list[str], select: bool,
+                           by_key: dict[tuple[str, ...], str] | None = None):
     """The gate partition of a returning person's record: the label partition its labels belong to.
 
     Returning records are staged together (``partition=lineage``); the gate's utility protocol
@@ -392,8 +392,10 @@ def _lineage_partition_key(root: Path, labels: list[str], select: bool):
     """
     import json  # noqa: PLC0415
 
-    index = json.loads((root / "_index.json").read_text()) if (root / "_index.json").is_file() else []
-    by_key = {tuple(e["key"]): Path(e["dir"]).name.split("=", 1)[-1] for e in index}
+    if by_key is None:
+        index_path = StagingLayout(root.parent).partition_index
+        index = json.loads(index_path.read_text()) if index_path.is_file() else []
+        by_key = {tuple(e["key"]): Path(e["dir"]).name.split("=", 1)[-1] for e in index}
     if not select:
         single = next(iter(by_key.values())) if len(by_key) == 1 else LINEAGE_PARTITION
         return lambda lab: single
@@ -435,8 +437,6 @@ def resolve_identities(faces: pa.Table, *, policy: str = "merge", embeddings: np
 
 
 # --------------------------------------------------------------------------- release lineage (deid.release.lineage)
-
-LINEAGE_PARTITION = "lineage"      # hive key of the returning people's records (released as registered averages)
 
 
 def plan_lineage(faces: pa.Table, sources: dict[str, str], state, *, key: bytes, k: int, policy: str, absent: str,

@@ -43,6 +43,12 @@ class LineageCheck:
         return {"name": self.name, "passed": bool(self.passed), "value": self.value, "threshold": self.threshold,
                 "detail": self.detail}
 
+    def to_gate_check(self):
+        """The gate's :class:`~deid.evaluation.checks.Check` (without the private ``findings``)."""
+        from deid.evaluation.checks import Check  # noqa: PLC0415
+
+        return Check(self.name, bool(self.passed), self.value, self.threshold, self.detail)
+
 
 # --------------------------------------------------------------------------- structural checks
 

@@ -226,11 +226,14 @@ def build_linkage(
     return sorted(rows, key=lambda r: (r["released_record_id"], r["source_record_id"]))
 
 
-def sources_from_ingested(ingested: Path) -> dict[str, dict[str, Any]]:
-    """staging record_id -> {subject_id, image} read from ``ingested.parquet`` (pixels are not read)."""
-    import pyarrow.parquet as pq  # noqa: PLC0415 - only the flow needs it
+def sources_from_ingested(ingested) -> dict[str, dict[str, Any]]:
+    """staging record_id -> {subject_id, image} from ``ingested.parquet`` (pixels are not read), or from
+    its table already read (:attr:`deid.contracts.Ingested.metadata`)."""
+    if isinstance(ingested, (str, Path)):
+        import pyarrow.parquet as pq  # noqa: PLC0415 - only the flow needs it
 
-    table = pq.read_table(ingested, columns=["record_id", "subject_id", "image"])
+        ingested = pq.read_table(ingested, columns=["record_id", "subject_id", "image"])
+    table = ingested.select(["record_id", "subject_id", "image"])
     return {r["record_id"]: {"subject_id": r["subject_id"], "image": r["image"]} for r in table.to_pylist()}
 
 

@@ -301,6 +301,7 @@ def _tiles(r: Mapping[str, Any]) -> str:
     ds = r.get("dataset", {}) or {}
     privacy = r.get("privacy") or {}
     tiles = [("records in", ds.get("records_in")), ("released", ds.get("records_released")),
+             *([("withheld (rejected)", ds["records_withheld"])] if ds.get("records_withheld") else []),
              ("suppressed", ds.get("records_suppressed")), ("quarantined", ds.get("records_quarantined")),
              ("max re-identification", _num(privacy.get("max_rate"))), ("bound 1/k", _num(privacy.get("bound"))),
              ("min people per cluster", privacy.get("min_distinct_people_per_cluster")),
@@ -394,9 +395,12 @@ def _partitions(r: Mapping[str, Any]) -> str:
 def _withheld(r: Mapping[str, Any]) -> str:
     ds = r.get("dataset", {}) or {}
     cfg = r.get("configuration") or {}
+    # Reports before records_withheld counted a rejected run's would-be release as suppressed.
+    why = "small partitions" if "records_withheld" in ds else "small partitions or a rejected run"
     out = ["<h2>Suppressed and quarantined records</h2>",
-           f"<p>{esc(ds.get('records_suppressed', 0))} suppressed (small partitions or a rejected run), "
-           f"{esc(ds.get('records_quarantined', 0))} quarantined.</p>"]
+           f"<p>{esc(ds.get('records_suppressed', 0))} suppressed ({why}), "
+           + (f"{esc(ds['records_withheld'])} withheld because the run was rejected, " if ds.get("records_withheld")
+              else "") + f"{esc(ds.get('records_quarantined', 0))} quarantined.</p>"]
     small = cfg.get("small_partitions_detail") or []
     if small:
         # Counts only: a suppressed partition's label values may single out the few people in it.

@@ -59,9 +59,22 @@ DEFAULT_VERSION_PACKAGES = (
 )
 
 
+def _drop_none(d: dict[str, Any], *keys: str) -> dict[str, Any]:
+    """``d`` without the optional ``keys`` whose value is None (older reports lack them)."""
+    for key in keys:
+        if d.get(key, 0) is None:
+            del d[key]
+    return d
+
+
 @dataclass
 class DatasetSummary:
-    """Where the records went: in, released, suppressed (small partitions), quarantined (by reason code)."""
+    """Where the records went: in = released + withheld + suppressed + quarantined.
+
+    ``records_withheld``: de-identified and judged by the gate, not released because the gate
+    rejected the run (0 when released; None in reports older than this field). Suppressed
+    records were held back before the gate (small label partitions, lineage newcomers waiting).
+    """
 
     name: str
     fingerprint: str
@@ -70,36 +83,56 @@ class DatasetSummary:
     records_suppressed: int
     records_quarantined: int
     quarantine_by_reason: dict[str, int] = field(default_factory=dict)
+    records_withheld: int | None = None
 
 
 @dataclass
 class Check:
-    """One gate check and its outcome (``value``/``threshold``: any JSON value, None when absent)."""
+    """One gate check and its outcome (``value``/``threshold``: any JSON value, None when absent).
+
+    ``status`` (pass, fail, inconclusive, not_applicable), ``interval`` and ``n`` as in
+    :class:`deid.evaluation.checks.Check`; None leaves them out.
+    """
 
     name: str
     passed: bool
     value: Any = None
     threshold: Any = None
     detail: str = ""
+    status: str | None = None
+    interval: list[float] | None = None
+    n: int | None = None
+
+    @classmethod
+    def from_gate(cls, check: Any) -> Check:
+        """The report's record of a :class:`deid.evaluation.checks.Check`."""
+        return cls(**check.to_dict())
 
 
 @dataclass
 class Reidentification:
-    """Re-identification rate of one attacker in one mode (e.g. closest-match against originals)."""
+    """Re-identification rate of one attacker in one mode, with its one-sided bounds and sample sizes."""
 
     attacker: str
     mode: str
     rate: float
+    n_probes: int | None = None
+    records: int | None = None
+    lower: float | None = None
+    upper: float | None = None
 
 
 @dataclass
 class Privacy:
-    """The privacy bound 1/k and what was measured against it."""
+    """The privacy bound 1/k and what was measured against it (see the gate, :mod:`deid.evaluation.gate`)."""
 
     bound: float
     max_rate: float | None = None
     min_distinct_people_per_cluster: int | None = None
     reidentification: list[Reidentification] = field(default_factory=list)
+    max_person_share: float | None = None
+    exact_bound: bool | None = None
+    attack_sample: dict[str, Any] | None = None
 
 
 @dataclass
@@ -110,9 +143,20 @@ class Utility:
     original_accuracy: float | None
     deidentified_accuracy: float | None
     tolerance: float
-    detail: str = ""
+    detail: str | None = ""
     # How accuracy was measured (e.g. "train-original/test-release"); None leaves it out of the report.
     protocol: str | None = None
+    # The protocol's further evidence (intervals, sample sizes, the gate's status ...), flattened into the row.
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Utility:
+        """A utility row of the gate (or of a report) as the typed record; unknown keys go to ``extra``."""
+        known = ("label", "original_accuracy", "deidentified_accuracy", "tolerance", "detail", "protocol")
+        return cls(label=row["label"], original_accuracy=row.get("original_accuracy"),
+                   deidentified_accuracy=row.get("deidentified_accuracy"), tolerance=row["tolerance"],
+                   detail=row.get("detail"), protocol=row.get("protocol"),
+                   extra={k: v for k, v in row.items() if k not in known})
 
 
 @dataclass
@@ -160,24 +204,41 @@ class Report:
     # Files of the report directory besides report.json/.sig (report.html, validation results);
     # None leaves the field out (older reports), a list makes verify check the report dir exactly.
     report_files: list[Artifact] | None = None
+    # The method's promise (deid.anonymise.methods.guarantee), checks that could not decide, the dataset's
+    # lineage and the data-validation summaries; None leaves each out (older reports).
+    guarantee: str | None = None
+    warnings: list[str] | None = None
+    lineage: dict[str, Any] | None = None
+    validation: dict[str, Any] | None = None
+
+    @property
+    def released(self) -> bool:
+        return self.verdict == "released"
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (Paths as POSIX strings, tuples as lists, numpy scalars as Python numbers)."""
         d = dataclasses.asdict(self)
         if d["privacy"] is None:
             d["privacy"] = dataclasses.asdict(Privacy(bound=1.0 / self.k))
-        if d["report_files"] is None:
-            del d["report_files"]
+        _drop_none(d, "report_files", "guarantee", "warnings", "lineage", "validation")
+        _drop_none(d["dataset"], "records_withheld")
+        _drop_none(d["privacy"], "max_person_share", "exact_bound", "attack_sample")
+        for r in d["privacy"]["reidentification"]:
+            _drop_none(r, "n_probes", "records", "lower", "upper")
+        for c in d["checks"]:
+            _drop_none(c, "status", "interval", "n")
         for u in d["utility"]:
-            if u["protocol"] is None:
-                del u["protocol"]
+            extra = u.pop("extra")
+            _drop_none(u, "protocol", "detail")
+            u.update(extra)
         return jsonable(d)
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Report:
         """Inverse of :meth:`to_dict` (no validation; call :func:`validate_report` for that)."""
         p = d["privacy"]
-        return cls(
+        optional = {key: d[key] for key in ("guarantee", "warnings", "lineage", "validation") if key in d}
+        return cls(**optional,
             release_id=d["release_id"],
             verdict=d["verdict"],
             reasons=list(d["reasons"]),
@@ -192,8 +253,11 @@ class Report:
                 max_rate=p["max_rate"],
                 min_distinct_people_per_cluster=p["min_distinct_people_per_cluster"],
                 reidentification=[Reidentification(**r) for r in p["reidentification"]],
+                max_person_share=p.get("max_person_share"),
+                exact_bound=p.get("exact_bound"),
+                attack_sample=p.get("attack_sample"),
             ),
-            utility=[Utility(**u) for u in d["utility"]],
+            utility=[Utility.from_row(u) for u in d["utility"]],
             artifacts=[Artifact(**a) for a in d["artifacts"]],
             release_dir=d["release_dir"],
             signing=SigningInfo(**d["signing"]),
@@ -399,6 +463,7 @@ def report_problems(report: Mapping[str, Any]) -> list[str]:
     for key in ("records_released", "records_suppressed", "records_quarantined"):
         if ds[key] > ds["records_in"]:
             problems.append(f"$.dataset.{key} = {ds[key]} exceeds records_in = {ds['records_in']}")
+    problems += _count_problems(report)
     by_reason = ds["quarantine_by_reason"]
     if sum(by_reason.values()) != ds["records_quarantined"]:
         problems.append(
@@ -456,6 +521,31 @@ def report_problems(report: Mapping[str, Any]) -> list[str]:
             if max_rate is not None and r["rate"] > max_rate:
                 problems.append(f"$.privacy.max_rate = {max_rate!r} is below the {r['attacker']}/{r['mode']} rate {r['rate']!r}")
     return problems
+
+
+def _count_problems(report: Mapping[str, Any]) -> list[str]:
+    """The tiles (``dataset``) and the gate's accounting checks must tell the same story."""
+    ds = report["dataset"]
+    withheld = ds.get("records_withheld")
+    if withheld is None:  # reports older than records_withheld
+        return []
+    out = []
+    parts = ("records_released", "records_withheld", "records_suppressed", "records_quarantined")
+    total = sum(ds[p] for p in parts)
+    if total != ds["records_in"]:
+        out.append(f"$.dataset: released + withheld + suppressed + quarantined = {total}, but records_in = "
+                   f"{ds['records_in']}")
+    if report["verdict"] == "released" and withheld:
+        out.append(f"verdict 'released' but $.dataset.records_withheld = {withheld}")
+    if report["verdict"] == "rejected" and ds["records_released"]:
+        out.append(f"verdict 'rejected' but $.dataset.records_released = {ds['records_released']}")
+    checks = {c["name"]: c for c in report["checks"]}
+    judged = (checks.get("release_not_empty") or {}).get("value")
+    if isinstance(judged, int) and not (judged == ds["records_released"] if report["verdict"] == "released"
+                                        else judged <= withheld):
+        out.append(f"check release_not_empty judged {judged} records but $.dataset says {ds['records_released']} "
+                   f"released and {withheld} withheld")
+    return out
 
 
 def validate_report(report: Mapping[str, Any]) -> None:

@@ -95,7 +95,7 @@ def cmd_study(args) -> int:
     settings = Settings()
     out = Path(args.out) if args.out else settings.data_path / "study" / drop.resolve().name
     try:
-        # The gate the release flow would run (flows/release.py), with the study's overrides.
+        # The gate the release flow would run (deid/operations/pipeline.py), with the study's overrides.
         gate = GateConfig(
             k=2, method="k-same", tolerance=settings.utility_tolerance, confidence=settings.gate_confidence,
             leak_threshold=args.leak_threshold if args.leak_threshold is not None else settings.leak_threshold,

@@ -31,7 +31,6 @@ import subprocess
 import sys
 import traceback
 import types
-import typing
 from pathlib import Path
 
 # Multi-threaded OpenBLAS spins on its threads and, next to Dask workers on a small machine,
@@ -44,10 +43,12 @@ from deid.errors import (  # noqa: E402
     DataError,
     DeidError,
     EnvironmentFailure,
+    ReleaseRejected,
     StateError,
     VerificationError,
 )
-from deid.settings import Method  # noqa: E402  (light: the CLI keeps heavy imports lazy)
+from deid.anonymise.method_registry import METHODS  # noqa: E402  (light: the CLI keeps heavy imports lazy)
+from deid.settings import SMALL_PARTITION_POLICIES  # noqa: E402
 
 # deid.anonymise.methods.FEATURE_ONLY, without importing it (the CLI keeps heavy imports lazy).
 FEATURE_ONLY_METHODS = ("noise",)
@@ -63,6 +64,7 @@ EXIT_BY_TYPE: tuple[tuple[type[BaseException], int], ...] = (
     (DataError, EXIT_BAD_INPUT),
     (ConfigError, EXIT_BAD_INPUT),
     (VerificationError, EXIT_REJECTED),
+    (ReleaseRejected, EXIT_REJECTED),
     (DeidError, EXIT_BAD_INPUT),
     # A path the user named that is missing or taken is bad input; any other OS error is the machine's.
     (FileNotFoundError, EXIT_BAD_INPUT),
@@ -82,8 +84,8 @@ def exit_code_for(exc: BaseException) -> int:
             return code
     return EXIT_STATE
 # Modules adding subcommands (each has register(subparsers) and keeps heavy imports lazy).
-EXTENSIONS = ("flows.cli_alignment", "flows.cli_study", "flows.cli_report", "flows.cli_ops", "flows.cli_lineage",
-              "flows.cli_releases")
+EXTENSIONS = ("deid.cli.alignment", "deid.cli.study", "deid.cli.report", "deid.cli.ops", "deid.cli.lineage",
+              "deid.cli.releases")
 
 
 def _labels(value: str | None) -> list[str] | None:
@@ -226,6 +228,8 @@ def _drop_kind(drop: Path) -> str:
 
 def cmd_run(args) -> int:
     drop = Path(args.drop)
+    if drop.is_file():
+        raise DataError(f"drop {drop} is a file; give the drop directory (the one holding manifest.csv and the images)")
     if not drop.is_dir():
         raise DataError(f"drop directory {drop} does not exist or is not a directory")
     if _drop_kind(drop) == "features":
@@ -238,24 +242,62 @@ def cmd_run(args) -> int:
         res = release_feature_drop(drop.resolve(), k=args.k, method=args.method, labels=args.labels,
                                    name=args.name, small_partitions=args.small_partitions, sigma=args.sigma,
                                    settings=_settings())
-        return _print_run(res.to_dict())
+        return _print_feature_run(res.to_dict())
+    from deid.run_config import RunConfig  # noqa: PLC0415
+
+    # The run's configuration, validated once before Prefect starts: its resolved values are the
+    # flow run's parameters (no `k: null` in the UI).
+    config = RunConfig.resolve(_settings(), k=args.k, method=args.method, labels=args.labels,
+                               small_partitions=args.small_partitions, name=args.name, sigma=args.sigma,
+                               block=args.block)
     preflight_run()
     _quiet_prefect_env()
-    from flows.release import release  # noqa: PLC0415 - Prefect is heavy; only `run` needs it
+    from deid.orchestration.flow import run_flow  # noqa: PLC0415 - Prefect is heavy; only `run` needs it
 
     if not args.debug:
         _quiet_prefect_tracebacks()
     # Long stages report records done and time left (deid.progress, throttled) even when other logs are quiet.
     logging.getLogger("deid.progress").setLevel(logging.INFO)
     start_prefect_server_child()
-    print(f"deid run: {drop} (k={args.k or 'default'}, method={args.method or 'default'})", file=sys.stderr)
-    result = release(drop=str(drop.resolve()), k=args.k, method=args.method, labels=args.labels,
-                     small_partitions=args.small_partitions, name=args.name, sigma=args.sigma, block=args.block)
-    return _print_run(result)
+    print(f"deid run: {drop} (k={config.k}, method={config.method})", file=sys.stderr)
+    result = run_flow(str(drop.resolve()), **config.parameters())
+    if result.input_error:
+        print("verdict: REJECTED (unreadable drop)")
+        print(f"report: {result.report_path}")
+        raise DataError(result.input_error)
+    print_summary(result)
+    return EXIT_OK if result.released else EXIT_REJECTED
 
 
-def _print_run(result: dict) -> int:
-    """Print a run's verdict, counts and key figures; the exit code of its verdict."""
+def print_summary(result) -> None:
+    """The verdict, its reasons and the key figures of a :class:`~deid.contracts.RunResult`."""
+    report = result.report
+    ds, priv = report.dataset, report.privacy
+    print(f"verdict: {report.verdict.upper()}")
+    for reason in report.reasons:
+        print(f"  reason: {reason}")
+    print(f"records: {ds.records_in} in, {ds.records_released} released, "
+          + (f"{ds.records_withheld} withheld (rejected), " if ds.records_withheld else "")
+          + f"{ds.records_suppressed} suppressed, {ds.records_quarantined} quarantined")
+    if ds.quarantine_by_reason:
+        print("quarantined by reason: " + ", ".join(f"{k}={v}" for k, v in sorted(ds.quarantine_by_reason.items())))
+    if priv.max_rate is not None:
+        print(f"re-identification: max {priv.max_rate:.4f} (bound 1/k = {priv.bound:.4f}); "
+              f"min distinct people per cluster {priv.min_distinct_people_per_cluster}")
+    for u in report.utility:
+        o, d = u.original_accuracy, u.deidentified_accuracy
+        print(f"utility {u.label} [{u.protocol or 'cv'}]: originals {o if o is None else f'{o:.3f}'}, "
+              f"release {d if d is None else f'{d:.3f}'}")
+    if result.release_dir:
+        print(f"release: {result.release_dir}")
+    print(f"report: {result.report_path}")
+    if result.key_origin == "development":
+        print(f"signed with the development key; verify with: deid verify {result.report_dir} "
+              f"--public-key {result.public_key}")
+
+
+def _print_feature_run(result: dict) -> int:
+    """Print a feature run's verdict, counts and key figures (its result as a dict); the exit code of its verdict."""
     if result.get("input_error"):
         print("verdict: REJECTED (unreadable drop)")
         print(f"report: {result['report']}")
@@ -372,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     r = sub.add_parser("run", help="run the release flow on a drop")
     r.add_argument("drop")
     r.add_argument("--k", type=_k, default=None, help="minimum distinct people per cluster (default 5)")
-    r.add_argument("--method", choices=[*typing.get_args(Method), *FEATURE_ONLY_METHODS], default=None,
+    r.add_argument("--method", choices=[*METHODS, *FEATURE_ONLY_METHODS], default=None,
                    help="k-same-select (default), k-same, k-same-eigen or k-same-m (formal k-Same guarantee); "
                         "multi-factor, selective-mean, attribute-preserving (the gate's attacks decide); "
                         "k-same-naive, blur and pixelate are for comparison (the gate rejects them); feature drops: "
@@ -382,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "feature standard deviations (e.g. 0.1)")
     r.add_argument("--block", type=int, default=None, help="pixelation block (canonical pixels), method pixelate")
     r.add_argument("--labels", type=_labels, default=None, help="utility label columns, e.g. gender,expression")
-    r.add_argument("--small-partitions", choices=["suppress", "merge", "fail"], default=None)
+    r.add_argument("--small-partitions", choices=list(SMALL_PARTITION_POLICIES), default=None)
     r.add_argument("--name", default=None, help="dataset name (default: drop.yaml's or the directory name)")
     r.set_defaults(func=cmd_run)
 

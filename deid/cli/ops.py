@@ -63,7 +63,7 @@ def cmd_server(args) -> int:
 
 
 def _need_api(cmd: str) -> str | None:
-    from flows.watch import api_url
+    from deid.orchestration.watch import api_url
 
     try:
         return api_url()
@@ -74,7 +74,7 @@ def _need_api(cmd: str) -> str | None:
 
 def cmd_serve(args) -> int:
     _quiet_env()
-    from flows import serve as s  # sets PREFECT_RUNNER_POLL_FREQUENCY before prefect loads
+    from deid.orchestration import serve as s  # sets PREFECT_RUNNER_POLL_FREQUENCY before prefect loads
 
     url = _need_api("serve")
     if url is None:
@@ -102,7 +102,7 @@ def cmd_watch(args) -> int:
         return EXIT_BAD_INPUT
     from deid.operations.ledger import open_ledger
     from deid.settings import Settings
-    from flows.watch import Watcher
+    from deid.orchestration.watch import Watcher
 
     url = _need_api("watch")
     if url is None:

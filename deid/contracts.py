@@ -1,0 +1,400 @@
+"""The typed contracts between the release stages, and the staging layout every stage writes into.
+
+Each stage of :mod:`deid.operations.pipeline` takes contracts in and returns one out, the same whether the
+Prefect flow (:mod:`deid.orchestration`) or the plain runner (:mod:`deid.operations.runner`) calls it::
+
+    drop -> Ingested -> Aligned -> Featurized -> Partitioned -> Deidentified [-> LineageApplied]
+         -> Staged -> GateResult (deid.evaluation.gate) -> Report (deid.reporting.report) -> SignedReport [-> Published]
+         -> RunResult
+
+All are frozen dataclasses; paths are :class:`~pathlib.Path`; quarantine records stay
+:class:`~deid.errors.Quarantined` and checks :class:`~deid.evaluation.checks.Check` from the stage that
+made them to the report. :class:`StagingLayout` names every path of a run's staging directory.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from deid.evaluation.checks import Check
+from deid.errors import Quarantined
+from deid.operations.safety import COMPLETE_MARKER, LOCK_NAME, RELEASE_SUBDIR
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    import pyarrow as pa
+
+    from deid.reporting.report import Artifact, Report
+
+# Drop-level checks that, failed, send the run straight to a (rejected) gate.
+BLOCKING_DROP_CHECKS = ("drop_not_empty", "enough_people")
+LINEAGE_PARTITION = "lineage"  # hive key of the returning people's records (released as registered averages)
+
+
+# --------------------------------------------------------------------------- the staging directory
+
+
+@dataclass(frozen=True)
+class StagingLayout:
+    """Every path of one run's private staging directory ``<data>/staging/<release_id>/``.
+
+    The one place that knows the layout: stages, the gate, recovery and tests ask it, never
+    join path strings themselves.
+    """
+
+    root: Path
+
+    @classmethod
+    def for_run(cls, data_path: Path, release_id: str) -> StagingLayout:
+        """The staging directory of release ``release_id`` under the data directory."""
+        return cls(Path(data_path) / "staging" / release_id)
+
+    @property
+    def ingested(self) -> Path:
+        """The staged originals (Parquet, one row group per align batch)."""
+        return self.root / "ingested.parquet"
+
+    @property
+    def aligned_dir(self) -> Path:
+        return self.root / "aligned"
+
+    def aligned_part(self, row_group: int) -> Path:
+        """The aligned grey faces of one row group of :attr:`ingested`."""
+        return self.aligned_dir / f"part-{row_group:05d}.parquet"
+
+    @property
+    def aligned_color_dir(self) -> Path:
+        """The aligned colour faces (``DEID_COLOR``), one part per grey part, same name."""
+        return self.root / "aligned_color"
+
+    def color_part(self, aligned_part: Path | str) -> Path:
+        return self.aligned_color_dir / Path(aligned_part).name
+
+    @property
+    def features_dir(self) -> Path:
+        return self.root / "features"
+
+    def feature_part(self, aligned_part: Path | str) -> Path:
+        """The eigenface features of one aligned part (same name)."""
+        return self.features_dir / Path(aligned_part).name
+
+    @property
+    def partitions_dir(self) -> Path:
+        """The Hive-partitioned faces (``partition=p000/...``), input of de-identification and the gate."""
+        return self.root / "partitions"
+
+    @property
+    def partition_index(self) -> Path:
+        """Which label values each opaque Hive key holds (for people reading the staging directory)."""
+        return self.partitions_dir / "_index.json"
+
+    def partition_dir(self, key: str) -> Path:
+        return self.partitions_dir / f"partition={key}"
+
+    @property
+    def deidentified_dir(self) -> Path:
+        return self.root / "deidentified"
+
+    def deidentified_part(self, partition_dir: Path | str) -> Path:
+        """The de-identified records of one partition (``partition=p000.parquet``)."""
+        return self.deidentified_dir / f"{Path(partition_dir).name}.parquet"
+
+    @property
+    def release_dir(self) -> Path:
+        """The would-be release; renamed into ``<data>/releases/<id>`` only after the report is signed."""
+        return self.root / RELEASE_SUBDIR
+
+    @property
+    def linkage(self) -> Path:
+        """The encrypted linkage record until publication moves it to ``<data>/private/<id>/``."""
+        return self.root / "linkage.bin"
+
+    @property
+    def quarantine(self) -> Path:
+        return self.root / "quarantine.parquet"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / LOCK_NAME
+
+    @property
+    def complete(self) -> Path:
+        """Written when the run ended normally: recovery keeps this staging directory."""
+        return self.root / COMPLETE_MARKER
+
+
+# --------------------------------------------------------------------------- stage results
+
+
+@dataclass(frozen=True)
+class UnreadableDrop:
+    """The drop as a whole cannot be read (no manifest, not CSV, a declared label missing ...)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, eq=False)
+class Ingested:
+    """The staged originals and what the drop said about itself.
+
+    ``metadata`` is the ingested table without its image bytes (record ids, subject ids,
+    source paths and hashes, labels, eye points): read once here, then handed to every stage
+    that needs it, so only the align stage reads ``ingested.parquet`` again (for the bytes).
+    """
+
+    path: Path
+    row_groups: int
+    records_in: int
+    staged: int
+    labels: tuple[str, ...]
+    name: str
+    license: str | None
+    dataset: str
+    extra_columns: tuple[str, ...]
+    fingerprint: str
+    quarantined: tuple[Quarantined, ...]
+    people: int
+    validation: Mapping[str, Any]
+    checks: tuple[Check, ...]
+    metadata: pa.Table
+
+    @property
+    def proceed(self) -> bool:
+        """An empty drop, or one with fewer than k people, goes straight to a (rejected) gate."""
+        return self.staged > 0 and all(c.passed for c in self.checks if c.name in BLOCKING_DROP_CHECKS)
+
+
+@dataclass(frozen=True)
+class Aligned:
+    """Aligned grey faces (one Parquet part per ingested row group) and the records that did not align."""
+
+    parts: tuple[Path, ...] = ()
+    quarantined: tuple[Quarantined, ...] = ()
+    eye_sources: Mapping[str, int] = field(default_factory=dict)
+    validation: Mapping[str, Any] | None = None
+    checks: tuple[Check, ...] = ()
+
+    @property
+    def n_aligned(self) -> int:
+        return int(sum(self.eye_sources.values()))
+
+
+@dataclass(frozen=True)
+class Featurized:
+    """Eigenface features, one part per aligned part."""
+
+    parts: tuple[Path, ...]
+    n_components: int
+
+
+@dataclass(frozen=True)
+class PartitionInfo:
+    """One label partition: its opaque Hive key, the label values it holds, its size."""
+
+    name: str
+    key: tuple[str, ...]
+    dir: Path
+    records: int
+    people: int
+
+
+@dataclass(frozen=True)
+class SmallPartition:
+    """A label partition with fewer than k people: counts and the policy's action, never its label values."""
+
+    records: int
+    people: int
+    action: str
+
+
+@dataclass(frozen=True)
+class LineagePlanned:
+    """The lineage plan of the drop (:func:`deid.release.lineage.plan_release`) and where its returning records are."""
+
+    plan: Any
+    state: Any
+    record_ids: tuple[str, ...]
+    returning_dir: Path | None
+
+
+@dataclass(frozen=True)
+class Partitioned:
+    """The faces split by utility labels into Hive-partitioned Parquet, plus what was held back."""
+
+    root: Path
+    partitions: tuple[PartitionInfo, ...] = ()
+    suppressed: tuple[str, ...] = ()
+    small: tuple[SmallPartition, ...] = ()
+    failed: bool = False
+    identity: Mapping[str, Any] | None = None
+    quarantined: tuple[Quarantined, ...] = ()
+    lineage: LineagePlanned | None = None
+
+    @property
+    def gate_keys(self) -> dict[tuple[str, ...], str]:
+        """Label values -> Hive key: the partition a returning person's record joins in the gate."""
+        return {p.key: p.name for p in self.partitions}
+
+    @property
+    def small_detail(self) -> str:
+        # Counts only, never the label values: a rare value held by one person is itself identifying.
+        return "; ".join(f"a partition of {e.records} records has {e.people} people: {e.action}" for e in self.small)
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """One released cluster: its random name, its records of this drop and their distinct people."""
+
+    cluster: str
+    size: int
+    people: int
+
+
+@dataclass(frozen=True)
+class Deidentified:
+    """De-identified parts (one per partition) and their clusters."""
+
+    parts: tuple[Path, ...] = ()
+    clusters: tuple[ClusterInfo, ...] = ()
+
+    @property
+    def records(self) -> int:
+        return sum(c.size for c in self.clusters)
+
+
+@dataclass(frozen=True)
+class LineageApplied:
+    """The release as the dataset's lineage sees it (:class:`deid.release.lineage.LineageRelease`).
+
+    ``deidentified`` now includes the returning people's part (their registered averages);
+    ``republished`` is the gate's view of the clusters released again
+    (:class:`deid.evaluation.gate.Republished`: registered members, counterfeit rows, stored
+    images), or None when there are none.
+    """
+
+    release: Any
+    state: Any  # the deid.release.lineage.LineageState the release was planned on
+    deidentified: Deidentified
+    checks: tuple[Check, ...]
+    republished: Any = None
+
+
+@dataclass(frozen=True)
+class Staged:
+    """The would-be release inside the staging directory, validated, with its linkage record beside it."""
+
+    dir: Path
+    artifacts: tuple[Artifact, ...]
+    columns: tuple[str, ...]
+    records: int
+    validation: Mapping[str, Any]
+    checks: tuple[Check, ...]
+    file_metadata: Mapping[str, list[str]]
+    linkage: Path
+
+
+@dataclass(frozen=True)
+class RecordCounts:
+    """Where every record of the drop went; the gate's accounting checks and the report's tiles read this.
+
+    ``judged`` records were de-identified and put before the gate: *released* when it passes,
+    *withheld* when it rejects. ``suppressed`` were held back before the gate (label partitions
+    with fewer than k people, the lineage's waiting newcomers), ``quarantined`` never made it
+    through ingest, alignment or identity resolution. A drop refused before de-identification
+    (empty, fewer than k people) leaves its staged records unjudged: withheld as well.
+    """
+
+    records_in: int
+    judged: int = 0
+    suppressed: int = 0
+    quarantined: int = 0
+
+    @property
+    def unjudged(self) -> int:
+        """Staged records that never reached the gate (the drop was refused before de-identification)."""
+        return max(0, self.records_in - self.judged - self.suppressed - self.quarantined)
+
+    def released(self, passed: bool) -> int:
+        return self.judged if passed else 0
+
+    def withheld(self, passed: bool) -> int:
+        return 0 if passed else self.judged + self.unjudged
+
+
+@dataclass(frozen=True)
+class SignedReport:
+    """Where the signed report went and which key signed it."""
+
+    path: Path
+    public_key: Path | None
+    key_origin: str
+
+    @property
+    def dir(self) -> Path:
+        return self.path.parent
+
+
+@dataclass(frozen=True)
+class Published:
+    """The published release and its filed linkage record."""
+
+    path: Path
+    linkage: Path
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What one release run produced: the verdict, the signed report (typed) and where everything is."""
+
+    release_id: str
+    verdict: Literal["released", "rejected"]
+    report: Report
+    report_path: Path
+    public_key: Path | None
+    key_origin: str
+    staging: Path | None = None
+    release_dir: Path | None = None
+    linkage: Path | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)
+    recovered: tuple[str, ...] = ()
+    input_error: str | None = None
+
+    @property
+    def released(self) -> bool:
+        return self.verdict == "released"
+
+    @property
+    def reasons(self) -> list[str]:
+        return list(self.report.reasons)
+
+    @property
+    def report_dir(self) -> Path:
+        return self.report_path.parent
+
+    @property
+    def dataset(self):
+        """The report's :class:`~deid.reporting.report.DatasetSummary` (records in, released, withheld ...)."""
+        return self.report.dataset
+
+    @property
+    def privacy(self):
+        return self.report.privacy
+
+    @property
+    def utility(self):
+        return self.report.utility
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready summary (paths as strings, the report's dataset, privacy and utility sections)."""
+        d = self.report.to_dict()
+
+        def text(p: Path | None) -> str | None:
+            return None if p is None else str(p)
+
+        return {"release_id": self.release_id, "verdict": self.verdict, "reasons": list(d["reasons"]),
+                "report": str(self.report_path), "report_dir": str(self.report_dir),
+                "release_dir": text(self.release_dir), "public_key": text(self.public_key),
+                "key_origin": self.key_origin, "staging": text(self.staging), "linkage": text(self.linkage),
+                "input_error": self.input_error, "dataset": d["dataset"], "privacy": d["privacy"],
+                "utility": d["utility"], "timings": dict(self.timings), "recovered": list(self.recovered)}

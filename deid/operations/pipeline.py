@@ -1,0 +1,626 @@
+"""The release stages as plain functions: contracts in, one contract out, no Prefect.
+
+Each function here is one stage of a release run (see :mod:`deid.contracts` for the walk). The
+heavy per-part work goes to an :class:`~deid.operations.executors.Executor` as the worker functions of
+:mod:`deid.operations.stages`; ``logger`` (optional, default this module's) receives the stage's
+progress and warnings, e.g. Prefect's run logger. :mod:`deid.operations.runner` calls them in order; the Prefect tasks of
+:mod:`deid.orchestration.tasks` are one-line adapters around them.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from deid.operations.executors import map_on_cluster
+from deid.progress import Progress
+from deid.operations import stages
+from deid.evaluation.checks import Check
+from deid.contracts import (
+    LINEAGE_PARTITION,
+    Aligned,
+    ClusterInfo,
+    Deidentified,
+    Featurized,
+    Ingested,
+    LineageApplied,
+    LineagePlanned,
+    PartitionInfo,
+    Partitioned,
+    Published,
+    RecordCounts,
+    SignedReport,
+    SmallPartition,
+    Staged,
+    StagingLayout,
+    UnreadableDrop,
+)
+from deid.errors import ConfigError, DataError, Quarantined, StateError
+from deid.operations.executors import Executor
+from deid.run_config import RunConfig
+
+log = logging.getLogger(__name__)
+Logger = logging.Logger | logging.LoggerAdapter
+
+
+def now_iso() -> str:
+    """Current UTC time, second precision, ``Z`` suffix (the report's timestamps)."""
+    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+# --------------------------------------------------------------------------- keys and locations
+
+
+def signing_key(config: RunConfig):
+    """The run's :class:`~deid.release.signing.SigningKey` (configured, or the development key created once)."""
+    from deid.release.signing import ensure_signing_key  # noqa: PLC0415
+
+    secret = config.signing_passphrase
+    return ensure_signing_key(configured=config.signing_key, keys_dir=config.keys_dir,
+                              passphrase_env_value=secret.get_secret_value().encode() if secret else None)
+
+
+def linkage_key(config: RunConfig) -> tuple[bytes, Path, str]:
+    """(key, path, origin) of the steward's linkage key; the key itself never leaves this process."""
+    from deid.release.linkage import ensure_linkage_key  # noqa: PLC0415
+
+    return ensure_linkage_key(configured=config.linkage_key, keys_dir=config.keys_dir)
+
+
+def preflight(config: RunConfig):
+    """Before any work: every location is writable and the signing key loads (readable, 0600, passphrase).
+
+    Returns the key's :class:`~deid.reporting.report.SigningInfo` (fingerprint and origin; the key stays here).
+    """
+    from deid.reporting.report import SigningInfo  # noqa: PLC0415
+    from deid.operations.safety import preflight_locations  # noqa: PLC0415
+
+    preflight_locations(config.data_path, config.reports_path)
+    return SigningInfo.from_key(signing_key(config))
+
+
+def recover_leftovers(config: RunConfig, *, logger: Logger | None = None) -> tuple[str, ...]:
+    """Remove what killed runs left (temporary releases, dead runs' staging, partial files); returns what went."""
+    from deid.operations.safety import recover, write_signed_addendum  # noqa: PLC0415
+
+    def unpublished(release_id: str, report_dir: Path) -> None:
+        write_signed_addendum(report_dir, {
+            "release_id": release_id, "event": "not_published", "release_published": False,
+            "created_at": now_iso(),
+            "detail": "the run died after signing its report and before publishing; its staged release was "
+                      "removed by recovery and nothing was published"}, signing_key(config))
+
+    rec = recover(config.data_path, config.reports_path, on_unpublished=unpublished)
+    if rec.removed:
+        (logger or log).warning("recovery: removed %d leftovers of killed runs: %s", len(rec.removed), ", ".join(rec.removed))
+    return tuple(rec.removed)
+
+
+# --------------------------------------------------------------------------- ingest -> align -> featurize
+
+
+def ingest_drop(drop_dir: str | Path, layout: StagingLayout, config: RunConfig, *,
+                logger: Logger | None = None) -> Ingested | UnreadableDrop:
+    """Validate the manifest and stage the image bytes as Parquet; an unreadable drop is a verdict, not a crash."""
+    from deid.intake.drop import read_drop  # noqa: PLC0415
+    from deid.intake.ingest import ingest  # noqa: PLC0415
+    from deid.reporting.report import dataset_fingerprint  # noqa: PLC0415
+    from deid.evaluation.validation import drop_checks, suite_check, validate_ingested, validate_manifest  # noqa: PLC0415
+
+    lg = logger or log
+    try:
+        drop = read_drop(drop_dir, labels=list(config.labels) if config.labels else None, name=config.name)
+    except DataError as exc:
+        lg.info("ingest: the drop is unreadable; the run signs a rejection naming the reason")
+        return UnreadableDrop(str(exc))
+    # Several align tasks per worker even on small drops, at most align_batch_size records each.
+    batch = max(1, min(config.align_batch_size, math.ceil(len(drop.rows) / (4 * max(config.dask_workers, 1)))))
+    res = ingest(drop, layout.ingested, max_pixels=config.max_pixels, batch_size=batch)
+    names = pq.read_schema(res.path).names
+    metadata = pq.read_table(res.path, columns=[c for c in names if c != "data"])
+    people = len(set(metadata.column("subject_id").to_pylist()))
+    validation = {"manifest": validate_manifest(drop), "ingested": validate_ingested(metadata, drop.labels)}
+    quarantined = (*drop.quarantined, *res.quarantined)
+    lg.info(f"ingest: {res.n_records} of {drop.records_in} records staged, {len(quarantined)} quarantined")
+    if drop.extra_columns:
+        lg.info(f"ingest: unknown manifest columns kept out of the release: {drop.extra_columns}")
+    return Ingested(
+        path=res.path, row_groups=res.row_groups, records_in=drop.records_in, staged=res.n_records,
+        labels=tuple(drop.labels), name=drop.name, license=drop.license, dataset=drop.dataset,
+        extra_columns=tuple(drop.extra_columns),
+        fingerprint=dataset_fingerprint(drop.manifest_bytes, res.source_sha256.values()),
+        quarantined=tuple(quarantined), people=people, validation=validation,
+        checks=(*drop_checks(records_in=drop.records_in, people=people, k=config.k),
+                suite_check(validation["ingested"])),
+        metadata=metadata)
+
+
+def align(ingested: Ingested, layout: StagingLayout, config: RunConfig, executor: Executor, *,
+          logger: Logger | None = None) -> Aligned:
+    """Align every face, one executor call per Parquet row group of the ingested table."""
+    from deid.evaluation.validation import suite_check, validate_aligned  # noqa: PLC0415
+
+    lg = logger or log
+    params = config.aligner.to_dict()
+    calls = [dict(ingested_path=str(ingested.path), row_groups=[g], out_path=str(layout.aligned_part(g)),
+                  aligner_params=params) for g in range(ingested.row_groups)]
+    progress = Progress("align", logger=lg).start(ingested.staged)
+    results = executor.map(stages.align_batch, calls,
+                           on_done=lambda res: progress.advance(res["aligned"] + len(res["quarantined"])))
+    progress.finish()
+    parts = tuple(sorted(Path(r["path"]) for r in results))
+    sources = Counter()
+    for r in results:
+        sources.update(r["eye_sources"])
+    quarantined = tuple(q for r in results for q in r["quarantined"])
+    lg.info(f"align: {sum(sources.values())} aligned ({dict(sources)}), {len(quarantined)} quarantined")
+    w, h = config.aligner.size
+    validation = validate_aligned([str(p) for p in parts], pixel_bytes=int(w) * int(h)) if parts else None
+    return Aligned(parts=parts, quarantined=quarantined, eye_sources=dict(sources), validation=validation,
+                   checks=(suite_check(validation),) if validation else ())
+
+
+def featurize(aligned: Aligned, layout: StagingLayout, config: RunConfig, executor: Executor, *,
+              logger: Logger | None = None) -> Featurized:
+    """Fit eigenfaces on the aligned set, then project every part (the model is shared with the workers once)."""
+    lg = logger or log
+    (model,) = executor.map(stages.fit_eigenfaces, [dict(
+        aligned_paths=[str(p) for p in aligned.parts], n_components=config.pca_components, seed=config.seed)])
+    lg.info(f"featurize: {model.n_components_} eigenfaces, "
+        f"{100 * float(np.sum(model.explained_variance_ratio_)):.1f}% of variance")
+    shared = executor.share(model)
+    outs = tuple(layout.feature_part(p) for p in aligned.parts)
+    progress = Progress("featurize: projecting", logger=lg).start(
+        sum(pq.ParquetFile(p).metadata.num_rows for p in aligned.parts))
+    n = sum(executor.map(stages.project_part, [dict(aligned_path=str(p), model=shared, out_path=str(o))
+                                                for p, o in zip(aligned.parts, outs)], on_done=progress.advance))
+    progress.finish()
+    lg.info(f"featurize: {n} faces projected")
+    return Featurized(parts=outs, n_components=int(model.n_components_))
+
+
+# --------------------------------------------------------------------------- partition -> de-identify
+
+
+def load_faces(metadata: pa.Table, aligned: Aligned, featurized: Featurized, labels: Sequence[str]) -> pa.Table:
+    """One row per aligned face: record and subject ids, labels, pixels and eigenface features."""
+    meta = metadata.select(["record_id", "subject_id", *labels])
+    pix = pa.concat_tables([pq.read_table(p, columns=["record_id", "pixels"]) for p in aligned.parts])
+    feats = pa.concat_tables([pq.read_table(p) for p in featurized.parts])
+    faces = meta.join(pix, "record_id", join_type="inner")
+    # Arrow joins cannot carry list columns, so the features are attached by position.
+    where = {rid: i for i, rid in enumerate(feats.column("record_id").to_pylist())}
+    take = pa.array([where[rid] for rid in faces.column("record_id").to_pylist()], pa.int64())
+    return faces.append_column("features", feats.column("features").take(take)).sort_by("record_id")
+
+
+def embed_faces(faces: pa.Table, shape_hw: tuple[int, int], executor: Executor) -> np.ndarray:
+    """dlib descriptors of every face, chunked over the executor; remembered for the gate's attacker."""
+    from deid.evaluation.recognizer import DlibEmbedder  # noqa: PLC0415 (dlib import cost)
+
+    pixels = faces.column("pixels").to_pylist()
+    n_chunks = max(1, min(len(pixels) // 16, 2 * executor.workers))
+    bounds = np.linspace(0, len(pixels), n_chunks + 1).astype(int)
+    progress = Progress("partition: face descriptors").start(len(pixels))
+    E = np.vstack(executor.map(stages.embed_faces, [dict(pixels=pixels[a:b], shape=tuple(shape_hw))
+                                                    for a, b in zip(bounds[:-1], bounds[1:]) if b > a],
+                               on_done=lambda e: progress.advance(len(e))))
+    progress.finish()
+    DlibEmbedder(tuple(shape_hw)).prime(np.frombuffer(b"".join(pixels), np.uint8).reshape(len(pixels), -1), E)
+    return E
+
+
+def _write_hive(table: pa.Table, root: Path, key: str, basename: str) -> Path:
+    """Append ``table`` to the Hive partition ``partition=<key>`` under ``root``."""
+    table = table.append_column("partition", pa.array([key] * table.num_rows))
+    ds.write_dataset(table, root, format="parquet", partitioning=ds.partitioning(
+        pa.schema([("partition", pa.string())]), flavor="hive"), existing_data_behavior="overwrite_or_ignore",
+        basename_template=basename)
+    return root / f"partition={key}"
+
+
+def write_partitions(faces: pa.Table, groups: Mapping[tuple, list[int]], layout: StagingLayout
+                     ) -> tuple[PartitionInfo, ...]:
+    """Write each label partition as Hive-partitioned Parquet under opaque keys (p000, ...)."""
+    subjects = faces.column("subject_id").to_pylist()
+    out = []
+    for n, (key, idx) in enumerate(groups.items()):
+        # The key column keeps merged partitions distinct from their label values.
+        d = _write_hive(faces.take(pa.array(idx, pa.int64())), layout.partitions_dir, f"p{n:03d}",
+                        f"part-{n:03d}-{{i}}.parquet")
+        out.append(PartitionInfo(name=f"p{n:03d}", key=tuple(map(str, key)), dir=d, records=len(idx),
+                                 people=len({subjects[i] for i in idx})))
+    if out:
+        # For people reading the staging directory: which labels each opaque key holds.
+        layout.partition_index.write_text(json.dumps(
+            [{"dir": str(p.dir), "key": list(p.key), "records": p.records, "people": p.people} for p in out], indent=2))
+    return tuple(out)
+
+
+def _plan_lineage(faces: pa.Table, metadata: pa.Table, state, layout: StagingLayout, config: RunConfig,
+                  labels: Sequence[str], *, lg) -> tuple[pa.Table, LineagePlanned, list[str]]:
+    """Plan the lineage on the effective persons; stage the returning people's records; keep the new ones."""
+    sources = dict(zip(*metadata.select(["record_id", "source_sha256"]).to_pydict().values()))
+    # Per label partition, the lineage holds back fewer than k new people (they wait): the `suppress`
+    # policy. Under `merge` or `fail` it plans on one partition and the small-partition policy decides.
+    plan = stages.plan_lineage(faces, sources, state, key=linkage_key(config)[0], k=config.k,
+                               policy=config.lineage_policy, absent=config.lineage_absent, labels=list(labels),
+                               select=config.select(labels) and config.small_partitions == "suppress")
+    ids = faces.column("record_id").to_pylist()
+    held_back = [ids[i] for i, _ in plan.suppressed]
+    returning = sorted(i for r in plan.republish for i in r.records)
+    back_dir = None
+    if returning:
+        back_dir = _write_hive(faces.take(pa.array(returning, pa.int64())), layout.partitions_dir, LINEAGE_PARTITION,
+                               "part-lineage-{i}.parquet")
+    lg.info(f"partition: lineage of {state.dataset} ({config.lineage_policy}): {len(returning)} records of returning "
+        f"people, {len(plan.new_records)} new records, {len(held_back)} held back")
+    planned = LineagePlanned(plan=plan, state=state, record_ids=tuple(ids), returning_dir=back_dir)
+    return faces.take(pa.array(list(plan.new_records), pa.int64())), planned, held_back
+
+
+def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layout: StagingLayout,
+              config: RunConfig, executor: Executor, *, lineage_state=None, logger: Logger | None = None) -> Partitioned:
+    """Resolve who is who, then split the faces by utility labels into Hive-partitioned Parquet.
+
+    With a ``lineage_state`` (:class:`deid.release.lineage.LineageState`) the lineage is planned on the
+    effective persons first: only new people are partitioned (and clustered); the returning
+    people's records go to ``partition=lineage`` and the records the plan holds back are suppressed.
+    """
+    from deid.anonymise.partition import plan_partitions  # noqa: PLC0415
+
+    lg = logger or log
+    labels = ingested.labels
+    faces = load_faces(ingested.metadata, aligned, featurized, labels)
+    embeddings = (embed_faces(faces, config.shape_hw, executor)
+                  if 0 < faces.num_rows <= config.identity_embed_max else None)
+    faces, identity, dup_quarantined = stages.resolve_identities(faces, policy=config.duplicate_ids,
+                                                                 embeddings=embeddings)
+    if identity.normalized_merges or identity.face_merges:
+        lg.warning("partition: %d subject ids merged by normalisation, %d groups by matching faces (%s)",
+                    identity.normalized_merges, len(identity.face_merges), config.duplicate_ids)
+    planned, held_back = None, []
+    if lineage_state is not None:
+        faces, planned, held_back = _plan_lineage(faces, ingested.metadata, lineage_state, layout, config, labels,
+                                                  lg=lg)
+    cols = faces.select(["subject_id", *labels]).to_pydict()
+    plan = plan_partitions([{x: cols[x][i] for x in labels} for i in range(faces.num_rows)], cols["subject_id"],
+                           k=config.k, label_names=list(labels), select=config.select(labels),
+                           policy=config.small_partitions)
+    parts = write_partitions(faces, plan.groups, layout)
+    ids = faces.column("record_id").to_pylist()
+    small = tuple(SmallPartition(records=e["records"], people=e["people"], action=e["action"]) for e in plan.small)
+    for e in small:  # counts only: a rare label value held by one person is itself identifying (also in logs)
+        lg.warning("a partition of %s records has %s people (< k=%d): %s", e.records, e.people, config.k, e.action)
+    suppressed = (*(ids[i] for i in plan.suppressed), *held_back)
+    lg.info(f"partition: {len(parts)} partitions, {len(suppressed)} records suppressed")
+    return Partitioned(root=layout.partitions_dir, partitions=parts, suppressed=suppressed, small=small,
+                       failed=plan.failed, identity=identity.summary(), quarantined=tuple(dup_quarantined),
+                       lineage=planned)
+
+
+def deidentify(partitioned: Partitioned, labels: Sequence[str], layout: StagingLayout, config: RunConfig,
+               executor: Executor, *, logger: Logger | None = None) -> Deidentified:
+    """De-identify each partition (k-Same family, or a comparison filter), one executor call per partition."""
+    lg = logger or log
+    color_dir = str(layout.aligned_color_dir) if config.color else None
+    calls = [dict(partition_dir=str(p.dir), out_path=str(layout.deidentified_part(p.dir)), k=config.k,
+                  method=config.method, shape=config.shape_hw, sigma=config.sigma, block=config.block,
+                  labels=list(labels), color_dir=color_dir, block_size=config.ksame_block_size,
+                  map_blocks=map_on_cluster) for p in partitioned.partitions]
+    progress = Progress("deidentify", logger=lg).start(sum(p.records for p in partitioned.partitions))
+    results = executor.map(stages.deidentify_partition, calls, on_done=lambda r: progress.advance(r["records"]))
+    progress.finish()
+    clusters = tuple(ClusterInfo(**c) for r in results for c in r["clusters"])
+    lg.info(f"deidentify: {sum(r['records'] for r in results)} records in {len(clusters)} clusters")
+    return Deidentified(parts=tuple(Path(r["path"]) for r in results), clusters=clusters)
+
+
+# --------------------------------------------------------------------------- release lineage (deid.release.lineage)
+
+
+def open_lineage(dataset: str, config: RunConfig, *, logger: Logger | None = None):
+    """Load and verify the dataset's lineage registry; settle releases an interrupted run left pending.
+
+    A tampered registry or a wrong key is a :class:`~deid.errors.StateError` (exit 70): the run
+    stops before any work, with the registry's one-line reason.
+    """
+    from deid.release.lineage import LineageError  # noqa: PLC0415
+    from deid.release.lineage_registry import Registry  # noqa: PLC0415
+    from deid.operations.safety import is_live  # noqa: PLC0415
+
+    try:
+        reg = Registry.open(config.data_path, dataset, linkage_key(config)[0])
+        state = reg.load()
+        for r in state.releases:
+            # Settle what a dead run left pending: published if its release directory exists, else abandoned.
+            # A pending release of a run still alive (its staging is locked) stays pending: it constrains.
+            if r.status != "pending":
+                continue
+            if (config.releases_dir / r.release_id).exists():
+                state = reg.mark_published(state, r.release_id)
+            elif not is_live(StagingLayout.for_run(config.data_path, r.release_id).root) and \
+                    stages.lineage_can_abandon(state, r.release_id):
+                state = reg.mark_abandoned(state, r.release_id)
+    except LineageError as exc:
+        raise StateError(f"lineage of dataset {dataset!r}: {exc}") from None
+    (logger or log).info(f"lineage {dataset}: {len(state.releases)} earlier releases, {len(state.clusters)} "
+                           f"registered clusters (entry {state.seq})")
+    return state
+
+
+def apply_lineage(partitioned: Partitioned, deidentified: Deidentified, aligned: Aligned, layout: StagingLayout,
+                  config: RunConfig, *, release_id: str, logger: Logger | None = None) -> LineageApplied:
+    """The release as the lineage sees it: new clusters registered as made, returning people's registered
+    averages added as a de-identified part, and the gate's lineage checks (structure, differencing attack)."""
+    from deid.release.lineage import build_release  # noqa: PLC0415
+
+    lin = partitioned.lineage
+    ids = list(lin.record_ids)
+    new_labels, new_images = stages.lineage_new_labels(lin.plan, ids, [str(p) for p in deidentified.parts])
+    rel = build_release(lin.plan, lin.state, release_id=release_id, method=config.method, new_labels=new_labels,
+                        new_images=new_images, shape=config.shape_hw)
+    out = deidentified
+    if lin.returning_dir is not None:
+        part = stages.write_lineage_part(str(lin.returning_dir), str(layout.deidentified_part(lin.returning_dir)),
+                                         rel, lin.state, ids)
+        out = Deidentified(parts=(*deidentified.parts, Path(part["path"])),
+                           clusters=(*deidentified.clusters, *(ClusterInfo(**c) for c in part["clusters"])))
+    (logger or log).info(f"lineage-release: {dict(rel.counts)}")
+    checks = lineage_checks(lin, rel, aligned, logger=logger)
+    return LineageApplied(release=rel, state=lin.state, deidentified=out, checks=checks,
+                          republished=stages.republished_for_gate(rel, lin.state))
+
+
+def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, logger: Logger | None = None) -> tuple[Check, ...]:
+    """The gate's lineage checks: structure against the registry and the differencing attack."""
+    from deid.release.lineage_checks import check_structure, differencing_attack  # noqa: PLC0415
+
+    ids, X = stages.read_pixels([str(p) for p in aligned.parts])
+    where = {r: i for i, r in enumerate(ids)}
+    rows = [where[r] for r in lin.record_ids if r in where]
+    people = [lin.plan.pseudonyms[i] for i, r in enumerate(lin.record_ids) if r in where]
+    checks = [c.to_gate_check() for c in check_structure(lin.state, rel)]
+    if len(rows) >= 2:
+        attack = differencing_attack(lin.state, rel, X[rows], original_people=people)
+        (logger or log).info(f"lineage differencing attack: {attack.n_cluster_pairs} cluster pairs, "
+                               f"{attack.n_tests} tests, {len(attack.matches)} matches")
+        checks.append(attack.to_check().to_gate_check())
+    return tuple(checks)
+
+
+def register_lineage(dataset: str, state, config: RunConfig, rel=None, *, mark: str | None = None,
+                     release_id: str | None = None, logger: Logger | None = None):
+    """Append a release to the registry (pending), or mark it ``published`` / ``abandoned``; returns the state."""
+    from deid.release.lineage import LineageError  # noqa: PLC0415
+    from deid.release.lineage_registry import Registry  # noqa: PLC0415
+
+    reg = Registry.open(config.data_path, dataset, linkage_key(config)[0])
+    try:
+        if rel is not None:
+            return reg.append_release(state, rel)
+        current = reg.load()
+        if mark == "published":
+            return reg.mark_published(current, release_id)
+        if not stages.lineage_can_abandon(current, release_id):
+            (logger or log).warning(f"lineage {dataset}: {release_id} stays pending (a later release was "
+                                      "planned on it)")
+            return current
+        return reg.mark_abandoned(current, release_id)
+    except LineageError as exc:
+        raise StateError(f"lineage of dataset {dataset!r}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- stage -> gate
+
+
+def releasable_label_sets(metadata: pa.Table, labels: Sequence[str], k: int) -> dict[str, list[str]]:
+    """Per label, the values at least k distinct people hold: what a release may carry.
+
+    Stricter than every observed value, and it keeps the rare values out of the validation
+    results that go into the signed report (a value held by one person is itself identifying).
+    """
+    t = metadata.select(["subject_id", *labels]).to_pydict()
+    out = {}
+    for x in labels:
+        people: dict[str, set] = {}
+        for value, subject in zip(t[x], t["subject_id"]):
+            people.setdefault(str(value), set()).add(subject)
+        out[x] = sorted(v for v, who in people.items() if len(who) >= k)
+    return out
+
+
+def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequence[str], shape_hw,
+                  lineage: LineageApplied | None, *, lg) -> dict:
+    """Images, clusters, labels and staging ids of every record of the would-be release."""
+    meta = metadata.select(["record_id", *labels])
+    rel = pa.concat_tables([pq.read_table(p) for p in deidentified.parts]).join(meta, "record_id", join_type="inner")
+    # DEID_COLOR: the colour faces (BGR) are released; the gate attacked their grey ("pixels").
+    column, shape = ("color", (*shape_hw, 3)) if "color" in rel.column_names else ("pixels", tuple(shape_hw))
+    rows = dict(images=np.frombuffer(b"".join(rel.column(column).to_pylist()), np.uint8).reshape(rel.num_rows, -1),
+                shape=shape, clusters=rel.column("cluster").to_pylist(),
+                labels={x: rel.column(x).to_pylist() for x in labels}, record_ids=rel.column("record_id").to_pylist())
+    if lineage is not None and lineage.release.counts["counterfeit_records"]:
+        if column == "color":
+            raise ConfigError("DEID_COLOR=true cannot republish registered clusters yet (their stored averages are "
+                              "grey); release this dataset in grey, or start a new dataset name for colour releases")
+        present: dict[str, list[dict]] = {}
+        for i, c in enumerate(rows["clusters"]):
+            present.setdefault(c, []).append({x: rows["labels"][x][i] for x in labels})
+        fallback = {x: Counter(map(str, meta.column(x).to_pylist())).most_common(1)[0][0] for x in labels}
+        fakes = stages.counterfeit_rows(lineage.release, lineage.state, list(labels), present, fallback)
+        rows["images"] = np.vstack([rows["images"], *[f["pixels"][None, :] for f in fakes]])
+        rows["clusters"] += [f["cluster"] for f in fakes]
+        rows["record_ids"] += [f["record_id"] for f in fakes]
+        for x in labels:
+            rows["labels"][x] += [f["labels"][x] for f in fakes]
+        lg.info(f"stage: {len(fakes)} counterfeit records of republished clusters")
+    return rows
+
+
+def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout, config: RunConfig, *,
+          release_id: str, lineage: LineageApplied | None = None, logger: Logger | None = None) -> Staged:
+    """Write the would-be release inside the run's staging directory and validate exactly that.
+
+    Never inside ``data/releases/``: a run killed before publishing leaves nothing there. With a
+    lineage, the counterfeit records of its republished clusters are added (stored average,
+    labels of their partition); only the private linkage record marks them. The linkage record
+    (which source went into which cluster) is encrypted at once and stays in private staging.
+    """
+    from deid.evaluation.leaks import release_files_metadata  # noqa: PLC0415
+    from deid.release.linkage import build_linkage, sources_from_ingested, write_linkage  # noqa: PLC0415
+    from deid.release.publish import RELEASE_TABLE, discard, stage_release  # noqa: PLC0415
+    from deid.reporting.report import Artifact, hash_tree  # noqa: PLC0415
+    from deid.evaluation.validation import suite_check, validate_release  # noqa: PLC0415
+
+    lg = logger or log
+    labels = ingested.labels
+    rows = _release_rows(deidentified, ingested.metadata, labels, config.shape_hw, lineage, lg=lg)
+    tmp = layout.release_dir
+    try:
+        staged = stage_release(tmp, **rows)
+        artifacts = tuple(Artifact(**a) for a in hash_tree(staged.path))
+        validation = validate_release(staged.path / RELEASE_TABLE, list(labels), k=config.k,
+                                      label_sets=releasable_label_sets(ingested.metadata, labels, config.k))
+        file_metadata = release_files_metadata(staged.path)
+        key, key_path, origin = linkage_key(config)
+        write_linkage(layout.linkage, build_linkage(staged.mapping, sources_from_ingested(ingested.metadata)), key,
+                      release_id=release_id)
+    except BaseException:
+        discard(tmp)
+        raise
+    if origin == "development":
+        lg.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", key_path)
+    lg.info(f"stage: {staged.n_records} records staged for release in {tmp}")
+    return Staged(dir=tmp, artifacts=artifacts, columns=tuple(staged.columns), records=staged.n_records,
+                  validation=validation, checks=(suite_check(validation),), file_metadata=file_metadata,
+                  linkage=layout.linkage)
+
+
+def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig, *, labels: Sequence[str],
+         counts: RecordCounts, extra_checks: Sequence[Check] = (), staged: Staged | None = None,
+         lineage: LineageApplied | None = None, logger: Logger | None = None):
+    """Stream the would-be release and its originals into the core gate (:func:`deid.evaluation.gate.evaluate`).
+
+    With a lineage, the republished clusters are counted and attacked as
+    :func:`deid.evaluation.gate.structural_checks` and :func:`deid.evaluation.gate.privacy_checks` say
+    (registered members; counterfeit rows of no one).
+    """
+    from deid.evaluation.gate import GateInputs, evaluate  # noqa: PLC0415
+    from deid.anonymise.methods import method_runner  # noqa: PLC0415
+
+    shape = config.shape_hw
+    gconfig = config.gate_config(labels)
+    common = dict(records_in=counts.records_in, suppressed=counts.suppressed, quarantined=counts.quarantined,
+                  partition_failed=partitioned.failed, partition_detail=partitioned.small_detail,
+                  file_metadata=dict(staged.file_metadata) if staged else {}, extra_checks=tuple(extra_checks),
+                  # The attacker re-runs the method but cannot know the release's random state (a random
+                  # method's secret): another seed than the release's.
+                  deidentify=method_runner(config.method, shape=shape, k=config.k, sigma=config.sigma,
+                                           block=config.block, n_components=config.pca_components,
+                                           seed=config.seed + 1),
+                  republished=lineage.republished if lineage is not None else None)
+    if deidentified.parts:
+        rec = stages.gate_records(str(partitioned.root), [str(p) for p in deidentified.parts], labels=list(labels),
+                                  select=config.select(labels), partition_keys=partitioned.gate_keys)
+        inputs = GateInputs(shape=shape, people=rec["people"], image_index=rec["image_index"],
+                            own_distance=rec["own_distance"], fetch=rec["fetch"], clusters=rec["clusters"],
+                            partitions=rec["partitions"], labels=rec["labels"], **common)
+    else:
+        inputs = GateInputs.empty(shape=shape, **common)
+    result = evaluate(inputs, gconfig)
+    (logger or log).info("gate: " + ("passed" if result.passed else "failed - " + "; ".join(result.reasons)))
+    return result
+
+
+# --------------------------------------------------------------------------- report -> publish
+
+
+def dataset_card(staged: Staged, report, *, logger: Logger | None = None) -> tuple:
+    """Write the dataset card (the gate's figures) into the staged release, then hash every release file.
+
+    Runs after the gate and before the report is signed: the signed report lists the card's sha256.
+    """
+    from deid.release.card import DatasetCard, write_card  # noqa: PLC0415
+    from deid.reporting.report import Artifact, hash_tree  # noqa: PLC0415
+
+    path = write_card(staged.dir, DatasetCard.from_report(report.to_dict()))
+    (logger or log).info("dataset card: %s", path)
+    return tuple(Artifact(**a) for a in hash_tree(staged.dir))
+
+
+def write_report(report, config: RunConfig, *, validation: Mapping | None = None, staged: Staged | None = None,
+                 logger: Logger | None = None) -> SignedReport:
+    """Render report.html and the validation page, then sign report.json; every run gets one.
+
+    Runs *before* publishing: ``staged`` is the staged release that passed the gate (its sample
+    faces go into report.html); a rejected run passes None and shows no faces.
+    """
+    from deid.reporting.html_report import sample_release_images, write_report_bundle  # noqa: PLC0415
+    from deid.operations.safety import fault_enospc  # noqa: PLC0415
+
+    key = signing_key(config)
+    if key.origin == "development":
+        (logger or log).warning("report signed with the development key %s; set DEID_SIGNING_KEY for real releases", key.path)
+    report_dir = config.reports_path / report.release_id
+    fault_enospc("reports", report_dir)
+    samples = sample_release_images(staged.dir, n=24, seed=0) if staged and report.verdict == "released" else None
+    path = write_report_bundle(report_dir, report.to_dict(), key, sample_images=samples,
+                               validation_results=dict(validation) if validation else None)
+    (logger or log).info(f"report: {path} ({report.verdict})")
+    return SignedReport(path=Path(path), public_key=key.public_path, key_origin=key.origin)
+
+
+def publish(staged: Staged, config: RunConfig, *, release_id: str, logger: Logger | None = None) -> Published:
+    """File the linkage record, then publish by one atomic rename (only after the report is signed)."""
+    from deid.release.linkage import linkage_path  # noqa: PLC0415
+    from deid.release.publish import commit_release  # noqa: PLC0415
+
+    target = linkage_path(config.data_path, release_id)
+    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.replace(staged.linkage, target)
+    try:
+        final = commit_release(staged.dir, config.releases_dir / release_id)
+    except BaseException:
+        # Nothing was published: the linkage record goes back to private staging with its release.
+        os.replace(target, staged.linkage)
+        raise
+    (logger or log).info(f"publish: {staged.records} records released to {final} (linkage record {target})")
+    return Published(path=Path(final), linkage=target)
+
+
+def publish_failed_addendum(report_dir: Path, config: RunConfig, *, release_id: str, error: str) -> Path:
+    """A publish that failed after the report was signed: say so in a signed addendum."""
+    from deid.operations.safety import write_signed_addendum  # noqa: PLC0415
+
+    return write_signed_addendum(Path(report_dir), {
+        "release_id": release_id, "event": "publish_failed", "release_published": False, "created_at": now_iso(),
+        "detail": f"publishing failed after the report was signed ({error}); the release was not published"},
+        signing_key(config))
+
+
+def withhold(staged: Staged, *, logger: Logger | None = None) -> None:
+    """A rejected run publishes nothing: drop the staged release and its linkage record."""
+    from deid.release.publish import discard  # noqa: PLC0415
+
+    discard(staged.dir)
+    staged.linkage.unlink(missing_ok=True)
+    (logger or log).info("withhold: staged release removed; nothing published")
+
+
+def quarantine_summary(quarantined: Sequence[Quarantined], layout: StagingLayout) -> dict[str, int]:
+    """Write the quarantine table and count it by reason."""
+    from deid.intake.ingest import write_quarantine  # noqa: PLC0415
+
+    write_quarantine(list(quarantined), layout.quarantine)
+    return dict(Counter(q.code for q in quarantined))

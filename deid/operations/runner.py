@@ -1,0 +1,301 @@
+"""A release run, start to end, without Prefect: the one definition of the stages' order.
+
+:func:`run_release` is what ``deid run`` does; the Prefect flow
+(:mod:`deid.orchestration.flow`) calls it too, with :class:`Steps` whose stages are Prefect
+tasks wrapping the same :mod:`deid.operations.pipeline` functions, so the order lives here only.
+
+Order of commitment (see :mod:`deid.operations.safety`): pre-flight (signing key, writable locations) ->
+recovery of killed runs' leftovers -> lock the run's staging directory -> work, staging the
+would-be release inside it -> gate -> build the report and validate it against the schema ->
+dataset card -> sign the report -> publish by one rename. A publish that fails after signing
+gets a signed addendum and the release stays unpublished.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, ContextManager
+
+from deid.operations import pipeline
+from deid.contracts import (
+    Aligned,
+    Deidentified,
+    Ingested,
+    Partitioned,
+    RecordCounts,
+    RunResult,
+    StagingLayout,
+    UnreadableDrop,
+)
+from deid.errors import EnvironmentFailure, StateError
+from deid.operations.executors import Executor, LocalExecutor
+from deid.release.publish import discard, new_release_id
+from deid.reporting.report import SigningInfo, dataset_fingerprint, validate_report
+from deid.reporting.report_build import build_rejection, build_report, run_versions
+from deid.run_config import RunConfig
+from deid.operations.safety import RunLock, fault_point
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def local_cluster(config: RunConfig) -> Iterator[Executor]:
+    """Every stage in this process (tests, notebooks): no cluster to start."""
+    yield LocalExecutor()
+
+
+@dataclass(frozen=True)
+class Steps:
+    """The stage functions a run calls, in :func:`run_release`'s order; the Prefect flow swaps in its tasks."""
+
+    preflight: Callable[..., Any] = pipeline.preflight
+    recover: Callable[..., Any] = pipeline.recover_leftovers
+    ingest: Callable[..., Any] = pipeline.ingest_drop
+    open_lineage: Callable[..., Any] = pipeline.open_lineage
+    align: Callable[..., Any] = pipeline.align
+    featurize: Callable[..., Any] = pipeline.featurize
+    partition: Callable[..., Any] = pipeline.partition
+    deidentify: Callable[..., Any] = pipeline.deidentify
+    apply_lineage: Callable[..., Any] = pipeline.apply_lineage
+    register_lineage: Callable[..., Any] = pipeline.register_lineage
+    stage: Callable[..., Any] = pipeline.stage
+    gate: Callable[..., Any] = pipeline.gate
+    dataset_card: Callable[..., Any] = pipeline.dataset_card
+    write_report: Callable[..., Any] = pipeline.write_report
+    publish: Callable[..., Any] = pipeline.publish
+    publish_failed: Callable[..., Any] = pipeline.publish_failed_addendum
+    withhold: Callable[..., Any] = pipeline.withhold
+
+
+@contextlib.contextmanager
+def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[stage] = round(timings.get(stage, 0.0) + time.perf_counter() - t0, 4)
+
+
+def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
+                cluster: Callable[[RunConfig], ContextManager[Executor]] = local_cluster,
+                run_id: str | None = None, logger: logging.Logger | logging.LoggerAdapter | None = None) -> RunResult:
+    """Ingest, align, featurize, partition, de-identify, gate, report (signed) and publish (if passed).
+
+    Parameters
+    ----------
+    drop : path
+        The drop directory (manifest.csv, images, optional drop.yaml).
+    config : RunConfig
+        The run's configuration (:meth:`RunConfig.resolve`).
+    steps : Steps, keyword-only
+        The stage functions (default: :mod:`deid.operations.pipeline`'s, in this process).
+    cluster : callable, keyword-only
+        ``cluster(config)`` -> context manager yielding the :class:`~deid.operations.executors.Executor` the
+        heavy stages run on (default: this process).
+    run_id : str, optional
+        The orchestrator's run id, recorded in the report (default: the release id).
+    logger : logger, optional
+        Where the run's own messages go (default: this module's logger), e.g. Prefect's run logger.
+
+    Returns
+    -------
+    RunResult
+        Released or rejected: both are results. Failures that are not a verdict raise
+        (:class:`~deid.errors.EnvironmentFailure` after signing a rejection naming the machine's
+        fault, :class:`~deid.errors.StateError`, ...), leaving nothing half-published.
+    """
+    signing = steps.preflight(config)  # before any work: the signing key loads, every location is writable
+    recovered = steps.recover(config)
+    release_id = new_release_id()
+    layout = StagingLayout.for_run(config.data_path, release_id)
+    lock = RunLock.create(layout.root)
+    run = _Run(drop=str(drop), config=config, layout=layout, release_id=release_id, run_id=run_id or release_id,
+               steps=steps, signing=signing, logger=logger or log)
+    run.logger.info("release %s: drop %s, k=%d, method %s", release_id, drop, config.k, config.method)
+    try:
+        result = run.walk(cluster)
+    except OSError as exc:
+        failure = EnvironmentFailure.from_oserror(exc, doing=f"release {release_id} failed")
+        run.abandon()
+        if not (run.report_dir / "report.json.sig").exists():  # never replace a signed report
+            run.sign_rejection(f"environment failure (not a verdict on the data): {failure}", check="environment")
+        raise failure from None
+    except BaseException:
+        run.abandon()
+        raise
+    finally:
+        lock.close()
+    return replace(result, recovered=tuple(recovered))
+
+
+@dataclass
+class _Run:
+    """One run's fixed facts; :meth:`walk` is the order of the stages."""
+
+    drop: str
+    config: RunConfig
+    layout: StagingLayout
+    release_id: str
+    run_id: str
+    steps: Steps
+    signing: SigningInfo
+    logger: logging.Logger | logging.LoggerAdapter = log
+
+    @property
+    def report_dir(self) -> Path:
+        return self.config.reports_path / self.release_id
+
+    def walk(self, cluster: Callable[[RunConfig], ContextManager[Executor]]) -> RunResult:
+        s, config, layout, timings = self.steps, self.config, self.layout, {}
+        with _timed(timings, "ingest"):
+            ing = s.ingest(self.drop, layout, config)
+        if isinstance(ing, UnreadableDrop):
+            return self.unreadable(ing)
+        fault_point("ingest")
+        # Successive releases of one dataset (deid.release.lineage): only methods that give every cluster member
+        # the identical image have registered averages to keep; the others are gated on their own.
+        lineage_state = s.open_lineage(ing.dataset, config) if config.lineage_applies else None
+        notes = []
+        if config.spec.partitions_by_labels and not ing.labels:
+            notes.append(f"{config.method} without utility labels runs as k-Same (one partition); utility is not "
+                         "applicable")
+            self.logger.warning("%s", notes[-1])
+        aligned, part, deid, lin = Aligned(), Partitioned(root=layout.partitions_dir), Deidentified(), None
+        t0 = time.perf_counter()
+        with cluster(config) as executor:
+            timings["cluster_start"] = round(time.perf_counter() - t0, 4)
+            if ing.proceed:
+                with _timed(timings, "align"):
+                    aligned = s.align(ing, layout, config, executor)
+                fault_point("align")
+            if ing.proceed and ing.staged - len(aligned.quarantined) >= 2:
+                with _timed(timings, "featurize"):
+                    feats = s.featurize(aligned, layout, config, executor)
+                with _timed(timings, "partition"):
+                    part = s.partition(ing, aligned, feats, layout, config, executor, lineage_state=lineage_state)
+                if part.partitions:
+                    with _timed(timings, "deidentify"):
+                        deid = s.deidentify(part, ing.labels, layout, config, executor)
+                if part.lineage is not None:
+                    # New clusters registered as made; returning people's records carry their stored averages.
+                    with _timed(timings, "lineage"):
+                        lin = s.apply_lineage(part, deid, aligned, layout, config, release_id=self.release_id)
+                    deid = lin.deidentified
+        return self.judge(ing, aligned, part, deid, lin, notes=notes, timings=timings)
+
+    def judge(self, ing: Ingested, aligned: Aligned, part: Partitioned, deid: Deidentified, lin, *,
+              notes: list[str], timings: dict[str, float]) -> RunResult:
+        """Stage the would-be release, gate it, sign the report, publish if it passed."""
+        s, config = self.steps, self.config
+        quarantined = (*ing.quarantined, *aligned.quarantined, *part.quarantined)
+        by_reason = pipeline.quarantine_summary(quarantined, self.layout)
+        counts = RecordCounts(records_in=ing.records_in, judged=deid.records, suppressed=len(part.suppressed),
+                              quarantined=len(quarantined))
+        staged = None
+        if deid.parts:
+            with _timed(timings, "stage"):
+                staged = s.stage(deid, ing, self.layout, config, release_id=self.release_id, lineage=lin)
+        extra_checks = (*ing.checks, *aligned.checks, *(lin.checks if lin else ()), *(staged.checks if staged else ()))
+        validation = {**ing.validation, **({"aligned": aligned.validation} if aligned.validation else {}),
+                      **({"release": staged.validation} if staged else {})}
+        with _timed(timings, "gate"):
+            g = s.gate(deid, part, config, labels=ing.labels, counts=counts, extra_checks=extra_checks,
+                       staged=staged, lineage=lin)
+        fault_point("gate")
+        report = build_report(
+            release_id=self.release_id, run_id=self.run_id, created_at=pipeline.now_iso(), config=config,
+            ingested=ing, aligned=aligned, partitioned=part, deidentified=deid, lineage=lin, staged=staged, gate=g,
+            counts=counts, quarantine_by_reason=by_reason, validation=validation, notes=notes, timings=timings,
+            signing=self.signing, versions=run_versions())
+        # Before anything is committed: a report the schema refuses stops the run with nothing registered,
+        # signed or published.
+        validate_report(report.to_dict())
+        if g.passed and lin is not None:
+            # Registered (pending) before the report is signed and the release published: a crash from here
+            # on can never let the next run re-cluster these people; the next run settles the status.
+            s.register_lineage(ing.dataset, lin.state, config, lin.release)
+            fault_point("register")
+        elif not g.passed and staged is not None:
+            s.withhold(staged)
+        if g.passed:
+            # The dataset card states the gate's figures; written into the staged release before it is hashed.
+            report = replace(report, artifacts=list(s.dataset_card(staged, report)))
+        signed = s.write_report(report, config, validation=validation, staged=staged if g.passed else None)
+        fault_point("sign")
+        published = (self.publish(staged, ing.dataset, report_dir=signed.dir, timings=timings, lineage=lin is not None)
+                     if g.passed else None)
+        if lin is not None and published is not None:
+            self.settle_lineage(ing.dataset, "published")
+        self.layout.complete.touch()
+        self.logger.info("verdict: %s; report %s", report.verdict, signed.path)
+        return RunResult(release_id=self.release_id, verdict=report.verdict, report=report, report_path=signed.path,
+                         public_key=signed.public_key, key_origin=signed.key_origin, staging=self.layout.root,
+                         release_dir=published.path if published else None,
+                         linkage=published.linkage if published else None, timings=dict(timings))
+
+    def publish(self, staged, dataset: str, *, report_dir: Path, timings: dict[str, float], lineage: bool):
+        """Publish by one rename; a failure after signing gets a signed addendum and publishes nothing."""
+        s = self.steps
+        try:
+            with _timed(timings, "publish"):
+                published = s.publish(staged, self.config, release_id=self.release_id)
+        except Exception as exc:
+            # Signed "released" but not published: say so under the same key, and keep nothing staged.
+            s.publish_failed(report_dir, self.config, release_id=self.release_id, error=f"{type(exc).__name__}: {exc}")
+            s.withhold(staged)
+            if lineage:
+                self.settle_lineage(dataset, "abandoned")
+            if isinstance(exc, OSError):
+                raise EnvironmentFailure.from_oserror(
+                    exc, doing=f"publishing {self.release_id} failed after its report was signed (signed addendum "
+                               f"{report_dir / 'addendum.json'}; nothing published)") from None
+            raise StateError(f"publishing {self.release_id} failed after its report was signed: {exc}; a signed "
+                             f"addendum says it was not published") from exc
+        fault_point("publish")
+        return published
+
+    def settle_lineage(self, dataset: str, kind: str) -> None:
+        """Mark a registered release published or abandoned; if that fails, the next run's reconcile settles it."""
+        try:
+            self.steps.register_lineage(dataset, None, self.config, mark=kind, release_id=self.release_id)
+        except (StateError, OSError) as exc:
+            self.logger.warning("lineage %s: could not mark %s %s (%s); the next run settles it from the releases "
+                        "directory", dataset, self.release_id, kind, exc)
+
+    def unreadable(self, ing: UnreadableDrop) -> RunResult:
+        """A drop that cannot be read is a verdict on the input: a signed rejection naming the reason."""
+        reason = f"unreadable drop: {ing.reason}"
+        discard(self.layout.root)  # nothing was staged worth keeping
+        signed = self.sign_rejection(reason)
+        if signed is None:
+            raise StateError(f"{reason}; and its signed rejection could not be written (see the log)")
+        report, path = signed
+        return RunResult(release_id=self.release_id, verdict="rejected", report=report, report_path=path.path,
+                         public_key=path.public_key, key_origin=path.key_origin, input_error=ing.reason)
+
+    def sign_rejection(self, reason: str, *, check: str = "drop_readable"):
+        """The signed rejection of a run that could not get as far as the gate; (report, SignedReport) or None."""
+        try:
+            raw = (Path(self.drop) / "manifest.csv").read_bytes()
+        except OSError:
+            raw = b""
+        report = build_rejection(release_id=self.release_id, run_id=self.run_id, created_at=pipeline.now_iso(),
+                                 config=self.config, drop=self.drop, reason=reason,
+                                 fingerprint=dataset_fingerprint(raw, []), signing=self.signing,
+                                 versions=run_versions(), check=check)
+        try:
+            return report, self.steps.write_report(report, self.config)
+        except Exception as exc:  # noqa: BLE001 - e.g. the reports disk is the full one: say so, raise the cause
+            self.logger.error("could not write the signed rejection: %s", exc)
+            return None
+
+    def abandon(self) -> None:
+        """A run that fails: its private staging (and any staged release) goes, and so does an unsigned report."""
+        discard(self.layout.root)
+        if self.report_dir.is_dir() and not (self.report_dir / "report.json.sig").exists():
+            discard(self.report_dir)
+        self.logger.info("removed the staging directory %s of the failed run", self.layout.root)

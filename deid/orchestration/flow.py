@@ -1,0 +1,145 @@
+"""The ``release`` flow: a dropped dataset in, a gated k-anonymous release (or a signed rejection) out.
+
+The flow is a thin shell around :func:`deid.operations.runner.run_release` (the stages' one order, Prefect
+free), run with the Prefect tasks of :mod:`deid.orchestration.tasks` on a Dask cluster. What Prefect adds:
+
+- the run is named after the dataset, k and method, records the parameters actually used
+  (defaults resolved) and is tagged with its verdict and release id;
+- a rejected release ends in a ``Failed`` state named ``Rejected`` (see the README, "The verdict
+  in the Prefect UI"), a released one in ``Completed``;
+- artifacts: the verdict with its reasons and guarantee, every check, and where report.html is.
+
+Call it through :func:`run_flow` (or ``release(..., return_state=True)`` and :func:`outcome`) to
+get the :class:`~deid.contracts.RunResult` of either verdict; called plainly, a rejected release
+raises :class:`~deid.errors.ReleaseRejected`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+from prefect.states import Failed, State
+
+from deid.contracts import RunResult
+from deid.errors import ReleaseRejected
+from deid.run_config import RunConfig
+from deid.operations.runner import run_release
+from deid.settings import Settings
+from deid.orchestration.cluster import dask_executor
+from deid.orchestration.tasks import STEPS
+
+REJECTED = "Rejected"  # the state name a rejected release ends in
+
+
+def run_name() -> str:
+    """``<dataset> k=<k> <method>``, defaults resolved (the run's name in the UI)."""
+    p = flow_run.parameters
+    s = Settings()
+    name = p.get("name") or Path(str(p.get("drop", "drop"))).name
+    return f"{name} k={p.get('k') or s.k} {p.get('method') or s.method}"
+
+
+@flow(name="release", flow_run_name=run_name, log_prints=False, validate_parameters=True)
+def release(drop: str, k: int | None = None, method: str | None = None, labels: list[str] | None = None,
+            small_partitions: str | None = None, name: str | None = None, sigma: float | None = None,
+            block: int | None = None) -> RunResult | State:
+    """Ingest, align, featurize, partition, de-identify, gate, report (signed) and publish (if passed)."""
+    config = RunConfig.resolve(Settings(), k=k, method=method, labels=labels, small_partitions=small_partitions,
+                               name=name, sigma=sigma, block=block)
+    # The parameters as used, not as passed (a deployment passes only the drop).
+    _update_run(parameters={"drop": drop, **config.parameters()})
+    result = run_release(drop, config, steps=STEPS, cluster=dask_executor, run_id=str(flow_run.get_id() or "") or None,
+                         logger=get_run_logger())
+    ui_artifacts(result)
+    _update_run(name=f"{result.report.dataset.name} k={config.k} {config.method}",
+                tags=[f"verdict:{result.verdict}", f"release:{result.release_id}"])
+    if result.released:
+        return result
+    # The failed checks' names only: the reasons are in the verdict artifact and the report (the
+    # console shows this message too, and `deid run` prints the reasons once).
+    failed = [c.name for c in result.report.checks if not c.passed]
+    return rejected_state(f"release {result.release_id} rejected: {', '.join(failed)} (reasons in the deid-verdict "
+                          "artifact and report.json)", result)
+
+
+def rejected_state(message: str, result: object) -> State:
+    """The end state of a rejected release: ``Failed`` (so the UI and dashboards count it) named ``Rejected``."""
+    return Failed(name=REJECTED, message=message, data=ReleaseRejected(message, result=result))
+
+
+def outcome(state: State):
+    """The flow's result for either verdict: a released run's value, or a rejected run's ``result``.
+
+    Any other failure (a crash, an environment failure, a bug) is raised as the exception it was.
+    """
+    if state.is_failed() and state.name == REJECTED:
+        return state.result(raise_on_failure=False).result
+    return state.result()
+
+
+def run_flow(drop: str, **params) -> RunResult:
+    """Run the release flow and return its :class:`~deid.contracts.RunResult`, released or rejected."""
+    return outcome(release(drop=drop, **params, return_state=True))
+
+
+def _update_run(*, parameters: dict | None = None, name: str | None = None, tags: list[str] | None = None) -> None:
+    """Record on this flow run what only the run knows (resolved parameters, dataset name, verdict tags)."""
+    from prefect.client.orchestration import get_client  # noqa: PLC0415
+
+    run_id = flow_run.get_id()
+    if not run_id:
+        return
+    try:
+        with get_client(sync_client=True) as client:
+            if tags is not None:
+                tags = sorted(set(client.read_flow_run(run_id).tags) | set(tags))
+            client.update_flow_run(run_id, parameters=parameters, name=name, tags=tags)
+    except Exception as exc:  # noqa: BLE001 - the UI annotation must never fail a signed run
+        get_run_logger().warning("could not annotate the flow run in the Prefect UI: %s", exc)
+
+
+def verdict_markdown(result: RunResult) -> str:
+    """The verdict artifact: verdict, guarantee, reasons, key figures and where the files are (plain paths)."""
+    r = result.report
+    ds, priv = r.dataset, r.privacy
+    lines = [f"# deid release {r.release_id}: **{r.verdict.upper()}**", ""]
+    if r.guarantee:
+        lines += [f"> {r.guarantee}", ""]
+    if r.reasons:
+        lines += ["## Why it was rejected", "", *[f"- {x}" for x in r.reasons], ""]
+    if r.warnings:
+        lines += ["## Warnings (not blocking)", "", *[f"- {x}" for x in r.warnings], ""]
+    lines += [
+        "## Figures", "",
+        f"- dataset **{ds.name}** (`{ds.fingerprint[:23]}…`), method **{r.method}**, k = **{r.k}**",
+        f"- records: {ds.records_in} in, {ds.records_released} released, {ds.records_withheld or 0} withheld by the "
+        f"verdict, {ds.records_suppressed} suppressed, {ds.records_quarantined} quarantined",
+        f"- max re-identification rate: {priv.max_rate} (bound 1/k = {priv.bound:.4f})",
+        *[f"- utility {u.label}: originals {u.original_accuracy}, release {u.deidentified_accuracy}"
+          for u in r.utility if not u.extra.get("evidence_only")],
+        "", "## Files (paths on the machine that ran deid)", "",
+        f"- report.html: `{result.report_dir / 'report.html'}`",
+        f"- signed report: `{result.report_path}`",
+        f"- release: `{result.release_dir}`" if result.release_dir else "- release: none (nothing was published)",
+        f"- verify: `deid verify {result.report_dir}" + (f" --public-key {result.public_key}`" if result.public_key
+                                                         else "`"),
+    ]
+    return "\n".join(lines)
+
+
+def ui_artifacts(result: RunResult) -> None:
+    """The verdict, every check and where the report lives, shown on the flow run in the Prefect UI."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: PLC0415
+
+    create_markdown_artifact(verdict_markdown(result), key="deid-verdict", description="deid release verdict")
+    checks = [{"name": c.name, "status": c.status or ("pass" if c.passed else "fail"), "passed": c.passed,
+               "value": c.value if not isinstance(c.value, list | dict) else str(c.value),
+               "threshold": c.threshold if not isinstance(c.threshold, list | dict) else str(c.threshold),
+               "detail": c.detail} for c in result.report.checks]
+    create_table_artifact(checks, key="deid-checks", description="every gate check")
+    html = result.report_dir / "report.html"
+    create_markdown_artifact(
+        f"report.html of {result.release_id}: `{html}`\n\nOpen it from that machine's file manager or with "
+        f"`xdg-open {html}` (a browser does not follow links to local files from this page).",
+        key="deid-report", description="where the signed run's self-contained HTML report is")

@@ -1,0 +1,155 @@
+"""The signed report of a run, built by pure functions from the stage contracts.
+
+:func:`build_report` turns what the stages returned (:mod:`deid.contracts`) and the gate's
+:class:`~deid.evaluation.gate.GateResult` into the typed :class:`~deid.reporting.report.Report`; the runner validates
+it against the JSON schema before anything is committed. The record counts of the tiles
+(``dataset``) and of the gate's accounting checks come from one :class:`RecordCounts`, so a
+rejected run's report cannot contradict itself: what the gate judged is *withheld*, not
+released and not suppressed.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from deid.evaluation.validation import validation_section
+from deid.contracts import (
+    Aligned,
+    Deidentified,
+    Ingested,
+    LineageApplied,
+    Partitioned,
+    RecordCounts,
+    Staged,
+)
+from deid.anonymise.method_registry import REGISTRY, guarantee
+from deid.reporting.report import (
+    Check,
+    DatasetSummary,
+    Privacy,
+    Reidentification,
+    Report,
+    SigningInfo,
+    Utility,
+)
+from deid.run_config import RunConfig
+
+VERSION_PACKAGES = ("deid", "prefect", "dask", "distributed", "numpy", "opencv-python-headless", "scikit-learn",
+                    "pyarrow", "cryptography")
+
+
+def run_versions() -> dict[str, str | None]:
+    """Installed version of each package the run depends on (None when not installed)."""
+    out: dict[str, str | None] = {}
+    for pkg in VERSION_PACKAGES:
+        try:
+            out[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def lineage_section(config: RunConfig, dataset: str, partitioned: Partitioned | None,
+                    lineage: LineageApplied | None, *, registered: bool) -> dict[str, Any]:
+    """The report's ``lineage`` section: counts and decisions only (no pseudonym, fingerprint or cluster key)."""
+    planned = partitioned.lineage if partitioned is not None else None
+    if planned is None:
+        why = ("not applicable: the method gives no identical image per cluster to register"
+               if not config.lineage_applies else "not planned: nothing reached partitioning")
+        return {"dataset": dataset, "applied": False, "detail": why}
+    counts = dict(lineage.release.counts) if lineage else {}
+    return {**planned.plan.summary(), "applied": True, "based_on_head": planned.plan.based_on_head,
+            "registered": bool(registered and lineage), "release_counts": counts}
+
+
+def configuration(config: RunConfig, *, ingested: Ingested, aligned: Aligned, partitioned: Partitioned,
+                  deidentified: Deidentified, notes: Sequence[str], timings: Mapping[str, float]) -> dict[str, Any]:
+    """The report's ``configuration``: the effective settings and what each stage decided (counts only)."""
+    w, h = config.aligner.size
+    return {
+        "labels": list(ingested.labels), "license": ingested.license, "notes": list(notes),
+        "identity": dict(partitioned.identity) if partitioned.identity is not None else None,
+        "duplicate_ids": config.duplicate_ids, "small_partitions": config.small_partitions,
+        "canonical_size": [w, h], "color": config.color,
+        "canonical_eyes": [list(config.aligner.eye_left), list(config.aligner.eye_right)],
+        "pca_components": config.pca_components, "utility_tolerance": config.utility_tolerance,
+        "utility_protocol": "cross-fit", "utility_sample": config.utility_sample,
+        "utility_inconclusive": config.utility_inconclusive, "gate_confidence": config.gate_confidence,
+        "attack_sample": config.attack_sample, "deep_attack_sample": config.deep_attack_sample,
+        "leak_threshold": config.leak_threshold,
+        **({"sigma": config.sigma} if REGISTRY[config.method].strength == "sigma" else {}),
+        **({"block": config.block} if REGISTRY[config.method].strength == "block" else {}),
+        "max_quarantine_fraction": config.max_quarantine_fraction, "cv_folds": config.cv_folds,
+        "cv_repeats": config.cv_repeats, "eye_sources": dict(aligned.eye_sources),
+        "partitions": [{"key": list(p.key), "records": p.records, "people": p.people}
+                       for p in partitioned.partitions],
+        # Counts only, never the label values of a partition too small to release.
+        "small_partitions_detail": [{"records": e.records, "people": e.people, "action": e.action}
+                                    for e in partitioned.small],
+        "clusters": {"count": len(deidentified.clusters), "sizes": sorted(c.size for c in deidentified.clusters)},
+        "extra_manifest_columns": list(ingested.extra_columns),
+        "dask": config.dask_address or f"LocalCluster({config.dask_workers} workers)",
+        "ksame_block_size": config.ksame_block_size,
+        "stage_seconds": dict(timings),
+    }
+
+
+def dataset_summary(ingested_name: str, fingerprint: str, counts: RecordCounts, *, passed: bool,
+                    quarantine_by_reason: Mapping[str, int]) -> DatasetSummary:
+    """The tiles: released and withheld split what the gate judged, by its verdict."""
+    return DatasetSummary(
+        name=ingested_name, fingerprint=fingerprint, records_in=counts.records_in,
+        records_released=counts.released(passed), records_withheld=counts.withheld(passed),
+        records_suppressed=counts.suppressed, records_quarantined=counts.quarantined,
+        quarantine_by_reason=dict(quarantine_by_reason))
+
+
+def build_report(*, release_id: str, run_id: str, created_at: str, config: RunConfig, ingested: Ingested,
+                 aligned: Aligned, partitioned: Partitioned, deidentified: Deidentified,
+                 lineage: LineageApplied | None, staged: Staged | None, gate, counts: RecordCounts,
+                 quarantine_by_reason: Mapping[str, int], validation: Mapping[str, Any], notes: Sequence[str],
+                 timings: Mapping[str, float], signing: SigningInfo,
+                 versions: Mapping[str, str | None]) -> Report:
+    """The run's :class:`~deid.reporting.report.Report` from its stage contracts and the gate's result (pure).
+
+    ``release_dir`` and ``artifacts`` describe where the release *will* be once published: the
+    report is signed before the staged release is renamed into place.
+    """
+    passed = gate.passed
+    privacy = Privacy(
+        bound=1.0 / config.k, max_rate=gate.max_rate, min_distinct_people_per_cluster=gate.min_people,
+        max_person_share=gate.max_person_share, exact_bound=gate.exact_bound, attack_sample=gate.attack_sample,
+        reidentification=[Reidentification(**r) for r in gate.reidentification])
+    return Report(
+        release_id=release_id, run_id=run_id, verdict="released" if passed else "rejected", k=config.k,
+        method=config.method, created_at=created_at, reasons=list(gate.reasons), warnings=list(gate.warnings),
+        guarantee=guarantee(config.method, config.k),
+        dataset=dataset_summary(ingested.name, ingested.fingerprint, counts, passed=passed,
+                                quarantine_by_reason=quarantine_by_reason),
+        checks=[Check.from_gate(c) for c in gate.checks], privacy=privacy,
+        utility=[Utility.from_row(u) for u in gate.utility],
+        lineage=lineage_section(config, ingested.dataset, partitioned, lineage, registered=passed),
+        validation=validation_section(validation), artifacts=list(staged.artifacts) if passed and staged else [],
+        release_dir=str(config.releases_dir / release_id) if passed else None, signing=signing,
+        versions=dict(versions),
+        configuration=configuration(config, ingested=ingested, aligned=aligned, partitioned=partitioned,
+                                    deidentified=deidentified, notes=notes, timings=timings))
+
+
+def build_rejection(*, release_id: str, run_id: str, created_at: str, config: RunConfig, drop: str | Path,
+                    reason: str, fingerprint: str, signing: SigningInfo, versions: Mapping[str, str | None],
+                    check: str = "drop_readable") -> Report:
+    """The report of a run that could not get as far as the gate (unreadable drop, environment failure)."""
+    return Report(
+        release_id=release_id, run_id=run_id, verdict="rejected", reasons=[reason], k=config.k,
+        method=config.method, guarantee=guarantee(config.method, config.k), created_at=created_at,
+        dataset=DatasetSummary(name=config.name or Path(drop).name or "drop", fingerprint=fingerprint,
+                               records_in=0, records_released=0, records_withheld=0, records_suppressed=0,
+                               records_quarantined=0),
+        checks=[Check(check, False, None, None, reason, status="fail")],
+        privacy=Privacy(bound=1.0 / config.k), utility=[], validation={}, artifacts=[], release_dir=None,
+        signing=signing, versions=dict(versions),
+        configuration={"labels": list(config.labels or []),
+                       "fingerprint_scope": "manifest.csv only (no image was read)"})

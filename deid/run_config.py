@@ -1,0 +1,199 @@
+"""One run's configuration: built once from the settings and the caller's overrides, validated once.
+
+:meth:`RunConfig.resolve` takes :class:`deid.settings.Settings` (the environment) and what the
+CLI or the flow's caller chose (k, method, labels ...), fills every default, checks every value
+and returns a frozen :class:`RunConfig` that is passed explicitly to every stage
+(:mod:`deid.operations.pipeline`). Nothing downstream reads the environment again.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deid.errors import ConfigError
+from deid.anonymise.method_registry import COLOR_METHODS, REGISTRY, MethodSpec
+from deid.settings import SMALL_PARTITION_POLICIES, Settings
+
+
+@dataclass(frozen=True)
+class AlignerParams:
+    """The canonical face geometry: sent as a plain dict to the Dask workers that align."""
+
+    size: tuple[int, int]  # (width, height) of the canonical face
+    eye_left: tuple[float, float]  # eye centres in canonical pixels
+    eye_right: tuple[float, float]
+    max_upsample: float = 4.0
+    min_eye_distance: float = 8.0
+    color: bool = False
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> AlignerParams:
+        left, right = settings.canonical_eyes()
+        return cls(size=tuple(settings.canonical_size), eye_left=tuple(left), eye_right=tuple(right),
+                   max_upsample=settings.max_upsample, min_eye_distance=settings.min_eye_distance_px,
+                   color=settings.color)
+
+    @property
+    def shape_hw(self) -> tuple[int, int]:
+        """(height, width): the shape of a canonical face array."""
+        return int(self.size[1]), int(self.size[0])
+
+    def to_dict(self) -> dict[str, Any]:
+        """What :func:`deid.operations.stages.make_aligner` takes (picklable, no deid import needed to read it)."""
+        return {"size": list(self.size), "eye_left": list(self.eye_left), "eye_right": list(self.eye_right),
+                "max_upsample": self.max_upsample, "min_eye_distance": self.min_eye_distance, "color": self.color}
+
+
+# The run parameters a caller may override (the flow's parameters), in the flow's order.
+RUN_PARAMETERS = ("k", "method", "labels", "small_partitions", "name", "sigma", "block")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one release run is configured with; see :meth:`resolve`."""
+
+    k: int
+    method: str
+    small_partitions: str
+    sigma: float
+    block: int
+    data_path: Path
+    reports_path: Path
+    aligner: AlignerParams
+    labels: tuple[str, ...] | None = None  # None: the drop's drop.yaml decides
+    name: str | None = None  # None: drop.yaml's name or the directory name
+    max_pixels: int = 100_000_000
+    align_batch_size: int = 512
+    dask_workers: int = 2
+    ksame_block_size: int = 2000  # k-Same groups blockwise above this many faces (one Dask task per block)
+    dask_address: str | None = None
+    pca_components: int = 50
+    seed: int = 0
+    duplicate_ids: str = "merge"
+    identity_embed_max: int = 2000
+    lineage_policy: str = "invariant"
+    lineage_absent: str = "republish"
+    utility_tolerance: float = 0.05
+    gate_confidence: float = 0.95
+    max_quarantine_fraction: float = 0.05
+    leak_threshold: float = 2.0
+    attack_sample: int = 1000
+    deep_attack_sample: int = 100
+    utility_sample: int = 1000
+    utility_inconclusive: str = "release"
+    cv_folds: int = 5
+    cv_repeats: int = 3
+    signing_key: Path | None = None
+    linkage_key: Path | None = None
+    # Never shown: repr=False keeps it out of logs and task parameter reprs.
+    signing_passphrase: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _check(self)
+
+    @classmethod
+    def resolve(cls, settings: Settings | None = None, *, k: int | None = None, method: str | None = None,
+                labels: list[str] | tuple[str, ...] | None = None, small_partitions: str | None = None,
+                name: str | None = None, sigma: float | None = None, block: int | None = None) -> RunConfig:
+        """The run's configuration: each override if given, else the setting (``DEID_*``), validated.
+
+        Raises
+        ------
+        ConfigError
+            Naming the parameter, its value, the valid range and what to do.
+        """
+        s = settings or Settings()
+        return cls(
+            k=s.k if k is None else k, method=method or s.method,
+            small_partitions=small_partitions or s.small_partitions,
+            sigma=s.sigma if sigma is None else sigma, block=s.block if block is None else block,
+            labels=None if labels is None else tuple(labels), name=name or None,
+            data_path=s.data_path, reports_path=s.reports_path, aligner=AlignerParams.from_settings(s),
+            max_pixels=s.max_pixels, align_batch_size=s.align_batch_size, dask_workers=s.dask_workers,
+            ksame_block_size=s.ksame_block_size,
+            dask_address=s.dask_address, pca_components=s.pca_components, seed=s.seed or 0,
+            duplicate_ids=s.duplicate_ids, identity_embed_max=s.identity_embed_max, lineage_policy=s.lineage_policy,
+            lineage_absent=s.lineage_absent, utility_tolerance=s.utility_tolerance, gate_confidence=s.gate_confidence,
+            max_quarantine_fraction=s.max_quarantine_fraction, leak_threshold=s.leak_threshold,
+            attack_sample=s.attack_sample, deep_attack_sample=s.deep_attack_sample, utility_sample=s.utility_sample,
+            utility_inconclusive=s.utility_inconclusive, cv_folds=s.cv_folds, cv_repeats=s.cv_repeats,
+            signing_key=s.signing_key, linkage_key=s.linkage_key, signing_passphrase=s.signing_key_passphrase)
+
+    # ------------------------------------------------------------------ derived facts
+
+    @property
+    def spec(self) -> MethodSpec:
+        return REGISTRY[self.method]
+
+    @property
+    def shape_hw(self) -> tuple[int, int]:
+        """(height, width) of the canonical face."""
+        return self.aligner.shape_hw
+
+    @property
+    def color(self) -> bool:
+        return self.aligner.color
+
+    @property
+    def keys_dir(self) -> Path:
+        return self.data_path / "keys"
+
+    @property
+    def releases_dir(self) -> Path:
+        return self.data_path / "releases"
+
+    @property
+    def lineage_applies(self) -> bool:
+        """Only methods that give every cluster member the identical image have registered averages to keep."""
+        return bool(self.spec.identical_within_cluster and self.spec.clustered)
+
+    def select(self, labels: tuple[str, ...] | list[str]) -> bool:
+        """Does the run partition by the utility labels (the method does, and the drop has labels)?"""
+        return bool(self.spec.partitions_by_labels and labels)
+
+    def parameters(self) -> dict[str, Any]:
+        """The run parameters as used (defaults resolved): what the flow run records."""
+        return {"k": self.k, "method": self.method, "labels": None if self.labels is None else list(self.labels),
+                "small_partitions": self.small_partitions, "name": self.name, "sigma": self.sigma,
+                "block": self.block}
+
+    def gate_config(self, labels: tuple[str, ...] | list[str]):
+        """The gate's :class:`~deid.evaluation.gate.GateConfig` for the drop's labels."""
+        from deid.evaluation.gate import GateConfig  # noqa: PLC0415 - the gate imports scipy and the attacks
+
+        return GateConfig(
+            k=self.k, method=self.method, labels=tuple(labels), tolerance=self.utility_tolerance,
+            confidence=self.gate_confidence, max_quarantine_fraction=self.max_quarantine_fraction,
+            leak_threshold=self.leak_threshold, attack_sample=self.attack_sample,
+            deep_attack_sample=self.deep_attack_sample, utility_sample=self.utility_sample,
+            utility_inconclusive=self.utility_inconclusive, folds=self.cv_folds, repeats=self.cv_repeats,
+            n_components=self.pca_components, seed=self.seed)
+
+
+def _check(c: RunConfig) -> None:
+    """Validate once; every message names the parameter, its value, the valid range and the fix."""
+    if isinstance(c.k, bool) or not isinstance(c.k, int) or not 2 <= c.k <= 1000:
+        raise ConfigError(f"k={c.k!r} must be an integer from 2 to 1000 (the minimum number of distinct people per "
+                          "cluster); e.g. --k 5")
+    if c.method not in REGISTRY:
+        raise ConfigError(f"method={c.method!r} must be one of {list(REGISTRY)}; e.g. --method k-same-select")
+    if c.color and c.method not in COLOR_METHODS:
+        raise ConfigError(f"method={c.method!r} cannot release colour (DEID_COLOR=true); use one of "
+                          f"{list(COLOR_METHODS)} or unset DEID_COLOR")
+    if c.small_partitions not in SMALL_PARTITION_POLICIES:
+        raise ConfigError(f"small_partitions={c.small_partitions!r} must be one of {list(SMALL_PARTITION_POLICIES)}; "
+                          "e.g. --small-partitions suppress")
+    if isinstance(c.sigma, bool) or not isinstance(c.sigma, int | float) or not 0 < c.sigma <= 100:
+        raise ConfigError(f"sigma={c.sigma!r} must be a number in (0, 100] (Gaussian blur in canonical pixels); "
+                          "e.g. --sigma 4")
+    if isinstance(c.block, bool) or not isinstance(c.block, int) or not 1 <= c.block <= 64:
+        raise ConfigError(f"block={c.block!r} must be an integer from 1 to 64 (pixels per pixelation block side); "
+                          "e.g. --block 8")
+    if c.labels is not None:
+        bad = [x for x in c.labels if not isinstance(x, str) or not x.strip()]
+        if bad or not c.labels:
+            raise ConfigError(f"labels={list(c.labels)!r} must be a non-empty list of manifest column names; "
+                              "e.g. --labels gender,expression (or leave it out to use drop.yaml's)")
+    if c.name is not None and (not isinstance(c.name, str) or not c.name.strip()):
+        raise ConfigError(f"name={c.name!r} must be a non-empty dataset name; e.g. --name london-2026")

@@ -1,0 +1,53 @@
+"""`deid run` on a wrong drop: one clear message, no traceback, exit 2 (and a signed rejection once the run started)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deid.intake.synth import make_synthetic_drop
+
+ROOT = Path(__file__).resolve().parents[1]
+DEID = [sys.executable, "-m", "deid.cli"]
+
+
+def _cli(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([*DEID, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _one_message(proc: subprocess.CompletedProcess, expected: str) -> None:
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("deid run: ") and "(k=" not in line]
+    assert len(lines) == 1 and expected in lines[0], proc.stderr[-3000:]
+
+
+def test_a_file_instead_of_a_drop_directory(tmp_path):
+    manifest = tmp_path / "manifest.csv"
+    manifest.write_text("image,subject_id,gender\n")
+    env = {**os.environ, "DEID_PROJECT_DIR": str(tmp_path / "project"), "PYTHONPATH": str(ROOT)}
+    _one_message(_cli(["run", str(manifest), "--k", "3"], env, tmp_path), "is a file; give the drop directory")
+    assert not (tmp_path / "project" / "reports").exists()  # refused before the run started
+
+
+@pytest.mark.slow
+def test_a_drop_without_manifest_and_a_mistyped_label(project, prefect_server, tmp_path):
+    from prefect.settings import PREFECT_API_URL
+
+    env = {**os.environ, "DEID_PROJECT_DIR": str(project), "PREFECT_API_URL": PREFECT_API_URL.value(),
+           "PYTHONPATH": str(ROOT)}
+    empty = tmp_path / "no-manifest"
+    (empty / "images").mkdir(parents=True)
+    _one_message(_cli(["run", str(empty), "--k", "3"], env, tmp_path), "has no manifest.csv")
+    drop = make_synthetic_drop(tmp_path / "drop", people=4, images_per_person=1, seed=1)
+    proc = _cli(["run", str(drop), "--k", "3", "--labels", "gendr"], env, tmp_path)
+    _one_message(proc, "declared label column(s) ['gendr'] are missing")
+    assert "verdict: REJECTED" in proc.stdout
+    # Both runs started, so each signed a rejection naming the reason; nothing was released.
+    reasons = sorted(json.loads(p.read_text())["reasons"][0] for p in (project / "reports").glob("*/report.json"))
+    assert len(reasons) == 2 and all(r.startswith("unreadable drop: ") for r in reasons)
+    assert not (project / "data" / "releases").exists() or not any((project / "data" / "releases").iterdir())

@@ -1,0 +1,96 @@
+"""The Prefect-free runner (deid.operations.runner) end to end on small `deid synth` drops: released, rejected, refused."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from deid.reporting import report_build
+from deid.contracts import RunResult
+from deid.errors import ConfigError
+from deid.reporting.report import report_problems
+from deid.run_config import RunConfig
+from deid.operations.runner import run_release
+from deid.settings import Settings
+from deid.intake.synth import make_synthetic_drop
+from deid.release.verify import verify_report
+
+# The runner's subject is the walk and the report, not the gate's figures: the deep recogniser on a
+# small sample, no per-face recogniser identity check, one repeat of the older utility protocols.
+QUICK = dict(identity_embed_max=0, deep_attack_sample=20, cv_repeats=1)
+
+
+def _run(tmp_path: Path, drop: Path, **params) -> RunResult:
+    config = RunConfig.resolve(Settings(project_dir=tmp_path / "project", **QUICK), **params)
+    return run_release(drop, config)
+
+
+def _sums(result: RunResult) -> dict:
+    d = json.loads(result.report_path.read_text())
+    ds, checks = d["dataset"], {c["name"]: c for c in d["checks"]}
+    assert report_problems(d) == []
+    assert ds["records_released"] + ds["records_withheld"] + ds["records_suppressed"] + ds["records_quarantined"] \
+        == ds["records_in"]
+    return {"dataset": ds, "checks": checks, "report": d}
+
+
+def test_a_drop_with_fewer_than_k_people_is_rejected_without_prefect(tmp_path):
+    drop = make_synthetic_drop(tmp_path / "drop", people=2, images_per_person=2, seed=1)
+    result = _run(tmp_path, drop, k=3)
+    assert result.verdict == "rejected" and result.release_dir is None
+    got = _sums(result)
+    assert got["dataset"]["records_withheld"] == 4 and got["dataset"]["records_released"] == 0
+    assert not got["checks"]["enough_people"]["passed"]
+    assert verify_report(result.report_dir, public_key=result.public_key).ok
+    assert result.staging is not None and (result.staging / ".complete").exists()
+
+
+@pytest.mark.slow
+def test_released_and_rejected_runs_agree_with_themselves(tmp_path):
+    drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=1)
+    released = _run(tmp_path, drop, k=3)
+    assert released.verdict == "released", released.reasons
+    got = _sums(released)
+    assert got["dataset"]["records_released"] == got["checks"]["release_not_empty"]["value"] == 24
+    assert got["dataset"]["records_withheld"] == 0
+    assert released.release_dir.is_dir() and released.linkage.is_file()
+    assert verify_report(released.report_dir, public_key=released.public_key).ok
+    # Blur gives every face its own image: the attacks name nearly everyone, the gate rejects.
+    rejected = _run(tmp_path, drop, k=3, method="blur")
+    assert rejected.verdict == "rejected" and rejected.release_dir is None
+    got = _sums(rejected)
+    ds, checks = got["dataset"], got["checks"]
+    # What the gate judged is withheld: not released, not "suppressed", and the checks say the same numbers.
+    assert ds["records_released"] == 0 and ds["records_suppressed"] == 0
+    assert ds["records_withheld"] == checks["release_not_empty"]["value"] == 24
+    assert checks["records_accounted"]["value"] == ds["records_in"] == 24
+    assert not checks["reidentification_rate"]["passed"]
+    assert "no formal guarantee" in got["report"]["guarantee"]
+    assert not (rejected.staging / "release").exists() and not (rejected.staging / "linkage.bin").exists()
+    releases = sorted(p.name for p in (tmp_path / "project" / "data" / "releases").iterdir())
+    assert releases == [released.release_id]
+
+
+@pytest.mark.slow
+def test_a_report_the_schema_refuses_stops_the_run_before_anything_is_published(tmp_path, monkeypatch):
+    drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=1)
+    real = report_build.build_report
+
+    def broken(**kw):
+        return dataclasses.replace(real(**kw), k=1)  # the schema's minimum k is 2
+
+    monkeypatch.setattr("deid.operations.runner.build_report", broken)
+    with pytest.raises(ConfigError, match="schema"):
+        _run(tmp_path, drop, k=3)
+    project = tmp_path / "project"
+    assert not (project / "data" / "releases").exists() or not any((project / "data" / "releases").iterdir())
+    assert not list((project / "reports").glob("*/report.json*"))
+    assert not any((project / "data" / "staging").iterdir())  # the failed run's staging went too
+    # Nor registered in the dataset's lineage: the next release plans as if this run never happened.
+    from deid.release.lineage_registry import Registry
+    from deid.operations.pipeline import linkage_key
+
+    config = RunConfig.resolve(Settings(project_dir=project))
+    assert Registry.open(config.data_path, "drop", linkage_key(config)[0]).load().releases == ()

@@ -1,0 +1,127 @@
+"""The verdict in the Prefect UI: a rejected release ends `Rejected` (a Failed state), a released one `Completed`.
+
+A real Prefect server (`deid server`), `deid run` processes against it, the API read back, and the
+runs page rendered by headless Chromium. Small synthetic drops: the subject is the UI, not the gate.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_ops import DEID, Proc, _browser, _chromium, api, free_port, wait_for
+
+from deid.intake.synth import make_synthetic_drop
+
+pytestmark = [pytest.mark.slow, pytest.mark.ops]
+ROOT = Path(__file__).resolve().parents[1]
+QUICK = {"DEID_IDENTITY_EMBED_MAX": "0", "DEID_DEEP_ATTACK_SAMPLE": "20", "DEID_CV_REPEATS": "1",
+         "DEID_DASK_WORKERS": "1"}
+# A deployment calls the flow with the drop only: the flow resolves k and method itself.
+FLOW_DEFAULTS = """
+import sys
+from deid.orchestration.flow import run_flow
+if __name__ == "__main__":
+    result = run_flow(sys.argv[1], method="blur")
+    print("VERDICT", result.verdict, result.release_id)
+"""
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ui")
+    logs, project = base / "logs", base / "project"
+    logs.mkdir()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DEID_"))}
+    env.update(QUICK, DEID_PROJECT_DIR=str(project), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_HOME=str(base / "prefect-client"), PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT),
+               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    server = Proc("server", [*DEID, "server", "--port", str(port)], env=env, logs=logs)
+    try:
+        def healthy():
+            try:
+                return api(url, "/health") is True
+            except OSError:
+                return False
+
+        wait_for("the Prefect server's /api/health", healthy, 90, [server])
+        client = dict(env, PREFECT_API_URL=url)
+        drop = make_synthetic_drop(base / "faces", people=12, images_per_person=2, seed=1)
+        few = make_synthetic_drop(base / "few", people=2, images_per_person=2, seed=2)
+        out = {}
+        for key, cmd in (("released", [*DEID, "run", str(drop), "--k", "3"]),
+                         ("too-few", [*DEID, "run", str(few), "--k", "3"])):
+            t0 = time.monotonic()
+            p = Proc(key, cmd, env=client, logs=logs)
+            code = p.p.wait(timeout=900)
+            p.stop()
+            out[key] = {"code": code, "log": p.log.read_text(errors="replace"), "s": time.monotonic() - t0}
+        script = base / "flow_defaults.py"
+        script.write_text(FLOW_DEFAULTS)
+        p = Proc("blur", [sys.executable, str(script), str(drop)], env=dict(client, DEID_K="3"), logs=logs)
+        out["blur"] = {"code": p.p.wait(timeout=900), "log": p.log.read_text(errors="replace")}
+        p.stop()
+        flows = api(url, "/flow_runs/filter", {"flows": {"name": {"any_": ["release"]}}, "sort": "START_TIME_ASC"})
+        yield {"url": url, "port": port, "out": out, "flows": flows, "base": base}
+    finally:
+        server.stop()
+
+
+def _run(runs: dict, verdict_tag: str, name: str) -> dict:
+    hits = [r for r in runs["flows"] if verdict_tag in r["tags"] and r["name"] == name]
+    assert len(hits) == 1, [(r["name"], r["tags"], r["state_name"]) for r in runs["flows"]]
+    return hits[0]
+
+
+def test_cli_exit_codes_follow_the_verdict(runs):
+    out = runs["out"]
+    assert out["released"]["code"] == 0 and "verdict: RELEASED" in out["released"]["log"], out["released"]["log"][-3000:]
+    assert out["too-few"]["code"] == 1 and "verdict: REJECTED" in out["too-few"]["log"], out["too-few"]["log"][-3000:]
+    assert out["blur"]["code"] == 0 and "VERDICT rejected" in out["blur"]["log"], out["blur"]["log"][-3000:]
+
+
+def test_states_names_tags_and_parameters_through_the_api(runs):
+    released = _run(runs, "verdict:released", "faces k=3 k-same-select")
+    assert (released["state_type"], released["state_name"]) == ("COMPLETED", "Completed")
+    blur = _run(runs, "verdict:rejected", "faces k=3 blur")
+    few = _run(runs, "verdict:rejected", "few k=3 k-same-select")
+    for run in (blur, few):
+        assert (run["state_type"], run["state_name"]) == ("FAILED", "Rejected")
+        assert run["state"]["message"].startswith("release rel-")
+    for run in (released, blur, few):
+        release_id = next(t.split(":", 1)[1] for t in run["tags"] if t.startswith("release:"))
+        report = json.loads((runs["base"] / "project" / "reports" / release_id / "report.json").read_text())
+        assert report["run_id"] == run["id"] and f"verdict:{report['verdict']}" in run["tags"]
+    # The values used, not `k: null`: the blur run was called with the drop and the method only.
+    assert blur["parameters"]["k"] == 3 and blur["parameters"]["method"] == "blur"
+    assert released["parameters"]["method"] == "k-same-select" and released["parameters"]["small_partitions"]
+    # The rejected run's verdict artifact: verdict, reasons, guarantee, report.html as a plain path.
+    arts = api(runs["url"], "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [blur["id"]]}}})
+    verdict = next(a["data"] for a in arts if a["key"] == "deid-verdict")
+    assert "**REJECTED**" in verdict and "reidentification_rate" in verdict and "no formal guarantee" in verdict
+    assert "report.html: `/" in verdict and "file://" not in verdict
+
+
+def _page(exe: str, profile: Path, url: str, *, shows: str) -> str:
+    """The rendered DOM of ``url``; a cold profile may render before the app has loaded: load it again."""
+    for _ in range(3):
+        dom = _browser(exe, profile, url)
+        if shows in dom:
+            break
+    return dom
+
+
+def test_runs_page_shows_rejected_and_completed_in_a_real_browser(runs, tmp_path):
+    exe = _chromium()
+    port = runs["port"]
+    dom = _page(exe, tmp_path / "profile", f"http://127.0.0.1:{port}/runs", shows="faces k=3 blur")
+    assert "faces k=3 blur" in dom and "faces k=3 k-same-select" in dom, "run names not on the runs page"
+    assert "Rejected" in dom and "Completed" in dom
+    blur = _run(runs, "verdict:rejected", "faces k=3 blur")
+    dom = _page(exe, tmp_path / "profile", f"http://127.0.0.1:{port}/runs/flow-run/{blur['id']}", shows="Rejected")
+    assert "Rejected" in dom and "verdict:rejected" in dom
