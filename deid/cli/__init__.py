@@ -47,11 +47,10 @@ from deid.errors import (  # noqa: E402
     StateError,
     VerificationError,
 )
-from deid.anonymise.method_registry import METHODS  # noqa: E402  (light: the CLI keeps heavy imports lazy)
+from deid.anonymise.method_registry import FEATURE_ONLY, METHODS  # noqa: E402  (light: the CLI keeps heavy imports lazy)
 from deid.settings import SMALL_PARTITION_POLICIES  # noqa: E402
 
-# deid.anonymise.methods.FEATURE_ONLY, without importing it (the CLI keeps heavy imports lazy).
-FEATURE_ONLY_METHODS = ("noise",)
+FEATURE_ONLY_METHODS = tuple(FEATURE_ONLY)  # methods of feature drops only (the registry's FEATURE_ONLY)
 EXIT_OK, EXIT_REJECTED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_INTEGRITY_ONLY = 8
 EXIT_STATE = 70  # sysexits EX_SOFTWARE
