@@ -86,7 +86,7 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("k-same-eigen", "k", True, True, True,
                _formal("the eigenface reconstruction of the mean coefficients")),
     MethodSpec("k-same-m", "k", True, True, True,
-               _formal("the shape-and-appearance (optical-flow registered) average")),
+               _formal("the shape-and-appearance (landmark or optical-flow registered) average")),
     MethodSpec("multi-factor", "k", False, False, True,
                _empirical("identity factors are k-Same averaged over >= k people, but every face keeps its own "
                           "non-identity factor, so only cluster members with the same labels share an image")),
@@ -172,6 +172,7 @@ def deidentify(
     seed: int = 0,
     labels: Mapping[str, Sequence[Hashable]] | None = None,
     options: Mapping[str, Any] | None = None,
+    points: Sequence[Any] | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """De-identify aligned faces with one of :data:`METHODS`.
 
@@ -203,6 +204,9 @@ def deidentify(
         methods that use them (``multi-factor``, ``selective-mean``, ``attribute-preserving``).
     options : mapping, optional
         Further parameters of the method's estimator (e.g. ``{"flow": "dis"}`` for k-same-m).
+    points : sequence, length n, optional
+        Per face, its landmarks (n_points, 2) in canonical pixels or None; k-same-m takes its
+        clusters' shape from them where every member has some (other methods ignore them).
 
     Returns
     -------
@@ -229,10 +233,17 @@ def deidentify(
     people = list(people)
     if len(people) != len(a):
         raise ConfigError(f"people has {len(people)} entries but images has {len(a)} rows; pass one person id per face")
+    if points is not None and method in _USES_POINTS:
+        points = list(points)
+        if len(points) != len(a):
+            raise ConfigError(f"points has {len(points)} entries but images has {len(a)} rows; one entry per face")
+    elif points is not None:
+        logger.debug("deidentify %s: landmark points not used by this method", method)
+        points = None
     if method in _ESTIMATORS:
         if partitions is None or not REGISTRY[method].partitions_by_labels:
             return _fit_estimator(method, a, people, labels, k=k, shape=(h, w), n_components=n_components, seed=seed,
-                                  options=opts)
+                                  options=opts, points=points)
         # As k-Same-Select: the method runs on its own inside each utility-label partition.
         keys = list(partitions)
         if len(keys) != len(a):
@@ -244,7 +255,8 @@ def deidentify(
             idx = np.array([i for i, v in enumerate(keys) if v == key])
             sub_labels = None if labels is None else {n: [list(v)[i] for i in idx] for n, v in labels.items()}
             rel, lab = _fit_estimator(method, a[idx], [people[i] for i in idx], sub_labels, k=k, shape=(h, w),
-                                      n_components=n_components, seed=seed, options=opts)
+                                      n_components=n_components, seed=seed, options=opts,
+                                      points=None if points is None else [points[i] for i in idx])
             released[idx] = rel
             clusters[idx] = lab + offset
             offset = int(clusters[idx].max()) + 1
@@ -263,12 +275,15 @@ def deidentify(
 
 def _fit_estimator(method: str, a: np.ndarray, people: list, labels: Mapping[str, Sequence[Hashable]] | None, *,
                    k: int, shape: tuple[int, int], n_components: int, seed: int,
-                   options: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
+                   options: dict[str, Any], points: list | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     try:
         model = _ESTIMATORS[method](k, shape=shape, n_components=n_components, seed=seed, **options)
     except TypeError as exc:
         raise ConfigError(f"options={options!r} for method={method!r}: {exc}") from None
-    released = model.fit_transform(a, people=people, **({"labels": labels} if method in _USES_LABELS else {}))
+    extra = {"labels": labels} if method in _USES_LABELS else {}
+    if points is not None:
+        extra["points"] = points
+    released = model.fit_transform(a, people=people, **extra)
     clusters = getattr(model, "labels_", None)
     return released, None if clusters is None else np.asarray(clusters).copy()
 
@@ -288,6 +303,8 @@ _ESTIMATORS: dict[str, Callable[..., Any]] = {
 }
 # Methods whose estimator takes the utility labels.
 _USES_LABELS: frozenset[str] = frozenset({"multi-factor", "selective-mean", "attribute-preserving"})
+# Methods whose estimator takes landmark points.
+_USES_POINTS: frozenset[str] = frozenset({"k-same-m"})
 
 
 def parrot_for(
