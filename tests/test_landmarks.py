@@ -173,7 +173,8 @@ def test_landmark_average_recovers_the_texture_at_the_mean_shape():
     inner = (slice(6, -6), slice(6, -6))  # away from the replicated borders
     err_points = np.abs(got - want)[inner].mean()
     err_pixel = np.abs(faces.mean(axis=0) - want)[inner].mean()
-    assert err_points < 2.0 and err_points < err_pixel / 3, (err_points, err_pixel)
+    # Measured 1.9 vs 12.8 grey levels (two cubic resamplings against one).
+    assert err_points < 3.0 and err_points < err_pixel / 4, (err_points, err_pixel)
     s = sharpness(np.stack([got.ravel(), faces.mean(axis=0).ravel()]), shape=SHAPE)
     assert s[0] > 1.5 * s[1]
 
