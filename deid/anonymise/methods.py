@@ -28,6 +28,7 @@ from deid.anonymise.methods_attribute import AttributePreserving
 from deid.anonymise.methods_factor import MultiFactor
 from deid.anonymise.methods_ksame import KSameEigen, KSameM, check_images, check_shape, to_uint8
 from deid.anonymise.methods_selective import SelectiveMean
+from deid.anonymise.sequences import SequenceMultiFactor, sequence_warning
 
 logger = logging.getLogger(__name__)
 
@@ -173,6 +174,8 @@ def deidentify(
     labels: Mapping[str, Sequence[Hashable]] | None = None,
     options: Mapping[str, Any] | None = None,
     points: Sequence[Any] | None = None,
+    sequences: Sequence[Hashable | None] | None = None,
+    frames: Sequence[Any] | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """De-identify aligned faces with one of :data:`METHODS`.
 
@@ -207,6 +210,12 @@ def deidentify(
     points : sequence, length n, optional
         Per face, its landmarks (n_points, 2) in canonical pixels or None; k-same-m takes its
         clusters' shape from them where every member has some (other methods ignore them).
+    sequences, frames : sequence, length n, optional
+        Per face, its image-sequence key (None: a still image) and frame number. With
+        ``multi-factor`` the faces are de-identified by
+        :class:`deid.anonymise.sequences.SequenceMultiFactor` (one identity per person, each frame its
+        own expression; ``options`` may still set ``non_identity``); other methods ignore them
+        with a warning (their identity can change from frame to frame).
 
     Returns
     -------
@@ -240,6 +249,17 @@ def deidentify(
     elif points is not None:
         logger.debug("deidentify %s: landmark points not used by this method", method)
         points = None
+    if sequences is not None and any(s is not None for s in sequences):
+        why = sequence_warning(method)
+        if why is None:
+            try:
+                model = SequenceMultiFactor(k, n_components=n_components, random_state=seed, **opts)
+            except TypeError as exc:
+                raise ConfigError(f"options={opts!r} for method={method!r} on sequences: {exc}") from None
+            released = model.fit_transform(a, people=people, labels=labels, sequences=list(sequences),
+                                           frames=None if frames is None else list(frames))
+            return released, model.labels_.copy()
+        logger.warning("deidentify: %s", why)
     if method in _ESTIMATORS:
         if partitions is None or not REGISTRY[method].partitions_by_labels:
             return _fit_estimator(method, a, people, labels, k=k, shape=(h, w), n_components=n_components, seed=seed,

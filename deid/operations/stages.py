@@ -181,8 +181,10 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     dataset = ds.dataset(partition_dir, format="parquet")
     # Canonical landmarks, when the aligned faces carry them (a drop with a points column): k-same-m's shape.
     has_points = "points" in dataset.schema.names
+    # Image sequences (a drop with sequence/frame columns): multi-factor keeps one identity per person.
+    seq_cols = ["sequence", "frame"] if "sequence" in dataset.schema.names else []
     table = dataset.to_table(columns=["record_id", "subject_id", "features", "pixels", *labels,
-                                      *(["points"] if has_points else [])])
+                                      *(["points"] if has_points else []), *seq_cols])
     ids = table.column("record_id").to_pylist()
     people = np.asarray(table.column("subject_id").to_pylist(), dtype=object)
     X = np.asarray(table.column("features").to_pylist(), dtype=np.float32)
@@ -194,7 +196,9 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
         released, found = deidentify_images(images, shape=shape, people=list(people), method=method, k=k,
                                             sigma=sigma, block=block,
                                             labels={x: table.column(x).to_pylist() for x in labels} or None,
-                                            points=table.column("points").to_pylist() if has_points else None)
+                                            points=table.column("points").to_pylist() if has_points else None,
+                                            sequences=table.column("sequence").to_pylist() if seq_cols else None,
+                                            frames=table.column("frame").to_pylist() if seq_cols else None)
         labels_ = np.arange(len(ids)) if found is None else found
     else:
         model = KSame(k, count="images" if method == "k-same-naive" else "people").fit(X, people=people, images=images)
