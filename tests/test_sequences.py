@@ -149,3 +149,15 @@ def test_release_holds_each_sequence_as_a_video_and_its_frames(tmp_path, sequenc
     summary = validate_release(staged.path / RELEASE_TABLE, ["expression"],
                                label_sets={"expression": ["neutral", "smile", "talk"]}, k=2)
     assert summary["success"], [r for r in summary["results"] if not r["success"]]
+
+
+def test_cli_synth_sequences(tmp_path):
+    from flows.cli import EXIT_OK, main
+
+    assert main(["synth", str(tmp_path / "d"), "--people", "2", "--sequences", "1", "--frames", "3",
+                 "--size", "96"]) == EXIT_OK
+    d = read_drop(tmp_path / "d")
+    assert d.has_sequences and not d.quarantined
+    assert sorted((r.subject_id, r.sequence, r.frame) for r in d.rows) == [
+        ("s00001", "s00001-q0", 0), ("s00001", "s00001-q0", 1), ("s00001", "s00001-q0", 2),
+        ("s00002", "s00002-q0", 0), ("s00002", "s00002-q0", 1), ("s00002", "s00002-q0", 2)]
