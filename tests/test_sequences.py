@@ -161,3 +161,39 @@ def test_cli_synth_sequences(tmp_path):
     assert sorted((r.subject_id, r.sequence, r.frame) for r in d.rows) == [
         ("s00001", "s00001-q0", 0), ("s00001", "s00001-q0", 1), ("s00001", "s00001-q0", 2),
         ("s00002", "s00002-q0", 0), ("s00002", "s00002-q0", 1), ("s00002", "s00002-q0", 2)]
+
+
+def test_method_runner_reapplies_the_sequence_model_with_options(sequence_drop):
+    # The gate's parrot and utility protocol re-run the method: with the sequence options they re-run
+    # exactly what SequenceMultiFactor released (the sequences themselves only validate and order).
+    from deid.anonymise.methods import method_runner
+
+    _, X, col = sequence_drop
+    labels = {"gender": col["gender"], "expression": col["expression"]}
+    released, _ = deidentify(X, shape=SHAPE, people=col["subject_id"], method="multi-factor", k=3, labels=labels,
+                             sequences=col["sequence"], frames=col["frame"])
+    run = method_runner("multi-factor", shape=SHAPE, k=3, options={"non_identity": "frames"})
+    np.testing.assert_array_equal(run(X, people=col["subject_id"], labels=labels), released)
+    plain = method_runner("multi-factor", shape=SHAPE, k=3)(X, people=col["subject_id"], labels=labels)
+    assert not np.array_equal(plain, released)
+
+
+def test_outside_the_expression_subspace_every_frame_of_a_person_is_one_identity(sequence_drop):
+    from deid.anonymise.methods_factor import _span
+
+    _, X, col = sequence_drop
+    model = SequenceMultiFactor(3).fit(X, people=col["subject_id"], labels={"expression": col["expression"],
+                                                                            "gender": col["gender"]},
+                                       sequences=col["sequence"], frames=col["frame"])
+    coef = model.eigenfaces_.transform(model.released_.astype(np.float32)).astype(np.float64)
+    P = _span(model.effects_)
+    identity = coef - coef @ P
+    people = np.asarray(col["subject_id"], dtype=object)
+    scale = np.abs(identity).max()
+    for p in set(people):
+        rows = identity[people == p]
+        assert np.abs(rows - rows[0]).max() < 1e-3 * scale  # exactly one identity, up to float32 rounding
+    # ... and inside it the frames differ (their expression), beyond their label averages.
+    inside = coef @ P
+    talk = np.flatnonzero((people == "s00002") & (np.asarray(col["expression"]) == "talk"))
+    assert np.abs(inside[talk] - inside[talk].mean(axis=0)).max() > 1e-2 * np.abs(inside).max()

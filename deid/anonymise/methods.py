@@ -371,11 +371,15 @@ def parrot_for(
 
 
 def method_runner(method: str, *, shape: tuple[int, int], k: int | None = None, sigma: float | None = None,
-                  block: int | None = None, n_components: int = 50, seed: int = 0) -> Callable[..., np.ndarray]:
+                  block: int | None = None, n_components: int = 50, seed: int = 0,
+                  options: Mapping[str, Any] | None = None) -> Callable[..., np.ndarray]:
     """``f(images, people=..., partitions=...) -> released``: the run's method, re-applied to other faces.
 
     The gate's parrot attacker de-identifies its gallery with it, and the utility protocol
     the training people. k-Same-Select without partitions (a drop with no labels) is k-Same.
+    ``options`` go to the method's estimator as in :func:`deidentify` (e.g. a drop of image
+    sequences runs multi-factor with ``{"non_identity": "frames"}``, what
+    :class:`deid.anonymise.sequences.SequenceMultiFactor` uses, so the attacker re-applies that).
     """
     _check_method(method)
 
@@ -387,7 +391,8 @@ def method_runner(method: str, *, shape: tuple[int, int], k: int | None = None, 
         if not REGISTRY[m].partitions_by_labels:
             partitions = None
         return deidentify(images, shape=shape, people=people, partitions=partitions, method=m, k=k, sigma=sigma,
-                          block=block, n_components=n_components, seed=seed, labels=labels or None)[0]
+                          block=block, n_components=n_components, seed=seed, labels=labels or None,
+                          options=options)[0]
 
     return run
 
