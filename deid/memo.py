@@ -88,7 +88,7 @@ class Memo:
     ``hits`` and ``misses`` count lookups (for timing reports and tests).
     """
 
-    def __init__(self, name: str, *, max_bytes: int = 128_000_000):
+    def __init__(self, name: str, *, max_bytes: int = 64_000_000):
         self.name = name
         self.max_bytes = max_bytes
         self._data: OrderedDict[bytes, tuple[Any, int]] = OrderedDict()
