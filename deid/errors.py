@@ -97,6 +97,10 @@ REASONS: dict[str, str] = {
     "missing_subject_id": "the subject_id cell is empty",
     "missing_label": "a declared utility label is missing or empty",
     "bad_eye_points": "eye coordinates are not numbers, are incomplete, or lie outside the image",
+    "missing_points_file": "the points column names a landmark file that does not exist in the drop",
+    "bad_points": "the landmark file is unreadable or malformed, or its number of points differs from the drop's",
+    "bad_sequence": "the sequence/frame cells are incomplete, the frame is not an integer >= 0, the (sequence, "
+                    "frame) pair is listed twice, or the sequence also holds frames of another subject",
     # faces
     "no_face": "no face was found in the image",
     "multiple_faces": "more than one face was found and no eye points were given",

@@ -94,7 +94,9 @@ def test_hard_links_on_the_same_filesystem_and_manifest_cells(tmp_path):
     ]
     assert [r["eye_left_x"] for r in rows] == ["21.00", "", "22.00", ""]
     assert "fake london" in (drop / "drop.yaml").read_text()
-    assert not list(drop.rglob("*.tem"))
+    # The neutral images' landmark templates come along, named in the points column (k-Same-M's shape).
+    assert [r["points"] for r in rows] == ["neutral_front/001_03.tem", "", "neutral_front/002_03.tem", ""]
+    assert sorted(p.name for p in drop.rglob("*.tem")) == ["001_03.tem", "002_03.tem"]
 
 
 def test_gender_values_are_normalised_and_checked(tmp_path):

@@ -70,7 +70,9 @@ def align_records(
     caps OpenCV's thread pool for the whole process (None leaves it alone): parallelism comes from Dask.
     With ``color`` each record also gets ``color``: the (height, width, 3) BGR canonical face, decoded
     again in colour at the same reduction and warped by the same transform as the grey one (eyes are
-    found, and everything but the released pixels is computed, on grey).
+    found, and everything but the released pixels is computed, on grey). A record with ``points``
+    (landmarks in source pixels, flattened or (n, 2)) gets them in canonical pixels
+    (:meth:`FaceAligner.points_to_canonical`, flattened); None stays None.
     """
     _cap_opencv_threads(opencv_threads)
     aligner._validate()  # a bad configuration is the caller's error, raised once, not a quarantine
@@ -88,6 +90,9 @@ def align_records(
                     raise RecordError("corrupt_image", f"the colour decode is {bgr.shape[1]}x{bgr.shape[0]} but "
                                                        f"the grey one {gray.shape[1]}x{gray.shape[0]}")
                 extra["color"] = aligner._warp_to_canonical(bgr, face.eyes, f).tobytes()
+            if "points" in rec:
+                pts = rec["points"]
+                extra["points"] = None if pts is None else aligner.points_to_canonical(pts, face.eyes).ravel().tolist()
         except RecordError as exc:
             bad.append(Quarantined(rid, image, exc.code, exc.message, stage="align"))
             continue

@@ -110,6 +110,18 @@ class FaceAligner:
         if self.detector is not None and not hasattr(self.detector, "detect"):
             raise ConfigError(f"detector={self.detector!r} must have a detect(gray) -> EyePair method, or be None")
 
+    def points_to_canonical(self, points, eyes: EyePair) -> np.ndarray:
+        """Landmarks (n, 2) in full-resolution source pixels -> canonical pixels, by the face's own similarity.
+
+        The similarity that maps ``eyes`` (full-resolution source coordinates, as
+        :attr:`AlignedFace.eyes`) onto the canonical eyes is the one the pixels went through: a
+        reduced decode only composes it with a scaling of pixel centres, and two point pairs fix a
+        similarity, so the points land where their features are in the canonical face.
+        """
+        pts = np.asarray(points, dtype=np.float64).reshape(-1, 2)
+        m = similarity_from_eyes(eyes.ordered(), self.canonical_eyes)
+        return pts @ m[:, :2].T + m[:, 2]
+
     @property
     def canonical_eyes(self) -> EyePair:
         """The target eye positions as an EyePair."""

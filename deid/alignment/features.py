@@ -7,8 +7,13 @@ import numpy as np
 from sklearn.decomposition import PCA
 
 from deid.errors import ConfigError
+from deid.memo import Memo, key_for
 
 log = logging.getLogger(__name__)
+
+# The same faces are fitted again and again by the comparison study (every method, strength,
+# parrot and utility fold re-fits the eigenfaces of the same originals): one fit per content.
+_FITS = Memo("eigenfaces")
 
 
 class Eigenfaces:
@@ -47,6 +52,12 @@ class Eigenfaces:
             raise ConfigError(f"Eigenfaces needs a 2-D array of at least 2 faces; got shape {X.shape}")
         if not isinstance(self.n_components, int) or self.n_components < 1:
             raise ConfigError(f"n_components={self.n_components!r} must be an integer >= 1")
+        key = key_for("eigenfaces", X, self.n_components, self.max_fit_samples, self.random_state)
+        self.mean_, self.components_, self.explained_variance_ratio_, self.n_components_ = _FITS.get_or_compute(
+            key, lambda: self._fit(X))
+        return self
+
+    def _fit(self, X: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         rng = np.random.default_rng(self.random_state)
         # Subsample before converting: a float copy of 20,000 faces is 600 MB.
         if X.shape[0] > self.max_fit_samples:
@@ -56,11 +67,7 @@ class Eigenfaces:
         if n < self.n_components:
             log.info("n_components=%d capped to %d (fit data has %d faces)", self.n_components, n, X.shape[0])
         pca = PCA(n_components=n, svd_solver="auto", random_state=self.random_state).fit(X)
-        self.mean_ = pca.mean_.astype(np.float32)
-        self.components_ = pca.components_.astype(np.float32)
-        self.explained_variance_ratio_ = pca.explained_variance_ratio_
-        self.n_components_ = n
-        return self
+        return (pca.mean_.astype(np.float32), pca.components_.astype(np.float32), pca.explained_variance_ratio_, n)
 
     def transform(self, X, *, chunk: int = 4096) -> np.ndarray:
         X = np.asarray(X)

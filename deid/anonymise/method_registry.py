@@ -70,7 +70,7 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("k-same-eigen", "k", True, True, True,
                _formal("the eigenface reconstruction of the mean coefficients")),
     MethodSpec("k-same-m", "k", True, True, True,
-               _formal("the shape-and-appearance (optical-flow registered) average")),
+               _formal("the shape-and-appearance (landmark or optical-flow registered) average")),
     MethodSpec("multi-factor", "k", False, False, True,
                _empirical("identity factors are k-Same averaged over >= k people, but every face keeps its own "
                           "non-identity factor, so only cluster members with the same labels share an image")),

@@ -21,6 +21,7 @@ import cv2
 import numpy as np
 
 from deid.errors import ConfigError
+from deid.memo import Memo, plain, key_for
 from deid.alignment.features import Eigenfaces
 from deid.anonymise.ksame import KSame, KSameSelect
 from deid.anonymise.method_registry import (  # noqa: F401 (re-exported: the registry is the one method list)
@@ -40,6 +41,7 @@ from deid.anonymise.methods_attribute import AttributePreserving
 from deid.anonymise.methods_factor import MultiFactor
 from deid.anonymise.methods_ksame import KSameEigen, KSameM, check_images, check_shape, to_uint8
 from deid.anonymise.methods_selective import SelectiveMean
+from deid.anonymise.sequences import SequenceMultiFactor, sequence_warning
 
 logger = logging.getLogger(__name__)
 
@@ -105,6 +107,9 @@ def deidentify(
     seed: int = 0,
     labels: Mapping[str, Sequence[Hashable]] | None = None,
     options: Mapping[str, Any] | None = None,
+    points: Sequence[Any] | None = None,
+    sequences: Sequence[Hashable | None] | None = None,
+    frames: Sequence[Any] | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """De-identify aligned faces with one of :data:`METHODS`.
 
@@ -136,6 +141,15 @@ def deidentify(
         methods that use them (``multi-factor``, ``selective-mean``, ``attribute-preserving``).
     options : mapping, optional
         Further parameters of the method's estimator (e.g. ``{"flow": "dis"}`` for k-same-m).
+    points : sequence, length n, optional
+        Per face, its landmarks (n_points, 2) in canonical pixels or None; k-same-m takes its
+        clusters' shape from them where every member has some (other methods ignore them).
+    sequences, frames : sequence, length n, optional
+        Per face, its image-sequence key (None: a still image) and frame number. With
+        ``multi-factor`` the faces are de-identified by
+        :class:`deid.anonymise.sequences.SequenceMultiFactor` (one identity per person, each frame its
+        own expression; ``options`` may still set ``non_identity``); other methods ignore them
+        with a warning (their identity can change from frame to frame).
 
     Returns
     -------
@@ -145,6 +159,65 @@ def deidentify(
         Cluster index of every face (for methods with ``identical_within_cluster``, identical
         released copies share it); None for methods without clusters (blur, pixelation).
     """
+    _check_method(method)
+    key = _memo_key(images, shape=shape, people=people, partitions=partitions, method=method, k=k, sigma=sigma,
+                    block=block, n_components=n_components, seed=seed, labels=labels, options=options, points=points,
+                    sequences=sequences, frames=frames)
+    return _DEIDENTIFIED.get_or_compute(key, lambda: _deidentify(
+        images, shape=shape, people=people, partitions=partitions, method=method, k=k, sigma=sigma, block=block,
+        n_components=n_components, seed=seed, labels=labels, options=options, points=points, sequences=sequences,
+        frames=frames))
+
+
+# The study's parrot attacker re-runs the method on the very originals (same people, k and seed) the
+# release was made from, and its utility folds re-run it on the same training people for every
+# point: a deterministic function of those inputs is computed once (deid.memo).
+_DEIDENTIFIED = Memo("deidentify")
+
+
+def _memo_key(images: Any, *, shape, people, partitions, method: str, k, sigma, block, n_components, seed, labels,
+              options, points, sequences, frames) -> bytes | None:
+    """Content key of a :func:`deidentify` call, with only the arguments the method reads."""
+    a = np.asarray(images)
+    if a.dtype == object:
+        return None
+    spec = REGISTRY[method]
+    uses_partitions = method == "k-same-select" or (method in _ESTIMATORS and spec.partitions_by_labels)
+    seq = sequences is not None and any(v is not None for v in sequences)
+    filters = method in ("blur", "pixelate")
+    return key_for(
+        "deidentify", a, tuple(shape), method, k if STRENGTH[method] == "k" else None,
+        sigma if method == "blur" else None, block if method == "pixelate" else None,
+        None if filters else n_components, None if filters else seed,
+        None if filters else [plain(p) for p in people],
+        [plain(p) for p in partitions] if uses_partitions and partitions is not None else None,
+        {str(n): [plain(v) for v in vals] for n, vals in labels.items()} if labels and
+        (method in _USES_LABELS or seq) else None,
+        dict(options or {}), None if points is None or method not in _USES_POINTS else
+        [None if p is None else np.asarray(p, dtype=np.float64) for p in points],
+        [plain(v) for v in sequences] if seq else None, [plain(v) for v in frames] if seq and frames is not None
+        else None)
+
+
+def _deidentify(
+    images: Any,
+    *,
+    shape: tuple[int, int],
+    people: Sequence[Hashable],
+    partitions: Sequence[Hashable] | None = None,
+    method: str,
+    k: int | None = None,
+    sigma: float | None = None,
+    block: int | None = None,
+    n_components: int = 50,
+    seed: int = 0,
+    labels: Mapping[str, Sequence[Hashable]] | None = None,
+    options: Mapping[str, Any] | None = None,
+    points: Sequence[Any] | None = None,
+    sequences: Sequence[Hashable | None] | None = None,
+    frames: Sequence[Any] | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The uncached :func:`deidentify`."""
     _check_method(method)
     a, h, w = _check_images(images, shape)
     given = {"k": k, "sigma": sigma, "block": block}
@@ -162,10 +235,28 @@ def deidentify(
     people = list(people)
     if len(people) != len(a):
         raise ConfigError(f"people has {len(people)} entries but images has {len(a)} rows; pass one person id per face")
+    if points is not None and method in _USES_POINTS:
+        points = list(points)
+        if len(points) != len(a):
+            raise ConfigError(f"points has {len(points)} entries but images has {len(a)} rows; one entry per face")
+    elif points is not None:
+        logger.debug("deidentify %s: landmark points not used by this method", method)
+        points = None
+    if sequences is not None and any(s is not None for s in sequences):
+        why = sequence_warning(method)
+        if why is None:
+            try:
+                model = SequenceMultiFactor(k, n_components=n_components, random_state=seed, **opts)
+            except TypeError as exc:
+                raise ConfigError(f"options={opts!r} for method={method!r} on sequences: {exc}") from None
+            released = model.fit_transform(a, people=people, labels=labels, sequences=list(sequences),
+                                           frames=None if frames is None else list(frames))
+            return released, model.labels_.copy()
+        logger.warning("deidentify: %s", why)
     if method in _ESTIMATORS:
         if partitions is None or not REGISTRY[method].partitions_by_labels:
             return _fit_estimator(method, a, people, labels, k=k, shape=(h, w), n_components=n_components, seed=seed,
-                                  options=opts)
+                                  options=opts, points=points)
         # As k-Same-Select: the method runs on its own inside each utility-label partition.
         keys = list(partitions)
         if len(keys) != len(a):
@@ -177,7 +268,8 @@ def deidentify(
             idx = np.array([i for i, v in enumerate(keys) if v == key])
             sub_labels = None if labels is None else {n: [list(v)[i] for i in idx] for n, v in labels.items()}
             rel, lab = _fit_estimator(method, a[idx], [people[i] for i in idx], sub_labels, k=k, shape=(h, w),
-                                      n_components=n_components, seed=seed, options=opts)
+                                      n_components=n_components, seed=seed, options=opts,
+                                      points=None if points is None else [points[i] for i in idx])
             released[idx] = rel
             clusters[idx] = lab + offset
             offset = int(clusters[idx].max()) + 1
@@ -196,12 +288,15 @@ def deidentify(
 
 def _fit_estimator(method: str, a: np.ndarray, people: list, labels: Mapping[str, Sequence[Hashable]] | None, *,
                    k: int, shape: tuple[int, int], n_components: int, seed: int,
-                   options: dict[str, Any]) -> tuple[np.ndarray, np.ndarray | None]:
+                   options: dict[str, Any], points: list | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     try:
         model = _ESTIMATORS[method](k, shape=shape, n_components=n_components, seed=seed, **options)
     except TypeError as exc:
         raise ConfigError(f"options={options!r} for method={method!r}: {exc}") from None
-    released = model.fit_transform(a, people=people, **({"labels": labels} if method in _USES_LABELS else {}))
+    extra = {"labels": labels} if method in _USES_LABELS else {}
+    if points is not None:
+        extra["points"] = points
+    released = model.fit_transform(a, people=people, **extra)
     clusters = getattr(model, "labels_", None)
     return released, None if clusters is None else np.asarray(clusters).copy()
 
@@ -221,6 +316,8 @@ _ESTIMATORS: dict[str, Callable[..., Any]] = {
 }
 # Methods whose estimator takes the utility labels.
 _USES_LABELS: frozenset[str] = frozenset({"multi-factor", "selective-mean", "attribute-preserving"})
+# Methods whose estimator takes landmark points.
+_USES_POINTS: frozenset[str] = frozenset({"k-same-m"})
 
 
 def parrot_for(
@@ -267,11 +364,15 @@ def parrot_for(
 
 
 def method_runner(method: str, *, shape: tuple[int, int], k: int | None = None, sigma: float | None = None,
-                  block: int | None = None, n_components: int = 50, seed: int = 0) -> Callable[..., np.ndarray]:
+                  block: int | None = None, n_components: int = 50, seed: int = 0,
+                  options: Mapping[str, Any] | None = None) -> Callable[..., np.ndarray]:
     """``f(images, people=..., partitions=...) -> released``: the run's method, re-applied to other faces.
 
     The gate's parrot attacker de-identifies its gallery with it, and the utility protocol
     the training people. k-Same-Select without partitions (a drop with no labels) is k-Same.
+    ``options`` go to the method's estimator as in :func:`deidentify` (e.g. a drop of image
+    sequences runs multi-factor with ``{"non_identity": "frames"}``, what
+    :class:`deid.anonymise.sequences.SequenceMultiFactor` uses, so the attacker re-applies that).
     """
     _check_method(method)
 
@@ -283,6 +384,7 @@ def method_runner(method: str, *, shape: tuple[int, int], k: int | None = None, 
         if not REGISTRY[m].partitions_by_labels:
             partitions = None
         return deidentify(images, shape=shape, people=people, partitions=partitions, method=m, k=k, sigma=sigma,
-                          block=block, n_components=n_components, seed=seed, labels=labels or None)[0]
+                          block=block, n_components=n_components, seed=seed, labels=labels or None,
+                          options=options)[0]
 
     return run

@@ -15,7 +15,7 @@ from deid.anonymise.methods_ksame import check_images, check_k, to_uint8
 
 logger = logging.getLogger(__name__)
 
-NON_IDENTITY = ("labels", "projected", "residual")
+NON_IDENTITY = ("labels", "projected", "residual", "frames")
 
 
 def check_labels(labels: Mapping[str, Sequence[Hashable]] | None, n: int) -> dict[str, np.ndarray]:
@@ -71,7 +71,11 @@ class MultiFactor(BaseEstimator):
       gets the cluster's identity. London k=5: 0.196 (n=204 faces: at the 0.2 bound; 0.206
       without the gender cells of ``select_identity``);
     * ``"residual"``: the whole deviation ``z_i - a[person_i]``. London k=5: 0.92 (with two
-      photos per person the deviations are +-half their difference: an identity signature).
+      photos per person the deviations are +-half their difference: an identity signature);
+    * ``"frames"``: its label effects plus its own residual ``e_i`` inside the label-effect
+      subspace: how much this frame smiles or opens its mouth beyond its label's average,
+      relative to its *own* person (unlike "projected", no part of the person's identity rides
+      along in that subspace). For image sequences (:mod:`deid.anonymise.sequences`).
 
     Faces of one cluster do not in general share an identical image, so no formal k-Same
     guarantee holds: the empirical attacks decide.
@@ -82,7 +86,7 @@ class MultiFactor(BaseEstimator):
         Minimum number of distinct people per identity cluster (>= 2).
     n_components : int, default 50
         Eigenfaces of the linear model.
-    non_identity : {"labels", "projected", "residual"}, default "labels"
+    non_identity : {"labels", "projected", "residual", "frames"}, default "labels"
         Without labels that vary within people, "projected" and "labels" keep nothing (the
         release is k-Same-Eigen of the person means) and "residual" the person deviation.
     select_identity : bool, default True
@@ -139,7 +143,8 @@ class MultiFactor(BaseEstimator):
         if self.non_identity not in NON_IDENTITY:
             raise ConfigError(f"non_identity={self.non_identity!r} must be one of {list(NON_IDENTITY)}: 'labels' keeps "
                               "each face's label effects, 'projected' its deviation from its identity within the "
-                              "label-effect subspace, 'residual' all of that deviation")
+                              "label-effect subspace, 'residual' all of that deviation, 'frames' its label effects "
+                              "plus its own residual within the label-effect subspace")
         if not isinstance(self.select_identity, (bool, np.bool_)):
             raise ConfigError(f"select_identity={self.select_identity!r} must be True or False")
         if isinstance(self.n_iter, bool) or not isinstance(self.n_iter, Integral) or self.n_iter < 1:
@@ -164,6 +169,8 @@ class MultiFactor(BaseEstimator):
             self.non_identity_ = fx
         elif self.non_identity == "residual":
             self.non_identity_ = Z - identity[pcodes]
+        elif self.non_identity == "frames":
+            self.non_identity_ = fx + ((Z - identity[pcodes] - fx) @ _span(effects) if varying else 0.0)
         else:  # the face's own coefficients inside the label-effect span replace the cluster's
             self.non_identity_ = (Z - face_identity) @ _span(effects) if varying else np.zeros_like(Z)
         self.people_, self.identity_, self.effects_ = pkeys, identity, effects

@@ -174,6 +174,94 @@ def model_average(faces: np.ndarray, *, flow: str = "farneback", n_iter: int = 2
     return ref.astype(np.float64)
 
 
+# Landmarks may lie up to this many pixels outside the canonical frame and still shape the mesh;
+# the frame's corners and edge midpoints, this far out, are fixed anchors so the mesh covers it.
+MESH_MARGIN = 4.0
+
+
+def landmark_mesh(mean_shape: np.ndarray, keep: np.ndarray, shape: tuple[int, int], *, margin: float = MESH_MARGIN):
+    """Delaunay mesh of the kept landmarks of ``mean_shape`` plus 8 fixed frame anchors.
+
+    Returns the scipy Delaunay triangulation of the vertices (kept landmarks first, then the
+    anchors) and, for every pixel centre of the (height, width) frame, its triangle and
+    barycentric coordinates in that triangle: the piecewise-affine warp from the mean shape to
+    any other placement of the same vertices is then a weighted sum of those vertices.
+    """
+    from scipy.spatial import Delaunay  # noqa: PLC0415 - scipy is sklearn's dependency
+
+    h, w = shape
+    lo_x, hi_x, lo_y, hi_y = -margin, w - 1 + margin, -margin, h - 1 + margin
+    mx, my = (lo_x + hi_x) / 2, (lo_y + hi_y) / 2
+    anchors = np.array([(lo_x, lo_y), (mx, lo_y), (hi_x, lo_y), (hi_x, my), (hi_x, hi_y), (mx, hi_y), (lo_x, hi_y),
+                        (lo_x, my)])
+    verts = np.vstack([mean_shape[keep], anchors])
+    tri = Delaunay(verts)
+    gx, gy = np.meshgrid(np.arange(w, dtype=np.float64), np.arange(h, dtype=np.float64))
+    pix = np.column_stack([gx.ravel(), gy.ravel()])
+    simplex = tri.find_simplex(pix)
+    # Every pixel centre lies inside the anchors' rectangle, hence in some triangle.
+    simplex = np.where(simplex < 0, 0, simplex)
+    t = tri.transform[simplex]
+    b2 = np.einsum("nij,nj->ni", t[:, :2], pix - t[:, 2])
+    bary = np.column_stack([b2, 1.0 - b2.sum(axis=1)])
+    return tri, tri.simplices[simplex], bary, anchors
+
+
+def landmark_average(faces: np.ndarray, points: np.ndarray, *, margin: float = MESH_MARGIN) -> np.ndarray:
+    """Average faces (m, h, w) by their landmarks (m, p, 2): mean shape, shape-free mean appearance.
+
+    The mean shape is the mean of the members' landmarks (canonical pixels: the eye-based
+    similarity already removed position, scale and rotation). Each member's appearance is
+    warped onto the mean shape by the piecewise-affine warp of a Delaunay mesh of the mean
+    shape (the landmarks inside the frame, with ``margin``, for every member, plus 8 fixed
+    frame anchors): every pixel of a mean-shape triangle is sampled at the same barycentric
+    position of the member's triangle. The mean of the warped appearances, at the mean shape,
+    is the cluster's face (Gross et al. 2006, with the AAM's fitted shape replaced by the
+    given landmarks and the appearance averaged without a PCA model).
+    """
+    faces = faces.astype(np.float32)
+    m, h, w = faces.shape
+    pts = np.asarray(points, dtype=np.float64)
+    mean_shape = pts.mean(axis=0)
+    inside = ((pts[..., 0] >= -margin) & (pts[..., 0] <= w - 1 + margin) & (pts[..., 1] >= -margin)
+              & (pts[..., 1] <= h - 1 + margin)).all(axis=0)
+    keep = np.flatnonzero(inside)
+    if len(keep) < 3:
+        logger.debug("landmark_average: only %d landmarks inside the frame; the mesh is the frame anchors", len(keep))
+    _, corners, bary, anchors = landmark_mesh(mean_shape, keep, (h, w), margin=margin)
+    total = np.zeros(h * w, np.float64)
+    for face, member in zip(faces, pts):
+        verts = np.vstack([member[keep], anchors])
+        src = np.einsum("nk,nkd->nd", bary, verts[corners])
+        mx = src[:, 0].reshape(h, w).astype(np.float32)
+        my = src[:, 1].reshape(h, w).astype(np.float32)
+        # Cubic, as the flow average: bilinear resampling alone halves a face's Laplacian variance at
+        # half-pixel offsets (London: 1279 -> 368; cubic 766).
+        total += cv2.remap(face, mx, my, cv2.INTER_CUBIC, borderMode=cv2.BORDER_REPLICATE).ravel()
+    return (total / m).reshape(h, w)
+
+
+def check_points(points: Any, n: int) -> list[np.ndarray | None]:
+    """Validate per-face landmarks: None, or a sequence of n entries each None or a finite (p, 2) array (p >= 3)."""
+    if points is None:
+        return [None] * n
+    out = list(points)
+    if len(out) != n:
+        raise ConfigError(f"points has {len(out)} entries but images has {n} rows; pass one entry (landmarks or "
+                          "None) per face")
+    for i, p in enumerate(out):
+        if p is None:
+            continue
+        a = np.asarray(p, dtype=np.float64)
+        if a.ndim == 1 and a.size % 2 == 0:
+            a = a.reshape(-1, 2)
+        if a.ndim != 2 or a.shape[1] != 2 or len(a) < 3 or not np.isfinite(a).all():
+            raise ConfigError(f"points[{i}] has shape {np.shape(p)}; pass finite (n_points >= 3, 2) landmarks in "
+                              "canonical pixels, or None")
+        out[i] = a
+    return out
+
+
 class KSameM(BaseEstimator):
     """Model-based k-Same (k-Same-M): average shape and shape-free appearance separately.
 
@@ -183,9 +271,11 @@ class KSameM(BaseEstimator):
     registered by dense optical flow (OpenCV Farneback or DIS) on the canonical faces to a
     reference (first the member nearest the pixel mean, then the previous pass's average),
     the registered appearances are averaged, and the average is rendered at the mean
-    displacement (the mean shape); two passes by default. The landmark (AAM)
-    shape model of the paper is replaced by dense registration. Every member of a cluster
-    gets the identical image.
+    displacement (the mean shape); two passes by default. When every member of a cluster has
+    landmark ``points`` (the same number each, canonical pixels), shape comes from them
+    instead (:func:`landmark_average`: mean shape of the points, each member's appearance
+    warped to it piecewise-affinely); other clusters fall back to optical flow. Every member
+    of a cluster gets the identical image.
 
     Parameters
     ----------
@@ -208,6 +298,8 @@ class KSameM(BaseEstimator):
     averages_ : ndarray of shape (n_clusters, n_pixels)
         The face of each cluster (float, before rounding).
     cluster_people_ : list of frozenset
+    shape_sources_ : list of str
+        ``"points"`` or ``"flow"``: how each cluster's shape was found.
 
     References
     ----------
@@ -226,8 +318,11 @@ class KSameM(BaseEstimator):
         self.n_iter = n_iter
         self.random_state = random_state
 
-    def fit(self, X: Any, *, people: Sequence[Hashable]) -> "KSameM":
-        """Cluster the faces ``X`` (n_faces, n_pixels) of ``people`` and form each cluster's face."""
+    def fit(self, X: Any, *, people: Sequence[Hashable], points: Sequence[Any] | None = None) -> "KSameM":
+        """Cluster the faces ``X`` (n_faces, n_pixels) of ``people`` and form each cluster's face.
+
+        ``points``: per face, its landmarks (p, 2) in canonical pixels or None.
+        """
         check_k(self.k)
         if self.flow not in FLOWS:
             raise ConfigError(f"flow={self.flow!r} must be one of {list(FLOWS)} (OpenCV dense optical flow)")
@@ -235,15 +330,29 @@ class KSameM(BaseEstimator):
             raise ConfigError(f"n_iter={self.n_iter!r} must be an integer in [1, 10] (registration passes); e.g. 2")
         a = check_images(X)
         h, w = check_shape(self.shape, a.shape[1])
+        pts = check_points(points, len(a))
         Z = Eigenfaces(self.n_components, random_state=self.random_state).fit_transform(a)
         ks = KSame(self.k).fit(Z, people=people, images=Z[:, :1])  # pixels are averaged below
         self.labels_ = ks.labels_
         self.cluster_people_ = ks.cluster_people_
         faces = a.reshape(len(a), h, w)
-        self.averages_ = np.stack([model_average(faces[self.labels_ == c], flow=self.flow, n_iter=int(self.n_iter))
-                                   .ravel() for c in range(ks.n_clusters_)])
+        averages, self.shape_sources_ = [], []
+        for c in range(ks.n_clusters_):
+            members = np.flatnonzero(self.labels_ == c)
+            mp = [pts[i] for i in members]
+            if all(p is not None for p in mp) and len({len(p) for p in mp}) == 1:
+                averages.append(landmark_average(faces[members], np.stack(mp)).ravel())
+                self.shape_sources_.append("points")
+            else:
+                averages.append(model_average(faces[members], flow=self.flow, n_iter=int(self.n_iter)).ravel())
+                self.shape_sources_.append("flow")
+        self.averages_ = np.stack(averages)
+        n_points = self.shape_sources_.count("points")
+        if any(p is not None for p in pts):
+            logger.info("k-same-m: shape from landmarks in %d of %d clusters (the others: optical flow, a member "
+                        "without points)", n_points, len(averages))
         return self
 
-    def fit_transform(self, X: Any, *, people: Sequence[Hashable]) -> np.ndarray:
+    def fit_transform(self, X: Any, *, people: Sequence[Hashable], points: Sequence[Any] | None = None) -> np.ndarray:
         """Fit, then return the released faces (uint8): row i is the face of i's cluster."""
-        return to_uint8(self.fit(X, people=people).averages_)[self.labels_]
+        return to_uint8(self.fit(X, people=people, points=points).averages_)[self.labels_]

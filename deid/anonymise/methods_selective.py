@@ -15,8 +15,13 @@ from deid.alignment.features import Eigenfaces
 from deid.anonymise.ksame import _factorize
 from deid.anonymise.methods_factor import check_labels
 from deid.anonymise.methods_ksame import check_images, check_k, to_uint8
+from deid.memo import Memo, key_for
 
 logger = logging.getLogger(__name__)
+
+# Relevance does not depend on k: the study's points (every k, the parrot, each utility fold)
+# score the same features of the same faces again; a forest is grown once per content (deid.memo).
+_RELEVANCE = Memo("relevance", max_bytes=4_000_000)
 
 RELEVANCE = ("forest", "mutual-info")
 
@@ -29,6 +34,11 @@ def relevance(Z: np.ndarray, y: np.ndarray, *, method: str, seed: int) -> np.nda
     """
     if len(np.unique(y)) < 2:
         return np.zeros(Z.shape[1])
+    return _RELEVANCE.get_or_compute(key_for("relevance", Z, y, method, seed),
+                                     lambda: _relevance(Z, y, method=method, seed=seed))
+
+
+def _relevance(Z: np.ndarray, y: np.ndarray, *, method: str, seed: int) -> np.ndarray:
     if method == "forest":
         r = RandomForestClassifier(n_estimators=100, random_state=seed, n_jobs=1).fit(Z, y).feature_importances_
     else:

@@ -338,6 +338,14 @@ def cmd_synth(args) -> int:
         return EXIT_OK
     from deid.intake.synth import make_synthetic_drop
 
+    if args.sequences:
+        from deid.intake.synth_sequences import make_sequence_drop
+
+        path = make_sequence_drop(Path(args.drop), people=args.people, sequences_per_person=args.sequences,
+                                  frames=args.frames, seed=args.seed, image_size=args.size)
+        print(f"synthetic sequence drop: {path} ({args.people} people x {args.sequences} sequences x "
+              f"{args.frames} frames, talking and smiling, seed {args.seed})")
+        return EXIT_OK
     path = make_synthetic_drop(Path(args.drop), people=args.people, images_per_person=args.images_per_person,
                                seed=args.seed, image_format=args.format, image_size=args.size,
                                condition_values=args.condition_values, crop=args.crop, grey=args.grey,
@@ -457,6 +465,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--workers", type=int, default=1, help="processes drawing images (output is the same)")
     s.add_argument("--quick-noise", action="store_true",
                    help="cheaper sensor noise for million-face benchmarks (different images)")
+    s.add_argument("--sequences", type=int, nargs="?", const=2, default=None, metavar="S",
+                   help="image sequences instead of stills: S (default 2) talking/smiling sequences per person, "
+                        "manifest columns sequence and frame (PNG frames; --size applies, other options do not)")
+    s.add_argument("--frames", type=int, default=12, help="frames per sequence with --sequences (default 12)")
     s.set_defaults(func=cmd_synth)
 
     i = sub.add_parser("import", help="convert a published dataset layout into a drop")

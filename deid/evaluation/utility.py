@@ -32,8 +32,14 @@ from threadpoolctl import threadpool_limits
 from deid.errors import ConfigError
 from deid.anonymise.ksame import InsufficientPeopleError
 from deid.progress import Progress, track
+from deid.memo import Memo, digest, key_for, key_for_size, plain
 
 logger = logging.getLogger(__name__)
+
+# The comparison study measures every point against the same originals: their grouped-CV
+# accuracy and each cross-fit fold's originals-trained predictions are computed once (deid.memo).
+_CV = Memo("grouped_cv_accuracy", max_bytes=8_000_000)
+_ORIGINAL_FOLDS = Memo("cross_fit_originals", max_bytes=32_000_000)
 
 
 @dataclass(frozen=True)
@@ -214,6 +220,15 @@ def grouped_cv_accuracy(
     de-identification. Privacy Enhancing Technologies (PET), LNCS 3856, 227-242, 2005.
     """
     X = _matrix(images, "images", hint=": flatten with .reshape(len(images), -1)")
+    key = key_for("grouped_cv_accuracy", X, [plain(v) for v in y], [plain(g) for g in groups], folds, n_components,
+                  seed, repeats)
+    return _CV.get_or_compute(key, lambda: _grouped_cv_accuracy(X, y, groups=groups, folds=folds,
+                                                                n_components=n_components, seed=seed,
+                                                                repeats=repeats))
+
+
+def _grouped_cv_accuracy(X: np.ndarray, y: Sequence[Hashable], *, groups: Sequence[Hashable], folds: int,
+                         n_components: int, seed: int, repeats: int) -> UtilityResult:
     n, p = X.shape
     _check_components(n_components)
     _check_folds(folds)
@@ -329,6 +344,13 @@ def _embed(Xtr: np.ndarray, Xte: np.ndarray, n_components: int | None, seed: int
     """
     front = _svm(n_components, len(Xtr), Xtr.shape[1], seed)[:-1]
     return front.fit_transform(Xtr), front.transform(Xte)
+
+
+def _originals_fold(X: np.ndarray, ys: dict[str, np.ndarray], names: list[str], tr: np.ndarray, te: np.ndarray,
+                    n_components: int | None, seed: int) -> dict[str, np.ndarray]:
+    """Per label, the held-out predictions of the classifier trained on the fold's original training faces."""
+    Ztr, Zte = _embed(X[tr], X[te], n_components, seed)
+    return {name: _svc_predict(Ztr, ys[name][tr], Zte, seed)[0] for name in names if len(np.unique(ys[name][tr])) >= 2}
 
 
 def _svc_predict(Ztr: np.ndarray, ytr: np.ndarray, Zte: np.ndarray, seed: int) -> tuple[np.ndarray, bool]:
@@ -938,6 +960,11 @@ def cross_fit_utility(
         return [results[name] for name in ys]
 
     joint = _codes([tuple(int(ys[a][i]) for a in ys) for i in range(len(pc))], "labels", len(pc))
+    # The originals' side of a fold (their classifier's predictions) depends only on the sample, the
+    # labels and the fold: the same for every method and strength of a study (deid.memo).
+    originals_key = None if key_for_size(X) is None else digest(
+        "cross_fit_originals", X, {name: y for name, y in ys.items()}, list(applicable), _components(n_components),
+        int(seed))
     preds = {name: {"row": [], "who": [], "o": [], "r": [], "m": [], "a": []} for name in applicable}
     folds_used = dict.fromkeys(applicable, 0)
     suppressed = 0
@@ -957,7 +984,9 @@ def cross_fit_utility(
                     notes.append(f"repeat {r} fold {f} skipped: {note}")
                     continue
                 kept = tr[keep]
-                Zo = _embed(X[tr], X[te], _components(n_components), seed)
+                fold_key = None if originals_key is None else digest(originals_key, tr, te)
+                p_orig = _ORIGINAL_FOLDS.get_or_compute(fold_key, lambda: _originals_fold(X, ys, applicable, tr, te,
+                                                                                          _components(n_components), seed))
                 Zr = _embed(rel.astype(np.float64), X[te], _components(n_components), seed)
                 Za = None if R is None else _embed(R[tr], X[te], _components(n_components), seed)
                 for name in applicable:
@@ -965,7 +994,7 @@ def cross_fit_utility(
                     if len(np.unique(y[tr])) < 2:
                         notes.append(f"repeat {r} fold {f} skipped for {name}: training people hold a single value")
                         continue
-                    p_o, _ = _svc_predict(Zo[0], y[tr], Zo[1], seed)
+                    p_o = p_orig[name]
                     if len(np.unique(y[kept])) < 2:  # the release teaches a single value: predict it
                         p_r = np.full(len(te), y[kept][0])
                     else:

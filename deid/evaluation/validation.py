@@ -322,12 +322,15 @@ def run_suite(name: str, dataframe, *, labels: list[str] = (), label_sets: dict[
         if absent:
             raise ConfigError(f"label_sets has no value set for label(s) {absent}; give one per declared label")
         params.update({f"values_{x}": sorted(map(str, label_sets[x])) for x in labels})
-    if name == "release" and params.get("allowed_columns") is None:
-        from deid.schemas.arrow import RELEASE_BASE_COLUMNS  # noqa: PLC0415
-
-        params["allowed_columns"] = [*RELEASE_BASE_COLUMNS, *labels, *spec.get("derived", [])]
     if hasattr(dataframe, "to_pandas"):
         dataframe = dataframe.to_pandas()
+    if name == "release" and params.get("allowed_columns") is None:
+        from deid.schemas.arrow import RELEASE_BASE_COLUMNS, RELEASE_SEQUENCE_COLUMNS  # noqa: PLC0415
+
+        # A release of image sequences also has sequence_id and frame (both, or neither).
+        seq = [c for c in RELEASE_SEQUENCE_COLUMNS if c in dataframe.columns]
+        seq = list(RELEASE_SEQUENCE_COLUMNS) if len(seq) == len(RELEASE_SEQUENCE_COLUMNS) else []
+        params["allowed_columns"] = [*RELEASE_BASE_COLUMNS, *labels, *seq, *spec.get("derived", [])]
     df = _derive(dataframe, spec.get("derived", []))
 
     gx, batch_def = _gx()

@@ -1,7 +1,9 @@
 """Reading and validating a dataset drop (``manifest.csv`` + optional ``drop.yaml``).
 
 A drop is a directory holding ``manifest.csv`` (``image``, ``subject_id``, one column per
-utility label, optional eye points), an optional ``drop.yaml`` (``name``, ``labels``,
+utility label, optional eye points, an optional ``points`` column naming a landmark file per
+image (:mod:`deid.intake.points`), optional ``sequence`` and ``frame`` columns for image
+sequences), an optional ``drop.yaml`` (``name``, ``labels``,
 ``license``) and the images. Problems with the drop as a whole raise :class:`~deid.errors.DropError`; problems with
 one row quarantine that row with a stable reason code and never stop the run.
 """
@@ -21,12 +23,16 @@ from pathlib import Path, PurePosixPath
 import yaml
 
 from deid.errors import ConfigError, DropError, Quarantined, RecordError
+from deid.intake.points import POINTS_COLUMN, read_points
 
 log = logging.getLogger(__name__)
 
 REQUIRED_COLUMNS = ("image", "subject_id")
 EYE_COLUMNS = ("eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y")
-RESERVED_COLUMNS = set(REQUIRED_COLUMNS) | set(EYE_COLUMNS)
+# A sequence (video) drop: every frame names its sequence (the steward's id, never released) and
+# its position in it; a row with both cells empty is a still image.
+SEQUENCE_COLUMNS = ("sequence", "frame")
+RESERVED_COLUMNS = set(REQUIRED_COLUMNS) | set(EYE_COLUMNS) | {POINTS_COLUMN} | set(SEQUENCE_COLUMNS)
 MANIFEST = "manifest.csv"
 DROP_YAML = "drop.yaml"
 READY = "_READY"
@@ -39,7 +45,11 @@ _LICENSE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+-]{0,63}$")
 
 @dataclass(frozen=True)
 class ManifestRow:
-    """One usable manifest row; ``eyes`` is ``((lx, ly), (rx, ry))`` or None for "detect"."""
+    """One usable manifest row; ``eyes`` is ``((lx, ly), (rx, ry))`` or None for "detect".
+
+    ``points`` are the row's landmarks in source pixels (None: no points file); ``sequence`` and
+    ``frame`` place it in an image sequence (None: a still image).
+    """
 
     record_id: str
     row: int
@@ -48,6 +58,9 @@ class ManifestRow:
     subject_id: str
     labels: dict[str, str]
     eyes: tuple[tuple[float, float], tuple[float, float]] | None
+    points: tuple[tuple[float, float], ...] | None = None
+    sequence: str | None = None
+    frame: int | None = None
 
 
 @dataclass
@@ -64,6 +77,8 @@ class Drop:
     # From drop.yaml's ``license`` (a licence id such as cc-by-4.0); None when the steward set none.
     license: str | None = None
     dataset: str = ""  # the lineage this drop belongs to (drop.yaml `dataset:`, default: a name-safe form of `name`)
+    has_points: bool = False  # the manifest has a ``points`` column
+    has_sequences: bool = False  # the manifest has ``sequence`` and ``frame`` columns
 
     @property
     def records_in(self) -> int:
@@ -208,6 +223,62 @@ def _parse_eyes(cells: list[str]):
     return (a, b) if a[0] <= b[0] else (b, a), None
 
 
+def _parse_sequence(cells: list[str]) -> tuple[str | None, int | None, str | None]:
+    """(sequence, frame, problem) of a row's ``sequence``/``frame`` cells; both empty = a still image."""
+    seq, frame = cells
+    if not seq and not frame:
+        return None, None, None
+    if not seq or not frame:
+        return None, None, "sequence and frame must both be given (a frame of a sequence) or both be empty (a still image)"
+    try:
+        f = int(frame)
+    except ValueError:
+        return None, None, f"frame {frame!r} is not an integer (the frame's position in its sequence, 0, 1, 2...)"
+    if f < 0:
+        return None, None, f"frame {f} is negative; number frames 0, 1, 2..."
+    return seq, f, None
+
+
+def _check_points_and_sequences(rows: list[ManifestRow], quarantine) -> list[ManifestRow]:
+    """Drop-wide rules, after every row was read: one landmark count, one subject per sequence, no repeated frame.
+
+    Landmark ``i`` must be the same feature on every face, so a points file with another count than
+    the drop's most common one is another template (``bad_points``). A sequence listing frames of
+    two subject ids cannot be trusted to be one person: all its frames are quarantined; a repeated
+    (sequence, frame) keeps its first row.
+    """
+    counts: dict[int, int] = {}
+    for r in rows:
+        if r.points is not None:
+            counts[len(r.points)] = counts.get(len(r.points), 0) + 1
+    # The most common count; ties go to the larger template.
+    usual = max(counts, key=lambda c: (counts[c], c)) if counts else None
+    subjects: dict[str, set[str]] = {}
+    for r in rows:
+        if r.sequence is not None:
+            subjects.setdefault(r.sequence, set()).add(r.subject_id)
+    mixed = {s for s, who in subjects.items() if len(who) > 1}
+    seen: dict[tuple[str, int], int] = {}
+    kept = []
+    for r in rows:
+        if r.points is not None and len(r.points) != usual:
+            quarantine(r.record_id, r.image, "bad_points", f"row {r.row}: the points file has {len(r.points)} points; "
+                       f"the drop's points files have {usual} (one landmark template for the whole drop)")
+            continue
+        if r.sequence is not None:
+            if r.sequence in mixed:
+                quarantine(r.record_id, r.image, "bad_sequence", f"row {r.row}: its sequence lists frames of "
+                           f"{len(subjects[r.sequence])} subject ids; a sequence shows one person")
+                continue
+            if (r.sequence, r.frame) in seen:
+                quarantine(r.record_id, r.image, "bad_sequence", f"row {r.row}: frame {r.frame} of its sequence is "
+                           f"already listed on row {seen[(r.sequence, r.frame)]}")
+                continue
+            seen[(r.sequence, r.frame)] = r.row
+        kept.append(r)
+    return kept
+
+
 def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, name: str | None = None) -> Drop:
     """Read and validate a drop's manifest; bad rows are quarantined, never dropped silently.
 
@@ -263,6 +334,11 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
     eye_cols_present = [c for c in EYE_COLUMNS if c in header]
     if eye_cols_present and len(eye_cols_present) != len(EYE_COLUMNS):
         raise DropError(f"{manifest}: eye columns must come as all four of {list(EYE_COLUMNS)}; found {eye_cols_present}")
+    seq_cols_present = [c for c in SEQUENCE_COLUMNS if c in header]
+    if seq_cols_present and len(seq_cols_present) != len(SEQUENCE_COLUMNS):
+        raise DropError(f"{manifest}: an image-sequence drop needs both columns {list(SEQUENCE_COLUMNS)}; found "
+                        f"{seq_cols_present}")
+    has_points = POINTS_COLUMN in header
 
     idx = {c: i for i, c in enumerate(header)}
     rows: list[ManifestRow] = []
@@ -302,6 +378,12 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
             if why:
                 quarantine(rid, image, "bad_eye_points", f"row {n}: {why}")
                 continue
+        sequence = frame = None
+        if seq_cols_present:
+            sequence, frame, why = _parse_sequence([cells[idx[c]] for c in SEQUENCE_COLUMNS])
+            if why:
+                quarantine(rid, image, "bad_sequence", f"row {n}: {why}")
+                continue
         # Cheap early look (lstat, no link followed); the file is checked again when it is opened.
         try:
             mode = path.lstat().st_mode
@@ -312,13 +394,27 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
             kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
             quarantine(rid, image, "not_regular_file", f"{image!r} is {kind}; list image files only")
             continue
-        rows.append(ManifestRow(rid, n, key, path, subject, {x: cells[idx[x]] for x in labels}, eyes))
+        points = None
+        if has_points and cells[idx[POINTS_COLUMN]]:
+            # A named points file must be usable (like eye points: a bad value quarantines the record,
+            # an empty cell means "none"): the steward said this face has landmarks.
+            try:
+                points = tuple(map(tuple, read_points(root, cells[idx[POINTS_COLUMN]]).tolist()))
+            except RecordError as exc:
+                quarantine(rid, image, exc.code, f"row {n}: {exc.message}")
+                continue
+        rows.append(ManifestRow(rid, n, key, path, subject, {x: cells[idx[x]] for x in labels}, eyes, points,
+                                sequence, frame))
+
+    if has_points or seq_cols_present:
+        rows = _check_points_and_sequences(rows, quarantine)
 
     drop_name = name or meta.get("name") or root.name
     if extra:
         log.info("manifest columns not used and kept out of the release: %s", extra)
     return Drop(root, str(drop_name), labels, raw, rows, quarantined, extra, license=_license(root, meta),
-                dataset=_dataset_name(root, meta.get("dataset"), str(drop_name)))
+                dataset=_dataset_name(root, meta.get("dataset"), str(drop_name)), has_points=has_points,
+                has_sequences=bool(seq_cols_present))
 
 
 def _license(root: Path, meta: dict) -> str | None:

@@ -57,7 +57,13 @@ def _check_bytes(data: bytes, *, max_pixels: int) -> tuple[str, str] | None:
 
 def _batch_table(chunk: list[tuple[ManifestRow, str, bytes]], labels: list[str], schema: pa.Schema) -> pa.Table:
     cols: dict[str, list] = defaultdict(list)
+    points, sequences = "points" in schema.names, "sequence" in schema.names
     for row, digest, data in chunk:
+        if points:
+            cols["points"].append(None if row.points is None else [v for p in row.points for v in p])
+        if sequences:
+            cols["sequence"].append(row.sequence)
+            cols["frame"].append(row.frame)
         cols["record_id"].append(row.record_id)
         cols["image"].append(row.image)
         cols["subject_id"].append(row.subject_id)
@@ -90,7 +96,7 @@ def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_s
     staged table is rewritten without them (from the staged table, not from the sources).
     """
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    schema = schemas.ingested(drop.labels)
+    schema = schemas.ingested(drop.labels, points=drop.has_points, sequences=drop.has_sequences)
 
     tmp = out_path.with_suffix(".parquet.tmp")
     try:

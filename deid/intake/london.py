@@ -17,7 +17,8 @@ from deid.errors import ConfigError, DropError
 
 log = logging.getLogger(__name__)
 
-HEADER = ["image", "subject_id", "gender", "expression", "eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"]
+HEADER = ["image", "subject_id", "gender", "expression", "eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y",
+          "points"]
 FOLDERS = {"neutral": ("neutral_front", "03"), "smile": ("smiling_front", "08")}
 
 
@@ -62,8 +63,10 @@ def import_london(src: str | os.PathLike, drop_dir: str | os.PathLike, *, name: 
 
     The drop has labels ``gender`` (female/male, from ``london_info.csv``) and ``expression``
     (neutral/smile, from the folder), the neutral images' hand-placed pupil centres from their
-    ``.tem`` files, and empty eye cells ("detect") for the smiling images, which have none.
-    ``_READY`` is written last.
+    ``.tem`` files, and empty eye cells ("detect") for the smiling images, which have none. The
+    neutral images' ``.tem`` files (189 hand-placed landmarks) are placed in the drop too and
+    named in the ``points`` column (empty for the smiling images): k-Same-M takes its shape
+    from them. ``_READY`` is written last.
     """
     src, drop = Path(src), Path(drop_dir)
     if not isinstance(name, str) or not name.strip():
@@ -93,16 +96,20 @@ def import_london(src: str | os.PathLike, drop_dir: str | os.PathLike, *, name: 
                 continue
             rel = f"{folder}/{sid}_{suffix}.jpg"
             eyes = ["", "", "", ""]
+            points = ""
             tem = image.with_suffix(".tem")
             if expression == "neutral" and tem.is_file():
                 (lx, ly), (rx, ry) = read_tem_eyes(tem)
                 eyes = [f"{lx:.2f}", f"{ly:.2f}", f"{rx:.2f}", f"{ry:.2f}"]
-            rows.append([rel, sid, gender, expression, *eyes])
+                points = f"{folder}/{sid}_{suffix}.tem"
+            rows.append([rel, sid, gender, expression, *eyes, points])
     if not rows:
         raise DropError(f"{src}: no images found under neutral_front/ or smiling_front/")
     # Every check above passed before anything is written, so a bad source leaves no half drop.
-    for rel, *_ in rows:
+    for rel, *_, points in rows:
         _place(src / rel, drop / rel)
+        if points:
+            _place(src / points, drop / points)
     drop.mkdir(parents=True, exist_ok=True)
     with open(drop / "manifest.csv", "w", newline="", encoding="utf-8") as fh:
         writer = csv.writer(fh)

@@ -253,8 +253,8 @@ def _clutter(img: np.ndarray, rng: np.random.Generator) -> None:
 
 
 def draw_face(person: SynthPerson, *, expression: str, rng: np.random.Generator, image_size: int = 200,
-              lighting: str = "normal", clutter: np.random.Generator | None = None, quick_noise: bool = False
-              ) -> tuple[np.ndarray, tuple[tuple[float, float], tuple[float, float]]]:
+              lighting: str = "normal", clutter: np.random.Generator | None = None, quick_noise: bool = False,
+              mouth_open: float | None = None, light_rng: np.random.Generator | None = None) -> tuple[np.ndarray, tuple[tuple[float, float], tuple[float, float]]]:
     """Draw one BGR image of ``person``; return it with the (left, right) eye centres in pixels.
 
     ``expression`` is one of :data:`EXPRESSIONS`; ``lighting`` one of :data:`LIGHTS` ("left" and
@@ -262,7 +262,10 @@ def draw_face(person: SynthPerson, *, expression: str, rng: np.random.Generator,
     a strong frontal light with fall-off); ``clutter``, when given, draws an indoor-like
     background (shelves, frames, a window) from that generator; ``quick_noise`` draws the sensor
     noise from a 256-level normal-quantile table (for million-face benchmarks where Gaussian
-    draws are a third of the cost). With the defaults the image
+    draws are a third of the cost). ``mouth_open`` (0 closed .. 1 wide open, for a talking
+    frame; not with "smile") draws the mouth open that much; ``light_rng``, when given, draws
+    the lighting and the sensor noise instead of ``rng`` (the frames of a sequence share them
+    whatever their expression consumes). With the defaults the image
     is exactly the one earlier versions drew (``rng`` is consumed identically).
     """
     if expression not in EXPRESSIONS:
@@ -371,6 +374,14 @@ def draw_face(person: SynthPerson, *, expression: str, rng: np.random.Generator,
         for side in (-1, 1):  # smile lines
             pen.poly([(side * (nw / 2 + 0.08), nl - 0.05), (side * (hw + 0.08), my - up + 0.05)],
                      skin_dark, thick=0.025)
+    elif mouth_open is not None:  # talking: an open mouth whose height follows the frame
+        o = float(min(max(mouth_open, 0.0), 1.0))
+        hw = p.mouth_w * (0.55 - 0.1 * o)
+        oh = 0.02 + 0.26 * o
+        pen.ellipse((0.0, my + oh / 2), (hw, oh), (30.0, 25.0, 70.0))
+        if o > 0.3:  # upper teeth show once the mouth is well open
+            pen.ellipse((0.0, my + 0.02), (hw * 0.7, 0.035), (225.0, 230.0, 235.0), start=0, end=180)
+        pen.ellipse((0.0, my + oh / 2), (hw, oh), lip, thick=p.lip_thick)
     elif expression == "surprised":  # open round mouth
         pen.ellipse((0.0, my + 0.04), (p.mouth_w * 0.22, 0.13), (30.0, 25.0, 70.0))
         pen.ellipse((0.0, my + 0.04), (p.mouth_w * 0.22, 0.13), lip, thick=p.lip_thick)
@@ -386,6 +397,8 @@ def draw_face(person: SynthPerson, *, expression: str, rng: np.random.Generator,
         pen.circle(p.mole, 0.035, (35.0, 40.0, 60.0))
 
     # Lighting: per-image gain and a directional gradient, then sensor noise.
+    if light_rng is not None:
+        rng = light_rng
     g = rng.uniform(0.88, 1.12)
     d = rng.uniform(-0.25, 0.25, 2)
     lin = np.linspace(-0.5, 0.5, image_size, dtype=np.float32)

@@ -57,8 +57,10 @@ def align_batch(ingested_path: str, row_groups: list[int], out_path: str, aligne
                 exclude: list[str] = ()) -> dict:
     """Align the faces of some row groups of the ingested table; return counts and quarantine records."""
     pf = pq.ParquetFile(ingested_path)
+    points = "points" in pf.schema_arrow.names  # landmarks go to canonical pixels with their face
     table = pf.read_row_groups(
-        row_groups, columns=["record_id", "image", "data", "eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"]
+        row_groups, columns=["record_id", "image", "data", "eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y",
+                             *(["points"] if points else [])]
     )
     skip = set(exclude)
     aligner = make_aligner(aligner_params)
@@ -69,7 +71,8 @@ def align_batch(ingested_path: str, row_groups: list[int], out_path: str, aligne
             continue
         lx, ly, rx, ry = (cols[c][i] for c in ("eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"))
         eyes = EyePair((lx, ly), (rx, ry)) if lx is not None else None
-        records.append({"record_id": rid, "image": cols["image"][i], "data": cols["data"][i], "eyes": eyes})
+        records.append({"record_id": rid, "image": cols["image"][i], "data": cols["data"][i], "eyes": eyes,
+                        **({"points": cols["points"][i]} if points else {})})
     del cols, table
     color = bool(aligner_params.get("color"))
     ok, bad = align_records(records, aligner, color=color)
@@ -87,8 +90,9 @@ def align_batch(ingested_path: str, row_groups: list[int], out_path: str, aligne
             "eye_left_y": [float(r["eye_left_y"]) for r in ok],
             "eye_right_x": [float(r["eye_right_x"]) for r in ok],
             "eye_right_y": [float(r["eye_right_y"]) for r in ok],
+            **({"points": [r["points"] for r in ok]} if points else {}),
         },
-        schema=schemas.aligned(),
+        schema=schemas.aligned(points=points),
     )
     _write_atomic(out, Path(out_path))
     return {
@@ -173,9 +177,13 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     A k-Same partition above ``block_size`` faces is grouped blockwise (:class:`deid.anonymise.ksame.KSame`);
     ``map_blocks`` runs its blocks (e.g. one Dask task per block); the clusters do not depend on it.
     """
-    table = ds.dataset(partition_dir, format="parquet").to_table(
-        columns=["record_id", "subject_id", "features", "pixels", *labels]
-    )
+    dataset = ds.dataset(partition_dir, format="parquet")
+    # Canonical landmarks, when the aligned faces carry them (a drop with a points column): k-same-m's shape.
+    has_points = "points" in dataset.schema.names
+    # Image sequences (a drop with sequence/frame columns): multi-factor keeps one identity per person.
+    seq_cols = ["sequence", "frame"] if "sequence" in dataset.schema.names else []
+    table = dataset.to_table(columns=["record_id", "subject_id", "features", "pixels", *labels,
+                                      *(["points"] if has_points else []), *seq_cols])
     ids = table.column("record_id").to_pylist()
     people = np.asarray(table.column("subject_id").to_pylist(), dtype=object)
     X = np.asarray(table.column("features").to_pylist(), dtype=np.float32)
@@ -187,7 +195,10 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
         # clusters (blur, pixelate, selective-mean, attribute-preserving) get one per record.
         released, found = deidentify_images(images, shape=shape, people=list(people), method=method, k=k,
                                             sigma=sigma, block=block,
-                                            labels={x: table.column(x).to_pylist() for x in labels} or None)
+                                            labels={x: table.column(x).to_pylist() for x in labels} or None,
+                                            points=table.column("points").to_pylist() if has_points else None,
+                                            sequences=table.column("sequence").to_pylist() if seq_cols else None,
+                                            frames=table.column("frame").to_pylist() if seq_cols else None)
         labels_ = np.arange(len(ids)) if found is None else found
     else:
         model = KSame(k, count="images" if method == "k-same-naive" else "people", block_size=block_size,

@@ -6,7 +6,10 @@ record ids. It follows the Hugging Face ``imagefolder`` layout, so consumers loa
 ``datasets.load_dataset("imagefolder", data_dir=...)`` or pandas as it is: ``images/*.png``,
 ``metadata.csv`` (``file_name`` + ``record_id``, ``cluster_id``, the labels), ``release.parquet``
 and ``release.csv`` (the same table with the column ``image``) and a dataset card ``README.md``
-(:mod:`deid.release.card`, written once the gate's figures exist, before the release is hashed and signed). It is written to a directory inside the run's private staging directory and renamed into place only when the gate
+(:mod:`deid.release.card`, written once the gate's figures exist, before the release is hashed and signed).
+A release of image sequences adds ``sequence_id`` (fresh random per sequence) and ``frame``
+(0, 1, 2... in the sequence's order) to those tables, and each sequence as a video,
+``videos/<sequence_id>.avi`` (Motion-JPEG, written by OpenCV from the released frames). It is written to a directory inside the run's private staging directory and renamed into place only when the gate
 has passed, so a reader never sees half a release and a rejected run leaves nothing behind.
 """
 from __future__ import annotations
@@ -28,6 +31,11 @@ from deid.operations.safety import fault_enospc
 from deid.schemas import arrow as schemas
 
 RELEASE_TABLE = "release.parquet"
+VIDEOS = "videos"
+# Motion-JPEG in AVI: written and read back by opencv-python-headless's bundled FFmpeg, playable everywhere.
+VIDEO_FOURCC = "MJPG"
+VIDEO_SUFFIX = ".avi"
+VIDEO_FPS = 10.0
 RELEASE_CSV = "release.csv"
 # The Hugging Face imagefolder metadata file: ``file_name`` is the image path relative to it.
 METADATA_CSV = "metadata.csv"
@@ -63,10 +71,53 @@ class StagedRelease:
     # Private: staging record_id / internal cluster -> what was released. Never written into the release;
     # the flow encrypts it into the linkage record (deid.release.linkage).
     mapping: list[dict] = field(default_factory=list)
+    # Release-relative paths of the sequence videos (empty without sequences).
+    videos: list[str] = field(default_factory=list)
+
+
+def write_video(path: Path, frames: list[np.ndarray], *, fps: float = VIDEO_FPS) -> Path:
+    """Write frames ((h, w) grey or (h, w, 3) BGR uint8, all one size) as a Motion-JPEG AVI.
+
+    MJPG needs even sides (FFmpeg drops an odd last column or row), so each frame is padded by
+    replicating its last column / row: a reader gets every released pixel.
+    """
+    if not frames:
+        raise ConfigError("a video needs at least one frame")
+    h, w = frames[0].shape[:2]
+    colour = frames[0].ndim == 3
+    ph, pw = h + h % 2, w + w % 2
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*VIDEO_FOURCC), float(fps), (pw, ph), isColor=colour)
+    if not writer.isOpened():
+        raise RuntimeError(f"OpenCV cannot write {VIDEO_FOURCC} video to {path} (no FFmpeg backend?)")
+    try:
+        for f in frames:
+            if f.shape != frames[0].shape:
+                raise ConfigError(f"video frames differ in shape: {f.shape} vs {frames[0].shape}")
+            writer.write(cv2.copyMakeBorder(np.ascontiguousarray(f), 0, ph - h, 0, pw - w, cv2.BORDER_REPLICATE))
+    finally:
+        writer.release()
+    return path
+
+
+def read_video(path: str | os.PathLike) -> np.ndarray:
+    """All frames of a video (n, h, w, 3) BGR uint8, as OpenCV decodes them (e.g. to check a release's videos)."""
+    cap = cv2.VideoCapture(str(path))
+    frames = []
+    try:
+        while True:
+            ok, f = cap.read()
+            if not ok:
+                break
+            frames.append(f)
+    finally:
+        cap.release()
+    return np.stack(frames) if frames else np.zeros((0, 0, 0, 3), np.uint8)
 
 
 def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], clusters: list[str],
-                  labels: dict[str, list[str]], record_ids: list[str] | None = None) -> StagedRelease:
+                  labels: dict[str, list[str]], record_ids: list[str] | None = None,
+                  sequences: list | None = None, frames: list | None = None,
+                  fps: float = VIDEO_FPS) -> StagedRelease:
     """Write a release into ``tmp_dir`` (which must not exist yet).
 
     Parameters
@@ -78,6 +129,10 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], 
     record_ids : staging record ids, parallel to ``images``; when given, ``StagedRelease.mapping``
         lists ``{record_id, released_record_id, image, cluster, cluster_id}`` per released record
         (for the private linkage record; nothing of it goes into the release).
+    sequences, frames : per image, its sequence key (None: a still image; the key itself is never
+        released) and frame number. The release then has ``sequence_id``/``frame`` columns (frames
+        renumbered 0, 1, 2... in order, so the source numbering is not released) and one video per
+        sequence under ``videos/`` at ``fps`` frames per second.
     """
     if record_ids is not None and len(record_ids) != len(images):
         raise ValueError(f"record_ids has {len(record_ids)} entries but images has {len(images)}; pass one id per image")
@@ -85,9 +140,10 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], 
     if clash:
         raise ConfigError(f"labels {clash} clash with the release columns {list(_RESERVED)}; rename those label "
                           "columns in the manifest")
+    n = len(images)
+    seq_of = _sequence_ids(sequences, frames, n)
     tmp_dir.mkdir(parents=True)
     (tmp_dir / "images").mkdir()
-    n = len(images)
     order = list(range(n))
     secrets.SystemRandom().shuffle(order)  # the release order must not follow the input
     cluster_ids = {c: "c-" + secrets.token_hex(6) for c in sorted(set(clusters))}
@@ -102,18 +158,52 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], 
         fault_enospc("stage", tmp_dir / name)
         (tmp_dir / name).write_bytes(buf.tobytes())
         rows.append({"record_id": rid, "image": name, "cluster_id": cluster_ids[clusters[i]],
-                     **{k: v[i] for k, v in labels.items()}})
+                     **{k: v[i] for k, v in labels.items()},
+                     **({"sequence_id": seq_of[i][0], "frame": seq_of[i][1]} if seq_of is not None else {})})
         if record_ids is not None:
             mapping.append({"record_id": record_ids[i], "released_record_id": rid, "image": name,
                             "cluster": clusters[i], "cluster_id": cluster_ids[clusters[i]]})
-    schema = schemas.release(list(labels))
+    videos = []
+    if seq_of is not None:
+        (tmp_dir / VIDEOS).mkdir()
+        by_sequence: dict[str, list[tuple[int, int]]] = {}
+        for i, (sid, f) in enumerate(seq_of):
+            if sid is not None:
+                by_sequence.setdefault(sid, []).append((f, i))
+        for sid in sorted(by_sequence):  # random ids: sorted order says nothing about the input
+            name = f"{VIDEOS}/{sid}{VIDEO_SUFFIX}"
+            fault_enospc("stage", tmp_dir / name)
+            write_video(tmp_dir / name, [images[i].reshape(shape) for _, i in sorted(by_sequence[sid])], fps=fps)
+            videos.append(name)
+    schema = schemas.release(list(labels), sequences=seq_of is not None)
     table = pa.Table.from_pylist(rows, schema=schema)
     pq.write_table(table, tmp_dir / RELEASE_TABLE)
     _write_csv(tmp_dir / RELEASE_CSV, schema.names, rows)
     # imagefolder: file_name first, relative to metadata.csv; the same columns otherwise.
     _write_csv(tmp_dir / METADATA_CSV, ["file_name", *(c for c in schema.names if c != "image")],
                [{"file_name": r["image"], **r} for r in rows], drop=("image",))
-    return StagedRelease(tmp_dir, schema.names, n, mapping)
+    return StagedRelease(tmp_dir, schema.names, n, mapping, videos)
+
+
+def _sequence_ids(sequences: list | None, frames: list | None, n: int) -> list[tuple[str | None, int | None]] | None:
+    """Per image, (fresh random sequence id, frame renumbered 0..m-1 in order), or None without sequences."""
+    if sequences is None:
+        return None
+    if len(sequences) != n or frames is None or len(frames) != n:
+        raise ConfigError(f"sequences and frames need one entry per image ({n}); got "
+                          f"{len(sequences)} and {None if frames is None else len(frames)}")
+    members: dict = {}
+    for i, (key, f) in enumerate(zip(sequences, frames)):
+        if key is not None:
+            members.setdefault(key, []).append((f, i))
+    out: list[tuple[str | None, int | None]] = [(None, None)] * n
+    for key, items in members.items():
+        if len({f for f, _ in items}) != len(items):
+            raise ConfigError("a sequence lists one frame number twice; frames must be unique within a sequence")
+        sid = "q-" + secrets.token_hex(6)
+        for rank, (_, i) in enumerate(sorted(items)):
+            out[i] = (sid, rank)
+    return out
 
 
 def _write_csv(path: Path, fieldnames: list[str], rows: list[dict], *, drop: tuple[str, ...] = ()) -> None:

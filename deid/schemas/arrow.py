@@ -21,8 +21,18 @@ EYES = [
 ]
 
 
-def ingested(labels: list[str]) -> pa.Schema:
-    """Raw records: ids, labels, manual eye points (null = detect), source hash, size and bytes."""
+# Landmarks flattened (x0, y0, x1, y1, ...): source pixels when ingested, canonical pixels once aligned.
+POINTS = pa.field("points", pa.list_(pa.float64()))
+# Image sequences: the steward's sequence id (private, never released) and the frame's position.
+SEQUENCE = [pa.field("sequence", pa.string()), pa.field("frame", pa.int64())]
+
+
+def ingested(labels: list[str], *, points: bool = False, sequences: bool = False) -> pa.Schema:
+    """Raw records: ids, labels, manual eye points (null = detect), source hash, size and bytes.
+
+    ``points``: the drop has a points column (null = no landmarks for that record);
+    ``sequences``: the drop has sequence/frame columns (null = a still image).
+    """
     return pa.schema(
         [
             pa.field("record_id", pa.string(), nullable=False),
@@ -30,6 +40,8 @@ def ingested(labels: list[str]) -> pa.Schema:
             pa.field("subject_id", pa.string(), nullable=False),
             *[pa.field(x, pa.string(), nullable=False) for x in labels],
             *EYES,
+            *([POINTS] if points else []),
+            *(SEQUENCE if sequences else []),
             pa.field("source_sha256", pa.string(), nullable=False),
             pa.field("size", pa.int64(), nullable=False),
             pa.field("data", pa.large_binary(), nullable=False),
@@ -37,14 +49,16 @@ def ingested(labels: list[str]) -> pa.Schema:
     )
 
 
-def aligned() -> pa.Schema:
-    """Aligned canonical faces (uint8, row-major height x width) and the eyes used."""
+def aligned(*, points: bool = False) -> pa.Schema:
+    """Aligned canonical faces (uint8, row-major height x width), the eyes used and, with ``points``, the
+    landmarks moved to canonical pixels by the same similarity as the face (null = none)."""
     return pa.schema(
         [
             pa.field("record_id", pa.string(), nullable=False),
             pa.field("pixels", pa.binary(), nullable=False),
             pa.field("eye_source", pa.string(), nullable=False),
             *EYES,
+            *([POINTS] if points else []),
         ]
     )
 
@@ -84,16 +98,20 @@ def deidentified(color: bool = False) -> pa.Schema:
 RELEASE_BASE_COLUMNS = ("record_id", "image", "cluster_id")
 # The same for a feature release (release.parquet with the vectors in ``features``).
 FEATURE_RELEASE_BASE_COLUMNS = ("record_id", "cluster_id", "features")
+# Columns of a release of image sequences: a fresh random id per sequence and the frame's position.
+RELEASE_SEQUENCE_COLUMNS = ("sequence_id", "frame")
 FORBIDDEN_RELEASE_COLUMNS = ("subject_id", "source_sha256", "source_path", "path", "data", "size", "row")
 
 
-def release(labels: list[str]) -> pa.Schema:
+def release(labels: list[str], *, sequences: bool = False) -> pa.Schema:
+    """The release table; with ``sequences`` each frame's ``sequence_id`` (null for a still image) and ``frame``."""
     return pa.schema(
         [
             pa.field("record_id", pa.string(), nullable=False),
             pa.field("image", pa.string(), nullable=False),
             pa.field("cluster_id", pa.string(), nullable=False),
             *[pa.field(x, pa.string(), nullable=False) for x in labels],
+            *([pa.field("sequence_id", pa.string()), pa.field("frame", pa.int64())] if sequences else []),
         ]
     )
 

@@ -1,0 +1,139 @@
+"""Content-keyed memoisation of pure computations that are repeated on identical inputs.
+
+The comparison study (:mod:`deid.evaluation.study`) judges every method at every strength with
+the whole gate, so the same computations on the same originals come back at every point: the
+eigenface fit of the drop, the originals' side of every utility protocol, the attackers fitted
+on the originals, and the parrot attacker's re-run of the method on the very originals the
+release was made from. A :class:`Memo` keys a result by a digest of its inputs' *content*
+(never object identity), so a hit returns exactly what recomputing would: callers memoise only
+deterministic functions of the keyed inputs. Memos are per process, bounded in bytes, and skip
+inputs above :data:`MAX_KEY_BYTES` (a release flow's large drops gain nothing from hashing).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import logging
+import os
+import threading
+from collections import OrderedDict
+from typing import Any, Callable
+
+import numpy as np
+
+logger = logging.getLogger(__name__)
+
+# Inputs larger than this are not hashed or memoised (20 MB: a few thousand aligned faces).
+MAX_KEY_BYTES = 20_000_000
+# DEID_MEMO=0 turns every memo off (e.g. to time the unmemoised computations).
+ENABLED = os.environ.get("DEID_MEMO", "1") != "0"
+
+
+def _feed(h: Any, part: Any) -> None:
+    if isinstance(part, np.ndarray):
+        a = np.ascontiguousarray(part)
+        h.update(f"nd{a.dtype.str}{a.shape}".encode())
+        if a.dtype == object:
+            h.update(repr([plain(v) for v in a.ravel().tolist()]).encode())
+        else:
+            h.update(a.data)
+    elif isinstance(part, (list, tuple)):
+        h.update(f"seq{type(part).__name__}{len(part)}(".encode())
+        for p in part:
+            _feed(h, p)
+        h.update(b")")
+    elif isinstance(part, dict):
+        h.update(f"map{len(part)}(".encode())
+        for k in sorted(part, key=repr):
+            _feed(h, k)
+            _feed(h, part[k])
+        h.update(b")")
+    else:
+        h.update(repr(plain(part)).encode())
+    h.update(b"|")
+
+
+def plain(v: Any) -> Any:
+    """numpy scalars as the Python values they hold, so np.str_('a') and 'a' key alike."""
+    return v.item() if isinstance(v, np.generic) else v
+
+
+def size_of(*parts: Any) -> int:
+    """Bytes of the array parts (what hashing them costs)."""
+    return sum(p.nbytes for p in parts if isinstance(p, np.ndarray))
+
+
+def digest(*parts: Any) -> bytes:
+    """A 20-byte digest of arrays (dtype, shape, bytes), sequences, mappings and plain values."""
+    h = hashlib.blake2b(digest_size=20, person=b"deid-memo")
+    for p in parts:
+        _feed(h, p)
+    return h.digest()
+
+
+def _nbytes(value: Any) -> int:
+    if isinstance(value, np.ndarray):
+        return value.nbytes
+    if isinstance(value, (list, tuple)):
+        return sum(_nbytes(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_nbytes(v) for v in value.values())
+    return 64
+
+
+class Memo:
+    """A thread-safe LRU of results keyed by :func:`digest`, holding at most ``max_bytes`` of arrays.
+
+    Values are deep-copied in and out, so a caller mutating a result cannot change the memo.
+    ``hits`` and ``misses`` count lookups (for timing reports and tests).
+    """
+
+    def __init__(self, name: str, *, max_bytes: int = 64_000_000):
+        self.name = name
+        self.max_bytes = max_bytes
+        self._data: OrderedDict[bytes, tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get_or_compute(self, key: bytes | None, compute: Callable[[], Any]) -> Any:
+        """The memoised value for ``key``, computing (and remembering) it on a miss; None key = no memo."""
+        if key is None or not ENABLED:
+            return compute()
+        with self._lock:
+            hit = self._data.get(key)
+            if hit is not None:
+                self._data.move_to_end(key)
+                self.hits += 1
+                return copy.deepcopy(hit[0])
+            self.misses += 1
+        value = compute()
+        size = _nbytes(value)
+        if size <= self.max_bytes // 4:
+            with self._lock:
+                if key not in self._data:
+                    self._data[key] = (copy.deepcopy(value), size)
+                    self._bytes += size
+                while self._bytes > self.max_bytes and self._data:
+                    _, (_, s) = self._data.popitem(last=False)
+                    self._bytes -= s
+        return value
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self._bytes = 0
+            self.hits = self.misses = 0
+
+
+def key_for_size(*parts: Any) -> bool | None:
+    """True when ``parts`` may be memoised (memos on, arrays within :data:`MAX_KEY_BYTES`), else None."""
+    return True if ENABLED and size_of(*parts) <= MAX_KEY_BYTES else None
+
+
+def key_for(*parts: Any) -> bytes | None:
+    """:func:`digest` of ``parts``, or None (do not memoise) when their arrays exceed :data:`MAX_KEY_BYTES`."""
+    if not ENABLED or size_of(*parts) > MAX_KEY_BYTES:
+        return None
+    return digest(*parts)
