@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
+from ops_helpers import stack  # noqa: F401 - the session's ops stack (Prefect server, serve, watch)
 
 ROOT = Path(__file__).resolve().parents[1]
 LONDON = ROOT.parent / "shared" / "datasets" / "london"

@@ -12,7 +12,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import cv2
-import numpy as np
 import pytest
 
 from deid.errors import StateError
@@ -47,6 +46,9 @@ def test_second_drop_of_a_dataset_reuses_every_cluster_bit_for_bit(project, pref
     from flows.cli_lineage import cmd_lineage
     from flows.release import release
 
+    # Lineage is the subject (who returns is known by subject id): the recogniser identity check,
+    # which on synthetic faces only looks for near-copies, is skipped (tests/test_flow.py runs it).
+    monkeypatch.setenv("DEID_IDENTITY_EMBED_MAX", "0")
     r1 = release(drop=str(_drop(tmp_path / "d1", 15)), k=3)
     assert r1["verdict"] == "released", r1["reasons"]
     r2 = release(drop=str(_drop(tmp_path / "d2", 24)), k=3)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from ops_helpers import Proc, free_port, wait_for
 
 from deid.synth import make_synthetic_drop
 from deid.verify import verify_report
-from test_ops import Proc, free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.ops]
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,9 @@ def test_release_survives_a_worker_killed_mid_run(tmp_path):
     env.update(DEID_IDENTITY_EMBED_MAX="0", DEID_DEEP_ATTACK_SAMPLE="20")
     env.update(DEID_PROJECT_DIR=str(project), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_HOME=str(tmp_path / "prefect"), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1",
+               # The flow starts Prefect's ephemeral server (20 s default): the suite runs on two workers.
+               PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS="120")
     procs: list[Proc] = []
     try:
         procs.append(Proc("scheduler", [*_dask(), "scheduler", "--host", "127.0.0.1", "--port", str(port),
