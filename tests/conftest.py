@@ -1,9 +1,10 @@
 """Shared fixtures: the London set location, an isolated project dir, one Prefect server per session.
 
 ``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``): every
-fixture here is per worker process, tests that share an expensive module or session fixture
-carry one ``xdist_group`` mark so they run on one worker, and the heaviest tests are started
-first (:func:`pytest_collection_modifyitems`) so the two workers finish together.
+fixture here is per worker process; the tests of a module that share one of its module-scoped
+fixtures run on one worker (automatic ``xdist_group``, so the fixture is built once), tests that
+share a session fixture's state carry an explicit ``xdist_group`` mark (``stack``: "ops"), and
+the heaviest tests are started first so the two workers finish together.
 """
 from __future__ import annotations
 
@@ -28,13 +29,15 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 # the demo test (tests/test_flow.py) runs `deid run` with the default settings.
 os.environ.setdefault("DEID_DASK_WORKERS", "1")
 
-# Measured wall seconds of the heaviest tests (nodeid prefixes; quiet 2-core machine): they start
-# first, longest first, so no worker is left with a long test at the end. Order only: a test not
-# listed is weighted by its markers, and a renamed test just loses its place in the queue.
+# Wall seconds of the heaviest tests (nodeid prefixes; measured on this 2-core machine): they
+# start first, longest first (a group counts the sum of its tests), so no worker is left with a
+# long test at the end. Order only: a test not listed is weighted by its markers, and a renamed
+# test just loses its place in the queue.
 HEAVY = {
     "tests/test_faults.py::test_fault_matrix": 160,
-    "tests/test_ops.py::": 90,
-    "tests/test_ops_lineage.py::": 80,
+    "tests/test_ops.py::test_drops": 70,
+    "tests/test_ops.py::": 15,
+    "tests/test_ops_lineage.py::": 70,
     "tests/test_color.py::test_london_in_colour": 50,
     "tests/test_remote_dask.py::": 47,
     "tests/test_flow.py::test_demo": 45,
@@ -42,7 +45,7 @@ HEAVY = {
     "tests/test_flow_lineage.py::": 30,
     "tests/test_flow.py::test_london_k5": 30,
     "tests/test_flow.py::test_real_drop_shapes": 15,
-    "tests/test_recognizer.py::test_london": 20,
+    "tests/test_recognizer.py::test_london": 12,
     "tests/test_faults.py::": 15,
     "tests/test_flow.py::": 10,
 }
@@ -55,10 +58,38 @@ def _weight(item: pytest.Item) -> float:
     return 5.0 if item.get_closest_marker("slow") else 0.0
 
 
+def _module_fixtures(item: pytest.Item) -> list[str]:
+    """Names of the module- or class-scoped fixtures defined in the item's own module that it uses."""
+    module = item.nodeid.split("::", 1)[0]
+    return sorted(name for name, defs in getattr(item, "_fixtureinfo").name2fixturedefs.items()
+                  if defs and defs[-1].scope in ("module", "class") and defs[-1].baseid == module)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Heaviest tests first (stable: equal weights keep the file order, so modules stay together)."""
-    items.sort(key=lambda item: -_weight(item))
+    """Heaviest tests first; tests sharing a module-scoped fixture of their module go to one worker.
+
+    The sort is stable (equal weights keep the file order, so a module's tests stay together). A
+    test that already carries an ``xdist_group`` mark keeps it (e.g. the ops stack's "ops").
+    """
+    for item in items:
+        shared = _module_fixtures(item)
+        if shared and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(f"{item.nodeid.split('::', 1)[0]}::{'+'.join(shared)}"))
+
+    def unit(item: pytest.Item) -> str:  # what must run together: its group, or the test alone
+        marks = sorted(str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                       for m in item.iter_markers("xdist_group"))
+        return "@".join(marks) or item.nodeid
+
+    weight: dict[str, float] = {}
+    first: dict[str, int] = {}
+    for i, item in enumerate(items):
+        u = unit(item)
+        weight[u] = weight.get(u, 0.0) + _weight(item)
+        first.setdefault(u, i)
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-weight[unit(item)], first[unit(item)], order[id(item)]))
 
 
 @pytest.hookimpl(specname="pytest_collection_modifyitems", trylast=True)  # after xdist's own hook

@@ -93,7 +93,6 @@ def _printed(stdout: str, key: str) -> str:
     return next(line.split(": ", 1)[1] for line in stdout.splitlines() if line.startswith(f"{key}: "))
 
 
-@pytest.mark.xdist_group("demo")
 def test_demo_path_cli(demo):
     """`make demo` through the installed `deid` command: exit 0, RELEASED, a signed report; a bad drop exits 2."""
     assert demo.synth.returncode == 0, demo.synth.stderr
@@ -107,7 +106,6 @@ def test_demo_path_cli(demo):
     assert bad.returncode == 2 and "does not exist" in bad.stderr
 
 
-@pytest.mark.xdist_group("demo")
 def test_synthetic_release_end_to_end_and_verify(demo, tmp_path):
     """The demo's release (60 synthetic people x 2 at k=5): counts, invariants, signature, linkage, tampering."""
     assert demo.run is not None and demo.run.returncode == 0, (demo.synth.stderr, demo.run and demo.run.stderr[-3000:])
@@ -224,11 +222,12 @@ def test_london_k5_k_same_select_is_released(project, prefect_server, london_dir
     assert bad.returncode == 6 and "hash mismatch" in bad.stdout
 
 
-@pytest.fixture(scope="module")
-def london_drop(london_dir, tmp_path_factory):
+@pytest.fixture
+def london_drop(london_dir, tmp_path):
+    """London as a drop (files linked, ~0.1 s): per test, so the three rejections may run on both workers."""
     from deid.london import import_london
 
-    return import_london(london_dir, tmp_path_factory.mktemp("london") / "drop")
+    return import_london(london_dir, tmp_path / "london")
 
 
 @pytest.mark.london

@@ -173,7 +173,6 @@ def london_embedded():
 
 @pytest.mark.slow
 @pytest.mark.london
-@pytest.mark.xdist_group("london-embedded")  # one worker embeds London once for both
 def test_london_rank1_identification_of_originals(london_embedded):
     # Smiling originals identified against the neutral gallery. Measured 102/102 (Clopper-Pearson
     # 95% lower bound 0.971); chance is 1/102. The PCA attackers reach ~0.6-0.8 here.
@@ -187,7 +186,6 @@ def test_london_rank1_identification_of_originals(london_embedded):
 
 @pytest.mark.slow
 @pytest.mark.london
-@pytest.mark.xdist_group("london-embedded")  # one worker embeds London once for both
 def test_london_same_person_under_two_ids_and_no_false_merges(london_embedded):
     faces, people, expr, e = london_embedded
     # Every smiling photo listed under a second id of its person.
