@@ -23,10 +23,10 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 # One BLAS thread per process (as the CLI does): threaded OpenBLAS next to Dask workers thrashes.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
-# One Dask worker per flow run: the suite already runs on two pytest workers (one per core), so a
-# second Dask worker per run would only add a process start and a model load. The multi-worker
-# path (tasks spread over workers, one killed mid-run) is tested by tests/test_remote_dask.py, and
-# the demo test (tests/test_flow.py) runs `deid run` with the default settings.
+# One Dask worker per flow run's LocalCluster: the suite already runs on two pytest workers (one per
+# core), so a second Dask worker per run would only add a process start and a model load. The
+# multi-worker path (tasks spread over workers, one killed mid-run) is tested by
+# tests/test_remote_dask.py, and the demo test (tests/test_flow.py) runs `deid run` with the defaults.
 os.environ.setdefault("DEID_DASK_WORKERS", "1")
 
 # Wall seconds of the heaviest tests (nodeid prefixes; measured on this 2-core machine): they
@@ -127,10 +127,33 @@ def project(tmp_path, monkeypatch) -> Path:
 
 
 @pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory):
+def _prefect_harness(tmp_path_factory):
     """One temporary Prefect API (isolated DB, free port) per test process (per xdist worker)."""
     os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect_home"))
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):
         yield
+
+
+@pytest.fixture(scope="session")
+def _dask_scheduler():
+    """One Dask LocalCluster (one worker process) per test process, for the in-process flow runs."""
+    import logging
+
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
+                      silence_logs=logging.WARNING) as cluster:
+        yield cluster.scheduler_address
+
+
+@pytest.fixture
+def prefect_server(project, _prefect_harness, _dask_scheduler, monkeypatch):
+    """Where a test's in-process flow runs: the session's Prefect API and the session's Dask scheduler.
+
+    The flows run on the test process's one Dask worker (``DEID_DASK_ADDRESS``) instead of starting
+    and stopping a LocalCluster each (~2 s of CPU a run). A flow's own LocalCluster (no address) is
+    what every `deid run` subprocess of the suite uses (demo, fault matrix, operations tests).
+    """
+    monkeypatch.setenv("DEID_DASK_ADDRESS", _dask_scheduler)

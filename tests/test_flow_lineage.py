@@ -47,8 +47,11 @@ def test_second_drop_of_a_dataset_reuses_every_cluster_bit_for_bit(project, pref
     from flows.release import release
 
     # Lineage is the subject (who returns is known by subject id): the recogniser identity check,
-    # which on synthetic faces only looks for near-copies, is skipped (tests/test_flow.py runs it).
+    # which on synthetic faces only looks for near-copies, is skipped (tests/test_flow.py runs it), the
+    # deep recogniser attacks a 20-record sample and the earlier utility protocols run once.
     monkeypatch.setenv("DEID_IDENTITY_EMBED_MAX", "0")
+    monkeypatch.setenv("DEID_DEEP_ATTACK_SAMPLE", "20")
+    monkeypatch.setenv("DEID_CV_REPEATS", "1")
     r1 = release(drop=str(_drop(tmp_path / "d1", 15)), k=3)
     assert r1["verdict"] == "released", r1["reasons"]
     r2 = release(drop=str(_drop(tmp_path / "d2", 24)), k=3)
