@@ -1,4 +1,4 @@
-"""Shared fixtures: the London set location, an isolated project dir, one Prefect server per session.
+"""Shared fixtures: the London set, an isolated project dir, one Prefect server and Dask worker per process.
 
 ``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``): every
 fixture here is per worker process; the tests of a module that share one of its module-scoped
@@ -46,8 +46,15 @@ HEAVY = {
     "tests/test_flow.py::test_london_k5": 30,
     "tests/test_flow.py::test_real_drop_shapes": 15,
     "tests/test_recognizer.py::test_london": 12,
+    "tests/test_study.py::test_london_study": 40,
     "tests/test_faults.py::": 15,
     "tests/test_flow.py::": 10,
+    # Not marked slow, but seconds each (every attacker, the deep one included, on small faces).
+    "tests/test_study.py::test_every_registry_method": 12,
+    "tests/test_attacks.py::test_every_attacker": 10,
+    "tests/test_attacks.py::test_parrot_defeats": 10,
+    "tests/test_attacks.py::test_attack_all_is_invariant": 8,
+    "tests/test_study.py::test_study_cli": 8,
 }
 
 
@@ -60,8 +67,9 @@ def _weight(item: pytest.Item) -> float:
 
 def _module_fixtures(item: pytest.Item) -> list[str]:
     """Names of the module- or class-scoped fixtures defined in the item's own module that it uses."""
+    info = getattr(item, "_fixtureinfo", None)  # test functions only (pytest's closure of fixtures)
     module = item.nodeid.split("::", 1)[0]
-    return sorted(name for name, defs in getattr(item, "_fixtureinfo").name2fixturedefs.items()
+    return sorted(name for name, defs in (info.name2fixturedefs.items() if info else ())
                   if defs and defs[-1].scope in ("module", "class") and defs[-1].baseid == module)
 
 

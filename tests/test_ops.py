@@ -6,6 +6,7 @@ with the other ops modules: runs, reports and ledger entries are looked up by th
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -69,7 +70,8 @@ def test_drops_are_released_once_each(stack, two_releases):
         t_drop = two_releases["dropped_at"][name]
         figures[name] = {"drop_to_flow_start_s": round(_iso(run["start_time"]) - t_drop, 1),
                          "drop_to_report_s": round(report.stat().st_mtime - t_drop, 1)}
-        assert figures[name]["drop_to_report_s"] < 60, figures
+        # A latency budget for a 2-core machine shared only with the suite's other worker (load 2).
+        assert figures[name]["drop_to_report_s"] < 60, (figures, f"load average {os.getloadavg()}")
     print(f"\nops figures: server healthy after {stack['server_seconds']} s; {json.dumps(figures)}")
 
     # The same content again under another name: reported as a duplicate, never released twice.
