@@ -22,9 +22,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from deid.align import EyePair, FaceAligner, HaarEyeDetector, _scale_eyes, align_records  # noqa: E402
+from deid.alignment.eyes import EyePair, HaarEyeDetector  # noqa: E402
+from deid.alignment.canonical import FaceAligner, _scale_eyes  # noqa: E402
+from deid.alignment.align import align_records  # noqa: E402
 from deid.errors import RecordError  # noqa: E402
-from deid.imaging import decode_gray, decode_gray_reduced, upright_size  # noqa: E402
+from deid.intake.imaging import decode_gray, decode_gray_reduced, upright_size  # noqa: E402
 
 DEFAULT_LONDON = ROOT.parent / "shared" / "datasets" / "london"
 

@@ -6,7 +6,7 @@ Each size runs in its own child process; its peak RSS (VmHWM) is reset after the
 is written, so the printed peak is the gate's alone (the staging writer's is printed beside it): smooth
 random 81x92 faces, two per person, grouped into k-Same clusters of k distinct people, written in
 the staging layout the flow uses (a Hive label partition + its de-identified part), then
-``deid.stages.gate_records`` (streamed) + ``deid.gate.evaluate`` exactly as the gate task runs
+``deid.operations.stages.gate_records`` (streamed) + ``deid.evaluation.gate.evaluate`` exactly as the gate task runs
 them. The baseline measured in the same run is the align stage on a synthetic JPEG drop (the
 manifest's eye points, one core): the gate's seconds are printed next to the projected time to
 align the same number of faces on the flow's 2 workers.
@@ -81,9 +81,9 @@ def write_staging(work: Path, n_people: int, k: int, seed: int = 0) -> tuple[str
 
 
 def child(n_faces: int, k: int, attackers: str) -> None:
-    from deid.gate import GateConfig, GateInputs, evaluate
-    from deid.methods import method_runner
-    from deid.stages import gate_records
+    from deid.evaluation.gate import GateConfig, GateInputs, evaluate
+    from deid.anonymise.methods import method_runner
+    from deid.operations.stages import gate_records
 
     with tempfile.TemporaryDirectory() as tmp:
         root, parts = write_staging(Path(tmp), n_faces // 2, k)
@@ -115,11 +115,11 @@ def align_ms_per_face(n: int = 1000) -> float:
     """The align stage on a synthetic JPEG drop (manifest eye points), one core: ms per face."""
     import pyarrow.parquet as pq
 
-    from deid.drop import read_drop
-    from deid.ingest import ingest
+    from deid.intake.drop import read_drop
+    from deid.intake.ingest import ingest
     from deid.settings import Settings
-    from deid.stages import align_batch
-    from deid.synth import make_synthetic_drop
+    from deid.operations.stages import align_batch
+    from deid.intake.synth import make_synthetic_drop
 
     s = Settings()
     left, right = s.canonical_eyes()

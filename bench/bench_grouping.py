@@ -16,7 +16,7 @@ import time
 
 import numpy as np
 
-from deid.ksame import REFINE_SCHEDULE, KSame, blockwise_labels, plan_blocks
+from deid.anonymise.ksame import REFINE_SCHEDULE, KSame, blockwise_labels, plan_blocks
 
 
 def features(n_people: int, *, dim: int, images_per_person: int = 2, seed: int = 0):

@@ -6,7 +6,7 @@ Prints, for the London drop and a synthetic JPEG drop of N faces, seconds per im
 detect, warp and featurize (decode at the reduction align_records uses: by the manifest eye distance,
 or by the image size for detection; detect on that reduced image; warp from it), and the ratio (ingest + align + featurize) / (IMREAD_REDUCED_GRAYSCALE_4
 decode of the same files); the peak RSS of ingest on a synthetic drop (child process, ru_maxrss);
-and the speed-up of 2 Dask workers over 1 for the align stage (deid.stages.align_batch per row group).
+and the speed-up of 2 Dask workers over 1 for the align stage (deid.operations.stages.align_batch per row group).
 """
 from __future__ import annotations
 
@@ -63,12 +63,14 @@ def bench_drop(label: str, drop_dir: Path, work: Path, detect_sample: int) -> di
     import numpy as np
     import pyarrow.parquet as pq
 
-    from deid.align import EyePair, HaarEyeDetector, _scale_eyes, align_records
-    from deid.drop import read_drop
-    from deid.features import Eigenfaces
-    from deid.imaging import decode_gray_reduced, upright_size
-    from deid.ingest import ingest
-    from deid.stages import make_aligner
+    from deid.alignment.eyes import EyePair, HaarEyeDetector
+    from deid.alignment.canonical import _scale_eyes
+    from deid.alignment.align import align_records
+    from deid.intake.drop import read_drop
+    from deid.alignment.features import Eigenfaces
+    from deid.intake.imaging import decode_gray_reduced, upright_size
+    from deid.intake.ingest import ingest
+    from deid.operations.stages import make_aligner
 
     cv2.setNumThreads(1)  # as a Dask worker (align_records caps it too): the baseline gets the same
     drop = read_drop(drop_dir)
@@ -174,7 +176,7 @@ def ingest_rss(drop_dir: Path, work: Path) -> float:
     report this (bigger) benchmark process's peak instead.
     """
     code = ("import sys, resource; sys.path.insert(0, %r)\n"
-            "from pathlib import Path\nfrom deid.drop import read_drop\nfrom deid.ingest import ingest\n"
+            "from pathlib import Path\nfrom deid.intake.drop import read_drop\nfrom deid.intake.ingest import ingest\n"
             "d = read_drop(%r)\nr = ingest(d, Path(%r), batch_size=64)\n"
             "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1]\n"
             "print(r.n_records, hwm)\n"
@@ -188,7 +190,7 @@ def ingest_rss(drop_dir: Path, work: Path) -> float:
 def dask_speedup(ingested: str, row_groups: int, work: Path) -> dict:
     from dask.distributed import Client, LocalCluster
 
-    from deid.stages import align_batch
+    from deid.operations.stages import align_batch
 
     times = {}
     for workers in (1, 2):
@@ -214,7 +216,7 @@ def main() -> None:
     ap.add_argument("--no-london", action="store_true")
     args = ap.parse_args()
 
-    from deid.synth import make_synthetic_drop
+    from deid.intake.synth import make_synthetic_drop
 
     with tempfile.TemporaryDirectory(prefix="deid-bench-") as tmp:
         work = Path(tmp)

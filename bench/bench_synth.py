@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from deid.synth import make_synthetic_drop
+from deid.intake.synth import make_synthetic_drop
 
 
 def _cpu() -> float:

@@ -125,8 +125,8 @@ def _settings():
 
 def preflight_run() -> None:
     """Before Prefect starts: settings, the signing key (readable, 0600, passphrase) and writable locations."""
-    from deid.safety import preflight_locations  # noqa: PLC0415
-    from deid.signing import ensure_signing_key  # noqa: PLC0415
+    from deid.operations.safety import preflight_locations  # noqa: PLC0415
+    from deid.release.signing import ensure_signing_key  # noqa: PLC0415
 
     settings = _settings()
     preflight_locations(settings.data_path, settings.reports_path)
@@ -253,7 +253,7 @@ def cmd_run(args) -> int:
 
 
 def cmd_synth(args) -> int:
-    from deid.synth import make_synthetic_drop
+    from deid.intake.synth import make_synthetic_drop
 
     path = make_synthetic_drop(Path(args.drop), people=args.people, images_per_person=args.images_per_person,
                                seed=args.seed, image_format=args.format, image_size=args.size,
@@ -268,7 +268,7 @@ def cmd_import(args) -> int:
     if args.source != "london":
         print(f"deid import: unknown source {args.source!r}; known: london", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from deid.london import import_london
+    from deid.intake.london import import_london
 
     path = import_london(Path(args.src), Path(args.drop))
     print(f"London drop: {path}")
@@ -276,7 +276,7 @@ def cmd_import(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from deid.verify import verify_report
+    from deid.release.verify import verify_report
 
     res = verify_report(Path(args.report_dir), public_key=Path(args.public_key) if args.public_key else None,
                         release_dir=Path(args.release) if args.release else None)
@@ -309,7 +309,7 @@ def verify_exit_code(problems: list[str]) -> int:
 
 
 def cmd_keygen(args) -> int:
-    from deid.signing import write_keypair
+    from deid.release.signing import write_keypair
 
     passphrase = os.environ.get(args.passphrase_env) if args.passphrase_env else None
     if args.passphrase_env and not passphrase:

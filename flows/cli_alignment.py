@@ -6,10 +6,10 @@ import sys
 
 
 def cmd_eval_alignment(args) -> int:
-    from deid.align_eval import evaluate_alignment  # noqa: PLC0415 - OpenCV only when run
+    from deid.alignment.align_eval import evaluate_alignment  # noqa: PLC0415 - OpenCV only when run
 
     labels = [s.strip() for s in args.labels.split(",") if s.strip()] if args.labels else None
-    from deid.align import HaarEyeDetector  # noqa: PLC0415
+    from deid.alignment.eyes import HaarEyeDetector  # noqa: PLC0415
 
     detector = HaarEyeDetector(landmarks=args.landmarks)
     ev = evaluate_alignment(args.drop, detector=detector, include_unlabelled=args.all, labels=labels,

@@ -1,4 +1,4 @@
-"""``deid lineage DATASET``: the releases of a dataset, their people counts and policy decisions (deid.lineage)."""
+"""``deid lineage DATASET``: the releases of a dataset, their people counts and policy decisions (deid.release.lineage)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ EXIT_OK, EXIT_BAD_INPUT = 0, 2
 
 
 def format_lineage(desc: dict) -> str:
-    """Plain-text listing of :func:`deid.lineage.describe_lineage`."""
+    """Plain-text listing of :func:`deid.release.lineage.describe_lineage`."""
     lines = [f"dataset {desc['dataset']}: {len(desc['releases'])} releases, {desc['registered_clusters']} registered "
              f"clusters, {desc['registered_people']} registered people; {desc['entries']} registry entries, "
              f"head {desc['head'][:16]}"]
@@ -32,9 +32,9 @@ def format_lineage(desc: dict) -> str:
 
 def cmd_lineage(args) -> int:
     from deid.errors import ConfigError, VerificationError
-    from deid.lineage import LineageError, describe_lineage
-    from deid.lineage_registry import Registry
-    from deid.linkage import DEV_KEY_NAME, load_linkage_key
+    from deid.release.lineage import LineageError, describe_lineage
+    from deid.release.lineage_registry import Registry
+    from deid.release.linkage import DEV_KEY_NAME, load_linkage_key
 
     try:
         from deid.settings import Settings

@@ -100,7 +100,7 @@ def cmd_watch(args) -> int:
     if args.interval <= 0:
         print(f"deid watch: --interval={args.interval} must be a positive number of seconds, e.g. 2", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from deid.ledger import Ledger
+    from deid.operations.ledger import Ledger
     from deid.settings import Settings
     from flows.watch import Watcher
 

@@ -1,4 +1,4 @@
-"""``deid linkage`` and ``deid linkage-keygen``: the steward's private linkage record (see deid.linkage)."""
+"""``deid linkage`` and ``deid linkage-keygen``: the steward's private linkage record (see deid.release.linkage)."""
 from __future__ import annotations
 
 import sys
@@ -9,7 +9,7 @@ EXIT_OK, EXIT_BAD_INPUT = 0, 2
 
 def cmd_linkage(args) -> int:
     from deid.errors import ConfigError, VerificationError
-    from deid.linkage import linkage_path, linkage_to_csv, load_linkage_key, read_linkage
+    from deid.release.linkage import linkage_path, linkage_to_csv, load_linkage_key, read_linkage
 
     try:
         if args.data_dir:
@@ -34,7 +34,7 @@ def cmd_linkage(args) -> int:
 
 def cmd_linkage_keygen(args) -> int:
     from deid.errors import ConfigError
-    from deid.linkage import generate_linkage_key
+    from deid.release.linkage import generate_linkage_key
 
     try:
         path = generate_linkage_key(Path(args.out))

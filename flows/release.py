@@ -1,6 +1,6 @@
 """The ``release`` flow: a dropped dataset in, a gated k-anonymous release (or a signed rejection) out.
 
-Order of commitment (see deid/safety.py): pre-flight (signing key, writable locations) -> recovery
+Order of commitment (see deid/operations/safety.py): pre-flight (signing key, writable locations) -> recovery
 of killed runs' leftovers -> lock the run's staging directory -> work, staging the would-be
 release inside it -> gate -> write, validate and sign the report -> publish by one rename. A
 publish that fails after signing gets a signed addendum and the release stays unpublished.
@@ -15,13 +15,13 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from deid.errors import ConfigError, EnvironmentFailure, StateError
-from deid.gate import GateConfig
-from deid.methods import REGISTRY, guarantee
-from deid.publish import discard, new_release_id
-from deid.report import dataset_fingerprint
-from deid.safety import RunLock, fault_point
+from deid.evaluation.gate import GateConfig
+from deid.anonymise.methods import REGISTRY, guarantee
+from deid.release.publish import discard, new_release_id
+from deid.reporting.report import dataset_fingerprint
+from deid.operations.safety import RunLock, fault_point
 from deid.settings import Settings
-from deid.stages import COLOR_METHODS, republished_members
+from deid.operations.stages import COLOR_METHODS, republished_members
 from tasks import stages as t
 from tasks.cluster import dask_cluster
 
@@ -171,7 +171,7 @@ def _run(drop: str, *, release_id: str, staging: Path, settings: Settings, k: in
                 "timings": {}, "linkage": None}
     fault_point("ingest")
     releases_dir = str(settings.data_path / "releases")
-    # Successive releases of one dataset (deid.lineage): only methods that give every cluster member
+    # Successive releases of one dataset (deid.release.lineage): only methods that give every cluster member
     # the identical image have registered averages to keep; the others are gated on their own.
     spec = REGISTRY[method]
     lineage_state = (t.lineage_open(ing["dataset"], releases_dir)

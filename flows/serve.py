@@ -19,7 +19,7 @@ from prefect import flow, get_run_logger  # noqa: E402
 from prefect.artifacts import create_markdown_artifact
 from prefect.runtime import flow_run
 
-from deid.ledger import Ledger, drop_fingerprint, ready_drops
+from deid.operations.ledger import Ledger, drop_fingerprint, ready_drops
 from deid.settings import Settings
 from flows.release import release
 

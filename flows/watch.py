@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from deid.drop import READY
+from deid.intake.drop import READY
 from deid.errors import ConfigError
-from deid.ledger import Ledger, drop_fingerprint, ready_drops
+from deid.operations.ledger import Ledger, drop_fingerprint, ready_drops
 
 log = logging.getLogger(__name__)
 EVENT = "deid.drop.ready"

@@ -23,26 +23,26 @@ from distributed import as_completed
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from deid import gate as gate_mod
-from deid import stages
-from deid.card import DatasetCard, write_card
-from deid.drop import read_drop
+from deid.evaluation import gate as gate_mod
+from deid.operations import stages
+from deid.release.card import DatasetCard, write_card
+from deid.intake.drop import read_drop
 from deid.errors import ConfigError, DataError, Quarantined, StateError
-from deid.html_report import sample_release_images, write_report_bundle
-from deid.ingest import ingest, write_quarantine
-from deid.leaks import release_files_metadata
-from deid.lineage import LineageError, build_release
-from deid.lineage_checks import check_structure, differencing_attack
-from deid.lineage_registry import Registry
-from deid.linkage import build_linkage, ensure_linkage_key, linkage_path, sources_from_ingested, write_linkage
-from deid.methods import REGISTRY, method_runner
-from deid.partition import plan_partitions
-from deid.publish import RELEASE_TABLE, commit_release, discard, stage_release
-from deid.report import dataset_fingerprint, hash_tree
-from deid.safety import RELEASE_SUBDIR, fault_enospc, is_live, preflight_locations, recover, write_signed_addendum
+from deid.reporting.html_report import sample_release_images, write_report_bundle
+from deid.intake.ingest import ingest, write_quarantine
+from deid.evaluation.leaks import release_files_metadata
+from deid.release.lineage import LineageError, build_release
+from deid.release.lineage_checks import check_structure, differencing_attack
+from deid.release.lineage_registry import Registry
+from deid.release.linkage import build_linkage, ensure_linkage_key, linkage_path, sources_from_ingested, write_linkage
+from deid.anonymise.methods import REGISTRY, method_runner
+from deid.anonymise.partition import plan_partitions
+from deid.release.publish import RELEASE_TABLE, commit_release, discard, stage_release
+from deid.reporting.report import dataset_fingerprint, hash_tree
+from deid.operations.safety import RELEASE_SUBDIR, fault_enospc, is_live, preflight_locations, recover, write_signed_addendum
 from deid.settings import Settings
-from deid.signing import ensure_signing_key
-from deid.validation import (
+from deid.release.signing import ensure_signing_key
+from deid.evaluation.validation import (
     drop_checks,
     suite_check,
     validate_aligned,
@@ -152,7 +152,7 @@ def _load_faces(ingested: str, aligned_parts: list[str], feature_parts: list[str
 
 def _embed_on_cluster(address: str, faces: pa.Table, shape_hw: tuple[int, int]) -> np.ndarray:
     """dlib descriptors of every face, chunked over the Dask workers; remembered for the gate's attacker."""
-    from deid.recognizer import DlibEmbedder  # noqa: PLC0415
+    from deid.evaluation.recognizer import DlibEmbedder  # noqa: PLC0415
 
     client = client_for(address)
     pixels = faces.column("pixels").to_pylist()
@@ -172,7 +172,7 @@ def partition(ingested: str, aligned_parts: list[str], feature_parts: list[str],
               lineage=None, lineage_policy: str = "invariant", lineage_absent: str = "republish") -> dict:
     """Split the aligned faces by utility labels into Hive-partitioned Parquet.
 
-    With a ``lineage`` (:class:`deid.lineage.LineageState`), the lineage is planned on the
+    With a ``lineage`` (:class:`deid.release.lineage.LineageState`), the lineage is planned on the
     effective persons first: only new people are partitioned (and clustered); the returning
     people's records go to ``partition=lineage`` (released later as their registered averages),
     and the records the plan holds back are suppressed.

@@ -27,9 +27,10 @@ def load_london_aligned(*, smiling: str = "smiling") -> tuple[np.ndarray, list[s
 
 @functools.cache
 def _london_aligned() -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    from deid.align import EyePair, FaceAligner
+    from deid.alignment.eyes import EyePair
+    from deid.alignment.canonical import FaceAligner
     from deid.errors import RecordError
-    from deid.imaging import decode_gray
+    from deid.intake.imaging import decode_gray
 
     with open(LONDON / "london_info.csv", newline="") as fh:
         info = {r["face_id"].zfill(3): r["face_gender"] for r in csv.DictReader(fh)}

@@ -1,9 +1,9 @@
-"""The structure a de-identification method claims in deid.methods.REGISTRY, checked on its output."""
+"""The structure a de-identification method claims in deid.anonymise.methods.REGISTRY, checked on its output."""
 from __future__ import annotations
 
 import numpy as np
 
-from deid.methods import REGISTRY
+from deid.anonymise.methods import REGISTRY
 
 
 def check_claimed_structure(method, released, clusters, people, k, partitions=None) -> None:

@@ -11,16 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deid.align import (
-    EyePair,
-    FaceAligner,
-    HaarEyeDetector,
-    _cascade,
-    align_records,
-    similarity_from_eyes,
-)
+from deid.alignment.eyes import EyePair, HaarEyeDetector, _cascade
+from deid.alignment.canonical import FaceAligner, similarity_from_eyes
+from deid.alignment.align import align_records
 from deid.errors import ConfigError, Quarantined, RecordError
-from deid.imaging import decode_gray
+from deid.intake.imaging import decode_gray
 
 LONDON = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "london"
 CANON = FaceAligner().canonical_eyes
@@ -348,7 +343,7 @@ def test_london_smiling_photos_align():
 @pytest.mark.london
 @pytest.mark.slow
 def test_london_two_people_side_by_side_is_multiple_faces():
-    from deid.imaging import decode_gray
+    from deid.intake.imaging import decode_gray
 
     a, b = sorted((_london() / "neutral_front").glob("*.jpg"))[:2]
     pair = np.hstack([decode_gray(a.read_bytes()), decode_gray(b.read_bytes())])
@@ -398,7 +393,7 @@ def _tight_crops(tmp_path, people: int, *, side: float = 2.2, out: int = 80):
     """Synthetic faces cropped so the face fills the frame (side = inter-ocular distances), small grey PGM."""
     import csv
 
-    from deid.synth import make_synthetic_drop
+    from deid.intake.synth import make_synthetic_drop
 
     drop = make_synthetic_drop(tmp_path / "synth", people=people, images_per_person=1, seed=21)
     records, truth = [], {}
@@ -422,7 +417,7 @@ def _tight_crops(tmp_path, people: int, *, side: float = 2.2, out: int = 80):
 def test_tightly_cropped_small_grey_faces_align_by_landmarks(tmp_path):
     # Measured on 200 such crops (2.0-2.4 inter-ocular distances, 64-100 px): Haar alone quarantines
     # 80-99% as no_face (and guesses 1-8% from geometry); with landmarks 0% geometry, 0.5-5% no_face.
-    from deid.align_eval import eye_error
+    from deid.alignment.align_eval import eye_error
 
     records, truth = _tight_crops(tmp_path, 40)
     done, bad = align_records(records, FaceAligner())
@@ -461,8 +456,8 @@ def test_london_landmark_eyes_are_primary_and_accurate():
 def test_aligned_suite_allows_exactly_the_eye_sources():
     import json
 
-    from deid.align import EYE_SOURCES
-    from deid.validation import load_suite
+    from deid.alignment.eyes import EYE_SOURCES
+    from deid.evaluation.validation import load_suite
 
     suite = load_suite("aligned")
     sets = [e["kwargs"]["value_set"] for e in suite["expectations"]

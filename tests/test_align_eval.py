@@ -10,8 +10,8 @@ import cv2
 import numpy as np
 import pytest
 
-from deid.align import EyePair
-from deid.align_eval import evaluate_alignment, eye_error
+from deid.alignment.eyes import EyePair
+from deid.alignment.align_eval import evaluate_alignment, eye_error
 
 LONDON = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "london"
 

@@ -1,4 +1,4 @@
-"""Tests of the re-identification attacks (deid.attacks)."""
+"""Tests of the re-identification attacks (deid.evaluation.attacks)."""
 from __future__ import annotations
 
 from collections import Counter
@@ -8,9 +8,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deid.attacks import WhitenedCosineAttacker, attack_rate, rank_credit, reidentification_rate
+from deid.evaluation.attackers import WhitenedCosineAttacker
+from deid.evaluation.attacks import attack_rate
+from deid.evaluation.scoring import rank_credit, reidentification_rate
 from deid.errors import ConfigError
-from deid.ksame import KSame
+from deid.anonymise.ksame import KSame
 from helpers import load_london_aligned
 
 FAST = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -57,7 +59,7 @@ def test_ksame_release_respects_the_attack_bound(k, counts, seed):
     model = KSame(k)
     if max(counts) * k > sum(counts):
         # No grouping can keep that person at <= 1/k of every cluster: k-Same refuses.
-        from deid.ksame import DominantPersonError
+        from deid.anonymise.ksame import DominantPersonError
 
         with pytest.raises(DominantPersonError):
             model.fit(originals.astype(np.float64), people=people, images=originals)
@@ -171,7 +173,7 @@ def load_london():
 def test_london_ksame_select_meets_one_over_k():
     from sklearn.decomposition import PCA
 
-    from deid.utility import grouped_cv_accuracy
+    from deid.evaluation.utility import grouped_cv_accuracy
 
     faces, people, gender, expr = load_london()
     assert len(faces) >= 180  # 204 photos; a few smiling ones may fail eye detection
@@ -192,16 +194,10 @@ def test_london_ksame_select_meets_one_over_k():
 
 # --------------------------------------------------------------------------- all attackers and modes
 
-from deid.attacks import (  # noqa: E402
-    ATTACKERS,
-    FisherfacesAttacker,
-    LBPAttacker,
-    MahalanobisAttacker,
-    attack_all,
-    lbp_codes,
-)
-from deid.ksame import KSameSelect  # noqa: E402
-from deid.methods import deidentify, parrot_for  # noqa: E402
+from deid.evaluation.attacks import ATTACKERS, attack_all  # noqa: E402
+from deid.evaluation.attackers import FisherfacesAttacker, LBPAttacker, MahalanobisAttacker, lbp_codes  # noqa: E402
+from deid.anonymise.ksame import KSameSelect  # noqa: E402
+from deid.anonymise.methods import deidentify, parrot_for  # noqa: E402
 
 SHAPE = (12, 12)  # make_people's default p=144 pixels viewed as 12 x 12 faces
 

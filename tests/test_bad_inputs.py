@@ -18,12 +18,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from deid.drop import read_drop
+from deid.intake.drop import read_drop
 from deid.errors import REASONS
-from deid.ingest import ingest, write_quarantine
+from deid.intake.ingest import ingest, write_quarantine
 from deid.settings import Settings
-from deid.stages import align_batch
-from deid.validation import drop_checks, quarantine_fraction_check
+from deid.operations.stages import align_batch
+from deid.evaluation.validation import drop_checks, quarantine_fraction_check
 
 EYES = ((60.0, 80.0), (140.0, 84.0))
 HEADER = "image,subject_id,gender,eye_left_x,eye_left_y,eye_right_x,eye_right_y,notes"
@@ -271,7 +271,9 @@ def _london_gray(n: int) -> np.ndarray:
 @pytest.mark.london
 @pytest.mark.slow
 def test_london_no_face_and_two_faces_with_and_without_eye_points():
-    from deid.align import EyePair, FaceAligner, align_records
+    from deid.alignment.eyes import EyePair
+    from deid.alignment.canonical import FaceAligner
+    from deid.alignment.align import align_records
 
     a, b = _london_gray(0), _london_gray(1)  # 675 x 675 each
     pair = np.hstack([a, b])

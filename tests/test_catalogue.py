@@ -1,8 +1,8 @@
-"""The catalogue of releases (deid.catalogue, ``deid releases``): every run listed, index.html offline."""
+"""The catalogue of releases (deid.release.catalogue, ``deid releases``): every run listed, index.html offline."""
 import json
 import re
 
-from deid.catalogue import read_catalogue, write_index
+from deid.release.catalogue import read_catalogue, write_index
 from flows.cli import main
 
 

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from deid.errors import StateError
-from deid.imaging import decode_color_reduced, decode_gray_reduced
-from deid.stages import _cluster_colour_means, colour_to_grey
-from schemas import arrow as schemas
+from deid.intake.imaging import decode_color_reduced, decode_gray_reduced
+from deid.operations.stages import _cluster_colour_means, colour_to_grey
+from deid.schemas import arrow as schemas
 
 
 def _colour_image(seed: int, size=(97, 70)) -> np.ndarray:
@@ -74,9 +74,9 @@ def test_a_cluster_gets_its_mean_per_channel_and_the_grey_of_that(tmp_path):
 @pytest.mark.london
 def test_london_in_colour_at_128x160_is_released_with_colour_samples(project, prefect_server, london_dir, tmp_path,
                                                                       monkeypatch):
-    from deid.card import split_card
-    from deid.london import import_london
-    from deid.verify import verify_report
+    from deid.release.card import split_card
+    from deid.intake.london import import_london
+    from deid.release.verify import verify_report
     from flows.release import release
 
     monkeypatch.setenv("DEID_COLOR", "true")

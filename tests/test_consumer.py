@@ -11,11 +11,11 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from deid.card import CARD_NAME, DatasetCard, split_card, write_card
-from deid.drop import DropError, read_drop
+from deid.release.card import CARD_NAME, DatasetCard, split_card, write_card
+from deid.intake.drop import DropError, read_drop
 from deid.errors import ConfigError
-from deid.publish import METADATA_CSV, RELEASE_TABLE, stage_release
-from deid.report import hash_tree
+from deid.release.publish import METADATA_CSV, RELEASE_TABLE, stage_release
+from deid.reporting.report import hash_tree
 
 SHAPE = (10, 8)
 

@@ -9,10 +9,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from deid.drop import read_drop
+from deid.intake.drop import read_drop
 from deid.errors import REASONS, DropError
-from deid.ingest import ingest, write_quarantine
-from deid.partition import plan_partitions
+from deid.intake.ingest import ingest, write_quarantine
+from deid.anonymise.partition import plan_partitions
 
 
 def _png(seed: int, size=(40, 40)) -> bytes:
@@ -165,7 +165,7 @@ from hypothesis import strategies as st  # noqa: E402
 def test_partition_then_ksame_covers_every_input_once(layout, k, policy, seed):
     """Property: after partitioning and k-Same, every input is in exactly one cluster or suppressed,
     and every cluster holds >= k images of >= k distinct people (many images per person allowed)."""
-    from deid.ksame import KSame
+    from deid.anonymise.ksame import KSame
 
     people, labels = [], []
     for person, (n_images, gender, expression) in enumerate(layout):

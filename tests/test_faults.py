@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from deid.safety import ADDENDUM_NAME, FAULT_ENV
-from deid.synth import make_synthetic_drop
-from deid.verify import verify_report
+from deid.operations.safety import ADDENDUM_NAME, FAULT_ENV
+from deid.intake.synth import make_synthetic_drop
+from deid.release.verify import verify_report
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,9 +15,9 @@ import cv2
 import pyarrow.parquet as pq
 import pytest
 
-from deid.card import split_card
-from deid.synth import make_synthetic_drop
-from deid.verify import verify_report
+from deid.release.card import split_card
+from deid.intake.synth import make_synthetic_drop
+from deid.release.verify import verify_report
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +130,7 @@ def test_synthetic_release_end_to_end_and_verify(demo, tmp_path):
     html = (report_dir / "report.html").read_text()
     assert "released" in html.lower() and "http://" not in html and "https://" not in html
     # The private linkage record maps every released record back to its source, under a key.
-    from deid.linkage import linkage_path, load_linkage_key, read_linkage
+    from deid.release.linkage import linkage_path, load_linkage_key, read_linkage
 
     rows = read_linkage(linkage_path(project / "data", report["release_id"]),
                         load_linkage_key(project / "data" / "keys" / "dev_linkage.key"))
@@ -208,7 +208,7 @@ def test_bad_files_are_quarantined_and_counted(project, prefect_server, tmp_path
 
 @pytest.mark.london
 def test_london_k5_k_same_select_is_released(project, prefect_server, london_dir, tmp_path):
-    from deid.london import import_london
+    from deid.intake.london import import_london
 
     drop = import_london(london_dir, tmp_path / "london")
     result = _run(drop, k=5, method="k-same-select")
@@ -241,7 +241,7 @@ def test_london_k5_k_same_select_is_released(project, prefect_server, london_dir
 @pytest.fixture
 def london_drop(london_dir, tmp_path):
     """London as a drop (files linked, ~0.1 s): per test, so the three rejections may run on both workers."""
-    from deid.london import import_london
+    from deid.intake.london import import_london
 
     return import_london(london_dir, tmp_path / "london")
 

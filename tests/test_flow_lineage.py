@@ -15,8 +15,8 @@ import cv2
 import pytest
 
 from deid.errors import StateError
-from deid.linkage import load_linkage_key, read_linkage
-from deid.synth import make_synthetic_drop
+from deid.release.linkage import load_linkage_key, read_linkage
+from deid.intake.synth import make_synthetic_drop
 
 pytestmark = pytest.mark.slow
 DATASET = "clinic-faces"

@@ -1,4 +1,4 @@
-"""The core gate (deid.gate): exact structure checks, bounded attacks with intervals, statuses."""
+"""The core gate (deid.evaluation.gate): exact structure checks, bounded attacks with intervals, statuses."""
 from __future__ import annotations
 
 import math
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deid.gate import (
+from deid.evaluation.gate import (
     Check,
     GateConfig,
     GateInputs,
@@ -19,7 +19,7 @@ from deid.gate import (
     evaluate,
     identical_within_clusters,
 )
-from deid.methods import deidentify, method_runner
+from deid.anonymise.methods import deidentify, method_runner
 
 SHAPE = (24, 20)
 
@@ -236,7 +236,7 @@ def test_utility_is_cross_fitted_and_a_label_permuted_release_fails():
 
 
 def test_inconclusive_utility_blocks_only_when_configured():
-    from deid.gate import utility_status_check
+    from deid.evaluation.gate import utility_status_check
 
     kw = dict(status="inconclusive", value=0.03, threshold="<= 0.05", detail="")
     assert utility_status_check("u", inconclusive="release", **kw).passed
@@ -245,11 +245,11 @@ def test_inconclusive_utility_blocks_only_when_configured():
 
 
 def test_gate_records_stream_the_staging_layout(tmp_path):
-    """deid.stages.gate_records: per-record facts by streaming, pixels fetched only on request."""
+    """deid.operations.stages.gate_records: per-record facts by streaming, pixels fetched only on request."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from deid.stages import gate_records
+    from deid.operations.stages import gate_records
 
     faces, people = _faces(20)
     paths = []

@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import pytest
 
-from deid.html_report import (
+from deid.reporting.html_report import (
     build_offline_data_docs,
     render_report_html,
     render_validation_html,
@@ -18,10 +18,10 @@ from deid.html_report import (
     strip_urls,
     write_report_bundle,
 )
-from deid.publish import stage_release
-from deid.report import dataset_fingerprint
-from deid.signing import ensure_signing_key, write_keypair
-from deid.verify import verify_report
+from deid.release.publish import stage_release
+from deid.reporting.report import dataset_fingerprint
+from deid.release.signing import ensure_signing_key, write_keypair
+from deid.release.verify import verify_report
 
 URL = re.compile(r"(?i)(https?|ftp)://")
 SHAPE = (92, 81)
@@ -59,7 +59,7 @@ def world(tmp_path):
 
 
 def _report(release_dir: Path | None, *, verdict: str = "released", name: str = "toy <faces> & co") -> dict:
-    from deid.report import hash_tree
+    from deid.reporting.report import hash_tree
 
     released = verdict == "released"
     return {

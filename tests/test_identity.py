@@ -1,4 +1,4 @@
-"""Distinct people verified (deid.identity): normalised ids, one face under several ids."""
+"""Distinct people verified (deid.anonymise.identity): normalised ids, one face under several ids."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,9 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deid.errors import ConfigError
-from deid.features import Eigenfaces
-from deid.identity import normalize_subject_id, resolve_people
-from deid.stages import resolve_identities
+from deid.alignment.features import Eigenfaces
+from deid.anonymise.identity import normalize_subject_id, resolve_people
+from deid.operations.stages import resolve_identities
 
 
 def test_normalisation_merges_case_width_and_invisible_characters():

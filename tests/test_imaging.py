@@ -1,4 +1,4 @@
-"""Decoding by content, header sizes, EXIF orientation and the quarantine codes of deid.imaging."""
+"""Decoding by content, header sizes, EXIF orientation and the quarantine codes of deid.intake.imaging."""
 from __future__ import annotations
 
 import struct
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from deid.errors import ConfigError, RecordError
-from deid.imaging import (
+from deid.intake.imaging import (
     decode_gray,
     decode_gray_reduced,
     exif_orientation,

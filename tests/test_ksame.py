@@ -1,4 +1,4 @@
-"""Tests of k-Same and k-Same-Select (deid.ksame)."""
+"""Tests of k-Same and k-Same-Select (deid.anonymise.ksame)."""
 from __future__ import annotations
 
 import time
@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deid.errors import ConfigError
-from deid.ksame import (DominantPersonError, InsufficientPeopleError, KSame, KSameSelect, _greedy_labels,
+from deid.anonymise.ksame import (DominantPersonError, InsufficientPeopleError, KSame, KSameSelect, _greedy_labels,
                         blockwise_labels, group_block, plan_blocks)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from deid.errors import ConfigError, DropError
-from deid.ledger import FAILED, QUEUED, RELEASED, RUNNING, Ledger, drop_fingerprint, ready_drops
+from deid.operations.ledger import FAILED, QUEUED, RELEASED, RUNNING, Ledger, drop_fingerprint, ready_drops
 from flows.watch import Watcher
 
 

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deid.ksame import KSame, KSameSelect
-from deid.partition import plan_partitions
-from deid.lineage import (
+from deid.anonymise.ksame import KSame, KSameSelect
+from deid.anonymise.partition import plan_partitions
+from deid.release.lineage import (
     LineageError,
     build_release,
     describe_lineage,
@@ -26,8 +26,8 @@ from deid.lineage import (
     plan_release,
     release_from_clusters,
 )
-from deid.lineage_checks import check_structure, differencing_attack
-from deid.lineage_registry import Registry, lineage_dir
+from deid.release.lineage_checks import check_structure, differencing_attack
+from deid.release.lineage_registry import Registry, lineage_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = bytes(range(32))
@@ -405,7 +405,7 @@ def test_tampered_registry_is_refused_with_a_clear_message(tmp_path, tamper):
 
 _CRASH = textwrap.dedent("""
     import json, os, sys
-    import deid.lineage_registry as lr
+    import deid.release.lineage_registry as lr
     where, body = sys.argv[1], json.loads(open(sys.argv[2]).read())
     reg = lr.Registry.open({data!r}, "synthetic", bytes(range(32)))
     state = reg.load()

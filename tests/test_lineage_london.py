@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from helpers import load_london_aligned
 
-from deid.features import Eigenfaces
-from deid.ksame import KSameSelect
-from deid.lineage import build_release, empty_state, image_sha256, plan_release, release_from_clusters
-from deid.lineage_checks import check_structure, differencing_attack
+from deid.alignment.features import Eigenfaces
+from deid.anonymise.ksame import KSameSelect
+from deid.release.lineage import build_release, empty_state, image_sha256, plan_release, release_from_clusters
+from deid.release.lineage_checks import check_structure, differencing_attack
 
 pytestmark = [pytest.mark.slow, pytest.mark.london]
 

@@ -1,4 +1,4 @@
-"""The flow's lineage glue (deid.stages, deid.drop, deid.linkage) on tiny in-memory tables (issue 10)."""
+"""The flow's lineage glue (deid.operations.stages, deid.intake.drop, deid.release.linkage) on tiny in-memory tables (issue 10)."""
 from __future__ import annotations
 
 import hashlib
@@ -8,11 +8,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from deid import stages
-from deid.drop import read_drop
+from deid.operations import stages
+from deid.intake.drop import read_drop
 from deid.errors import ConfigError, DropError
-from deid.lineage import build_release, empty_state
-from deid.linkage import build_linkage
+from deid.release.lineage import build_release, empty_state
+from deid.release.linkage import build_linkage
 
 KEY = bytes(range(32))
 K = 3

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from deid.errors import ConfigError, VerificationError
-from deid.linkage import (
+from deid.release.linkage import (
     build_linkage,
     ensure_linkage_key,
     generate_linkage_key,
@@ -23,7 +23,7 @@ from deid.linkage import (
     sources_from_ingested,
     write_linkage,
 )
-from deid.publish import stage_release
+from deid.release.publish import stage_release
 from flows.cli import main
 
 

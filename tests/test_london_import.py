@@ -8,9 +8,9 @@ import cv2
 import numpy as np
 import pytest
 
-from deid.drop import read_drop
+from deid.intake.drop import read_drop
 from deid.errors import ConfigError, DropError
-from deid.london import import_london, read_tem_eyes
+from deid.intake.london import import_london, read_tem_eyes
 
 
 def _fake_london(root, n=3):

@@ -1,11 +1,11 @@
-"""Tests of the de-identification methods behind one interface (deid.methods)."""
+"""Tests of the de-identification methods behind one interface (deid.anonymise.methods)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from deid.errors import ConfigError
-from deid.methods import METHODS, blur, deidentify, guarantee, parrot_for, pixelate
+from deid.anonymise.methods import METHODS, blur, deidentify, guarantee, parrot_for, pixelate
 
 SHAPE = (10, 9)
 
@@ -81,7 +81,7 @@ def test_guarantee_statements():
 def test_registry_is_the_one_source_of_the_method_facts():
     from typing import get_args
 
-    from deid.methods import K_METHODS, REGISTRY, STRENGTH
+    from deid.anonymise.methods import K_METHODS, REGISTRY, STRENGTH
     from deid.settings import Method
     from flows.release import METHODS as FLOW_METHODS
 

@@ -1,12 +1,12 @@
-"""Attribute-preserving k-Same (deid.methods_attribute): other people's faces moved to the face's labels."""
+"""Attribute-preserving k-Same (deid.anonymise.methods_attribute): other people's faces moved to the face's labels."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from deid.errors import ConfigError
-from deid.methods import deidentify, guarantee, parrot_for
-from deid.methods_attribute import AttributePreserving
+from deid.anonymise.methods import deidentify, guarantee, parrot_for
+from deid.anonymise.methods_attribute import AttributePreserving
 
 SHAPE = (10, 9)
 

@@ -1,12 +1,12 @@
-"""Multi-factor de-identification (deid.methods_factor) on a synthetic identity x expression model."""
+"""Multi-factor de-identification (deid.anonymise.methods_factor) on a synthetic identity x expression model."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from deid.errors import ConfigError
-from deid.methods import deidentify, guarantee, parrot_for
-from deid.methods_factor import MultiFactor
+from deid.anonymise.methods import deidentify, guarantee, parrot_for
+from deid.anonymise.methods_factor import MultiFactor
 
 SHAPE = (10, 9)
 EFFECT = {"neutral": (0.0, 0.0), "smile": (40.0, 0.0), "surprise": (0.0, 40.0)}

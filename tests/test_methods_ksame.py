@@ -1,4 +1,4 @@
-"""k-Same-Eigen and model-based k-Same-M (deid.methods_ksame) on synthetic ground truth."""
+"""k-Same-Eigen and model-based k-Same-M (deid.anonymise.methods_ksame) on synthetic ground truth."""
 from __future__ import annotations
 
 import cv2
@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from deid.errors import ConfigError
-from deid.features import Eigenfaces
-from deid.methods import deidentify, parrot_for
-from deid.methods_ksame import KSameEigen, KSameM, model_average, sharpness
+from deid.alignment.features import Eigenfaces
+from deid.anonymise.methods import deidentify, parrot_for
+from deid.anonymise.methods_ksame import KSameEigen, KSameM, model_average, sharpness
 
 SHAPE = (40, 36)
 
@@ -108,7 +108,7 @@ def test_ksame_family_parrots_and_errors():
 
 
 def test_partitioned_runs_stay_inside_their_partition():
-    from deid.methods import REGISTRY
+    from deid.anonymise.methods import REGISTRY
 
     x, people = misaligned_faces(n_people=12, seed=5)
     parts = np.where(people < 6, "a", "b")

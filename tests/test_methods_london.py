@@ -6,7 +6,7 @@ import pytest
 from helpers import load_london_aligned
 from method_checks import check_claimed_structure
 
-from deid.methods import REGISTRY, deidentify, guarantee
+from deid.anonymise.methods import REGISTRY, deidentify, guarantee
 
 K = 5
 NEW = ("k-same-eigen", "k-same-m", "multi-factor", "selective-mean", "attribute-preserving")
@@ -32,8 +32,8 @@ def test_method_on_london_keeps_its_structure(london, method):
     assert not (released == x).all(axis=1).any()  # no face released unchanged
     check_claimed_structure(method, released, clusters, people, K, parts)
     if not spec.clustered:  # a set of >= k people behind every face instead
-        from deid.methods_attribute import AttributePreserving
-        from deid.methods_selective import SelectiveMean
+        from deid.anonymise.methods_attribute import AttributePreserving
+        from deid.anonymise.methods_selective import SelectiveMean
         if method == "selective-mean":  # the face and k - 1 others: k people
             sets = SelectiveMean(K).fit(x, people=people, labels=labels).sets_
         else:  # k donors of k people other than the face's own

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from method_checks import check_claimed_structure
 
-from deid.methods import REGISTRY, deidentify
+from deid.anonymise.methods import REGISTRY, deidentify
 
 SHAPE = (12, 10)
 NEW = ("k-same-eigen", "k-same-m", "multi-factor", "selective-mean", "attribute-preserving")
@@ -29,14 +29,14 @@ def test_every_face_is_hidden_among_k_people(seed, n_people, k, method, two_part
         parts = None
     if method == "attribute-preserving" and n_people < k + 1:
         return
-    from deid.ksame import DominantPersonError
+    from deid.anonymise.ksame import DominantPersonError
 
     try:
         released, clusters = deidentify(x, shape=SHAPE, people=people, method=method, k=k, n_components=5,
                                         seed=seed % 7, labels=labels, partitions=parts)
     except DominantPersonError:
         # Only allowed when some person holds more than 1/k of a partition's images: then no
-        # grouping can keep their share of every cluster <= 1/k (deid.ksame).
+        # grouping can keep their share of every cluster <= 1/k (deid.anonymise.ksame).
         groups = [np.asarray(parts) == p for p in set(parts)] if parts is not None else [np.ones(len(people), bool)]
         assert any(np.bincount(people[g]).max() * k > g.sum() for g in groups)
         return

@@ -1,12 +1,12 @@
-"""Selective weighted mean (deid.methods_selective): set size, purity, retention, weight."""
+"""Selective weighted mean (deid.anonymise.methods_selective): set size, purity, retention, weight."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from deid.errors import ConfigError
-from deid.methods import deidentify, guarantee, parrot_for
-from deid.methods_selective import SelectiveMean
+from deid.anonymise.methods import deidentify, guarantee, parrot_for
+from deid.anonymise.methods_selective import SelectiveMean
 
 SHAPE = (10, 9)
 
@@ -52,7 +52,7 @@ def test_retained_features_keep_the_label_and_weights_follow_the_formula():
     assert np.abs(ex(kept) - np.where(smile, 20, -20)).max() < 5  # measured 3.2
     assert ((ex(plain) > 0) == smile).mean() < 0.2  # 0.2 own + 0.8 other expression: flipped
     # The released coefficients are the weighted means of the formula.
-    from deid.features import Eigenfaces
+    from deid.alignment.features import Eigenfaces
     e = Eigenfaces(8, random_state=0).fit(x)
     z = e.transform(x).astype(float)
     w = np.where(kept.retained_, 1.0, 0.2)

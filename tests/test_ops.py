@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 from ops_helpers import api, drop_into, runs_for, wait_for
 
-from deid.ledger import Ledger
-from deid.synth import make_synthetic_drop
-from deid.verify import verify_report
+from deid.operations.ledger import Ledger
+from deid.intake.synth import make_synthetic_drop
+from deid.release.verify import verify_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.ops, pytest.mark.xdist_group("ops")]
 SITES = ("site-a-2026-01", "site-b-2026-01")

@@ -13,9 +13,9 @@ import cv2
 import pytest
 from ops_helpers import drop_into, runs_for, wait_for
 
-from deid.ledger import Ledger
-from deid.linkage import linkage_path, load_linkage_key, read_linkage
-from deid.synth import make_synthetic_drop
+from deid.operations.ledger import Ledger
+from deid.release.linkage import linkage_path, load_linkage_key, read_linkage
+from deid.intake.synth import make_synthetic_drop
 
 # The session's ops stack (conftest/ops_helpers.py), shared with tests/test_ops.py: one worker.
 pytestmark = [pytest.mark.slow, pytest.mark.ops, pytest.mark.xdist_group("ops")]

@@ -1,10 +1,10 @@
-"""Label partitions (deid.partition): small partitions and people above 1/k of a partition."""
+"""Label partitions (deid.anonymise.partition): small partitions and people above 1/k of a partition."""
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deid.partition import plan_partitions
+from deid.anonymise.partition import plan_partitions
 
 
 def test_a_person_above_one_over_k_of_a_partition_keeps_only_what_k_same_can_hide():

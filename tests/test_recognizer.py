@@ -10,12 +10,14 @@ import pytest
 from helpers import load_london_aligned
 from scipy.stats import beta
 
-import deid.recognizer as recognizer
-from deid.align import EyePair, FaceAligner
-from deid.attacks import ATTACKERS, attack_all, rank_credit
+import deid.evaluation.recognizer as recognizer
+from deid.alignment.eyes import EyePair
+from deid.alignment.canonical import FaceAligner
+from deid.evaluation.attacks import ATTACKERS, attack_all
+from deid.evaluation.scoring import rank_credit
 from deid.errors import ConfigError
-from deid.imaging import decode_gray
-from deid.recognizer import (
+from deid.intake.imaging import decode_gray
+from deid.evaluation.recognizer import (
     DESCRIPTOR_CACHE,
     SAME_PERSON_THRESHOLD,
     DlibEmbedder,
@@ -211,7 +213,7 @@ def test_london_same_person_under_two_ids_and_no_false_merges(london_embedded):
 def test_synthetic_cartoon_faces_are_not_informative(tmp_path):
     # dlib does not separate deid's synthetic cartoon people (different ids median ~0.47): no merging
     # of different synthetic people, the drop falls back to near-copies only.
-    from deid.synth import make_synthetic_drop
+    from deid.intake.synth import make_synthetic_drop
 
     drop = make_synthetic_drop(tmp_path / "s", people=15, images_per_person=2, seed=3)
     aligner = FaceAligner()

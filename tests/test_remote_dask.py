@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 from ops_helpers import Proc, free_port, wait_for
 
-from deid.synth import make_synthetic_drop
-from deid.verify import verify_report
+from deid.intake.synth import make_synthetic_drop
+from deid.release.verify import verify_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.ops]
 ROOT = Path(__file__).resolve().parents[1]

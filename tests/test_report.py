@@ -1,4 +1,4 @@
-"""Report model, schema validation, fingerprints and the signed write (deid.report)."""
+"""Report model, schema validation, fingerprints and the signed write (deid.reporting.report)."""
 from __future__ import annotations
 
 import base64
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from deid.errors import ConfigError
-from deid.report import (
+from deid.reporting.report import (
     Artifact,
     Check,
     DatasetSummary,
@@ -28,7 +28,7 @@ from deid.report import (
     validate_report,
     write_signed_report,
 )
-from deid.signing import canonical_json, ensure_signing_key, verify_bytes
+from deid.release.signing import canonical_json, ensure_signing_key, verify_bytes
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +227,7 @@ def test_report_accepts_what_the_gate_and_flow_produce(signing_key):
 
 
 def test_report_files_and_protocol_round_trip_and_rules(signing_key, tmp_path):
-    from deid.report import hash_report_files
+    from deid.reporting.report import hash_report_files
 
     (tmp_path / "validation").mkdir()
     (tmp_path / "report.html").write_text("<html></html>")

@@ -20,13 +20,13 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from deid.drop import read_drop
+from deid.intake.drop import read_drop
 from deid.errors import ConfigError, DataError, DropError, EnvironmentFailure, RecordError, StateError
-from deid.imaging import decode_gray
-from deid.ingest import ingest
-from deid.publish import stage_release
-from deid.safety import COMPLETE_MARKER, RunLock, is_live, preflight_locations, recover
-from deid.signing import write_keypair
+from deid.intake.imaging import decode_gray
+from deid.intake.ingest import ingest
+from deid.release.publish import stage_release
+from deid.operations.safety import COMPLETE_MARKER, RunLock, is_live, preflight_locations, recover
+from deid.release.signing import write_keypair
 from flows.cli import (
     EXIT_BAD_INPUT,
     EXIT_ENVIRONMENT,
@@ -61,7 +61,7 @@ def _drop(root: Path, rows: list[str], files: dict[str, bytes] | None = None, ya
 def _dead_staging(staging_root: Path, name: str) -> Path:
     """A staging dir whose lock was held by a process that has exited (as after kill -9)."""
     d = staging_root / name
-    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from deid.safety import RunLock; "
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from deid.operations.safety import RunLock; "
             f"RunLock.create(__import__('pathlib').Path({str(d)!r}))")
     subprocess.run([sys.executable, "-c", code], check=True)
     (d / "release" / "images").mkdir(parents=True)
@@ -88,7 +88,7 @@ def test_recovery_removes_dead_runs_leftovers_and_keeps_live_and_finished_ones(t
     os.utime(partial, (time.time() - 3600,) * 2)
     try:
         assert is_live(dead) is False and is_live(live.path) is True and is_live(unlocked) is None
-        with caplog.at_level("WARNING", logger="deid.safety"):
+        with caplog.at_level("WARNING", logger="deid.operations.safety"):
             rec = recover(data, reports)
         assert set(rec.removed) == {str(tmp_release), str(dead), str(partial)}
         assert live.path.is_dir() and finished.is_dir() and unlocked.is_dir() and (data / "releases" / "rel-done").is_dir()
@@ -151,18 +151,18 @@ def test_exit_code_follows_the_exception_type(exc, code):
 
 
 def test_disk_full_and_bugs_are_one_line_with_their_own_code(tmp_path, monkeypatch, capsys):
-    import deid.synth
+    import deid.intake.synth
 
     def full(*a, **kw):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(tmp_path / "D" / "x.png"))
 
-    monkeypatch.setattr(deid.synth, "make_synthetic_drop", full)
+    monkeypatch.setattr(deid.intake.synth, "make_synthetic_drop", full)
     assert main(["synth", str(tmp_path / "D"), "--people", "3"]) == EXIT_ENVIRONMENT
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "environment failure" in err and "No space left on device" in err
     assert "free space" in err
 
-    monkeypatch.setattr(deid.synth, "make_synthetic_drop", lambda *a, **kw: 1 / 0)
+    monkeypatch.setattr(deid.intake.synth, "make_synthetic_drop", lambda *a, **kw: 1 / 0)
     assert main(["synth", str(tmp_path / "D"), "--people", "3"]) == EXIT_STATE
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "internal error (ZeroDivisionError" in err and "Traceback" not in err
@@ -294,7 +294,7 @@ def test_release_csv_neutralises_formulas_and_parquet_keeps_the_values(tmp_path)
 
 def test_verify_without_a_key_is_never_exit_0(tmp_path, capsys):
     from tests.test_verify import _signed
-    from deid.signing import ensure_signing_key
+    from deid.release.signing import ensure_signing_key
 
     priv, pub = write_keypair(tmp_path / "keys", name="trusted")
     key = ensure_signing_key(configured=priv, keys_dir=tmp_path / "unused")
@@ -349,7 +349,7 @@ BAD_MANIFESTS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_MANIFESTS))
 def test_unreadable_drop_exits_2_with_one_message_and_a_signed_rejection(case, project, prefect_server, capsys):
-    from deid.verify import verify_report
+    from deid.release.verify import verify_report
 
     raw, message = BAD_MANIFESTS[case]
     drop = _drop(project / "drop", [], {"a.png": _png()})

@@ -1,4 +1,4 @@
-"""Keys, canonical JSON and signatures (deid.signing)."""
+"""Keys, canonical JSON and signatures (deid.release.signing)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deid.errors import ConfigError
-from deid.signing import (
+from deid.release.signing import (
     canonical_json,
     ensure_signing_key,
     generate_private_key,

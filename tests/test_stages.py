@@ -3,9 +3,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deid.features import Eigenfaces
-from deid.stages import fit_eigenfaces, read_pixels
-from schemas import arrow as schemas
+from deid.alignment.features import Eigenfaces
+from deid.operations.stages import fit_eigenfaces, read_pixels
+from deid.schemas import arrow as schemas
 
 
 def _part(path, X, tag):

@@ -1,4 +1,4 @@
-"""Tests of the comparison study (deid.study, ``deid study``) and the leak checks (deid.leaks)."""
+"""Tests of the comparison study (deid.evaluation.study, ``deid study``) and the leak checks (deid.evaluation.leaks)."""
 from __future__ import annotations
 
 import csv
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from deid.errors import ConfigError
-from deid.leaks import near_copy_check, nearest_original_distance, png_has_metadata, release_files_metadata
+from deid.evaluation.leaks import near_copy_check, nearest_original_distance, png_has_metadata, release_files_metadata
 from helpers import load_london_aligned
 
 
@@ -76,9 +76,9 @@ def _f(x: str) -> float:
 
 
 def test_study_cli_on_a_small_synthetic_drop(tmp_path, capsys):
-    from deid.study import CSV_COLUMNS
+    from deid.evaluation.study import CSV_COLUMNS
     from flows.cli import main
-    from deid.synth import make_synthetic_drop
+    from deid.intake.synth import make_synthetic_drop
 
     drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=0)
     out = tmp_path / "study"
@@ -141,8 +141,8 @@ def test_study_cli_on_a_small_synthetic_drop(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def synthetic_aligned(tmp_path_factory):
-    import deid.study as study
-    from deid.synth import make_synthetic_drop
+    import deid.evaluation.study as study
+    from deid.intake.synth import make_synthetic_drop
 
     tmp = tmp_path_factory.mktemp("study")
     drop = make_synthetic_drop(tmp / "drop", people=12, images_per_person=2, seed=2)
@@ -150,14 +150,14 @@ def synthetic_aligned(tmp_path_factory):
 
 
 def _cheap_gate(**kw):
-    from deid.gate import GateConfig
+    from deid.evaluation.gate import GateConfig
 
     return GateConfig(k=2, method="k-same", attackers=("pca-whitened-cosine",), repeats=1, folds=3, **kw)
 
 
 def test_every_registry_method_runs_in_the_study(synthetic_aligned):
-    from deid.methods import METHODS, STRENGTH
-    from deid.study import StudyConfig, run_study, summary
+    from deid.anonymise.methods import METHODS, STRENGTH
+    from deid.evaluation.study import StudyConfig, run_study, summary
 
     pixels, people, labels, shape = synthetic_aligned
     res = run_study(pixels, people, labels, shape,
@@ -177,7 +177,7 @@ def test_example_grid_shows_released_faces_only(synthetic_aligned, tmp_path):
     from dataclasses import replace
 
     import cv2
-    from deid.study import StudyConfig, example_grid, run_study, write_examples
+    from deid.evaluation.study import StudyConfig, example_grid, run_study, write_examples
 
     pixels, people, labels, shape = synthetic_aligned
     cfg = StudyConfig(ks=(2,), sigmas=(0.5,), blocks=(2,), methods=("k-same", "blur", "pixelate"),
@@ -207,7 +207,7 @@ def test_example_grid_shows_released_faces_only(synthetic_aligned, tmp_path):
 
 
 def test_study_config_names_bad_values():
-    from deid.study import StudyConfig, _points
+    from deid.evaluation.study import StudyConfig, _points
 
     with pytest.raises(ConfigError, match="methods="):
         _points(StudyConfig(methods=("median",)))
@@ -221,8 +221,8 @@ def test_study_config_names_bad_values():
 
 
 def test_load_aligned_uses_its_cache(tmp_path, monkeypatch):
-    import deid.study as study
-    from deid.synth import make_synthetic_drop
+    import deid.evaluation.study as study
+    from deid.intake.synth import make_synthetic_drop
 
     drop = make_synthetic_drop(tmp_path / "drop", people=3, images_per_person=2, seed=1)
     pixels, people, labels, shape = study.load_aligned(drop, tmp_path / "w")
@@ -233,7 +233,7 @@ def test_load_aligned_uses_its_cache(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("should have been served from the cache")
 
-    monkeypatch.setattr("deid.stages.align_batch", boom)
+    monkeypatch.setattr("deid.operations.stages.align_batch", boom)
     again = study.load_aligned(drop, tmp_path / "w")
     np.testing.assert_array_equal(again[0], pixels)
     assert list(again[1]) == list(people) and again[3] == shape
@@ -249,9 +249,9 @@ def _london_aligned():
 @pytest.mark.london
 @pytest.mark.slow
 def test_london_study_supports_the_issue_claims():
-    from deid.attacks import ATTACKERS, DEEP_ATTACKERS
-    from deid.gate import GateConfig
-    from deid.study import StudyConfig, run_study, summary
+    from deid.evaluation.attacks import ATTACKERS, DEEP_ATTACKERS
+    from deid.evaluation.gate import GateConfig
+    from deid.evaluation.study import StudyConfig, run_study, summary
 
     pixels, people, labels, shape = _london_aligned()
     assert len(pixels) >= 190

@@ -15,7 +15,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.svm import LinearSVC
 
 from deid.errors import ConfigError
-from deid.synth import CONDITIONS, EYE_COLUMNS, MANIFEST_COLUMNS, _seq, draw_face, make_person, make_synthetic_drop
+from deid.intake.synth import CONDITIONS, EYE_COLUMNS, MANIFEST_COLUMNS, _seq, draw_face, make_person, make_synthetic_drop
 
 CANON_W, CANON_H = 81, 92
 CANON_EYES = np.float32([[0.30 * CANON_W, 0.37 * CANON_H], [0.70 * CANON_W, 0.37 * CANON_H]])
@@ -87,7 +87,7 @@ def test_drop_layout_and_manifest(tmp_path):
 
 
 def test_drop_parses_as_a_canonical_drop(tmp_path):
-    from deid.drop import read_drop
+    from deid.intake.drop import read_drop
 
     drop = make_synthetic_drop(tmp_path / "d", people=6, images_per_person=3, seed=1, image_format="jpg")
     parsed = read_drop(drop)
@@ -225,11 +225,13 @@ def test_identity_is_recognisable(aligned60):
 
 @pytest.mark.slow
 def test_faces_carry_signal_through_the_project_aligner(drop60):
-    """The same quality bar through deid.align / deid.attacks / deid.utility (integration)."""
-    from deid.align import EyePair, FaceAligner
-    from deid.attacks import WhitenedCosineAttacker, reidentification_rate
-    from deid.drop import read_drop
-    from deid.utility import grouped_cv_accuracy
+    """The same quality bar through deid.alignment.align / deid.evaluation.attacks / deid.evaluation.utility (integration)."""
+    from deid.alignment.eyes import EyePair
+    from deid.alignment.canonical import FaceAligner
+    from deid.evaluation.attackers import WhitenedCosineAttacker
+    from deid.evaluation.scoring import reidentification_rate
+    from deid.intake.drop import read_drop
+    from deid.evaluation.utility import grouped_cv_accuracy
 
     d = read_drop(drop60)
     aligner = FaceAligner()
@@ -263,7 +265,7 @@ def test_default_pixels_are_unchanged():
 
 
 def _decode(path: Path) -> np.ndarray:
-    from deid.imaging import decode_gray
+    from deid.intake.imaging import decode_gray
 
     return decode_gray(path.read_bytes())
 
@@ -276,7 +278,7 @@ def test_one_image_per_person(tmp_path):
 
 
 def test_many_per_person_with_an_eleven_valued_label(tmp_path):
-    from deid.drop import read_drop
+    from deid.intake.drop import read_drop
 
     drop = make_synthetic_drop(tmp_path / "d", people=3, images_per_person=11, seed=4, condition_values=11,
                                image_size=96, eyes=False)

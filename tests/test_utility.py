@@ -1,11 +1,11 @@
-"""Tests of the utility evaluation (deid.utility)."""
+"""Tests of the utility evaluation (deid.evaluation.utility)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from deid.errors import ConfigError
-from deid.utility import UtilityResult, grouped_cv_accuracy, grouped_splits
+from deid.evaluation.utility import UtilityResult, grouped_cv_accuracy, grouped_splits
 
 
 def faces(n_people=40, per_person=3, p=100, seed=0, separable=True):
@@ -106,7 +106,7 @@ def test_bad_inputs_are_rejected():
 def test_gram_pca_matches_full_svd_pca():
     from sklearn.decomposition import PCA
 
-    from deid.utility import GramPCA
+    from deid.evaluation.utility import GramPCA
 
     rng = np.random.default_rng(3)
     X = rng.random((60, 500)) * 255
@@ -120,7 +120,7 @@ def test_gram_pca_matches_full_svd_pca():
 
 # --------------------------------------------------------------------------- protocols 2 and 3
 
-from deid.utility import (  # noqa: E402
+from deid.evaluation.utility import (  # noqa: E402
     PROTOCOLS,
     train_original_test_release,
     train_release_test_heldout,
@@ -155,7 +155,7 @@ def test_protocol3_tests_on_originals_of_people_outside_the_training_half():
 
 
 def test_protocol3_never_tests_on_a_training_person(monkeypatch):
-    import deid.utility as u
+    import deid.evaluation.utility as u
 
     X, y, people = faces(n_people=10, per_person=2, seed=25)
     seen = []
@@ -199,8 +199,8 @@ def test_utility_protocols_rows():
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from deid.ksame import InsufficientPeopleError  # noqa: E402
-from deid.utility import STATUSES, UtilityEvidence, cross_fit_utility, paired_bootstrap  # noqa: E402
+from deid.anonymise.ksame import InsufficientPeopleError  # noqa: E402
+from deid.evaluation.utility import STATUSES, UtilityEvidence, cross_fit_utility, paired_bootstrap  # noqa: E402
 
 
 def group_means(k, *, permute_seed=None):
@@ -405,7 +405,7 @@ def test_london_k_same_select_keeps_gender_and_expression_and_the_permuted_contr
 
     from helpers import load_london_aligned
 
-    from deid.methods import deidentify
+    from deid.anonymise.methods import deidentify
 
     X, people, gender, expression = load_london_aligned()
     labels = {"gender": gender, "expression": expression}

@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from deid.drop import read_drop
+from deid.intake.drop import read_drop
 from deid.errors import ConfigError
-from deid.validation import (
+from deid.evaluation.validation import (
     SUITES,
     expand_suite,
     load_suite,
@@ -25,7 +25,7 @@ from deid.validation import (
     validate_manifest,
     validate_release,
 )
-from schemas import arrow as schemas
+from deid.schemas import arrow as schemas
 
 
 def _failed(summary: dict) -> dict[tuple[str, str | None], int | None]:
@@ -36,7 +36,7 @@ def test_stored_suites_round_trip_through_great_expectations():
     import great_expectations as gx
 
     for name in SUITES:
-        text = resources.files("schemas").joinpath("expectations", f"{name}.json").read_text()
+        text = resources.files("deid.schemas").joinpath("expectations", f"{name}.json").read_text()
         d = json.loads(text)
         assert d["name"] == name and d["expectations"]
         again = gx.ExpectationSuite(**d).to_json_dict()

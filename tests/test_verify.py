@@ -1,4 +1,4 @@
-"""End-to-end: sign a report over a release directory, then tamper with it (deid.verify)."""
+"""End-to-end: sign a report over a release directory, then tamper with it (deid.release.verify)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deid.report import (
+from deid.reporting.report import (
     Artifact,
     Check,
     DatasetSummary,
@@ -22,8 +22,8 @@ from deid.report import (
     hash_tree,
     write_signed_report,
 )
-from deid.signing import canonical_json, ensure_signing_key, write_keypair
-from deid.verify import INTEGRITY_ONLY_NOTE, verify_report
+from deid.release.signing import canonical_json, ensure_signing_key, write_keypair
+from deid.release.verify import INTEGRITY_ONLY_NOTE, verify_report
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +211,7 @@ def test_report_edited_and_resigned_with_foreign_key_claims_trusted_fingerprint(
     payload = canonical_json(d)  # keeps the trusted fingerprint in signing
     import base64
 
-    from deid.signing import sign_bytes
+    from deid.release.signing import sign_bytes
 
     (report_dir / "report.json").write_bytes(payload)
     (report_dir / "report.json.sig").write_bytes(base64.b64encode(sign_bytes(payload, attacker.private_key)) + b"\n")

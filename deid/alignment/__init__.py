@@ -1,0 +1,1 @@
+"""Alignment: eye detection, warping to the canonical face, alignment accuracy and eigenface features."""

@@ -1,0 +1,1 @@
+"""Anonymisation: k-Same clustering, label partitions, distinct people and the de-identification methods."""

@@ -1,0 +1,683 @@
+"""The comparison study: every de-identification method over its range of strengths, judged by the gate.
+
+For each method of :data:`deid.anonymise.methods.REGISTRY` and each strength the aligned faces of a
+drop are de-identified and passed to the release gate itself (:func:`deid.evaluation.gate.evaluate`):
+every attacker x mode rate with its one-sided Clopper-Pearson interval (Bonferroni over the
+family), the exact max person share where clusters are identical copies, the leak checks and
+the cross-fitted utility per label. The plots reproduce the shape of Gross et al. (2005)
+Fig. 6 (re-identification against strength, with the 1/k curve) and Fig. 8 (utility per
+label), the privacy-utility map of Gross et al. (2009) Fig. 12, and a grid of released
+faces (never originals).
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from deid.evaluation.checks import Check
+from deid.errors import ConfigError
+from deid.evaluation.gate import GateConfig, GateInputs, GateResult, evaluate
+
+logger = logging.getLogger(__name__)
+
+CACHE = "aligned.npz"
+# Long format: one row per gate check, attacker x mode, label x utility protocol, and one
+# verdict row per (method, strength). ``lower``/``upper``/``n`` are a rate's one-sided
+# Clopper-Pearson bounds (Bonferroni over ``bonferroni`` pairs) and distinct probes, or the
+# cross-fitted accuracy drop's bootstrap bounds and held-out test images.
+CSV_COLUMNS = ("method", "strength_name", "strength", "k", "kind", "check", "attacker", "mode", "label", "protocol",
+               "rate", "lower", "upper", "n", "records", "confidence", "bonferroni", "bound", "status", "verdict",
+               "value", "threshold", "accuracy", "original_accuracy", "delta", "max_person_share", "exact_bound",
+               "min_distance", "seconds", "detail")
+
+
+def _aligner_params() -> dict:
+    from deid.settings import Settings  # noqa: PLC0415 - settings read only when aligning
+
+    s = Settings()
+    w, h = s.canonical_size
+    left, right = s.canonical_eyes()
+    return {"size": [w, h], "eye_left": list(left), "eye_right": list(right), "max_upsample": s.max_upsample,
+            "min_eye_distance": s.min_eye_distance_px}
+
+
+def load_aligned(drop_dir: str | Path, workdir: str | Path, *, labels: list[str] | None = None
+                 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], tuple[int, int]]:
+    """Aligned faces of a drop, via the release pipeline's own read, ingest and align steps.
+
+    The result is cached in ``workdir/aligned.npz``, keyed by the manifest bytes, the labels
+    and the canonical geometry, so reruns skip decoding and alignment. Quarantined records
+    are left out (their count is logged).
+
+    Returns
+    -------
+    pixels : ndarray of shape (n, height * width), uint8
+    people : ndarray of shape (n,), object (subject ids)
+    labels : dict label name -> ndarray of shape (n,), object
+    shape : (height, width)
+    """
+    from deid.intake.drop import read_drop  # noqa: PLC0415
+    from deid.intake.ingest import ingest  # noqa: PLC0415
+    from deid.operations.stages import align_batch, read_pixels  # noqa: PLC0415
+
+    work = Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    drop = read_drop(drop_dir, labels=labels)
+    params = _aligner_params()
+    key = hashlib.sha256(drop.manifest_bytes + json.dumps([drop.labels, params], sort_keys=True).encode()).hexdigest()
+    cache = work / CACHE
+    if cache.is_file():
+        with np.load(cache, allow_pickle=False) as z:
+            if str(z["key"]) == key:
+                names = [str(x) for x in z["label_names"]]
+                logger.info("study: aligned faces from cache %s", cache)
+                return (z["pixels"], z["people"].astype(object), {n: z[f"label_{n}"].astype(object) for n in names},
+                        (int(z["shape"][0]), int(z["shape"][1])))
+    t0 = time.perf_counter()
+    ingested = work / "ingested.parquet"
+    aligned = work / "aligned.parquet"
+    try:
+        res = ingest(drop, ingested)
+        out = align_batch(str(ingested), list(range(res.row_groups)), str(aligned), params)
+        import pyarrow.parquet as pq  # noqa: PLC0415
+
+        ids, pixels = read_pixels([str(aligned)])
+        meta = pq.read_table(ingested, columns=["record_id", "subject_id", *drop.labels]).to_pydict()
+    finally:
+        ingested.unlink(missing_ok=True)  # it holds a copy of every source image
+        aligned.unlink(missing_ok=True)
+    row = {rid: i for i, rid in enumerate(meta["record_id"])}
+    take = [row[r] for r in ids]
+    people = np.asarray([meta["subject_id"][i] for i in take], dtype=object)
+    labs = {n: np.asarray([meta[n][i] for i in take], dtype=object) for n in drop.labels}
+    w, h = params["size"]
+    n_bad = len(drop.quarantined) + len(res.quarantined) + len(out["quarantined"])
+    logger.info("study: %d faces aligned, %d quarantined, in %.1f s", len(ids), n_bad, time.perf_counter() - t0)
+    if len(ids) == 0:
+        raise ConfigError(f"no face of drop {drop_dir} could be aligned ({n_bad} quarantined); check the drop")
+    np.savez(cache, key=np.array(key), pixels=pixels, people=people.astype(str), shape=np.array([h, w]),
+             label_names=np.array(drop.labels), **{f"label_{n}": labs[n].astype(str) for n in drop.labels})
+    return pixels, people, labs, (h, w)
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """The strengths to study and the gate that judges every point.
+
+    ``gate`` is a template :class:`deid.evaluation.gate.GateConfig` (confidence, sample caps, attackers,
+    modes, folds, repeats, seed, ...); its ``k``, ``method`` and ``labels`` are replaced per
+    point. Methods whose strength is not k (blur, pixelate) are judged against the smallest
+    k studied, the most lenient 1/k bound. ``methods=None`` studies every method of
+    :data:`deid.anonymise.methods.REGISTRY`, each with its default options. ``workers`` > 1 studies
+    points in that many forked processes (each embeds the originals for the deep attacker once).
+    """
+
+    ks: Sequence[int] = (2, 3, 5, 10)
+    sigmas: Sequence[float] = (1, 2, 4, 8)
+    blocks: Sequence[int] = (2, 4, 8, 16)
+    methods: Sequence[str] | None = None
+    labels: Sequence[str] | None = None
+    gate: GateConfig = field(default_factory=lambda: GateConfig(k=2, method="k-same"))
+    examples: int = 3
+    workers: int = 1
+
+
+@dataclass(frozen=True)
+class StudyResult:
+    """Long-format rows (:data:`CSV_COLUMNS`) and a few released faces per point for the example grid.
+
+    ``examples`` maps ``(method, strength_name, strength)`` to the released faces of the
+    records ``example_records`` (de-identified faces only; never originals).
+    """
+
+    rows: list[dict]
+    examples: dict[tuple[str, str, float], np.ndarray]
+    example_records: np.ndarray
+    shape: tuple[int, int]
+
+
+def _points(cfg: StudyConfig) -> list[tuple[str, str, float, int]]:
+    """(method, strength name, strength, k of the gate) for every point of the study."""
+    from deid.anonymise.methods import METHODS, STRENGTH  # noqa: PLC0415
+
+    methods = list(METHODS) if cfg.methods is None else list(cfg.methods)
+    bad = [m for m in methods if m not in METHODS]
+    if bad or not methods:
+        raise ConfigError(f"methods={methods!r} must be a non-empty subset of {list(METHODS)}")
+    ranges = {"k": list(cfg.ks), "sigma": list(cfg.sigmas), "block": list(cfg.blocks)}
+    bad_k = [k for k in ranges["k"] if isinstance(k, bool) or int(k) != k or k < 2]
+    if bad_k:
+        raise ConfigError(f"ks={ranges['k']!r}: every k must be an integer >= 2, e.g. --k 2,3,5,10")
+    reference_k = int(min(ranges["k"])) if ranges["k"] else 2
+    out = []
+    for m in methods:
+        name = STRENGTH[m]
+        if not ranges[name]:
+            raise ConfigError(f"method {m!r} needs at least one --{name} value")
+        out.extend((m, name, v, int(v) if name == "k" else reference_k) for v in ranges[name])
+    return out
+
+
+def _partition_keys(labels: dict[str, np.ndarray], names: list[str], n: int) -> np.ndarray:
+    """One string key per face: its joint utility-label values (the flow's label partitions)."""
+    keys = np.empty(n, dtype=object)
+    keys[:] = ["|".join(str(labels[x][i]) for x in names) for i in range(n)] if names else [""] * n
+    return keys
+
+
+def _example_records(people: np.ndarray, count: int, seed: int) -> np.ndarray:
+    """``count`` records of different people, seeded (the faces shown in the example grid)."""
+    rng = np.random.default_rng(seed)
+    first = {}
+    for i, p in enumerate(people):
+        first.setdefault(p, i)
+    pool = np.array(sorted(first.values()))
+    return np.sort(rng.choice(pool, size=min(count, len(pool)), replace=False)) if len(pool) else pool
+
+
+def _interval(c: Check) -> tuple[float | None, float | None]:
+    return (None, None) if c.interval is None else (float(c.interval[0]), float(c.interval[1]))
+
+
+def gate_rows(result: GateResult, base: dict, *, k: int, confidence: float) -> list[dict]:
+    """The gate's result for one point as study rows: checks, attacks, utility and the verdict."""
+    rows: list[dict] = []
+    m = len(result.reidentification)
+    bound = 1.0 / k
+    for c in result.checks:
+        lo, hi = _interval(c)
+        rows.append({**base, "kind": "check", "check": c.name, "status": c.status, "value": c.value,
+                     "threshold": c.threshold, "lower": lo, "upper": hi, "n": c.n, "detail": c.detail})
+    for r in result.reidentification:
+        # The gate's rule: with identical copies per cluster a rate fails only if its lower
+        # bound exceeds 1/k (the exact share decides); otherwise its upper bound must not.
+        failing = r["lower"] > bound + 1e-12 if result.exact_bound else r["upper"] > bound + 1e-12
+        rows.append({**base, "kind": "privacy", "attacker": r["attacker"], "mode": r["mode"], "rate": r["rate"],
+                     "lower": r["lower"], "upper": r["upper"], "n": r["n_probes"], "records": r.get("records"),
+                     "confidence": confidence, "bonferroni": m, "bound": bound,
+                     "status": "fail" if failing else "pass"})
+    for u in result.utility:
+        if u.get("protocol") == "cross-fit":
+            rows.append({**base, "kind": "utility", "label": u["label"], "protocol": "cross-fit",
+                         "accuracy": u["accuracy_release"], "original_accuracy": u["accuracy_original"],
+                         "delta": u["delta"], "lower": u["delta_lower"], "upper": u["delta_upper"],
+                         "n": u["n_test_images"], "threshold": u["tolerance"], "status": u["decision"],
+                         "confidence": u["confidence"], "detail": u["detail"]})
+        else:
+            rows.append({**base, "kind": "utility", "label": u["label"], "protocol": u["protocol"],
+                         "accuracy": u["deidentified_accuracy"], "original_accuracy": u["original_accuracy"],
+                         "status": "evidence", "detail": u["detail"]})
+    leak = next((c for c in result.checks if c.name == "no_near_copies"), None)
+    worst = max(result.reidentification, key=lambda r: r["upper"], default=None)
+    rows.append({**base, "kind": "verdict", "verdict": "pass" if result.passed else "fail",
+                 "status": "pass" if result.passed else "fail", "rate": result.max_rate,
+                 "upper": None if worst is None else worst["upper"], "bonferroni": m, "confidence": confidence,
+                 "bound": bound, "max_person_share": result.max_person_share, "exact_bound": result.exact_bound,
+                 "min_distance": None if leak is None else leak.value,
+                 "detail": "; ".join(result.reasons) if not result.passed else "; ".join(result.warnings)})
+    return rows
+
+
+def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray], shape: tuple[int, int],
+              cfg: StudyConfig | None = None) -> StudyResult:
+    """Every method at every strength, judged by the release gate itself.
+
+    Each point de-identifies the aligned faces with :func:`deid.anonymise.methods.deidentify` (label
+    partitions and labels passed as the release flow passes them), then calls
+    :func:`deid.evaluation.gate.evaluate` on :meth:`deid.evaluation.gate.GateInputs.from_arrays` with the run's
+    method runner (parrot attacker, cross-fitted utility) and the template gate config, so
+    every point carries exactly the gate's verdict: every attacker x mode rate with its
+    one-sided Clopper-Pearson interval (Bonferroni over the attacker x mode family), the
+    exact max person share where clusters are identical copies, the leak checks and the
+    cross-fitted utility per label (with the older protocols as evidence).
+
+    Returns
+    -------
+    StudyResult
+        ``rows`` with :data:`CSV_COLUMNS` (``kind`` is ``check``, ``privacy``, ``utility``,
+        ``verdict`` or ``skipped``) and the example faces.
+
+    References
+    ----------
+    R. Gross, E. Airoldi, B. Malin, L. Sweeney. Integrating utility into face
+    de-identification. PET 2005 (Figs. 6 and 8). R. Gross, L. Sweeney, J. Cohn, F. de la
+    Torre, S. Baker. Face de-identification. In Protecting Privacy in Video Surveillance,
+    Springer, 2009 (Fig. 12, the privacy-utility map).
+    """
+    cfg = cfg or StudyConfig()
+    names = list(cfg.labels) if cfg.labels else list(labels)
+    missing = [x for x in names if x not in labels]
+    if missing:
+        raise ConfigError(f"labels {missing} are not in the drop's labels {sorted(labels)}")
+    if isinstance(cfg.workers, bool) or not isinstance(cfg.workers, int) or cfg.workers < 1:
+        raise ConfigError(f"workers={cfg.workers!r} must be an integer >= 1 (processes studying points in parallel)")
+    pixels = np.asarray(pixels)
+    n = len(pixels)
+    people = np.asarray(people, dtype=object)
+    labs = {x: np.asarray(labels[x], dtype=object) for x in names}
+    chosen = _example_records(people, cfg.examples, cfg.gate.seed)
+    data = _PointData(pixels, people, labs, _partition_keys(labs, names, n), tuple(shape), chosen, cfg.gate)
+    points = _points(cfg)
+    if cfg.workers == 1 or len(points) == 1:
+        results = [_study_point(data, point) for point in points]
+    else:
+        import multiprocessing  # noqa: PLC0415
+        from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
+
+        # Forked workers inherit the faces; each studies whole points, in the points' order.
+        with ProcessPoolExecutor(min(cfg.workers, len(points)), mp_context=multiprocessing.get_context("fork"),
+                                 initializer=_set_worker_data, initargs=(data,)) as pool:
+            results = list(pool.map(_study_worker_point, points, chunksize=1))
+    rows: list[dict] = []
+    examples: dict[tuple[str, str, float], np.ndarray] = {}
+    for (method, sname, strength, _), (point_rows, faces) in zip(points, results):
+        rows.extend(point_rows)
+        if faces is not None:
+            examples[(method, sname, strength)] = faces
+    return StudyResult(rows=rows, examples=examples, example_records=chosen, shape=tuple(shape))
+
+
+@dataclass(frozen=True)
+class _PointData:
+    """What every point of a study shares: the faces, their people, labels and partitions."""
+
+    pixels: np.ndarray
+    people: np.ndarray
+    labels: dict[str, np.ndarray]
+    partitions: np.ndarray
+    shape: tuple[int, int]
+    examples: np.ndarray
+    gate: GateConfig
+
+
+_WORKER_DATA: _PointData | None = None
+
+
+def _set_worker_data(data: _PointData) -> None:
+    global _WORKER_DATA  # noqa: PLW0603 - one study's data per worker process
+    _WORKER_DATA = data
+
+
+def _study_worker_point(point: tuple[str, str, float, int]) -> tuple[list[dict], np.ndarray | None]:
+    return _study_point(_WORKER_DATA, point)
+
+
+def _study_point(data: _PointData, point: tuple[str, str, float, int]) -> tuple[list[dict], np.ndarray | None]:
+    """One (method, strength): de-identify as the flow does, then the gate's verdict as rows."""
+    from deid.anonymise.methods import deidentify, method_runner  # noqa: PLC0415
+
+    method, sname, strength, k = point
+    t0 = time.perf_counter()
+    kw = {sname: strength}
+    g = data.gate
+    base = {"method": method, "strength_name": sname, "strength": strength, "k": k}
+    try:
+        released, clusters = deidentify(data.pixels, shape=data.shape, people=list(data.people),
+                                        partitions=list(data.partitions), method=method,
+                                        labels={x: list(v) for x, v in data.labels.items()} or None,
+                                        n_components=g.n_components, seed=g.seed, **kw)
+    except ConfigError as exc:  # e.g. a label partition with fewer than k people
+        logger.warning("study: %s %s=%s skipped: %s", method, sname, strength, exc)
+        return [{**base, "kind": "skipped", "verdict": "skipped", "detail": str(exc)}], None
+    inputs = GateInputs.from_arrays(
+        shape=data.shape, people=data.people, released=released, originals=data.pixels, clusters=clusters,
+        partitions=data.partitions, labels=data.labels, records_in=len(data.pixels),
+        deidentify=method_runner(method, shape=data.shape, n_components=g.n_components, seed=g.seed, **kw))
+    result = evaluate(inputs, replace(g, k=k, method=method, labels=tuple(data.labels)))
+    seconds = round(time.perf_counter() - t0, 2)
+    rows = gate_rows(result, base, k=k, confidence=g.confidence)
+    rows[-1]["seconds"] = seconds
+    logger.info("study: %s %s=%s gate %s, max re-id %.3f, share %s (%.1f s)", method, sname, strength,
+                "passed" if result.passed else "failed", result.max_rate or 0.0, result.max_person_share, seconds)
+    return rows, released[data.examples].copy()
+
+
+def write_csv(rows: list[dict], path: str | Path) -> Path:
+    """Write study rows (:data:`CSV_COLUMNS`, empty cells where not applicable)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({c: ("" if r.get(c) is None else r.get(c)) for c in CSV_COLUMNS})
+    return path
+
+
+def summary(rows: list[dict]) -> list[dict]:
+    """One dict per (method, strength): the gate's verdict, the worst attack with its interval,
+    the exact share, the cross-fitted utility per label and the older protocols' accuracies."""
+    out: dict[tuple, dict] = {}
+    for r in rows:
+        key = (r["method"], r["strength_name"], r["strength"])
+        s = out.setdefault(key, {"method": r["method"], "strength_name": r["strength_name"],
+                                 "strength": r["strength"], "k": r.get("k"), "verdict": None, "failed": [],
+                                 "max_rate": None, "worst": None, "lower": None, "upper": None, "n": None,
+                                 "max_upper": None, "max_person_share": None, "exact_bound": False,
+                                 "utility": {}, "evidence": {}, "seconds": None})
+        kind = r["kind"]
+        if kind == "privacy":
+            if s["max_rate"] is None or r["rate"] > s["max_rate"]:
+                s.update(max_rate=r["rate"], worst=f"{r['attacker']}/{r['mode']}", lower=r["lower"],
+                         upper=r["upper"], n=r["n"])
+            s["max_upper"] = max(s["max_upper"] or 0.0, r["upper"])
+        elif kind == "check" and r["status"] == "fail":
+            s["failed"].append(r["check"])
+        elif kind == "utility" and r["protocol"] == "cross-fit":
+            s["utility"][r["label"]] = {x: r[x] for x in ("delta", "lower", "upper", "status", "accuracy",
+                                                          "original_accuracy", "n")}
+        elif kind == "utility":
+            s["evidence"][(r["label"], r["protocol"])] = r["accuracy"]
+        elif kind == "verdict":
+            s.update(verdict=r["verdict"], max_person_share=r["max_person_share"], exact_bound=r["exact_bound"],
+                     seconds=r.get("seconds"))
+        elif kind == "skipped":
+            s.update(verdict="skipped", skipped=r["detail"])
+    return list(out.values())
+
+
+def privacy_x(s: dict) -> float | None:
+    """Where a point sits on the privacy axis: the exact max person share when every cluster
+    is one identical image (it bounds every recogniser), else the largest upper bound of the attacks."""
+    if s["exact_bound"] and s["max_person_share"] is not None:
+        return float(s["max_person_share"])
+    return s["max_upper"]
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _plt():
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    return plt
+
+
+_FAMILIES = ("k", "sigma", "block")
+
+
+def _label_axes(ax, title: str, xlabel: str, ylabel: str, *, legend: float | None = None) -> None:
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(fontsize=legend)
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+_STYLES = {"naive": "-", "reverse": "--", "parrot": ":"}
+
+
+def plot_reidentification(rows: list[dict], out_dir: Path) -> list[Path]:
+    """Re-identification per attacker and mode against strength, one figure per strength family
+    (Gross et al. 2005 Fig. 6): rate with its Bonferroni-adjusted one-sided interval as bars, the
+    1/k line, and for identical-copy releases the exact max person share (black squares)."""
+    plt = _plt()
+    priv = [r for r in rows if r["kind"] == "privacy"]
+    verdicts = [r for r in rows if r["kind"] == "verdict"]
+    attackers = list(dict.fromkeys(r["attacker"] for r in priv))
+    modes = list(dict.fromkeys(r["mode"] for r in priv))
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    ks = sorted({r["k"] for r in verdicts})
+    paths = []
+    for fam in _FAMILIES:
+        methods = list(dict.fromkeys(r["method"] for r in priv if r["strength_name"] == fam))
+        if not methods:
+            continue
+        cols = min(4, len(methods))
+        nrows = -(-len(methods) // cols)
+        fig, axes = plt.subplots(nrows, cols, figsize=(4.4 * cols, 3.8 * nrows + 0.9), squeeze=False)
+        for ax in axes.ravel()[len(methods):]:
+            ax.set_visible(False)
+        for ax, method in zip(axes.ravel(), methods):
+            mine = [r for r in priv if r["method"] == method]
+            xs = sorted({r["strength"] for r in mine})
+            span = (max(xs) - min(xs)) or 1.0
+            for i, att in enumerate(attackers):
+                for j, mode in enumerate(modes):
+                    pts = sorted((r["strength"], r["rate"], r["lower"], r["upper"]) for r in mine
+                                 if r["attacker"] == att and r["mode"] == mode)
+                    if not pts:
+                        continue
+                    off = span * 0.004 * (i * len(modes) + j - len(attackers) * len(modes) / 2)
+                    x = np.array([p[0] for p in pts], dtype=float) + off
+                    y = np.array([p[1] for p in pts])
+                    err = np.array([[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]).clip(0)
+                    ax.errorbar(x, y, yerr=err, fmt=_STYLES.get(mode, "-"), marker="o", ms=2.5, lw=1, elinewidth=0.6,
+                                capsize=1.5, color=colours[i % len(colours)], label=f"{att} / {mode}")
+            exact = sorted((r["strength"], r["max_person_share"]) for r in verdicts
+                           if r["method"] == method and r["exact_bound"] and r["max_person_share"] is not None)
+            if exact:
+                ax.plot(*zip(*exact), "ks", ms=5, label="exact max person share")
+            if fam == "k":
+                grid = np.linspace(min(xs), max(xs), 100)
+                ax.plot(grid, 1.0 / grid, "k-", lw=2, alpha=0.5, label="1/k")
+            else:
+                for k in ks:
+                    ax.axhline(1.0 / k, color="grey", lw=0.8, ls="-.")
+                    ax.text(max(xs), 1.0 / k, f" 1/{k:g}", va="center", fontsize=7, color="grey")
+            ax.set_title(method)
+            ax.set_xlabel(fam)
+            ax.set_ylim(0, 1.02)
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("re-identification rate (rank 1, people)")
+        handles, names = [], []
+        for ax in axes.ravel():
+            for h, n in zip(*ax.get_legend_handles_labels()):
+                if n not in names:
+                    handles.append(h)
+                    names.append(n)
+        conf = next((r["confidence"] for r in priv), 0.95)
+        m = next((r["bonferroni"] for r in priv), 1)
+        fig.suptitle(f"re-identification vs {fam}: bars = one-sided {conf:.0%} Clopper-Pearson, "
+                     f"Bonferroni over {m} attacker x mode pairs", fontsize=9)
+        ncol = min(len(modes) + 1, 6)
+        fig.legend(handles, names, loc="lower center", ncol=ncol, fontsize=6.5)
+        fig.tight_layout(rect=(0, 0.05 + 0.022 * (len(names) // ncol + 1), 1, 0.97))
+        paths.append(out_dir / f"reidentification_{fam}.png")
+        fig.savefig(paths[-1], dpi=100)
+        plt.close(fig)
+    return paths
+
+
+def plot_utility(rows: list[dict], out_dir: Path) -> list[Path]:
+    """Utility per label and strength family: the gate's cross-fitted accuracy drop with its
+    bounds and the tolerance (Gross et al. 2005 Fig. 8 in the gate's protocol), and the older
+    protocols' accuracies as evidence."""
+    plt = _plt()
+    util = [r for r in rows if r["kind"] == "utility"]
+    labels = list(dict.fromkeys(r["label"] for r in util))
+    fams = [f for f in _FAMILIES if any(r["strength_name"] == f for r in util)]
+    if not labels or not fams:
+        return []
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    methods = list(dict.fromkeys(r["method"] for r in util))
+    paths = []
+    fig, axes = plt.subplots(len(labels), len(fams), figsize=(5 * len(fams), 3.8 * len(labels)), squeeze=False)
+    for i, label in enumerate(labels):
+        for j, fam in enumerate(fams):
+            ax = axes[i][j]
+            cf = [r for r in util if r["label"] == label and r["strength_name"] == fam and r["protocol"] == "cross-fit"
+                  and r["delta"] is not None]
+            for mi, method in enumerate(methods):
+                pts = sorted((r["strength"], r["delta"], r["lower"], r["upper"]) for r in cf if r["method"] == method)
+                if not pts:
+                    continue
+                x = np.array([p[0] for p in pts], dtype=float) * (1 + 0.015 * (mi - len(methods) / 2))
+                y = np.array([p[1] for p in pts])
+                err = np.array([[p[1] - p[2] for p in pts], [p[3] - p[1] for p in pts]]).clip(0)
+                ax.errorbar(x, y, yerr=err, marker="o", ms=3, lw=1, capsize=2, color=colours[mi % len(colours)],
+                            label=method)
+            tol = next((r["threshold"] for r in cf if r["threshold"] is not None), None)
+            if tol is not None:
+                ax.axhline(float(tol), color="r", ls="--", lw=1, label=f"tolerance {float(tol):g}")
+            ax.axhline(0, color="k", lw=0.6)
+            _label_axes(ax, f"{label}: cross-fit accuracy drop ({fam})", fam, "accuracy(originals) - accuracy(release)",
+                        legend=6)
+    paths.append(_save(fig, out_dir / "utility.png"))
+
+    old = [r for r in util if r["protocol"] != "cross-fit" and r["accuracy"] is not None]
+    protocols = list(dict.fromkeys(r["protocol"] for r in old))
+    if old:
+        styles = dict(zip(protocols, ("-", "--", ":", "-.")))
+        fig, axes = plt.subplots(len(labels), len(fams), figsize=(5 * len(fams), 3.6 * len(labels)), squeeze=False)
+        for i, label in enumerate(labels):
+            for j, fam in enumerate(fams):
+                ax = axes[i][j]
+                for mi, method in enumerate(methods):
+                    for p in protocols:
+                        pts = sorted((r["strength"], r["accuracy"]) for r in old if r["method"] == method
+                                     and r["label"] == label and r["protocol"] == p and r["strength_name"] == fam)
+                        if pts:
+                            ax.plot(*zip(*pts), styles.get(p, "-"), marker="o", ms=3,
+                                    color=colours[mi % len(colours)], label=f"{method} / {p}")
+                ax.set_ylim(0.3, 1.02)
+                _label_axes(ax, f"{label}: older protocols ({fam})", fam, "accuracy", legend=5)
+        paths.append(_save(fig, out_dir / "utility_protocols.png"))
+    return paths
+
+
+def plot_privacy_utility(rows: list[dict], out_dir: Path) -> Path | None:
+    """The privacy-utility map (Gross et al. 2009, Fig. 12), one panel per label.
+
+    x: the exact max person share for identical-copy releases, else the largest upper bound
+    of the attacks; y: accuracy on held-out people's originals of the classifier trained on
+    the release (the gate's cross-fit). One marker per method x strength (filled: the gate
+    passed; open: it failed), 1/k lines, and the accuracy when trained on originals.
+    """
+    plt = _plt()
+    points = [s for s in summary(rows) if s["verdict"] in ("pass", "fail")]
+    labels = list(dict.fromkeys(lab for s in points for lab in s["utility"]))
+    if not points or not labels:
+        return None
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    markers = "osD^v<>PXh*"
+    methods = list(dict.fromkeys(s["method"] for s in points))
+    ks = sorted({s["k"] for s in points if s["k"] is not None})
+    fig, axes = plt.subplots(1, len(labels), figsize=(6.2 * len(labels), 5.2), squeeze=False)
+    for ax, label in zip(axes[0], labels):
+        for mi, method in enumerate(methods):
+            for s in points:
+                u = s["utility"].get(label)
+                x = privacy_x(s)
+                if s["method"] != method or u is None or u["accuracy"] is None or x is None:
+                    continue
+                c = colours[mi % len(colours)]
+                ax.scatter([x], [u["accuracy"]], marker=markers[mi % len(markers)], s=40,
+                           facecolors=c if s["verdict"] == "pass" else "none", edgecolors=c)
+                ax.annotate(f"{s['strength']:g}", (x, u["accuracy"]), fontsize=6, xytext=(3, 2),
+                            textcoords="offset points")
+            ax.scatter([], [], marker=markers[mi % len(markers)], color=colours[mi % len(colours)], label=method)
+        for k in ks:
+            ax.axvline(1.0 / k, color="grey", lw=0.8, ls="-.")
+            ax.text(1.0 / k, 0.01, f" 1/{k}", fontsize=7, color="grey", transform=ax.get_xaxis_transform())
+        ref = [s["utility"][label]["original_accuracy"] for s in points
+               if label in s["utility"] and s["utility"][label]["original_accuracy"] is not None]
+        if ref:
+            ax.axhline(float(np.mean(ref)), color="k", lw=1.2, alpha=0.6, label="trained on originals")
+        ax.set_xlim(0, 1.02)
+        ax.set_xlabel("privacy: exact max person share, else max upper bound of re-identification")
+        ax.set_ylabel(f"{label} accuracy (trained on release, tested on held-out originals)", fontsize=8)
+        ax.set_title(f"{label}: filled = gate passed, open = failed; numbers = strength", fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    return _save(fig, out_dir / "privacy_utility.png")
+
+
+TILE_GAP = 2
+LABEL_WIDTH = 150
+
+
+def example_grid(result: StudyResult) -> tuple[np.ndarray, dict[tuple[str, str, float, int], tuple[int, int]]]:
+    """One mosaic of released faces: a row per method, its strengths side by side, the example
+    records within each strength. Only de-identified faces are drawn.
+
+    Returns
+    -------
+    mosaic : ndarray (uint8, grey)
+    positions : dict
+        ``(method, strength_name, strength, j) -> (top, left)`` of the tile of example record j.
+    """
+    import cv2  # noqa: PLC0415
+
+    h, w = result.shape
+    keys = list(result.examples)
+    methods = list(dict.fromkeys(m for m, _, _ in keys))
+    per_method = {m: [key for key in keys if key[0] == m] for m in methods}
+    n_ex = len(result.example_records)
+    width_strength = n_ex * (w + TILE_GAP) + 3 * TILE_GAP
+    cols = max((len(v) for v in per_method.values()), default=0)
+    header = 16
+    row_h = header + h + TILE_GAP
+    mosaic = np.full((max(1, len(methods)) * row_h + TILE_GAP, LABEL_WIDTH + cols * width_strength), 255, np.uint8)
+    positions = {}
+    for r, method in enumerate(methods):
+        top = r * row_h + TILE_GAP
+        cv2.putText(mosaic, method, (4, top + header + h // 2), cv2.FONT_HERSHEY_SIMPLEX, 0.42, 0, 1, cv2.LINE_AA)
+        for c, key in enumerate(per_method[method]):
+            left0 = LABEL_WIDTH + c * width_strength
+            cv2.putText(mosaic, f"{key[1]}={key[2]:g}", (left0, top + 11), cv2.FONT_HERSHEY_SIMPLEX, 0.38, 0, 1,
+                        cv2.LINE_AA)
+            for j, face in enumerate(result.examples[key]):
+                left = left0 + j * (w + TILE_GAP)
+                mosaic[top + header:top + header + h, left:left + w] = face.reshape(h, w)
+                positions[(key[0], key[1], key[2], j)] = (top + header, left)
+    return mosaic, positions
+
+
+def write_examples(result: StudyResult, out_dir: Path) -> Path | None:
+    """``examples.png``: :func:`example_grid` as a lossless PNG (no metadata)."""
+    import cv2  # noqa: PLC0415
+
+    if not result.examples:
+        return None
+    mosaic, _ = example_grid(result)
+    path = out_dir / "examples.png"
+    if not cv2.imwrite(str(path), mosaic):
+        raise OSError(f"could not write {path}")
+    return path
+
+
+def plot_study(result: StudyResult, out_dir: str | Path) -> list[Path]:
+    """Every plot of the study as PNG files in ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = plot_reidentification(result.rows, out) + plot_utility(result.rows, out)
+    paths += [p for p in (plot_privacy_utility(result.rows, out), write_examples(result, out)) if p is not None]
+    return paths
+
+
+def study_drop(drop_dir: str | Path, out_dir: str | Path, cfg: StudyConfig | None = None) -> dict:
+    """Align a drop (cached in ``out_dir``), run the study, write ``study.csv`` and the plots.
+
+    Returns
+    -------
+    dict
+        ``csv`` path, ``plots`` paths, ``rows``, ``n_faces``, ``seconds``.
+    """
+    t0 = time.perf_counter()
+    cfg = cfg or StudyConfig()
+    pixels, people, labels, shape = load_aligned(drop_dir, out_dir, labels=list(cfg.labels) if cfg.labels else None)
+    result = run_study(pixels, people, labels, shape, cfg)
+    path = write_csv(result.rows, Path(out_dir) / "study.csv")
+    plots = plot_study(result, out_dir)
+    return {"csv": path, "plots": plots, "rows": result.rows, "n_faces": len(pixels),
+            "seconds": round(time.perf_counter() - t0, 1)}

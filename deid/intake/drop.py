@@ -1,0 +1,342 @@
+"""Reading and validating a dataset drop (``manifest.csv`` + optional ``drop.yaml``).
+
+A drop is a directory holding ``manifest.csv`` (``image``, ``subject_id``, one column per
+utility label, optional eye points), an optional ``drop.yaml`` (``name``, ``labels``,
+``license``) and the images. Problems with the drop as a whole raise :class:`~deid.errors.DropError`; problems with
+one row quarantine that row with a stable reason code and never stop the run.
+"""
+from __future__ import annotations
+
+import csv
+import errno
+import io
+import logging
+import math
+import os
+import re
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import yaml
+
+from deid.errors import ConfigError, DropError, Quarantined, RecordError
+
+log = logging.getLogger(__name__)
+
+REQUIRED_COLUMNS = ("image", "subject_id")
+EYE_COLUMNS = ("eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y")
+RESERVED_COLUMNS = set(REQUIRED_COLUMNS) | set(EYE_COLUMNS)
+MANIFEST = "manifest.csv"
+DROP_YAML = "drop.yaml"
+READY = "_READY"
+# The licence a release carries when drop.yaml names none: "other" (Hugging Face's id for "see the
+# card") -- the steward must state the terms; the dataset card says that none were given.
+DEFAULT_LICENSE = "other"
+# A licence id as the Hugging Face hub writes them (SPDX-like, e.g. cc-by-4.0, apache-2.0, other).
+_LICENSE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class ManifestRow:
+    """One usable manifest row; ``eyes`` is ``((lx, ly), (rx, ry))`` or None for "detect"."""
+
+    record_id: str
+    row: int
+    image: str
+    path: Path
+    subject_id: str
+    labels: dict[str, str]
+    eyes: tuple[tuple[float, float], tuple[float, float]] | None
+
+
+@dataclass
+class Drop:
+    """A parsed drop: its usable rows, and the rows quarantined while reading the manifest."""
+
+    root: Path
+    name: str
+    labels: list[str]
+    manifest_bytes: bytes
+    rows: list[ManifestRow]
+    quarantined: list[Quarantined]
+    extra_columns: list[str] = field(default_factory=list)
+    # From drop.yaml's ``license`` (a licence id such as cc-by-4.0); None when the steward set none.
+    license: str | None = None
+    dataset: str = ""  # the lineage this drop belongs to (drop.yaml `dataset:`, default: a name-safe form of `name`)
+
+    @property
+    def records_in(self) -> int:
+        return len(self.rows) + len(self.quarantined)
+
+
+def record_id_for_row(row: int) -> str:
+    """Staging record id (internal only; released records get fresh random ids)."""
+    return f"r{row:08d}"
+
+
+def _open_in_drop(root: Path, relative: str) -> int:
+    """Open ``root/relative`` read-only, following no symlink in any component; return the fd.
+
+    Each component is opened with ``O_NOFOLLOW`` relative to its parent's descriptor, so a file
+    swapped for a symlink after the manifest was read is refused at the moment of reading.
+    Raises RecordError (unsafe_path, missing_file, not_regular_file, unreadable_file).
+    """
+    parts = PurePosixPath(relative).parts
+    if not parts or any(p in ("..", "/") for p in parts):
+        raise RecordError("unsafe_path", f"path {relative!r} must be a relative path inside the drop")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            # O_NONBLOCK: opening a FIFO must not wait for a writer.
+            flags = os.O_RDONLY | os.O_NOFOLLOW | (os.O_NONBLOCK if last else os.O_DIRECTORY)
+            try:
+                nfd = os.open(part, flags, dir_fd=fd)
+            except OSError as exc:
+                where = "/".join(parts[: i + 1])
+                if exc.errno == errno.ENOENT:
+                    raise RecordError("missing_file", f"{relative!r} does not exist in the drop") from None
+                if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(root.joinpath(*parts[: i + 1]))):
+                    raise RecordError("unsafe_path", f"{where!r} is a symlink; drop files are read without "
+                                                     "following links (copy the file into the drop)") from None
+                if exc.errno == errno.ENOTDIR:
+                    raise RecordError("missing_file", f"{relative!r} does not exist in the drop ({where!r} is not a directory)") from None
+                raise RecordError("unreadable_file", f"{relative!r} could not be opened: {os.strerror(exc.errno)}") from None
+            os.close(fd)
+            fd = nfd
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+            raise RecordError("not_regular_file", f"{relative!r} is {kind}; list image files only")
+        out, fd = fd, -1
+        return out
+    finally:
+        if fd != -1:
+            os.close(fd)
+
+
+def read_drop_file(root: Path, relative: str) -> bytes:
+    """The bytes of one drop file, opened with :func:`_open_in_drop` (no symlink followed)."""
+    fd = _open_in_drop(Path(root), relative)
+    try:
+        with os.fdopen(fd, "rb") as fh:
+            fd = -1
+            return fh.read()
+    except OSError as exc:
+        raise RecordError("unreadable_file", f"{relative!r} could not be read: {exc.strerror or exc}") from None
+    finally:
+        if fd != -1:
+            os.close(fd)
+
+
+def _read_drop_text(root: Path, name: str) -> bytes | None:
+    """``manifest.csv`` / ``drop.yaml`` bytes (None if absent); a symlink or non-file is a DropError."""
+    try:
+        return read_drop_file(root, name)
+    except RecordError as exc:
+        if exc.code == "missing_file":
+            return None
+        raise DropError(f"{root / name}: {exc.message}; it must be a regular file inside the drop") from None
+
+
+def _read_yaml(root: Path) -> dict:
+    path = root / DROP_YAML
+    raw = _read_drop_text(root, DROP_YAML)
+    if raw is None:
+        return {}
+    try:
+        data = yaml.safe_load(raw.decode("utf-8-sig")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise DropError(f"{path}: drop.yaml is not valid YAML ({exc}); fix or remove it") from exc
+    if not isinstance(data, dict):
+        raise DropError(f"{path}: drop.yaml must be a mapping with 'name' and 'labels'; got {type(data).__name__}")
+    return data
+
+
+def _parse_manifest(path: Path, raw: bytes) -> tuple[bytes, list[str], list[list[str]]]:
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise DropError(f"{path} is not UTF-8 text ({exc}); save the manifest as UTF-8 CSV") from exc
+    if "\x00" in text:
+        raise DropError(f"{path} is not a CSV file (it contains NUL bytes); the manifest must be UTF-8 CSV")
+    try:
+        rows = list(csv.reader(io.StringIO(text, newline=""), strict=True))
+    except csv.Error as exc:
+        raise DropError(f"{path} is not valid CSV ({exc}); the manifest must be comma-separated UTF-8") from exc
+    rows = [r for r in rows if any(cell.strip() for cell in r)]
+    if not rows:
+        raise DropError(f"{path} is empty; it needs a header row with columns image,subject_id,<labels>")
+    header = [h.strip() for h in rows[0]]
+    if len(set(header)) != len(header):
+        dupes = sorted({h for h in header if header.count(h) > 1})
+        raise DropError(f"{path}: duplicate column names {dupes}; every column name must be unique")
+    return raw, header, rows[1:]
+
+
+def _safe_relative(root: Path, image: str) -> tuple[Path | None, str | None]:
+    """Resolve ``image`` inside ``root``; return (path, None) or (None, reason)."""
+    if not image:
+        return None, "empty image path"
+    if "\\" in image or image.startswith("/") or (len(image) > 1 and image[1] == ":"):
+        return None, f"absolute or non-POSIX path {image!r}; use a relative POSIX path inside the drop"
+    pure = PurePosixPath(image)
+    if any(part == ".." for part in pure.parts):
+        return None, f"path {image!r} contains '..'; paths must stay inside the drop"
+    candidate = root.joinpath(*pure.parts)
+    # Resolving follows symlinks, so a link pointing outside the drop is caught here.
+    resolved = candidate.resolve()
+    if resolved != root and root not in resolved.parents:
+        return None, f"path {image!r} resolves outside the drop (symlink to {resolved})"
+    return candidate, None
+
+
+def _parse_eyes(cells: list[str]):
+    if all(c == "" for c in cells):
+        return None, None
+    if any(c == "" for c in cells):
+        return None, "eye points are incomplete: give all four of " + ", ".join(EYE_COLUMNS) + " or none"
+    try:
+        vals = [float(c) for c in cells]
+    except ValueError:
+        return None, f"eye points {cells} are not numbers"
+    if not all(math.isfinite(v) for v in vals):
+        return None, f"eye points {cells} are not finite"
+    a, b = (vals[0], vals[1]), (vals[2], vals[3])
+    # "left" is the eye with the smaller x in the image; accept either order.
+    return (a, b) if a[0] <= b[0] else (b, a), None
+
+
+def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, name: str | None = None) -> Drop:
+    """Read and validate a drop's manifest; bad rows are quarantined, never dropped silently.
+
+    Parameters
+    ----------
+    drop_dir : path
+        The drop directory.
+    labels : list of str, optional
+        Utility label columns; overrides ``drop.yaml``'s ``labels``.
+    name : str, optional
+        Dataset name; overrides ``drop.yaml``'s ``name`` (default: the directory name).
+
+    Raises
+    ------
+    DropError
+        When the drop as a whole is unusable: no directory, no manifest, not CSV, a required
+        or declared label column missing, or no labels declared.
+    """
+    root = Path(drop_dir)
+    if not root.is_dir():
+        raise DropError(f"drop directory {root} does not exist or is not a directory")
+    root = root.resolve()
+    manifest = root / MANIFEST
+    manifest_raw = _read_drop_text(root, MANIFEST)
+    if manifest_raw is None:
+        raise DropError(f"{root} has no {MANIFEST}; a drop needs a manifest with columns image,subject_id,<labels>")
+    meta = _read_yaml(root)
+    raw, header, body = _parse_manifest(manifest, manifest_raw)
+
+    missing = [c for c in REQUIRED_COLUMNS if c not in header]
+    if missing:
+        raise DropError(f"{manifest}: missing required column(s) {missing}; found columns {header}")
+    if labels is None:
+        labels = meta.get("labels")
+        if isinstance(labels, str):
+            labels = [s.strip() for s in labels.split(",") if s.strip()]
+        elif labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
+            raise DropError(
+                f"{root / DROP_YAML}: 'labels' must be a list of column names, e.g. 'labels: [gender, expression]'; "
+                f"got a {type(labels).__name__} ({labels!r}); or pass --labels gender,expression")
+    # No labels is a normal drop: k-Same runs without partitions and utility is not applicable.
+    labels = [str(x) for x in labels or []]
+    bad = [x for x in labels if x in RESERVED_COLUMNS]
+    if bad:
+        raise DropError(f"labels {bad} are reserved manifest columns; utility labels must be other columns")
+    absent = [x for x in labels if x not in header]
+    if absent:
+        raise DropError(f"{manifest}: declared label column(s) {absent} are missing; found columns {header}")
+    extra = [c for c in header if c not in RESERVED_COLUMNS and c not in labels]
+    eye_cols_present = [c for c in EYE_COLUMNS if c in header]
+    if eye_cols_present and len(eye_cols_present) != len(EYE_COLUMNS):
+        raise DropError(f"{manifest}: eye columns must come as all four of {list(EYE_COLUMNS)}; found {eye_cols_present}")
+
+    idx = {c: i for i, c in enumerate(header)}
+    rows: list[ManifestRow] = []
+    quarantined: list[Quarantined] = []
+    seen_paths: dict[str, int] = {}
+
+    def quarantine(rid: str, image: str, code: str, message: str) -> None:
+        quarantined.append(Quarantined(rid, image, code, message, "manifest"))
+
+    for n, cells in enumerate(body, start=1):
+        rid = record_id_for_row(n)
+        cells = [c.strip() for c in cells] + [""] * max(0, len(header) - len(cells))
+        if len(cells) > len(header) and any(cells[len(header):]):
+            quarantine(rid, cells[idx["image"]], "bad_row", f"row {n} has {len(cells)} cells, header has {len(header)}")
+            continue
+        image = cells[idx["image"]]
+        subject = cells[idx["subject_id"]]
+        path, why = _safe_relative(root, image)
+        if why:
+            quarantine(rid, image, "unsafe_path", why)
+            continue
+        key = PurePosixPath(image).as_posix()
+        if key in seen_paths:
+            quarantine(rid, image, "duplicate_path", f"{image!r} is listed again (first on row {seen_paths[key]})")
+            continue
+        seen_paths[key] = n
+        if not subject:
+            quarantine(rid, image, "missing_subject_id", f"row {n}: subject_id is empty")
+            continue
+        empty = [x for x in labels if not cells[idx[x]]]
+        if empty:
+            quarantine(rid, image, "missing_label", f"row {n}: label(s) {empty} empty")
+            continue
+        eyes = None
+        if eye_cols_present:
+            eyes, why = _parse_eyes([cells[idx[c]] for c in EYE_COLUMNS])
+            if why:
+                quarantine(rid, image, "bad_eye_points", f"row {n}: {why}")
+                continue
+        # Cheap early look (lstat, no link followed); the file is checked again when it is opened.
+        try:
+            mode = path.lstat().st_mode
+        except OSError:
+            quarantine(rid, image, "missing_file", f"{image!r} does not exist in the drop")
+            continue
+        if not stat.S_ISREG(mode) and not stat.S_ISLNK(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+            quarantine(rid, image, "not_regular_file", f"{image!r} is {kind}; list image files only")
+            continue
+        rows.append(ManifestRow(rid, n, key, path, subject, {x: cells[idx[x]] for x in labels}, eyes))
+
+    drop_name = name or meta.get("name") or root.name
+    if extra:
+        log.info("manifest columns not used and kept out of the release: %s", extra)
+    return Drop(root, str(drop_name), labels, raw, rows, quarantined, extra, license=_license(root, meta),
+                dataset=_dataset_name(root, meta.get("dataset"), str(drop_name)))
+
+
+def _license(root: Path, meta: dict) -> str | None:
+    """drop.yaml's ``license``: a licence id (cc-by-4.0, apache-2.0, other...), or None when absent."""
+    value = meta.get("license")
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _LICENSE_ID.match(value.strip()):
+        raise DropError(f"{root / DROP_YAML}: 'license' must be a licence id such as cc-by-4.0, cc-by-nc-4.0 or "
+                        f"other (letters, digits, '.', '+', '-'; at most 64); got {value!r}")
+    return value.strip()
+
+
+def _dataset_name(root: Path, declared: object, drop_name: str) -> str:
+    """The drop's dataset (its release lineage): ``dataset:`` as declared, else the drop's name made name-safe."""
+    from deid.release.lineage import check_dataset_name  # noqa: PLC0415 - crypto imports only where needed
+
+    if declared is None:
+        safe = re.sub(r"[^A-Za-z0-9._-]+", "-", drop_name).strip("-").lstrip(".")[:128]
+        return safe or "drop"
+    try:
+        return check_dataset_name(str(declared) if isinstance(declared, str | int) else declared)
+    except ConfigError as exc:
+        raise DropError(f"{root / DROP_YAML}: {exc}") from None

@@ -1,0 +1,1 @@
+"""Operations: the run ledger, crash safety and the stage functions submitted to Dask."""

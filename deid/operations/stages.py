@@ -1,0 +1,531 @@
+"""Stage functions that run on Dask workers: each reads Parquet, computes, writes Parquet.
+
+Every function is idempotent (it writes to a temporary file and renames it into place) so a
+task re-run after a lost worker produces the same output. They take paths and small parameters,
+never large arrays, so nothing big travels through the scheduler.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from deid.alignment.eyes import EyePair, HaarEyeDetector
+from deid.alignment.canonical import FaceAligner
+from deid.alignment.align import align_records
+from deid.errors import ConfigError, Quarantined, StateError
+from deid.alignment.features import Eigenfaces
+from deid.anonymise.identity import PeopleResolution, resolve_people
+from deid.anonymise.ksame import KSame
+from deid.evaluation.leaks import mean_abs_difference
+from deid.release.linkage import COUNTERFEIT_PREFIX  # staging id of a counterfeit record (private linkage only)
+from deid.anonymise.methods import deidentify as deidentify_images
+from deid.schemas import arrow as schemas
+
+log = logging.getLogger(__name__)
+
+
+def _write_atomic(table: pa.Table, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def make_aligner(params: dict) -> FaceAligner:
+    """Build the aligner from plain parameters (so it can be sent to a worker)."""
+    return FaceAligner(
+        size=tuple(params["size"]),
+        eye_left=tuple(params["eye_left"]),
+        eye_right=tuple(params["eye_right"]),
+        max_upsample=params["max_upsample"],
+        min_eye_distance=params["min_eye_distance"],
+        detector=HaarEyeDetector(),
+    )
+
+
+def align_batch(ingested_path: str, row_groups: list[int], out_path: str, aligner_params: dict,
+                exclude: list[str] = ()) -> dict:
+    """Align the faces of some row groups of the ingested table; return counts and quarantine rows."""
+    pf = pq.ParquetFile(ingested_path)
+    table = pf.read_row_groups(
+        row_groups, columns=["record_id", "image", "data", "eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"]
+    )
+    skip = set(exclude)
+    aligner = make_aligner(aligner_params)
+    cols = table.to_pydict()
+    records = []
+    for i, rid in enumerate(cols["record_id"]):
+        if rid in skip:
+            continue
+        lx, ly, rx, ry = (cols[c][i] for c in ("eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"))
+        eyes = EyePair((lx, ly), (rx, ry)) if lx is not None else None
+        records.append({"record_id": rid, "image": cols["image"][i], "data": cols["data"][i], "eyes": eyes})
+    del cols, table
+    color = bool(aligner_params.get("color"))
+    ok, bad = align_records(records, aligner, color=color)
+    if color:
+        # Colour faces beside the grey ones (<staging>/aligned_color/<same part name>): only the
+        # de-identification reads them; everything measured (eyes, features, identity, attacks) is grey.
+        _write_atomic(pa.table({"record_id": [r["record_id"] for r in ok], "color": [r["color"] for r in ok]},
+                               schema=schemas.aligned_color()), color_part(out_path))
+    out = pa.table(
+        {
+            "record_id": [r["record_id"] for r in ok],
+            "pixels": [r["pixels"] for r in ok],
+            "eye_source": [r["eye_source"] for r in ok],
+            "eye_left_x": [float(r["eye_left_x"]) for r in ok],
+            "eye_left_y": [float(r["eye_left_y"]) for r in ok],
+            "eye_right_x": [float(r["eye_right_x"]) for r in ok],
+            "eye_right_y": [float(r["eye_right_y"]) for r in ok],
+        },
+        schema=schemas.aligned(),
+    )
+    _write_atomic(out, Path(out_path))
+    return {
+        "path": out_path,
+        "aligned": len(ok),
+        "quarantined": [q.__dict__ for q in bad],
+        "eye_sources": {s: sum(r["eye_source"] == s for r in ok) for s in {r["eye_source"] for r in ok}},
+    }
+
+
+COLOR_SUBDIR = "aligned_color"
+# The colour methods: those whose released face is the plain mean of its cluster's faces, so the
+# same mean per channel is the colour release (see deidentify_partition).
+COLOR_METHODS = ("k-same", "k-same-select", "k-same-naive")
+
+
+def color_part(aligned_part: str | Path) -> Path:
+    """Where :func:`align_batch` writes the colour faces of one aligned part."""
+    p = Path(aligned_part)
+    return p.parent.parent / COLOR_SUBDIR / p.name
+
+
+def read_pixels(paths: list[str], columns=("record_id", "pixels")) -> tuple[list[str], np.ndarray]:
+    """Load aligned faces from Parquet parts as (record ids, uint8 matrix n x p)."""
+    table = pa.concat_tables([pq.read_table(p, columns=list(columns)) for p in paths]) if paths else None
+    if table is None or table.num_rows == 0:
+        return [], np.zeros((0, 0), dtype=np.uint8)
+    ids = table.column("record_id").to_pylist()
+    pix = table.column("pixels").to_pylist()
+    return ids, np.frombuffer(b"".join(pix), dtype=np.uint8).reshape(len(pix), -1)
+
+
+def fit_eigenfaces(aligned_paths: list[str], n_components: int, seed: int = 0) -> Eigenfaces:
+    """Fit the eigenface model on the aligned set (a seeded subset on large drops).
+
+    Only the subset Eigenfaces would draw is loaded (the same seeded choice), so memory stays
+    bounded by ``max_fit_samples`` faces instead of the whole drop.
+    """
+    model = Eigenfaces(n_components, random_state=seed)
+    counts = [pq.ParquetFile(p).metadata.num_rows for p in aligned_paths]
+    total = sum(counts)
+    if total <= model.max_fit_samples:
+        _, X = read_pixels(aligned_paths)
+        return model.fit(X)
+    rng = np.random.default_rng(seed)
+    chosen = np.sort(rng.choice(total, model.max_fit_samples, replace=False))
+    rows, start = [], 0
+    for path, n in zip(aligned_paths, counts):
+        local = chosen[(chosen >= start) & (chosen < start + n)] - start
+        if len(local):
+            pix = pq.read_table(path, columns=["pixels"]).column("pixels").take(pa.array(local)).to_pylist()
+            rows.extend(pix)
+        start += n
+    X = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), -1)
+    return model.fit(X)
+
+
+def project_part(aligned_path: str, model: Eigenfaces, out_path: str) -> int:
+    """Project one aligned part onto the eigenfaces; write (record_id, features)."""
+    ids, X = read_pixels([aligned_path])
+    feats = model.transform(X) if len(ids) else np.zeros((0, model.n_components_), np.float32)
+    out = pa.table(
+        {"record_id": ids, "features": pa.ListArray.from_arrays(
+            pa.array(np.arange(0, feats.size + 1, max(feats.shape[1], 1), dtype=np.int32)[: len(ids) + 1]),
+            pa.array(np.ascontiguousarray(feats, dtype=np.float32).ravel()))},
+        schema=schemas.features(),
+    )
+    _write_atomic(out, Path(out_path))
+    return len(ids)
+
+
+def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: str = "k-same-select",
+                         shape: tuple[int, int] | None = None, sigma: float | None = None,
+                         block: int | None = None, labels: tuple[str, ...] | list[str] = (),
+                         color_dir: str | None = None) -> dict:
+    """De-identify one partition: k-Same (k-Same-Select = this, once per label partition).
+
+    ``k-same-naive`` counts images instead of people (Newton et al.'s formulation, for
+    comparison); ``blur`` and ``pixelate`` filter each face on its own (no clusters: every record
+    is its own "cluster", which the gate's k checks reject). Every other method of
+    :data:`deid.anonymise.methods.REGISTRY` runs through :func:`deid.anonymise.methods.deidentify` on the pixels,
+    with the partition's ``labels`` columns; methods without clusters get one per record too. Returns the cluster summary: per
+    cluster its size and number of distinct people. Cluster names are random, so nothing about
+    them follows the input order.
+
+    With ``color_dir`` (the aligned colour faces, ``DEID_COLOR``), a k-Same method releases each
+    cluster's mean per colour channel (BGR, column ``color``) and its ``pixels`` become the grey
+    of that colour face, so the gate attacks exactly the grey of what is published.
+    """
+    table = ds.dataset(partition_dir, format="parquet").to_table(
+        columns=["record_id", "subject_id", "features", "pixels", *labels]
+    )
+    ids = table.column("record_id").to_pylist()
+    people = np.asarray(table.column("subject_id").to_pylist(), dtype=object)
+    X = np.asarray(table.column("features").to_pylist(), dtype=np.float32)
+    pix = table.column("pixels").to_pylist()
+    images = np.frombuffer(b"".join(pix), dtype=np.uint8).reshape(len(pix), -1)
+    if method not in ("k-same", "k-same-naive", "k-same-select"):
+        # Every other method (registry in deid.anonymise.methods) runs on the pixels; those without
+        # clusters (blur, pixelate, selective-mean, attribute-preserving) get one per record.
+        released, found = deidentify_images(images, shape=shape, people=list(people), method=method, k=k,
+                                            sigma=sigma, block=block,
+                                            labels={x: table.column(x).to_pylist() for x in labels} or None)
+        labels_ = np.arange(len(ids)) if found is None else found
+    else:
+        model = KSame(k, count="images" if method == "k-same-naive" else "people").fit(X, people=people, images=images)
+        released = np.clip(np.rint(model.averages_[model.labels_]), 0, 255).astype(np.uint8)
+        labels_ = model.labels_
+    names = [uuid.uuid4().hex[:12] for _ in range(int(labels_.max()) + 1 if len(labels_) else 0)]
+    clusters = [names[c] for c in labels_]
+    columns = {"record_id": ids, "cluster": clusters}
+    if color_dir is not None:
+        if method not in COLOR_METHODS:
+            raise ConfigError(f"method={method!r} cannot release colour; with DEID_COLOR=true use one of "
+                              f"{list(COLOR_METHODS)}")
+        colour = _cluster_colour_means(color_dir, ids, labels_)
+        released = colour_to_grey(colour)
+        columns["color"] = [r.tobytes() for r in colour]
+    columns["pixels"] = [r.tobytes() for r in released]
+    out = pa.table(columns, schema=schemas.deidentified(color=color_dir is not None))
+    _write_atomic(out, Path(out_path))
+    summary = []
+    for c, name in enumerate(names):
+        members = labels_ == c
+        summary.append({"cluster": name, "size": int(members.sum()), "people": int(len(set(people[members])))})
+    return {"path": out_path, "records": len(ids), "clusters": summary}
+
+
+def _cluster_colour_means(color_dir: str, ids: list[str], labels_: np.ndarray) -> np.ndarray:
+    """Per record, the per-channel mean colour face of its cluster (uint8, n x h*w*3)."""
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    t = ds.dataset(color_dir, format="parquet").to_table(filter=pc.field("record_id").isin(ids))
+    where = {rid: i for i, rid in enumerate(t.column("record_id").to_pylist())}
+    missing = [rid for rid in ids if rid not in where]
+    if missing:
+        raise StateError(f"{len(missing)} records have no colour face in {color_dir} (e.g. {missing[0]}); "
+                         "the aligned colour parts are incomplete")
+    raw = t.column("color").to_pylist()
+    colour = np.frombuffer(b"".join(raw[where[rid]] for rid in ids), np.uint8).reshape(len(ids), -1)
+    out = np.empty_like(colour)
+    for c in np.unique(labels_):
+        members = labels_ == c
+        out[members] = np.clip(np.rint(colour[members].mean(axis=0, dtype=np.float64)), 0, 255).astype(np.uint8)
+    return out
+
+
+def colour_to_grey(colour: np.ndarray) -> np.ndarray:
+    """(n, h*w*3) BGR faces to (n, h*w) grey with OpenCV's weights (those every grey decode uses)."""
+    import cv2  # noqa: PLC0415
+
+    n = len(colour)
+    if n == 0:
+        return np.zeros((0, 0), np.uint8)
+    grey = cv2.cvtColor(colour.reshape(n, -1, 3), cv2.COLOR_BGR2GRAY)
+    return np.ascontiguousarray(grey.reshape(n, -1))
+
+
+def _paired_batches(partition_dir: str, deid_path: str, columns: list[str], batch_rows: int):
+    """Stream a label partition and its de-identified part side by side (same record order)."""
+    # Little read-ahead: memory stays at a few batches of pixels whatever the partition size.
+    orig = ds.dataset(partition_dir, format="parquet").to_batches(columns=columns, batch_size=batch_rows,
+                                                                  batch_readahead=1, fragment_readahead=1)
+    rel = pq.ParquetFile(deid_path).iter_batches(batch_size=batch_rows, columns=["record_id", "cluster", "pixels"])
+    o_buf: list[pa.RecordBatch] = []
+    for r in rel:
+        need = r.num_rows
+        while sum(b.num_rows for b in o_buf) < need:
+            o_buf.append(next(orig))
+        o = pa.Table.from_batches(o_buf).combine_chunks()
+        head, rest = o.slice(0, need), o.slice(need)
+        o_buf = rest.to_batches() if rest.num_rows else []
+        if head.column("record_id").to_pylist() != r.column("record_id").to_pylist():
+            raise RuntimeError(f"gate: {deid_path} and {partition_dir} do not list the same records in the same order")
+        yield head, r
+
+
+def _pixels(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    values = column.to_pylist()
+    return np.frombuffer(b"".join(values), np.uint8).reshape(len(values), -1) if values else np.zeros((0, 0), np.uint8)
+
+
+def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[str], batch_rows: int = 4096,
+                 select: bool = False) -> dict:
+    """Per-record facts the gate needs, streamed: memory holds metadata, never all pixels.
+
+    Returns plain arrays for :class:`deid.evaluation.gate.GateInputs`: ``record_ids``, ``people`` (the
+    effective person the partition stage resolved, see :func:`resolve_identities`),
+    ``clusters``, ``partitions``, ``labels`` (name -> values), ``image_index`` (index of the
+    record's released image among the distinct ones, by content hash) and ``own_distance``
+    (mean absolute difference between the released image and the record's own original),
+    plus ``fetch(idx) -> (released, originals)``, which reads just those records' pixels.
+    ``select``: the method partitions by the labels (the returning people's records then join
+    the partition of their label values).
+    """
+    import hashlib  # noqa: PLC0415
+
+    pairs = []
+    for path in sorted(deid_paths):
+        name = Path(path).name[: -len(".parquet")]
+        pairs.append((str(Path(partitions_root) / name), path))
+    ids: list[str] = []
+    people: list[str] = []
+    clusters: list[str] = []
+    partitions: list[str] = []
+    label_values: dict[str, list] = {x: [] for x in labels}
+    image_index: list[int] = []
+    own: list[np.ndarray] = []
+    digests: dict[bytes, int] = {}
+    lineage_key = _lineage_partition_key(Path(partitions_root), labels, select)
+    for pdir, dpath in pairs:
+        key = Path(pdir).name.split("=", 1)[-1]
+        for o, r in _paired_batches(pdir, dpath, ["record_id", "subject_id", "pixels", *labels], batch_rows):
+            ids += r.column("record_id").to_pylist()
+            people += o.column("subject_id").to_pylist()
+            clusters += r.column("cluster").to_pylist()
+            if key == LINEAGE_PARTITION:
+                cols = [o.column(x).to_pylist() for x in labels]
+                partitions += [lineage_key(tuple(str(c[j]) for c in cols)) for j in range(r.num_rows)]
+            else:
+                partitions += [key] * r.num_rows
+            for x in labels:
+                label_values[x] += o.column(x).to_pylist()
+            rel = r.column("pixels").to_pylist()
+            image_index += [digests.setdefault(hashlib.blake2b(b, digest_size=16).digest(), len(digests)) for b in rel]
+            a, b = _pixels(r.column("pixels")), _pixels(o.column("pixels"))
+            own.append(mean_abs_difference(a, b))
+
+    memo: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+
+    def fetch(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.asarray(idx, dtype=np.int64)
+        key = idx.tobytes()
+        if key in memo:
+            return memo[key]
+        want = pa.array(sorted({ids[i] for i in idx}), pa.string())
+        got_ids: list[str] = []
+        rel_parts, orig_parts = [], []
+        for pdir, dpath in pairs:
+            for o, r in _paired_batches(pdir, dpath, ["record_id", "pixels"], batch_rows):
+                mask = pc.is_in(r.column("record_id"), value_set=want)
+                if not pc.any(mask).as_py():
+                    continue
+                got_ids += r.column("record_id").filter(mask).to_pylist()
+                rel_parts.append(_pixels(r.column("pixels").filter(mask)))
+                orig_parts.append(_pixels(o.column("pixels").filter(mask)))
+        if not len(idx):
+            out = (np.zeros((0, 0), np.uint8), np.zeros((0, 0), np.uint8))
+        else:
+            where = {rid: n for n, rid in enumerate(got_ids)}
+            order = np.asarray([where[ids[i]] for i in idx], dtype=np.int64)
+            out = (np.concatenate(rel_parts)[order], np.concatenate(orig_parts)[order])
+        memo.clear()  # keep one sample: the gate asks for the same records several times in a row
+        memo[key] = out
+        return out
+
+    return {
+        "record_ids": ids,
+        "people": np.asarray(people, dtype=object),
+        "clusters": np.asarray(clusters, dtype=object),
+        "partitions": np.asarray(partitions, dtype=object),
+        "labels": {x: np.asarray(v, dtype=object) for x, v in label_values.items()},
+        "image_index": np.asarray(image_index, dtype=np.int64),
+        "own_distance": np.concatenate(own) if own else np.zeros(0),
+        "fetch": fetch,
+    }
+
+
+def _lineage_partition_key(root: Path, labels: list[str], select: bool):
+    """The gate partition of a returning person's record: the label partition its labels belong to.
+
+    Returning records are staged together (``partition=lineage``); the gate's utility protocol
+    re-runs the method per partition, so they join the new records' partition of the same label
+    values (k-Same-Select), or the single partition of plain k-Same.
+    """
+    import json  # noqa: PLC0415
+
+    index = json.loads((root / "_index.json").read_text()) if (root / "_index.json").is_file() else []
+    by_key = {tuple(e["key"]): Path(e["dir"]).name.split("=", 1)[-1] for e in index}
+    if not select:
+        single = next(iter(by_key.values())) if len(by_key) == 1 else LINEAGE_PARTITION
+        return lambda lab: single
+    return lambda lab: by_key.get(lab, f"{LINEAGE_PARTITION}|" + "|".join(lab))
+
+
+def embed_faces(pixels: list[bytes], shape: tuple[int, int]) -> np.ndarray:
+    """dlib ResNet descriptors of aligned canonical faces (a Dask task: one core per chunk)."""
+    from deid.evaluation.recognizer import DlibEmbedder  # noqa: PLC0415 (dlib import cost)
+
+    a = np.frombuffer(b"".join(pixels), np.uint8).reshape(len(pixels), -1)
+    return DlibEmbedder(tuple(shape)).transform(a)
+
+
+def resolve_identities(faces: pa.Table, *, policy: str = "merge", embeddings: np.ndarray | None = None
+                       ) -> tuple[pa.Table, PeopleResolution, list[Quarantined]]:
+    """Replace ``subject_id`` by the effective person (normalised ids, matching faces merged).
+
+    Near-duplicate eigenface features always count; ``embeddings`` (dlib descriptors, one per
+    row) add the recogniser's same-person matches. ``policy="quarantine"`` withholds every
+    record involved in a face match across ids instead of merging them.
+    """
+    if policy not in ("merge", "quarantine"):
+        raise ValueError(f"duplicate_ids={policy!r} must be 'merge' or 'quarantine'")
+    X = np.asarray(faces.column("features").to_pylist(), dtype=np.float64) if faces.num_rows else None
+    res = resolve_people(faces.column("subject_id").to_pylist(), X, embeddings=embeddings)
+    people = pa.array(list(res.person), pa.string())
+    faces = faces.set_column(faces.schema.get_field_index("subject_id"), "subject_id", people)
+    quarantined: list[Quarantined] = []
+    if policy == "quarantine" and res.flagged_records:
+        ids = faces.column("record_id").to_pylist()
+        quarantined = [Quarantined(ids[i], "", "same_face_other_id",
+                                   "the face matches a record under another subject id", "identity")
+                       for i in res.flagged_records]
+        keep = np.ones(faces.num_rows, dtype=bool)
+        keep[list(res.flagged_records)] = False
+        faces = faces.filter(pa.array(keep))
+    return faces, res, quarantined
+
+
+# --------------------------------------------------------------------------- release lineage (deid.release.lineage)
+
+LINEAGE_PARTITION = "lineage"      # hive key of the returning people's records (released as registered averages)
+
+
+def plan_lineage(faces: pa.Table, sources: dict[str, str], state, *, key: bytes, k: int, policy: str, absent: str,
+                 labels: list[str], select: bool):
+    """The lineage plan over the resolved faces (``subject_id`` = effective person), in table order.
+
+    ``sources`` maps record_id -> source_sha256. Partitions are the label tuples when the method
+    partitions by labels (k-Same-Select), else none.
+    """
+    from deid.release.lineage import plan_release  # noqa: PLC0415 - crypto imports only where needed
+
+    cols = faces.select(["record_id", "subject_id", *labels]).to_pydict()
+    parts = [tuple(str(cols[x][i]) for x in labels) for i in range(faces.num_rows)] if select and labels else None
+    return plan_release(state, cols["subject_id"], [sources[r] for r in cols["record_id"]], key=key, k=k,
+                        policy=policy, absent=absent, partitions=parts)
+
+
+def lineage_new_labels(plan, record_ids: list[str], deid_paths: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(cluster index, released uint8 image) of each of ``plan.new_records`` from the de-identified parts.
+
+    A new record the partition stage withheld (not in any part) gets cluster -1 and a zero image.
+    """
+    found: dict[str, tuple[str, bytes]] = {}
+    for path in deid_paths:
+        t = pq.read_table(path, columns=["record_id", "cluster", "pixels"]).to_pydict()
+        found.update(zip(t["record_id"], zip(t["cluster"], t["pixels"])))
+    names: dict[str, int] = {}
+    width = len(next(iter(found.values()))[1]) if found else 0
+    labels_ = np.full(len(plan.new_records), -1, dtype=np.intp)
+    images = np.zeros((len(plan.new_records), width), dtype=np.uint8)
+    for j, i in enumerate(plan.new_records):
+        hit = found.get(record_ids[i])
+        if hit is not None:
+            labels_[j] = names.setdefault(hit[0], len(names))
+            images[j] = np.frombuffer(hit[1], np.uint8)
+    return labels_, images
+
+
+def write_lineage_part(partition_dir: str, out_path: str, release, state, record_ids: list[str]) -> dict:
+    """The de-identified part of the returning people: each record carries its registered stored average.
+
+    Written in the order of the ``partition=lineage`` dataset, like every de-identified part, so
+    the gate pairs each record with its original. Returns the cluster summary of
+    :func:`deidentify_partition` (sizes count this drop's records, not counterfeits).
+    """
+    where = {record_ids[i]: key for i, key in enumerate(release.record_cluster) if key is not None}
+    t = ds.dataset(partition_dir, format="parquet").to_table(columns=["record_id", "subject_id"])
+    ids = t.column("record_id").to_pylist()
+    people = t.column("subject_id").to_pylist()
+    clusters = [where[r] for r in ids]
+    pixels = [np.ascontiguousarray(state.clusters[c].image, dtype=np.uint8).tobytes() for c in clusters]
+    _write_atomic(pa.table({"record_id": ids, "cluster": clusters, "pixels": pixels}, schema=schemas.deidentified()),
+                  Path(out_path))
+    summary = []
+    for c in sorted(set(clusters)):
+        members = [p for p, x in zip(people, clusters) if x == c]
+        summary.append({"cluster": c, "size": len(members), "people": len(set(members))})
+    return {"path": out_path, "records": len(ids), "clusters": summary}
+
+
+def counterfeit_rows(release, state, labels: list[str], present: dict[str, list[dict]],
+                     fallback: dict[str, str]) -> list[dict]:
+    """The counterfeit records of the republished clusters: stored image and utility labels, no source.
+
+    Labels come from the cluster's partition (k-Same-Select), else from a record of the cluster in
+    this drop (``present``: cluster key -> label dicts), else the drop's most common values.
+    """
+    rows = []
+    for r in release.republished:
+        c = state.clusters[r.key]
+        for n in range(r.n_counterfeit):
+            if labels and len(c.partition) == len(labels):
+                lab = dict(zip(labels, c.partition))
+            elif present.get(r.key):
+                lab = present[r.key][n % len(present[r.key])]
+            else:
+                lab = dict(fallback)
+            rows.append({"record_id": f"{COUNTERFEIT_PREFIX}{len(rows):06d}", "cluster": r.key,
+                         "pixels": np.ascontiguousarray(c.image, dtype=np.uint8), "labels": lab})
+    return rows
+
+
+def republished_members(release, state) -> dict[str, list[str]]:
+    """Cluster key -> the person (pseudonym) of each registered basis record, for every republished cluster."""
+    return {r.key: sorted(p for _, p in state.clusters[r.key].members) for r in release.republished}
+
+
+def count_registered_members(clusters, people, image_index, members: dict[str, list[str]]
+                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Gate rows for the k checks: a republished cluster counts its registered members, not its released rows.
+
+    The rows of republished clusters (``members`` keys) are replaced by one row per registered
+    basis record (person = its pseudonym) with one image index per cluster; every other row is
+    kept. A republished cluster without any row in this drop (only counterfeits) is counted too.
+    """
+    clusters = np.asarray(clusters, dtype=object)
+    keep = np.array([c not in members for c in clusters], dtype=bool)
+    start = int(np.max(image_index)) + 1 if len(image_index) else 0
+    extra_c = [c for c, ps in members.items() for _ in ps]
+    extra_p = [p for ps in members.values() for p in ps]
+    extra_i = [start + n for n, ps in enumerate(members.values()) for _ in ps]
+    return (np.concatenate([clusters[keep], np.asarray(extra_c, dtype=object)]),
+            np.concatenate([np.asarray(people, dtype=object)[keep], np.asarray(extra_p, dtype=object)]),
+            np.concatenate([np.asarray(image_index, dtype=np.int64)[keep], np.asarray(extra_i, dtype=np.int64)]))
+
+
+def lineage_can_abandon(state, release_id: str) -> bool:
+    """Whether a pending release may be marked abandoned: no release registered after it.
+
+    A later release was planned with this one's clusters as registered (pending constrains) and
+    may republish them; abandoning it would drop clusters that release refers to. It stays
+    pending then, which only ever constrains more.
+    """
+    seen = False
+    for doc in state.entries:
+        if doc.get("kind") == "release":
+            if seen:
+                return False
+            seen = doc.get("release_id") == release_id
+    return True

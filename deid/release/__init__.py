@@ -1,0 +1,1 @@
+"""Release and provenance: staging, signing, verification, linkage, lineage, dataset card and catalogue."""

@@ -1,0 +1,234 @@
+"""The dataset card (``README.md``) of a release: what a consumer reads first, with a YAML header.
+
+The card follows the Hugging Face dataset card convention (a ``---`` YAML metadata block, then
+Markdown): licence, size category and tags the hub indexes, a ``deid`` block with the figures
+machine-readable, and a body saying what the data is, how to load it, the method, k, the
+guarantee, what the gate measured (with intervals and sample sizes) and how to verify the
+signature. It is built from the report dict *before* that report is signed, and written into
+the staged release before the release is hashed, so the signed report lists the card's sha256
+too: a card altered after release fails ``deid verify``.
+
+The card carries only what the report already says publicly about the release (counts, rates,
+label names); never a partition's label values, a subject id or a source path.
+"""
+from __future__ import annotations
+
+import html
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from deid.release.catalogue import KeyFigures, key_figures
+from deid.intake.drop import DEFAULT_LICENSE
+from deid.errors import ConfigError
+from deid.reporting.html_report import strip_urls
+
+CARD_NAME = "README.md"
+# Hugging Face's size_categories buckets.
+_SIZES = ((1_000, "n<1K"), (10_000, "1K<n<10K"), (100_000, "10K<n<100K"), (1_000_000, "100K<n<1M"),
+          (10_000_000, "1M<n<10M"))
+
+
+@dataclass(frozen=True)
+class DatasetCard:
+    """What the card states about one release (see :meth:`from_report`)."""
+
+    release_id: str
+    name: str
+    k: int
+    method: str
+    guarantee: str
+    created_at: str
+    labels: tuple[str, ...]
+    records: int
+    clusters: int | None
+    width: int | None
+    height: int | None
+    figures: KeyFigures
+    warnings: tuple[str, ...]
+    license: str | None
+    color: bool = False
+
+    @classmethod
+    def from_report(cls, report: dict[str, Any]) -> DatasetCard:
+        """The card of the release a (not yet signed) ``released`` report describes.
+
+        Raises
+        ------
+        ConfigError
+            When the report's verdict is not ``released``: a rejected run has no release to describe.
+        """
+        if report.get("verdict") != "released":
+            raise ConfigError(f"report verdict={report.get('verdict')!r}; only a released run gets a dataset card")
+        cfg = report.get("configuration") or {}
+        size = cfg.get("canonical_size") or [None, None]
+        fig = key_figures(report)
+        return cls(
+            release_id=str(report["release_id"]), name=str(report["dataset"]["name"]), k=int(report["k"]),
+            method=str(report["method"]), guarantee=str(report.get("guarantee") or "no formal guarantee"),
+            created_at=str(report.get("created_at") or ""), labels=tuple(cfg.get("labels") or ()),
+            records=int(report["dataset"]["records_released"]),
+            clusters=(cfg.get("clusters") or {}).get("count"), width=size[0], height=size[1], figures=fig,
+            warnings=tuple(report.get("warnings") or ()), license=cfg.get("license"), color=bool(cfg.get("color")))
+
+    def header(self) -> dict[str, Any]:
+        """The YAML metadata block (Hugging Face keys, plus ``deid`` with the figures)."""
+        fig = self.figures
+        size = next((s for limit, s in _SIZES if self.records < limit), "n>10M")
+        return {
+            "pretty_name": f"{self.name} (de-identified, k={self.k})",
+            "license": self.license or DEFAULT_LICENSE,
+            "task_categories": ["image-classification"] if self.labels else [],
+            "size_categories": [size],
+            "tags": ["k-anonymity", "face-de-identification", self.method, "deid"],
+            "deid": {
+                "release_id": self.release_id, "created_at": self.created_at, "k": self.k, "method": self.method,
+                "guarantee": self.guarantee, "records": self.records, "clusters": self.clusters,
+                "labels": list(self.labels), "image_size": [self.width, self.height],
+                "color": self.color,
+                "reidentification_bound": fig.bound, "max_reidentification_rate": fig.max_rate,
+                "worst_attack": {"name": fig.worst_attack, "rate": fig.worst_rate, "lower": fig.worst_lower,
+                                 "upper": fig.worst_upper, "probes": fig.worst_probes},
+                "min_distinct_people_per_cluster": fig.min_people,
+                "utility": [{"label": u.label, "original_accuracy": u.original_accuracy,
+                             "release_accuracy": u.deidentified_accuracy, "delta_lower": u.delta_lower,
+                             "delta_upper": u.delta_upper, "test_images": u.n_test, "decision": u.status}
+                            for u in fig.utility],
+                "report": f"reports/{self.release_id}/report.json",
+            },
+        }
+
+    def render(self) -> str:
+        """The card's text: ``---`` YAML header ``---`` then Markdown."""
+        fig = self.figures
+        name = _md(self.name)
+        labels = ", ".join(f"`{_md(x)}`" for x in self.labels) or "none"
+        size = f"{self.width} x {self.height} pixels" if self.width and self.height else "a fixed size"
+        lines = [
+            f"# {name}, de-identified (k = {self.k}, {self.method})",
+            "",
+            f"A de-identified release of the face dataset **{name}**, made and checked by deid on "
+            f"{_md(self.created_at)} (release `{self.release_id}`). It holds {self.records} "
+            f"{'colour' if self.color else 'grey-scale'} faces of "
+            f"{size}, aligned on the eyes, in {self.clusters if self.clusters is not None else 'its'} clusters. "
+            f"Every face is replaced by a face computed from its cluster of at least {self.k} people "
+            f"({self.method}"
+            + ("; the mean of the cluster's faces per colour channel" if self.color else "")
+            + "); no released face is a photograph of one person."
+            + (" The privacy figures below were measured on the grey version of these faces." if self.color else ""),
+            "",
+            "## Guarantee",
+            "",
+            f"{_md(self.guarantee)}. Every released cluster holds at least {self.k} images of at least "
+            f"{self.k} distinct people and no person makes up more than 1/{self.k} of a cluster's images, so an "
+            f"attacker who matches a released face against photographs of the people re-identifies it with "
+            f"probability at most 1/{self.k} = {1 / self.k:.3f}. The release carries no subject id, source path, "
+            "source bytes or image metadata (EXIF); its rows are in random order with fresh random ids.",
+            "",
+            "## Contents",
+            "",
+            "- `images/*.png`: the faces (PNG written from pixels).",
+            "- `metadata.csv`: one row per image: `file_name` (the image, relative to this directory), "
+            f"`record_id` (a fresh random id), `cluster_id` (a random id of the face's cluster) and the "
+            f"utility labels ({labels}).",
+            "- `release.parquet` and `release.csv`: the same table with the image path in the column `image`.",
+            "- `README.md`: this card.",
+            "",
+            "CSV cells starting with `=`, `+`, `-`, `@`, TAB or CR are prefixed with `'` so that no "
+            "spreadsheet runs them as formulas; `release.parquet` keeps the exact values.",
+            "",
+            "## Loading",
+            "",
+            "```python",
+            "from datasets import load_dataset",
+            "",
+            'ds = load_dataset("imagefolder", data_dir="path/to/this/directory", split="train")',
+            "",
+            "import pandas as pd",
+            "",
+            'df = pd.read_parquet("path/to/this/directory/release.parquet")',
+            "```",
+            "",
+            "## What the gate measured before release",
+            "",
+            "| figure | value |",
+            "| --- | --- |",
+            f"| k (minimum people per cluster) | {self.k} |",
+            f"| bound on the re-identification rate (1/k) | {_f(fig.bound)} |",
+            f"| highest measured re-identification rate | {_f(fig.max_rate)} |",
+        ]
+        if fig.worst_attack is not None:
+            lines.append(f"| attack with the highest upper bound | {_md(fig.worst_attack)}: {_f(fig.worst_rate)}, "
+                         f"confidence interval [{_f(fig.worst_lower)}, {_f(fig.worst_upper)}], {fig.worst_probes} probes |")
+        lines.append(f"| fewest distinct people in a cluster | {fig.min_people if fig.min_people is not None else '-'} |")
+        if fig.utility:
+            lines += ["", "Utility: a classifier of each label trained on the original faces and tested on held-out "
+                      "originals, against one trained on the release (accuracy difference: originals minus "
+                      "release, with its confidence interval).", "",
+                      "| label | originals | release | difference interval | test images | decision |",
+                      "| --- | --- | --- | --- | --- | --- |"]
+            lines += [f"| {_md(u.label)} | {_f(u.original_accuracy)} | {_f(u.deidentified_accuracy)} | "
+                      f"[{_f(u.delta_lower)}, {_f(u.delta_upper)}] | {u.n_test if u.n_test is not None else '-'} | "
+                      f"{_md(u.status or '-')} |" for u in fig.utility]
+        if self.warnings:
+            lines += ["", "Not decided by the data (the gate released, and says so):", ""]
+            lines += [f"- {_md(w)}" for w in self.warnings]
+        lines += [
+            "",
+            "## Verifying this release",
+            "",
+            f"The signed report `reports/{self.release_id}/report.json` (Ed25519, `report.json.sig`) lists the "
+            "sha256 of every file in this directory, this card included. With the data steward's public key:",
+            "",
+            "```",
+            f"deid verify reports/{self.release_id} --release path/to/this/directory --public-key STEWARD.pub.pem",
+            "```",
+            "",
+            "Exit code 0 means the report is signed by that key and every file matches; a changed, missing "
+            "or extra file fails. Without `--public-key` only integrity is checked (exit 8).",
+            "",
+            "## Licence",
+            "",
+        ]
+        if self.license:
+            lines.append(f"`{_md(self.license)}`, as set by the data steward (`license:` in the drop's drop.yaml).")
+        else:
+            lines.append(f"`{DEFAULT_LICENSE}`: the data steward set no licence (`license:` in drop.yaml); ask the "
+                         "steward for the terms of use before using or sharing this data.")
+        body = "\n".join(lines) + "\n"
+        head = yaml.safe_dump(self.header(), sort_keys=False, allow_unicode=True, width=1000)
+        return strip_urls(f"---\n{head}---\n\n{body}")
+
+
+def _f(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _md(text: Any) -> str:
+    """Steward-supplied text as inert Markdown: no HTML, no table breaks, no code spans, no links."""
+    return html.escape(str(text), quote=False).replace("|", "\\|").replace("`", "'").replace("[", "\\[")
+
+
+def write_card(release_dir: str | os.PathLike, card: DatasetCard) -> Path:
+    """Write ``README.md`` into a (staged) release directory; return its path."""
+    path = Path(release_dir) / CARD_NAME
+    if not path.parent.is_dir():
+        raise ConfigError(f"release_dir={str(path.parent)!r} is not a directory; stage the release first")
+    path.write_text(card.render(), encoding="utf-8")
+    return path
+
+
+def split_card(text: str) -> tuple[dict[str, Any], str]:
+    """(YAML header, Markdown body) of a card; raises ConfigError when the header is missing or not a mapping."""
+    if not text.startswith("---\n"):
+        raise ConfigError("the card does not start with a '---' YAML header")
+    end = text.find("\n---\n", 4)
+    if end < 0:
+        raise ConfigError("the card's YAML header has no closing '---'")
+    header = yaml.safe_load(text[4:end])
+    if not isinstance(header, dict):
+        raise ConfigError(f"the card's YAML header is a {type(header).__name__}, not a mapping")
+    return header, text[end + 5:]

@@ -1,0 +1,722 @@
+"""Release lineage: successive releases of one dataset that leak nothing by differencing.
+
+Each release of a dataset is k-anonymous on its own; together they are not (the composition
+problem of k-anonymity, Ganta, Kasiviswanathan & Smith, KDD 2008). Two clusters of successive
+releases that differ by fewer than ``k`` member records give the differing faces away:
+``s * (M1 - M2) = a - b`` for one swapped person, ``|C2| M2 - |C1| M1 = x`` for one added face.
+The standard answer for re-publication is m-invariance (Xiao & Tao, SIGMOD 2007): a person keeps
+the same published group in every release, and absent members are covered by counterfeits.
+
+This module holds the pure part:
+
+- the lineage *state* of a dataset (:class:`LineageState`), replayed from the registry entries
+  (the encrypted, hash-chained store is :mod:`deid.release.lineage_registry`);
+- :func:`plan_release`: for a new drop, which records are released as a registered cluster's
+  stored average (bit-identical), which are new people to cluster among themselves, which wait
+  or are suppressed, and how many counterfeit records each republished cluster needs;
+- :func:`build_release` / :func:`release_from_clusters`: the release as the lineage sees it
+  (basis records and people of every released cluster, released images), which the gate
+  checks (:mod:`deid.release.lineage_checks`) and which becomes the next registry entry.
+
+Identities never appear in clear: a person is a keyed pseudonym (HMAC-SHA256) and a record is the
+SHA-256 of its source bytes. Keys are derived from the steward's 32-byte key (the linkage key)
+with HKDF-SHA256, one key per purpose and dataset, so pseudonyms of two datasets cannot be linked.
+
+References
+----------
+X. Xiao, Y. Tao. m-Invariance: towards privacy preserving re-publication of dynamic datasets.
+SIGMOD 2007, 689-700.
+S. R. Ganta, S. P. Kasiviswanathan, A. Smith. Composition attacks and auxiliary information in
+data privacy. KDD 2008, 265-273.
+"""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import hashlib
+import hmac
+import json
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from deid.errors import ConfigError, DeidError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ABSENT_POLICIES",
+    "POLICIES",
+    "LineageCluster",
+    "LineageError",
+    "LineagePlan",
+    "LineageRelease",
+    "LineageState",
+    "ReleaseSummary",
+    "Republish",
+    "build_release",
+    "canonical_bytes",
+    "chain_hash",
+    "check_dataset_name",
+    "derive_key",
+    "describe_lineage",
+    "empty_state",
+    "image_sha256",
+    "plan_release",
+    "pseudonymize",
+    "release_from_clusters",
+    "replay",
+]
+
+POLICIES = ("invariant", "release-once")
+ABSENT_POLICIES = ("republish", "suppress")
+ENTRY_FORMAT = "deid-lineage-entry-v1"
+GENESIS_PREV = "0" * 64
+KEY_BYTES = 32
+# Suppression reasons of single records (stable codes: the report counts them).
+WAITING = "waiting_for_k_new_people"
+RELEASED_BEFORE = "released_before"  # release-once
+PARTITION_MISMATCH = "returning_partition_mismatch"
+CLUSTER_SUPPRESSED = "registered_cluster_suppressed"
+# Reasons a registered cluster is not republished.
+MEMBER_ABSENT = "member_absent"
+BELOW_K = "registered_cluster_below_k"
+RETIRED = "release_once"
+
+
+class LineageError(DeidError):
+    """A lineage registry that is corrupt, tampered with, or inconsistent with the release asked for."""
+
+
+# --------------------------------------------------------------------------- keys and identities
+
+
+def derive_key(key: bytes, dataset: str, purpose: str) -> bytes:
+    """A 32-byte key for one ``purpose`` ("pseudonym", "encrypt", "head") of one dataset.
+
+    HKDF-SHA256 (RFC 5869) of the steward's key: separate keys per purpose, and per dataset so that
+    the pseudonym of a person in two datasets differs (the registries cannot be joined).
+    """
+    if not isinstance(key, bytes | bytearray) or len(key) != KEY_BYTES:
+        got = f"{len(key)} bytes" if isinstance(key, bytes | bytearray) else type(key).__name__
+        raise ConfigError(f"lineage key must be {KEY_BYTES} bytes (the linkage key), got {got}; "
+                          "load it with deid.release.linkage.ensure_linkage_key or load_linkage_key")
+    info = f"deid-lineage-v1|{purpose}|{check_dataset_name(dataset)}".encode()
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=b"deid-lineage", info=info).derive(bytes(key))
+
+
+def pseudonymize(key: bytes, dataset: str, people: Sequence[Hashable]) -> list[str]:
+    """HMAC-SHA256 pseudonym (hex) of each person id, keyed by the dataset's pseudonym key."""
+    pkey = derive_key(key, dataset, "pseudonym")
+    return [hmac.new(pkey, str(p).encode("utf-8"), hashlib.sha256).hexdigest() for p in people]
+
+
+def check_dataset_name(dataset: str) -> str:
+    """A dataset name usable as a directory name (letters, digits, ``._-``; not starting with a dot)."""
+    ok = isinstance(dataset, str) and 0 < len(dataset) <= 128 and not dataset.startswith(".") and all(
+        c.isalnum() or c in "._-" for c in dataset)
+    if not ok:
+        raise ConfigError(f"dataset={dataset!r} must be 1-128 letters, digits, '.', '_' or '-' not starting "
+                          "with '.', e.g. the drop's name; set `dataset:` in drop.yaml")
+    return dataset
+
+
+def image_sha256(image: np.ndarray) -> str:
+    """SHA-256 of a released image's uint8 pixel bytes (row-major): PNG bytes may vary, pixels do not."""
+    return hashlib.sha256(np.ascontiguousarray(image, dtype=np.uint8).tobytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------- the registered lineage
+
+
+@dataclass(frozen=True, eq=False)
+class LineageCluster:
+    """One released cluster as the lineage records it.
+
+    ``members`` is the *basis*: (source fingerprint, person pseudonym) of every record averaged
+    into ``image``. A republished cluster keeps its basis; records released with it later (new
+    photos of returning people) are in :attr:`LineageState.record_cluster` but not averaged.
+    """
+
+    key: str                      # stable id "<release_id>/<n>"
+    release_id: str               # the release that created it
+    members: frozenset[tuple[str, str]]   # (sha256 of source bytes, pseudonym) of each basis record
+    image: np.ndarray             # uint8 (n_pixels,): the released average, stored
+    shape: tuple[int, int]        # (height, width)
+    partition: tuple[str, ...]    # utility label values of the cluster (counterfeits carry them)
+    n_released: int               # records released with it when it was created
+    k: int
+    method: str
+
+    @property
+    def image_sha256(self) -> str:
+        return image_sha256(self.image)
+
+    @property
+    def records(self) -> frozenset[str]:
+        """Fingerprints of the basis records."""
+        return frozenset(f for f, _ in self.members)
+
+    @property
+    def people(self) -> frozenset[str]:
+        """Pseudonyms of the basis people."""
+        return frozenset(p for _, p in self.members)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"key": self.key, "release_id": self.release_id, "members": sorted(map(list, self.members)),
+                "image_sha256": self.image_sha256,
+                "image": base64.b64encode(np.ascontiguousarray(self.image, dtype=np.uint8).tobytes()).decode(),
+                "shape": list(self.shape), "partition": list(self.partition), "n_released": self.n_released,
+                "k": self.k, "method": self.method}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "LineageCluster":
+        image = np.frombuffer(base64.b64decode(d["image"]), dtype=np.uint8).copy()
+        c = cls(key=d["key"], release_id=d["release_id"], members=frozenset((f, p) for f, p in d["members"]),
+                image=image, shape=(int(d["shape"][0]), int(d["shape"][1])),
+                partition=tuple(d["partition"]), n_released=int(d["n_released"]), k=int(d["k"]),
+                method=str(d["method"]))
+        if c.image_sha256 != d["image_sha256"]:
+            raise LineageError(f"registered cluster {c.key}: stored average does not match its hash; the registry is corrupt")
+        return c
+
+
+@dataclass(frozen=True)
+class ReleaseSummary:
+    """Counts and policy decisions of one registered release (no member details)."""
+
+    release_id: str
+    seq: int
+    status: str                   # pending | published | abandoned
+    k: int
+    method: str
+    policy: str
+    absent: str
+    new_clusters: int
+    republished_clusters: int
+    suppressed_clusters: int
+    records_released: int
+    counterfeit_records: int
+    new_people: int
+    returning_people: int
+    waiting_people: int
+    suppressed_records: int
+
+
+@dataclass(frozen=True, eq=False)
+class LineageState:
+    """The registered lineage of a dataset: what every later release must stay consistent with.
+
+    Built by :func:`replay` from the registry entries; pure and in memory. Clusters of releases
+    marked abandoned (never published) are left out; pending ones count (a crash between
+    registering and publishing must err on the side of constraint).
+    """
+
+    dataset: str
+    seq: int = -1                                   # last entry's sequence number (-1: no entry yet)
+    head: str = GENESIS_PREV                        # last entry's chain hash
+    clusters: Mapping[str, LineageCluster] = field(default_factory=dict)
+    releases: tuple[ReleaseSummary, ...] = ()
+    record_cluster: Mapping[str, str] = field(default_factory=dict)          # fingerprint -> cluster key
+    person_clusters: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # pseudonym -> keys
+    released_sizes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)   # key -> size in each release
+    released_people: frozenset[str] = frozenset()   # every pseudonym released so far (release-once)
+    entries: tuple[Mapping[str, Any], ...] = ()     # the entry documents, in order
+
+    def with_entry(self, body: Mapping[str, Any]) -> "LineageState":
+        """The state after one more entry, chained to this one (the registry persists it).
+
+        ``body`` is e.g. :meth:`LineageRelease.to_entry`; ``format``, ``dataset``, ``seq`` and ``prev``
+        are set here. The first entry of a lineage is always the genesis entry.
+        """
+        state = self
+        if not self.entries and body.get("kind") != "genesis":
+            state = self.with_entry({"kind": "genesis"})
+        seq = state.seq + 1
+        doc = {**body, "format": ENTRY_FORMAT, "dataset": state.dataset, "seq": seq, "prev": state.head}
+        return replay(state.dataset, [*state.entries, doc], seq=seq, head=chain_hash(state.head, doc))
+
+
+def empty_state(dataset: str) -> LineageState:
+    return LineageState(dataset=check_dataset_name(dataset))
+
+
+def canonical_bytes(doc: Mapping[str, Any]) -> bytes:
+    """An entry's canonical JSON (sorted keys, no spaces, UTF-8): what is hashed and encrypted."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def chain_hash(prev: str, doc: Mapping[str, Any]) -> str:
+    """``sha256(previous chain hash bytes + canonical entry bytes)`` as hex."""
+    return hashlib.sha256(bytes.fromhex(prev) + canonical_bytes(doc)).hexdigest()
+
+
+def replay(dataset: str, docs: Sequence[Mapping[str, Any]], *, seq: int | None = None,
+           head: str | None = None) -> LineageState:
+    """Rebuild the state from entry documents (kinds ``genesis``, ``release``, ``published``, ``abandoned``)."""
+    status: dict[str, str] = {}
+    for d in docs:
+        if d["kind"] == "release":
+            status[d["release_id"]] = "pending"
+        elif d["kind"] in ("published", "abandoned"):
+            if d["release_id"] not in status:
+                raise LineageError(f"entry marks release {d['release_id']} {d['kind']} but it was never registered")
+            status[d["release_id"]] = d["kind"]
+    clusters: dict[str, LineageCluster] = {}
+    record_cluster: dict[str, str] = {}
+    person_clusters: dict[str, list[str]] = defaultdict(list)
+    sizes: dict[str, list[int]] = defaultdict(list)
+    released_people: set[str] = set()
+    summaries = []
+    for i, d in enumerate(docs):
+        if d["kind"] != "release":
+            continue
+        rid = d["release_id"]
+        summaries.append(ReleaseSummary(release_id=rid, seq=int(d.get("seq", i)), status=status[rid],
+                                        **{f: d["counts"][f] for f in _COUNT_FIELDS},
+                                        k=int(d["k"]), method=d["method"], policy=d["policy"], absent=d["absent"]))
+        if status[rid] == "abandoned":
+            continue
+        for cj in d["new_clusters"]:
+            c = LineageCluster.from_json(cj)
+            if c.key in clusters:
+                raise LineageError(f"cluster {c.key} registered twice; the registry is corrupt")
+            clusters[c.key] = c
+            sizes[c.key].append(c.n_released)
+            for p in c.people:
+                person_clusters[p].append(c.key)
+            for r in c.records:
+                record_cluster.setdefault(r, c.key)
+            released_people |= c.people
+        for rj in d["republished"]:
+            if rj["key"] not in clusters:
+                raise LineageError(f"release {rid} republishes unknown cluster {rj['key']}; the registry is corrupt")
+            sizes[rj["key"]].append(int(rj["n_released"]))
+            for r in rj["added_records"]:
+                record_cluster.setdefault(r, rj["key"])
+            released_people |= set(rj["people_released"])
+    return LineageState(
+        dataset=check_dataset_name(dataset), seq=len(docs) - 1 if seq is None else seq,
+        head=GENESIS_PREV if head is None else head, clusters=clusters, releases=tuple(summaries),
+        record_cluster=record_cluster, person_clusters={p: tuple(v) for p, v in person_clusters.items()},
+        released_sizes={kk: tuple(v) for kk, v in sizes.items()}, released_people=frozenset(released_people),
+        entries=tuple(docs),
+    )
+
+
+_COUNT_FIELDS = ("new_clusters", "republished_clusters", "suppressed_clusters", "records_released",
+                 "counterfeit_records", "new_people", "returning_people", "waiting_people", "suppressed_records")
+
+
+# --------------------------------------------------------------------------- planning
+
+
+@dataclass(frozen=True, eq=False)
+class Republish:
+    """A registered cluster released again: these drop records (and counterfeits) get its stored average."""
+
+    cluster: LineageCluster
+    records: tuple[int, ...]      # drop record indices released as the stored average
+    n_counterfeit: int            # counterfeit records (stored average, the cluster's labels, no source)
+
+
+@dataclass(frozen=True, eq=False)
+class LineagePlan:
+    """What a new drop may release, given the lineage (see :func:`plan_release`).
+
+    Every drop record index is in exactly one of: a :class:`Republish`'s ``records``,
+    ``new_records`` (the caller clusters them with k-Same among themselves only) or ``suppressed``.
+    """
+
+    dataset: str
+    policy: str
+    absent: str
+    k: int
+    based_on_seq: int
+    based_on_head: str
+    pseudonyms: tuple[str, ...]            # per drop record
+    fingerprints: tuple[str, ...]          # per drop record
+    partitions: tuple[tuple[str, ...], ...] | None
+    republish: tuple[Republish, ...]
+    new_records: tuple[int, ...]
+    suppressed: tuple[tuple[int, str], ...]            # (record index, reason)
+    suppressed_clusters: tuple[tuple[str, str], ...]   # (registered cluster key, reason)
+    n_new_people: int
+    n_returning_people: int
+    n_waiting_people: int
+
+    @property
+    def n_counterfeit(self) -> int:
+        return sum(r.n_counterfeit for r in self.republish)
+
+    def summary(self) -> dict[str, Any]:
+        """Counts and decisions for the signed report: no pseudonym, fingerprint or cluster key."""
+        reasons = Counter(r for _, r in self.suppressed)
+        return {"dataset": self.dataset, "policy": self.policy, "absent": self.absent, "k": self.k,
+                "based_on_entry": self.based_on_seq, "republished_clusters": len(self.republish),
+                "republished_records": sum(len(r.records) for r in self.republish),
+                "counterfeit_records": self.n_counterfeit,
+                "suppressed_registered_clusters": len(self.suppressed_clusters),
+                "new_records": len(self.new_records), "new_people": self.n_new_people,
+                "returning_people": self.n_returning_people, "waiting_people": self.n_waiting_people,
+                "suppressed_records": len(self.suppressed), "suppressed_by_reason": dict(sorted(reasons.items()))}
+
+
+def _check_policy(policy: str, absent: str, k: Any) -> None:
+    if policy not in POLICIES:
+        raise ConfigError(f"lineage policy={policy!r} must be one of {POLICIES} (DEID_LINEAGE_POLICY); "
+                          "'invariant' keeps returning people in their registered cluster")
+    if absent not in ABSENT_POLICIES:
+        raise ConfigError(f"absent={absent!r} must be one of {ABSENT_POLICIES} (DEID_LINEAGE_ABSENT)")
+    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+        raise ConfigError(f"k={k!r} must be an integer >= 2")
+
+
+def _partition_keys(partitions: Sequence[Hashable] | None, n: int) -> tuple[tuple[str, ...], ...] | None:
+    if partitions is None:
+        return None
+    out = tuple(tuple(map(str, p)) if isinstance(p, tuple | list) else (str(p),) for p in partitions)
+    if len(out) != n:
+        raise ConfigError(f"partitions has {len(out)} entries but there are {n} records; pass one per record")
+    return out
+
+
+def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerprints: Sequence[str], *,
+                 key: bytes, k: int, policy: str = "invariant", absent: str = "republish",
+                 partitions: Sequence[Hashable] | None = None) -> LineagePlan:
+    """Plan a new release of a dataset so that it adds no information about anyone already released.
+
+    m-invariance adapted to face averages (Xiao & Tao 2007). Policy ``invariant``:
+
+    1. A record already registered (same source fingerprint) goes to its registered cluster. A new
+       record of a returning person goes to one of that person's registered clusters: the one of
+       the record's partition (when ``partitions`` is given; none -> suppressed,
+       ``returning_partition_mismatch``), the one with the fewest of their records so far, then
+       the lowest key. Every such record is released as the cluster's *stored* average.
+    2. Registered clusters never change: no new member joins, no average is recomputed.
+    3. Records of people never released are ``new_records``: the caller runs k-Same on them only.
+       Fewer than ``k`` new people (per partition, when given) -> they wait (suppressed,
+       ``waiting_for_k_new_people``) until enough arrive.
+    4. A registered cluster some of whose basis people have no record in it this time:
+       ``absent="republish"`` releases it anyway, padded with counterfeit records (stored average)
+       up to the size it was first released with; ``absent="suppress"`` suppresses the whole
+       cluster (its records too). With ``republish`` every registered cluster reappears at least at
+       its first size, whoever left, so absence reveals nothing; the counterfeits are counted in the
+       private registry only. A registered cluster with fewer than ``k`` people (``k`` was raised)
+       is suppressed.
+
+    Policy ``release-once``: every record of a person already released (or a registered record) is
+    suppressed (``released_before``); only new people are clustered; registered clusters retire.
+
+    Parameters
+    ----------
+    state : LineageState
+        The dataset's registered lineage (:func:`deid.release.lineage_registry.Registry.load`).
+    people : sequence of hashable
+        Person id (subject id) of each drop record; pseudonymised here with ``key``.
+    record_fingerprints : sequence of str
+        SHA-256 of each record's source bytes (``source_sha256`` of the ingested table).
+    key : bytes
+        The steward's 32-byte key (the linkage key).
+    k : int
+        Minimum number of people per cluster.
+    policy : {"invariant", "release-once"}
+    absent : {"republish", "suppress"}
+    partitions : sequence of hashable, optional
+        Partition key of each record (label values tuple, as given to k-Same-Select).
+
+    Returns
+    -------
+    LineagePlan
+    """
+    _check_policy(policy, absent, k)
+    n = len(people)
+    if len(record_fingerprints) != n:
+        raise ConfigError(f"record_fingerprints has {len(record_fingerprints)} entries but people has {n}; "
+                          "pass the source_sha256 of every record")
+    pseud = pseudonymize(key, state.dataset, people)
+    fps = tuple(str(f) for f in record_fingerprints)
+    parts = _partition_keys(partitions, n)
+    _check_consistent(state, pseud, fps)
+    registered_people = set(state.person_clusters)
+    returning = {p for p in pseud if p in registered_people or p in state.released_people}
+    suppressed: list[tuple[int, str]] = []
+    assigned: dict[str, list[int]] = defaultdict(list)
+    new_idx: list[int] = []
+    for i, (p, f) in enumerate(zip(pseud, fps)):
+        known_record = f in state.record_cluster
+        if p not in returning and not known_record:
+            new_idx.append(i)
+        elif policy == "release-once":
+            suppressed.append((i, RELEASED_BEFORE))
+        elif known_record:
+            assigned[state.record_cluster[f]].append(i)
+        else:
+            choice = _choose_cluster(state, p, None if parts is None else parts[i], assigned, pseud)
+            if choice is None:
+                suppressed.append((i, PARTITION_MISMATCH))
+            else:
+                assigned[choice].append(i)
+
+    republish: list[Republish] = []
+    suppressed_clusters: list[tuple[str, str]] = []
+    if policy == "invariant":
+        for ckey in sorted(state.clusters):
+            c = state.clusters[ckey]
+            recs = assigned.get(ckey, [])
+            present = {pseud[i] for i in recs}
+            reason = None
+            if len(c.people) < k:
+                reason = BELOW_K
+            elif absent == "suppress" and not c.people <= present:
+                reason = MEMBER_ABSENT
+            if reason is not None:
+                suppressed_clusters.append((ckey, reason))
+                suppressed.extend((i, CLUSTER_SUPPRESSED) for i in recs)
+                continue
+            pad = max(0, c.n_released - len(recs)) if absent == "republish" else 0
+            if recs or pad:
+                republish.append(Republish(c, tuple(sorted(recs)), pad))
+    else:
+        suppressed_clusters = [(ckey, RETIRED) for ckey in sorted(state.clusters)]
+
+    # New people: clustered among themselves, only where there are at least k of them.
+    groups: dict[tuple[str, ...], list[int]] = defaultdict(list)
+    for i in new_idx:
+        groups[parts[i] if parts is not None else ("all",)].append(i)
+    new_records: list[int] = []
+    waiting: set[str] = set()
+    for g, idx in groups.items():
+        who = {pseud[i] for i in idx}
+        if len(who) < k:
+            waiting |= who
+            suppressed.extend((i, WAITING) for i in idx)
+        else:
+            new_records.extend(idx)
+    n_new_people = len({pseud[i] for i in new_idx})
+    if waiting:
+        logger.info("lineage %s: %d new people wait for more (fewer than k=%d new people in their partition)",
+                    state.dataset, len(waiting), k)
+    return LineagePlan(
+        dataset=state.dataset, policy=policy, absent=absent, k=k, based_on_seq=state.seq,
+        based_on_head=state.head, pseudonyms=tuple(pseud), fingerprints=fps, partitions=parts,
+        republish=tuple(republish), new_records=tuple(sorted(new_records)),
+        suppressed=tuple(sorted(suppressed)), suppressed_clusters=tuple(suppressed_clusters),
+        n_new_people=n_new_people, n_returning_people=len(returning), n_waiting_people=len(waiting),
+    )
+
+
+def _check_consistent(state: LineageState, pseud: Sequence[str], fps: Sequence[str]) -> None:
+    # A registered photo now credited to someone else would move a face between identities; refuse.
+    for p, f in zip(pseud, fps):
+        ckey = state.record_cluster.get(f)
+        if ckey is not None and ckey in state.clusters and f in state.clusters[ckey].records \
+                and p not in state.clusters[ckey].people:
+            raise LineageError(
+                f"a record registered in cluster {ckey} of dataset {state.dataset!r} is now listed under another "
+                "subject id; fix the manifest (the same image must keep its subject id across drops)")
+
+
+def _choose_cluster(state: LineageState, person: str, part: tuple[str, ...] | None,
+                    assigned: Mapping[str, list[int]], pseud: Sequence[str]) -> str | None:
+    cands = [c for c in state.person_clusters.get(person, ()) if c in state.clusters]
+    if part is not None:
+        cands = [c for c in cands if state.clusters[c].partition == part]
+    if not cands:
+        return None
+    return min(cands, key=lambda c: (sum(pseud[i] == person for i in assigned.get(c, ())), c))
+
+
+# --------------------------------------------------------------------------- the release as the lineage sees it
+
+
+@dataclass(frozen=True)
+class RepublishedCluster:
+    """A registered cluster in a later release: how many records carry its stored average."""
+
+    key: str
+    n_released: int                   # drop records + counterfeits
+    n_counterfeit: int
+    added_records: tuple[str, ...]    # fingerprints released with it for the first time
+    people_released: tuple[str, ...]  # pseudonyms whose records carry it in this release
+
+
+@dataclass(frozen=True, eq=False)
+class LineageRelease:
+    """One release as the lineage sees it: checked by the gate, then appended to the registry.
+
+    ``record_cluster[i]`` is the cluster key of drop record ``i`` (``None`` = not released);
+    ``images`` maps every released cluster key to its released uint8 image.
+    """
+
+    dataset: str
+    release_id: str
+    k: int
+    method: str
+    policy: str
+    absent: str
+    based_on_seq: int
+    based_on_head: str
+    new_clusters: tuple[LineageCluster, ...]
+    republished: tuple[RepublishedCluster, ...]
+    suppressed_clusters: tuple[tuple[str, str], ...]
+    pseudonyms: tuple[str, ...]
+    fingerprints: tuple[str, ...]
+    record_cluster: tuple[str | None, ...]
+    counts: Mapping[str, int]
+
+    def released_clusters(self, state: LineageState) -> dict[str, tuple[LineageCluster, int]]:
+        """key -> (cluster with its basis, records released with it in this release)."""
+        out = {c.key: (c, c.n_released) for c in self.new_clusters}
+        for r in self.republished:
+            out[r.key] = (state.clusters[r.key], r.n_released)
+        return out
+
+    def released_records(self, state: LineageState) -> list[tuple[int, str, np.ndarray]]:
+        """(drop record index, cluster key, released uint8 image) of every released drop record, by index."""
+        clusters = self.released_clusters(state)
+        return [(i, key, clusters[key][0].image) for i, key in enumerate(self.record_cluster) if key is not None]
+
+    def counterfeits(self, state: LineageState) -> list[tuple[np.ndarray, tuple[str, ...]]]:
+        """(image, partition) of every counterfeit record to add to the release (private: not marked there)."""
+        return [(state.clusters[r.key].image, state.clusters[r.key].partition)
+                for r in self.republished for _ in range(r.n_counterfeit)]
+
+    def to_entry(self) -> dict[str, Any]:
+        """The registry entry document (kind ``release``); the registry adds seq and chain hash."""
+        return {"format": ENTRY_FORMAT, "kind": "release", "dataset": self.dataset, "release_id": self.release_id,
+                "k": self.k, "method": self.method, "policy": self.policy, "absent": self.absent,
+                "based_on_seq": self.based_on_seq, "based_on_head": self.based_on_head,
+                "new_clusters": [c.to_json() for c in self.new_clusters],
+                "republished": [{"key": r.key, "n_released": r.n_released, "n_counterfeit": r.n_counterfeit,
+                                 "added_records": list(r.added_records), "people_released": list(r.people_released)}
+                                for r in self.republished],
+                "suppressed_clusters": [list(x) for x in self.suppressed_clusters],
+                "counts": dict(self.counts)}
+
+
+def _new_clusters(release_id: str, idx: Sequence[int], labels: np.ndarray, images: np.ndarray,
+                  pseud: Sequence[str], fps: Sequence[str], parts: Sequence[tuple[str, ...]] | None,
+                  shape: tuple[int, int], k: int, method: str) -> tuple[list[LineageCluster], dict[int, str]]:
+    by_label: dict[int, list[int]] = defaultdict(list)
+    for row, lab in enumerate(labels.tolist()):
+        if lab >= 0:
+            by_label[lab].append(row)
+    clusters, where = [], {}
+    for n, lab in enumerate(sorted(by_label)):
+        rows = by_label[lab]
+        img = images[rows[0]]
+        if any(not np.array_equal(images[r], img) for r in rows[1:]):
+            raise ConfigError(f"new cluster {lab}: its records carry different images; pass the released "
+                              "(cluster-average) images, one row per record")
+        members = [idx[r] for r in rows]
+        ps = [parts[i] for i in members] if parts is not None else [()]
+        part = min(Counter(ps).most_common(), key=lambda x: (-x[1], x[0]))[0]
+        key = f"{release_id}/{n:05d}"
+        clusters.append(LineageCluster(key=key, release_id=release_id,
+                                       members=frozenset((fps[i], pseud[i]) for i in members), image=img.copy(), shape=shape,
+                                       partition=tuple(part), n_released=len(members), k=k, method=method))
+        for i in members:
+            where[i] = key
+    return clusters, where
+
+
+def _check_new(labels: Any, images: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
+    labels = np.asarray(labels, dtype=np.intp).reshape(-1)
+    images = np.asarray(images)
+    if labels.shape[0] != n or images.ndim != 2 or images.shape[0] != n or images.dtype != np.uint8:
+        raise ConfigError(f"new cluster labels ({labels.shape}) and images ({images.shape}, {images.dtype}) must have "
+                          f"one row per new record ({n}); images uint8 (n, n_pixels) as released")
+    return labels, images
+
+
+def build_release(plan: LineagePlan, state: LineageState, *, release_id: str, method: str,
+                  new_labels: Any, new_images: Any, shape: tuple[int, int]) -> LineageRelease:
+    """The release of a plan, once the caller has clustered ``plan.new_records``.
+
+    ``new_labels[j]`` is the k-Same cluster of ``plan.new_records[j]`` (-1: the caller withheld it)
+    and ``new_images[j]`` its released uint8 image (the cluster average, as published).
+    """
+    if plan.based_on_head != state.head or plan.dataset != state.dataset:
+        raise LineageError(f"the plan was made on lineage entry {plan.based_on_seq} of {plan.dataset!r} but the "
+                           f"registry is now at entry {state.seq} of {state.dataset!r}; plan again")
+    labels, images = _check_new(new_labels, new_images, len(plan.new_records))
+    new, where = _new_clusters(release_id, plan.new_records, labels, images, plan.pseudonyms, plan.fingerprints,
+                               plan.partitions, tuple(shape), plan.k, method)
+    record_cluster: list[str | None] = [None] * len(plan.pseudonyms)
+    for i, ckey in where.items():
+        record_cluster[i] = ckey
+    rep = []
+    for r in plan.republish:
+        for i in r.records:
+            record_cluster[i] = r.cluster.key
+        added = sorted({plan.fingerprints[i] for i in r.records} - set(_released_records(state, r.cluster.key)))
+        rep.append(RepublishedCluster(key=r.cluster.key, n_released=len(r.records) + r.n_counterfeit,
+                                      n_counterfeit=r.n_counterfeit, added_records=tuple(added),
+                                      people_released=tuple(sorted({plan.pseudonyms[i] for i in r.records}))))
+    released = sum(c is not None for c in record_cluster)
+    counts = {"new_clusters": len(new), "republished_clusters": len(rep),
+              "suppressed_clusters": len(plan.suppressed_clusters), "records_released": released + plan.n_counterfeit,
+              "counterfeit_records": plan.n_counterfeit, "new_people": plan.n_new_people,
+              "returning_people": plan.n_returning_people, "waiting_people": plan.n_waiting_people,
+              "suppressed_records": len(plan.pseudonyms) - released}
+    return LineageRelease(dataset=plan.dataset, release_id=release_id, k=plan.k, method=method, policy=plan.policy,
+                          absent=plan.absent, based_on_seq=plan.based_on_seq, based_on_head=plan.based_on_head,
+                          new_clusters=tuple(new), republished=tuple(rep),
+                          suppressed_clusters=plan.suppressed_clusters, pseudonyms=plan.pseudonyms,
+                          fingerprints=plan.fingerprints, record_cluster=tuple(record_cluster), counts=counts)
+
+
+def _released_records(state: LineageState, key: str) -> list[str]:
+    return [f for f, c in state.record_cluster.items() if c == key]
+
+
+def release_from_clusters(state: LineageState, people: Sequence[Hashable], record_fingerprints: Sequence[str], *,
+                          key: bytes, release_id: str, k: int, method: str, labels: Any, images: Any,
+                          shape: tuple[int, int], partitions: Sequence[Hashable] | None = None) -> LineageRelease:
+    """A release clustered without the lineage policy (every cluster new): what the gate must catch.
+
+    ``labels`` is the cluster of every record (-1: suppressed), ``images`` the released uint8 images.
+    Used for releases made before the lineage existed and by tests that bypass the policy.
+    """
+    pseud = pseudonymize(key, state.dataset, people)
+    fps = tuple(map(str, record_fingerprints))
+    labels, images = _check_new(labels, images, len(pseud))
+    parts = _partition_keys(partitions, len(pseud))
+    new, where = _new_clusters(release_id, range(len(pseud)), labels, images, pseud, fps, parts, tuple(shape),
+                               k, method)
+    record_cluster = tuple(where.get(i) for i in range(len(pseud)))
+    released = sum(c is not None for c in record_cluster)
+    counts = {"new_clusters": len(new), "republished_clusters": 0, "suppressed_clusters": 0,
+              "records_released": released, "counterfeit_records": 0, "new_people": len(set(pseud)),
+              "returning_people": len(set(pseud) & set(state.person_clusters)), "waiting_people": 0,
+              "suppressed_records": len(pseud) - released}
+    return LineageRelease(dataset=state.dataset, release_id=release_id, k=k, method=method, policy="none",
+                          absent="none", based_on_seq=state.seq, based_on_head=state.head, new_clusters=tuple(new),
+                          republished=(), suppressed_clusters=(), pseudonyms=tuple(pseud), fingerprints=fps,
+                          record_cluster=record_cluster, counts=counts)
+
+
+# --------------------------------------------------------------------------- listing
+
+
+def describe_lineage(state: LineageState, *, members: bool = False) -> dict[str, Any]:
+    """Releases, people counts and policy decisions of a lineage; ``members`` adds per-cluster pseudonyms."""
+    out: dict[str, Any] = {
+        "dataset": state.dataset, "entries": len(state.entries), "head": state.head,
+        "registered_clusters": len(state.clusters), "registered_people": len(state.person_clusters),
+        "releases": [dataclasses.asdict(r) for r in state.releases],
+    }
+    if members:
+        out["clusters"] = [
+            {"key": c.key, "release_id": c.release_id, "partition": list(c.partition),
+             "members": sorted(map(list, c.members)), "image_sha256": c.image_sha256, "released_sizes":
+                 list(state.released_sizes.get(c.key, ()))}
+            for c in sorted(state.clusters.values(), key=lambda c: c.key)]
+    return out

@@ -1,0 +1,361 @@
+"""Gate checks over a dataset's lineage: structural invariance and an empirical differencing attack.
+
+Each release of a dataset is checked against every registered cluster of the earlier releases
+(:class:`deid.release.lineage.LineageState`). Two clusters whose member records differ by ``d`` records
+leak those records whenever ``d < k``: one swapped person gives ``s (M1 - M2) = a - b``, one added
+face gives ``|C2| M2 - |C1| M1 = x`` (the composition attack, Ganta, Kasiviswanathan & Smith,
+KDD 2008). :func:`check_structure` rules this out from the registry;
+:func:`differencing_attack` runs the attack itself on the released pixels, as an attacker holding
+every release and a gallery of original faces would.
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Hashable, Sequence
+
+import numpy as np
+
+from deid.errors import ConfigError
+from deid.release.lineage import LineageCluster, LineageRelease, LineageState
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DifferencingMatch", "DifferencingResult", "LineageCheck", "check_structure", "differencing_attack"]
+
+
+@dataclass(frozen=True)
+class LineageCheck:
+    """One pass/fail lineage check; ``to_dict`` has the shape of the gate's checks (no private details).
+
+    ``findings`` holds the offending cluster keys, pseudonyms etc. for the steward's logs only.
+    """
+
+    name: str
+    passed: bool
+    value: Any
+    threshold: Any
+    detail: str
+    findings: tuple[dict, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "passed": bool(self.passed), "value": self.value, "threshold": self.threshold,
+                "detail": self.detail}
+
+
+# --------------------------------------------------------------------------- structural checks
+
+
+def check_structure(state: LineageState, release: LineageRelease) -> tuple[LineageCheck, LineageCheck]:
+    """The two structural lineage checks of a release against the registered clusters.
+
+    ``lineage_cluster_differences``: for every cluster first released now and every registered
+    cluster, the basis records in one but not the other (symmetric difference of the records
+    averaged into the two images) must be none, or belong to at least ``k`` distinct people. The
+    difference of two such averages, scaled by the sizes, is the sum of those records (with signs):
+    fewer than ``k`` people's faces, in the clear. This is "no two clusters differ by 1 to k-1
+    member records" (the records then belong to at most k-1 people), extended to one added person
+    with several photos (their summed photos give their mean face away). Two clusters of the same
+    release share no record, so the rule never fires within a release. Clusters with the same basis
+    must carry the bit-identical image, and a republished cluster the registered image. ``k`` is the
+    largest of the two clusters' and the release's. Records released with a registered image
+    without being averaged into it (new photos of returning people, counterfeits) change nothing.
+
+    ``lineage_returning_identical``: every released record of a person or a source record already
+    registered carries, bit for bit, a registered image of that person (that record's cluster for
+    a registered record).
+
+    Only pairs sharing a record are compared member by member; a disjoint pair differs by all its
+    records, whose people number ``|P1 | P2| >= k`` unless both clusters are tiny (checked too).
+    Republished clusters were compared when first released; only their image is checked again.
+    """
+    released = release.released_clusters(state)
+    by_record: dict[str, set[str]] = defaultdict(set)
+    for c in state.clusters.values():
+        for r in c.records:
+            by_record[r].add(c.key)
+    findings: list[dict] = []
+    n_pairs = 0
+    kmax = max([release.k, *(c.k for c in state.clusters.values())])
+    # A disjoint pair differs by all its records, of |P1 | P2| >= max(|P1|, |P2|) people: only two
+    # clusters both below k people can fall short, so only those are compared beyond overlaps.
+    tiny = [c2 for c2 in state.clusters.values() if len(c2.people) < kmax]
+    for key, (c1, _) in released.items():
+        if key in state.clusters:
+            continue
+        cands = set().union(*(by_record.get(r, ()) for r in c1.records))
+        if len(c1.people) < kmax:
+            cands |= {c2.key for c2 in tiny if len(c1.people | c2.people) < max(release.k, c1.k, c2.k)}
+        for k2 in sorted(cands):
+            c2 = state.clusters[k2]
+            n_pairs += 1
+            kk = max(release.k, c1.k, c2.k)
+            delta = c1.members ^ c2.members
+            d_people = len({p for _, p in delta})
+            problem = None
+            if delta and d_people < kk:
+                problem = f"differ by {len(delta)} record(s) of {d_people} person(s)"
+            elif not delta and c1.image_sha256 != c2.image_sha256:
+                problem = "same records, different image"
+            if problem:
+                findings.append({"released": key, "registered": k2, "records": len(delta), "people": d_people,
+                                 "problem": problem})
+    # A republished cluster is the registered one: its image must not have changed either.
+    for key, (c1, _) in released.items():
+        if key in state.clusters and c1.image_sha256 != state.clusters[key].image_sha256:
+            findings.append({"released": key, "registered": key, "problem": "registered image changed"})
+    diff = LineageCheck(
+        "lineage_cluster_differences", not findings, len(findings), 0,
+        f"{len(released)} released clusters vs {len(state.clusters)} registered clusters of "
+        f"{len(state.releases)} earlier releases: {n_pairs} overlapping pairs compared, {len(findings)} differ by "
+        f"records of 1 to k-1 people" + (f" (e.g. {findings[0]['problem']})" if findings else ""),
+        tuple(findings))
+    return diff, _check_returning(state, release, released)
+
+
+def _check_returning(state: LineageState, release: LineageRelease,
+                     released: dict[str, tuple[LineageCluster, int]]) -> LineageCheck:
+    person_images = {p: {state.clusters[c].image_sha256 for c in keys if c in state.clusters}
+                     for p, keys in state.person_clusters.items()}
+    bad: list[dict] = []
+    n_checked = 0
+    people_checked: set[str] = set()
+    for i, ckey in enumerate(release.record_cluster):
+        if ckey is None:
+            continue
+        p, f = release.pseudonyms[i], release.fingerprints[i]
+        want: set[str] | None = None
+        reg = state.record_cluster.get(f)
+        if reg is not None and reg in state.clusters:
+            want = {state.clusters[reg].image_sha256}
+        elif p in person_images:
+            want = person_images[p]
+        elif p in state.released_people:
+            want = set()  # released before, in a cluster no longer registered: any image is new information
+        if want is None:
+            continue
+        n_checked += 1
+        people_checked.add(p)
+        got = released[ckey][0].image_sha256
+        if got not in want:
+            bad.append({"record": i, "person": p, "cluster": ckey})
+    n_bad_people = len({b["person"] for b in bad})
+    return LineageCheck(
+        "lineage_returning_identical", not bad, n_bad_people, 0,
+        f"{n_checked} released records of {len(people_checked)} returning people checked; {len(bad)} records of "
+        f"{n_bad_people} people carry an image other than their registered one", tuple(bad))
+
+
+# --------------------------------------------------------------------------- differencing attack
+
+
+@dataclass(frozen=True)
+class DifferencingMatch:
+    """One difference image matched to originals: a single face (``kind="single"``) or a pair ``a - b``."""
+
+    released: str          # cluster key in the new release
+    registered: str        # registered cluster key
+    sizes: tuple[int, int]
+    kind: str              # "single" | "pair"
+    originals: tuple[int, ...]   # gallery indices (a) or (a, b)
+    mae: float             # mean abs error of the difference vs the originals, at the averages' scale
+
+
+@dataclass(frozen=True)
+class DifferencingResult:
+    """Outcome of :func:`differencing_attack`; the gate fails on any exact match."""
+
+    n_cluster_pairs: int
+    n_tests: int
+    mode: str
+    matches: tuple[DifferencingMatch, ...]
+    people_identified: frozenset
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return not self.matches
+
+    def to_check(self) -> LineageCheck:
+        return LineageCheck(
+            "lineage_differencing_attack", self.passed, len(self.people_identified), 0,
+            f"{self.n_cluster_pairs} pairs of released averages across the lineage ({self.mode}), {self.n_tests} "
+            f"size hypotheses: {len(self.matches)} difference images matched an original face or pair of faces "
+            f"(mean abs error < {self.tolerance} grey level at the averages' scale); "
+            f"{len(self.people_identified)} people identified",
+            tuple(vars(m) for m in self.matches))
+
+
+def _cluster_sizes(c: LineageCluster, *more: int) -> list[int]:
+    return sorted({len(c.records), *more} - {0})
+
+
+def differencing_attack(state: LineageState, release: LineageRelease, originals: Any, *,
+                        original_people: Sequence[Hashable] | None = None, tolerance: float = 1.0,
+                        n_components: int = 50, max_pairs: int = 200_000, neighbors: int = 10,
+                        candidates: int = 16, block: int = 1024) -> DifferencingResult:
+    """Difference every released average of this release against every registered one; match to originals.
+
+    The attacker sees each release's images and cluster sizes. For a released cluster (average
+    ``M1``, plausible sizes ``s1``) and a registered one (``M2``, ``s2``) with ``|s1 - s2| <= 1``:
+
+    - ``s1 = s2 = s``: ``s (M1 - M2)`` is ``a - b`` if the clusters differ by one swapped record;
+      matched against pairs of originals;
+    - ``|s1 - s2| = 1``: ``s1 M1 - s2 M2`` (sign so that the larger cluster comes first) is the added
+      face ``x``; matched against single originals.
+
+    Plausible sizes are those the releases show (records per image in each release) and the true
+    basis sizes (the gate knows them: the strongest attacker). Matching is done in PCA space
+    (eigenfaces of the originals; Turk & Pentland 1991): single faces by nearest neighbour; pairs
+    among the ``candidates`` originals most and least aligned with the difference in whitened PCA
+    space (the true ``a`` and ``b`` rank first there: measured on London, 20 of 20 swapped pairs had
+    ``a`` at rank 0 and ``b`` at rank <= 1), all ``candidates^2`` combinations compared. Every best candidate is verified in pixels: it is an *exact*
+    match when the mean absolute error divided by ``max(s1, s2)`` is below ``tolerance`` grey levels,
+    i.e. the error at the scale of the released averages (uint8 rounding of two averages explains
+    at most ``0.5 (s1 + s2) / max(s1, s2) <= 1`` grey level per pixel there; a wrong face is off by
+    several). Pairs with identical images are skipped (their difference is a multiple of the image).
+
+    Up to ``max_pairs`` cluster pairs are all tested; beyond that each released average is paired
+    with its ``neighbors`` nearest registered averages in PCA space (a difference of fewer than k
+    records moves an average by at most that share of a face, so leaking pairs are near
+    neighbours). Work is vectorised in blocks of ``block`` tests.
+
+    Parameters
+    ----------
+    state, release
+        The registered lineage and the release to check.
+    originals : array-like (n, n_pixels)
+        Aligned original faces the attacker may hold (the gate passes the drop's aligned faces).
+    original_people : sequence, optional
+        Person of each original, to count the people identified.
+
+    Returns
+    -------
+    DifferencingResult
+    """
+    X = np.asarray(originals, dtype=np.float32)
+    if X.ndim != 2 or X.shape[0] < 2:
+        raise ConfigError(f"originals has shape {X.shape}; pass at least two aligned faces, one flattened row each")
+    if original_people is not None and len(original_people) != X.shape[0]:
+        raise ConfigError(f"original_people has {len(original_people)} entries for {X.shape[0]} originals")
+    if not tolerance > 0:
+        raise ConfigError(f"tolerance={tolerance!r} must be > 0 grey levels, e.g. 1.0")
+    released = release.released_clusters(state)
+    new = [(c, _cluster_sizes(c, n)) for c, n in released.values()]
+    reg = [(c, _cluster_sizes(c, *state.released_sizes.get(c.key, ()))) for c in state.clusters.values()]
+    if not new or not reg:
+        return DifferencingResult(0, 0, "nothing to compare", (), frozenset(), tolerance)
+    for c, _ in new + reg:
+        if c.image.shape[0] != X.shape[1]:
+            raise ConfigError(f"cluster images have {c.image.shape[0]} pixels but originals {X.shape[1]}; pass the "
+                              "aligned faces at the canonical size")
+
+    Wz, mu, sd = _pca(X, n_components)              # (q, p) orthonormal rows, mean, component std
+    Zc = (X - mu) @ Wz.T                             # centred projections of the originals
+    Zw = Zc / sd                                     # whitened: pair candidates
+    M1 = np.stack([c.image for c, _ in new]).astype(np.float32)
+    M2 = np.stack([c.image for c, _ in reg]).astype(np.float32)
+    Y1, Y2 = M1 @ Wz.T, M2 @ Wz.T                    # linear projections: differences are exact
+    muz = mu @ Wz.T
+    h1 = [c.image_sha256 for c, _ in new]
+    h2 = [c.image_sha256 for c, _ in reg]
+
+    all_pairs = len(new) * len(reg) <= max_pairs
+    pairs_i, pairs_j = _pairs(Y1, Y2, all_pairs, neighbors)
+    mode = "all pairs" if all_pairs else f"{neighbors} nearest registered averages per released one"
+    keep = np.array([h1[i] != h2[j] for i, j in zip(pairs_i.tolist(), pairs_j.tolist())], dtype=bool)
+    pairs_i, pairs_j = pairs_i[keep], pairs_j[keep]
+    tests = [(i, j, s1, s2) for i, j in zip(pairs_i.tolist(), pairs_j.tolist())
+             for s1 in new[i][1] for s2 in reg[j][1] if abs(s1 - s2) <= 1]
+    matches: list[DifferencingMatch] = []
+    csq = np.einsum("ij,ij->i", Zc, Zc)
+    for start in range(0, len(tests), block):
+        t = np.array(tests[start:start + block], dtype=np.int64)
+        i, j, s1, s2 = t.T
+        sign = np.where(s1 >= s2, 1.0, -1.0).astype(np.float32)[:, None]  # larger cluster first: +x
+        Dz = sign * (s1[:, None] * Y1[i] - s2[:, None] * Y2[j])
+        single = s1 != s2
+        best = np.full((len(t), 2), -1, dtype=np.int64)
+        if single.any():
+            d = csq[None, :] - 2.0 * (Dz[single] - muz) @ Zc.T      # nearest original to the difference
+            best[single, 0] = np.argmin(d, axis=1)
+        if (~single).any():
+            best[~single] = _best_pairs(Dz[~single] / sd, Zw, candidates)
+        for v in range(0, len(t), 256):  # verify in pixels, a few hundred differences at a time
+            r = slice(v, v + 256)
+            D = sign[r] * (s1[r, None] * M1[i[r]] - s2[r, None] * M2[j[r]])
+            a, b = best[r, 0], best[r, 1]
+            target = X[a] - np.where(b[:, None] >= 0, X[np.maximum(b, 0)], 0.0)
+            mae = np.abs(D - target).mean(axis=1) / np.maximum(s1[r], s2[r])
+            for row in np.flatnonzero(mae < tolerance):
+                n1, n2 = int(i[r][row]), int(j[r][row])
+                origs = (int(a[row]),) if b[row] < 0 else (int(a[row]), int(b[row]))
+                matches.append(DifferencingMatch(new[n1][0].key, reg[n2][0].key, (int(s1[r][row]), int(s2[r][row])),
+                                                 "single" if b[row] < 0 else "pair", origs, round(float(mae[row]), 4)))
+    if original_people is not None:
+        people = frozenset(original_people[g] for m in matches for g in m.originals)
+    else:
+        people = frozenset(g for m in matches for g in m.originals)
+    if matches:
+        logger.warning("lineage differencing attack: %d exact matches, %d people identified", len(matches), len(people))
+    return DifferencingResult(len(pairs_i), len(tests), mode, tuple(matches), people, tolerance)
+
+
+def _pca(X: np.ndarray, n_components: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Eigenfaces of the originals (Turk & Pentland 1991): components, mean, per-component std.
+
+    Through the small Gram matrix when there are at most a few thousand faces, else randomized SVD.
+    """
+    n, p = X.shape
+    q = max(1, min(n_components, n - 1, p))
+    mu = X.mean(axis=0)
+    Xc = X - mu
+    if n <= 3000:
+        vals, vecs = np.linalg.eigh(Xc @ Xc.T)
+        order = np.argsort(vals)[::-1][:q]
+        vals, vecs = np.maximum(vals[order], 1e-6), vecs[:, order]
+        W = (Xc.T @ vecs / np.sqrt(vals)).T
+    else:
+        from sklearn.decomposition import PCA  # noqa: PLC0415 - only large galleries need it
+
+        W = PCA(q, svd_solver="randomized", random_state=0).fit(Xc).components_
+        vals = ((Xc @ W.T) ** 2).sum(axis=0)
+    sd = np.sqrt(np.maximum(vals, 1e-6) / n).astype(np.float32)
+    return W.astype(np.float32), mu.astype(np.float32), sd
+
+
+def _pairs(Y1: np.ndarray, Y2: np.ndarray, all_pairs: bool, neighbors: int) -> tuple[np.ndarray, np.ndarray]:
+    if all_pairs:
+        i, j = np.meshgrid(np.arange(len(Y1)), np.arange(len(Y2)), indexing="ij")
+        return i.ravel(), j.ravel()
+    m = min(neighbors, len(Y2))
+    y2sq = np.einsum("ij,ij->i", Y2, Y2)
+    out_i, out_j = [], []
+    for start in range(0, len(Y1), 1024):
+        d = y2sq[None, :] - 2.0 * Y1[start:start + 1024] @ Y2.T
+        nn = np.argpartition(d, m - 1, axis=1)[:, :m]
+        out_i.append(np.repeat(np.arange(start, start + len(d)), m))
+        out_j.append(nn.ravel())
+    return np.concatenate(out_i), np.concatenate(out_j)
+
+
+def _best_pairs(Dw: np.ndarray, Zw: np.ndarray, candidates: int) -> np.ndarray:
+    """For each whitened difference D, the pair (a, b), a != b, of originals with Z_a - Z_b nearest to D.
+
+    For the true pair, ``Z_a . D = Z_a . (Z_a - Z_b)`` is about ``|Z_a|^2``, far above the other
+    originals in whitened space (where every component has unit variance), and ``Z_b . D`` far
+    below; so ``a`` is searched among the ``candidates`` originals most aligned with D, ``b`` among
+    the ``candidates`` least aligned, all combinations compared exactly. O(n q) per difference.
+    """
+    t = min(candidates, Zw.shape[0])
+    u = Dw @ Zw.T                                                  # (B, n)
+    A = np.argpartition(-u, t - 1, axis=1)[:, :t]                  # (B, t)
+    C = np.argpartition(u, t - 1, axis=1)[:, :t]                   # (B, t)
+    R = Zw[A][:, :, None, :] - Zw[C][:, None, :, :] - Dw[:, None, None, :]   # (B, t, t, q)
+    d = np.einsum("btcq,btcq->btc", R, R)
+    d[A[:, :, None] == C[:, None, :]] = np.inf                     # a != b
+    flat = np.argmin(d.reshape(len(Dw), -1), axis=1)
+    ia, ic = np.divmod(flat, t)
+    rows = np.arange(len(Dw))
+    return np.stack([A[rows, ia], C[rows, ic]], axis=1)

@@ -1,0 +1,302 @@
+"""The steward's lineage registry of a dataset: encrypted, append-only, hash-chained, crash-safe.
+
+Layout under ``<data_dir>/private/lineage/<dataset>/`` (directory mode 0700, files 0600)::
+
+    00000000.entry      genesis (dataset name, format)
+    00000001.entry      one entry per event: a release (its clusters), published, abandoned
+    ...
+    HEAD                the last entry's sequence number and chain hash
+
+Each entry file is ``b"DEIDLIN1" + nonce(12) + AES-256-GCM(payload)`` with associated data
+``magic + dataset + seq`` (so an entry moved to another name or dataset does not decrypt). The
+payload is the canonical JSON of the entry document, which carries ``seq`` and ``prev`` (the
+previous entry's chain hash). The chain hash of an entry is
+``sha256(bytes.fromhex(prev) + canonical_entry_bytes)``; the genesis entry's ``prev`` is 32 zero
+bytes. HEAD is encrypted the same way and names the last entry, so a deleted tail is detected.
+
+Keys: the registry's AES key and HEAD key are derived from the steward's 32-byte key (the
+linkage key, :func:`deid.release.linkage.ensure_linkage_key`) by HKDF-SHA256 per purpose and dataset
+(:func:`deid.release.lineage.derive_key`); the same derivation gives the pseudonym key. A separate key
+file with the same format works as well: pass its bytes instead.
+
+Lifecycle of a release: :meth:`Registry.append_release` after the gate passed and *before* the
+release directory is committed (status ``pending``); :meth:`Registry.mark_published` once the
+release is published and its report signed; :meth:`Registry.mark_abandoned` if publishing failed.
+A pending release constrains later plans like a published one, so a crash between publishing and
+registering can never let the next run re-cluster people already released; at the start of a run,
+:meth:`Registry.reconcile` settles what an interrupted run left pending.
+
+Crash safety: an entry is written to a temporary file, fsynced, then hard-linked to its final
+name (which fails if the name exists: two writers cannot both append entry n) and the directory
+fsynced; HEAD is then replaced the same way. A crash before the link leaves only a temporary file
+(ignored and removed by the next append); a crash between the link and HEAD leaves HEAD one entry
+behind, which :meth:`Registry.load` accepts when that entry chains correctly, and the next append
+rewrites HEAD. What is *not* detectable locally: the whole directory deleted, or HEAD and the
+tail both rolled back to an earlier copy. The signed report should therefore carry the head the
+release was planned on (``LineagePlan.based_on_head``), which anchors the chain publicly.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from deid.errors import ConfigError
+from deid.release.lineage import (
+    ENTRY_FORMAT,
+    GENESIS_PREV,
+    LineageError,
+    LineageRelease,
+    LineageState,
+    canonical_bytes,
+    chain_hash,
+    check_dataset_name,
+    derive_key,
+    replay,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Registry", "lineage_dir"]
+
+MAGIC = b"DEIDLIN1"
+HEAD_MAGIC = b"DEIDLHD1"
+NONCE_BYTES = 12
+HEAD_NAME = "HEAD"
+SUFFIX = ".entry"
+
+
+def lineage_dir(data_dir: Path, dataset: str) -> Path:
+    """``<data_dir>/private/lineage/<dataset>`` (never inside releases/ or reports/)."""
+    return Path(data_dir) / "private" / "lineage" / check_dataset_name(dataset)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_temp(directory: Path, name: str, data: bytes) -> Path:
+    tmp = directory / f".{name}.{secrets.token_hex(6)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    return tmp
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The lineage registry of one dataset under ``root`` (see the module docstring).
+
+    Parameters
+    ----------
+    root : Path
+        ``lineage_dir(data_dir, dataset)``.
+    dataset : str
+    key : bytes
+        The steward's 32-byte key (the linkage key); per-purpose keys are derived from it.
+    """
+
+    root: Path
+    dataset: str
+    key: bytes
+
+    @classmethod
+    def open(cls, data_dir: Path, dataset: str, key: bytes) -> "Registry":
+        return cls(lineage_dir(data_dir, dataset), check_dataset_name(dataset), key)
+
+    # ------------------------------------------------------------------ encryption
+
+    def _aad(self, magic: bytes, seq: int) -> bytes:
+        return magic + self.dataset.encode() + b"\0" + seq.to_bytes(8, "big")
+
+    def _seal(self, magic: bytes, purpose: str, seq: int, payload: bytes) -> bytes:
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        return magic + nonce + AESGCM(derive_key(self.key, self.dataset, purpose)).encrypt(
+            nonce, payload, self._aad(magic, seq))
+
+    def _open(self, magic: bytes, purpose: str, seq: int, blob: bytes, what: str) -> bytes:
+        if not blob.startswith(magic) or len(blob) < len(magic) + NONCE_BYTES + 16:
+            raise LineageError(f"lineage registry {self.root}: {what} is not a deid lineage file (bad header or "
+                               "truncated); the registry was modified; restore it from backup")
+        nonce = blob[len(magic):len(magic) + NONCE_BYTES]
+        try:
+            return AESGCM(derive_key(self.key, self.dataset, purpose)).decrypt(
+                nonce, blob[len(magic) + NONCE_BYTES:], self._aad(magic, seq))
+        except InvalidTag:
+            raise LineageError(
+                f"lineage registry {self.root}: {what} does not authenticate: wrong key, a modified byte, or an entry "
+                "moved or reordered; refusing to use the registry (restore it from backup, or pass the steward's key)"
+            ) from None
+
+    # ------------------------------------------------------------------ reading
+
+    def _entry_files(self) -> list[tuple[int, Path]]:
+        out = []
+        for p in self.root.iterdir():
+            if p.name.endswith(SUFFIX) and not p.name.startswith("."):
+                stem = p.name[:-len(SUFFIX)]
+                if not (stem.isdigit() and len(stem) == 8):
+                    raise LineageError(f"lineage registry {self.root}: unexpected file {p.name}; the registry was "
+                                       "modified; restore it from backup")
+                out.append((int(stem), p))
+        return sorted(out)
+
+    def exists(self) -> bool:
+        return (self.root / HEAD_NAME).exists() or (self.root.is_dir() and bool(self._entry_files()))
+
+    def _read_head(self) -> tuple[int, str]:
+        path = self.root / HEAD_NAME
+        if not path.is_file():
+            raise LineageError(f"lineage registry {self.root}: HEAD is missing while entries exist; the registry was "
+                               "modified or truncated; restore it from backup")
+        doc = json.loads(self._open(HEAD_MAGIC, "head", 0, path.read_bytes(), "HEAD"))
+        if doc.get("dataset") != self.dataset:
+            raise LineageError(f"lineage registry {self.root}: HEAD belongs to dataset {doc.get('dataset')!r}")
+        return int(doc["seq"]), str(doc["hash"])
+
+    def load(self) -> LineageState:
+        """Decrypt and verify the whole chain; the state of an empty (absent) registry is empty.
+
+        Raises
+        ------
+        LineageError
+            Wrong key, a modified byte, a missing, extra, reordered or moved entry, or a deleted tail.
+        """
+        if not self.root.is_dir() or not self.exists():
+            return replay(self.dataset, [], seq=-1, head=GENESIS_PREV)
+        files = self._entry_files()
+        docs: list[dict[str, Any]] = []
+        prev = GENESIS_PREV
+        for expect, (seq, path) in enumerate(files):
+            if seq != expect:
+                raise LineageError(f"lineage registry {self.root}: entry {expect:08d} is missing (next is {seq:08d}); "
+                                   "an entry was deleted; restore the registry from backup")
+            doc = json.loads(self._open(MAGIC, "encrypt", seq, path.read_bytes(), f"entry {seq:08d}"))
+            if doc.get("seq") != seq or doc.get("prev") != prev or doc.get("dataset") != self.dataset:
+                raise LineageError(f"lineage registry {self.root}: entry {seq:08d} does not chain to the previous entry "
+                                   "(entries reordered or replaced); restore the registry from backup")
+            if doc.get("format") != ENTRY_FORMAT:
+                raise LineageError(f"lineage registry {self.root}: entry {seq:08d} has format {doc.get('format')!r}, "
+                                   f"expected {ENTRY_FORMAT}")
+            prev = chain_hash(prev, doc)
+            docs.append(doc)
+        head_seq, head_hash = self._read_head()
+        last = len(docs) - 1
+        hashes = self._hashes(docs)
+        if head_seq > last:
+            raise LineageError(f"lineage registry {self.root}: HEAD names entry {head_seq:08d} but the last entry is "
+                               f"{last:08d}; entries were deleted; restore the registry from backup")
+        if head_seq < last - 1 or hashes[head_seq] != head_hash:
+            raise LineageError(f"lineage registry {self.root}: HEAD (entry {head_seq:08d}) does not match the chain; "
+                               "the registry was modified; restore it from backup")
+        if head_seq == last - 1:
+            logger.warning("lineage registry %s: HEAD one entry behind (interrupted append); entry %08d kept",
+                           self.root, last)
+        if not docs or docs[0].get("kind") != "genesis":
+            raise LineageError(f"lineage registry {self.root}: the first entry is not a genesis entry")
+        return replay(self.dataset, docs, seq=last, head=prev)
+
+    @staticmethod
+    def _hashes(docs: list[dict[str, Any]]) -> list[str]:
+        out, prev = [], GENESIS_PREV
+        for d in docs:
+            prev = chain_hash(prev, d)
+            out.append(prev)
+        return out
+
+    # ------------------------------------------------------------------ writing
+
+    def _append(self, state: LineageState, body: dict[str, Any]) -> LineageState:
+        current = self.load()
+        if current.head != state.head:
+            raise LineageError(f"lineage registry {self.root} moved on (entry {current.seq}) since the state used "
+                               f"here (entry {state.seq}) was loaded; reload and plan again")
+        if not self.root.exists():
+            self.root.mkdir(parents=True, mode=0o700)
+            os.chmod(self.root, 0o700)
+        for tmp in self.root.glob(".*.tmp"):  # leftovers of an interrupted append: never part of the chain
+            tmp.unlink(missing_ok=True)
+        if not current.entries and body.get("kind") != "genesis":
+            raise LineageError(f"lineage registry {self.root} has no genesis entry; call init() first")
+        new = current.with_entry(body)
+        seq, doc, new_hash = new.seq, new.entries[-1], new.head
+        blob = self._seal(MAGIC, "encrypt", seq, canonical_bytes(doc))
+        final = self.root / f"{seq:08d}{SUFFIX}"
+        tmp = _write_temp(self.root, final.name, blob)
+        try:
+            os.link(tmp, final)  # fails if the name exists: a concurrent append wins, this one is refused
+        except FileExistsError:
+            raise LineageError(f"lineage registry {self.root}: entry {seq:08d} was written concurrently; "
+                               "reload and plan again") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        _fsync_dir(self.root)
+        self._write_head(seq, new_hash)
+        logger.info("lineage %s: appended entry %08d (%s)", self.dataset, seq, body.get("kind"))
+        return new
+
+    def _write_head(self, seq: int, digest: str) -> None:
+        payload = canonical_bytes({"dataset": self.dataset, "seq": seq, "hash": digest})
+        tmp = _write_temp(self.root, HEAD_NAME, self._seal(HEAD_MAGIC, "head", 0, payload))
+        os.replace(tmp, self.root / HEAD_NAME)
+        _fsync_dir(self.root)
+
+    def init(self) -> LineageState:
+        """Create the registry with its genesis entry (no-op when it exists); returns the state."""
+        state = self.load()
+        if state.entries:
+            return state
+        return self._append(state, {"kind": "genesis"})
+
+    def append_release(self, state: LineageState, release: LineageRelease) -> LineageState:
+        """Register a release (status pending until :meth:`mark_published`).
+
+        ``state`` must be the state the release was planned on (``release.based_on_head``).
+        """
+        if release.dataset != self.dataset:
+            raise ConfigError(f"release of dataset {release.dataset!r} cannot go into the registry of {self.dataset!r}")
+        if not state.entries and release.based_on_head == GENESIS_PREV:
+            state = self.init()  # planned on the empty lineage: the genesis entry comes first
+        elif release.based_on_head != state.head:
+            raise LineageError(f"release {release.release_id} was planned on another lineage state (entry "
+                               f"{release.based_on_seq}); the registry is at entry {state.seq}; plan again")
+        if any(r.release_id == release.release_id for r in state.releases):
+            raise LineageError(f"release {release.release_id} is already registered in {self.dataset!r}")
+        return self._append(state, release.to_entry())
+
+    def mark_published(self, state: LineageState, release_id: str) -> LineageState:
+        """Record that ``release_id`` was published (after the report is signed)."""
+        return self._mark(state, release_id, "published")
+
+    def mark_abandoned(self, state: LineageState, release_id: str) -> LineageState:
+        """Record that ``release_id`` was never published: its clusters stop constraining later releases."""
+        return self._mark(state, release_id, "abandoned")
+
+    def reconcile(self, state: LineageState, is_published: Callable[[str], bool]) -> LineageState:
+        """Settle releases left pending by an interrupted run: published if ``is_published(release_id)``
+        (e.g. its release directory exists), else abandoned. Call at the start of a run, before planning."""
+        for r in state.releases:
+            if r.status == "pending":
+                state = (self.mark_published if is_published(r.release_id) else self.mark_abandoned)(state, r.release_id)
+        return state
+
+    def _mark(self, state: LineageState, release_id: str, kind: str) -> LineageState:
+        status = {r.release_id: r.status for r in state.releases}
+        if status.get(release_id) != "pending":
+            raise LineageError(f"release {release_id} of {self.dataset!r} is {status.get(release_id, 'not registered')}; "
+                               f"only a pending release can be marked {kind}")
+        return self._append(state, {"kind": kind, "release_id": release_id})

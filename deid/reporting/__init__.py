@@ -1,0 +1,1 @@
+"""Report rendering: the signed report model and its HTML page."""

@@ -1,0 +1,511 @@
+"""The release report: its model, its JSON Schema validation, and writing it signed."""
+from __future__ import annotations
+
+import base64
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import stat
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib import metadata, resources
+from pathlib import Path, PurePath
+from typing import Any, Literal
+
+import jsonschema
+
+from deid.errors import REASONS, ConfigError
+from deid.release.signing import SigningKey, canonical_json, sign_bytes
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "Artifact",
+    "Check",
+    "DatasetSummary",
+    "Privacy",
+    "Reidentification",
+    "Report",
+    "SigningInfo",
+    "Utility",
+    "dataset_fingerprint",
+    "hash_file",
+    "hash_report_files",
+    "hash_tree",
+    "jsonable",
+    "load_schema",
+    "package_versions",
+    "report_problems",
+    "utc_now_iso",
+    "validate_report",
+    "write_signed_report",
+]
+
+REPORT_NAME = "report.json"
+SIGNATURE_NAME = "report.json.sig"
+SCHEMA_NAME = "report.schema.json"
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_CHUNK = 1 << 20
+_RATE_EPS = 1e-12
+DEFAULT_VERSION_PACKAGES = (
+    "deid", "numpy", "opencv-python-headless", "scikit-learn", "pyarrow", "cryptography", "prefect", "dask",
+)
+
+
+@dataclass
+class DatasetSummary:
+    """Where the records went: in, released, suppressed (small partitions), quarantined (by reason code)."""
+
+    name: str
+    fingerprint: str
+    records_in: int
+    records_released: int
+    records_suppressed: int
+    records_quarantined: int
+    quarantine_by_reason: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Check:
+    """One gate check and its outcome (``value``/``threshold``: any JSON value, None when absent)."""
+
+    name: str
+    passed: bool
+    value: Any = None
+    threshold: Any = None
+    detail: str = ""
+
+
+@dataclass
+class Reidentification:
+    """Re-identification rate of one attacker in one mode (e.g. closest-match against originals)."""
+
+    attacker: str
+    mode: str
+    rate: float
+
+
+@dataclass
+class Privacy:
+    """The privacy bound 1/k and what was measured against it."""
+
+    bound: float
+    max_rate: float | None = None
+    min_distinct_people_per_cluster: int | None = None
+    reidentification: list[Reidentification] = field(default_factory=list)
+
+
+@dataclass
+class Utility:
+    """Classifier accuracy for one utility label before and after de-identification."""
+
+    label: str
+    original_accuracy: float | None
+    deidentified_accuracy: float | None
+    tolerance: float
+    detail: str = ""
+    # How accuracy was measured (e.g. "train-original/test-release"); None leaves it out of the report.
+    protocol: str | None = None
+
+
+@dataclass
+class Artifact:
+    """One released file: POSIX path relative to the release dir, sha256 hex, size in bytes."""
+
+    path: str
+    sha256: str
+    bytes: int
+
+
+@dataclass
+class SigningInfo:
+    """Which key signed the report (by fingerprint; the key itself is never embedded)."""
+
+    public_key_fingerprint: str
+    key_origin: Literal["configured", "development"]
+    algorithm: Literal["ed25519"] = "ed25519"
+
+    @classmethod
+    def from_key(cls, signing_key: SigningKey) -> SigningInfo:
+        return cls(public_key_fingerprint=signing_key.fingerprint, key_origin=signing_key.origin)
+
+
+@dataclass
+class Report:
+    """The signed record of one run, released or rejected (see ``deid/schemas/report.schema.json``)."""
+
+    release_id: str
+    verdict: Literal["released", "rejected"]
+    k: int
+    method: str
+    run_id: str
+    dataset: DatasetSummary
+    signing: SigningInfo
+    reasons: list[str] = field(default_factory=list)
+    created_at: str = field(default_factory=lambda: utc_now_iso())
+    checks: list[Check] = field(default_factory=list)
+    privacy: Privacy | None = None
+    utility: list[Utility] = field(default_factory=list)
+    artifacts: list[Artifact] = field(default_factory=list)
+    release_dir: str | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+    configuration: dict[str, Any] = field(default_factory=dict)
+    # Files of the report directory besides report.json/.sig (report.html, validation results);
+    # None leaves the field out (older reports), a list makes verify check the report dir exactly.
+    report_files: list[Artifact] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (Paths as POSIX strings, tuples as lists, numpy scalars as Python numbers)."""
+        d = dataclasses.asdict(self)
+        if d["privacy"] is None:
+            d["privacy"] = dataclasses.asdict(Privacy(bound=1.0 / self.k))
+        if d["report_files"] is None:
+            del d["report_files"]
+        for u in d["utility"]:
+            if u["protocol"] is None:
+                del u["protocol"]
+        return jsonable(d)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Report:
+        """Inverse of :meth:`to_dict` (no validation; call :func:`validate_report` for that)."""
+        p = d["privacy"]
+        return cls(
+            release_id=d["release_id"],
+            verdict=d["verdict"],
+            reasons=list(d["reasons"]),
+            k=d["k"],
+            method=d["method"],
+            created_at=d["created_at"],
+            run_id=d["run_id"],
+            dataset=DatasetSummary(**d["dataset"]),
+            checks=[Check(**c) for c in d["checks"]],
+            privacy=Privacy(
+                bound=p["bound"],
+                max_rate=p["max_rate"],
+                min_distinct_people_per_cluster=p["min_distinct_people_per_cluster"],
+                reidentification=[Reidentification(**r) for r in p["reidentification"]],
+            ),
+            utility=[Utility(**u) for u in d["utility"]],
+            artifacts=[Artifact(**a) for a in d["artifacts"]],
+            release_dir=d["release_dir"],
+            signing=SigningInfo(**d["signing"]),
+            versions=dict(d["versions"]),
+            configuration=dict(d["configuration"]),
+            report_files=[Artifact(**a) for a in d["report_files"]] if "report_files" in d else None,
+        )
+
+
+def utc_now_iso() -> str:
+    """Current time as ISO 8601 UTC with a ``Z`` suffix, second precision."""
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def package_versions(packages: Iterable[str] = DEFAULT_VERSION_PACKAGES) -> dict[str, str]:
+    """Installed version of each package that is installed (missing ones are left out)."""
+    out: dict[str, str] = {}
+    for name in packages:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return out
+
+
+def jsonable(obj: Any) -> Any:
+    """Convert Paths, tuples, sets, numpy scalars/arrays and dataclasses to plain JSON types, recursively."""
+    if obj is None or isinstance(obj, bool | str):
+        return obj
+    if isinstance(obj, int):
+        return int(obj)
+    if isinstance(obj, float):
+        return float(obj)
+    if isinstance(obj, PurePath):
+        return obj.as_posix()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return jsonable(dataclasses.asdict(obj))
+    if isinstance(obj, Mapping):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, set | frozenset):
+        return sorted(jsonable(v) for v in obj)
+    # numpy without importing it: scalars have .item(), arrays .tolist()
+    if hasattr(obj, "tolist") and callable(obj.tolist):
+        return jsonable(obj.tolist())
+    if hasattr(obj, "item") and callable(obj.item):
+        return jsonable(obj.item())
+    raise TypeError(f"cannot put a {type(obj).__name__} ({obj!r}) into a report; convert it to str, number, list or dict")
+
+
+def dataset_fingerprint(manifest_bytes: bytes, source_sha256s: Iterable[str]) -> str:
+    """Fingerprint a drop by its manifest bytes and the hashes of its source files.
+
+    Returns ``"sha256:" + hexdigest`` of SHA-256 over exactly these bytes::
+
+        b"deid-dataset-v1\\n"
+        len(manifest_bytes) as 8-byte big-endian unsigned integer
+        manifest_bytes
+        for each source hash h in sorted(lowercase hex hashes), duplicates kept:
+            h as 64 ASCII bytes + b"\\n"
+
+    The length prefix keeps manifest bytes and hash list unambiguous; sorting makes the
+    result independent of the order in which files were hashed.
+    """
+    hashes = []
+    for h in source_sha256s:
+        hl = str(h).lower()
+        if hl.startswith("sha256:"):
+            hl = hl[len("sha256:"):]
+        if not _HEX64.match(hl):
+            raise ConfigError(f"source sha256 {h!r} must be 64 hexadecimal characters (a SHA-256 hexdigest)")
+        hashes.append(hl)
+    digest = hashlib.sha256()
+    digest.update(b"deid-dataset-v1\n")
+    digest.update(len(manifest_bytes).to_bytes(8, "big"))
+    digest.update(bytes(manifest_bytes))
+    for hl in sorted(hashes):
+        digest.update(hl.encode("ascii") + b"\n")
+    return "sha256:" + digest.hexdigest()
+
+
+def hash_file(path: Path) -> tuple[str, int]:
+    """(sha256 hex, size in bytes) of one file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return digest.hexdigest(), size
+
+
+def scan_tree(root: Path) -> tuple[dict[str, Path], list[str]]:
+    """Regular files under ``root`` by POSIX relative path, and the relative paths of anything else (symlinks, fifos)."""
+    root = Path(root)
+    files: dict[str, Path] = {}
+    others: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        base = Path(dirpath)
+        for name in list(dirnames):
+            p = base / name
+            if p.is_symlink():
+                # os.walk lists a symlinked directory as a directory; never descend into it.
+                others.append(p.relative_to(root).as_posix())
+                dirnames.remove(name)
+        for name in filenames:
+            p = base / name
+            rel = p.relative_to(root).as_posix()
+            st = p.lstat()
+            if stat.S_ISREG(st.st_mode):
+                files[rel] = p
+            else:
+                others.append(rel)
+    return dict(sorted(files.items())), sorted(others)
+
+
+def _hash_regular_files(root: Path, *, what: str, missing: str, special: str,
+                        skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """``[{path, sha256, bytes}]`` of the files under ``root`` but ``skip``; ``what`` and the hints word the errors."""
+    if not root.is_dir():
+        raise ConfigError(f"{what} {root} {missing}")
+    files, others = scan_tree(root)
+    if others:
+        raise ConfigError(f"{what} {root} contains symlinks or special files {others[:5]}; {special}")
+    out = []
+    for rel, p in files.items():
+        if rel in skip:
+            continue
+        sha, size = hash_file(p)
+        out.append({"path": rel, "sha256": sha, "bytes": size})
+    return out
+
+
+def hash_tree(root: Path) -> list[dict[str, Any]]:
+    """``[{path, sha256, bytes}]`` for every regular file under ``root``, sorted by POSIX relative path; refuses symlinks."""
+    return _hash_regular_files(
+        Path(root),
+        what="release directory",
+        missing="does not exist or is not a directory",
+        special="a release must hold only regular files (copy the data instead of linking it)",
+    )
+
+
+def hash_report_files(report_dir: Path) -> list[dict[str, Any]]:
+    """``[{path, sha256, bytes}]`` for every file of ``report_dir`` except report.json and its signature.
+
+    Call it after writing report.html and the validation results and before signing, and put the
+    result in the report's ``report_files``; verify then checks the report directory exactly.
+    """
+    return _hash_regular_files(
+        Path(report_dir),
+        what="report directory",
+        missing="does not exist; write report.html into it first",
+        special="write regular files only",
+        skip=(REPORT_NAME, SIGNATURE_NAME),
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def load_schema() -> dict[str, Any]:
+    """The report JSON Schema (draft 2020-12) shipped in the ``schemas`` package."""
+    text = resources.files("deid.schemas").joinpath(SCHEMA_NAME).read_text(encoding="utf-8")
+    schema = json.loads(text)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return schema
+
+
+def _non_finite(obj: Any, where: str = "$") -> list[str]:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return [f"{where} = {obj!r} is not a finite number (use null when a value could not be computed)"]
+    if isinstance(obj, Mapping):
+        return [p for k, v in obj.items() for p in _non_finite(v, f"{where}.{k}")]
+    if isinstance(obj, list | tuple):
+        return [p for i, v in enumerate(obj) for p in _non_finite(v, f"{where}[{i}]")]
+    return []
+
+
+def _where(path: Iterable[Any]) -> str:
+    out = "$"
+    for part in path:
+        out += f"[{part}]" if isinstance(part, int) else f".{part}"
+    return out
+
+
+def report_problems(report: Mapping[str, Any]) -> list[str]:
+    """Every way ``report`` breaks the schema or the report's own consistency rules (empty list: valid)."""
+    problems = _non_finite(report)
+    if problems:
+        return problems
+    validator = jsonschema.Draft202012Validator(load_schema())
+    errors = sorted(validator.iter_errors(report), key=lambda e: (list(e.absolute_path), e.message))
+    problems = [f"{_where(e.absolute_path)}: {e.message}" for e in errors]
+    if problems:
+        return problems
+
+    # Rules a JSON Schema cannot express.
+    k = report["k"]
+    privacy = report["privacy"]
+    if not math.isclose(privacy["bound"], 1.0 / k, rel_tol=1e-12, abs_tol=0.0):
+        problems.append(f"$.privacy.bound = {privacy['bound']!r} must equal 1/k = {1.0 / k!r}")
+    ds = report["dataset"]
+    for key in ("records_released", "records_suppressed", "records_quarantined"):
+        if ds[key] > ds["records_in"]:
+            problems.append(f"$.dataset.{key} = {ds[key]} exceeds records_in = {ds['records_in']}")
+    by_reason = ds["quarantine_by_reason"]
+    if sum(by_reason.values()) != ds["records_quarantined"]:
+        problems.append(
+            f"$.dataset.quarantine_by_reason sums to {sum(by_reason.values())}, "
+            f"but records_quarantined = {ds['records_quarantined']}"
+        )
+    unknown = sorted(set(by_reason) - set(REASONS))
+    if unknown:
+        problems.append(f"$.dataset.quarantine_by_reason has unknown reason codes {unknown}; valid codes are deid.errors.REASONS")
+    paths = [a["path"] for a in report["artifacts"]]
+    if len(set(paths)) != len(paths):
+        dupes = sorted({p for p in paths if paths.count(p) > 1})
+        problems.append(f"$.artifacts lists paths more than once: {dupes}")
+    report_paths = [a["path"] for a in report.get("report_files", [])]
+    if len(set(report_paths)) != len(report_paths):
+        dupes = sorted({p for p in report_paths if report_paths.count(p) > 1})
+        problems.append(f"$.report_files lists paths more than once: {dupes}")
+    signed = sorted({REPORT_NAME, SIGNATURE_NAME} & set(report_paths))
+    if signed:
+        problems.append(f"$.report_files must not list {signed}: report.json cannot contain its own hash")
+    if report["verdict"] == "released":
+        failed = [c["name"] for c in report["checks"] if not c["passed"]]
+        if failed:
+            problems.append(f"verdict 'released' but checks failed: {failed}")
+        if ds["records_released"] < 1:
+            problems.append("verdict 'released' but $.dataset.records_released = 0")
+        mdp = privacy["min_distinct_people_per_cluster"]
+        if mdp is None or mdp < k:
+            problems.append(
+                f"verdict 'released' but $.privacy.min_distinct_people_per_cluster = {mdp!r}; "
+                f"every cluster must hold at least k = {k} distinct people"
+            )
+        max_rate = privacy["max_rate"]
+        bound = privacy["bound"] + _RATE_EPS  # same epsilon as the gate: exactly 1/k may round one ulp above
+        if max_rate is None:
+            problems.append("verdict 'released' but $.privacy.max_rate is null: no attack was measured")
+        elif privacy.get("exact_bound"):
+            # Identical images per cluster: the exact bound decides; an attack fails only by its lower bound.
+            share = privacy.get("max_person_share")
+            if share is None or share > bound:
+                problems.append(f"verdict 'released' but $.privacy.max_person_share = {share!r} exceeds 1/k = "
+                                f"{privacy['bound']!r}")
+            bad = [r for r in privacy["reidentification"] if r.get("lower", r["rate"]) > bound]
+            if bad:
+                problems.append(f"verdict 'released' but {bad[0]['attacker']}/{bad[0]['mode']} has a lower bound "
+                                f"{bad[0].get('lower', bad[0]['rate'])!r} above 1/k = {privacy['bound']!r}")
+        else:
+            bad = [r for r in privacy["reidentification"] if r.get("upper", r["rate"]) > bound]
+            if bad:
+                problems.append(
+                    f"verdict 'released' but {bad[0]['attacker']}/{bad[0]['mode']} re-identification "
+                    f"{bad[0]['rate']!r} (upper bound {bad[0].get('upper')!r}) is not shown to be at most 1/k = "
+                    f"{privacy['bound']!r}")
+        for r in privacy["reidentification"]:
+            if max_rate is not None and r["rate"] > max_rate:
+                problems.append(f"$.privacy.max_rate = {max_rate!r} is below the {r['attacker']}/{r['mode']} rate {r['rate']!r}")
+    return problems
+
+
+def validate_report(report: Mapping[str, Any]) -> None:
+    """Raise :class:`~deid.errors.ConfigError` listing every schema or consistency problem of ``report``."""
+    problems = report_problems(report)
+    if problems:
+        raise ConfigError(
+            f"report does not match deid/schemas/{SCHEMA_NAME} ({len(problems)} problem(s)): "
+            + "; ".join(problems[:20])
+            + ("" if len(problems) <= 20 else f"; … and {len(problems) - 20} more")
+        )
+
+
+def _atomic_write(path: Path, data: bytes, mode: int = 0o644) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_signed_report(report_dir: Path, report: Mapping[str, Any] | Report, signing_key: SigningKey) -> Path:
+    """Validate ``report``, write it as canonical JSON to ``report_dir/report.json`` and its signature to ``.sig``.
+
+    Returns the path of ``report.json``. The ``.sig`` file is the base64 of the raw 64-byte
+    Ed25519 signature over exactly the bytes of ``report.json``, plus a newline.
+    """
+    d = report.to_dict() if isinstance(report, Report) else jsonable(report)
+    validate_report(d)
+    signing = d["signing"]
+    if signing["public_key_fingerprint"] != signing_key.fingerprint or signing["key_origin"] != signing_key.origin:
+        raise ConfigError(
+            f"report signing = {signing!r} does not describe the key used ({signing_key.fingerprint}, "
+            f"{signing_key.origin}); build it with SigningInfo.from_key(signing_key)"
+        )
+    payload = canonical_json(d)
+    signature = sign_bytes(payload, signing_key.private_key)
+    report_dir = Path(report_dir)
+    report_dir.mkdir(parents=True, exist_ok=True)
+    report_path = report_dir / REPORT_NAME
+    if report_path.exists() and report_path.read_bytes() != payload:
+        logger.warning("replacing existing report %s with a different one", report_path)
+    # Report first, then signature: a crash in between leaves a pair that fails verification, never a false pass.
+    _atomic_write(report_path, payload)
+    _atomic_write(report_dir / SIGNATURE_NAME, base64.b64encode(signature) + b"\n")
+    logger.info("wrote signed report %s (verdict %s, key %s)", report_path, d["verdict"], signing_key.fingerprint)
+    return report_path
