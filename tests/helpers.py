@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -16,19 +17,26 @@ def load_london_aligned(*, smiling: str = "smiling") -> tuple[np.ndarray, list[s
     Pupils come from the .tem files (neutral photos), Haar eye detection otherwise (smiling);
     faces whose eyes cannot be found are skipped. ``smiling`` is the expression label of the
     smiling photos ("neutral" for the others). Fails the test when the dataset is missing.
+    Aligned once per test process (~3 s of CPU); every call gets its own copies.
     """
+    if not (LONDON / "london_info.csv").is_file():
+        pytest.fail(f"the London set is missing at {LONDON}; see ../shared/datasets/london/README.md")
+    faces, people, gender, expr = _london_aligned()
+    return faces.copy(), list(people), list(gender), [smiling if e == "smiling" else e for e in expr]
+
+
+@functools.cache
+def _london_aligned() -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     from deid.alignment.eyes import EyePair
     from deid.alignment.canonical import FaceAligner
     from deid.errors import RecordError
     from deid.intake.imaging import decode_gray
 
-    if not (LONDON / "london_info.csv").is_file():
-        pytest.fail(f"the London set is missing at {LONDON}; see ../shared/datasets/london/README.md")
     with open(LONDON / "london_info.csv", newline="") as fh:
         info = {r["face_id"].zfill(3): r["face_gender"] for r in csv.DictReader(fh)}
     aligner = FaceAligner()
     faces, people, gender, expr = [], [], [], []
-    for folder, ex in (("neutral_front", "neutral"), ("smiling_front", smiling)):
+    for folder, ex in (("neutral_front", "neutral"), ("smiling_front", "smiling")):
         for f in sorted((LONDON / folder).glob("*.jpg")):
             eyes = None
             if f.with_suffix(".tem").is_file():
@@ -42,4 +50,6 @@ def load_london_aligned(*, smiling: str = "smiling") -> tuple[np.ndarray, list[s
             people.append(f.name[:3])
             gender.append(info[f.name[:3]])
             expr.append(ex)
-    return np.array(faces), people, gender, expr
+    faces = np.array(faces)
+    faces.setflags(write=False)
+    return faces, tuple(people), tuple(gender), tuple(expr)

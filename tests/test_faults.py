@@ -60,8 +60,9 @@ def test_fault_matrix_never_a_release_without_its_signed_report(project, prefect
     drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=1)
     for key, value in FAST.items():
         monkeypatch.setenv(key, value)
-    env = {**os.environ, "DEID_PROJECT_DIR": str(project), "PREFECT_API_URL": PREFECT_API_URL.value(),
-           "PYTHONPATH": str(ROOT)}
+    # The killed runs are plain `deid run`s with their own LocalCluster; the reruns run in this process.
+    env = {k: v for k, v in os.environ.items() if k != "DEID_DASK_ADDRESS"}
+    env.update({"DEID_PROJECT_DIR": str(project), "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(ROOT)})
     faults = without_report = 0
     figures = []
 
@@ -157,8 +158,9 @@ def test_rare_labels_stay_out_of_the_report_and_formulas_out_of_release_csv(proj
     # The one-person partition is held back either by the partition policy or, for a dataset's
     # lineage, by the release plan (newcomers wait until k of them share a partition): by counts.
     lineage = report.get("lineage") or {}
-    assert small or lineage.get("suppressed_records", 0) >= 1
-    assert all(isinstance(v, int) for v in lineage.get("suppressed_by_reason", {}).values())
+    by_reason = lineage.get("suppressed_by_reason", {})
+    assert small or (lineage.get("suppressed_records", 0) >= 1 and by_reason), (small, lineage)
+    assert all(isinstance(v, int) for v in by_reason.values())
     with open(Path(result["release_dir"]) / "release.csv", newline="", encoding="utf-8") as fh:
         genders = {r["gender"] for r in csv.DictReader(fh)}
     assert "'=HYPERLINK(\"http://x\")" in genders and not any(g.startswith("=") for g in genders)

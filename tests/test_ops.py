@@ -1,7 +1,7 @@
 """Operations end to end: a real Prefect server, `deid serve` and `deid watch` processes, the UI in Chromium.
 
-Everything is on loopback, bounded in time, and every process started here is stopped in a
-fixture teardown (process groups: SIGTERM, then SIGKILL).
+The stack (server, serve, watch) is the session fixture ``stack`` of tests/ops_helpers.py, shared
+with the other ops modules: runs, reports and ledger entries are looked up by this module's drop names.
 """
 from __future__ import annotations
 
@@ -9,151 +9,20 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from ops_helpers import api, drop_into, runs_for, wait_for
 
 from deid.operations.ledger import Ledger
 from deid.intake.synth import make_synthetic_drop
 from deid.release.verify import verify_report
 
-
-pytestmark = [pytest.mark.slow, pytest.mark.ops]
-ROOT = Path(__file__).resolve().parents[1]
-DEID = [sys.executable, "-m", "deid.cli"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Proc:
-    """A started process group with its log file; ``stop()`` is idempotent."""
-
-    def __init__(self, name: str, cmd: list[str], *, env: dict, logs: Path, cwd: Path = ROOT):
-        self.name = name
-        self.log = logs / f"{name}.log"
-        self._fh = open(self.log, "wb")
-        self.p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=self._fh, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
-
-    def alive(self) -> bool:
-        return self.p.poll() is None
-
-    def tail(self, n: int = 40) -> str:
-        lines = self.log.read_text(errors="replace").splitlines()
-        return f"--- {self.name} (last {n} lines) ---\n" + "\n".join(lines[-n:])
-
-    def stop(self, timeout: float = 15.0) -> None:
-        if self.p.poll() is None:
-            try:
-                os.killpg(self.p.pid, signal.SIGTERM)
-                self.p.wait(timeout=timeout)
-            except ProcessLookupError:
-                pass
-            except subprocess.TimeoutExpired:
-                os.killpg(self.p.pid, signal.SIGKILL)
-                self.p.wait(timeout=10)
-        # Children left in the group (uvicorn, Dask workers of a flow run) go too.
-        try:
-            os.killpg(self.p.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        self._fh.close()
-
-
-def api(url: str, path: str, body: dict | None = None):
-    req = urllib.request.Request(url + path, method="POST" if body is not None else "GET",
-                                 data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return json.loads(r.read())
-
-
-def wait_for(what: str, predicate, timeout: float, procs=(), interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        for p in procs:
-            if not p.alive():
-                pytest.fail(f"{p.name} exited ({p.p.returncode}) while waiting for {what}\n{p.tail()}")
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n" + "\n".join(p.tail() for p in procs))
-
-
-def drop_into(incoming: Path, src: Path, name: str) -> float:
-    """Copy a drop the way producers must: everything, then _READY last; returns when _READY appeared."""
-    dest = incoming / name
-    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("_READY"))
-    (dest / "_READY").write_bytes(b"")
-    return time.time()
-
-
-def flow_runs(url: str, flow_name: str, *, state: str | None = None) -> list[dict]:
-    body: dict = {"flows": {"name": {"any_": [flow_name]}}, "sort": "START_TIME_ASC"}
-    if state:
-        body["flow_runs"] = {"state": {"type": {"any_": [state]}}}
-    return api(url, "/flow_runs/filter", body)
-
-
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    """A Prefect server on a free port, `deid serve` and `deid watch` against it, in a fresh project dir."""
-    base = tmp_path_factory.mktemp("ops")
-    project, logs = base / "project", base / "logs"
-    incoming = project / "data" / "incoming"
-    incoming.mkdir(parents=True)
-    logs.mkdir()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DEID_"))}
-    # Operations, not the gate's figures: deep recogniser on a small sample, no recogniser identity check.
-    env.update(DEID_IDENTITY_EMBED_MAX="0", DEID_DEEP_ATTACK_SAMPLE="20")
-    env.update(DEID_PROJECT_DIR=str(project), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_HOME=str(base / "prefect-client"), PYTHONUNBUFFERED="1", DEID_DASK_WORKERS="1",
-               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    procs: list[Proc] = []
-    try:
-        t0 = time.monotonic()
-        server = Proc("server", [*DEID, "server", "--port", str(port)], env=env, logs=logs)
-        procs.append(server)
-
-        def healthy():
-            try:
-                return api(url, "/health") is True
-            except OSError:
-                return False
-
-        wait_for("the Prefect server's /api/health", healthy, 90, [server])
-        server_s = time.monotonic() - t0
-        client_env = dict(env, PREFECT_API_URL=url)
-        serve = Proc("serve", [*DEID, "serve"], env=client_env, logs=logs)
-        procs.insert(0, serve)
-        watch = Proc("watch", [*DEID, "watch", str(incoming), "--interval", "0.5"], env=client_env, logs=logs)
-        procs.insert(0, watch)
-
-        def deployments_ready():
-            names = {d["name"] for d in api(url, "/deployments/filter", {})}
-            return {"release", "release-on-drop"} <= names
-
-        wait_for("both deployments", deployments_ready, 60, procs)
-        wait_for("the watcher", lambda: "deid watch:" in watch.log.read_text(), 30, procs)
-        yield {"url": url, "port": port, "project": project, "incoming": incoming, "procs": procs,
-               "watch": watch, "serve": serve, "base": base, "server_seconds": round(server_s, 1)}
-    finally:
-        # Clients first: serve pauses its deployments on SIGTERM, which needs the server.
-        for p in procs:
-            p.stop()
+pytestmark = [pytest.mark.slow, pytest.mark.ops, pytest.mark.xdist_group("ops")]
+SITES = ("site-a-2026-01", "site-b-2026-01")
+RESENT = "site-a-2026-01-resent"
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +35,7 @@ def two_releases(stack, tmp_path_factory):
     t_b = drop_into(stack["incoming"], b, "site-b-2026-01")
     url = stack["url"]
     done = wait_for("two completed release-on-drop runs",
-                    lambda: (r := flow_runs(url, "release-on-drop", state="COMPLETED")) and len(r) >= 2 and r,
+                    lambda: (r := runs_for(url, "release-on-drop", SITES, state="COMPLETED")) and len(r) >= 2 and r,
                     120, stack["procs"], interval=1.0)
     return {"src": a, "dropped_at": {"site-a-2026-01": t_a, "site-b-2026-01": t_b}, "runs": done}
 
@@ -183,8 +52,9 @@ def test_drops_are_released_once_each(stack, two_releases):
     assert len(runs) == 2 and all(r["state_type"] == "COMPLETED" for r in runs)
     assert {Path(r["parameters"]["drop"]).name for r in runs} == {"site-a-2026-01", "site-b-2026-01"}
     ledger = Ledger(project / "data" / "ledger.sqlite")
-    entries = {Path(e.drop_path).name: e for e in ledger.entries()}
-    assert set(entries) == {"site-a-2026-01", "site-b-2026-01"}
+    # (The stack is shared with the other ops modules: their drops have other names.)
+    entries = {Path(e.drop_path).name: e for e in ledger.entries() if Path(e.drop_path).name.startswith("site-")}
+    assert set(entries) == set(SITES)
     figures = {}
     for name, e in entries.items():
         assert e.status == "released" and e.verdict == "released", e
@@ -200,30 +70,35 @@ def test_drops_are_released_once_each(stack, two_releases):
         t_drop = two_releases["dropped_at"][name]
         figures[name] = {"drop_to_flow_start_s": round(_iso(run["start_time"]) - t_drop, 1),
                          "drop_to_report_s": round(report.stat().st_mtime - t_drop, 1)}
-        assert figures[name]["drop_to_report_s"] < 60, figures
+        # A latency budget for a 2-core machine shared only with the suite's other worker (load 2).
+        assert figures[name]["drop_to_report_s"] < 60, (figures, f"load average {os.getloadavg()}")
     print(f"\nops figures: server healthy after {stack['server_seconds']} s; {json.dumps(figures)}")
 
     # The same content again under another name: reported as a duplicate, never released twice.
-    t_dup = drop_into(stack["incoming"], two_releases["src"], "site-a-2026-01-resent")
+    reports = {p.parent.name for p in (project / "reports").glob("*/report.json")}
+    assert {e.release_id for e in entries.values()} <= reports
+    n_entries = len(ledger.entries())
+    t_dup = drop_into(stack["incoming"], two_releases["src"], RESENT)
     wait_for("the watcher's duplicate report",
              lambda: any(s["outcome"] == "duplicate" and s["drop_path"].endswith("-resent")
                          for s in ledger.sightings()), 30, stack["procs"])
     assert "duplicate:" in stack["watch"].log.read_text()
     time.sleep(4)  # two runner polls: a wrongly triggered run would exist by now
-    assert len(flow_runs(url, "release-on-drop")) == 2
-    assert len(flow_runs(url, "release")) == 2
-    assert len(list((project / "reports").glob("*/report.json"))) == 2
-    assert len(ledger.entries()) == 2
+    assert len(runs_for(url, "release-on-drop", (*SITES, RESENT))) == 2
+    assert len(runs_for(url, "release", (*SITES, RESENT))) == 2
+    assert {p.parent.name for p in (project / "reports").glob("*/report.json")} == reports
+    assert len(ledger.entries()) == n_entries
     print(f"duplicate detected {round(time.time() - t_dup, 1)} s after drop (upper bound)")
 
     # A duplicate event (e.g. replayed) reaching release-on-drop does not release either.
     dup = api(url, "/deployments/name/release-on-drop/release-on-drop", None)
     fr = api(url, f"/deployments/{dup['id']}/create_flow_run",
-             {"parameters": {"drop": str(stack["incoming"] / "site-a-2026-01-resent")}})
+             {"parameters": {"drop": str(stack["incoming"] / RESENT)}})
     final = wait_for("the replayed run", lambda: (r := api(url, f"/flow_runs/{fr['id']}"))["state_type"] in (
         "COMPLETED", "FAILED", "CRASHED") and r, 60, stack["procs"])
     assert final["state_type"] == "COMPLETED"
-    assert len(flow_runs(url, "release")) == 2 and len(ledger.entries()) == 2
+    assert len(runs_for(url, "release", (*SITES, RESENT))) == 2 and len(ledger.entries()) == n_entries
+    assert {p.parent.name for p in (project / "reports").glob("*/report.json")} == reports
 
 
 def _chromium() -> str:
@@ -254,10 +129,11 @@ def test_flow_run_page_in_a_real_browser(stack, two_releases, tmp_path):
     shot = tmp_path / "flow-run.png"
     _browser(exe, tmp_path / "profile", page, screenshot=shot)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
-    # Artifacts of the run and of its release subflow, when the API says there are any.
+    # Artifacts of the run (the ledger outcome) and of its release subflow (the verdict), each shown.
     subflows = api(url, "/flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [run["id"]]}}})
     ids = [run["id"], *(s["id"] for s in subflows)]
     artifacts = api(url, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": ids}}})
+    assert {"deid-ledger", "deid-verdict"} <= {a["key"] for a in artifacts}, [a["key"] for a in artifacts]
     for art in artifacts:
         dom = _browser(exe, tmp_path / "profile", f"http://127.0.0.1:{port}/artifacts/artifact/{art['id']}")
         assert (art["key"] or art["id"]) in dom, f"artifact {art['key']} not shown"

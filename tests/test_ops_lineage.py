@@ -11,14 +11,16 @@ from pathlib import Path
 
 import cv2
 import pytest
+from ops_helpers import drop_into, runs_for, wait_for
 
 from deid.operations.ledger import Ledger
 from deid.release.linkage import linkage_path, load_linkage_key, read_linkage
 from deid.intake.synth import make_synthetic_drop
-from test_ops import drop_into, flow_runs, stack, wait_for  # noqa: F401 (stack is a fixture)
 
-pytestmark = pytest.mark.slow
+# The session's ops stack (conftest/ops_helpers.py), shared with tests/test_ops.py: one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.ops, pytest.mark.xdist_group("ops")]
 DATASET = "site-clinic"
+FIRST, SECOND = "clinic-2026-01", "clinic-2026-02"
 
 
 def _drop(path: Path, people: int) -> Path:
@@ -37,14 +39,14 @@ def _released(project: Path, release_id: str, key: bytes) -> dict[str, bytes]:
 
 def test_a_redrop_of_a_dataset_through_the_watcher_reuses_every_cluster(stack, tmp_path):
     url, project = stack["url"], stack["project"]
-    drop_into(stack["incoming"], _drop(tmp_path / "a", 60), "clinic-2026-01")
-    wait_for("the first release-on-drop run", lambda: len(flow_runs(url, "release-on-drop", state="COMPLETED")) >= 1,
+    drop_into(stack["incoming"], _drop(tmp_path / "a", 60), FIRST)
+    wait_for("the first release-on-drop run", lambda: runs_for(url, "release-on-drop", [FIRST], state="COMPLETED"),
              180, stack["procs"], interval=1.0)
-    drop_into(stack["incoming"], _drop(tmp_path / "b", 66), "clinic-2026-02")
-    wait_for("the second release-on-drop run", lambda: len(flow_runs(url, "release-on-drop", state="COMPLETED")) >= 2,
+    drop_into(stack["incoming"], _drop(tmp_path / "b", 66), SECOND)
+    wait_for("the second release-on-drop run", lambda: runs_for(url, "release-on-drop", [SECOND], state="COMPLETED"),
              180, stack["procs"], interval=1.0)
     entries = {Path(e.drop_path).name: e for e in Ledger(project / "data" / "ledger.sqlite").entries()}
-    first, second = entries["clinic-2026-01"], entries["clinic-2026-02"]
+    first, second = entries[FIRST], entries[SECOND]
     assert first.verdict == "released" and second.verdict == "released", (first, second)
     key = load_linkage_key(project / "data" / "keys" / "dev_linkage.key")
     one, two = _released(project, first.release_id, key), _released(project, second.release_id, key)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from ops_helpers import Proc, free_port, wait_for
 
 from deid.intake.synth import make_synthetic_drop
 from deid.release.verify import verify_report
-from test_ops import Proc, free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.ops]
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,9 @@ def _dask() -> list[str]:
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "dask"]
 
 
-def test_release_survives_a_worker_killed_mid_run(tmp_path):
+def test_release_survives_a_worker_killed_mid_run(tmp_path, prefect_server):
+    from prefect.settings import PREFECT_API_URL
+
     logs = tmp_path / "logs"
     logs.mkdir()
     project = tmp_path / "project"
@@ -42,11 +44,14 @@ def test_release_survives_a_worker_killed_mid_run(tmp_path):
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DEID_"))}
-    # Operations, not the gate's figures: deep recogniser on a small sample, no recogniser identity check.
-    env.update(DEID_IDENTITY_EMBED_MAX="0", DEID_DEEP_ATTACK_SAMPLE="20")
+    # Operations, not the gate's figures: deep recogniser on a small sample, no recogniser identity check,
+    # the earlier utility protocols (report evidence only) once.
+    env.update(DEID_IDENTITY_EMBED_MAX="0", DEID_DEEP_ATTACK_SAMPLE="20", DEID_CV_REPEATS="1")
     env.update(DEID_PROJECT_DIR=str(project), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_HOME=str(tmp_path / "prefect"), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1")
+               PYTHONUNBUFFERED="1",
+               # The session's Prefect API (the flow would otherwise start an ephemeral server of its own).
+               PREFECT_API_URL=PREFECT_API_URL.value())
     procs: list[Proc] = []
     try:
         procs.append(Proc("scheduler", [*_dask(), "scheduler", "--host", "127.0.0.1", "--port", str(port),

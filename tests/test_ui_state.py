@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_ops import DEID, Proc, _browser, _chromium, api, free_port, wait_for
+from ops_helpers import DEID, Proc, api, free_port, wait_for
+from test_ops import _browser, _chromium
 
 from deid.intake.synth import make_synthetic_drop
 

@@ -1,0 +1,161 @@
+"""Operations test helpers: started processes, the Prefect REST API, and one ops stack per session.
+
+The ``stack`` fixture (a Prefect server, `deid serve` and `deid watch`) is registered in
+conftest.py, so every ops module shares one: mark its tests ``xdist_group("ops")`` (one worker).
+Everything is on loopback, bounded in time, and every process started here is stopped in a
+fixture teardown (process groups: SIGTERM, then SIGKILL).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DEID = [sys.executable, "-m", "deid.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    """A started process group with its log file; ``stop()`` is idempotent."""
+
+    def __init__(self, name: str, cmd: list[str], *, env: dict, logs: Path, cwd: Path = ROOT):
+        self.name = name
+        self.log = logs / f"{name}.log"
+        self._fh = open(self.log, "wb")
+        self.p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=self._fh, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def alive(self) -> bool:
+        return self.p.poll() is None
+
+    def tail(self, n: int = 40) -> str:
+        lines = self.log.read_text(errors="replace").splitlines()
+        return f"--- {self.name} (last {n} lines) ---\n" + "\n".join(lines[-n:])
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.p.poll() is None:
+            try:
+                os.killpg(self.p.pid, signal.SIGTERM)
+                self.p.wait(timeout=timeout)
+            except ProcessLookupError:
+                pass
+            except subprocess.TimeoutExpired:
+                os.killpg(self.p.pid, signal.SIGKILL)
+                self.p.wait(timeout=10)
+        # Children left in the group (uvicorn, Dask workers of a flow run) go too.
+        try:
+            os.killpg(self.p.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._fh.close()
+
+
+def api(url: str, path: str, body: dict | None = None):
+    req = urllib.request.Request(url + path, method="POST" if body is not None else "GET",
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as r:
+        return json.loads(r.read())
+
+
+def wait_for(what: str, predicate, timeout: float, procs=(), interval: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        for p in procs:
+            if not p.alive():
+                pytest.fail(f"{p.name} exited ({p.p.returncode}) while waiting for {what}\n{p.tail()}")
+        time.sleep(interval)
+    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}\n" + "\n".join(p.tail() for p in procs))
+
+
+def drop_into(incoming: Path, src: Path, name: str) -> float:
+    """Copy a drop the way producers must: everything, then _READY last; returns when _READY appeared."""
+    dest = incoming / name
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns("_READY"))
+    (dest / "_READY").write_bytes(b"")
+    return time.time()
+
+
+def flow_runs(url: str, flow_name: str, *, state: str | None = None) -> list[dict]:
+    body: dict = {"flows": {"name": {"any_": [flow_name]}}, "sort": "START_TIME_ASC"}
+    if state:
+        body["flow_runs"] = {"state": {"type": {"any_": [state]}}}
+    return api(url, "/flow_runs/filter", body)
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory):
+    """A Prefect server on a free port, `deid serve` and `deid watch` against it, in a fresh project dir.
+
+    One per test session (per xdist worker): the ops modules share it (their tests carry
+    ``xdist_group("ops")``), so each test finds its own runs by drop name, never by counting all runs.
+    """
+    base = tmp_path_factory.mktemp("ops")
+    project, logs = base / "project", base / "logs"
+    incoming = project / "data" / "incoming"
+    incoming.mkdir(parents=True)
+    logs.mkdir()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DEID_"))}
+    # Operations, not the gate's figures: deep recogniser on a small sample, no recogniser identity check,
+    # the earlier utility protocols (report evidence only) run once.
+    env.update(DEID_IDENTITY_EMBED_MAX="0", DEID_DEEP_ATTACK_SAMPLE="20", DEID_CV_REPEATS="1")
+    env.update(DEID_PROJECT_DIR=str(project), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_HOME=str(base / "prefect-client"), PYTHONUNBUFFERED="1", DEID_DASK_WORKERS="1",
+               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    procs: list[Proc] = []
+    try:
+        t0 = time.monotonic()
+        server = Proc("server", [*DEID, "server", "--port", str(port)], env=env, logs=logs)
+        procs.append(server)
+
+        def healthy():
+            try:
+                return api(url, "/health") is True
+            except OSError:
+                return False
+
+        wait_for("the Prefect server's /api/health", healthy, 90, [server])
+        server_s = time.monotonic() - t0
+        client_env = dict(env, PREFECT_API_URL=url)
+        serve = Proc("serve", [*DEID, "serve"], env=client_env, logs=logs)
+        procs.insert(0, serve)
+        watch = Proc("watch", [*DEID, "watch", str(incoming), "--interval", "0.5"], env=client_env, logs=logs)
+        procs.insert(0, watch)
+
+        def deployments_ready():
+            names = {d["name"] for d in api(url, "/deployments/filter", {})}
+            return {"release", "release-on-drop"} <= names
+
+        wait_for("both deployments", deployments_ready, 60, procs)
+        wait_for("the watcher", lambda: "deid watch:" in watch.log.read_text(), 30, procs)
+        yield {"url": url, "port": port, "project": project, "incoming": incoming, "procs": procs,
+               "watch": watch, "serve": serve, "base": base, "server_seconds": round(server_s, 1)}
+    finally:
+        # Clients first: serve pauses its deployments on SIGTERM, which needs the server.
+        for p in procs:
+            p.stop()
+
+
+def runs_for(url: str, flow_name: str, names, *, state: str | None = None) -> list[dict]:
+    """The runs of ``flow_name`` whose ``drop`` parameter is one of the drop directory ``names``."""
+    return [r for r in flow_runs(url, flow_name, state=state) if Path(r["parameters"].get("drop", "")).name in names]
