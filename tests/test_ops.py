@@ -70,8 +70,9 @@ def test_drops_are_released_once_each(stack, two_releases):
         t_drop = two_releases["dropped_at"][name]
         figures[name] = {"drop_to_flow_start_s": round(_iso(run["start_time"]) - t_drop, 1),
                          "drop_to_report_s": round(report.stat().st_mtime - t_drop, 1)}
-        # A latency budget for a 2-core machine shared only with the suite's other worker (load 2).
-        assert figures[name]["drop_to_report_s"] < 60, (figures, f"load average {os.getloadavg()}")
+        # The drop triggered the run and the run wrote the report (latency itself is a benchmark
+        # figure, printed below, never a pass/fail threshold of a test on a shared machine).
+        assert 0 <= figures[name]["drop_to_flow_start_s"] <= figures[name]["drop_to_report_s"], figures
     print(f"\nops figures: server healthy after {stack['server_seconds']} s; {json.dumps(figures)}")
 
     # The same content again under another name: reported as a duplicate, never released twice.
