@@ -6,7 +6,6 @@ with the other ops modules: runs, reports and ledger entries are looked up by th
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
