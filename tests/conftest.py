@@ -49,6 +49,17 @@ HEAVY = {
     "tests/test_study.py::test_london_study": 40,
     "tests/test_faults.py::": 15,
     "tests/test_flow.py::": 10,
+    # Later slow tests (loaded-machine CPU seconds from their authors' runs).
+    "tests/test_flow_lineage_policies.py::": 60,
+    "tests/test_flow_lineage_ops.py::test_kills": 45,
+    "tests/test_flow_lineage_ops.py::": 25,
+    "tests/test_ui_state.py::": 20,
+    "tests/test_ops_rejected.py::": 45,
+    "tests/test_validation_page.py::test_a_real_runs_pages": 40,
+    "tests/test_features_london.py::": 20,
+    "tests/test_dask_blocks.py::test_three": 35,
+    "tests/test_run_inputs.py::test_a_drop_without": 25,
+    "tests/test_runner.py::test_released_and_rejected": 12,
     # Not marked slow, but seconds each (every attacker, the deep one included, on small faces).
     "tests/test_study.py::test_every_registry_method": 12,
     "tests/test_attacks.py::test_every_attacker": 10,
