@@ -159,3 +159,22 @@ def stack(tmp_path_factory):
 def runs_for(url: str, flow_name: str, names, *, state: str | None = None) -> list[dict]:
     """The runs of ``flow_name`` whose ``drop`` parameter is one of the drop directory ``names``."""
     return [r for r in flow_runs(url, flow_name, state=state) if Path(r["parameters"].get("drop", "")).name in names]
+
+
+def chromium() -> str:
+    """The headless Chromium executable (the ops browser tests fail clearly without it)."""
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.fail("headless Chromium is missing: install it with `apt-get install -y chromium` (.ci/run does)")
+    return exe
+
+
+def browser(exe: str, profile: Path, url: str, *, screenshot: Path | None = None) -> str:
+    """Load ``url`` in headless Chromium: its DOM, or a screenshot."""
+    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+           f"--user-data-dir={profile}", "--virtual-time-budget=15000", "--window-size=1400,1000"]
+    cmd += [f"--screenshot={screenshot}"] if screenshot else ["--dump-dom"]
+    res = subprocess.run([*cmd, url], capture_output=True, timeout=90, stdin=subprocess.DEVNULL)
+    assert res.returncode == 0, res.stderr.decode(errors="replace")[-2000:]
+    return res.stdout.decode(errors="replace")

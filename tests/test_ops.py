@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from ops_helpers import api, drop_into, runs_for, wait_for
+from ops_helpers import api, browser, chromium, drop_into, runs_for, wait_for
 
 from deid.operations.ledger import Ledger
 from deid.intake.synth import make_synthetic_drop
@@ -101,33 +99,16 @@ def test_drops_are_released_once_each(stack, two_releases):
     assert {p.parent.name for p in (project / "reports").glob("*/report.json")} == reports
 
 
-def _chromium() -> str:
-    exe = shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        pytest.fail("headless Chromium is missing: install it with `apt-get install -y chromium` (.ci/run does)")
-    return exe
-
-
-def _browser(exe: str, profile: Path, url: str, *, screenshot: Path | None = None) -> str:
-    cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-           f"--user-data-dir={profile}", "--virtual-time-budget=15000", "--window-size=1400,1000"]
-    cmd += [f"--screenshot={screenshot}"] if screenshot else ["--dump-dom"]
-    res = subprocess.run([*cmd, url], capture_output=True, timeout=90, stdin=subprocess.DEVNULL)
-    assert res.returncode == 0, res.stderr.decode(errors="replace")[-2000:]
-    return res.stdout.decode(errors="replace")
-
-
-def test_flow_run_page_in_a_real_browser(stack, two_releases, tmp_path):
-    exe = _chromium()
+def test_flow_run_page_in_a_realbrowser(stack, two_releases, tmp_path):
+    exe = chromium()
     url, port = stack["url"], stack["port"]
     run = two_releases["runs"][0]
     page = f"http://127.0.0.1:{port}/runs/flow-run/{run['id']}"
-    dom = _browser(exe, tmp_path / "profile", page)
+    dom = browser(exe, tmp_path / "profile", page)
     assert run["name"] in dom, f"flow run name {run['name']!r} not in the UI page's DOM"
     assert "Completed" in dom and "release-on-drop" in dom
     shot = tmp_path / "flow-run.png"
-    _browser(exe, tmp_path / "profile", page, screenshot=shot)
+    browser(exe, tmp_path / "profile", page, screenshot=shot)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 10_000
     # Artifacts of the run (the ledger outcome) and of its release subflow (the verdict), each shown.
     subflows = api(url, "/flow_runs/filter", {"flow_runs": {"parent_flow_run_id": {"any_": [run["id"]]}}})
@@ -135,7 +116,7 @@ def test_flow_run_page_in_a_real_browser(stack, two_releases, tmp_path):
     artifacts = api(url, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": ids}}})
     assert {"deid-ledger", "deid-verdict"} <= {a["key"] for a in artifacts}, [a["key"] for a in artifacts]
     for art in artifacts:
-        dom = _browser(exe, tmp_path / "profile", f"http://127.0.0.1:{port}/artifacts/artifact/{art['id']}")
+        dom = browser(exe, tmp_path / "profile", f"http://127.0.0.1:{port}/artifacts/artifact/{art['id']}")
         assert (art["key"] or art["id"]) in dom, f"artifact {art['key']} not shown"
         if art["key"] == "deid-ledger":
             release_id = re.search(r"rel-[0-9a-f]+", art["data"]).group(0)

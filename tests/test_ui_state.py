@@ -12,8 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from ops_helpers import DEID, Proc, api, free_port, wait_for
-from test_ops import _browser, _chromium
+from ops_helpers import DEID, Proc, api, browser, chromium, free_port, wait_for
 
 from deid.intake.synth import make_synthetic_drop
 
@@ -111,14 +110,14 @@ def test_states_names_tags_and_parameters_through_the_api(runs):
 def _page(exe: str, profile: Path, url: str, *, shows: str) -> str:
     """The rendered DOM of ``url``; a cold profile may render before the app has loaded: load it again."""
     for _ in range(3):
-        dom = _browser(exe, profile, url)
+        dom = browser(exe, profile, url)
         if shows in dom:
             break
     return dom
 
 
-def test_runs_page_shows_rejected_and_completed_in_a_real_browser(runs, tmp_path):
-    exe = _chromium()
+def test_runs_page_shows_rejected_and_completed_in_a_realbrowser(runs, tmp_path):
+    exe = chromium()
     port = runs["port"]
     dom = _page(exe, tmp_path / "profile", f"http://127.0.0.1:{port}/runs", shows="faces k=3 blur")
     assert "faces k=3 blur" in dom and "faces k=3 k-same-select" in dom, "run names not on the runs page"
