@@ -109,7 +109,8 @@ class SequenceMultiFactor(MultiFactor):
         identity (leaks identity, see MultiFactor). The trade-off the gate sees: a classifier
         *trained on* a "frames" release transfers badly to real faces (same drop, k=3: 0.37 on
         held-out originals against 0.88 trained on originals; the gate's cross-fit utility
-        fails), while "labels" gives 0.84 there but every frame of a label the same expression.
+        fails), while "labels" gives 0.84 (its actual release 0.92: inconclusive, not failing) but
+        every frame of a label the same expression.
 
     Attributes
     ----------
