@@ -57,6 +57,7 @@ def test_memo_returns_copies_and_stays_within_its_bytes():
     assert calls[-1] == 3
 
 
+@pytest.mark.slow
 def test_memoised_study_gives_exactly_the_unmemoised_rows(small_aligned, monkeypatch):
     from deid.anonymise import methods
     from deid.evaluation import utility
@@ -75,6 +76,7 @@ def test_memoised_study_gives_exactly_the_unmemoised_rows(small_aligned, monkeyp
     assert all(np.array_equal(fast.examples[k], slow.examples[k]) for k in slow.examples)
 
 
+@pytest.mark.slow
 def test_parallel_study_gives_the_rows_of_the_serial_one(small_aligned):
     from deid.evaluation.study import run_study
 

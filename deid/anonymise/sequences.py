@@ -106,7 +106,11 @@ class SequenceMultiFactor(MultiFactor):
         component inside the label-effect span (synthetic talking drop, 30 people: the
         expression classifier's accuracy on released frames fell from 0.81 on the source to
         0.60, with "frames" 0.79); ``"residual"`` keeps the whole deviation from the person's
-        identity (leaks identity, see MultiFactor).
+        identity (leaks identity, see MultiFactor). The trade-off the gate sees: a classifier
+        *trained on* a "frames" release transfers badly to real faces (same drop, k=3: 0.37 on
+        held-out originals against 0.88 trained on originals; the gate's cross-fit utility
+        fails), while "labels" gives 0.84 (its actual release 0.92: inconclusive, not failing) but
+        every frame of a label the same expression.
 
     Attributes
     ----------
