@@ -205,6 +205,19 @@ def test_bad_files_are_quarantined_and_counted(project, prefect_server, tmp_path
     staging = Path(result["staging"])
     q = pq.read_table(staging / "quarantine.parquet").to_pydict()
     assert sorted(q["code"]) == sorted(["unsupported_format", "corrupt_image", "missing_file", "unsafe_path"])
+    # The gate's progress lines (the core's deid.progress logger) are on the run's page in the Prefect UI.
+    run_id = json.loads(Path(result["report"]).read_text())["run_id"]
+    msgs = _run_log_messages(run_id)
+    assert any(m.startswith("gate: attacks on ") for m in msgs)
+
+
+def _run_log_messages(run_id: str) -> list[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+    return [log.message for log in logs]
 
 
 @pytest.mark.london

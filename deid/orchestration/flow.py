@@ -27,6 +27,7 @@ from deid.run_config import RunConfig
 from deid.operations.runner import run_release
 from deid.settings import Settings
 from deid.orchestration.cluster import dask_executor
+from deid.orchestration.logs import progress_to_ui
 from deid.orchestration.tasks import STEPS
 
 REJECTED = "Rejected"  # the state name a rejected release ends in
@@ -49,8 +50,9 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
                                name=name, sigma=sigma, block=block)
     # The parameters as used, not as passed (a deployment passes only the drop).
     _update_run(parameters={"drop": drop, **config.parameters()})
-    result = run_release(drop, config, steps=STEPS, cluster=dask_executor, run_id=str(flow_run.get_id() or "") or None,
-                         logger=get_run_logger())
+    with progress_to_ui():  # the gate's progress lines on the run's page, not only on the console
+        result = run_release(drop, config, steps=STEPS, cluster=dask_executor,
+                             run_id=str(flow_run.get_id() or "") or None, logger=get_run_logger())
     ui_artifacts(result)
     _update_run(name=f"{result.report.dataset.name} k={config.k} {config.method}",
                 tags=[f"verdict:{result.verdict}", f"release:{result.release_id}"])
