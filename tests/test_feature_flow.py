@@ -59,6 +59,31 @@ def test_run_release_releases_a_feature_drop_with_the_image_runs_result(feature_
     assert "released feature vectors" in (res.report_dir / "report.html").read_text().lower()
 
 
+def test_a_feature_publish_failing_after_signing_gets_the_runners_signed_addendum(feature_drop, project,
+                                                                                  monkeypatch):
+    import errno
+    import os
+
+    import deid.release.publish
+    from deid.errors import EnvironmentFailure
+    from deid.operations.runner import run_release
+
+    def refuse(staged, final):
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), str(final))
+
+    monkeypatch.setattr(deid.release.publish, "commit_release", refuse)
+    with pytest.raises(EnvironmentFailure, match="after its report was signed"):
+        run_release(feature_drop, RunConfig.resolve(Settings(), k=K, kind="features"))
+    (report_dir,) = list((project / "reports").iterdir())
+    assert json.loads((report_dir / "report.json").read_text())["verdict"] == "released"
+    add = json.loads((report_dir / "addendum.json").read_text())
+    assert add["event"] == "publish_failed" and add["release_published"] is False
+    res = verify_report(report_dir, public_key=project / "data" / "keys" / "dev_signing.pub.pem")
+    assert res.authenticated and any(n.startswith("addendum: publish_failed") for n in res.notes)
+    assert not list((project / "data" / "releases").iterdir()) and not list((project / "data" / "staging").iterdir())
+    assert not (project / "data" / "private").exists() or not list((project / "data" / "private").rglob("*.bin"))
+
+
 def test_run_config_checks_the_method_against_the_drop_kind():
     with pytest.raises(ConfigError, match="does not run on feature vectors"):
         RunConfig.resolve(Settings(), k=K, method="blur", kind="features")

@@ -331,7 +331,8 @@ def gate_features(ingested: FeatureIngest, identity: FeatureIdentity, part: Feat
     """The core gate (:func:`deid.evaluation.gate.evaluate`) on the would-be release and its originals."""
     drop = ingested.drop
     inputs = feature_gate_inputs(
-        drop, identity, deid, method=config.method, k=config.k, sigma=config.sigma, seed=config.seed,
+        drop, identity, deid, method=config.method, k=config.k,
+        sigma=config.sigma if config.method == "noise" else None, seed=config.seed,
         records_in=counts.records_in, suppressed=counts.suppressed, quarantined=counts.quarantined,
         partition_failed=part.plan.failed, partition_detail=part.small_detail,
         release_columns=tuple(staged.columns) if staged else (*FEATURE_RELEASE_BASE_COLUMNS, *drop.labels),
