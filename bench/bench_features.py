@@ -13,20 +13,22 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from deid.intake.features import write_feature_drop  # noqa: E402
 from deid.intake.synth_features import make_feature_drop  # noqa: E402
-from deid.operations.features import release_feature_drop  # noqa: E402
+from deid.operations.runner import run_release  # noqa: E402
+from deid.run_config import RunConfig  # noqa: E402
 from deid.settings import Settings  # noqa: E402
 
 
 def run(drop: Path, root: Path, title: str, **kw) -> None:
     t0, c0 = time.perf_counter(), time.process_time()
-    res = release_feature_drop(drop, k=5, data_dir=root / "data", reports_dir=root / "reports",
-                               settings=Settings(project_dir=root, seed=None), **kw)
+    config = RunConfig.resolve(Settings(project_dir=root, seed=None), k=5, kind="features", **kw)
+    res = SimpleNamespace(**run_release(drop, config).summary())
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
     ds = res.dataset
     print(f"\n{title}: {res.verdict} ({ds['records_released']}/{ds['records_in']} released); "

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from deid.errors import ConfigError
-from deid.anonymise.method_registry import COLOR_METHODS, REGISTRY, MethodSpec
+from deid.anonymise.method_registry import COLOR_METHODS, FEATURE_METHODS, REGISTRY, MethodSpec, method_spec
 from deid.settings import SMALL_PARTITION_POLICIES, Settings
 
 
@@ -63,6 +63,7 @@ class RunConfig:
     aligner: AlignerParams
     labels: tuple[str, ...] | None = None  # None: the drop's drop.yaml decides
     name: str | None = None  # None: drop.yaml's name or the directory name
+    kind: str = "images"  # "features": a drop of feature vectors (drop.yaml kind: features; deid.operations.features)
     max_pixels: int = 100_000_000
     align_batch_size: int = 512
     dask_workers: int = 2
@@ -95,8 +96,12 @@ class RunConfig:
     @classmethod
     def resolve(cls, settings: Settings | None = None, *, k: int | None = None, method: str | None = None,
                 labels: list[str] | tuple[str, ...] | None = None, small_partitions: str | None = None,
-                name: str | None = None, sigma: float | None = None, block: int | None = None) -> RunConfig:
+                name: str | None = None, sigma: float | None = None, block: int | None = None,
+                kind: str | None = None) -> RunConfig:
         """The run's configuration: each override if given, else the setting (``DEID_*``), validated.
+
+        ``kind`` is the drop's (:func:`deid.intake.features.drop_kind`): ``features`` admits the
+        feature-vector methods (``noise`` needs an explicit ``sigma``).
 
         Raises
         ------
@@ -104,11 +109,14 @@ class RunConfig:
             Naming the parameter, its value, the valid range and what to do.
         """
         s = settings or Settings()
+        if kind == "features" and (method or s.method) == "noise" and sigma is None:
+            raise ConfigError("method='noise' needs sigma=... (the noise in feature standard deviations), e.g. "
+                              "--sigma 0.1")
         return cls(
             k=s.k if k is None else k, method=method or s.method,
             small_partitions=small_partitions or s.small_partitions,
             sigma=s.sigma if sigma is None else sigma, block=s.block if block is None else block,
-            labels=None if labels is None else tuple(labels), name=name or None,
+            labels=None if labels is None else tuple(labels), name=name or None, kind=kind or "images",
             data_path=s.data_path, reports_path=s.reports_path, aligner=AlignerParams.from_settings(s),
             max_pixels=s.max_pixels, align_batch_size=s.align_batch_size, dask_workers=s.dask_workers,
             ksame_block_size=s.ksame_block_size,
@@ -124,7 +132,7 @@ class RunConfig:
 
     @property
     def spec(self) -> MethodSpec:
-        return REGISTRY[self.method]
+        return method_spec(self.method)
 
     @property
     def shape_hw(self) -> tuple[int, int]:
@@ -146,7 +154,8 @@ class RunConfig:
     @property
     def lineage_applies(self) -> bool:
         """Only methods that give every cluster member the identical image have registered averages to keep."""
-        return bool(self.spec.identical_within_cluster and self.spec.clustered)
+        # Feature releases are not registered in a lineage yet: each stands alone.
+        return bool(self.kind == "images" and self.spec.identical_within_cluster and self.spec.clustered)
 
     def select(self, labels: tuple[str, ...] | list[str]) -> bool:
         """Does the run partition by the utility labels (the method does, and the drop has labels)?"""
@@ -176,17 +185,22 @@ def _check(c: RunConfig) -> None:
     if isinstance(c.k, bool) or not isinstance(c.k, int) or not 2 <= c.k <= 1000:
         raise ConfigError(f"k={c.k!r} must be an integer from 2 to 1000 (the minimum number of distinct people per "
                           "cluster); e.g. --k 5")
-    if c.method not in REGISTRY:
+    if c.kind not in ("images", "features"):
+        raise ConfigError(f"kind={c.kind!r} must be 'images' or 'features' (drop.yaml's kind)")
+    if c.kind == "features" and c.method not in FEATURE_METHODS:
+        raise ConfigError(f"method={c.method!r} does not run on feature vectors; use one of {list(FEATURE_METHODS)} "
+                          "(blur, pixelate, k-same-eigen and k-same-m need face images); e.g. --method k-same-select")
+    if c.kind == "images" and c.method not in REGISTRY:
         raise ConfigError(f"method={c.method!r} must be one of {list(REGISTRY)}; e.g. --method k-same-select")
-    if c.color and c.method not in COLOR_METHODS:
+    if c.kind == "images" and c.color and c.method not in COLOR_METHODS:
         raise ConfigError(f"method={c.method!r} cannot release colour (DEID_COLOR=true); use one of "
                           f"{list(COLOR_METHODS)} or unset DEID_COLOR")
     if c.small_partitions not in SMALL_PARTITION_POLICIES:
         raise ConfigError(f"small_partitions={c.small_partitions!r} must be one of {list(SMALL_PARTITION_POLICIES)}; "
                           "e.g. --small-partitions suppress")
     if isinstance(c.sigma, bool) or not isinstance(c.sigma, int | float) or not 0 < c.sigma <= 100:
-        raise ConfigError(f"sigma={c.sigma!r} must be a number in (0, 100] (Gaussian blur in canonical pixels); "
-                          "e.g. --sigma 4")
+        raise ConfigError(f"sigma={c.sigma!r} must be a number in (0, 100] (Gaussian blur in canonical pixels; "
+                          "noise on feature drops: feature standard deviations); e.g. --sigma 4")
     if isinstance(c.block, bool) or not isinstance(c.block, int) or not 1 <= c.block <= 64:
         raise ConfigError(f"block={c.block!r} must be an integer from 1 to 64 (pixels per pixelation block side); "
                           "e.g. --block 8")

@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from deid.intake.features import read_feature_drop, write_feature_drop
-from deid.operations.features import release_feature_drop, resolve_feature_people
+from deid.operations.features import resolve_feature_people
+from deid.operations.runner import run_release
+from deid.run_config import RunConfig
 from deid.settings import Settings
 from helpers import load_london_aligned
 
@@ -33,10 +36,9 @@ def london_embeddings(tmp_path_factory) -> Path:
                               name="london-dlib", license="cc-by-4.0")
 
 
-def _release(drop: Path, root: Path, **kw):
+def _release(drop: Path, root: Path, **kw) -> SimpleNamespace:
     settings = Settings(project_dir=root, signing_key=None, linkage_key=None, seed=None)
-    return release_feature_drop(drop, k=K, data_dir=root / "data", reports_dir=root / "reports", settings=settings,
-                                **kw)
+    return SimpleNamespace(**run_release(drop, RunConfig.resolve(settings, k=K, kind="features", **kw)).summary())
 
 
 def test_london_dlib_embeddings_released_at_k5(london_embeddings, tmp_path):

@@ -4,9 +4,9 @@ from __future__ import annotations
 import csv
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import given, settings as hsettings, strategies as st
@@ -18,10 +18,12 @@ from deid.evaluation.feature_attackers import EuclideanAttacker, IdentityClassif
 from deid.evaluation.scoring import rank_credit
 from deid.intake.features import read_feature_drop, write_feature_drop
 from deid.intake.synth_features import make_feature_drop, synthetic_features
-from deid.operations.features import release_feature_drop, resolve_feature_people
+from deid.operations.features import resolve_feature_people
+from deid.operations.runner import run_release
 from deid.release.linkage import load_linkage_key, read_linkage
 from deid.release.vectors import read_vector_release
 from deid.release.verify import verify_report
+from deid.run_config import RunConfig
 from deid.settings import Settings
 
 K = 5
@@ -34,10 +36,11 @@ def synth_drop(tmp_path_factory) -> Path:
     return make_feature_drop(tmp_path_factory.mktemp("fdrop") / "synth", people=100, per_person=3, dim=32, seed=3)
 
 
-def _release(drop: Path, root: Path, **kw):
+def _release(drop: Path, root: Path, **kw) -> SimpleNamespace:
+    """The drop released by the runner (no Prefect), its result as :meth:`RunResult.summary`'s JSON-ready fields."""
     settings = Settings(project_dir=root, signing_key=None, linkage_key=None, dask_address=None, seed=None)
-    return release_feature_drop(drop, data_dir=root / "data", reports_dir=root / "reports", settings=settings,
-                                **{"k": K, **kw})
+    res = run_release(drop, RunConfig.resolve(settings, kind="features", **{"k": K, **kw}))
+    return SimpleNamespace(**res.summary())
 
 
 @pytest.fixture(scope="module")
@@ -228,36 +231,6 @@ def test_vector_methods_refuse_image_methods_and_need_their_strength():
     for method in ("multi-factor", "selective-mean", "attribute-preserving"):
         rel, _ = deidentify_vectors(X, people=people, method=method, k=3, labels=labels)
         assert rel.shape == X.shape and np.isfinite(rel).all() and not np.allclose(rel, X)
-
-
-def test_cli_run_routes_a_feature_drop_and_signs_rejections(synth_drop, tmp_path, monkeypatch, capsys):
-    from deid.cli import main
-
-    monkeypatch.setenv("DEID_PROJECT_DIR", str(tmp_path))
-    monkeypatch.delenv("DEID_SIGNING_KEY", raising=False)
-    # The synthetic drop plus two bad rows: quarantined with their reasons, the rest released.
-    table = pq.read_table(synth_drop / "vectors.parquet")
-    bad_rows = pa.table({"record_id": ["bad-1", "bad-2"], "subject_id": ["s000001", "s000002"],
-                         "gender": ["g0", "g1"], "expression": ["e0", "e1"],
-                         "features": pa.array([[1.0] * 31, [float("nan")] * 32], pa.list_(pa.float32()))})
-    table = table.cast(table.schema.set(4, pa.field("features", pa.list_(pa.float32()))))
-    drop = tmp_path / "with-bad-rows"
-    drop.mkdir()
-    pq.write_table(pa.concat_tables([table, bad_rows]), drop / "vectors.parquet")
-    (drop / "drop.yaml").write_text((synth_drop / "drop.yaml").read_text())
-    assert main(["run", str(drop), "--k", "5"]) == 0
-    out = capsys.readouterr().out
-    assert "verdict: RELEASED" in out and "records: 302 in, 300 released, 0 suppressed, 2 quarantined" in out
-    assert "quarantined by reason: non_finite_features=1, wrong_length=1" in out
-    bad = tmp_path / "bad"
-    bad.mkdir()
-    (bad / "drop.yaml").write_text("kind: features\nfeatures: vectors.parquet\n")
-    (bad / "vectors.parquet").write_text("not parquet")
-    assert main(["run", str(bad), "--k", "5"]) == 2
-    captured = capsys.readouterr()
-    assert "verdict: REJECTED (unreadable drop)" in captured.out and "not a readable Parquet file" in captured.err
-    reports = [p for p in (tmp_path / "reports").iterdir() if (p / "report.json.sig").exists()]
-    assert len(reports) == 2
 
 
 def test_cli_lists_the_feature_only_methods_of_the_registry():

@@ -212,43 +212,21 @@ def start_prefect_server_child():
     return server
 
 
-def _drop_kind(drop: Path) -> str:
-    """``features`` for a feature drop (drop.yaml ``kind: features``), else ``images``.
-
-    A drop.yaml that cannot be read is left to the image flow, which signs a rejection naming it.
-    """
-    from deid.intake.features import drop_kind  # noqa: PLC0415
-
-    try:
-        return drop_kind(drop)
-    except DataError:
-        return "images"
-
-
 def cmd_run(args) -> int:
     drop = Path(args.drop)
     if drop.is_file():
         raise DataError(f"drop {drop} is a file; give the drop directory (the one holding manifest.csv and the images)")
     if not drop.is_dir():
         raise DataError(f"drop directory {drop} does not exist or is not a directory")
-    if _drop_kind(drop) == "features":
-        # Feature vectors: nothing to align or distribute; the core entry point runs without Prefect.
-        from deid.operations.features import release_feature_drop  # noqa: PLC0415
-
-        preflight_run()
-        print(f"deid run: {drop} (feature drop, k={args.k or 'default'}, method={args.method or 'default'})",
-              file=sys.stderr)
-        res = release_feature_drop(drop.resolve(), k=args.k, method=args.method, labels=args.labels,
-                                   name=args.name, small_partitions=args.small_partitions, sigma=args.sigma,
-                                   settings=_settings())
-        return _print_feature_run(res.to_dict())
+    from deid.intake.features import run_kind  # noqa: PLC0415
     from deid.run_config import RunConfig  # noqa: PLC0415
 
     # The run's configuration, validated once before Prefect starts: its resolved values are the
-    # flow run's parameters (no `k: null` in the UI).
+    # flow run's parameters (no `k: null` in the UI). A feature drop admits the feature methods.
+    kind = run_kind(drop)
     config = RunConfig.resolve(_settings(), k=args.k, method=args.method, labels=args.labels,
                                small_partitions=args.small_partitions, name=args.name, sigma=args.sigma,
-                               block=args.block)
+                               block=args.block, kind=kind)
     preflight_run()
     _quiet_prefect_env()
     from deid.orchestration.flow import run_flow  # noqa: PLC0415 - Prefect is heavy; only `run` needs it
@@ -258,7 +236,8 @@ def cmd_run(args) -> int:
     # Long stages report records done and time left (deid.progress, throttled) even when other logs are quiet.
     logging.getLogger("deid.progress").setLevel(logging.INFO)
     start_prefect_server_child()
-    print(f"deid run: {drop} (k={config.k}, method={config.method})", file=sys.stderr)
+    print(f"deid run: {drop} ({'feature drop, ' if kind == 'features' else ''}k={config.k}, method={config.method})",
+          file=sys.stderr)
     result = run_flow(str(drop.resolve()), **config.parameters())
     if result.input_error:
         print("verdict: REJECTED (unreadable drop)")
@@ -293,37 +272,6 @@ def print_summary(result) -> None:
     if result.key_origin == "development":
         print(f"signed with the development key; verify with: deid verify {result.report_dir} "
               f"--public-key {result.public_key}")
-
-
-def _print_feature_run(result: dict) -> int:
-    """Print a feature run's verdict, counts and key figures (its result as a dict); the exit code of its verdict."""
-    if result.get("input_error"):
-        print("verdict: REJECTED (unreadable drop)")
-        print(f"report: {result['report']}")
-        raise DataError(result["input_error"])
-    ds = result["dataset"]
-    priv = result["privacy"]
-    print(f"verdict: {result['verdict'].upper()}")
-    for reason in result["reasons"]:
-        print(f"  reason: {reason}")
-    print(f"records: {ds['records_in']} in, {ds['records_released']} released, "
-          f"{ds['records_suppressed']} suppressed, {ds['records_quarantined']} quarantined")
-    if ds.get("quarantine_by_reason"):
-        print("quarantined by reason: " + ", ".join(f"{k}={v}" for k, v in sorted(ds["quarantine_by_reason"].items())))
-    if priv["max_rate"] is not None:
-        print(f"re-identification: max {priv['max_rate']:.4f} (bound 1/k = {priv['bound']:.4f}); "
-              f"min distinct people per cluster {priv['min_distinct_people_per_cluster']}")
-    for u in result["utility"]:
-        o, d = u["original_accuracy"], u["deidentified_accuracy"]
-        print(f"utility {u['label']} [{u.get('protocol', 'cv')}]: originals {o if o is None else f'{o:.3f}'}, "
-              f"release {d if d is None else f'{d:.3f}'}")
-    if result["release_dir"]:
-        print(f"release: {result['release_dir']}")
-    print(f"report: {result['report']}")
-    if result["key_origin"] == "development":
-        print(f"signed with the development key; verify with: deid verify {result['report_dir']} "
-              f"--public-key {result['public_key']}")
-    return EXIT_OK if result["verdict"] == "released" else EXIT_REJECTED
 
 
 def cmd_synth(args) -> int:

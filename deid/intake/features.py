@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from deid.errors import DropError, Quarantined, RecordError
+from deid.errors import DataError, DropError, Quarantined, RecordError
 from deid.intake.drop import (
     DROP_YAML,
     _dataset_name,
@@ -120,6 +120,18 @@ def drop_kind(drop_dir: str | os.PathLike) -> str:
         raise DropError(f"{root / DROP_YAML}: kind={kind!r} must be one of {list(KINDS)} ('features' for a "
                         "Parquet table of feature vectors, 'images' or no kind for faces)")
     return str(kind)
+
+
+def run_kind(drop_dir: str | os.PathLike) -> str:
+    """The kind a release runs the drop as: :func:`drop_kind`, or ``images`` when that cannot tell.
+
+    A missing drop or an unreadable ``drop.yaml`` goes to the image ingest, which signs a
+    rejection naming the problem.
+    """
+    try:
+        return drop_kind(drop_dir)
+    except DataError:
+        return "images"
 
 
 def _config(root: Path, meta: dict) -> tuple[str, str, int | None]:

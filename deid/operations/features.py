@@ -1,27 +1,27 @@
-"""Releasing a feature drop: ingest, who is who, partitions, de-identify, gate, signed report, publish.
+"""The stages of a feature drop's release: ingest, who is who, partitions, de-identify, stage, gate, report.
 
 The feature path of a release, as plain core functions without Prefect or Dask (a feature
-drop is a matrix: nothing to align, nothing to distribute). :func:`release_feature_drop` is
-the entry point (``deid run`` calls it for a drop whose ``drop.yaml`` says ``kind:
-features``); it keeps the order of commitment of the image flow (:mod:`deid.operations.safety`):
+drop is a matrix: nothing to align, nothing to distribute). :func:`deid.operations.runner.run_release`
+runs a drop whose ``drop.yaml`` says ``kind: features`` through :class:`FeatureSteps` (the
+Prefect flow swaps in its tasks), inside the runner's one order of commitment
+(:mod:`deid.operations.safety`: pre-flight, recovery, lock; report validated, card, signed,
+publish by one rename or withhold; signed rejection of an unreadable drop; signed addendum
+when publishing fails). The stages:
 
-1. configuration checked, signing key loaded, every location probed writable, then what killed
-   runs left is recovered; the run's staging directory is created and locked;
-2. **ingest** (:func:`ingest_feature_drop`): the drop is read and validated
+1. **ingest** (:func:`ingest_features`): the drop is read and validated
    (:func:`deid.intake.features.read_feature_drop`; bad rows quarantined with reasons) and
-   staged as ``ingested_features.parquet``; an unreadable drop gets a signed rejection;
-3. **identity** (:func:`resolve_feature_people`): subject ids normalised, and records whose
+   staged as ``ingested_features.parquet``; an unreadable drop is an :class:`~deid.contracts.UnreadableDrop`;
+2. **identity** (:func:`identify_features`): subject ids normalised, and records whose
    standardised vectors are near-duplicates under different ids made one person
    (:func:`deid.anonymise.identity.resolve_people`, the eigenface rule on the vectors);
-4. **partition** by the utility labels (:func:`deid.anonymise.partition.plan_partitions`);
-5. **de-identify** (:func:`deidentify_features`): the method on the vectors
+3. **partition** (:func:`partition_features`) by the utility labels (:func:`deid.anonymise.partition.plan_partitions`);
+4. **de-identify** (:func:`deidentify_feature_partitions`): the method on the vectors
    (:func:`deid.anonymise.features.deidentify_vectors`), staged as ``deidentified_features.parquet``;
-6. **stage** the would-be release (:func:`deid.release.vectors.stage_vector_release`) inside
-   the staging directory, with its encrypted linkage record beside it;
-7. **gate** (:func:`feature_gate_inputs` + :func:`deid.evaluation.gate.evaluate`): the same
-   checks as for faces, with the feature-space attackers and the feature near-copy rule;
-8. **report** (dataset card first if released), validated and signed, then **publish** by one
-   rename, or withhold.
+5. **stage** (:func:`stage_features`) the would-be release (:func:`deid.release.vectors.stage_vector_release`)
+   inside the staging directory, with its encrypted linkage record beside it;
+6. **gate** (:func:`gate_features`): the same checks as for faces, with the feature-space
+   attackers and the feature near-copy rule;
+7. **report** (:func:`feature_report`): the same :class:`~deid.reporting.report.Report` model as for faces.
 
 Not yet for feature drops: the lineage registry of successive releases (each feature release
 stands alone; the report says so) and the Great Expectations suites (the reader validates
@@ -32,12 +32,9 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import time
 import uuid
-from collections import Counter
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,31 +42,25 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deid.anonymise.features import check_feature_method, deidentify_vectors, feature_guarantee, vector_method_runner
+from deid.anonymise.features import deidentify_vectors, feature_guarantee, vector_method_runner
 from deid.anonymise.identity import PeopleResolution, resolve_people
 from deid.anonymise.methods import K_METHODS, method_spec
-from deid.anonymise.partition import POLICIES, PartitionPlan, plan_partitions
-from deid.errors import ConfigError, DataError, EnvironmentFailure, Quarantined, StateError
-from deid.evaluation.gate import Check, GateConfig, GateInputs, GateResult, evaluate
+from deid.anonymise.partition import PartitionPlan, plan_partitions
+from deid.contracts import RecordCounts, Staged, StagingLayout, UnreadableDrop
+from deid.errors import ConfigError, DataError, Quarantined
+from deid.evaluation.gate import Check, GateInputs, GateResult, evaluate
 from deid.evaluation.validation import drop_checks
 from deid.intake.features import INGESTED, FeatureDrop, read_feature_drop
-from deid.intake.ingest import write_quarantine
-from deid.operations.safety import RELEASE_SUBDIR, RunLock, fault_point, preflight_locations, recover, write_signed_addendum
-from deid.release.card import DatasetCard, write_card
-from deid.release.linkage import build_linkage, ensure_linkage_key, linkage_path, write_linkage
-from deid.release.publish import StagedRelease, commit_release, discard, new_release_id
-from deid.release.signing import SigningKey, ensure_signing_key
-from deid.release.vectors import stage_vector_release
-from deid.reporting.html_report import write_report_bundle
-from deid.reporting.report import dataset_fingerprint, hash_tree, package_versions
+from deid.reporting.report import Artifact, Report, SigningInfo, Utility, dataset_fingerprint, hash_tree
+from deid.reporting.report import Check as ReportCheck
+from deid.reporting.report_build import dataset_summary, privacy_section
+from deid.run_config import RunConfig
 from deid.schemas.arrow import FEATURE_RELEASE_BASE_COLUMNS
-from deid.settings import Settings
 
 log = logging.getLogger(__name__)
+Logger = logging.Logger | logging.LoggerAdapter
 
 DEIDENTIFIED = "deidentified_features.parquet"
-QUARANTINE = "quarantine.parquet"
-LINKAGE_STAGED = "linkage.bin"
 KIND = "features"
 
 
@@ -105,35 +96,6 @@ class FeatureDeidentified:
     partitions: tuple[str, ...]
     cluster_summary: tuple[dict, ...]
     path: Path | None
-
-
-@dataclass(frozen=True)
-class FeatureReleaseResult:
-    """What one feature release run did (the CLI prints it; the flow's result dict has the same keys)."""
-
-    release_id: str
-    verdict: str
-    reasons: tuple[str, ...]
-    report: Path | None
-    report_dir: Path
-    release_dir: Path | None
-    public_key: Path | None
-    key_origin: str
-    dataset: dict
-    privacy: dict
-    utility: tuple[dict, ...]
-    staging: Path | None
-    linkage: Path | None
-    timings: dict = field(default_factory=dict)
-    input_error: str | None = None
-    recovered: tuple[str, ...] = ()
-
-    def to_dict(self) -> dict:
-        """The run's result in the flow's dict shape (paths as strings)."""
-        out = {}
-        for k, v in self.__dict__.items():
-            out[k] = str(v) if isinstance(v, Path) else list(v) if isinstance(v, tuple) else v
-        return out
 
 
 # --------------------------------------------------------------------------- stages
@@ -265,359 +227,177 @@ def feature_gate_inputs(drop: FeatureDrop, identity: FeatureIdentity, deid: Feat
         **common)
 
 
-def gate_config(settings: Settings, *, k: int, method: str, labels: tuple[str, ...]) -> GateConfig:
-    """The run's gate configuration from the settings (attackers: the feature set, chosen by the inputs' kind)."""
-    return GateConfig(
-        k=k, method=method, labels=labels, tolerance=settings.utility_tolerance, confidence=settings.gate_confidence,
-        max_quarantine_fraction=settings.max_quarantine_fraction, attack_sample=settings.attack_sample,
-        deep_attack_sample=settings.deep_attack_sample, utility_sample=settings.utility_sample,
-        utility_inconclusive=settings.utility_inconclusive, folds=settings.cv_folds, repeats=settings.cv_repeats,
-        n_components=settings.pca_components, seed=settings.seed or 0)
+# --------------------------------------------------------------------------- the stages as the runner calls them
 
 
-# --------------------------------------------------------------------------- the run
+@dataclass(frozen=True)
+class FeaturePartitioned:
+    """The drop's checks, the label partitions of the kept records and what was held back before the gate."""
+
+    plan: PartitionPlan
+    kept: np.ndarray  # indices of the records the identity check kept; the plan indexes into it
+    checks: tuple[Check, ...]  # drop_not_empty, enough_people: failed, the drop goes straight to a rejected gate
+    suppressed: int
+    notes: tuple[str, ...] = ()
+
+    @property
+    def proceed(self) -> bool:
+        return all(c.passed for c in self.checks)
+
+    @property
+    def small_detail(self) -> str:
+        # Counts only, never the label values: a rare value held by one person is itself identifying.
+        return "; ".join(f"a partition of {e['records']} records has {e['people']} people: {e['action']}"
+                         for e in self.plan.small)
 
 
-def _now_iso() -> str:
-    return datetime.now(timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
-
-
-@contextmanager
-def _timed(timings: dict, stage: str):
-    t0 = time.perf_counter()
+def ingest_features(drop_dir: str | os.PathLike, layout: StagingLayout, config: RunConfig, *,
+                    logger: Logger | None = None) -> FeatureIngest | UnreadableDrop:
+    """Read, validate and stage the drop; an unreadable drop is a verdict on the input, not a crash."""
     try:
-        yield
-    finally:
-        timings[stage] = round(timings.get(stage, 0.0) + time.perf_counter() - t0, 4)
+        return ingest_feature_drop(drop_dir, layout.root, labels=list(config.labels) if config.labels else None,
+                                   name=config.name)
+    except DataError as exc:
+        (logger or log).info("ingest: the feature drop is unreadable; the run signs a rejection naming the reason")
+        return UnreadableDrop(str(exc))
 
 
-def _signing_key(settings: Settings, data: Path) -> SigningKey:
-    secret = settings.signing_key_passphrase
-    return ensure_signing_key(configured=settings.signing_key, keys_dir=data / "keys",
-                              passphrase_env_value=secret.get_secret_value().encode() if secret else None)
+def identify_features(ingested: FeatureIngest, config: RunConfig, *, logger: Logger | None = None) -> FeatureIdentity:
+    """Who is who (:func:`resolve_feature_people` under ``config.duplicate_ids``)."""
+    return resolve_feature_people(ingested.drop, policy=config.duplicate_ids)
 
 
-def _sign(report_dir: Path, report: dict, key: SigningKey) -> Path:
-    report = {**report, "versions": package_versions(("deid", "numpy", "scikit-learn", "pyarrow", "cryptography"))}
-    return write_report_bundle(report_dir, report, key, sample_images=None, validation_results=None)
-
-
-def _check_config(k: Any, method: Any, policy: Any) -> None:
-    if isinstance(k, bool) or not isinstance(k, int) or k < 2:
-        raise ConfigError(f"k={k!r} must be an integer >= 2; k is the minimum number of people per cluster")
-    check_feature_method(method)
-    if policy not in POLICIES:
-        raise ConfigError(f"small_partitions={policy!r} must be one of {', '.join(POLICIES)}")
-
-
-def release_feature_drop(drop_dir: str | os.PathLike, *, k: int | None = None, method: str | None = None,
-                         data_dir: str | os.PathLike | None = None, reports_dir: str | os.PathLike | None = None,
-                         labels: list[str] | None = None, name: str | None = None,
-                         small_partitions: str | None = None, sigma: float | None = None,
-                         settings: Settings | None = None) -> FeatureReleaseResult:
-    """Release a feature drop: a signed report always, the release only if the gate passed.
-
-    Parameters
-    ----------
-    drop_dir : path
-        The feature drop (``drop.yaml`` with ``kind: features``, see :mod:`deid.intake.features`).
-    k : int, optional
-        Minimum distinct people per cluster (default ``DEID_K``).
-    method : str, optional
-        One of :data:`deid.anonymise.methods.FEATURE_METHODS` (default ``DEID_METHOD``).
-    data_dir, reports_dir : path, optional
-        Where staging, releases, keys and private records go, and the reports (default: the settings').
-    labels, name : optional
-        Override ``drop.yaml``'s utility labels and dataset name.
-    small_partitions : {"suppress", "merge", "fail"}, optional
-    sigma : float, optional
-        Strength of ``noise`` (feature standard deviations).
-    settings : Settings, optional
-        Everything else (signing and linkage keys, gate sample sizes, confidence, tolerance).
-
-    Returns
-    -------
-    FeatureReleaseResult
-
-    Raises
-    ------
-    ConfigError
-        Bad k, method or policy, before any work.
-    EnvironmentFailure
-        The machine failed the run (disk full, permissions); a signed rejection says so when it
-        can be written.
-    StateError
-        Publishing failed after the report was signed (a signed addendum says it was not published).
-    """
-    settings = settings or Settings()
-    k = settings.k if k is None else k
-    method = method or settings.method
-    policy = small_partitions or settings.small_partitions
-    _check_config(k, method, policy)
-    if method == "noise" and sigma is None:
-        raise ConfigError("method='noise' needs sigma=... (the noise in feature standard deviations), e.g. --sigma 0.1")
-    data = Path(data_dir).resolve() if data_dir is not None else settings.data_path
-    reports = Path(reports_dir).resolve() if reports_dir is not None else settings.reports_path
-    # Before any work: every location writable, the signing key loads.
-    preflight_locations(data, reports)
-    key = _signing_key(settings, data)
-
-    def unpublished(release_id: str, report_dir: Path) -> None:
-        write_signed_addendum(report_dir, {
-            "release_id": release_id, "event": "not_published", "release_published": False, "created_at": _now_iso(),
-            "detail": "the run died after signing its report and before publishing; its staged release was removed "
-                      "by recovery and nothing was published"}, key)
-
-    recovered = tuple(recover(data, reports, on_unpublished=unpublished).removed)
-    release_id = new_release_id()
-    staging = data / "staging" / release_id
-    report_dir = reports / release_id
-    lock = RunLock.create(staging)
-    log.info("feature release %s: drop %s, k=%d, method %s", release_id, drop_dir, k, method)
-    try:
-        result = _run(Path(drop_dir), release_id=release_id, staging=staging, data=data, report_dir=report_dir,
-                      settings=settings, key=key, k=k, method=method, labels=labels, name=name, policy=policy,
-                      sigma=sigma)
-    except OSError as exc:
-        failure = EnvironmentFailure.from_oserror(exc, doing=f"feature release {release_id} failed")
-        _abandon(staging, report_dir)
-        if not (report_dir / "report.json.sig").exists():  # never replace a signed report
-            _sign_rejection(report_dir, key, release_id=release_id, drop=Path(drop_dir), name=name, k=k,
-                            method=method, labels=labels, reason=f"environment failure (not a verdict on the data): "
-                            f"{failure}", check="environment")
-        raise failure from None
-    except BaseException:
-        _abandon(staging, report_dir)
-        raise
-    finally:
-        lock.close()
-    return FeatureReleaseResult(**{**result.__dict__, "recovered": recovered})
-
-
-def _abandon(staging: Path, report_dir: Path) -> None:
-    """A run that fails: its private staging goes, and so does an unsigned report."""
-    discard(staging)
-    if report_dir.is_dir() and not (report_dir / "report.json.sig").exists():
-        discard(report_dir)
-
-
-def _sign_rejection(report_dir: Path, key: SigningKey, *, release_id: str, drop: Path, name: str | None, k: int,
-                    method: str, labels: list[str] | None, reason: str, check: str = "drop_readable") -> Path | None:
-    """The signed rejection of a run that could not get as far as the gate (unreadable drop, environment)."""
-    try:
-        raw = (drop / "drop.yaml").read_bytes()
-    except OSError:
-        raw = b""
-    report = {
-        "release_id": release_id, "run_id": release_id, "verdict": "rejected", "reasons": [reason], "k": k,
-        "method": method, "guarantee": feature_guarantee(method, k), "created_at": _now_iso(),
-        "dataset": {"name": name or drop.name or "drop", "fingerprint": dataset_fingerprint(raw, []),
-                    "records_in": 0, "records_released": 0, "records_suppressed": 0, "records_quarantined": 0,
-                    "quarantine_by_reason": {}},
-        "checks": [{"name": check, "passed": False, "value": None, "threshold": None, "detail": reason}],
-        "privacy": {"bound": 1.0 / k, "max_rate": None, "min_distinct_people_per_cluster": None,
-                    "reidentification": []},
-        "utility": [], "validation": {}, "artifacts": [], "release_dir": None,
-        "configuration": {"kind": KIND, "labels": labels or [],
-                          "fingerprint_scope": "drop.yaml only (the feature table was not read)"},
-    }
-    try:
-        return _sign(report_dir, report, key)
-    except Exception as exc:  # noqa: BLE001 - e.g. the reports disk is the full one: say so, raise the cause
-        log.error("could not write the signed rejection: %s", exc)
-        return None
-
-
-def _run(drop_dir: Path, *, release_id: str, staging: Path, data: Path, report_dir: Path, settings: Settings,
-         key: SigningKey, k: int, method: str, labels: list[str] | None, name: str | None, policy: str,
-         sigma: float | None) -> FeatureReleaseResult:
-    timings: dict[str, float] = {}
-    base = dict(release_id=release_id, report_dir=report_dir, public_key=key.public_path, key_origin=key.origin)
-    with _timed(timings, "ingest"):
-        try:
-            ing = ingest_feature_drop(drop_dir, staging, labels=labels, name=name)
-        except DataError as exc:
-            # An unreadable drop is a verdict on the input, not a crash: the run signs a rejection naming it.
-            reason = f"unreadable drop: {exc}"
-            discard(staging)
-            path = _sign_rejection(report_dir, key, release_id=release_id, drop=drop_dir, name=name, k=k,
-                                   method=method, labels=labels, reason=reason)
-            if path is None:
-                raise StateError(f"{reason}; and its signed rejection could not be written (see the log)") from None
-            return FeatureReleaseResult(
-                **base, verdict="rejected", reasons=(reason,), report=path, release_dir=None,
-                dataset={"records_in": 0, "records_released": 0, "records_suppressed": 0, "records_quarantined": 0},
-                privacy={"max_rate": None}, utility=(), staging=None, linkage=None, input_error=str(exc))
-    fault_point("ingest")
-    drop = ing.drop
-    labels_ = list(drop.labels)
-    notes: list[str] = []
-    spec = method_spec(method)
-    select = spec.partitions_by_labels and bool(labels_)
-    if spec.partitions_by_labels and not labels_:
-        notes.append(f"{method} without utility labels runs as k-Same (one partition); utility is not applicable")
-    with _timed(timings, "identity"):
-        identity = resolve_feature_people(drop, policy=settings.duplicate_ids)
-    with _timed(timings, "partition"):
-        plan, kept = plan_feature_partitions(drop, identity, k=k, select=select, policy=policy)
-    quarantined = [*drop.quarantined, *identity.quarantined]
-    checks = tuple(drop_checks(records_in=drop.records_in, people=len(set(identity.person[identity.keep])), k=k))
-    # An empty drop or one with fewer than k people goes straight to a (rejected) gate, its records withheld.
+def partition_features(ingested: FeatureIngest, identity: FeatureIdentity, config: RunConfig, *,
+                       logger: Logger | None = None) -> FeaturePartitioned:
+    """The drop checks, then the label partitions (k-Same-Select partitions only when the drop has labels)."""
+    drop = ingested.drop
+    notes = ()
+    if config.spec.partitions_by_labels and not drop.labels:
+        notes = (f"{config.method} without utility labels runs as k-Same (one partition); utility is not applicable",)
+        (logger or log).warning("%s", notes[0])
+    plan, kept = plan_feature_partitions(drop, identity, k=config.k, select=config.select(drop.labels),
+                                         policy=config.small_partitions)
+    checks = tuple(drop_checks(records_in=drop.records_in, people=len(set(identity.person[identity.keep])),
+                               k=config.k))
+    # An empty drop or one with fewer than k people goes straight to a (rejected) gate, its records held back.
     proceed = all(c.passed for c in checks)
-    suppressed_rows = [int(kept[i]) for i in plan.suppressed] if proceed else [int(i) for i in kept]
-    seed = settings.seed if settings.seed is not None else secrets.randbits(31)
-    with _timed(timings, "deidentify"):
-        if proceed and plan.groups:
-            deid = deidentify_features(drop, identity, plan, kept, method=method, k=k, sigma=sigma, seed=seed,
-                                       staging=staging)
-        else:
-            deid = deidentify_features(drop, identity, PartitionPlan(groups={}), kept, method=method, k=k,
-                                       sigma=sigma, seed=seed)
-    write_quarantine(list(quarantined), staging / QUARANTINE)
-    by_reason = dict(Counter(q.code for q in quarantined))
-    small_detail = "; ".join(f"a partition of {e['records']} records has {e['people']} people: {e['action']}"
-                             for e in plan.small)
-    staged: StagedRelease | None = None
-    if len(deid.rows):
-        with _timed(timings, "stage"):
-            staged = _stage(drop, deid, staging, settings=settings, data=data, release_id=release_id)
-    with _timed(timings, "gate"):
-        inputs = feature_gate_inputs(
-            drop, identity, deid, method=method, k=k, sigma=sigma, seed=settings.seed or 0,
-            records_in=drop.records_in, suppressed=len(suppressed_rows), quarantined=len(quarantined),
-            partition_failed=plan.failed, partition_detail=small_detail,
-            release_columns=tuple(staged.columns) if staged else (*FEATURE_RELEASE_BASE_COLUMNS, *labels_),
-            extra_checks=checks)
-        result = evaluate(inputs, gate_config(settings, k=k, method=method, labels=tuple(labels_)))
-    fault_point("gate")
-    passed = result.passed
-    release_dir = data / "releases" / release_id
-    if not passed and staged is not None:
-        _withhold(staged, staging)
-    clusters = deid.cluster_summary
-    n_released = len(deid.rows) if passed else 0
-    parts = [{"key": [str(v) for v in key], "records": len(idx),
-              "people": len({identity.person[kept[i]] for i in idx})} for key, idx in plan.groups.items()]
-    report = _report(release_id, ing, result, method=method, k=k, passed=passed, policy=policy, notes=notes,
-                     labels=labels_, identity=identity, plan=plan, parts=parts, clusters=clusters, by_reason=by_reason,
-                     n_quarantined=len(quarantined), n_suppressed=len(suppressed_rows),
-                     n_withheld=0 if passed else len(deid.rows), n_released=n_released, settings=settings,
-                     sigma=sigma, timings=timings, release_dir=release_dir if passed else None)
-    if passed:
-        # The card states the gate's figures; written into the staged release before it is hashed and signed.
-        write_card(staged.path, DatasetCard.from_report(report))
-        report["artifacts"] = hash_tree(staged.path)
-    path = _sign(report_dir, report, key)
-    fault_point("sign")
-    linkage = None
-    if passed:
-        with _timed(timings, "publish"):
-            linkage = _publish(staged, staging, data=data, release_id=release_id, report_dir=report_dir, key=key)
-        fault_point("publish")
-    (staging / ".complete").touch()
-    log.info("verdict: %s; report %s", report["verdict"], path)
-    return FeatureReleaseResult(
-        **base, verdict=report["verdict"], reasons=tuple(result.reasons), report=path,
-        release_dir=release_dir if passed else None, dataset=report["dataset"], privacy=report["privacy"],
-        utility=tuple(report["utility"]), staging=staging, linkage=linkage, timings=timings)
+    return FeaturePartitioned(plan=plan if proceed else PartitionPlan(groups={}), kept=kept, checks=checks,
+                              suppressed=len(plan.suppressed) if proceed else len(kept), notes=notes)
 
 
-def _stage(drop: FeatureDrop, deid: FeatureDeidentified, staging: Path, *, settings: Settings, data: Path,
-           release_id: str) -> StagedRelease:
+def deidentify_feature_partitions(ingested: FeatureIngest, identity: FeatureIdentity, part: FeaturePartitioned,
+                                  layout: StagingLayout, config: RunConfig, *,
+                                  logger: Logger | None = None) -> FeatureDeidentified:
+    """De-identify every planned partition (:func:`deidentify_features`), staged as ``deidentified_features.parquet``."""
+    # The release's random state is its secret: drawn per run unless DEID_SEED fixes it.
+    seed = config.seed or secrets.randbits(31)
+    return deidentify_features(ingested.drop, identity, part.plan, part.kept, method=config.method, k=config.k,
+                               sigma=config.sigma if config.method == "noise" else None, seed=seed,
+                               staging=layout.root if part.plan.groups else None)
+
+
+def stage_features(ingested: FeatureIngest, deid: FeatureDeidentified, layout: StagingLayout, config: RunConfig, *,
+                   release_id: str, logger: Logger | None = None) -> Staged:
     """The would-be release inside the staging directory, and its encrypted linkage record beside it."""
-    tmp = staging / RELEASE_SUBDIR
+    from deid.operations.pipeline import linkage_key  # noqa: PLC0415
+    from deid.release.linkage import build_linkage, write_linkage  # noqa: PLC0415
+    from deid.release.publish import discard  # noqa: PLC0415
+    from deid.release.vectors import stage_vector_release  # noqa: PLC0415
+
+    lg = logger or log
+    drop, tmp = ingested.drop, layout.release_dir
     try:
         staged = stage_vector_release(
             tmp, vectors=deid.vectors, clusters=list(deid.clusters),
             labels={x: [drop.label_values[x][i] for i in deid.rows] for x in drop.labels},
             record_ids=[drop.record_ids[i] for i in deid.rows])
-        lk, lk_path, origin = ensure_linkage_key(configured=settings.linkage_key, keys_dir=data / "keys")
+        key, key_path, origin = linkage_key(config)
         sources = {drop.record_ids[i]: {"subject_id": drop.subject_ids[i], "image": drop.source_ids[i]}
                    for i in deid.rows}
-        write_linkage(staging / LINKAGE_STAGED, build_linkage(staged.mapping, sources), lk, release_id=release_id)
+        write_linkage(layout.linkage, build_linkage(staged.mapping, sources), key, release_id=release_id)
     except BaseException:
         discard(tmp)
         raise
     if origin == "development":
-        log.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", lk_path)
-    return staged
+        lg.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", key_path)
+    lg.info("stage: %d feature records staged for release in %s", staged.n_records, tmp)
+    return Staged(dir=tmp, artifacts=tuple(Artifact(**a) for a in hash_tree(tmp)), columns=tuple(staged.columns),
+                  records=staged.n_records, validation={}, checks=(), file_metadata={}, linkage=layout.linkage)
 
 
-def _withhold(staged: StagedRelease, staging: Path) -> None:
-    discard(staged.path)
-    (staging / LINKAGE_STAGED).unlink(missing_ok=True)
+def gate_features(ingested: FeatureIngest, identity: FeatureIdentity, part: FeaturePartitioned,
+                  deid: FeatureDeidentified, config: RunConfig, *, counts: RecordCounts, staged: Staged | None = None,
+                  logger: Logger | None = None) -> GateResult:
+    """The core gate (:func:`deid.evaluation.gate.evaluate`) on the would-be release and its originals."""
+    drop = ingested.drop
+    inputs = feature_gate_inputs(
+        drop, identity, deid, method=config.method, k=config.k,
+        sigma=config.sigma if config.method == "noise" else None, seed=config.seed,
+        records_in=counts.records_in, suppressed=counts.suppressed, quarantined=counts.quarantined,
+        partition_failed=part.plan.failed, partition_detail=part.small_detail,
+        release_columns=tuple(staged.columns) if staged else (*FEATURE_RELEASE_BASE_COLUMNS, *drop.labels),
+        extra_checks=part.checks)
+    result = evaluate(inputs, config.gate_config(drop.labels))
+    (logger or log).info("gate: " + ("passed" if result.passed else "failed - " + "; ".join(result.reasons)))
+    return result
 
 
-def _publish(staged: StagedRelease, staging: Path, *, data: Path, release_id: str, report_dir: Path,
-             key: SigningKey) -> Path:
-    """File the linkage record, then publish by one rename; on failure a signed addendum says so."""
-    target = linkage_path(data, release_id)
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.replace(staging / LINKAGE_STAGED, target)
-        try:
-            commit_release(staged.path, data / "releases" / release_id)
-        except BaseException:
-            os.replace(target, staging / LINKAGE_STAGED)
-            raise
-    except Exception as exc:
-        write_signed_addendum(report_dir, {
-            "release_id": release_id, "event": "publish_failed", "release_published": False, "created_at": _now_iso(),
-            "detail": f"publishing failed after the report was signed ({type(exc).__name__}: {exc}); the release was "
-                      "not published"}, key)
-        _withhold(staged, staging)
-        if isinstance(exc, OSError):
-            raise EnvironmentFailure.from_oserror(
-                exc, doing=f"publishing {release_id} failed after its report was signed (signed addendum "
-                           f"{report_dir / 'addendum.json'}; nothing published)") from None
-        raise StateError(f"publishing {release_id} failed after its report was signed: {exc}; a signed addendum "
-                         "says it was not published") from exc
-    log.info("publish: %d feature records released to %s (linkage record %s)", staged.n_records,
-             data / "releases" / release_id, target)
-    return target
+@dataclass(frozen=True)
+class FeatureSteps:
+    """The feature stages :func:`deid.operations.runner.run_release` calls, in its order; the flow swaps in tasks."""
+
+    ingest: Callable[..., Any] = ingest_features
+    identify: Callable[..., Any] = identify_features
+    partition: Callable[..., Any] = partition_features
+    deidentify: Callable[..., Any] = deidentify_feature_partitions
+    stage: Callable[..., Any] = stage_features
+    gate: Callable[..., Any] = gate_features
 
 
-def _report(release_id: str, ing: FeatureIngest, g: GateResult, *, method: str, k: int, passed: bool, policy: str,
-            notes: list[str], labels: list[str], identity: FeatureIdentity, plan: PartitionPlan, parts: list[dict],
-            clusters: tuple[dict, ...], by_reason: dict, n_quarantined: int, n_suppressed: int, n_withheld: int,
-            n_released: int, settings: Settings, sigma: float | None, timings: dict,
-            release_dir: Path | None) -> dict:
-    drop = ing.drop
-    return {
-        "release_id": release_id, "run_id": release_id, "verdict": "released" if passed else "rejected",
-        "reasons": g.reasons, "warnings": g.warnings, "k": k, "method": method,
-        "guarantee": feature_guarantee(method, k), "created_at": _now_iso(),
-        "dataset": {"name": drop.name, "fingerprint": ing.fingerprint, "records_in": drop.records_in,
-                    "records_released": n_released,
-                    # A rejected run releases nothing: what would have been released is withheld too.
-                    "records_suppressed": n_suppressed + n_withheld, "records_quarantined": n_quarantined,
-                    "quarantine_by_reason": by_reason},
-        "checks": [c.to_dict() for c in g.checks],
-        "privacy": {"bound": 1.0 / k, "max_rate": g.max_rate, "min_distinct_people_per_cluster": g.min_people,
-                    "max_person_share": g.max_person_share, "exact_bound": g.exact_bound,
-                    "attack_sample": g.attack_sample, "reidentification": list(g.reidentification)},
-        "utility": list(g.utility),
-        "lineage": {"dataset": drop.dataset, "applied": False,
-                    "detail": "not applicable: feature releases are not registered in a lineage yet; this release "
-                              "stands alone (a later release of the same people is gated on its own only)"},
-        "validation": {}, "artifacts": [], "release_dir": str(release_dir) if release_dir else None,
-        "configuration": {
+# --------------------------------------------------------------------------- the report
+
+
+def feature_report(*, release_id: str, run_id: str, created_at: str, config: RunConfig, ingested: FeatureIngest,
+                   identity: FeatureIdentity, partitioned: FeaturePartitioned, deidentified: FeatureDeidentified,
+                   staged: Staged | None, gate: GateResult, counts: RecordCounts,
+                   quarantine_by_reason: Mapping[str, int], timings: Mapping[str, float], signing: SigningInfo,
+                   versions: Mapping[str, str | None]) -> Report:
+    """The run's :class:`~deid.reporting.report.Report` (the image runs' model), from the feature stages (pure)."""
+    drop, passed, plan = ingested.drop, gate.passed, partitioned.plan
+    person = identity.person
+    parts = [{"key": [str(v) for v in key], "records": len(idx),
+              "people": len({person[partitioned.kept[i]] for i in idx})} for key, idx in plan.groups.items()]
+    clusters = deidentified.cluster_summary
+    return Report(
+        release_id=release_id, run_id=run_id, verdict="released" if passed else "rejected", k=config.k,
+        method=config.method, created_at=created_at, reasons=list(gate.reasons), warnings=list(gate.warnings),
+        guarantee=feature_guarantee(config.method, config.k),
+        dataset=dataset_summary(drop.name, ingested.fingerprint, counts, passed=passed,
+                                quarantine_by_reason=quarantine_by_reason),
+        checks=[ReportCheck.from_gate(c) for c in gate.checks], privacy=privacy_section(gate, config.k),
+        utility=[Utility.from_row(u) for u in gate.utility],
+        lineage={"dataset": drop.dataset, "applied": False,
+                 "detail": "not applicable: feature releases are not registered in a lineage yet; this release "
+                           "stands alone (a later release of the same people is gated on its own only)"},
+        validation={}, artifacts=list(staged.artifacts) if passed and staged else [],
+        release_dir=str(config.releases_dir / release_id) if passed else None, signing=signing,
+        versions=dict(versions),
+        configuration={
             "kind": KIND, "feature_dim": drop.dim, "features_file": drop.features_file,
             "vector_column": drop.vector_column, "vector_value_type": drop.value_type,
-            "labels": labels, "license": drop.license, "notes": notes,
-            "identity": identity.resolution.summary(), "duplicate_ids": settings.duplicate_ids,
-            "small_partitions": policy, "utility_tolerance": settings.utility_tolerance,
-            "utility_protocol": "cross-fit", "utility_sample": settings.utility_sample,
-            "utility_inconclusive": settings.utility_inconclusive, "gate_confidence": settings.gate_confidence,
-            "attack_sample": settings.attack_sample, "pca_components": settings.pca_components,
-            **({"sigma": sigma} if method == "noise" else {}),
-            "max_quarantine_fraction": settings.max_quarantine_fraction, "cv_folds": settings.cv_folds,
-            "cv_repeats": settings.cv_repeats, "partitions": parts,
+            "labels": list(drop.labels), "license": drop.license, "notes": list(partitioned.notes),
+            "identity": identity.resolution.summary(), "duplicate_ids": config.duplicate_ids,
+            "small_partitions": config.small_partitions, "utility_tolerance": config.utility_tolerance,
+            "utility_protocol": "cross-fit", "utility_sample": config.utility_sample,
+            "utility_inconclusive": config.utility_inconclusive, "gate_confidence": config.gate_confidence,
+            "attack_sample": config.attack_sample, "pca_components": config.pca_components,
+            **({"sigma": config.sigma} if config.method == "noise" else {}),
+            "max_quarantine_fraction": config.max_quarantine_fraction, "cv_folds": config.cv_folds,
+            "cv_repeats": config.cv_repeats, "partitions": parts,
             # Counts only, never the label values of a partition too small to release.
             "small_partitions_detail": [{"records": e["records"], "people": e["people"], "action": e["action"]}
                                         for e in plan.small],
             "clusters": {"count": len(clusters), "sizes": sorted(c["size"] for c in clusters)},
-            "extra_table_columns": list(drop.extra_columns), "stage_seconds": timings,
+            "extra_table_columns": list(drop.extra_columns), "stage_seconds": dict(timings),
             "validation": "every row checked by deid.intake.features (no Great Expectations suite for feature tables)",
-        },
-    }
+        })

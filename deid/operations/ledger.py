@@ -1,7 +1,7 @@
 """Drop fingerprints and the release ledger that makes dropped datasets idempotent.
 
 A drop is *complete* when its producer has written ``_READY`` (last). Its fingerprint is a
-SHA-256 over its manifest and every other file's bytes, so the same content dropped again under
+SHA-256 over its manifest (a feature drop's: ``drop.yaml``) and every other file's bytes, so the same content dropped again under
 another name is recognised, and a changed drop under the same name is not. The ledger (SQLite
 under the data dir, or PostgreSQL when ``DEID_DATABASE_URL`` is set: several machines) records
 one row per fingerprint and moves it through::
@@ -28,7 +28,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from deid.intake.drop import MANIFEST, READY
+from deid.intake.drop import DROP_YAML, MANIFEST, READY
+from deid.intake.features import run_kind
 from deid.errors import ConfigError, DropError, EnvironmentFailure
 from deid.reporting.report import hash_file, scan_tree
 
@@ -68,24 +69,28 @@ CREATE TABLE IF NOT EXISTS sightings (
 def drop_fingerprint(drop_dir: str | os.PathLike) -> str:
     """``"sha256:" + hex`` over the manifest bytes and the relative path and SHA-256 of every other file.
 
-    Files are hashed in 1 MiB chunks (never read whole). ``_READY`` is left out: it only says
-    the drop is complete. Anything that is not a regular file (symlinks, fifos) is named in the
-    digest but never followed.
+    The manifest is ``manifest.csv``, or for a feature drop (``drop.yaml`` ``kind: features``,
+    no manifest.csv) ``drop.yaml``, whose vectors file is then one of the other files. Files
+    are hashed in 1 MiB chunks (never read whole). ``_READY`` is left out: it only says the drop
+    is complete. Anything that is not a regular file (symlinks, fifos) is named in the digest
+    but never followed.
 
     Raises
     ------
     DropError
-        When ``drop_dir`` is not a directory or has no ``manifest.csv``.
+        When ``drop_dir`` is not a directory, or has no ``manifest.csv`` and is not a feature drop.
     """
     root = Path(drop_dir)
     if not root.is_dir():
         raise DropError(f"drop directory {root} does not exist or is not a directory")
     files, others = scan_tree(root)
-    if MANIFEST not in files:
-        raise DropError(f"{root} has no {MANIFEST}; only complete drops (manifest + {READY}) can be fingerprinted")
+    manifest = MANIFEST if MANIFEST in files or DROP_YAML not in files or run_kind(root) != "features" else DROP_YAML
+    if manifest not in files:
+        raise DropError(f"{root} has no {MANIFEST} (nor a {DROP_YAML} saying kind: features); only complete drops "
+                        f"(manifest + {READY}) can be fingerprinted")
     digest = hashlib.sha256(b"deid-drop-v1\n")
-    manifest_hash, size = hash_file(files.pop(MANIFEST))
-    digest.update(f"{MANIFEST}\0{manifest_hash}\0{size}\n".encode())
+    manifest_hash, size = hash_file(files.pop(manifest))
+    digest.update(f"{manifest}\0{manifest_hash}\0{size}\n".encode())
     files.pop(READY, None)
     for rel, path in files.items():  # sorted by relative path
         h, size = hash_file(path)

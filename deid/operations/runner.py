@@ -9,6 +9,10 @@ recovery of killed runs' leftovers -> lock the run's staging directory -> work, 
 would-be release inside it -> gate -> build the report and validate it against the schema ->
 dataset card -> sign the report -> publish by one rename. A publish that fails after signing
 gets a signed addendum and the release stays unpublished.
+
+A feature drop (``drop.yaml`` ``kind: features``) runs its own stages (:class:`~deid.operations.features.FeatureSteps`:
+nothing to align, featurize or distribute) inside the same order of commitment, to the same
+:class:`~deid.contracts.RunResult` and report model.
 """
 from __future__ import annotations
 
@@ -32,7 +36,9 @@ from deid.contracts import (
     UnreadableDrop,
 )
 from deid.errors import EnvironmentFailure, StateError
+from deid.intake.features import run_kind
 from deid.operations.executors import Executor, LocalExecutor
+from deid.operations.features import FeatureSteps, feature_report
 from deid.release.publish import discard, new_release_id
 from deid.reporting.report import SigningInfo, dataset_fingerprint, validate_report
 from deid.reporting.report_build import build_rejection, build_report, run_versions
@@ -69,6 +75,7 @@ class Steps:
     publish: Callable[..., Any] = pipeline.publish
     publish_failed: Callable[..., Any] = pipeline.publish_failed_addendum
     withhold: Callable[..., Any] = pipeline.withhold
+    features: FeatureSteps = FeatureSteps()  # the stages of a feature drop (the commitment steps above are shared)
 
 
 @contextlib.contextmanager
@@ -88,9 +95,11 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
     Parameters
     ----------
     drop : path
-        The drop directory (manifest.csv, images, optional drop.yaml).
+        The drop directory (manifest.csv, images, optional drop.yaml), or a feature drop
+        (drop.yaml ``kind: features`` and its Parquet table of vectors).
     config : RunConfig
-        The run's configuration (:meth:`RunConfig.resolve`).
+        The run's configuration (:meth:`RunConfig.resolve`); its ``kind`` is set to the drop's
+        (and the configuration checked again) before any work.
     steps : Steps, keyword-only
         The stage functions (default: :mod:`deid.operations.pipeline`'s, in this process).
     cluster : callable, keyword-only
@@ -108,6 +117,9 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
         (:class:`~deid.errors.EnvironmentFailure` after signing a rejection naming the machine's
         fault, :class:`~deid.errors.StateError`, ...), leaving nothing half-published.
     """
+    kind = run_kind(drop)
+    if kind != config.kind:
+        config = replace(config, kind=kind)  # re-validated: a method the drop's kind cannot run is a ConfigError
     signing = steps.preflight(config)  # before any work: the signing key loads, every location is writable
     recovered = steps.recover(config)
     release_id = new_release_id()
@@ -117,7 +129,7 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
                steps=steps, signing=signing, logger=logger or log)
     run.logger.info("release %s: drop %s, k=%d, method %s", release_id, drop, config.k, config.method)
     try:
-        result = run.walk(cluster)
+        result = run.walk_features() if config.kind == "features" else run.walk(cluster)
     except OSError as exc:
         failure = EnvironmentFailure.from_oserror(exc, doing=f"release {release_id} failed")
         run.abandon()
@@ -211,25 +223,65 @@ class _Run:
             ingested=ing, aligned=aligned, partitioned=part, deidentified=deid, lineage=lin, staged=staged, gate=g,
             counts=counts, quarantine_by_reason=by_reason, validation=validation, notes=notes, timings=timings,
             signing=self.signing, versions=run_versions())
+        return self.commit(report, staged, dataset=ing.dataset, validation=validation, timings=timings, lin=lin)
+
+    def walk_features(self) -> RunResult:
+        """A feature drop: ingest, who is who, partitions, de-identify, stage, gate (nothing to align or distribute)."""
+        f, config, layout, timings = self.steps.features, self.config, self.layout, {}
+        with _timed(timings, "ingest"):
+            ing = f.ingest(self.drop, layout, config)
+        if isinstance(ing, UnreadableDrop):
+            return self.unreadable(ing)
+        fault_point("ingest")
+        with _timed(timings, "identity"):
+            identity = f.identify(ing, config)
+        with _timed(timings, "partition"):
+            part = f.partition(ing, identity, config)
+        with _timed(timings, "deidentify"):
+            deid = f.deidentify(ing, identity, part, layout, config)
+        quarantined = (*ing.drop.quarantined, *identity.quarantined)
+        by_reason = pipeline.quarantine_summary(quarantined, layout)
+        counts = RecordCounts(records_in=ing.drop.records_in, judged=len(deid.rows), suppressed=part.suppressed,
+                              quarantined=len(quarantined))
+        staged = None
+        if len(deid.rows):
+            with _timed(timings, "stage"):
+                staged = f.stage(ing, deid, layout, config, release_id=self.release_id)
+        with _timed(timings, "gate"):
+            g = f.gate(ing, identity, part, deid, config, counts=counts, staged=staged)
+        fault_point("gate")
+        report = feature_report(
+            release_id=self.release_id, run_id=self.run_id, created_at=pipeline.now_iso(), config=config,
+            ingested=ing, identity=identity, partitioned=part, deidentified=deid, staged=staged, gate=g,
+            counts=counts, quarantine_by_reason=by_reason, timings=timings, signing=self.signing,
+            versions=run_versions())
+        return self.commit(report, staged, dataset=ing.drop.dataset, validation={}, timings=timings)
+
+    def commit(self, report, staged, *, dataset: str, validation, timings: dict[str, float],
+               lin=None) -> RunResult:
+        """The order of commitment after the gate: validate the report, card, sign, then publish or withhold."""
+        s, config, passed = self.steps, self.config, report.verdict == "released"
         # Before anything is committed: a report the schema refuses stops the run with nothing registered,
         # signed or published.
         validate_report(report.to_dict())
-        if g.passed and lin is not None:
+        if passed and lin is not None:
             # Registered (pending) before the report is signed and the release published: a crash from here
             # on can never let the next run re-cluster these people; the next run settles the status.
-            s.register_lineage(ing.dataset, lin.state, config, lin.release)
+            s.register_lineage(dataset, lin.state, config, lin.release)
             fault_point("register")
-        elif not g.passed and staged is not None:
+        elif not passed and staged is not None:
             s.withhold(staged)
-        if g.passed:
+        if passed:
             # The dataset card states the gate's figures; written into the staged release before it is hashed.
             report = replace(report, artifacts=list(s.dataset_card(staged, report)))
-        signed = s.write_report(report, config, validation=validation, staged=staged if g.passed else None)
+        # report.html shows sample faces of a released image run (a feature release has none).
+        signed = s.write_report(report, config, validation=validation,
+                                staged=staged if passed and config.kind == "images" else None)
         fault_point("sign")
-        published = (self.publish(staged, ing.dataset, report_dir=signed.dir, timings=timings, lineage=lin is not None)
-                     if g.passed else None)
+        published = (self.publish(staged, dataset, report_dir=signed.dir, timings=timings, lineage=lin is not None)
+                     if passed else None)
         if lin is not None and published is not None:
-            self.settle_lineage(ing.dataset, "published")
+            self.settle_lineage(dataset, "published")
         self.layout.complete.touch()
         self.logger.info("verdict: %s; report %s", report.verdict, signed.path)
         return RunResult(release_id=self.release_id, verdict=report.verdict, report=report, report_path=signed.path,
@@ -279,8 +331,9 @@ class _Run:
 
     def sign_rejection(self, reason: str, *, check: str = "drop_readable"):
         """The signed rejection of a run that could not get as far as the gate; (report, SignedReport) or None."""
+        # Fingerprinted by what describes the drop without reading it: its manifest, or a feature drop's drop.yaml.
         try:
-            raw = (Path(self.drop) / "manifest.csv").read_bytes()
+            raw = (Path(self.drop) / ("drop.yaml" if self.config.kind == "features" else "manifest.csv")).read_bytes()
         except OSError:
             raw = b""
         report = build_rejection(release_id=self.release_id, run_id=self.run_id, created_at=pipeline.now_iso(),

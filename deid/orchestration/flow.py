@@ -23,6 +23,7 @@ from prefect.states import Failed, State
 
 from deid.contracts import RunResult
 from deid.errors import ReleaseRejected
+from deid.intake.features import run_kind
 from deid.run_config import RunConfig
 from deid.operations.runner import run_release
 from deid.settings import Settings
@@ -45,9 +46,12 @@ def run_name() -> str:
 def release(drop: str, k: int | None = None, method: str | None = None, labels: list[str] | None = None,
             small_partitions: str | None = None, name: str | None = None, sigma: float | None = None,
             block: int | None = None) -> RunResult | State:
-    """Ingest, align, featurize, partition, de-identify, gate, report (signed) and publish (if passed)."""
+    """Ingest, align, featurize, partition, de-identify, gate, report (signed) and publish (if passed).
+
+    A feature drop (drop.yaml ``kind: features``) skips align and featurize (its vectors are the features).
+    """
     config = RunConfig.resolve(Settings(), k=k, method=method, labels=labels, small_partitions=small_partitions,
-                               name=name, sigma=sigma, block=block)
+                               name=name, sigma=sigma, block=block, kind=run_kind(drop))
     # The parameters as used, not as passed (a deployment passes only the drop).
     _update_run(parameters={"drop": drop, **config.parameters()})
     with progress_to_ui():  # the gate's progress lines on the run's page, not only on the console

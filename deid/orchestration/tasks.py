@@ -11,7 +11,8 @@ from __future__ import annotations
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from deid.operations import pipeline
+from deid.operations import features, pipeline
+from deid.operations.features import FeatureSteps
 from deid.operations.runner import Steps
 
 TASK = dict(cache_policy=NO_CACHE)
@@ -127,8 +128,51 @@ def withhold(staged):
     pipeline.withhold(staged, logger=get_run_logger())
 
 
+@task(name="feature-ingest", **TASK)
+def feature_ingest(drop, layout, config):
+    """Read and validate the feature drop, stage its usable records."""
+    return features.ingest_features(drop, layout, config, logger=get_run_logger())
+
+
+@task(name="feature-identity", **TASK)
+def feature_identify(ingested, config):
+    """Who is who: near-duplicate vectors under different ids made one person."""
+    return features.identify_features(ingested, config, logger=get_run_logger())
+
+
+@task(name="feature-partition", **TASK)
+def feature_partition(ingested, identity, config):
+    """The drop checks, then the label partitions of the feature records."""
+    return features.partition_features(ingested, identity, config, logger=get_run_logger())
+
+
+@task(name="feature-deidentify", **TASK)
+def feature_deidentify(ingested, identity, partitioned, layout, config):
+    """De-identify the feature vectors of every partition."""
+    return features.deidentify_feature_partitions(ingested, identity, partitioned, layout, config,
+                                                  logger=get_run_logger())
+
+
+@task(name="feature-stage-release", **TASK)
+def feature_stage(ingested, deidentified, layout, config, *, release_id):
+    """Write the would-be feature release inside the run's staging directory, its linkage record beside it."""
+    return features.stage_features(ingested, deidentified, layout, config, release_id=release_id,
+                                   logger=get_run_logger())
+
+
+@task(name="feature-gate", **TASK)
+def feature_gate(ingested, identity, partitioned, deidentified, config, *, counts, staged=None):
+    """Run the core gate, with the feature-space attackers, on the would-be release and its originals."""
+    return features.gate_features(ingested, identity, partitioned, deidentified, config, counts=counts,
+                                  staged=staged, logger=get_run_logger())
+
+
+FEATURE_STEPS = FeatureSteps(ingest=feature_ingest, identify=feature_identify, partition=feature_partition,
+                             deidentify=feature_deidentify, stage=feature_stage, gate=feature_gate)
+
 # The run's stages as Prefect tasks, for deid.operations.runner.run_release (which owns their order).
 STEPS = Steps(preflight=preflight, recover=recover, ingest=ingest, open_lineage=open_lineage, align=align,
               featurize=featurize, partition=partition, deidentify=deidentify, apply_lineage=apply_lineage,
               register_lineage=register_lineage, stage=stage, gate=gate, dataset_card=dataset_card,
-              write_report=write_report, publish=publish, publish_failed=publish_failed, withhold=withhold)
+              write_report=write_report, publish=publish, publish_failed=publish_failed, withhold=withhold,
+              features=FEATURE_STEPS)

@@ -106,6 +106,14 @@ def dataset_summary(ingested_name: str, fingerprint: str, counts: RecordCounts, 
         quarantine_by_reason=dict(quarantine_by_reason))
 
 
+def privacy_section(gate, k: int) -> Privacy:
+    """The report's ``privacy``: the bound 1/k and what the gate measured against it (every attack, with its interval)."""
+    return Privacy(
+        bound=1.0 / k, max_rate=gate.max_rate, min_distinct_people_per_cluster=gate.min_people,
+        max_person_share=gate.max_person_share, exact_bound=gate.exact_bound, attack_sample=gate.attack_sample,
+        reidentification=[Reidentification(**r) for r in gate.reidentification])
+
+
 def build_report(*, release_id: str, run_id: str, created_at: str, config: RunConfig, ingested: Ingested,
                  aligned: Aligned, partitioned: Partitioned, deidentified: Deidentified,
                  lineage: LineageApplied | None, staged: Staged | None, gate, counts: RecordCounts,
@@ -118,10 +126,7 @@ def build_report(*, release_id: str, run_id: str, created_at: str, config: RunCo
     report is signed before the staged release is renamed into place.
     """
     passed = gate.passed
-    privacy = Privacy(
-        bound=1.0 / config.k, max_rate=gate.max_rate, min_distinct_people_per_cluster=gate.min_people,
-        max_person_share=gate.max_person_share, exact_bound=gate.exact_bound, attack_sample=gate.attack_sample,
-        reidentification=[Reidentification(**r) for r in gate.reidentification])
+    privacy = privacy_section(gate, config.k)
     return Report(
         release_id=release_id, run_id=run_id, verdict="released" if passed else "rejected", k=config.k,
         method=config.method, created_at=created_at, reasons=list(gate.reasons), warnings=list(gate.warnings),
@@ -141,15 +146,25 @@ def build_report(*, release_id: str, run_id: str, created_at: str, config: RunCo
 def build_rejection(*, release_id: str, run_id: str, created_at: str, config: RunConfig, drop: str | Path,
                     reason: str, fingerprint: str, signing: SigningInfo, versions: Mapping[str, str | None],
                     check: str = "drop_readable") -> Report:
-    """The report of a run that could not get as far as the gate (unreadable drop, environment failure)."""
+    """The report of a run that could not get as far as the gate (unreadable drop, environment failure).
+
+    ``fingerprint`` covers only what could be read without reading the drop: its manifest.csv,
+    or a feature drop's drop.yaml (``config.kind == "features"``).
+    """
+    if config.kind == "features":
+        from deid.anonymise.features import feature_guarantee  # noqa: PLC0415 - NumPy, only for feature drops
+
+        promise, scope = feature_guarantee(config.method, config.k), "drop.yaml only (the feature table was not read)"
+    else:
+        promise, scope = guarantee(config.method, config.k), "manifest.csv only (no image was read)"
     return Report(
         release_id=release_id, run_id=run_id, verdict="rejected", reasons=[reason], k=config.k,
-        method=config.method, guarantee=guarantee(config.method, config.k), created_at=created_at,
+        method=config.method, guarantee=promise, created_at=created_at,
         dataset=DatasetSummary(name=config.name or Path(drop).name or "drop", fingerprint=fingerprint,
                                records_in=0, records_released=0, records_withheld=0, records_suppressed=0,
                                records_quarantined=0),
         checks=[Check(check, False, None, None, reason, status="fail")],
         privacy=Privacy(bound=1.0 / config.k), utility=[], validation={}, artifacts=[], release_dir=None,
         signing=signing, versions=dict(versions),
-        configuration={"labels": list(config.labels or []),
-                       "fingerprint_scope": "manifest.csv only (no image was read)"})
+        configuration={"labels": list(config.labels or []), "fingerprint_scope": scope,
+                       **({"kind": config.kind} if config.kind != "images" else {})})
