@@ -71,6 +71,7 @@ class RunConfig:
     dask_address: str | None = None
     pca_components: int = 50
     seed: int = 0
+    seed_fixed: bool = False  # DEID_SEED was set (else a random method's release draws its own secret seed)
     duplicate_ids: str = "merge"
     identity_embed_max: int = 2000
     lineage_policy: str = "invariant"
@@ -121,6 +122,7 @@ class RunConfig:
             max_pixels=s.max_pixels, align_batch_size=s.align_batch_size, dask_workers=s.dask_workers,
             ksame_block_size=s.ksame_block_size,
             dask_address=s.dask_address, pca_components=s.pca_components, seed=s.seed or 0,
+            seed_fixed=s.seed is not None,
             duplicate_ids=s.duplicate_ids, identity_embed_max=s.identity_embed_max, lineage_policy=s.lineage_policy,
             lineage_absent=s.lineage_absent, utility_tolerance=s.utility_tolerance, gate_confidence=s.gate_confidence,
             max_quarantine_fraction=s.max_quarantine_fraction, leak_threshold=s.leak_threshold,

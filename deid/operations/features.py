@@ -290,7 +290,7 @@ def deidentify_feature_partitions(ingested: FeatureIngest, identity: FeatureIden
                                   logger: Logger | None = None) -> FeatureDeidentified:
     """De-identify every planned partition (:func:`deidentify_features`), staged as ``deidentified_features.parquet``."""
     # The release's random state is its secret: drawn per run unless DEID_SEED fixes it.
-    seed = config.seed or secrets.randbits(31)
+    seed = config.seed if config.seed_fixed else secrets.randbits(31)
     return deidentify_features(ingested.drop, identity, part.plan, part.kept, method=config.method, k=config.k,
                                sigma=config.sigma if config.method == "noise" else None, seed=seed,
                                staging=layout.root if part.plan.groups else None)
