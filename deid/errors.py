@@ -53,7 +53,27 @@ class EnvironmentFailure(DeidError):
 
 
 class VerificationError(DeidError):
-    """A signed report or release that does not verify."""
+    """A signed report or release that does not verify (this base class: any problem not typed below)."""
+
+
+class BadSignature(VerificationError):
+    """The signature is malformed, missing its addendum signature, or does not match the signed bytes."""
+
+
+class WrongKey(VerificationError):
+    """The report names another signer than the trusted public key the verifier gave."""
+
+
+class MissingFile(VerificationError):
+    """A file the report lists (or report.json / its signature itself) is not there."""
+
+
+class HashMismatch(VerificationError):
+    """A listed file's size or SHA-256 differs from what the signed report lists (tampered or truncated)."""
+
+
+class UnlistedFile(VerificationError):
+    """A file in the release or report directory that the signed report does not list (smuggled in)."""
 
 
 class ReleaseRejected(DeidError):

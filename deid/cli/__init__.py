@@ -39,13 +39,18 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 from deid.errors import (  # noqa: E402
+    BadSignature,
     ConfigError,
     DataError,
     DeidError,
     EnvironmentFailure,
+    HashMismatch,
+    MissingFile,
     ReleaseRejected,
     StateError,
+    UnlistedFile,
     VerificationError,
+    WrongKey,
 )
 from deid.anonymise.method_registry import FEATURE_ONLY, METHODS  # noqa: E402  (light: the CLI keeps heavy imports lazy)
 from deid.settings import SMALL_PARTITION_POLICIES  # noqa: E402
@@ -383,18 +388,18 @@ def cmd_verify(args) -> int:
         print("INTEGRITY ONLY: every file matches the report, but the signature was NOT checked "
               "(no --public-key); this does not show who made the release")
         return EXIT_INTEGRITY_ONLY
-    return verify_exit_code(res.problems)
+    return verify_exit_code(res.failures)
 
 
-# One exit code per kind of verification failure, most serious first when several occur.
-VERIFY_EXIT = (("wrong key", 4), ("bad signature", 3), ("hash mismatch", 6), ("missing file", 5),
-               ("extra unlisted file", 7))
+# One exit code per kind (type) of verification failure, most serious first when several occur.
+VERIFY_EXIT: tuple[tuple[type[VerificationError], int], ...] = (
+    (WrongKey, 4), (BadSignature, 3), (HashMismatch, 6), (MissingFile, 5), (UnlistedFile, 7))
 
 
-def verify_exit_code(problems: list[str]) -> int:
-    """3 bad signature, 4 wrong key, 5 missing file, 6 hash mismatch, 7 extra unlisted file, 1 other."""
-    for prefix, code in VERIFY_EXIT:
-        if any(p.startswith(prefix) for p in problems):
+def verify_exit_code(failures: list[VerificationError]) -> int:
+    """3 bad signature, 4 wrong key, 5 missing file, 6 hash mismatch, 7 extra unlisted file, 1 other (by type)."""
+    for kind, code in VERIFY_EXIT:
+        if any(isinstance(f, kind) for f in failures):
             return code
     return EXIT_REJECTED
 

@@ -267,12 +267,7 @@ def feature_gate_inputs(drop: FeatureDrop, identity: FeatureIdentity, deid: Feat
 
 def gate_config(settings: Settings, *, k: int, method: str, labels: tuple[str, ...]) -> GateConfig:
     """The run's gate configuration from the settings (attackers: the feature set, chosen by the inputs' kind)."""
-    return GateConfig(
-        k=k, method=method, labels=labels, tolerance=settings.utility_tolerance, confidence=settings.gate_confidence,
-        max_quarantine_fraction=settings.max_quarantine_fraction, attack_sample=settings.attack_sample,
-        deep_attack_sample=settings.deep_attack_sample, utility_sample=settings.utility_sample,
-        utility_inconclusive=settings.utility_inconclusive, folds=settings.cv_folds, repeats=settings.cv_repeats,
-        n_components=settings.pca_components, seed=settings.seed or 0)
+    return GateConfig.from_settings(settings, k=k, method=method, labels=labels)
 
 
 # --------------------------------------------------------------------------- the run
