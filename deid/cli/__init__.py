@@ -9,9 +9,10 @@ code meaning
 1    ``run``: rejected by the gate (signed rejection); ``verify``: other verification problem
 2    bad input or configuration (DataError/DropError, ConfigError, usage); an unreadable drop
      still gets a signed rejection first
-3-7  ``verify``: bad signature, wrong key, missing file, hash mismatch, extra unlisted file
+3-7  ``verify``: bad signature, wrong key, missing file, hash mismatch, extra unlisted file (by failure type:
+     BadSignature, WrongKey, MissingFile, HashMismatch, UnlistedFile; see VERIFY_EXIT)
 8    ``verify`` without ``--public-key``: integrity only (files match, signature NOT checked)
-70   state or internal error (StateError, a bug): nothing half-published; ``--debug`` for the traceback
+70   stored state or internal error (StateError, a bug): nothing half-published; ``--debug`` for the traceback
 74   environment failure (EnvironmentFailure / OSError: disk full, I/O error, permissions),
      never a verdict on the data
 130  interrupted (Ctrl-C)

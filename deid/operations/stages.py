@@ -280,7 +280,7 @@ def _paired_batches(partition_dir: str, deid_path: str, columns: list[str], batc
         head, rest = o.slice(0, need), o.slice(need)
         o_buf = rest.to_batches() if rest.num_rows else []
         if head.column("record_id").to_pylist() != r.column("record_id").to_pylist():
-            raise RuntimeError(f"gate: {deid_path} and {partition_dir} do not list the same records in the same order")
+            raise StateError(f"gate: {deid_path} and {partition_dir} do not list the same records in the same order")
         yield head, r
 
 
@@ -296,12 +296,12 @@ def _pixels(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     if n == 0:
         return np.zeros((0, 0), np.uint8)
     if arr.null_count:
-        raise ValueError("pixel column holds nulls; every staged face must have pixels")
+        raise StateError("pixel column holds nulls; every staged face must have pixels")
     wide = pa.types.is_large_binary(arr.type)
     offsets = np.frombuffer(arr.buffers()[1], np.int64 if wide else np.int32)[arr.offset: arr.offset + n + 1]
     width = int(offsets[1] - offsets[0])
     if width == 0 or np.any(np.diff(offsets) != width):
-        raise ValueError("pixel rows differ in length; every staged face must have the canonical size")
+        raise StateError("pixel rows differ in length; every staged face must have the canonical size")
     data = np.frombuffer(arr.buffers()[2], np.uint8)
     return data[int(offsets[0]): int(offsets[-1])].reshape(n, width)
 
@@ -430,7 +430,7 @@ def resolve_identities(faces: pa.Table, *, policy: str = "merge", embeddings: np
     record involved in a face match across ids instead of merging them.
     """
     if policy not in ("merge", "quarantine"):
-        raise ValueError(f"duplicate_ids={policy!r} must be 'merge' or 'quarantine'")
+        raise ConfigError(f"duplicate_ids={policy!r} must be 'merge' or 'quarantine'")
     X = np.asarray(faces.column("features").to_pylist(), dtype=np.float64) if faces.num_rows else None
     res = resolve_people(faces.column("subject_id").to_pylist(), X, embeddings=embeddings)
     people = pa.array(list(res.person), pa.string())
