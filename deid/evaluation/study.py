@@ -97,7 +97,7 @@ def load_aligned(drop_dir: str | Path, workdir: str | Path, *, labels: list[str]
     people = np.asarray([meta["subject_id"][i] for i in take], dtype=object)
     labs = {n: np.asarray([meta[n][i] for i in take], dtype=object) for n in drop.labels}
     w, h = params["size"]
-    n_bad = len(drop.quarantined) + len(res.quarantined) + len(out["quarantined"])
+    n_bad = len(drop.quarantined) + len(res.quarantined) + len(out.quarantined)
     logger.info("study: %d faces aligned, %d quarantined, in %.1f s", len(ids), n_bad, time.perf_counter() - t0)
     if len(ids) == 0:
         raise DataError(f"no face of drop {drop_dir} could be aligned ({n_bad} quarantined); check the drop")
