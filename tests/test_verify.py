@@ -272,3 +272,13 @@ def test_each_kind_of_failure_has_its_type_and_its_exit_code(tmp_path, key_mater
     out = capsys.readouterr().out
     assert ("OK: signature and every artifact verified" in out) == (code == 0)
     assert out.count("FAIL: ") == len(result.failures)
+
+
+def test_an_unusable_public_key_option_is_bad_input(tmp_path, key_material, capsys):
+    from deid.cli import EXIT_BAD_INPUT, main
+
+    signing_key, _, _ = key_material
+    report_dir, _ = _signed(tmp_path, signing_key)
+    assert main(["verify", str(report_dir), "--public-key", str(tmp_path / "nope.pub.pem")]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nope.pub.pem does not exist" in err[0], err

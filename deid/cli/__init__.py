@@ -373,8 +373,11 @@ def cmd_import(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    from deid.release.signing import load_public_key
     from deid.release.verify import verify_report
 
+    if args.public_key:
+        load_public_key(Path(args.public_key))  # an unusable --public-key is bad input (ConfigError, exit 2), not a failed check
     res = verify_report(Path(args.report_dir), public_key=Path(args.public_key) if args.public_key else None,
                         release_dir=Path(args.release) if args.release else None)
     for note in res.notes:
