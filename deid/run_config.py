@@ -103,7 +103,8 @@ class RunConfig:
         k, method = s.k if k is None else k, method or s.method
         _check_run(k, method)  # before the gate checks k, so the message names the CLI option
         return cls(
-            gate=GateConfig.from_settings(s, k=k, method=method), small_partitions=small_partitions or s.small_partitions,
+            gate=GateConfig.from_settings(s, k=k, method=method),
+            small_partitions=small_partitions or s.small_partitions,
             sigma=s.sigma if sigma is None else sigma, block=s.block if block is None else block,
             labels=None if labels is None else tuple(labels), name=name or None,
             data_path=s.data_path, reports_path=s.reports_path, aligner=AlignerParams.from_settings(s),
