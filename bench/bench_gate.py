@@ -91,9 +91,9 @@ def child(n_faces: int, k: int, attackers: str, work: str) -> None:
     rec = gate_records(root, parts, labels=[])
     t_load = time.perf_counter() - t0
     load_peak = _peak_rss_mib()
-    inputs = GateInputs(shape=SHAPE, people=rec["people"], image_index=rec["image_index"],
-                        own_distance=rec["own_distance"], fetch=rec["fetch"], clusters=rec["clusters"],
-                        partitions=None, records_in=len(rec["people"]),
+    inputs = GateInputs(shape=SHAPE, people=rec.people, image_index=rec.image_index,
+                        own_distance=rec.own_distance, fetch=rec.fetch, clusters=rec.clusters,
+                        partitions=None, records_in=len(rec.people),
                         deidentify=method_runner("k-same", shape=SHAPE, k=k))
     names = None if attackers == "all" else ("pca-mahalanobis", "pca-whitened-cosine", "fisherfaces", "lbp-chi2",
                                              "release-refit-pca")
@@ -101,7 +101,7 @@ def child(n_faces: int, k: int, attackers: str, work: str) -> None:
     t0 = time.perf_counter()
     result = evaluate(inputs, config)
     t_eval = time.perf_counter() - t0
-    print(json.dumps({"faces": len(rec["people"]), "load_s": round(t_load, 2), "evaluate_s": round(t_eval, 2),
+    print(json.dumps({"faces": len(rec.people), "load_s": round(t_load, 2), "evaluate_s": round(t_eval, 2),
                       "peak_rss_mib": round(_peak_rss_mib(), 1), "load_peak_rss_mib": round(load_peak, 1),
                       "passed": result.passed, "max_rate": result.max_rate, "sample": result.attack_sample}))
 

@@ -1,4 +1,11 @@
-"""Error types and the stable quarantine reason codes shared by every stage."""
+"""Error types and the stable quarantine reason codes shared by every stage.
+
+The type says what to fix, and the CLI's exit code follows from it alone (``deid.cli.EXIT_BY_TYPE``):
+:class:`ConfigError` for what the steward configured (a setting, a CLI option, a function parameter),
+:class:`DataError` for the input data (a drop's manifest, files, labels, vectors; one bad record is
+quarantined instead), :class:`StateError` for the project's stored state (registry, ledger, staging,
+keys present but inconsistent), :class:`EnvironmentFailure` for the machine.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,7 +16,7 @@ class DeidError(Exception):
 
 
 class ConfigError(DeidError, ValueError):
-    """Bad configuration or parameter; the message names it, its value, the valid range and the fix."""
+    """Bad configuration: a setting, CLI option or parameter; the message names it, its value, the valid range and the fix."""
 
 
 class DataError(DeidError, ValueError):
@@ -21,7 +28,7 @@ class DropError(DataError):
 
 
 class StateError(DeidError):
-    """The project's on-disk state forbids going on (e.g. a release id already taken, a publish undone)."""
+    """The project's stored state forbids going on (a publish undone, keys or registry inconsistent, a ledger entry not claimed)."""
 
 
 class EnvironmentFailure(DeidError):
@@ -53,7 +60,27 @@ class EnvironmentFailure(DeidError):
 
 
 class VerificationError(DeidError):
-    """A signed report or release that does not verify."""
+    """A signed report or release that does not verify (this base class: any problem not typed below)."""
+
+
+class BadSignature(VerificationError):
+    """The signature is malformed, missing its addendum signature, or does not match the signed bytes."""
+
+
+class WrongKey(VerificationError):
+    """The report names another signer than the trusted public key the verifier gave."""
+
+
+class MissingFile(VerificationError):
+    """A file the report lists (or report.json / its signature itself) is not there."""
+
+
+class HashMismatch(VerificationError):
+    """A listed file's size or SHA-256 differs from what the signed report lists (tampered or truncated)."""
+
+
+class UnlistedFile(VerificationError):
+    """A file in the release or report directory that the signed report does not list (smuggled in)."""
 
 
 class ReleaseRejected(DeidError):

@@ -7,13 +7,16 @@ and returns a frozen :class:`RunConfig` that is passed explicitly to every stage
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deid.errors import ConfigError
 from deid.anonymise.method_registry import COLOR_METHODS, FEATURE_METHODS, REGISTRY, MethodSpec, method_spec
 from deid.settings import SMALL_PARTITION_POLICIES, Settings
+
+if TYPE_CHECKING:
+    from deid.evaluation.gate import GateConfig
 
 
 @dataclass(frozen=True)
@@ -51,16 +54,19 @@ RUN_PARAMETERS = ("k", "method", "labels", "small_partitions", "name", "sigma", 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """Everything one release run is configured with; see :meth:`resolve`."""
+    """Everything one release run is configured with; see :meth:`resolve`.
 
-    k: int
-    method: str
+    ``gate`` holds the run's k and method and every gate setting (:data:`deid.evaluation.gate.GATE_SETTINGS`),
+    stored once: ``k``, ``method``, ``pca_components`` and ``seed`` read it.
+    """
+
     small_partitions: str
     sigma: float
     block: int
     data_path: Path
     reports_path: Path
     aligner: AlignerParams
+    gate: GateConfig  # labels=(): the drop's labels are known only after ingest (see gate_config)
     labels: tuple[str, ...] | None = None  # None: the drop's drop.yaml decides
     name: str | None = None  # None: drop.yaml's name or the directory name
     kind: str = "images"  # "features": a drop of feature vectors (drop.yaml kind: features; deid.operations.features)
@@ -69,23 +75,11 @@ class RunConfig:
     dask_workers: int = 2
     ksame_block_size: int = 2000  # k-Same groups blockwise above this many faces (one Dask task per block)
     dask_address: str | None = None
-    pca_components: int = 50
-    seed: int = 0
     seed_fixed: bool = False  # DEID_SEED was set (else a random method's release draws its own secret seed)
     duplicate_ids: str = "merge"
     identity_embed_max: int = 2000
     lineage_policy: str = "invariant"
     lineage_absent: str = "republish"
-    utility_tolerance: float = 0.05
-    gate_confidence: float = 0.95
-    max_quarantine_fraction: float = 0.05
-    leak_threshold: float = 2.0
-    attack_sample: int = 1000
-    deep_attack_sample: int = 100
-    utility_sample: int = 1000
-    utility_inconclusive: str = "release"
-    cv_folds: int = 5
-    cv_repeats: int = 3
     signing_key: Path | None = None
     linkage_key: Path | None = None
     # Never shown: repr=False keeps it out of logs and task parameter reprs.
@@ -109,28 +103,45 @@ class RunConfig:
         ConfigError
             Naming the parameter, its value, the valid range and what to do.
         """
+        from deid.evaluation.gate import GateConfig  # noqa: PLC0415 - the gate imports scipy and the attacks
+
         s = settings or Settings()
         if kind == "features" and (method or s.method) == "noise" and sigma is None:
             raise ConfigError("method='noise' needs sigma=... (the noise in feature standard deviations), e.g. "
                               "--sigma 0.1")
+        k, method = s.k if k is None else k, method or s.method
+        _check_run(k, method, kind or "images")  # before the gate checks k, so the message names the CLI option
         return cls(
-            k=s.k if k is None else k, method=method or s.method,
+            gate=GateConfig.from_settings(s, k=k, method=method),
             small_partitions=small_partitions or s.small_partitions,
             sigma=s.sigma if sigma is None else sigma, block=s.block if block is None else block,
             labels=None if labels is None else tuple(labels), name=name or None, kind=kind or "images",
             data_path=s.data_path, reports_path=s.reports_path, aligner=AlignerParams.from_settings(s),
             max_pixels=s.max_pixels, align_batch_size=s.align_batch_size, dask_workers=s.dask_workers,
             ksame_block_size=s.ksame_block_size,
-            dask_address=s.dask_address, pca_components=s.pca_components, seed=s.seed or 0,
-            seed_fixed=s.seed is not None,
+            dask_address=s.dask_address, seed_fixed=s.seed is not None,
             duplicate_ids=s.duplicate_ids, identity_embed_max=s.identity_embed_max, lineage_policy=s.lineage_policy,
-            lineage_absent=s.lineage_absent, utility_tolerance=s.utility_tolerance, gate_confidence=s.gate_confidence,
-            max_quarantine_fraction=s.max_quarantine_fraction, leak_threshold=s.leak_threshold,
-            attack_sample=s.attack_sample, deep_attack_sample=s.deep_attack_sample, utility_sample=s.utility_sample,
-            utility_inconclusive=s.utility_inconclusive, cv_folds=s.cv_folds, cv_repeats=s.cv_repeats,
+            lineage_absent=s.lineage_absent,
             signing_key=s.signing_key, linkage_key=s.linkage_key, signing_passphrase=s.signing_key_passphrase)
 
     # ------------------------------------------------------------------ derived facts
+
+    @property
+    def k(self) -> int:
+        return self.gate.k
+
+    @property
+    def method(self) -> str:
+        return self.gate.method
+
+    @property
+    def pca_components(self) -> int:
+        """Eigenface components: the featurize stage's and the gate's attackers'."""
+        return self.gate.n_components
+
+    @property
+    def seed(self) -> int:
+        return self.gate.seed
 
     @property
     def spec(self) -> MethodSpec:
@@ -171,29 +182,26 @@ class RunConfig:
 
     def gate_config(self, labels: tuple[str, ...] | list[str]):
         """The gate's :class:`~deid.evaluation.gate.GateConfig` for the drop's labels."""
-        from deid.evaluation.gate import GateConfig  # noqa: PLC0415 - the gate imports scipy and the attacks
+        return replace(self.gate, labels=tuple(labels))
 
-        return GateConfig(
-            k=self.k, method=self.method, labels=tuple(labels), tolerance=self.utility_tolerance,
-            confidence=self.gate_confidence, max_quarantine_fraction=self.max_quarantine_fraction,
-            leak_threshold=self.leak_threshold, attack_sample=self.attack_sample,
-            deep_attack_sample=self.deep_attack_sample, utility_sample=self.utility_sample,
-            utility_inconclusive=self.utility_inconclusive, folds=self.cv_folds, repeats=self.cv_repeats,
-            n_components=self.pca_components, seed=self.seed)
+
+def _check_run(k: Any, method: Any, kind: Any = "images") -> None:
+    """The run's k, method and drop kind; every message names the parameter, its value, the valid range and the fix."""
+    if isinstance(k, bool) or not isinstance(k, int) or not 2 <= k <= 1000:
+        raise ConfigError(f"k={k!r} must be an integer from 2 to 1000 (the minimum number of distinct people per "
+                          "cluster); e.g. --k 5")
+    if kind not in ("images", "features"):
+        raise ConfigError(f"kind={kind!r} must be 'images' or 'features' (drop.yaml's kind)")
+    if kind == "features" and method not in FEATURE_METHODS:
+        raise ConfigError(f"method={method!r} does not run on feature vectors; use one of {list(FEATURE_METHODS)} "
+                          "(blur, pixelate, k-same-eigen and k-same-m need face images); e.g. --method k-same-select")
+    if kind == "images" and method not in REGISTRY:
+        raise ConfigError(f"method={method!r} must be one of {list(REGISTRY)}; e.g. --method k-same-select")
 
 
 def _check(c: RunConfig) -> None:
     """Validate once; every message names the parameter, its value, the valid range and the fix."""
-    if isinstance(c.k, bool) or not isinstance(c.k, int) or not 2 <= c.k <= 1000:
-        raise ConfigError(f"k={c.k!r} must be an integer from 2 to 1000 (the minimum number of distinct people per "
-                          "cluster); e.g. --k 5")
-    if c.kind not in ("images", "features"):
-        raise ConfigError(f"kind={c.kind!r} must be 'images' or 'features' (drop.yaml's kind)")
-    if c.kind == "features" and c.method not in FEATURE_METHODS:
-        raise ConfigError(f"method={c.method!r} does not run on feature vectors; use one of {list(FEATURE_METHODS)} "
-                          "(blur, pixelate, k-same-eigen and k-same-m need face images); e.g. --method k-same-select")
-    if c.kind == "images" and c.method not in REGISTRY:
-        raise ConfigError(f"method={c.method!r} must be one of {list(REGISTRY)}; e.g. --method k-same-select")
+    _check_run(c.k, c.method, c.kind)
     if c.kind == "images" and c.color and c.method not in COLOR_METHODS:
         raise ConfigError(f"method={c.method!r} cannot release colour (DEID_COLOR=true); use one of "
                           f"{list(COLOR_METHODS)} or unset DEID_COLOR")

@@ -152,12 +152,12 @@ def test_every_record_of_a_messy_drop_is_aligned_or_quarantined_with_a_reason(tm
     groups = list(range(res.row_groups))
     out = align_batch(str(res.path), groups, str(tmp_path / "st" / "aligned" / "part-0.parquet"),
                       _aligner_params(settings))
-    quarantined = [q.__dict__ for q in [*drop.quarantined, *res.quarantined, *out["quarantined"]]]
+    quarantined = [q.__dict__ for q in [*drop.quarantined, *res.quarantined, *out.quarantined]]
 
     # The counts add up: every record in is aligned or quarantined, exactly once.
-    assert drop.records_in == len(expected) == out["aligned"] + len(quarantined)
-    aligned_ids = set(pq.read_table(out["path"]).column("record_id").to_pylist())
-    assert len(aligned_ids) == out["aligned"]
+    assert drop.records_in == len(expected) == out.aligned + len(quarantined)
+    aligned_ids = set(pq.read_table(out.path).column("record_id").to_pylist())
+    assert len(aligned_ids) == out.aligned
     assert aligned_ids.isdisjoint(q["record_id"] for q in quarantined)
     assert len({q["record_id"] for q in quarantined}) == len(quarantined)
 
@@ -173,7 +173,7 @@ def test_every_record_of_a_messy_drop_is_aligned_or_quarantined_with_a_reason(tm
     assert Counter(got.values())["aligned"] == 7
 
     # The decoded formats land on the canonical eyes: EXIF rotation, 16 bits and alpha were applied.
-    table = pq.read_table(out["path"]).to_pydict()
+    table = pq.read_table(out.path).to_pydict()
     pixels = dict(zip(table["record_id"], table["pixels"]))
     canon = settings.canonical_eyes()
     w, h = settings.canonical_size

@@ -1,20 +1,24 @@
-"""CLI exit codes: one per kind of verification failure; bad input is 2."""
+"""CLI exit codes: one per kind (type) of verification failure; bad input is 2."""
 import pytest
 
 from deid.cli import EXIT_BAD_INPUT, main, verify_exit_code
+from deid.errors import BadSignature, HashMismatch, MissingFile, UnlistedFile, VerificationError, WrongKey
 
 
-@pytest.mark.parametrize("problems, code", [
-    (["bad signature: report.json.sig does not match"], 3),
-    (["wrong key: report names signer sha256:a, the given public key is sha256:b"], 4),
-    (["missing file images/x.png"], 5),
-    (["hash mismatch images/x.png: sha256 ..."], 6),
-    (["extra unlisted file images/y.png"], 7),
-    (["extra unlisted file a", "hash mismatch b", "missing file c"], 6),
-    (["report.json is not in canonical form"], 1),
+@pytest.mark.parametrize("failures, code", [
+    ([BadSignature("bad signature: report.json.sig does not match")], 3),
+    ([WrongKey("wrong key: report names signer sha256:a, the given public key is sha256:b")], 4),
+    ([MissingFile("missing file images/x.png")], 5),
+    ([HashMismatch("hash mismatch images/x.png: sha256 ...")], 6),
+    ([UnlistedFile("extra unlisted file images/y.png")], 7),
+    ([UnlistedFile("extra unlisted file a"), HashMismatch("hash mismatch b"), MissingFile("missing file c")], 6),
+    ([VerificationError("report.json is not in canonical form")], 1),
+    # The type decides, never the wording: a message that reads like another kind changes nothing.
+    ([VerificationError("bad signature: looks like one, is not typed as one")], 1),
+    ([HashMismatch("extra unlisted file (worded like another kind)")], 6),
 ])
-def test_verify_exit_codes(problems, code):
-    assert verify_exit_code(problems) == code
+def test_verify_exit_codes(failures, code):
+    assert verify_exit_code(failures) == code
 
 
 def test_verify_missing_report_dir_is_a_failure_not_a_crash(tmp_path, capsys):

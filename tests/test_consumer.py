@@ -13,7 +13,7 @@ import yaml
 
 from deid.release.card import CARD_NAME, DatasetCard, split_card, write_card
 from deid.intake.drop import DropError, read_drop
-from deid.errors import ConfigError
+from deid.errors import ConfigError, DataError
 from deid.release.publish import METADATA_CSV, RELEASE_TABLE, stage_release
 from deid.reporting.report import hash_tree
 
@@ -145,6 +145,6 @@ def test_drop_yaml_bad_license_names_the_field(tmp_path, bad):
 
 
 def test_a_label_named_like_a_release_column_is_refused(tmp_path):
-    with pytest.raises(ConfigError, match="clash with the release columns"):
+    with pytest.raises(DataError, match="clash with the release columns"):
         stage_release(tmp_path / "r", images=np.zeros((3, 80), np.uint8), shape=SHAPE, clusters=["a"] * 3,
                       labels={"file_name": ["x"] * 3})

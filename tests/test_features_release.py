@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings as hsettings, strategies as st
 
 from deid.anonymise.features import deidentify_vectors, vector_method_runner
-from deid.errors import ConfigError
+from deid.errors import ConfigError, DataError
 from deid.evaluation.attacks import FEATURE_ATTACKERS, attack_all
 from deid.evaluation.feature_attackers import EuclideanAttacker, IdentityClassifierAttacker
 from deid.evaluation.scoring import rank_credit
@@ -222,7 +222,7 @@ def test_vector_methods_refuse_image_methods_and_need_their_strength():
             deidentify_vectors(X, people=people, method=method, k=2)
     with pytest.raises(ConfigError, match="sigma=None must be a number"):
         deidentify_vectors(X, people=people, method="noise")
-    with pytest.raises(ConfigError, match="NaN or infinite"):
+    with pytest.raises(DataError, match="NaN or infinite"):
         deidentify_vectors(np.where(X > 2, np.nan, X), people=people, method="k-same", k=2)
     labels = {"g": ["a" if i % 2 else "b" for i in range(10)] * 3}
     run = vector_method_runner("k-same-select", k=2)

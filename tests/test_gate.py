@@ -284,11 +284,11 @@ def test_gate_records_stream_the_staging_layout(tmp_path):
                                  "pixels": [r.tobytes() for r in released]}), out)
         paths.append(str(out))
     rec = gate_records(str(tmp_path / "partitions"), paths, labels=["g"], batch_rows=3)
-    assert len(rec["record_ids"]) == 20 and len(set(rec["image_index"].tolist())) == 4
-    assert set(rec["partitions"]) == {"p000", "p001"} and list(rec["labels"]["g"]) == ["x"] * 20
+    assert len(rec.record_ids) == 20 and len(set(rec.image_index.tolist())) == 4
+    assert set(rec.partitions) == {"p000", "p001"} and list(rec.labels["g"]) == ["x"] * 20
     idx = np.array([17, 2, 9])
-    rel, orig = rec["fetch"](idx)
+    rel, orig = rec.fetch(idx)
     for n, i in enumerate(idx):
-        j = int(rec["record_ids"][i][1:])
+        j = int(rec.record_ids[i][1:])
         assert np.array_equal(orig[n], faces[j])
-        assert rec["own_distance"][i] == pytest.approx(np.abs(rel[n].astype(int) - faces[j].astype(int)).mean())
+        assert rec.own_distance[i] == pytest.approx(np.abs(rel[n].astype(int) - faces[j].astype(int)).mean())

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from deid.errors import ConfigError, DropError
+from deid.errors import ConfigError, DropError, StateError
 from deid.operations.ledger import FAILED, QUEUED, RELEASED, RUNNING, Ledger, drop_fingerprint, ready_drops
 from deid.orchestration.watch import Watcher
 
@@ -82,7 +82,7 @@ def test_ledger_sight_claim_finish_lifecycle(tmp_path):
     claim = led.claim("sha256:aa", "/in/a", by="run-1")
     assert claim.granted and claim.entry.status == RUNNING
     assert not led.claim("sha256:aa", "/in/a", by="run-2").granted    # a duplicate event
-    with pytest.raises(ConfigError, match="not running under claim"):
+    with pytest.raises(StateError, match="not running under claim"):
         led.finish("sha256:aa", by="run-2", release_id="rel-x", verdict="released", report="r")
     e = led.finish("sha256:aa", by="run-1", release_id="rel-1", verdict="released", report="/r/report.json")
     assert (e.status, e.release_id, e.report) == (RELEASED, "rel-1", "/r/report.json") and e.settled

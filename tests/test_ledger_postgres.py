@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from deid.errors import ConfigError, EnvironmentFailure
+from deid.errors import ConfigError, EnvironmentFailure, StateError
 from deid.operations.ledger import FAILED, QUEUED, RELEASED, RUNNING, Ledger, drop_fingerprint, open_ledger, postgres_conninfo
 from deid.settings import Settings
 
@@ -124,7 +124,7 @@ def test_lifecycle_on_postgres(url):
     assert led.sight("/in/copy", "sha256:aa") == "known"
     assert led.claim("sha256:aa", "/in/a", by="run-1").granted
     assert not led.claim("sha256:aa", "/in/a", by="run-2").granted
-    with pytest.raises(ConfigError, match="not running under claim"):
+    with pytest.raises(StateError, match="not running under claim"):
         led.finish("sha256:aa", by="run-2", release_id="rel-x", verdict="released", report="r")
     e = led.finish("sha256:aa", by="run-1", release_id="rel-1", verdict="released", report="/r/report.json")
     assert (e.status, e.release_id, e.report) == (RELEASED, "rel-1", "/r/report.json")

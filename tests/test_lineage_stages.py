@@ -69,12 +69,12 @@ def test_returning_records_carry_the_registered_average_and_new_people_are_plann
     pdir.mkdir(parents=True)
     pq.write_table(faces2.take(pa.array([5, 0, 3], pa.int64())), pdir / "part-0.parquet")
     out = stages.write_lineage_part(str(pdir), str(tmp_path / "out.parquet"), rel, state, ids)
-    got = pq.read_table(out["path"]).to_pydict()
+    got = pq.read_table(out.path).to_pydict()
     assert got["record_id"] == ["r00000005", "r00000000", "r00000003"]
     for rid, px in zip(got["record_id"], got["pixels"]):
         key = rel.record_cluster[ids.index(rid)]
         assert px == state.clusters[key].image.tobytes()  # bit-identical to the registered average
-    assert sorted(c["size"] for c in out["clusters"]) == [1, 2]
+    assert sorted(c.size for c in out.clusters) == [1, 2]
     # The gate's k checks count the registered members of a republished cluster, not its released rows.
     rep = stages.republished_for_gate(rel, state)
     members = rep.members

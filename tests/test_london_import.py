@@ -49,7 +49,7 @@ def test_import_refuses_wrong_layout_and_non_empty_target(tmp_path):
     src2 = _fake_london(tmp_path / "src2")
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "x").write_text("x")
-    with pytest.raises(DropError, match="not empty"):
+    with pytest.raises(ConfigError, match="not empty"):
         import_london(src2, tmp_path / "busy")
 
 
@@ -131,7 +131,7 @@ def test_bad_src_name_and_tem(tmp_path):
     with pytest.raises(ConfigError, match="name"):
         import_london(src, tmp_path / "drop", name="")
     (tmp_path / "file").write_text("x")
-    with pytest.raises(DropError, match="not empty"):
+    with pytest.raises(ConfigError, match="not empty"):
         import_london(src, tmp_path / "file")
     tem = src / "neutral_front" / "001_03.tem"
     tem.write_text("2\n50\t30\n20\t31\n")

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deid.errors import ConfigError
+from deid.errors import ConfigError, StateError
 from deid.reporting.report import (
     Artifact,
     Check,
@@ -95,14 +95,14 @@ def test_rejected_report_validates(signing_key):
 def test_schema_rejects_missing_verdict(signing_key):
     d = make_report(signing_key).to_dict()
     del d["verdict"]
-    with pytest.raises(ConfigError, match="'verdict' is a required property"):
+    with pytest.raises(StateError, match="'verdict' is a required property"):
         validate_report(d)
 
 
 def test_schema_rejects_rate_above_one(signing_key):
     d = make_report(signing_key).to_dict()
     d["privacy"]["reidentification"][0]["rate"] = 1.5
-    with pytest.raises(ConfigError, match=r"privacy\.reidentification\[0\]\.rate: 1\.5 is greater than the maximum of 1"):
+    with pytest.raises(StateError, match=r"privacy\.reidentification\[0\]\.rate: 1\.5 is greater than the maximum of 1"):
         validate_report(d)
 
 
@@ -135,7 +135,7 @@ def test_schema_rejects_rate_above_one(signing_key):
 def test_schema_and_consistency_rejections(signing_key, mutate, expected):
     d = make_report(signing_key).to_dict()
     mutate(d)
-    with pytest.raises(ConfigError, match=expected):
+    with pytest.raises(StateError, match=expected):
         validate_report(d)
 
 
@@ -171,13 +171,13 @@ def test_hash_tree_lists_every_file_sorted(tmp_path):
 def test_hash_tree_refuses_symlinks(tmp_path):
     (tmp_path / "real.txt").write_bytes(b"x")
     os.symlink(tmp_path / "real.txt", tmp_path / "link.txt")
-    with pytest.raises(ConfigError, match="link.txt"):
+    with pytest.raises(StateError, match="link.txt"):
         hash_tree(tmp_path)
     other = tmp_path.parent / (tmp_path.name + "_other")
     other.mkdir()
     (tmp_path / "link.txt").unlink()
     os.symlink(other, tmp_path / "linkdir")
-    with pytest.raises(ConfigError, match="linkdir"):
+    with pytest.raises(StateError, match="linkdir"):
         hash_tree(tmp_path)
 
 
@@ -198,7 +198,7 @@ def test_write_signed_report_writes_canonical_bytes_and_signature(tmp_path, sign
 def test_write_signed_report_refuses_invalid_report_and_writes_nothing(tmp_path, signing_key):
     d = make_report(signing_key).to_dict()
     d["privacy"]["max_rate"] = 1.5
-    with pytest.raises(ConfigError, match="max_rate"):
+    with pytest.raises(StateError, match="max_rate"):
         write_signed_report(tmp_path / "r", d, signing_key)
     assert not (tmp_path / "r" / "report.json").exists()
 
@@ -222,7 +222,7 @@ def test_report_accepts_what_the_gate_and_flow_produce(signing_key):
     d["privacy"]["reidentification"][0]["rate"] = d["privacy"]["max_rate"]
     validate_report(d)
     d["privacy"]["max_rate"] = d["privacy"]["reidentification"][0]["rate"] = bound + 1e-9
-    with pytest.raises(ConfigError, match="at most 1/k"):
+    with pytest.raises(StateError, match="at most 1/k"):
         validate_report(d)
 
 
@@ -249,13 +249,13 @@ def test_report_files_and_protocol_round_trip_and_rules(signing_key, tmp_path):
 
     bad = copy.deepcopy(d)
     bad["report_files"].append(dict(bad["report_files"][0]))
-    with pytest.raises(ConfigError, match="report_files lists paths more than once"):
+    with pytest.raises(StateError, match="report_files lists paths more than once"):
         validate_report(bad)
     bad = copy.deepcopy(d)
     bad["report_files"].append({"path": "report.json", "sha256": "0" * 64, "bytes": 2})
-    with pytest.raises(ConfigError, match="must not list"):
+    with pytest.raises(StateError, match="must not list"):
         validate_report(bad)
     bad = copy.deepcopy(d)
     bad["report_files"][0]["path"] = "../escape.html"
-    with pytest.raises(ConfigError, match="report_files"):
+    with pytest.raises(StateError, match="report_files"):
         validate_report(bad)

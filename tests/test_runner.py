@@ -9,7 +9,7 @@ import pytest
 
 from deid.reporting import report_build
 from deid.contracts import RunResult
-from deid.errors import ConfigError
+from deid.errors import StateError
 from deid.reporting.report import report_problems
 from deid.run_config import RunConfig
 from deid.operations.runner import run_release
@@ -82,7 +82,7 @@ def test_a_report_the_schema_refuses_stops_the_run_before_anything_is_published(
         return dataclasses.replace(real(**kw), k=1)  # the schema's minimum k is 2
 
     monkeypatch.setattr("deid.operations.runner.build_report", broken)
-    with pytest.raises(ConfigError, match="schema"):
+    with pytest.raises(StateError, match="schema"):
         _run(tmp_path, drop, k=3)
     project = tmp_path / "project"
     assert not (project / "data" / "releases").exists() or not any((project / "data" / "releases").iterdir())

@@ -12,7 +12,7 @@ import pytest
 from deid.alignment.features import Eigenfaces
 from deid.anonymise.methods import deidentify
 from deid.anonymise.sequences import SequenceMultiFactor, check_sequences
-from deid.errors import REASONS, ConfigError
+from deid.errors import REASONS, DataError
 from deid.evaluation.sequences import identity_spread, label_agreement
 from deid.evaluation.validation import validate_release
 from deid.intake.drop import read_drop
@@ -78,11 +78,11 @@ def test_sequence_columns_are_read_and_bad_rows_quarantined(tmp_path, sequence_d
 def test_check_sequences_refuses_inconsistent_input():
     assert check_sequences(["a", "a", None], None, people=["p", "p", "q"], n=3).order == {"a": (0, 1)}
     assert check_sequences(["a", "a"], [5, 2], people=["p", "p"], n=2).order == {"a": (1, 0)}
-    with pytest.raises(ConfigError, match="holds frames of people"):
+    with pytest.raises(DataError, match="holds frames of people"):
         check_sequences(["a", "a"], [0, 1], people=["p", "q"], n=2)
-    with pytest.raises(ConfigError, match="twice"):
+    with pytest.raises(DataError, match="twice"):
         check_sequences(["a", "a"], [0, 0], people=["p", "p"], n=2)
-    with pytest.raises(ConfigError, match="frames\\[1\\]"):
+    with pytest.raises(DataError, match="frames\\[1\\]"):
         check_sequences(["a", "a"], [0, -1], people=["p", "p"], n=2)
 
 

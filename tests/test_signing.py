@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deid.errors import ConfigError
+from deid.errors import ConfigError, StateError
 from deid.release.signing import (
     canonical_json,
     ensure_signing_key,
@@ -176,5 +176,5 @@ def test_ensure_signing_key_configured(tmp_path):
     # a stale .pub.pem of another key is refused
     other_priv, other_pub = write_keypair(tmp_path, name="other")
     other_pub.rename(pub)
-    with pytest.raises(ConfigError, match="does not belong"):
+    with pytest.raises(StateError, match="does not belong"):
         ensure_signing_key(configured=priv, keys_dir=tmp_path / "unused", passphrase_env_value=b"pw")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deid.errors import ConfigError
+from deid.errors import ConfigError, DataError
 from deid.evaluation.utility import UtilityResult, grouped_cv_accuracy, grouped_splits
 
 
@@ -97,7 +97,7 @@ def test_bad_inputs_are_rejected():
         grouped_cv_accuracy(X, y, groups=people[:3])
     with pytest.raises(ConfigError, match="n_components=0"):
         grouped_cv_accuracy(X, y, groups=people, n_components=0)
-    with pytest.raises(ConfigError, match="y\\[0\\] is missing"):
+    with pytest.raises(DataError, match="y\\[0\\] is missing"):
         grouped_cv_accuracy(X, [None] + list(y[1:]), groups=people)
     with pytest.raises(ConfigError, match="images has shape"):
         grouped_cv_accuracy(X.reshape(len(X), 10, 10), y, groups=people)

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from deid.errors import BadSignature, HashMismatch, MissingFile, UnlistedFile, VerificationError, WrongKey
 from deid.reporting.report import (
     Artifact,
     Check,
@@ -227,3 +228,57 @@ def test_report_without_report_files_notes_that_only_report_json_was_checked(tmp
     result = verify_report(report_dir, public_key=pub)
     assert result.ok, result.problems
     assert any("lists no report files" in n for n in result.notes)
+
+
+def _flip_report_byte(report_dir: Path, release_dir: Path) -> None:
+    path = report_dir / "report.json"
+    data = bytearray(path.read_bytes())
+    data[data.index(b'"run-1"') + 5] ^= 0x01  # still canonical JSON: only the signature catches it
+    path.write_bytes(bytes(data))
+
+
+def _flip_release_byte(report_dir: Path, release_dir: Path) -> None:
+    target = release_dir / "faces" / "part-0.npy"
+    data = bytearray(target.read_bytes())
+    data[-1] ^= 0xFF
+    target.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("tamper, use_other_key, kind, code", [
+    (None, False, None, 0),
+    (_flip_report_byte, False, BadSignature, 3),
+    (None, True, WrongKey, 4),
+    (lambda rep, rel: (rel / "labels.csv").unlink(), False, MissingFile, 5),
+    (_flip_release_byte, False, HashMismatch, 6),
+    (lambda rep, rel: (rel / "faces" / "smuggled.npy").write_bytes(b"\0" * 16), False, UnlistedFile, 7),
+    (lambda rep, rel: shutil.rmtree(rel), False, VerificationError, 1),  # release directory not found
+])
+def test_each_kind_of_failure_has_its_type_and_its_exit_code(tmp_path, key_material, capsys, tamper,
+                                                             use_other_key, kind, code):
+    from deid.cli import main
+
+    signing_key, pub, other_pub = key_material
+    report_dir, release_dir = _signed(tmp_path, signing_key)
+    if tamper is not None:
+        tamper(report_dir, release_dir)
+    key = other_pub if use_other_key else pub
+    result = verify_report(report_dir, public_key=key)
+    if kind is None:
+        assert result.ok and result.failures == []
+    else:
+        # Exactly the expected kind (the base class only when no subclass applies).
+        assert {type(f) for f in result.failures} == {kind}, result.problems
+    assert main(["verify", str(report_dir), "--public-key", str(key)]) == code
+    out = capsys.readouterr().out
+    assert ("OK: signature and every artifact verified" in out) == (code == 0)
+    assert out.count("FAIL: ") == len(result.failures)
+
+
+def test_an_unusable_public_key_option_is_bad_input(tmp_path, key_material, capsys):
+    from deid.cli import EXIT_BAD_INPUT, main
+
+    signing_key, _, _ = key_material
+    report_dir, _ = _signed(tmp_path, signing_key)
+    assert main(["verify", str(report_dir), "--public-key", str(tmp_path / "nope.pub.pem")]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nope.pub.pem does not exist" in err[0], err

@@ -33,7 +33,7 @@ from deid.anonymise.methods_attribute import AttributePreserving
 from deid.anonymise.methods_factor import MultiFactor
 from deid.anonymise.methods_ksame import check_k
 from deid.anonymise.methods_selective import SelectiveMean
-from deid.errors import ConfigError
+from deid.errors import ConfigError, DataError
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def check_vectors(X: Any, name: str = "vectors") -> np.ndarray:
                           "(n_records, n_features) matrix, one feature vector per row")
     a = a.astype(np.float64, copy=False)
     if not np.isfinite(a).all():
-        raise ConfigError(f"{name} holds NaN or infinite values; quarantine those records first "
+        raise DataError(f"{name} holds NaN or infinite values; quarantine those records first "
                           "(deid.intake.features.read_feature_drop does)")
     return a
 

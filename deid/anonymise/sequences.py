@@ -20,7 +20,7 @@ from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np
 
-from deid.errors import ConfigError
+from deid.errors import ConfigError, DataError
 from deid.anonymise.methods_factor import MultiFactor
 
 logger = logging.getLogger(__name__)
@@ -68,18 +68,18 @@ def check_sequences(sequences: Sequence[Hashable | None], frames: Sequence[Any] 
     for i, (key, f) in enumerate(zip(keys, nums)):
         if key is None:
             if f is not None:
-                raise ConfigError(f"record {i} has frame {f!r} but no sequence; give both or neither")
+                raise DataError(f"record {i} has frame {f!r} but no sequence; give both or neither")
             continue
         if isinstance(f, bool) or not isinstance(f, Integral) or f < 0:
-            raise ConfigError(f"frames[{i}]={f!r} must be an integer >= 0 (the frame's position in its sequence)")
+            raise DataError(f"frames[{i}]={f!r} must be an integer >= 0 (the frame's position in its sequence)")
         if owner.setdefault(key, people[i]) != people[i]:
-            raise ConfigError(f"sequence {key!r} holds frames of people {owner[key]!r} and {people[i]!r}; a sequence "
+            raise DataError(f"sequence {key!r} holds frames of people {owner[key]!r} and {people[i]!r}; a sequence "
                               "shows one person (fix the manifest's sequence or subject_id column)")
         order.setdefault(key, []).append((int(f), i))
     for key, items in order.items():
         fs = [f for f, _ in items]
         if len(set(fs)) != len(fs):
-            raise ConfigError(f"sequence {key!r} lists a frame number twice; frames must be unique within a sequence")
+            raise DataError(f"sequence {key!r} lists a frame number twice; frames must be unique within a sequence")
     return Sequences(tuple(keys), tuple(None if f is None else int(f) for f in nums),
                      {key: tuple(i for _, i in sorted(items)) for key, items in order.items()})
 

@@ -9,9 +9,10 @@ code meaning
 1    ``run``: rejected by the gate (signed rejection); ``verify``: other verification problem
 2    bad input or configuration (DataError/DropError, ConfigError, usage); an unreadable drop
      still gets a signed rejection first
-3-7  ``verify``: bad signature, wrong key, missing file, hash mismatch, extra unlisted file
+3-7  ``verify``: bad signature, wrong key, missing file, hash mismatch, extra unlisted file (by failure type:
+     BadSignature, WrongKey, MissingFile, HashMismatch, UnlistedFile; see VERIFY_EXIT)
 8    ``verify`` without ``--public-key``: integrity only (files match, signature NOT checked)
-70   state or internal error (StateError, a bug): nothing half-published; ``--debug`` for the traceback
+70   stored state or internal error (StateError, a bug): nothing half-published; ``--debug`` for the traceback
 74   environment failure (EnvironmentFailure / OSError: disk full, I/O error, permissions),
      never a verdict on the data
 130  interrupted (Ctrl-C)
@@ -39,13 +40,18 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 from deid.errors import (  # noqa: E402
+    BadSignature,
     ConfigError,
     DataError,
     DeidError,
     EnvironmentFailure,
+    HashMismatch,
+    MissingFile,
     ReleaseRejected,
     StateError,
+    UnlistedFile,
     VerificationError,
+    WrongKey,
 )
 from deid.anonymise.method_registry import FEATURE_ONLY, METHODS  # noqa: E402  (light: the CLI keeps heavy imports lazy)
 from deid.settings import SMALL_PARTITION_POLICIES  # noqa: E402
@@ -315,8 +321,11 @@ def cmd_import(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    from deid.release.signing import load_public_key
     from deid.release.verify import verify_report
 
+    if args.public_key:
+        load_public_key(Path(args.public_key))  # an unusable --public-key is bad input (ConfigError, exit 2), not a failed check
     res = verify_report(Path(args.report_dir), public_key=Path(args.public_key) if args.public_key else None,
                         release_dir=Path(args.release) if args.release else None)
     for note in res.notes:
@@ -331,18 +340,18 @@ def cmd_verify(args) -> int:
         print("INTEGRITY ONLY: every file matches the report, but the signature was NOT checked "
               "(no --public-key); this does not show who made the release")
         return EXIT_INTEGRITY_ONLY
-    return verify_exit_code(res.problems)
+    return verify_exit_code(res.failures)
 
 
-# One exit code per kind of verification failure, most serious first when several occur.
-VERIFY_EXIT = (("wrong key", 4), ("bad signature", 3), ("hash mismatch", 6), ("missing file", 5),
-               ("extra unlisted file", 7))
+# One exit code per kind (type) of verification failure, most serious first when several occur.
+VERIFY_EXIT: tuple[tuple[type[VerificationError], int], ...] = (
+    (WrongKey, 4), (BadSignature, 3), (HashMismatch, 6), (MissingFile, 5), (UnlistedFile, 7))
 
 
-def verify_exit_code(problems: list[str]) -> int:
-    """3 bad signature, 4 wrong key, 5 missing file, 6 hash mismatch, 7 extra unlisted file, 1 other."""
-    for prefix, code in VERIFY_EXIT:
-        if any(p.startswith(prefix) for p in problems):
+def verify_exit_code(failures: list[VerificationError]) -> int:
+    """3 bad signature, 4 wrong key, 5 missing file, 6 hash mismatch, 7 extra unlisted file, 1 other (by type)."""
+    for kind, code in VERIFY_EXIT:
+        if any(isinstance(f, kind) for f in failures):
             return code
     return EXIT_REJECTED
 

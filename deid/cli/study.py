@@ -96,14 +96,10 @@ def cmd_study(args) -> int:
     out = Path(args.out) if args.out else settings.data_path / "study" / drop.resolve().name
     try:
         # The gate the release flow would run (deid/operations/pipeline.py), with the study's overrides.
-        gate = GateConfig(
-            k=2, method="k-same", tolerance=settings.utility_tolerance, confidence=settings.gate_confidence,
-            leak_threshold=args.leak_threshold if args.leak_threshold is not None else settings.leak_threshold,
-            attack_sample=settings.attack_sample,
-            deep_attack_sample=args.deep_sample if args.deep_sample is not None else settings.deep_attack_sample,
-            utility_sample=settings.utility_sample, utility_inconclusive=settings.utility_inconclusive,
-            folds=settings.cv_folds, repeats=args.repeats if args.repeats is not None else settings.cv_repeats,
-            n_components=settings.pca_components, seed=args.seed if args.seed is not None else settings.seed or 0)
+        overrides = {"leak_threshold": args.leak_threshold, "deep_attack_sample": args.deep_sample,
+                     "repeats": args.repeats, "seed": args.seed}
+        gate = GateConfig.from_settings(settings, k=2, method="k-same",
+                                        **{name: v for name, v in overrides.items() if v is not None})
         if args.attackers:
             gate = replace(gate, attackers=tuple(args.attackers))
         cfg = StudyConfig(ks=args.k, sigmas=args.sigma, blocks=args.block, gate=gate,

@@ -18,7 +18,7 @@ from sklearn.base import BaseEstimator
 from sklearn.decomposition import PCA
 from threadpoolctl import threadpool_limits
 
-from deid.errors import ConfigError
+from deid.errors import ConfigError, DataError
 from deid.evaluation.scoring import _joint_codes
 
 logger = logging.getLogger(__name__)
@@ -273,7 +273,7 @@ class _GramPCA:
         w, v = w[order], v[:, order]
         keep = int(np.count_nonzero(w > _MIN_RELATIVE_VARIANCE * w[0])) if w[0] > 0 else 0
         if keep == 0:
-            raise ConfigError("gallery images are all identical; there is nothing to recognise")
+            raise DataError("gallery images are all identical; there is nothing to recognise")
         w, v = w[:keep], v[:, :keep]
         self.components_ = (v.T @ xc) / np.sqrt(w)[:, None]
         self.explained_variance_ = w / (len(g) - 1)
@@ -303,7 +303,7 @@ def _sklearn_pca(g: np.ndarray, use: int, *, whiten: bool) -> PCA:
     ev = pca.explained_variance_
     keep = int(np.count_nonzero(ev > _MIN_RELATIVE_VARIANCE * ev[0])) if ev[0] > 0 else 0
     if keep == 0:
-        raise ConfigError("gallery images are all identical; there is nothing to recognise")
+        raise DataError("gallery images are all identical; there is nothing to recognise")
     if keep < use:
         pca = PCA(n_components=keep, whiten=whiten, random_state=0).fit(g)
     return pca

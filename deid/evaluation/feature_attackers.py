@@ -20,7 +20,7 @@ import numpy as np
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.linear_model import LogisticRegression
 
-from deid.errors import ConfigError
+from deid.errors import ConfigError, DataError
 from deid.evaluation.attackers import _GalleryAttacker, _sq_dist
 
 logger = logging.getLogger(__name__)
@@ -110,7 +110,7 @@ class IdentityClassifierAttacker(_GalleryAttacker):
                               f"{self.min_records} records; every person is a class")
             keep = np.ones(len(codes), dtype=bool)
         if len(np.unique(codes[keep])) < 2:
-            raise ConfigError("the gallery holds one person; an identity classifier needs at least 2")
+            raise DataError("the gallery holds one person; an identity classifier needs at least 2")
         self.mean_ = g.mean(axis=0)
         sd = g.std(axis=0)
         self.scale_ = np.where(sd > 1e-12 * max(float(sd.max()), 1.0), sd, 1.0)

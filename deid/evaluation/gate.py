@@ -84,6 +84,24 @@ class GateConfig:
         if not 0 < self.feature_near_copy_ratio < 1:
             raise ConfigError(f"feature_near_copy_ratio={self.feature_near_copy_ratio!r} must be in (0, 1); e.g. 0.2")
 
+    @classmethod
+    def from_settings(cls, settings: Any, *, k: int, method: str, labels: Sequence[str] = (),
+                      **overrides: Any) -> GateConfig:
+        """The gate the settings configure: each :data:`GATE_SETTINGS` field from its setting, then ``overrides``."""
+        values = {name: getattr(settings, setting) for name, setting in GATE_SETTINGS.items()}
+        values["seed"] = values["seed"] or 0  # an unset seed (None: OS randomness elsewhere) is 0 for the gate
+        return cls(k=k, method=method, labels=tuple(labels), **{**values, **overrides})
+
+
+# The one place that says which GateConfig field comes from which setting (deid.settings.Settings,
+# DEID_<SETTING>); the run configuration, the feature path and the study all build the gate from it.
+GATE_SETTINGS: dict[str, str] = {
+    "tolerance": "utility_tolerance", "confidence": "gate_confidence",
+    "max_quarantine_fraction": "max_quarantine_fraction", "leak_threshold": "leak_threshold",
+    "attack_sample": "attack_sample", "deep_attack_sample": "deep_attack_sample",
+    "utility_sample": "utility_sample", "utility_inconclusive": "utility_inconclusive",
+    "folds": "cv_folds", "repeats": "cv_repeats", "n_components": "pca_components", "seed": "seed"}
+
 
 class _NoOne:
     """The person of a counterfeit row: equal to nobody but itself, so naming anyone for it is wrong."""

@@ -34,7 +34,7 @@ import cv2
 import numpy as np
 from sklearn.base import BaseEstimator
 
-from deid.errors import ConfigError
+from deid.errors import ConfigError, EnvironmentFailure
 from deid.neighbours import distance_blocks
 
 logger = logging.getLogger(__name__)
@@ -109,7 +109,7 @@ def _dlib_model(kind: str) -> Any:
         import dlib  # noqa: PLC0415 - optional heavy import, only when a model is used
         import face_recognition_models as frm  # noqa: PLC0415
     except ImportError as exc:  # pragma: no cover - both are pinned dependencies
-        raise ConfigError(
+        raise EnvironmentFailure(
             f"the dlib recogniser needs the pinned packages dlib-bin and face-recognition-models ({exc}); "
             "install the project's dependencies (pip install -e .)"
         ) from None

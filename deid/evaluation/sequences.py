@@ -6,7 +6,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from deid.errors import ConfigError
+from deid.errors import ConfigError, DataError
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def identity_spread(features: np.ndarray, sequences: Sequence[Hashable | None],
     idx = {key: np.array([i for i, s in enumerate(sequences) if s == key]) for key in keys}
     owner = {key: people[int(idx[key][0])] for key in keys}
     if len(set(owner.values())) < 2:
-        raise ConfigError("identity_spread needs the sequences of at least two identities")
+        raise DataError("identity_spread needs the sequences of at least two identities")
     cent = np.stack([F[idx[key]].mean(axis=0) for key in keys])
     within = float(np.mean([np.sqrt(((F[idx[key]] - cent[j]) ** 2).sum(axis=1).mean()) for j, key in enumerate(keys)]))
     d = np.sqrt(((cent[:, None, :] - cent[None, :, :]) ** 2).sum(axis=2))
@@ -80,7 +80,7 @@ def label_agreement(source: np.ndarray, released: np.ndarray, labels: Sequence[H
     test_people = set(rng.permutation(who)[: len(who) // 2].tolist())
     test = np.array([q in test_people for q in p])
     if test.all() or not test.any() or len(set(y[~test])) < 2:
-        raise ConfigError("label_agreement needs at least two people and two label values among the training people")
+        raise DataError("label_agreement needs at least two people and two label values among the training people")
     clf = make_pipeline(Eigenfaces(n_components, random_state=seed), LogisticRegression(max_iter=2000))
     clf.fit(np.asarray(source)[~test], y[~test])
     on_source = clf.predict(np.asarray(source)[test])

@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 
 from deid.evaluation.checks import Check
-from deid.errors import ConfigError
+from deid.errors import ConfigError, DataError
 from deid.evaluation.gate import GateConfig, GateInputs, GateResult, evaluate
 
 logger = logging.getLogger(__name__)
@@ -97,10 +97,10 @@ def load_aligned(drop_dir: str | Path, workdir: str | Path, *, labels: list[str]
     people = np.asarray([meta["subject_id"][i] for i in take], dtype=object)
     labs = {n: np.asarray([meta[n][i] for i in take], dtype=object) for n in drop.labels}
     w, h = params["size"]
-    n_bad = len(drop.quarantined) + len(res.quarantined) + len(out["quarantined"])
+    n_bad = len(drop.quarantined) + len(res.quarantined) + len(out.quarantined)
     logger.info("study: %d faces aligned, %d quarantined, in %.1f s", len(ids), n_bad, time.perf_counter() - t0)
     if len(ids) == 0:
-        raise ConfigError(f"no face of drop {drop_dir} could be aligned ({n_bad} quarantined); check the drop")
+        raise DataError(f"no face of drop {drop_dir} could be aligned ({n_bad} quarantined); check the drop")
     np.savez(cache, key=np.array(key), pixels=pixels, people=people.astype(str), shape=np.array([h, w]),
              label_names=np.array(drop.labels), **{f"label_{n}": labs[n].astype(str) for n in drop.labels})
     return pixels, people, labs, (h, w)
@@ -254,7 +254,7 @@ def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray
     names = list(cfg.labels) if cfg.labels else list(labels)
     missing = [x for x in names if x not in labels]
     if missing:
-        raise ConfigError(f"labels {missing} are not in the drop's labels {sorted(labels)}")
+        raise DataError(f"labels {missing} are not in the drop's labels {sorted(labels)}")
     if isinstance(cfg.workers, bool) or not isinstance(cfg.workers, int) or cfg.workers < 1:
         raise ConfigError(f"workers={cfg.workers!r} must be an integer >= 1 (processes studying points in parallel)")
     pixels = np.asarray(pixels)

@@ -29,7 +29,7 @@ from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC
 from threadpoolctl import threadpool_limits
 
-from deid.errors import ConfigError
+from deid.errors import ConfigError, DataError
 from deid.anonymise.ksame import InsufficientPeopleError
 from deid.progress import Progress, track
 from deid.memo import Memo, digest, key_for, key_for_size, plain
@@ -110,7 +110,7 @@ def _codes(values: Sequence[Hashable], name: str, n: int) -> np.ndarray:
         if isinstance(v, np.generic):
             v = v.item()
         if v is None or (isinstance(v, float) and np.isnan(v)):
-            raise ConfigError(f"{name}[{i}] is missing; drop or quarantine rows without a {name} value first")
+            raise DataError(f"{name}[{i}] is missing; drop or quarantine rows without a {name} value first")
         out[i] = mapping.setdefault(v, len(mapping))
     return out
 
@@ -135,7 +135,7 @@ def grouped_splits(y: Sequence[Hashable], *, groups: Sequence[Hashable], folds: 
     n_groups = int(g_codes.max()) + 1 if n else 0
     _check_folds(folds)
     if n_groups < 2:
-        raise ConfigError(f"groups has {n_groups} distinct value(s); grouped cross-validation needs at least 2 groups")
+        raise DataError(f"groups has {n_groups} distinct value(s); grouped cross-validation needs at least 2 groups")
     notes = []
     n_splits = int(folds)
     if n_groups < n_splits:

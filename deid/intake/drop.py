@@ -155,6 +155,14 @@ def _read_drop_text(root: Path, name: str) -> bytes | None:
         raise DropError(f"{root / name}: {exc.message}; it must be a regular file inside the drop") from None
 
 
+def _yaml_problem(exc: Exception) -> str:
+    """A YAML parser error in one line (PyYAML's spans several, with a caret under the bad character)."""
+    mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
+    if mark is not None and problem:
+        return f"{problem} at line {mark.line + 1}, column {mark.column + 1}"
+    return " ".join(str(exc).split())
+
+
 def _read_yaml(root: Path) -> dict:
     path = root / DROP_YAML
     raw = _read_drop_text(root, DROP_YAML)
@@ -163,7 +171,7 @@ def _read_yaml(root: Path) -> dict:
     try:
         data = yaml.safe_load(raw.decode("utf-8-sig")) or {}
     except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise DropError(f"{path}: drop.yaml is not valid YAML ({exc}); fix or remove it") from exc
+        raise DropError(f"{path}: drop.yaml is not valid YAML ({_yaml_problem(exc)}); fix or remove it") from exc
     if not isinstance(data, dict):
         raise DropError(f"{path}: drop.yaml must be a mapping with 'name' and 'labels'; got {type(data).__name__}")
     return data

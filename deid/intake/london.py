@@ -79,7 +79,7 @@ def import_london(src: str | os.PathLike, drop_dir: str | os.PathLike, *, name: 
     if missing:
         raise DropError(f"{src} is not the London set's layout: missing {', '.join(str(m) for m in missing)}")
     if drop.exists() and (not drop.is_dir() or any(drop.iterdir())):
-        raise DropError(f"drop directory {drop} exists and is not empty; choose a new directory")
+        raise ConfigError(f"drop directory {drop} exists and is not empty; choose a new directory")
     with open(info_path, newline="", encoding="utf-8-sig") as fh:
         reader = csv.DictReader(fh)
         need = {"face_id", "face_gender"}

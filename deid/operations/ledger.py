@@ -30,7 +30,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from deid.intake.drop import DROP_YAML, MANIFEST, READY
 from deid.intake.features import run_kind
-from deid.errors import ConfigError, DropError, EnvironmentFailure
+from deid.errors import ConfigError, DropError, EnvironmentFailure, StateError
 from deid.reporting.report import hash_file, scan_tree
 
 log = logging.getLogger(__name__)
@@ -235,7 +235,7 @@ class _PostgresStore:
             from psycopg import errors  # noqa: PLC0415
             from psycopg.rows import dict_row  # noqa: PLC0415
         except ImportError as exc:  # pragma: no cover - psycopg is a pinned dependency
-            raise ConfigError("DEID_DATABASE_URL is set but the PostgreSQL driver is missing; "
+            raise EnvironmentFailure("DEID_DATABASE_URL is set but the PostgreSQL driver is missing; "
                               "pip install 'psycopg[binary]==3.3.9' (a deid dependency)") from exc
         self._psycopg = psycopg
         self._dict_row = dict_row
@@ -413,7 +413,7 @@ class Ledger:
         def op(db: _Query) -> Entry:
             entry = self._get(db, fingerprint)
             if entry is None or entry.status != RUNNING or entry.claimed_by != by:
-                raise ConfigError(f"fingerprint {fingerprint} is not running under claim {by!r} "
+                raise StateError(f"fingerprint {fingerprint} is not running under claim {by!r} "
                                   f"(ledger has {entry}); claim it first")
             cols = ", ".join(f"{k}=?" for k in fields)
             db.run(f"UPDATE drops SET {cols}, updated=? WHERE fingerprint=?",  # noqa: S608 - column names are ours

@@ -29,7 +29,6 @@ from deid.evaluation.checks import Check
 from deid.contracts import (
     LINEAGE_PARTITION,
     Aligned,
-    ClusterInfo,
     Deidentified,
     Featurized,
     Ingested,
@@ -156,13 +155,13 @@ def align(ingested: Ingested, layout: StagingLayout, config: RunConfig, executor
                   aligner_params=params) for g in range(ingested.row_groups)]
     progress = Progress("align", logger=lg).start(ingested.staged)
     results = executor.map(stages.align_batch, calls,
-                           on_done=lambda res: progress.advance(res["aligned"] + len(res["quarantined"])))
+                           on_done=lambda res: progress.advance(res.aligned + len(res.quarantined)))
     progress.finish()
-    parts = tuple(sorted(Path(r["path"]) for r in results))
+    parts = tuple(sorted(Path(r.path) for r in results))
     sources = Counter()
     for r in results:
-        sources.update(r["eye_sources"])
-    quarantined = tuple(q for r in results for q in r["quarantined"])
+        sources.update(r.eye_sources)
+    quarantined = tuple(q for r in results for q in r.quarantined)
     lg.info(f"align: {sum(sources.values())} aligned ({dict(sources)}), {len(quarantined)} quarantined")
     w, h = config.aligner.size
     validation = validate_aligned([str(p) for p in parts], pixel_bytes=int(w) * int(h)) if parts else None
@@ -319,11 +318,11 @@ def deidentify(partitioned: Partitioned, labels: Sequence[str], layout: StagingL
                   labels=list(labels), color_dir=color_dir, block_size=config.ksame_block_size,
                   map_blocks=map_on_cluster) for p in partitioned.partitions]
     progress = Progress("deidentify", logger=lg).start(sum(p.records for p in partitioned.partitions))
-    results = executor.map(stages.deidentify_partition, calls, on_done=lambda r: progress.advance(r["records"]))
+    results = executor.map(stages.deidentify_partition, calls, on_done=lambda r: progress.advance(r.records))
     progress.finish()
-    clusters = tuple(ClusterInfo(**c) for r in results for c in r["clusters"])
-    lg.info(f"deidentify: {sum(r['records'] for r in results)} records in {len(clusters)} clusters")
-    return Deidentified(parts=tuple(Path(r["path"]) for r in results), clusters=clusters)
+    clusters = tuple(c for r in results for c in r.clusters)
+    lg.info(f"deidentify: {sum(r.records for r in results)} records in {len(clusters)} clusters")
+    return Deidentified(parts=tuple(Path(r.path) for r in results), clusters=clusters)
 
 
 # --------------------------------------------------------------------------- release lineage (deid.release.lineage)
@@ -374,8 +373,8 @@ def apply_lineage(partitioned: Partitioned, deidentified: Deidentified, aligned:
     if lin.returning_dir is not None:
         part = stages.write_lineage_part(str(lin.returning_dir), str(layout.deidentified_part(lin.returning_dir)),
                                          rel, lin.state, ids)
-        out = Deidentified(parts=(*deidentified.parts, Path(part["path"])),
-                           clusters=(*deidentified.clusters, *(ClusterInfo(**c) for c in part["clusters"])))
+        out = Deidentified(parts=(*deidentified.parts, Path(part.path)),
+                           clusters=(*deidentified.clusters, *part.clusters))
     (logger or log).info(f"lineage-release: {dict(rel.counts)}")
     checks = lineage_checks(lin, rel, aligned, logger=logger)
     return LineageApplied(release=rel, state=lin.state, deidentified=out, checks=checks,
@@ -533,9 +532,9 @@ def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig
     if deidentified.parts:
         rec = stages.gate_records(str(partitioned.root), [str(p) for p in deidentified.parts], labels=list(labels),
                                   select=config.select(labels), partition_keys=partitioned.gate_keys)
-        inputs = GateInputs(shape=shape, people=rec["people"], image_index=rec["image_index"],
-                            own_distance=rec["own_distance"], fetch=rec["fetch"], clusters=rec["clusters"],
-                            partitions=rec["partitions"], labels=rec["labels"], **common)
+        inputs = GateInputs(shape=shape, people=rec.people, image_index=rec.image_index,
+                            own_distance=rec.own_distance, fetch=rec.fetch, clusters=rec.clusters,
+                            partitions=rec.partitions, labels=rec.labels, **common)
     else:
         inputs = GateInputs.empty(shape=shape, **common)
     result = evaluate(inputs, gconfig)

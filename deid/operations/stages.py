@@ -9,7 +9,9 @@ from __future__ import annotations
 import logging
 import os
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +22,7 @@ import pyarrow.parquet as pq
 from deid.alignment.eyes import EyePair, HaarEyeDetector
 from deid.alignment.canonical import FaceAligner
 from deid.alignment.align import align_records
-from deid.contracts import LINEAGE_PARTITION, StagingLayout
+from deid.contracts import LINEAGE_PARTITION, ClusterInfo, StagingLayout
 from deid.errors import ConfigError, Quarantined, StateError
 from deid.alignment.features import Eigenfaces
 from deid.anonymise.identity import PeopleResolution, resolve_people
@@ -32,6 +34,39 @@ from deid.anonymise.methods import deidentify as deidentify_images
 from deid.schemas import arrow as schemas
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class AlignedBatch:
+    """What one align task returns: its aligned part, how many faces it holds, what it quarantined."""
+
+    path: str
+    aligned: int
+    quarantined: tuple[Quarantined, ...]
+    eye_sources: Mapping[str, int]  # eye source (detector, manifest, ...) -> aligned faces
+
+
+@dataclass(frozen=True)
+class DeidentifiedPart:
+    """What one de-identification task returns: its part and the cluster summary (sizes, distinct people)."""
+
+    path: str
+    records: int
+    clusters: tuple[ClusterInfo, ...]
+
+
+@dataclass(frozen=True)
+class GateRecords:
+    """The per-record facts the gate needs (:func:`gate_records`), as :class:`~deid.evaluation.gate.GateInputs` takes them."""
+
+    record_ids: list[str]
+    people: np.ndarray
+    clusters: np.ndarray
+    partitions: np.ndarray
+    labels: dict[str, np.ndarray]
+    image_index: np.ndarray
+    own_distance: np.ndarray
+    fetch: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
 def _write_atomic(table: pa.Table, path: Path) -> None:
@@ -54,7 +89,7 @@ def make_aligner(params: dict) -> FaceAligner:
 
 
 def align_batch(ingested_path: str, row_groups: list[int], out_path: str, aligner_params: dict,
-                exclude: list[str] = ()) -> dict:
+                exclude: list[str] = ()) -> AlignedBatch:
     """Align the faces of some row groups of the ingested table; return counts and quarantine records."""
     pf = pq.ParquetFile(ingested_path)
     points = "points" in pf.schema_arrow.names  # landmarks go to canonical pixels with their face
@@ -95,12 +130,8 @@ def align_batch(ingested_path: str, row_groups: list[int], out_path: str, aligne
         schema=schemas.aligned(points=points),
     )
     _write_atomic(out, Path(out_path))
-    return {
-        "path": out_path,
-        "aligned": len(ok),
-        "quarantined": list(bad),
-        "eye_sources": {s: sum(r["eye_source"] == s for r in ok) for s in {r["eye_source"] for r in ok}},
-    }
+    return AlignedBatch(path=out_path, aligned=len(ok), quarantined=tuple(bad),
+                        eye_sources={s: sum(r["eye_source"] == s for r in ok) for s in {r["eye_source"] for r in ok}})
 
 
 def color_part(aligned_part: str | Path) -> Path:
@@ -159,7 +190,8 @@ def project_part(aligned_path: str, model: Eigenfaces, out_path: str) -> int:
 def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: str = "k-same-select",
                          shape: tuple[int, int] | None = None, sigma: float | None = None,
                          block: int | None = None, labels: tuple[str, ...] | list[str] = (),
-                         color_dir: str | None = None, block_size: int | None = 2000, map_blocks=None) -> dict:
+                         color_dir: str | None = None, block_size: int | None = 2000,
+                         map_blocks=None) -> DeidentifiedPart:
     """De-identify one partition: k-Same (k-Same-Select = this, once per label partition).
 
     ``k-same-naive`` counts images instead of people (Newton et al.'s formulation, for
@@ -221,8 +253,8 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     summary = []
     for c, name in enumerate(names):
         members = labels_ == c
-        summary.append({"cluster": name, "size": int(members.sum()), "people": int(len(set(people[members])))})
-    return {"path": out_path, "records": len(ids), "clusters": summary}
+        summary.append(ClusterInfo(cluster=name, size=int(members.sum()), people=int(len(set(people[members])))))
+    return DeidentifiedPart(path=out_path, records=len(ids), clusters=tuple(summary))
 
 
 def _cluster_colour_means(color_dir: str, ids: list[str], labels_: np.ndarray) -> np.ndarray:
@@ -280,7 +312,7 @@ def _paired_batches(partition_dir: str, deid_path: str, columns: list[str], batc
         head, rest = o.slice(0, need), o.slice(need)
         o_buf = rest.to_batches() if rest.num_rows else []
         if head.column("record_id").to_pylist() != r.column("record_id").to_pylist():
-            raise RuntimeError(f"gate: {deid_path} and {partition_dir} do not list the same records in the same order")
+            raise StateError(f"gate: {deid_path} and {partition_dir} do not list the same records in the same order")
         yield head, r
 
 
@@ -296,21 +328,21 @@ def _pixels(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     if n == 0:
         return np.zeros((0, 0), np.uint8)
     if arr.null_count:
-        raise ValueError("pixel column holds nulls; every staged face must have pixels")
+        raise StateError("pixel column holds nulls; every staged face must have pixels")
     wide = pa.types.is_large_binary(arr.type)
     offsets = np.frombuffer(arr.buffers()[1], np.int64 if wide else np.int32)[arr.offset: arr.offset + n + 1]
     width = int(offsets[1] - offsets[0])
     if width == 0 or np.any(np.diff(offsets) != width):
-        raise ValueError("pixel rows differ in length; every staged face must have the canonical size")
+        raise StateError("pixel rows differ in length; every staged face must have the canonical size")
     data = np.frombuffer(arr.buffers()[2], np.uint8)
     return data[int(offsets[0]): int(offsets[-1])].reshape(n, width)
 
 
 def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[str], batch_rows: int = 4096,
-                 select: bool = False, partition_keys: dict[tuple[str, ...], str] | None = None) -> dict:
+                 select: bool = False, partition_keys: dict[tuple[str, ...], str] | None = None) -> GateRecords:
     """Per-record facts the gate needs, streamed: memory holds metadata, never all pixels.
 
-    Returns plain arrays for :class:`deid.evaluation.gate.GateInputs`: ``record_ids``, ``people`` (the
+    Returns :class:`GateRecords` for :class:`deid.evaluation.gate.GateInputs`: ``record_ids``, ``people`` (the
     effective person the partition stage resolved, see :func:`resolve_identities`),
     ``clusters``, ``partitions``, ``labels`` (name -> values), ``image_index`` (index of the
     record's released image among the distinct ones, by content hash) and ``own_distance``
@@ -381,16 +413,16 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
         memo[key] = out
         return out
 
-    return {
-        "record_ids": ids,
-        "people": np.asarray(people, dtype=object),
-        "clusters": np.asarray(clusters, dtype=object),
-        "partitions": np.asarray(partitions, dtype=object),
-        "labels": {x: np.asarray(v, dtype=object) for x, v in label_values.items()},
-        "image_index": np.asarray(image_index, dtype=np.int64),
-        "own_distance": np.concatenate(own) if own else np.zeros(0),
-        "fetch": fetch,
-    }
+    return GateRecords(
+        record_ids=ids,
+        people=np.asarray(people, dtype=object),
+        clusters=np.asarray(clusters, dtype=object),
+        partitions=np.asarray(partitions, dtype=object),
+        labels={x: np.asarray(v, dtype=object) for x, v in label_values.items()},
+        image_index=np.asarray(image_index, dtype=np.int64),
+        own_distance=np.concatenate(own) if own else np.zeros(0),
+        fetch=fetch,
+    )
 
 
 def _lineage_partition_key(root: Path, labels: list[str], select: bool,
@@ -430,7 +462,7 @@ def resolve_identities(faces: pa.Table, *, policy: str = "merge", embeddings: np
     record involved in a face match across ids instead of merging them.
     """
     if policy not in ("merge", "quarantine"):
-        raise ValueError(f"duplicate_ids={policy!r} must be 'merge' or 'quarantine'")
+        raise ConfigError(f"duplicate_ids={policy!r} must be 'merge' or 'quarantine'")
     X = np.asarray(faces.column("features").to_pylist(), dtype=np.float64) if faces.num_rows else None
     res = resolve_people(faces.column("subject_id").to_pylist(), X, embeddings=embeddings)
     people = pa.array(list(res.person), pa.string())
@@ -486,7 +518,7 @@ def lineage_new_labels(plan, record_ids: list[str], deid_paths: list[str]) -> tu
     return labels_, images
 
 
-def write_lineage_part(partition_dir: str, out_path: str, release, state, record_ids: list[str]) -> dict:
+def write_lineage_part(partition_dir: str, out_path: str, release, state, record_ids: list[str]) -> DeidentifiedPart:
     """The de-identified part of the returning people: each record carries its registered stored average.
 
     Written in the order of the ``partition=lineage`` dataset, like every de-identified part, so
@@ -504,8 +536,8 @@ def write_lineage_part(partition_dir: str, out_path: str, release, state, record
     summary = []
     for c in sorted(set(clusters)):
         members = [p for p, x in zip(people, clusters) if x == c]
-        summary.append({"cluster": c, "size": len(members), "people": len(set(members))})
-    return {"path": out_path, "records": len(ids), "clusters": summary}
+        summary.append(ClusterInfo(cluster=c, size=len(members), people=len(set(members))))
+    return DeidentifiedPart(path=out_path, records=len(ids), clusters=tuple(summary))
 
 
 def counterfeit_rows(release, state, labels: list[str], present: dict[str, list[dict]],

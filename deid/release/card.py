@@ -23,7 +23,7 @@ import yaml
 
 from deid.release.catalogue import KeyFigures, key_figures
 from deid.intake.drop import DEFAULT_LICENSE
-from deid.errors import ConfigError
+from deid.errors import ConfigError, DataError
 from deid.reporting.html_report import strip_urls
 
 CARD_NAME = "README.md"
@@ -289,13 +289,13 @@ def write_card(release_dir: str | os.PathLike, card: DatasetCard) -> Path:
 
 
 def split_card(text: str) -> tuple[dict[str, Any], str]:
-    """(YAML header, Markdown body) of a card; raises ConfigError when the header is missing or not a mapping."""
+    """(YAML header, Markdown body) of a card; raises DataError when the header is missing or not a mapping."""
     if not text.startswith("---\n"):
-        raise ConfigError("the card does not start with a '---' YAML header")
+        raise DataError("the card does not start with a '---' YAML header")
     end = text.find("\n---\n", 4)
     if end < 0:
-        raise ConfigError("the card's YAML header has no closing '---'")
+        raise DataError("the card's YAML header has no closing '---'")
     header = yaml.safe_load(text[4:end])
     if not isinstance(header, dict):
-        raise ConfigError(f"the card's YAML header is a {type(header).__name__}, not a mapping")
+        raise DataError(f"the card's YAML header is a {type(header).__name__}, not a mapping")
     return header, text[end + 5:]

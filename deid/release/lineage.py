@@ -46,7 +46,7 @@ import numpy as np
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from deid.errors import ConfigError, DeidError
+from deid.errors import ConfigError, StateError
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ BELOW_K = "registered_cluster_below_k"
 RETIRED = "release_once"
 
 
-class LineageError(DeidError):
+class LineageError(StateError):
     """A lineage registry that is corrupt, tampered with, or inconsistent with the release asked for."""
 
 

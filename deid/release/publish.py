@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deid.errors import ConfigError, StateError
+from deid.errors import ConfigError, DataError, StateError
 from deid.operations.safety import fault_enospc
 from deid.schemas import arrow as schemas
 
@@ -138,7 +138,7 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], 
         raise ValueError(f"record_ids has {len(record_ids)} entries but images has {len(images)}; pass one id per image")
     clash = sorted(set(labels) & set(_RESERVED))
     if clash:
-        raise ConfigError(f"labels {clash} clash with the release columns {list(_RESERVED)}; rename those label "
+        raise DataError(f"labels {clash} clash with the release columns {list(_RESERVED)}; rename those label "
                           "columns in the manifest")
     n = len(images)
     seq_of = _sequence_ids(sequences, frames, n)
@@ -199,7 +199,7 @@ def _sequence_ids(sequences: list | None, frames: list | None, n: int) -> list[t
     out: list[tuple[str | None, int | None]] = [(None, None)] * n
     for key, items in members.items():
         if len({f for f, _ in items}) != len(items):
-            raise ConfigError("a sequence lists one frame number twice; frames must be unique within a sequence")
+            raise DataError("a sequence lists one frame number twice; frames must be unique within a sequence")
         sid = "q-" + secrets.token_hex(6)
         for rank, (_, i) in enumerate(sorted(items)):
             out[i] = (sid, rank)

@@ -13,7 +13,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from deid.errors import ConfigError
+from deid.errors import ConfigError, StateError
 from deid.release.keyfiles import check_private_key_file
 
 logger = logging.getLogger(__name__)
@@ -229,7 +229,7 @@ def ensure_signing_key(
         if public_path.exists():
             on_disk = load_public_key(public_path)
             if not _same_public(on_disk, public_key):
-                raise ConfigError(
+                raise StateError(
                     f"public key {public_path} does not belong to signing key {path}; "
                     "remove or replace the stale .pub.pem (verifiers would reject every report)"
                 )
@@ -245,7 +245,7 @@ def ensure_signing_key(
     public_path = public_path_for(path)
     if not path.exists():
         if public_path.exists():
-            raise ConfigError(
+            raise StateError(
                 f"{public_path} exists without its private key {path}; remove it so a fresh development key can be made"
             )
         write_keypair(keys_dir, name=DEV_KEY_NAME)
@@ -260,7 +260,7 @@ def ensure_signing_key(
     public_key = private_key.public_key()
     if public_path.exists():
         if not _same_public(load_public_key(public_path), public_key):
-            raise ConfigError(f"public key {public_path} does not belong to development key {path}; delete both to regenerate")
+            raise StateError(f"public key {public_path} does not belong to development key {path}; delete both to regenerate")
     else:
         public_pem = public_key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
         _write_new_file(public_path, public_pem, 0o644)

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deid.errors import ConfigError
+from deid.errors import ConfigError, DataError
 from deid.operations.safety import fault_enospc
 from deid.release.publish import METADATA_CSV, RELEASE_TABLE, StagedRelease, _write_csv
 from deid.schemas import arrow as schemas
@@ -47,7 +47,7 @@ def stage_vector_release(tmp_dir: Path, *, vectors: np.ndarray, clusters: list[s
         raise ConfigError(f"clusters ({len(clusters)}) and record_ids must have one entry per vector ({n})")
     clash = sorted(set(labels) & set(_RESERVED))
     if clash:
-        raise ConfigError(f"labels {clash} clash with the release columns {list(_RESERVED)}; rename those label "
+        raise DataError(f"labels {clash} clash with the release columns {list(_RESERVED)}; rename those label "
                           "columns in the feature table")
     tmp_dir.mkdir(parents=True)
     order = list(range(n))

@@ -9,7 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from deid.errors import ConfigError, VerificationError
+from deid.errors import (
+    BadSignature,
+    ConfigError,
+    HashMismatch,
+    MissingFile,
+    UnlistedFile,
+    VerificationError,
+    WrongKey,
+)
 from deid.reporting.report import REPORT_NAME, SIGNATURE_NAME, hash_file, report_problems, scan_tree
 from deid.operations.safety import ADDENDUM_NAME, ADDENDUM_SIG_NAME
 from deid.release.signing import SIGNATURE_BYTES, canonical_json, load_public_key, public_key_fingerprint, verify_bytes
@@ -23,12 +31,22 @@ INTEGRITY_ONLY_NOTE = "integrity only: no --public-key given, signature not veri
 
 @dataclass
 class VerifyResult:
-    """Outcome of :func:`verify_report`; ``ok`` only when ``problems`` is empty."""
+    """Outcome of :func:`verify_report`; ``ok`` only when ``failures`` is empty.
+
+    Each failure is a typed :class:`~deid.errors.VerificationError` (``BadSignature``, ``WrongKey``,
+    ``MissingFile``, ``HashMismatch``, ``UnlistedFile``, or the base class for any other problem):
+    callers choose by type, never by message text.
+    """
 
     ok: bool
     authenticated: bool
-    problems: list[str] = field(default_factory=list)
+    failures: list[VerificationError] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def problems(self) -> list[str]:
+        """The failures' messages, one line each."""
+        return [str(f) for f in self.failures]
 
     def raise_for_problems(self) -> None:
         """Raise :class:`~deid.errors.VerificationError` listing the problems, if any."""
@@ -49,15 +67,15 @@ def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return d
 
 
-def _read_signature(path: Path, problems: list[str]) -> bytes | None:
+def _read_signature(path: Path, problems: list[VerificationError]) -> bytes | None:
     raw = path.read_bytes()
     try:
         sig = base64.b64decode(raw.strip(), validate=True)
     except (binascii.Error, ValueError):
-        problems.append(f"bad signature: {SIGNATURE_NAME} is not base64")
+        problems.append(BadSignature(f"bad signature: {SIGNATURE_NAME} is not base64"))
         return None
     if len(sig) != SIGNATURE_BYTES:
-        problems.append(f"bad signature: {SIGNATURE_NAME} holds {len(sig)} bytes, an Ed25519 signature has {SIGNATURE_BYTES}")
+        problems.append(BadSignature(f"bad signature: {SIGNATURE_NAME} holds {len(sig)} bytes, an Ed25519 signature has {SIGNATURE_BYTES}"))
         return None
     return sig
 
@@ -72,7 +90,7 @@ def _release_dir(report_dir: Path, report: dict[str, Any], release_dir: Path | N
     return report_dir.resolve().parent.parent / "data" / "releases" / str(report.get("release_id", "")), "default location"
 
 
-def _check_release(root: Path, artifacts: list[dict[str, Any]], problems: list[str], *,
+def _check_release(root: Path, artifacts: list[dict[str, Any]], problems: list[VerificationError], *,
                    where: str = "", ignore: frozenset[str] = frozenset(), what: str = "release directory") -> None:
     files, others = scan_tree(root)
     listed = set(ignore)
@@ -82,31 +100,31 @@ def _check_release(root: Path, artifacts: list[dict[str, Any]], problems: list[s
         listed.add(rel)
         p = root / rel
         if not p.resolve().is_relative_to(root_resolved):
-            problems.append(f"artifact path {rel} leaves the {what}")
+            problems.append(VerificationError(f"artifact path {rel} leaves the {what}"))
             continue
         if rel not in files:
             if p.is_symlink() or rel in others:
-                problems.append(f"not a regular file {rel}{where} (symlinks are not allowed in a {what})")
+                problems.append(VerificationError(f"not a regular file {rel}{where} (symlinks are not allowed in a {what})"))
             else:
-                problems.append(f"missing file {rel}{where}")
+                problems.append(MissingFile(f"missing file {rel}{where}"))
             continue
         sha, size = hash_file(files[rel])
         if size != a["bytes"]:
-            problems.append(f"hash mismatch {rel}{where}: {size} bytes, report lists {a['bytes']}")
+            problems.append(HashMismatch(f"hash mismatch {rel}{where}: {size} bytes, report lists {a['bytes']}"))
         elif sha != a["sha256"]:
-            problems.append(f"hash mismatch {rel}{where}: sha256 {sha}, report lists {a['sha256']}")
+            problems.append(HashMismatch(f"hash mismatch {rel}{where}: sha256 {sha}, report lists {a['sha256']}"))
     for rel in files:
         if rel not in listed:
-            problems.append(f"extra unlisted file {rel}{where}")
+            problems.append(UnlistedFile(f"extra unlisted file {rel}{where}"))
     for rel in others:
         if rel not in listed:
-            problems.append(f"extra unlisted file {rel}{where} (symlink or special file)")
+            problems.append(UnlistedFile(f"extra unlisted file {rel}{where} (symlink or special file)"))
 
 
 REPORT_DIR_SUFFIX = " (report directory)"
 
 
-def _check_report_files(report_dir: Path, report: dict[str, Any], problems: list[str], notes: list[str]) -> None:
+def _check_report_files(report_dir: Path, report: dict[str, Any], problems: list[VerificationError], notes: list[str]) -> None:
     if "report_files" not in report:
         notes.append("the report lists no report files (report.html, validation results): only report.json was checked")
         return
@@ -117,7 +135,7 @@ def _check_report_files(report_dir: Path, report: dict[str, Any], problems: list
         notes.append(f"report directory files verified: {len(report['report_files'])} listed")
 
 
-def _check_addendum(report_dir: Path, public_key: Path | None, problems: list[str], notes: list[str]) -> None:
+def _check_addendum(report_dir: Path, public_key: Path | None, problems: list[VerificationError], notes: list[str]) -> None:
     """A signed addendum (written when a publish failed after signing, or by recovery) is shown and checked."""
     path = report_dir / ADDENDUM_NAME
     if not path.is_file():
@@ -127,7 +145,7 @@ def _check_addendum(report_dir: Path, public_key: Path | None, problems: list[st
         add = json.loads(payload.decode("utf-8"))
         notes.append(f"addendum: {add.get('event')}: {add.get('detail')}")
     except (UnicodeDecodeError, ValueError):
-        problems.append(f"{ADDENDUM_NAME} is not valid JSON")
+        problems.append(VerificationError(f"{ADDENDUM_NAME} is not valid JSON"))
         return
     if public_key is None:
         return
@@ -136,10 +154,10 @@ def _check_addendum(report_dir: Path, public_key: Path | None, problems: list[st
         sig = base64.b64decode(sig_path.read_bytes().strip(), validate=True)
         key = load_public_key(Path(public_key))
     except (OSError, binascii.Error, ValueError, ConfigError):
-        problems.append(f"bad signature: {ADDENDUM_SIG_NAME} missing or unreadable")
+        problems.append(BadSignature(f"bad signature: {ADDENDUM_SIG_NAME} missing or unreadable"))
         return
     if not verify_bytes(payload, sig, key):
-        problems.append(f"bad signature: {ADDENDUM_SIG_NAME} does not match {ADDENDUM_NAME}")
+        problems.append(BadSignature(f"bad signature: {ADDENDUM_SIG_NAME} does not match {ADDENDUM_NAME}"))
 
 
 def verify_report(
@@ -155,35 +173,35 @@ def verify_report(
     verifier already trusts.
     """
     report_dir = Path(report_dir)
-    problems: list[str] = []
+    problems: list[VerificationError] = []
     notes: list[str] = []
     report_path = report_dir / REPORT_NAME
     sig_path = report_dir / SIGNATURE_NAME
 
     if not report_path.is_file():
-        problems.append(f"missing file {report_path}")
+        problems.append(MissingFile(f"missing file {report_path}"))
         if not sig_path.is_file():
-            problems.append(f"missing file {sig_path}")
-        return VerifyResult(ok=False, authenticated=False, problems=problems, notes=notes)
+            problems.append(MissingFile(f"missing file {sig_path}"))
+        return VerifyResult(ok=False, authenticated=False, failures=problems, notes=notes)
     payload = report_path.read_bytes()
     try:
         report = json.loads(
             payload.decode("utf-8"), parse_constant=_reject_constant, object_pairs_hook=_no_duplicate_keys
         )
     except (UnicodeDecodeError, ValueError) as exc:
-        problems.append(f"{REPORT_NAME} is not valid JSON: {exc}")
-        return VerifyResult(ok=False, authenticated=False, problems=problems, notes=notes)
+        problems.append(VerificationError(f"{REPORT_NAME} is not valid JSON: {exc}"))
+        return VerifyResult(ok=False, authenticated=False, failures=problems, notes=notes)
     if not isinstance(report, dict):
-        problems.append(f"{REPORT_NAME} is not a JSON object")
-        return VerifyResult(ok=False, authenticated=False, problems=problems, notes=notes)
+        problems.append(VerificationError(f"{REPORT_NAME} is not a JSON object"))
+        return VerifyResult(ok=False, authenticated=False, failures=problems, notes=notes)
     if canonical_json(report) != payload:
-        problems.append(f"{REPORT_NAME} is not in canonical form (it was reformatted or edited after signing)")
+        problems.append(VerificationError(f"{REPORT_NAME} is not in canonical form (it was reformatted or edited after signing)"))
     schema_problems = report_problems(report)
-    problems.extend(f"schema: {p}" for p in schema_problems)
+    problems.extend(VerificationError(f"schema: {p}") for p in schema_problems)
 
     signature: bytes | None = None
     if not sig_path.is_file():
-        problems.append(f"missing file {sig_path}")
+        problems.append(MissingFile(f"missing file {sig_path}"))
     else:
         signature = _read_signature(sig_path, problems)
 
@@ -194,13 +212,13 @@ def verify_report(
         try:
             key = load_public_key(Path(public_key))
         except ConfigError as exc:
-            problems.append(f"cannot load public key: {exc}")
+            problems.append(VerificationError(f"cannot load public key: {exc}"))
         else:
             given = public_key_fingerprint(key)
             signing = report.get("signing")
             claimed = signing.get("public_key_fingerprint") if isinstance(signing, dict) else None
             if claimed != given:
-                problems.append(f"wrong key: report names signer {claimed}, the given public key is {given}")
+                problems.append(WrongKey(f"wrong key: report names signer {claimed}, the given public key is {given}"))
             elif signature is not None:
                 if verify_bytes(payload, signature, key):
                     authenticated = True
@@ -208,7 +226,7 @@ def verify_report(
                     if signing.get("key_origin") == "development":
                         notes.append("signed with a development key: not for production releases")
                 else:
-                    problems.append(f"bad signature: {SIGNATURE_NAME} does not match {REPORT_NAME} under {given}")
+                    problems.append(BadSignature(f"bad signature: {SIGNATURE_NAME} does not match {REPORT_NAME} under {given}"))
 
     if schema_problems:
         notes.append("release and report files not checked: the report does not match its schema")
@@ -216,11 +234,11 @@ def verify_report(
         notes.append(f"verdict rejected ({'; '.join(report['reasons'])}): no release (release_dir null)")
         root, how = _release_dir(report_dir, report, release_dir)
         if root.exists() and any(root.iterdir() if root.is_dir() else [root]):
-            problems.append(f"release directory {root} ({how}) exists but the report's verdict is rejected")
+            problems.append(VerificationError(f"release directory {root} ({how}) exists but the report's verdict is rejected"))
     else:
         root, how = _release_dir(report_dir, report, release_dir)
         if not root.is_dir():
-            problems.append(f"release directory {root} ({how}) not found; pass release_dir=")
+            problems.append(VerificationError(f"release directory {root} ({how}) not found; pass release_dir="))
         else:
             notes.append(f"release directory {root} ({how})")
             _check_release(root, report["artifacts"], problems)
@@ -230,4 +248,4 @@ def verify_report(
 
     ok = not problems
     logger.info("verified %s: ok=%s authenticated=%s problems=%d", report_dir, ok, authenticated, len(problems))
-    return VerifyResult(ok=ok, authenticated=authenticated, problems=problems, notes=notes)
+    return VerifyResult(ok=ok, authenticated=authenticated, failures=problems, notes=notes)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 import jsonschema
 
-from deid.errors import REASONS, ConfigError
+from deid.errors import REASONS, ConfigError, StateError
 from deid.release.signing import SigningKey, canonical_json, sign_bytes
 
 logger = logging.getLogger(__name__)
@@ -379,10 +379,10 @@ def _hash_regular_files(root: Path, *, what: str, missing: str, special: str,
                         skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """``[{path, sha256, bytes}]`` of the files under ``root`` but ``skip``; ``what`` and the hints word the errors."""
     if not root.is_dir():
-        raise ConfigError(f"{what} {root} {missing}")
+        raise StateError(f"{what} {root} {missing}")
     files, others = scan_tree(root)
     if others:
-        raise ConfigError(f"{what} {root} contains symlinks or special files {others[:5]}; {special}")
+        raise StateError(f"{what} {root} contains symlinks or special files {others[:5]}; {special}")
     out = []
     for rel, p in files.items():
         if rel in skip:
@@ -549,10 +549,10 @@ def _count_problems(report: Mapping[str, Any]) -> list[str]:
 
 
 def validate_report(report: Mapping[str, Any]) -> None:
-    """Raise :class:`~deid.errors.ConfigError` listing every schema or consistency problem of ``report``."""
+    """Raise :class:`~deid.errors.StateError` listing every schema or consistency problem of ``report`` (built by the run: a bug)."""
     problems = report_problems(report)
     if problems:
-        raise ConfigError(
+        raise StateError(
             f"report does not match deid/schemas/{SCHEMA_NAME} ({len(problems)} problem(s)): "
             + "; ".join(problems[:20])
             + ("" if len(problems) <= 20 else f"; … and {len(problems) - 20} more")
