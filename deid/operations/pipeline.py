@@ -379,7 +379,7 @@ def apply_lineage(partitioned: Partitioned, deidentified: Deidentified, aligned:
     (logger or log).info(f"lineage-release: {dict(rel.counts)}")
     checks = lineage_checks(lin, rel, aligned, logger=logger)
     return LineageApplied(release=rel, state=lin.state, deidentified=out, checks=checks,
-                          republished=stages.republished_for_gate(rel, lin.state))
+                          republished=stages.republished_for_gate(rel, lin.state), record_ids=lin.record_ids)
 
 
 def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, logger: Logger | None = None) -> tuple[Check, ...]:
@@ -450,6 +450,9 @@ def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequen
     rows = dict(images=np.frombuffer(b"".join(rel.column(column).to_pylist()), np.uint8).reshape(rel.num_rows, -1),
                 shape=shape, clusters=rel.column("cluster").to_pylist(),
                 labels={x: rel.column(x).to_pylist() for x in labels}, record_ids=rel.column("record_id").to_pylist())
+    if lineage is not None and lineage.release.republished:
+        # Returning records carry their registered labels: the cluster's released label mix stays the registered one.
+        stages.registered_row_labels(lineage.release, lineage.state, list(lineage.record_ids), list(labels), rows)
     if lineage is not None and lineage.release.counts["counterfeit_records"]:
         if column == "color":
             raise ConfigError("DEID_COLOR=true cannot republish registered clusters yet (their stored averages are "
@@ -466,6 +469,25 @@ def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequen
             rows["labels"][x] += [f["labels"][x] for f in fakes]
         lg.info(f"stage: {len(fakes)} counterfeit records of republished clusters")
     return rows
+
+
+def _lineage_label_mix(lineage: LineageApplied, rows: dict, labels: Sequence[str],
+                       label_sets: dict[str, list[str]]) -> tuple[dict[str, list[str]], tuple[Check, ...]]:
+    """The gate's ``lineage_label_mix`` check on the would-be release's rows; the label values it may carry.
+
+    A republished cluster carries its registered labels, released before (so releasable) even when
+    the people holding a value are absent from this drop: those values join the releasable sets.
+    """
+    from deid.release.lineage_checks import check_label_mix  # noqa: PLC0415
+
+    keys = stages.lineage_row_keys(lineage.release, list(lineage.record_ids), rows)
+    republished = {r.key for r in lineage.release.republished}
+    extra = {x: {v for key, v in zip(keys, rows["labels"][x]) if key in republished} for x in labels}
+    sets = {x: sorted(set(label_sets[x]) | extra[x]) for x in labels}
+    check = check_label_mix(lineage.state, lineage.release,
+                            [(key, tuple(rows["labels"][x][j] for x in labels)) for j, key in enumerate(keys)
+                             if key is not None], list(labels))
+    return sets, (check.to_gate_check(),)
 
 
 def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout, config: RunConfig, *,
@@ -490,8 +512,11 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
     try:
         staged = stage_release(tmp, **rows)
         artifacts = tuple(Artifact(**a) for a in hash_tree(staged.path))
-        validation = validate_release(staged.path / RELEASE_TABLE, list(labels), k=config.k,
-                                      label_sets=releasable_label_sets(ingested.metadata, labels, config.k))
+        label_sets = releasable_label_sets(ingested.metadata, labels, config.k)
+        lineage_checks_ = ()
+        if lineage is not None:
+            label_sets, lineage_checks_ = _lineage_label_mix(lineage, rows, labels, label_sets)
+        validation = validate_release(staged.path / RELEASE_TABLE, list(labels), k=config.k, label_sets=label_sets)
         file_metadata = release_files_metadata(staged.path)
         key, key_path, origin = linkage_key(config)
         write_linkage(layout.linkage, build_linkage(staged.mapping, sources_from_ingested(ingested.metadata)), key,
@@ -503,7 +528,7 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
         lg.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", key_path)
     lg.info(f"stage: {staged.n_records} records staged for release in {tmp}")
     return Staged(dir=tmp, artifacts=artifacts, columns=tuple(staged.columns), records=staged.n_records,
-                  validation=validation, checks=(suite_check(validation),), file_metadata=file_metadata,
+                  validation=validation, checks=(suite_check(validation), *lineage_checks_), file_metadata=file_metadata,
                   linkage=layout.linkage)
 
 
