@@ -159,10 +159,10 @@ def check_label_mix(state: LineageState, release: LineageRelease,
     """``lineage_label_mix``: every released cluster carries its registered label multiset.
 
     ``rows`` is (lineage cluster key, released label values in ``label_names`` order) of every row of
-    the would-be release, counterfeits included. A republished cluster must carry exactly
-    :func:`~deid.release.lineage.label_mix` of its registered labels at its released size (the
-    registered multiset itself at the registered size), or a part of the registered multiset when it
-    is released with fewer rows (``absent="suppress"``): otherwise its label mix changes between
+    the would-be release, counterfeits included. A republished cluster must release the rows the
+    release says and carry exactly :func:`~deid.release.lineage.label_mix` of its registered labels
+    at that size (the registered multiset itself at the registered size), or a part of the registered
+    multiset when it is released with fewer rows (``absent="suppress"``): otherwise its label mix changes between
     releases and shows who is absent, or which labels they had. A new cluster must carry the labels
     this release registers for its members. Clusters registered before the registry kept labels
     cannot be checked: counted in the detail (they keep the earlier fallback labels).
@@ -170,24 +170,22 @@ def check_label_mix(state: LineageState, release: LineageRelease,
     got: dict[str, Counter] = defaultdict(Counter)
     for key, labels in rows:
         got[key][tuple(labels)] += 1
-    expect: dict[str, tuple[Counter, bool]] = {}   # key -> (registered multiset, exact)
+    expect: dict[str, tuple[Counter, int]] = {}   # key -> (labels it may carry, rows it releases)
     legacy = 0
     for c in release.new_clusters:
         reg = c.labels_for(label_names)
         if reg is not None:
-            expect[c.key] = (Counter(reg.values()), True)
+            expect[c.key] = (Counter(reg.values()), c.n_released)
     for r in release.republished:
         reg = state.clusters[r.key].labels_for(label_names)
         if reg is None:
             legacy += 1
             continue
-        n = sum(got[r.key].values())
-        expect[r.key] = ((Counter(label_mix(list(reg.values()), n)), True) if n >= len(reg)
-                         else (Counter(reg.values()), False))
+        expect[r.key] = (Counter(label_mix(list(reg.values()), max(r.n_released, len(reg)))), r.n_released)
     findings = []
-    for key, (want, exact) in sorted(expect.items()):
+    for key, (want, n_rows) in sorted(expect.items()):
         have = got.get(key, Counter())
-        ok = have == want if exact else not (have - want)
+        ok = sum(have.values()) == n_rows and not (have - want)
         if not ok:
             findings.append({"cluster": key, "released": sorted(have.elements()), "registered": sorted(want.elements())})
     if legacy:
