@@ -105,8 +105,9 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
     -------
     RunResult
         Released or rejected: both are results. Failures that are not a verdict raise
-        (:class:`~deid.errors.EnvironmentFailure` after signing a rejection naming the machine's
-        fault, :class:`~deid.errors.StateError`, ...), leaving nothing half-published.
+        (:class:`~deid.errors.EnvironmentFailure` and :class:`~deid.errors.StateError` after signing a
+        rejection naming the fault, unless a report was already signed; ...), leaving nothing
+        half-published.
     """
     signing = steps.preflight(config)  # before any work: the signing key loads, every location is writable
     recovered = steps.recover(config)
@@ -124,6 +125,13 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
         if not (run.report_dir / "report.json.sig").exists():  # never replace a signed report
             run.sign_rejection(f"environment failure (not a verdict on the data): {failure}", check="environment")
         raise failure from None
+    except StateError as exc:
+        # A refused registry, a lineage that moved on, a publish that failed after signing: publishes nothing
+        # and says why in a signed report (invariant 4); the error still reaches the caller (exit 70).
+        run.abandon()
+        if not (run.report_dir / "report.json.sig").exists():  # never replace a signed report
+            run.sign_rejection(f"state error (not a verdict on the data): {exc}", check="state")
+        raise
     except BaseException:
         run.abandon()
         raise
