@@ -88,6 +88,8 @@ class RunConfig:
     linkage_key: Path | None = None
     # Never shown: repr=False keeps it out of logs and task parameter reprs.
     signing_passphrase: Any = field(default=None, repr=False, compare=False)
+    # DEID_DATABASE_URL (a SecretStr: it may hold a password): the lineage registry lives there when set.
+    database_url: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check(self)
@@ -118,7 +120,8 @@ class RunConfig:
             max_quarantine_fraction=s.max_quarantine_fraction, leak_threshold=s.leak_threshold,
             attack_sample=s.attack_sample, deep_attack_sample=s.deep_attack_sample, utility_sample=s.utility_sample,
             utility_inconclusive=s.utility_inconclusive, cv_folds=s.cv_folds, cv_repeats=s.cv_repeats,
-            signing_key=s.signing_key, linkage_key=s.linkage_key, signing_passphrase=s.signing_key_passphrase)
+            signing_key=s.signing_key, linkage_key=s.linkage_key, signing_passphrase=s.signing_key_passphrase,
+            database_url=s.database_url)
 
     # ------------------------------------------------------------------ derived facts
 

@@ -329,6 +329,14 @@ def deidentify(partitioned: Partitioned, labels: Sequence[str], layout: StagingL
 # --------------------------------------------------------------------------- release lineage (deid.release.lineage)
 
 
+def _registry(dataset: str, config: RunConfig):
+    """The dataset's lineage registry: files under data/private/, or PostgreSQL when DEID_DATABASE_URL is set."""
+    from deid.release.lineage_registry import Registry  # noqa: PLC0415
+
+    url = config.database_url.get_secret_value() if config.database_url else None
+    return Registry.open(config.data_path, dataset, linkage_key(config)[0], database_url=url)
+
+
 def open_lineage(dataset: str, config: RunConfig, *, logger: Logger | None = None):
     """Load and verify the dataset's lineage registry; settle releases an interrupted run left pending.
 
@@ -336,11 +344,10 @@ def open_lineage(dataset: str, config: RunConfig, *, logger: Logger | None = Non
     stops before any work, with the registry's one-line reason.
     """
     from deid.release.lineage import LineageError  # noqa: PLC0415
-    from deid.release.lineage_registry import Registry  # noqa: PLC0415
     from deid.operations.safety import is_live  # noqa: PLC0415
 
     try:
-        reg = Registry.open(config.data_path, dataset, linkage_key(config)[0])
+        reg = _registry(dataset, config)
         state = reg.load()
         for r in state.releases:
             # Settle what a dead run left pending: published if its release directory exists, else abandoned.
@@ -403,9 +410,8 @@ def register_lineage(dataset: str, state, config: RunConfig, rel=None, *, mark: 
                      release_id: str | None = None, logger: Logger | None = None):
     """Append a release to the registry (pending), or mark it ``published`` / ``abandoned``; returns the state."""
     from deid.release.lineage import LineageError  # noqa: PLC0415
-    from deid.release.lineage_registry import Registry  # noqa: PLC0415
 
-    reg = Registry.open(config.data_path, dataset, linkage_key(config)[0])
+    reg = _registry(dataset, config)
     try:
         if rel is not None:
             return reg.append_release(state, rel)
