@@ -164,3 +164,24 @@ def test_concurrent_appends_from_several_processes_serialise_on_the_chain_head(u
     refused = sum(log["refused"] for log in logs.values())
     print(f"\n{n_procs} processes x 3 releases: {state.seq + 1} entries in one chain, {refused} appends refused "
           "(registry moved on) and planned again")
+
+
+def test_a_release_run_keeps_its_lineage_in_the_database(url, tmp_path):
+    from deid.intake.synth import make_synthetic_drop
+    from deid.operations.runner import run_release
+    from deid.run_config import RunConfig
+    from deid.settings import Settings
+
+    drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=1)
+    (drop / "drop.yaml").write_text("name: mix\nlabels:\n- gender\ndataset: mix\n")
+    settings = Settings(project_dir=tmp_path / "project", database_url=url, identity_embed_max=0,
+                        deep_attack_sample=20, cv_repeats=1)
+    config = RunConfig.resolve(settings, k=3, method="k-same")
+    assert "database_url" not in repr(config)
+    result = run_release(drop, config)
+    assert result.verdict == "released", result.report.reasons
+    assert not (config.data_path / "private" / "lineage").exists()
+    from deid.operations.pipeline import linkage_key
+
+    state = Registry.open(config.data_path, "mix", linkage_key(config)[0], database_url=url).load()
+    assert [(r.release_id, r.status) for r in state.releases] == [(result.release_id, "published")]
