@@ -65,3 +65,18 @@ def test_a_state_error_after_signing_never_replaces_the_signed_report(tmp_path):
     names = {c["name"] for c in report["checks"]}
     assert "enough_people" in names and "state" not in names  # the gate's own signed report, kept
     assert verify_report(report_dir, public_key=config.data_path / "keys" / "dev_signing.pub.pem").ok
+
+
+def test_an_unreachable_lineage_database_stops_the_run_with_a_signed_rejection(tmp_path):
+    from deid.errors import EnvironmentFailure
+
+    drop = make_synthetic_drop(tmp_path / "drop", people=4, images_per_person=2, seed=1)
+    settings = Settings(project_dir=tmp_path / "project", database_url=f"postgresql://deid:s3cr3t-pass@/x?host={tmp_path}/none",
+                        **QUICK)
+    config = RunConfig.resolve(settings, k=3)
+    with pytest.raises(EnvironmentFailure, match="lineage database .* unreachable"):
+        run_release(drop, config)
+    [report_dir] = _reports(config)
+    report = json.loads((report_dir / "report.json").read_text())
+    assert [c["name"] for c in report["checks"]] == ["environment"] and report["verdict"] == "rejected"
+    assert "s3cr3t-pass" not in (report_dir / "report.json").read_text()  # the password never reaches a report

@@ -333,7 +333,8 @@ def _registry(dataset: str, config: RunConfig):
     """The dataset's lineage registry: files under data/private/, or PostgreSQL when DEID_DATABASE_URL is set."""
     from deid.release.lineage_registry import Registry  # noqa: PLC0415
 
-    url = config.database_url.get_secret_value() if config.database_url else None
+    url = config.database_url
+    url = url.get_secret_value() if hasattr(url, "get_secret_value") else url
     return Registry.open(config.data_path, dataset, linkage_key(config)[0], database_url=url)
 
 
