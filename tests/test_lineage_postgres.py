@@ -46,8 +46,8 @@ def _release(state, rid: str, people: list[str], shade: int):
     plan = plan_release(state, people, [f"{p}/photo" for p in people], key=KEY, k=2)
     half = len(people) // 2
     images = np.array([[shade] * 6] * half + [[255 - shade] * 6] * (len(people) - half), np.uint8)
-    return build_release(plan, state, release_id=rid, method="k-same", new_labels=[0] * half + [1] * (len(people) - half),
-                         new_images=images, shape=(2, 3))
+    return build_release(plan, state, release_id=rid, method="k-same",
+                         new_labels=[0] * half + [1] * (len(people) - half), new_images=images, shape=(2, 3))
 
 
 def test_the_registry_on_postgres_is_sealed_chained_and_refuses_tampering(url, tmp_path):

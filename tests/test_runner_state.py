@@ -71,8 +71,8 @@ def test_an_unreachable_lineage_database_stops_the_run_with_a_signed_rejection(t
     from deid.errors import EnvironmentFailure
 
     drop = make_synthetic_drop(tmp_path / "drop", people=4, images_per_person=2, seed=1)
-    settings = Settings(project_dir=tmp_path / "project", database_url=f"postgresql://deid:s3cr3t-pass@/x?host={tmp_path}/none",
-                        **QUICK)
+    url = f"postgresql://deid:s3cr3t-pass@/x?host={tmp_path}/none"
+    settings = Settings(project_dir=tmp_path / "project", database_url=url, **QUICK)
     config = RunConfig.resolve(settings, k=3)
     with pytest.raises(EnvironmentFailure, match="lineage database .* unreachable"):
         run_release(drop, config)

@@ -535,7 +535,8 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
         lg.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", key_path)
     lg.info(f"stage: {staged.n_records} records staged for release in {tmp}")
     return Staged(dir=tmp, artifacts=artifacts, columns=tuple(staged.columns), records=staged.n_records,
-                  validation=validation, checks=(suite_check(validation), *lineage_checks_), file_metadata=file_metadata,
+                  validation=validation, checks=(suite_check(validation), *lineage_checks_),
+                  file_metadata=file_metadata,
                   linkage=layout.linkage)
 
 

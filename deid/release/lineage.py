@@ -438,8 +438,8 @@ def _partition_keys(partitions: Sequence[Hashable] | None, n: int) -> tuple[tupl
 
 def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerprints: Sequence[str], *,
                  key: bytes, k: int, policy: str = "invariant", absent: str = "republish",
-                 partitions: Sequence[Hashable] | None = None, record_labels: Sequence[Sequence[Hashable]] | None = None,
-                 label_names: Sequence[str] = ()) -> LineagePlan:
+                 partitions: Sequence[Hashable] | None = None,
+                 record_labels: Sequence[Sequence[Hashable]] | None = None, label_names: Sequence[str] = ()) -> LineagePlan:
     """Plan a new release of a dataset so that it adds no information about anyone already released.
 
     m-invariance adapted to face averages (Xiao & Tao 2007). Policy ``invariant``:

@@ -187,7 +187,8 @@ def check_label_mix(state: LineageState, release: LineageRelease,
         have = got.get(key, Counter())
         ok = sum(have.values()) == n_rows and not (have - want)
         if not ok:
-            findings.append({"cluster": key, "released": sorted(have.elements()), "registered": sorted(want.elements())})
+            findings.append({"cluster": key, "released": sorted(have.elements()),
+                             "registered": sorted(want.elements())})
     if legacy:
         logger.warning("lineage: %d republished clusters were registered without labels (a registry written before "
                        "labels were kept); their counterfeits carry labels of present members", legacy)
