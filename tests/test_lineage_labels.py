@@ -178,6 +178,45 @@ def test_label_mix_keeps_every_registered_label_and_its_proportion(labels, extra
         label_mix(tuples, n - 1)
 
 
+@settings(max_examples=25, deadline=None)
+@given(data=st.data(), k=st.integers(2, 3), absent=st.sampled_from(["republish", "suppress"]),
+       n_drops=st.integers(2, 4))
+def test_property_a_clusters_label_mix_depends_only_on_its_registered_labels_and_size(data, k, absent, n_drops):
+    """Random drops (people arriving, leaving, returning with new photos) under plain k-Same with labels.
+
+    Whoever is absent, a registered cluster released with ``n`` rows carries the same label multiset
+    in every release (the registered one at its first size), and the gate's check passes.
+    """
+    from deid.anonymise.ksame import KSame  # noqa: PLC0415
+
+    rng = np.random.default_rng(data.draw(st.integers(0, 3)))
+    n_people, photos = 12, 3
+    people = [f"q{p:02d}" for p in range(n_people) for _ in range(photos)]
+    feats = np.repeat(rng.normal(size=(n_people, 4)) * 3, photos, axis=0) + rng.normal(size=(n_people * photos, 4))
+    pixels = rng.integers(0, 256, (n_people * photos, 6), dtype=np.uint8)
+    labels = [("f" if p % 3 else "m", "smile" if j % 2 else "neutral") for p in range(n_people) for j in range(photos)]
+    fps = [_fp(i) for i in range(n_people * photos)]
+    state, seen = empty_state("mix"), {}
+    for r in range(n_drops):
+        idx = sorted(data.draw(st.sets(st.integers(0, n_people * photos - 1), min_size=1)))
+        plan = plan_release(state, [people[i] for i in idx], [fps[i] for i in idx], key=KEY, k=k, absent=absent,
+                            record_labels=[labels[i] for i in idx], label_names=NAMES)
+        new = [idx[i] for i in plan.new_records]
+        cl = np.full(len(new), -1, dtype=np.intp)
+        images = np.zeros((len(new), 6), np.uint8)
+        if new:
+            model = KSame(k).fit(feats[new], people=[people[i] for i in new], images=pixels[new])
+            cl, images = model.labels_, np.clip(np.rint(model.averages_[model.labels_]), 0, 255).astype(np.uint8)
+        rel = build_release(plan, state, release_id=f"rel-{r}", method="k-same", new_labels=cl, new_images=images,
+                            shape=(2, 3))
+        rows = _rows(rel, state, [labels[i] for i in idx])
+        assert check_label_mix(state, rel, rows, NAMES).passed
+        for key, mix in _mix(rows).items():
+            n = sum(mix.values())
+            assert seen.setdefault((key, n), mix) == mix, (key, n)  # same size, same labels: absence shows nothing
+        state = state.with_entry(rel.to_entry())
+
+
 # --------------------------------------------------------------------------- through the runner
 
 QUICK = dict(identity_embed_max=0, deep_attack_sample=20, cv_repeats=1)
