@@ -188,6 +188,7 @@ def test_property_a_clusters_label_mix_depends_only_on_its_registered_labels_and
     in every release (the registered one at its first size), and the gate's check passes.
     """
     from deid.anonymise.ksame import KSame  # noqa: PLC0415
+    from deid.anonymise.partition import plan_partitions  # noqa: PLC0415
 
     rng = np.random.default_rng(data.draw(st.integers(0, 3)))
     n_people, photos = 12, 3
@@ -204,9 +205,14 @@ def test_property_a_clusters_label_mix_depends_only_on_its_registered_labels_and
         new = [idx[i] for i in plan.new_records]
         cl = np.full(len(new), -1, dtype=np.intp)
         images = np.zeros((len(new), 6), np.uint8)
-        if new:
-            model = KSame(k).fit(feats[new], people=[people[i] for i in new], images=pixels[new])
-            cl, images = model.labels_, np.clip(np.rint(model.averages_[model.labels_]), 0, 255).astype(np.uint8)
+        # As the flow does: a person's images above 1/k of the partition are withheld, then k-Same.
+        keep = sorted(j for g in plan_partitions([{} for _ in new], [people[i] for i in new], k=k, label_names=[],
+                                                 select=False).groups.values() for j in g)
+        if keep:
+            kept = [new[j] for j in keep]
+            model = KSame(k).fit(feats[kept], people=[people[i] for i in kept], images=pixels[kept])
+            cl[keep] = model.labels_
+            images[keep] = np.clip(np.rint(model.averages_[model.labels_]), 0, 255).astype(np.uint8)
         rel = build_release(plan, state, release_id=f"rel-{r}", method="k-same", new_labels=cl, new_images=images,
                             shape=(2, 3))
         rows = _rows(rel, state, [labels[i] for i in idx])
