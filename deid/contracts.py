@@ -278,6 +278,7 @@ class LineageApplied:
     deidentified: Deidentified
     checks: tuple[Check, ...]
     republished: Any = None
+    record_ids: tuple[str, ...] = ()  # staging record id of each drop record the release indexes
 
 
 @dataclass(frozen=True)

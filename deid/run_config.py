@@ -84,6 +84,8 @@ class RunConfig:
     linkage_key: Path | None = None
     # Never shown: repr=False keeps it out of logs and task parameter reprs.
     signing_passphrase: Any = field(default=None, repr=False, compare=False)
+    # DEID_DATABASE_URL (a SecretStr: it may hold a password): the lineage registry lives there when set.
+    database_url: Any = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _check(self)
@@ -122,7 +124,8 @@ class RunConfig:
             dask_address=s.dask_address, seed_fixed=s.seed is not None,
             duplicate_ids=s.duplicate_ids, identity_embed_max=s.identity_embed_max, lineage_policy=s.lineage_policy,
             lineage_absent=s.lineage_absent,
-            signing_key=s.signing_key, linkage_key=s.linkage_key, signing_passphrase=s.signing_key_passphrase)
+            signing_key=s.signing_key, linkage_key=s.linkage_key, signing_passphrase=s.signing_key_passphrase,
+            database_url=s.database_url)
 
     # ------------------------------------------------------------------ derived facts
 

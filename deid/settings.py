@@ -35,8 +35,9 @@ class Settings(BaseSettings):
     incoming_dir: Path | None = Field(default=None, description="where drops arrive (default: <data>/incoming)")
     ledger_stale_after: float = Field(default=21600.0, gt=0, description="seconds before a running claim is stale")
     database_url: SecretStr | None = Field(
-        default=None, description="PostgreSQL URL of the drop ledger when several machines share the work "
-                                  "(postgresql://user:password@host:5432/db); unset: <data>/ledger.sqlite")
+        default=None, description="PostgreSQL URL of the drop ledger and the lineage registries when several "
+                                  "machines share the work (postgresql://user:password@host:5432/db); unset: "
+                                  "<data>/ledger.sqlite and <data>/private/lineage/")
 
     k: int = Field(default=5, ge=2, le=1000)
     method: Method = "k-same-select"

@@ -4,12 +4,13 @@
   right after publishing (entry still pending): the next run reconciles (abandoned / published), the
   chain continues, no half-written entry, nothing published without a verifying signed report.
 * A run whose dataset's registry moves on between planning and registering (another run of the
-  dataset registered first) fails with StateError before signing or publishing anything; the ledger
+  dataset registered first) fails with StateError, publishing nothing, with a signed rejection saying why; the ledger
   marks the drop failed and the next ``release-incoming`` run claims it again and releases it,
   planned on the new head.
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -152,7 +153,11 @@ def test_a_run_whose_registry_moves_on_fails_and_the_ledger_runs_it_again(projec
     led = Ledger(project / "data" / "ledger.sqlite")
     assert led.get(drop_fingerprint(drop)).status == FAILED
     assert not list((project / "data" / "releases").iterdir())
-    assert not list((project / "reports").glob("*/report.json.sig"))  # failed before signing: nothing signed
+    # Failed before its report was signed: a signed rejection says why (check "state"), nothing else signed.
+    (sig,) = (project / "reports").glob("*/report.json.sig")
+    rejection = json.loads((sig.parent / "report.json").read_text())
+    assert rejection["verdict"] == "rejected" and [c["name"] for c in rejection["checks"]] == ["state"]
+    assert "moved on" in rejection["reasons"][0]
     assert [(r.release_id, r.status) for r in _registry(project).load().releases] == [("other-run", "pending")]
 
     monkeypatch.setattr(ts, "lineage_checks", checks)

@@ -86,7 +86,11 @@ def test_a_report_the_schema_refuses_stops_the_run_before_anything_is_published(
         _run(tmp_path, drop, k=3)
     project = tmp_path / "project"
     assert not (project / "data" / "releases").exists() or not any((project / "data" / "releases").iterdir())
-    assert not list((project / "reports").glob("*/report.json*"))
+    # The refused report was never signed; the run's signed rejection says why (invariant 4).
+    (signed,) = [json.loads(p.read_text()) for p in (project / "reports").glob("*/report.json")]
+    assert signed["verdict"] == "rejected" and signed["k"] == 3 and signed["artifacts"] == []
+    assert [c["name"] for c in signed["checks"] if not c["passed"]] == ["state"]
+    assert "schema" in signed["reasons"][0]
     assert not any((project / "data" / "staging").iterdir())  # the failed run's staging went too
     # Nor registered in the dataset's lineage: the next release plans as if this run never happened.
     from deid.release.lineage_registry import Registry

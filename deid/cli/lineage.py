@@ -45,9 +45,11 @@ def cmd_lineage(args) -> int:
             print("deid lineage: --members needs the steward's key: pass --key (the linkage key file)", file=sys.stderr)
             return EXIT_BAD_INPUT
         key_path = Path(args.key) if args.key else (settings.linkage_key or data_dir / "keys" / DEV_KEY_NAME)
-        registry = Registry.open(data_dir, args.dataset, load_linkage_key(Path(key_path).expanduser()))
+        url = settings.database_url.get_secret_value() if settings.database_url else None
+        registry = Registry.open(data_dir, args.dataset, load_linkage_key(Path(key_path).expanduser()),
+                                 database_url=url)
         if not registry.exists():
-            print(f"deid lineage: dataset {args.dataset!r} has no lineage registry at {registry.root} "
+            print(f"deid lineage: dataset {args.dataset!r} has no lineage registry at {registry.where} "
                   "(no release of it yet, or check --data-dir)", file=sys.stderr)
             return EXIT_BAD_INPUT
         desc = describe_lineage(registry.load(), members=args.members)

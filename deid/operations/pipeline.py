@@ -328,6 +328,15 @@ def deidentify(partitioned: Partitioned, labels: Sequence[str], layout: StagingL
 # --------------------------------------------------------------------------- release lineage (deid.release.lineage)
 
 
+def _registry(dataset: str, config: RunConfig):
+    """The dataset's lineage registry: files under data/private/, or PostgreSQL when DEID_DATABASE_URL is set."""
+    from deid.release.lineage_registry import Registry  # noqa: PLC0415
+
+    url = config.database_url
+    url = url.get_secret_value() if hasattr(url, "get_secret_value") else url
+    return Registry.open(config.data_path, dataset, linkage_key(config)[0], database_url=url)
+
+
 def open_lineage(dataset: str, config: RunConfig, *, logger: Logger | None = None):
     """Load and verify the dataset's lineage registry; settle releases an interrupted run left pending.
 
@@ -335,11 +344,10 @@ def open_lineage(dataset: str, config: RunConfig, *, logger: Logger | None = Non
     stops before any work, with the registry's one-line reason.
     """
     from deid.release.lineage import LineageError  # noqa: PLC0415
-    from deid.release.lineage_registry import Registry  # noqa: PLC0415
     from deid.operations.safety import is_live  # noqa: PLC0415
 
     try:
-        reg = Registry.open(config.data_path, dataset, linkage_key(config)[0])
+        reg = _registry(dataset, config)
         state = reg.load()
         for r in state.releases:
             # Settle what a dead run left pending: published if its release directory exists, else abandoned.
@@ -378,7 +386,7 @@ def apply_lineage(partitioned: Partitioned, deidentified: Deidentified, aligned:
     (logger or log).info(f"lineage-release: {dict(rel.counts)}")
     checks = lineage_checks(lin, rel, aligned, logger=logger)
     return LineageApplied(release=rel, state=lin.state, deidentified=out, checks=checks,
-                          republished=stages.republished_for_gate(rel, lin.state))
+                          republished=stages.republished_for_gate(rel, lin.state), record_ids=lin.record_ids)
 
 
 def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, logger: Logger | None = None) -> tuple[Check, ...]:
@@ -402,9 +410,8 @@ def register_lineage(dataset: str, state, config: RunConfig, rel=None, *, mark: 
                      release_id: str | None = None, logger: Logger | None = None):
     """Append a release to the registry (pending), or mark it ``published`` / ``abandoned``; returns the state."""
     from deid.release.lineage import LineageError  # noqa: PLC0415
-    from deid.release.lineage_registry import Registry  # noqa: PLC0415
 
-    reg = Registry.open(config.data_path, dataset, linkage_key(config)[0])
+    reg = _registry(dataset, config)
     try:
         if rel is not None:
             return reg.append_release(state, rel)
@@ -449,6 +456,9 @@ def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequen
     rows = dict(images=np.frombuffer(b"".join(rel.column(column).to_pylist()), np.uint8).reshape(rel.num_rows, -1),
                 shape=shape, clusters=rel.column("cluster").to_pylist(),
                 labels={x: rel.column(x).to_pylist() for x in labels}, record_ids=rel.column("record_id").to_pylist())
+    if lineage is not None and lineage.release.republished:
+        # Returning records carry their registered labels: the cluster's released label mix stays the registered one.
+        stages.registered_row_labels(lineage.release, lineage.state, list(lineage.record_ids), list(labels), rows)
     if lineage is not None and lineage.release.counts["counterfeit_records"]:
         if column == "color":
             raise ConfigError("DEID_COLOR=true cannot republish registered clusters yet (their stored averages are "
@@ -465,6 +475,25 @@ def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequen
             rows["labels"][x] += [f["labels"][x] for f in fakes]
         lg.info(f"stage: {len(fakes)} counterfeit records of republished clusters")
     return rows
+
+
+def _lineage_label_mix(lineage: LineageApplied, rows: dict, labels: Sequence[str],
+                       label_sets: dict[str, list[str]]) -> tuple[dict[str, list[str]], tuple[Check, ...]]:
+    """The gate's ``lineage_label_mix`` check on the would-be release's rows; the label values it may carry.
+
+    A republished cluster carries its registered labels, released before (so releasable) even when
+    the people holding a value are absent from this drop: those values join the releasable sets.
+    """
+    from deid.release.lineage_checks import check_label_mix  # noqa: PLC0415
+
+    keys = stages.lineage_row_keys(lineage.release, list(lineage.record_ids), rows)
+    republished = {r.key for r in lineage.release.republished}
+    extra = {x: {v for key, v in zip(keys, rows["labels"][x]) if key in republished} for x in labels}
+    sets = {x: sorted(set(label_sets[x]) | extra[x]) for x in labels}
+    check = check_label_mix(lineage.state, lineage.release,
+                            [(key, tuple(rows["labels"][x][j] for x in labels)) for j, key in enumerate(keys)
+                             if key is not None], list(labels))
+    return sets, (check.to_gate_check(),)
 
 
 def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout, config: RunConfig, *,
@@ -489,8 +518,11 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
     try:
         staged = stage_release(tmp, **rows)
         artifacts = tuple(Artifact(**a) for a in hash_tree(staged.path))
-        validation = validate_release(staged.path / RELEASE_TABLE, list(labels), k=config.k,
-                                      label_sets=releasable_label_sets(ingested.metadata, labels, config.k))
+        label_sets = releasable_label_sets(ingested.metadata, labels, config.k)
+        lineage_checks_ = ()
+        if lineage is not None:
+            label_sets, lineage_checks_ = _lineage_label_mix(lineage, rows, labels, label_sets)
+        validation = validate_release(staged.path / RELEASE_TABLE, list(labels), k=config.k, label_sets=label_sets)
         file_metadata = release_files_metadata(staged.path)
         key, key_path, origin = linkage_key(config)
         write_linkage(layout.linkage, build_linkage(staged.mapping, sources_from_ingested(ingested.metadata)), key,
@@ -502,7 +534,8 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
         lg.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", key_path)
     lg.info(f"stage: {staged.n_records} records staged for release in {tmp}")
     return Staged(dir=tmp, artifacts=artifacts, columns=tuple(staged.columns), records=staged.n_records,
-                  validation=validation, checks=(suite_check(validation),), file_metadata=file_metadata,
+                  validation=validation, checks=(suite_check(validation), *lineage_checks_),
+                  file_metadata=file_metadata,
                   linkage=layout.linkage)
 
 

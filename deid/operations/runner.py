@@ -114,8 +114,9 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
     -------
     RunResult
         Released or rejected: both are results. Failures that are not a verdict raise
-        (:class:`~deid.errors.EnvironmentFailure` after signing a rejection naming the machine's
-        fault, :class:`~deid.errors.StateError`, ...), leaving nothing half-published.
+        (:class:`~deid.errors.EnvironmentFailure` and :class:`~deid.errors.StateError` after signing a
+        rejection naming the fault, unless a report was already signed; ...), leaving nothing
+        half-published.
     """
     kind = run_kind(drop)
     if kind != config.kind:
@@ -132,10 +133,16 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
         result = run.walk_features() if config.kind == "features" else run.walk(cluster)
     except OSError as exc:
         failure = EnvironmentFailure.from_oserror(exc, doing=f"release {release_id} failed")
-        run.abandon()
-        if not (run.report_dir / "report.json.sig").exists():  # never replace a signed report
-            run.sign_rejection(f"environment failure (not a verdict on the data): {failure}", check="environment")
+        run.fail(f"environment failure (not a verdict on the data): {failure}", check="environment")
         raise failure from None
+    except EnvironmentFailure as exc:  # raised as such (e.g. the lineage database unreachable): as an OSError
+        run.fail(f"environment failure (not a verdict on the data): {exc}", check="environment")
+        raise
+    except StateError as exc:
+        # A refused registry, a lineage that moved on, a publish that failed after signing: publishes nothing
+        # and says why in a signed report (invariant 4); the error still reaches the caller (exit 70).
+        run.fail(f"state error (not a verdict on the data): {exc}", check="state")
+        raise
     except BaseException:
         run.abandon()
         raise
@@ -345,6 +352,12 @@ class _Run:
         except Exception as exc:  # noqa: BLE001 - e.g. the reports disk is the full one: say so, raise the cause
             self.logger.error("could not write the signed rejection: %s", exc)
             return None
+
+    def fail(self, reason: str, *, check: str) -> None:
+        """A run that fails without a verdict: abandon it, and sign a rejection saying why unless one is signed."""
+        self.abandon()
+        if not (self.report_dir / "report.json.sig").exists():  # never replace a signed report
+            self.sign_rejection(reason, check=check)
 
     def abandon(self) -> None:
         """A run that fails: its private staging (and any staged release) goes, and so does an unsigned report."""

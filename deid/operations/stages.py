@@ -493,8 +493,11 @@ def plan_lineage(faces: pa.Table, sources: dict[str, str], state, *, key: bytes,
 
     cols = faces.select(["record_id", "subject_id", *labels]).to_pydict()
     parts = [tuple(str(cols[x][i]) for x in labels) for i in range(faces.num_rows)] if select and labels else None
+    # Every record's labels: new clusters register them, so their later counterfeits reproduce the label mix.
+    record_labels = [tuple(str(cols[x][i]) for x in labels) for i in range(faces.num_rows)]
     return plan_release(state, cols["subject_id"], [sources[r] for r in cols["record_id"]], key=key, k=k,
-                        policy=policy, absent=absent, partitions=parts)
+                        policy=policy, absent=absent, partitions=parts, record_labels=record_labels,
+                        label_names=labels)
 
 
 def lineage_new_labels(plan, record_ids: list[str], deid_paths: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -544,14 +547,19 @@ def counterfeit_rows(release, state, labels: list[str], present: dict[str, list[
                      fallback: dict[str, str]) -> list[dict]:
     """The counterfeit records of the republished clusters: stored image and utility labels, no source.
 
-    Labels come from the cluster's partition (k-Same-Select), else from a record of the cluster in
+    Labels are the registered labels of the cluster's absent members
+    (:meth:`~deid.release.lineage.LineageRelease.republished_labels`). A cluster registered before the
+    registry kept labels falls back to its partition (k-Same-Select), else a record of the cluster in
     this drop (``present``: cluster key -> label dicts), else the drop's most common values.
     """
     rows = []
+    registered = release.republished_labels(state, labels)
     for r in release.republished:
         c = state.clusters[r.key]
         for n in range(r.n_counterfeit):
-            if labels and len(c.partition) == len(labels):
+            if registered.get(r.key) is not None:
+                lab = dict(zip(labels, registered[r.key].counterfeits[n]))
+            elif labels and len(c.partition) == len(labels):
                 lab = dict(zip(labels, c.partition))
             elif present.get(r.key):
                 lab = present[r.key][n % len(present[r.key])]
@@ -560,6 +568,40 @@ def counterfeit_rows(release, state, labels: list[str], present: dict[str, list[
             rows.append({"record_id": f"{COUNTERFEIT_PREFIX}{len(rows):06d}", "cluster": r.key,
                          "pixels": np.ascontiguousarray(c.image, dtype=np.uint8), "labels": lab})
     return rows
+
+
+def lineage_row_keys(release, record_ids: list[str], rows: dict) -> list[str | None]:
+    """The lineage cluster key of every row of the would-be release (``rows`` of the stage; None: no key).
+
+    A drop record's key is the one the release gives it; a counterfeit row's cluster is its key.
+    """
+    where = {r: i for i, r in enumerate(record_ids)}
+    republished = {r.key for r in release.republished}
+    out: list[str | None] = []
+    for rid, cluster in zip(rows["record_ids"], rows["clusters"]):
+        i = where.get(rid)
+        out.append(release.record_cluster[i] if i is not None else cluster if cluster in republished else None)
+    return out
+
+
+def registered_row_labels(release, state, record_ids: list[str], labels: list[str], rows: dict) -> int:
+    """Give the drop records of republished clusters their registered labels, in place; returns how many.
+
+    So that each republished cluster's released labels are its registered label mix
+    (:meth:`~deid.release.lineage.LineageRelease.republished_labels`); clusters registered without
+    labels keep the drop's labels.
+    """
+    registered = release.republished_labels(state, labels)
+    where = {r: i for i, r in enumerate(record_ids)}
+    n = 0
+    for j, rid in enumerate(rows["record_ids"]):
+        i = where.get(rid)
+        got = registered.get(release.record_cluster[i]) if i is not None else None
+        if got is not None:
+            for x, v in zip(labels, got.records[i]):
+                rows["labels"][x][j] = v
+            n += 1
+    return n
 
 
 def republished_for_gate(release, state):

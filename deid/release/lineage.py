@@ -60,6 +60,7 @@ __all__ = [
     "LineageState",
     "ReleaseSummary",
     "Republish",
+    "RepublishedLabels",
     "build_release",
     "canonical_bytes",
     "chain_hash",
@@ -68,6 +69,7 @@ __all__ = [
     "describe_lineage",
     "empty_state",
     "image_sha256",
+    "label_mix",
     "plan_release",
     "pseudonymize",
     "release_from_clusters",
@@ -133,6 +135,27 @@ def image_sha256(image: np.ndarray) -> str:
     return hashlib.sha256(np.ascontiguousarray(image, dtype=np.uint8).tobytes()).hexdigest()
 
 
+def label_mix(labels: Sequence[tuple[str, ...]], n_rows: int) -> list[tuple[str, ...]]:
+    """The label tuples of ``n_rows`` rows with the mix of ``labels`` (a cluster's registered basis records).
+
+    ``n_rows == len(labels)``: ``labels`` itself (sorted). More rows (new photos of returning people,
+    counterfeits added for the 1/k rule): each label tuple gets ``n_rows`` times its share, the
+    remainder to the largest fractions (Hamilton's method; ties to the smallest tuple), so every
+    tuple keeps at least its registered count and the mix is a function of the registered labels and
+    the released size only, never of who is absent. Fewer rows: a ValueError (only a sub-multiset
+    of the registered labels can be released then).
+    """
+    counts = Counter(labels)
+    n = sum(counts.values())
+    if n_rows < n or (n == 0 and n_rows):
+        raise ValueError(f"n_rows={n_rows} must be >= the {n} registered label tuples")
+    base = {t: c * n_rows // n for t, c in counts.items()}
+    rest = n_rows - sum(base.values())
+    for t in sorted(counts, key=lambda t: (-((counts[t] * n_rows) % n), t))[:rest]:
+        base[t] += 1
+    return [t for t in sorted(base) for _ in range(base[t])]
+
+
 # --------------------------------------------------------------------------- the registered lineage
 
 
@@ -154,6 +177,10 @@ class LineageCluster:
     n_released: int               # records released with it when it was created
     k: int
     method: str
+    label_names: tuple[str, ...] = ()
+    # fingerprint -> released label values (in ``label_names`` order) of each basis record; None: registered
+    # before the registry kept labels (its label mix cannot be reproduced).
+    member_labels: Mapping[str, tuple[str, ...]] | None = None
 
     @property
     def image_sha256(self) -> str:
@@ -169,12 +196,27 @@ class LineageCluster:
         """Pseudonyms of the basis people."""
         return frozenset(p for _, p in self.members)
 
+    def labels_for(self, label_names: Sequence[str]) -> dict[str, tuple[str, ...]] | None:
+        """Registered labels of each basis record, projected on ``label_names``; None when not registered.
+
+        None for a cluster registered before the registry kept labels, or when a label asked for was
+        not a label of the release that registered it.
+        """
+        if self.member_labels is None or not set(label_names) <= set(self.label_names):
+            return None
+        pos = [self.label_names.index(x) for x in label_names]
+        return {f: tuple(v[j] for j in pos) for f, v in self.member_labels.items()}
+
     def to_json(self) -> dict[str, Any]:
-        return {"key": self.key, "release_id": self.release_id, "members": sorted(map(list, self.members)),
-                "image_sha256": self.image_sha256,
-                "image": base64.b64encode(np.ascontiguousarray(self.image, dtype=np.uint8).tobytes()).decode(),
-                "shape": list(self.shape), "partition": list(self.partition), "n_released": self.n_released,
-                "k": self.k, "method": self.method}
+        out = {"key": self.key, "release_id": self.release_id, "members": sorted(map(list, self.members)),
+               "image_sha256": self.image_sha256,
+               "image": base64.b64encode(np.ascontiguousarray(self.image, dtype=np.uint8).tobytes()).decode(),
+               "shape": list(self.shape), "partition": list(self.partition), "n_released": self.n_released,
+               "k": self.k, "method": self.method}
+        if self.member_labels is not None:
+            out["label_names"] = list(self.label_names)
+            out["member_labels"] = sorted([f, list(v)] for f, v in self.member_labels.items())
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "LineageCluster":
@@ -182,7 +224,11 @@ class LineageCluster:
         c = cls(key=d["key"], release_id=d["release_id"], members=frozenset((f, p) for f, p in d["members"]),
                 image=image, shape=(int(d["shape"][0]), int(d["shape"][1])),
                 partition=tuple(d["partition"]), n_released=int(d["n_released"]), k=int(d["k"]),
-                method=str(d["method"]))
+                method=str(d["method"]), label_names=tuple(d.get("label_names", ())),
+                member_labels=None if "member_labels" not in d else {f: tuple(v) for f, v in d["member_labels"]})
+        if c.member_labels is not None and set(c.member_labels) != c.records:
+            raise LineageError(f"registered cluster {c.key}: labels of records that are not its members; the registry "
+                               "is corrupt")
         if c.image_sha256 != d["image_sha256"]:
             raise LineageError(f"registered cluster {c.key}: stored average does not match its hash; the registry is corrupt")
         return c
@@ -351,6 +397,8 @@ class LineagePlan:
     n_new_people: int
     n_returning_people: int
     n_waiting_people: int
+    label_names: tuple[str, ...] = ()
+    record_labels: tuple[tuple[str, ...], ...] | None = None   # per drop record, released label values
 
     @property
     def n_counterfeit(self) -> int:
@@ -390,7 +438,8 @@ def _partition_keys(partitions: Sequence[Hashable] | None, n: int) -> tuple[tupl
 
 def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerprints: Sequence[str], *,
                  key: bytes, k: int, policy: str = "invariant", absent: str = "republish",
-                 partitions: Sequence[Hashable] | None = None) -> LineagePlan:
+                 partitions: Sequence[Hashable] | None = None,
+                 record_labels: Sequence[Sequence[Hashable]] | None = None, label_names: Sequence[str] = ()) -> LineagePlan:
     """Plan a new release of a dataset so that it adds no information about anyone already released.
 
     m-invariance adapted to face averages (Xiao & Tao 2007). Policy ``invariant``:
@@ -437,6 +486,12 @@ def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerp
     absent : {"republish", "suppress"}
     partitions : sequence of hashable, optional
         Partition key of each record (label values tuple, as given to k-Same-Select).
+    record_labels : sequence of sequences, optional
+        The released label values of each record (in ``label_names`` order). New clusters register
+        them per basis record, so a later release of the cluster reproduces its label mix exactly
+        (:meth:`LineageRelease.republished_labels`).
+    label_names : sequence of str
+        The names of the labels in ``record_labels``.
 
     Returns
     -------
@@ -450,6 +505,7 @@ def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerp
     pseud = pseudonymize(key, state.dataset, people)
     fps = tuple(str(f) for f in record_fingerprints)
     parts = _partition_keys(partitions, n)
+    labs = _record_labels(record_labels, label_names, n)
     _check_consistent(state, pseud, fps)
     registered_people = set(state.person_clusters)
     returning = {p for p in pseud if p in registered_people or p in state.released_people}
@@ -519,7 +575,19 @@ def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerp
         republish=tuple(republish), new_records=tuple(sorted(new_records)),
         suppressed=tuple(sorted(suppressed)), suppressed_clusters=tuple(suppressed_clusters),
         n_new_people=n_new_people, n_returning_people=len(returning), n_waiting_people=len(waiting),
+        label_names=tuple(map(str, label_names)), record_labels=labs,
     )
+
+
+def _record_labels(record_labels: Sequence[Sequence[Hashable]] | None, label_names: Sequence[str],
+                   n: int) -> tuple[tuple[str, ...], ...] | None:
+    if record_labels is None:
+        return None
+    out = tuple(tuple(map(str, r)) for r in record_labels)
+    if len(out) != n or any(len(r) != len(label_names) for r in out):
+        raise ConfigError(f"record_labels must have one entry per record ({n}) of {len(label_names)} values "
+                          f"(label_names={list(label_names)}); got {len(out)} entries")
+    return out
 
 
 def _counterfeits_needed(c: LineageCluster, recs: Sequence[int], pseud: Sequence[str], k: int) -> int:
@@ -590,6 +658,14 @@ class RepublishedCluster:
     people_released: tuple[str, ...]  # pseudonyms whose records carry it in this release
 
 
+@dataclass(frozen=True)
+class RepublishedLabels:
+    """Released label values of a republished cluster's rows (:meth:`LineageRelease.republished_labels`)."""
+
+    records: Mapping[int, tuple[str, ...]]   # drop record index -> label values
+    counterfeits: tuple[tuple[str, ...], ...]
+
+
 @dataclass(frozen=True, eq=False)
 class LineageRelease:
     """One release as the lineage sees it: checked by the gate, then appended to the registry.
@@ -631,6 +707,41 @@ class LineageRelease:
         return [(state.clusters[r.key].image, state.clusters[r.key].partition)
                 for r in self.republished for _ in range(r.n_counterfeit)]
 
+    def republished_labels(self, state: LineageState,
+                           label_names: Sequence[str]) -> dict[str, "RepublishedLabels | None"]:
+        """The released labels of every republished cluster's rows: its registered label mix, reproduced.
+
+        Per republished cluster key: each drop record released with it keeps the labels registered for
+        it (a basis record), the others (new photos of returning people) and the counterfeits take the
+        rest of :func:`label_mix` of the registered labels at the released size. The cluster's released
+        label multiset is thus the registered one (the same size as registered: absent members'
+        labels are carried by the counterfeits, so neither who left nor which labels they had shows),
+        or its proportional extension to more rows; with fewer rows (``absent="suppress"``), a part of
+        it. None for a cluster whose labels were not registered (a registry written before labels
+        were kept, or a label column the registering release did not have): the caller falls back.
+        """
+        out: dict[str, RepublishedLabels | None] = {}
+        for r in self.republished:
+            c = state.clusters[r.key]
+            reg = c.labels_for(label_names)
+            if reg is None:
+                out[r.key] = None
+                continue
+            recs = [i for i, key in enumerate(self.record_cluster) if key == r.key]
+            pool = Counter(label_mix(list(reg.values()), max(len(reg), r.n_released)))
+            mine: dict[int, tuple[str, ...]] = {}
+            for i in recs:
+                lab = reg.get(self.fingerprints[i])
+                if lab is not None and pool[lab] > 0:
+                    mine[i] = lab
+                    pool[lab] -= 1
+            rest = iter(sorted(pool.elements()))
+            for i in recs:
+                if i not in mine:
+                    mine[i] = next(rest)
+            out[r.key] = RepublishedLabels(records=mine, counterfeits=tuple(next(rest) for _ in range(r.n_counterfeit)))
+        return out
+
     def to_entry(self) -> dict[str, Any]:
         """The registry entry document (kind ``release``); the registry adds seq and chain hash."""
         return {"format": ENTRY_FORMAT, "kind": "release", "dataset": self.dataset, "release_id": self.release_id,
@@ -646,7 +757,8 @@ class LineageRelease:
 
 def _new_clusters(release_id: str, idx: Sequence[int], labels: np.ndarray, images: np.ndarray,
                   pseud: Sequence[str], fps: Sequence[str], parts: Sequence[tuple[str, ...]] | None,
-                  shape: tuple[int, int], k: int, method: str) -> tuple[list[LineageCluster], dict[int, str]]:
+                  shape: tuple[int, int], k: int, method: str, record_labels: Sequence[tuple[str, ...]] | None = None,
+                  label_names: Sequence[str] = ()) -> tuple[list[LineageCluster], dict[int, str]]:
     by_label: dict[int, list[int]] = defaultdict(list)
     for row, lab in enumerate(labels.tolist()):
         if lab >= 0:
@@ -664,7 +776,10 @@ def _new_clusters(release_id: str, idx: Sequence[int], labels: np.ndarray, image
         key = f"{release_id}/{n:05d}"
         clusters.append(LineageCluster(key=key, release_id=release_id,
                                        members=frozenset((fps[i], pseud[i]) for i in members), image=img.copy(), shape=shape,
-                                       partition=tuple(part), n_released=len(members), k=k, method=method))
+                                       partition=tuple(part), n_released=len(members), k=k, method=method,
+                                       label_names=tuple(label_names),
+                                       member_labels=None if record_labels is None else
+                                       {fps[i]: record_labels[i] for i in members}))
         for i in members:
             where[i] = key
     return clusters, where
@@ -691,7 +806,7 @@ def build_release(plan: LineagePlan, state: LineageState, *, release_id: str, me
                            f"registry is now at entry {state.seq} of {state.dataset!r}; plan again")
     labels, images = _check_new(new_labels, new_images, len(plan.new_records))
     new, where = _new_clusters(release_id, plan.new_records, labels, images, plan.pseudonyms, plan.fingerprints,
-                               plan.partitions, tuple(shape), plan.k, method)
+                               plan.partitions, tuple(shape), plan.k, method, plan.record_labels, plan.label_names)
     record_cluster: list[str | None] = [None] * len(plan.pseudonyms)
     for i, ckey in where.items():
         record_cluster[i] = ckey
@@ -722,7 +837,9 @@ def _released_records(state: LineageState, key: str) -> list[str]:
 
 def release_from_clusters(state: LineageState, people: Sequence[Hashable], record_fingerprints: Sequence[str], *,
                           key: bytes, release_id: str, k: int, method: str, labels: Any, images: Any,
-                          shape: tuple[int, int], partitions: Sequence[Hashable] | None = None) -> LineageRelease:
+                          shape: tuple[int, int], partitions: Sequence[Hashable] | None = None,
+                          record_labels: Sequence[Sequence[Hashable]] | None = None,
+                          label_names: Sequence[str] = ()) -> LineageRelease:
     """A release clustered without the lineage policy (every cluster new): what the gate must catch.
 
     ``labels`` is the cluster of every record (-1: suppressed), ``images`` the released uint8 images.
@@ -733,7 +850,7 @@ def release_from_clusters(state: LineageState, people: Sequence[Hashable], recor
     labels, images = _check_new(labels, images, len(pseud))
     parts = _partition_keys(partitions, len(pseud))
     new, where = _new_clusters(release_id, range(len(pseud)), labels, images, pseud, fps, parts, tuple(shape),
-                               k, method)
+                               k, method, _record_labels(record_labels, label_names, len(pseud)), label_names)
     record_cluster = tuple(where.get(i) for i in range(len(pseud)))
     released = sum(c is not None for c in record_cluster)
     counts = {"new_clusters": len(new), "republished_clusters": 0, "suppressed_clusters": 0,

@@ -11,18 +11,19 @@ every release and a gallery of original faces would.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Hashable, Sequence
 
 import numpy as np
 
 from deid.errors import ConfigError
-from deid.release.lineage import LineageCluster, LineageRelease, LineageState
+from deid.release.lineage import LineageCluster, LineageRelease, LineageState, label_mix
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DifferencingMatch", "DifferencingResult", "LineageCheck", "check_structure", "differencing_attack"]
+__all__ = ["DifferencingMatch", "DifferencingResult", "LineageCheck", "check_label_mix", "check_structure",
+           "differencing_attack"]
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,58 @@ def _check_returning(state: LineageState, release: LineageRelease,
         "lineage_returning_identical", not bad, n_bad_people, 0,
         f"{n_checked} released records of {len(people_checked)} returning people checked; {len(bad)} records of "
         f"{n_bad_people} people carry an image other than their registered one", tuple(bad))
+
+
+def check_label_mix(state: LineageState, release: LineageRelease,
+                    rows: Sequence[tuple[str, tuple[str, ...]]], label_names: Sequence[str]) -> LineageCheck:
+    """``lineage_label_mix``: every released cluster carries its registered label multiset.
+
+    ``rows`` is (lineage cluster key, released label values in ``label_names`` order) of every row of
+    the would-be release, counterfeits included. A republished cluster must release the rows the
+    release says and carry exactly :func:`~deid.release.lineage.label_mix` of its registered labels
+    at that size (the registered multiset itself at the registered size), or a part of the registered
+    multiset when it is released with fewer rows (``absent="suppress"``): otherwise its label mix changes between
+    releases and shows who is absent, or which labels they had. A new cluster must carry the labels
+    this release registers for its members. Clusters registered before the registry kept labels
+    cannot be checked: counted in the detail (they keep the earlier fallback labels).
+    """
+    got: dict[str, Counter] = defaultdict(Counter)
+    for key, labels in rows:
+        got[key][tuple(labels)] += 1
+    expect: dict[str, tuple[Counter, int]] = {}   # key -> (labels it may carry, rows it releases)
+    legacy = 0
+    for c in release.new_clusters:
+        reg = c.labels_for(label_names)
+        if reg is not None:
+            # Byte-identical photos listed twice share a fingerprint (one registered record): then the
+            # registered labels can only bound the released ones.
+            want = Counter(reg.values())
+            expect[c.key] = (want if len(reg) == c.n_released else Counter({t: c.n_released for t in want}),
+                             c.n_released)
+    for r in release.republished:
+        reg = state.clusters[r.key].labels_for(label_names)
+        if reg is None:
+            legacy += 1
+            continue
+        expect[r.key] = (Counter(label_mix(list(reg.values()), max(r.n_released, len(reg)))), r.n_released)
+    findings = []
+    for key, (want, n_rows) in sorted(expect.items()):
+        have = got.get(key, Counter())
+        ok = sum(have.values()) == n_rows and not (have - want)
+        if not ok:
+            findings.append({"cluster": key, "released": sorted(have.elements()),
+                             "registered": sorted(want.elements())})
+    if legacy:
+        logger.warning("lineage: %d republished clusters were registered without labels (a registry written before "
+                       "labels were kept); their counterfeits carry labels of present members", legacy)
+    n_rep = len(release.republished)
+    return LineageCheck(
+        "lineage_label_mix", not findings, len(findings), 0,
+        f"{len(expect)} released clusters checked ({n_rep - legacy} republished, {len(expect) - n_rep + legacy} new): "
+        f"{len(findings)} carry a label mix other than their registered one"
+        + (f"; {legacy} republished clusters registered without labels (registry written before labels were kept): "
+           "label mix not checked, counterfeits carry labels of present members" if legacy else ""),
+        tuple(findings))
 
 
 # --------------------------------------------------------------------------- differencing attack

@@ -34,6 +34,10 @@ behind, which :meth:`Registry.load` accepts when that entry chains correctly, an
 rewrites HEAD. What is *not* detectable locally: the whole directory deleted, or HEAD and the
 tail both rolled back to an earlier copy. The signed report should therefore carry the head the
 release was planned on (``LineagePlan.based_on_head``), which anchors the chain publicly.
+
+With ``DEID_DATABASE_URL`` (runs of one dataset on several machines) the same sealed entries and
+HEAD are rows of PostgreSQL instead of files (:mod:`deid.release.lineage_postgres`): the store is
+the only part that changes; encryption, chaining and verification stay here.
 """
 from __future__ import annotations
 
@@ -42,7 +46,8 @@ import logging
 import os
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -65,7 +70,7 @@ from deid.release.lineage import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Registry", "lineage_dir"]
+__all__ = ["FileStore", "Registry", "lineage_dir"]
 
 MAGIC = b"DEIDLIN1"
 HEAD_MAGIC = b"DEIDLHD1"
@@ -97,52 +102,14 @@ def _write_temp(directory: Path, name: str, data: bytes) -> Path:
     return tmp
 
 
-@dataclass(frozen=True)
-class Registry:
-    """The lineage registry of one dataset under ``root`` (see the module docstring).
+class FileStore:
+    """The registry's entries as files under ``root`` (the default store; see the module docstring)."""
 
-    Parameters
-    ----------
-    root : Path
-        ``lineage_dir(data_dir, dataset)``.
-    dataset : str
-    key : bytes
-        The steward's 32-byte key (the linkage key); per-purpose keys are derived from it.
-    """
+    def __init__(self, root: Path):
+        self.root = Path(root)
 
-    root: Path
-    dataset: str
-    key: bytes
-
-    @classmethod
-    def open(cls, data_dir: Path, dataset: str, key: bytes) -> "Registry":
-        return cls(lineage_dir(data_dir, dataset), check_dataset_name(dataset), key)
-
-    # ------------------------------------------------------------------ encryption
-
-    def _aad(self, magic: bytes, seq: int) -> bytes:
-        return magic + self.dataset.encode() + b"\0" + seq.to_bytes(8, "big")
-
-    def _seal(self, magic: bytes, purpose: str, seq: int, payload: bytes) -> bytes:
-        nonce = secrets.token_bytes(NONCE_BYTES)
-        return magic + nonce + AESGCM(derive_key(self.key, self.dataset, purpose)).encrypt(
-            nonce, payload, self._aad(magic, seq))
-
-    def _open(self, magic: bytes, purpose: str, seq: int, blob: bytes, what: str) -> bytes:
-        if not blob.startswith(magic) or len(blob) < len(magic) + NONCE_BYTES + 16:
-            raise LineageError(f"lineage registry {self.root}: {what} is not a deid lineage file (bad header or "
-                               "truncated); the registry was modified; restore it from backup")
-        nonce = blob[len(magic):len(magic) + NONCE_BYTES]
-        try:
-            return AESGCM(derive_key(self.key, self.dataset, purpose)).decrypt(
-                nonce, blob[len(magic) + NONCE_BYTES:], self._aad(magic, seq))
-        except InvalidTag:
-            raise LineageError(
-                f"lineage registry {self.root}: {what} does not authenticate: wrong key, a modified byte, or an entry "
-                "moved or reordered; refusing to use the registry (restore it from backup, or pass the steward's key)"
-            ) from None
-
-    # ------------------------------------------------------------------ reading
+    def describe(self) -> str:
+        return str(self.root)
 
     def _entry_files(self) -> list[tuple[int, Path]]:
         out = []
@@ -158,15 +125,123 @@ class Registry:
     def exists(self) -> bool:
         return (self.root / HEAD_NAME).exists() or (self.root.is_dir() and bool(self._entry_files()))
 
-    def _read_head(self) -> tuple[int, str]:
-        path = self.root / HEAD_NAME
-        if not path.is_file():
-            raise LineageError(f"lineage registry {self.root}: HEAD is missing while entries exist; the registry was "
+    def count(self) -> int:
+        """Entry files present (not decrypted)."""
+        return len(self._entry_files()) if self.root.is_dir() else 0
+
+    def read(self) -> tuple[list[tuple[int, bytes]], bytes | None]:
+        """(seq, sealed entry) of every entry file, by name; the sealed HEAD or None."""
+        if not self.root.is_dir():
+            return [], None
+        entries = [(seq, path.read_bytes()) for seq, path in self._entry_files()]
+        head = self.root / HEAD_NAME
+        return entries, head.read_bytes() if head.is_file() else None
+
+    def append(self, seq: int, entry: bytes, head: bytes) -> None:
+        """Write entry ``seq`` (refused if it exists: two writers cannot both append it), then HEAD."""
+        if not self.root.exists():
+            self.root.mkdir(parents=True, mode=0o700)
+            os.chmod(self.root, 0o700)
+        for tmp in self.root.glob(".*.tmp"):  # leftovers of an interrupted append: never part of the chain
+            tmp.unlink(missing_ok=True)
+        final = self.root / f"{seq:08d}{SUFFIX}"
+        tmp = _write_temp(self.root, final.name, entry)
+        try:
+            os.link(tmp, final)  # fails if the name exists: a concurrent append wins, this one is refused
+        except FileExistsError:
+            raise LineageError(f"lineage registry {self.root}: entry {seq:08d} was written concurrently; "
+                               "reload and plan again") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        _fsync_dir(self.root)
+        tmp = _write_temp(self.root, HEAD_NAME, head)
+        os.replace(tmp, self.root / HEAD_NAME)
+        _fsync_dir(self.root)
+
+
+@dataclass(frozen=True)
+class Registry:
+    """The lineage registry of one dataset under ``root`` (see the module docstring).
+
+    Parameters
+    ----------
+    root : Path
+        ``lineage_dir(data_dir, dataset)``.
+    dataset : str
+    key : bytes
+        The steward's 32-byte key (the linkage key); per-purpose keys are derived from it.
+    database_url : str, optional
+        ``DEID_DATABASE_URL``: the sealed entries live in PostgreSQL instead of under ``root``
+        (:mod:`deid.release.lineage_postgres`), for runs of one dataset on several machines. A file
+        registry already under ``root`` is imported into the database by the first :meth:`load`.
+    """
+
+    root: Path
+    dataset: str
+    key: bytes
+    database_url: str | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def open(cls, data_dir: Path, dataset: str, key: bytes, *, database_url: str | None = None) -> "Registry":
+        return cls(lineage_dir(data_dir, dataset), check_dataset_name(dataset), key, database_url or None)
+
+    @cached_property
+    def store(self):
+        """Where the sealed entries are: :class:`FileStore` or the PostgreSQL store."""
+        if self.database_url:
+            from deid.release.lineage_postgres import PostgresStore  # noqa: PLC0415 - only when configured
+
+            return PostgresStore(self.database_url, self.dataset)
+        return FileStore(self.root)
+
+    @property
+    def where(self) -> str:
+        """The registry's location for messages (a path, or the database URL without its password)."""
+        return self.store.describe()
+
+    # ------------------------------------------------------------------ encryption
+
+    def _aad(self, magic: bytes, seq: int) -> bytes:
+        return magic + self.dataset.encode() + b"\0" + seq.to_bytes(8, "big")
+
+    def _seal(self, magic: bytes, purpose: str, seq: int, payload: bytes) -> bytes:
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        return magic + nonce + AESGCM(derive_key(self.key, self.dataset, purpose)).encrypt(
+            nonce, payload, self._aad(magic, seq))
+
+    def _open(self, magic: bytes, purpose: str, seq: int, blob: bytes, what: str) -> bytes:
+        if not blob.startswith(magic) or len(blob) < len(magic) + NONCE_BYTES + 16:
+            raise LineageError(f"lineage registry {self.where}: {what} is not a deid lineage file (bad header or "
+                               "truncated); the registry was modified; restore it from backup")
+        nonce = blob[len(magic):len(magic) + NONCE_BYTES]
+        try:
+            return AESGCM(derive_key(self.key, self.dataset, purpose)).decrypt(
+                nonce, blob[len(magic) + NONCE_BYTES:], self._aad(magic, seq))
+        except InvalidTag:
+            raise LineageError(
+                f"lineage registry {self.where}: {what} does not authenticate: wrong key, a modified byte, or an entry "
+                "moved or reordered; refusing to use the registry (restore it from backup, or pass the steward's key)"
+            ) from None
+
+    # ------------------------------------------------------------------ reading
+
+    def exists(self) -> bool:
+        if self.database_url and not self.store.exists():
+            return FileStore(self.root).exists()  # not imported yet: the first load() does
+        return self.store.exists()
+
+    def _read_head(self, blob: bytes | None) -> tuple[int, str]:
+        if blob is None:
+            raise LineageError(f"lineage registry {self.where}: HEAD is missing while entries exist; the registry was "
                                "modified or truncated; restore it from backup")
-        doc = json.loads(self._open(HEAD_MAGIC, "head", 0, path.read_bytes(), "HEAD"))
+        doc = json.loads(self._open(HEAD_MAGIC, "head", 0, blob, "HEAD"))
         if doc.get("dataset") != self.dataset:
-            raise LineageError(f"lineage registry {self.root}: HEAD belongs to dataset {doc.get('dataset')!r}")
+            raise LineageError(f"lineage registry {self.where}: HEAD belongs to dataset {doc.get('dataset')!r}")
         return int(doc["seq"]), str(doc["hash"])
+
+    def _head_blob(self, seq: int, digest: str) -> bytes:
+        payload = canonical_bytes({"dataset": self.dataset, "seq": seq, "hash": digest})
+        return self._seal(HEAD_MAGIC, "head", 0, payload)
 
     def load(self) -> LineageState:
         """Decrypt and verify the whole chain; the state of an empty (absent) registry is empty.
@@ -176,39 +251,66 @@ class Registry:
         LineageError
             Wrong key, a modified byte, a missing, extra, reordered or moved entry, or a deleted tail.
         """
-        if not self.root.is_dir() or not self.exists():
+        if self.database_url:
+            self._sync_files_to_database()
+        files, head_blob = self.store.read()
+        if not files and head_blob is None:
             return replay(self.dataset, [], seq=-1, head=GENESIS_PREV)
-        files = self._entry_files()
         docs: list[dict[str, Any]] = []
         prev = GENESIS_PREV
-        for expect, (seq, path) in enumerate(files):
+        for expect, (seq, blob) in enumerate(files):
             if seq != expect:
-                raise LineageError(f"lineage registry {self.root}: entry {expect:08d} is missing (next is {seq:08d}); "
+                raise LineageError(f"lineage registry {self.where}: entry {expect:08d} is missing (next is {seq:08d}); "
                                    "an entry was deleted; restore the registry from backup")
-            doc = json.loads(self._open(MAGIC, "encrypt", seq, path.read_bytes(), f"entry {seq:08d}"))
+            doc = json.loads(self._open(MAGIC, "encrypt", seq, blob, f"entry {seq:08d}"))
             if doc.get("seq") != seq or doc.get("prev") != prev or doc.get("dataset") != self.dataset:
-                raise LineageError(f"lineage registry {self.root}: entry {seq:08d} does not chain to the previous entry "
-                                   "(entries reordered or replaced); restore the registry from backup")
+                raise LineageError(f"lineage registry {self.where}: entry {seq:08d} does not chain to the previous "
+                                   "entry (entries reordered or replaced); restore the registry from backup")
             if doc.get("format") != ENTRY_FORMAT:
-                raise LineageError(f"lineage registry {self.root}: entry {seq:08d} has format {doc.get('format')!r}, "
+                raise LineageError(f"lineage registry {self.where}: entry {seq:08d} has format {doc.get('format')!r}, "
                                    f"expected {ENTRY_FORMAT}")
             prev = chain_hash(prev, doc)
             docs.append(doc)
-        head_seq, head_hash = self._read_head()
+        head_seq, head_hash = self._read_head(head_blob)
         last = len(docs) - 1
         hashes = self._hashes(docs)
         if head_seq > last:
-            raise LineageError(f"lineage registry {self.root}: HEAD names entry {head_seq:08d} but the last entry is "
+            raise LineageError(f"lineage registry {self.where}: HEAD names entry {head_seq:08d} but the last entry is "
                                f"{last:08d}; entries were deleted; restore the registry from backup")
         if head_seq < last - 1 or hashes[head_seq] != head_hash:
-            raise LineageError(f"lineage registry {self.root}: HEAD (entry {head_seq:08d}) does not match the chain; "
+            raise LineageError(f"lineage registry {self.where}: HEAD (entry {head_seq:08d}) does not match the chain; "
                                "the registry was modified; restore it from backup")
         if head_seq == last - 1:
             logger.warning("lineage registry %s: HEAD one entry behind (interrupted append); entry %08d kept",
-                           self.root, last)
+                           self.where, last)
         if not docs or docs[0].get("kind") != "genesis":
-            raise LineageError(f"lineage registry {self.root}: the first entry is not a genesis entry")
+            raise LineageError(f"lineage registry {self.where}: the first entry is not a genesis entry")
         return replay(self.dataset, docs, seq=last, head=prev)
+
+    def _sync_files_to_database(self) -> None:
+        """A file registry of the dataset (made before ``DEID_DATABASE_URL`` was set) goes into the database once.
+
+        Verified first; imported in one transaction only while the database holds no entry of the
+        dataset. A file registry with more entries than the database means runs were made without
+        the database since: refused (the two would fork the lineage).
+        """
+        files = FileStore(self.root)
+        n_files = files.count()
+        if not n_files:
+            return
+        n_db = self.store.count()
+        if n_db >= n_files:
+            return
+        if n_db:
+            raise LineageError(
+                f"lineage registry of {self.dataset!r}: the files under {self.root} have {n_files} entries but the "
+                f"database {self.where} has {n_db}: runs were made without DEID_DATABASE_URL since the import; "
+                "the lineage has forked; keep one (move the other away) and run again")
+        state = Registry(self.root, self.dataset, self.key).load()  # verified before it is trusted
+        blobs = files.read()[0]
+        self.store.import_entries(blobs, self._head_blob(state.seq, state.head))
+        logger.warning("lineage registry of %s: %d entries imported from %s into %s; the files are no longer used",
+                       self.dataset, len(blobs), self.root, self.where)
 
     @staticmethod
     def _hashes(docs: list[dict[str, Any]]) -> list[str]:
@@ -223,37 +325,17 @@ class Registry:
     def _append(self, state: LineageState, body: dict[str, Any]) -> LineageState:
         current = self.load()
         if current.head != state.head:
-            raise LineageError(f"lineage registry {self.root} moved on (entry {current.seq}) since the state used "
+            raise LineageError(f"lineage registry {self.where} moved on (entry {current.seq}) since the state used "
                                f"here (entry {state.seq}) was loaded; reload and plan again")
-        if not self.root.exists():
-            self.root.mkdir(parents=True, mode=0o700)
-            os.chmod(self.root, 0o700)
-        for tmp in self.root.glob(".*.tmp"):  # leftovers of an interrupted append: never part of the chain
-            tmp.unlink(missing_ok=True)
         if not current.entries and body.get("kind") != "genesis":
-            raise LineageError(f"lineage registry {self.root} has no genesis entry; call init() first")
+            raise LineageError(f"lineage registry {self.where} has no genesis entry; call init() first")
         new = current.with_entry(body)
         seq, doc, new_hash = new.seq, new.entries[-1], new.head
-        blob = self._seal(MAGIC, "encrypt", seq, canonical_bytes(doc))
-        final = self.root / f"{seq:08d}{SUFFIX}"
-        tmp = _write_temp(self.root, final.name, blob)
-        try:
-            os.link(tmp, final)  # fails if the name exists: a concurrent append wins, this one is refused
-        except FileExistsError:
-            raise LineageError(f"lineage registry {self.root}: entry {seq:08d} was written concurrently; "
-                               "reload and plan again") from None
-        finally:
-            tmp.unlink(missing_ok=True)
-        _fsync_dir(self.root)
-        self._write_head(seq, new_hash)
+        # The store appends entry `seq` only if it is the next one (a file that does not exist yet; a row
+        # after the last, in one serializable transaction): two writers never both append it.
+        self.store.append(seq, self._seal(MAGIC, "encrypt", seq, canonical_bytes(doc)), self._head_blob(seq, new_hash))
         logger.info("lineage %s: appended entry %08d (%s)", self.dataset, seq, body.get("kind"))
         return new
-
-    def _write_head(self, seq: int, digest: str) -> None:
-        payload = canonical_bytes({"dataset": self.dataset, "seq": seq, "hash": digest})
-        tmp = _write_temp(self.root, HEAD_NAME, self._seal(HEAD_MAGIC, "head", 0, payload))
-        os.replace(tmp, self.root / HEAD_NAME)
-        _fsync_dir(self.root)
 
     def init(self) -> LineageState:
         """Create the registry with its genesis entry (no-op when it exists); returns the state."""
@@ -274,7 +356,7 @@ class Registry:
             if len(state.entries) > 1:
                 # Another run registered first (two first drops of a dataset at once): this release was
                 # planned without its clusters and must be planned again, like any later release.
-                raise LineageError(f"lineage registry {self.root} moved on (entry {state.seq}) since release "
+                raise LineageError(f"lineage registry {self.where} moved on (entry {state.seq}) since release "
                                    f"{release.release_id} was planned on the empty lineage; reload and plan again")
         elif release.based_on_head != state.head:
             raise LineageError(f"release {release.release_id} was planned on another lineage state (entry "
