@@ -42,7 +42,7 @@ import secrets
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -273,13 +273,23 @@ class FeaturePartitioned:
 
 def ingest_features(drop_dir: str | os.PathLike, layout: StagingLayout, config: RunConfig, *,
                     logger: Logger | None = None) -> FeatureIngest | UnreadableDrop:
-    """Read, validate and stage the drop; an unreadable drop is a verdict on the input, not a crash."""
+    """Read, validate and stage the drop; an unreadable drop is a verdict on the input, not a crash.
+
+    Great Expectations suites (:func:`deid.evaluation.validation.validate_feature_table`): the table
+    as the steward wrote it (``feature_table``, in the report: the rows the reader quarantined show
+    there) and the staged records (``feature_ingested``, a gate check: it must pass).
+    """
+    from deid.evaluation.validation import suite_check, validate_feature_table  # noqa: PLC0415
+
     try:
-        return ingest_feature_drop(drop_dir, layout.root, labels=list(config.labels) if config.labels else None,
-                                   name=config.name)
+        ing = ingest_feature_drop(drop_dir, layout.root, labels=list(config.labels) if config.labels else None,
+                                  name=config.name)
+        validation = {"feature_table": validate_feature_table(ing.drop),
+                      "feature_ingested": validate_feature_table(ing.drop, staged=True)}
     except DataError as exc:
         (logger or log).info("ingest: the feature drop is unreadable; the run signs a rejection naming the reason")
         return UnreadableDrop(str(exc))
+    return replace(ing, validation=validation, checks=(suite_check(validation["feature_ingested"]),))
 
 
 def identify_features(ingested: FeatureIngest, config: RunConfig, *, logger: Logger | None = None) -> FeatureIdentity:
@@ -493,9 +503,19 @@ def stage_features(ingested: FeatureIngest, deid: FeatureDeidentified, layout: S
 
     lg = logger or log
     drop, tmp = ingested.drop, layout.release_dir
+    from deid.evaluation.validation import suite_check, validate_feature_release  # noqa: PLC0415
+    from deid.operations.pipeline import releasable_label_sets  # noqa: PLC0415
+    from deid.release.publish import RELEASE_TABLE  # noqa: PLC0415
+
     vectors, clusters, labels, ids = _with_counterfeits(drop, deid, lineage)
+    people = pa.table({"subject_id": pa.array(drop.subject_ids, pa.string()),
+                       **{x: pa.array(drop.label_values[x], pa.string()) for x in drop.labels}})
     try:
         staged = stage_vector_release(tmp, vectors=vectors, clusters=clusters, labels=labels, record_ids=ids)
+        validation = validate_feature_release(
+            tmp / RELEASE_TABLE, list(drop.labels), k=config.k, dim=drop.dim,
+            label_sets=releasable_label_sets(people, drop.labels, config.k),
+            source_record_ids=[*drop.record_ids, *drop.source_ids])
         key, key_path, origin = linkage_key(config)
         sources = {drop.record_ids[i]: {"subject_id": drop.subject_ids[i], "image": drop.source_ids[i]}
                    for i in deid.rows}
@@ -507,7 +527,8 @@ def stage_features(ingested: FeatureIngest, deid: FeatureDeidentified, layout: S
         lg.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", key_path)
     lg.info("stage: %d feature records staged for release in %s", staged.n_records, tmp)
     return Staged(dir=tmp, artifacts=tuple(Artifact(**a) for a in hash_tree(tmp)), columns=tuple(staged.columns),
-                  records=staged.n_records, validation={}, checks=(), file_metadata={}, linkage=layout.linkage)
+                  records=staged.n_records, validation=validation, checks=(suite_check(validation),),
+                  file_metadata={}, linkage=layout.linkage)
 
 
 def gate_features(ingested: FeatureIngest, identity: FeatureIdentity, part: FeaturePartitioned,
@@ -525,7 +546,8 @@ def gate_features(ingested: FeatureIngest, identity: FeatureIdentity, part: Feat
         records_in=counts.records_in, suppressed=counts.suppressed, quarantined=counts.quarantined,
         partition_failed=part.plan.failed, partition_detail=part.small_detail,
         release_columns=tuple(staged.columns) if staged else (*FEATURE_RELEASE_BASE_COLUMNS, *drop.labels),
-        extra_checks=(*part.checks, *(lineage.checks if lineage else ()), *(staged.checks if staged else ())),
+        extra_checks=(*part.checks, *ingested.checks, *(lineage.checks if lineage else ()),
+                      *(staged.checks if staged else ())),
         republished=lineage.republished if lineage is not None else None)
     result = evaluate(inputs, config.gate_config(drop.labels))
     (logger or log).info("gate: " + ("passed" if result.passed else "failed - " + "; ".join(result.reasons)))
@@ -589,5 +611,6 @@ def feature_report(*, release_id: str, run_id: str, created_at: str, config: Run
                                         for e in plan.small],
             "clusters": {"count": len(clusters), "sizes": sorted(c["size"] for c in clusters)},
             "extra_table_columns": list(drop.extra_columns), "stage_seconds": dict(timings),
-            "validation": "every row checked by deid.intake.features (no Great Expectations suite for feature tables)",
+            "validation": "every row checked by deid.intake.features; Great Expectations suites feature_table (the "
+                          "table as written), feature_ingested and feature_release",
         })

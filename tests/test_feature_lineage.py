@@ -1,0 +1,157 @@
+"""Successive feature releases of one dataset through the lineage registry, and the feature drops' GX suites.
+
+Synthetic feature drops (:mod:`deid.intake.synth_features`: person ``p`` is the same in every
+drop of a seed) released by the Prefect-free runner.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from deid.intake.features import write_feature_drop
+from deid.intake.synth_features import synthetic_features
+from deid.operations.features import FeatureSteps, partition_features
+from deid.operations.runner import Steps, run_release
+from deid.release.lineage import empty_state
+from deid.release.linkage import load_linkage_key, read_linkage
+from deid.release.vectors import read_vector_release
+from deid.run_config import RunConfig
+from deid.settings import Settings
+
+K = 5
+DATASET = "voices"
+SYNTH = synthetic_features(people=50, per_person=2, dim=16, seed=3)
+
+
+def _drop(root: Path, name: str, people: set[int], *, nan_row: int | None = None) -> Path:
+    """A drop of dataset ``voices`` holding the synthetic people ``people`` (both records each)."""
+    idx = [i for i, p in enumerate(SYNTH.people) if int(p[1:]) in people]
+    vectors = SYNTH.vectors[idx].copy()
+    if nan_row is not None:
+        vectors[nan_row, 3] = np.nan
+    return write_feature_drop(root / "drops" / name, vectors=vectors, subject_ids=[SYNTH.people[i] for i in idx],
+                              labels={x: [v[i] for i in idx] for x, v in SYNTH.labels.items()},
+                              record_ids=[SYNTH.record_ids[i] for i in idx], name=name,
+                              extra_yaml={"dataset": DATASET})
+
+
+def _config(root: Path, **kw) -> RunConfig:
+    settings = Settings(project_dir=root, signing_key=None, linkage_key=None, dask_address=None, seed=None)
+    return RunConfig.resolve(settings, kind="features", **{"k": K, "method": "k-same-select", **kw})
+
+
+def _released(root: Path, res) -> dict[str, list[tuple[str, bytes]]]:
+    """cluster_id -> [(steward's record id or None for a counterfeit, released vector bytes)] of a release."""
+    table, vectors = read_vector_release(res.release_dir)
+    at = {rid: i for i, rid in enumerate(table.column("record_id").to_pylist())}
+    key = load_linkage_key(root / "data" / "keys" / "dev_linkage.key")
+    out: dict[str, list[tuple[str, bytes]]] = {}
+    for row in read_linkage(res.linkage, key):
+        v = np.ascontiguousarray(vectors[at[row["released_record_id"]]], dtype="<f4").tobytes()
+        out.setdefault(row["cluster_id"], []).append((row["source_image"], v))
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_releases(tmp_path_factory):
+    """Release 1: people 0-39; release 2: people 5-49 (5 left, 10 new), one dataset, policy invariant."""
+    root = tmp_path_factory.mktemp("featlin")
+    first = run_release(_drop(root, "d1", set(range(0, 40))), _config(root))
+    second = run_release(_drop(root, "d2", set(range(5, 50))), _config(root))
+    return root, first, second
+
+
+def test_second_feature_release_keeps_every_returning_vector_and_no_cluster_differs_by_fewer_than_k(two_releases):
+    root, first, second = two_releases
+    assert first.verdict == "released" and second.verdict == "released", (first.reasons, second.reasons)
+    r1, r2 = _released(root, first), _released(root, second)
+    # Each release's clusters hold one vector each: the k-Same mean, identical for every member.
+    for rel in (r1, r2):
+        assert all(len({v for _, v in rows}) == 1 for rows in rel.values())
+    # Across releases: clusters with different vectors share no record or differ by >= k records.
+    basis1 = {rows[0][1]: {r for r, _ in rows} for rows in r1.values()}
+    compared = 0
+    for rows in r2.values():
+        v2, recs2 = rows[0][1], {r for r, _ in rows if r is not None}
+        for v1, recs1 in basis1.items():
+            if v1 == v2:  # a registered cluster released again: only its own people's records carry it
+                assert {r.split("-")[1] for r in recs2} <= {r.split("-")[1] for r in recs1}
+                continue
+            compared += 1
+            assert not 1 <= len(recs1 ^ recs2) <= K - 1, (len(recs1 ^ recs2), sorted(recs1 ^ recs2))
+    assert compared > 0
+    # A returning person's released vectors are bit-identical to their first ones.
+    def by_person(rel):
+        out: dict[str, set[bytes]] = {}
+        for rows in rel.values():
+            for r, v in rows:
+                if r is not None:
+                    out.setdefault(r.split("-")[1], set()).add(v)
+        return out
+
+    p1, p2 = by_person(r1), by_person(r2)
+    returning = set(p1) & set(p2)
+    assert len(returning) == 35 and all(p2[p] == p1[p] for p in returning)
+    # Five people left: their clusters are republished at their first size with counterfeit rows.
+    n_fake = sum(r is None for rows in r2.values() for r, _ in rows)
+    report = json.loads(second.report_path.read_text())
+    lin = report["lineage"]
+    assert lin["applied"] is True and lin["registered"] is True and lin["policy"] == "invariant"
+    assert lin["returning_people"] == 35 and lin["new_people"] == 10 and lin["counterfeit_records"] == n_fake > 0
+    assert lin["based_on_head"] != "0" * 64
+    checks = {c["name"]: c for c in report["checks"]}
+    for name in ("lineage_cluster_differences", "lineage_returning_identical", "lineage_differencing_attack"):
+        assert checks[name]["passed"], checks[name]
+    assert "70 released records of 35 returning people" in checks["lineage_returning_identical"]["detail"]
+    assert report["privacy"]["max_person_share"] <= 1.0 / K + 1e-12
+
+
+def _bypass(ingested, identity, config, *, lineage_state=None, logger=None):
+    """The lineage policy bypassed: every person clustered as new, the release checked against the real registry."""
+    part = partition_features(ingested, identity, config, lineage_state=empty_state(lineage_state.dataset))
+    plan = replace(part.lineage.plan, based_on_seq=lineage_state.seq, based_on_head=lineage_state.head)
+    return replace(part, lineage=replace(part.lineage, plan=plan, state=lineage_state))
+
+
+def test_a_feature_release_reclustered_without_the_policy_is_rejected_by_the_lineage_checks(two_releases):
+    root, first, second = two_releases
+    before = sorted(p.name for p in (root / "data" / "releases").iterdir())
+    res = run_release(root / "drops" / "d2", _config(root), steps=Steps(features=FeatureSteps(partition=_bypass)))
+    assert res.verdict == "rejected" and res.release_dir is None
+    checks = {c.name: c for c in res.report.checks}
+    assert not checks["lineage_cluster_differences"].passed, checks["lineage_cluster_differences"]
+    assert not checks["lineage_returning_identical"].passed
+    # The differencing attack in feature space finds what re-clustering leaks: differences of released
+    # means that are exactly an original vector, or a pair of them.
+    assert not checks["lineage_differencing_attack"].passed and checks["lineage_differencing_attack"].value >= 1
+    assert any(r.startswith("lineage_") for r in res.report.reasons)
+    assert sorted(p.name for p in (root / "data" / "releases").iterdir()) == before  # nothing published
+    report = json.loads(res.report_path.read_text())
+    assert report["lineage"]["registered"] is False
+
+
+def test_feature_runs_validate_the_table_and_the_release_with_great_expectations(tmp_path):
+    drop = _drop(tmp_path, "broken", set(range(0, 30)), nan_row=4)
+    res = run_release(drop, _config(tmp_path))
+    assert res.verdict == "released", res.reasons
+    report = json.loads(res.report_path.read_text())
+    assert report["dataset"]["quarantine_by_reason"] == {"non_finite_features": 1}
+    val = report["validation"]
+    assert set(val) == {"feature_table", "feature_ingested", "feature_release"}
+    # The table as the steward wrote it: the NaN vector is flagged (the reader quarantined its row) ...
+    table = {(r["expectation"], r["column"]): r for r in val["feature_table"]["results"]}
+    assert not val["feature_table"]["success"]
+    assert table[("expect_column_values_to_be_in_set", "_vector_finite")]["unexpected_count"] == 1
+    assert table[("expect_column_values_to_be_unique", "record_id")]["success"]
+    # ... what was staged and what is released pass, and gate the run.
+    assert val["feature_ingested"]["success"] and val["feature_release"]["success"]
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["expectations_feature_ingested"]["passed"] and checks["expectations_feature_release"]["passed"]
+    release = {(r["expectation"], r["column"]) for r in val["feature_release"]["results"]}
+    assert ("expect_column_values_to_be_between", "_cluster_size") in release
+    page = (res.report_dir / "validation" / "index.html").read_text()
+    assert "feature_table" in page and "feature_release" in page and "FAIL" in page
