@@ -27,16 +27,22 @@ DATASET = "voices"
 SYNTH = synthetic_features(people=50, per_person=2, dim=16, seed=3)
 
 
-def _drop(root: Path, name: str, people: set[int], *, nan_row: int | None = None) -> Path:
-    """A drop of dataset ``voices`` holding the synthetic people ``people`` (both records each)."""
+def _drop(root: Path, name: str, people: set[int], *, broken: bool = False) -> Path:
+    """A drop of dataset ``voices`` holding the synthetic people ``people`` (both records each).
+
+    ``broken``: row 5 holds a NaN, row 8 an expression drop.yaml's ``label_values`` does not declare.
+    """
     idx = [i for i, p in enumerate(SYNTH.people) if int(p[1:]) in people]
     vectors = SYNTH.vectors[idx].copy()
-    if nan_row is not None:
-        vectors[nan_row, 3] = np.nan
+    labels = {x: [v[i] for i in idx] for x, v in SYNTH.labels.items()}
+    extra = {"dataset": DATASET}
+    if broken:
+        vectors[4, 3] = np.nan
+        labels["expression"][7] = "e9"
+        extra["label_values"] = {"gender": ["g0", "g1"], "expression": ["e0", "e1"]}
     return write_feature_drop(root / "drops" / name, vectors=vectors, subject_ids=[SYNTH.people[i] for i in idx],
-                              labels={x: [v[i] for i in idx] for x, v in SYNTH.labels.items()},
-                              record_ids=[SYNTH.record_ids[i] for i in idx], name=name,
-                              extra_yaml={"dataset": DATASET})
+                              labels=labels, record_ids=[SYNTH.record_ids[i] for i in idx], name=name,
+                              extra_yaml=extra)
 
 
 def _config(root: Path, **kw) -> RunConfig:
@@ -135,17 +141,20 @@ def test_a_feature_release_reclustered_without_the_policy_is_rejected_by_the_lin
 
 
 def test_feature_runs_validate_the_table_and_the_release_with_great_expectations(tmp_path):
-    drop = _drop(tmp_path, "broken", set(range(0, 30)), nan_row=4)
+    drop = _drop(tmp_path, "broken", set(range(0, 30)), broken=True)
     res = run_release(drop, _config(tmp_path))
     assert res.verdict == "released", res.reasons
     report = json.loads(res.report_path.read_text())
-    assert report["dataset"]["quarantine_by_reason"] == {"non_finite_features": 1}
+    assert report["dataset"]["quarantine_by_reason"] == {"non_finite_features": 1, "undeclared_label": 1}
     val = report["validation"]
     assert set(val) == {"feature_table", "feature_ingested", "feature_release"}
-    # The table as the steward wrote it: the NaN vector is flagged (the reader quarantined its row) ...
+    # The table as the steward wrote it: the NaN vector and the undeclared label are flagged (the reader
+    # quarantined their rows) ...
     table = {(r["expectation"], r["column"]): r for r in val["feature_table"]["results"]}
-    assert not val["feature_table"]["success"]
+    assert not val["feature_table"]["success"] and val["feature_table"]["failed"] == 2
     assert table[("expect_column_values_to_be_in_set", "_vector_finite")]["unexpected_count"] == 1
+    assert table[("expect_column_values_to_be_in_set", "expression")]["unexpected_count"] == 1
+    assert table[("expect_column_values_to_be_between", "_vector_length")]["success"]
     assert table[("expect_column_values_to_be_unique", "record_id")]["success"]
     # ... what was staged and what is released pass, and gate the run.
     assert val["feature_ingested"]["success"] and val["feature_release"]["success"]

@@ -441,21 +441,6 @@ def vector_columns(table, column: str):
     return out.append_column("_vector_finite", pa.array(finite, pa.bool_(), mask=~valid))
 
 
-def declared_label_sets(drop) -> dict[str, list[str]] | None:
-    """The label values a feature drop declares (``label_values:`` in drop.yaml), or None when it declares none."""
-    from deid.intake.drop import _read_yaml  # noqa: PLC0415
-
-    declared = _read_yaml(drop.root).get("label_values")
-    if declared is None or not drop.labels:
-        return None
-    if not isinstance(declared, dict) or any(not isinstance(declared.get(x), list) for x in drop.labels):
-        from deid.errors import DropError  # noqa: PLC0415
-
-        raise DropError(f"{drop.root / 'drop.yaml'}: label_values must map every label {list(drop.labels)} to the "
-                          "list of its values, e.g. 'label_values: {gender: [f, m]}'; got " + repr(declared)[:120])
-    return {x: sorted(str(v) for v in declared[x]) for x in drop.labels}
-
-
 def validate_feature_table(drop, *, staged: bool = False) -> SuiteResult:
     """Run the ``feature_table`` suite on a feature drop's table (``staged``: the staged table instead).
 
@@ -485,8 +470,9 @@ def validate_feature_table(drop, *, staged: bool = False) -> SuiteResult:
                              for v in table.column(c).to_pylist()], pa.string())
                 for c in ("record_id", "subject_id", *labels)}
         table = pa.table({**text, column: table.column(column)})
-    result = run_suite("feature_table", vector_columns(table, column), labels=labels,
-                       label_sets=declared_label_sets(drop), dim=int(drop.dim))
+    declared = None if drop.label_sets is None else {x: list(v) for x, v in drop.label_sets.items()}
+    result = run_suite("feature_table", vector_columns(table, column), labels=labels, label_sets=declared,
+                       dim=int(drop.dim))
     return dataclasses.replace(result, suite="feature_ingested") if staged else result
 
 
