@@ -164,3 +164,4 @@ def test_feature_runs_validate_the_table_and_the_release_with_great_expectations
     assert ("expect_column_values_to_be_between", "_cluster_size") in release
     page = (res.report_dir / "validation" / "index.html").read_text()
     assert "feature_table" in page and "feature_release" in page and "FAIL" in page
+    assert all(name in (res.report_dir / "report.html").read_text() for name in val)
