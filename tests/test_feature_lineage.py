@@ -45,8 +45,9 @@ def _drop(root: Path, name: str, people: set[int], *, broken: bool = False) -> P
                               extra_yaml=extra)
 
 
-def _config(root: Path, **kw) -> RunConfig:
-    settings = Settings(project_dir=root, signing_key=None, linkage_key=None, dask_address=None, seed=None)
+def _config(root: Path, policy: str = "invariant", **kw) -> RunConfig:
+    settings = Settings(project_dir=root, signing_key=None, linkage_key=None, dask_address=None, seed=None,
+                        lineage_policy=policy)
     return RunConfig.resolve(settings, kind="features", **{"k": K, "method": "k-same-select", **kw})
 
 
@@ -138,6 +139,18 @@ def test_a_feature_release_reclustered_without_the_policy_is_rejected_by_the_lin
     assert sorted(p.name for p in (root / "data" / "releases").iterdir()) == before  # nothing published
     report = json.loads(res.report_path.read_text())
     assert report["lineage"]["registered"] is False
+
+
+def test_release_once_releases_only_people_never_released_before(tmp_path):
+    first = run_release(_drop(tmp_path, "d1", set(range(0, 30))), _config(tmp_path, "release-once"))
+    second = run_release(_drop(tmp_path, "d2", set(range(20, 45))), _config(tmp_path, "release-once"))
+    assert first.verdict == "released" and second.verdict == "released", second.reasons
+    people = [{r.split("-")[1] for rows in _released(tmp_path, res).values() for r, _ in rows if r is not None}
+              for res in (first, second)]
+    assert len(people[0]) == 30 and people[1] and not people[0] & people[1]  # nobody appears twice
+    lin = json.loads(second.report_path.read_text())["lineage"]
+    assert lin["policy"] == "release-once" and lin["returning_people"] == 10
+    assert lin["suppressed_by_reason"]["released_before"] == 20 and lin["republished_clusters"] == 0
 
 
 def test_feature_runs_validate_the_table_and_the_release_with_great_expectations(tmp_path):
