@@ -103,9 +103,8 @@ class Republished:
     averaged into its stored image, from the earlier release); ``counterfeits[c]`` the counterfeit
     rows released with it (the stored image, the cluster's labels, no source and no original);
     ``images[c]`` its stored uint8 image (a feature release: its stored float vector), needed for
-    every cluster with counterfeits. The drop's
-    real records of these clusters (returning people, old and new photos) are ordinary gate
-    records. How the gate counts them is explained in :func:`structural_checks` and
+    every cluster with counterfeits. The drop's real records of these clusters (returning people,
+    old and new photos) are ordinary gate records. How the gate counts them is explained in :func:`structural_checks` and
     :func:`privacy_checks`.
     """
 
