@@ -5,6 +5,7 @@ drop of a seed) released by the Prefect-free runner.
 """
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,9 @@ from deid.intake.features import write_feature_drop
 from deid.intake.synth_features import synthetic_features
 from deid.operations.features import FeatureSteps, partition_features
 from deid.operations.runner import Steps, run_release
-from deid.release.lineage import empty_state
+from deid.errors import ConfigError
+from deid.release.lineage import LineageError, average_sha256, build_release, empty_state, plan_release
+from deid.release.lineage_registry import Registry
 from deid.release.linkage import load_linkage_key, read_linkage
 from deid.release.vectors import read_vector_release
 from deid.run_config import RunConfig
@@ -178,3 +181,33 @@ def test_feature_runs_validate_the_table_and_the_release_with_great_expectations
     page = (res.report_dir / "validation" / "index.html").read_text()
     assert "feature_table" in page and "feature_release" in page and "FAIL" in page
     assert all(name in (res.report_dir / "report.html").read_text() for name in val)
+
+
+def test_the_registry_stores_a_feature_cluster_mean_bit_for_bit(tmp_path):
+    """A vector payload: float32 bytes kept and hashed exactly; image entries keep their form; tampering is refused."""
+    key = bytes(range(32))
+    v = SYNTH.vectors[:10].astype(np.float32)
+    state = empty_state(DATASET)
+    plan = plan_release(state, list(SYNTH.people[:10]), [f"{i:064x}" for i in range(10)], key=key, k=5)
+    mean = np.repeat(v.reshape(2, 5, -1).mean(axis=1).astype(np.float32), 5, axis=0)
+    labels = np.repeat([0, 1], 5)
+    rel = build_release(plan, state, release_id="rel-1", method="k-same", new_labels=labels, new_images=mean,
+                        shape=(16,))
+    reg = Registry.open(tmp_path, DATASET, key)
+    reg.append_release(state, rel)
+    loaded = reg.load()
+    got = sorted(loaded.clusters.values(), key=lambda c: c.key)
+    assert [c.image.dtype for c in got] == [np.float32, np.float32] and [c.shape for c in got] == [(16,), (16,)]
+    assert all(np.array_equal(c.image.view(np.uint32), m.view(np.uint32)) for c, m in zip(got, mean[[0, 5]]))
+    assert got[0].image_sha256 == average_sha256(mean[0]) != average_sha256(mean[0].astype(np.float64))
+    doc = rel.to_entry()["new_clusters"][0]
+    assert doc["dtype"] == "<f4" and doc["shape"] == [16]
+    with pytest.raises(LineageError, match="does not have its shape"):  # the same bytes read as float64
+        type(got[0]).from_json({**doc, "dtype": "<f8"})
+    flipped = bytearray(base64.b64decode(doc["image"]))
+    flipped[5] ^= 1
+    with pytest.raises(LineageError, match="does not match its hash"):
+        type(got[0]).from_json({**doc, "image": base64.b64encode(bytes(flipped)).decode()})
+    with pytest.raises(ConfigError, match="float32/float64"):
+        build_release(plan, state, release_id="rel-2", method="k-same", new_labels=labels,
+                      new_images=mean.astype(np.int32), shape=(16,))

@@ -215,6 +215,9 @@ class LineageCluster:
                 method=str(d["method"]))
         if c.image_sha256 != d["image_sha256"]:
             raise LineageError(f"registered cluster {c.key}: stored average does not match its hash; the registry is corrupt")
+        if dtype != "|u1" and image.size != int(np.prod(c.shape)):
+            raise LineageError(f"registered cluster {c.key}: stored vector of {image.size} {dtype} values does not "
+                               f"have its shape {list(c.shape)}; the registry is corrupt")
         return c
 
 
