@@ -186,10 +186,11 @@ class DifferencingResult:
         return not self.matches
 
     def to_check(self) -> LineageCheck:
+        what = "face or pair of faces" if self.unit == "grey level" else "vector or pair of vectors"
         return LineageCheck(
             "lineage_differencing_attack", self.passed, len(self.people_identified), 0,
             f"{self.n_cluster_pairs} pairs of released averages across the lineage ({self.mode}), {self.n_tests} "
-            f"size hypotheses: {len(self.matches)} difference images matched an original face or pair of faces "
+            f"size hypotheses: {len(self.matches)} differences matched an original {what} "
             f"(mean abs error < {self.tolerance:.4g} {self.unit} at the averages' scale); "
             f"{len(self.people_identified)} people identified",
             tuple(vars(m) for m in self.matches))
