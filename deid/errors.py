@@ -140,6 +140,7 @@ REASONS: dict[str, str] = {
     "missing_features": "the feature vector is null or holds null values",
     "wrong_length": "the feature vector does not have the drop's dimension",
     "non_finite_features": "the feature vector holds NaN or infinite values",
+    "undeclared_label": "a label value is not among the values drop.yaml declares for it (label_values)",
     # identity
     "same_face_other_id": "the face matches a record under another subject id (duplicate_ids=quarantine)",
     # partitions (withheld, not quarantined)

@@ -170,8 +170,8 @@ class RunConfig:
     @property
     def lineage_applies(self) -> bool:
         """Only methods that give every cluster member the identical image have registered averages to keep."""
-        # Feature releases are not registered in a lineage yet: each stands alone.
-        return bool(self.kind == "images" and self.spec.identical_within_cluster and self.spec.clustered)
+        # Faces and feature vectors alike: a k-Same cluster's released average is what the lineage keeps.
+        return bool(self.spec.identical_within_cluster and self.spec.clustered)
 
     def select(self, labels: tuple[str, ...] | list[str]) -> bool:
         """Does the run partition by the utility labels (the method does, and the drop has labels)?"""

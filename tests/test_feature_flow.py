@@ -34,7 +34,7 @@ def _released_feature_run(res: RunResult, project: Path) -> dict:
     report = json.loads(res.report_path.read_text())
     assert report_problems(report) == []
     assert report["configuration"]["kind"] == "features" and report["configuration"]["feature_dim"] == 16
-    assert report["lineage"]["applied"] is False and "stands alone" in report["lineage"]["detail"]
+    assert report["lineage"]["applied"] is True and report["lineage"]["policy"] == "invariant"
     ds = res.report.dataset
     assert (ds.records_in, ds.records_released, ds.records_withheld) == (180, 180, 0)
     assert res.report.privacy.min_distinct_people_per_cluster >= K and res.report.privacy.exact_bound

@@ -120,9 +120,9 @@ class Republished:
     ``members[c]`` is the person of every registered basis record of cluster ``c`` (the records
     averaged into its stored image, from the earlier release); ``counterfeits[c]`` the counterfeit
     rows released with it (the stored image, the cluster's labels, no source and no original);
-    ``images[c]`` its stored uint8 image, needed for every cluster with counterfeits. The drop's
-    real records of these clusters (returning people, old and new photos) are ordinary gate
-    records. How the gate counts them is explained in :func:`structural_checks` and
+    ``images[c]`` its stored uint8 image (a feature release: its stored float vector), needed for
+    every cluster with counterfeits. The drop's real records of these clusters (returning people,
+    old and new photos) are ordinary gate records. How the gate counts them is explained in :func:`structural_checks` and
     :func:`privacy_checks`.
     """
 
@@ -482,7 +482,8 @@ def counterfeit_sample(inputs: GateInputs, idx: np.ndarray, *, seed: int) -> tup
     """
     rep = inputs.republished
     width = int(np.prod(inputs.shape))  # (h, w) faces or (n_features,) vectors
-    none = np.zeros((0, width), np.uint8), np.zeros(0, dtype=object)
+    dtype = np.float32 if inputs.kind == "features" else np.uint8  # as released: pixels, or float32 vectors
+    none = np.zeros((0, width), dtype), np.zeros(0, dtype=object)
     if rep is None or not any(rep.counterfeits.values()) or inputs.clusters is None:
         return none
     present = set(inputs.clusters.tolist())
@@ -493,7 +494,7 @@ def counterfeit_sample(inputs: GateInputs, idx: np.ndarray, *, seed: int) -> tup
     keys = [c for c in sorted(sampled & set(rep.counterfeits), key=str) if rep.counterfeits[c]] + chosen
     if not keys:
         return none
-    images = np.vstack([np.broadcast_to(np.asarray(rep.images[c], dtype=np.uint8).reshape(1, -1),
+    images = np.vstack([np.broadcast_to(np.asarray(rep.images[c], dtype=dtype).reshape(1, -1),
                                         (int(rep.counterfeits[c]), width)) for c in keys])
     return images, np.full(len(images), COUNTERFEIT, dtype=object)
 

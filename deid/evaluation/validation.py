@@ -34,7 +34,9 @@ from deid.evaluation.checks import Check
 
 log = logging.getLogger(__name__)
 
-SUITES = ("manifest", "ingested", "aligned", "release")
+SUITES = ("manifest", "ingested", "aligned", "release", "feature_table", "feature_release")
+# The order a run validates its tables in; ``feature_ingested`` is the ``feature_table`` suite run on the staged table.
+_ORDER = ("manifest", "ingested", "aligned", "release", "feature_table", "feature_ingested", "feature_release")
 _lock = threading.Lock()
 _gx_state: dict[str, Any] = {}
 
@@ -278,7 +280,7 @@ def suite_results(results: Any) -> list[SuiteResult]:
         else:
             out.append(SuiteResult.from_dict(res, suite=name))
     # In the order the run validates its tables (report.json's canonical JSON sorts the keys).
-    order = {name: i for i, name in enumerate(SUITES)}
+    order = {name: i for i, name in enumerate(_ORDER)}
     return sorted(out, key=lambda s: order.get(s.suite, len(order)))
 
 
@@ -410,6 +412,89 @@ def validate_release(release, labels: list[str], *, label_sets: dict[str, list],
 
         release = pq.read_table(release)
     return run_suite("release", release, labels=list(labels), label_sets=label_sets, k=int(k))
+
+
+# --------------------------------------------------------------------------------------------- feature drops
+
+
+def vector_columns(table, column: str):
+    """``table`` with the vector column replaced by ``_vector_length`` and ``_vector_finite``.
+
+    ``_vector_length`` is each row's number of values (null for a null vector), ``_vector_finite``
+    whether every value is a finite number (null for a null vector); Great Expectations has no
+    expectation on list cells, and the vectors themselves never need to reach it.
+    """
+    import numpy as np  # noqa: PLC0415
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    col = table.column(column).combine_chunks()
+    lengths = pc.list_value_length(col)
+    values = pc.list_flatten(col)
+    parents = np.asarray(pc.list_parent_indices(col).to_numpy(zero_copy_only=False), dtype=np.int64)
+    ok = pc.fill_null(pc.is_finite(values.cast(pa.float64())), False).to_numpy(zero_copy_only=False)
+    finite = np.ones(len(col), dtype=bool)
+    finite[parents[~np.asarray(ok, dtype=bool)]] = False
+    valid = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    out = table.drop_columns([column])
+    out = out.append_column("_vector_length", lengths.cast(pa.int64()))
+    return out.append_column("_vector_finite", pa.array(finite, pa.bool_(), mask=~valid))
+
+
+def validate_feature_table(drop, *, staged: bool = False) -> SuiteResult:
+    """Run the ``feature_table`` suite on a feature drop's table (``staged``: the staged table instead).
+
+    The table as the steward wrote it (``feature_table``: every bad row the reader quarantines
+    shows here), or the staged records (``feature_ingested``: what the run goes on with, which must
+    pass). Record ids unique and non-null (``row N`` for a table without them, as the reader names
+    them), subject ids non-null, every vector of the declared dimension with finite values, every
+    label non-null and, when drop.yaml declares ``label_values``, in its declared set.
+    """
+    import dataclasses  # noqa: PLC0415
+
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.parquet as pq  # noqa: PLC0415
+
+    from deid.intake.drop import read_drop_file  # noqa: PLC0415
+
+    labels = list(drop.labels)
+    if staged:
+        table, column = drop.to_table().drop_columns(["source_id"]), "features"
+    else:
+        table = pq.read_table(pa.BufferReader(read_drop_file(drop.root, drop.features_file)))
+        column = drop.vector_column
+        if "record_id" not in table.column_names:
+            table = table.append_column("record_id", pa.array([f"row {i}" for i in range(1, table.num_rows + 1)]))
+        # Ids and labels as the reader sees them: text, an empty cell as null.
+        text = {c: pa.array([None if v is None or not str(v).strip() else str(v).strip()
+                             for v in table.column(c).to_pylist()], pa.string())
+                for c in ("record_id", "subject_id", *labels)}
+        table = pa.table({**text, column: table.column(column)})
+    declared = None if drop.label_sets is None else {x: list(v) for x, v in drop.label_sets.items()}
+    result = run_suite("feature_table", vector_columns(table, column), labels=labels, label_sets=declared,
+                       dim=int(drop.dim))
+    return dataclasses.replace(result, suite="feature_ingested") if staged else result
+
+
+def validate_feature_release(release, labels: list[str], *, label_sets: dict[str, list], k: int, dim: int,
+                             source_record_ids: list[str]) -> SuiteResult:
+    """Run the ``feature_release`` suite on a feature release table (path to release.parquet or a pyarrow Table).
+
+    No column but ``record_id``, ``cluster_id``, the labels and ``features``; record ids fresh
+    (random hex, none of ``source_record_ids``) and unique; clusters of at least ``k`` rows;
+    vectors of ``dim`` finite values; labels in ``label_sets``.
+    """
+    if isinstance(release, (str, Path)):
+        import pyarrow.parquet as pq  # noqa: PLC0415
+
+        release = pq.read_table(release)
+    from deid.schemas.arrow import FEATURE_RELEASE_BASE_COLUMNS  # noqa: PLC0415
+
+    spec = load_suite("feature_release")["meta"]["deid"]
+    allowed = [c for c in FEATURE_RELEASE_BASE_COLUMNS if c != "features"] + list(labels) + spec["derived"]
+    table = vector_columns(release, "features") if "features" in release.column_names else release
+    return run_suite("feature_release", table, labels=list(labels), label_sets=label_sets, k=int(k), dim=int(dim),
+                     source_record_ids=sorted(map(str, source_record_ids)), allowed_columns=allowed)
 
 
 # --------------------------------------------------------------------------------------------- checks

@@ -21,7 +21,8 @@ Problems with the drop as a whole (no table, not Parquet, a required column miss
 vector column that is not a list of numbers) raise :class:`~deid.errors.DropError` with one
 line naming the file, the column, the value and the fix. Problems with one row quarantine
 that row with a reason code (``missing_subject_id``, ``missing_label``, ``missing_record_id``,
-``duplicate_record_id``, ``missing_features``, ``wrong_length``, ``non_finite_features``) and
+``duplicate_record_id``, ``missing_features``, ``wrong_length``, ``non_finite_features``, and
+``undeclared_label`` for a label value outside drop.yaml's optional ``label_values``) and
 never stop the run. The dimension is ``dim`` when declared, else the fixed list size, else the
 most common length; vectors of any other length are ``wrong_length``.
 """
@@ -86,6 +87,7 @@ class FeatureDrop:
     license: str | None = None
     dataset: str = ""
     value_type: str = "float"
+    label_sets: dict[str, tuple[str, ...]] | None = None  # drop.yaml's label_values: the values each label may take
 
     @property
     def records_in(self) -> int:
@@ -148,6 +150,18 @@ def _config(root: Path, meta: dict) -> tuple[str, str, int | None]:
         raise DropError(f"{where}: dim={dim!r} must be an integer between 1 and 1000000 (the length of every "
                         "feature vector), or left out to take it from the table")
     return table.strip(), column.strip(), dim
+
+
+def _label_sets(root: Path, meta: dict, labels: list[str]) -> dict[str, tuple[str, ...]] | None:
+    """drop.yaml's optional ``label_values`` (label -> list of values), for every declared label; None if absent."""
+    declared = meta.get("label_values")
+    if declared is None or not labels:
+        return None
+    if not isinstance(declared, dict) or any(not isinstance(declared.get(x), list) or not declared[x]
+                                             for x in labels):
+        raise DropError(f"{root / DROP_YAML}: label_values must map every label {labels} to the non-empty list of "
+                        f"its values, e.g. 'label_values: {{gender: [f, m]}}'; got {declared!r:.120}")
+    return {x: tuple(sorted({str(v).strip() for v in declared[x]})) for x in labels}
 
 
 def _read_table(root: Path, relative: str) -> tuple[pa.Table, str]:
@@ -257,6 +271,7 @@ def read_feature_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None =
     if "subject_id" not in table.column_names:
         raise DropError(f"{path}: required column 'subject_id' is missing (found {table.column_names}); add one "
                         "person id per record")
+    label_sets = _label_sets(root, meta, labels)
     absent = [x for x in labels if x not in table.column_names]
     if absent:
         raise DropError(f"{path}: declared label column(s) {absent} are missing; found columns {table.column_names}")
@@ -312,6 +327,12 @@ def read_feature_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None =
         if empty:
             q("missing_label", f"row {row}: label(s) {empty} empty")
             continue
+        if label_sets is not None:
+            odd = [x for x in labels if label_cells[x][i] not in label_sets[x]]
+            if odd:
+                q("undeclared_label", f"row {row}: label(s) {odd} hold a value drop.yaml's label_values does not "
+                                      "declare; add it there or fix the row")
+                continue
         if not valid[i]:
             q("missing_features", f"row {row}: column {column!r} is null; give a vector of {dim} numbers")
             continue
@@ -346,7 +367,7 @@ def read_feature_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None =
         vectors=vectors[keep_vec].astype(np.float32) if keep_vec else np.zeros((0, dim), np.float32),
         quarantined=tuple(quarantined), extra_columns=extra, license=_license(root, meta),
         dataset=_dataset_name(root, meta.get("dataset"), str(drop_name)),
-        value_type=str(col.type.value_type))
+        value_type=str(col.type.value_type), label_sets=label_sets)
 
 
 def write_feature_drop(drop_dir: str | os.PathLike, *, vectors: Any, subject_ids: list[str],

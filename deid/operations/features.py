@@ -23,18 +23,26 @@ when publishing fails). The stages:
    attackers and the feature near-copy rule;
 7. **report** (:func:`feature_report`): the same :class:`~deid.reporting.report.Report` model as for faces.
 
-Not yet for feature drops: the lineage registry of successive releases (each feature release
-stands alone; the report says so) and the Great Expectations suites (the reader validates
-every row itself).
+Successive releases of one dataset go through the image path's lineage registry
+(:mod:`deid.release.lineage`, m-invariance after Xiao & Tao 2007) when the method gives every
+cluster member the identical vector (the k-Same family, ``RunConfig.lineage_applies``): the
+partition stage plans the lineage on the effective people (:func:`plan_feature_lineage`; a
+record's fingerprint is the SHA-256 of its float32 vector bytes), only new people are clustered,
+and :func:`apply_feature_lineage` releases returning people's records as their registered
+cluster's stored vector, bit for bit, adds the counterfeits of republished clusters at staging,
+and runs the gate's lineage checks (structure against the registry, the differencing attack in
+feature space). The runner registers the release before signing, as for faces.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import secrets
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +54,14 @@ from deid.anonymise.features import deidentify_vectors, feature_guarantee, vecto
 from deid.anonymise.identity import PeopleResolution, resolve_people
 from deid.anonymise.methods import K_METHODS, method_spec
 from deid.anonymise.partition import PartitionPlan, plan_partitions
-from deid.contracts import RecordCounts, Staged, StagingLayout, UnreadableDrop
+from deid.contracts import LineageApplied, LineagePlanned, RecordCounts, Staged, StagingLayout, UnreadableDrop
 from deid.errors import ConfigError, DataError, Quarantined
 from deid.evaluation.gate import Check, GateInputs, GateResult, evaluate
-from deid.evaluation.validation import drop_checks
+from deid.evaluation.validation import drop_checks, validation_section
 from deid.intake.features import INGESTED, FeatureDrop, read_feature_drop
 from deid.reporting.report import Artifact, Report, SigningInfo, Utility, dataset_fingerprint, hash_tree
 from deid.reporting.report import Check as ReportCheck
-from deid.reporting.report_build import dataset_summary, privacy_section
+from deid.reporting.report_build import dataset_summary, lineage_section, privacy_section
 from deid.run_config import RunConfig
 from deid.schemas.arrow import FEATURE_RELEASE_BASE_COLUMNS
 
@@ -62,6 +70,11 @@ Logger = logging.Logger | logging.LoggerAdapter
 
 DEIDENTIFIED = "deidentified_features.parquet"
 KIND = "features"
+# The lineage's differencing attack on feature vectors: an exact match is a difference within this
+# share of the mean feature standard deviation (mean absolute error at the averages' scale). The
+# stored vectors are float32 means, not rounded to grey levels: float32 rounding explains about
+# 1e-6 of a feature's spread, a wrong record misses by about a feature's spread over the cluster size.
+FEATURE_DIFFERENCE_TOLERANCE = 0.01
 
 
 # --------------------------------------------------------------------------- typed stage results
@@ -74,6 +87,8 @@ class FeatureIngest:
     drop: FeatureDrop
     ingested: Path
     fingerprint: str
+    validation: Mapping[str, Any] = field(default_factory=dict)  # Great Expectations suites by table
+    checks: tuple[Check, ...] = ()  # the gate checks of the suites that must pass
 
 
 @dataclass(frozen=True)
@@ -153,9 +168,12 @@ def resolve_feature_people(drop: FeatureDrop, *, policy: str = "merge") -> Featu
 
 
 def plan_feature_partitions(drop: FeatureDrop, identity: FeatureIdentity, *, k: int, select: bool,
-                            policy: str) -> tuple[PartitionPlan, np.ndarray]:
-    """Partitions of the kept records by their labels; returns the plan (indices into ``kept``) and ``kept``."""
-    kept = np.flatnonzero(identity.keep)
+                            policy: str, keep: np.ndarray | None = None) -> tuple[PartitionPlan, np.ndarray]:
+    """Partitions of the kept records by their labels; returns the plan (indices into ``kept``) and ``kept``.
+
+    ``keep`` (default ``identity.keep``) narrows the records partitioned, e.g. to the new people of a lineage.
+    """
+    kept = np.flatnonzero(identity.keep if keep is None else keep)
     rows = [{x: drop.label_values[x][i] for x in drop.labels} for i in kept]
     plan = plan_partitions(rows, [identity.person[i] for i in kept], k=k, label_names=list(drop.labels),
                            select=select, policy=policy)
@@ -204,7 +222,8 @@ def deidentify_features(drop: FeatureDrop, identity: FeatureIdentity, plan: Part
 def feature_gate_inputs(drop: FeatureDrop, identity: FeatureIdentity, deid: FeatureDeidentified, *,
                         method: str, k: int, sigma: float | None, seed: int, records_in: int, suppressed: int,
                         quarantined: int, partition_failed: bool = False, partition_detail: str = "",
-                        release_columns: tuple[str, ...] = (), extra_checks: tuple[Check, ...] = ()) -> GateInputs:
+                        release_columns: tuple[str, ...] = (), extra_checks: tuple[Check, ...] = (),
+                        republished=None) -> GateInputs:
     """The gate's typed inputs for a feature release (``kind="features"``, ``shape=(dim,)``).
 
     ``deidentify`` re-runs the method with another seed (the release's random state is its
@@ -213,7 +232,7 @@ def feature_gate_inputs(drop: FeatureDrop, identity: FeatureIdentity, deid: Feat
     """
     common = dict(records_in=records_in, suppressed=suppressed, quarantined=quarantined,
                   partition_failed=partition_failed, partition_detail=partition_detail,
-                  release_columns=release_columns, extra_checks=extra_checks, kind=KIND,
+                  release_columns=release_columns, extra_checks=extra_checks, kind=KIND, republished=republished,
                   deidentify=vector_method_runner(method, k=k if method in K_METHODS else None, sigma=sigma,
                                                   seed=seed + 1))
     if len(deid.rows) == 0:
@@ -235,10 +254,11 @@ class FeaturePartitioned:
     """The drop's checks, the label partitions of the kept records and what was held back before the gate."""
 
     plan: PartitionPlan
-    kept: np.ndarray  # indices of the records the identity check kept; the plan indexes into it
+    kept: np.ndarray  # indices of the records partitioned (kept by the identity check; new people under a lineage)
     checks: tuple[Check, ...]  # drop_not_empty, enough_people: failed, the drop goes straight to a rejected gate
     suppressed: int
     notes: tuple[str, ...] = ()
+    lineage: LineagePlanned | None = None  # the dataset's lineage plan over the kept records (record_ids: staging ids)
 
     @property
     def proceed(self) -> bool:
@@ -253,13 +273,23 @@ class FeaturePartitioned:
 
 def ingest_features(drop_dir: str | os.PathLike, layout: StagingLayout, config: RunConfig, *,
                     logger: Logger | None = None) -> FeatureIngest | UnreadableDrop:
-    """Read, validate and stage the drop; an unreadable drop is a verdict on the input, not a crash."""
+    """Read, validate and stage the drop; an unreadable drop is a verdict on the input, not a crash.
+
+    Great Expectations suites (:func:`deid.evaluation.validation.validate_feature_table`): the table
+    as the steward wrote it (``feature_table``, in the report: the rows the reader quarantined show
+    there) and the staged records (``feature_ingested``, a gate check: it must pass).
+    """
+    from deid.evaluation.validation import suite_check, validate_feature_table  # noqa: PLC0415
+
     try:
-        return ingest_feature_drop(drop_dir, layout.root, labels=list(config.labels) if config.labels else None,
-                                   name=config.name)
+        ing = ingest_feature_drop(drop_dir, layout.root, labels=list(config.labels) if config.labels else None,
+                                  name=config.name)
+        validation = {"feature_table": validate_feature_table(ing.drop),
+                      "feature_ingested": validate_feature_table(ing.drop, staged=True)}
     except DataError as exc:
         (logger or log).info("ingest: the feature drop is unreadable; the run signs a rejection naming the reason")
         return UnreadableDrop(str(exc))
+    return replace(ing, validation=validation, checks=(suite_check(validation["feature_ingested"]),))
 
 
 def identify_features(ingested: FeatureIngest, config: RunConfig, *, logger: Logger | None = None) -> FeatureIdentity:
@@ -267,22 +297,74 @@ def identify_features(ingested: FeatureIngest, config: RunConfig, *, logger: Log
     return resolve_feature_people(ingested.drop, policy=config.duplicate_ids)
 
 
+def vector_fingerprints(vectors: np.ndarray) -> list[str]:
+    """SHA-256 of each record's vector as staged (little-endian float32 bytes): the lineage's record fingerprint.
+
+    The feature analogue of an image's ``source_sha256``: the same record in a later drop of the
+    dataset has the same fingerprint, whatever its row or the steward's record id.
+    """
+    v = np.ascontiguousarray(vectors, dtype="<f4")
+    return [hashlib.sha256(row.tobytes()).hexdigest() for row in v]
+
+
+def plan_feature_lineage(drop: FeatureDrop, identity: FeatureIdentity, state, config: RunConfig, *,
+                         logger: Logger | None = None) -> tuple[LineagePlanned, np.ndarray]:
+    """The lineage plan over the records the identity check kept (:func:`deid.release.lineage.plan_release`).
+
+    Returns the plan (its ``record_ids`` the staging ids of the kept records, in order) and the mask
+    of the records to partition and cluster: the new people's. As for faces, fewer than k new people
+    per label partition wait (the ``suppress`` small-partition policy); under ``merge`` or ``fail``
+    the plan holds one partition and the small-partition policy decides.
+    """
+    from deid.operations.pipeline import linkage_key  # noqa: PLC0415
+    from deid.release.lineage import plan_release  # noqa: PLC0415 - crypto imports only where needed
+
+    rows = np.flatnonzero(identity.keep)
+    labels = list(drop.labels)
+    select = config.select(labels) and config.small_partitions == "suppress"
+    parts = [tuple(str(drop.label_values[x][i]) for x in labels) for i in rows] if select and labels else None
+    # Every record's labels: new clusters register them, so their later counterfeits reproduce the label mix.
+    record_labels = [tuple(str(drop.label_values[x][i]) for x in labels) for i in rows]
+    plan = plan_release(state, [identity.person[i] for i in rows], vector_fingerprints(drop.vectors[rows]),
+                        key=linkage_key(config)[0], k=config.k, policy=config.lineage_policy,
+                        absent=config.lineage_absent, partitions=parts, record_labels=record_labels,
+                        label_names=labels)
+    new = np.zeros(len(drop.record_ids), dtype=bool)
+    new[rows[list(plan.new_records)]] = True
+    (logger or log).info("partition: lineage of %s (%s): %d records of returning people, %d new records, %d held back",
+                         state.dataset, config.lineage_policy, sum(len(r.records) for r in plan.republish),
+                         len(plan.new_records), len(plan.suppressed))
+    planned = LineagePlanned(plan=plan, state=state, record_ids=tuple(drop.record_ids[i] for i in rows),
+                             returning_dir=None)
+    return planned, new
+
+
 def partition_features(ingested: FeatureIngest, identity: FeatureIdentity, config: RunConfig, *,
-                       logger: Logger | None = None) -> FeaturePartitioned:
-    """The drop checks, then the label partitions (k-Same-Select partitions only when the drop has labels)."""
+                       lineage_state=None, logger: Logger | None = None) -> FeaturePartitioned:
+    """The drop checks, then the label partitions (k-Same-Select partitions only when the drop has labels).
+
+    With a ``lineage_state`` (:class:`deid.release.lineage.LineageState`) the lineage is planned
+    first (:func:`plan_feature_lineage`): only the new people are partitioned and clustered; the
+    records the plan holds back count as suppressed.
+    """
     drop = ingested.drop
     notes = ()
     if config.spec.partitions_by_labels and not drop.labels:
         notes = (f"{config.method} without utility labels runs as k-Same (one partition); utility is not applicable",)
         (logger or log).warning("%s", notes[0])
-    plan, kept = plan_feature_partitions(drop, identity, k=config.k, select=config.select(drop.labels),
-                                         policy=config.small_partitions)
     checks = tuple(drop_checks(records_in=drop.records_in, people=len(set(identity.person[identity.keep])),
                                k=config.k))
     # An empty drop or one with fewer than k people goes straight to a (rejected) gate, its records held back.
     proceed = all(c.passed for c in checks)
+    planned, keep = None, None
+    if proceed and lineage_state is not None:
+        planned, keep = plan_feature_lineage(drop, identity, lineage_state, config, logger=logger)
+    plan, kept = plan_feature_partitions(drop, identity, k=config.k, select=config.select(drop.labels),
+                                         policy=config.small_partitions, keep=keep)
+    held_back = len(planned.plan.suppressed) if planned is not None else 0
     return FeaturePartitioned(plan=plan if proceed else PartitionPlan(groups={}), kept=kept, checks=checks,
-                              suppressed=len(plan.suppressed) if proceed else len(kept), notes=notes)
+                              suppressed=len(plan.suppressed) + held_back if proceed else len(kept), notes=notes,
+                              lineage=planned)
 
 
 def deidentify_feature_partitions(ingested: FeatureIngest, identity: FeatureIdentity, part: FeaturePartitioned,
@@ -296,9 +378,131 @@ def deidentify_feature_partitions(ingested: FeatureIngest, identity: FeatureIden
                                staging=layout.root if part.plan.groups else None)
 
 
+def _gate_partition(part: FeaturePartitioned, select: bool) -> Callable[[tuple[str, ...]], str]:
+    """The gate partition of a returning person's record: the new records' partition of its label values.
+
+    As :func:`deid.operations.stages._lineage_partition_key` for faces: the gate's utility protocol
+    re-runs the method per partition, so returning records join the partition of the same labels
+    (k-Same-Select), or the single partition of plain k-Same.
+    """
+    keys = {tuple(map(str, key)): f"p{n:03d}" for n, key in enumerate(part.plan.groups)}
+    if not select:
+        single = next(iter(keys.values())) if len(keys) == 1 else "lineage"
+        return lambda lab: single
+    return lambda lab: keys.get(lab, "lineage|" + "|".join(lab))
+
+
+def apply_feature_lineage(ingested: FeatureIngest, identity: FeatureIdentity, part: FeaturePartitioned,
+                          deid: FeatureDeidentified, config: RunConfig, *, release_id: str,
+                          logger: Logger | None = None) -> LineageApplied:
+    """The release as the lineage sees it: new clusters as made, returning people's records as their stored
+    vectors (bit for bit), and the gate's lineage checks (structure, the differencing attack in feature space).
+
+    Returns a :class:`~deid.contracts.LineageApplied` whose ``deidentified`` is the
+    :class:`FeatureDeidentified` with the returning records added (their registered cluster key as
+    cluster); the counterfeits of republished clusters are added by :func:`stage_features`.
+    """
+    from deid.operations import stages  # noqa: PLC0415
+    from deid.release.lineage import build_release  # noqa: PLC0415
+
+    lg = logger or log
+    drop, lin = ingested.drop, part.lineage
+    plan, state = lin.plan, lin.state
+    where = {rid: i for i, rid in enumerate(drop.record_ids)}
+    rows = np.asarray([where[r] for r in lin.record_ids], dtype=np.int64)  # staged record of each plan record
+    pos = {int(r): j for j, r in enumerate(deid.rows.tolist())}
+    names: dict[str, int] = {}
+    new_labels = np.full(len(plan.new_records), -1, dtype=np.intp)
+    new_vectors = np.zeros((len(plan.new_records), drop.dim), dtype=np.float32)
+    for j, i in enumerate(plan.new_records):
+        at = pos.get(int(rows[i]))
+        if at is not None:  # else withheld by the partition stage (a small partition)
+            new_labels[j] = names.setdefault(deid.clusters[at], len(names))
+            new_vectors[j] = deid.vectors[at]
+    rel = build_release(plan, state, release_id=release_id, method=config.method, new_labels=new_labels,
+                        new_images=new_vectors, shape=(drop.dim,))
+    # Returning people's records carry their registered cluster's stored vector, in the gate's partitions.
+    back = [(int(rows[i]), r.cluster.key) for r in plan.republish for i in r.records]
+    out = deid
+    if back:
+        key_of = _gate_partition(part, config.select(drop.labels))
+        b_rows = np.asarray([i for i, _ in back], dtype=np.int64)
+        b_clusters = tuple(c for _, c in back)
+        b_vectors = np.stack([np.asarray(state.clusters[c].image, dtype=np.float32) for c in b_clusters])
+        b_parts = tuple(key_of(tuple(str(drop.label_values[x][i]) for x in drop.labels)) for i in b_rows.tolist())
+        summary = tuple({"cluster": c, "size": b_clusters.count(c),
+                         "people": len({identity.person[i] for i, x in back if x == c})}
+                        for c in sorted(set(b_clusters)))
+        out = FeatureDeidentified(rows=np.concatenate([deid.rows, b_rows]),
+                                  vectors=np.vstack([deid.vectors.reshape(-1, drop.dim), b_vectors]),
+                                  clusters=(*deid.clusters, *b_clusters), partitions=(*deid.partitions, *b_parts),
+                                  cluster_summary=(*deid.cluster_summary, *summary), path=deid.path)
+    lg.info("lineage-release: %s", dict(rel.counts))
+    checks = feature_lineage_checks(lin, rel, drop.vectors[rows], logger=lg)
+    return LineageApplied(release=rel, state=state, deidentified=out, checks=checks,
+                          republished=stages.republished_for_gate(rel, state), record_ids=lin.record_ids)
+
+
+def feature_lineage_checks(lin: LineagePlanned, rel, originals: np.ndarray, *,
+                           logger: Logger | None = None) -> tuple[Check, ...]:
+    """The gate's lineage checks on a feature release: structure against the registry, the differencing attack.
+
+    The attack matches every difference of released averages across the lineage against this
+    drop's vectors (``originals``, one per plan record), exact within
+    :data:`FEATURE_DIFFERENCE_TOLERANCE` of the mean feature standard deviation.
+    """
+    from deid.release.lineage_checks import check_structure, differencing_attack  # noqa: PLC0415
+
+    checks = [c.to_gate_check() for c in check_structure(lin.state, rel)]
+    X = np.asarray(originals, dtype=np.float32)
+    if len(X) >= 2:
+        spread = float(np.mean(X.std(axis=0, dtype=np.float64)))
+        tol = max(FEATURE_DIFFERENCE_TOLERANCE * spread, float(np.finfo(np.float32).tiny))
+        attack = differencing_attack(lin.state, rel, X, original_people=lin.plan.pseudonyms, tolerance=tol,
+                                     unit="feature units")
+        (logger or log).info("lineage differencing attack: %d cluster pairs, %d tests, %d matches",
+                             attack.n_cluster_pairs, attack.n_tests, len(attack.matches))
+        checks.append(attack.to_check().to_gate_check())
+    return tuple(checks)
+
+
+def _with_counterfeits(drop: FeatureDrop, deid: FeatureDeidentified, lineage: LineageApplied | None
+                       ) -> tuple[np.ndarray, list[str], dict[str, list[str]], list[str]]:
+    """(vectors, clusters, labels, staging record ids) of the would-be release, counterfeits of republished
+    clusters added (stored vector, the cluster's labels, no source; marked only in the linkage record)."""
+    from deid.operations import stages  # noqa: PLC0415
+
+    vectors = deid.vectors.reshape(-1, drop.dim)
+    clusters = list(deid.clusters)
+    labels = {x: [drop.label_values[x][i] for i in deid.rows] for x in drop.labels}
+    ids = [drop.record_ids[i] for i in deid.rows]
+    if lineage is not None and lineage.release.republished:
+        # Returning records carry their registered labels: the cluster's released label mix stays the registered one.
+        stages.registered_row_labels(lineage.release, lineage.state, list(lineage.record_ids), list(drop.labels),
+                                     {"record_ids": ids, "labels": labels})
+    if lineage is None or not lineage.release.counts["counterfeit_records"]:
+        return vectors, clusters, labels, ids
+    present: dict[str, list[dict]] = {}
+    for n, c in enumerate(clusters):
+        present.setdefault(c, []).append({x: labels[x][n] for x in drop.labels})
+    fallback = {x: Counter(drop.label_values[x]).most_common(1)[0][0] for x in drop.labels}
+    fakes = stages.counterfeit_rows(lineage.release, lineage.state, list(drop.labels), present, fallback)
+    vectors = np.vstack([vectors, *[np.asarray(f["pixels"], dtype=np.float32)[None, :] for f in fakes]])
+    clusters += [f["cluster"] for f in fakes]
+    ids += [f["record_id"] for f in fakes]
+    for x in drop.labels:
+        labels[x] += [f["labels"][x] for f in fakes]
+    log.info("stage: %d counterfeit records of republished clusters", len(fakes))
+    return vectors, clusters, labels, ids
+
+
 def stage_features(ingested: FeatureIngest, deid: FeatureDeidentified, layout: StagingLayout, config: RunConfig, *,
-                   release_id: str, logger: Logger | None = None) -> Staged:
-    """The would-be release inside the staging directory, and its encrypted linkage record beside it."""
+                   release_id: str, lineage: LineageApplied | None = None, logger: Logger | None = None) -> Staged:
+    """The would-be release inside the staging directory, and its encrypted linkage record beside it.
+
+    With a lineage, the counterfeit records of its republished clusters are added (stored vector,
+    labels of their partition); only the private linkage record marks them.
+    """
     from deid.operations.pipeline import linkage_key  # noqa: PLC0415
     from deid.release.linkage import build_linkage, write_linkage  # noqa: PLC0415
     from deid.release.publish import discard  # noqa: PLC0415
@@ -306,11 +510,23 @@ def stage_features(ingested: FeatureIngest, deid: FeatureDeidentified, layout: S
 
     lg = logger or log
     drop, tmp = ingested.drop, layout.release_dir
+    from deid.evaluation.validation import suite_check, validate_feature_release  # noqa: PLC0415
+    from deid.operations.pipeline import lineage_label_mix, releasable_label_sets  # noqa: PLC0415
+    from deid.release.publish import RELEASE_TABLE  # noqa: PLC0415
+
+    vectors, clusters, labels, ids = _with_counterfeits(drop, deid, lineage)
+    people = pa.table({"subject_id": pa.array(drop.subject_ids, pa.string()),
+                       **{x: pa.array(drop.label_values[x], pa.string()) for x in drop.labels}})
     try:
-        staged = stage_vector_release(
-            tmp, vectors=deid.vectors, clusters=list(deid.clusters),
-            labels={x: [drop.label_values[x][i] for i in deid.rows] for x in drop.labels},
-            record_ids=[drop.record_ids[i] for i in deid.rows])
+        staged = stage_vector_release(tmp, vectors=vectors, clusters=clusters, labels=labels, record_ids=ids)
+        label_sets = releasable_label_sets(people, drop.labels, config.k)
+        lineage_checks_ = ()
+        if lineage is not None:
+            label_sets, lineage_checks_ = lineage_label_mix(
+                lineage, {"record_ids": ids, "clusters": clusters, "labels": labels}, drop.labels, label_sets)
+        validation = validate_feature_release(
+            tmp / RELEASE_TABLE, list(drop.labels), k=config.k, dim=drop.dim, label_sets=label_sets,
+            source_record_ids=[*drop.record_ids, *drop.source_ids])
         key, key_path, origin = linkage_key(config)
         sources = {drop.record_ids[i]: {"subject_id": drop.subject_ids[i], "image": drop.source_ids[i]}
                    for i in deid.rows}
@@ -322,13 +538,18 @@ def stage_features(ingested: FeatureIngest, deid: FeatureDeidentified, layout: S
         lg.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", key_path)
     lg.info("stage: %d feature records staged for release in %s", staged.n_records, tmp)
     return Staged(dir=tmp, artifacts=tuple(Artifact(**a) for a in hash_tree(tmp)), columns=tuple(staged.columns),
-                  records=staged.n_records, validation={}, checks=(), file_metadata={}, linkage=layout.linkage)
+                  records=staged.n_records, validation=validation, checks=(suite_check(validation), *lineage_checks_),
+                  file_metadata={}, linkage=layout.linkage)
 
 
 def gate_features(ingested: FeatureIngest, identity: FeatureIdentity, part: FeaturePartitioned,
                   deid: FeatureDeidentified, config: RunConfig, *, counts: RecordCounts, staged: Staged | None = None,
-                  logger: Logger | None = None) -> GateResult:
-    """The core gate (:func:`deid.evaluation.gate.evaluate`) on the would-be release and its originals."""
+                  lineage: LineageApplied | None = None, logger: Logger | None = None) -> GateResult:
+    """The core gate (:func:`deid.evaluation.gate.evaluate`) on the would-be release and its originals.
+
+    With a lineage, its checks join the gate's and the republished clusters are counted and attacked
+    as for faces (registered members; counterfeit rows of no one).
+    """
     drop = ingested.drop
     inputs = feature_gate_inputs(
         drop, identity, deid, method=config.method, k=config.k,
@@ -336,7 +557,9 @@ def gate_features(ingested: FeatureIngest, identity: FeatureIdentity, part: Feat
         records_in=counts.records_in, suppressed=counts.suppressed, quarantined=counts.quarantined,
         partition_failed=part.plan.failed, partition_detail=part.small_detail,
         release_columns=tuple(staged.columns) if staged else (*FEATURE_RELEASE_BASE_COLUMNS, *drop.labels),
-        extra_checks=part.checks)
+        extra_checks=(*part.checks, *ingested.checks, *(lineage.checks if lineage else ()),
+                      *(staged.checks if staged else ())),
+        republished=lineage.republished if lineage is not None else None)
     result = evaluate(inputs, config.gate_config(drop.labels))
     (logger or log).info("gate: " + ("passed" if result.passed else "failed - " + "; ".join(result.reasons)))
     return result
@@ -350,6 +573,7 @@ class FeatureSteps:
     identify: Callable[..., Any] = identify_features
     partition: Callable[..., Any] = partition_features
     deidentify: Callable[..., Any] = deidentify_feature_partitions
+    apply_lineage: Callable[..., Any] = apply_feature_lineage
     stage: Callable[..., Any] = stage_features
     gate: Callable[..., Any] = gate_features
 
@@ -361,7 +585,8 @@ def feature_report(*, release_id: str, run_id: str, created_at: str, config: Run
                    identity: FeatureIdentity, partitioned: FeaturePartitioned, deidentified: FeatureDeidentified,
                    staged: Staged | None, gate: GateResult, counts: RecordCounts,
                    quarantine_by_reason: Mapping[str, int], timings: Mapping[str, float], signing: SigningInfo,
-                   versions: Mapping[str, str | None]) -> Report:
+                   versions: Mapping[str, str | None], lineage: LineageApplied | None = None,
+                   validation: Mapping[str, Any] | None = None) -> Report:
     """The run's :class:`~deid.reporting.report.Report` (the image runs' model), from the feature stages (pure)."""
     drop, passed, plan = ingested.drop, gate.passed, partitioned.plan
     person = identity.person
@@ -376,10 +601,8 @@ def feature_report(*, release_id: str, run_id: str, created_at: str, config: Run
                                 quarantine_by_reason=quarantine_by_reason),
         checks=[ReportCheck.from_gate(c) for c in gate.checks], privacy=privacy_section(gate, config.k),
         utility=[Utility.from_row(u) for u in gate.utility],
-        lineage={"dataset": drop.dataset, "applied": False,
-                 "detail": "not applicable: feature releases are not registered in a lineage yet; this release "
-                           "stands alone (a later release of the same people is gated on its own only)"},
-        validation={}, artifacts=list(staged.artifacts) if passed and staged else [],
+        lineage=lineage_section(config, drop.dataset, partitioned, lineage, registered=passed),
+        validation=validation_section(validation or {}), artifacts=list(staged.artifacts) if passed and staged else [],
         release_dir=str(config.releases_dir / release_id) if passed else None, signing=signing,
         versions=dict(versions),
         configuration={
@@ -399,5 +622,6 @@ def feature_report(*, release_id: str, run_id: str, created_at: str, config: Run
                                         for e in plan.small],
             "clusters": {"count": len(clusters), "sizes": sorted(c["size"] for c in clusters)},
             "extra_table_columns": list(drop.extra_columns), "stage_seconds": dict(timings),
-            "validation": "every row checked by deid.intake.features (no Great Expectations suite for feature tables)",
+            "validation": "every row checked by deid.intake.features; Great Expectations suites feature_table (the "
+                          "table as written), feature_ingested and feature_release",
         })

@@ -477,7 +477,7 @@ def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequen
     return rows
 
 
-def _lineage_label_mix(lineage: LineageApplied, rows: dict, labels: Sequence[str],
+def lineage_label_mix(lineage: LineageApplied, rows: dict, labels: Sequence[str],
                        label_sets: dict[str, list[str]]) -> tuple[dict[str, list[str]], tuple[Check, ...]]:
     """The gate's ``lineage_label_mix`` check on the would-be release's rows; the label values it may carry.
 
@@ -521,7 +521,7 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
         label_sets = releasable_label_sets(ingested.metadata, labels, config.k)
         lineage_checks_ = ()
         if lineage is not None:
-            label_sets, lineage_checks_ = _lineage_label_mix(lineage, rows, labels, label_sets)
+            label_sets, lineage_checks_ = lineage_label_mix(lineage, rows, labels, label_sets)
         validation = validate_release(staged.path / RELEASE_TABLE, list(labels), k=config.k, label_sets=label_sets)
         file_metadata = release_files_metadata(staged.path)
         key, key_path, origin = linkage_key(config)

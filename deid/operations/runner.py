@@ -240,12 +240,20 @@ class _Run:
         if isinstance(ing, UnreadableDrop):
             return self.unreadable(ing)
         fault_point("ingest")
+        # Successive releases of one dataset: the same lineage registry as faces (k-Same family only).
+        lineage_state = self.steps.open_lineage(ing.drop.dataset, config) if config.lineage_applies else None
         with _timed(timings, "identity"):
             identity = f.identify(ing, config)
         with _timed(timings, "partition"):
-            part = f.partition(ing, identity, config)
+            part = f.partition(ing, identity, config, lineage_state=lineage_state)
         with _timed(timings, "deidentify"):
             deid = f.deidentify(ing, identity, part, layout, config)
+        lin = None
+        if part.lineage is not None:
+            # New clusters registered as made; returning people's records carry their stored vectors.
+            with _timed(timings, "lineage"):
+                lin = f.apply_lineage(ing, identity, part, deid, config, release_id=self.release_id)
+            deid = lin.deidentified
         quarantined = (*ing.drop.quarantined, *identity.quarantined)
         by_reason = pipeline.quarantine_summary(quarantined, layout)
         counts = RecordCounts(records_in=ing.drop.records_in, judged=len(deid.rows), suppressed=part.suppressed,
@@ -253,16 +261,18 @@ class _Run:
         staged = None
         if len(deid.rows):
             with _timed(timings, "stage"):
-                staged = f.stage(ing, deid, layout, config, release_id=self.release_id)
+                staged = f.stage(ing, deid, layout, config, release_id=self.release_id, lineage=lin)
+        validation = {**ing.validation, **({"feature_release": staged.validation} if staged and staged.validation
+                                           else {})}
         with _timed(timings, "gate"):
-            g = f.gate(ing, identity, part, deid, config, counts=counts, staged=staged)
+            g = f.gate(ing, identity, part, deid, config, counts=counts, staged=staged, lineage=lin)
         fault_point("gate")
         report = feature_report(
             release_id=self.release_id, run_id=self.run_id, created_at=pipeline.now_iso(), config=config,
             ingested=ing, identity=identity, partitioned=part, deidentified=deid, staged=staged, gate=g,
             counts=counts, quarantine_by_reason=by_reason, timings=timings, signing=self.signing,
-            versions=run_versions())
-        return self.commit(report, staged, dataset=ing.drop.dataset, validation={}, timings=timings)
+            versions=run_versions(), lineage=lin, validation=validation)
+        return self.commit(report, staged, dataset=ing.drop.dataset, validation=validation, timings=timings, lin=lin)
 
     def commit(self, report, staged, *, dataset: str, validation, timings: dict[str, float],
                lin=None) -> RunResult:

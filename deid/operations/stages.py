@@ -566,7 +566,8 @@ def counterfeit_rows(release, state, labels: list[str], present: dict[str, list[
             else:
                 lab = dict(fallback)
             rows.append({"record_id": f"{COUNTERFEIT_PREFIX}{len(rows):06d}", "cluster": r.key,
-                         "pixels": np.ascontiguousarray(c.image, dtype=np.uint8), "labels": lab})
+                         # The stored average as registered: uint8 pixels, or a feature drop's float vector.
+                         "pixels": np.ascontiguousarray(c.image), "labels": lab})
     return rows
 
 

@@ -141,9 +141,10 @@ def feature_identify(ingested, config):
 
 
 @task(name="feature-partition", **TASK)
-def feature_partition(ingested, identity, config):
-    """The drop checks, then the label partitions of the feature records."""
-    return features.partition_features(ingested, identity, config, logger=get_run_logger())
+def feature_partition(ingested, identity, config, *, lineage_state=None):
+    """The drop checks, the lineage plan (returning people keep their clusters), then the label partitions."""
+    return features.partition_features(ingested, identity, config, lineage_state=lineage_state,
+                                       logger=get_run_logger())
 
 
 @task(name="feature-deidentify", **TASK)
@@ -153,22 +154,30 @@ def feature_deidentify(ingested, identity, partitioned, layout, config):
                                                   logger=get_run_logger())
 
 
+@task(name="feature-lineage-release", **TASK)
+def feature_apply_lineage(ingested, identity, partitioned, deidentified, config, *, release_id):
+    """The feature release as the lineage sees it, returning people's stored vectors, the lineage checks."""
+    return features.apply_feature_lineage(ingested, identity, partitioned, deidentified, config,
+                                          release_id=release_id, logger=get_run_logger())
+
+
 @task(name="feature-stage-release", **TASK)
-def feature_stage(ingested, deidentified, layout, config, *, release_id):
+def feature_stage(ingested, deidentified, layout, config, *, release_id, lineage=None):
     """Write the would-be feature release inside the run's staging directory, its linkage record beside it."""
-    return features.stage_features(ingested, deidentified, layout, config, release_id=release_id,
+    return features.stage_features(ingested, deidentified, layout, config, release_id=release_id, lineage=lineage,
                                    logger=get_run_logger())
 
 
 @task(name="feature-gate", **TASK)
-def feature_gate(ingested, identity, partitioned, deidentified, config, *, counts, staged=None):
+def feature_gate(ingested, identity, partitioned, deidentified, config, *, counts, staged=None, lineage=None):
     """Run the core gate, with the feature-space attackers, on the would-be release and its originals."""
     return features.gate_features(ingested, identity, partitioned, deidentified, config, counts=counts,
-                                  staged=staged, logger=get_run_logger())
+                                  staged=staged, lineage=lineage, logger=get_run_logger())
 
 
 FEATURE_STEPS = FeatureSteps(ingest=feature_ingest, identify=feature_identify, partition=feature_partition,
-                             deidentify=feature_deidentify, stage=feature_stage, gate=feature_gate)
+                             deidentify=feature_deidentify, apply_lineage=feature_apply_lineage, stage=feature_stage,
+                             gate=feature_gate)
 
 # The run's stages as Prefect tasks, for deid.operations.runner.run_release (which owns their order).
 STEPS = Steps(preflight=preflight, recover=recover, ingest=ingest, open_lineage=open_lineage, align=align,

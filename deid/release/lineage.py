@@ -68,6 +68,7 @@ __all__ = [
     "derive_key",
     "describe_lineage",
     "empty_state",
+    "average_sha256",
     "image_sha256",
     "label_mix",
     "plan_release",
@@ -156,6 +157,28 @@ def label_mix(labels: Sequence[tuple[str, ...]], n_rows: int) -> list[tuple[str,
     return [t for t in sorted(base) for _ in range(base[t])]
 
 
+# Stored averages: a uint8 image (faces) or a float vector (feature drops), kept in its released dtype.
+VECTOR_DTYPES = ("<f4", "<f8")
+
+
+def _stored(average: np.ndarray) -> np.ndarray:
+    """The stored average as kept: uint8 pixels, or a vector in its little-endian float dtype."""
+    a = np.asarray(average)
+    if a.dtype == np.uint8:
+        return a
+    if a.dtype.kind != "f" or a.dtype.itemsize not in (4, 8):
+        raise ConfigError(f"a stored average has dtype {a.dtype}; pass uint8 images or float32/float64 vectors "
+                          "as released")
+    return np.ascontiguousarray(a, dtype=a.dtype.newbyteorder("<"))
+
+
+def average_sha256(average: np.ndarray) -> str:
+    """SHA-256 of a released average's exact bytes: uint8 pixels (:func:`image_sha256`), or a feature
+    vector's little-endian float32/float64 bytes as released (no rounding: the bytes are the release)."""
+    a = _stored(average)
+    return image_sha256(a) if a.dtype == np.uint8 else hashlib.sha256(a.tobytes()).hexdigest()
+
+
 # --------------------------------------------------------------------------- the registered lineage
 
 
@@ -171,8 +194,8 @@ class LineageCluster:
     key: str                      # stable id "<release_id>/<n>"
     release_id: str               # the release that created it
     members: frozenset[tuple[str, str]]   # (sha256 of source bytes, pseudonym) of each basis record
-    image: np.ndarray             # uint8 (n_pixels,): the released average, stored
-    shape: tuple[int, int]        # (height, width)
+    image: np.ndarray             # uint8 (n_pixels,), or a float (dim,) feature vector: the released average, stored
+    shape: tuple[int, ...]        # (height, width), or (dim,) for a feature vector
     partition: tuple[str, ...]    # utility label values of the cluster (counterfeits carry them)
     n_released: int               # records released with it when it was created
     k: int
@@ -184,7 +207,7 @@ class LineageCluster:
 
     @property
     def image_sha256(self) -> str:
-        return image_sha256(self.image)
+        return average_sha256(self.image)
 
     @property
     def records(self) -> frozenset[str]:
@@ -208,9 +231,12 @@ class LineageCluster:
         return {f: tuple(v[j] for j in pos) for f, v in self.member_labels.items()}
 
     def to_json(self) -> dict[str, Any]:
+        stored = _stored(self.image)
+        # A feature vector also records its dtype; an image entry keeps the original form (no "dtype").
+        vector = {} if stored.dtype == np.uint8 else {"dtype": stored.dtype.str}
         out = {"key": self.key, "release_id": self.release_id, "members": sorted(map(list, self.members)),
                "image_sha256": self.image_sha256,
-               "image": base64.b64encode(np.ascontiguousarray(self.image, dtype=np.uint8).tobytes()).decode(),
+               "image": base64.b64encode(stored.tobytes()).decode(), **vector,
                "shape": list(self.shape), "partition": list(self.partition), "n_released": self.n_released,
                "k": self.k, "method": self.method}
         if self.member_labels is not None:
@@ -220,9 +246,13 @@ class LineageCluster:
 
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> "LineageCluster":
-        image = np.frombuffer(base64.b64decode(d["image"]), dtype=np.uint8).copy()
+        dtype = str(d.get("dtype", "|u1"))
+        if dtype not in ("|u1", *VECTOR_DTYPES):
+            raise LineageError(f"registered cluster {d.get('key')}: stored average dtype {dtype!r} is not uint8, "
+                               "float32 or float64; the registry is corrupt")
+        image = np.frombuffer(base64.b64decode(d["image"]), dtype=np.dtype(dtype)).copy()
         c = cls(key=d["key"], release_id=d["release_id"], members=frozenset((f, p) for f, p in d["members"]),
-                image=image, shape=(int(d["shape"][0]), int(d["shape"][1])),
+                image=image, shape=tuple(int(x) for x in d["shape"]),
                 partition=tuple(d["partition"]), n_released=int(d["n_released"]), k=int(d["k"]),
                 method=str(d["method"]), label_names=tuple(d.get("label_names", ())),
                 member_labels=None if "member_labels" not in d else {f: tuple(v) for f, v in d["member_labels"]})
@@ -231,6 +261,9 @@ class LineageCluster:
                                "is corrupt")
         if c.image_sha256 != d["image_sha256"]:
             raise LineageError(f"registered cluster {c.key}: stored average does not match its hash; the registry is corrupt")
+        if dtype != "|u1" and image.size != int(np.prod(c.shape)):
+            raise LineageError(f"registered cluster {c.key}: stored vector of {image.size} {dtype} values does not "
+                               f"have its shape {list(c.shape)}; the registry is corrupt")
         return c
 
 
@@ -757,7 +790,7 @@ class LineageRelease:
 
 def _new_clusters(release_id: str, idx: Sequence[int], labels: np.ndarray, images: np.ndarray,
                   pseud: Sequence[str], fps: Sequence[str], parts: Sequence[tuple[str, ...]] | None,
-                  shape: tuple[int, int], k: int, method: str, record_labels: Sequence[tuple[str, ...]] | None = None,
+                  shape: tuple[int, ...], k: int, method: str, record_labels: Sequence[tuple[str, ...]] | None = None,
                   label_names: Sequence[str] = ()) -> tuple[list[LineageCluster], dict[int, str]]:
     by_label: dict[int, list[int]] = defaultdict(list)
     for row, lab in enumerate(labels.tolist()):
@@ -788,18 +821,21 @@ def _new_clusters(release_id: str, idx: Sequence[int], labels: np.ndarray, image
 def _check_new(labels: Any, images: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
     labels = np.asarray(labels, dtype=np.intp).reshape(-1)
     images = np.asarray(images)
-    if labels.shape[0] != n or images.ndim != 2 or images.shape[0] != n or images.dtype != np.uint8:
+    released_dtype = images.dtype == np.uint8 or (images.dtype.kind == "f" and images.dtype.itemsize in (4, 8))
+    if labels.shape[0] != n or images.ndim != 2 or images.shape[0] != n or not released_dtype:
         raise ConfigError(f"new cluster labels ({labels.shape}) and images ({images.shape}, {images.dtype}) must have "
-                          f"one row per new record ({n}); images uint8 (n, n_pixels) as released")
+                          f"one row per new record ({n}); images uint8 (n, n_pixels) as released, or feature "
+                          "vectors float32/float64 (n, dim) as released")
     return labels, images
 
 
 def build_release(plan: LineagePlan, state: LineageState, *, release_id: str, method: str,
-                  new_labels: Any, new_images: Any, shape: tuple[int, int]) -> LineageRelease:
+                  new_labels: Any, new_images: Any, shape: tuple[int, ...]) -> LineageRelease:
     """The release of a plan, once the caller has clustered ``plan.new_records``.
 
     ``new_labels[j]`` is the k-Same cluster of ``plan.new_records[j]`` (-1: the caller withheld it)
-    and ``new_images[j]`` its released uint8 image (the cluster average, as published).
+    and ``new_images[j]`` its released uint8 image (the cluster average, as published), or for a
+    feature drop its released float32/float64 vector (``shape=(dim,)``), stored bit for bit.
     """
     if plan.based_on_head != state.head or plan.dataset != state.dataset:
         raise LineageError(f"the plan was made on lineage entry {plan.based_on_seq} of {plan.dataset!r} but the "
@@ -837,7 +873,7 @@ def _released_records(state: LineageState, key: str) -> list[str]:
 
 def release_from_clusters(state: LineageState, people: Sequence[Hashable], record_fingerprints: Sequence[str], *,
                           key: bytes, release_id: str, k: int, method: str, labels: Any, images: Any,
-                          shape: tuple[int, int], partitions: Sequence[Hashable] | None = None,
+                          shape: tuple[int, ...], partitions: Sequence[Hashable] | None = None,
                           record_labels: Sequence[Sequence[Hashable]] | None = None,
                           label_names: Sequence[str] = ()) -> LineageRelease:
     """A release clustered without the lineage policy (every cluster new): what the gate must catch.

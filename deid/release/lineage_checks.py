@@ -231,17 +231,20 @@ class DifferencingResult:
     matches: tuple[DifferencingMatch, ...]
     people_identified: frozenset
     tolerance: float
+    unit: str = "grey level"   # of the tolerance: grey levels (faces) or the feature vectors' own units
+
 
     @property
     def passed(self) -> bool:
         return not self.matches
 
     def to_check(self) -> LineageCheck:
+        what = "face or pair of faces" if self.unit == "grey level" else "vector or pair of vectors"
         return LineageCheck(
             "lineage_differencing_attack", self.passed, len(self.people_identified), 0,
             f"{self.n_cluster_pairs} pairs of released averages across the lineage ({self.mode}), {self.n_tests} "
-            f"size hypotheses: {len(self.matches)} difference images matched an original face or pair of faces "
-            f"(mean abs error < {self.tolerance} grey level at the averages' scale); "
+            f"size hypotheses: {len(self.matches)} differences matched an original {what} "
+            f"(mean abs error < {self.tolerance:.4g} {self.unit} at the averages' scale); "
             f"{len(self.people_identified)} people identified",
             tuple(vars(m) for m in self.matches))
 
@@ -253,7 +256,7 @@ def _cluster_sizes(c: LineageCluster, *more: int) -> list[int]:
 def differencing_attack(state: LineageState, release: LineageRelease, originals: Any, *,
                         original_people: Sequence[Hashable] | None = None, tolerance: float = 1.0,
                         n_components: int = 50, max_pairs: int = 200_000, neighbors: int = 10,
-                        candidates: int = 16, block: int = 1024) -> DifferencingResult:
+                        candidates: int = 16, block: int = 1024, unit: str = "grey level") -> DifferencingResult:
     """Difference every released average of this release against every registered one; match to originals.
 
     The attacker sees each release's images and cluster sizes. For a released cluster (average
@@ -288,6 +291,10 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
         Aligned original faces the attacker may hold (the gate passes the drop's aligned faces).
     original_people : sequence, optional
         Person of each original, to count the people identified.
+    tolerance, unit : float, str
+        The exact-match bound and its unit: grey levels for faces; for feature vectors (registered
+        float averages, no rounding) the caller passes a small fraction of a feature's spread in the
+        vectors' own units (:func:`deid.operations.features.apply_feature_lineage`).
 
     Returns
     -------
@@ -299,16 +306,16 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
     if original_people is not None and len(original_people) != X.shape[0]:
         raise ConfigError(f"original_people has {len(original_people)} entries for {X.shape[0]} originals")
     if not tolerance > 0:
-        raise ConfigError(f"tolerance={tolerance!r} must be > 0 grey levels, e.g. 1.0")
+        raise ConfigError(f"tolerance={tolerance!r} must be > 0 {unit}s, e.g. 1.0 grey level for faces")
     released = release.released_clusters(state)
     new = [(c, _cluster_sizes(c, n)) for c, n in released.values()]
     reg = [(c, _cluster_sizes(c, *state.released_sizes.get(c.key, ()))) for c in state.clusters.values()]
     if not new or not reg:
-        return DifferencingResult(0, 0, "nothing to compare", (), frozenset(), tolerance)
+        return DifferencingResult(0, 0, "nothing to compare", (), frozenset(), tolerance, unit)
     for c, _ in new + reg:
         if c.image.shape[0] != X.shape[1]:
-            raise ConfigError(f"cluster images have {c.image.shape[0]} pixels but originals {X.shape[1]}; pass the "
-                              "aligned faces at the canonical size")
+            raise ConfigError(f"cluster averages have {c.image.shape[0]} values but originals {X.shape[1]}; pass the "
+                              "aligned faces at the canonical size (or the drop's vectors of the same dimension)")
 
     Wz, mu, sd = _pca(X, n_components)              # (q, p) orthonormal rows, mean, component std
     Zc = (X - mu) @ Wz.T                             # centred projections of the originals
@@ -358,7 +365,7 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
         people = frozenset(g for m in matches for g in m.originals)
     if matches:
         logger.warning("lineage differencing attack: %d exact matches, %d people identified", len(matches), len(people))
-    return DifferencingResult(len(pairs_i), len(tests), mode, tuple(matches), people, tolerance)
+    return DifferencingResult(len(pairs_i), len(tests), mode, tuple(matches), people, tolerance, unit)
 
 
 def _pca(X: np.ndarray, n_components: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

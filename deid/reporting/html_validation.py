@@ -26,6 +26,9 @@ _TABLES = {
     "ingested": "the staged originals (one row per readable image)",
     "aligned": "the aligned faces",
     "release": "the release table (release.parquet)",
+    "feature_table": "the feature drop's table, as the steward wrote it",
+    "feature_ingested": "the staged feature records (one row per usable record)",
+    "feature_release": "the feature release table (release.parquet)",
 }
 
 
