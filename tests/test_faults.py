@@ -194,7 +194,7 @@ def test_kill_9_of_deid_run_leaves_no_prefect_server_behind(project, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "deid.cli", "run", str(drop), "--k", "3"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    assert "Starting temporary server" in proc.stderr  # the server really was started by this run
+    assert "temporary Prefect server started by deid" in proc.stderr  # the server really was started by this run
     for _ in range(50):
         left = _processes_with_env("PREFECT_HOME", str(home))
         if not left:
