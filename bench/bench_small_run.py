@@ -9,7 +9,9 @@ released with ``deid run D --k 5``. Three ways of running it:
 - ``reuse``: ``deid run`` while a ``deid server`` of the same project is up (the bench starts
   one first, on ``--port``); ``deid run`` finds it through the server's port file;
 - ``plain``: the Prefect-free runner, :func:`deid.operations.runner.run_release`, in one process
-  (its default executor), to separate Prefect's cost from deid's.
+  (its default executor), to separate Prefect's cost from deid's;
+- ``plain-pool``: the same runner on the :class:`~deid.operations.executors.PoolExecutor` a small
+  drop gets in the flow (``DEID_DASK_WORKERS`` processes, this one included).
 
 Usage::
 
@@ -50,7 +52,22 @@ logging.basicConfig(level=logging.WARNING)
 from deid.operations.runner import run_release
 from deid.run_config import RunConfig
 from deid.settings import Settings
-res = run_release(sys.argv[1], RunConfig.resolve(Settings(), k=int(sys.argv[2])))
+config = RunConfig.resolve(Settings(), k=int(sys.argv[2]))
+if sys.argv[3] == "pool":
+    import contextlib
+    from deid.operations.executors import PoolExecutor
+
+    @contextlib.contextmanager
+    def pool(cfg):
+        ex = PoolExecutor(cfg.dask_workers)
+        try:
+            yield ex
+        finally:
+            ex.close()
+
+    res = run_release(sys.argv[1], config, cluster=pool)
+else:
+    res = run_release(sys.argv[1], config)
 print("report: " + str(res.report_path))
 """
 
@@ -114,7 +131,7 @@ def run_once(cmd: list[str], env: dict, *, label: str) -> dict:
         "mode": label, "exit": proc.returncode, "wall": round(wall, 2), "cpu": round(usage.ru_utime + usage.ru_stime, 2),
         "user": round(usage.ru_utime, 2), "sys": round(usage.ru_stime, 2), "load": os.getloadavg()[0],
         "marks": marks, "prefect": prefect_line, "stages": report["configuration"].get("stage_seconds", {}),
-        "verdict": report["verdict"],
+        "verdict": report["verdict"], "privacy": report.get("privacy"),
         "checks": {c["name"]: [c.get("status"), c.get("value")] for c in report["checks"]},
         "utility": [[u["label"], u.get("protocol"), u.get("original_accuracy"), u.get("deidentified_accuracy")]
                     for u in report["utility"]],
@@ -164,7 +181,8 @@ def show(r: dict) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drop", type=Path, default=None, help="the drop (default: synthesise issue 9's drop)")
-    ap.add_argument("--modes", default="ephemeral,reuse,plain", help="comma-separated: ephemeral, reuse, plain")
+    ap.add_argument("--modes", default="ephemeral,reuse,plain,plain-pool",
+                    help="comma-separated: ephemeral, reuse, plain, plain-pool")
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--port", type=int, default=4391, help="port of the reused server (mode reuse)")
@@ -174,9 +192,9 @@ def main() -> int:
     ap.add_argument("--json", type=Path, default=None, help="write every run's figures and checks here")
     args = ap.parse_args()
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    bad = [m for m in modes if m not in ("ephemeral", "reuse", "plain")]
+    bad = [m for m in modes if m not in ("ephemeral", "reuse", "plain", "plain-pool")]
     if bad:
-        ap.error(f"--modes: unknown {bad}; choose from ephemeral, reuse, plain")
+        ap.error(f"--modes: unknown {bad}; choose from ephemeral, reuse, plain, plain-pool")
     work = args.work or Path(tempfile.mkdtemp(prefix="deid-bench-small-"))
     work.mkdir(parents=True, exist_ok=True)
     prefect_home = work / "prefect-home"  # one Prefect home: its database exists after the first start
@@ -197,9 +215,10 @@ def main() -> int:
                 server = start_server(shared, prefect_home, args.port)
                 print(f"deid server on port {args.port} healthy after {time.perf_counter() - t:.1f} s")
             for i in range(args.repeat):
-                if mode == "plain":
-                    project = work / f"plain-{i}"
-                    r = run_once([PY, "-c", PLAIN, str(drop), str(args.k)], _env(project, prefect_home), label=mode)
+                if mode in ("plain", "plain-pool"):
+                    project = work / f"{mode}-{i}"
+                    r = run_once([PY, "-c", PLAIN, str(drop), str(args.k), "pool" if mode == "plain-pool" else "local"],
+                                 _env(project, prefect_home), label=mode)
                 elif mode == "ephemeral":
                     project = work / f"ephemeral-{i}"
                     r = run_once([PY, "-m", "deid.cli", "run", str(drop), "--k", str(args.k)],
