@@ -83,7 +83,10 @@ def test_run_prefers_the_configured_api_then_the_running_deid_server(tmp_path, h
         api = connect(tmp_path, log_path=tmp_path / "server.log")
         url = f"http://127.0.0.1:{health_server}/api"
         assert (api.kind, api.url, api.process) == ("deid-server", url, None)
-        assert os.environ["PREFECT_API_URL"] == url  # what this process's Prefect now talks to
+        assert os.environ["PREFECT_API_URL"] == url
+        from prefect.settings import get_current_settings
+
+        assert get_current_settings().api.url == url  # what this process's Prefect now talks to
         assert "reusing the running `deid server`" in api.describe()
     finally:
         monkeypatch.delenv("PREFECT_API_URL", raising=False)
