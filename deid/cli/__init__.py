@@ -195,15 +195,18 @@ def cmd_run(args) -> int:
                                block=args.block)
     preflight_run()
     _quiet_prefect_env()
+    from deid.orchestration.cluster import close_prestarted, prestart_pool, uses_pool  # noqa: PLC0415
     from deid.orchestration.prefect_api import connect, warm_imports  # noqa: PLC0415
 
-    # The Prefect API first: a temporary server boots in its own process while this one imports.
-    api = connect(config.data_path, log_path=config.data_path / "logs" / "prefect-server.log")
-    from deid.orchestration.cluster import close_prestarted, prestart_pool, uses_pool  # noqa: PLC0415
-
+    if uses_pool(drop, address=config.dask_address, max_records=_settings().local_pool_max_records):
+        prestart_pool(config.dask_workers)  # its processes import while the server starts and this one imports
     try:
-        if uses_pool(drop, address=config.dask_address, max_records=_settings().local_pool_max_records):
-            prestart_pool(config.dask_workers)  # its processes import while the server starts
+        # The Prefect API next: a temporary server boots in its own process while this one imports.
+        api = connect(config.data_path, log_path=config.data_path / "logs" / "prefect-server.log")
+    except BaseException:
+        close_prestarted()
+        raise
+    try:
         from deid.orchestration.flow import run_flow  # noqa: PLC0415 - Prefect is heavy; only `run` needs it
 
         if not args.debug:

@@ -123,6 +123,7 @@ class PrefectApi:
     process: subprocess.Popen | None = None
     started: float = field(default_factory=time.perf_counter)
     ready_after: float | None = None
+    log_path: Path | None = None
     _command: tuple[list[str], dict, object] | None = None
 
     def wait(self, *, timeout: float = 90.0) -> float:
@@ -136,8 +137,8 @@ class PrefectApi:
                 self._spawn()
                 continue
             if code is not None:
-                raise RuntimeError(f"Prefect's temporary API server exited with code {code} before it was ready "
-                                   "(its output is in the log file named by `deid run --debug`)")
+                raise RuntimeError(f"Prefect's temporary API server exited with code {code} before it was ready; "
+                                   f"its output is in {self.log_path}")
             if healthy(self.url, timeout=2.0):
                 self.ready_after = round(time.perf_counter() - self.started, 2)
                 return self.ready_after
@@ -208,7 +209,7 @@ def connect(data_path: Path, *, log_path: Path) -> PrefectApi:
     env.pop("PREFECT_API_URL", None)
     log_path.parent.mkdir(parents=True, exist_ok=True)
     out = open(log_path, "ab")  # noqa: SIM115 - shared with the child for its lifetime
-    api = PrefectApi("temporary", _command=(args, env, out))
+    api = PrefectApi("temporary", log_path=log_path, _command=(args, env, out))
     api._spawn()
     return api
 
