@@ -128,7 +128,8 @@ def run_once(cmd: list[str], env: dict, *, label: str) -> dict:
     report = json.loads(Path(report_line[0].split(": ", 1)[1]).read_text())
     prefect_line = next((ln.strip() for ln in err_lines if ln.startswith("deid run: prefect")), None)
     return {
-        "mode": label, "exit": proc.returncode, "wall": round(wall, 2), "cpu": round(usage.ru_utime + usage.ru_stime, 2),
+        "mode": label, "exit": proc.returncode, "wall": round(wall, 2),
+        "cpu": round(usage.ru_utime + usage.ru_stime, 2),
         "user": round(usage.ru_utime, 2), "sys": round(usage.ru_stime, 2), "load": os.getloadavg()[0],
         "marks": marks, "prefect": prefect_line, "stages": report["configuration"].get("stage_seconds", {}),
         "verdict": report["verdict"], "privacy": report.get("privacy"),
@@ -217,8 +218,9 @@ def main() -> int:
             for i in range(args.repeat):
                 if mode in ("plain", "plain-pool"):
                     project = work / f"{mode}-{i}"
-                    r = run_once([PY, "-c", PLAIN, str(drop), str(args.k), "pool" if mode == "plain-pool" else "local"],
-                                 _env(project, prefect_home), label=mode)
+                    how = "pool" if mode == "plain-pool" else "local"
+                    r = run_once([PY, "-c", PLAIN, str(drop), str(args.k), how], _env(project, prefect_home),
+                                 label=mode)
                 elif mode == "ephemeral":
                     project = work / f"ephemeral-{i}"
                     r = run_once([PY, "-m", "deid.cli", "run", str(drop), "--k", str(args.k)],

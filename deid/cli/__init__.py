@@ -45,7 +45,7 @@ from deid.errors import (  # noqa: E402
 )
 from deid.anonymise.method_registry import FEATURE_ONLY, METHODS  # noqa: E402  (light: the CLI keeps heavy imports lazy)
 from deid.settings import SMALL_PARTITION_POLICIES  # noqa: E402
-from deid.orchestration.prefect_api import _die_with_parent  # noqa: E402, F401 (light; re-exported for tests)
+from deid.orchestration.prefect_api import _die_with_parent  # noqa: E402, F401 (for tests)
 
 FEATURE_ONLY_METHODS = tuple(FEATURE_ONLY)  # methods of feature drops only (the registry's FEATURE_ONLY)
 EXIT_OK, EXIT_REJECTED, EXIT_BAD_INPUT = 0, 1, 2

@@ -14,7 +14,12 @@ from pathlib import Path
 
 from distributed import LocalCluster
 
-from deid.operations.executors import DaskExecutor, PoolExecutor, client_for, close_client  # noqa: F401 (client_for re-exported)
+from deid.operations.executors import (  # noqa: F401 (client_for re-exported)
+    DaskExecutor,
+    PoolExecutor,
+    client_for,
+    close_client,
+)
 
 log = logging.getLogger(__name__)
 _prestarted: dict[int, PoolExecutor] = {}  # workers -> a pool started early by `deid run`, not yet used
@@ -93,7 +98,7 @@ def _run_logger():
 
 @contextlib.contextmanager
 def dask_executor(config, *, drop: str | Path | None = None) -> Iterator[DaskExecutor | PoolExecutor]:
-    """The run's executor (``cluster`` of :func:`deid.operations.runner.run_release`): Dask, or a pool for small drops."""
+    """The run's executor (``cluster`` of :func:`~deid.operations.runner.run_release`): Dask, or a small drop's pool."""
     from deid.settings import Settings  # noqa: PLC0415
 
     if uses_pool(drop, address=config.dask_address, max_records=Settings().local_pool_max_records):
