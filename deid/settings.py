@@ -30,6 +30,11 @@ class Settings(BaseSettings):
     linkage_key: Path | None = Field(default=None, description="32-byte key file for the private linkage record")
     dask_address: str | None = Field(default=None, description="existing Dask scheduler, e.g. tcp://host:8786")
     dask_workers: int = Field(default=2, ge=1, le=256, description="workers of the default LocalCluster")
+    local_pool_max_records: int = Field(
+        default=2000, ge=0, le=10_000_000,
+        description="a drop with at most this many manifest rows runs its heavy stages on DEID_DASK_WORKERS local "
+                    "processes (the run's own included) instead of a Dask LocalCluster, whose start costs more than "
+                    "such a drop's work; ignored with DEID_DASK_ADDRESS; 0 = always a LocalCluster")
 
     schedule_cron: str = Field(default="0 2 * * *", description="cron of the scheduled `release` deployment")
     incoming_dir: Path | None = Field(default=None, description="where drops arrive (default: <data>/incoming)")

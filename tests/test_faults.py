@@ -183,18 +183,18 @@ def _processes_with_env(name: str, value: str) -> list[int]:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
 def test_kill_9_of_deid_run_leaves_no_prefect_server_behind(project, tmp_path):
-    """Without PREFECT_API_URL `deid run` starts Prefect's temporary server; it must die with the run."""
+    """Without PREFECT_API_URL `deid run` starts a temporary Prefect server and a small drop's pool: both die too."""
     import time
 
     drop = make_synthetic_drop(tmp_path / "drop", people=6, images_per_person=2, seed=3)
     home = tmp_path / "prefect_home"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update({"DEID_PROJECT_DIR": str(project), "PREFECT_HOME": str(home), "PYTHONPATH": str(ROOT),
-                FAULT_ENV: "kill:after:ingest", "DEID_DASK_WORKERS": "1"})
+                FAULT_ENV: "kill:after:ingest", "DEID_DASK_WORKERS": "2"})  # 2: a pool process too
     proc = subprocess.run([sys.executable, "-m", "deid.cli", "run", str(drop), "--k", "3"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
-    assert "Starting temporary server" in proc.stderr  # the server really was started by this run
+    assert "temporary Prefect server started by deid" in proc.stderr  # the server really was started by this run
     for _ in range(50):
         left = _processes_with_env("PREFECT_HOME", str(home))
         if not left:

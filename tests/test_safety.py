@@ -313,7 +313,7 @@ def test_verify_without_a_key_is_never_exit_0(tmp_path, capsys):
 
 def test_a_child_started_with_die_with_parent_dies_on_kill_9(tmp_path):
     script = (f"import os, subprocess, sys, time; sys.path.insert(0, {str(ROOT)!r})\n"
-              "from deid.cli import _die_with_parent\n"
+              "from deid.orchestration.prefect_api import _die_with_parent\n"
               "p = subprocess.Popen(['sleep', '120'], preexec_fn=_die_with_parent(os.getpid()))\n"
               "print(p.pid, flush=True); time.sleep(120)\n")
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)

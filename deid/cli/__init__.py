@@ -23,15 +23,11 @@ Prefect is imported only by ``deid run``, so the other commands start fast.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import importlib
 import logging
 import os
-import signal
-import subprocess
 import sys
 import traceback
-import types
 from pathlib import Path
 
 # Multi-threaded OpenBLAS spins on its threads and, next to Dask workers on a small machine,
@@ -165,57 +161,6 @@ def _quiet_prefect_tracebacks() -> None:
                 h.addFilter(flt)
 
 
-def _die_with_parent(parent: int):
-    """preexec_fn: the child gets SIGKILL when the process that started it dies (Linux PR_SET_PDEATHSIG)."""
-    libc = ctypes.CDLL(None, use_errno=True)  # loaded before fork: nothing to load in the child
-
-    def preexec() -> None:
-        libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
-
-
-def start_prefect_server_child():
-    """Start Prefect's temporary API server as a child that dies with this process, or None.
-
-    Without PREFECT_API_URL, Prefect starts a temporary server (uvicorn) the first time a client
-    is needed; a ``kill -9`` of ``deid run`` used to orphan it (~220 MB each). Started here, from
-    the main thread, with PR_SET_PDEATHSIG: the kernel kills it when ``deid run`` dies, however
-    it dies. Prefect reuses this instance (``SubprocessASGIServer`` is a per-port singleton).
-    """
-    from prefect.settings import get_current_settings  # noqa: PLC0415
-
-    settings = get_current_settings()
-    if settings.api.url or not settings.server.ephemeral.enabled or not sys.platform.startswith("linux"):
-        return None
-    import prefect.server.api.server as srv  # noqa: PLC0415
-
-    real_popen = subprocess.Popen
-    preexec = _die_with_parent(os.getpid())
-    # The server's own output (e.g. its shutdown tracebacks when the run ends early) goes to a
-    # log file, so a failed run prints one message, not the server's teardown.
-    from deid.settings import Settings  # noqa: PLC0415
-
-    log_dir = Settings().data_path / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log = open(log_dir / "prefect-server.log", "ab")  # noqa: SIM115 - owned by the child for its lifetime
-
-    def popen(*a, **kw):
-        kw.setdefault("preexec_fn", preexec)
-        kw.setdefault("stdout", log)
-        kw.setdefault("stderr", log)
-        return real_popen(*a, **kw)
-
-    srv.subprocess = types.SimpleNamespace(Popen=popen, TimeoutExpired=subprocess.TimeoutExpired)
-    try:
-        server = srv.SubprocessASGIServer()
-        # Prefect's default start-up timeout (20 s) is too short on a loaded 2-core machine.
-        server.start(timeout=max(90, int(settings.server.ephemeral.startup_timeout_seconds)))
-    finally:
-        srv.subprocess = subprocess
-    return server
 
 
 def cmd_run(args) -> int:
@@ -235,21 +180,41 @@ def cmd_run(args) -> int:
                                block=args.block, kind=kind)
     preflight_run()
     _quiet_prefect_env()
-    from deid.orchestration.flow import run_flow  # noqa: PLC0415 - Prefect is heavy; only `run` needs it
+    from deid.orchestration.cluster import close_prestarted, prestart_pool, uses_pool  # noqa: PLC0415
+    from deid.orchestration.prefect_api import connect, warm_imports  # noqa: PLC0415
 
-    if not args.debug:
-        _quiet_prefect_tracebacks()
-    # Long stages report records done and time left (deid.progress, throttled) even when other logs are quiet.
-    logging.getLogger("deid.progress").setLevel(logging.INFO)
-    start_prefect_server_child()
-    print(f"deid run: {drop} ({'feature drop, ' if kind == 'features' else ''}k={config.k}, method={config.method})",
-          file=sys.stderr)
-    result = run_flow(str(drop.resolve()), **config.parameters())
+    if uses_pool(drop, address=config.dask_address, max_records=_settings().local_pool_max_records):
+        prestart_pool(config.dask_workers)  # its processes import while the server starts and this one imports
+    try:
+        # The Prefect API next: a temporary server boots in its own process while this one imports.
+        api = connect(config.data_path, log_path=config.data_path / "logs" / "prefect-server.log")
+    except BaseException:
+        close_prestarted()
+        raise
+    try:
+        from deid.orchestration.flow import run_flow  # noqa: PLC0415 - Prefect is heavy; only `run` needs it
+
+        if not args.debug:
+            _quiet_prefect_tracebacks()
+        # Long stages report records done and time left (deid.progress, throttled) even when other logs are quiet.
+        logging.getLogger("deid.progress").setLevel(logging.INFO)
+        warm_imports(api)
+        api.wait()
+        print(f"deid run: {drop} ({'feature drop, ' if kind == 'features' else ''}k={config.k}, "
+              f"method={config.method})", file=sys.stderr)
+        print(f"deid run: prefect: {api.describe()}", file=sys.stderr)
+        result = run_flow(str(drop.resolve()), **config.parameters())
+    finally:
+        close_prestarted()
+        api.stop()
     if result.input_error:
         print("verdict: REJECTED (unreadable drop)")
         print(f"report: {result.report_path}")
         raise DataError(result.input_error)
     print_summary(result)
+    if result.timings:
+        print("deid run: stage seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items()),
+              file=sys.stderr)
     return EXIT_OK if result.released else EXIT_REJECTED
 
 

@@ -43,9 +43,16 @@ def cmd_server(args) -> int:
     env = server_env(args.port)
     print(f"Prefect server: state in {env['PREFECT_HOME']}")
     print(f"UI:  http://127.0.0.1:{args.port}/")
-    print(f"export PREFECT_API_URL=http://127.0.0.1:{args.port}/api")
+    print(f"export PREFECT_API_URL=http://127.0.0.1:{args.port}/api   # for deid serve/watch; deid run in this "
+          "project finds this server by itself")
     sys.stdout.flush()
     proc = subprocess.Popen(server_command(args.port), env=env)
+    from deid.orchestration.prefect_api import clear_server_file, write_server_file
+    from deid.settings import Settings
+
+    # `deid run` in this project reuses this server while it answers (deid.orchestration.prefect_api).
+    data_path = Settings().data_path
+    write_server_file(data_path, port=args.port, pid=os.getpid())
 
     def stop(signum, _frame):
         proc.send_signal(signum)
@@ -60,6 +67,8 @@ def cmd_server(args) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
             return proc.wait()
+    finally:
+        clear_server_file(data_path, pid=os.getpid())
 
 
 def _need_api(cmd: str) -> str | None:

@@ -1,15 +1,28 @@
-"""The Dask cluster the heavy stages run on: a LocalCluster by default, or DEID_DASK_ADDRESS."""
+"""The Dask cluster the heavy stages run on: a LocalCluster by default, or DEID_DASK_ADDRESS.
+
+A small drop (at most ``DEID_LOCAL_POOL_MAX_RECORDS`` manifest rows) runs on a
+:class:`~deid.operations.executors.PoolExecutor` instead: the same stage functions on
+``DEID_DASK_WORKERS`` local processes, without a scheduler and nannies to start.
+"""
 from __future__ import annotations
 
 import contextlib
+import csv
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 from distributed import LocalCluster
 
-from deid.operations.executors import DaskExecutor, client_for, close_client  # noqa: F401 (client_for re-exported)
+from deid.operations.executors import (  # noqa: F401 (client_for re-exported)
+    DaskExecutor,
+    PoolExecutor,
+    client_for,
+    close_client,
+)
 
 log = logging.getLogger(__name__)
+_prestarted: dict[int, PoolExecutor] = {}  # workers -> a pool started early by `deid run`, not yet used
 
 
 @contextlib.contextmanager
@@ -36,8 +49,66 @@ def dask_cluster(address: str | None, *, workers: int = 2) -> Iterator[str]:
         cluster.close()
 
 
+def manifest_rows(drop: str | Path | None, *, stop_after: int) -> int | None:
+    """Rows of the drop's manifest.csv, counting at most ``stop_after + 1``; None if it cannot be read."""
+    if drop is None:
+        return None
+    try:
+        with open(Path(drop) / "manifest.csv", newline="", encoding="utf-8", errors="replace") as f:
+            rows = -1  # the header
+            for rows, _ in enumerate(csv.reader(f)):
+                if rows > stop_after:
+                    break
+            return max(rows, 0)
+    except (OSError, csv.Error):
+        return None
+
+
+def uses_pool(drop: str | Path | None, *, address: str | None, max_records: int) -> bool:
+    """True when the drop's heavy stages run on a local pool: no Dask address and a small enough drop."""
+    if address or max_records <= 0:
+        return False
+    rows = manifest_rows(drop, stop_after=max_records)
+    return rows is not None and rows <= max_records
+
+
+def prestart_pool(workers: int) -> PoolExecutor:
+    """Start (and warm up) the pool a small run will use, before the run's own imports and server start."""
+    pool = _prestarted.get(workers)
+    if pool is None:
+        pool = _prestarted[workers] = PoolExecutor(workers)
+    return pool
+
+
+def close_prestarted() -> None:
+    """Shut down a prestarted pool that no run took."""
+    while _prestarted:
+        _prestarted.popitem()[1].close()
+
+
+def _run_logger():
+    from prefect import get_run_logger  # noqa: PLC0415
+    from prefect.exceptions import MissingContextError  # noqa: PLC0415
+
+    try:
+        return get_run_logger()
+    except MissingContextError:
+        return log
+
+
 @contextlib.contextmanager
-def dask_executor(config) -> Iterator[DaskExecutor]:
-    """The run's :class:`~deid.operations.executors.DaskExecutor` (``cluster`` of :func:`deid.operations.runner.run_release`)."""
+def dask_executor(config, *, drop: str | Path | None = None) -> Iterator[DaskExecutor | PoolExecutor]:
+    """The run's executor (``cluster`` of :func:`~deid.operations.runner.run_release`): Dask, or a small drop's pool."""
+    from deid.settings import Settings  # noqa: PLC0415
+
+    if uses_pool(drop, address=config.dask_address, max_records=Settings().local_pool_max_records):
+        pool = _prestarted.pop(config.dask_workers, None) or PoolExecutor(config.dask_workers)
+        _run_logger().info("heavy stages on %d local processes (this drop has at most DEID_LOCAL_POOL_MAX_RECORDS="
+                           "%d records; no Dask cluster started)", pool.workers, Settings().local_pool_max_records)
+        try:
+            yield pool
+        finally:
+            pool.close()
+        return
     with dask_cluster(config.dask_address, workers=config.dask_workers) as address:
         yield DaskExecutor(address)

@@ -15,6 +15,7 @@ raises :class:`~deid.errors.ReleaseRejected`.
 """
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -55,7 +56,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
     # The parameters as used, not as passed (a deployment passes only the drop).
     _update_run(parameters={"drop": drop, **config.parameters()})
     with progress_to_ui():  # the gate's progress lines on the run's page, not only on the console
-        result = run_release(drop, config, steps=STEPS, cluster=dask_executor,
+        result = run_release(drop, config, steps=STEPS, cluster=partial(dask_executor, drop=drop),
                              run_id=str(flow_run.get_id() or "") or None, logger=get_run_logger())
     ui_artifacts(result)
     _update_run(name=f"{result.report.dataset.name} k={config.k} {config.method}",
