@@ -25,6 +25,9 @@ from deid.anonymise.methods_factor import MultiFactor
 
 logger = logging.getLogger(__name__)
 
+# What each frame of a sequence keeps as its non-identity factor (MultiFactor's ``non_identity``).
+SEQUENCE_NON_IDENTITY = "frames"
+
 
 @dataclass(frozen=True)
 class Sequences:
@@ -125,7 +128,7 @@ class SequenceMultiFactor(MultiFactor):
     their use on video sequences).
     """
 
-    def __init__(self, k: int = 5, *, n_components: int = 50, non_identity: str = "frames",
+    def __init__(self, k: int = 5, *, n_components: int = 50, non_identity: str = SEQUENCE_NON_IDENTITY,
                  select_identity: bool = True, n_iter: int = 50, random_state: int = 0):
         super().__init__(k, n_components=n_components, non_identity=non_identity, select_identity=select_identity,
                          n_iter=n_iter, random_state=random_state)
@@ -148,6 +151,15 @@ class SequenceMultiFactor(MultiFactor):
         from deid.anonymise.methods_ksame import to_uint8  # noqa: PLC0415
 
         return to_uint8(self.fit(X, people=people, labels=labels, sequences=sequences, frames=frames).released_)
+
+
+def sequence_options(method: str) -> dict[str, Any] | None:
+    """The estimator options ``method`` runs with on a drop of image sequences (None: its own defaults).
+
+    The gate re-applies the method (parrot attacker, utility folds) with them, so it judges the
+    model the release was made with: :class:`SequenceMultiFactor`'s non-identity factor.
+    """
+    return {"non_identity": SEQUENCE_NON_IDENTITY} if method == "multi-factor" else None
 
 
 def sequence_warning(method: str) -> str | None:
