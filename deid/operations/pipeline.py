@@ -546,9 +546,23 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
         lg.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", key_path)
     lg.info(f"stage: {staged.n_records} records staged for release in {tmp}"
             + (f", {len(staged.videos)} videos" if staged.videos else ""))
+    checks = (suite_check(validation),)
+    if "sequences" in rows:
+        checks += (_sequence_linkage(rows, layout, config.k),)
     return Staged(dir=tmp, artifacts=artifacts, columns=tuple(staged.columns), records=staged.n_records,
-                  validation=validation, checks=(suite_check(validation),), file_metadata=file_metadata,
+                  validation=validation, checks=checks, file_metadata=file_metadata,
                   linkage=layout.linkage, videos=tuple(staged.videos))
+
+
+def _sequence_linkage(rows: Mapping, layout: StagingLayout, k: int) -> Check:
+    """The gate's check that every released video fits >= k people (the effective people of the partitions)."""
+    from deid.evaluation.sequences import sequence_linkage_check  # noqa: PLC0415
+
+    t = ds.dataset(layout.partitions_dir, format="parquet", partitioning="hive").to_table(
+        columns=["record_id", "subject_id"]).to_pydict()
+    person = dict(zip(t["record_id"], t["subject_id"]))
+    return sequence_linkage_check(rows["sequences"], rows["clusters"], [person.get(r) for r in rows["record_ids"]],
+                                  k=k)
 
 
 def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig, *, labels: Sequence[str],
