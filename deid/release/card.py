@@ -60,6 +60,7 @@ class DatasetCard:
     dim: int | None = None  # the vectors' dimension (feature releases)
     videos: int = 0  # videos/<random id>.avi, one per image sequence
     frames: int = 0  # released faces that are frames of a video
+    exact_bound: bool = True  # every cluster's members got the identical image (the gate found it in the data)
 
     @classmethod
     def from_report(cls, report: dict[str, Any]) -> DatasetCard:
@@ -84,7 +85,8 @@ class DatasetCard:
             warnings=tuple(report.get("warnings") or ()), license=cfg.get("license"), color=bool(cfg.get("color")),
             kind=str(cfg.get("kind") or "images"), dim=cfg.get("feature_dim"),
             videos=sum(1 for a in report.get("artifacts") or () if str(a.get("path", "")).startswith(f"{VIDEOS}/")),
-            frames=int((cfg.get("method_inputs") or {}).get("frames") or 0))
+            frames=int((cfg.get("method_inputs") or {}).get("frames") or 0),
+            exact_bound=bool((report.get("privacy") or {}).get("exact_bound", True)))
 
     def header(self) -> dict[str, Any]:
         """The YAML metadata block (Hugging Face keys, plus ``deid`` with the figures)."""
@@ -189,11 +191,14 @@ class DatasetCard:
             "",
             "## Guarantee",
             "",
-            f"{_md(self.guarantee)}. Every released cluster holds at least {self.k} images of at least "
+            f"{_md(self.guarantee)}. "
+            + ("In this release, though, every cluster's faces are one identical image (the gate checked it). "
+               if self.exact_bound and self.guarantee.startswith("no formal guarantee") else "")
+            + f"Every released cluster holds at least {self.k} images of at least "
             f"{self.k} distinct people and no person makes up more than 1/{self.k} of a cluster's images, "
             + (f"so an attacker who matches a released face against photographs of the people re-identifies it "
                f"with probability at most 1/{self.k} = {1 / self.k:.3f}. "
-               if not self.guarantee.startswith("no formal guarantee") else
+               if self.exact_bound else
                f"but the faces of a cluster are not identical copies, so that structure bounds nothing by itself: "
                f"the evidence is the attacks below, each of whose upper confidence bounds was at most 1/{self.k} "
                f"= {1 / self.k:.3f} for this release to be published. ")
