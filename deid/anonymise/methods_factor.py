@@ -190,7 +190,8 @@ class MultiFactor(BaseEstimator):
             raise ConfigError(f"non_identity={self.non_identity!r} must be one of {list(NON_IDENTITY)}: 'labels' keeps "
                               "each face's label effects, 'projected' its deviation from its identity within the "
                               "label-effect subspace, 'residual' all of that deviation, 'frames' its label effects "
-                              "plus its own residual within the label-effect subspace")
+                              "plus its own residual within the label-effect subspace, 'grouped' that averaged over "
+                              "a group of faces of all the people of its identity cluster")
         if not isinstance(self.select_identity, (bool, np.bool_)):
             raise ConfigError(f"select_identity={self.select_identity!r} must be True or False")
         if isinstance(self.n_iter, bool) or not isinstance(self.n_iter, Integral) or self.n_iter < 1:
