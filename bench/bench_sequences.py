@@ -65,15 +65,19 @@ def main() -> None:
         t0 = time.process_time()
         rel, clusters = deidentify(X, shape=SHAPE, people=people, method="multi-factor", k=args.k, labels=labels,
                                    sequences=seqs, frames=col["frame"])
-        print(f"multi-factor on sequences, k={args.k}: {len(set(clusters))} identity clusters, "
-              f"{time.process_time() - t0:.2f} cpu s")
+        # The release's clusters are cells (identity cluster x labels); a frame's released identity is its
+        # identity cluster: the people its cell holds.
+        members = {c: frozenset(np.asarray(people, dtype=object)[clusters == c]) for c in set(clusters)}
+        identity = [members[c] for c in clusters]
+        print(f"multi-factor on sequences, k={args.k}: {len(members)} cells in {len(set(identity))} identity "
+              f"clusters, {time.process_time() - t0:.2f} cpu s")
         ks, ks_clusters = deidentify(X, shape=SHAPE, people=people, method="k-same", k=args.k)
         spread = np.mean([len(set(ks_clusters[np.asarray(seqs) == s])) for s in set(seqs)])
         print(f"contrast, image k-Same k={args.k}: a sequence's frames fall in {spread:.1f} clusters on average")
         E = Eigenfaces(30).fit(X)
         print("eigenface identity (30 components fitted on the source frames):")
         print("  source            ", _fmt(identity_spread(E.transform(X), seqs, people)))
-        print("  multi-factor      ", _fmt(identity_spread(E.transform(rel), seqs, list(clusters))))
+        print("  multi-factor      ", _fmt(identity_spread(E.transform(rel), seqs, identity)))
         print("  image k-Same      ", _fmt(identity_spread(E.transform(ks), seqs, list(ks_clusters))))
         if not args.no_dlib:
             from deid.evaluation.recognizer import DlibEmbedder, embedding_distances
@@ -87,7 +91,7 @@ def main() -> None:
                   f"different people {np.median(dd[P[:, None] != P[None, :]]):.3f} (below 0.65: weak on these faces),"
                   f" same person {np.median(dd[(P[:, None] == P[None, :]) & ~np.eye(len(P), dtype=bool)]):.3f}")
             print("  source            ", _fmt(identity_spread(D["source"], seqs, people)))
-            print("  multi-factor      ", _fmt(identity_spread(D["multi-factor"], seqs, list(clusters))))
+            print("  multi-factor      ", _fmt(identity_spread(D["multi-factor"], seqs, identity)))
             print("  image k-Same      ", _fmt(identity_spread(D["image k-Same"], seqs, list(ks_clusters))))
         print("expression classifier (eigenfaces + logistic regression) trained on half the people's source frames:")
         for seed in range(5):

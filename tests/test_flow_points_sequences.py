@@ -113,8 +113,14 @@ def test_a_sequence_drop_is_staged_as_videos_and_judged_with_intervals(tmp_path)
     rates = report["privacy"]["reidentification"]
     assert rates and all(r["lower"] <= r["rate"] <= r["upper"] and r["n_probes"] > 0 for r in rates)
     check = next(c for c in report["checks"] if c["name"] == "reidentification_rate")
-    assert check["passed"] == (report["verdict"] == "released" or all(r["upper"] <= 1 / 3 + 1e-9 for r in rates)
-                               or report["privacy"]["exact_bound"])
+    # The decision follows from the bounds: with identical images per cluster no lower bound may exceed 1/k,
+    # otherwise every upper bound must stay within it.
+    if report["privacy"]["exact_bound"]:
+        assert check["passed"] == all(r["lower"] <= 1 / 3 + 1e-9 for r in rates)
+    else:
+        assert check["passed"] == all(r["upper"] <= 1 / 3 + 1e-9 for r in rates)
+    linkage = next(c for c in report["checks"] if c["name"] == "sequence_linkage_people")
+    assert linkage["passed"] == (linkage["value"] >= 3)
     assert report["verdict"] in ("released", "rejected")
     if report["verdict"] == "rejected":
         assert report["reasons"] and result.release_dir is None
