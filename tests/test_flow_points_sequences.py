@@ -69,6 +69,7 @@ def test_k_same_m_takes_its_shapes_from_the_drops_points_through_the_runner(tmp_
     assert result.verdict in ("released", "rejected")
 
 
+@pytest.mark.slow
 def test_without_points_k_same_m_falls_back_to_optical_flow(tmp_path):
     drop = make_synthetic_drop(tmp_path / "drop", people=6, images_per_person=2, seed=3, image_size=128)
     result = run_release(drop, _config(tmp_path, k=3, method="k-same-m"))
