@@ -40,6 +40,18 @@ def _fmt(s) -> str:
     return f"within {s.within:8.3f}  between {s.between:8.3f}  ratio {s.ratio:.3f}  nearest own {s.nearest_own:.3f}"
 
 
+def aligned_sequence_drop(work: Path, *, people: int, frames: int) -> tuple[np.ndarray, dict[str, list]]:
+    """A synthetic sequence drop, ingested and aligned with the pipeline's own steps: (pixels, columns)."""
+    make_sequence_drop(work / "drop", people=people, frames=frames, image_size=128)
+    d = read_drop(work / "drop")
+    res = ingest(d, work / "ing.parquet")
+    align_batch(str(res.path), list(range(res.row_groups)), str(work / "al.parquet"), _aligner_params())
+    ids, X = read_pixels([str(work / "al.parquet")])
+    meta = pq.read_table(res.path).drop_columns(["data"]).to_pydict()
+    where = {r: i for i, r in enumerate(meta["record_id"])}
+    return X, {c: [meta[c][where[r]] for r in ids] for c in ("subject_id", "gender", "expression", "sequence", "frame")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--people", type=int, default=30)
@@ -50,15 +62,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench_sequences_"))
     try:
         t0 = time.process_time()
-        make_sequence_drop(work / "drop", people=args.people, frames=args.frames, image_size=128)
-        d = read_drop(work / "drop")
-        res = ingest(d, work / "ing.parquet")
-        align_batch(str(res.path), list(range(res.row_groups)), str(work / "al.parquet"), _aligner_params())
-        ids, X = read_pixels([str(work / "al.parquet")])
-        meta = pq.read_table(res.path).drop_columns(["data"]).to_pydict()
-        where = {r: i for i, r in enumerate(meta["record_id"])}
-        col = {c: [meta[c][where[r]] for r in ids] for c in ("subject_id", "gender", "expression", "sequence", "frame")}
-        print(f"drop: {len(ids)} frames, {args.people} people x 2 sequences x {args.frames} frames "
+        X, col = aligned_sequence_drop(work, people=args.people, frames=args.frames)
+        print(f"drop: {len(X)} frames, {args.people} people x 2 sequences x {args.frames} frames "
               f"({time.process_time() - t0:.1f} cpu s to draw, ingest and align)")
         people, seqs = col["subject_id"], col["sequence"]
         labels = {"gender": col["gender"], "expression": col["expression"]}
