@@ -219,6 +219,23 @@ class LineagePlanned:
 
 
 @dataclass(frozen=True)
+class MethodInputs:
+    """What the partitioned faces give the method beyond pixels and labels (counts of records).
+
+    ``points``: records with landmark points (canonical pixels; k-same-m takes a cluster's shape
+    from them); ``frames``: records that are frames of one of ``sequences`` image sequences
+    (multi-factor keeps one identity per person, the release holds a video per sequence).
+    """
+
+    points: int = 0
+    sequences: int = 0
+    frames: int = 0
+
+    def to_dict(self) -> dict[str, int]:
+        return {"points": self.points, "sequences": self.sequences, "frames": self.frames}
+
+
+@dataclass(frozen=True)
 class Partitioned:
     """The faces split by utility labels into Hive-partitioned Parquet, plus what was held back."""
 
@@ -230,6 +247,7 @@ class Partitioned:
     identity: Mapping[str, Any] | None = None
     quarantined: tuple[Quarantined, ...] = ()
     lineage: LineagePlanned | None = None
+    inputs: MethodInputs = field(default_factory=MethodInputs)
 
     @property
     def gate_keys(self) -> dict[tuple[str, ...], str]:
@@ -253,10 +271,15 @@ class ClusterInfo:
 
 @dataclass(frozen=True)
 class Deidentified:
-    """De-identified parts (one per partition) and their clusters."""
+    """De-identified parts (one per partition) and their clusters.
+
+    ``shape_sources``: for k-same-m, how many clusters took their shape from landmark points and
+    how many from optical flow (``{"points": n, "flow": m}``); empty for other methods.
+    """
 
     parts: tuple[Path, ...] = ()
     clusters: tuple[ClusterInfo, ...] = ()
+    shape_sources: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def records(self) -> int:
@@ -293,6 +316,7 @@ class Staged:
     checks: tuple[Check, ...]
     file_metadata: Mapping[str, list[str]]
     linkage: Path
+    videos: tuple[str, ...] = ()  # videos/<random id>.avi, one per image sequence
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ def deidentify(
         Per face, its image-sequence key (None: a still image) and frame number. With
         ``multi-factor`` the faces are de-identified by
         :class:`deid.anonymise.sequences.SequenceMultiFactor` (one identity per person, each frame its
-        own expression; ``options`` may still set ``non_identity``); other methods ignore them
+        labels' expression; ``options`` may still set ``non_identity``); other methods ignore them
         with a warning (their identity can change from frame to frame).
 
     Returns
@@ -374,7 +374,7 @@ def method_runner(method: str, *, shape: tuple[int, int], k: int | None = None, 
     The gate's parrot attacker de-identifies its gallery with it, and the utility protocol
     the training people. k-Same-Select without partitions (a drop with no labels) is k-Same.
     ``options`` go to the method's estimator as in :func:`deidentify` (e.g. a drop of image
-    sequences runs multi-factor with ``{"non_identity": "frames"}``, what
+    sequences runs multi-factor with :func:`deid.anonymise.sequences.sequence_options`, what
     :class:`deid.anonymise.sequences.SequenceMultiFactor` uses, so the attacker re-applies that).
     """
     _check_method(method)

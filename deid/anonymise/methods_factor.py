@@ -15,7 +15,7 @@ from deid.anonymise.methods_ksame import check_images, check_k, to_uint8
 
 logger = logging.getLogger(__name__)
 
-NON_IDENTITY = ("labels", "projected", "residual", "frames")
+NON_IDENTITY = ("labels", "projected", "residual", "frames", "grouped")
 
 
 def check_labels(labels: Mapping[str, Sequence[Hashable]] | None, n: int) -> dict[str, np.ndarray]:
@@ -34,6 +34,44 @@ def group_means(Z: np.ndarray, codes: np.ndarray, n_groups: int) -> np.ndarray:
     np.add.at(sums, codes, Z)
     counts = np.bincount(codes, minlength=n_groups)
     return sums / np.maximum(counts, 1)[:, None]
+
+
+def group_within_clusters(V: np.ndarray, person_codes: np.ndarray, clusters: np.ndarray) -> np.ndarray:
+    """Group the faces of each identity cluster so that every group holds faces of *all* its people.
+
+    Within a cluster, the person with the fewest faces seeds one group per face; every other
+    person's faces are matched to the groups (optimal assignment on the Euclidean distance
+    between ``V`` rows and the groups' running means, each group taking at most
+    ``ceil(m_p / n_groups)`` faces of person p). With equal face counts every group holds one
+    face of each member, so a group shared by all of the cluster's people is what any face of
+    the cluster, or any sequence of them, can be traced back to.
+
+    Returns the global group index of every face (dense, clusters in order).
+    """
+    from scipy.optimize import linear_sum_assignment  # noqa: PLC0415
+
+    groups = np.empty(len(V), dtype=np.intp)
+    offset = 0
+    for c in np.unique(clusters):
+        idx = np.flatnonzero(clusters == c)
+        who, counts = np.unique(person_codes[idx], return_counts=True)
+        order = np.argsort(counts, kind="stable")
+        seed = idx[person_codes[idx] == who[order[0]]]
+        n_groups = len(seed)
+        sums, sizes = V[seed].astype(np.float64).copy(), np.ones(n_groups)
+        groups[seed] = offset + np.arange(n_groups)
+        for j in order[1:]:
+            mine = idx[person_codes[idx] == who[j]]
+            slots = int(np.ceil(len(mine) / n_groups))
+            centres = np.repeat(sums / sizes[:, None], slots, axis=0)
+            cost = ((V[mine, None, :] - centres[None, :, :]) ** 2).sum(axis=2)
+            rows, cols = linear_sum_assignment(cost)
+            g = cols // slots
+            groups[mine[rows]] = offset + g
+            np.add.at(sums, g, V[mine[rows]])
+            np.add.at(sizes, g, 1)
+        offset += n_groups
+    return groups
 
 
 def _span(effects: dict[str, np.ndarray]) -> np.ndarray:
@@ -75,7 +113,15 @@ class MultiFactor(BaseEstimator):
     * ``"frames"``: its label effects plus its own residual ``e_i`` inside the label-effect
       subspace: how much this frame smiles or opens its mouth beyond its label's average,
       relative to its *own* person (unlike "projected", no part of the person's identity rides
-      along in that subspace). For image sequences (:mod:`deid.anonymise.sequences`).
+      along in that subspace). For image sequences (:mod:`deid.anonymise.sequences`). That
+      residual is a fingerprint of the very frame: an attacker holding the source frames who
+      re-runs the method matches every released frame to its source (parrot attack, synthetic
+      sequences k=3: 1.0);
+    * ``"grouped"``: as "frames", then k-Same on that factor within each identity cluster
+      (:func:`group_within_clusters`): each face gets the mean non-identity factor of a group
+      holding faces of every person of its cluster, so the members of a group receive the
+      identical image and ``labels_`` are the groups (>= k distinct people each; with equal
+      face counts per person no person above 1/k of a group): the k-Same structure again.
 
     Faces of one cluster do not in general share an identical image, so no formal k-Same
     guarantee holds: the empirical attacks decide.
@@ -86,7 +132,7 @@ class MultiFactor(BaseEstimator):
         Minimum number of distinct people per identity cluster (>= 2).
     n_components : int, default 50
         Eigenfaces of the linear model.
-    non_identity : {"labels", "projected", "residual", "frames"}, default "labels"
+    non_identity : {"labels", "projected", "residual", "frames", "grouped"}, default "labels"
         Without labels that vary within people, "projected" and "labels" keep nothing (the
         release is k-Same-Eigen of the person means) and "residual" the person deviation.
     select_identity : bool, default True
@@ -144,7 +190,8 @@ class MultiFactor(BaseEstimator):
             raise ConfigError(f"non_identity={self.non_identity!r} must be one of {list(NON_IDENTITY)}: 'labels' keeps "
                               "each face's label effects, 'projected' its deviation from its identity within the "
                               "label-effect subspace, 'residual' all of that deviation, 'frames' its label effects "
-                              "plus its own residual within the label-effect subspace")
+                              "plus its own residual within the label-effect subspace, 'grouped' that averaged over "
+                              "a group of faces of all the people of its identity cluster")
         if not isinstance(self.select_identity, (bool, np.bool_)):
             raise ConfigError(f"select_identity={self.select_identity!r} must be True or False")
         if isinstance(self.n_iter, bool) or not isinstance(self.n_iter, Integral) or self.n_iter < 1:
@@ -169,7 +216,7 @@ class MultiFactor(BaseEstimator):
             self.non_identity_ = fx
         elif self.non_identity == "residual":
             self.non_identity_ = Z - identity[pcodes]
-        elif self.non_identity == "frames":
+        elif self.non_identity in ("frames", "grouped"):
             self.non_identity_ = fx + ((Z - identity[pcodes] - fx) @ _span(effects) if varying else 0.0)
         else:  # the face's own coefficients inside the label-effect span replace the cluster's
             self.non_identity_ = (Z - face_identity) @ _span(effects) if varying else np.zeros_like(Z)
@@ -177,6 +224,11 @@ class MultiFactor(BaseEstimator):
         self.non_identity_labels_ = varying
         self.person_clusters_ = ks.labels_
         self.labels_ = ks.labels_[pcodes]
+        if self.non_identity == "grouped":
+            # k-Same on the non-identity factor too, within each identity cluster: a group's faces get
+            # the identical image (cluster identity + the group's mean non-identity factor).
+            self.labels_ = group_within_clusters(self.non_identity_, pcodes, self.labels_)
+            self.non_identity_ = group_means(self.non_identity_, self.labels_, int(self.labels_.max()) + 1)[self.labels_]
         self.cluster_identity_ = ks.averages_
         e = self.eigenfaces_
         coef = face_identity + self.non_identity_

@@ -262,6 +262,20 @@ def check_points(points: Any, n: int) -> list[np.ndarray | None]:
     return out
 
 
+def shape_sources(labels: np.ndarray, points: Sequence[Any] | None) -> list[str]:
+    """Per cluster 0..max(labels), where :class:`KSameM` takes its shape: ``"points"`` or ``"flow"``.
+
+    Landmarks when every member has some, all of the same number; optical flow otherwise.
+    """
+    labels = np.asarray(labels)
+    pts = check_points(points, len(labels))
+    out = []
+    for c in range(int(labels.max()) + 1 if len(labels) else 0):
+        mp = [pts[i] for i in np.flatnonzero(labels == c)]
+        out.append("points" if mp and all(p is not None for p in mp) and len({len(p) for p in mp}) == 1 else "flow")
+    return out
+
+
 class KSameM(BaseEstimator):
     """Model-based k-Same (k-Same-M): average shape and shape-free appearance separately.
 
@@ -336,16 +350,14 @@ class KSameM(BaseEstimator):
         self.labels_ = ks.labels_
         self.cluster_people_ = ks.cluster_people_
         faces = a.reshape(len(a), h, w)
-        averages, self.shape_sources_ = [], []
-        for c in range(ks.n_clusters_):
+        averages = []
+        self.shape_sources_ = shape_sources(self.labels_, pts)
+        for c, source in enumerate(self.shape_sources_):
             members = np.flatnonzero(self.labels_ == c)
-            mp = [pts[i] for i in members]
-            if all(p is not None for p in mp) and len({len(p) for p in mp}) == 1:
-                averages.append(landmark_average(faces[members], np.stack(mp)).ravel())
-                self.shape_sources_.append("points")
+            if source == "points":
+                averages.append(landmark_average(faces[members], np.stack([pts[i] for i in members])).ravel())
             else:
                 averages.append(model_average(faces[members], flow=self.flow, n_iter=int(self.n_iter)).ravel())
-                self.shape_sources_.append("flow")
         self.averages_ = np.stack(averages)
         n_points = self.shape_sources_.count("points")
         if any(p is not None for p in pts):

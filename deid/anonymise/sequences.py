@@ -2,11 +2,12 @@
 
 The multi-factor model (:class:`deid.anonymise.methods_factor.MultiFactor`) already fits one
 identity factor per *person* (from all their frames and stills) and de-identifies it once,
-with people-aware k-Same; what a sequence adds is that each frame must keep its *own*
-expression, frame by frame, not its label's average: :class:`SequenceMultiFactor` gives each
-frame its label effects plus its own residual inside the label-effect subspace
-(``non_identity="frames"``), so a mouth half open stays half open. Every frame of a person then carries the same de-identified
-identity (the cluster's mean identity), in every sequence of that person.
+with people-aware k-Same; every frame of a person then carries the same de-identified identity
+(the cluster's mean identity), in every sequence of that person. :class:`SequenceMultiFactor`
+gives each frame the effects of its own labels (``non_identity="labels"``, the release flow's
+choice): expression changes from frame to frame as the frames' labels do. Keeping each frame's
+own residual (``"frames"``, a mouth half open stays half open) is possible but the gate rejects
+it: the residual identifies the source frame (see :data:`SEQUENCE_NON_IDENTITY`).
 
 Methods that cluster *images* (the k-Same family) put the frames of one person into different
 clusters, so their identity flickers from frame to frame: :func:`sequence_warning` says so.
@@ -24,6 +25,14 @@ from deid.errors import ConfigError, DataError
 from deid.anonymise.methods_factor import MultiFactor
 
 logger = logging.getLogger(__name__)
+
+# What each frame of a sequence keeps as its non-identity factor (MultiFactor's ``non_identity``):
+# its labels' effects. The release flow's gate judged the alternatives on a synthetic sequence drop
+# (30 people x 2 sequences x 12 frames, k=3): "frames" fails re-identification (the parrot attacker,
+# holding the source frames, matches every released frame: 1.0) and expression utility (a classifier
+# trained on the release: 0.30 on held-out real faces vs 0.90); "grouped" passes re-identification
+# (exact bound) but fails the same utility (0.39); "labels" is released (see SequenceMultiFactor).
+SEQUENCE_NON_IDENTITY = "labels"
 
 
 @dataclass(frozen=True)
@@ -90,27 +99,35 @@ class SequenceMultiFactor(MultiFactor):
     As :class:`deid.anonymise.methods_factor.MultiFactor`: each face's eigenface coefficients are an
     identity factor per person plus label effects plus a residual; the people's identity
     factors are de-identified once with people-aware k-Same (>= k distinct people per
-    cluster). Here every frame keeps its label effects and its own residual inside the span of
-    the label effects (``non_identity="frames"`` by default: expression follows the frames
-    continuously) and takes its person's de-identified identity everywhere else, so outside
-    that span all frames of a person, in all their sequences, carry exactly one identity. Frames of one cluster do not share an identical image:
-    no formal k-Same guarantee, the empirical attacks decide (as for ``multi-factor``).
+    cluster). Here every frame keeps its non-identity factor inside the span of the label
+    effects (by default its labels' effects) and takes its person's de-identified identity
+    everywhere else, so outside that span all frames of a person, in all their sequences, carry
+    exactly one identity. The registry's guarantee stays that of ``multi-factor`` (empirical);
+    with ``"labels"`` the frames of a cell share one image and the gate finds the exact bound in
+    the data when every cell holds >= k people (and no video narrows its cell's people below k:
+    :func:`deid.evaluation.sequences.sequence_linkage_check`).
 
     Parameters
     ----------
     k, n_components, select_identity, n_iter, random_state
         As :class:`~deid.anonymise.methods_factor.MultiFactor`.
-    non_identity : {"frames", "labels", "projected", "residual"}, default "frames"
-        ``"labels"`` gives every frame its label's average expression (the video steps
-        between label averages); ``"projected"`` also carries the person's own identity
-        component inside the label-effect span (synthetic talking drop, 30 people: the
-        expression classifier's accuracy on released frames fell from 0.81 on the source to
-        0.60, with "frames" 0.79); ``"residual"`` keeps the whole deviation from the person's
-        identity (leaks identity, see MultiFactor). The trade-off the gate sees: a classifier
-        *trained on* a "frames" release transfers badly to real faces (same drop, k=3: 0.37 on
-        held-out originals against 0.88 trained on originals; the gate's cross-fit utility
-        fails), while "labels" gives 0.84 (its actual release 0.92: inconclusive, not failing) but
-        every frame of a label the same expression.
+    non_identity : {"labels", "frames", "grouped", "projected", "residual"}, default "labels"
+        ``"labels"`` gives every frame its labels' effects: all frames of one identity cluster
+        with the same labels get the identical image, and ``labels_`` are those cells (so the
+        gate sees the k-Same structure and its exact bound, when every cell holds >= k people
+        with no one above 1/k). The video steps between label averages: expression changes
+        are kept at the labels' granularity (a classifier trained on source frames gives the
+        released frame the label it gives the source frame in 0.80 of frames, as with
+        "frames"), not within a label. ``"frames"`` keeps each frame's own residual in the
+        label-effect span: continuous expression, but a fingerprint of the source frame (the
+        parrot attacker matches every released frame, 1.0) and a release on which a trained
+        classifier transfers badly to real faces (0.39 vs 0.77 on held-out people; 0.73 before
+        the uint8 rounding: the release varies in a few directions only and the classifier
+        fits the rounding noise of the others). ``"grouped"`` averages that residual over
+        groups of frames of all the people of an identity cluster (exact bound again) but has
+        the same utility failure (0.41). ``"projected"`` also carries the person's own identity
+        component inside the label-effect span; ``"residual"`` keeps the whole deviation from
+        the person's identity (leaks identity, see MultiFactor).
 
     Attributes
     ----------
@@ -125,7 +142,7 @@ class SequenceMultiFactor(MultiFactor):
     their use on video sequences).
     """
 
-    def __init__(self, k: int = 5, *, n_components: int = 50, non_identity: str = "frames",
+    def __init__(self, k: int = 5, *, n_components: int = 50, non_identity: str = SEQUENCE_NON_IDENTITY,
                  select_identity: bool = True, n_iter: int = 50, random_state: int = 0):
         super().__init__(k, n_components=n_components, non_identity=non_identity, select_identity=select_identity,
                          n_iter=n_iter, random_state=random_state)
@@ -138,6 +155,13 @@ class SequenceMultiFactor(MultiFactor):
         n = len(np.asarray(X))
         self.sequences_ = check_sequences([None] * n if sequences is None else sequences, frames, people=people, n=n)
         super().fit(X, people=people, labels=labels)
+        if self.non_identity == "labels" and self.non_identity_labels_:
+            # Every frame of one identity cluster with the same labels gets the identical image: those
+            # cells are the release's clusters (the k-Same structure, which the gate then checks).
+            cells = [(int(c), *(str(labels[x][i]) for x in self.non_identity_labels_))
+                     for i, c in enumerate(self.labels_)]
+            index: dict[tuple, int] = {}
+            self.labels_ = np.array([index.setdefault(cell, len(index)) for cell in cells], dtype=np.intp)
         return self
 
     def fit_transform(self, X: Any, *, people: Sequence[Hashable],
@@ -148,6 +172,15 @@ class SequenceMultiFactor(MultiFactor):
         from deid.anonymise.methods_ksame import to_uint8  # noqa: PLC0415
 
         return to_uint8(self.fit(X, people=people, labels=labels, sequences=sequences, frames=frames).released_)
+
+
+def sequence_options(method: str) -> dict[str, Any] | None:
+    """The estimator options ``method`` runs with on a drop of image sequences (None: its own defaults).
+
+    The gate re-applies the method (parrot attacker, utility folds) with them, so it judges the
+    model the release was made with: :class:`SequenceMultiFactor`'s non-identity factor.
+    """
+    return {"non_identity": SEQUENCE_NON_IDENTITY} if method == "multi-factor" else None
 
 
 def sequence_warning(method: str) -> str | None:

@@ -1,11 +1,12 @@
-"""Leak checks on a would-be release: near-copies of original faces and metadata in image files."""
+"""Leak checks on a would-be release: near-copies of original faces and metadata in image and video files."""
 from __future__ import annotations
 
 import logging
+import re
 import struct
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -127,16 +128,152 @@ def png_has_metadata(data: bytes) -> list[str]:
     return found
 
 
-def release_files_metadata(release_dir: str | Path, *, pattern: str = "images/*.png") -> dict[str, list[str]]:
-    """:func:`png_has_metadata` for every release image; only files with findings are returned."""
+# RIFF chunks an AVI of pixels needs (headers, stream format, OpenDML indexes, frames, index);
+# anything else (the INFO list: ISFT encoder, INAM title, ICMT comment, IDIT date...; strn stream
+# names; unknown chunks) can carry text and is reported.
+_AVI_LISTS = frozenset({b"hdrl", b"strl", b"movi", b"odml", b"rec "})
+_AVI_CHUNKS = frozenset({b"avih", b"strh", b"strf", b"indx", b"dmlh", b"idx1", b"JUNK"})
+# Placeholders FFmpeg leaves in JUNK (reserved OpenDML index space): ids, not text.
+_JUNK_TOKENS = (b"odml", b"dmlh", b"indx", b"ix00", b"00dc", b"00db")
+_TEXT = re.compile(rb"[\x20-\x7e]{6,}")
+
+
+def _frame_chunk(cid: bytes) -> bool:
+    """``00dc``/``00db`` (stream 0 compressed/uncompressed video), ``ix00`` (OpenDML field index)."""
+    return (cid[:2].isdigit() and cid[2:] in (b"dc", b"db")) or (cid[:2] == b"ix" and cid[2:].isdigit())
+
+
+def jpeg_segments(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """``(marker, body start, body end)`` of each segment of a JPEG before its scan data.
+
+    A structural problem is reported as marker -1 (and ends the walk).
+    """
+    if not data.startswith(b"\xff\xd8"):
+        yield -1, 0, 0
+        return
+    pos = 2
+    while pos + 4 <= len(data):
+        if data[pos] != 0xFF:
+            yield -1, pos, pos
+            return
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+            continue
+        if marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
+            pos += 2
+            continue
+        if marker in (0xDA, 0xD9):  # start of scan / end of image: no metadata after this
+            return
+        length = int.from_bytes(data[pos + 2:pos + 4], "big")
+        yield marker, pos + 4, pos + 2 + length
+        pos += 2 + length
+
+
+def jpeg_has_metadata(data: bytes) -> list[str]:
+    """Metadata segments of one JPEG (a Motion-JPEG frame) before its scan data.
+
+    ``APP0`` JFIF/AVI1 headers describe the pixels; every other ``APPn`` (EXIF, XMP, ICC, ...)
+    and a ``COM`` comment with any non-zero byte (FFmpeg writes its encoder version there) are
+    reported by name.
+    """
+    found: list[str] = []
+    for marker, start, end in jpeg_segments(data):
+        body = data[start:end]
+        if marker < 0:
+            found.append("frame is not a well-formed JPEG")
+        elif marker == 0xFE and any(body):
+            found.append("JPEG COM " + body.rstrip(b"\x00").decode("latin-1")[:40])
+        elif 0xE1 <= marker <= 0xEF or (marker == 0xE0 and not body.startswith((b"JFIF", b"AVI1"))):
+            found.append(f"JPEG APP{marker - 0xE0}")
+    return found
+
+
+def avi_chunks(data: bytes) -> Iterator[tuple[bytes, bytes | None, int, int, bool]]:
+    """Every RIFF chunk of an AVI: ``(id, list kind or None, start, end, inside movi)``.
+
+    ``start`` is the chunk header's offset, ``end`` the end of its payload. The lists an AVI of
+    pixels has (``hdrl``, ``strl``, ``movi``, ``odml``, ``rec``) are walked into; others are
+    yielded whole. OpenDML ``AVIX`` extensions after the first RIFF are walked too; a chunk that
+    runs past its parent is yielded with id ``b"!trunc"``, bytes after the RIFFs as ``b"!tail"``.
+    """
+    def walk(pos: int, end: int, in_movi: bool):
+        while pos + 8 <= end:
+            cid = data[pos:pos + 4]
+            size = int.from_bytes(data[pos + 4:pos + 8], "little")
+            stop = pos + 8 + size
+            if stop > end:
+                yield b"!trunc", cid, pos, end, in_movi
+                return
+            kind = data[pos + 8:pos + 12] if cid == b"LIST" else None
+            yield cid, kind, pos, stop, in_movi
+            if kind in _AVI_LISTS:
+                yield from walk(pos + 12, stop, kind in (b"movi", b"rec "))
+            pos = stop + (size & 1)
+
+    pos = 0
+    while pos + 12 <= len(data) and data[pos:pos + 4] == b"RIFF":  # AVI, then OpenDML AVIX extensions
+        size = int.from_bytes(data[pos + 4:pos + 8], "little")
+        yield from walk(pos + 12, min(pos + 8 + size, len(data)), False)
+        pos += 8 + size + (size & 1)
+    if pos < len(data) and any(data[pos:]):
+        yield b"!tail", None, pos, len(data), False
+
+
+def avi_has_metadata(data: bytes) -> list[str]:
+    """Chunks of an AVI (the release's Motion-JPEG videos) that can carry metadata; empty means clean.
+
+    Lists every chunk outside the headers, stream formats, indexes and frames an AVI of pixels
+    needs (:func:`avi_chunks`: the ``INFO`` list with FFmpeg's ``ISFT`` encoder tag, titles,
+    comments, dates; ``strn`` stream names; unknown chunks), readable text in ``JUNK`` padding,
+    bytes after the RIFF, and each frame's :func:`jpeg_has_metadata` (de-duplicated).
+
+    Raises
+    ------
+    ConfigError
+        When ``data`` is not a RIFF AVI (the release writes AVI only).
+    """
+    data = bytes(data)
+    if not (data[:4] == b"RIFF" and data[8:12] == b"AVI "):
+        raise ConfigError(f"data is not an AVI (first bytes {data[:12].hex()}); release videos must be AVI")
+    found: dict[str, None] = {}
+    for cid, kind, start, end, in_movi in avi_chunks(data):
+        if cid == b"!trunc":
+            found[f"truncated chunk {kind.decode('latin-1')}"] = None
+        elif cid == b"!tail":
+            found["data after the RIFF"] = None
+        elif kind is not None:
+            if kind not in _AVI_LISTS:
+                found[f"LIST {kind.decode('latin-1')}"] = None
+        elif in_movi and _frame_chunk(cid):
+            if cid[2:] == b"dc":
+                found.update(dict.fromkeys(jpeg_has_metadata(data[start + 8:end])))
+        elif cid not in _AVI_CHUNKS:
+            found[f"chunk {cid.decode('latin-1')}"] = None
+        elif cid == b"JUNK":
+            body = data[start + 8:end]
+            for token in _JUNK_TOKENS:
+                body = body.replace(token, b"\x00" * 4)
+            if _TEXT.search(body):
+                found["text in JUNK"] = None
+    return list(found)
+
+
+def release_files_metadata(release_dir: str | Path, *, pattern: str = "images/*.png",
+                           videos: str = "videos/*.avi") -> dict[str, list[str]]:
+    """:func:`png_has_metadata` for every release image and :func:`avi_has_metadata` for every video.
+
+    Only files with findings are returned.
+    """
     root = Path(release_dir)
     if not root.is_dir():
         raise ConfigError(f"release_dir={str(root)!r} is not a directory")
     out = {}
-    for f in sorted(root.glob(pattern)):
-        found = png_has_metadata(f.read_bytes())
-        if found:
-            out[str(f.relative_to(root))] = found
+    for glob, check in ((pattern, png_has_metadata), (videos, avi_has_metadata)):
+        for f in sorted(root.glob(glob)):
+            found = check(f.read_bytes())
+            if found:
+                out[str(f.relative_to(root))] = found
     return out
 
 

@@ -7,6 +7,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from deid.errors import ConfigError, DataError
+from deid.evaluation.checks import Check
 
 
 @dataclass(frozen=True)
@@ -89,3 +90,38 @@ def label_agreement(source: np.ndarray, released: np.ndarray, labels: Sequence[H
             "released_accuracy": float(np.mean(on_released == y[test])),
             "agreement": float(np.mean(on_source == on_released)),
             "n_test_frames": int(test.sum()), "n_test_people": len(test_people)}
+
+
+def sequence_linkage_check(sequences: Sequence[Hashable | None], clusters: Sequence[Hashable],
+                           people: Sequence[Hashable], *, k: int) -> Check:
+    """A video links its frames: do >= k people fit every released sequence?
+
+    A released sequence shows, frame by frame, images of some clusters; an attacker who knows
+    who is in which cluster (the parrot attacker re-running the method on the originals does)
+    narrows the sequence's person to the people with records in *every* one of those clusters.
+    The attacks judge frames one at a time and cannot see that; this check counts, for each
+    sequence, the people of the intersection of its clusters' members and requires >= k (a
+    necessary condition; with identical images per cluster it is what the exact bound needs
+    once frames are linked). Image k-Same on sequences scatters a person's frames over clusters
+    of different people and fails it.
+
+    ``sequences[i]`` is record i's sequence key (None: a still image), ``clusters[i]`` its
+    released cluster, ``people[i]`` its person (None: a row of no one, e.g. a counterfeit).
+    """
+    members: dict[Hashable, set] = {}
+    for c, p in zip(clusters, people):
+        if p is not None:
+            members.setdefault(c, set()).add(p)
+    of: dict[Hashable, set] = {}
+    for q, c in zip(sequences, clusters):
+        if q is not None:
+            of.setdefault(q, set()).add(c)
+    if not of:
+        return Check("sequence_linkage_people", True, None, f">= {k}", "no image sequences: nothing links frames",
+                     status="not_applicable")
+    fits = {q: len(set.intersection(*(members.get(c, set()) for c in cs))) for q, cs in of.items()}
+    low = min(fits.values())
+    short = sum(1 for v in fits.values() if v < k)
+    return Check("sequence_linkage_people", low >= k, low, f">= {k}",
+                 f"{len(fits)} released sequences; the fewest people with records in every cluster a sequence's frames "
+                 f"were released in: {low}" + (f"; {short} sequences below k" if short else ""))

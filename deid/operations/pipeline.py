@@ -14,6 +14,7 @@ import math
 import os
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from deid.contracts import (
     Ingested,
     LineageApplied,
     LineagePlanned,
+    MethodInputs,
     PartitionInfo,
     Partitioned,
     Published,
@@ -45,6 +47,8 @@ from deid.contracts import (
     UnreadableDrop,
 )
 from deid.errors import ConfigError, DataError, Quarantined, StateError
+from deid.anonymise.sequences import sequence_options, sequence_warning
+from deid.intake.drop import SEQUENCE_COLUMNS
 from deid.operations.executors import Executor
 from deid.run_config import RunConfig
 
@@ -192,15 +196,26 @@ def featurize(aligned: Aligned, layout: StagingLayout, config: RunConfig, execut
 
 
 def load_faces(metadata: pa.Table, aligned: Aligned, featurized: Featurized, labels: Sequence[str]) -> pa.Table:
-    """One row per aligned face: record and subject ids, labels, pixels and eigenface features."""
-    meta = metadata.select(["record_id", "subject_id", *labels])
-    pix = pa.concat_tables([pq.read_table(p, columns=["record_id", "pixels"]) for p in aligned.parts])
+    """One row per aligned face: record and subject ids, labels, pixels and eigenface features.
+
+    A drop with landmarks adds ``points`` (canonical pixels, as alignment moved them: k-same-m's
+    shape), one with image sequences ``sequence`` and ``frame`` (multi-factor's one identity per
+    person; the release's videos): the de-identify stage reads them from the partitions.
+    """
+    seq = [c for c in SEQUENCE_COLUMNS if c in metadata.column_names]
+    meta = metadata.select(["record_id", "subject_id", *labels, *seq])
+    names = pq.read_schema(aligned.parts[0]).names if aligned.parts else []
+    pix = pa.concat_tables([pq.read_table(p, columns=["record_id", "pixels", *(["points"] if "points" in names else [])])
+                            for p in aligned.parts])
     feats = pa.concat_tables([pq.read_table(p) for p in featurized.parts])
-    faces = meta.join(pix, "record_id", join_type="inner")
-    # Arrow joins cannot carry list columns, so the features are attached by position.
-    where = {rid: i for i, rid in enumerate(feats.column("record_id").to_pylist())}
-    take = pa.array([where[rid] for rid in faces.column("record_id").to_pylist()], pa.int64())
-    return faces.append_column("features", feats.column("features").take(take)).sort_by("record_id")
+    lists = {"features": feats, **({"points": pix} if "points" in names else {})}
+    faces = meta.join(pix.select(["record_id", "pixels"]), "record_id", join_type="inner")
+    # Arrow joins cannot carry list columns, so the features (and points) are attached by position.
+    for name, table in lists.items():
+        where = {rid: i for i, rid in enumerate(table.column("record_id").to_pylist())}
+        take = pa.array([where[rid] for rid in faces.column("record_id").to_pylist()], pa.int64())
+        faces = faces.append_column(name, table.column(name).take(take))
+    return faces.sort_by("record_id")
 
 
 def embed_faces(faces: pa.Table, shape_hw: tuple[int, int], executor: Executor) -> np.ndarray:
@@ -303,9 +318,22 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
         lg.warning("a partition of %s records has %s people (< k=%d): %s", e.records, e.people, config.k, e.action)
     suppressed = (*(ids[i] for i in plan.suppressed), *held_back)
     lg.info(f"partition: {len(parts)} partitions, {len(suppressed)} records suppressed")
+    inputs = method_inputs(faces)
+    if inputs.sequences:
+        why = sequence_warning(config.method)
+        if why:
+            lg.warning("partition: %s", why)
     return Partitioned(root=layout.partitions_dir, partitions=parts, suppressed=suppressed, small=small,
                        failed=plan.failed, identity=identity.summary(), quarantined=tuple(dup_quarantined),
-                       lineage=planned)
+                       lineage=planned, inputs=inputs)
+
+
+def method_inputs(faces: pa.Table) -> MethodInputs:
+    """Counts of the records with landmark points and of the image sequences and their frames."""
+    names = faces.column_names
+    points = faces.num_rows - faces.column("points").null_count if "points" in names else 0
+    keys = [q for q in faces.column("sequence").to_pylist() if q is not None] if "sequence" in names else []
+    return MethodInputs(points=int(points), sequences=len(set(keys)), frames=len(keys))
 
 
 def deidentify(partitioned: Partitioned, labels: Sequence[str], layout: StagingLayout, config: RunConfig,
@@ -322,7 +350,12 @@ def deidentify(partitioned: Partitioned, labels: Sequence[str], layout: StagingL
     progress.finish()
     clusters = tuple(c for r in results for c in r.clusters)
     lg.info(f"deidentify: {sum(r.records for r in results)} records in {len(clusters)} clusters")
-    return Deidentified(parts=tuple(Path(r.path) for r in results), clusters=clusters)
+    sources = Counter()
+    for r in results:
+        sources.update(r.shape_sources or {})
+    if sources:
+        lg.info(f"deidentify: cluster shapes from {dict(sources)} (k-same-m: landmark points or optical flow)")
+    return Deidentified(parts=tuple(Path(r.path) for r in results), clusters=clusters, shape_sources=dict(sources))
 
 
 # --------------------------------------------------------------------------- release lineage (deid.release.lineage)
@@ -381,8 +414,8 @@ def apply_lineage(partitioned: Partitioned, deidentified: Deidentified, aligned:
     if lin.returning_dir is not None:
         part = stages.write_lineage_part(str(lin.returning_dir), str(layout.deidentified_part(lin.returning_dir)),
                                          rel, lin.state, ids)
-        out = Deidentified(parts=(*deidentified.parts, Path(part.path)),
-                           clusters=(*deidentified.clusters, *part.clusters))
+        out = replace(deidentified, parts=(*deidentified.parts, Path(part.path)),
+                      clusters=(*deidentified.clusters, *part.clusters))
     (logger or log).info(f"lineage-release: {dict(rel.counts)}")
     checks = lineage_checks(lin, rel, aligned, logger=logger)
     return LineageApplied(release=rel, state=lin.state, deidentified=out, checks=checks,
@@ -448,8 +481,13 @@ def releasable_label_sets(metadata: pa.Table, labels: Sequence[str], k: int) -> 
 
 def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequence[str], shape_hw,
                   lineage: LineageApplied | None, *, lg) -> dict:
-    """Images, clusters, labels and staging ids of every record of the would-be release."""
-    meta = metadata.select(["record_id", *labels])
+    """Images, clusters, labels and staging ids of every record of the would-be release.
+
+    An image-sequence drop adds each record's (private) sequence key and frame number: the release
+    gets fresh sequence ids, renumbered frames and one video per sequence.
+    """
+    seq = [c for c in SEQUENCE_COLUMNS if c in metadata.column_names]
+    meta = metadata.select(["record_id", *labels, *seq])
     rel = pa.concat_tables([pq.read_table(p) for p in deidentified.parts]).join(meta, "record_id", join_type="inner")
     # DEID_COLOR: the colour faces (BGR) are released; the gate attacked their grey ("pixels").
     column, shape = ("color", (*shape_hw, 3)) if "color" in rel.column_names else ("pixels", tuple(shape_hw))
@@ -459,6 +497,8 @@ def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequen
     if lineage is not None and lineage.release.republished:
         # Returning records carry their registered labels: the cluster's released label mix stays the registered one.
         stages.registered_row_labels(lineage.release, lineage.state, list(lineage.record_ids), list(labels), rows)
+    if seq:
+        rows.update(sequences=rel.column("sequence").to_pylist(), frames=rel.column("frame").to_pylist())
     if lineage is not None and lineage.release.counts["counterfeit_records"]:
         if column == "color":
             raise ConfigError("DEID_COLOR=true cannot republish registered clusters yet (their stored averages are "
@@ -471,6 +511,9 @@ def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequen
         rows["images"] = np.vstack([rows["images"], *[f["pixels"][None, :] for f in fakes]])
         rows["clusters"] += [f["cluster"] for f in fakes]
         rows["record_ids"] += [f["record_id"] for f in fakes]
+        for c in ("sequences", "frames"):  # a counterfeit is a still image
+            if c in rows:
+                rows[c] += [None] * len(fakes)
         for x in labels:
             rows["labels"][x] += [f["labels"][x] for f in fakes]
         lg.info(f"stage: {len(fakes)} counterfeit records of republished clusters")
@@ -532,11 +575,25 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
         raise
     if origin == "development":
         lg.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", key_path)
-    lg.info(f"stage: {staged.n_records} records staged for release in {tmp}")
+    lg.info(f"stage: {staged.n_records} records staged for release in {tmp}"
+            + (f", {len(staged.videos)} videos" if staged.videos else ""))
+    checks = (suite_check(validation), *lineage_checks_)
+    if "sequences" in rows:
+        checks += (_sequence_linkage(rows, layout, config.k),)
     return Staged(dir=tmp, artifacts=artifacts, columns=tuple(staged.columns), records=staged.n_records,
-                  validation=validation, checks=(suite_check(validation), *lineage_checks_),
-                  file_metadata=file_metadata,
-                  linkage=layout.linkage)
+                  validation=validation, checks=checks, file_metadata=file_metadata,
+                  linkage=layout.linkage, videos=tuple(staged.videos))
+
+
+def _sequence_linkage(rows: Mapping, layout: StagingLayout, k: int) -> Check:
+    """The gate's check that every released video fits >= k people (the effective people of the partitions)."""
+    from deid.evaluation.sequences import sequence_linkage_check  # noqa: PLC0415
+
+    t = ds.dataset(layout.partitions_dir, format="parquet", partitioning="hive").to_table(
+        columns=["record_id", "subject_id"]).to_pydict()
+    person = dict(zip(t["record_id"], t["subject_id"]))
+    return sequence_linkage_check(rows["sequences"], rows["clusters"], [person.get(r) for r in rows["record_ids"]],
+                                  k=k)
 
 
 def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig, *, labels: Sequence[str],
@@ -560,7 +617,10 @@ def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig
                   # method's secret): another seed than the release's.
                   deidentify=method_runner(config.method, shape=shape, k=config.k, sigma=config.sigma,
                                            block=config.block, n_components=config.pca_components,
-                                           seed=config.seed + 1),
+                                           seed=config.seed + 1,
+                                           # image sequences: the model the release was made with
+                                           options=sequence_options(config.method) if partitioned.inputs.frames
+                                           else None),
                   republished=lineage.republished if lineage is not None else None)
     if deidentified.parts:
         rec = stages.gate_records(str(partitioned.root), [str(p) for p in deidentified.parts], labels=list(labels),

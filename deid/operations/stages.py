@@ -31,6 +31,7 @@ from deid.evaluation.leaks import mean_abs_difference
 from deid.release.linkage import COUNTERFEIT_PREFIX  # staging id of a counterfeit record (private linkage only)
 from deid.anonymise.method_registry import COLOR_METHODS, REGISTRY
 from deid.anonymise.methods import deidentify as deidentify_images
+from deid.anonymise.methods_ksame import shape_sources
 from deid.schemas import arrow as schemas
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ class DeidentifiedPart:
     path: str
     records: int
     clusters: tuple[ClusterInfo, ...]
+    shape_sources: dict[str, int] | None = None  # k-same-m: clusters shaped from landmark points / optical flow
 
 
 @dataclass(frozen=True)
@@ -222,16 +224,21 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     pix = table.column("pixels").to_pylist()
     images = np.frombuffer(b"".join(pix), dtype=np.uint8).reshape(len(pix), -1)
     spec = REGISTRY.get(method)
+    sources: dict[str, int] = {}
     if spec is None or not spec.cluster_mean:  # (an unknown name gets deid.anonymise.methods' ConfigError)
         # Every other method (registry in deid.anonymise.methods) runs on the pixels; those without
         # clusters (blur, pixelate, selective-mean, attribute-preserving) get one per record.
+        points = table.column("points").to_pylist() if has_points else None
         released, found = deidentify_images(images, shape=shape, people=list(people), method=method, k=k,
                                             sigma=sigma, block=block,
                                             labels={x: table.column(x).to_pylist() for x in labels} or None,
-                                            points=table.column("points").to_pylist() if has_points else None,
+                                            points=points,
                                             sequences=table.column("sequence").to_pylist() if seq_cols else None,
                                             frames=table.column("frame").to_pylist() if seq_cols else None)
         labels_ = np.arange(len(ids)) if found is None else found
+        if method == "k-same-m" and len(ids):  # the report says where the clusters' shapes came from
+            for source in shape_sources(labels_, points):
+                sources[source] = sources.get(source, 0) + 1
     else:
         model = KSame(k, count="images" if method == "k-same-naive" else "people", block_size=block_size,
                       map_blocks=map_blocks).fit(X, people=people, images=images)
@@ -254,7 +261,7 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     for c, name in enumerate(names):
         members = labels_ == c
         summary.append(ClusterInfo(cluster=name, size=int(members.sum()), people=int(len(set(people[members])))))
-    return DeidentifiedPart(path=out_path, records=len(ids), clusters=tuple(summary))
+    return DeidentifiedPart(path=out_path, records=len(ids), clusters=tuple(summary), shape_sources=sources)
 
 
 def _cluster_colour_means(color_dir: str, ids: list[str], labels_: np.ndarray) -> np.ndarray:

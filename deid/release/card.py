@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from deid.release.catalogue import KeyFigures, key_figures
+from deid.release.publish import VIDEO_FPS, VIDEOS
 from deid.intake.drop import DEFAULT_LICENSE
 from deid.errors import ConfigError, DataError
 from deid.reporting.html_report import strip_urls
@@ -57,6 +58,9 @@ class DatasetCard:
     color: bool = False
     kind: str = "images"  # "features": a release of feature vectors (deid.operations.features)
     dim: int | None = None  # the vectors' dimension (feature releases)
+    videos: int = 0  # videos/<random id>.avi, one per image sequence
+    frames: int = 0  # released faces that are frames of a video
+    exact_bound: bool = True  # every cluster's members got the identical image (the gate found it in the data)
 
     @classmethod
     def from_report(cls, report: dict[str, Any]) -> DatasetCard:
@@ -79,7 +83,10 @@ class DatasetCard:
             records=int(report["dataset"]["records_released"]),
             clusters=(cfg.get("clusters") or {}).get("count"), width=size[0], height=size[1], figures=fig,
             warnings=tuple(report.get("warnings") or ()), license=cfg.get("license"), color=bool(cfg.get("color")),
-            kind=str(cfg.get("kind") or "images"), dim=cfg.get("feature_dim"))
+            kind=str(cfg.get("kind") or "images"), dim=cfg.get("feature_dim"),
+            videos=sum(1 for a in report.get("artifacts") or () if str(a.get("path", "")).startswith(f"{VIDEOS}/")),
+            frames=int((cfg.get("method_inputs") or {}).get("frames") or 0),
+            exact_bound=bool((report.get("privacy") or {}).get("exact_bound", True)))
 
     def header(self) -> dict[str, Any]:
         """The YAML metadata block (Hugging Face keys, plus ``deid`` with the figures)."""
@@ -99,6 +106,7 @@ class DatasetCard:
                 "labels": list(self.labels),
                 **({"kind": "features", "feature_dim": self.dim} if features else
                    {"image_size": [self.width, self.height], "color": self.color}),
+                **({"videos": self.videos, "video_frames": self.frames} if self.videos else {}),
                 "reidentification_bound": fig.bound, "max_reidentification_rate": fig.max_rate,
                 "worst_attack": {"name": fig.worst_attack, "rate": fig.worst_rate, "lower": fig.worst_lower,
                                  "upper": fig.worst_upper, "probes": fig.worst_probes},
@@ -183,18 +191,33 @@ class DatasetCard:
             "",
             "## Guarantee",
             "",
-            f"{_md(self.guarantee)}. Every released cluster holds at least {self.k} images of at least "
-            f"{self.k} distinct people and no person makes up more than 1/{self.k} of a cluster's images, so an "
-            f"attacker who matches a released face against photographs of the people re-identifies it with "
-            f"probability at most 1/{self.k} = {1 / self.k:.3f}. The release carries no subject id, source path, "
-            "source bytes or image metadata (EXIF); its rows are in random order with fresh random ids.",
+            f"{_md(self.guarantee)}. "
+            + ("In this release, though, every cluster's faces are one identical image (the gate checked it). "
+               if self.exact_bound and self.guarantee.startswith("no formal guarantee") else "")
+            + f"Every released cluster holds at least {self.k} images of at least "
+            f"{self.k} distinct people and no person makes up more than 1/{self.k} of a cluster's images, "
+            + (f"so an attacker who matches a released face against photographs of the people re-identifies it "
+               f"with probability at most 1/{self.k} = {1 / self.k:.3f}. "
+               if self.exact_bound else
+               f"but the faces of a cluster are not identical copies, so that structure bounds nothing by itself: "
+               f"the evidence is the attacks below, each of whose upper confidence bounds was at most 1/{self.k} "
+               f"= {1 / self.k:.3f} for this release to be published. ")
+            + "The release carries no subject id, source path, source bytes or image metadata (EXIF); its rows "
+            "are in random order with fresh random ids.",
             "",
             "## Contents",
             "",
             "- `images/*.png`: the faces (PNG written from pixels).",
+            *([f"- `videos/*.avi`: {self.videos} videos, one per image sequence of the source ({self.frames} frames "
+               f"in all; Motion-JPEG in AVI, {'colour' if self.color else 'grey'}, {VIDEO_FPS:g} frames per second, "
+               "each frame padded to even sides by "
+               "repeating its last column or row). Every frame is also an image under `images/`; the encoder's "
+               "text tags are blanked."] if self.videos else []),
             "- `metadata.csv`: one row per image: `file_name` (the image, relative to this directory), "
-            f"`record_id` (a fresh random id), `cluster_id` (a random id of the face's cluster) and the "
-            f"utility labels ({labels}).",
+            f"`record_id` (a fresh random id), `cluster_id` (a random id of the face's cluster)"
+            + (", `sequence_id` (the random id of its video, named `videos/<sequence_id>.avi`; empty for a still "
+               "image) and `frame` (its position in the video, from 0)" if self.videos else "")
+            + f" and the utility labels ({labels}).",
             "- `release.parquet` and `release.csv`: the same table with the image path in the column `image`.",
             "- `README.md`: this card.",
             "",

@@ -96,7 +96,30 @@ def write_video(path: Path, frames: list[np.ndarray], *, fps: float = VIDEO_FPS)
             writer.write(cv2.copyMakeBorder(np.ascontiguousarray(f), 0, ph - h, 0, pw - w, cv2.BORDER_REPLICATE))
     finally:
         writer.release()
+    path.write_bytes(blank_encoder_tags(path.read_bytes()))
     return path
+
+
+def blank_encoder_tags(data: bytes) -> bytes:
+    """The AVI with FFmpeg's text blanked in place: the ``INFO`` list (``ISFT`` = ``Lavf<version>``)
+    becomes zeroed ``JUNK`` and each frame's JPEG ``COM`` (``Lavc<version>``) is zeroed.
+
+    Sizes and offsets do not change, so the index stays valid and every player reads the same
+    pixels. The tags only name the encoder build (no subject, path or date), but the release
+    carries nothing beyond pixels: :func:`deid.evaluation.leaks.avi_has_metadata` checks it.
+    """
+    from deid.evaluation.leaks import avi_chunks, jpeg_segments  # noqa: PLC0415
+
+    out = bytearray(data)
+    for cid, kind, start, end, in_movi in avi_chunks(data):
+        if kind == b"INFO":
+            out[start:start + 4] = b"JUNK"
+            out[start + 8:end] = bytes(end - start - 8)
+        elif in_movi and cid[2:] == b"dc":
+            for marker, a, b in jpeg_segments(data[start + 8:end]):
+                if marker == 0xFE:
+                    out[start + 8 + a:start + 8 + b] = bytes(b - a)
+    return bytes(out)
 
 
 def read_video(path: str | os.PathLike) -> np.ndarray:

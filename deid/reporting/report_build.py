@@ -89,6 +89,8 @@ def configuration(config: RunConfig, *, ingested: Ingested, aligned: Aligned, pa
         "small_partitions_detail": [{"records": e.records, "people": e.people, "action": e.action}
                                     for e in partitioned.small],
         "clusters": {"count": len(deidentified.clusters), "sizes": sorted(c.size for c in deidentified.clusters)},
+        # Landmark points and image sequences the method was given; k-same-m's cluster shape sources.
+        "method_inputs": {**partitioned.inputs.to_dict(), "shape_sources": dict(deidentified.shape_sources)},
         "extra_manifest_columns": list(ingested.extra_columns),
         "dask": config.dask_address or f"LocalCluster({config.dask_workers} workers)",
         "ksame_block_size": config.ksame_block_size,
