@@ -13,6 +13,8 @@ gate's attacks decide. :data:`REGISTRY` holds what each method promises. Each me
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 from numbers import Integral, Real
 from typing import Any, Callable, Hashable, Mapping, Sequence
@@ -93,6 +95,55 @@ def pixelate(images: Any, *, shape: tuple[int, int], block: int) -> np.ndarray:
     return to_uint8(full).reshape(len(a), h * w)
 
 
+# The study's parrot attacker re-runs the method on the very originals (same people, k and seed) the
+# release was made from, and its utility folds re-run it on the same training people for every
+# point: a deterministic function of those inputs is computed once (deid.memo).
+_DEIDENTIFIED = Memo("deidentify")
+
+
+def _memo_key(images: Any, *, shape, people, partitions, method: str, k, sigma, block, n_components, seed, labels,
+              options, points, sequences, frames) -> bytes | None:
+    """Content key of a :func:`deidentify` call, with only the arguments the method reads."""
+    a = np.asarray(images)
+    # Only the faces as released and attacked (integer pixels) repeat: the parrot re-runs the
+    # release on the same originals. The utility folds pass float copies of always-new subsets,
+    # which would only cost a hash.
+    if not np.issubdtype(a.dtype, np.integer):
+        return None
+    spec = REGISTRY[method]
+    uses_partitions = method == "k-same-select" or (method in _ESTIMATORS and spec.partitions_by_labels)
+    seq = sequences is not None and any(v is not None for v in sequences)
+    filters = method in ("blur", "pixelate")
+    return key_for(
+        "deidentify", a, tuple(shape), method, k if STRENGTH[method] == "k" else None,
+        sigma if method == "blur" else None, block if method == "pixelate" else None,
+        None if filters else n_components, None if filters else seed,
+        None if filters else [plain(p) for p in people],
+        [plain(p) for p in partitions] if uses_partitions and partitions is not None else None,
+        {str(n): [plain(v) for v in vals] for n, vals in labels.items()} if labels and
+        (method in _USES_LABELS or seq) else None,
+        dict(options or {}), None if points is None or method not in _USES_POINTS else
+        [None if p is None else np.asarray(p, dtype=np.float64) for p in points],
+        [plain(v) for v in sequences] if seq else None, [plain(v) for v in frames] if seq and frames is not None
+        else None)
+
+
+def _memoised(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a :func:`deidentify`-shaped function) computed once per content of its arguments (:mod:`deid.memo`)."""
+    signature = inspect.signature(fn)
+
+    @functools.wraps(fn)
+    def memoised(*args: Any, **kwargs: Any) -> Any:
+        call = signature.bind(*args, **kwargs)
+        call.apply_defaults()
+        _check_method(call.arguments["method"])
+        key = _memo_key(**call.arguments)
+        return _DEIDENTIFIED.get_or_compute(key, lambda: fn(*args, **kwargs))
+
+    return memoised
+
+
+@_memoised
 def deidentify(
     images: Any,
     *,
@@ -159,68 +210,6 @@ def deidentify(
         Cluster index of every face (for methods with ``identical_within_cluster``, identical
         released copies share it); None for methods without clusters (blur, pixelation).
     """
-    _check_method(method)
-    key = _memo_key(images, shape=shape, people=people, partitions=partitions, method=method, k=k, sigma=sigma,
-                    block=block, n_components=n_components, seed=seed, labels=labels, options=options, points=points,
-                    sequences=sequences, frames=frames)
-    return _DEIDENTIFIED.get_or_compute(key, lambda: _deidentify(
-        images, shape=shape, people=people, partitions=partitions, method=method, k=k, sigma=sigma, block=block,
-        n_components=n_components, seed=seed, labels=labels, options=options, points=points, sequences=sequences,
-        frames=frames))
-
-
-# The study's parrot attacker re-runs the method on the very originals (same people, k and seed) the
-# release was made from, and its utility folds re-run it on the same training people for every
-# point: a deterministic function of those inputs is computed once (deid.memo).
-_DEIDENTIFIED = Memo("deidentify")
-
-
-def _memo_key(images: Any, *, shape, people, partitions, method: str, k, sigma, block, n_components, seed, labels,
-              options, points, sequences, frames) -> bytes | None:
-    """Content key of a :func:`deidentify` call, with only the arguments the method reads."""
-    a = np.asarray(images)
-    # Only the faces as released and attacked (integer pixels) repeat: the parrot re-runs the
-    # release on the same originals. The utility folds pass float copies of always-new subsets,
-    # which would only cost a hash.
-    if not np.issubdtype(a.dtype, np.integer):
-        return None
-    spec = REGISTRY[method]
-    uses_partitions = method == "k-same-select" or (method in _ESTIMATORS and spec.partitions_by_labels)
-    seq = sequences is not None and any(v is not None for v in sequences)
-    filters = method in ("blur", "pixelate")
-    return key_for(
-        "deidentify", a, tuple(shape), method, k if STRENGTH[method] == "k" else None,
-        sigma if method == "blur" else None, block if method == "pixelate" else None,
-        None if filters else n_components, None if filters else seed,
-        None if filters else [plain(p) for p in people],
-        [plain(p) for p in partitions] if uses_partitions and partitions is not None else None,
-        {str(n): [plain(v) for v in vals] for n, vals in labels.items()} if labels and
-        (method in _USES_LABELS or seq) else None,
-        dict(options or {}), None if points is None or method not in _USES_POINTS else
-        [None if p is None else np.asarray(p, dtype=np.float64) for p in points],
-        [plain(v) for v in sequences] if seq else None, [plain(v) for v in frames] if seq and frames is not None
-        else None)
-
-
-def _deidentify(
-    images: Any,
-    *,
-    shape: tuple[int, int],
-    people: Sequence[Hashable],
-    partitions: Sequence[Hashable] | None = None,
-    method: str,
-    k: int | None = None,
-    sigma: float | None = None,
-    block: int | None = None,
-    n_components: int = 50,
-    seed: int = 0,
-    labels: Mapping[str, Sequence[Hashable]] | None = None,
-    options: Mapping[str, Any] | None = None,
-    points: Sequence[Any] | None = None,
-    sequences: Sequence[Hashable | None] | None = None,
-    frames: Sequence[Any] | None = None,
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """The uncached :func:`deidentify`."""
     _check_method(method)
     a, h, w = _check_images(images, shape)
     given = {"k": k, "sigma": sigma, "block": block}
