@@ -279,6 +279,37 @@ def test_differencing_attack_finds_a_swapped_and_an_added_face():
     assert differencing_attack(s1, r3, X, original_people=people).passed
 
 
+def test_differencing_attack_finds_copies_shared_by_two_clusters_of_the_first_release():
+    # A first release: people 0-3 each have two byte-identical photos (frames of a video, a re-scanned
+    # print), one in each cluster; the fifth members differ. No earlier release, yet
+    # 5 (M0 - M1) = x4 - x5 exactly: the attacker recovers person 4's face from person 5's.
+    rng = np.random.default_rng(11)
+    faces = rng.integers(0, 256, (6, 30), dtype=np.uint8)
+    X = np.vstack([faces[[0, 1, 2, 3, 4]], faces[[0, 1, 2, 3, 5]]])
+    people = ["p0", "p1", "p2", "p3", "p4", "p0", "p1", "p2", "p3", "p5"]
+    fps = [f"record-{i}" for i in range(10)]  # ten records (their files differ, e.g. in metadata)
+    lab = np.array([0] * 5 + [1] * 5)
+    imgs = np.zeros_like(X)
+    for c in (0, 1):
+        imgs[lab == c] = np.clip(np.rint(X[lab == c].mean(axis=0)), 0, 255).astype(np.uint8)
+    s0 = empty_state("synthetic")
+    r1 = release_from_clusters(s0, people, fps, key=KEY, release_id="r1", k=5, method="k-same", labels=lab,
+                               images=imgs, shape=(5, 6))
+    res = differencing_attack(s0, r1, X, original_people=people)
+    assert not res.passed
+    assert {"p4", "p5"} <= res.people_identified
+    # Two clusters of different people have nothing to find.
+    other = rng.integers(0, 256, (5, 30), dtype=np.uint8)
+    Y = np.vstack([faces[:5], other])
+    lab_y = np.array([0] * 5 + [1] * 5)
+    imgs_y = np.zeros_like(Y)
+    for c in (0, 1):
+        imgs_y[lab_y == c] = np.clip(np.rint(Y[lab_y == c].mean(axis=0)), 0, 255).astype(np.uint8)
+    ry = release_from_clusters(s0, [f"q{i}" for i in range(10)], fps, key=KEY, release_id="ry", k=5,
+                               method="k-same", labels=lab_y, images=imgs_y, shape=(5, 6))
+    assert differencing_attack(s0, ry, Y).passed
+
+
 # --------------------------------------------------------------------------- property over sequences of drops
 
 
