@@ -12,6 +12,9 @@ import os
 from pathlib import Path
 
 import pytest
+from cpu_report import (  # noqa: F401 - `--cpu-report`: CPU per test (tests/cpu_report.py)
+    fixture_teardown, pytest_addoption, pytest_configure, pytest_runtest_protocol, pytest_sessionfinish,
+    pytest_terminal_summary, pytest_testnodedown)
 from ops_helpers import stack  # noqa: F401 - the session's ops stack (Prefect server, serve, watch)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,7 +154,7 @@ def _prefect_harness(tmp_path_factory):
     os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect_home"))
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with fixture_teardown("_prefect_harness"), prefect_test_harness(server_startup_timeout=120):
         yield
 
 
@@ -163,7 +166,7 @@ def _dask_scheduler():
     from distributed import LocalCluster
 
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=logging.WARNING) as cluster:
+                      silence_logs=logging.WARNING) as cluster, fixture_teardown("_dask_scheduler"):
         yield cluster.scheduler_address
 
 
