@@ -12,10 +12,11 @@ import os
 from pathlib import Path
 
 import pytest
-from cpu_report import (  # noqa: F401 - `--cpu-report`: CPU per test (tests/cpu_report.py)
-    fixture_teardown, pytest_addoption, pytest_configure, pytest_runtest_protocol, pytest_sessionfinish,
-    pytest_terminal_summary, pytest_testnodedown)
+import prefect_shared
+from cpu_report import fixture_teardown
 from ops_helpers import stack  # noqa: F401 - the session's ops stack (Prefect server, serve, watch)
+
+pytest_plugins = ["cpu_report"]  # `pytest --cpu-report`: CPU seconds per test (tests/cpu_report.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 LONDON = ROOT.parent / "shared" / "datasets" / "london"
@@ -148,10 +149,44 @@ def project(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
+def _xdist_controller(config) -> bool:
+    return bool(getattr(config.option, "numprocesses", None)) and getattr(config.option, "dist", "no") != "no" \
+        and not hasattr(config, "workerinput") and not config.option.collectonly
+
+
+def pytest_configure(config):
+    """Under xdist, the controller starts the suite's one temporary Prefect API (tests/prefect_shared.py)."""
+    if _xdist_controller(config):
+        config._deid_prefect = prefect_shared.SharedServer()
+
+
+def pytest_configure_node(node):
+    server = getattr(node.config, "_deid_prefect", None)
+    if server is not None:
+        node.workerinput[prefect_shared.WORKER_KEY] = [server.url, str(server.log)]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    server = getattr(config, "_deid_prefect", None)
+    if server is not None and config.getoption("--cpu-report") is not None:
+        terminalreporter.write_line(f"shared Prefect server (controller's child): {server.cpu_seconds():.1f} s CPU")
+
+
+def pytest_unconfigure(config):
+    server = getattr(config, "_deid_prefect", None)
+    if server is not None:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
-def _prefect_harness(tmp_path_factory):
-    """One temporary Prefect API (isolated DB, free port) per test process (per xdist worker)."""
+def _prefect_harness(tmp_path_factory, pytestconfig):
+    """The temporary Prefect API (isolated DB, free port): the session's shared one under xdist, else our own."""
     os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect_home"))
+    shared = getattr(pytestconfig, "workerinput", {}).get(prefect_shared.WORKER_KEY)
+    if shared:
+        with prefect_shared.use_server(*shared):
+            yield
+        return
     from prefect.testing.utilities import prefect_test_harness
 
     with fixture_teardown("_prefect_harness"), prefect_test_harness(server_startup_timeout=120):
