@@ -9,11 +9,11 @@ the heaviest tests are started first so the two workers finish together.
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 import prefect_shared
-from cpu_report import fixture_teardown
 from ops_helpers import stack  # noqa: F401 - the session's ops stack (Prefect server, serve, watch)
 
 pytest_plugins = ["cpu_report"]  # `pytest --cpu-report`: CPU seconds per test (tests/cpu_report.py)
@@ -187,10 +187,14 @@ def _prefect_harness(tmp_path_factory, pytestconfig):
         with prefect_shared.use_server(*shared):
             yield
         return
+    from cpu_report import fixture_teardown
     from prefect.testing.utilities import prefect_test_harness
 
-    with fixture_teardown("_prefect_harness"), prefect_test_harness(server_startup_timeout=120):
+    with ExitStack() as stack:
+        stack.enter_context(prefect_test_harness(server_startup_timeout=120))
         yield
+        with fixture_teardown("_prefect_harness"):  # stopping (reaping) the server: its CPU for the session
+            stack.close()
 
 
 @pytest.fixture(scope="session")
@@ -198,11 +202,15 @@ def _dask_scheduler():
     """One Dask LocalCluster (one worker process) per test process, for the in-process flow runs."""
     import logging
 
+    from cpu_report import fixture_teardown
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=logging.WARNING) as cluster, fixture_teardown("_dask_scheduler"):
+    with ExitStack() as stack:
+        cluster = stack.enter_context(LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                                   dashboard_address=None, silence_logs=logging.WARNING))
         yield cluster.scheduler_address
+        with fixture_teardown("_dask_scheduler"):  # reaping the worker: the CPU of every task it ran
+            stack.close()
 
 
 @pytest.fixture

@@ -30,7 +30,7 @@ def cpu() -> float:
 
 @contextmanager
 def fixture_teardown(name: str):
-    """Book the CPU of a session fixture's teardown (reaping its server) to ``fixture:<name>``."""
+    """Book the CPU of the block (a session fixture's teardown, reaping its server) to ``fixture:<name>``."""
     start = cpu()
     try:
         yield

@@ -66,7 +66,7 @@ class SharedServer:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
-def wait_healthy(url: str, log: str, timeout: float = 120.0) -> None:
+def wait_healthy(url: str, log: str, timeout: float = 600.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
         try:
