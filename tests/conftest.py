@@ -1,10 +1,12 @@
-"""Shared fixtures: the London set, an isolated project dir, one Prefect server and Dask worker per process.
+"""Shared fixtures: the London set, an isolated project dir, one Prefect API, one Dask worker per process.
 
 ``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``): every
 fixture here is per worker process; the tests of a module that share one of its module-scoped
 fixtures run on one worker (automatic ``xdist_group``, so the fixture is built once), tests that
 share a session fixture's state carry an explicit ``xdist_group`` mark (``stack``: "ops"), and
-the heaviest tests are started first so the two workers finish together.
+the heaviest tests are started first so the two workers finish together. The temporary Prefect API
+is one for the whole session (started by the xdist controller, tests/prefect_shared.py).
+``pytest --cpu-report`` prints the CPU seconds of the heaviest tests (tests/cpu_report.py).
 """
 from __future__ import annotations
 
@@ -33,43 +35,48 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 # tests/test_remote_dask.py, and the demo test (tests/test_flow.py) runs `deid run` with the defaults.
 os.environ.setdefault("DEID_DASK_WORKERS", "1")
 
-# Wall seconds of the heaviest tests (nodeid prefixes; measured on this 2-core machine): they
-# start first, longest first (a group counts the sum of its tests), so no worker is left with a
-# long test at the end. Order only: a test not listed is weighted by its markers, and a renamed
-# test just loses its place in the queue.
+# Weights of the heaviest tests (nodeid prefixes), in seconds: they start first, heaviest first (a
+# group counts the sum of its tests), so no worker is left with a long test at the end. Order only:
+# a test not listed is weighted by its markers, and a renamed test just loses its place in the
+# queue. From `pytest --cpu-report` (CPU of the test process and the children it waited for),
+# raised where a test's work runs elsewhere: in-process flows on the session's Dask worker
+# (booked to the fixture, not the test) and the ops stack's runs (in `deid serve`'s children).
 HEAVY = {
     "tests/test_faults.py::test_fault_matrix": 160,
     "tests/test_ops.py::test_drops": 70,
     "tests/test_ops.py::": 15,
     "tests/test_ops_lineage.py::": 70,
-    "tests/test_color.py::test_london_in_colour": 50,
-    "tests/test_remote_dask.py::": 47,
-    "tests/test_flow.py::test_demo": 45,
-    "tests/test_flow.py::test_london_gate_rejects": 30,
-    "tests/test_flow_lineage.py::": 30,
-    "tests/test_flow.py::test_london_k5": 30,
-    "tests/test_flow.py::test_real_drop_shapes": 15,
-    "tests/test_recognizer.py::test_london": 12,
-    "tests/test_study.py::test_london_study": 40,
-    "tests/test_faults.py::": 15,
-    "tests/test_flow.py::": 10,
-    # Later slow tests (loaded-machine CPU seconds from their authors' runs).
-    "tests/test_flow_lineage_policies.py::": 60,
-    "tests/test_flow_lineage_ops.py::test_kills": 45,
-    "tests/test_flow_lineage_ops.py::": 25,
+    "tests/test_flow.py::test_demo": 58,
+    "tests/test_color.py::test_london_in_colour": 40,
+    "tests/test_remote_dask.py::": 35,
+    "tests/test_flow.py::test_london_gate_rejects": 20,
+    "tests/test_flow_lineage.py::": 20,
+    "tests/test_flow.py::test_london_k5": 35,
+    "tests/test_flow.py::test_real_drop_shapes": 12,
+    "tests/test_recognizer.py::test_london": 21,
+    "tests/test_study.py::test_london_study": 33,
+    "tests/test_faults.py::test_kill_9": 13,
+    "tests/test_faults.py::": 12,
+    "tests/test_flow.py::": 8,
+    "tests/test_flow_lineage_policies.py::": 35,
+    "tests/test_flow_lineage_ops.py::test_kills": 37,
+    "tests/test_flow_lineage_ops.py::": 10,
     "tests/test_ui_state.py::": 20,
     "tests/test_ops_rejected.py::": 45,
-    "tests/test_validation_page.py::test_a_real_runs_pages": 40,
-    "tests/test_features_london.py::": 20,
-    "tests/test_dask_blocks.py::test_three": 35,
-    "tests/test_run_inputs.py::test_a_drop_without": 25,
-    "tests/test_runner.py::test_released_and_rejected": 12,
+    "tests/test_validation_page.py::test_a_real_runs_pages": 15,
+    "tests/test_features_london.py::": 17,
+    "tests/test_dask_blocks.py::test_three": 25,
+    "tests/test_run_inputs.py::test_a_drop_without": 12,
+    "tests/test_runner.py::test_released_and_rejected": 8,
     # Not marked slow, but seconds each (every attacker, the deep one included, on small faces).
-    "tests/test_study.py::test_every_registry_method": 12,
-    "tests/test_attacks.py::test_every_attacker": 10,
-    "tests/test_attacks.py::test_parrot_defeats": 10,
+    "tests/test_attacks.py::test_parrot_defeats": 16,
+    "tests/test_study.py::test_every_registry_method": 15,
+    "tests/test_attacks.py::test_every_attacker_reidentifies": 12,
+    "tests/test_attacks.py::test_every_attacker_and_mode": 11,
+    "tests/test_study.py::test_study_cli": 9,
     "tests/test_attacks.py::test_attack_all_is_invariant": 8,
-    "tests/test_study.py::test_study_cli": 8,
+    "tests/test_study_speed.py::": 6,
+    "tests/test_core_purity.py::test_the_command_line": 6,
 }
 
 
