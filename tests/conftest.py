@@ -1,18 +1,24 @@
-"""Shared fixtures: the London set, an isolated project dir, one Prefect server and Dask worker per process.
+"""Shared fixtures: the London set, an isolated project dir, one Prefect API, one Dask worker per process.
 
 ``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``): every
 fixture here is per worker process; the tests of a module that share one of its module-scoped
 fixtures run on one worker (automatic ``xdist_group``, so the fixture is built once), tests that
 share a session fixture's state carry an explicit ``xdist_group`` mark (``stack``: "ops"), and
-the heaviest tests are started first so the two workers finish together.
+the heaviest tests are started first so the two workers finish together. The temporary Prefect API
+is one for the whole session (started by the xdist controller, tests/prefect_shared.py).
+``pytest --cpu-report`` prints the CPU seconds of the heaviest tests (tests/cpu_report.py).
 """
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+import prefect_shared
 from ops_helpers import stack  # noqa: F401 - the session's ops stack (Prefect server, serve, watch)
+
+pytest_plugins = ["cpu_report"]  # `pytest --cpu-report`: CPU seconds per test (tests/cpu_report.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 LONDON = ROOT.parent / "shared" / "datasets" / "london"
@@ -29,43 +35,48 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 # tests/test_remote_dask.py, and the demo test (tests/test_flow.py) runs `deid run` with the defaults.
 os.environ.setdefault("DEID_DASK_WORKERS", "1")
 
-# Wall seconds of the heaviest tests (nodeid prefixes; measured on this 2-core machine): they
-# start first, longest first (a group counts the sum of its tests), so no worker is left with a
-# long test at the end. Order only: a test not listed is weighted by its markers, and a renamed
-# test just loses its place in the queue.
+# Weights of the heaviest tests (nodeid prefixes), in seconds: they start first, heaviest first (a
+# group counts the sum of its tests), so no worker is left with a long test at the end. Order only:
+# a test not listed is weighted by its markers, and a renamed test just loses its place in the
+# queue. From `pytest --cpu-report` (CPU of the test process and the children it waited for),
+# raised where a test's work runs elsewhere: in-process flows on the session's Dask worker
+# (booked to the fixture, not the test) and the ops stack's runs (in `deid serve`'s children).
 HEAVY = {
     "tests/test_faults.py::test_fault_matrix": 160,
     "tests/test_ops.py::test_drops": 70,
     "tests/test_ops.py::": 15,
     "tests/test_ops_lineage.py::": 70,
-    "tests/test_color.py::test_london_in_colour": 50,
-    "tests/test_remote_dask.py::": 47,
-    "tests/test_flow.py::test_demo": 45,
-    "tests/test_flow.py::test_london_gate_rejects": 30,
-    "tests/test_flow_lineage.py::": 30,
-    "tests/test_flow.py::test_london_k5": 30,
-    "tests/test_flow.py::test_real_drop_shapes": 15,
-    "tests/test_recognizer.py::test_london": 12,
-    "tests/test_study.py::test_london_study": 40,
-    "tests/test_faults.py::": 15,
-    "tests/test_flow.py::": 10,
-    # Later slow tests (loaded-machine CPU seconds from their authors' runs).
-    "tests/test_flow_lineage_policies.py::": 60,
-    "tests/test_flow_lineage_ops.py::test_kills": 45,
-    "tests/test_flow_lineage_ops.py::": 25,
+    "tests/test_flow.py::test_demo": 58,
+    "tests/test_color.py::test_london_in_colour": 40,
+    "tests/test_remote_dask.py::": 35,
+    "tests/test_flow.py::test_london_gate_rejects": 20,
+    "tests/test_flow_lineage.py::": 20,
+    "tests/test_flow.py::test_london_k5": 35,
+    "tests/test_flow.py::test_real_drop_shapes": 12,
+    "tests/test_recognizer.py::test_london": 21,
+    "tests/test_study.py::test_london_study": 33,
+    "tests/test_faults.py::test_kill_9": 13,
+    "tests/test_faults.py::": 12,
+    "tests/test_flow.py::": 8,
+    "tests/test_flow_lineage_policies.py::": 35,
+    "tests/test_flow_lineage_ops.py::test_kills": 37,
+    "tests/test_flow_lineage_ops.py::": 10,
     "tests/test_ui_state.py::": 20,
     "tests/test_ops_rejected.py::": 45,
-    "tests/test_validation_page.py::test_a_real_runs_pages": 40,
-    "tests/test_features_london.py::": 20,
-    "tests/test_dask_blocks.py::test_three": 35,
-    "tests/test_run_inputs.py::test_a_drop_without": 25,
-    "tests/test_runner.py::test_released_and_rejected": 12,
+    "tests/test_validation_page.py::test_a_real_runs_pages": 15,
+    "tests/test_features_london.py::": 17,
+    "tests/test_dask_blocks.py::test_three": 25,
+    "tests/test_run_inputs.py::test_a_drop_without": 12,
+    "tests/test_runner.py::test_released_and_rejected": 8,
     # Not marked slow, but seconds each (every attacker, the deep one included, on small faces).
-    "tests/test_study.py::test_every_registry_method": 12,
-    "tests/test_attacks.py::test_every_attacker": 10,
-    "tests/test_attacks.py::test_parrot_defeats": 10,
+    "tests/test_attacks.py::test_parrot_defeats": 16,
+    "tests/test_study.py::test_every_registry_method": 15,
+    "tests/test_attacks.py::test_every_attacker_reidentifies": 12,
+    "tests/test_attacks.py::test_every_attacker_and_mode": 11,
+    "tests/test_study.py::test_study_cli": 9,
     "tests/test_attacks.py::test_attack_all_is_invariant": 8,
-    "tests/test_study.py::test_study_cli": 8,
+    "tests/test_study_speed.py::": 6,
+    "tests/test_core_purity.py::test_the_command_line": 6,
 }
 
 
@@ -145,14 +156,52 @@ def project(tmp_path, monkeypatch) -> Path:
     return tmp_path
 
 
+def _xdist_controller(config) -> bool:
+    return bool(getattr(config.option, "numprocesses", None)) and getattr(config.option, "dist", "no") != "no" \
+        and not hasattr(config, "workerinput") and not config.option.collectonly
+
+
+def pytest_configure(config):
+    """Under xdist, the controller starts the suite's one temporary Prefect API (tests/prefect_shared.py)."""
+    if _xdist_controller(config):
+        config._deid_prefect = prefect_shared.SharedServer()
+
+
+def pytest_configure_node(node):
+    server = getattr(node.config, "_deid_prefect", None)
+    if server is not None:
+        node.workerinput[prefect_shared.WORKER_KEY] = [server.url, str(server.log)]
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    server = getattr(config, "_deid_prefect", None)
+    if server is not None and config.getoption("--cpu-report") is not None:
+        terminalreporter.write_line(f"shared Prefect server (controller's child): {server.cpu_seconds():.1f} s CPU")
+
+
+def pytest_unconfigure(config):
+    server = getattr(config, "_deid_prefect", None)
+    if server is not None:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
-def _prefect_harness(tmp_path_factory):
-    """One temporary Prefect API (isolated DB, free port) per test process (per xdist worker)."""
+def _prefect_harness(tmp_path_factory, pytestconfig):
+    """The temporary Prefect API (isolated DB, free port): the session's shared one under xdist, else our own."""
     os.environ["PREFECT_HOME"] = str(tmp_path_factory.mktemp("prefect_home"))
+    shared = getattr(pytestconfig, "workerinput", {}).get(prefect_shared.WORKER_KEY)
+    if shared:
+        with prefect_shared.use_server(*shared):
+            yield
+        return
+    from cpu_report import fixture_teardown
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(server_startup_timeout=120):
+    with ExitStack() as stack:
+        stack.enter_context(prefect_test_harness(server_startup_timeout=120))
         yield
+        with fixture_teardown("_prefect_harness"):  # stopping (reaping) the server: its CPU for the session
+            stack.close()
 
 
 @pytest.fixture(scope="session")
@@ -160,11 +209,15 @@ def _dask_scheduler():
     """One Dask LocalCluster (one worker process) per test process, for the in-process flow runs."""
     import logging
 
+    from cpu_report import fixture_teardown
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None,
-                      silence_logs=logging.WARNING) as cluster:
+    with ExitStack() as stack:
+        cluster = stack.enter_context(LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                                   dashboard_address=None, silence_logs=logging.WARNING))
         yield cluster.scheduler_address
+        with fixture_teardown("_dask_scheduler"):  # reaping the worker: the CPU of every task it ran
+            stack.close()
 
 
 @pytest.fixture

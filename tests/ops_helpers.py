@@ -151,9 +151,12 @@ def stack(tmp_path_factory):
         yield {"url": url, "port": port, "project": project, "incoming": incoming, "procs": procs,
                "watch": watch, "serve": serve, "base": base, "server_seconds": round(server_s, 1)}
     finally:
+        from cpu_report import fixture_teardown  # `--cpu-report`: the stack's processes, reaped here
+
         # Clients first: serve pauses its deployments on SIGTERM, which needs the server.
-        for p in procs:
-            p.stop()
+        with fixture_teardown("stack"):
+            for p in procs:
+                p.stop()
 
 
 def runs_for(url: str, flow_name: str, names, *, state: str | None = None) -> list[dict]:

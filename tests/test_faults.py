@@ -60,8 +60,12 @@ def test_fault_matrix_never_a_release_without_its_signed_report(project, prefect
     drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=1)
     for key, value in FAST.items():
         monkeypatch.setenv(key, value)
-    # The killed runs are plain `deid run`s with their own LocalCluster; the reruns run in this process.
-    env = {k: v for k, v in os.environ.items() if k != "DEID_DASK_ADDRESS"}
+    # The faulted runs are `deid run` subprocesses, the reruns run in this process; all on the session's
+    # Dask worker (DEID_DASK_ADDRESS, set by prefect_server): a LocalCluster per run would add two
+    # process starts and a model load to each of the 8 faulted runs. A run killed without an address
+    # is test_kill_9_of_deid_run_leaves_no_prefect_server_behind; the demo (test_flow.py) runs
+    # `deid run` with its default LocalCluster end to end.
+    env = dict(os.environ)
     env.update({"DEID_PROJECT_DIR": str(project), "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(ROOT)})
     faults = without_report = 0
     figures = []

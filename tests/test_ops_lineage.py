@@ -41,10 +41,10 @@ def test_a_redrop_of_a_dataset_through_the_watcher_reuses_every_cluster(stack, t
     url, project = stack["url"], stack["project"]
     drop_into(stack["incoming"], _drop(tmp_path / "a", 60), FIRST)
     wait_for("the first release-on-drop run", lambda: runs_for(url, "release-on-drop", [FIRST], state="COMPLETED"),
-             180, stack["procs"], interval=1.0)
+             600, stack["procs"], interval=1.0)
     drop_into(stack["incoming"], _drop(tmp_path / "b", 66), SECOND)
     wait_for("the second release-on-drop run", lambda: runs_for(url, "release-on-drop", [SECOND], state="COMPLETED"),
-             180, stack["procs"], interval=1.0)
+             600, stack["procs"], interval=1.0)
     entries = {Path(e.drop_path).name: e for e in Ledger(project / "data" / "ledger.sqlite").entries()}
     first, second = entries[FIRST], entries[SECOND]
     assert first.verdict == "released" and second.verdict == "released", (first, second)

@@ -26,7 +26,7 @@ def test_a_rejected_drop_is_settled_and_not_retried(stack, tmp_path):
     drop_into(stack["incoming"], make_synthetic_drop(tmp_path / "few", people=2, images_per_person=2, seed=3), NAME)
     run = wait_for("the release-on-drop run to end", lambda: next(
         (r for r in _runs_of(url, "release-on-drop") if r["state_type"] in ("COMPLETED", "FAILED", "CRASHED")), None),
-        180, stack["procs"], interval=1.0)
+        600, stack["procs"], interval=1.0)
     assert (run["state_type"], run["state_name"]) == ("FAILED", "Rejected"), run["state"]
     (sub,) = _runs_of(url, "release")
     assert sub["state_name"] == "Rejected" and "verdict:rejected" in sub["tags"]
@@ -36,7 +36,7 @@ def test_a_rejected_drop_is_settled_and_not_retried(stack, tmp_path):
     dep = api(url, "/deployments/name/release-incoming/release", None)
     fr = api(url, f"/deployments/{dep['id']}/create_flow_run", {"parameters": {}})
     final = wait_for("the nightly run", lambda: (r := api(url, f"/flow_runs/{fr['id']}"))["state_type"] in (
-        "COMPLETED", "FAILED", "CRASHED") and r, 120, stack["procs"])
+        "COMPLETED", "FAILED", "CRASHED") and r, 600, stack["procs"])
     assert final["state_type"] == "COMPLETED"
     assert len(_runs_of(url, "release")) == 1 and len(_runs_of(url, "release-on-drop")) == 1
     release_id = next(t.split(":", 1)[1] for t in sub["tags"] if t.startswith("release:"))

@@ -31,7 +31,7 @@ if __name__ == "__main__":
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(tmp_path_factory, _dask_scheduler):
     base = tmp_path_factory.mktemp("ui")
     logs, project = base / "logs", base / "project"
     logs.mkdir()
@@ -50,7 +50,9 @@ def runs(tmp_path_factory):
                 return False
 
         wait_for("the Prefect server's /api/health", healthy, 90, [server])
-        client = dict(env, PREFECT_API_URL=url)
+        # The runs' stages on the test process's Dask worker (the subject is the UI, not the cluster): no
+        # LocalCluster start and model load per run.
+        client = dict(env, PREFECT_API_URL=url, DEID_DASK_ADDRESS=_dask_scheduler)
         drop = make_synthetic_drop(base / "faces", people=12, images_per_person=2, seed=1)
         few = make_synthetic_drop(base / "few", people=2, images_per_person=2, seed=2)
         out = {}
