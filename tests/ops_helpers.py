@@ -101,6 +101,36 @@ def flow_runs(url: str, flow_name: str, *, state: str | None = None) -> list[dic
     return api(url, "/flow_runs/filter", body)
 
 
+# Operations tests check processes, not the gate's figures: the deep recogniser on a small sample, no
+# recogniser identity check, the earlier utility protocols (report evidence only) once.
+QUICK_GATE = {"DEID_IDENTITY_EMBED_MAX": "0", "DEID_DEEP_ATTACK_SAMPLE": "20", "DEID_CV_REPEATS": "1"}
+
+
+def clean_env(project: Path, prefect_home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a deid subprocess: no inherited PREFECT_*/DEID_*, no telemetry, one BLAS thread."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DEID_"))}
+    env.update(DEID_PROJECT_DIR=str(project), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
+               PREFECT_HOME=str(prefect_home), PYTHONUNBUFFERED="1", OPENBLAS_NUM_THREADS="1",
+               OMP_NUM_THREADS="1", **extra)
+    return env
+
+
+def start_server(port: int, env: dict, logs: Path, procs: list) -> Proc:
+    """`deid server` on ``port``, added to ``procs`` (stopped by the caller), once its /api/health answers."""
+    url = f"http://127.0.0.1:{port}/api"
+    server = Proc("server", [*DEID, "server", "--port", str(port)], env=env, logs=logs)
+    procs.append(server)
+
+    def healthy():
+        try:
+            return api(url, "/health") is True
+        except OSError:
+            return False
+
+    wait_for("the Prefect server's /api/health", healthy, 90, [server])
+    return server
+
+
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):
     """A Prefect server on a free port, `deid serve` and `deid watch` against it, in a fresh project dir.
@@ -115,26 +145,11 @@ def stack(tmp_path_factory):
     logs.mkdir()
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DEID_"))}
-    # Operations, not the gate's figures: deep recogniser on a small sample, no recogniser identity check,
-    # the earlier utility protocols (report evidence only) run once.
-    env.update(DEID_IDENTITY_EMBED_MAX="0", DEID_DEEP_ATTACK_SAMPLE="20", DEID_CV_REPEATS="1")
-    env.update(DEID_PROJECT_DIR=str(project), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_HOME=str(base / "prefect-client"), PYTHONUNBUFFERED="1", DEID_DASK_WORKERS="1",
-               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
+    env = clean_env(project, base / "prefect-client", **QUICK_GATE, DEID_DASK_WORKERS="1")
     procs: list[Proc] = []
     try:
         t0 = time.monotonic()
-        server = Proc("server", [*DEID, "server", "--port", str(port)], env=env, logs=logs)
-        procs.append(server)
-
-        def healthy():
-            try:
-                return api(url, "/health") is True
-            except OSError:
-                return False
-
-        wait_for("the Prefect server's /api/health", healthy, 90, [server])
+        start_server(port, env, logs, procs)
         server_s = time.monotonic() - t0
         client_env = dict(env, PREFECT_API_URL=url)
         serve = Proc("serve", [*DEID, "serve"], env=client_env, logs=logs)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from ops_helpers import Proc, free_port, wait_for
+from ops_helpers import QUICK_GATE, Proc, clean_env, free_port, wait_for
 
 from deid.intake.synth import make_synthetic_drop
 from deid.release.verify import verify_report
@@ -43,15 +43,8 @@ def test_release_survives_a_worker_killed_mid_run(tmp_path, prefect_server):
     drop = make_synthetic_drop(tmp_path / "drop", people=60, images_per_person=2, seed=7)
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DEID_"))}
-    # Operations, not the gate's figures: deep recogniser on a small sample, no recogniser identity check,
-    # the earlier utility protocols (report evidence only) once.
-    env.update(DEID_IDENTITY_EMBED_MAX="0", DEID_DEEP_ATTACK_SAMPLE="20", DEID_CV_REPEATS="1")
-    env.update(DEID_PROJECT_DIR=str(project), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_HOME=str(tmp_path / "prefect"), OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1",
-               PYTHONUNBUFFERED="1",
-               # The session's Prefect API (the flow would otherwise start an ephemeral server of its own).
-               PREFECT_API_URL=PREFECT_API_URL.value())
+    # The session's Prefect API (the flow would otherwise start an ephemeral server of its own).
+    env = clean_env(project, tmp_path / "prefect", **QUICK_GATE, PREFECT_API_URL=PREFECT_API_URL.value())
     procs: list[Proc] = []
     try:
         procs.append(Proc("scheduler", [*_dask(), "scheduler", "--host", "127.0.0.1", "--port", str(port),

@@ -6,20 +6,18 @@ runs page rendered by headless Chromium. Small synthetic drops: the subject is t
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from ops_helpers import DEID, Proc, api, browser, chromium, free_port, wait_for
+from ops_helpers import DEID, QUICK_GATE, Proc, api, browser, chromium, clean_env, free_port, start_server
 
 from deid.intake.synth import make_synthetic_drop
 
 pytestmark = [pytest.mark.slow, pytest.mark.ops]
 ROOT = Path(__file__).resolve().parents[1]
-QUICK = {"DEID_IDENTITY_EMBED_MAX": "0", "DEID_DEEP_ATTACK_SAMPLE": "20", "DEID_CV_REPEATS": "1",
-         "DEID_DASK_WORKERS": "1"}
+QUICK = {**QUICK_GATE, "DEID_DASK_WORKERS": "1"}
 # A deployment calls the flow with the drop only: the flow resolves k and method itself.
 FLOW_DEFAULTS = """
 import sys
@@ -37,19 +35,10 @@ def runs(tmp_path_factory, _dask_scheduler):
     logs.mkdir()
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DEID_"))}
-    env.update(QUICK, DEID_PROJECT_DIR=str(project), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
-               PREFECT_HOME=str(base / "prefect-client"), PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT),
-               OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
-    server = Proc("server", [*DEID, "server", "--port", str(port)], env=env, logs=logs)
+    env = clean_env(project, base / "prefect-client", **QUICK, PYTHONPATH=str(ROOT))
+    procs: list[Proc] = []
     try:
-        def healthy():
-            try:
-                return api(url, "/health") is True
-            except OSError:
-                return False
-
-        wait_for("the Prefect server's /api/health", healthy, 90, [server])
+        start_server(port, env, logs, procs)
         # The runs' stages on the test process's Dask worker (the subject is the UI, not the cluster): no
         # LocalCluster start and model load per run.
         client = dict(env, PREFECT_API_URL=url, DEID_DASK_ADDRESS=_dask_scheduler)
@@ -71,7 +60,8 @@ def runs(tmp_path_factory, _dask_scheduler):
         flows = api(url, "/flow_runs/filter", {"flows": {"name": {"any_": ["release"]}}, "sort": "START_TIME_ASC"})
         yield {"url": url, "port": port, "out": out, "flows": flows, "base": base}
     finally:
-        server.stop()
+        for p in procs:
+            p.stop()
 
 
 def _run(runs: dict, verdict_tag: str, name: str) -> dict:
