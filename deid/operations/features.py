@@ -59,9 +59,8 @@ from deid.errors import ConfigError, DataError, Quarantined
 from deid.evaluation.gate import Check, GateInputs, GateResult, evaluate
 from deid.evaluation.validation import drop_checks, validation_section
 from deid.intake.features import INGESTED, FeatureDrop, read_feature_drop
-from deid.reporting.report import Artifact, Report, SigningInfo, Utility, dataset_fingerprint, hash_tree
-from deid.reporting.report import Check as ReportCheck
-from deid.reporting.report_build import dataset_summary, lineage_section, privacy_section
+from deid.reporting.report import Artifact, Report, SigningInfo, dataset_fingerprint, hash_tree
+from deid.reporting.report_build import dataset_summary, lineage_section, verdict_fields
 from deid.run_config import RunConfig
 from deid.schemas.arrow import FEATURE_RELEASE_BASE_COLUMNS
 
@@ -594,17 +593,13 @@ def feature_report(*, release_id: str, run_id: str, created_at: str, config: Run
               "people": len({person[partitioned.kept[i]] for i in idx})} for key, idx in plan.groups.items()]
     clusters = deidentified.cluster_summary
     return Report(
-        release_id=release_id, run_id=run_id, verdict="released" if passed else "rejected", k=config.k,
-        method=config.method, created_at=created_at, reasons=list(gate.reasons), warnings=list(gate.warnings),
-        guarantee=feature_guarantee(config.method, config.k),
-        dataset=dataset_summary(drop.name, ingested.fingerprint, counts, passed=passed,
-                                quarantine_by_reason=quarantine_by_reason),
-        checks=[ReportCheck.from_gate(c) for c in gate.checks], privacy=privacy_section(gate, config.k),
-        utility=[Utility.from_row(u) for u in gate.utility],
+        **verdict_fields(release_id=release_id, run_id=run_id, created_at=created_at, config=config, gate=gate,
+                         guarantee_text=feature_guarantee(config.method, config.k),
+                         dataset=dataset_summary(drop.name, ingested.fingerprint, counts, passed=passed,
+                                                 quarantine_by_reason=quarantine_by_reason),
+                         artifacts=staged.artifacts if staged else (), signing=signing, versions=versions),
         lineage=lineage_section(config, drop.dataset, partitioned, lineage, registered=passed),
-        validation=validation_section(validation or {}), artifacts=list(staged.artifacts) if passed and staged else [],
-        release_dir=str(config.releases_dir / release_id) if passed else None, signing=signing,
-        versions=dict(versions),
+        validation=validation_section(validation or {}),
         configuration={
             "kind": KIND, "feature_dim": drop.dim, "features_file": drop.features_file,
             "vector_column": drop.vector_column, "vector_value_type": drop.value_type,

@@ -26,6 +26,7 @@ from deid.contracts import (
 )
 from deid.anonymise.method_registry import REGISTRY, guarantee
 from deid.reporting.report import (
+    Artifact,
     Check,
     DatasetSummary,
     Privacy,
@@ -116,6 +117,25 @@ def privacy_section(gate, k: int) -> Privacy:
         reidentification=[Reidentification(**r) for r in gate.reidentification])
 
 
+def verdict_fields(*, release_id: str, run_id: str, created_at: str, config: RunConfig, gate,
+                   guarantee_text: str, dataset: DatasetSummary, artifacts: Sequence[Artifact],
+                   signing: SigningInfo, versions: Mapping[str, str | None]) -> dict[str, Any]:
+    """The :class:`~deid.reporting.report.Report` fields every run's report has (images or feature vectors).
+
+    ``release_dir`` and ``artifacts`` describe where the release *will* be once published (the report
+    is signed before the staged release is renamed into place); a rejected run lists none.
+    """
+    passed = gate.passed
+    return dict(
+        release_id=release_id, run_id=run_id, verdict="released" if passed else "rejected", k=config.k,
+        method=config.method, created_at=created_at, reasons=list(gate.reasons), warnings=list(gate.warnings),
+        guarantee=guarantee_text, dataset=dataset, checks=[Check.from_gate(c) for c in gate.checks],
+        privacy=privacy_section(gate, config.k), utility=[Utility.from_row(u) for u in gate.utility],
+        artifacts=list(artifacts) if passed else [],
+        release_dir=str(config.releases_dir / release_id) if passed else None, signing=signing,
+        versions=dict(versions))
+
+
 def build_report(*, release_id: str, run_id: str, created_at: str, config: RunConfig, ingested: Ingested,
                  aligned: Aligned, partitioned: Partitioned, deidentified: Deidentified,
                  lineage: LineageApplied | None, staged: Staged | None, gate, counts: RecordCounts,
@@ -127,20 +147,14 @@ def build_report(*, release_id: str, run_id: str, created_at: str, config: RunCo
     ``release_dir`` and ``artifacts`` describe where the release *will* be once published: the
     report is signed before the staged release is renamed into place.
     """
-    passed = gate.passed
-    privacy = privacy_section(gate, config.k)
     return Report(
-        release_id=release_id, run_id=run_id, verdict="released" if passed else "rejected", k=config.k,
-        method=config.method, created_at=created_at, reasons=list(gate.reasons), warnings=list(gate.warnings),
-        guarantee=guarantee(config.method, config.k),
-        dataset=dataset_summary(ingested.name, ingested.fingerprint, counts, passed=passed,
-                                quarantine_by_reason=quarantine_by_reason),
-        checks=[Check.from_gate(c) for c in gate.checks], privacy=privacy,
-        utility=[Utility.from_row(u) for u in gate.utility],
-        lineage=lineage_section(config, ingested.dataset, partitioned, lineage, registered=passed),
-        validation=validation_section(validation), artifacts=list(staged.artifacts) if passed and staged else [],
-        release_dir=str(config.releases_dir / release_id) if passed else None, signing=signing,
-        versions=dict(versions),
+        **verdict_fields(release_id=release_id, run_id=run_id, created_at=created_at, config=config, gate=gate,
+                         guarantee_text=guarantee(config.method, config.k),
+                         dataset=dataset_summary(ingested.name, ingested.fingerprint, counts, passed=gate.passed,
+                                                 quarantine_by_reason=quarantine_by_reason),
+                         artifacts=staged.artifacts if staged else (), signing=signing, versions=versions),
+        lineage=lineage_section(config, ingested.dataset, partitioned, lineage, registered=gate.passed),
+        validation=validation_section(validation),
         configuration=configuration(config, ingested=ingested, aligned=aligned, partitioned=partitioned,
                                     deidentified=deidentified, notes=notes, timings=timings))
 
