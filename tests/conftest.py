@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import prefect_shared
-from ops_helpers import stack  # noqa: F401 - the session's ops stack (Prefect server, serve, watch)
+# The session's ops stack (Prefect server, serve, watch) and its first two releases.
+from ops_helpers import stack, two_releases  # noqa: F401
 
 pytest_plugins = ["cpu_report"]  # `pytest --cpu-report`: CPU seconds per test (tests/cpu_report.py)
 
@@ -45,7 +46,7 @@ HEAVY = {
     "tests/test_faults.py::test_fault_matrix": 160,
     "tests/test_ops.py::test_drops": 70,
     "tests/test_ops.py::": 15,
-    "tests/test_ops_lineage.py::": 70,
+    "tests/test_ops_lineage.py::": 35,
     "tests/test_flow.py::test_demo": 58,
     "tests/test_color.py::test_london_in_colour": 40,
     "tests/test_remote_dask.py::": 35,

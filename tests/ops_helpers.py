@@ -174,6 +174,40 @@ def stack(tmp_path_factory):
                 p.stop()
 
 
+SITES = ("site-a-2026-01", "site-b-2026-01")
+DATASET = "site-clinic"  # drop a's dataset: tests/test_ops_lineage.py drops its second release
+
+
+def synthetic_drop(path: Path, people: int, seed: int, *, dataset: str | None = None) -> Path:
+    """A synthetic drop (two photos per person), optionally declaring its ``dataset:`` (release lineage)."""
+    from deid.intake.synth import make_synthetic_drop
+
+    drop = make_synthetic_drop(path, people=people, images_per_person=2, seed=seed)
+    if dataset:
+        with open(drop / "drop.yaml", "a", encoding="utf-8") as fh:
+            fh.write(f"dataset: {dataset}\n")
+    return drop
+
+
+@pytest.fixture(scope="session")
+def two_releases(stack, tmp_path_factory):
+    """Two different drops dropped at once; waits until both on-drop runs completed.
+
+    Drop a (60 people, seed 7) is the first release of the dataset ``DATASET``: the ops tests of
+    lineage redrop that dataset instead of releasing a third 60-person drop of their own.
+    """
+    src = tmp_path_factory.mktemp("drops")
+    a = synthetic_drop(src / "a", 60, 7, dataset=DATASET)
+    b = synthetic_drop(src / "b", 60, 8)
+    t_a = drop_into(stack["incoming"], a, SITES[0])
+    t_b = drop_into(stack["incoming"], b, SITES[1])
+    url = stack["url"]
+    done = wait_for("two completed release-on-drop runs",
+                    lambda: (r := runs_for(url, "release-on-drop", SITES, state="COMPLETED")) and len(r) >= 2 and r,
+                    600, stack["procs"], interval=1.0)  # two 60-person runs at once; wide for a loaded machine
+    return {"src": a, "dropped_at": {SITES[0]: t_a, SITES[1]: t_b}, "runs": done}
+
+
 def runs_for(url: str, flow_name: str, names, *, state: str | None = None) -> list[dict]:
     """The runs of ``flow_name`` whose ``drop`` parameter is one of the drop directory ``names``."""
     return [r for r in flow_runs(url, flow_name, state=state) if Path(r["parameters"].get("drop", "")).name in names]

@@ -17,9 +17,10 @@ from deid.operations.features import resolve_feature_people
 from deid.operations.runner import run_release
 from deid.run_config import RunConfig
 from deid.settings import Settings
-from helpers import load_london_aligned
+from helpers import load_london_aligned, london_descriptors
 
-pytestmark = [pytest.mark.slow, pytest.mark.london]
+# One worker with test_recognizer's London tests: London is embedded once (helpers.london_descriptors).
+pytestmark = [pytest.mark.slow, pytest.mark.london, pytest.mark.xdist_group("london-dlib")]
 
 K = 5
 
@@ -27,10 +28,8 @@ K = 5
 @pytest.fixture(scope="module")
 def london_embeddings(tmp_path_factory) -> Path:
     """The London drop as a feature drop: 128-d dlib descriptors, subject ids, gender and expression."""
-    from deid.evaluation.recognizer import DlibEmbedder
-
-    faces, people, gender, expression = load_london_aligned(smiling="smile")
-    vectors = DlibEmbedder().transform(faces)
+    _, people, gender, expression = load_london_aligned(smiling="smile")
+    vectors = london_descriptors()
     return write_feature_drop(tmp_path_factory.mktemp("london") / "london-dlib", vectors=vectors,
                               subject_ids=people, labels={"gender": gender, "expression": expression},
                               name="london-dlib", license="cc-by-4.0")

@@ -1,7 +1,8 @@
 """Operations end to end: a real Prefect server, `deid serve` and `deid watch` processes, the UI in Chromium.
 
-The stack (server, serve, watch) is the session fixture ``stack`` of tests/ops_helpers.py, shared
-with the other ops modules: runs, reports and ledger entries are looked up by this module's drop names.
+The stack (server, serve, watch) and its two first releases are the session fixtures ``stack`` and
+``two_releases`` of tests/ops_helpers.py, shared with the other ops modules (test_ops_lineage redrops
+the first drop's dataset): runs, reports and ledger entries are looked up by drop name.
 """
 from __future__ import annotations
 
@@ -11,30 +12,13 @@ import time
 from pathlib import Path
 
 import pytest
-from ops_helpers import api, browser, chromium, drop_into, runs_for, wait_for
+from ops_helpers import SITES, api, browser, chromium, drop_into, runs_for, wait_for
 
 from deid.operations.ledger import Ledger
-from deid.intake.synth import make_synthetic_drop
 from deid.release.verify import verify_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.ops, pytest.mark.xdist_group("ops")]
-SITES = ("site-a-2026-01", "site-b-2026-01")
 RESENT = "site-a-2026-01-resent"
-
-
-@pytest.fixture(scope="module")
-def two_releases(stack, tmp_path_factory):
-    """Two different drops dropped at once; waits until both on-drop runs completed."""
-    src = tmp_path_factory.mktemp("drops")
-    a = make_synthetic_drop(src / "a", people=60, images_per_person=2, seed=7)
-    b = make_synthetic_drop(src / "b", people=60, images_per_person=2, seed=8)
-    t_a = drop_into(stack["incoming"], a, "site-a-2026-01")
-    t_b = drop_into(stack["incoming"], b, "site-b-2026-01")
-    url = stack["url"]
-    done = wait_for("two completed release-on-drop runs",
-                    lambda: (r := runs_for(url, "release-on-drop", SITES, state="COMPLETED")) and len(r) >= 2 and r,
-                    600, stack["procs"], interval=1.0)  # two 60-person runs at once; wide for a loaded machine
-    return {"src": a, "dropped_at": {"site-a-2026-01": t_a, "site-b-2026-01": t_b}, "runs": done}
 
 
 def _iso(ts: str) -> float:

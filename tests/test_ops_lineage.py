@@ -1,8 +1,10 @@
 """Ops: two drops of one dataset through `deid watch` and `deid serve` (issue 10, release lineage).
 
-The second drop has 6 more people (same synth seed, so the same 60 people with the same photos
-come back): the watcher sees new content, the ledger lets it run, and the flow routes it into the
-dataset's lineage by its `dataset:`; the second release reuses every earlier cluster bit for bit.
+The first drop is the ops session's drop a (``two_releases``: 60 people, seed 7, ``dataset:
+site-clinic``). The second drop has 6 more people (same synth seed, so the same 60 people with the
+same photos come back): the watcher sees new content, the ledger lets it run, and the flow routes it
+into the dataset's lineage by its `dataset:`; the second release reuses every earlier cluster bit
+for bit.
 """
 from __future__ import annotations
 
@@ -11,23 +13,14 @@ from pathlib import Path
 
 import cv2
 import pytest
-from ops_helpers import drop_into, runs_for, wait_for
+from ops_helpers import DATASET, SITES, drop_into, runs_for, synthetic_drop, wait_for
 
 from deid.operations.ledger import Ledger
 from deid.release.linkage import linkage_path, load_linkage_key, read_linkage
-from deid.intake.synth import make_synthetic_drop
 
 # The session's ops stack (conftest/ops_helpers.py), shared with tests/test_ops.py: one worker.
 pytestmark = [pytest.mark.slow, pytest.mark.ops, pytest.mark.xdist_group("ops")]
-DATASET = "site-clinic"
-FIRST, SECOND = "clinic-2026-01", "clinic-2026-02"
-
-
-def _drop(path: Path, people: int) -> Path:
-    drop = make_synthetic_drop(path, people=people, images_per_person=2, seed=7)
-    with open(drop / "drop.yaml", "a", encoding="utf-8") as fh:
-        fh.write(f"dataset: {DATASET}\n")
-    return drop
+FIRST, SECOND = SITES[0], "clinic-2026-02"
 
 
 def _released(project: Path, release_id: str, key: bytes) -> dict[str, bytes]:
@@ -37,12 +30,10 @@ def _released(project: Path, release_id: str, key: bytes) -> dict[str, bytes]:
             for r in rows if not r.get("counterfeit")}
 
 
-def test_a_redrop_of_a_dataset_through_the_watcher_reuses_every_cluster(stack, tmp_path):
+def test_a_redrop_of_a_dataset_through_the_watcher_reuses_every_cluster(stack, two_releases, tmp_path):
     url, project = stack["url"], stack["project"]
-    drop_into(stack["incoming"], _drop(tmp_path / "a", 60), FIRST)
-    wait_for("the first release-on-drop run", lambda: runs_for(url, "release-on-drop", [FIRST], state="COMPLETED"),
-             600, stack["procs"], interval=1.0)
-    drop_into(stack["incoming"], _drop(tmp_path / "b", 66), SECOND)
+    assert runs_for(url, "release-on-drop", [FIRST], state="COMPLETED")
+    drop_into(stack["incoming"], synthetic_drop(tmp_path / "b", 66, 7, dataset=DATASET), SECOND)
     wait_for("the second release-on-drop run", lambda: runs_for(url, "release-on-drop", [SECOND], state="COMPLETED"),
              600, stack["procs"], interval=1.0)
     entries = {Path(e.drop_path).name: e for e in Ledger(project / "data" / "ledger.sqlite").entries()}

@@ -7,7 +7,7 @@ import math
 import cv2
 import numpy as np
 import pytest
-from helpers import load_london_aligned
+from helpers import load_london_aligned, london_descriptors
 from scipy.stats import beta
 
 import deid.evaluation.recognizer as recognizer
@@ -168,13 +168,14 @@ def test_same_person_pairs_on_constructed_descriptors():
 
 @pytest.fixture(scope="module")
 def london_embedded():
-    """London aligned by deid (81x92 grey) and embedded once for the module: ~20 s of CPU."""
+    """London aligned by deid (81x92 grey) and embedded (once per test process: helpers.london_descriptors)."""
     faces, people, _, expr = load_london_aligned()
-    return faces, np.array(people), np.array(expr), DlibEmbedder().transform(faces)
+    return faces, np.array(people), np.array(expr), london_descriptors()
 
 
 @pytest.mark.slow
 @pytest.mark.london
+@pytest.mark.xdist_group("london-dlib")
 def test_london_rank1_identification_of_originals(london_embedded):
     # Smiling originals identified against the neutral gallery. Measured 102/102 (Clopper-Pearson
     # 95% lower bound 0.971); chance is 1/102. The PCA attackers reach ~0.6-0.8 here.
@@ -188,6 +189,7 @@ def test_london_rank1_identification_of_originals(london_embedded):
 
 @pytest.mark.slow
 @pytest.mark.london
+@pytest.mark.xdist_group("london-dlib")
 def test_london_same_person_under_two_ids_and_no_false_merges(london_embedded):
     faces, people, expr, e = london_embedded
     # Every smiling photo listed under a second id of its person.
