@@ -2,7 +2,7 @@
 
 After every fault, ``data/releases/`` must hold only complete releases whose signed report
 verifies against the signer's key, and a rerun must succeed. Kills are real SIGKILLs of a
-`deid run` subprocess, placed deterministically by the test-only hook
+`deid run` process (forked from one that imported the run's packages: tests/forked_cli.py), placed deterministically by the test-only hook
 ``DEID_FAULT_INJECT=kill:after:<stage>``; a full disk is ``DEID_FAULT_INJECT=enospc:<location>``
 (an ``OSError(ENOSPC)`` at the first write there). One Prefect server serves every run.
 """
@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from forked_cli import ForkedCli
 
 from deid.operations.safety import ADDENDUM_NAME, FAULT_ENV
 from deid.intake.synth import make_synthetic_drop
@@ -52,7 +53,7 @@ def _leftovers(project: Path) -> list[str]:
 
 
 def test_fault_matrix_never_a_release_without_its_signed_report(project, prefect_server, tmp_path, monkeypatch,
-                                                                  capsys):
+                                                                  capsys, request):
     from prefect.settings import PREFECT_API_URL
 
     from deid.cli import EXIT_ENVIRONMENT, EXIT_OK, main
@@ -60,13 +61,17 @@ def test_fault_matrix_never_a_release_without_its_signed_report(project, prefect
     drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=1)
     for key, value in FAST.items():
         monkeypatch.setenv(key, value)
-    # The faulted runs are `deid run` subprocesses, the reruns run in this process; all on the session's
+    # The faulted runs are forked `deid run` processes, the reruns run in this process; all on the session's
     # Dask worker (DEID_DASK_ADDRESS, set by prefect_server): a LocalCluster per run would add two
     # process starts and a model load to each of the 8 faulted runs. A run killed without an address
     # is test_kill_9_of_deid_run_leaves_no_prefect_server_behind; the demo (test_flow.py) runs
     # `deid run` with its default LocalCluster end to end.
     env = dict(os.environ)
     env.update({"DEID_PROJECT_DIR": str(project), "PREFECT_API_URL": PREFECT_API_URL.value(), "PYTHONPATH": str(ROOT)})
+    # Each faulted `deid run` is its own process, forked from one that imported the run's packages
+    # once (tests/forked_cli.py): eight fresh interpreters would spend ~60 s of CPU on imports alone.
+    cli = ForkedCli(env, ROOT, tmp_path / "cli")
+    request.addfinalizer(cli.close)
     faults = without_report = 0
     figures = []
 
@@ -78,8 +83,7 @@ def test_fault_matrix_never_a_release_without_its_signed_report(project, prefect
         assert not _leftovers(project), f"after the rerun following {after}: {_leftovers(project)}"
 
     for fault in KILLS:
-        proc = subprocess.run([sys.executable, "-m", "deid.cli", "run", str(drop), "--k", "3"], cwd=ROOT,
-                              env={**env, FAULT_ENV: fault}, capture_output=True, text=True, timeout=900)
+        proc = cli.run(["run", drop, "--k", "3"], env={FAULT_ENV: fault})
         assert proc.returncode == -signal.SIGKILL, f"{fault}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
         faults += 1
         bad = _releases_without_verified_report(project)
@@ -99,8 +103,7 @@ def test_fault_matrix_never_a_release_without_its_signed_report(project, prefect
         figures.append(fault)
 
     for fault in DISK_FULL:
-        proc = subprocess.run([sys.executable, "-m", "deid.cli", "run", str(drop), "--k", "3"], cwd=ROOT,
-                              env={**env, FAULT_ENV: fault}, capture_output=True, text=True, timeout=900)
+        proc = cli.run(["run", drop, "--k", "3"], env={FAULT_ENV: fault})
         faults += 1
         err = proc.stderr
         assert proc.returncode == EXIT_ENVIRONMENT, f"{fault}: exit {proc.returncode}: {err[-3000:]}"
