@@ -39,6 +39,11 @@ for line in sys.stdin:
         for fd, target in ((null, 0), (out, 1), (err, 2)):
             os.dup2(fd, target)
         sys.stdin = open(os.devnull)
+        if req.get("script"):  # as `python SCRIPT ARGV...`
+            import runpy
+            sys.argv = [req["script"], *req["argv"]]
+            runpy.run_path(req["script"], run_name="__main__")
+            sys.exit(0)
         sys.exit(deid.cli.main(req["argv"]))  # as python -m deid.cli; SystemExit ends this child here
     _, status = os.waitpid(pid, 0)
     print(json.dumps({"code": os.waitstatus_to_exitcode(status)}), flush=True)
@@ -46,7 +51,8 @@ for line in sys.stdin:
 
 
 class ForkedCli:
-    """``run(argv, env=..., timeout=...)`` -> (returncode, stdout, stderr) of a forked `deid` command."""
+    """``run(argv, env=..., script=..., timeout=...)`` -> (returncode, stdout, stderr) of a forked `deid`
+    command (or of ``python SCRIPT ARGV...``)."""
 
     def __init__(self, env: dict[str, str], cwd: Path, workdir: Path):
         self._dir = workdir
@@ -67,10 +73,11 @@ class ForkedCli:
             raise TimeoutError(f"no answer from the forking process in {timeout} s: it and its commands were killed")
         return self._p.stdout.readline()
 
-    def run(self, argv: list[str], *, env: dict[str, str] | None = None, timeout: float = 900) -> SimpleNamespace:
+    def run(self, argv: list[str], *, env: dict[str, str] | None = None, script: Path | None = None,
+            timeout: float = 900) -> SimpleNamespace:
         self._n += 1
         out, err = self._dir / f"{self._n}.out", self._dir / f"{self._n}.err"
-        self._p.stdin.write(json.dumps({"argv": [str(a) for a in argv], "env": env or {}, "stdout": str(out),
+        self._p.stdin.write(json.dumps({"argv": [str(a) for a in argv], "env": env or {}, "script": str(script or ""), "stdout": str(out),
                                         "stderr": str(err)}) + "\n")
         self._p.stdin.flush()
         reply = self._reply(timeout)

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from ops_helpers import DEID, QUICK_GATE, Proc, api, browser, chromium, clean_env, free_port, start_server
+from forked_cli import ForkedCli
+from ops_helpers import QUICK_GATE, Proc, api, browser, chromium, clean_env, free_port, start_server
 
 from deid.intake.synth import make_synthetic_drop
 
@@ -45,18 +45,16 @@ def runs(tmp_path_factory, _dask_scheduler):
         drop = make_synthetic_drop(base / "faces", people=12, images_per_person=2, seed=1)
         few = make_synthetic_drop(base / "few", people=2, images_per_person=2, seed=2)
         out = {}
-        for key, cmd in (("released", [*DEID, "run", str(drop), "--k", "3"]),
-                         ("too-few", [*DEID, "run", str(few), "--k", "3"])):
-            t0 = time.monotonic()
-            p = Proc(key, cmd, env=client, logs=logs)
-            code = p.p.wait(timeout=900)
-            p.stop()
-            out[key] = {"code": code, "log": p.log.read_text(errors="replace"), "s": time.monotonic() - t0}
         script = base / "flow_defaults.py"
         script.write_text(FLOW_DEFAULTS)
-        p = Proc("blur", [sys.executable, str(script), str(drop)], env=dict(client, DEID_K="3"), logs=logs)
-        out["blur"] = {"code": p.p.wait(timeout=900), "log": p.log.read_text(errors="replace")}
-        p.stop()
+        # Each run is its own process, forked from one that imported the run's packages once
+        # (tests/forked_cli.py): the subject is the UI, not the start-up.
+        with ForkedCli(client, ROOT, base / "cli") as cli:
+            for key, argv, extra in (("released", ["run", drop, "--k", "3"], {}),
+                                     ("too-few", ["run", few, "--k", "3"], {}),
+                                     ("blur", [drop], {"script": script, "env": {"DEID_K": "3"}})):
+                r = cli.run(argv, **extra)
+                out[key] = {"code": r.returncode, "log": r.stdout + r.stderr}
         flows = api(url, "/flow_runs/filter", {"flows": {"name": {"any_": ["release"]}}, "sort": "START_TIME_ASC"})
         yield {"url": url, "port": port, "out": out, "flows": flows, "base": base}
     finally:
