@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +23,7 @@ from deid.release.lineage_registry import Registry, lineage_dir
 from deid.release.linkage import linkage_path, load_linkage_key, read_linkage
 from deid.operations.safety import FAULT_ENV
 from deid.intake.synth import make_synthetic_drop
+from forked_cli import ForkedCli
 from test_faults import FAST, _leftovers, _releases_without_verified_report
 
 pytestmark = pytest.mark.slow
@@ -56,7 +55,7 @@ def _no_partial_entry(project: Path) -> None:
 
 
 def test_kills_between_registering_and_publishing_are_reconciled_by_the_next_run(project, prefect_server, tmp_path,
-                                                                                 monkeypatch):
+                                                                                 monkeypatch, request):
     from prefect.settings import PREFECT_API_URL
 
     from deid.orchestration.flow import run_flow
@@ -67,9 +66,12 @@ def test_kills_between_registering_and_publishing_are_reconciled_by_the_next_run
     env = {**os.environ, "DEID_PROJECT_DIR": str(project), "PREFECT_API_URL": PREFECT_API_URL.value(),
            "PYTHONPATH": str(ROOT)}
 
+    # The killed runs are `deid run` processes forked from one that imported the run's packages once.
+    cli = ForkedCli(env, ROOT, tmp_path / "cli")
+    request.addfinalizer(cli.close)
+
     def killed_run(fault: str) -> None:
-        proc = subprocess.run([sys.executable, "-m", "deid.cli", "run", str(drop), "--k", "3"], cwd=ROOT,
-                              env={**env, FAULT_ENV: fault}, capture_output=True, text=True, timeout=900)
+        proc = cli.run(["run", drop, "--k", "3"], env={FAULT_ENV: fault})
         assert proc.returncode == -signal.SIGKILL, f"{fault}: exit {proc.returncode}\n{proc.stderr[-3000:]}"
 
     # 1. Killed right after its entry was registered (pending), before its report was signed.
