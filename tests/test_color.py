@@ -82,9 +82,11 @@ def test_london_in_colour_at_128x160_is_released_with_colour_samples(project, pr
     monkeypatch.setenv("DEID_COLOR", "true")
     # Colour is the subject: identity and the gate's attacks run on grey, exactly as in
     # tests/test_flow.py::test_london_k5_k_same_select_is_released, which runs them in full. Here the
-    # recogniser identity check is skipped and the deep recogniser attacks a 20-record sample.
+    # recogniser identity check is skipped, the deep recogniser attacks a 20-record sample and the
+    # earlier utility protocols (report evidence only) run once.
     monkeypatch.setenv("DEID_IDENTITY_EMBED_MAX", "0")
     monkeypatch.setenv("DEID_DEEP_ATTACK_SAMPLE", "20")
+    monkeypatch.setenv("DEID_CV_REPEATS", "1")
     monkeypatch.setenv("DEID_CANONICAL_WIDTH", "128")
     monkeypatch.setenv("DEID_CANONICAL_HEIGHT", "160")
     drop = import_london(london_dir, tmp_path / "london")
