@@ -72,7 +72,7 @@ from deid.evaluation.gate import Check, GateInputs, GateResult, evaluate
 from deid.evaluation.validation import drop_checks, validation_section
 from deid.intake.features import INGESTED, FeatureDrop, read_feature_drop
 from deid.reporting.report import Artifact, Report, SigningInfo, dataset_fingerprint, hash_tree
-from deid.reporting.report_build import dataset_summary, lineage_section, verdict_fields
+from deid.reporting.report_build import dataset_summary, lineage_section, shared_configuration, verdict_fields
 from deid.run_config import RunConfig
 from deid.schemas.arrow import FEATURE_RELEASE_BASE_COLUMNS
 
@@ -600,22 +600,9 @@ def feature_report(*, release_id: str, run_id: str, created_at: str, config: Run
         configuration={
             "kind": KIND, "feature_dim": drop.dim, "features_file": drop.features_file,
             "vector_column": drop.vector_column, "vector_value_type": drop.value_type,
-            "labels": list(drop.labels), "license": drop.license, "notes": list(partitioned.notes),
-            "identity": identity.resolution.summary(), "duplicate_ids": config.duplicate_ids,
-            "small_partitions": config.small_partitions, "utility_tolerance": config.gate.tolerance,
-            "utility_protocol": "cross-fit", "utility_sample": config.gate.utility_sample,
-            "utility_inconclusive": config.gate.utility_inconclusive, "gate_confidence": config.gate.confidence,
-            "attack_sample": config.gate.attack_sample, "pca_components": config.pca_components,
-            **({"sigma": config.sigma} if config.method == "noise" else {}),
-            "max_quarantine_fraction": config.gate.max_quarantine_fraction, "cv_folds": config.gate.folds,
-            "cv_repeats": config.gate.repeats,
-            "partitions": [{"key": list(p.key), "records": p.records, "people": p.people}
-                           for p in partitioned.partitions],
-            # Counts only, never the label values of a partition too small to release.
-            "small_partitions_detail": [{"records": e.records, "people": e.people, "action": e.action}
-                                        for e in partitioned.small],
-            "clusters": {"count": len(deidentified.cluster_summary),
-                         "sizes": sorted(c.size for c in deidentified.cluster_summary)},
+            **shared_configuration(config, labels=drop.labels, license=drop.license, notes=partitioned.notes,
+                                   identity=identity.resolution.summary(), partitions=partitioned.partitions,
+                                   small=partitioned.small, clusters=deidentified.cluster_summary),
             "extra_table_columns": list(drop.extra_columns), "stage_seconds": dict(timings),
             "validation": "every row checked by deid.intake.features; Great Expectations suites feature_table (the "
                           "table as written), feature_ingested and feature_release",
