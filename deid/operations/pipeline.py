@@ -595,7 +595,7 @@ def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig
     (registered members; counterfeit rows of no one).
     """
     from deid.evaluation.gate import GateInputs, evaluate  # noqa: PLC0415
-    from deid.anonymise.methods import method_runner  # noqa: PLC0415
+    from deid.anonymise.methods import method_runner, uses_points  # noqa: PLC0415
 
     shape = config.shape_hw
     gconfig = config.gate_config(labels)
@@ -612,11 +612,13 @@ def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig
                                            else None),
                   republished=lineage.republished if lineage is not None else None)
     if deidentified.parts:
+        # The landmark points the method used: the parrot and the utility folds re-run it with them.
         rec = stages.gate_records(str(partitioned.root), [str(p) for p in deidentified.parts], labels=list(labels),
-                                  select=config.select(labels), partition_keys=partitioned.gate_keys)
+                                  select=config.select(labels), partition_keys=partitioned.gate_keys,
+                                  points=bool(partitioned.inputs.points) and uses_points(config.method))
         inputs = GateInputs(shape=shape, people=rec.people, image_index=rec.image_index,
                             own_distance=rec.own_distance, fetch=rec.fetch, clusters=rec.clusters,
-                            partitions=rec.partitions, labels=rec.labels, **common)
+                            partitions=rec.partitions, labels=rec.labels, points=rec.points, **common)
     else:
         inputs = GateInputs.empty(shape=shape, **common)
     result = evaluate(inputs, gconfig)

@@ -69,6 +69,7 @@ class GateRecords:
     image_index: np.ndarray
     own_distance: np.ndarray
     fetch: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+    points: list | None = None  # per record, its canonical landmarks (None: none) when asked for
 
 
 def _write_atomic(table: pa.Table, path: Path) -> None:
@@ -346,7 +347,8 @@ def _pixels(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 
 def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[str], batch_rows: int = 4096,
-                 select: bool = False, partition_keys: dict[tuple[str, ...], str] | None = None) -> GateRecords:
+                 select: bool = False, partition_keys: dict[tuple[str, ...], str] | None = None,
+                 points: bool = False) -> GateRecords:
     """Per-record facts the gate needs, streamed: memory holds metadata, never all pixels.
 
     Returns :class:`GateRecords` for :class:`deid.evaluation.gate.GateInputs`: ``record_ids``, ``people`` (the
@@ -358,7 +360,8 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     ``select``: the method partitions by the labels (the returning people's records then join
     the partition of their label values); ``partition_keys`` maps label values to Hive keys, as
     the partition stage returned them (:attr:`deid.contracts.Partitioned.gate_keys`; read from
-    ``_index.json`` when absent).
+    ``_index.json`` when absent). ``points``: also each record's landmark points as the
+    de-identify stage gave them to the method (None for a record or partition without).
     """
     import hashlib  # noqa: PLC0415
 
@@ -373,11 +376,15 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     label_values: dict[str, list] = {x: [] for x in labels}
     image_index: list[int] = []
     own: list[np.ndarray] = []
+    record_points: list | None = [] if points else None
     digests: dict[bytes, int] = {}
     lineage_key = _lineage_partition_key(Path(partitions_root), labels, select, partition_keys)
     for pdir, dpath in pairs:
         key = Path(pdir).name.split("=", 1)[-1]
-        for o, r in _paired_batches(pdir, dpath, ["record_id", "subject_id", "pixels", *labels], batch_rows):
+        # The returning people's partition of a lineage holds no points: its records are not re-made.
+        with_points = points and "points" in ds.dataset(pdir, format="parquet").schema.names
+        for o, r in _paired_batches(pdir, dpath, ["record_id", "subject_id", "pixels", *labels,
+                                                  *(["points"] if with_points else [])], batch_rows):
             ids += r.column("record_id").to_pylist()
             people += o.column("subject_id").to_pylist()
             clusters += r.column("cluster").to_pylist()
@@ -388,6 +395,8 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
                 partitions += [key] * r.num_rows
             for x in labels:
                 label_values[x] += o.column(x).to_pylist()
+            if record_points is not None:
+                record_points += o.column("points").to_pylist() if with_points else [None] * r.num_rows
             a, b = _pixels(r.column("pixels")), _pixels(o.column("pixels"))
             image_index += [digests.setdefault(hashlib.blake2b(row, digest_size=16).digest(), len(digests)) for row in a]
             own.append(mean_abs_difference(a, b))
@@ -429,6 +438,7 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
         image_index=np.asarray(image_index, dtype=np.int64),
         own_distance=np.concatenate(own) if own else np.zeros(0),
         fetch=fetch,
+        points=record_points,
     )
 
 
