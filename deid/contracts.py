@@ -13,10 +13,12 @@ made them to the report. :class:`StagingLayout` names every path of a run's stag
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
 
 from deid.evaluation.checks import Check
 from deid.errors import Quarantined
@@ -190,11 +192,11 @@ class Featurized:
 
 @dataclass(frozen=True)
 class PartitionInfo:
-    """One label partition: its opaque Hive key, the label values it holds, its size."""
+    """One label partition: its opaque Hive key, the label values it holds, its size (``dir``: None for features)."""
 
     name: str
     key: tuple[str, ...]
-    dir: Path
+    dir: Path | None
     records: int
     people: int
 
@@ -206,6 +208,17 @@ class SmallPartition:
     records: int
     people: int
     action: str
+
+    @classmethod
+    def of_plan(cls, plan) -> tuple[SmallPartition, ...]:
+        """The small partitions of a :class:`deid.anonymise.partition.PartitionPlan` (its ``small`` entries)."""
+        return tuple(cls(records=e["records"], people=e["people"], action=e["action"]) for e in plan.small)
+
+
+def small_detail(small: Sequence[SmallPartition]) -> str:
+    """The gate's one-line account of the small partitions."""
+    # Counts only, never the label values: a rare value held by one person is itself identifying.
+    return "; ".join(f"a partition of {e.records} records has {e.people} people: {e.action}" for e in small)
 
 
 @dataclass(frozen=True)
@@ -256,8 +269,7 @@ class Partitioned:
 
     @property
     def small_detail(self) -> str:
-        # Counts only, never the label values: a rare value held by one person is itself identifying.
-        return "; ".join(f"a partition of {e.records} records has {e.people} people: {e.action}" for e in self.small)
+        return small_detail(self.small)
 
 
 @dataclass(frozen=True)
@@ -302,6 +314,56 @@ class LineageApplied:
     checks: tuple[Check, ...]
     republished: Any = None
     record_ids: tuple[str, ...] = ()  # staging record id of each drop record the release indexes
+
+
+@dataclass(frozen=True, eq=False)
+class CounterfeitRow:
+    """A counterfeit record of a republished cluster: its stored average and the labels it carries, no source.
+
+    ``average`` is the cluster's stored average as registered: a face's flat uint8 pixels or a
+    feature drop's float vector. Only the private linkage record marks the row as counterfeit.
+    """
+
+    record_id: str
+    cluster: str
+    average: np.ndarray
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True, eq=False)
+class ReleaseRows:
+    """Every record of the would-be release, in staging order, before the release shuffles and renames them.
+
+    ``vectors`` (n, d): flat faces (uint8 grey, or BGR with ``shape`` (h, w, 3)) or a feature drop's
+    float vectors (``shape`` (d,)); ``clusters`` the internal cluster names; ``labels`` label name ->
+    per-record values; ``record_ids`` the staging ids (counterfeits included). An image-sequence drop
+    adds each record's private ``sequences`` key and ``frames`` number (None for a still image).
+    """
+
+    vectors: np.ndarray
+    shape: tuple[int, ...]
+    clusters: tuple[str, ...]
+    labels: Mapping[str, tuple[str, ...]]
+    record_ids: tuple[str, ...]
+    sequences: tuple | None = None
+    frames: tuple | None = None
+
+    def label_rows(self, names: Sequence[str]) -> list[tuple[str, ...]]:
+        """Each record's values of the labels ``names``, in order."""
+        return list(zip(*(self.labels[x] for x in names))) if names else [()] * len(self.record_ids)
+
+    def with_counterfeits(self, fakes: Sequence[CounterfeitRow]) -> ReleaseRows:
+        """These rows and the counterfeits after them (a counterfeit is a still image: no sequence, no frame)."""
+        if not fakes:
+            return self
+        extra = [np.asarray(f.average, dtype=self.vectors.dtype).reshape(1, -1) for f in fakes]
+        none = (None,) * len(fakes)
+        return replace(self, vectors=np.vstack([self.vectors, *extra]),
+                       clusters=(*self.clusters, *(f.cluster for f in fakes)),
+                       record_ids=(*self.record_ids, *(f.record_id for f in fakes)),
+                       labels={x: (*v, *(f.labels[x] for f in fakes)) for x, v in self.labels.items()},
+                       sequences=None if self.sequences is None else (*self.sequences, *none),
+                       frames=None if self.frames is None else (*self.frames, *none))
 
 
 @dataclass(frozen=True)

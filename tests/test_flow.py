@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -185,15 +186,30 @@ def no_face_embed(monkeypatch, quick_recogniser):
     monkeypatch.setenv("DEID_IDENTITY_EMBED_MAX", "0")
 
 
+def _as_sequences(drop: Path) -> None:
+    """Make each person's two photos one image sequence (frames 0 and 1): the manifest's sequence/frame columns."""
+    lines = (drop / "manifest.csv").read_text().splitlines()
+    frame: dict[str, int] = {}
+    rows = []
+    for line in lines[1:]:
+        subject = line.split(",")[1]
+        frame[subject] = frame.get(subject, -1) + 1
+        rows.append(f"{line},q-{subject},{frame[subject]}")
+    (drop / "manifest.csv").write_text("\n".join([lines[0] + ",sequence,frame", *rows]) + "\n")
+
+
 def test_bad_files_are_quarantined_and_counted(project, prefect_server, tmp_path, no_face_embed):
+    # An image-sequence drop (issue 14): the Prefect flow carries the sequence columns to the stage,
+    # which writes one video per sequence, and the gate judges how the videos link frames.
     drop = make_synthetic_drop(tmp_path / "drop", people=30, images_per_person=2, seed=2)
+    _as_sequences(drop)
     (drop / "images" / "junk.png").write_bytes(b"not an image at all")
     (drop / "images" / "trunc.jpg").write_bytes(b"\xff\xd8\xff\xe0" + os.urandom(200))
-    with open(drop / "manifest.csv", "a") as fh:
-        fh.write("images/junk.png,s90001,male,neutral,,,,\n")
-        fh.write("images/trunc.jpg,s90002,female,smile,,,,\n")
-        fh.write("images/nowhere.png,s90003,female,smile,,,,\n")
-        fh.write("../escape.png,s90004,female,smile,,,,\n")
+    with open(drop / "manifest.csv", "a") as fh:  # still images (no sequence, no frame)
+        fh.write("images/junk.png,s90001,male,neutral,,,,,,\n")
+        fh.write("images/trunc.jpg,s90002,female,smile,,,,,,\n")
+        fh.write("images/nowhere.png,s90003,female,smile,,,,,,\n")
+        fh.write("../escape.png,s90004,female,smile,,,,,,\n")
     result = _run(drop, k=3)
     ds = result["dataset"]
     assert ds["records_in"] == 64
@@ -206,9 +222,18 @@ def test_bad_files_are_quarantined_and_counted(project, prefect_server, tmp_path
     q = pq.read_table(staging / "quarantine.parquet").to_pydict()
     assert sorted(q["code"]) == sorted(["unsupported_format", "corrupt_image", "missing_file", "unsafe_path"])
     # The gate's progress lines (the core's deid.progress logger) are on the run's page in the Prefect UI.
-    run_id = json.loads(Path(result["report"]).read_text())["run_id"]
-    msgs = _run_log_messages(run_id)
+    report = json.loads(Path(result["report"]).read_text())
+    msgs = _run_log_messages(report["run_id"])
     assert any(m.startswith("gate: attacks on ") for m in msgs)
+    # The 30 sequences of 2 frames reached the method and the stage (one video per staged sequence) ...
+    assert report["configuration"]["method_inputs"] == {"points": 0, "sequences": 30, "frames": 60,
+                                                        "shape_sources": {}}
+    staged = [re.search(r"stage: (\d+) records staged for release in .*, (\d+) videos$", m) for m in msgs]
+    (n_staged, n_videos), = [tuple(map(int, m.groups())) for m in staged if m]
+    assert n_staged == 60 - ds["records_suppressed"] and 0 < n_videos <= 30
+    # ... and the gate judged the videos' linkage with its bound (k-Same-Select clusters each frame apart).
+    link = next(c for c in report["checks"] if c["name"] == "sequence_linkage_people")
+    assert link["threshold"] == ">= 3" and link["passed"] == (link["value"] >= 3)
 
 
 def _run_log_messages(run_id: str) -> list[str]:

@@ -16,6 +16,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from deid.evaluation import gate as gate_module
 from deid.evaluation.leaks import avi_has_metadata
 from deid.intake.synth import make_synthetic_drop
 from deid.intake.synth_sequences import make_sequence_drop
@@ -51,9 +52,17 @@ def _add_points(drop: Path) -> int:
     return len(rows)
 
 
-def test_k_same_m_takes_its_shapes_from_the_drops_points_through_the_runner(tmp_path):
+def test_k_same_m_takes_its_shapes_from_the_drops_points_through_the_runner(tmp_path, monkeypatch):
     drop = make_synthetic_drop(tmp_path / "drop", people=8, images_per_person=2, seed=3, image_size=128)
     n = _add_points(drop)
+    gate_points = []
+    evaluate = gate_module.evaluate
+
+    def see_gate_inputs(inputs, config):
+        gate_points.append(inputs.points)
+        return evaluate(inputs, config)
+
+    monkeypatch.setattr(gate_module, "evaluate", see_gate_inputs)
     result = run_release(drop, _config(tmp_path, k=3, method="k-same-m"))
     report = json.loads(result.report_path.read_text())
     used, ds = report["configuration"]["method_inputs"], report["dataset"]
@@ -66,6 +75,9 @@ def test_k_same_m_takes_its_shapes_from_the_drops_points_through_the_runner(tmp_
     part = next((result.staging / "partitions").glob("partition=*/*.parquet"))
     pts = pq.read_table(part, columns=["points"]).column("points").to_pylist()
     assert all(p is not None and len(p) == 6 for p in pts)  # canonical (x, y) of the three landmarks
+    # The gate got every judged record's points: its parrot and utility folds re-run k-same-m with them.
+    (got,) = gate_points
+    assert got is not None and len(got) == used["points"] and all(p is not None and len(p) == 6 for p in got)
     assert result.verdict in ("released", "rejected")
 
 

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from deid.contracts import ReleaseRows
 from deid.operations import stages
 from deid.release.lineage import (
     build_release,
@@ -74,14 +75,15 @@ def _second(state, present: list[int], extra: dict[int, tuple[str, str]] | None 
 def _rows(rel, state, drop_labels: list[tuple[str, str]]) -> list[tuple[str, tuple[str, ...]]]:
     """(cluster key, labels) of every released row, built by the stage's own glue."""
     ids = [f"r{i}" for i in range(len(rel.record_cluster))]
-    rows = {"record_ids": [i for i, c in zip(ids, rel.record_cluster) if c is not None],
-            "clusters": [c for c in rel.record_cluster if c is not None],
-            "labels": {x: [lab[j] for lab, c in zip(drop_labels, rel.record_cluster) if c is not None]
-                       for j, x in enumerate(NAMES)}}
-    stages.registered_row_labels(rel, state, ids, NAMES, rows)
+    kept = [c is not None for c in rel.record_cluster]
+    rows = ReleaseRows(vectors=np.zeros((sum(kept), 6), np.uint8), shape=(2, 3),
+                       clusters=tuple(c for c in rel.record_cluster if c is not None),
+                       labels={x: tuple(lab[j] for lab, k in zip(drop_labels, kept) if k) for j, x in enumerate(NAMES)},
+                       record_ids=tuple(i for i, k in zip(ids, kept) if k))
+    rows = stages.registered_row_labels(rel, state, ids, NAMES, rows)
     fakes = stages.counterfeit_rows(rel, state, NAMES, {}, {"gender": "f", "expression": "smile"})
-    out = [(c, tuple(rows["labels"][x][j] for x in NAMES)) for j, c in enumerate(rows["clusters"])]
-    return out + [(f["cluster"], tuple(f["labels"][x] for x in NAMES)) for f in fakes]
+    out = list(zip(rows.clusters, rows.label_rows(NAMES)))
+    return out + [(f.cluster, tuple(f.labels[x] for x in NAMES)) for f in fakes]
 
 
 def _mix(rows) -> dict[str, Counter]:

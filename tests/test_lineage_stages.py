@@ -94,15 +94,15 @@ def test_absent_members_get_counterfeits_with_their_partition_labels(tmp_path):
     rel = build_release(plan, state, release_id="rel-2", method="k-same", new_labels=[], new_images=np.zeros(
         (0, 6), np.uint8), shape=SHAPE)
     rows = stages.counterfeit_rows(rel, state, ["gender"], {}, {"gender": "f"})
-    assert len(rows) == 4 and all(r["record_id"].startswith(stages.COUNTERFEIT_PREFIX) for r in rows)
-    assert {r["pixels"].tobytes() for r in rows} == {c.image.tobytes() for c in state.clusters.values()}
+    assert len(rows) == 4 and all(r.record_id.startswith(stages.COUNTERFEIT_PREFIX) for r in rows)
+    assert {r.average.tobytes() for r in rows} == {c.image.tobytes() for c in state.clusters.values()}
     # The absent members' registered labels (p1, p2 "f" in the first cluster; p4, p5 "m"), not the fallback.
     first = min(state.clusters)
-    assert sorted((r["cluster"] == first, r["labels"]["gender"]) for r in rows) == [
+    assert sorted((r.cluster == first, r.labels["gender"]) for r in rows) == [
         (False, "m"), (False, "m"), (True, "f"), (True, "f")]
     # The linkage record accepts counterfeits (marked there only) and still refuses unknown records.
-    mapping = [{"record_id": r["record_id"], "released_record_id": f"x{n}", "image": f"images/x{n}.png",
-                "cluster": r["cluster"], "cluster_id": "c-1"} for n, r in enumerate(rows)]
+    mapping = [{"record_id": r.record_id, "released_record_id": f"x{n}", "image": f"images/x{n}.png",
+                "cluster": r.cluster, "cluster_id": "c-1"} for n, r in enumerate(rows)]
     linked = build_linkage(mapping, {})
     assert all(r["counterfeit"] and r["subject_id"] is None for r in linked)
     with pytest.raises(ConfigError, match="no source row"):

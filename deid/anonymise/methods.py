@@ -312,6 +312,11 @@ _USES_LABELS: frozenset[str] = frozenset({"multi-factor", "selective-mean", "att
 _USES_POINTS: frozenset[str] = frozenset({"k-same-m"})
 
 
+def uses_points(method: str) -> bool:
+    """Whether the method's estimator takes landmark points (k-same-m's cluster shapes)."""
+    return method in _USES_POINTS
+
+
 def parrot_for(
     method: str,
     *,
@@ -325,14 +330,15 @@ def parrot_for(
     seed: int = 0,
     labels: Mapping[str, Sequence[Hashable]] | None = None,
     options: Mapping[str, Any] | None = None,
+    points: Sequence[Any] | None = None,
 ) -> Callable[[np.ndarray], np.ndarray]:
     """The parrot attacker's de-identification of its gallery: ``f(originals) -> released-like``.
 
     Blur and pixelation are applied with the same filter and strength (which an attacker
     can estimate from the release); the k-Same family and the other k methods run the same
     algorithm and ``k`` on the originals, for which the attacker also needs their ``people``
-    (and ``partitions`` for k-Same-Select, ``labels`` for the label-using methods), aligned
-    with the originals it will pass.
+    (and ``partitions`` for k-Same-Select, ``labels`` for the label-using methods, ``points``
+    for k-same-m), aligned with the originals it will pass.
 
     Returns
     -------
@@ -350,7 +356,7 @@ def parrot_for(
         ids = people_list if people_list is not None else [None] * len(originals)
         return deidentify(originals, shape=shape, people=ids, partitions=part_list, method=method, k=k,
                           sigma=sigma, block=block, n_components=n_components, seed=seed, labels=labels,
-                          options=options)[0]
+                          options=options, points=points)[0]
 
     return parrot
 
@@ -358,18 +364,20 @@ def parrot_for(
 def method_runner(method: str, *, shape: tuple[int, int], k: int | None = None, sigma: float | None = None,
                   block: int | None = None, n_components: int = 50, seed: int = 0,
                   options: Mapping[str, Any] | None = None) -> Callable[..., np.ndarray]:
-    """``f(images, people=..., partitions=...) -> released``: the run's method, re-applied to other faces.
+    """``f(images, people=..., partitions=..., labels=..., points=...) -> released``: the run's method, re-applied.
 
     The gate's parrot attacker de-identifies its gallery with it, and the utility protocol
     the training people. k-Same-Select without partitions (a drop with no labels) is k-Same.
     ``options`` go to the method's estimator as in :func:`deidentify` (e.g. a drop of image
     sequences runs multi-factor with :func:`deid.anonymise.sequences.sequence_options`, what
     :class:`deid.anonymise.sequences.SequenceMultiFactor` uses, so the attacker re-applies that).
+    ``points`` are the faces' landmarks as the release used them (k-same-m's cluster shapes).
     """
     _check_method(method)
 
     def run(images: np.ndarray, *, people: Sequence[Hashable], partitions: Sequence[Hashable] | None = None,
-            labels: Mapping[str, Sequence[Hashable]] | None = None) -> np.ndarray:
+            labels: Mapping[str, Sequence[Hashable]] | None = None,
+            points: Sequence[Any] | None = None) -> np.ndarray:
         m = method
         if m == "k-same-select" and partitions is None:
             m = "k-same"
@@ -377,6 +385,6 @@ def method_runner(method: str, *, shape: tuple[int, int], k: int | None = None, 
             partitions = None
         return deidentify(images, shape=shape, people=people, partitions=partitions, method=m, k=k, sigma=sigma,
                           block=block, n_components=n_components, seed=seed, labels=labels or None,
-                          options=options)[0]
+                          options=options, points=points)[0]
 
     return run

@@ -112,7 +112,7 @@ def cmd_study(args) -> int:
         print(f"deid study: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print("\n".join(summary_table(res["rows"])))
-    print(f"{res['n_faces']} faces, {res['seconds']} s")
+    print(f"{res['n_faces']} {'feature records' if res.get('kind') == 'features' else 'faces'}, {res['seconds']} s")
     print(f"csv: {res['csv']}")
     for p in res["plots"]:
         print(f"plot: {p}")
@@ -125,11 +125,14 @@ def register(subparsers) -> None:
                               description="Run every method of the registry over its strengths on the aligned faces "
                                           "of a drop and judge each point with the release gate (attacks with "
                                           "intervals, exact share, cross-fitted utility); write study.csv, PNG plots "
-                                          "and a grid of released faces to --out (keep it outside the repository).")
+                                          "and a grid of released faces to --out (keep it outside the repository). "
+                                          "On a feature drop (drop.yaml kind: features) the feature methods run on "
+                                          "its vectors, judged by the feature-space attackers; no faces are drawn.")
     p.add_argument("drop")
     p.add_argument("--k", type=_numbers(int, "k", 2), default=[2, 3, 5, 10], help="k values, e.g. 2,3,5,10")
     p.add_argument("--sigma", type=_numbers(float, "sigma", 0.1), default=[1.0, 2.0, 4.0, 8.0],
-                   help="blur standard deviations in canonical pixels, e.g. 1,2,4,8")
+                   help="blur standard deviations in canonical pixels (feature drops: the noise method's, in "
+                        "feature standard deviations), e.g. 1,2,4,8")
     p.add_argument("--block", type=_numbers(int, "block", 1), default=[2, 4, 8, 16],
                    help="pixelation block sides in canonical pixels, e.g. 2,4,8,16")
     p.add_argument("--out", default=None, help="output directory (default: <data dir>/study/<drop name>)")

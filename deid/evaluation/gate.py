@@ -152,6 +152,9 @@ class GateInputs:
     run's method with its k on other faces: the parrot attacker applies it to its gallery,
     the utility protocol to the training people. ``republished``: registered lineage clusters
     released again, with their registered members and counterfeit rows (:class:`Republished`).
+    ``points``: each record's landmark points as the release's method got them (k-same-m's cluster
+    shapes; None per record without, or None for a drop without points); ``deidentify`` gets those
+    of the faces it re-runs, so the parrot and the utility protocol make what the release made.
 
     ``kind`` is ``"images"`` (faces: ``shape`` = (height, width), ``own_distance`` in grey
     levels) or ``"features"`` (feature vectors: ``shape`` = (n_features,), ``own_distance``
@@ -179,6 +182,7 @@ class GateInputs:
     deidentify: Callable[..., np.ndarray] | None = None
     republished: Republished | None = None
     kind: Literal["images", "features"] = "images"
+    points: Sequence[Any] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("images", "features"):
@@ -499,11 +503,22 @@ def counterfeit_sample(inputs: GateInputs, idx: np.ndarray, *, seed: int) -> tup
     return images, np.full(len(images), COUNTERFEIT, dtype=object)
 
 
+def _points_of(inputs: GateInputs, idx: np.ndarray) -> list | None:
+    """The landmark points of the records ``idx`` (None when the release's method got none)."""
+    return None if inputs.points is None else [inputs.points[int(i)] for i in idx]
+
+
 def _parrot(deidentify: Callable[..., np.ndarray], people: np.ndarray, partitions: np.ndarray | None,
-            labels: dict[str, np.ndarray] | None = None) -> Callable[[np.ndarray], np.ndarray]:
-    """The parrot attacker de-identifies its own gallery of originals the way the release was made."""
+            labels: dict[str, np.ndarray] | None = None, points: list | None = None
+            ) -> Callable[[np.ndarray], np.ndarray]:
+    """The parrot attacker de-identifies its own gallery of originals the way the release was made.
+
+    With the same inputs as the release: its people, partitions, labels and, where the method
+    took them, the landmark points (a k-same-m release shaped from points is not re-made by flow).
+    """
+    extra = {} if points is None else {"points": points}
     return lambda originals: deidentify(originals, people=people, partitions=partitions,
-                                        labels={x: list(v) for x, v in (labels or {}).items()} or None)
+                                        labels={x: list(v) for x, v in (labels or {}).items()} or None, **extra)
 
 
 def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
@@ -541,7 +556,8 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
     modes = tuple(m for m in config.modes if m != "parrot" or inputs.deidentify is not None)
     parts = None if inputs.partitions is None else inputs.partitions[idx]
     labs = {x: np.asarray(v)[idx] for x, v in inputs.labels.items()}
-    parrot = None if "parrot" not in modes else _parrot(inputs.deidentify, people, parts, labs)
+    pts = _points_of(inputs, idx)
+    parrot = None if "parrot" not in modes else _parrot(inputs.deidentify, people, parts, labs, pts)
     default = FEATURE_ATTACKERS if inputs.kind == "features" else ATTACKERS
     names = list(config.attackers) if config.attackers is not None else list(default)
     # Attackers that can afford the whole sample share one pass (one parrot gallery, one set
@@ -562,7 +578,7 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool
         p_sub = parrot
         if parrot is not None and len(sub) < len(idx):
             p_sub = _parrot(inputs.deidentify, people[sub], None if parts is None else parts[sub],
-                            {x: v[sub] for x, v in labs.items()})
+                            {x: v[sub] for x, v in labs.items()}, None if pts is None else [pts[i] for i in sub])
         fake, no_one = counterfeit_sample(inputs, idx[sub], seed=config.seed + 2)
         rel = np.vstack([released[sub], fake]) if len(fake) else released[sub]
         for r in attack_all(originals=originals[sub], original_people=people[sub], released=rel,
@@ -774,7 +790,7 @@ def utility_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check],
         evidence = cross_fit_utility(
             originals, people=list(inputs.people[idx]), labels=labels,
             deidentify=inputs.deidentify,
-            partitions=list(inputs.partitions[idx]) if select else None,
+            partitions=list(inputs.partitions[idx]) if select else None, points=_points_of(inputs, idx),
             k=config.k if config.method in K_METHODS else None, released=released, tolerance=config.tolerance,
             folds=config.folds, confidence=config.confidence, max_images=config.utility_sample,
             n_components=n_components, seed=config.seed,

@@ -1,7 +1,9 @@
 """The comparison study: every de-identification method over its range of strengths, judged by the gate.
 
 For each method of :data:`deid.anonymise.methods.REGISTRY` and each strength the aligned faces of a
-drop are de-identified and passed to the release gate itself (:func:`deid.evaluation.gate.evaluate`):
+drop (or, for a feature drop, each of :data:`deid.anonymise.methods.FEATURE_METHODS` on its
+vectors, judged by the feature-space attackers) are de-identified and passed to the release gate
+itself (:func:`deid.evaluation.gate.evaluate`):
 every attacker x mode rate with its one-sided Clopper-Pearson interval (Bonferroni over the
 family), the exact max person share where clusters are identical copies, the leak checks and
 the cross-fitted utility per label. The plots reproduce the shape of Gross et al. (2005)
@@ -106,6 +108,25 @@ def load_aligned(drop_dir: str | Path, workdir: str | Path, *, labels: list[str]
     return pixels, people, labs, (h, w)
 
 
+def load_features(drop_dir: str | Path, *, labels: list[str] | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], tuple[int]]:
+    """The usable records of a feature drop (:func:`deid.intake.features.read_feature_drop`; bad rows left out).
+
+    Returns ``(vectors (n, d) float32, people, labels, (d,))``, as :func:`load_aligned` returns faces.
+    """
+    from deid.intake.features import read_feature_drop  # noqa: PLC0415
+
+    drop = read_feature_drop(drop_dir, labels=labels)
+    logger.info("study: %d feature records (dim %d), %d quarantined", len(drop.record_ids), drop.dim,
+                len(drop.quarantined))
+    if not drop.record_ids:
+        raise DataError(f"no record of feature drop {drop_dir} is usable ({len(drop.quarantined)} quarantined); "
+                        "check the drop")
+    people = np.asarray(drop.subject_ids, dtype=object)
+    labs = {x: np.asarray(drop.label_values[x], dtype=object) for x in drop.labels}
+    return np.asarray(drop.vectors, dtype=np.float32), people, labs, (drop.dim,)
+
+
 @dataclass(frozen=True)
 class StudyConfig:
     """The strengths to study and the gate that judges every point.
@@ -114,8 +135,9 @@ class StudyConfig:
     modes, folds, repeats, seed, ...); its ``k``, ``method`` and ``labels`` are replaced per
     point. Methods whose strength is not k (blur, pixelate) are judged against the smallest
     k studied, the most lenient 1/k bound. ``methods=None`` studies every method of
-    :data:`deid.anonymise.methods.REGISTRY`, each with its default options. ``workers`` > 1 studies
-    points in that many forked processes (each embeds the originals for the deep attacker once).
+    :data:`deid.anonymise.methods.REGISTRY` (of :data:`deid.anonymise.methods.FEATURE_METHODS` for a feature
+    drop), each with its default options. ``workers`` > 1 studies points in that many forked
+    processes (each embeds the originals for the deep attacker once).
     """
 
     ks: Sequence[int] = (2, 3, 5, 10)
@@ -142,14 +164,17 @@ class StudyResult:
     shape: tuple[int, int]
 
 
-def _points(cfg: StudyConfig) -> list[tuple[str, str, float, int]]:
+def _points(cfg: StudyConfig, kind: str = "images") -> list[tuple[str, str, float, int]]:
     """(method, strength name, strength, k of the gate) for every point of the study."""
-    from deid.anonymise.methods import METHODS, STRENGTH  # noqa: PLC0415
+    from deid.anonymise.methods import FEATURE_METHODS, METHODS, method_spec  # noqa: PLC0415
 
-    methods = list(METHODS) if cfg.methods is None else list(cfg.methods)
-    bad = [m for m in methods if m not in METHODS]
+    valid = list(FEATURE_METHODS) if kind == "features" else list(METHODS)
+    methods = list(valid) if cfg.methods is None else list(cfg.methods)
+    bad = [m for m in methods if m not in valid]
     if bad or not methods:
-        raise ConfigError(f"methods={methods!r} must be a non-empty subset of {list(METHODS)}")
+        raise ConfigError(f"methods={methods!r} must be a non-empty subset of {valid}"
+                          + (" (a feature drop: blur, pixelate, k-same-eigen and k-same-m need face images)"
+                             if kind == "features" else ""))
     ranges = {"k": list(cfg.ks), "sigma": list(cfg.sigmas), "block": list(cfg.blocks)}
     bad_k = [k for k in ranges["k"] if isinstance(k, bool) or int(k) != k or k < 2]
     if bad_k:
@@ -157,7 +182,7 @@ def _points(cfg: StudyConfig) -> list[tuple[str, str, float, int]]:
     reference_k = int(min(ranges["k"])) if ranges["k"] else 2
     out = []
     for m in methods:
-        name = STRENGTH[m]
+        name = method_spec(m).strength
         if not ranges[name]:
             raise ConfigError(f"method {m!r} needs at least one --{name} value")
         out.extend((m, name, v, int(v) if name == "k" else reference_k) for v in ranges[name])
@@ -224,9 +249,13 @@ def gate_rows(result: GateResult, base: dict, *, k: int, confidence: float) -> l
     return rows
 
 
-def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray], shape: tuple[int, int],
-              cfg: StudyConfig | None = None) -> StudyResult:
+def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray], shape: tuple[int, ...],
+              cfg: StudyConfig | None = None, *, kind: str = "images") -> StudyResult:
     """Every method at every strength, judged by the release gate itself.
+
+    ``kind="features"``: ``pixels`` are a feature drop's vectors and ``shape`` is ``(d,)``; the
+    methods are :func:`deid.anonymise.features.deidentify_vectors`, the gate's feature-space
+    attackers judge them and the study has no example faces.
 
     Each point de-identifies the aligned faces with :func:`deid.anonymise.methods.deidentify` (label
     partitions and labels passed as the release flow passes them), then calls
@@ -255,6 +284,8 @@ def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray
     missing = [x for x in names if x not in labels]
     if missing:
         raise DataError(f"labels {missing} are not in the drop's labels {sorted(labels)}")
+    if kind not in ("images", "features"):
+        raise ConfigError(f"kind={kind!r} must be 'images' (aligned faces) or 'features' (feature vectors)")
     if isinstance(cfg.workers, bool) or not isinstance(cfg.workers, int) or cfg.workers < 1:
         raise ConfigError(f"workers={cfg.workers!r} must be an integer >= 1 (processes studying points in parallel)")
     pixels = np.asarray(pixels)
@@ -262,8 +293,8 @@ def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray
     people = np.asarray(people, dtype=object)
     labs = {x: np.asarray(labels[x], dtype=object) for x in names}
     chosen = _example_records(people, cfg.examples, cfg.gate.seed)
-    data = _PointData(pixels, people, labs, _partition_keys(labs, names, n), tuple(shape), chosen, cfg.gate)
-    points = _points(cfg)
+    data = _PointData(pixels, people, labs, _partition_keys(labs, names, n), tuple(shape), chosen, cfg.gate, kind)
+    points = _points(cfg, kind)
     if cfg.workers == 1 or len(points) == 1:
         results = [_study_point(data, point) for point in points]
     else:
@@ -287,7 +318,8 @@ def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray
         rows.extend(point_rows)
         if faces is not None:
             examples[(method, sname, strength)] = faces
-    return StudyResult(rows=rows, examples=examples, example_records=chosen, shape=tuple(shape))
+    return StudyResult(rows=rows, examples=examples, example_records=chosen[:0] if kind == "features" else chosen,
+                       shape=tuple(shape))
 
 
 @dataclass(frozen=True)
@@ -298,9 +330,10 @@ class _PointData:
     people: np.ndarray
     labels: dict[str, np.ndarray]
     partitions: np.ndarray
-    shape: tuple[int, int]
+    shape: tuple[int, ...]
     examples: np.ndarray
     gate: GateConfig
+    kind: str = "images"
 
 
 _WORKER_DATA: _PointData | None = None
@@ -310,10 +343,10 @@ def _expected_cost(point: tuple[str, str, float, int]) -> tuple[int, float]:
     """A rank of a point's cost: methods giving every face its own image first (the deep recogniser
     embeds each of them, and their parrot galleries), then the k methods by increasing k (more
     distinct images)."""
-    from deid.anonymise.methods import REGISTRY  # noqa: PLC0415
+    from deid.anonymise.methods import method_spec  # noqa: PLC0415
 
     method, sname, strength, _ = point
-    per_face = not REGISTRY[method].identical_within_cluster
+    per_face = not method_spec(method).identical_within_cluster
     return (int(per_face), -float(strength) if sname == "k" else 0.0)
 
 
@@ -328,7 +361,7 @@ def _prime_descriptors(data: _PointData, *, n_points: int) -> None:
 
     g = data.gate
     deep = g.attackers is None or any(a in DEEP_ATTACKERS for a in g.attackers)
-    if not deep or len(data.pixels) > n_points * g.deep_attack_sample:
+    if data.kind != "images" or not deep or len(data.pixels) > n_points * g.deep_attack_sample:
         return
     from deid.evaluation.recognizer import DlibEmbedder  # noqa: PLC0415
 
@@ -349,6 +382,7 @@ def _study_worker_point(point: tuple[str, str, float, int]) -> tuple[list[dict],
 
 def _study_point(data: _PointData, point: tuple[str, str, float, int]) -> tuple[list[dict], np.ndarray | None]:
     """One (method, strength): de-identify as the flow does, then the gate's verdict as rows."""
+    from deid.anonymise.features import deidentify_vectors, vector_method_runner  # noqa: PLC0415
     from deid.anonymise.methods import deidentify, method_runner  # noqa: PLC0415
 
     method, sname, strength, k = point
@@ -356,25 +390,31 @@ def _study_point(data: _PointData, point: tuple[str, str, float, int]) -> tuple[
     kw = {sname: strength}
     g = data.gate
     base = {"method": method, "strength_name": sname, "strength": strength, "k": k}
+    common = dict(people=list(data.people), partitions=list(data.partitions), method=method,
+                  labels={x: list(v) for x, v in data.labels.items()} or None, seed=g.seed, **kw)
+    features = data.kind == "features"
     try:
-        released, clusters = deidentify(data.pixels, shape=data.shape, people=list(data.people),
-                                        partitions=list(data.partitions), method=method,
-                                        labels={x: list(v) for x, v in data.labels.items()} or None,
-                                        n_components=g.n_components, seed=g.seed, **kw)
+        if features:
+            released, clusters = deidentify_vectors(data.pixels, **common)
+            released = released.astype(np.float32)  # as a feature release stores them
+        else:
+            released, clusters = deidentify(data.pixels, shape=data.shape, n_components=g.n_components, **common)
     except ConfigError as exc:  # e.g. a label partition with fewer than k people
         logger.warning("study: %s %s=%s skipped: %s", method, sname, strength, exc)
         return [{**base, "kind": "skipped", "verdict": "skipped", "detail": str(exc)}], None
+    runner = (vector_method_runner(method, seed=g.seed, **kw) if features
+              else method_runner(method, shape=data.shape, n_components=g.n_components, seed=g.seed, **kw))
     inputs = GateInputs.from_arrays(
         shape=data.shape, people=data.people, released=released, originals=data.pixels, clusters=clusters,
-        partitions=data.partitions, labels=data.labels, records_in=len(data.pixels),
-        deidentify=method_runner(method, shape=data.shape, n_components=g.n_components, seed=g.seed, **kw))
+        partitions=data.partitions, labels=data.labels, records_in=len(data.pixels), deidentify=runner,
+        kind=data.kind)
     result = evaluate(inputs, replace(g, k=k, method=method, labels=tuple(data.labels)))
     seconds = round(time.perf_counter() - t0, 2)
     rows = gate_rows(result, base, k=k, confidence=g.confidence)
     rows[-1]["seconds"] = seconds
     logger.info("study: %s %s=%s gate %s, max re-id %.3f, share %s (%.1f s)", method, sname, strength,
                 "passed" if result.passed else "failed", result.max_rate or 0.0, result.max_person_share, seconds)
-    return rows, released[data.examples].copy()
+    return rows, None if features else released[data.examples].copy()  # de-identified faces only
 
 
 def write_csv(rows: list[dict], path: str | Path) -> Path:
@@ -703,18 +743,25 @@ def plot_study(result: StudyResult, out_dir: str | Path) -> list[Path]:
 
 
 def study_drop(drop_dir: str | Path, out_dir: str | Path, cfg: StudyConfig | None = None) -> dict:
-    """Align a drop (cached in ``out_dir``), run the study, write ``study.csv`` and the plots.
+    """Align a drop (cached in ``out_dir``), or read a feature drop, run the study, write ``study.csv`` and the plots.
 
     Returns
     -------
     dict
-        ``csv`` path, ``plots`` paths, ``rows``, ``n_faces``, ``seconds``.
+        ``csv`` path, ``plots`` paths, ``rows``, ``n_faces`` (records), ``kind``, ``seconds``.
     """
+    from deid.intake.features import drop_kind  # noqa: PLC0415
+
     t0 = time.perf_counter()
     cfg = cfg or StudyConfig()
-    pixels, people, labels, shape = load_aligned(drop_dir, out_dir, labels=list(cfg.labels) if cfg.labels else None)
-    result = run_study(pixels, people, labels, shape, cfg)
+    labels = list(cfg.labels) if cfg.labels else None
+    kind = drop_kind(drop_dir)
+    if kind == "features":
+        pixels, people, labs, shape = load_features(drop_dir, labels=labels)
+    else:
+        pixels, people, labs, shape = load_aligned(drop_dir, out_dir, labels=labels)
+    result = run_study(pixels, people, labs, shape, cfg, kind=kind)
     path = write_csv(result.rows, Path(out_dir) / "study.csv")
     plots = plot_study(result, out_dir)
-    return {"csv": path, "plots": plots, "rows": result.rows, "n_faces": len(pixels),
+    return {"csv": path, "plots": plots, "rows": result.rows, "n_faces": len(pixels), "kind": kind,
             "seconds": round(time.perf_counter() - t0, 1)}

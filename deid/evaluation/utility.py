@@ -761,12 +761,13 @@ def _small_cells(parts: list, people: np.ndarray, k: int) -> np.ndarray:
 
 
 def _deidentify_fold(deidentify: Callable[..., Any], X: np.ndarray, people: np.ndarray, parts: list | None,
-                     k: int | None, labels: Mapping[str, Sequence[Hashable]] | None = None
-                     ) -> tuple[np.ndarray | None, np.ndarray, str]:
+                     k: int | None, labels: Mapping[str, Sequence[Hashable]] | None = None,
+                     points: Sequence[Any] | None = None) -> tuple[np.ndarray | None, np.ndarray, str]:
     """De-identify one training fold, suppressing partitions with too few people.
 
     ``labels`` holds the fold's own label values (row i of ``X``); the method receives the
-    values of the rows it de-identifies, so label-aware methods never guess them.
+    values of the rows it de-identifies, so label-aware methods never guess them; the same for
+    ``points`` (landmarks, k-same-m), passed only when given.
     Returns (released rows or None, mask of kept rows, note).
     """
     keep = np.ones(len(X), dtype=bool)
@@ -777,7 +778,8 @@ def _deidentify_fold(deidentify: Callable[..., Any], X: np.ndarray, people: np.n
         try:
             out = deidentify(X[idx], people=people[idx].tolist(),
                              partitions=None if parts is None else [parts[i] for i in idx],
-                             labels=None if not labels else {name: [v[i] for i in idx] for name, v in labels.items()})
+                             labels=None if not labels else {name: [v[i] for i in idx] for name, v in labels.items()},
+                             **({} if points is None else {"points": [points[i] for i in idx]}))
         except InsufficientPeopleError as exc:
             hit = (np.array([p == exc.partition for p in parts], dtype=bool)
                    if parts is not None and exc.partition is not None else np.zeros(len(X), dtype=bool))
@@ -800,6 +802,7 @@ def cross_fit_utility(
     labels: Mapping[str, Sequence[Hashable]],
     deidentify: Callable[..., Any],
     partitions: Sequence[Hashable] | None = None,
+    points: Sequence[Any] | None = None,
     k: int | None = None,
     released: Any = None,
     tolerance: float = 0.05,
@@ -841,6 +844,9 @@ def cross_fit_utility(
     partitions : sequence of hashable, length n, optional
         Partition key of each face for k-Same-Select (the tuple of all utility label
         values); None for methods that do not partition.
+    points : sequence, length n, optional
+        Landmark points of each face as the release's method got them (k-same-m); the folds'
+        rows go to ``deidentify(..., points=...)``. None: the keyword is not passed.
     k : int, optional
         The method's k. With ``partitions``, training partitions with fewer than k people
         are suppressed up front instead of one error at a time.
@@ -925,6 +931,9 @@ def cross_fit_utility(
     R = None if R is None else _matrix(R[rows], "released")
     pc = _codes(pc_all[rows], "people", len(rows))
     parts = None if parts_all is None else [parts_all[i] for i in rows]
+    if points is not None and len(points) != n:
+        raise ConfigError(f"points has {len(points)} entries but images has {n} rows; pass one entry per face")
+    pts = None if points is None else [points[i] for i in rows]
     ys = {name: c[rows] for name, c in label_codes.items()}
     raw = {str(name): [values[i] for i in rows] for name, values in labels.items()}
     n_people = int(pc.max()) + 1
@@ -978,7 +987,8 @@ def cross_fit_utility(
             how = how or how_r
             for f, (tr, te) in enumerate(track(splits, progress)):
                 rel, keep, note = _deidentify_fold(deidentify, X[tr], pc[tr], None if parts is None else [parts[i] for i in tr],
-                                                   k, {name: [v[i] for i in tr] for name, v in raw.items()})
+                                                   k, {name: [v[i] for i in tr] for name, v in raw.items()},
+                                                   None if pts is None else [pts[i] for i in tr])
                 suppressed += int(np.count_nonzero(~keep)) if rel is not None else 0
                 if rel is None:
                     notes.append(f"repeat {r} fold {f} skipped: {note}")

@@ -54,13 +54,25 @@ from deid.anonymise.features import deidentify_vectors, feature_guarantee, vecto
 from deid.anonymise.identity import PeopleResolution, resolve_people
 from deid.anonymise.methods import K_METHODS, method_spec
 from deid.anonymise.partition import PartitionPlan, plan_partitions
-from deid.contracts import LineageApplied, LineagePlanned, RecordCounts, Staged, StagingLayout, UnreadableDrop
+from deid.contracts import (
+    ClusterInfo,
+    LineageApplied,
+    LineagePlanned,
+    PartitionInfo,
+    RecordCounts,
+    ReleaseRows,
+    SmallPartition,
+    Staged,
+    StagingLayout,
+    UnreadableDrop,
+    small_detail,
+)
 from deid.errors import ConfigError, DataError, Quarantined
 from deid.evaluation.gate import Check, GateInputs, GateResult, evaluate
 from deid.evaluation.validation import drop_checks, validation_section
 from deid.intake.features import INGESTED, FeatureDrop, read_feature_drop
 from deid.reporting.report import Artifact, Report, SigningInfo, dataset_fingerprint, hash_tree
-from deid.reporting.report_build import dataset_summary, lineage_section, verdict_fields
+from deid.reporting.report_build import dataset_summary, lineage_section, shared_configuration, verdict_fields
 from deid.run_config import RunConfig
 from deid.schemas.arrow import FEATURE_RELEASE_BASE_COLUMNS
 
@@ -108,7 +120,7 @@ class FeatureDeidentified:
     vectors: np.ndarray
     clusters: tuple[str, ...]
     partitions: tuple[str, ...]
-    cluster_summary: tuple[dict, ...]
+    cluster_summary: tuple[ClusterInfo, ...]
     path: Path | None
 
 
@@ -201,8 +213,8 @@ def deidentify_features(drop: FeatureDrop, identity: FeatureIdentity, plan: Part
     names = {c: uuid.uuid4().hex[:12] for c in np.unique(labels_).tolist()}  # random: nothing follows the input
     clusters = tuple(names[c] for c in labels_.tolist())
     who = np.asarray(people, dtype=object)
-    summary = tuple({"cluster": name, "size": int(np.count_nonzero(labels_ == c)),
-                     "people": int(len(set(who[labels_ == c])))} for c, name in names.items())
+    summary = tuple(ClusterInfo(cluster=name, size=int(np.count_nonzero(labels_ == c)),
+                                people=int(len(set(who[labels_ == c])))) for c, name in names.items())
     vectors = released.astype(np.float32)
     path = None
     if staging is not None:
@@ -258,6 +270,8 @@ class FeaturePartitioned:
     suppressed: int
     notes: tuple[str, ...] = ()
     lineage: LineagePlanned | None = None  # the dataset's lineage plan over the kept records (record_ids: staging ids)
+    partitions: tuple[PartitionInfo, ...] = ()  # the plan's groups, named as deidentify_features names them
+    small: tuple[SmallPartition, ...] = ()
 
     @property
     def proceed(self) -> bool:
@@ -265,9 +279,7 @@ class FeaturePartitioned:
 
     @property
     def small_detail(self) -> str:
-        # Counts only, never the label values: a rare value held by one person is itself identifying.
-        return "; ".join(f"a partition of {e['records']} records has {e['people']} people: {e['action']}"
-                         for e in self.plan.small)
+        return small_detail(self.small)
 
 
 def ingest_features(drop_dir: str | os.PathLike, layout: StagingLayout, config: RunConfig, *,
@@ -361,9 +373,13 @@ def partition_features(ingested: FeatureIngest, identity: FeatureIdentity, confi
     plan, kept = plan_feature_partitions(drop, identity, k=config.k, select=config.select(drop.labels),
                                          policy=config.small_partitions, keep=keep)
     held_back = len(planned.plan.suppressed) if planned is not None else 0
-    return FeaturePartitioned(plan=plan if proceed else PartitionPlan(groups={}), kept=kept, checks=checks,
+    plan = plan if proceed else PartitionPlan(groups={})
+    parts = tuple(PartitionInfo(name=f"p{n:03d}", key=tuple(map(str, key)), dir=None, records=len(idx),
+                                people=len({identity.person[kept[i]] for i in idx}))
+                  for n, (key, idx) in enumerate(plan.groups.items()))
+    return FeaturePartitioned(plan=plan, kept=kept, checks=checks,
                               suppressed=len(plan.suppressed) + held_back if proceed else len(kept), notes=notes,
-                              lineage=planned)
+                              lineage=planned, partitions=parts, small=SmallPartition.of_plan(plan))
 
 
 def deidentify_feature_partitions(ingested: FeatureIngest, identity: FeatureIdentity, part: FeaturePartitioned,
@@ -429,8 +445,8 @@ def apply_feature_lineage(ingested: FeatureIngest, identity: FeatureIdentity, pa
         b_clusters = tuple(c for _, c in back)
         b_vectors = np.stack([np.asarray(state.clusters[c].image, dtype=np.float32) for c in b_clusters])
         b_parts = tuple(key_of(tuple(str(drop.label_values[x][i]) for x in drop.labels)) for i in b_rows.tolist())
-        summary = tuple({"cluster": c, "size": b_clusters.count(c),
-                         "people": len({identity.person[i] for i, x in back if x == c})}
+        summary = tuple(ClusterInfo(cluster=c, size=b_clusters.count(c),
+                                    people=len({identity.person[i] for i, x in back if x == c}))
                         for c in sorted(set(b_clusters)))
         out = FeatureDeidentified(rows=np.concatenate([deid.rows, b_rows]),
                                   vectors=np.vstack([deid.vectors.reshape(-1, drop.dim), b_vectors]),
@@ -465,34 +481,19 @@ def feature_lineage_checks(lin: LineagePlanned, rel, originals: np.ndarray, *,
     return tuple(checks)
 
 
-def _with_counterfeits(drop: FeatureDrop, deid: FeatureDeidentified, lineage: LineageApplied | None
-                       ) -> tuple[np.ndarray, list[str], dict[str, list[str]], list[str]]:
-    """(vectors, clusters, labels, staging record ids) of the would-be release, counterfeits of republished
-    clusters added (stored vector, the cluster's labels, no source; marked only in the linkage record)."""
+def _release_rows(drop: FeatureDrop, deid: FeatureDeidentified, lineage: LineageApplied | None,
+                  *, logger: Logger | None = None) -> ReleaseRows:
+    """Vectors, clusters, labels and staging ids of the would-be release, as the lineage makes them
+    (:func:`deid.operations.stages.lineage_release_rows`: registered labels, counterfeits of republished
+    clusters with their stored vector and no source, marked only in the linkage record)."""
     from deid.operations import stages  # noqa: PLC0415
 
-    vectors = deid.vectors.reshape(-1, drop.dim)
-    clusters = list(deid.clusters)
-    labels = {x: [drop.label_values[x][i] for i in deid.rows] for x in drop.labels}
-    ids = [drop.record_ids[i] for i in deid.rows]
-    if lineage is not None and lineage.release.republished:
-        # Returning records carry their registered labels: the cluster's released label mix stays the registered one.
-        stages.registered_row_labels(lineage.release, lineage.state, list(lineage.record_ids), list(drop.labels),
-                                     {"record_ids": ids, "labels": labels})
-    if lineage is None or not lineage.release.counts["counterfeit_records"]:
-        return vectors, clusters, labels, ids
-    present: dict[str, list[dict]] = {}
-    for n, c in enumerate(clusters):
-        present.setdefault(c, []).append({x: labels[x][n] for x in drop.labels})
-    fallback = {x: Counter(drop.label_values[x]).most_common(1)[0][0] for x in drop.labels}
-    fakes = stages.counterfeit_rows(lineage.release, lineage.state, list(drop.labels), present, fallback)
-    vectors = np.vstack([vectors, *[np.asarray(f["pixels"], dtype=np.float32)[None, :] for f in fakes]])
-    clusters += [f["cluster"] for f in fakes]
-    ids += [f["record_id"] for f in fakes]
-    for x in drop.labels:
-        labels[x] += [f["labels"][x] for f in fakes]
-    log.info("stage: %d counterfeit records of republished clusters", len(fakes))
-    return vectors, clusters, labels, ids
+    rows = ReleaseRows(vectors=deid.vectors.reshape(-1, drop.dim), shape=(drop.dim,), clusters=tuple(deid.clusters),
+                       labels={x: tuple(drop.label_values[x][i] for i in deid.rows) for x in drop.labels},
+                       record_ids=tuple(drop.record_ids[i] for i in deid.rows))
+    return stages.lineage_release_rows(
+        rows, lineage, drop.labels, lambda: {x: Counter(drop.label_values[x]).most_common(1)[0][0] for x in drop.labels},
+        logger=logger)
 
 
 def stage_features(ingested: FeatureIngest, deid: FeatureDeidentified, layout: StagingLayout, config: RunConfig, *,
@@ -513,16 +514,16 @@ def stage_features(ingested: FeatureIngest, deid: FeatureDeidentified, layout: S
     from deid.operations.pipeline import lineage_label_mix, releasable_label_sets  # noqa: PLC0415
     from deid.release.publish import RELEASE_TABLE  # noqa: PLC0415
 
-    vectors, clusters, labels, ids = _with_counterfeits(drop, deid, lineage)
+    rows = _release_rows(drop, deid, lineage, logger=lg)
     people = pa.table({"subject_id": pa.array(drop.subject_ids, pa.string()),
                        **{x: pa.array(drop.label_values[x], pa.string()) for x in drop.labels}})
     try:
-        staged = stage_vector_release(tmp, vectors=vectors, clusters=clusters, labels=labels, record_ids=ids)
+        staged = stage_vector_release(tmp, vectors=rows.vectors, clusters=rows.clusters, labels=rows.labels,
+                                      record_ids=rows.record_ids)
         label_sets = releasable_label_sets(people, drop.labels, config.k)
         lineage_checks_ = ()
         if lineage is not None:
-            label_sets, lineage_checks_ = lineage_label_mix(
-                lineage, {"record_ids": ids, "clusters": clusters, "labels": labels}, drop.labels, label_sets)
+            label_sets, lineage_checks_ = lineage_label_mix(lineage, rows, drop.labels, label_sets)
         validation = validate_feature_release(
             tmp / RELEASE_TABLE, list(drop.labels), k=config.k, dim=drop.dim, label_sets=label_sets,
             source_record_ids=[*drop.record_ids, *drop.source_ids])
@@ -587,11 +588,7 @@ def feature_report(*, release_id: str, run_id: str, created_at: str, config: Run
                    versions: Mapping[str, str | None], lineage: LineageApplied | None = None,
                    validation: Mapping[str, Any] | None = None) -> Report:
     """The run's :class:`~deid.reporting.report.Report` (the image runs' model), from the feature stages (pure)."""
-    drop, passed, plan = ingested.drop, gate.passed, partitioned.plan
-    person = identity.person
-    parts = [{"key": [str(v) for v in key], "records": len(idx),
-              "people": len({person[partitioned.kept[i]] for i in idx})} for key, idx in plan.groups.items()]
-    clusters = deidentified.cluster_summary
+    drop, passed = ingested.drop, gate.passed
     return Report(
         **verdict_fields(release_id=release_id, run_id=run_id, created_at=created_at, config=config, gate=gate,
                          guarantee_text=feature_guarantee(config.method, config.k),
@@ -603,19 +600,9 @@ def feature_report(*, release_id: str, run_id: str, created_at: str, config: Run
         configuration={
             "kind": KIND, "feature_dim": drop.dim, "features_file": drop.features_file,
             "vector_column": drop.vector_column, "vector_value_type": drop.value_type,
-            "labels": list(drop.labels), "license": drop.license, "notes": list(partitioned.notes),
-            "identity": identity.resolution.summary(), "duplicate_ids": config.duplicate_ids,
-            "small_partitions": config.small_partitions, "utility_tolerance": config.gate.tolerance,
-            "utility_protocol": "cross-fit", "utility_sample": config.gate.utility_sample,
-            "utility_inconclusive": config.gate.utility_inconclusive, "gate_confidence": config.gate.confidence,
-            "attack_sample": config.gate.attack_sample, "pca_components": config.pca_components,
-            **({"sigma": config.sigma} if config.method == "noise" else {}),
-            "max_quarantine_fraction": config.gate.max_quarantine_fraction, "cv_folds": config.gate.folds,
-            "cv_repeats": config.gate.repeats, "partitions": parts,
-            # Counts only, never the label values of a partition too small to release.
-            "small_partitions_detail": [{"records": e["records"], "people": e["people"], "action": e["action"]}
-                                        for e in plan.small],
-            "clusters": {"count": len(clusters), "sizes": sorted(c["size"] for c in clusters)},
+            **shared_configuration(config, labels=drop.labels, license=drop.license, notes=partitioned.notes,
+                                   identity=identity.resolution.summary(), partitions=partitioned.partitions,
+                                   small=partitioned.small, clusters=deidentified.cluster_summary),
             "extra_table_columns": list(drop.extra_columns), "stage_seconds": dict(timings),
             "validation": "every row checked by deid.intake.features; Great Expectations suites feature_table (the "
                           "table as written), feature_ingested and feature_release",

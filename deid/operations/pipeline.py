@@ -40,6 +40,7 @@ from deid.contracts import (
     Partitioned,
     Published,
     RecordCounts,
+    ReleaseRows,
     SignedReport,
     SmallPartition,
     Staged,
@@ -313,7 +314,7 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
                            policy=config.small_partitions)
     parts = write_partitions(faces, plan.groups, layout)
     ids = faces.column("record_id").to_pylist()
-    small = tuple(SmallPartition(records=e["records"], people=e["people"], action=e["action"]) for e in plan.small)
+    small = SmallPartition.of_plan(plan)
     for e in small:  # counts only: a rare label value held by one person is itself identifying (also in logs)
         lg.warning("a partition of %s records has %s people (< k=%d): %s", e.records, e.people, config.k, e.action)
     suppressed = (*(ids[i] for i in plan.suppressed), *held_back)
@@ -480,7 +481,7 @@ def releasable_label_sets(metadata: pa.Table, labels: Sequence[str], k: int) -> 
 
 
 def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequence[str], shape_hw,
-                  lineage: LineageApplied | None, *, lg) -> dict:
+                  lineage: LineageApplied | None, *, lg) -> ReleaseRows:
     """Images, clusters, labels and staging ids of every record of the would-be release.
 
     An image-sequence drop adds each record's (private) sequence key and frame number: the release
@@ -491,36 +492,22 @@ def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequen
     rel = pa.concat_tables([pq.read_table(p) for p in deidentified.parts]).join(meta, "record_id", join_type="inner")
     # DEID_COLOR: the colour faces (BGR) are released; the gate attacked their grey ("pixels").
     column, shape = ("color", (*shape_hw, 3)) if "color" in rel.column_names else ("pixels", tuple(shape_hw))
-    rows = dict(images=np.frombuffer(b"".join(rel.column(column).to_pylist()), np.uint8).reshape(rel.num_rows, -1),
-                shape=shape, clusters=rel.column("cluster").to_pylist(),
-                labels={x: rel.column(x).to_pylist() for x in labels}, record_ids=rel.column("record_id").to_pylist())
-    if lineage is not None and lineage.release.republished:
-        # Returning records carry their registered labels: the cluster's released label mix stays the registered one.
-        stages.registered_row_labels(lineage.release, lineage.state, list(lineage.record_ids), list(labels), rows)
-    if seq:
-        rows.update(sequences=rel.column("sequence").to_pylist(), frames=rel.column("frame").to_pylist())
-    if lineage is not None and lineage.release.counts["counterfeit_records"]:
-        if column == "color":
-            raise ConfigError("DEID_COLOR=true cannot republish registered clusters yet (their stored averages are "
-                              "grey); release this dataset in grey, or start a new dataset name for colour releases")
-        present: dict[str, list[dict]] = {}
-        for i, c in enumerate(rows["clusters"]):
-            present.setdefault(c, []).append({x: rows["labels"][x][i] for x in labels})
-        fallback = {x: Counter(map(str, meta.column(x).to_pylist())).most_common(1)[0][0] for x in labels}
-        fakes = stages.counterfeit_rows(lineage.release, lineage.state, list(labels), present, fallback)
-        rows["images"] = np.vstack([rows["images"], *[f["pixels"][None, :] for f in fakes]])
-        rows["clusters"] += [f["cluster"] for f in fakes]
-        rows["record_ids"] += [f["record_id"] for f in fakes]
-        for c in ("sequences", "frames"):  # a counterfeit is a still image
-            if c in rows:
-                rows[c] += [None] * len(fakes)
-        for x in labels:
-            rows["labels"][x] += [f["labels"][x] for f in fakes]
-        lg.info(f"stage: {len(fakes)} counterfeit records of republished clusters")
-    return rows
+    rows = ReleaseRows(
+        vectors=np.frombuffer(b"".join(rel.column(column).to_pylist()), np.uint8).reshape(rel.num_rows, -1),
+        shape=shape, clusters=tuple(rel.column("cluster").to_pylist()),
+        labels={x: tuple(rel.column(x).to_pylist()) for x in labels},
+        record_ids=tuple(rel.column("record_id").to_pylist()),
+        sequences=tuple(rel.column("sequence").to_pylist()) if seq else None,
+        frames=tuple(rel.column("frame").to_pylist()) if seq else None)
+    if lineage is not None and lineage.release.counts["counterfeit_records"] and column == "color":
+        raise ConfigError("DEID_COLOR=true cannot republish registered clusters yet (their stored averages are "
+                          "grey); release this dataset in grey, or start a new dataset name for colour releases")
+    return stages.lineage_release_rows(
+        rows, lineage, labels, lambda: {x: Counter(map(str, meta.column(x).to_pylist())).most_common(1)[0][0]
+                                        for x in labels}, logger=lg)
 
 
-def lineage_label_mix(lineage: LineageApplied, rows: dict, labels: Sequence[str],
+def lineage_label_mix(lineage: LineageApplied, rows: ReleaseRows, labels: Sequence[str],
                        label_sets: dict[str, list[str]]) -> tuple[dict[str, list[str]], tuple[Check, ...]]:
     """The gate's ``lineage_label_mix`` check on the would-be release's rows; the label values it may carry.
 
@@ -531,11 +518,11 @@ def lineage_label_mix(lineage: LineageApplied, rows: dict, labels: Sequence[str]
 
     keys = stages.lineage_row_keys(lineage.release, list(lineage.record_ids), rows)
     republished = {r.key for r in lineage.release.republished}
-    extra = {x: {v for key, v in zip(keys, rows["labels"][x]) if key in republished} for x in labels}
+    extra = {x: {v for key, v in zip(keys, rows.labels[x]) if key in republished} for x in labels}
     sets = {x: sorted(set(label_sets[x]) | extra[x]) for x in labels}
     check = check_label_mix(lineage.state, lineage.release,
-                            [(key, tuple(rows["labels"][x][j] for x in labels)) for j, key in enumerate(keys)
-                             if key is not None], list(labels))
+                            [(key, lab) for key, lab in zip(keys, rows.label_rows(labels)) if key is not None],
+                            list(labels))
     return sets, (check.to_gate_check(),)
 
 
@@ -559,7 +546,9 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
     rows = _release_rows(deidentified, ingested.metadata, labels, config.shape_hw, lineage, lg=lg)
     tmp = layout.release_dir
     try:
-        staged = stage_release(tmp, **rows)
+        staged = stage_release(tmp, images=rows.vectors, shape=rows.shape, clusters=rows.clusters,
+                               labels=rows.labels, record_ids=rows.record_ids, sequences=rows.sequences,
+                               frames=rows.frames)
         artifacts = tuple(Artifact(**a) for a in hash_tree(staged.path))
         label_sets = releasable_label_sets(ingested.metadata, labels, config.k)
         lineage_checks_ = ()
@@ -578,21 +567,21 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
     lg.info(f"stage: {staged.n_records} records staged for release in {tmp}"
             + (f", {len(staged.videos)} videos" if staged.videos else ""))
     checks = (suite_check(validation), *lineage_checks_)
-    if "sequences" in rows:
+    if rows.sequences is not None:
         checks += (_sequence_linkage(rows, layout, config.k),)
     return Staged(dir=tmp, artifacts=artifacts, columns=tuple(staged.columns), records=staged.n_records,
                   validation=validation, checks=checks, file_metadata=file_metadata,
                   linkage=layout.linkage, videos=tuple(staged.videos))
 
 
-def _sequence_linkage(rows: Mapping, layout: StagingLayout, k: int) -> Check:
+def _sequence_linkage(rows: ReleaseRows, layout: StagingLayout, k: int) -> Check:
     """The gate's check that every released video fits >= k people (the effective people of the partitions)."""
     from deid.evaluation.sequences import sequence_linkage_check  # noqa: PLC0415
 
     t = ds.dataset(layout.partitions_dir, format="parquet", partitioning="hive").to_table(
         columns=["record_id", "subject_id"]).to_pydict()
     person = dict(zip(t["record_id"], t["subject_id"]))
-    return sequence_linkage_check(rows["sequences"], rows["clusters"], [person.get(r) for r in rows["record_ids"]],
+    return sequence_linkage_check(list(rows.sequences), list(rows.clusters), [person.get(r) for r in rows.record_ids],
                                   k=k)
 
 
@@ -606,7 +595,7 @@ def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig
     (registered members; counterfeit rows of no one).
     """
     from deid.evaluation.gate import GateInputs, evaluate  # noqa: PLC0415
-    from deid.anonymise.methods import method_runner  # noqa: PLC0415
+    from deid.anonymise.methods import method_runner, uses_points  # noqa: PLC0415
 
     shape = config.shape_hw
     gconfig = config.gate_config(labels)
@@ -623,11 +612,13 @@ def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig
                                            else None),
                   republished=lineage.republished if lineage is not None else None)
     if deidentified.parts:
+        # The landmark points the method used: the parrot and the utility folds re-run it with them.
         rec = stages.gate_records(str(partitioned.root), [str(p) for p in deidentified.parts], labels=list(labels),
-                                  select=config.select(labels), partition_keys=partitioned.gate_keys)
+                                  select=config.select(labels), partition_keys=partitioned.gate_keys,
+                                  points=bool(partitioned.inputs.points) and uses_points(config.method))
         inputs = GateInputs(shape=shape, people=rec.people, image_index=rec.image_index,
                             own_distance=rec.own_distance, fetch=rec.fetch, clusters=rec.clusters,
-                            partitions=rec.partitions, labels=rec.labels, **common)
+                            partitions=rec.partitions, labels=rec.labels, points=rec.points, **common)
     else:
         inputs = GateInputs.empty(shape=shape, **common)
     result = evaluate(inputs, gconfig)

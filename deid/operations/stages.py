@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 from deid.alignment.eyes import EyePair, HaarEyeDetector
 from deid.alignment.canonical import FaceAligner
 from deid.alignment.align import align_records
-from deid.contracts import LINEAGE_PARTITION, ClusterInfo, StagingLayout
+from deid.contracts import LINEAGE_PARTITION, ClusterInfo, CounterfeitRow, ReleaseRows, StagingLayout
 from deid.errors import ConfigError, Quarantined, StateError
 from deid.alignment.features import Eigenfaces
 from deid.anonymise.identity import PeopleResolution, resolve_people
@@ -69,6 +69,7 @@ class GateRecords:
     image_index: np.ndarray
     own_distance: np.ndarray
     fetch: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+    points: list | None = None  # per record, its canonical landmarks (None: none) when asked for
 
 
 def _write_atomic(table: pa.Table, path: Path) -> None:
@@ -346,7 +347,8 @@ def _pixels(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 
 def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[str], batch_rows: int = 4096,
-                 select: bool = False, partition_keys: dict[tuple[str, ...], str] | None = None) -> GateRecords:
+                 select: bool = False, partition_keys: dict[tuple[str, ...], str] | None = None,
+                 points: bool = False) -> GateRecords:
     """Per-record facts the gate needs, streamed: memory holds metadata, never all pixels.
 
     Returns :class:`GateRecords` for :class:`deid.evaluation.gate.GateInputs`: ``record_ids``, ``people`` (the
@@ -358,7 +360,8 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     ``select``: the method partitions by the labels (the returning people's records then join
     the partition of their label values); ``partition_keys`` maps label values to Hive keys, as
     the partition stage returned them (:attr:`deid.contracts.Partitioned.gate_keys`; read from
-    ``_index.json`` when absent).
+    ``_index.json`` when absent). ``points``: also each record's landmark points as the
+    de-identify stage gave them to the method (None for a record or partition without).
     """
     import hashlib  # noqa: PLC0415
 
@@ -373,11 +376,15 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     label_values: dict[str, list] = {x: [] for x in labels}
     image_index: list[int] = []
     own: list[np.ndarray] = []
+    record_points: list | None = [] if points else None
     digests: dict[bytes, int] = {}
     lineage_key = _lineage_partition_key(Path(partitions_root), labels, select, partition_keys)
     for pdir, dpath in pairs:
         key = Path(pdir).name.split("=", 1)[-1]
-        for o, r in _paired_batches(pdir, dpath, ["record_id", "subject_id", "pixels", *labels], batch_rows):
+        # The returning people's partition of a lineage holds no points: its records are not re-made.
+        with_points = points and "points" in ds.dataset(pdir, format="parquet").schema.names
+        for o, r in _paired_batches(pdir, dpath, ["record_id", "subject_id", "pixels", *labels,
+                                                  *(["points"] if with_points else [])], batch_rows):
             ids += r.column("record_id").to_pylist()
             people += o.column("subject_id").to_pylist()
             clusters += r.column("cluster").to_pylist()
@@ -388,6 +395,8 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
                 partitions += [key] * r.num_rows
             for x in labels:
                 label_values[x] += o.column(x).to_pylist()
+            if record_points is not None:
+                record_points += o.column("points").to_pylist() if with_points else [None] * r.num_rows
             a, b = _pixels(r.column("pixels")), _pixels(o.column("pixels"))
             image_index += [digests.setdefault(hashlib.blake2b(row, digest_size=16).digest(), len(digests)) for row in a]
             own.append(mean_abs_difference(a, b))
@@ -429,6 +438,7 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
         image_index=np.asarray(image_index, dtype=np.int64),
         own_distance=np.concatenate(own) if own else np.zeros(0),
         fetch=fetch,
+        points=record_points,
     )
 
 
@@ -550,16 +560,16 @@ def write_lineage_part(partition_dir: str, out_path: str, release, state, record
     return DeidentifiedPart(path=out_path, records=len(ids), clusters=tuple(summary))
 
 
-def counterfeit_rows(release, state, labels: list[str], present: dict[str, list[dict]],
-                     fallback: dict[str, str]) -> list[dict]:
-    """The counterfeit records of the republished clusters: stored image and utility labels, no source.
+def counterfeit_rows(release, state, labels: list[str], present: Mapping[str, Sequence[Mapping[str, str]]],
+                     fallback: Mapping[str, str]) -> list[CounterfeitRow]:
+    """The counterfeit records of the republished clusters: stored average and utility labels, no source.
 
     Labels are the registered labels of the cluster's absent members
     (:meth:`~deid.release.lineage.LineageRelease.republished_labels`). A cluster registered before the
     registry kept labels falls back to its partition (k-Same-Select), else a record of the cluster in
-    this drop (``present``: cluster key -> label dicts), else the drop's most common values.
+    this drop (``present``: cluster key -> label mappings), else the drop's most common values.
     """
-    rows = []
+    rows: list[CounterfeitRow] = []
     registered = release.republished_labels(state, labels)
     for r in release.republished:
         c = state.clusters[r.key]
@@ -569,31 +579,54 @@ def counterfeit_rows(release, state, labels: list[str], present: dict[str, list[
             elif labels and len(c.partition) == len(labels):
                 lab = dict(zip(labels, c.partition))
             elif present.get(r.key):
-                lab = present[r.key][n % len(present[r.key])]
+                lab = dict(present[r.key][n % len(present[r.key])])
             else:
                 lab = dict(fallback)
-            rows.append({"record_id": f"{COUNTERFEIT_PREFIX}{len(rows):06d}", "cluster": r.key,
-                         # The stored average as registered: uint8 pixels, or a feature drop's float vector.
-                         "pixels": np.ascontiguousarray(c.image), "labels": lab})
+            # The stored average as registered: uint8 pixels, or a feature drop's float vector.
+            rows.append(CounterfeitRow(record_id=f"{COUNTERFEIT_PREFIX}{len(rows):06d}", cluster=r.key,
+                                       average=np.ascontiguousarray(c.image), labels=lab))
     return rows
 
 
-def lineage_row_keys(release, record_ids: list[str], rows: dict) -> list[str | None]:
-    """The lineage cluster key of every row of the would-be release (``rows`` of the stage; None: no key).
+def lineage_release_rows(rows: ReleaseRows, lineage, labels: Sequence[str],
+                         fallback: Callable[[], Mapping[str, str]], *, logger=None) -> ReleaseRows:
+    """The would-be release's rows as the lineage makes them (image and feature drops alike).
+
+    Returning records carry their registered labels (the cluster's released label mix stays the
+    registered one, :func:`registered_row_labels`); the counterfeits of republished clusters follow
+    (:func:`counterfeit_rows`; ``fallback()`` gives the drop's most common label values).
+    """
+    if lineage is None:
+        return rows
+    labels = list(labels)
+    if lineage.release.republished:
+        rows = registered_row_labels(lineage.release, lineage.state, list(lineage.record_ids), labels, rows)
+    if not lineage.release.counts["counterfeit_records"]:
+        return rows
+    present: dict[str, list[dict[str, str]]] = {}
+    for c, lab in zip(rows.clusters, rows.label_rows(labels)):
+        present.setdefault(c, []).append(dict(zip(labels, lab)))
+    fakes = counterfeit_rows(lineage.release, lineage.state, labels, present, fallback())
+    (logger or log).info(f"stage: {len(fakes)} counterfeit records of republished clusters")
+    return rows.with_counterfeits(fakes)
+
+
+def lineage_row_keys(release, record_ids: list[str], rows: ReleaseRows) -> list[str | None]:
+    """The lineage cluster key of every row of the would-be release (None: no key).
 
     A drop record's key is the one the release gives it; a counterfeit row's cluster is its key.
     """
     where = {r: i for i, r in enumerate(record_ids)}
     republished = {r.key for r in release.republished}
     out: list[str | None] = []
-    for rid, cluster in zip(rows["record_ids"], rows["clusters"]):
+    for rid, cluster in zip(rows.record_ids, rows.clusters):
         i = where.get(rid)
         out.append(release.record_cluster[i] if i is not None else cluster if cluster in republished else None)
     return out
 
 
-def registered_row_labels(release, state, record_ids: list[str], labels: list[str], rows: dict) -> int:
-    """Give the drop records of republished clusters their registered labels, in place; returns how many.
+def registered_row_labels(release, state, record_ids: list[str], labels: list[str], rows: ReleaseRows) -> ReleaseRows:
+    """The rows with the drop records of republished clusters given their registered labels.
 
     So that each republished cluster's released labels are its registered label mix
     (:meth:`~deid.release.lineage.LineageRelease.republished_labels`); clusters registered without
@@ -601,15 +634,14 @@ def registered_row_labels(release, state, record_ids: list[str], labels: list[st
     """
     registered = release.republished_labels(state, labels)
     where = {r: i for i, r in enumerate(record_ids)}
-    n = 0
-    for j, rid in enumerate(rows["record_ids"]):
+    out = {x: list(v) for x, v in rows.labels.items()}
+    for j, rid in enumerate(rows.record_ids):
         i = where.get(rid)
         got = registered.get(release.record_cluster[i]) if i is not None else None
         if got is not None:
             for x, v in zip(labels, got.records[i]):
-                rows["labels"][x][j] = v
-            n += 1
-    return n
+                out[x][j] = v
+    return replace(rows, labels={x: tuple(v) for x, v in out.items()})
 
 
 def republished_for_gate(release, state):

@@ -17,11 +17,14 @@ from typing import Any
 from deid.evaluation.validation import validation_section
 from deid.contracts import (
     Aligned,
+    ClusterInfo,
     Deidentified,
     Ingested,
     LineageApplied,
+    PartitionInfo,
     Partitioned,
     RecordCounts,
+    SmallPartition,
     Staged,
 )
 from deid.anonymise.method_registry import REGISTRY, guarantee
@@ -65,31 +68,45 @@ def lineage_section(config: RunConfig, dataset: str, partitioned: Partitioned | 
             "registered": bool(registered and lineage), "release_counts": counts}
 
 
-def configuration(config: RunConfig, *, ingested: Ingested, aligned: Aligned, partitioned: Partitioned,
-                  deidentified: Deidentified, notes: Sequence[str], timings: Mapping[str, float]) -> dict[str, Any]:
-    """The report's ``configuration``: the effective settings and what each stage decided (counts only)."""
-    w, h = config.aligner.size
+def shared_configuration(config: RunConfig, *, labels: Sequence[str], license: str | None, notes: Sequence[str],
+                         identity: Mapping[str, Any] | None, partitions: Sequence[PartitionInfo],
+                         small: Sequence[SmallPartition], clusters: Sequence[ClusterInfo]) -> dict[str, Any]:
+    """The ``configuration`` entries of every run's report (images or feature vectors).
+
+    The gate's settings and what the identity, partition and de-identify stages decided (counts only).
+    """
+    strength = config.spec.strength
     return {
-        "labels": list(ingested.labels), "license": ingested.license, "notes": list(notes),
-        "identity": dict(partitioned.identity) if partitioned.identity is not None else None,
+        "labels": list(labels), "license": license, "notes": list(notes),
+        "identity": dict(identity) if identity is not None else None,
         "duplicate_ids": config.duplicate_ids, "small_partitions": config.small_partitions,
-        "canonical_size": [w, h], "color": config.color,
-        "canonical_eyes": [list(config.aligner.eye_left), list(config.aligner.eye_right)],
         "pca_components": config.pca_components, "utility_tolerance": config.gate.tolerance,
         "utility_protocol": "cross-fit", "utility_sample": config.gate.utility_sample,
         "utility_inconclusive": config.gate.utility_inconclusive, "gate_confidence": config.gate.confidence,
-        "attack_sample": config.gate.attack_sample, "deep_attack_sample": config.gate.deep_attack_sample,
-        "leak_threshold": config.gate.leak_threshold,
-        **({"sigma": config.sigma} if REGISTRY[config.method].strength == "sigma" else {}),
-        **({"block": config.block} if REGISTRY[config.method].strength == "block" else {}),
+        "attack_sample": config.gate.attack_sample,
+        **({"sigma": config.sigma} if strength == "sigma" else {}),
+        **({"block": config.block} if strength == "block" else {}),
         "max_quarantine_fraction": config.gate.max_quarantine_fraction, "cv_folds": config.gate.folds,
-        "cv_repeats": config.gate.repeats, "eye_sources": dict(aligned.eye_sources),
-        "partitions": [{"key": list(p.key), "records": p.records, "people": p.people}
-                       for p in partitioned.partitions],
+        "cv_repeats": config.gate.repeats,
+        "partitions": [{"key": list(p.key), "records": p.records, "people": p.people} for p in partitions],
         # Counts only, never the label values of a partition too small to release.
-        "small_partitions_detail": [{"records": e.records, "people": e.people, "action": e.action}
-                                    for e in partitioned.small],
-        "clusters": {"count": len(deidentified.clusters), "sizes": sorted(c.size for c in deidentified.clusters)},
+        "small_partitions_detail": [{"records": e.records, "people": e.people, "action": e.action} for e in small],
+        "clusters": {"count": len(clusters), "sizes": sorted(c.size for c in clusters)},
+    }
+
+
+def configuration(config: RunConfig, *, ingested: Ingested, aligned: Aligned, partitioned: Partitioned,
+                  deidentified: Deidentified, notes: Sequence[str], timings: Mapping[str, float]) -> dict[str, Any]:
+    """The report's ``configuration`` of an image run: :func:`shared_configuration` and the image stages' settings."""
+    w, h = config.aligner.size
+    return {
+        **shared_configuration(config, labels=ingested.labels, license=ingested.license, notes=notes,
+                               identity=partitioned.identity, partitions=partitioned.partitions,
+                               small=partitioned.small, clusters=deidentified.clusters),
+        "canonical_size": [w, h], "color": config.color,
+        "canonical_eyes": [list(config.aligner.eye_left), list(config.aligner.eye_right)],
+        "deep_attack_sample": config.gate.deep_attack_sample, "leak_threshold": config.gate.leak_threshold,
+        "eye_sources": dict(aligned.eye_sources),
         # Landmark points and image sequences the method was given; k-same-m's cluster shape sources.
         "method_inputs": {**partitioned.inputs.to_dict(), "shape_sources": dict(deidentified.shape_sources)},
         "extra_manifest_columns": list(ingested.extra_columns),
