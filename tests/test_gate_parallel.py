@@ -47,3 +47,17 @@ def test_the_parallel_gate_gives_the_serial_figures():
     assert parallel.reidentification == serial.reidentification and len(serial.reidentification) == 9
     assert parallel.utility == serial.utility and any(r.get("protocol") == "cross-fit" for r in serial.utility)
     assert (parallel.max_rate, parallel.attack_sample) == (serial.max_rate, serial.attack_sample)
+
+
+def test_the_pool_loads_the_recogniser_only_for_a_run_that_embeds_its_faces(tmp_path):
+    from types import SimpleNamespace
+
+    from deid.orchestration.cluster import needs_recognizer
+
+    (tmp_path / "manifest.csv").write_text("image,subject_id\n" + "".join(f"{i}.png,p{i}\n" for i in range(5)))
+    cfg = SimpleNamespace(kind="images", identity_embed_max=2000)
+    assert needs_recognizer(cfg, tmp_path)
+    assert not needs_recognizer(SimpleNamespace(kind="images", identity_embed_max=0), tmp_path)  # check off
+    assert not needs_recognizer(SimpleNamespace(kind="images", identity_embed_max=4), tmp_path)  # too many faces
+    assert not needs_recognizer(SimpleNamespace(kind="features", identity_embed_max=2000), tmp_path)
+    assert not needs_recognizer(cfg, tmp_path / "missing")

@@ -180,11 +180,12 @@ def cmd_run(args) -> int:
                                block=args.block, kind=kind)
     preflight_run()
     _quiet_prefect_env()
-    from deid.orchestration.cluster import close_prestarted, prestart_pool, uses_pool  # noqa: PLC0415
+    from deid.orchestration.cluster import close_prestarted, needs_recognizer, prestart_pool, uses_pool  # noqa: PLC0415
     from deid.orchestration.prefect_api import connect, warm_imports  # noqa: PLC0415
 
     if uses_pool(drop, address=config.dask_address, max_records=_settings().local_pool_max_records):
-        prestart_pool(config.dask_workers)  # its processes import while the server starts and this one imports
+        # Its processes import while the server starts and this one imports.
+        prestart_pool(config.dask_workers, recognizer=needs_recognizer(config, drop))
     try:
         # The Prefect API next: a temporary server boots in its own process while this one imports.
         api = connect(config.data_path, log_path=config.data_path / "logs" / "prefect-server.log")

@@ -58,12 +58,18 @@ def _worker_start(parent: int) -> None:
             os._exit(1)
 
 
-def warm_worker() -> None:
-    """What every stage needs, imported (and the dlib recogniser loaded) before the first call arrives."""
-    import deid.operations.stages  # noqa: F401, PLC0415
-    from deid.evaluation.recognizer import _dlib_model  # noqa: PLC0415
+def warm_worker(*, recognizer: bool = True) -> None:
+    """What every stage needs, imported before the first call arrives; the dlib recogniser loaded if asked.
 
-    _dlib_model("recognizer")
+    Only a run whose identity check embeds its faces needs the recogniser early (partition); a
+    later use (a gate attack in this process) loads it then.
+    """
+    import deid.operations.stages  # noqa: F401, PLC0415
+
+    if recognizer:
+        from deid.evaluation.recognizer import _dlib_model  # noqa: PLC0415
+
+        _dlib_model("recognizer")
 
 
 class PoolExecutor:
