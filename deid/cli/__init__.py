@@ -26,6 +26,7 @@ import argparse
 import importlib
 import logging
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -314,6 +315,15 @@ VERIFY_EXIT: tuple[tuple[type[VerificationError], int], ...] = (
     (WrongKey, 4), (BadSignature, 3), (HashMismatch, 6), (MissingFile, 5), (UnlistedFile, 7))
 
 
+def verify_exit_help() -> str:
+    """``deid verify``'s exit codes, from :data:`VERIFY_EXIT` (each failure type's name in words)."""
+    by_type = ", ".join(f"{code} {re.sub(r'(?<!^)(?=[A-Z])', ' ', kind.__name__).lower()}"
+                        for kind, code in sorted(VERIFY_EXIT, key=lambda row: row[1]))
+    return (f"Exit codes: {EXIT_OK} verified with the trusted key, {EXIT_INTEGRITY_ONLY} integrity only (no "
+            f"--public-key: files match, signature not checked), {by_type}, {EXIT_REJECTED} other problem, "
+            f"{EXIT_BAD_INPUT} bad input.")
+
+
 def verify_exit_code(failures: list[VerificationError]) -> int:
     """3 bad signature, 4 wrong key, 5 missing file, 6 hash mismatch, 7 extra unlisted file, 1 other (by type)."""
     for kind, code in VERIFY_EXIT:
@@ -400,11 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("drop")
     i.set_defaults(func=cmd_import)
 
-    v = sub.add_parser("verify", help="verify a signed report and its release",
-                       description="Exit codes: 0 verified with the trusted key, 8 integrity only (no "
-                                   "--public-key: files match, signature not checked), 3 bad signature, 4 wrong "
-                                   "key, 5 missing file, 6 hash mismatch, 7 extra unlisted file, 1 other problem, "
-                                   "2 bad input.")
+    v = sub.add_parser("verify", help="verify a signed report and its release", description=verify_exit_help())
     v.add_argument("report_dir")
     v.add_argument("--public-key", default=None, help="the signer's public key PEM you trust")
     v.add_argument("--release", default=None, help="release directory (default: from the report)")
