@@ -23,6 +23,7 @@ Prefect is imported only by ``deid run``, so the other commands start fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
@@ -205,7 +206,10 @@ def cmd_run(args) -> int:
         print(f"deid run: {drop} ({'feature drop, ' if kind == 'features' else ''}k={config.k}, "
               f"method={config.method})", file=sys.stderr)
         print(f"deid run: prefect: {api.describe()}", file=sys.stderr)
-        result = run_flow(str(drop.resolve()), **config.parameters())
+        from deid.orchestration.logs import report_instead_of_ui  # noqa: PLC0415
+
+        with report_instead_of_ui(config.reports_path) if not api.has_ui else contextlib.nullcontext():
+            result = run_flow(str(drop.resolve()), **config.parameters())
     finally:
         close_prestarted()
         api.stop()

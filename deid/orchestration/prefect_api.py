@@ -157,6 +157,11 @@ class PrefectApi:
         self.url = f"http://127.0.0.1:{port}/api"
         use_api(self.url)
 
+    @property
+    def has_ui(self) -> bool:
+        """Does the server serve Prefect's UI? Temporary servers (deid's or Prefect's own) run without it."""
+        return self.kind in ("configured", "deid-server")
+
     def describe(self) -> str:
         """One line for ``deid run``'s output: which server the run uses."""
         if self.kind == "configured":
