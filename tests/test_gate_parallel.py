@@ -31,7 +31,7 @@ def test_the_parallel_gate_gives_the_serial_figures():
         partitions=label, labels={"bright": label}, records_in=len(people),
         release_columns=("record_id", "image", "cluster_id"),
         deidentify=method_runner("k-same-select", shape=SHAPE, k=5, n_components=10))
-    config = GateConfig(k=5, method="k-same-select", labels=("bright",), repeats=1, deep_attack_sample=10,
+    config = GateConfig(k=5, method="k-same-select", labels=("bright",), repeats=1, deep_attack_sample=5,
                         attackers=("pca-whitened-cosine", "lbp-chi2", "dlib-resnet"))
     serial = evaluate(inputs, config)
     pool = PoolExecutor(2, warm=None)
