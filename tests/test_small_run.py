@@ -136,3 +136,20 @@ def test_one_worker_is_this_process_alone():
     pool = PoolExecutor(1)
     assert pool.map(whoami, [dict(i=0), dict(i=1)]) == [(0, os.getpid()), (1, os.getpid())]
     pool.close()
+
+
+def test_serve_and_watch_find_the_projects_deid_server(tmp_path, health_server, monkeypatch):
+    import deid.orchestration.prefect_api as prefect_api
+    import deid.orchestration.watch as watch
+    from deid.errors import ConfigError
+
+    used = []
+    monkeypatch.setattr(watch, "configured_api_url", lambda: None)
+    monkeypatch.setattr(prefect_api, "use_api", used.append)
+    with pytest.raises(ConfigError, match="deid server"):
+        watch.api_url(tmp_path)
+    write_server_file(tmp_path, port=health_server, pid=os.getpid())
+    url = f"http://127.0.0.1:{health_server}/api"
+    assert watch.api_url(tmp_path) == url and used == [url]  # this process's Prefect now talks to it
+    monkeypatch.setattr(watch, "configured_api_url", lambda: "http://127.0.0.1:9/api")
+    assert watch.api_url(tmp_path) == "http://127.0.0.1:9/api"  # a configured API comes first

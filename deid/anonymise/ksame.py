@@ -21,7 +21,7 @@ from typing import Any, Hashable, Sequence
 
 import numpy as np
 from sklearn.base import BaseEstimator
-from threadpoolctl import threadpool_limits
+from deid.blas import one_blas_thread
 
 from deid.errors import ConfigError
 
@@ -309,7 +309,7 @@ def group_block(X: np.ndarray, codes: np.ndarray, k: int) -> BlockGrouping:
     """
     X = np.ascontiguousarray(X, dtype=np.float64)
     _, local = np.unique(np.asarray(codes), return_inverse=True)
-    with threadpool_limits(limits=1, user_api="blas"):
+    with one_blas_thread():
         labels, n_left = _greedy_labels(X, local.astype(np.intp), int(k))
     return BlockGrouping(labels, n_left)
 
@@ -598,9 +598,9 @@ class KSame(BaseEstimator):
         if self.block_size is None or X.shape[0] <= self.block_size:
             # Thousands of small matrix-vector products: BLAS threads only add synchronisation
             # (and stall badly when other processes hold the cores), so run them single-threaded.
-            with threadpool_limits(limits=1, user_api="blas"):
+            with one_blas_thread():
                 return _greedy_labels(X, unit, k)
-        with threadpool_limits(limits=1, user_api="blas"):
+        with one_blas_thread():
             labels = blockwise_labels(X, unit, k=k, block_size=int(self.block_size), map_blocks=self.map_blocks or map)
         # Blockwise, "leftover" has no single meaning (each block and refinement round has its
         # own); report faces in clusters larger than the people needed, a comparable count.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+from dataclasses import dataclass
 import logging
 from numbers import Integral, Real
 from typing import Any, Callable, Hashable, Mapping, Sequence
@@ -374,17 +375,31 @@ def method_runner(method: str, *, shape: tuple[int, int], k: int | None = None, 
     ``points`` are the faces' landmarks as the release used them (k-same-m's cluster shapes).
     """
     _check_method(method)
+    return MethodRunner(method, shape=tuple(shape), k=k, sigma=sigma, block=block, n_components=n_components,
+                        seed=seed, options=None if options is None else dict(options))
 
-    def run(images: np.ndarray, *, people: Sequence[Hashable], partitions: Sequence[Hashable] | None = None,
-            labels: Mapping[str, Sequence[Hashable]] | None = None,
-            points: Sequence[Any] | None = None) -> np.ndarray:
-        m = method
+
+@dataclass(frozen=True)
+class MethodRunner:
+    """:func:`method_runner`'s callable: plain values only, so it travels to other processes (the gate's parts)."""
+
+    method: str
+    shape: tuple[int, int]
+    k: int | None = None
+    sigma: float | None = None
+    block: int | None = None
+    n_components: int = 50
+    seed: int = 0
+    options: Mapping[str, Any] | None = None
+
+    def __call__(self, images: np.ndarray, *, people: Sequence[Hashable], partitions: Sequence[Hashable] | None = None,
+                 labels: Mapping[str, Sequence[Hashable]] | None = None,
+                 points: Sequence[Any] | None = None) -> np.ndarray:
+        m = self.method
         if m == "k-same-select" and partitions is None:
             m = "k-same"
         if not REGISTRY[m].partitions_by_labels:
             partitions = None
-        return deidentify(images, shape=shape, people=people, partitions=partitions, method=m, k=k, sigma=sigma,
-                          block=block, n_components=n_components, seed=seed, labels=labels or None,
-                          options=options, points=points)[0]
-
-    return run
+        return deidentify(images, shape=self.shape, people=people, partitions=partitions, method=m, k=self.k,
+                          sigma=self.sigma, block=self.block, n_components=self.n_components, seed=self.seed,
+                          labels=labels or None, options=self.options, points=points)[0]

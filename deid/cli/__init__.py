@@ -23,9 +23,11 @@ Prefect is imported only by ``deid run``, so the other commands start fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import logging
 import os
+import re
 import sys
 import traceback
 from pathlib import Path
@@ -180,11 +182,12 @@ def cmd_run(args) -> int:
                                block=args.block, kind=kind)
     preflight_run()
     _quiet_prefect_env()
-    from deid.orchestration.cluster import close_prestarted, prestart_pool, uses_pool  # noqa: PLC0415
+    from deid.orchestration.cluster import close_prestarted, needs_recognizer, prestart_pool, uses_pool  # noqa: PLC0415
     from deid.orchestration.prefect_api import connect, warm_imports  # noqa: PLC0415
 
     if uses_pool(drop, address=config.dask_address, max_records=_settings().local_pool_max_records):
-        prestart_pool(config.dask_workers)  # its processes import while the server starts and this one imports
+        # Its processes import while the server starts and this one imports.
+        prestart_pool(config.dask_workers, recognizer=needs_recognizer(config, drop))
     try:
         # The Prefect API next: a temporary server boots in its own process while this one imports.
         api = connect(config.data_path, log_path=config.data_path / "logs" / "prefect-server.log")
@@ -203,7 +206,10 @@ def cmd_run(args) -> int:
         print(f"deid run: {drop} ({'feature drop, ' if kind == 'features' else ''}k={config.k}, "
               f"method={config.method})", file=sys.stderr)
         print(f"deid run: prefect: {api.describe()}", file=sys.stderr)
-        result = run_flow(str(drop.resolve()), **config.parameters())
+        from deid.orchestration.logs import report_instead_of_ui  # noqa: PLC0415
+
+        with report_instead_of_ui(config.reports_path) if not api.has_ui else contextlib.nullcontext():
+            result = run_flow(str(drop.resolve()), **config.parameters())
     finally:
         close_prestarted()
         api.stop()
@@ -313,6 +319,15 @@ VERIFY_EXIT: tuple[tuple[type[VerificationError], int], ...] = (
     (WrongKey, 4), (BadSignature, 3), (HashMismatch, 6), (MissingFile, 5), (UnlistedFile, 7))
 
 
+def verify_exit_help() -> str:
+    """``deid verify``'s exit codes, from :data:`VERIFY_EXIT` (each failure type's name in words)."""
+    by_type = ", ".join(f"{code} {re.sub(r'(?<!^)(?=[A-Z])', ' ', kind.__name__).lower()}"
+                        for kind, code in sorted(VERIFY_EXIT, key=lambda row: row[1]))
+    return (f"Exit codes: {EXIT_OK} verified with the trusted key, {EXIT_INTEGRITY_ONLY} integrity only (no "
+            f"--public-key: files match, signature not checked), {by_type}, {EXIT_REJECTED} other problem, "
+            f"{EXIT_BAD_INPUT} bad input.")
+
+
 def verify_exit_code(failures: list[VerificationError]) -> int:
     """3 bad signature, 4 wrong key, 5 missing file, 6 hash mismatch, 7 extra unlisted file, 1 other (by type)."""
     for kind, code in VERIFY_EXIT:
@@ -399,11 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("drop")
     i.set_defaults(func=cmd_import)
 
-    v = sub.add_parser("verify", help="verify a signed report and its release",
-                       description="Exit codes: 0 verified with the trusted key, 8 integrity only (no "
-                                   "--public-key: files match, signature not checked), 3 bad signature, 4 wrong "
-                                   "key, 5 missing file, 6 hash mismatch, 7 extra unlisted file, 1 other problem, "
-                                   "2 bad input.")
+    v = sub.add_parser("verify", help="verify a signed report and its release", description=verify_exit_help())
     v.add_argument("report_dir")
     v.add_argument("--public-key", default=None, help="the signer's public key PEM you trust")
     v.add_argument("--release", default=None, help="release directory (default: from the report)")

@@ -32,7 +32,7 @@ def format_lineage(desc: dict) -> str:
 
 def cmd_lineage(args) -> int:
     from deid.errors import ConfigError, VerificationError
-    from deid.release.lineage import LineageError, describe_lineage
+    from deid.release.lineage import describe_lineage
     from deid.release.lineage_registry import Registry
     from deid.release.linkage import DEV_KEY_NAME, load_linkage_key
 
@@ -53,7 +53,7 @@ def cmd_lineage(args) -> int:
                   "(no release of it yet, or check --data-dir)", file=sys.stderr)
             return EXIT_BAD_INPUT
         desc = describe_lineage(registry.load(), members=args.members)
-    except (ConfigError, VerificationError, LineageError) as exc:
+    except (ConfigError, VerificationError) as exc:  # a LineageError (a StateError) exits by its type: 70
         print(f"deid lineage: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     sys.stdout.write(json.dumps(desc, indent=2) + "\n" if args.json else format_lineage(desc))

@@ -43,8 +43,8 @@ def cmd_server(args) -> int:
     env = server_env(args.port)
     print(f"Prefect server: state in {env['PREFECT_HOME']}")
     print(f"UI:  http://127.0.0.1:{args.port}/")
-    print(f"export PREFECT_API_URL=http://127.0.0.1:{args.port}/api   # for deid serve/watch; deid run in this "
-          "project finds this server by itself")
+    print(f"deid run, serve and watch in this project find this server by themselves (its server file); "
+          f"elsewhere: export PREFECT_API_URL=http://127.0.0.1:{args.port}/api")
     sys.stdout.flush()
     proc = subprocess.Popen(server_command(args.port), env=env)
     from deid.orchestration.prefect_api import clear_server_file, write_server_file

@@ -16,7 +16,7 @@ import numpy as np
 from scipy.linalg import eigh
 from sklearn.base import BaseEstimator
 from sklearn.decomposition import PCA
-from threadpoolctl import threadpool_limits
+from deid.blas import one_blas_thread
 
 from deid.errors import ConfigError, DataError
 from deid.evaluation.scoring import _joint_codes
@@ -29,13 +29,13 @@ logger = logging.getLogger(__name__)
 _MIN_RELATIVE_VARIANCE = 1e-10
 
 
-def _one_blas_thread() -> threadpool_limits:
+def _one_blas_thread():
     """Single-threaded BLAS for the attack's small factorisations and products.
 
     On a busy 2-core machine OpenBLAS threads contending for cores made PCA/SVD work 12x
     slower than one thread; the pipeline gets its parallelism from separate workers instead.
     """
-    return threadpool_limits(limits=1, user_api="blas")
+    return one_blas_thread()
 
 
 def _as_matrix(a: Any, name: str) -> np.ndarray:

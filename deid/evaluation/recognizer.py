@@ -327,6 +327,23 @@ class DlibEmbedder(BaseEstimator):
             h.update(row.data)
             DESCRIPTOR_CACHE.put(h.digest(), desc.copy())
 
+    def known(self, X: Any) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of ``X`` this process already has descriptors of, and those descriptors (nothing computed).
+
+        Another process is handed them with :meth:`prime` (the gate's parallel attacks).
+        """
+        base = self._key_base()
+        a = _to_uint8_rows(X, "X")
+        hits = []
+        for i, row in enumerate(a):
+            h = base.copy()
+            h.update(row.data)
+            d = DESCRIPTOR_CACHE.get(h.digest())
+            if d is not None:
+                hits.append((i, d))
+        rows = np.array([i for i, _ in hits], dtype=np.int64)
+        return a[rows], np.array([d for _, d in hits], dtype=np.float32).reshape(len(hits), 128)
+
     def _compute(self, a: np.ndarray) -> np.ndarray:
         model = _dlib_model("recognizer")
         chips = self.chips(a)

@@ -27,7 +27,7 @@ from sklearn.model_selection import GroupKFold, StratifiedGroupKFold
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.svm import LinearSVC
-from threadpoolctl import threadpool_limits
+from deid.blas import one_blas_thread
 
 from deid.errors import ConfigError, DataError
 from deid.anonymise.ksame import InsufficientPeopleError
@@ -251,7 +251,7 @@ def _grouped_cv_accuracy(X: np.ndarray, y: Sequence[Hashable], *, groups: Sequen
     # Single-threaded BLAS: these are small factorisations, and on a busy 2-core machine
     # OpenBLAS threads contending for cores were measured 12x slower (6.2 s vs 0.5 s on the
     # London set).
-    with threadpool_limits(limits=1, user_api="blas"):
+    with one_blas_thread():
         return _cross_validate(X, y_codes, g_codes, splits, detail, n_groups, _components(n_components), seed)
 
 
@@ -424,7 +424,7 @@ def train_original_test_release(
     yo, yr = _joint_label_codes(original_y, released_y, len(Xo), len(Xr), "original_y", "released_y")
     if len(np.unique(yo)) < 2:
         return UtilityResult(None, 0, 0, "originals hold a single class; nothing to learn")
-    with threadpool_limits(limits=1, user_api="blas"):
+    with one_blas_thread():
         pred, converged = _fit_predict(Xo, yo, Xr, _components(n_components), seed)
     acc = float(np.mean(pred == yr))
     detail = f"trained on {len(Xo)} originals, tested on {len(Xr)} released faces"
@@ -474,7 +474,7 @@ def train_release_test_heldout(
     accs: dict[str, list[float]] = {"release": [], "originals": []}
     skipped = 0
     converged = True
-    with threadpool_limits(limits=1, user_api="blas"):
+    with one_blas_thread():
         for r in range(int(repeats)):
             perm = np.random.default_rng(seed + r).permutation(people)
             halves = (perm[: len(perm) // 2], perm[len(perm) // 2:])
@@ -981,7 +981,7 @@ def cross_fit_utility(
     how = ""
     if progress is not None:
         progress.start(int(repeats) * min(int(folds), n_people))
-    with threadpool_limits(limits=1, user_api="blas"):
+    with one_blas_thread():
         for r in range(int(repeats)):
             splits, how_r = grouped_splits(joint, groups=pc, folds=min(int(folds), n_people), seed=seed + r)
             how = how or how_r

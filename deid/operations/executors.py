@@ -58,12 +58,18 @@ def _worker_start(parent: int) -> None:
             os._exit(1)
 
 
-def warm_worker() -> None:
-    """What every stage needs, imported (and the dlib recogniser loaded) before the first call arrives."""
-    import deid.operations.stages  # noqa: F401, PLC0415
-    from deid.evaluation.recognizer import _dlib_model  # noqa: PLC0415
+def warm_worker(*, recognizer: bool = True) -> None:
+    """What every stage needs, imported before the first call arrives; the dlib recogniser loaded if asked.
 
-    _dlib_model("recognizer")
+    Only a run whose identity check embeds its faces needs the recogniser early (partition); a
+    later use (a gate attack in this process) loads it then.
+    """
+    import deid.operations.stages  # noqa: F401, PLC0415
+
+    if recognizer:
+        from deid.evaluation.recognizer import _dlib_model  # noqa: PLC0415
+
+        _dlib_model("recognizer")
 
 
 class PoolExecutor:
@@ -72,9 +78,9 @@ class PoolExecutor:
     A Dask ``LocalCluster`` costs a scheduler, a nanny and a worker process per core, each importing
     distributed and the stages (measured ~6 s of CPU on 2 cores), before its first task; a drop
     of a few hundred faces is done in less. Here the calls go to a ``concurrent.futures`` process
-    pool (``spawn``: this process has Prefect's threads, never fork it) and this process takes the
-    calls no pool process has started, from the end of the list, so it works instead of waiting.
-    Results come back in the order of ``calls`` and are what the same functions return on Dask.
+    pool (``spawn``: this process has Prefect's threads, never fork it) and this process takes
+    calls too, so it works instead of waiting: calls start in list order on whichever process is
+    free. Results come back in the order of ``calls`` and are what the same functions return on Dask.
     """
 
     def __init__(self, workers: int = 2, *, warm: Callable[[], None] | None = warm_worker):
@@ -96,20 +102,69 @@ class PoolExecutor:
         calls = list(calls)
         if self._pool is None or len(calls) < 2:
             return LocalExecutor().map(fn, calls, on_done=on_done)
-        from concurrent.futures import as_completed  # noqa: PLC0415
+        import queue  # noqa: PLC0415
+        import threading  # noqa: PLC0415
+        from collections import deque  # noqa: PLC0415
 
-        futures = [self._pool.submit(fn, **kwargs) for kwargs in calls]
-        mine: dict[int, Any] = {}
-        for i in reversed(range(len(calls))):
-            if futures[i].cancel():  # not started by a pool process: run it here
-                mine[i] = fn(**calls[i])
+        # Calls start in list order on whichever process is free: each pool process is fed by a
+        # thread that hands it the next call only when its last one is done (a pool queues calls
+        # ahead, and a queued call can no longer run here), and this process takes the next call
+        # between its own. Callers put their longest calls first.
+        todo = deque(range(len(calls)))
+        out: list[Any] = [None] * len(calls)
+        finished: queue.SimpleQueue = queue.SimpleQueue()
+
+        def feed() -> None:
+            while True:
+                try:
+                    i = todo.popleft()
+                except IndexError:
+                    return
+                try:
+                    out[i] = self._pool.submit(fn, **calls[i]).result()
+                except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+                    todo.clear()
+                    finished.put((i, exc))
+                    return
+                finished.put((i, None))
+
+        feeders = [threading.Thread(target=feed, daemon=True) for _ in range(self.workers - 1)]
+        for t in feeders:
+            t.start()
+        reported = 0
+
+        def report(block: bool) -> None:
+            nonlocal reported
+            while reported < len(calls):
+                try:
+                    i, exc = finished.get(block=block)
+                except queue.Empty:
+                    return
+                if exc is not None:
+                    raise exc
+                reported += 1
                 if on_done is not None:
-                    on_done(mine[i])
-        theirs = [f for i, f in enumerate(futures) if i not in mine]
-        for fut in as_completed(theirs):
-            if on_done is not None:
-                on_done(fut.result())
-        return [mine[i] if i in mine else f.result() for i, f in enumerate(futures)]
+                    on_done(out[i])
+
+        try:
+            while True:
+                report(block=False)
+                try:
+                    i = todo.popleft()
+                except IndexError:
+                    break
+                try:
+                    out[i] = fn(**calls[i])
+                finally:
+                    finished.put((i, None))
+            report(block=True)
+        except BaseException:
+            todo.clear()
+            raise
+        finally:
+            for t in feeders:
+                t.join()
+        return out
 
     def share(self, obj):
         return obj  # sent with each call (few calls per stage on a small drop)

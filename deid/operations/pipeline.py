@@ -587,8 +587,10 @@ def _sequence_linkage(rows: ReleaseRows, layout: StagingLayout, k: int) -> Check
 
 def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig, *, labels: Sequence[str],
          counts: RecordCounts, extra_checks: Sequence[Check] = (), staged: Staged | None = None,
-         lineage: LineageApplied | None = None, logger: Logger | None = None):
+         lineage: LineageApplied | None = None, logger: Logger | None = None, executor: Executor | None = None):
     """Stream the would-be release and its originals into the core gate (:func:`deid.evaluation.gate.evaluate`).
+
+    ``executor``: a small run's process pool runs the gate's attackers and utility parts (same figures).
 
     With a lineage, the republished clusters are counted and attacked as
     :func:`deid.evaluation.gate.structural_checks` and :func:`deid.evaluation.gate.privacy_checks` say
@@ -621,7 +623,7 @@ def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig
                             partitions=rec.partitions, labels=rec.labels, points=rec.points, **common)
     else:
         inputs = GateInputs.empty(shape=shape, **common)
-    result = evaluate(inputs, gconfig)
+    result = evaluate(inputs, gconfig, executor=executor)
     (logger or log).info("gate: " + ("passed" if result.passed else "failed - " + "; ".join(result.reasons)))
     return result
 

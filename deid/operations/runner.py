@@ -37,7 +37,7 @@ from deid.contracts import (
 )
 from deid.errors import EnvironmentFailure, StateError
 from deid.intake.features import run_kind
-from deid.operations.executors import Executor, LocalExecutor
+from deid.operations.executors import Executor, LocalExecutor, PoolExecutor
 from deid.operations.features import FeatureSteps, feature_report
 from deid.release.publish import discard, new_release_id
 from deid.reporting.report import SigningInfo, dataset_fingerprint, validate_report
@@ -204,11 +204,14 @@ class _Run:
                     with _timed(timings, "lineage"):
                         lin = s.apply_lineage(part, deid, aligned, layout, config, release_id=self.release_id)
                     deid = lin.deidentified
+            if isinstance(executor, PoolExecutor):
+                # A small run's warm processes also run the gate's attackers and utility protocols.
+                return self.judge(ing, aligned, part, deid, lin, notes=notes, timings=timings, executor=executor)
         return self.judge(ing, aligned, part, deid, lin, notes=notes, timings=timings)
 
     def judge(self, ing: Ingested, aligned: Aligned, part: Partitioned, deid: Deidentified, lin, *,
-              notes: list[str], timings: dict[str, float]) -> RunResult:
-        """Stage the would-be release, gate it, sign the report, publish if it passed."""
+              notes: list[str], timings: dict[str, float], executor: Executor | None = None) -> RunResult:
+        """Stage the would-be release, gate it (its parts on ``executor``), sign the report, publish if it passed."""
         s, config = self.steps, self.config
         quarantined = (*ing.quarantined, *aligned.quarantined, *part.quarantined)
         by_reason = pipeline.quarantine_summary(quarantined, self.layout)
@@ -223,7 +226,7 @@ class _Run:
                       **({"release": staged.validation} if staged else {})}
         with _timed(timings, "gate"):
             g = s.gate(deid, part, config, labels=ing.labels, counts=counts, extra_checks=extra_checks,
-                       staged=staged, lineage=lin)
+                       staged=staged, lineage=lin, executor=executor)
         fault_point("gate")
         report = build_report(
             release_id=self.release_id, run_id=self.run_id, created_at=pipeline.now_iso(), config=config,

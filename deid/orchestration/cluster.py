@@ -10,6 +10,7 @@ import contextlib
 import csv
 import logging
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 from distributed import LocalCluster
@@ -19,6 +20,7 @@ from deid.operations.executors import (  # noqa: F401 (client_for re-exported)
     PoolExecutor,
     client_for,
     close_client,
+    warm_worker,
 )
 
 log = logging.getLogger(__name__)
@@ -72,11 +74,26 @@ def uses_pool(drop: str | Path | None, *, address: str | None, max_records: int)
     return rows is not None and rows <= max_records
 
 
-def prestart_pool(workers: int) -> PoolExecutor:
-    """Start (and warm up) the pool a small run will use, before the run's own imports and server start."""
+def needs_recognizer(config, drop: str | Path | None) -> bool:
+    """Does the run embed its faces with the dlib recogniser (the identity check of an image drop this small)?"""
+    if getattr(config, "kind", "images") != "images" or config.identity_embed_max <= 0:
+        return False
+    rows = manifest_rows(drop, stop_after=config.identity_embed_max)
+    return rows is not None and 0 < rows <= config.identity_embed_max
+
+
+def _pool(workers: int, *, recognizer: bool) -> PoolExecutor:
+    return PoolExecutor(workers, warm=partial(warm_worker, recognizer=recognizer))
+
+
+def prestart_pool(workers: int, *, recognizer: bool = True) -> PoolExecutor:
+    """Start (and warm up) the pool a small run will use, before the run's own imports and server start.
+
+    ``recognizer``: its processes load the dlib recogniser while warming (:func:`needs_recognizer`).
+    """
     pool = _prestarted.get(workers)
     if pool is None:
-        pool = _prestarted[workers] = PoolExecutor(workers)
+        pool = _prestarted[workers] = _pool(workers, recognizer=recognizer)
     return pool
 
 
@@ -102,7 +119,8 @@ def dask_executor(config, *, drop: str | Path | None = None) -> Iterator[DaskExe
     from deid.settings import Settings  # noqa: PLC0415
 
     if uses_pool(drop, address=config.dask_address, max_records=Settings().local_pool_max_records):
-        pool = _prestarted.pop(config.dask_workers, None) or PoolExecutor(config.dask_workers)
+        pool = (_prestarted.pop(config.dask_workers, None)
+                or _pool(config.dask_workers, recognizer=needs_recognizer(config, drop)))
         _run_logger().info("heavy stages on %d local processes (this drop has at most DEID_LOCAL_POOL_MAX_RECORDS="
                            "%d records; no Dask cluster started)", pool.workers, Settings().local_pool_max_records)
         try:

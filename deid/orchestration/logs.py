@@ -46,3 +46,32 @@ def progress_to_ui() -> Iterator[logging.Handler]:
     finally:
         logger.removeHandler(handler)
         logger.setLevel(level)  # what it queued is sent by Prefect's log worker with the run's own lines
+
+
+FLOW_RUN_LOGGER = "prefect.flow_runs"  # where Prefect's flow engine says "View at <flow run URL>"
+
+
+class ViewLink(logging.Filter):
+    """Prefect's ``View at <url>`` line replaced by ``text`` (a server without a UI has nothing at that URL)."""
+
+    def __init__(self, text: str):
+        super().__init__()
+        self.text = text
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith("View at "):
+            record.msg, record.args = self.text, ()
+        return True
+
+
+@contextlib.contextmanager
+def report_instead_of_ui(reports_path) -> Iterator[ViewLink]:
+    """While a run talks to a server whose UI is off: its ``View at`` line says where the report will be."""
+    link = ViewLink(f"no Prefect UI for this run (temporary server, UI off; `deid server` gives one): the report will "
+                    f"be {reports_path}/<release id>/report.html")
+    logger = logging.getLogger(FLOW_RUN_LOGGER)
+    logger.addFilter(link)
+    try:
+        yield link
+    finally:
+        logger.removeFilter(link)

@@ -7,7 +7,7 @@ In order of preference:
    ``<data dir>/prefect/server.json`` (its URL and process id) while it runs, and the run uses it
    when that process is alive and the API answers ``/health`` within a second;
 3. ``temporary``: otherwise (Prefect's *ephemeral mode*) deid starts Prefect's temporary API
-   server itself, the same ``uvicorn`` command Prefect would start, but at once, so its start-up
+   server itself (Prefect's ``SubprocessASGIServer``, in a thread), but at once, so its start-up
    (6-15 s on 2 cores) runs while this process imports the flow and its libraries, instead of
    after them. The child gets ``PR_SET_PDEATHSIG``: it dies with the run, however the run dies
    (``kill -9`` included), and it is stopped when the run ends.
@@ -18,17 +18,21 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import importlib.util
+import functools
+import importlib
 import json
+import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 SERVER_FILE = "server.json"
 HEALTH_TIMEOUT = 1.0  # seconds a running `deid server` has to answer /health before the run starts its own
@@ -100,12 +104,6 @@ def _die_with_parent(parent: int):
     return preexec
 
 
-def _free_port() -> int:
-    with contextlib.closing(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def use_api(url: str) -> None:
     """Make this process's Prefect talk to ``url`` (also threads that fall back to the global settings)."""
     from prefect.context import refresh_global_settings_context  # noqa: PLC0415
@@ -120,42 +118,77 @@ class PrefectApi:
 
     kind: str
     url: str | None = None
-    process: subprocess.Popen | None = None
     started: float = field(default_factory=time.perf_counter)
     ready_after: float | None = None
     log_path: Path | None = None
-    _command: tuple[list[str], dict, object] | None = None
+    _server: Any = None
+    _thread: threading.Thread | None = None
+    _ready: threading.Event = field(default_factory=threading.Event)
+    _done: threading.Event = field(default_factory=threading.Event)
+    _error: BaseException | None = None
+
+    @property
+    def process(self) -> subprocess.Popen | None:
+        """The temporary server's process (None for the other kinds, and before it is spawned)."""
+        return getattr(self._server, "server_process", None)
+
+    @property
+    def ready(self) -> bool:
+        """Has the temporary server answered (or failed)? Always True for the other kinds."""
+        return self.kind != "temporary" or self._ready.is_set()
+
+    def _start(self, *, timeout: float) -> None:
+        self._thread = threading.Thread(target=self._serve, args=(timeout,), name="deid-prefect-server", daemon=True)
+        self._thread.start()
+
+    def _serve(self, timeout: float) -> None:
+        """Thread: start Prefect's temporary server, say when it answers, then stay until the run ends.
+
+        The child's ``PR_SET_PDEATHSIG`` follows the thread that spawned it, so this thread lives
+        as long as the server should.
+        """
+        try:
+            import prefect.server.api.server as prefect_server  # noqa: PLC0415 - while the run imports
+
+            self._server = prefect_server.SubprocessASGIServer()
+            out = open(self.log_path, "ab")  # noqa: SIM115 - the child's output for its lifetime
+            real = prefect_server.subprocess
+            # Prefect's own command and environment; its output to the log and PR_SET_PDEATHSIG added.
+            prefect_server.subprocess = SimpleNamespace(
+                Popen=functools.partial(real.Popen, stdout=out, stderr=out, preexec_fn=_die_with_parent(os.getpid())),
+                TimeoutExpired=real.TimeoutExpired)
+            quiet = logging.getLogger(prefect_server.subprocess_server_logger.name)
+            level = quiet.level
+            quiet.setLevel(logging.WARNING)  # its "Starting temporary server" line: deid run says which server
+            try:
+                self._server.start(timeout=int(timeout))
+            finally:
+                prefect_server.subprocess = real
+                quiet.setLevel(level)
+            self.url = self._server.api_url
+            self.ready_after = round(time.perf_counter() - self.started, 2)
+        except BaseException as exc:  # noqa: BLE001 - raised again by wait() in the run's thread
+            self._error = exc
+        finally:
+            self._ready.set()
+        self._done.wait()
+        if self._server is not None:
+            self._server.stop()
 
     def wait(self, *, timeout: float = 90.0) -> float:
         """Block until a temporary server answers /health; the seconds since it was started."""
-        if self.kind != "temporary" or self.ready_after is not None:
+        if self.kind != "temporary":
             return self.ready_after or 0.0
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            code = self.process.poll()
-            if code == 3:  # uvicorn: the port was taken in the meantime; start again on another one
-                self._spawn()
-                continue
-            if code is not None:
-                raise RuntimeError(f"Prefect's temporary API server exited with code {code} before it was ready; "
-                                   f"its output is in {self.log_path}")
-            if healthy(self.url, timeout=2.0):
-                self.ready_after = round(time.perf_counter() - self.started, 2)
-                return self.ready_after
-            time.sleep(0.1)
-        self.stop()
-        raise RuntimeError(f"Prefect's temporary API server did not answer within {timeout:.0f} s; start one with "
-                           "`deid server` (then runs reuse it) or set PREFECT_API_URL")
-
-    def _spawn(self) -> None:
-        args, env, out = self._command
-        port = _free_port()
-        args = [*args[:-5], str(port), *args[-4:]]  # ... --port PORT --log-level error --lifespan on
-        self.process = subprocess.Popen(args, env=env, stdout=out, stderr=out,  # noqa: S603
-                                        preexec_fn=_die_with_parent(os.getpid()))
-        self._command = (args, env, out)
-        self.url = f"http://127.0.0.1:{port}/api"
+        if not self._ready.wait(timeout + 5):
+            self.stop()
+            raise RuntimeError(f"Prefect's temporary API server did not answer within {timeout:.0f} s; start one "
+                               "with `deid server` (then runs reuse it) or set PREFECT_API_URL")
+        if self._error is not None:
+            self.stop()
+            raise RuntimeError(f"Prefect's temporary API server did not start ({self._error}); its output is in "
+                               f"{self.log_path}; start one with `deid server` (then runs reuse it)") from self._error
         use_api(self.url)
+        return self.ready_after
 
     def describe(self) -> str:
         """One line for ``deid run``'s output: which server the run uses."""
@@ -169,23 +202,24 @@ class PrefectApi:
                     "later runs reuse it)")
         return "Prefect's own ephemeral mode"
 
+    @property
+    def has_ui(self) -> bool:
+        """Does the server serve Prefect's UI? Temporary servers (deid's or Prefect's own) run without it."""
+        return self.kind in ("configured", "deid-server")
+
     def stop(self) -> None:
         """Stop a temporary server (nothing to do for the others)."""
-        proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        self._done.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=15)
+            self._thread = None
 
 
 def connect(data_path: Path, *, log_path: Path) -> PrefectApi:
     """Decide the run's Prefect API (configured > running ``deid server`` > temporary) and start a temporary one.
 
-    A temporary server is only started here, not waited for: call :meth:`PrefectApi.wait` after the
+    A temporary server is Prefect's own (``SubprocessASGIServer``, what Prefect's ephemeral mode
+    starts), started here in a thread, not waited for: call :meth:`PrefectApi.wait` after the
     heavy imports. Its output goes to ``log_path``.
     """
     from prefect.settings import get_current_settings  # noqa: PLC0415 - the light part of Prefect
@@ -199,18 +233,9 @@ def connect(data_path: Path, *, log_path: Path) -> PrefectApi:
         return PrefectApi("deid-server", url)
     if not settings.server.ephemeral.enabled or not sys.platform.startswith("linux"):
         return PrefectApi("prefect")
-    spec = importlib.util.find_spec("prefect")
-    app_dir = str(Path(spec.origin).parent.parent)
-    # What prefect.server.api.server.SubprocessASGIServer runs, without importing the server here.
-    args = [sys.executable, "-m", "uvicorn", "--app-dir", app_dir, "--factory", "prefect.server.api.server:create_app",
-            "--host", "127.0.0.1", "--port", "0", "--log-level", "error", "--lifespan", "on"]
-    env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
-           **settings.to_environment_variables(exclude_unset=True)}
-    env.pop("PREFECT_API_URL", None)
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    out = open(log_path, "ab")  # noqa: SIM115 - shared with the child for its lifetime
-    api = PrefectApi("temporary", log_path=log_path, _command=(args, env, out))
-    api._spawn()
+    api = PrefectApi("temporary", log_path=log_path)
+    api._start(timeout=90.0)
     return api
 
 
@@ -226,7 +251,7 @@ def warm_imports(api: PrefectApi) -> list[str]:
     if api.kind != "temporary":
         return done
     for name in WARM_MODULES:
-        if api.process is None or api.process.poll() is not None or healthy(api.url, timeout=0.2):
+        if api.ready:
             break
         importlib.import_module(name)
         done.append(name)

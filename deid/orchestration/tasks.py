@@ -92,10 +92,11 @@ def stage(deidentified, ingested, layout, config, *, release_id, lineage=None):
 
 
 @task(name="gate", **TASK)
-def gate(deidentified, partitioned, config, *, labels, counts, extra_checks=(), staged=None, lineage=None):
+def gate(deidentified, partitioned, config, *, labels, counts, extra_checks=(), staged=None, lineage=None,
+         executor=None):
     """Run the core gate on the would-be release and its originals."""
     return pipeline.gate(deidentified, partitioned, config, labels=labels, counts=counts, extra_checks=extra_checks,
-                         staged=staged, lineage=lineage, logger=get_run_logger())
+                         staged=staged, lineage=lineage, logger=get_run_logger(), executor=executor)
 
 
 @task(name="dataset-card", **TASK)

@@ -22,16 +22,35 @@ EVENT = "deid.drop.ready"
 RESOURCE_PREFIX = "deid.drop."
 
 
-def api_url() -> str:
-    """The Prefect API the events go to; a clear error when none is configured."""
+def configured_api_url() -> str | None:
+    """The Prefect API that Prefect's settings name (``PREFECT_API_URL``, a profile), or None."""
     from prefect.settings import PREFECT_API_URL
 
-    url = PREFECT_API_URL.value()
-    if not url:
+    return PREFECT_API_URL.value() or None
+
+
+def api_url(data_path: Path | None = None) -> str:
+    """The shared Prefect API the events and deployments go to: the configured one, else this project's ``deid server``.
+
+    Like ``deid run`` (:func:`deid.orchestration.prefect_api.connect`), a running ``deid server`` of
+    the project is found through its server file (``<data dir>/prefect/server.json``); this
+    process's Prefect is then pointed at it. A clear error when there is neither.
+    """
+    from deid.orchestration.prefect_api import running_deid_server, server_file, use_api
+    from deid.settings import Settings
+
+    url = configured_api_url()
+    if url:
+        return url
+    data_path = Settings().data_path if data_path is None else Path(data_path)
+    url = running_deid_server(data_path)
+    if url is None:
         raise ConfigError(
-            "PREFECT_API_URL is not set: `deid watch` and `deid serve` must talk to one shared Prefect server "
-            "(without it each starts a private temporary server and no event triggers a run). "
-            "Start one with `deid server` and run: export PREFECT_API_URL=http://127.0.0.1:4200/api")
+            f"no shared Prefect server: no running `deid server` of this project ({server_file(data_path)} missing, "
+            "or its server does not answer) and PREFECT_API_URL is not set. `deid watch` and `deid serve` must "
+            "talk to one shared server (without it each starts a private temporary server and no event triggers "
+            "a run): start one with `deid server` in this project, or set PREFECT_API_URL")
+    use_api(url)
     return url
 
 

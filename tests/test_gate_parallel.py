@@ -1,0 +1,63 @@
+"""The gate's attackers and utility parts on a small run's process pool give the serial gate's figures, bit for bit."""
+from __future__ import annotations
+
+import numpy as np
+
+from deid.anonymise.methods import deidentify, method_runner
+from deid.evaluation.gate import GateConfig, GateInputs, evaluate
+from deid.operations.executors import PoolExecutor
+
+SHAPE = (24, 20)
+
+
+def _drop(n_people: int = 30, seed: int = 1):
+    """Two smooth random 'faces' per person; the label 'bright' shows in the upper half."""
+    rng = np.random.default_rng(seed)
+    base = rng.normal(128, 40, (n_people, SHAPE[0] // 4, SHAPE[1] // 4))
+    ident = np.repeat(np.repeat(base, 4, axis=1), 4, axis=2).reshape(n_people, -1)
+    who = np.repeat(np.arange(n_people), 2)
+    faces = ident[who] + rng.normal(0, 6, (len(who), ident.shape[1]))
+    label = np.asarray(["a" if p % 2 else "b" for p in who], dtype=object)
+    faces.reshape(len(who), *SHAPE)[label == "a", : SHAPE[0] // 2] += 40
+    return np.clip(faces, 0, 255).astype(np.uint8), np.asarray([f"p{p}" for p in who], dtype=object), label
+
+
+def test_the_parallel_gate_gives_the_serial_figures():
+    faces, people, label = _drop()
+    released, clusters = deidentify(faces, shape=SHAPE, people=people, partitions=list(label),
+                                    method="k-same-select", k=5, n_components=10)
+    inputs = GateInputs.from_arrays(
+        shape=SHAPE, people=people, released=released, originals=faces, clusters=clusters.astype(object),
+        partitions=label, labels={"bright": label}, records_in=len(people),
+        release_columns=("record_id", "image", "cluster_id"),
+        deidentify=method_runner("k-same-select", shape=SHAPE, k=5, n_components=10))
+    config = GateConfig(k=5, method="k-same-select", labels=("bright",), repeats=1, deep_attack_sample=5,
+                        attackers=("pca-whitened-cosine", "lbp-chi2", "dlib-resnet"))
+    serial = evaluate(inputs, config)
+    pool = PoolExecutor(2, warm=None)
+    parts = []
+    map_ = pool.map
+    pool.map = lambda fn, calls, **kw: (parts.extend(c["part"] for c in calls), map_(fn, calls, **kw))[1]
+    try:
+        parallel = evaluate(inputs, config, executor=pool)
+    finally:
+        pool.close()
+    assert sorted(parts) == ["attack"] * 3 + ["cross-fit", "protocols"]
+    assert parallel.checks == serial.checks
+    assert parallel.reidentification == serial.reidentification and len(serial.reidentification) == 9
+    assert parallel.utility == serial.utility and any(r.get("protocol") == "cross-fit" for r in serial.utility)
+    assert (parallel.max_rate, parallel.attack_sample) == (serial.max_rate, serial.attack_sample)
+
+
+def test_the_pool_loads_the_recogniser_only_for_a_run_that_embeds_its_faces(tmp_path):
+    from types import SimpleNamespace
+
+    from deid.orchestration.cluster import needs_recognizer
+
+    (tmp_path / "manifest.csv").write_text("image,subject_id\n" + "".join(f"{i}.png,p{i}\n" for i in range(5)))
+    cfg = SimpleNamespace(kind="images", identity_embed_max=2000)
+    assert needs_recognizer(cfg, tmp_path)
+    assert not needs_recognizer(SimpleNamespace(kind="images", identity_embed_max=0), tmp_path)  # check off
+    assert not needs_recognizer(SimpleNamespace(kind="images", identity_embed_max=4), tmp_path)  # too many faces
+    assert not needs_recognizer(SimpleNamespace(kind="features", identity_embed_max=2000), tmp_path)
+    assert not needs_recognizer(cfg, tmp_path / "missing")
