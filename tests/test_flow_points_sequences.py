@@ -58,9 +58,9 @@ def test_k_same_m_takes_its_shapes_from_the_drops_points_through_the_runner(tmp_
     gate_points = []
     evaluate = gate_module.evaluate
 
-    def see_gate_inputs(inputs, config):
+    def see_gate_inputs(inputs, config, **kw):
         gate_points.append(inputs.points)
-        return evaluate(inputs, config)
+        return evaluate(inputs, config, **kw)
 
     monkeypatch.setattr(gate_module, "evaluate", see_gate_inputs)
     result = run_release(drop, _config(tmp_path, k=3, method="k-same-m"))
