@@ -658,6 +658,26 @@ def _render_people(spec: SynthSpec, drop: Path, numbers: range) -> list[list[str
 
 def _worker_init() -> None:
     cv2.setNumThreads(1)  # the processes are the parallelism
+    _keep_heap()
+
+
+def _keep_heap() -> None:
+    """Stop glibc returning the heap to the kernel after every image (worker processes only).
+
+    Each 200 px face allocates and frees about 2 MB of buffers; with glibc's default trim and
+    mmap thresholds that memory goes back to the kernel and is faulted in again per image
+    (about 250 page faults per face, a fifth of the CPU time of a fast drop). Fixed 64 MiB
+    thresholds keep it: the worker's resident size stays flat at the one image's buffers.
+    """
+    try:
+        import ctypes  # noqa: PLC0415
+
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:  # not glibc: nothing to tune
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_trim_threshold, 64 << 20)
+    libc.mallopt(m_mmap_threshold, 64 << 20)
 
 
 def _check_int(name: str, value, lo: int, hi: int | None, fix: str) -> None:
