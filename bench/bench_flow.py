@@ -112,6 +112,8 @@ class TreePeak:
         import psutil  # noqa: PLC0415
 
         self._root, self._interval, self.peak, self.peak_procs = psutil.Process(pid), interval, 0, 0
+        self.breakdown: list[tuple[str, int]] = []  # (process, rss) at the peak
+        self.t0, self.peak_at = time.perf_counter(), 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -124,14 +126,17 @@ class TreePeak:
                 procs = [self._root, *self._root.children(recursive=True)]
             except psutil.Error:
                 return
-            total = 0
+            total, parts = 0, []
             for proc in procs:
                 try:
-                    total += proc.memory_info().rss
+                    rss = proc.memory_info().rss
+                    parts.append((" ".join(proc.cmdline()[1:4])[:60], rss))
+                    total += rss
                 except psutil.Error:
                     pass
             if total > self.peak:
-                self.peak, self.peak_procs = total, len(procs)
+                self.peak, self.peak_procs, self.breakdown = total, len(procs), parts
+                self.peak_at = time.perf_counter() - self.t0
             self._stop.wait(self._interval)
 
     def stop(self) -> int:
@@ -211,7 +216,9 @@ def main() -> int:
     print(f"whole run: {wall / n * 1000:.2f} s wall and {cpu / n * 1000:.2f} s CPU per 1,000 faces "
           f"({cpu:.0f} s CPU, all processes)")
     print(f"peak RSS, all processes of the run summed (0.5 s samples): {peak.peak / 2**30:.2f} GiB "
-          f"over {peak.peak_procs} processes  (issue 13: at most 4 GiB at 1M)")
+          f"over {peak.peak_procs} processes at {peak.peak_at:.0f} s  (issue 13: at most 4 GiB at 1M)")
+    for name, rss in sorted(peak.breakdown, key=lambda x: -x[1]):
+        print(f"    {rss / 2**20:8.0f} MiB  {name}")
     if args.keep:
         print(f"work dir: {work}")
     else:

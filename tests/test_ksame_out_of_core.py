@@ -42,3 +42,29 @@ def test_out_of_core_release_equals_the_in_memory_k_same(tmp_path, monkeypatch):
         members = [i for i, c in enumerate(clusters) if c == name]
         assert len(members) == size and len(set(who[members])) == people
     assert [f.name for f in (tmp_path / "out").iterdir()] == ["d.parquet"]  # spill files are gone
+
+
+def test_partitions_stream_their_pixels_from_the_aligned_parts(tmp_path):
+    from deid.contracts import Aligned, StagingLayout
+    from deid.operations.pipeline import write_partitions
+
+    rng = np.random.default_rng(1)
+    ids = [f"r{i:08d}" for i in range(12)]
+    pix = [rng.integers(0, 256, 20, dtype=np.uint8).tobytes() for _ in ids]
+    parts = []
+    for n, rows in enumerate((range(0, 5), range(5, 12))):  # two aligned parts; r00000003 did not align
+        parts.append(tmp_path / f"part-{n:05d}.parquet")
+        keep = [i for i in rows if i != 3]
+        pq.write_table(pa.table({"record_id": [ids[i] for i in keep], "pixels": [pix[i] for i in keep]}), parts[-1])
+    ok = [i for i in range(12) if i != 3]
+    meta = pa.table({"record_id": [ids[i] for i in ok], "subject_id": [f"s{i % 4}" for i in ok],
+                     "gender": ["f" if i % 2 else "m" for i in ok],
+                     "features": pa.array([[float(i), 1.0] for i in ok], pa.list_(pa.float32()))})
+    with_pixels = meta.add_column(3, "pixels", pa.array([pix[i] for i in ok], pa.binary()))
+    groups = {("f",): [j for j, i in enumerate(ok) if i % 2], ("m",): [j for j, i in enumerate(ok) if not i % 2]}
+    old = write_partitions(with_pixels, groups, StagingLayout(tmp_path / "a"))
+    new = write_partitions(meta, groups, StagingLayout(tmp_path / "b"), Aligned(parts=tuple(parts)))
+    assert [(p.name, p.records, p.people) for p in old] == [(p.name, p.records, p.people) for p in new]
+    for a, b in zip(old, new):
+        ta, tb = (pq.ParquetDataset(p.dir).read() for p in (a, b))
+        assert tb.column_names == ta.column_names and tb.equals(ta)
