@@ -164,12 +164,15 @@ def main() -> int:
     ap.add_argument("--synth-workers", type=int, default=2, help="processes drawing the synthetic drop")
     ap.add_argument("--fast-synth", action="store_true", help="deid synth --fast (million-face images)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (default: delete it)")
+    ap.add_argument("--drop", default=None, help="an existing synthetic drop to run (with --synthetic N: no new one)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="deid-bench-"))
     deid = [sys.executable, "-m", "deid.cli"]  # this interpreter and this checkout (PYTHONPATH)
     env = {**os.environ, "DEID_PROJECT_DIR": str(work), "PREFECT_HOME": str(work / "prefect")}
     drop = work / "drop"
-    if args.synthetic:
+    if args.drop:
+        drop = Path(args.drop)
+    elif args.synthetic:
         people = max(args.synthetic // 2, 1)
         cmd = [*deid, "synth", str(drop), "--people", str(people), "--seed", "1", "--format", "jpg",
                "--workers", str(args.synth_workers), *(["--fast"] if args.fast_synth else [])]

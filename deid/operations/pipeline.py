@@ -485,13 +485,22 @@ def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, logger: Logger
     """The gate's lineage checks: structure against the registry and the differencing attack."""
     from deid.release.lineage_checks import check_structure, differencing_attack  # noqa: PLC0415
 
-    ids, X = stages.read_pixels([str(p) for p in aligned.parts])
-    where = {r: i for i, r in enumerate(ids)}
-    rows = [where[r] for r in lin.record_ids if r in where]
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    paths = [str(p) for p in aligned.parts]
+    where = {r for p in paths for r in pq.read_table(p, columns=["record_id"]).column("record_id").to_pylist()}
+    rows = [r for r in lin.record_ids if r in where]
     people = [lin.plan.pseudonyms[i] for i, r in enumerate(lin.record_ids) if r in where]
     checks = [c.to_gate_check() for c in check_structure(lin.state, rel)]
     if len(rows) >= 2:
-        attack = differencing_attack(lin.state, rel, X[rows], original_people=people)
+        # The originals stay on disk (one file of raw rows next to the aligned parts), read as the attack needs them.
+        tmp = Path(tempfile.mkdtemp(prefix=".lineage-originals-", dir=Path(paths[0]).parent.parent))
+        try:
+            X = stages.RowFile.from_aligned(paths, rows, tmp / "originals.u8")
+            attack = differencing_attack(lin.state, rel, X, original_people=people)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         (logger or log).info(f"lineage differencing attack: {attack.n_cluster_pairs} cluster pairs, "
                                f"{attack.n_tests} tests, {len(attack.matches)} matches")
         checks.append(attack.to_check().to_gate_check())

@@ -150,6 +150,60 @@ def read_pixels(paths: list[str], columns=("record_id", "pixels")) -> tuple[list
     return table.column("record_id").to_pylist(), _pixels(table.column("pixels"))
 
 
+class RowFile:
+    """An (n, p) uint8 matrix on disk whose rows are read on demand with ``pread``.
+
+    For attacks that need any original face but never all of them at once (the lineage
+    differencing attack): nothing is memory-mapped, so the process's resident memory holds only
+    the rows asked for (issue 13).
+    """
+
+    def __init__(self, path: Path, n: int, p: int):
+        self.path, self.n, self.p = Path(path), int(n), int(p)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n, self.p)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, idx) -> np.ndarray:
+        idx = np.asarray(idx, dtype=np.int64).ravel()
+        out = np.empty((len(idx), self.p), dtype=np.uint8)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            if len(idx) and idx[-1] - idx[0] + 1 == len(idx) and (len(idx) == 1 or (np.diff(idx) == 1).all()):
+                out[:] = np.frombuffer(os.pread(fd, len(idx) * self.p, int(idx[0]) * self.p),
+                                       np.uint8).reshape(len(idx), self.p)  # a run of rows: one read
+            else:
+                for j, i in enumerate(idx.tolist()):
+                    out[j] = np.frombuffer(os.pread(fd, self.p, i * self.p), np.uint8)
+        finally:
+            os.close(fd)
+        return out
+
+    @classmethod
+    def from_aligned(cls, aligned_paths: list[str], record_ids: list[str], path: Path) -> "RowFile":
+        """The aligned faces of ``record_ids`` (all present), row ``i`` = ``record_ids[i]``, one part in memory at a time."""
+        where = {r: i for i, r in enumerate(record_ids)}
+        p = 0
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            for part in aligned_paths:
+                t = pq.read_table(part, columns=["record_id", "pixels"])
+                if not t.num_rows:
+                    continue
+                pix = _pixels(t.column("pixels"))
+                p = pix.shape[1]
+                for j, rid in enumerate(t.column("record_id").to_pylist()):
+                    if rid in where:
+                        os.pwrite(fd, pix[j].tobytes(), where[rid] * p)
+        finally:
+            os.close(fd)
+        return cls(path, len(record_ids), p)
+
+
 def fit_eigenfaces(aligned_paths: list[str], n_components: int, seed: int = 0) -> Eigenfaces:
     """Fit the eigenface model on the aligned set (a seeded subset on large drops).
 
@@ -634,20 +688,28 @@ def lineage_new_labels(plan, record_ids: list[str], deid_paths: list[str]) -> tu
 
     A new record the partition stage withheld (not in any part) gets cluster -1 and a zero image.
     """
-    found: dict[str, tuple[str, bytes]] = {}
+    # One part's pixels at a time, as a matrix (a Python bytes object per face fragments the heap).
+    pos = {record_ids[i]: j for j, i in enumerate(plan.new_records)}
+    cluster: list[str | None] = [None] * len(plan.new_records)
+    images = None
     for path in deid_paths:
-        t = pq.read_table(path, columns=["record_id", "cluster", "pixels"]).to_pydict()
-        found.update(zip(t["record_id"], zip(t["cluster"], t["pixels"])))
+        t = pq.read_table(path, columns=["record_id", "cluster", "pixels"])
+        if not t.num_rows:
+            continue
+        pix = _pixels(t.column("pixels"))
+        if images is None:
+            images = np.zeros((len(plan.new_records), pix.shape[1]), dtype=np.uint8)
+        for row, (rid, c) in enumerate(zip(t.column("record_id").to_pylist(), t.column("cluster").to_pylist())):
+            j = pos.get(rid)
+            if j is not None:
+                cluster[j] = c
+                images[j] = pix[row]
     names: dict[str, int] = {}
-    width = len(next(iter(found.values()))[1]) if found else 0
     labels_ = np.full(len(plan.new_records), -1, dtype=np.intp)
-    images = np.zeros((len(plan.new_records), width), dtype=np.uint8)
-    for j, i in enumerate(plan.new_records):
-        hit = found.get(record_ids[i])
-        if hit is not None:
-            labels_[j] = names.setdefault(hit[0], len(names))
-            images[j] = np.frombuffer(hit[1], np.uint8)
-    return labels_, images
+    for j, c in enumerate(cluster):  # numbered in record order, as before
+        if c is not None:
+            labels_[j] = names.setdefault(c, len(names))
+    return labels_, (images if images is not None else np.zeros((len(plan.new_records), 0), dtype=np.uint8))
 
 
 def write_lineage_part(partition_dir: str, out_path: str, release, state, record_ids: list[str]) -> DeidentifiedPart:
