@@ -337,9 +337,16 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
     Zc = np.vstack([(np.asarray(X[np.arange(a, min(a + 4096, n_orig))], dtype=np.float32) - mu) @ Wz.T
                     for a in range(0, n_orig, 4096)])  # centred projections of the originals, a chunk at a time
     Zw = Zc / sd                                     # whitened: pair candidates
-    M1 = np.stack([c.image for c, _ in new]).astype(np.float32)
-    M2 = np.stack([c.image for c, _ in reg]).astype(np.float32)
-    Y1, Y2 = M1 @ Wz.T, M2 @ Wz.T                    # linear projections: differences are exact
+    # The averages stay in their stored dtype (uint8 for faces: a quarter of float32) and are
+    # converted a chunk at a time; this release's own clusters are not stacked twice.
+    M1 = np.stack([c.image for c, _ in new])
+    M2 = M1 if [c.key for c, _ in reg] == [c.key for c, _ in new] else np.stack([c.image for c, _ in reg])
+
+    def project(M: np.ndarray) -> np.ndarray:
+        return np.vstack([np.asarray(M[a:a + 4096], dtype=np.float32) @ Wz.T for a in range(0, len(M), 4096)])
+
+    Y1 = project(M1)                                 # linear projections: differences are exact
+    Y2 = Y1 if M2 is M1 else project(M2)
     muz = mu @ Wz.T
     h1 = [c.image_sha256 for c, _ in new]
     h2 = [c.image_sha256 for c, _ in reg]
@@ -367,7 +374,7 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
             best[~single] = _best_pairs(Dz[~single] / sd, Zw, candidates)
         for v in range(0, len(t), 256):  # verify in pixels, a few hundred differences at a time
             r = slice(v, v + 256)
-            D = sign[r] * (s1[r, None] * M1[i[r]] - s2[r, None] * M2[j[r]])
+            D = sign[r] * (s1[r, None] * M1[i[r]].astype(np.float32) - s2[r, None] * M2[j[r]].astype(np.float32))
             a, b = best[r, 0], best[r, 1]
             target = (np.asarray(X[a], dtype=np.float32)
                       - np.where(b[:, None] >= 0, np.asarray(X[np.maximum(b, 0)], dtype=np.float32), 0.0))
