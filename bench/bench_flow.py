@@ -4,6 +4,7 @@ Usage:
     .venv/bin/python bench/bench_flow.py                       # London set, k=5
     .venv/bin/python bench/bench_flow.py --synthetic 2000      # synthetic drop of 2000 faces
     .venv/bin/python bench/bench_flow.py --london-records 20000  # London photos reused to make 20,000 records
+    .venv/bin/python bench/bench_flow.py --synthetic 100000 --fast-synth  # issue 13's scale runs (10k, 100k, 1M)
 
 Prints the wall time of the whole command (start-up included), each stage's seconds per image,
 and the ratio of (ingest + align + featurize) to plain grey JPEG/PNG decoding of the same files
@@ -14,12 +15,20 @@ default 2) and prints the whole run's wall time over that decode's wall time (is
 ``--london-records N`` makes a drop of N records from the London photos: each record a copy of
 one photo of its person (a unique trailing byte string after the JPEG's end marker, so no two
 records have the same bytes), in the drop's temporary directory, never in the repository.
+
+It also prints the run's CPU time (user + system of every process it started, Dask workers
+included) and its peak resident memory summed over all its processes (sampled every 0.5 s),
+both per 1,000 faces, so runs at 10k, 100k and 1M show whether cost grows linearly.
+Synthetic drops are drawn on ``--synth-workers`` processes (default 2; ``--fast-synth`` for
+the cheaper million-face images) and their generation is timed separately.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import resource
+import threading
 import subprocess
 import sys
 import tempfile
@@ -91,20 +100,89 @@ def expand_london(drop: Path, records: int) -> None:
         w.writerows(new)
 
 
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+class TreePeak:
+    """Peak of the summed resident memory of a process and all its descendants, sampled on a thread."""
+
+    def __init__(self, pid: int, interval: float = 0.5):
+        import psutil  # noqa: PLC0415
+
+        self._root, self._interval, self.peak, self.peak_procs = psutil.Process(pid), interval, 0, 0
+        self.breakdown: list[tuple[str, int]] = []  # (process, rss) at the peak
+        self.t0, self.peak_at = time.perf_counter(), 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil  # noqa: PLC0415
+
+        while not self._stop.is_set():
+            try:
+                procs = [self._root, *self._root.children(recursive=True)]
+            except psutil.Error:
+                return
+            total, parts = 0, []
+            for proc in procs:
+                try:
+                    rss = proc.memory_info().rss
+                    parts.append((" ".join(proc.cmdline()[1:4])[:60], rss))
+                    total += rss
+                except psutil.Error:
+                    pass
+            if total > self.peak:
+                self.peak, self.peak_procs, self.breakdown = total, len(procs), parts
+                self.peak_at = time.perf_counter() - self.t0
+            self._stop.wait(self._interval)
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join()
+        return self.peak
+
+
+def run_measured(cmd: list[str], env: dict) -> tuple[subprocess.CompletedProcess, float, float, TreePeak]:
+    """Run ``cmd``; return it with its wall seconds, CPU seconds (all descendants) and memory peak."""
+    cpu0, t = _children_cpu(), time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = TreePeak(proc.pid)
+    out, err = proc.communicate()
+    peak.stop()
+    wall, cpu = time.perf_counter() - t, _children_cpu() - cpu0
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), wall, cpu, peak
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--synthetic", type=int, default=0, help="faces in a synthetic drop instead of London")
     ap.add_argument("--london-records", type=int, default=0, help="records made from the London photos")
     ap.add_argument("--k", type=int, default=5)
+    ap.add_argument("--synth-workers", type=int, default=2, help="processes drawing the synthetic drop")
+    ap.add_argument("--fast-synth", action="store_true", help="deid synth --fast (million-face images)")
+    ap.add_argument("--keep", action="store_true", help="keep the work directory (default: delete it)")
+    ap.add_argument("--drop", default=None, help="an existing synthetic drop to run (with --synthetic N: no new one)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="deid-bench-"))
-    deid = [str(ROOT / ".venv" / "bin" / "deid")]
+    deid = [sys.executable, "-m", "deid.cli"]  # this interpreter and this checkout (PYTHONPATH)
     env = {**os.environ, "DEID_PROJECT_DIR": str(work), "PREFECT_HOME": str(work / "prefect")}
     drop = work / "drop"
-    if args.synthetic:
+    if args.drop:
+        drop = Path(args.drop)
+    elif args.synthetic:
         people = max(args.synthetic // 2, 1)
-        subprocess.run([*deid, "synth", str(drop), "--people", str(people), "--seed", "1", "--format", "jpg"],
-                       check=True, env=env)
+        cmd = [*deid, "synth", str(drop), "--people", str(people), "--seed", "1", "--format", "jpg",
+               "--workers", str(args.synth_workers), *(["--fast"] if args.fast_synth else [])]
+        synth, s_wall, s_cpu, s_peak = run_measured(cmd, env)
+        if synth.returncode:
+            print(synth.stdout, synth.stderr[-4000:], sep="\n")
+            return synth.returncode
+        print(f"deid synth {2 * people} faces ({args.synth_workers} workers{', fast' if args.fast_synth else ''}): "
+              f"{s_wall:.1f} s wall, {s_cpu:.1f} s CPU = {1000 * s_cpu / (2 * people):.2f} ms CPU per face, "
+              f"peak RSS {s_peak.peak / 2**20:.0f} MiB", flush=True)
     else:
         if not LONDON.is_dir():
             print(f"London set missing at {LONDON}", file=sys.stderr)
@@ -119,9 +197,7 @@ def main() -> int:
     workers = int(os.environ.get("DEID_DASK_WORKERS", "2"))
     decode_wall = parallel_decode_wall(files, workers)
 
-    t = time.perf_counter()
-    run = subprocess.run([*deid, "run", str(drop), "--k", str(args.k)], env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - t
+    run, wall, cpu, peak = run_measured([*deid, "run", str(drop), "--k", str(args.k)], env)
     report_line = [ln for ln in run.stdout.splitlines() if ln.startswith("report: ")]
     if not report_line:
         print(run.stdout, run.stderr[-4000:], sep="\n")
@@ -140,7 +216,18 @@ def main() -> int:
     print(f"(ingest + align + featurize) / reduced decode = {core / n / reduced:.1f}")
     print(f"plain grey decode of all {n} files on {workers} processes: {decode_wall:.1f} s wall")
     print(f"whole run wall / parallel decode wall           = {wall / decode_wall:.1f}  (issue 13: at most 3)")
-    print(f"work dir: {work}")
+    print(f"whole run: {wall / n * 1000:.2f} s wall and {cpu / n * 1000:.2f} s CPU per 1,000 faces "
+          f"({cpu:.0f} s CPU, all processes)")
+    print(f"peak RSS, all processes of the run summed (0.5 s samples): {peak.peak / 2**30:.2f} GiB "
+          f"over {peak.peak_procs} processes at {peak.peak_at:.0f} s  (issue 13: at most 4 GiB at 1M)")
+    for name, rss in sorted(peak.breakdown, key=lambda x: -x[1]):
+        print(f"    {rss / 2**20:8.0f} MiB  {name}")
+    if args.keep:
+        print(f"work dir: {work}")
+    else:
+        import shutil  # noqa: PLC0415
+
+        shutil.rmtree(work, ignore_errors=True)
     return 0 if run.returncode in (0, 1) else run.returncode
 
 

@@ -93,6 +93,8 @@ def _check_arrays(X: Any, images: Any) -> tuple[np.ndarray, np.ndarray]:
         raise ConfigError(f"X has shape {X.shape}; it must be a non-empty 2-D array (n_faces, n_features) of PCA coefficients")
     if not np.isfinite(X).all():
         raise ConfigError("X contains NaN or infinite values; fix the feature extraction (PCA) before de-identification")
+    if images is None:  # group only: the caller averages out of core (deid.operations.stages)
+        return X, None
     images = np.asarray(images)
     if images.ndim != 2 or images.shape[0] != X.shape[0]:
         raise ConfigError(
@@ -258,23 +260,25 @@ def _attach_leftovers(X: np.ndarray, codes: np.ndarray, labels: np.ndarray, rest
     logger.info("k-Same: %d leftover faces (extra images of fewer than k people) joined existing clusters", rest.size)
 
 
-def _cluster_summaries(labels: np.ndarray, people_codes: np.ndarray, people_keys: list, images: np.ndarray) -> dict[str, Any]:
+def _cluster_summaries(labels: np.ndarray, people_codes: np.ndarray, people_keys: list, images: np.ndarray | None
+                       ) -> dict[str, Any]:
     n_clusters = int(labels.max()) + 1
     order = np.argsort(labels, kind="stable")
     bounds = np.r_[0, np.cumsum(np.bincount(labels, minlength=n_clusters))]
-    averages = np.empty((n_clusters, images.shape[1]), dtype=np.float64)
+    averages = None if images is None else np.empty((n_clusters, images.shape[1]), dtype=np.float64)
     cluster_people: list[frozenset] = []
     sizes = np.diff(bounds)
     max_share = np.empty(n_clusters, dtype=np.float64)
     for c in range(n_clusters):
         members = order[bounds[c]:bounds[c + 1]]
-        averages[c] = images[members].mean(axis=0, dtype=np.float64)
+        if averages is not None:
+            averages[c] = images[members].mean(axis=0, dtype=np.float64)
         pc = people_codes[members]
         cluster_people.append(frozenset(people_keys[j] for j in np.unique(pc)))
         max_share[c] = np.bincount(pc).max() / len(members)
     return {
         "n_clusters_": n_clusters,
-        "averages_": averages,
+        **({} if averages is None else {"averages_": averages}),
         "cluster_people_": cluster_people,
         "cluster_sizes_": sizes,
         "cluster_max_share_": max_share,
@@ -538,7 +542,7 @@ class KSame(BaseEstimator):
         Cluster index of every face, ``0 .. n_clusters_ - 1`` in creation order.
     n_clusters_ : int
     averages_ : ndarray of shape (n_clusters_, n_pixels), float64
-        Pixel mean of each cluster.
+        Pixel mean of each cluster (not set when ``fit`` got ``images=None``).
     cluster_people_ : list of frozenset
         The distinct person ids in each cluster.
     cluster_sizes_ : ndarray of shape (n_clusters_,)
@@ -560,7 +564,7 @@ class KSame(BaseEstimator):
         self.block_size = block_size
         self.map_blocks = map_blocks
 
-    def fit(self, X: Any, *, people: Sequence[Hashable], images: Any) -> "KSame":
+    def fit(self, X: Any, *, people: Sequence[Hashable], images: Any | None) -> "KSame":
         """Cluster the faces.
 
         Parameters
@@ -569,8 +573,9 @@ class KSame(BaseEstimator):
             Features used for distances (PCA coefficients of the aligned faces).
         people : sequence of hashable, length n_faces
             Person id of each face.
-        images : array-like of shape (n_faces, n_pixels)
-            Pixel vectors (0..255 scale) to average.
+        images : array-like of shape (n_faces, n_pixels), or None
+            Pixel vectors (0..255 scale) to average. None groups only (no ``averages_``): for
+            callers that average the clusters out of core, a block of faces at a time.
 
         Returns
         -------

@@ -196,8 +196,12 @@ def featurize(aligned: Aligned, layout: StagingLayout, config: RunConfig, execut
 # --------------------------------------------------------------------------- partition -> de-identify
 
 
-def load_faces(metadata: pa.Table, aligned: Aligned, featurized: Featurized, labels: Sequence[str]) -> pa.Table:
+def load_faces(metadata: pa.Table, aligned: Aligned, featurized: Featurized, labels: Sequence[str], *,
+               pixels: bool = True) -> pa.Table:
     """One row per aligned face: record and subject ids, labels, pixels and eigenface features.
+
+    ``pixels=False`` leaves the pixels out (:func:`write_with_pixels` attaches them while writing,
+    one aligned part at a time: a million faces' pixels are 7.5 GB).
 
     A drop with landmarks adds ``points`` (canonical pixels, as alignment moved them: k-same-m's
     shape), one with image sequences ``sequence`` and ``frame`` (multi-factor's one identity per
@@ -206,11 +210,12 @@ def load_faces(metadata: pa.Table, aligned: Aligned, featurized: Featurized, lab
     seq = [c for c in SEQUENCE_COLUMNS if c in metadata.column_names]
     meta = metadata.select(["record_id", "subject_id", *labels, *seq])
     names = pq.read_schema(aligned.parts[0]).names if aligned.parts else []
-    pix = pa.concat_tables([pq.read_table(p, columns=["record_id", "pixels", *(["points"] if "points" in names else [])])
+    pix_cols = ["pixels"] if pixels else []
+    pix = pa.concat_tables([pq.read_table(p, columns=["record_id", *pix_cols, *(["points"] if "points" in names else [])])
                             for p in aligned.parts])
     feats = pa.concat_tables([pq.read_table(p) for p in featurized.parts])
     lists = {"features": feats, **({"points": pix} if "points" in names else {})}
-    faces = meta.join(pix.select(["record_id", "pixels"]), "record_id", join_type="inner")
+    faces = meta.join(pix.select(["record_id", *pix_cols]), "record_id", join_type="inner")
     # Arrow joins cannot carry list columns, so the features (and points) are attached by position.
     for name, table in lists.items():
         where = {rid: i for i, rid in enumerate(table.column("record_id").to_pylist())}
@@ -244,17 +249,70 @@ def _write_hive(table: pa.Table, root: Path, key: str, basename: str) -> Path:
     return root / f"partition={key}"
 
 
-def write_partitions(faces: pa.Table, groups: Mapping[tuple, list[int]], layout: StagingLayout
-                     ) -> tuple[PartitionInfo, ...]:
-    """Write each label partition as Hive-partitioned Parquet under opaque keys (p000, ...)."""
+def write_with_pixels(targets: Sequence[tuple[pa.Table, Path]], aligned: Aligned) -> None:
+    """Write every ``(table, path)`` as Parquet with its faces' ``pixels`` read from the aligned parts.
+
+    The tables (from ``load_faces(..., pixels=False)``) hold no pixels; the aligned parts are read
+    one at a time, in their order, and each part's rows are appended to their tables' files, so
+    memory holds one aligned part whatever the drop size (issue 13). Rows follow the aligned
+    parts' order (record order); ``pixels`` goes where :func:`load_faces` puts it, before ``features``.
+    """
+    where: dict[str, tuple[int, int]] = {}
+    for t, (table, _) in enumerate(targets):
+        where.update((rid, (t, row)) for row, rid in enumerate(table.column("record_id").to_pylist()))
+    writers: dict[int, pq.ParquetWriter] = {}
+
+    def chunk(t: int, rows: list[int], pix: pa.Array) -> pa.Table:
+        table = targets[t][0].take(pa.array(rows, pa.int64()))
+        at = table.column_names.index("features") if "features" in table.column_names else table.num_columns
+        return table.add_column(at, "pixels", pix)
+
+    try:
+        for part in aligned.parts:
+            got = pq.read_table(part, columns=["record_id", "pixels"])
+            hits: dict[int, tuple[list[int], list[int]]] = {}
+            for i, rid in enumerate(got.column("record_id").to_pylist()):
+                if rid in where:
+                    t, row = where[rid]
+                    rows, at = hits.setdefault(t, ([], []))
+                    rows.append(row)
+                    at.append(i)
+            for t, (rows, at) in hits.items():
+                out = chunk(t, rows, got.column("pixels").take(pa.array(at, pa.int64())))
+                if t not in writers:
+                    targets[t][1].parent.mkdir(parents=True, exist_ok=True)
+                    writers[t] = pq.ParquetWriter(targets[t][1], out.schema)
+                writers[t].write_table(out)
+        for t, (table, path) in enumerate(targets):  # a table none of whose faces is aligned: an empty file
+            if t not in writers:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                pq.write_table(chunk(t, [], pa.array([], pa.binary())), path)
+    finally:
+        for w in writers.values():
+            w.close()
+
+
+def write_partitions(faces: pa.Table, groups: Mapping[tuple, list[int]], layout: StagingLayout,
+                     aligned: Aligned | None = None) -> tuple[PartitionInfo, ...]:
+    """Write each label partition as Hive-partitioned Parquet under opaque keys (p000, ...).
+
+    With ``aligned``, ``faces`` holds no pixels and :func:`write_with_pixels` streams them in.
+    """
     subjects = faces.column("subject_id").to_pylist()
     out = []
+    streamed = []
     for n, (key, idx) in enumerate(groups.items()):
         # The key column keeps merged partitions distinct from their label values.
-        d = _write_hive(faces.take(pa.array(idx, pa.int64())), layout.partitions_dir, f"p{n:03d}",
-                        f"part-{n:03d}-{{i}}.parquet")
+        if aligned is None:
+            d = _write_hive(faces.take(pa.array(idx, pa.int64())), layout.partitions_dir, f"p{n:03d}",
+                            f"part-{n:03d}-{{i}}.parquet")
+        else:
+            d = layout.partitions_dir / f"partition=p{n:03d}"
+            streamed.append((faces.take(pa.array(idx, pa.int64())), d / f"part-{n:03d}-0.parquet"))
         out.append(PartitionInfo(name=f"p{n:03d}", key=tuple(map(str, key)), dir=d, records=len(idx),
                                  people=len({subjects[i] for i in idx})))
+    if streamed:
+        write_with_pixels(streamed, aligned)
     if out:
         # For people reading the staging directory: which labels each opaque key holds.
         layout.partition_index.write_text(json.dumps(
@@ -263,7 +321,7 @@ def write_partitions(faces: pa.Table, groups: Mapping[tuple, list[int]], layout:
 
 
 def _plan_lineage(faces: pa.Table, metadata: pa.Table, state, layout: StagingLayout, config: RunConfig,
-                  labels: Sequence[str], *, lg) -> tuple[pa.Table, LineagePlanned, list[str]]:
+                  labels: Sequence[str], *, lg, aligned: Aligned) -> tuple[pa.Table, LineagePlanned, list[str]]:
     """Plan the lineage on the effective persons; stage the returning people's records; keep the new ones."""
     sources = dict(zip(*metadata.select(["record_id", "source_sha256"]).to_pydict().values()))
     # Per label partition, the lineage holds back fewer than k new people (they wait): the `suppress`
@@ -276,8 +334,8 @@ def _plan_lineage(faces: pa.Table, metadata: pa.Table, state, layout: StagingLay
     returning = sorted(i for r in plan.republish for i in r.records)
     back_dir = None
     if returning:
-        back_dir = _write_hive(faces.take(pa.array(returning, pa.int64())), layout.partitions_dir, LINEAGE_PARTITION,
-                               "part-lineage-{i}.parquet")
+        back_dir = layout.partitions_dir / f"partition={LINEAGE_PARTITION}"
+        write_with_pixels([(faces.take(pa.array(returning, pa.int64())), back_dir / "part-lineage-0.parquet")], aligned)
     lg.info(f"partition: lineage of {state.dataset} ({config.lineage_policy}): {len(returning)} records of returning "
         f"people, {len(plan.new_records)} new records, {len(held_back)} held back")
     planned = LineagePlanned(plan=plan, state=state, record_ids=tuple(ids), returning_dir=back_dir)
@@ -296,8 +354,9 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
 
     lg = logger or log
     labels = ingested.labels
-    faces = load_faces(ingested.metadata, aligned, featurized, labels)
-    embeddings = (embed_faces(faces, config.shape_hw, executor)
+    # No pixels in memory: the partitions get them streamed from the aligned parts (issue 13).
+    faces = load_faces(ingested.metadata, aligned, featurized, labels, pixels=False)
+    embeddings = (embed_faces(load_faces(ingested.metadata, aligned, featurized, labels), config.shape_hw, executor)
                   if 0 < faces.num_rows <= config.identity_embed_max else None)
     faces, identity, dup_quarantined = stages.resolve_identities(faces, policy=config.duplicate_ids,
                                                                  embeddings=embeddings)
@@ -307,12 +366,12 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
     planned, held_back = None, []
     if lineage_state is not None:
         faces, planned, held_back = _plan_lineage(faces, ingested.metadata, lineage_state, layout, config, labels,
-                                                  lg=lg)
+                                                  lg=lg, aligned=aligned)
     cols = faces.select(["subject_id", *labels]).to_pydict()
     plan = plan_partitions([{x: cols[x][i] for x in labels} for i in range(faces.num_rows)], cols["subject_id"],
                            k=config.k, label_names=list(labels), select=config.select(labels),
                            policy=config.small_partitions)
-    parts = write_partitions(faces, plan.groups, layout)
+    parts = write_partitions(faces, plan.groups, layout, aligned)
     ids = faces.column("record_id").to_pylist()
     small = SmallPartition.of_plan(plan)
     for e in small:  # counts only: a rare label value held by one person is itself identifying (also in logs)
@@ -427,13 +486,22 @@ def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, logger: Logger
     """The gate's lineage checks: structure against the registry and the differencing attack."""
     from deid.release.lineage_checks import check_structure, differencing_attack  # noqa: PLC0415
 
-    ids, X = stages.read_pixels([str(p) for p in aligned.parts])
-    where = {r: i for i, r in enumerate(ids)}
-    rows = [where[r] for r in lin.record_ids if r in where]
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    paths = [str(p) for p in aligned.parts]
+    where = {r for p in paths for r in pq.read_table(p, columns=["record_id"]).column("record_id").to_pylist()}
+    rows = [r for r in lin.record_ids if r in where]
     people = [lin.plan.pseudonyms[i] for i, r in enumerate(lin.record_ids) if r in where]
     checks = [c.to_gate_check() for c in check_structure(lin.state, rel)]
     if len(rows) >= 2:
-        attack = differencing_attack(lin.state, rel, X[rows], original_people=people)
+        # The originals stay on disk (one file of raw rows next to the aligned parts), read as the attack needs them.
+        tmp = Path(tempfile.mkdtemp(prefix=".lineage-originals-", dir=Path(paths[0]).parent.parent))
+        try:
+            X = stages.RowFile.from_aligned(paths, rows, tmp / "originals.u8")
+            attack = differencing_attack(lin.state, rel, X, original_people=people)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
         (logger or log).info(f"lineage differencing attack: {attack.n_cluster_pairs} cluster pairs, "
                                f"{attack.n_tests} tests, {len(attack.matches)} matches")
         checks.append(attack.to_check().to_gate_check())
@@ -492,8 +560,12 @@ def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequen
     rel = pa.concat_tables([pq.read_table(p) for p in deidentified.parts]).join(meta, "record_id", join_type="inner")
     # DEID_COLOR: the colour faces (BGR) are released; the gate attacked their grey ("pixels").
     column, shape = ("color", (*shape_hw, 3)) if "color" in rel.column_names else ("pixels", tuple(shape_hw))
+    # Chunk by chunk, without Python bytes: one copy of the released pixels, not three.
+    chunks = [stages._pixels(c) for c in rel.column(column).chunks if len(c)]
+    images = np.vstack(chunks) if chunks else np.zeros((0, int(np.prod(shape))), np.uint8)
+    del chunks
     rows = ReleaseRows(
-        vectors=np.frombuffer(b"".join(rel.column(column).to_pylist()), np.uint8).reshape(rel.num_rows, -1),
+        vectors=images,
         shape=shape, clusters=tuple(rel.column("cluster").to_pylist()),
         labels={x: tuple(rel.column(x).to_pylist()) for x in labels},
         record_ids=tuple(rel.column("record_id").to_pylist()),

@@ -151,6 +151,60 @@ def read_pixels(paths: list[str], columns=("record_id", "pixels")) -> tuple[list
     return table.column("record_id").to_pylist(), _pixels(table.column("pixels"))
 
 
+class RowFile:
+    """An (n, p) uint8 matrix on disk whose rows are read on demand with ``pread``.
+
+    For attacks that need any original face but never all of them at once (the lineage
+    differencing attack): nothing is memory-mapped, so the process's resident memory holds only
+    the rows asked for (issue 13).
+    """
+
+    def __init__(self, path: Path, n: int, p: int):
+        self.path, self.n, self.p = Path(path), int(n), int(p)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.n, self.p)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, idx) -> np.ndarray:
+        idx = np.asarray(idx, dtype=np.int64).ravel()
+        out = np.empty((len(idx), self.p), dtype=np.uint8)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            if len(idx) and idx[-1] - idx[0] + 1 == len(idx) and (len(idx) == 1 or (np.diff(idx) == 1).all()):
+                out[:] = np.frombuffer(os.pread(fd, len(idx) * self.p, int(idx[0]) * self.p),
+                                       np.uint8).reshape(len(idx), self.p)  # a run of rows: one read
+            else:
+                for j, i in enumerate(idx.tolist()):
+                    out[j] = np.frombuffer(os.pread(fd, self.p, i * self.p), np.uint8)
+        finally:
+            os.close(fd)
+        return out
+
+    @classmethod
+    def from_aligned(cls, aligned_paths: list[str], record_ids: list[str], path: Path) -> "RowFile":
+        """The aligned faces of ``record_ids`` (all present), row ``i`` = ``record_ids[i]``, one part in memory at a time."""
+        where = {r: i for i, r in enumerate(record_ids)}
+        p = 0
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            for part in aligned_paths:
+                t = pq.read_table(part, columns=["record_id", "pixels"])
+                if not t.num_rows:
+                    continue
+                pix = _pixels(t.column("pixels"))
+                p = pix.shape[1]
+                for j, rid in enumerate(t.column("record_id").to_pylist()):
+                    if rid in where:
+                        os.pwrite(fd, pix[j].tobytes(), where[rid] * p)
+        finally:
+            os.close(fd)
+        return cls(path, len(record_ids), p)
+
+
 def fit_eigenfaces(aligned_paths: list[str], n_components: int, seed: int = 0) -> Eigenfaces:
     """Fit the eigenface model on the aligned set (a seeded subset on large drops).
 
@@ -212,6 +266,10 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     A k-Same partition above ``block_size`` faces is grouped blockwise (:class:`deid.anonymise.ksame.KSame`);
     ``map_blocks`` runs its blocks (e.g. one Dask task per block); the clusters do not depend on it.
     """
+    spec = REGISTRY.get(method)
+    if spec is not None and spec.cluster_mean and color_dir is None:
+        return _ksame_out_of_core(partition_dir, out_path, k=k, method=method, block_size=block_size,
+                                  map_blocks=map_blocks)
     dataset = ds.dataset(partition_dir, format="parquet")
     # Canonical landmarks, when the aligned faces carry them (a drop with a points column): k-same-m's shape.
     has_points = "points" in dataset.schema.names
@@ -263,6 +321,121 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
         members = labels_ == c
         summary.append(ClusterInfo(cluster=name, size=int(members.sum()), people=int(len(set(people[members])))))
     return DeidentifiedPart(path=out_path, records=len(ids), clusters=tuple(summary), shape_sources=sources)
+
+
+# Pixels held at once when k-Same averages a partition out of core: one bucket of whole clusters.
+AVERAGE_BUCKET_BYTES = 32 << 20
+_MAX_BUCKETS = 256  # open spill files; above 256 x 32 MB per partition the buckets grow instead
+_OUT_ROWS = 2048  # records per row group of the de-identified part
+
+
+def _stream(files: list[str], columns: list[str], batch_rows: int = _OUT_ROWS):
+    """Record batches of ``files`` in order (the order the gate pairs the partition with its release)."""
+    for f in files:
+        yield from pq.ParquetFile(f, buffer_size=STREAM_BUFFER, pre_buffer=False).iter_batches(
+            batch_size=batch_rows, columns=columns)
+
+
+def _binary_rows(rows: np.ndarray) -> pa.Array:
+    """An (m, p) uint8 matrix as a binary column, without a Python bytes object per row."""
+    m, p = rows.shape
+    offsets = pa.py_buffer(np.arange(0, (m + 1) * p, p, dtype=np.int32).tobytes())
+    return pa.Array.from_buffers(pa.binary(), m, [None, offsets, pa.py_buffer(np.ascontiguousarray(rows))])
+
+
+def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str, block_size: int | None,
+                       map_blocks) -> DeidentifiedPart:
+    """k-Same on one partition holding the features in memory and the pixels one bucket at a time.
+
+    The grouping needs only the eigenface features (n x d). The averages are computed from the
+    pixels in three streaming passes, so memory does not grow with the partition (issue 13: a
+    250,000-face partition is 1.9 GB of pixels): (1) each face's pixels are appended to the spill
+    file of its cluster's bucket (consecutive clusters of about ``AVERAGE_BUCKET_BYTES`` of
+    faces); (2) each bucket is read back and its clusters' means (exact integer sums, then
+    float64 division and rounding, as :class:`deid.anonymise.ksame.KSame` does) are appended to
+    an averages file; (3) the partition's record order is streamed again and every record gets
+    its cluster's mean (read with ``pread``) in row groups of the de-identified part. The
+    released bytes equal the in-memory ``KSame.fit_transform``.
+    """
+    import shutil  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    files = list(ds.dataset(partition_dir, format="parquet").files)
+    ids: list[str] = []
+    people: list = []
+    feats: list[np.ndarray] = []
+    for b in _stream(files, ["record_id", "subject_id", "features"]):
+        ids.extend(b.column(0).to_pylist())
+        people.extend(b.column(1).to_pylist())
+        f = b.column(2)
+        feats.append(np.asarray(f.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(f), -1))
+    X = np.vstack(feats) if feats else np.zeros((0, 0), np.float32)
+    del feats
+    model = KSame(k, count="images" if method == "k-same-naive" else "people", block_size=block_size,
+                  map_blocks=map_blocks).fit(X, people=np.asarray(people, dtype=object), images=None)
+    labels_ = model.labels_
+    n_clusters = int(model.n_clusters_)
+    sizes = np.asarray(model.cluster_sizes_, dtype=np.int64)
+    names = [uuid.uuid4().hex[:12] for _ in range(n_clusters)]
+    first = next(_stream(files[:1], ["pixels"], 1))
+    p = len(first.column(0)[0].as_py())
+    total = len(ids) * p
+    bucket_rows = max(1, max(AVERAGE_BUCKET_BYTES, -(-total // _MAX_BUCKETS)) // p)
+    bucket_of_cluster = (np.cumsum(sizes) - sizes) // bucket_rows  # buckets: runs of consecutive clusters
+    n_buckets = int(bucket_of_cluster[-1]) + 1
+    bucket_of_row = bucket_of_cluster[labels_]
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    spill = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        handles = [open(spill / f"b{b:05d}", "wb") for b in range(n_buckets)]  # noqa: SIM115
+        try:
+            row = 0
+            for batch in _stream(files, ["pixels"]):  # pass 1: spill by bucket, in record order
+                pix = _pixels(batch.column(0))
+                bb = bucket_of_row[row: row + len(pix)]
+                for b in np.unique(bb):
+                    handles[b].write(pix[bb == b].tobytes())
+                row += len(pix)
+        finally:
+            for h in handles:
+                h.close()
+        by_bucket = np.argsort(bucket_of_row, kind="stable")  # each bucket's rows in record order
+        bounds = np.r_[0, np.cumsum(np.bincount(bucket_of_row, minlength=n_buckets))]
+        with open(spill / "averages", "wb") as avg:  # pass 2: cluster means, cluster c at row c
+            for b in range(n_buckets):
+                rows = by_bucket[bounds[b]:bounds[b + 1]]
+                data = np.fromfile(spill / f"b{b:05d}", dtype=np.uint8).reshape(len(rows), p)
+                (spill / f"b{b:05d}").unlink()
+                labs = labels_[rows]
+                order = np.argsort(labs, kind="stable")
+                labs = labs[order]
+                starts = np.flatnonzero(np.r_[True, labs[1:] != labs[:-1]])
+                sums = np.add.reduceat(data[order], starts, axis=0, dtype=np.uint32)
+                del data
+                avg.write(np.clip(np.rint(sums / sizes[labs[starts]][:, None]), 0, 255).astype(np.uint8).tobytes())
+        tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
+        schema = schemas.deidentified()
+        fd = os.open(spill / "averages", os.O_RDONLY)
+        try:
+            with pq.ParquetWriter(tmp, schema) as writer:  # pass 3: every record its cluster's mean
+                for a in range(0, len(ids), _OUT_ROWS):
+                    labs = labels_[a: a + _OUT_ROWS]
+                    uniq, inv = np.unique(labs, return_inverse=True)
+                    means = np.empty((len(uniq), p), dtype=np.uint8)
+                    for j, c in enumerate(uniq):
+                        means[j] = np.frombuffer(os.pread(fd, p, int(c) * p), dtype=np.uint8)
+                    writer.write_batch(pa.record_batch(
+                        [pa.array(ids[a: a + _OUT_ROWS], pa.string()), pa.array([names[c] for c in labs], pa.string()),
+                         _binary_rows(means[inv])], schema=schema))
+        finally:
+            os.close(fd)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)
+    people_per = [len(s) for s in model.cluster_people_]
+    summary = [ClusterInfo(cluster=names[c], size=int(sizes[c]), people=people_per[c]) for c in range(n_clusters)]
+    return DeidentifiedPart(path=out_path, records=len(ids), clusters=tuple(summary), shape_sources={})
 
 
 def _cluster_colour_means(color_dir: str, ids: list[str], labels_: np.ndarray) -> np.ndarray:
@@ -480,7 +653,10 @@ def resolve_identities(faces: pa.Table, *, policy: str = "merge", embeddings: np
     """
     if policy not in ("merge", "quarantine"):
         raise ConfigError(f"duplicate_ids={policy!r} must be 'merge' or 'quarantine'")
-    X = np.asarray(faces.column("features").to_pylist(), dtype=np.float64) if faces.num_rows else None
+    # Through Arrow's flat values, not Python lists: a million 50-d rows are 50 M Python floats otherwise.
+    feats = faces.column("features").combine_chunks()
+    X = (np.asarray(feats.flatten().to_numpy(zero_copy_only=False), dtype=np.float64).reshape(faces.num_rows, -1)
+         if faces.num_rows else None)
     res = resolve_people(faces.column("subject_id").to_pylist(), X, embeddings=embeddings)
     people = pa.array(list(res.person), pa.string())
     faces = faces.set_column(faces.schema.get_field_index("subject_id"), "subject_id", people)
@@ -522,20 +698,28 @@ def lineage_new_labels(plan, record_ids: list[str], deid_paths: list[str]) -> tu
 
     A new record the partition stage withheld (not in any part) gets cluster -1 and a zero image.
     """
-    found: dict[str, tuple[str, bytes]] = {}
+    # One part's pixels at a time, as a matrix (a Python bytes object per face fragments the heap).
+    pos = {record_ids[i]: j for j, i in enumerate(plan.new_records)}
+    cluster: list[str | None] = [None] * len(plan.new_records)
+    images = None
     for path in deid_paths:
-        t = pq.read_table(path, columns=["record_id", "cluster", "pixels"]).to_pydict()
-        found.update(zip(t["record_id"], zip(t["cluster"], t["pixels"])))
+        t = pq.read_table(path, columns=["record_id", "cluster", "pixels"])
+        if not t.num_rows:
+            continue
+        pix = _pixels(t.column("pixels"))
+        if images is None:
+            images = np.zeros((len(plan.new_records), pix.shape[1]), dtype=np.uint8)
+        for row, (rid, c) in enumerate(zip(t.column("record_id").to_pylist(), t.column("cluster").to_pylist())):
+            j = pos.get(rid)
+            if j is not None:
+                cluster[j] = c
+                images[j] = pix[row]
     names: dict[str, int] = {}
-    width = len(next(iter(found.values()))[1]) if found else 0
     labels_ = np.full(len(plan.new_records), -1, dtype=np.intp)
-    images = np.zeros((len(plan.new_records), width), dtype=np.uint8)
-    for j, i in enumerate(plan.new_records):
-        hit = found.get(record_ids[i])
-        if hit is not None:
-            labels_[j] = names.setdefault(hit[0], len(names))
-            images[j] = np.frombuffer(hit[1], np.uint8)
-    return labels_, images
+    for j, c in enumerate(cluster):  # numbered in record order, as before
+        if c is not None:
+            labels_[j] = names.setdefault(c, len(names))
+    return labels_, (images if images is not None else np.zeros((len(plan.new_records), 0), dtype=np.uint8))
 
 
 def write_lineage_part(partition_dir: str, out_path: str, release, state, record_ids: list[str]) -> DeidentifiedPart:

@@ -256,7 +256,8 @@ def _cluster_sizes(c: LineageCluster, *more: int) -> list[int]:
 def differencing_attack(state: LineageState, release: LineageRelease, originals: Any, *,
                         original_people: Sequence[Hashable] | None = None, tolerance: float = 1.0,
                         n_components: int = 50, max_pairs: int = 200_000, neighbors: int = 10,
-                        candidates: int = 16, block: int = 1024, unit: str = "grey level") -> DifferencingResult:
+                        candidates: int = 16, block: int = 1024, unit: str = "grey level",
+                        pca_sample: int = 20_000) -> DifferencingResult:
     """Difference every released average of this release against every registered one and every other one
     of this release; match to originals.
 
@@ -288,21 +289,28 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
     ----------
     state, release
         The registered lineage and the release to check.
-    originals : array-like (n, n_pixels)
+    originals : array-like (n, n_pixels), or a row source
         Aligned original faces the attacker may hold (the gate passes the drop's aligned faces).
+        Any object with ``shape`` and ``__getitem__`` for integer index arrays (e.g.
+        :class:`deid.operations.stages.RowFile`, rows read from disk) is read a chunk of rows at
+        a time and never held whole (issue 13: a million faces are 7.5 GB of uint8, 30 GB as float32).
     original_people : sequence, optional
         Person of each original, to count the people identified.
     tolerance, unit : float, str
         The exact-match bound and its unit: grey levels for faces; for feature vectors (registered
         float averages, no rounding) the caller passes a small fraction of a feature's spread in the
         vectors' own units (:func:`deid.operations.features.apply_feature_lineage`).
+    pca_sample : int
+        The eigenfaces are fitted on at most this many originals (a seeded sample; all of them
+        below it); every original is projected, in chunks.
 
     Returns
     -------
     DifferencingResult
     """
-    X = np.asarray(originals, dtype=np.float32)
-    if X.ndim != 2 or X.shape[0] < 2:
+    X = originals if hasattr(originals, "shape") and not isinstance(originals, np.ndarray) else (
+        np.asarray(originals, dtype=np.float32))
+    if len(X.shape) != 2 or X.shape[0] < 2:
         raise ConfigError(f"originals has shape {X.shape}; pass at least two aligned faces, one flattened row each")
     if original_people is not None and len(original_people) != X.shape[0]:
         raise ConfigError(f"original_people has {len(original_people)} entries for {X.shape[0]} originals")
@@ -322,12 +330,23 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
             raise ConfigError(f"cluster averages have {c.image.shape[0]} values but originals {X.shape[1]}; pass the "
                               "aligned faces at the canonical size (or the drop's vectors of the same dimension)")
 
-    Wz, mu, sd = _pca(X, n_components)              # (q, p) orthonormal rows, mean, component std
-    Zc = (X - mu) @ Wz.T                             # centred projections of the originals
+    n_orig = X.shape[0]
+    fit_rows = (np.arange(n_orig) if n_orig <= pca_sample else
+                np.sort(np.random.default_rng(0).choice(n_orig, pca_sample, replace=False)))
+    Wz, mu, sd = _pca(np.asarray(X[fit_rows], dtype=np.float32), n_components)  # (q, p) rows, mean, std
+    Zc = np.vstack([(np.asarray(X[np.arange(a, min(a + 4096, n_orig))], dtype=np.float32) - mu) @ Wz.T
+                    for a in range(0, n_orig, 4096)])  # centred projections of the originals, a chunk at a time
     Zw = Zc / sd                                     # whitened: pair candidates
-    M1 = np.stack([c.image for c, _ in new]).astype(np.float32)
-    M2 = np.stack([c.image for c, _ in reg]).astype(np.float32)
-    Y1, Y2 = M1 @ Wz.T, M2 @ Wz.T                    # linear projections: differences are exact
+    # The averages stay in their stored dtype (uint8 for faces: a quarter of float32) and are
+    # converted a chunk at a time; this release's own clusters are not stacked twice.
+    M1 = np.stack([c.image for c, _ in new])
+    M2 = M1 if [c.key for c, _ in reg] == [c.key for c, _ in new] else np.stack([c.image for c, _ in reg])
+
+    def project(M: np.ndarray) -> np.ndarray:
+        return np.vstack([np.asarray(M[a:a + 4096], dtype=np.float32) @ Wz.T for a in range(0, len(M), 4096)])
+
+    Y1 = project(M1)                                 # linear projections: differences are exact
+    Y2 = Y1 if M2 is M1 else project(M2)
     muz = mu @ Wz.T
     h1 = [c.image_sha256 for c, _ in new]
     h2 = [c.image_sha256 for c, _ in reg]
@@ -355,9 +374,10 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
             best[~single] = _best_pairs(Dz[~single] / sd, Zw, candidates)
         for v in range(0, len(t), 256):  # verify in pixels, a few hundred differences at a time
             r = slice(v, v + 256)
-            D = sign[r] * (s1[r, None] * M1[i[r]] - s2[r, None] * M2[j[r]])
+            D = sign[r] * (s1[r, None] * M1[i[r]].astype(np.float32) - s2[r, None] * M2[j[r]].astype(np.float32))
             a, b = best[r, 0], best[r, 1]
-            target = X[a] - np.where(b[:, None] >= 0, X[np.maximum(b, 0)], 0.0)
+            target = (np.asarray(X[a], dtype=np.float32)
+                      - np.where(b[:, None] >= 0, np.asarray(X[np.maximum(b, 0)], dtype=np.float32), 0.0))
             mae = np.abs(D - target).mean(axis=1) / np.maximum(s1[r], s2[r])
             for row in np.flatnonzero(mae < tolerance):
                 n1, n2 = int(i[r][row]), int(j[r][row])
