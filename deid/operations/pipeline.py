@@ -223,12 +223,17 @@ def embed_faces(faces: pa.Table, shape_hw: tuple[int, int], executor: Executor) 
     from deid.evaluation.recognizer import DlibEmbedder  # noqa: PLC0415 (dlib import cost)
 
     pixels = faces.column("pixels").to_pylist()
-    n_chunks = max(1, min(len(pixels) // 16, 2 * executor.workers))
-    bounds = np.linspace(0, len(pixels), n_chunks + 1).astype(int)
-    progress = Progress("partition: face descriptors").start(len(pixels))
-    E = np.vstack(executor.map(stages.embed_faces, [dict(pixels=pixels[a:b], shape=tuple(shape_hw))
+    # Identical faces (the same photo staged twice) have one descriptor: only distinct faces go to the
+    # workers, so no two chunks embed the same face (each worker's own cache sees only its chunk).
+    first: dict[bytes, int] = {}
+    of = np.fromiter((first.setdefault(p, len(first)) for p in pixels), dtype=np.int64, count=len(pixels))
+    distinct = list(first)
+    n_chunks = max(1, min(len(distinct) // 16, 2 * executor.workers))
+    bounds = np.linspace(0, len(distinct), n_chunks + 1).astype(int)
+    progress = Progress("partition: face descriptors").start(len(distinct))
+    E = np.vstack(executor.map(stages.embed_faces, [dict(pixels=distinct[a:b], shape=tuple(shape_hw))
                                                     for a, b in zip(bounds[:-1], bounds[1:]) if b > a],
-                               on_done=lambda e: progress.advance(len(e))))
+                               on_done=lambda e: progress.advance(len(e))))[of]
     progress.finish()
     DlibEmbedder(tuple(shape_hw)).prime(np.frombuffer(b"".join(pixels), np.uint8).reshape(len(pixels), -1), E)
     return E
@@ -417,22 +422,24 @@ def apply_lineage(partitioned: Partitioned, deidentified: Deidentified, aligned:
         out = replace(deidentified, parts=(*deidentified.parts, Path(part.path)),
                       clusters=(*deidentified.clusters, *part.clusters))
     (logger or log).info(f"lineage-release: {dict(rel.counts)}")
-    checks = lineage_checks(lin, rel, aligned, logger=logger)
+    # The attack runs in this process: on as many of its cores as the run's workers use.
+    checks = lineage_checks(lin, rel, aligned, threads=max(1, min(config.dask_workers, os.cpu_count() or 1)),
+                            logger=logger)
     return LineageApplied(release=rel, state=lin.state, deidentified=out, checks=checks,
                           republished=stages.republished_for_gate(rel, lin.state), record_ids=lin.record_ids)
 
 
-def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, logger: Logger | None = None) -> tuple[Check, ...]:
-    """The gate's lineage checks: structure against the registry and the differencing attack."""
+def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, threads: int = 1,
+                   logger: Logger | None = None) -> tuple[Check, ...]:
+    """The gate's lineage checks: structure against the registry and the differencing attack (on ``threads``)."""
     from deid.release.lineage_checks import check_structure, differencing_attack  # noqa: PLC0415
 
-    ids, X = stages.read_pixels([str(p) for p in aligned.parts])
-    where = {r: i for i, r in enumerate(ids)}
-    rows = [where[r] for r in lin.record_ids if r in where]
-    people = [lin.plan.pseudonyms[i] for i, r in enumerate(lin.record_ids) if r in where]
+    # One streamed read of just the lineage's records, into the attack's float32 matrix.
+    found, X = stages.read_rows_float([str(p) for p in aligned.parts], list(lin.record_ids))
+    people = [lin.plan.pseudonyms[i] for i in found]
     checks = [c.to_gate_check() for c in check_structure(lin.state, rel)]
-    if len(rows) >= 2:
-        attack = differencing_attack(lin.state, rel, X[rows], original_people=people)
+    if len(found) >= 2:
+        attack = differencing_attack(lin.state, rel, X, original_people=people, threads=threads)
         (logger or log).info(f"lineage differencing attack: {attack.n_cluster_pairs} cluster pairs, "
                                f"{attack.n_tests} tests, {len(attack.matches)} matches")
         checks.append(attack.to_check().to_gate_check())

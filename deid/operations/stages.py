@@ -150,6 +150,35 @@ def read_pixels(paths: list[str], columns=("record_id", "pixels")) -> tuple[list
     return table.column("record_id").to_pylist(), _pixels(table.column("pixels"))
 
 
+def read_rows_float(paths: list[str], record_ids: list[str], *, batch_rows: int = 1024) -> tuple[list[int], np.ndarray]:
+    """The aligned faces of ``record_ids`` as one float32 matrix, in that order, streamed part by part.
+
+    Returns (positions in ``record_ids`` of the records found, float32 matrix n_found x p). Only the
+    record ids are read first; the pixels are then streamed in batches straight into the matrix, so
+    the whole uint8 table is never held beside it (what :func:`read_pixels` followed by a row
+    selection and a float conversion would hold).
+    """
+    at = {r: i for i, r in enumerate(record_ids)}
+    present = set()
+    for p in paths:
+        present.update(r for r in pq.read_table(p, columns=["record_id"]).column("record_id").to_pylist() if r in at)
+    keep = sorted(at[r] for r in present)
+    row = {record_ids[i]: n for n, i in enumerate(keep)}
+    X = None
+    for p in paths:
+        for batch in pq.ParquetFile(p, buffer_size=STREAM_BUFFER, pre_buffer=False).iter_batches(
+                batch_size=batch_rows, columns=["record_id", "pixels"]):
+            ids = batch.column(0).to_pylist()
+            mine = [k for k, r in enumerate(ids) if r in row]
+            if not mine:
+                continue
+            pix = _pixels(batch.column(1).take(pa.array(mine, pa.int64())))
+            if X is None:
+                X = np.empty((len(keep), pix.shape[1]), dtype=np.float32)
+            X[[row[ids[k]] for k in mine]] = pix
+    return keep, (X if X is not None else np.zeros((0, 0), np.float32))
+
+
 def fit_eigenfaces(aligned_paths: list[str], n_components: int, seed: int = 0) -> Eigenfaces:
     """Fit the eigenface model on the aligned set (a seeded subset on large drops).
 
