@@ -11,6 +11,8 @@ and the ratio of (ingest + align + featurize) to plain grey JPEG/PNG decoding of
 on one core (full resolution and OpenCV's reduced 1/4 decoding for JPEG). It also decodes every
 file of the drop once on as many processes as the run's Dask workers (``DEID_DASK_WORKERS``,
 default 2) and prints the whole run's wall time over that decode's wall time (issue 13: at most 3).
+It prints the run's CPU seconds (all its processes) too, and their ratio to that decode's CPU: on a
+shared machine the CPU figures do not depend on the other load, the wall ones do.
 
 ``--london-records N`` makes a drop of N records from the London photos: each record a copy of
 one photo of its person (a unique trailing byte string after the JPEG's end marker, so no two
@@ -62,16 +64,26 @@ def _decode_one(path: str) -> int:
     return 0 if img is None else int(img.shape[0])
 
 
-def parallel_decode_wall(files: list[Path], workers: int) -> float:
-    """Wall seconds to read and grey-decode every file once on ``workers`` processes (one thread each)."""
+def _cpu_children() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def parallel_decode_wall(files: list[Path], workers: int) -> tuple[float, float]:
+    """(wall, CPU) seconds to read and grey-decode every file once on ``workers`` processes (one thread each).
+
+    The CPU is that of the pool's processes, counted once they have exited (a warm-up decode each included).
+    """
     from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
 
     cv2.setNumThreads(1)
+    c0 = _cpu_children()
     with ProcessPoolExecutor(workers) as pool:
         list(pool.map(_decode_one, [str(files[0])] * workers))  # start-up not counted
         t = time.perf_counter()
         list(pool.map(_decode_one, [str(f) for f in files], chunksize=64))
-        return time.perf_counter() - t
+        wall = time.perf_counter() - t
+    return wall, _cpu_children() - c0
 
 
 def expand_london(drop: Path, records: int) -> None:
@@ -167,8 +179,10 @@ def main() -> int:
     ap.add_argument("--drop", default=None, help="an existing synthetic drop to run (with --synthetic N: no new one)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="deid-bench-"))
-    deid = [sys.executable, "-m", "deid.cli"]  # this interpreter and this checkout (PYTHONPATH)
-    env = {**os.environ, "DEID_PROJECT_DIR": str(work), "PREFECT_HOME": str(work / "prefect")}
+    # This checkout's code (a worktree has no .venv of its own), on the interpreter running the bench.
+    deid = [sys.executable, "-m", "deid.cli"]
+    env = {**os.environ, "DEID_PROJECT_DIR": str(work), "PREFECT_HOME": str(work / "prefect"),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     drop = work / "drop"
     if args.drop:
         drop = Path(args.drop)
@@ -195,7 +209,7 @@ def main() -> int:
     n = len(files)
     full, reduced = decode_cost(files[:500])
     workers = int(os.environ.get("DEID_DASK_WORKERS", "2"))
-    decode_wall = parallel_decode_wall(files, workers)
+    decode_wall, decode_cpu = parallel_decode_wall(files, workers)
 
     run, wall, cpu, peak = run_measured([*deid, "run", str(drop), "--k", str(args.k)], env)
     report_line = [ln for ln in run.stdout.splitlines() if ln.startswith("report: ")]
@@ -206,7 +220,9 @@ def main() -> int:
     stages = report["configuration"]["stage_seconds"]
     kind = "synthetic" if args.synthetic else f"London x{n // 204}" if args.london_records else "London"
     print(f"drop: {kind}, {n} images, k={args.k}, verdict {report['verdict']}")
-    print(f"deid run wall time (start-up included): {wall:.1f} s  ({wall / n * 1000:.1f} ms/image)")
+    print(f"deid run wall time (start-up included): {wall:.1f} s  ({wall / n * 1000:.1f} ms/image, "
+          f"{wall / n * 1000:.1f} s per 1,000 faces)")
+    print(f"deid run CPU time (user+sys, all its processes): {cpu:.1f} s  ({cpu / n * 1000:.1f} s per 1,000 faces)")
     print(f"plain grey decode, one core: full {full * 1000:.2f} ms/image, reduced 1/4 {reduced * 1000:.2f} ms/image")
     print(f"{'stage':<14}{'seconds':>10}{'ms/image':>12}")
     for stage, sec in stages.items():
@@ -214,8 +230,10 @@ def main() -> int:
     core = sum(stages.get(s, 0.0) for s in ("ingest", "align", "featurize"))
     print(f"(ingest + align + featurize) / full decode    = {core / n / full:.1f}")
     print(f"(ingest + align + featurize) / reduced decode = {core / n / reduced:.1f}")
-    print(f"plain grey decode of all {n} files on {workers} processes: {decode_wall:.1f} s wall")
+    print(f"plain grey decode of all {n} files on {workers} processes: {decode_wall:.1f} s wall, {decode_cpu:.1f} s CPU")
     print(f"whole run wall / parallel decode wall           = {wall / decode_wall:.1f}  (issue 13: at most 3)")
+    # The machine may be shared: CPU seconds do not depend on what else runs, wall seconds do.
+    print(f"whole run CPU / decode CPU                      = {cpu / decode_cpu:.1f}")
     print(f"whole run: {wall / n * 1000:.2f} s wall and {cpu / n * 1000:.2f} s CPU per 1,000 faces "
           f"({cpu:.0f} s CPU, all processes)")
     print(f"peak RSS, all processes of the run summed (0.5 s samples): {peak.peak / 2**30:.2f} GiB "

@@ -229,12 +229,17 @@ def embed_faces(faces: pa.Table, shape_hw: tuple[int, int], executor: Executor) 
     from deid.evaluation.recognizer import DlibEmbedder  # noqa: PLC0415 (dlib import cost)
 
     pixels = faces.column("pixels").to_pylist()
-    n_chunks = max(1, min(len(pixels) // 16, 2 * executor.workers))
-    bounds = np.linspace(0, len(pixels), n_chunks + 1).astype(int)
-    progress = Progress("partition: face descriptors").start(len(pixels))
-    E = np.vstack(executor.map(stages.embed_faces, [dict(pixels=pixels[a:b], shape=tuple(shape_hw))
+    # Identical faces (the same photo staged twice) have one descriptor: only distinct faces go to the
+    # workers, so no two chunks embed the same face (each worker's own cache sees only its chunk).
+    first: dict[bytes, int] = {}
+    of = np.fromiter((first.setdefault(p, len(first)) for p in pixels), dtype=np.int64, count=len(pixels))
+    distinct = list(first)
+    n_chunks = max(1, min(len(distinct) // 16, 2 * executor.workers))
+    bounds = np.linspace(0, len(distinct), n_chunks + 1).astype(int)
+    progress = Progress("partition: face descriptors").start(len(distinct))
+    E = np.vstack(executor.map(stages.embed_faces, [dict(pixels=distinct[a:b], shape=tuple(shape_hw))
                                                     for a, b in zip(bounds[:-1], bounds[1:]) if b > a],
-                               on_done=lambda e: progress.advance(len(e))))
+                               on_done=lambda e: progress.advance(len(e))))[of]
     progress.finish()
     DlibEmbedder(tuple(shape_hw)).prime(np.frombuffer(b"".join(pixels), np.uint8).reshape(len(pixels), -1), E)
     return E
@@ -477,13 +482,16 @@ def apply_lineage(partitioned: Partitioned, deidentified: Deidentified, aligned:
         out = replace(deidentified, parts=(*deidentified.parts, Path(part.path)),
                       clusters=(*deidentified.clusters, *part.clusters))
     (logger or log).info(f"lineage-release: {dict(rel.counts)}")
-    checks = lineage_checks(lin, rel, aligned, logger=logger)
+    # The attack runs in this process: on as many of its cores as the run's workers use.
+    checks = lineage_checks(lin, rel, aligned, threads=max(1, min(config.dask_workers, os.cpu_count() or 1)),
+                            logger=logger)
     return LineageApplied(release=rel, state=lin.state, deidentified=out, checks=checks,
                           republished=stages.republished_for_gate(rel, lin.state), record_ids=lin.record_ids)
 
 
-def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, logger: Logger | None = None) -> tuple[Check, ...]:
-    """The gate's lineage checks: structure against the registry and the differencing attack."""
+def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, threads: int = 1,
+                   logger: Logger | None = None) -> tuple[Check, ...]:
+    """The gate's lineage checks: structure against the registry and the differencing attack (on ``threads``)."""
     from deid.release.lineage_checks import check_structure, differencing_attack  # noqa: PLC0415
 
     import shutil  # noqa: PLC0415
@@ -499,7 +507,7 @@ def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, logger: Logger
         tmp = Path(tempfile.mkdtemp(prefix=".lineage-originals-", dir=Path(paths[0]).parent.parent))
         try:
             X = stages.RowFile.from_aligned(paths, rows, tmp / "originals.u8")
-            attack = differencing_attack(lin.state, rel, X, original_people=people)
+            attack = differencing_attack(lin.state, rel, X, original_people=people, threads=threads)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         (logger or log).info(f"lineage differencing attack: {attack.n_cluster_pairs} cluster pairs, "

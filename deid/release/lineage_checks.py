@@ -257,7 +257,7 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
                         original_people: Sequence[Hashable] | None = None, tolerance: float = 1.0,
                         n_components: int = 50, max_pairs: int = 200_000, neighbors: int = 10,
                         candidates: int = 16, block: int = 1024, unit: str = "grey level",
-                        pca_sample: int = 20_000) -> DifferencingResult:
+                        pca_sample: int = 20_000, threads: int = 1) -> DifferencingResult:
     """Difference every released average of this release against every registered one and every other one
     of this release; match to originals.
 
@@ -303,6 +303,9 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
     pca_sample : int
         The eigenfaces are fitted on at most this many originals (a seeded sample; all of them
         below it); every original is projected, in chunks.
+    threads : int
+        Blocks of tests run on this many threads (NumPy releases the GIL in their heavy passes); the
+        matches and their order do not depend on it.
 
     Returns
     -------
@@ -358,9 +361,10 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
     pairs_i, pairs_j = pairs_i[keep], pairs_j[keep]
     tests = [(i, j, s1, s2) for i, j in zip(pairs_i.tolist(), pairs_j.tolist())
              for s1 in new[i][1] for s2 in reg[j][1] if abs(s1 - s2) <= 1]
-    matches: list[DifferencingMatch] = []
     csq = np.einsum("ij,ij->i", Zc, Zc)
-    for start in range(0, len(tests), block):
+
+    def attack_block(start: int) -> list[DifferencingMatch]:
+        found: list[DifferencingMatch] = []
         t = np.array(tests[start:start + block], dtype=np.int64)
         i, j, s1, s2 = t.T
         sign = np.where(s1 >= s2, 1.0, -1.0).astype(np.float32)[:, None]  # larger cluster first: +x
@@ -379,11 +383,23 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
             target = (np.asarray(X[a], dtype=np.float32)
                       - np.where(b[:, None] >= 0, np.asarray(X[np.maximum(b, 0)], dtype=np.float32), 0.0))
             mae = np.abs(D - target).mean(axis=1) / np.maximum(s1[r], s2[r])
-            for row in np.flatnonzero(mae < tolerance):
-                n1, n2 = int(i[r][row]), int(j[r][row])
-                origs = (int(a[row]),) if b[row] < 0 else (int(a[row]), int(b[row]))
-                matches.append(DifferencingMatch(new[n1][0].key, reg[n2][0].key, (int(s1[r][row]), int(s2[r][row])),
-                                                 "single" if b[row] < 0 else "pair", origs, round(float(mae[row]), 4)))
+            for hit in np.flatnonzero(mae < tolerance):
+                row = v + hit  # in the block; a, b and mae are the slice's
+                origs = (int(a[hit]),) if b[hit] < 0 else (int(a[hit]), int(b[hit]))
+                found.append(DifferencingMatch(new[int(i[row])][0].key, reg[int(j[row])][0].key,
+                                               (int(s1[row]), int(s2[row])), "single" if b[hit] < 0 else "pair",
+                                               origs, round(float(mae[hit]), 4)))
+        return found
+
+    starts = range(0, len(tests), block)
+    if threads > 1 and len(starts) > 1:
+        from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+        # NumPy releases the GIL in the matrix products, partitions and element-wise passes of a block.
+        with ThreadPoolExecutor(threads) as pool:
+            matches = [m for found in pool.map(attack_block, starts) for m in found]
+    else:
+        matches = [m for start in starts for m in attack_block(start)]
     if original_people is not None:
         people = frozenset(original_people[g] for m in matches for g in m.originals)
     else:
