@@ -268,6 +268,8 @@ def test_differencing_attack_finds_a_swapped_and_an_added_face():
     kinds = {(m.kind, m.originals) for m in res.matches}
     assert ("pair", (5, 4)) in kinds and ("single", (15,)) in kinds
     assert {"p4", "p5", "p15"} <= res.people_identified
+    # One test per block, the blocks on two threads: the same tests, matches (in order) and errors.
+    assert differencing_attack(s1, r2, X.astype(np.float32), original_people=people, block=1, threads=2) == res
     assert all(m.mae < 1.0 for m in res.matches)
     assert not check_structure(s1, r2)[0].passed
     # The second drop through the planner: the two newcomers wait (fewer than k), nothing to find.

@@ -1,5 +1,5 @@
 """Issue 13 on photographs: work done once (lineage originals read from disk by row, one descriptor per distinct
-face, the differencing attack's blocks on threads) with the same results as before."""
+face) with the same results as before (the differencing attack on threads: tests/test_lineage.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,10 +7,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deid.operations import pipeline, stages
-from deid.release.lineage import empty_state, release_from_clusters
-from deid.release.lineage_checks import differencing_attack
-
-KEY = bytes(range(32))
 
 
 def test_lineage_originals_row_file_reads_the_asked_records_in_their_order(tmp_path):
@@ -55,31 +51,3 @@ def test_embed_faces_sends_each_distinct_face_once(monkeypatch):
     E = pipeline.embed_faces(pa.table({"pixels": [r.tobytes() for r in rows]}), shape, TwoChunks())
     assert sorted(sent) == sorted(f.tobytes() for f in faces)  # each distinct face embedded once
     np.testing.assert_array_equal(E, rows[:, :4].astype(np.float32))  # every row gets its own face's descriptor
-
-
-def test_differencing_attack_same_matches_on_threads_and_small_blocks():
-    # Release 1: {0..4}, {10..14}; release 2: {0..3, 5} (one swap), {10..15} (one added): both leak.
-    rng = np.random.default_rng(7)
-    X = rng.integers(0, 256, (40, 30), dtype=np.uint8)
-    people = [f"p{i}" for i in range(40)]
-    fps = [f"f{i}" for i in range(40)]
-    lab1, lab2 = np.full(40, -1), np.full(40, -1)
-    lab1[[0, 1, 2, 3, 4]], lab1[[10, 11, 12, 13, 14]] = 0, 1
-    lab2[[0, 1, 2, 3, 5]], lab2[[10, 11, 12, 13, 14, 15]] = 0, 1
-
-    def imgs(lab):
-        out = np.zeros_like(X)
-        for c in set(lab[lab >= 0].tolist()):
-            out[lab == c] = np.clip(np.rint(X[lab == c].mean(axis=0)), 0, 255).astype(np.uint8)
-        return out
-
-    s0 = empty_state("synthetic")
-    r1 = release_from_clusters(s0, people, fps, key=KEY, release_id="r1", k=5, method="k-same", labels=lab1,
-                               images=imgs(lab1), shape=(5, 6))
-    s1 = s0.with_entry(r1.to_entry())
-    r2 = release_from_clusters(s1, people, fps, key=KEY, release_id="r2", k=5, method="k-same", labels=lab2,
-                               images=imgs(lab2), shape=(5, 6))
-    one = differencing_attack(s1, r2, X, original_people=people)
-    many = differencing_attack(s1, r2, X.astype(np.float32), original_people=people, block=1, threads=2)
-    assert not one.passed and {"p4", "p5", "p15"} <= one.people_identified
-    assert many == one  # same tests, same matches in the same order, same errors
