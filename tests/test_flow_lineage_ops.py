@@ -136,7 +136,7 @@ def test_a_run_whose_registry_moves_on_fails_and_the_ledger_runs_it_again(projec
     checks = ts.lineage_checks
     other: list[str] = []
 
-    def racing(lin, rel, aligned, *, logger=None):
+    def racing(lin, rel, aligned, **kw):
         # Another run of the dataset registers its release while this one is past planning (the flow
         # plans, clusters and gates before it registers).
         if not other:
@@ -147,7 +147,7 @@ def test_a_run_whose_registry_moves_on_fails_and_the_ledger_runs_it_again(projec
                               new_images=np.zeros((0, 92 * 81), np.uint8), shape=(92, 81))
             reg.append_release(current, o)
             other.append(o.release_id)
-        return checks(lin, rel, aligned, logger=logger)
+        return checks(lin, rel, aligned, **kw)
 
     monkeypatch.setattr(ts, "lineage_checks", racing)
     (row,) = release_incoming(incoming=str(incoming))
