@@ -122,7 +122,10 @@ def test_a_real_runs_pages(project, prefect_server, tmp_path):
     progress_log = logging.getLogger("deid.progress")
     seen = _Lines()
     progress_log.addHandler(seen)
-    level, progress_log.level = progress_log.level, logging.INFO
+    # setLevel, not an assignment to .level: logging caches isEnabledFor per logger, and only
+    # setLevel clears that cache (an earlier test's WARNING root would otherwise still drop INFO here).
+    level = progress_log.level
+    progress_log.setLevel(logging.INFO)
     try:
         drop = make_synthetic_drop(tmp_path / "drop", people=20, images_per_person=2, seed=11, image_size=120)
         result = run_flow(str(drop), k=3).summary()
