@@ -83,6 +83,22 @@ def url(pg_url):
     return pg_url
 
 
+def race(worker: str, argvs: list[list[str]], go: Path, *, settle: float, timeout: float) -> dict[str, list]:
+    """Start ``python -c worker ARGV... GO`` per argv, release them at once (``go`` appears after ``settle``
+    seconds: every process imported and connected), and return each one's ``LOG <json>`` as ``p0``, ``p1``, ..."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    procs = [subprocess.Popen([sys.executable, "-c", worker, *argv[:2], str(go), *argv[2:]], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for argv in argvs]
+    time.sleep(settle)
+    go.write_bytes(b"")
+    logs = {}
+    for n, p in enumerate(procs):
+        out, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, err[-3000:]
+        logs[f"p{n}"] = json.loads(out.split("LOG ", 1)[1])
+    return logs
+
+
 def _drop(path: Path, *, seed: int) -> Path:
     rng = random.Random(seed)
     (path / "images").mkdir(parents=True)
@@ -187,17 +203,8 @@ def test_concurrent_processes_release_each_content_once(url, tmp_path):
     drops = [[str(p), drop_fingerprint(p)] for p in (a, b, a2)]
     assert drops[0][1] == drops[2][1] != drops[1][1]
     Ledger(url)  # tables created once here; the workers' concurrent creation is covered too (advisory lock)
-    go = tmp_path / "go"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, url, f"p{n}", str(go), json.dumps(drops)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env) for n in range(4)]
-    time.sleep(1.0)  # every process imported and connected, waiting on the same start
-    go.write_bytes(b"")
-    logs = {}
-    for n, p in enumerate(procs):
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err[-3000:]
-        logs[f"p{n}"] = json.loads(out.split("LOG ", 1)[1])
+    logs = race(WORKER, [[url, f"p{n}", json.dumps(drops)] for n in range(4)], tmp_path / "go", settle=1.0,
+                timeout=120)
     events = [(tag, *e) for tag, log in logs.items() for e in log]
     released = [e for e in events if e[1] == "released"]
     failed = [e for e in events if e[1] == "failed"]

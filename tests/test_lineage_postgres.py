@@ -2,21 +2,15 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from test_ledger_postgres import pg_url  # noqa: F401 - the module's throwaway PostgreSQL server
+from test_ledger_postgres import pg_url, race  # noqa: F401 - the module's throwaway PostgreSQL server
 
 from deid.release.lineage import LineageError, build_release, plan_release
 from deid.release.lineage_registry import Registry
 
 pytestmark = [pytest.mark.slow, pytest.mark.ops]
-ROOT = Path(__file__).resolve().parents[1]
 KEY = bytes(range(32))
 
 
@@ -139,18 +133,8 @@ print("LOG " + json.dumps(log))
 def test_concurrent_appends_from_several_processes_serialise_on_the_chain_head(url, tmp_path, n_procs):
     # Every process starts on the empty lineage (their first appends race for the genesis entry too),
     # registers three releases and marks each published, reloading and planning again when refused.
-    go = tmp_path / "go"
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
-    procs = [subprocess.Popen([sys.executable, "-c", WORKER, url, f"p{n}", str(go), str(tmp_path)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-             for n in range(n_procs)]
-    time.sleep(1.5)  # every process imported, waiting on the same start
-    go.write_bytes(b"")
-    logs = {}
-    for n, p in enumerate(procs):
-        out, err = p.communicate(timeout=300)
-        assert p.returncode == 0, err[-3000:]
-        logs[f"p{n}"] = json.loads(out.split("LOG ", 1)[1])
+    logs = race(WORKER, [[url, f"p{n}", str(tmp_path)] for n in range(n_procs)], tmp_path / "go", settle=1.5,
+                timeout=300)
     state = Registry.open(tmp_path, "shared", KEY, database_url=url).load()  # the whole chain verifies
     want = sorted(f"rel-p{n}-{i}" for n in range(n_procs) for i in range(3))
     assert sorted(r.release_id for r in state.releases) == want
