@@ -34,6 +34,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from deid.errors import EnvironmentFailure
+
 SERVER_FILE = "server.json"
 HEALTH_TIMEOUT = 1.0  # seconds a running `deid server` has to answer /health before the run starts its own
 
@@ -181,12 +183,13 @@ class PrefectApi:
             return self.ready_after or 0.0
         if not self._ready.wait(timeout + 5):
             self.stop()
-            raise RuntimeError(f"Prefect's temporary API server did not answer within {timeout:.0f} s; start one "
-                               "with `deid server` (then runs reuse it) or set PREFECT_API_URL")
+            raise EnvironmentFailure(f"Prefect's temporary API server did not answer within {timeout:.0f} s; start "
+                                     "one with `deid server` (then runs reuse it) or set PREFECT_API_URL")
         if self._error is not None:
             self.stop()
-            raise RuntimeError(f"Prefect's temporary API server did not start ({self._error}); its output is in "
-                               f"{self.log_path}; start one with `deid server` (then runs reuse it)") from self._error
+            raise EnvironmentFailure(f"Prefect's temporary API server did not start ({self._error}); its output is "
+                                     f"in {self.log_path}; start one with `deid server` (then runs reuse it)"
+                                     ) from self._error
         use_api(self.url)
         return self.ready_after
 
