@@ -279,9 +279,8 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
                                       *(["points"] if has_points else []), *seq_cols])
     ids = table.column("record_id").to_pylist()
     people = np.asarray(table.column("subject_id").to_pylist(), dtype=object)
-    X = np.asarray(table.column("features").to_pylist(), dtype=np.float32)
-    pix = table.column("pixels").to_pylist()
-    images = np.frombuffer(b"".join(pix), dtype=np.uint8).reshape(len(pix), -1)
+    X = _features(table.column("features"))
+    images = _pixels(table.column("pixels"))
     spec = REGISTRY.get(method)
     sources: dict[str, int] = {}
     if spec is None or not spec.cluster_mean:  # (an unknown name gets deid.anonymise.methods' ConfigError)
@@ -367,8 +366,7 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
     for b in _stream(files, ["record_id", "subject_id", "features"]):
         ids.extend(b.column(0).to_pylist())
         people.extend(b.column(1).to_pylist())
-        f = b.column(2)
-        feats.append(np.asarray(f.flatten().to_numpy(zero_copy_only=False), dtype=np.float32).reshape(len(f), -1))
+        feats.append(_features(b.column(2)))
     X = np.vstack(feats) if feats else np.zeros((0, 0), np.float32)
     del feats
     model = KSame(k, count="images" if method == "k-same-naive" else "people", block_size=block_size,
@@ -495,6 +493,17 @@ def _paired_batches(partition_dir: str, deid_path: str, columns: list[str], batc
         if head.column("record_id").to_pylist() != r.column("record_id").to_pylist():
             raise StateError(f"gate: {deid_path} and {partition_dir} do not list the same records in the same order")
         yield head, r
+
+
+def _features(column: pa.ChunkedArray | pa.Array, dtype=np.float32) -> np.ndarray:
+    """A list column of equal-length feature rows as an (n, d) matrix, through Arrow's flat values.
+
+    Not through ``to_pylist``: a million 50-d rows would be 50 M Python floats.
+    """
+    arr = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if len(arr) == 0:
+        return np.zeros((0, 0), dtype)
+    return np.asarray(arr.flatten().to_numpy(zero_copy_only=False), dtype=dtype).reshape(len(arr), -1)
 
 
 def _pixels(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -653,10 +662,7 @@ def resolve_identities(faces: pa.Table, *, policy: str = "merge", embeddings: np
     """
     if policy not in ("merge", "quarantine"):
         raise ConfigError(f"duplicate_ids={policy!r} must be 'merge' or 'quarantine'")
-    # Through Arrow's flat values, not Python lists: a million 50-d rows are 50 M Python floats otherwise.
-    feats = faces.column("features").combine_chunks()
-    X = (np.asarray(feats.flatten().to_numpy(zero_copy_only=False), dtype=np.float64).reshape(faces.num_rows, -1)
-         if faces.num_rows else None)
+    X = _features(faces.column("features"), np.float64) if faces.num_rows else None
     res = resolve_people(faces.column("subject_id").to_pylist(), X, embeddings=embeddings)
     people = pa.array(list(res.person), pa.string())
     faces = faces.set_column(faces.schema.get_field_index("subject_id"), "subject_id", people)
