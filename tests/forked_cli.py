@@ -21,9 +21,7 @@ from types import SimpleNamespace
 
 ZYGOTE = r"""
 import json, os, sys
-import matplotlib
-matplotlib.use("Agg")
-import great_expectations, matplotlib.pyplot, sklearn  # noqa: F401 - what every `deid run` imports
+import great_expectations, sklearn  # noqa: F401 - what every `deid run` imports
 import deid.cli, deid.orchestration.flow  # noqa: F401
 import threading
 assert threading.active_count() == 1, "the zygote must not fork with threads running"

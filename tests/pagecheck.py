@@ -15,6 +15,7 @@ class Page(HTMLParser):
         self.headings: list[tuple[str, str | None, str]] = []  # (tag, id, text)
         self.tables: list[list[list[str]]] = []
         self.images: list[dict[str, str]] = []
+        self.svgs: list[dict[str, str]] = []  # attributes of each <svg> element (the charts)
         self._cell: list[str] | None = None
         self._heading: tuple[str, str | None, list[str]] | None = None
         self.feed(doc)
@@ -33,6 +34,8 @@ class Page(HTMLParser):
             self._heading = (tag, a.get("id"), [])
         elif tag == "img":
             self.images.append(a)
+        elif tag == "svg":
+            self.svgs.append(a)
 
     def handle_endtag(self, tag):
         if tag in ("td", "th") and self._cell is not None:

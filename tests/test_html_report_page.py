@@ -3,13 +3,12 @@ direction, partitions as label values, readable charts, the configuration as a t
 from __future__ import annotations
 
 import html
-import struct
 
 import pytest
 from pagecheck import Page
 
 from deid.reporting import html_charts
-from deid.reporting.html_charts import FONT_PT, MAX_WIDTH_PX
+from deid.reporting.html_charts import FONT_PX, MAX_WIDTH_PX
 from deid.reporting.html_page import round_numbers
 from deid.reporting.html_report import check_requirement, render_report_html, threshold_text
 
@@ -131,58 +130,63 @@ def test_configuration_is_a_table_not_a_json_dump(rejected):
     assert doc.count("<pre>") == 1  # only the verify command
 
 
-def _png_width(png: bytes) -> int:
-    return struct.unpack(">I", png[16:20])[0]
-
-
 def test_charts_are_drawn_for_their_displayed_size(rejected):
     _, page = rejected
-    charts = [i for i in page.images if i.get("class") == "chart"]
+    charts = [a for a in page.svgs if a.get("class") == "chart"]
     assert len(charts) == 4  # re-identification, utility, partitions, cluster sizes
-    import base64
-
-    for img in charts:
-        width = int(img["width"])
+    for svg in charts:
+        width = int(svg["width"])
         assert 300 <= width <= MAX_WIDTH_PX  # never scaled down by the browser at 100% zoom
-        png = base64.b64decode(img["src"].split(",", 1)[1])
-        assert _png_width(png) == pytest.approx(2 * width, abs=2)  # 2 pixels per CSS pixel, text stays sharp
+        # Drawn in CSS pixels: the viewBox is the displayed size, so text keeps its size.
+        assert svg["viewbox"] == f"0 0 {svg['width']} {svg['height']}"
+        assert svg["aria-label"] and svg["role"] == "img"
 
 
-@pytest.fixture
-def figures(monkeypatch):
-    """The chart functions return their matplotlib figure instead of the PNG."""
-    monkeypatch.setattr(html_charts, "_render", lambda fig, alt: fig)
+def _box(el) -> tuple[float, float]:
+    """Vertical extent (top, bottom) of a rect, line or text element (text: its font size around y)."""
+    if el.tag == "rect":
+        y = float(el.get("y"))
+        return y, y + float(el.get("height"))
+    if el.tag == "line":
+        return sorted((float(el.get("y1")), float(el.get("y2"))))
+    y, h = float(el.get("y")), float(el.get("font-size"))
+    return y - h / 2, y + h / 2
 
 
-def _text_sizes(fig) -> list[float]:
-    ax = fig.axes[0]
-    texts = [*ax.get_xticklabels(), *ax.get_yticklabels(), ax.xaxis.label, ax.yaxis.label]
-    texts += ax.get_legend().get_texts()
-    return [t.get_fontsize() for t in texts if t.get_text()]
+def test_chart_text_size_k_line_and_legend_outside_the_bars():
+    from xml.etree import ElementTree
 
-
-def test_chart_text_size_k_line_and_legend_outside_the_bars(figures):
     r = _report()
-    figs = {"reid": html_charts.reid_chart(r["privacy"]["reidentification"], 0.2),
-            "utility": html_charts.utility_chart(r["utility"]),
-            "partitions": html_charts.partition_chart(r["configuration"]["partitions"], 5),
-            "clusters": html_charts.cluster_chart(r["configuration"]["clusters"]["sizes"], 5)}
-    for name, fig in figs.items():
-        # 10 pt at the displayed size is 13.9 CSS px (the old charts: 7 pt scaled to about 6 px).
-        assert min(_text_sizes(fig)) >= FONT_PT >= 10, name
-        assert fig.get_figwidth() * 100 <= MAX_WIDTH_PX, name
-        fig.canvas.draw()
-        ax_box = fig.axes[0].get_window_extent()
-        legend_box = fig.axes[0].get_legend().get_window_extent()
-        assert legend_box.y0 >= ax_box.y1 - 1, name  # above the axes: it cannot cover a bar
-    k_lines = [ln for ln in figs["clusters"].axes[0].get_lines() if "k = 5" in ln.get_label()]
-    assert len(k_lines) == 1 and list(k_lines[0].get_xdata()) == [5, 5]  # at k, not at k - 0.5
-    labels = [t.get_text() for t in figs["partitions"].axes[0].get_yticklabels()]
+    charts = {"reid": html_charts.reid_chart(r["privacy"]["reidentification"], 0.2),
+              "utility": html_charts.utility_chart(r["utility"]),
+              "partitions": html_charts.partition_chart(r["configuration"]["partitions"], 5),
+              "clusters": html_charts.cluster_chart(r["configuration"]["clusters"]["sizes"], 5)}
+    for name, chart in charts.items():
+        root = ElementTree.fromstring(chart.svg)
+        texts = root.findall(".//text")
+        # 10.5 pt is 14 CSS px (the old PNG charts: 7 pt scaled to about 6 px).
+        assert texts and min(float(t.get("font-size")) for t in texts) >= FONT_PX >= 13, name
+        assert chart.width <= MAX_WIDTH_PX and int(root.get("width")) == chart.width, name
+        legend = root.find("g[@class='legend']")
+        bars = root.findall("rect[@class='bar']")
+        assert legend is not None and bars, name
+        legend_bottom = max(_box(el)[1] for el in legend)
+        assert legend_bottom <= min(_box(b)[0] for b in bars), name  # above every bar: it cannot cover one
+        # Labels never run into the plot: a right-anchored y label ends left of the bars' start.
+        for t in root.findall("text[@class='ylabel']"):
+            assert float(t.get("x")) <= min(float(b.get("x")) for b in bars), name
+    clusters = ElementTree.fromstring(charts["clusters"].svg)
+    ticks = {t.text: float(t.get("x")) for t in clusters.findall("text") if t.text and t.text.isdigit()}
+    k_line = clusters.find("line[@class='vline']")
+    assert float(k_line.get("x1")) == float(k_line.get("x2")) == pytest.approx(ticks["5"], abs=0.1)  # at k, not k - 0.5
+    labels = [t.text for t in ElementTree.fromstring(charts["partitions"].svg).findall("text[@class='ylabel']")]
     assert labels == ["female / neutral", "female / smile", "male / neutral", "male / smile"]
-    import matplotlib.pyplot as plt
-
-    for fig in figs.values():
-        plt.close(fig)
+    # A rate above 1/k is drawn red, and the legend says what red means.
+    over = html_charts.reid_chart([{"attacker": "a", "mode": "naive", "rate": 0.5, "lower": 0.3, "upper": 0.7},
+                                   {"attacker": "b", "mode": "naive", "rate": 0.1}], 0.2)
+    assert "rate &gt; 1/k" in over.svg or "rate > 1/k" in over.svg
+    fills = [b.get("fill") for b in ElementTree.fromstring(over.svg).findall("rect[@class='bar']")]
+    assert fills[0] != fills[1]
 
 
 def test_round_numbers_keeps_versions_ranges_and_signs():

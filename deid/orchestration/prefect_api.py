@@ -258,8 +258,4 @@ def warm_imports(api: PrefectApi) -> list[str]:
             break
         importlib.import_module(name)
         done.append(name)
-    else:
-        from deid.reporting.html_charts import _pyplot  # noqa: PLC0415 - matplotlib with the Agg backend
-
-        _pyplot()
     return done

@@ -133,9 +133,7 @@ def _face_png(image: np.ndarray) -> bytes:
 def _chart(chart: Chart | None) -> str:
     if chart is None:
         return ""
-    # Displayed at its CSS size: the text was drawn for that size (deid.reporting.html_charts).
-    return (f'<img class="chart" alt="{esc(chart.alt)}" width="{chart.width}" height="{chart.height}" '
-            f'src="{_png_data_uri(chart.png)}">')
+    return chart.svg  # inline SVG, laid out for its CSS size (deid.reporting.html_charts)
 
 
 # --------------------------------------------------------------------------- sample faces
