@@ -50,7 +50,7 @@ HEAVY = {
     "tests/test_flow.py::test_demo": 58,
     "tests/test_color.py::test_london_in_colour": 40,
     "tests/test_remote_dask.py::": 35,
-    "tests/test_flow.py::test_london_gate_rejects": 20,
+    "tests/test_flow.py::test_london_gate_rejects": 12,
     "tests/test_flow_lineage.py::": 20,
     "tests/test_flow.py::test_london_k5": 35,
     "tests/test_flow.py::test_real_drop_shapes": 12,
