@@ -49,7 +49,7 @@ HEAVY = {
     "tests/test_ops_lineage.py::": 35,
     "tests/test_flow.py::test_demo": 58,
     "tests/test_color.py::test_london_in_colour": 40,
-    "tests/test_remote_dask.py::": 35,
+    "tests/test_remote_dask.py::": 45,
     "tests/test_flow.py::test_london_gate_rejects": 12,
     "tests/test_flow_lineage.py::": 20,
     "tests/test_flow.py::test_london_k5": 35,
@@ -66,7 +66,6 @@ HEAVY = {
     "tests/test_ops_rejected.py::": 45,
     "tests/test_validation_page.py::test_a_real_runs_pages": 15,
     "tests/test_features_london.py::": 17,
-    "tests/test_dask_blocks.py::test_three": 25,
     "tests/test_run_inputs.py::test_a_drop_without": 12,
     "tests/test_runner.py::test_released_and_rejected": 8,
     # Not marked slow, but seconds each (every attacker, the deep one included, on small faces).
