@@ -67,10 +67,13 @@ def test_the_study_runs_a_sequence_drop_with_the_flows_sequence_model(tmp_path, 
     assert study.load_aligned(drop, tmp_path / "work", labels=["gender", "expression"]).frames == d.frames  # cached too
 
     calls, gates = _spy(monkeypatch)
-    cfg = study.StudyConfig(ks=(2,), methods=("multi-factor",), gate=GATE)
-    study.run_study(d.pixels, d.people, d.labels, d.shape, cfg, sequences=d.sequences, frames=d.frames)
+    cfg = study.StudyConfig(ks=(2,), methods=("multi-factor", "k-same"), gate=GATE)
+    res = study.run_study(d.pixels, d.people, d.labels, d.shape, cfg, sequences=d.sequences, frames=d.frames)
     assert calls[0]["sequences"] == d.sequences and calls[0]["frames"] == d.frames
     assert gates[0].deidentify.options == sequence_options("multi-factor") is not None
+    # The flow's sequence check joins the gate: every released video must fit >= k people.
+    linkage = {r["method"]: r["status"] for r in res.rows if r.get("check") == "sequence_linkage_people"}
+    assert set(linkage) == {"multi-factor", "k-same"} and linkage["multi-factor"] == "pass"
     with pytest.raises(Exception, match="sequences has 2 entries"):
         study.run_study(d.pixels, d.people, d.labels, d.shape, cfg, sequences=d.sequences[:2], frames=d.frames)
     np.testing.assert_array_equal(d.pixels, study.load_aligned(drop, tmp_path / "work", labels=["gender", "expression"]).pixels)

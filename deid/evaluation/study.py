@@ -483,13 +483,19 @@ def _study_point(data: _PointData, point: tuple[str, str, float, int]) -> tuple[
         logger.warning("study: %s %s=%s skipped: %s", method, sname, strength, exc)
         return [{**base, "kind": "skipped", "verdict": "skipped", "detail": str(exc)}], None
     given = data.inputs  # the flow's contract: what the gate's re-runs of the method get
+    extra = ()
+    if given.frames:  # as the flow's stage: every released video must fit >= k people
+        from deid.evaluation.sequences import sequence_linkage_check  # noqa: PLC0415
+
+        own = np.arange(len(data.pixels)) if clusters is None else clusters  # no clusters: one per record
+        extra = (sequence_linkage_check(data.sequences, list(own), list(data.people), k=k),)
     runner = (vector_method_runner(method, seed=g.seed, **kw) if features
               else method_runner(method, shape=data.shape, n_components=g.n_components, seed=g.seed,
                                  options=given.gate_options(method), **kw))
     inputs = GateInputs.from_arrays(
         shape=data.shape, people=data.people, released=released, originals=data.pixels, clusters=clusters,
         partitions=data.partitions, labels=data.labels, records_in=len(data.pixels), deidentify=runner,
-        kind=data.kind, points=data.points if given.gate_points(method) else None)
+        kind=data.kind, points=data.points if given.gate_points(method) else None, extra_checks=extra)
     result = evaluate(inputs, replace(g, k=k, method=method, labels=tuple(data.labels)))
     seconds = round(time.perf_counter() - t0, 2)
     rows = gate_rows(result, base, k=k, confidence=g.confidence)
