@@ -247,6 +247,25 @@ class MethodInputs:
     def to_dict(self) -> dict[str, int]:
         return {"points": self.points, "sequences": self.sequences, "frames": self.frames}
 
+    @classmethod
+    def of(cls, *, points: Sequence[Any] | None = None, sequences: Sequence[Any] | None = None) -> "MethodInputs":
+        """The counts of per-record columns (an entry None: no landmarks / a still image; None: no such column)."""
+        keys = [q for q in sequences or () if q is not None]
+        return cls(points=sum(p is not None for p in points or ()), sequences=len(set(keys)), frames=len(keys))
+
+    def gate_options(self, method: str) -> dict[str, Any] | None:
+        """The estimator options the gate re-runs ``method`` with: a drop of image sequences runs the
+        sequence model the release was made with (:func:`deid.anonymise.sequences.sequence_options`)."""
+        from deid.anonymise.sequences import sequence_options  # noqa: PLC0415 - the contracts import no method
+
+        return sequence_options(method) if self.frames else None
+
+    def gate_points(self, method: str) -> bool:
+        """Whether the gate re-runs ``method`` with the records' landmark points (k-same-m's cluster shapes)."""
+        from deid.anonymise.methods import uses_points  # noqa: PLC0415
+
+        return bool(self.points) and uses_points(method)
+
 
 @dataclass(frozen=True)
 class Partitioned:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -69,3 +70,20 @@ def _london_aligned() -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...], tup
     faces = np.array(faces)
     faces.setflags(write=False)
     return faces, tuple(people), tuple(gender), tuple(expr)
+
+
+def add_points(drop: Path) -> int:
+    """Give every image of a synthetic drop a JSON landmark file: its two eyes and a point below them."""
+    with open(drop / "manifest.csv", newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    (drop / "points").mkdir()
+    for i, r in enumerate(rows):
+        lx, ly, rx, ry = (float(r[c]) for c in ("eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"))
+        name = f"points/{i:04d}.json"
+        (drop / name).write_text(json.dumps([[lx, ly], [rx, ry], [(lx + rx) / 2, (ly + ry) / 2 + 0.9 * (rx - lx)]]))
+        r["points"] = name
+    with open(drop / "manifest.csv", "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    return len(rows)

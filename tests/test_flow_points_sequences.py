@@ -6,7 +6,6 @@ frame counts that match, and the gate's decision on it is reported with its inte
 """
 from __future__ import annotations
 
-import csv
 import json
 import re
 from dataclasses import replace
@@ -25,6 +24,7 @@ from deid.operations.runner import Steps, run_release
 from deid.release.publish import RELEASE_TABLE, read_video
 from deid.run_config import RunConfig
 from deid.settings import Settings
+from helpers import add_points as _add_points
 
 # The subject is the wiring, not the gate's figures: the deep recogniser on a small sample, no
 # per-face recogniser identity check, one repeat of the older utility protocols.
@@ -33,23 +33,6 @@ QUICK = dict(identity_embed_max=0, deep_attack_sample=20, cv_repeats=1)
 
 def _config(tmp_path: Path, **params) -> RunConfig:
     return RunConfig.resolve(Settings(project_dir=tmp_path / "project", **QUICK), **params)
-
-
-def _add_points(drop: Path) -> int:
-    """Give every image of a synthetic drop a JSON landmark file: its two eyes and a point below them."""
-    with open(drop / "manifest.csv", newline="", encoding="utf-8") as fh:
-        rows = list(csv.DictReader(fh))
-    (drop / "points").mkdir()
-    for i, r in enumerate(rows):
-        lx, ly, rx, ry = (float(r[c]) for c in ("eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"))
-        name = f"points/{i:04d}.json"
-        (drop / name).write_text(json.dumps([[lx, ly], [rx, ry], [(lx + rx) / 2, (ly + ry) / 2 + 0.9 * (rx - lx)]]))
-        r["points"] = name
-    with open(drop / "manifest.csv", "w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    return len(rows)
 
 
 def test_k_same_m_takes_its_shapes_from_the_drops_points_through_the_runner(tmp_path, monkeypatch):

@@ -146,7 +146,8 @@ def synthetic_aligned(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("study")
     drop = make_synthetic_drop(tmp / "drop", people=12, images_per_person=2, seed=2)
-    return study.load_aligned(drop, tmp / "work")
+    d = study.load_aligned(drop, tmp / "work")
+    return d.pixels, d.people, d.labels, d.shape
 
 
 def _cheap_gate(**kw):
@@ -225,7 +226,9 @@ def test_load_aligned_uses_its_cache(tmp_path, monkeypatch):
     from deid.intake.synth import make_synthetic_drop
 
     drop = make_synthetic_drop(tmp_path / "drop", people=3, images_per_person=2, seed=1)
-    pixels, people, labels, shape = study.load_aligned(drop, tmp_path / "w")
+    d = study.load_aligned(drop, tmp_path / "w")
+    pixels, people, labels, shape = d.pixels, d.people, d.labels, d.shape
+    assert d.points is None and d.sequences is None and d.inputs.to_dict() == {"points": 0, "sequences": 0, "frames": 0}
     assert pixels.shape == (6, shape[0] * shape[1]) and pixels.dtype == np.uint8
     assert len(set(people)) == 3 and all(isinstance(p, str) for p in people)
     assert set(labels) == {"gender", "expression"}
@@ -235,8 +238,8 @@ def test_load_aligned_uses_its_cache(tmp_path, monkeypatch):
 
     monkeypatch.setattr("deid.operations.stages.align_batch", boom)
     again = study.load_aligned(drop, tmp_path / "w")
-    np.testing.assert_array_equal(again[0], pixels)
-    assert list(again[1]) == list(people) and again[3] == shape
+    np.testing.assert_array_equal(again.pixels, pixels)
+    assert list(again.people) == list(people) and again.shape == shape
 
 
 def _london_aligned():

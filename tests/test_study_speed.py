@@ -15,7 +15,8 @@ def small_aligned(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("speed")
     drop = make_synthetic_drop(tmp / "drop", people=10, images_per_person=2, seed=3)
-    return study.load_aligned(drop, tmp / "work")
+    d = study.load_aligned(drop, tmp / "work")
+    return d.pixels, d.people, d.labels, d.shape
 
 
 def _config(workers: int = 1):

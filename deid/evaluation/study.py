@@ -24,6 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
+from deid.contracts import MethodInputs
 from deid.evaluation.checks import Check
 from deid.errors import ConfigError, DataError
 from deid.evaluation.gate import GateConfig, GateInputs, GateResult, evaluate
@@ -31,6 +32,7 @@ from deid.evaluation.gate import GateConfig, GateInputs, GateResult, evaluate
 logger = logging.getLogger(__name__)
 
 CACHE = "aligned.npz"
+CACHE_VERSION = 2  # 2: the landmark points and the sequence/frame columns are cached with the faces
 # Long format: one row per gate check, attacker x mode, label x utility protocol, and one
 # verdict row per (method, strength). ``lower``/``upper``/``n`` are a rate's one-sided
 # Clopper-Pearson bounds (Bonferroni over ``bonferroni`` pairs) and distinct probes, or the
@@ -49,20 +51,39 @@ def _aligner_params() -> dict:
     return {**AlignerParams.from_settings(Settings()).to_dict(), "color": False}
 
 
-def load_aligned(drop_dir: str | Path, workdir: str | Path, *, labels: list[str] | None = None
-                 ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], tuple[int, int]]:
+@dataclass(frozen=True)
+class StudyDrop:
+    """The usable records of a drop as the study de-identifies them: what the flow's partitions hold.
+
+    ``pixels`` (n, height * width) uint8 aligned faces, or (n, d) float32 feature vectors;
+    ``people`` (n,) subject ids; ``labels`` label name -> (n,) values; ``shape`` (height, width)
+    or (d,). ``points``: per record its landmarks in canonical pixels, flattened (None: none),
+    or None for a drop without a points column; ``sequences``/``frames``: per record its
+    sequence key and frame number (None: a still image), or None for a drop without them.
+    """
+
+    pixels: np.ndarray
+    people: np.ndarray
+    labels: dict[str, np.ndarray]
+    shape: tuple[int, ...]
+    points: list | None = None
+    sequences: list | None = None
+    frames: list | None = None
+
+    @property
+    def inputs(self) -> MethodInputs:
+        """What the records give the method beyond pixels and labels (the flow's ``Partitioned.inputs``)."""
+        return MethodInputs.of(points=self.points, sequences=self.sequences)
+
+
+def load_aligned(drop_dir: str | Path, workdir: str | Path, *, labels: list[str] | None = None) -> StudyDrop:
     """Aligned faces of a drop, via the release pipeline's own read, ingest and align steps.
 
     The result is cached in ``workdir/aligned.npz``, keyed by the manifest bytes, the labels
     and the canonical geometry, so reruns skip decoding and alignment. Quarantined records
-    are left out (their count is logged).
-
-    Returns
-    -------
-    pixels : ndarray of shape (n, height * width), uint8
-    people : ndarray of shape (n,), object (subject ids)
-    labels : dict label name -> ndarray of shape (n,), object
-    shape : (height, width)
+    are left out (their count is logged). The landmark points (moved to canonical pixels by the
+    alignment, as the flow's aligned faces carry them) and the sequence/frame columns come with
+    the faces, so every method gets the inputs ``deid run`` gives it.
     """
     from deid.intake.drop import read_drop  # noqa: PLC0415
     from deid.intake.ingest import ingest  # noqa: PLC0415
@@ -72,15 +93,14 @@ def load_aligned(drop_dir: str | Path, workdir: str | Path, *, labels: list[str]
     work.mkdir(parents=True, exist_ok=True)
     drop = read_drop(drop_dir, labels=labels)
     params = _aligner_params()
-    key = hashlib.sha256(drop.manifest_bytes + json.dumps([drop.labels, params], sort_keys=True).encode()).hexdigest()
+    key = hashlib.sha256(drop.manifest_bytes + json.dumps([drop.labels, params, CACHE_VERSION],
+                                                          sort_keys=True).encode()).hexdigest()
     cache = work / CACHE
     if cache.is_file():
         with np.load(cache, allow_pickle=False) as z:
             if str(z["key"]) == key:
-                names = [str(x) for x in z["label_names"]]
                 logger.info("study: aligned faces from cache %s", cache)
-                return (z["pixels"], z["people"].astype(object), {n: z[f"label_{n}"].astype(object) for n in names},
-                        (int(z["shape"][0]), int(z["shape"][1])))
+                return _from_cache(z)
     t0 = time.perf_counter()
     ingested = work / "ingested.parquet"
     aligned = work / "aligned.parquet"
@@ -90,7 +110,12 @@ def load_aligned(drop_dir: str | Path, workdir: str | Path, *, labels: list[str]
         import pyarrow.parquet as pq  # noqa: PLC0415
 
         ids, pixels = read_pixels([str(aligned)])
-        meta = pq.read_table(ingested, columns=["record_id", "subject_id", *drop.labels]).to_pydict()
+        # The canonical landmarks as the aligned faces carry them (the flow's partitions read the same column).
+        has_points = "points" in pq.read_schema(aligned).names
+        canon = (dict(zip(*pq.read_table(aligned, columns=["record_id", "points"]).to_pydict().values()))
+                 if has_points else None)
+        seq_cols = ["sequence", "frame"] if "sequence" in pq.read_schema(ingested).names else []
+        meta = pq.read_table(ingested, columns=["record_id", "subject_id", *drop.labels, *seq_cols]).to_pydict()
     finally:
         ingested.unlink(missing_ok=True)  # it holds a copy of every source image
         aligned.unlink(missing_ok=True)
@@ -98,21 +123,57 @@ def load_aligned(drop_dir: str | Path, workdir: str | Path, *, labels: list[str]
     take = [row[r] for r in ids]
     people = np.asarray([meta["subject_id"][i] for i in take], dtype=object)
     labs = {n: np.asarray([meta[n][i] for i in take], dtype=object) for n in drop.labels}
+    points = None if canon is None else [canon[r] for r in ids]
+    sequences = [meta["sequence"][i] for i in take] if seq_cols else None
+    frames = [meta["frame"][i] for i in take] if seq_cols else None
     w, h = params["size"]
     n_bad = len(drop.quarantined) + len(res.quarantined) + len(out.quarantined)
     logger.info("study: %d faces aligned, %d quarantined, in %.1f s", len(ids), n_bad, time.perf_counter() - t0)
     if len(ids) == 0:
         raise DataError(f"no face of drop {drop_dir} could be aligned ({n_bad} quarantined); check the drop")
-    np.savez(cache, key=np.array(key), pixels=pixels, people=people.astype(str), shape=np.array([h, w]),
-             label_names=np.array(drop.labels), **{f"label_{n}": labs[n].astype(str) for n in drop.labels})
-    return pixels, people, labs, (h, w)
+    out = StudyDrop(pixels, people, labs, (h, w), points=points, sequences=sequences, frames=frames)
+    _to_cache(cache, key, out)
+    return out
 
 
-def load_features(drop_dir: str | Path, *, labels: list[str] | None = None
-                  ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray], tuple[int]]:
+def _to_cache(path: Path, key: str, d: StudyDrop) -> None:
+    """``d`` as one npz without pickles: optional columns as arrays plus a mask of the records that have a value."""
+    extra: dict[str, np.ndarray] = {}
+    if d.points is not None:
+        have = np.array([p is not None for p in d.points], dtype=bool)
+        width = max((len(p) for p in d.points if p is not None), default=0)
+        # Points per record all have the drop's count (read_drop quarantines others).
+        pts = np.zeros((len(d.points), width), np.float64)
+        for i, p in enumerate(d.points):
+            if p is not None:
+                pts[i] = p
+        extra.update(points=pts, points_mask=have)
+    if d.sequences is not None:
+        extra.update(sequences=np.array(["" if q is None else str(q) for q in d.sequences]),
+                     frames=np.array([-1 if f is None else int(f) for f in d.frames], dtype=np.int64),
+                     sequences_mask=np.array([q is not None for q in d.sequences], dtype=bool))
+    np.savez(path, key=np.array(key), pixels=d.pixels, people=d.people.astype(str), shape=np.array(d.shape),
+             label_names=np.array(list(d.labels)), **{f"label_{n}": v.astype(str) for n, v in d.labels.items()},
+             **extra)
+
+
+def _from_cache(z) -> StudyDrop:
+    names = [str(x) for x in z["label_names"]]
+    points = sequences = frames = None
+    if "points" in z.files:
+        points = [row.tolist() if ok else None for row, ok in zip(z["points"], z["points_mask"])]
+    if "sequences" in z.files:
+        ok = z["sequences_mask"]
+        sequences = [str(q) if o else None for q, o in zip(z["sequences"], ok)]
+        frames = [int(f) if o else None for f, o in zip(z["frames"], ok)]
+    return StudyDrop(z["pixels"], z["people"].astype(object), {n: z[f"label_{n}"].astype(object) for n in names},
+                     (int(z["shape"][0]), int(z["shape"][1])), points=points, sequences=sequences, frames=frames)
+
+
+def load_features(drop_dir: str | Path, *, labels: list[str] | None = None) -> StudyDrop:
     """The usable records of a feature drop (:func:`deid.intake.features.read_feature_drop`; bad rows left out).
 
-    Returns ``(vectors (n, d) float32, people, labels, (d,))``, as :func:`load_aligned` returns faces.
+    ``pixels`` are the vectors (n, d) float32 and ``shape`` is ``(d,)``, as :func:`load_aligned` returns faces.
     """
     from deid.intake.features import read_feature_drop  # noqa: PLC0415
 
@@ -124,7 +185,7 @@ def load_features(drop_dir: str | Path, *, labels: list[str] | None = None
                         "check the drop")
     people = np.asarray(drop.subject_ids, dtype=object)
     labs = {x: np.asarray(drop.label_values[x], dtype=object) for x in drop.labels}
-    return np.asarray(drop.vectors, dtype=np.float32), people, labs, (drop.dim,)
+    return StudyDrop(np.asarray(drop.vectors, dtype=np.float32), people, labs, (drop.dim,))
 
 
 @dataclass(frozen=True)
@@ -250,7 +311,8 @@ def gate_rows(result: GateResult, base: dict, *, k: int, confidence: float) -> l
 
 
 def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray], shape: tuple[int, ...],
-              cfg: StudyConfig | None = None, *, kind: str = "images") -> StudyResult:
+              cfg: StudyConfig | None = None, *, kind: str = "images", points: Sequence | None = None,
+              sequences: Sequence | None = None, frames: Sequence | None = None) -> StudyResult:
     """Every method at every strength, judged by the release gate itself.
 
     ``kind="features"``: ``pixels`` are a feature drop's vectors and ``shape`` is ``(d,)``; the
@@ -258,7 +320,9 @@ def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray
     attackers judge them and the study has no example faces.
 
     Each point de-identifies the aligned faces with :func:`deid.anonymise.methods.deidentify` (label
-    partitions and labels passed as the release flow passes them), then calls
+    partitions, labels, landmark ``points`` and ``sequences``/``frames`` passed as the release flow
+    passes them: :class:`deid.contracts.MethodInputs` decides, as in the flow's gate, whether the
+    gate's re-runs get the points and the sequence model), then calls
     :func:`deid.evaluation.gate.evaluate` on :meth:`deid.evaluation.gate.GateInputs.from_arrays` with the run's
     method runner (parrot attacker, cross-fitted utility) and the template gate config, so
     every point carries exactly the gate's verdict: every attacker x mode rate with its
@@ -293,7 +357,15 @@ def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray
     people = np.asarray(people, dtype=object)
     labs = {x: np.asarray(labels[x], dtype=object) for x in names}
     chosen = _example_records(people, cfg.examples, cfg.gate.seed)
-    data = _PointData(pixels, people, labs, _partition_keys(labs, names, n), tuple(shape), chosen, cfg.gate, kind)
+    for name, col in (("points", points), ("sequences", sequences), ("frames", frames)):
+        if col is not None and len(col) != n:
+            raise ConfigError(f"{name} has {len(col)} entries but pixels has {n} rows; one entry per record")
+    if kind == "features" and (points is not None or sequences is not None):
+        raise ConfigError("points and sequences are face-image inputs; a feature drop has neither")
+    data = _PointData(pixels, people, labs, _partition_keys(labs, names, n), tuple(shape), chosen, cfg.gate, kind,
+                      points=None if points is None else list(points),
+                      sequences=None if sequences is None else list(sequences),
+                      frames=None if frames is None else list(frames))
     points = _points(cfg, kind)
     if cfg.workers == 1 or len(points) == 1:
         results = [_study_point(data, point) for point in points]
@@ -334,6 +406,13 @@ class _PointData:
     examples: np.ndarray
     gate: GateConfig
     kind: str = "images"
+    points: list | None = None
+    sequences: list | None = None
+    frames: list | None = None
+
+    @property
+    def inputs(self) -> MethodInputs:
+        return MethodInputs.of(points=self.points, sequences=self.sequences)
 
 
 _WORKER_DATA: _PointData | None = None
@@ -398,16 +477,25 @@ def _study_point(data: _PointData, point: tuple[str, str, float, int]) -> tuple[
             released, clusters = deidentify_vectors(data.pixels, **common)
             released = released.astype(np.float32)  # as a feature release stores them
         else:
-            released, clusters = deidentify(data.pixels, shape=data.shape, n_components=g.n_components, **common)
+            released, clusters = deidentify(data.pixels, shape=data.shape, n_components=g.n_components,
+                                            points=data.points, sequences=data.sequences, frames=data.frames, **common)
     except ConfigError as exc:  # e.g. a label partition with fewer than k people
         logger.warning("study: %s %s=%s skipped: %s", method, sname, strength, exc)
         return [{**base, "kind": "skipped", "verdict": "skipped", "detail": str(exc)}], None
+    given = data.inputs  # the flow's contract: what the gate's re-runs of the method get
+    extra = ()
+    if given.frames:  # as the flow's stage: every released video must fit >= k people
+        from deid.evaluation.sequences import sequence_linkage_check  # noqa: PLC0415
+
+        own = np.arange(len(data.pixels)) if clusters is None else clusters  # no clusters: one per record
+        extra = (sequence_linkage_check(data.sequences, list(own), list(data.people), k=k),)
     runner = (vector_method_runner(method, seed=g.seed, **kw) if features
-              else method_runner(method, shape=data.shape, n_components=g.n_components, seed=g.seed, **kw))
+              else method_runner(method, shape=data.shape, n_components=g.n_components, seed=g.seed,
+                                 options=given.gate_options(method), **kw))
     inputs = GateInputs.from_arrays(
         shape=data.shape, people=data.people, released=released, originals=data.pixels, clusters=clusters,
         partitions=data.partitions, labels=data.labels, records_in=len(data.pixels), deidentify=runner,
-        kind=data.kind)
+        kind=data.kind, points=data.points if given.gate_points(method) else None, extra_checks=extra)
     result = evaluate(inputs, replace(g, k=k, method=method, labels=tuple(data.labels)))
     seconds = round(time.perf_counter() - t0, 2)
     rows = gate_rows(result, base, k=k, confidence=g.confidence)
@@ -756,12 +844,13 @@ def study_drop(drop_dir: str | Path, out_dir: str | Path, cfg: StudyConfig | Non
     cfg = cfg or StudyConfig()
     labels = list(cfg.labels) if cfg.labels else None
     kind = drop_kind(drop_dir)
-    if kind == "features":
-        pixels, people, labs, shape = load_features(drop_dir, labels=labels)
-    else:
-        pixels, people, labs, shape = load_aligned(drop_dir, out_dir, labels=labels)
-    result = run_study(pixels, people, labs, shape, cfg, kind=kind)
+    d = load_features(drop_dir, labels=labels) if kind == "features" else load_aligned(drop_dir, out_dir,
+                                                                                          labels=labels)
+    if d.inputs.points or d.inputs.frames:
+        logger.info("study: method inputs %s", d.inputs.to_dict())
+    result = run_study(d.pixels, d.people, d.labels, d.shape, cfg, kind=kind, points=d.points,
+                       sequences=d.sequences, frames=d.frames)
     path = write_csv(result.rows, Path(out_dir) / "study.csv")
     plots = plot_study(result, out_dir)
-    return {"csv": path, "plots": plots, "rows": result.rows, "n_faces": len(pixels), "kind": kind,
-            "seconds": round(time.perf_counter() - t0, 1)}
+    return {"csv": path, "plots": plots, "rows": result.rows, "n_faces": len(d.pixels), "kind": kind,
+            "inputs": d.inputs.to_dict(), "seconds": round(time.perf_counter() - t0, 1)}

@@ -48,7 +48,7 @@ from deid.contracts import (
     UnreadableDrop,
 )
 from deid.errors import ConfigError, DataError, Quarantined, StateError
-from deid.anonymise.sequences import sequence_options, sequence_warning
+from deid.anonymise.sequences import sequence_warning
 from deid.intake.drop import SEQUENCE_COLUMNS
 from deid.operations.executors import Executor
 from deid.run_config import RunConfig
@@ -677,7 +677,7 @@ def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig
     (registered members; counterfeit rows of no one).
     """
     from deid.evaluation.gate import GateInputs, evaluate  # noqa: PLC0415
-    from deid.anonymise.methods import method_runner, uses_points  # noqa: PLC0415
+    from deid.anonymise.methods import method_runner  # noqa: PLC0415
 
     shape = config.shape_hw
     gconfig = config.gate_config(labels)
@@ -690,14 +690,13 @@ def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig
                                            block=config.block, n_components=config.pca_components,
                                            seed=config.seed + 1,
                                            # image sequences: the model the release was made with
-                                           options=sequence_options(config.method) if partitioned.inputs.frames
-                                           else None),
+                                           options=partitioned.inputs.gate_options(config.method)),
                   republished=lineage.republished if lineage is not None else None)
     if deidentified.parts:
         # The landmark points the method used: the parrot and the utility folds re-run it with them.
         rec = stages.gate_records(str(partitioned.root), [str(p) for p in deidentified.parts], labels=list(labels),
                                   select=config.select(labels), partition_keys=partitioned.gate_keys,
-                                  points=bool(partitioned.inputs.points) and uses_points(config.method))
+                                  points=partitioned.inputs.gate_points(config.method))
         inputs = GateInputs(shape=shape, people=rec.people, image_index=rec.image_index,
                             own_distance=rec.own_distance, fetch=rec.fetch, clusters=rec.clusters,
                             partitions=rec.partitions, labels=rec.labels, points=rec.points, **common)
