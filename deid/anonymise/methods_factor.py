@@ -74,6 +74,57 @@ def group_within_clusters(V: np.ndarray, person_codes: np.ndarray, clusters: np.
     return groups
 
 
+def release_cells(clusters: np.ndarray, person_codes: np.ndarray, label_codes: Sequence[np.ndarray], k: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The cells of a ``"labels"`` release: identity cluster x label values, merged until each holds k people.
+
+    With ``non_identity="labels"`` every face of one identity cluster with the same label values
+    gets the identical image, so those cells are what the release really holds: a cell of >= k
+    distinct people in which no person has more than 1/k of the faces bounds any recogniser at
+    1/k. A cell that misses that (a person lacking one expression, a rare label, a person with
+    two photos of one expression) is merged, within its identity cluster, into the cell sharing
+    the most label values (ties: the most people, then the most faces; as
+    :func:`deid.anonymise.partition.plan_partitions` merges small label partitions), and the
+    merged cell's faces get one image (the mean of their non-identity factors). The last resort
+    is the whole identity cluster, which people-aware k-Same made of >= k distinct people; one
+    person's share above 1/k there (unequal photo counts) is left for the gate to reject.
+
+    Returns the cell of every face (dense, numbered in order of first appearance) and a mask of
+    the faces whose cell was merged.
+    """
+    codes = np.asarray(person_codes)
+    cells: dict[int, dict[tuple, list[int]]] = {}
+    for i, key in enumerate(zip(np.asarray(clusters).tolist(), *(np.asarray(c).tolist() for c in label_codes))):
+        cells.setdefault(key[0], {}).setdefault(tuple(key[1:]), []).append(i)
+
+    def people(idx: list[int]) -> int:
+        return len(np.unique(codes[idx]))
+
+    def fits(idx: list[int]) -> bool:
+        counts = np.unique(codes[idx], return_counts=True)[1]
+        return len(counts) >= k and int(counts.max()) * k <= len(idx)
+
+    cell_of: dict[int, tuple] = {}
+    merged = np.zeros(len(codes), dtype=bool)
+    for c, groups in cells.items():
+        groups = {lab: list(idx) for lab, idx in sorted(groups.items())}
+        while len(groups) > 1:
+            bad = [lab for lab, idx in groups.items() if not fits(idx)]
+            if not bad:
+                break
+            lab = min(bad, key=lambda g: (people(groups[g]), len(groups[g]), g))
+            idx = groups.pop(lab)
+            target = max(groups, key=lambda g: (sum(x == y for x, y in zip(g, lab)), people(groups[g]),
+                                                len(groups[g])))
+            groups[target] += idx
+            merged[groups[target]] = True
+        for lab, idx in groups.items():
+            for i in idx:
+                cell_of[i] = (c, lab)
+    index: dict[tuple, int] = {}
+    return np.array([index.setdefault(cell_of[i], len(index)) for i in range(len(codes))], dtype=np.intp), merged
+
+
 def _span(effects: dict[str, np.ndarray]) -> np.ndarray:
     """Orthogonal projector onto the span of the label-effect vectors."""
     rows = np.vstack(list(effects.values()))
@@ -101,9 +152,12 @@ class MultiFactor(BaseEstimator):
     face ``i`` is reconstructed from its cluster's mean identity plus its *own* non-identity
     factor, one of:
 
-    * ``"labels"`` (default): its label effects ``sum_l b_l`` (faces of one cluster with
-      the same labels get the identical image). London k=5: max re-identification 0.186
-      (naive + reverse, five attackers; 0.186 with parrot too in the release flow), within 1/k;
+    * ``"labels"`` (default): its label effects ``sum_l b_l``: faces of one cluster with
+      the same labels get the identical image, and ``labels_`` are those cells (merged within
+      their identity cluster where one holds fewer than k people or a person above 1/k:
+      :func:`release_cells`), so the gate finds the k-Same structure and its exact 1/k bound in
+      the data. London k=5: max re-identification 0.186 (naive + reverse, five attackers; 0.186
+      with parrot too in the release flow), within 1/k;
     * ``"projected"``: inside the subspace spanned by the label effects the face keeps its
       own coefficients (e.g. how much this very face smiles, frame by frame), elsewhere it
       gets the cluster's identity. London k=5: 0.196 (n=204 faces: at the 0.2 bound; 0.206
@@ -123,8 +177,8 @@ class MultiFactor(BaseEstimator):
       identical image and ``labels_`` are the groups (>= k distinct people each; with equal
       face counts per person no person above 1/k of a group): the k-Same structure again.
 
-    Faces of one cluster do not in general share an identical image, so no formal k-Same
-    guarantee holds: the empirical attacks decide.
+    In the other modes the faces of one cluster do not share an identical image, so no formal
+    k-Same guarantee holds: the empirical attacks decide.
 
     Parameters
     ----------
@@ -163,7 +217,9 @@ class MultiFactor(BaseEstimator):
     person_clusters_ : ndarray of shape (n_people,)
         k-Same cluster of each person.
     labels_ : ndarray of shape (n_faces,)
-        Cluster of every face (its person's cluster).
+        Cluster of every face: with ``"labels"`` (and labels that vary within people) its
+        cell, whose faces all get the identical image; with ``"grouped"`` its group; otherwise
+        its person's identity cluster (``person_clusters_``).
 
     References
     ----------
@@ -224,6 +280,16 @@ class MultiFactor(BaseEstimator):
         self.non_identity_labels_ = varying
         self.person_clusters_ = ks.labels_
         self.labels_ = ks.labels_[pcodes]
+        if self.non_identity == "labels" and varying:
+            # Every face of one identity cluster with the same labels gets the identical image: those cells
+            # (merged where one holds fewer than k people) are the release's clusters, the k-Same structure
+            # whose exact bound the gate then finds in the data.
+            self.labels_, merged = release_cells(self.labels_, pcodes, [codes[x] for x in varying], int(self.k))
+            if merged.any():
+                cells = self.labels_[merged]
+                _, dense = np.unique(cells, return_inverse=True)
+                self.non_identity_ = self.non_identity_.copy()
+                self.non_identity_[merged] = group_means(self.non_identity_[merged], dense, int(dense.max()) + 1)[dense]
         if self.non_identity == "grouped":
             # k-Same on the non-identity factor too, within each identity cluster: a group's faces get
             # the identical image (cluster identity + the group's mean non-identity factor).
