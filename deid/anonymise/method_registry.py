@@ -72,8 +72,10 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("k-same-m", "k", True, True, True,
                _formal("the shape-and-appearance (landmark or optical-flow registered) average")),
     MethodSpec("multi-factor", "k", False, False, True,
-               _empirical("identity factors are k-Same averaged over >= k people, but every face keeps its own "
-                          "non-identity factor, so only cluster members with the same labels share an image")),
+               _empirical("identity factors are k-Same averaged over >= k people and every face keeps a non-identity "
+                          "factor: its labels' effects by default, so the faces of an identity cluster x label cell "
+                          "share one image and the gate can find the exact bound in the data; its own residual in "
+                          "the other modes")),
     MethodSpec("selective-mean", "k", False, False, False,
                _empirical("each face is a weighted mean over its own random set of k faces of k people, in which "
                           "it keeps a higher weight on label-relevant features; sets overlap, there are no clusters")),
