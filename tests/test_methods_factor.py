@@ -54,19 +54,29 @@ def test_multi_factor_separates_identity_from_expression_and_keeps_expression():
 
     released = m.fit_transform(x, people=people, labels=labels)  # non_identity="labels"
     rel = released.astype(float) - 128
-    kept = rel @ u_ex - ex  # every face keeps its own expression (up to one offset)
-    assert (kept - kept.mean(axis=0)).std(axis=0).max() < 1.5
+    expr = np.asarray(expr)
+    # Expressions here are sparse (1-3 faces a person): most identity cluster x expression cells hold
+    # fewer than 3 people and are merged (release_cells); the faces of an unmerged cell keep their own
+    # expression exactly (up to one offset), those of a merged one their cell's mean.
+    pure = np.array([len(set(expr[m.labels_ == c])) == 1 for c in m.labels_])
+    kept = rel[pure] @ u_ex - ex[pure]
+    assert pure.sum() >= 3 and (kept - kept.mean(axis=0)).std(axis=0).max() < 1.5
     assert m.identity_labels_ == ["gender"]
-    for c in np.unique(m.labels_):  # identity: the mean identity of >= k people of one gender
-        members = m.labels_ == c
+    cluster = m.person_clusters_[[m.people_.index(p) for p in people]]
+    for c in np.unique(cluster):  # identity: the mean identity of >= k people of one gender
+        members = cluster == c
         assert len(set(people[members])) >= 3 and len(set(gender[members])) == 1
         want = ident[np.unique(people[members])].mean(axis=0)
         got = (rel[members] @ u_id).mean(axis=0)
         assert np.abs(got - want).max() < 2.0
-        for e in set(np.asarray(expr)[members]):  # non_identity="labels": one image per cluster x expression
-            same = members & (np.asarray(expr) == e)
-            assert (released[same] == released[same][0]).all()
-            assert not (released[members & ~same] == released[same][0]).all(axis=1).any()
+    for c in np.unique(m.labels_):  # non_identity="labels": one image per cell, of >= k people, none above 1/k
+        cell = m.labels_ == c
+        assert (released[cell] == released[cell][0]).all() and len(set(cluster[cell])) == 1
+        assert not (released[~cell] == released[cell][0]).all(axis=1).any()
+        assert len(set(people[cell])) >= 3
+        whole = (cluster == cluster[cell][0]).sum() == cell.sum()  # the last resort: a whole identity cluster,
+        # whose one-person share (unequal photo counts) is left to the gate; any smaller cell is within 1/k.
+        assert whole or np.unique(people[cell], return_counts=True)[1].max() * 3 <= cell.sum()
 
 
 def test_multi_factor_label_mode_keeps_only_label_effects_and_is_reachable_by_name():
@@ -78,7 +88,9 @@ def test_multi_factor_label_mode_keeps_only_label_effects_and_is_reachable_by_na
     m = MultiFactor(3, n_components=6, non_identity="labels").fit(x, people=people, labels={"expression": expr})
     fx = m.effects_["expression"]
     codes = {v: i for i, v in enumerate(dict.fromkeys(expr))}
-    np.testing.assert_allclose(m.non_identity_, fx[[codes[v] for v in expr]])
+    own = fx[[codes[v] for v in expr]]  # each face's label effects, averaged over its cell where cells were merged
+    cell_mean = np.array([own[m.labels_ == c].mean(axis=0) for c in m.labels_])
+    np.testing.assert_allclose(m.non_identity_, cell_mean, atol=1e-9)
     released, clusters = deidentify(x, shape=SHAPE, people=people, method="multi-factor", k=3, n_components=6,
                                     labels={"expression": expr}, options={"non_identity": "labels"})
     np.testing.assert_array_equal(released, m.fit_transform(x, people=people, labels={"expression": expr}))

@@ -110,7 +110,9 @@ def test_study_cli_on_a_small_synthetic_drop(tmp_path, capsys):
         v = verdicts[("k-same-select", s)]
         # Identical copies per cluster: the exact share decides, and it is at most 1/k.
         assert v["exact_bound"] == "True" and _f(v["max_person_share"]) <= 1 / int(s) + 1e-12
-        assert verdicts[("multi-factor", s)]["exact_bound"] == "False"
+        # Multi-factor ("labels") releases one image per identity cluster x expression cell: exact too (issue 14).
+        mf = verdicts[("multi-factor", s)]
+        assert mf["exact_bound"] == "True" and _f(mf["max_person_share"]) <= 1 / int(s) + 1e-12
     assert verdicts[("blur", "2.0")]["verdict"] == "fail" and verdicts[("blur", "2.0")]["k"] == "2"
 
     checks = [r for r in rows if r["kind"] == "check"]

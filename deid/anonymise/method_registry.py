@@ -72,8 +72,10 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("k-same-m", "k", True, True, True,
                _formal("the shape-and-appearance (landmark or optical-flow registered) average")),
     MethodSpec("multi-factor", "k", False, False, True,
-               _empirical("identity factors are k-Same averaged over >= k people, but every face keeps its own "
-                          "non-identity factor, so only cluster members with the same labels share an image")),
+               _empirical("identity factors are k-Same averaged over >= k people and every face keeps a non-identity "
+                          "factor: its labels' effects by default, so the faces of an identity cluster x label cell "
+                          "share one image and the gate can find the exact bound in the data; its own residual in "
+                          "the other modes")),
     MethodSpec("selective-mean", "k", False, False, False,
                _empirical("each face is a weighted mean over its own random set of k faces of k people, in which "
                           "it keeps a higher weight on label-relevant features; sets overlap, there are no clusters")),
@@ -123,3 +125,20 @@ COLOR_METHODS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.clust
 def guarantee(method: str, k: int | None = None) -> str:
     """One-line statement of what the method promises, for the report (:attr:`MethodSpec.guarantee`)."""
     return method_spec(method).guarantee(k)
+
+
+def release_guarantee(method: str, k: int, *, exact: bool) -> str:
+    """What the report says a run guarantees: the method's promise, or the exact bound the gate found in the data.
+
+    ``exact``: the gate found every released cluster one identical image of >= k distinct people
+    with no person above 1/k (``exact_bound`` with both structural checks holding). A method
+    without a formal guarantee then carries the k-Same bound in this release (e.g. multi-factor
+    in its "labels" mode, whose cells are identical images); otherwise its own promise stands.
+    """
+    text = guarantee(method, k)
+    if not exact or not text.startswith("no formal guarantee"):
+        return text
+    return (f"exact in this release: 1/k = 1/{k} bound on re-identification by any recogniser, because the gate "
+            f"found every released face identical for every member of its cluster, each cluster of at least k={k} "
+            f"distinct people with no person above 1/k of its images (structural checks min_distinct_people_per_"
+            f"cluster >= k, max_person_share <= 1/k on identical copies); the method itself promises less: {text}")

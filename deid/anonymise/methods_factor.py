@@ -74,6 +74,120 @@ def group_within_clusters(V: np.ndarray, person_codes: np.ndarray, clusters: np.
     return groups
 
 
+def _cell_fits(person_codes: np.ndarray, k: int) -> bool:
+    """>= k distinct people, none holding more than 1/k of the faces."""
+    counts = np.unique(person_codes, return_counts=True)[1]
+    return len(counts) >= k and int(counts.max()) * k <= len(person_codes)
+
+
+def merge_clusters_for_cells(person_clusters: np.ndarray, averages: np.ndarray, identity: np.ndarray,
+                             person_cell: Sequence[Hashable], person_codes: np.ndarray,
+                             label_codes: Sequence[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Join identity clusters until each of their label cells holds >= k people, none above 1/k.
+
+    A person lacking one expression (or photographed twice with one) leaves a cell of their
+    identity cluster short of k people or with one person above 1/k. Joining that cluster with
+    the nearest cluster (Euclidean distance between mean identities) of the same identity-label
+    cell (``person_cell``, e.g. gender) gives every cell more people while every face keeps its
+    labels' image; smallest offending clusters first. A cluster with no partner left is kept
+    as it is (:func:`release_cells` then merges its cells).
+
+    Returns every person's cluster (dense) and each cluster's mean identity (a joined cluster's
+    is the mean of all its people's identities; the others' are ``averages`` unchanged).
+    """
+    clusters = np.asarray(person_clusters).copy()
+    faces = np.asarray(person_codes)
+    labels = np.stack([np.asarray(c) for c in label_codes], axis=1)
+    members = {int(c): list(np.flatnonzero(clusters[faces] == c)) for c in np.unique(clusters)}
+    cell_of = {int(c): person_cell[int(np.flatnonzero(clusters == c)[0])] for c in members}
+
+    def fits(c: int) -> bool:
+        idx = np.asarray(members[c])
+        keys = np.unique(labels[idx], axis=0, return_inverse=True)[1].ravel()
+        return all(_cell_fits(faces[idx[keys == g]], k) for g in np.unique(keys))
+
+    means = {c: identity[clusters == c].mean(axis=0) for c in members}
+    stuck: set[int] = set()
+    joined: set[int] = set()
+    while True:
+        bad = [c for c in members if c not in stuck and not fits(c)]
+        if not bad:
+            break
+        c = min(bad, key=lambda b: (len(np.unique(faces[members[b]])), b))
+        partners = [o for o in members if o != c and cell_of[o] == cell_of[c]]
+        if not partners:
+            stuck.add(c)
+            continue
+        target = min(partners, key=lambda o: (float(((means[o] - means[c]) ** 2).sum()), o))
+        clusters[clusters == c] = target
+        members[target] += members.pop(c)
+        means.pop(c)
+        means[target] = identity[clusters == target].mean(axis=0)
+        joined.add(target)
+        joined.discard(c)
+        stuck.discard(target)
+    keys, dense = np.unique(clusters, return_inverse=True)
+    out = np.asarray(averages, dtype=np.float64)[keys].copy()
+    for j, c in enumerate(keys):
+        if int(c) in joined:
+            out[j] = means[int(c)]
+    if joined:
+        logger.info("multi-factor: %d identity clusters joined others so that every label cell holds >= %d "
+                    "people (none above 1/k)", len(np.unique(person_clusters)) - len(keys), k)
+    return dense.astype(np.intp), out
+
+
+def release_cells(clusters: np.ndarray, person_codes: np.ndarray, label_codes: Sequence[np.ndarray], k: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """The cells of a ``"labels"`` release: identity cluster x label values, merged until each holds k people.
+
+    With ``non_identity="labels"`` every face of one identity cluster with the same label values
+    gets the identical image, so those cells are what the release really holds: a cell of >= k
+    distinct people in which no person has more than 1/k of the faces bounds any recogniser at
+    1/k. A cell that still misses that after :func:`merge_clusters_for_cells` (a person lacking one expression, a rare label, a person with
+    two photos of one expression) is merged, within its identity cluster, into the cell sharing
+    the most label values (ties: the most people, then the most faces; as
+    :func:`deid.anonymise.partition.plan_partitions` merges small label partitions), and the
+    merged cell's faces get one image (the mean of their non-identity factors). The last resort
+    is the whole identity cluster, which people-aware k-Same made of >= k distinct people; one
+    person's share above 1/k there (unequal photo counts) is left for the gate to reject.
+
+    Returns the cell of every face (dense, numbered in order of first appearance) and a mask of
+    the faces whose cell was merged.
+    """
+    codes = np.asarray(person_codes)
+    cells: dict[int, dict[tuple, list[int]]] = {}
+    for i, key in enumerate(zip(np.asarray(clusters).tolist(), *(np.asarray(c).tolist() for c in label_codes))):
+        cells.setdefault(key[0], {}).setdefault(tuple(key[1:]), []).append(i)
+
+    def people(idx: list[int]) -> int:
+        return len(np.unique(codes[idx]))
+
+    def fits(idx: list[int]) -> bool:
+        counts = np.unique(codes[idx], return_counts=True)[1]
+        return len(counts) >= k and int(counts.max()) * k <= len(idx)
+
+    cell_of: dict[int, tuple] = {}
+    merged = np.zeros(len(codes), dtype=bool)
+    for c, groups in cells.items():
+        groups = {lab: list(idx) for lab, idx in sorted(groups.items())}
+        while len(groups) > 1:
+            bad = [lab for lab, idx in groups.items() if not fits(idx)]
+            if not bad:
+                break
+            lab = min(bad, key=lambda g: (people(groups[g]), len(groups[g]), g))
+            idx = groups.pop(lab)
+            target = max(groups, key=lambda g: (sum(x == y for x, y in zip(g, lab)), people(groups[g]),
+                                                len(groups[g])))
+            groups[target] += idx
+            merged[groups[target]] = True
+        for lab, idx in groups.items():
+            for i in idx:
+                cell_of[i] = (c, lab)
+    index: dict[tuple, int] = {}
+    return np.array([index.setdefault(cell_of[i], len(index)) for i in range(len(codes))], dtype=np.intp), merged
+
+
 def _span(effects: dict[str, np.ndarray]) -> np.ndarray:
     """Orthogonal projector onto the span of the label-effect vectors."""
     rows = np.vstack(list(effects.values()))
@@ -101,9 +215,13 @@ class MultiFactor(BaseEstimator):
     face ``i`` is reconstructed from its cluster's mean identity plus its *own* non-identity
     factor, one of:
 
-    * ``"labels"`` (default): its label effects ``sum_l b_l`` (faces of one cluster with
-      the same labels get the identical image). London k=5: max re-identification 0.186
-      (naive + reverse, five attackers; 0.186 with parrot too in the release flow), within 1/k;
+    * ``"labels"`` (default): its label effects ``sum_l b_l``: faces of one cluster with
+      the same labels get the identical image, and ``labels_`` are those cells, so the gate
+      finds the k-Same structure and its exact 1/k bound in the data. Where a cell would hold
+      fewer than k people or a person above 1/k (someone lacking one expression), its identity
+      cluster first joins the nearest one (:func:`merge_clusters_for_cells`: every face keeps
+      its expression), then cells still short are merged (:func:`release_cells`). London k=5: max re-identification 0.186 (naive + reverse, five attackers; 0.186
+      with parrot too in the release flow), within 1/k;
     * ``"projected"``: inside the subspace spanned by the label effects the face keeps its
       own coefficients (e.g. how much this very face smiles, frame by frame), elsewhere it
       gets the cluster's identity. London k=5: 0.196 (n=204 faces: at the 0.2 bound; 0.206
@@ -123,8 +241,8 @@ class MultiFactor(BaseEstimator):
       identical image and ``labels_`` are the groups (>= k distinct people each; with equal
       face counts per person no person above 1/k of a group): the k-Same structure again.
 
-    Faces of one cluster do not in general share an identical image, so no formal k-Same
-    guarantee holds: the empirical attacks decide.
+    In the other modes the faces of one cluster do not share an identical image, so no formal
+    k-Same guarantee holds: the empirical attacks decide.
 
     Parameters
     ----------
@@ -163,7 +281,9 @@ class MultiFactor(BaseEstimator):
     person_clusters_ : ndarray of shape (n_people,)
         k-Same cluster of each person.
     labels_ : ndarray of shape (n_faces,)
-        Cluster of every face (its person's cluster).
+        Cluster of every face: with ``"labels"`` (and labels that vary within people) its
+        cell, whose faces all get the identical image; with ``"grouped"`` its group; otherwise
+        its person's identity cluster (``person_clusters_``).
 
     References
     ----------
@@ -210,8 +330,19 @@ class MultiFactor(BaseEstimator):
             logger.warning("multi-factor: no label varies within a person (%s); identity = person mean", list(codes))
         identity, effects = self._backfit(Z, pcodes, len(pkeys), {name: codes[name] for name in varying})
         fx = sum((effects[name][codes[name]] for name in varying), np.zeros_like(Z))
-        ks = self._cluster(identity, pkeys, pcodes, {name: c for name, c in codes.items() if name not in varying})
-        face_identity = ks.averages_[ks.labels_[pcodes]]
+        constant = {name: c for name, c in codes.items() if name not in varying}
+        ks = self._cluster(identity, pkeys, pcodes, constant)
+        person_clusters, cluster_identity = ks.labels_, ks.averages_
+        if self.non_identity == "labels" and varying:
+            # Cells (identity cluster x labels) are what the release holds: an identity cluster whose cell
+            # lacks k people (someone without one expression) joins its nearest cluster of the same identity
+            # labels, which keeps every face's expression (release_cells merges the cells that remain).
+            first = np.unique(pcodes, return_index=True)[1]
+            person_cell = [tuple(int(constant[x][i]) for x in self.identity_labels_) for i in first]
+            person_clusters, cluster_identity = merge_clusters_for_cells(
+                person_clusters, cluster_identity, identity, person_cell, pcodes, [codes[x] for x in varying],
+                int(self.k))
+        face_identity = cluster_identity[person_clusters[pcodes]]
         if self.non_identity == "labels":
             self.non_identity_ = fx
         elif self.non_identity == "residual":
@@ -222,14 +353,24 @@ class MultiFactor(BaseEstimator):
             self.non_identity_ = (Z - face_identity) @ _span(effects) if varying else np.zeros_like(Z)
         self.people_, self.identity_, self.effects_ = pkeys, identity, effects
         self.non_identity_labels_ = varying
-        self.person_clusters_ = ks.labels_
-        self.labels_ = ks.labels_[pcodes]
+        self.person_clusters_ = person_clusters
+        self.labels_ = person_clusters[pcodes]
+        if self.non_identity == "labels" and varying:
+            # Every face of one identity cluster with the same labels gets the identical image: those cells
+            # (merged where one holds fewer than k people) are the release's clusters, the k-Same structure
+            # whose exact bound the gate then finds in the data.
+            self.labels_, merged = release_cells(self.labels_, pcodes, [codes[x] for x in varying], int(self.k))
+            if merged.any():
+                cells = self.labels_[merged]
+                _, dense = np.unique(cells, return_inverse=True)
+                self.non_identity_ = self.non_identity_.copy()
+                self.non_identity_[merged] = group_means(self.non_identity_[merged], dense, int(dense.max()) + 1)[dense]
         if self.non_identity == "grouped":
             # k-Same on the non-identity factor too, within each identity cluster: a group's faces get
             # the identical image (cluster identity + the group's mean non-identity factor).
             self.labels_ = group_within_clusters(self.non_identity_, pcodes, self.labels_)
             self.non_identity_ = group_means(self.non_identity_, self.labels_, int(self.labels_.max()) + 1)[self.labels_]
-        self.cluster_identity_ = ks.averages_
+        self.cluster_identity_ = cluster_identity
         e = self.eigenfaces_
         coef = face_identity + self.non_identity_
         self.released_ = e.mean_.astype(np.float64) + coef @ e.components_.astype(np.float64)

@@ -114,8 +114,9 @@ class SequenceMultiFactor(MultiFactor):
     non_identity : {"labels", "frames", "grouped", "projected", "residual"}, default "labels"
         ``"labels"`` gives every frame its labels' effects: all frames of one identity cluster
         with the same labels get the identical image, and ``labels_`` are those cells (so the
-        gate sees the k-Same structure and its exact bound, when every cell holds >= k people
-        with no one above 1/k). The video steps between label averages: expression changes
+        gate sees the k-Same structure and its exact bound; a cell with fewer than k people or
+        a person above 1/k is merged within its identity cluster, as for stills:
+        :func:`~deid.anonymise.methods_factor.release_cells`). The video steps between label averages: expression changes
         are kept at the labels' granularity (a classifier trained on source frames gives the
         released frame the label it gives the source frame in 0.80 of frames, as with
         "frames"), not within a label. ``"frames"`` keeps each frame's own residual in the
@@ -154,14 +155,9 @@ class SequenceMultiFactor(MultiFactor):
         people = list(people)
         n = len(np.asarray(X))
         self.sequences_ = check_sequences([None] * n if sequences is None else sequences, frames, people=people, n=n)
+        # With "labels", MultiFactor's clusters are the cells (identity cluster x labels) whose frames
+        # share one image (deid.anonymise.methods_factor.release_cells): the k-Same structure the gate checks.
         super().fit(X, people=people, labels=labels)
-        if self.non_identity == "labels" and self.non_identity_labels_:
-            # Every frame of one identity cluster with the same labels gets the identical image: those
-            # cells are the release's clusters (the k-Same structure, which the gate then checks).
-            cells = [(int(c), *(str(labels[x][i]) for x in self.non_identity_labels_))
-                     for i, c in enumerate(self.labels_)]
-            index: dict[tuple, int] = {}
-            self.labels_ = np.array([index.setdefault(cell, len(index)) for cell in cells], dtype=np.intp)
         return self
 
     def fit_transform(self, X: Any, *, people: Sequence[Hashable],

@@ -92,8 +92,11 @@ class GramPCA(TransformerMixin, BaseEstimator):
         order = np.argsort(w)[::-1]
         w, V = w[order], V[:, order]
         keep = int(min(self.n_components, np.count_nonzero(w > w[0] * 1e-12)))
-        self.components_ = (V[:, :keep].T @ Xc) / np.sqrt(w[:keep])[:, None]
-        self.n_components_ = keep
+        if keep == 0:  # identical rows (a release of one image): one zero direction, every score 0
+            self.components_ = np.zeros((1, X.shape[1]))
+        else:
+            self.components_ = (V[:, :keep].T @ Xc) / np.sqrt(w[:keep])[:, None]
+        self.n_components_ = len(self.components_)
         return self
 
     def transform(self, X):

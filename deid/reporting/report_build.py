@@ -27,7 +27,7 @@ from deid.contracts import (
     SmallPartition,
     Staged,
 )
-from deid.anonymise.method_registry import REGISTRY, guarantee
+from deid.anonymise.method_registry import REGISTRY, guarantee, release_guarantee
 from deid.reporting.report import (
     Artifact,
     Check,
@@ -134,6 +134,12 @@ def privacy_section(gate, k: int) -> Privacy:
         reidentification=[Reidentification(**r) for r in gate.reidentification])
 
 
+def exact_bound_holds(gate, k: int) -> bool:
+    """Did the gate find the exact 1/k bound: identical copies per cluster, >= k people each, no one above 1/k?"""
+    return bool(gate.exact_bound and gate.min_people is not None and gate.min_people >= k
+                and gate.max_person_share is not None and gate.max_person_share <= 1.0 / k + 1e-12)
+
+
 def verdict_fields(*, release_id: str, run_id: str, created_at: str, config: RunConfig, gate,
                    guarantee_text: str, dataset: DatasetSummary, artifacts: Sequence[Artifact],
                    signing: SigningInfo, versions: Mapping[str, str | None]) -> dict[str, Any]:
@@ -166,7 +172,8 @@ def build_report(*, release_id: str, run_id: str, created_at: str, config: RunCo
     """
     return Report(
         **verdict_fields(release_id=release_id, run_id=run_id, created_at=created_at, config=config, gate=gate,
-                         guarantee_text=guarantee(config.method, config.k),
+                         guarantee_text=release_guarantee(config.method, config.k, exact=exact_bound_holds(
+                             gate, config.k)),
                          dataset=dataset_summary(ingested.name, ingested.fingerprint, counts, passed=gate.passed,
                                                  quarantine_by_reason=quarantine_by_reason),
                          artifacts=staged.artifacts if staged else (), signing=signing, versions=versions),
