@@ -501,13 +501,15 @@ def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, threads: int =
     where = {r for p in paths for r in pq.read_table(p, columns=["record_id"]).column("record_id").to_pylist()}
     rows = [r for r in lin.record_ids if r in where]
     people = [lin.plan.pseudonyms[i] for i, r in enumerate(lin.record_ids) if r in where]
+    records = [lin.plan.fingerprints[i] for i, r in enumerate(lin.record_ids) if r in where]
     checks = [c.to_gate_check() for c in check_structure(lin.state, rel)]
     if len(rows) >= 2:
         # The originals stay on disk (one file of raw rows next to the aligned parts), read as the attack needs them.
         tmp = Path(tempfile.mkdtemp(prefix=".lineage-originals-", dir=Path(paths[0]).parent.parent))
         try:
             X = stages.RowFile.from_aligned(paths, rows, tmp / "originals.u8")
-            attack = differencing_attack(lin.state, rel, X, original_people=people, threads=threads)
+            attack = differencing_attack(lin.state, rel, X, original_people=people, original_records=records,
+                                         threads=threads)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         (logger or log).info(f"lineage differencing attack: {attack.n_cluster_pairs} cluster pairs, "
