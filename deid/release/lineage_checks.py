@@ -603,12 +603,13 @@ class _MemberGallery:
 def _pca(X: np.ndarray, n_components: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Eigenfaces of the originals (Turk & Pentland 1991): components, mean, per-component std.
 
-    Through the small Gram matrix when there are at most a few thousand faces, else randomized SVD.
+    Through the small Gram matrix when there are at most a few thousand faces, else randomized SVD
+    (``X`` is then overwritten: pass a copy).
     """
     n, p = X.shape
     q = max(1, min(n_components, n - 1, p))
     mu = X.mean(axis=0)
-    Xc = X - mu
+    Xc = X - mu if n <= 3000 else np.subtract(X, mu, out=X)  # a large sample is centred in place (issue 13)
     if n <= 3000:
         vals, vecs = np.linalg.eigh(Xc @ Xc.T)
         order = np.argsort(vals)[::-1][:q]
@@ -617,7 +618,8 @@ def _pca(X: np.ndarray, n_components: int) -> tuple[np.ndarray, np.ndarray, np.n
     else:
         from sklearn.decomposition import PCA  # noqa: PLC0415 - only large galleries need it
 
-        W = PCA(q, svd_solver="randomized", random_state=0).fit(Xc).components_
+        # copy=False: the sample is not copied again (20,000 faces are 600 MB of float32).
+        W = PCA(q, svd_solver="randomized", random_state=0, copy=False).fit(Xc).components_
         vals = ((Xc @ W.T) ** 2).sum(axis=0)
     sd = np.sqrt(np.maximum(vals, 1e-6) / n).astype(np.float32)
     return W.astype(np.float32), mu.astype(np.float32), sd
