@@ -841,9 +841,18 @@ def write_lineage_part(partition_dir: str, out_path: str, release, state, record
     ids = t.column("record_id").to_pylist()
     people = t.column("subject_id").to_pylist()
     clusters = [where[r] for r in ids]
-    pixels = [np.ascontiguousarray(state.clusters[c].image, dtype=np.uint8).tobytes() for c in clusters]
-    _write_atomic(pa.table({"record_id": ids, "cluster": clusters, "pixels": pixels}, schema=schemas.deidentified()),
-                  Path(out_path))
+    # Each registered image once, the part written a row group at a time (not one bytes object per record).
+    images = {c: np.ascontiguousarray(state.clusters[c].image, dtype=np.uint8) for c in set(clusters)}
+    schema = schemas.deidentified()
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
+    with pq.ParquetWriter(tmp, schema) as writer:
+        for a in range(0, len(ids), _OUT_ROWS):
+            cs = clusters[a:a + _OUT_ROWS]
+            writer.write_batch(pa.record_batch([pa.array(ids[a:a + _OUT_ROWS], pa.string()), pa.array(cs, pa.string()),
+                                                _binary_rows(np.stack([images[c] for c in cs]))], schema=schema))
+    os.replace(tmp, out)
     summary = []
     for c in sorted(set(clusters)):
         members = [p for p, x in zip(people, clusters) if x == c]
