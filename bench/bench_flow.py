@@ -168,6 +168,18 @@ def run_measured(cmd: list[str], env: dict) -> tuple[subprocess.CompletedProcess
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err), wall, cpu, peak
 
 
+def _named(doc, name: str):
+    """Every dict in the report with ``"name": name`` (the gate's checks, wherever the report puts them)."""
+    if isinstance(doc, dict):
+        if doc.get("name") == name:
+            yield doc
+        for v in doc.values():
+            yield from _named(v, name)
+    elif isinstance(doc, list):
+        for v in doc:
+            yield from _named(v, name)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--synthetic", type=int, default=0, help="faces in a synthetic drop instead of London")
@@ -220,6 +232,8 @@ def main() -> int:
     stages = report["configuration"]["stage_seconds"]
     kind = "synthetic" if args.synthetic else f"London x{n // 204}" if args.london_records else "London"
     print(f"drop: {kind}, {n} images, k={args.k}, verdict {report['verdict']}")
+    for check in _named(report, "lineage_differencing_attack"):  # people the lineage differencing attack found
+        print(f"lineage differencing attack: {check.get('value')} people identified: {check.get('detail')}")
     print(f"deid run wall time (start-up included): {wall:.1f} s  ({wall / n * 1000:.1f} ms/image, "
           f"{wall / n * 1000:.1f} s per 1,000 faces)")
     print(f"deid run CPU time (user+sys, all its processes): {cpu:.1f} s  ({cpu / n * 1000:.1f} s per 1,000 faces)")

@@ -353,7 +353,8 @@ class CounterfeitRow:
 class ReleaseRows:
     """Every record of the would-be release, in staging order, before the release shuffles and renames them.
 
-    ``vectors`` (n, d): flat faces (uint8 grey, or BGR with ``shape`` (h, w, 3)) or a feature drop's
+    ``vectors`` (n, d), an array or an array-like indexed by row (:class:`deid.operations.stages.IndexedRows`:
+    each cluster's image stored once): flat faces (uint8 grey, or BGR with ``shape`` (h, w, 3)) or a feature drop's
     float vectors (``shape`` (d,)); ``clusters`` the internal cluster names; ``labels`` label name ->
     per-record values; ``record_ids`` the staging ids (counterfeits included). An image-sequence drop
     adds each record's private ``sequences`` key and ``frames`` number (None for a still image).
@@ -377,7 +378,10 @@ class ReleaseRows:
             return self
         extra = [np.asarray(f.average, dtype=self.vectors.dtype).reshape(1, -1) for f in fakes]
         none = (None,) * len(fakes)
-        return replace(self, vectors=np.vstack([self.vectors, *extra]),
+        # A matrix-like that keeps each distinct row once (deid.operations.stages.IndexedRows) appends in place.
+        vectors = (self.vectors.with_rows(np.vstack(extra)) if hasattr(self.vectors, "with_rows") else
+                   np.vstack([self.vectors, *extra]))
+        return replace(self, vectors=vectors,
                        clusters=(*self.clusters, *(f.cluster for f in fakes)),
                        record_ids=(*self.record_ids, *(f.record_id for f in fakes)),
                        labels={x: (*v, *(f.labels[x] for f in fakes)) for x, v in self.labels.items()},

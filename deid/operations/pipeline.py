@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import uuid
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
@@ -501,13 +502,15 @@ def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, threads: int =
     where = {r for p in paths for r in pq.read_table(p, columns=["record_id"]).column("record_id").to_pylist()}
     rows = [r for r in lin.record_ids if r in where]
     people = [lin.plan.pseudonyms[i] for i, r in enumerate(lin.record_ids) if r in where]
+    records = [lin.plan.fingerprints[i] for i, r in enumerate(lin.record_ids) if r in where]
     checks = [c.to_gate_check() for c in check_structure(lin.state, rel)]
     if len(rows) >= 2:
         # The originals stay on disk (one file of raw rows next to the aligned parts), read as the attack needs them.
         tmp = Path(tempfile.mkdtemp(prefix=".lineage-originals-", dir=Path(paths[0]).parent.parent))
         try:
             X = stages.RowFile.from_aligned(paths, rows, tmp / "originals.u8")
-            attack = differencing_attack(lin.state, rel, X, original_people=people, threads=threads)
+            attack = differencing_attack(lin.state, rel, X, original_people=people, original_records=records,
+                                         threads=threads)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         (logger or log).info(f"lineage differencing attack: {attack.n_cluster_pairs} cluster pairs, "
@@ -557,21 +560,24 @@ def releasable_label_sets(metadata: pa.Table, labels: Sequence[str], k: int) -> 
 
 
 def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequence[str], shape_hw,
-                  lineage: LineageApplied | None, *, lg) -> ReleaseRows:
+                  lineage: LineageApplied | None, *, lg, spill: Path | None = None) -> ReleaseRows:
     """Images, clusters, labels and staging ids of every record of the would-be release.
 
     An image-sequence drop adds each record's (private) sequence key and frame number: the release
-    gets fresh sequence ids, renumbered frames and one video per sequence.
+    gets fresh sequence ids, renumbered frames and one video per sequence. The images are an
+    :class:`~deid.operations.stages.IndexedRows`: the parts are streamed and each cluster's image
+    is kept once, in ``spill`` on disk when given (issue 13: never every released image at once).
     """
     seq = [c for c in SEQUENCE_COLUMNS if c in metadata.column_names]
     meta = metadata.select(["record_id", *labels, *seq])
-    rel = pa.concat_tables([pq.read_table(p) for p in deidentified.parts]).join(meta, "record_id", join_type="inner")
+    parts = [str(p) for p in deidentified.parts]
+    names = set().union(*(pq.read_schema(p).names for p in parts)) if parts else set()
     # DEID_COLOR: the colour faces (BGR) are released; the gate attacked their grey ("pixels").
-    column, shape = ("color", (*shape_hw, 3)) if "color" in rel.column_names else ("pixels", tuple(shape_hw))
-    # Chunk by chunk, without Python bytes: one copy of the released pixels, not three.
-    chunks = [stages._pixels(c) for c in rel.column(column).chunks if len(c)]
-    images = np.vstack(chunks) if chunks else np.zeros((0, int(np.prod(shape))), np.uint8)
-    del chunks
+    column, shape = ("color", (*shape_hw, 3)) if "color" in names else ("pixels", tuple(shape_hw))
+    keys, distinct = stages.distinct_rows(parts, column, spill=spill)
+    rel = keys.join(meta, "record_id", join_type="inner")
+    images = distinct.take(rel.column("row").to_numpy()) if rel.num_rows else stages.IndexedRows(
+        np.zeros((0, int(np.prod(shape))), np.uint8), np.zeros(0, np.int64))
     rows = ReleaseRows(
         vectors=images,
         shape=shape, clusters=tuple(rel.column("cluster").to_pylist()),
@@ -623,9 +629,11 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
 
     lg = logger or log
     labels = ingested.labels
-    rows = _release_rows(deidentified, ingested.metadata, labels, config.shape_hw, lineage, lg=lg)
+    # Each cluster's released image once, on disk in private staging, read back as the release is written.
+    spill = layout.root / f".release-pixels-{uuid.uuid4().hex}.u8"
     tmp = layout.release_dir
     try:
+        rows = _release_rows(deidentified, ingested.metadata, labels, config.shape_hw, lineage, lg=lg, spill=spill)
         staged = stage_release(tmp, images=rows.vectors, shape=rows.shape, clusters=rows.clusters,
                                labels=rows.labels, record_ids=rows.record_ids, sequences=rows.sequences,
                                frames=rows.frames)
@@ -642,6 +650,8 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
     except BaseException:
         discard(tmp)
         raise
+    finally:
+        spill.unlink(missing_ok=True)
     if origin == "development":
         lg.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", key_path)
     lg.info(f"stage: {staged.n_records} records staged for release in {tmp}"

@@ -205,6 +205,109 @@ class RowFile:
         return cls(path, len(record_ids), p)
 
 
+class IndexedRows:
+    """An (n, p) matrix whose row ``i`` is ``table[index[i]]``: each distinct row is held once.
+
+    A release's records carry their cluster's image: ``table`` holds each distinct (cluster,
+    image) once, in memory or on disk (:class:`RowFile`), and rows added later (counterfeits)
+    stay in memory. An int index gives a 1-D row, an array of indices a matrix, a tuple indexes
+    the rows then the values; ``np.asarray`` materialises the whole matrix (small inputs only).
+    Issue 13: the stage never holds every released image at once.
+    """
+
+    ndim = 2
+
+    def __init__(self, table, index, extra: np.ndarray | None = None):
+        self.table, self.index = table, np.asarray(index, dtype=np.int64).reshape(-1)
+        self.dtype = np.dtype(np.uint8) if isinstance(table, RowFile) else np.asarray(table).dtype
+        self.extra = extra if extra is not None else np.zeros((0, table.shape[1]), self.dtype)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (len(self.index), int(self.table.shape[1]))
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def _rows(self, j: np.ndarray) -> np.ndarray:
+        n0 = self.table.shape[0]
+        out = np.empty((len(j), self.shape[1]), dtype=self.dtype)
+        mine = j < n0
+        if mine.any():
+            out[mine] = np.asarray(self.table[j[mine]])
+        if not mine.all():
+            out[~mine] = self.extra[j[~mine] - n0]
+        return out
+
+    def __getitem__(self, i):
+        if isinstance(i, tuple):
+            return self[i[0]][i[1:]]
+        if isinstance(i, (int, np.integer)):
+            return self._rows(self.index[[int(i)]])[0]
+        return self._rows(self.index[i])
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self._rows(self.index)
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+    def take(self, rows) -> "IndexedRows":
+        """These rows, in the order of ``rows`` (indices of this matrix)."""
+        return IndexedRows(self.table, self.index[np.asarray(rows, dtype=np.int64)], self.extra)
+
+    def with_rows(self, rows: np.ndarray) -> "IndexedRows":
+        """This matrix with ``rows`` appended (held in memory)."""
+        rows = np.asarray(rows, dtype=self.dtype).reshape(-1, self.shape[1])
+        start = self.table.shape[0] + len(self.extra)
+        return IndexedRows(self.table, np.concatenate([self.index, start + np.arange(len(rows))]),
+                           np.vstack([self.extra, rows]))
+
+
+def distinct_rows(parts: Sequence[str], column: str = "pixels", *,
+                  spill: Path | None = None) -> tuple[pa.Table, IndexedRows]:
+    """(record_id, cluster, row) of every record of the de-identified ``parts`` and their ``column`` pixels.
+
+    The parts are streamed a batch at a time; each distinct (cluster, image) is stored once (a
+    k-Same release holds one image per cluster), on disk in ``spill`` (a :class:`RowFile`) when
+    given, else in memory. ``row`` indexes the returned matrix.
+    """
+    import hashlib  # noqa: PLC0415
+
+    seen: dict[tuple[str, bytes], int] = {}
+    keys: list[pa.Table] = []
+    held: list[np.ndarray] = []
+    p = 0
+    fh = open(spill, "wb") if spill is not None else None  # noqa: SIM115 - closed below
+    try:
+        for batch in _stream(list(parts), ["record_id", "cluster", column]):
+            if not batch.num_rows:
+                continue
+            pix = _pixels(batch.column(column))
+            p = pix.shape[1]
+            clusters = batch.column("cluster").to_pylist()
+            rows = np.empty(len(clusters), dtype=np.int64)
+            for r, c in enumerate(clusters):
+                key = (c, hashlib.blake2b(pix[r], digest_size=16).digest())
+                j = seen.get(key)
+                if j is None:
+                    j = seen[key] = len(seen)
+                    if fh is not None:
+                        fh.write(pix[r].tobytes())
+                    else:
+                        held.append(pix[r].copy())
+                rows[r] = j
+            keys.append(pa.table({"record_id": batch.column("record_id"), "cluster": batch.column("cluster"),
+                                  "row": rows}))
+    finally:
+        if fh is not None:
+            fh.close()
+    table = (RowFile(spill, len(seen), p) if spill is not None else
+             np.stack(held) if held else np.zeros((0, p), np.uint8))
+    keys_t = (pa.concat_tables(keys) if keys else
+              pa.table({"record_id": pa.array([], pa.string()), "cluster": pa.array([], pa.string()),
+                        "row": pa.array([], pa.int64())}))
+    return keys_t, IndexedRows(table, np.arange(len(seen)))
+
+
 def fit_eigenfaces(aligned_paths: list[str], n_components: int, seed: int = 0) -> Eigenfaces:
     """Fit the eigenface model on the aligned set (a seeded subset on large drops).
 
@@ -699,33 +802,31 @@ def plan_lineage(faces: pa.Table, sources: dict[str, str], state, *, key: bytes,
                         label_names=labels)
 
 
-def lineage_new_labels(plan, record_ids: list[str], deid_paths: list[str]) -> tuple[np.ndarray, np.ndarray]:
+def lineage_new_labels(plan, record_ids: list[str], deid_paths: list[str]) -> tuple[np.ndarray, IndexedRows]:
     """(cluster index, released uint8 image) of each of ``plan.new_records`` from the de-identified parts.
 
     A new record the partition stage withheld (not in any part) gets cluster -1 and a zero image.
+    The images are an :class:`IndexedRows`: each cluster's image once, not one copy per record
+    (the parts are streamed a batch at a time; issue 13).
     """
-    # One part's pixels at a time, as a matrix (a Python bytes object per face fragments the heap).
     pos = {record_ids[i]: j for j, i in enumerate(plan.new_records)}
+    keys, images = distinct_rows(deid_paths)
     cluster: list[str | None] = [None] * len(plan.new_records)
-    images = None
-    for path in deid_paths:
-        t = pq.read_table(path, columns=["record_id", "cluster", "pixels"])
-        if not t.num_rows:
-            continue
-        pix = _pixels(t.column("pixels"))
-        if images is None:
-            images = np.zeros((len(plan.new_records), pix.shape[1]), dtype=np.uint8)
-        for row, (rid, c) in enumerate(zip(t.column("record_id").to_pylist(), t.column("cluster").to_pylist())):
-            j = pos.get(rid)
-            if j is not None:
-                cluster[j] = c
-                images[j] = pix[row]
+    row = np.full(len(plan.new_records), -1, dtype=np.int64)
+    for rid, c, r in zip(keys.column("record_id").to_pylist(), keys.column("cluster").to_pylist(),
+                         keys.column("row").to_pylist()):
+        j = pos.get(rid)
+        if j is not None:
+            cluster[j] = c
+            row[j] = r
     names: dict[str, int] = {}
     labels_ = np.full(len(plan.new_records), -1, dtype=np.intp)
     for j, c in enumerate(cluster):  # numbered in record order, as before
         if c is not None:
             labels_[j] = names.setdefault(c, len(names))
-    return labels_, (images if images is not None else np.zeros((len(plan.new_records), 0), dtype=np.uint8))
+    p = images.shape[1] if len(keys) else 0
+    table = np.vstack([np.asarray(images.table), np.zeros((1, p), np.uint8)])   # the last row: a withheld record
+    return labels_, IndexedRows(table, np.where(row >= 0, row, len(table) - 1))
 
 
 def write_lineage_part(partition_dir: str, out_path: str, release, state, record_ids: list[str]) -> DeidentifiedPart:
@@ -740,9 +841,18 @@ def write_lineage_part(partition_dir: str, out_path: str, release, state, record
     ids = t.column("record_id").to_pylist()
     people = t.column("subject_id").to_pylist()
     clusters = [where[r] for r in ids]
-    pixels = [np.ascontiguousarray(state.clusters[c].image, dtype=np.uint8).tobytes() for c in clusters]
-    _write_atomic(pa.table({"record_id": ids, "cluster": clusters, "pixels": pixels}, schema=schemas.deidentified()),
-                  Path(out_path))
+    # Each registered image once, the part written a row group at a time (not one bytes object per record).
+    images = {c: np.ascontiguousarray(state.clusters[c].image, dtype=np.uint8) for c in set(clusters)}
+    schema = schemas.deidentified()
+    out = Path(out_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
+    with pq.ParquetWriter(tmp, schema) as writer:
+        for a in range(0, len(ids), _OUT_ROWS):
+            cs = clusters[a:a + _OUT_ROWS]
+            writer.write_batch(pa.record_batch([pa.array(ids[a:a + _OUT_ROWS], pa.string()), pa.array(cs, pa.string()),
+                                                _binary_rows(np.stack([images[c] for c in cs]))], schema=schema))
+    os.replace(tmp, out)
     summary = []
     for c in sorted(set(clusters)):
         members = [p for p, x in zip(people, clusters) if x == c]

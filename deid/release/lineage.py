@@ -820,7 +820,10 @@ def _new_clusters(release_id: str, idx: Sequence[int], labels: np.ndarray, image
 
 def _check_new(labels: Any, images: Any, n: int) -> tuple[np.ndarray, np.ndarray]:
     labels = np.asarray(labels, dtype=np.intp).reshape(-1)
-    images = np.asarray(images)
+    # A matrix-like with shape, dtype and row indexing (one image per cluster behind it) is kept as it is:
+    # np.asarray would hold one copy per record (issue 13).
+    if not all(hasattr(images, a) for a in ("shape", "dtype", "ndim", "__getitem__")):
+        images = np.asarray(images)
     released_dtype = images.dtype == np.uint8 or (images.dtype.kind == "f" and images.dtype.itemsize in (4, 8))
     if labels.shape[0] != n or images.ndim != 2 or images.shape[0] != n or not released_dtype:
         raise ConfigError(f"new cluster labels ({labels.shape}) and images ({images.shape}, {images.dtype}) must have "

@@ -1,0 +1,142 @@
+"""The differencing attack's member search (issue 13): the same matches as the exhaustive search, sub-quadratic."""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from deid.release.lineage import empty_state, release_from_clusters
+from deid.release.lineage_checks import _pairs, differencing_attack
+
+KEY = bytes(range(32))
+P = 36   # pixels per tiny face
+EXHAUSTIVE = 10 ** 9   # exhaustive_below above any gallery: the reference search over every original
+MEMBERS = 0            # member search (plus the k-d tree for clusters with members absent from the gallery)
+
+
+def averages(X: np.ndarray, lab: np.ndarray) -> np.ndarray:
+    out = np.zeros_like(X)
+    for c in set(lab[lab >= 0].tolist()):
+        out[lab == c] = np.clip(np.rint(X[lab == c].mean(axis=0)), 0, 255).astype(np.uint8)
+    return out
+
+
+def release(state, X, people, fps, lab, rid, k=5):
+    return release_from_clusters(state, people, fps, key=KEY, release_id=rid, k=k, method="k-same", labels=lab,
+                                 images=averages(X, lab), shape=(P,))
+
+
+def summary(res):
+    return sorted((m.released, m.registered, m.sizes, m.kind) for m in res.matches), res.people_identified
+
+
+def test_member_search_finds_what_the_exhaustive_search_finds_across_releases_and_within_one():
+    # Release 1: 40 clusters of 5 (one photo of 200 people). Release 2, on a drop holding 150 of those photos,
+    # 50 new ones and pixel copies of 5 photos under new records: swaps, added faces, copies within the release,
+    # and registered clusters with members absent from this drop (searched through the k-d tree).
+    rng = np.random.default_rng(3)
+    faces = rng.integers(0, 256, (260, P), dtype=np.uint8)
+    people = [f"p{i}" for i in range(260)]
+    fps = [f"f{i}" for i in range(260)]
+    lab1 = np.full(260, -1)
+    lab1[:200] = np.arange(200) // 5
+    s0 = empty_state("scale")
+    s1 = s0.with_entry(release(s0, faces, people, fps, lab1, "r1").to_entry())
+    drop = list(range(50, 200)) + list(range(200, 250))
+    X2 = np.vstack([faces[drop], faces[[60, 61, 62, 63, 250]], faces[[70, 71, 72, 73, 74, 251]]])
+    ppl2 = [people[i] for i in drop] + ["p60", "p61", "p62", "p63", "p250", "p70", "p71", "p72", "p73", "p74", "p251"]
+    fps2 = [fps[i] for i in drop] + [f"copy{i}" for i in range(11)]
+    lab2 = np.full(len(X2), -1)
+    pos = {g: n for n, g in enumerate(drop)}
+    groups = [[50, 51, 52, 53, 200], [55, 56, 57, 58, 59, 201],       # a swap, an added face vs release 1
+              [90, 91, 92, 93, 94], [202, 203, 204, 205, 206]]         # republished as is (skipped), all new
+    for c, g in enumerate(groups):
+        lab2[[pos[x] for x in g]] = c
+    lab2[200:205] = 4       # copies of 60-63 and a new face: differs from release 1's cluster 12 by 64 vs 250
+    lab2[205:211] = 5       # copies of 70-74 and a new face: release 1's cluster 14 plus 251
+    lab2[[pos[x] for x in range(100, 150)]] = 6 + np.arange(50) // 5   # release 1's clusters 20-29 again
+    r2 = release(s1, X2, ppl2, fps2, lab2, "r2")
+    ref = differencing_attack(s1, r2, X2, original_people=ppl2, exhaustive_below=EXHAUSTIVE)
+    got = differencing_attack(s1, r2, X2, original_people=ppl2, exhaustive_below=MEMBERS)
+    assert summary(got) == summary(ref)
+    assert {"p54", "p200", "p201", "p64", "p250", "p251"} <= got.people_identified
+    # Neighbour mode (few cluster pairs allowed), threads and one test per block change nothing.
+    ref_nn = differencing_attack(s1, r2, X2, original_people=ppl2, exhaustive_below=EXHAUSTIVE, max_pairs=100)
+    got_nn = differencing_attack(s1, r2, X2, original_people=ppl2, exhaustive_below=MEMBERS, max_pairs=100,
+                                 block=7, threads=2)
+    assert "nearest" in got_nn.mode and summary(got_nn) == summary(ref_nn)
+    assert got_nn.people_identified >= {"p54", "p200", "p201", "p64", "p250", "p251"}
+
+
+def test_a_registered_member_absent_from_the_drop_is_matched_through_a_copy_in_the_gallery():
+    # Release 1 {0..4}; the drop holds 0-3, a new face 9 and, under another record, the pixels of absent photo 4:
+    # 5 (M2 - M1) = x9 - x4 is matched only through the copy (the k-d tree around x9 - d).
+    rng = np.random.default_rng(5)
+    faces = rng.integers(0, 256, (10, P), dtype=np.uint8)
+    people = [f"p{i}" for i in range(10)]
+    s0 = empty_state("scale")
+    lab1 = np.array([0] * 5 + [-1] * 5)
+    s1 = s0.with_entry(release(s0, faces, people, [f"f{i}" for i in range(10)], lab1, "r1").to_entry())
+    X2 = faces[[0, 1, 2, 3, 9, 4]]
+    ppl2 = ["p0", "p1", "p2", "p3", "p9", "p4"]
+    fps2 = ["f0", "f1", "f2", "f3", "f9", "another-file-of-f4"]
+    r2 = release(s1, X2, ppl2, fps2, np.array([0, 0, 0, 0, 0, -1]), "r2")
+    ref = differencing_attack(s1, r2, X2, original_people=ppl2, exhaustive_below=EXHAUSTIVE)
+    got = differencing_attack(s1, r2, X2, original_people=ppl2, exhaustive_below=MEMBERS)
+    assert summary(got) == summary(ref)
+    assert got.people_identified == {"p4", "p9"}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2 ** 16), k=st.integers(2, 5), extra=st.integers(0, 3),
+       kind=st.sampled_from(["swap", "add", "copies-swap", "copies-add"]))
+def test_property_a_planted_one_record_difference_is_always_found(seed, k, extra, kind):
+    # Background clusters of distinct random faces plus one planted leak, in one release ("copies-": byte-identical
+    # pixels under new records) or across two releases; the member search names the differing people.
+    rng = np.random.default_rng(seed)
+    s = k + extra
+    n_bg = 6 * s
+    faces = rng.integers(0, 256, (n_bg + s + 2, P), dtype=np.uint8)
+    people = [f"p{i}" for i in range(len(faces))]
+    fps = [f"f{i}" for i in range(len(faces))]
+    lab = np.full(len(faces), -1)
+    lab[:n_bg] = np.arange(n_bg) // s
+    leak = list(range(n_bg, n_bg + s))     # the planted cluster
+    a, b = n_bg + s, n_bg + s + 1          # its swapped-in or added face
+    lab[leak] = 6
+    sibling = leak[:-1] + [a] if kind.endswith("swap") else leak + [a]
+    want = {people[leak[-1]], people[a]} if kind.endswith("swap") else {people[a]}
+    s0 = empty_state("scale")
+    if kind.startswith("copies"):
+        X = np.vstack([faces, faces[sibling]])
+        ppl = people + [people[i] for i in sibling]
+        fp = fps + [f"copy{i}" for i in range(len(sibling))]
+        lab2 = np.concatenate([lab, np.full(len(sibling), 7)])
+        lab2[a] = lab2[b] = -1
+        state, rel = s0, release(s0, X, ppl, fp, lab2, "r1", k=k)
+    else:
+        lab[a] = lab[b] = -1
+        state = s0.with_entry(release(s0, faces, people, fps, lab, "r1", k=k).to_entry())
+        lab2 = np.full(len(faces), -1)
+        lab2[sibling] = 0
+        X, ppl = faces, people
+        rel = release(state, X, ppl, fps, lab2, "r2", k=k)
+    got = differencing_attack(state, rel, X, original_people=ppl, exhaustive_below=MEMBERS)
+    assert want <= got.people_identified
+    assert any(m.kind == ("pair" if kind.endswith("swap") else "single") for m in got.matches)
+
+
+def test_pairs_through_the_tree_keep_the_structural_pairs_and_all_neighbours_when_asked_for_all():
+    rng = np.random.default_rng(0)
+    Y1 = rng.normal(size=(60, 8)).astype(np.float32)
+    Y2 = rng.normal(size=(50, 8)).astype(np.float32)
+    structural = (np.array([0, 3, 59]), np.array([49, 2, 0]))
+    i, j = _pairs(Y1, Y2, False, 50, structural=structural, brute_max=0)    # k-d tree, every neighbour
+    assert set(zip(i.tolist(), j.tolist())) == {(x, y) for x in range(60) for y in range(50)}
+    i, j = _pairs(Y1, Y2, False, 3, structural=structural, brute_max=0)
+    got = set(zip(i.tolist(), j.tolist()))
+    assert {(0, 49), (3, 2), (59, 0)} <= got
+    bi, bj = _pairs(Y1, Y2, False, 3)                                       # exact, by blocks
+    exact = set(zip(bi.tolist(), bj.tolist()))
+    assert len(got - {(0, 49), (3, 2), (59, 0)}) == 180 and len(exact) == 180
+    assert len(exact & got) >= 0.8 * len(exact)   # (1 + eps)-approximate: most of the exact neighbours
