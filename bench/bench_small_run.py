@@ -113,6 +113,10 @@ def run_once(cmd: list[str], env: dict, *, label: str) -> dict:
                 marks.setdefault("flow_started", round(now, 2))
             elif line.startswith("deid run: prefect"):
                 marks.setdefault("prefect_ready", round(now, 2))
+            elif "prefect.flow_runs" in line and "Finished in state" in line:
+                marks.setdefault("flow_finished", round(now, 2))
+            elif line.startswith("deid run: stage seconds"):
+                marks.setdefault("summary", round(now, 2))
 
     reader = threading.Thread(target=read_err, daemon=True)
     reader.start()

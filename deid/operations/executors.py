@@ -42,11 +42,32 @@ class LocalExecutor:
         return obj
 
 
-def _worker_start(parent: int) -> None:
-    """Initializer of a :class:`PoolExecutor` process: die with the run (Linux), one BLAS thread."""
+def _exit_at_once() -> None:
+    """Last exit handler of a pool process: its work is returned; skip the interpreter's teardown.
+
+    Tearing down what the process imported (dlib, Great Expectations, scikit-learn, ...) costs
+    seconds of CPU on a busy machine, and the run waits for it when it closes the pool.
+    """
+    import logging  # noqa: PLC0415
     import os  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001, S110 - a closed stream: nothing to flush
+            pass
+    os._exit(0)
+
+
+def _worker_start(parent: int) -> None:
+    """Initializer of a :class:`PoolExecutor` process: die with the run (Linux), one BLAS thread, a quick exit."""
+    import atexit  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    atexit.register(_exit_at_once)  # before anything the process imports: runs after their exit handlers
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     if sys.platform.startswith("linux"):
@@ -58,14 +79,21 @@ def _worker_start(parent: int) -> None:
             os._exit(1)
 
 
-def warm_worker(*, recognizer: bool = True) -> None:
+def warm_worker(*, recognizer: bool = True, validation: bool = True) -> None:
     """What every stage needs, imported before the first call arrives; the dlib recogniser loaded if asked.
 
     Only a run whose identity check embeds its faces needs the recogniser early (partition); a
-    later use (a gate attack in this process) loads it then.
+    later use (a gate attack in this process) loads it then. ``validation``: Great Expectations
+    imported and its context made (~2 s of CPU), in the order the run needs them: the run's
+    validation suites come here (:meth:`PoolExecutor.call_remote`), so the run's own process
+    never imports it.
     """
     import deid.operations.stages  # noqa: F401, PLC0415
 
+    if validation:
+        from deid.evaluation.validation import _gx  # noqa: PLC0415
+
+        _gx()
     if recognizer:
         from deid.evaluation.recognizer import _dlib_model  # noqa: PLC0415
 
@@ -168,6 +196,16 @@ class PoolExecutor:
 
     def share(self, obj):
         return obj  # sent with each call (few calls per stage on a small drop)
+
+    def call_remote(self, fn, /, **kwargs):
+        """``fn(**kwargs)`` on a pool process, not this one (here if there is none).
+
+        For work the pool processes warmed up for (the validation suites: Great Expectations is
+        imported there while this process starts the run), so this process never pays for it.
+        """
+        if self._pool is None:
+            return fn(**kwargs)
+        return self._pool.submit(fn, **kwargs).result()
 
     def close(self) -> None:
         if self._pool is not None:

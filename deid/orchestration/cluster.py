@@ -13,8 +13,6 @@ from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
-from distributed import LocalCluster
-
 from deid.operations.executors import (  # noqa: F401 (client_for re-exported)
     DaskExecutor,
     PoolExecutor,
@@ -37,6 +35,8 @@ def dask_cluster(address: str | None, *, workers: int = 2) -> Iterator[str]:
     if address:
         yield address
         return
+    from distributed import LocalCluster  # noqa: PLC0415 - ~1 s of imports; `deid run` imports this module early
+
     # The scheduler lives in this process; its start-up and per-connection INFO lines would bury
     # the run's progress.
     for name in ("distributed", "distributed.scheduler", "distributed.core", "distributed.nanny",
@@ -128,5 +128,23 @@ def dask_executor(config, *, drop: str | Path | None = None) -> Iterator[DaskExe
         finally:
             pool.close()
         return
-    with dask_cluster(config.dask_address, workers=config.dask_workers) as address:
-        yield DaskExecutor(address)
+    with contextlib.ExitStack() as stack:
+        yield _LazyDaskExecutor(lambda: stack.enter_context(dask_cluster(config.dask_address,
+                                                                          workers=config.dask_workers)))
+
+
+class _LazyDaskExecutor(DaskExecutor):
+    """A :class:`DaskExecutor` whose cluster starts at its first use (a drop found unreadable starts none)."""
+
+    def __init__(self, start):  # noqa: D107 - no super().__init__: the address comes from start()
+        self._start = start
+        self._address = None
+
+    @property
+    def address(self) -> str:
+        if self._address is None:
+            self._address = self._start()
+        return self._address
+
+    def __repr__(self) -> str:
+        return f"DaskExecutor({self._address or 'not started'!r})"

@@ -34,9 +34,9 @@ def recover(config):
 
 
 @task(name="ingest", **TASK)
-def ingest(drop, layout, config):
+def ingest(drop, layout, config, executor=None):
     """Validate the manifest and stage the image bytes as Parquet."""
-    return pipeline.ingest_drop(drop, layout, config, logger=get_run_logger())
+    return pipeline.ingest_drop(drop, layout, config, logger=get_run_logger(), executor=executor)
 
 
 @task(name="lineage-open", **TASK)
@@ -85,10 +85,10 @@ def register_lineage(dataset, state, config, rel=None, *, mark=None, release_id=
 
 
 @task(name="stage-release", **TASK)
-def stage(deidentified, ingested, layout, config, *, release_id, lineage=None):
+def stage(deidentified, ingested, layout, config, *, release_id, lineage=None, executor=None):
     """Write the would-be release inside the run's staging directory and validate exactly that."""
     return pipeline.stage(deidentified, ingested, layout, config, release_id=release_id, lineage=lineage,
-                          logger=get_run_logger())
+                          logger=get_run_logger(), executor=executor)
 
 
 @task(name="gate", **TASK)
