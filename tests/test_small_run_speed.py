@@ -1,7 +1,10 @@
 """What keeps a small run short (issue 9): validation on the warm pool, no cluster for nothing, a clean exit."""
 from __future__ import annotations
 
+import concurrent.futures
+import functools
 import os
+import time
 
 from deid.operations.executors import LocalExecutor, PoolExecutor
 from deid.operations.pipeline import validate_off_main
@@ -11,9 +14,11 @@ def whoami(**kwargs) -> tuple[int, dict]:
     return os.getpid(), kwargs
 
 
-def test_call_remote_runs_on_a_pool_process_and_here_without_one():
-    pool = PoolExecutor(2, warm=None)
+def test_call_remote_runs_on_a_pool_process_once_it_is_warm_and_here_otherwise():
+    pool = PoolExecutor(2, warm=functools.partial(time.sleep, 1.5))
     try:
+        assert pool.call_remote(whoami, a=1)[0] == os.getpid()  # still warming up (a busy machine): not waited for
+        concurrent.futures.wait(pool._warming)
         pid, kw = pool.call_remote(whoami, a=1)
         assert pid != os.getpid() and kw == {"a": 1}
         # The validation suites go there; executors without a pool run them here.

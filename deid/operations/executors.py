@@ -116,6 +116,7 @@ class PoolExecutor:
 
         self.workers = max(1, int(workers))
         self._pool = None
+        self._warming: list = []
         if self.workers > 1:
             import multiprocessing  # noqa: PLC0415
             from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
@@ -123,8 +124,7 @@ class PoolExecutor:
             self._pool = ProcessPoolExecutor(self.workers - 1, mp_context=multiprocessing.get_context("spawn"),
                                              initializer=_worker_start, initargs=(os.getpid(),))
             if warm is not None:
-                for _ in range(self.workers - 1):
-                    self._pool.submit(warm)
+                self._warming = [self._pool.submit(warm) for _ in range(self.workers - 1)]
 
     def map(self, fn, calls, *, on_done=None):
         calls = list(calls)
@@ -198,12 +198,13 @@ class PoolExecutor:
         return obj  # sent with each call (few calls per stage on a small drop)
 
     def call_remote(self, fn, /, **kwargs):
-        """``fn(**kwargs)`` on a pool process, not this one (here if there is none).
+        """``fn(**kwargs)`` on a pool process once it has warmed up, else here (and here without a pool).
 
         For work the pool processes warmed up for (the validation suites: Great Expectations is
-        imported there while this process starts the run), so this process never pays for it.
+        imported there while this process starts the run), so this process does not pay for it;
+        a pool still warming up (a busy machine) is not waited for.
         """
-        if self._pool is None:
+        if self._pool is None or not all(f.done() for f in self._warming):
             return fn(**kwargs)
         return self._pool.submit(fn, **kwargs).result()
 

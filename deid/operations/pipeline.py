@@ -252,7 +252,9 @@ def embed_faces(faces: pa.Table, shape_hw: tuple[int, int], executor: Executor) 
     first: dict[bytes, int] = {}
     of = np.fromiter((first.setdefault(p, len(first)) for p in pixels), dtype=np.int64, count=len(pixels))
     distinct = list(first)
-    n_chunks = max(1, min(len(distinct) // 16, 2 * executor.workers))
+    # ~4 chunks per worker (of at least 16 faces): the processes finish close together (a face's
+    # descriptor does not depend on the chunk it is embedded in).
+    n_chunks = max(1, min(len(distinct) // 16, 4 * executor.workers))
     bounds = np.linspace(0, len(distinct), n_chunks + 1).astype(int)
     progress = Progress("partition: face descriptors").start(len(distinct))
     E = np.vstack(executor.map(stages.embed_faces, [dict(pixels=distinct[a:b], shape=tuple(shape_hw))
