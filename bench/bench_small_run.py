@@ -55,11 +55,11 @@ from deid.settings import Settings
 config = RunConfig.resolve(Settings(), k=int(sys.argv[2]))
 if sys.argv[3] == "pool":
     import contextlib
-    from deid.operations.executors import PoolExecutor
+    from deid.operations.executors import PoolExecutor, warm_validation
 
     @contextlib.contextmanager
     def pool(cfg):
-        ex = PoolExecutor(cfg.dask_workers)
+        ex = PoolExecutor(cfg.dask_workers, validate=warm_validation)
         try:
             yield ex
         finally:

@@ -15,7 +15,7 @@ def whoami(**kwargs) -> tuple[int, dict]:
 
 
 def test_call_remote_runs_on_a_pool_process_once_it_is_warm_and_here_otherwise():
-    pool = PoolExecutor(2, warm=functools.partial(time.sleep, 1.5))
+    pool = PoolExecutor(2, warm=None, validate=functools.partial(time.sleep, 1.5))
     try:
         assert pool.call_remote(whoami, a=1)[0] == os.getpid()  # still warming up (a busy machine): not waited for
         concurrent.futures.wait(pool._warming)

@@ -79,21 +79,21 @@ def _worker_start(parent: int) -> None:
             os._exit(1)
 
 
-def warm_worker(*, recognizer: bool = True, validation: bool = True) -> None:
+def warm_validation() -> None:
+    """Great Expectations imported and its context made (~2 s of CPU): a pool process's first warm-up job."""
+    from deid.evaluation.validation import _gx  # noqa: PLC0415
+
+    _gx()
+
+
+def warm_worker(*, recognizer: bool = True) -> None:
     """What every stage needs, imported before the first call arrives; the dlib recogniser loaded if asked.
 
     Only a run whose identity check embeds its faces needs the recogniser early (partition); a
-    later use (a gate attack in this process) loads it then. ``validation``: Great Expectations
-    imported and its context made (~2 s of CPU), in the order the run needs them: the run's
-    validation suites come here (:meth:`PoolExecutor.call_remote`), so the run's own process
-    never imports it.
+    later use (a gate attack in this process) loads it then.
     """
     import deid.operations.stages  # noqa: F401, PLC0415
 
-    if validation:
-        from deid.evaluation.validation import _gx  # noqa: PLC0415
-
-        _gx()
     if recognizer:
         from deid.evaluation.recognizer import _dlib_model  # noqa: PLC0415
 
@@ -111,7 +111,8 @@ class PoolExecutor:
     free. Results come back in the order of ``calls`` and are what the same functions return on Dask.
     """
 
-    def __init__(self, workers: int = 2, *, warm: Callable[[], None] | None = warm_worker):
+    def __init__(self, workers: int = 2, *, warm: Callable[[], None] | None = warm_worker,
+                 validate: Callable[[], None] | None = None):
         import os  # noqa: PLC0415
 
         self.workers = max(1, int(workers))
@@ -123,8 +124,12 @@ class PoolExecutor:
 
             self._pool = ProcessPoolExecutor(self.workers - 1, mp_context=multiprocessing.get_context("spawn"),
                                              initializer=_worker_start, initargs=(os.getpid(),))
+            if validate is not None:
+                # First: the run's first validation suite comes soon after it starts (call_remote).
+                self._warming = [self._pool.submit(validate) for _ in range(self.workers - 1)]
             if warm is not None:
-                self._warming = [self._pool.submit(warm) for _ in range(self.workers - 1)]
+                for _ in range(self.workers - 1):
+                    self._pool.submit(warm)
 
     def map(self, fn, calls, *, on_done=None):
         calls = list(calls)
@@ -198,13 +203,14 @@ class PoolExecutor:
         return obj  # sent with each call (few calls per stage on a small drop)
 
     def call_remote(self, fn, /, **kwargs):
-        """``fn(**kwargs)`` on a pool process once it has warmed up, else here (and here without a pool).
+        """``fn(**kwargs)`` on a pool process once its ``validate`` warm-up is done, else here.
 
-        For work the pool processes warmed up for (the validation suites: Great Expectations is
-        imported there while this process starts the run), so this process does not pay for it;
-        a pool still warming up (a busy machine) is not waited for.
+        For the validation suites (``validate=warm_validation``: the pool processes import Great
+        Expectations first, while this process starts the run), so this process does not pay for
+        it; a pool still importing it (a busy machine) is not waited for. Here too without a
+        pool, or without ``validate``.
         """
-        if self._pool is None or not all(f.done() for f in self._warming):
+        if self._pool is None or not self._warming or not all(f.done() for f in self._warming):
             return fn(**kwargs)
         return self._pool.submit(fn, **kwargs).result()
 

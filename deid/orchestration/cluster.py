@@ -18,6 +18,7 @@ from deid.operations.executors import (  # noqa: F401 (client_for re-exported)
     PoolExecutor,
     client_for,
     close_client,
+    warm_validation,
     warm_worker,
 )
 
@@ -83,7 +84,7 @@ def needs_recognizer(config, drop: str | Path | None) -> bool:
 
 
 def _pool(workers: int, *, recognizer: bool) -> PoolExecutor:
-    return PoolExecutor(workers, warm=partial(warm_worker, recognizer=recognizer))
+    return PoolExecutor(workers, warm=partial(warm_worker, recognizer=recognizer), validate=warm_validation)
 
 
 def prestart_pool(workers: int, *, recognizer: bool = True) -> PoolExecutor:
