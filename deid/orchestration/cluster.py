@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import logging
+import sys
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -84,7 +85,10 @@ def needs_recognizer(config, drop: str | Path | None) -> bool:
 
 
 def _pool(workers: int, *, recognizer: bool) -> PoolExecutor:
-    return PoolExecutor(workers, warm=partial(warm_worker, recognizer=recognizer), validate=warm_validation)
+    # The pool validates only for a process that has not imported Great Expectations (a served
+    # process keeps it from its first run).
+    validate = None if "great_expectations" in sys.modules else warm_validation
+    return PoolExecutor(workers, warm=partial(warm_worker, recognizer=recognizer), validate=validate)
 
 
 def prestart_pool(workers: int, *, recognizer: bool = True) -> PoolExecutor:
