@@ -1,15 +1,18 @@
 """Gate cost at scale: seconds and peak RSS of the gate at 2,000 / 20,000 / 100,000 faces.
 
 Usage: .venv/bin/python bench/bench_gate.py [--sizes 2000,20000,100000] [--k 5] [--attackers all|fast]
+[--align-max 20000]
 
 Each size runs in two child processes: one writes the synthetic staging, a fresh one runs the gate,
 so the printed peak RSS (VmHWM) is the gate's alone (the writer's is printed beside it): smooth
 random 81x92 faces, two per person, grouped into k-Same clusters of k distinct people, written in
 the staging layout the flow uses (a Hive label partition + its de-identified part), then
 ``deid.operations.stages.gate_records`` (streamed) + ``deid.evaluation.gate.evaluate`` exactly as the gate task runs
-them. The baseline measured in the same run is the align stage on a synthetic JPEG drop (the
-manifest's eye points, one core): the gate's seconds are printed next to the projected time to
-align the same number of faces on the flow's 2 workers.
+them. Printed per size: the gate's wall seconds, CPU seconds (user + sys) and peak RSS, and the
+align stage's CPU on the same number of faces (a synthetic JPEG drop, the manifest's eye points,
+one core; measured at that size up to ``--align-max``, else 1,000 faces' CPU per face x faces),
+its wall on the flow's 2 workers (CPU / 2) and the ratios (issue 9: the gate at 100,000 faces
+takes less time than aligning them and stays under 2 GiB).
 """
 from __future__ import annotations
 
@@ -35,6 +38,14 @@ def _peak_rss_mib() -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
+
+
+def _cpu() -> float:
+    """User + sys seconds of this process (its threads included)."""
+    import resource  # noqa: PLC0415
+
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 def write_staging(work: Path, n_people: int, k: int, seed: int = 0) -> tuple[str, list[str]]:
@@ -87,9 +98,9 @@ def child(n_faces: int, k: int, attackers: str, work: str) -> None:
     from deid.operations.stages import gate_records
 
     root, parts = str(Path(work) / "partitions"), [str(Path(work) / "deidentified" / "partition=p000.parquet")]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     rec = gate_records(root, parts, labels=[])
-    t_load = time.perf_counter() - t0
+    t_load, c_load = time.perf_counter() - t0, _cpu() - c0
     load_peak = _peak_rss_mib()
     inputs = GateInputs(shape=SHAPE, people=rec.people, image_index=rec.image_index,
                         own_distance=rec.own_distance, fetch=rec.fetch, clusters=rec.clusters,
@@ -98,10 +109,11 @@ def child(n_faces: int, k: int, attackers: str, work: str) -> None:
     names = None if attackers == "all" else ("pca-mahalanobis", "pca-whitened-cosine", "fisherfaces", "lbp-chi2",
                                              "release-refit-pca")
     config = GateConfig(k=k, method="k-same", attackers=names)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu()
     result = evaluate(inputs, config)
-    t_eval = time.perf_counter() - t0
+    t_eval, c_eval = time.perf_counter() - t0, _cpu() - c0
     print(json.dumps({"faces": len(rec.people), "load_s": round(t_load, 2), "evaluate_s": round(t_eval, 2),
+                      "cpu_s": round(c_load + c_eval, 2), "loadavg": os.getloadavg()[0],
                       "peak_rss_mib": round(_peak_rss_mib(), 1), "load_peak_rss_mib": round(load_peak, 1),
                       "passed": result.passed, "max_rate": result.max_rate, "sample": result.attack_sample}))
 
@@ -111,8 +123,8 @@ def writer(n_faces: int, k: int, work: str) -> None:
     print(json.dumps({"staging_peak_rss_mib": round(_peak_rss_mib(), 1)}))
 
 
-def align_ms_per_face(n: int = 1000) -> float:
-    """The align stage on a synthetic JPEG drop (manifest eye points), one core: ms per face."""
+def align_cost(n: int = 1000) -> tuple[float, float]:
+    """The align stage on a synthetic JPEG drop of ``n`` faces (manifest eye points), one core: (wall, CPU) ms per face."""
     import pyarrow.parquet as pq
 
     from deid.intake.drop import read_drop
@@ -129,9 +141,9 @@ def align_ms_per_face(n: int = 1000) -> float:
         drop = make_synthetic_drop(Path(tmp) / "drop", people=n // 2, images_per_person=2, seed=1)
         res = ingest(read_drop(drop), Path(tmp) / "ingested.parquet", batch_size=250)
         groups = list(range(pq.ParquetFile(res.path).num_row_groups))
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu()
         align_batch(str(res.path), groups, str(Path(tmp) / "aligned.parquet"), params)
-        return 1000 * (time.perf_counter() - t0) / n
+        return 1000 * (time.perf_counter() - t0) / n, 1000 * (_cpu() - c0) / n
 
 
 def main() -> None:
@@ -139,6 +151,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="2000,20000,100000")
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--attackers", choices=("all", "fast"), default="all")
+    ap.add_argument("--align-max", type=int, default=20000,
+                    help="measure align on that many faces up to this size (above: the 1,000-face baseline per face)")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--writer", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--work", default=None, help=argparse.SUPPRESS)
@@ -149,10 +163,13 @@ def main() -> None:
     if a.child:
         child(a.child, a.k, a.attackers, a.work)
         return
-    align_ms = align_ms_per_face()
-    print(f"baseline: align stage {align_ms:.3f} ms/face on one core (synthetic JPEG, manifest eyes)")
-    print(f"{'faces':>8} {'load s':>8} {'evaluate s':>10} {'gate s':>8} {'align s (2 workers)':>20} "
-          f"{'gate/align':>10} {'peak RSS MiB':>12} {'after load':>10}")
+    align_ms, align_cpu_ms = align_cost()
+    print(f"baseline: align stage {align_ms:.3f} ms/face wall, {align_cpu_ms:.3f} ms/face CPU on one core "
+          f"(1,000 synthetic JPEG faces, manifest eyes); load average {os.getloadavg()[0]:.1f}")
+    print("align at a size <= --align-max is measured on that many faces, one core; above it, the baseline's CPU "
+          "per face x faces. 'align 2 workers' = align CPU / 2 (the flow's 2 workers, perfectly shared).")
+    print(f"{'faces':>8} {'gate s':>8} {'gate CPU s':>10} {'peak RSS MiB':>12} {'align CPU s':>11} "
+          f"{'align 2 workers s':>17} {'gate/align':>10} {'gate CPU/align CPU':>18}  details")
     for n in (int(x) for x in a.sizes.split(",")):
         with tempfile.TemporaryDirectory() as work:
             w = json.loads(subprocess.run([sys.executable, __file__, "--writer", str(n), "--k", str(a.k), "--work", work],
@@ -161,11 +178,19 @@ def main() -> None:
                                   a.attackers, "--work", work], capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
         gate_s = r["load_s"] + r["evaluate_s"]
-        align_s = align_ms * n / 1000 / 2
-        print(f"{r['faces']:>8} {r['load_s']:>8.2f} {r['evaluate_s']:>10.2f} {gate_s:>8.2f} {align_s:>20.2f} "
-              f"{gate_s / align_s:>10.2f} {r['peak_rss_mib']:>12.1f} {r['load_peak_rss_mib']:>10.1f}   "
-              f"(writing the staging, another process: {w['staging_peak_rss_mib']:.0f} MiB; passed={r['passed']}, "
-              f"attacked {r['sample']['records']} of {r['sample']['of']})")
+        if n <= a.align_max:
+            _, per_face_cpu = align_cost(n)
+            how = "measured"
+        else:
+            per_face_cpu, how = align_cpu_ms, "baseline x faces"
+        align_cpu = per_face_cpu * n / 1000
+        align_s = align_cpu / 2
+        print(f"{r['faces']:>8} {gate_s:>8.2f} {r['cpu_s']:>10.2f} {r['peak_rss_mib']:>12.1f} {align_cpu:>11.2f} "
+              f"{align_s:>17.2f} {gate_s / align_s:>10.2f} {r['cpu_s'] / align_cpu:>18.2f}  "
+              f"(load {r['load_s']:.2f} s + evaluate {r['evaluate_s']:.2f} s; align {how}; RSS after load "
+              f"{r['load_peak_rss_mib']:.0f} MiB; writing the staging, another process: "
+              f"{w['staging_peak_rss_mib']:.0f} MiB; passed={r['passed']}, attacked {r['sample']['records']} of "
+              f"{r['sample']['of']}; load average {r['loadavg']:.1f})", flush=True)
 
 
 if __name__ == "__main__":

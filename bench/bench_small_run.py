@@ -55,11 +55,11 @@ from deid.settings import Settings
 config = RunConfig.resolve(Settings(), k=int(sys.argv[2]))
 if sys.argv[3] == "pool":
     import contextlib
-    from deid.operations.executors import PoolExecutor
+    from deid.operations.executors import PoolExecutor, warm_validation
 
     @contextlib.contextmanager
     def pool(cfg):
-        ex = PoolExecutor(cfg.dask_workers)
+        ex = PoolExecutor(cfg.dask_workers, validate=warm_validation)
         try:
             yield ex
         finally:
@@ -113,6 +113,10 @@ def run_once(cmd: list[str], env: dict, *, label: str) -> dict:
                 marks.setdefault("flow_started", round(now, 2))
             elif line.startswith("deid run: prefect"):
                 marks.setdefault("prefect_ready", round(now, 2))
+            elif "prefect.flow_runs" in line and "Finished in state" in line:
+                marks.setdefault("flow_finished", round(now, 2))
+            elif line.startswith("deid run: stage seconds"):
+                marks.setdefault("summary", round(now, 2))
 
     reader = threading.Thread(target=read_err, daemon=True)
     reader.start()

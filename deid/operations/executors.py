@@ -42,11 +42,32 @@ class LocalExecutor:
         return obj
 
 
-def _worker_start(parent: int) -> None:
-    """Initializer of a :class:`PoolExecutor` process: die with the run (Linux), one BLAS thread."""
+def _exit_at_once() -> None:
+    """Last exit handler of a pool process: its work is returned; skip the interpreter's teardown.
+
+    Tearing down what the process imported (dlib, Great Expectations, scikit-learn, ...) costs
+    seconds of CPU on a busy machine, and the run waits for it when it closes the pool.
+    """
+    import logging  # noqa: PLC0415
     import os  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001, S110 - a closed stream: nothing to flush
+            pass
+    os._exit(0)
+
+
+def _worker_start(parent: int) -> None:
+    """Initializer of a :class:`PoolExecutor` process: die with the run (Linux), one BLAS thread, a quick exit."""
+    import atexit  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    atexit.register(_exit_at_once)  # before anything the process imports: runs after their exit handlers
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     if sys.platform.startswith("linux"):
@@ -56,6 +77,13 @@ def _worker_start(parent: int) -> None:
         ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: a killed run leaves no worker
         if os.getppid() != parent:
             os._exit(1)
+
+
+def warm_validation() -> None:
+    """Great Expectations imported and its context made (~2 s of CPU): a pool process's first warm-up job."""
+    from deid.evaluation.validation import _gx  # noqa: PLC0415
+
+    _gx()
 
 
 def warm_worker(*, recognizer: bool = True) -> None:
@@ -83,17 +111,22 @@ class PoolExecutor:
     free. Results come back in the order of ``calls`` and are what the same functions return on Dask.
     """
 
-    def __init__(self, workers: int = 2, *, warm: Callable[[], None] | None = warm_worker):
+    def __init__(self, workers: int = 2, *, warm: Callable[[], None] | None = warm_worker,
+                 validate: Callable[[], None] | None = None):
         import os  # noqa: PLC0415
 
         self.workers = max(1, int(workers))
         self._pool = None
+        self._warming: list = []
         if self.workers > 1:
             import multiprocessing  # noqa: PLC0415
             from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
 
             self._pool = ProcessPoolExecutor(self.workers - 1, mp_context=multiprocessing.get_context("spawn"),
                                              initializer=_worker_start, initargs=(os.getpid(),))
+            if validate is not None:
+                # First: the run's first validation suite comes soon after it starts (call_remote).
+                self._warming = [self._pool.submit(validate) for _ in range(self.workers - 1)]
             if warm is not None:
                 for _ in range(self.workers - 1):
                     self._pool.submit(warm)
@@ -168,6 +201,18 @@ class PoolExecutor:
 
     def share(self, obj):
         return obj  # sent with each call (few calls per stage on a small drop)
+
+    def call_remote(self, fn, /, **kwargs):
+        """``fn(**kwargs)`` on a pool process once its ``validate`` warm-up is done, else here.
+
+        For the validation suites (``validate=warm_validation``: the pool processes import Great
+        Expectations first, while this process starts the run), so this process does not pay for
+        it; a pool still importing it (a busy machine) is not waited for. Here too without a
+        pool, or without ``validate``.
+        """
+        if self._pool is None or not self._warming or not all(f.done() for f in self._warming):
+            return fn(**kwargs)
+        return self._pool.submit(fn, **kwargs).result()
 
     def close(self) -> None:
         if self._pool is not None:

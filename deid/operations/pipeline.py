@@ -114,13 +114,30 @@ def recover_leftovers(config: RunConfig, *, logger: Logger | None = None) -> tup
 # --------------------------------------------------------------------------- ingest -> align -> featurize
 
 
+def validate_off_main(executor: Executor | None, fn, /, **kwargs):
+    """A validation suite ``fn(**kwargs)`` on a small run's pool process (Great Expectations imported there
+    while this process started the run), else here."""
+    remote = getattr(executor, "call_remote", None)
+    return remote(fn, **kwargs) if remote is not None else fn(**kwargs)
+
+
+def validate_drop(drop, metadata: pa.Table) -> dict:
+    """The manifest's and the ingested table's validation suites."""
+    from deid.evaluation.validation import validate_ingested, validate_manifest  # noqa: PLC0415
+
+    return {"manifest": validate_manifest(drop), "ingested": validate_ingested(metadata, drop.labels)}
+
+
 def ingest_drop(drop_dir: str | Path, layout: StagingLayout, config: RunConfig, *,
-                logger: Logger | None = None) -> Ingested | UnreadableDrop:
-    """Validate the manifest and stage the image bytes as Parquet; an unreadable drop is a verdict, not a crash."""
+                logger: Logger | None = None, executor: Executor | None = None) -> Ingested | UnreadableDrop:
+    """Validate the manifest and stage the image bytes as Parquet; an unreadable drop is a verdict, not a crash.
+
+    ``executor``: a small run's pool runs the validation suites (:func:`validate_off_main`).
+    """
     from deid.intake.drop import read_drop  # noqa: PLC0415
     from deid.intake.ingest import ingest  # noqa: PLC0415
     from deid.reporting.report import dataset_fingerprint  # noqa: PLC0415
-    from deid.evaluation.validation import drop_checks, suite_check, validate_ingested, validate_manifest  # noqa: PLC0415
+    from deid.evaluation.validation import drop_checks, suite_check  # noqa: PLC0415
 
     lg = logger or log
     try:
@@ -134,7 +151,7 @@ def ingest_drop(drop_dir: str | Path, layout: StagingLayout, config: RunConfig, 
     names = pq.read_schema(res.path).names
     metadata = pq.read_table(res.path, columns=[c for c in names if c != "data"])
     people = len(set(metadata.column("subject_id").to_pylist()))
-    validation = {"manifest": validate_manifest(drop), "ingested": validate_ingested(metadata, drop.labels)}
+    validation = validate_off_main(executor, validate_drop, drop=drop, metadata=metadata)
     quarantined = (*drop.quarantined, *res.quarantined)
     lg.info(f"ingest: {res.n_records} of {drop.records_in} records staged, {len(quarantined)} quarantined")
     if drop.extra_columns:
@@ -170,7 +187,8 @@ def align(ingested: Ingested, layout: StagingLayout, config: RunConfig, executor
     quarantined = tuple(q for r in results for q in r.quarantined)
     lg.info(f"align: {sum(sources.values())} aligned ({dict(sources)}), {len(quarantined)} quarantined")
     w, h = config.aligner.size
-    validation = validate_aligned([str(p) for p in parts], pixel_bytes=int(w) * int(h)) if parts else None
+    validation = validate_off_main(executor, validate_aligned, paths=[str(p) for p in parts],
+                                   pixel_bytes=int(w) * int(h)) if parts else None
     return Aligned(parts=parts, quarantined=quarantined, eye_sources=dict(sources), validation=validation,
                    checks=(suite_check(validation),) if validation else ())
 
@@ -235,7 +253,9 @@ def embed_faces(faces: pa.Table, shape_hw: tuple[int, int], executor: Executor) 
     first: dict[bytes, int] = {}
     of = np.fromiter((first.setdefault(p, len(first)) for p in pixels), dtype=np.int64, count=len(pixels))
     distinct = list(first)
-    n_chunks = max(1, min(len(distinct) // 16, 2 * executor.workers))
+    # ~4 chunks per worker (of at least 16 faces): the processes finish close together (a face's
+    # descriptor does not depend on the chunk it is embedded in).
+    n_chunks = max(1, min(len(distinct) // 16, 4 * executor.workers))
     bounds = np.linspace(0, len(distinct), n_chunks + 1).astype(int)
     progress = Progress("partition: face descriptors").start(len(distinct))
     E = np.vstack(executor.map(stages.embed_faces, [dict(pixels=distinct[a:b], shape=tuple(shape_hw))
@@ -613,8 +633,11 @@ def lineage_label_mix(lineage: LineageApplied, rows: ReleaseRows, labels: Sequen
 
 
 def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout, config: RunConfig, *,
-          release_id: str, lineage: LineageApplied | None = None, logger: Logger | None = None) -> Staged:
+          release_id: str, lineage: LineageApplied | None = None, logger: Logger | None = None,
+          executor: Executor | None = None) -> Staged:
     """Write the would-be release inside the run's staging directory and validate exactly that.
+
+    ``executor``: a small run's pool runs the validation suite (:func:`validate_off_main`).
 
     Never inside ``data/releases/``: a run killed before publishing leaves nothing there. With a
     lineage, the counterfeit records of its republished clusters are added (stored average,
@@ -642,7 +665,8 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
         lineage_checks_ = ()
         if lineage is not None:
             label_sets, lineage_checks_ = lineage_label_mix(lineage, rows, labels, label_sets)
-        validation = validate_release(staged.path / RELEASE_TABLE, list(labels), k=config.k, label_sets=label_sets)
+        validation = validate_off_main(executor, validate_release, release=staged.path / RELEASE_TABLE,
+                                       labels=list(labels), k=config.k, label_sets=label_sets)
         file_metadata = release_files_metadata(staged.path)
         key, key_path, origin = linkage_key(config)
         write_linkage(layout.linkage, build_linkage(staged.mapping, sources_from_ingested(ingested.metadata)), key,

@@ -170,23 +170,25 @@ class _Run:
 
     def walk(self, cluster: Callable[[RunConfig], ContextManager[Executor]]) -> RunResult:
         s, config, layout, timings = self.steps, self.config, self.layout, {}
-        with _timed(timings, "ingest"):
-            ing = s.ingest(self.drop, layout, config)
-        if isinstance(ing, UnreadableDrop):
-            return self.unreadable(ing)
-        fault_point("ingest")
-        # Successive releases of one dataset (deid.release.lineage): only methods that give every cluster member
-        # the identical image have registered averages to keep; the others are gated on their own.
-        lineage_state = s.open_lineage(ing.dataset, config) if config.lineage_applies else None
-        notes = []
-        if config.spec.partitions_by_labels and not ing.labels:
-            notes.append(f"{config.method} without utility labels runs as k-Same (one partition); utility is not "
-                         "applicable")
-            self.logger.warning("%s", notes[-1])
-        aligned, part, deid, lin = Aligned(), Partitioned(root=layout.partitions_dir), Deidentified(), None
         t0 = time.perf_counter()
+        # The executor first: a small run's pool validates the ingested drop (Great Expectations is
+        # imported there while this process starts the run).
         with cluster(config) as executor:
             timings["cluster_start"] = round(time.perf_counter() - t0, 4)
+            with _timed(timings, "ingest"):
+                ing = s.ingest(self.drop, layout, config, executor=executor)
+            if isinstance(ing, UnreadableDrop):
+                return self.unreadable(ing)
+            fault_point("ingest")
+            # Successive releases of one dataset (deid.release.lineage): only methods that give every cluster
+            # member the identical image have registered averages to keep; the others are gated on their own.
+            lineage_state = s.open_lineage(ing.dataset, config) if config.lineage_applies else None
+            notes = []
+            if config.spec.partitions_by_labels and not ing.labels:
+                notes.append(f"{config.method} without utility labels runs as k-Same (one partition); utility is "
+                             "not applicable")
+                self.logger.warning("%s", notes[-1])
+            aligned, part, deid, lin = Aligned(), Partitioned(root=layout.partitions_dir), Deidentified(), None
             if ing.proceed:
                 with _timed(timings, "align"):
                     aligned = s.align(ing, layout, config, executor)
@@ -220,7 +222,8 @@ class _Run:
         staged = None
         if deid.parts:
             with _timed(timings, "stage"):
-                staged = s.stage(deid, ing, self.layout, config, release_id=self.release_id, lineage=lin)
+                staged = s.stage(deid, ing, self.layout, config, release_id=self.release_id, lineage=lin,
+                                 executor=executor)
         extra_checks = (*ing.checks, *aligned.checks, *(lin.checks if lin else ()), *(staged.checks if staged else ()))
         validation = {**ing.validation, **({"aligned": aligned.validation} if aligned.validation else {}),
                       **({"release": staged.validation} if staged else {})}

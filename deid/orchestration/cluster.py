@@ -9,17 +9,17 @@ from __future__ import annotations
 import contextlib
 import csv
 import logging
+import sys
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
-
-from distributed import LocalCluster
 
 from deid.operations.executors import (  # noqa: F401 (client_for re-exported)
     DaskExecutor,
     PoolExecutor,
     client_for,
     close_client,
+    warm_validation,
     warm_worker,
 )
 
@@ -37,6 +37,8 @@ def dask_cluster(address: str | None, *, workers: int = 2) -> Iterator[str]:
     if address:
         yield address
         return
+    from distributed import LocalCluster  # noqa: PLC0415 - ~1 s of imports; `deid run` imports this module early
+
     # The scheduler lives in this process; its start-up and per-connection INFO lines would bury
     # the run's progress.
     for name in ("distributed", "distributed.scheduler", "distributed.core", "distributed.nanny",
@@ -83,7 +85,10 @@ def needs_recognizer(config, drop: str | Path | None) -> bool:
 
 
 def _pool(workers: int, *, recognizer: bool) -> PoolExecutor:
-    return PoolExecutor(workers, warm=partial(warm_worker, recognizer=recognizer))
+    # The pool validates only for a process that has not imported Great Expectations (a served
+    # process keeps it from its first run).
+    validate = None if "great_expectations" in sys.modules else warm_validation
+    return PoolExecutor(workers, warm=partial(warm_worker, recognizer=recognizer), validate=validate)
 
 
 def prestart_pool(workers: int, *, recognizer: bool = True) -> PoolExecutor:
@@ -128,5 +133,23 @@ def dask_executor(config, *, drop: str | Path | None = None) -> Iterator[DaskExe
         finally:
             pool.close()
         return
-    with dask_cluster(config.dask_address, workers=config.dask_workers) as address:
-        yield DaskExecutor(address)
+    with contextlib.ExitStack() as stack:
+        yield _LazyDaskExecutor(lambda: stack.enter_context(dask_cluster(config.dask_address,
+                                                                          workers=config.dask_workers)))
+
+
+class _LazyDaskExecutor(DaskExecutor):
+    """A :class:`DaskExecutor` whose cluster starts at its first use (a drop found unreadable starts none)."""
+
+    def __init__(self, start):  # noqa: D107 - no super().__init__: the address comes from start()
+        self._start = start
+        self._address = None
+
+    @property
+    def address(self) -> str:
+        if self._address is None:
+            self._address = self._start()
+        return self._address
+
+    def __repr__(self) -> str:
+        return f"DaskExecutor({self._address or 'not started'!r})"
