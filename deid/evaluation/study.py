@@ -362,7 +362,8 @@ def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray
             raise ConfigError(f"{name} has {len(col)} entries but pixels has {n} rows; one entry per record")
     if kind == "features" and (points is not None or sequences is not None):
         raise ConfigError("points and sequences are face-image inputs; a feature drop has neither")
-    data = _PointData(pixels, people, labs, _partition_keys(labs, names, n), tuple(shape), chosen, cfg.gate, kind,
+    data = _PointData(pixels=pixels, people=people, labels=labs, shape=tuple(shape),
+                      partitions=_partition_keys(labs, names, n), examples=chosen, gate=cfg.gate, kind=kind,
                       points=None if points is None else list(points),
                       sequences=None if sequences is None else list(sequences),
                       frames=None if frames is None else list(frames))
@@ -394,25 +395,14 @@ def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray
                        shape=tuple(shape))
 
 
-@dataclass(frozen=True)
-class _PointData:
-    """What every point of a study shares: the faces, their people, labels and partitions."""
+@dataclass(frozen=True, kw_only=True)
+class _PointData(StudyDrop):
+    """What every point of a study shares: the drop's records plus their partitions, examples and gate."""
 
-    pixels: np.ndarray
-    people: np.ndarray
-    labels: dict[str, np.ndarray]
     partitions: np.ndarray
-    shape: tuple[int, ...]
     examples: np.ndarray
     gate: GateConfig
     kind: str = "images"
-    points: list | None = None
-    sequences: list | None = None
-    frames: list | None = None
-
-    @property
-    def inputs(self) -> MethodInputs:
-        return MethodInputs.of(points=self.points, sequences=self.sequences)
 
 
 _WORKER_DATA: _PointData | None = None
