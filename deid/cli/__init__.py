@@ -459,11 +459,9 @@ def _exit_without_teardown() -> None:
     """
     if not _exit_code:
         return
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(_exit_code[0])
+    from deid.operations.executors import exit_without_teardown  # noqa: PLC0415
+
+    exit_without_teardown(_exit_code[0])
 
 
 def main(argv: list[str] | None = None) -> int:

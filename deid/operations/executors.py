@@ -42,13 +42,13 @@ class LocalExecutor:
         return obj
 
 
-def _exit_at_once() -> None:
-    """Last exit handler of a pool process: its work is returned; skip the interpreter's teardown.
+def exit_without_teardown(code: int = 0) -> None:
+    """End this process now with ``code``: logs shut down and stdio flushed, the interpreter not torn down.
 
-    Tearing down what the process imported (dlib, Great Expectations, scikit-learn, ...) costs
-    seconds of CPU on a busy machine, and the run waits for it when it closes the pool.
+    For a process's last exit handler (a pool process, a ``deid run``): tearing down what it
+    imported (dlib, Great Expectations, scikit-learn, Prefect...) costs seconds of CPU on a busy
+    machine, and whoever waits for the process waits for that.
     """
-    import logging  # noqa: PLC0415
     import os  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
@@ -58,7 +58,7 @@ def _exit_at_once() -> None:
             stream.flush()
         except Exception:  # noqa: BLE001, S110 - a closed stream: nothing to flush
             pass
-    os._exit(0)
+    os._exit(code)
 
 
 def _worker_start(parent: int) -> None:
@@ -67,7 +67,7 @@ def _worker_start(parent: int) -> None:
     import os  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    atexit.register(_exit_at_once)  # before anything the process imports: runs after their exit handlers
+    atexit.register(exit_without_teardown)  # before anything the process imports: runs after their exit handlers
     for var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(var, "1")
     if sys.platform.startswith("linux"):
