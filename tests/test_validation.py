@@ -156,6 +156,10 @@ def test_release_suite_k_forbidden_columns_and_labels(tmp_path):
     small = good.iloc[:-1]  # the last cluster now has k - 1 records
     assert _failed(validate_release(small, ["gender"], label_sets=sets, k=3)) == {
         ("expect_column_values_to_be_between", "_cluster_size"): 2}
+    # A method without clusters (blur, the selective mean) releases one record per cluster id: floor 1.
+    singletons = good.assign(cluster_id=[f"c{i}" for i in range(len(good))])
+    assert validate_release(singletons, ["gender"], label_sets=sets, k=3, clustered=False).success
+    assert not validate_release(singletons, ["gender"], label_sets=sets, k=3).success
 
     leaky = good.assign(subject_id="p1", gender=["x"] + list(good["gender"][1:]))
     failed = _failed(validate_release(leaky, ["gender"], label_sets=sets, k=3))

@@ -405,13 +405,25 @@ def observed_label_sets(ingested_path: str | Path, labels: list[str]) -> dict[st
     return {x: sorted(str(v) for v in pc.unique(t.column(x)).to_pylist() if v is not None) for x in labels}
 
 
-def validate_release(release, labels: list[str], *, label_sets: dict[str, list], k: int) -> SuiteResult:
+def cluster_size_floor(k: int, *, clustered: bool) -> int:
+    """The release suites' smallest allowed cluster: ``k``, or 1 for a method without clusters.
+
+    A method without clusters (blur, the selective mean, feature noise...) releases one record per
+    cluster id: the gate's min_cluster_size is not applicable there, and a floor of k would fail
+    every row as a second rejection reason next to the gate's own verdict.
+    """
+    return int(k) if clustered else 1
+
+
+def validate_release(release, labels: list[str], *, label_sets: dict[str, list], k: int,
+                     clustered: bool = True) -> SuiteResult:
     """Run the ``release`` suite on a release table (path to release.parquet, pyarrow Table or DataFrame)."""
     if isinstance(release, (str, Path)):
         import pyarrow.parquet as pq  # noqa: PLC0415
 
         release = pq.read_table(release)
-    return run_suite("release", release, labels=list(labels), label_sets=label_sets, k=int(k))
+    return run_suite("release", release, labels=list(labels), label_sets=label_sets,
+                     k=cluster_size_floor(k, clustered=clustered))
 
 
 # --------------------------------------------------------------------------------------------- feature drops
@@ -477,12 +489,12 @@ def validate_feature_table(drop, *, staged: bool = False) -> SuiteResult:
 
 
 def validate_feature_release(release, labels: list[str], *, label_sets: dict[str, list], k: int, dim: int,
-                             source_record_ids: list[str]) -> SuiteResult:
+                             source_record_ids: list[str], clustered: bool = True) -> SuiteResult:
     """Run the ``feature_release`` suite on a feature release table (path to release.parquet or a pyarrow Table).
 
     No column but ``record_id``, ``cluster_id``, the labels and ``features``; record ids fresh
-    (random hex, none of ``source_record_ids``) and unique; clusters of at least ``k`` rows;
-    vectors of ``dim`` finite values; labels in ``label_sets``.
+    (random hex, none of ``source_record_ids``) and unique; clusters of at least ``k`` rows
+    (:func:`cluster_size_floor`); vectors of ``dim`` finite values; labels in ``label_sets``.
     """
     if isinstance(release, (str, Path)):
         import pyarrow.parquet as pq  # noqa: PLC0415
@@ -493,7 +505,8 @@ def validate_feature_release(release, labels: list[str], *, label_sets: dict[str
     spec = load_suite("feature_release")["meta"]["deid"]
     allowed = [c for c in FEATURE_RELEASE_BASE_COLUMNS if c != "features"] + list(labels) + spec["derived"]
     table = vector_columns(release, "features") if "features" in release.column_names else release
-    return run_suite("feature_release", table, labels=list(labels), label_sets=label_sets, k=int(k), dim=int(dim),
+    return run_suite("feature_release", table, labels=list(labels), label_sets=label_sets,
+                     k=cluster_size_floor(k, clustered=clustered), dim=int(dim),
                      source_record_ids=sorted(map(str, source_record_ids)), allowed_columns=allowed)
 
 

@@ -526,7 +526,7 @@ def stage_features(ingested: FeatureIngest, deid: FeatureDeidentified, layout: S
             label_sets, lineage_checks_ = lineage_label_mix(lineage, rows, drop.labels, label_sets)
         validation = validate_feature_release(
             tmp / RELEASE_TABLE, list(drop.labels), k=config.k, dim=drop.dim, label_sets=label_sets,
-            source_record_ids=[*drop.record_ids, *drop.source_ids])
+            source_record_ids=[*drop.record_ids, *drop.source_ids], clustered=config.spec.clustered)
         key, key_path, origin = linkage_key(config)
         sources = {drop.record_ids[i]: {"subject_id": drop.subject_ids[i], "image": drop.source_ids[i]}
                    for i in deid.rows}

@@ -665,10 +665,8 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
         lineage_checks_ = ()
         if lineage is not None:
             label_sets, lineage_checks_ = lineage_label_mix(lineage, rows, labels, label_sets)
-        # A method without clusters (blur, the selective mean...) releases one record per cluster id: the
-        # gate's min_cluster_size is not applicable there, so the suite's cluster-size floor is 1, not k.
         validation = validate_off_main(executor, validate_release, release=staged.path / RELEASE_TABLE,
-                                       labels=list(labels), k=config.k if config.spec.clustered else 1,
+                                       labels=list(labels), k=config.k, clustered=config.spec.clustered,
                                        label_sets=label_sets)
         file_metadata = release_files_metadata(staged.path)
         key, key_path, origin = linkage_key(config)
