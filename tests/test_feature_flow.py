@@ -59,6 +59,18 @@ def test_run_release_releases_a_feature_drop_with_the_image_runs_result(feature_
     assert "released feature vectors" in (res.report_dir / "report.html").read_text().lower()
 
 
+def test_feature_multi_factor_cells_carry_the_exact_bound_the_gate_found(feature_drop, project):
+    from deid.operations.runner import run_release
+
+    # Multi-factor promises no formal bound, but on vectors too each identity cluster x label cell is one
+    # identical vector: the report says the exact bound holds in this release, as on images.
+    res = run_release(feature_drop, RunConfig.resolve(Settings(), k=K, method="multi-factor", kind="features"))
+    priv = res.report.privacy
+    assert priv.exact_bound and priv.min_distinct_people_per_cluster >= K and priv.max_person_share <= 1 / K
+    assert res.report.guarantee.startswith(f"exact in this release: 1/k = 1/{K} bound"), res.report.guarantee
+    assert "no formal guarantee" in res.report.guarantee
+
+
 def test_a_feature_publish_failing_after_signing_gets_the_runners_signed_addendum(feature_drop, project,
                                                                                   monkeypatch):
     import errno

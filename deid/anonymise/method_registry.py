@@ -127,18 +127,19 @@ def guarantee(method: str, k: int | None = None) -> str:
     return method_spec(method).guarantee(k)
 
 
-def release_guarantee(method: str, k: int, *, exact: bool) -> str:
+def release_guarantee(method: str, k: int, *, exact: bool, promise: str | None = None) -> str:
     """What the report says a run guarantees: the method's promise, or the exact bound the gate found in the data.
 
-    ``exact``: the gate found every released cluster one identical image of >= k distinct people
-    with no person above 1/k (``exact_bound`` with both structural checks holding). A method
-    without a formal guarantee then carries the k-Same bound in this release (e.g. multi-factor
-    in its "labels" mode, whose cells are identical images); otherwise its own promise stands.
+    ``exact``: the gate found every released cluster one identical image (or vector) of >= k
+    distinct people with no person above 1/k (``exact_bound`` with both structural checks holding).
+    A method without a formal guarantee then carries the k-Same bound in this release (e.g.
+    multi-factor in its "labels" mode, whose cells are identical images); otherwise its own promise
+    stands. ``promise``: the method's promise on this kind of drop (default: on faces, :func:`guarantee`).
     """
-    text = guarantee(method, k)
+    text = guarantee(method, k) if promise is None else promise
     if not exact or not text.startswith("no formal guarantee"):
         return text
     return (f"exact in this release: 1/k = 1/{k} bound on re-identification by any recogniser, because the gate "
-            f"found every released face identical for every member of its cluster, each cluster of at least k={k} "
+            f"found every released record identical for every member of its cluster, each cluster of at least k={k} "
             f"distinct people with no person above 1/k of its images (structural checks min_distinct_people_per_"
             f"cluster >= k, max_person_share <= 1/k on identical copies); the method itself promises less: {text}")

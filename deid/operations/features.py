@@ -591,7 +591,7 @@ def feature_report(*, release_id: str, run_id: str, created_at: str, config: Run
     drop, passed = ingested.drop, gate.passed
     return Report(
         **verdict_fields(release_id=release_id, run_id=run_id, created_at=created_at, config=config, gate=gate,
-                         guarantee_text=feature_guarantee(config.method, config.k),
+                         promise=feature_guarantee(config.method, config.k),
                          dataset=dataset_summary(drop.name, ingested.fingerprint, counts, passed=passed,
                                                  quarantine_by_reason=quarantine_by_reason),
                          artifacts=staged.artifacts if staged else (), signing=signing, versions=versions),

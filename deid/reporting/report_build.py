@@ -141,14 +141,18 @@ def exact_bound_holds(gate, k: int) -> bool:
 
 
 def verdict_fields(*, release_id: str, run_id: str, created_at: str, config: RunConfig, gate,
-                   guarantee_text: str, dataset: DatasetSummary, artifacts: Sequence[Artifact],
+                   promise: str, dataset: DatasetSummary, artifacts: Sequence[Artifact],
                    signing: SigningInfo, versions: Mapping[str, str | None]) -> dict[str, Any]:
     """The :class:`~deid.reporting.report.Report` fields every run's report has (images or feature vectors).
 
+    ``promise`` is what the method promises on this kind of drop; the report's guarantee is that, or
+    the exact bound when the gate found it in the data (:func:`release_guarantee`).
     ``release_dir`` and ``artifacts`` describe where the release *will* be once published (the report
     is signed before the staged release is renamed into place); a rejected run lists none.
     """
     passed = gate.passed
+    guarantee_text = release_guarantee(config.method, config.k, exact=exact_bound_holds(gate, config.k),
+                                       promise=promise)
     return dict(
         release_id=release_id, run_id=run_id, verdict="released" if passed else "rejected", k=config.k,
         method=config.method, created_at=created_at, reasons=list(gate.reasons), warnings=list(gate.warnings),
@@ -172,8 +176,7 @@ def build_report(*, release_id: str, run_id: str, created_at: str, config: RunCo
     """
     return Report(
         **verdict_fields(release_id=release_id, run_id=run_id, created_at=created_at, config=config, gate=gate,
-                         guarantee_text=release_guarantee(config.method, config.k, exact=exact_bound_holds(
-                             gate, config.k)),
+                         promise=guarantee(config.method, config.k),
                          dataset=dataset_summary(ingested.name, ingested.fingerprint, counts, passed=gate.passed,
                                                  quarantine_by_reason=quarantine_by_reason),
                          artifacts=staged.artifacts if staged else (), signing=signing, versions=versions),
