@@ -256,10 +256,11 @@ def embed_faces(faces: pa.Table, shape_hw: tuple[int, int], executor: Executor) 
     # Chunks of 8-32 faces (~16 per worker; a face's descriptor does not depend on its chunk), each
     # pool process holding one queued behind its running one (``ahead``): this process embeds its
     # share holding the GIL, so it hands calls on late, and a chunk of >= 8 faces (0.75 s) covers
-    # that. The last 2 chunks per worker hold 4 faces: the processes finish within about one of those.
+    # that. The last 4 chunks per worker hold 4 faces, so the chunk a pool process holds queued at
+    # the end is a small one: the processes finish within about one of those (0.4 s).
     n, workers = len(distinct), max(1, executor.workers)
     size = min(32, max(8, math.ceil(n / (16 * workers))))
-    body = n - min(n // 2, 8 * workers)
+    body = n - min(n // 2, 16 * workers)
     bounds = [*np.linspace(0, body, max(1, round(body / size)) + 1).astype(int), *range(body + 4, n, 4), n]
     progress = Progress("partition: face descriptors").start(len(distinct))
     E = np.vstack(executor.map(stages.embed_faces, [dict(pixels=distinct[a:b], shape=tuple(shape_hw))
