@@ -40,7 +40,7 @@ def test_embed_faces_sends_each_distinct_face_once(monkeypatch):
     class TwoChunks:
         workers = 2
 
-        def map(self, fn, calls, *, on_done=None):
+        def map(self, fn, calls, *, on_done=None, ahead=0):
             out = [fn(**c) for c in calls]
             for o in out:
                 on_done(o)

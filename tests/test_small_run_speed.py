@@ -1,7 +1,6 @@
 """What keeps a small run short (issue 9): validation on the warm pool, no cluster for nothing, a clean exit."""
 from __future__ import annotations
 
-import concurrent.futures
 import functools
 import os
 import time
@@ -16,10 +15,13 @@ def whoami(**kwargs) -> tuple[int, dict]:
 
 def test_call_remote_runs_on_a_pool_process_once_it_is_warm_and_here_otherwise():
     pool = PoolExecutor(2, warm=None, validate=functools.partial(time.sleep, 1.5))
+    pool.warm_wait = 0.2
     try:
-        assert pool.call_remote(whoami, a=1)[0] == os.getpid()  # still warming up (a busy machine): not waited for
-        concurrent.futures.wait(pool._warming)
+        assert pool.call_remote(whoami, a=1)[0] == os.getpid()  # far from warm (a busy machine): not waited for
+        assert not all(f.done() for f in pool._warming)
+        pool.warm_wait = 30.0  # a warm-up within the bound is waited for (here: the rest of the 1.5 s sleep)
         pid, kw = pool.call_remote(whoami, a=1)
+        assert all(f.done() for f in pool._warming)
         assert pid != os.getpid() and kw == {"a": 1}
         # The validation suites go there; executors without a pool run them here.
         assert validate_off_main(pool, whoami, b=2)[0] != os.getpid()

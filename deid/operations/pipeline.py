@@ -253,14 +253,19 @@ def embed_faces(faces: pa.Table, shape_hw: tuple[int, int], executor: Executor) 
     first: dict[bytes, int] = {}
     of = np.fromiter((first.setdefault(p, len(first)) for p in pixels), dtype=np.int64, count=len(pixels))
     distinct = list(first)
-    # ~4 chunks per worker (of at least 16 faces): the processes finish close together (a face's
-    # descriptor does not depend on the chunk it is embedded in).
-    n_chunks = max(1, min(len(distinct) // 16, 4 * executor.workers))
-    bounds = np.linspace(0, len(distinct), n_chunks + 1).astype(int)
+    # Chunks of 8-32 faces (~16 per worker; a face's descriptor does not depend on its chunk), each
+    # pool process holding one queued behind its running one (``ahead``): this process embeds its
+    # share holding the GIL, so it hands calls on late, and a chunk of >= 8 faces (0.75 s) covers
+    # that. The last 4 chunks per worker hold 4 faces, so the chunk a pool process holds queued at
+    # the end is a small one: the processes finish within about one of those (0.4 s).
+    n, workers = len(distinct), max(1, executor.workers)
+    size = min(32, max(8, math.ceil(n / (16 * workers))))
+    body = n - min(n // 2, 16 * workers)
+    bounds = [*np.linspace(0, body, max(1, round(body / size)) + 1).astype(int), *range(body + 4, n, 4), n]
     progress = Progress("partition: face descriptors").start(len(distinct))
     E = np.vstack(executor.map(stages.embed_faces, [dict(pixels=distinct[a:b], shape=tuple(shape_hw))
                                                     for a, b in zip(bounds[:-1], bounds[1:]) if b > a],
-                               on_done=lambda e: progress.advance(len(e))))[of]
+                               on_done=lambda e: progress.advance(len(e)), ahead=1))[of]
     progress.finish()
     DlibEmbedder(tuple(shape_hw)).prime(np.frombuffer(b"".join(pixels), np.uint8).reshape(len(pixels), -1), E)
     return E
