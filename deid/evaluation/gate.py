@@ -70,6 +70,7 @@ class GateConfig:
     repeats: int = 3
     n_components: int = 50
     seed: int = 0
+    helper_min_records: int = 10_000
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 2:
@@ -84,6 +85,10 @@ class GateConfig:
             raise ConfigError(f"closeness_ratio={self.closeness_ratio!r} must be in (0, 1); e.g. 0.25")
         if not 0 < self.feature_near_copy_ratio < 1:
             raise ConfigError(f"feature_near_copy_ratio={self.feature_near_copy_ratio!r} must be in (0, 1); e.g. 0.2")
+        if isinstance(self.helper_min_records, bool) or not isinstance(self.helper_min_records, int) \
+                or self.helper_min_records < 0:
+            raise ConfigError(f"helper_min_records={self.helper_min_records!r} must be an integer >= 0 (0: the gate "
+                              "never starts a helper process); e.g. 10000")
 
     @classmethod
     def from_settings(cls, settings: Any, *, k: int, method: str, labels: Sequence[str] = (),
@@ -743,13 +748,17 @@ def evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any = None) ->
     sample = None
     if inputs.n:
         checks.append(closeness_check(inputs, config))
-        parts = parallel_parts(inputs, config, executor) if _parallel(inputs, executor) else None
+        parts = None
+        if _parallel(inputs, executor):
+            parts = parallel_parts(inputs, config, executor)
+        elif executor is None and _helper_worth(inputs, config):
+            parts = helper_parts(inputs, config)
         p_checks, reid, max_rate, sample = privacy_checks(inputs, config, exact=exact,
                                                           rows=None if parts is None else parts.attack_rows)
         checks.extend(p_checks)
         log.info("gate: max re-identification rate %.4f over %d attacker x mode pairs (bound %.4f)",
                  max_rate, len(reid), 1 / config.k)
-        checks.extend(leak_checks(inputs, config))
+        checks.extend(leak_checks(inputs, config) if parts is None or parts.leaks is None else parts.leaks)
         u_checks, util = utility_checks(inputs, config) if parts is None else parts.utility
         checks.extend(u_checks)
     result = GateResult(checks=tuple(checks), reidentification=tuple(reid), utility=tuple(util),
@@ -808,6 +817,7 @@ class ParallelParts:
 
     attack_rows: list[dict]
     utility: tuple[list[Check], list[dict]]
+    leaks: list[Check] | None = None
 
 
 def _parallel(inputs: GateInputs, executor: Any) -> bool:
@@ -824,7 +834,7 @@ def _parallel(inputs: GateInputs, executor: Any) -> bool:
 
 def gate_part(part: str, inputs: GateInputs, config: GateConfig, *, cap: int | None = None,
               attackers: tuple[str, ...] = (), descriptors: tuple[np.ndarray, np.ndarray] | None = None) -> Any:
-    """One part of the gate (a call of :func:`parallel_parts`): ``attack``, ``cross-fit`` or ``protocols``.
+    """One part of the gate (a call of :func:`parallel_parts`): ``attack``, ``cross-fit``, ``protocols`` or ``leaks``.
 
     ``descriptors`` are (faces, dlib descriptors) the calling process already had: primed here,
     so a deep attacker embeds each original once per run, whichever process it runs in.
@@ -839,21 +849,30 @@ def gate_part(part: str, inputs: GateInputs, config: GateConfig, *, cap: int | N
         return cross_fit_checks(inputs, config)
     if part == "protocols":
         return protocol_rows(inputs, config)
-    raise ValueError(f"part={part!r} must be 'attack', 'cross-fit' or 'protocols'")
+    if part == "leaks":
+        return leak_checks(inputs, config)
+    raise ValueError(f"part={part!r} must be 'attack', 'cross-fit', 'protocols' or 'leaks'")
 
 
-def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any) -> ParallelParts:
+def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any, *, large: bool = False) -> ParallelParts:
     """The attackers (one call each) and the two utility parts as calls of ``executor``, longest first.
 
     Every part is a deterministic function of the inputs (seeded samples, seeded methods, one
     BLAS thread), so the figures are those of the serial gate, bit for bit; rows are put back in
     the serial order. The costly parts go first, so the processes finish close together.
+
+    ``large`` (a large release's :func:`helper_parts`): the deep attackers first (the dlib
+    recogniser embeds ~140 distinct faces, ~0.09 s each), then the other attackers of each cap
+    as *one* call (they share its sample, parrot gallery and distinct images: one call each
+    would redo those per attacker), the evidence-only protocols, the cross-fit and the leak
+    checks; no part is computed twice.
     """
     shipped = replace(inputs, fetch=replace(inputs.fetch, fallback=None))
+    groups = attack_groups(inputs, config)
     calls: list[dict] = []
-    if config.labels:
+    if config.labels and not large:
         calls.append(dict(part="cross-fit"))
-    deep = [dict(part="attack", cap=cap, attackers=(name,)) for cap, group in attack_groups(inputs, config)
+    deep = [dict(part="attack", cap=cap, attackers=(name,)) for cap, group in groups
             for name in group if name in DEEP_ATTACKERS]
     if deep and inputs.kind == "images":
         from deid.evaluation.recognizer import DlibEmbedder  # noqa: PLC0415 (dlib import cost)
@@ -862,18 +881,65 @@ def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any) -> Par
         known = DlibEmbedder(tuple(inputs.shape)).known(originals)
         deep = [dict(c, descriptors=known) for c in deep]
     calls += deep
+    light = [(cap, tuple(name for name in group if name not in DEEP_ATTACKERS)) for cap, group in groups]
+    if large:
+        calls += [dict(part="attack", cap=cap, attackers=names) for cap, names in light if names]
     if config.labels:
         calls.append(dict(part="protocols"))
-    calls += [dict(part="attack", cap=cap, attackers=(name,)) for cap, group in attack_groups(inputs, config)
-              for name in group if name not in DEEP_ATTACKERS]
+    if large:
+        calls += [dict(part="cross-fit")] if config.labels else []
+        calls.append(dict(part="leaks"))
+    else:
+        calls += [dict(part="attack", cap=cap, attackers=(name,)) for cap, names in light for name in names]
     progress = Progress("gate: attacks and utility in parallel", unit="parts").start(len(calls))
     out = executor.map(gate_part, [dict(c, inputs=shipped, config=config) for c in calls],
                        on_done=lambda _: progress.advance())
     done = {(c["part"], c.get("attackers", ())): r for c, r in zip(calls, out)}
-    rows = [r for _, group in attack_groups(inputs, config) for name in group for r in done["attack", (name,)]]
+    by_attacker: dict[str, list[dict]] = {}
+    for (part, _), result in done.items():
+        for r in result if part == "attack" else ():
+            by_attacker.setdefault(r["attacker"], []).append(r)
+    rows = [r for _, group in groups for name in group for r in by_attacker.get(name, [])]
     utility = ((done["cross-fit", ()][0], done["cross-fit", ()][1] + done["protocols", ()]) if config.labels else
                utility_checks(inputs, config))
-    return ParallelParts(attack_rows=rows, utility=utility)
+    return ParallelParts(attack_rows=rows, utility=utility, leaks=done.get(("leaks", ())))
+
+
+def _helper_worth(inputs: GateInputs, config: GateConfig) -> bool:
+    """A release large enough for :func:`helper_parts` (``helper_min_records``) whose parts can travel."""
+    import multiprocessing  # noqa: PLC0415
+
+    if not config.helper_min_records or inputs.n < config.helper_min_records:
+        return False
+    if multiprocessing.current_process().daemon:  # a daemonic pool's process (a study's worker) has no children
+        return False
+    return _parallel(inputs, _TWO_WORKERS)
+
+
+class _TwoWorkers:
+    workers = 2
+
+
+_TWO_WORKERS = _TwoWorkers()
+
+
+def helper_parts(inputs: GateInputs, config: GateConfig) -> ParallelParts:
+    """A large release's gate on this process and one spawned helper: the same figures, about half the wall time.
+
+    The gate's work is nearly fixed in N (bounded samples), and at 100,000 faces the run's other
+    core is idle while it runs (the stages' workers are gone). Its parts
+    (:func:`parallel_parts` with ``large=True``: the dlib attack, the other attackers together,
+    the evidence-only protocols, the cross-fit, the leak checks) start in that order on whichever
+    process is free; nothing is computed twice, so the CPU added is the helper's start (imports,
+    the dlib model: ~2 s) and the inputs sent to it.
+    """
+    from deid.operations.executors import PoolExecutor  # noqa: PLC0415 (no import cycle: executors is light)
+
+    pool = PoolExecutor(2, warm=None)
+    try:
+        return parallel_parts(inputs, config, pool, large=True)
+    finally:
+        pool.close()
 
 
 def people_sample(inputs: GateInputs, *, max_records: int, seed: int) -> np.ndarray:
