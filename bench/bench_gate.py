@@ -97,12 +97,35 @@ def write_staging(work: Path, n_people: int, k: int, seed: int = 0, labels: bool
     return str(work / "partitions"), [str(deid_path)]
 
 
-def _children() -> tuple[float, float]:
-    """CPU seconds and largest peak RSS (MiB) of this process's finished children (the gate's helper)."""
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished children (the gate's helper)."""
     import resource  # noqa: PLC0415
 
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return r.ru_utime + r.ru_stime, r.ru_maxrss / 1024
+    return r.ru_utime + r.ru_stime
+
+
+class _ChildPeak:
+    """Largest VmHWM of this process's children, polled every 0.2 s (ru_maxrss of a spawned child
+    starts from the parent's RSS at fork, so it cannot tell the helper's own peak)."""
+
+    def __init__(self) -> None:
+        import threading  # noqa: PLC0415
+
+        self.peak = 0.0
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            for kids in Path("/proc/self/task").glob("*/children"):
+                for pid in kids.read_text().split():
+                    try:
+                        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                            if line.startswith("VmHWM:"):
+                                self.peak = max(self.peak, int(line.split()[1]) / 1024)
+                    except OSError:
+                        pass
 
 
 def child(n_faces: int, k: int, attackers: str, work: str, labels: bool = False, helper: bool = True) -> None:
@@ -124,10 +147,11 @@ def child(n_faces: int, k: int, attackers: str, work: str, labels: bool = False,
                                              "release-refit-pca")
     config = GateConfig(k=k, method="k-same", attackers=names, labels=("gender",) if labels else (),
                         **({} if helper else {"helper_min_records": 0}))
+    kids = _ChildPeak()
     t0, c0 = time.perf_counter(), _cpu()
     result = evaluate(inputs, config)
     t_eval, c_eval = time.perf_counter() - t0, _cpu() - c0
-    helper_cpu, helper_peak = _children()
+    helper_cpu, helper_peak = _children_cpu(), kids.peak
     print(json.dumps({"faces": len(rec.people), "load_s": round(t_load, 2), "evaluate_s": round(t_eval, 2),
                       "cpu_s": round(c_load + c_eval + helper_cpu, 2), "helper_cpu_s": round(helper_cpu, 2),
                       "helper_peak_rss_mib": round(helper_peak, 1), "loadavg": os.getloadavg()[0],

@@ -71,6 +71,7 @@ class GateConfig:
     n_components: int = 50
     seed: int = 0
     helper_min_records: int = 10_000
+    evidence_sample: int = 500
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 2:
@@ -85,6 +86,10 @@ class GateConfig:
             raise ConfigError(f"closeness_ratio={self.closeness_ratio!r} must be in (0, 1); e.g. 0.25")
         if not 0 < self.feature_near_copy_ratio < 1:
             raise ConfigError(f"feature_near_copy_ratio={self.feature_near_copy_ratio!r} must be in (0, 1); e.g. 0.2")
+        if isinstance(self.evidence_sample, bool) or not isinstance(self.evidence_sample, int) \
+                or self.evidence_sample < 10:
+            raise ConfigError(f"evidence_sample={self.evidence_sample!r} must be an integer >= 10 records (the "
+                              "evidence-only utility protocols' sample); e.g. 500")
         if isinstance(self.helper_min_records, bool) or not isinstance(self.helper_min_records, int) \
                 or self.helper_min_records < 0:
             raise ConfigError(f"helper_min_records={self.helper_min_records!r} must be an integer >= 0 (0: the gate "
@@ -1017,12 +1022,21 @@ def cross_fit_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check
 
 
 def protocol_rows(inputs: GateInputs, config: GateConfig) -> list[dict]:
-    """The earlier utility protocols' rows, evidence only (:func:`utility_checks`)."""
+    """The earlier utility protocols' rows, evidence only (:func:`utility_checks`).
+
+    On whole clusters of the attacked sample, at most ``evidence_sample`` records (the same seed:
+    a release that small is used whole): they decide nothing, and their repeated grouped CV
+    (``folds x repeats`` fits on originals and on the release, per label) was the gate's largest
+    cost after the deep attack. Each row states its sample.
+    """
     from deid.evaluation.utility import utility_protocols  # noqa: PLC0415 (sklearn import cost)
 
     rows: list[dict] = []
-    # Earlier protocols (Gross et al. 2005 grouped CV; Moriarty et al.; consumer), on the attacked sample.
-    idx = attack_sample(inputs, max_records=config.attack_sample, seed=config.seed)
+    # Earlier protocols (Gross et al. 2005 grouped CV; Moriarty et al.; consumer), on a bounded sample.
+    idx = attack_sample(inputs, max_records=min(config.attack_sample, config.evidence_sample), seed=config.seed)
+    unit = "cluster" if inputs.clusters is not None else "person"
+    note = (f"evidence only, on all {inputs.n} records" if len(idx) == inputs.n else
+            f"evidence only, on {len(idx)} of {inputs.n} records (whole {unit}s at random, seed {config.seed})")
     released, originals = inputs.fetch(idx)
     labels = {x: np.asarray(v)[idx] for x, v in inputs.labels.items()}
     for row in utility_protocols(labels=list(config.labels), originals=originals, original_labels=labels,
@@ -1033,6 +1047,8 @@ def protocol_rows(inputs: GateInputs, config: GateConfig) -> list[dict]:
                                  **({"n_components": None} if inputs.kind == "features" else {})):
         row["tolerance"] = config.tolerance
         row["evidence_only"] = True
+        row["detail"] = f"{note}. {row['detail']}"
+        row.update(sample_records=int(len(idx)), sample_of=inputs.n, sample_seed=config.seed)
         rows.append(row)
     return rows
 
