@@ -93,4 +93,4 @@ def test_a_large_release_runs_its_gate_on_a_helper_process_with_the_serial_figur
     assert helped.reidentification == serial.reidentification and len(serial.reidentification) == 6
     assert helped.utility == serial.utility and any(r.get("protocol") == "cross-fit" for r in serial.utility)
     assert (helped.max_rate, helped.attack_sample) == (serial.max_rate, serial.attack_sample)
-    assert not g._helper_worth(g._read_samples_once(inputs, config), config)  # 0: never
+    assert not g._helper_size(inputs, config) and g._helper_size(inputs, replace(config, helper_min_records=40))

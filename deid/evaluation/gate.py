@@ -744,6 +744,17 @@ def evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any = None) ->
     TKDE 17(2):232-243, 2005. R. Gross, E. Airoldi, B. Malin, L. Sweeney. Integrating utility
     into face de-identification. PET 2005, LNCS 3856, 227-242.
     """
+    # A large release's helper process starts first: its imports overlap the checks and the reading below.
+    pool = _start_helper() if executor is None and _helper_size(inputs, config) else None
+    try:
+        return _evaluate(inputs, config, executor=executor, pool=pool)
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def _evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any, pool: Any) -> GateResult:
+    """:func:`evaluate` with the helper ``pool`` a large release started (or None)."""
     checks, min_people, share, exact = structural_checks(inputs, config)
     checks.extend(inputs.extra_checks)
     inputs = _read_samples_once(inputs, config)
@@ -756,8 +767,8 @@ def evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any = None) ->
         parts = None
         if _parallel(inputs, executor):
             parts = parallel_parts(inputs, config, executor)
-        elif executor is None and _helper_worth(inputs, config):
-            parts = helper_parts(inputs, config)
+        elif pool is not None and _parallel(inputs, _TWO_WORKERS):
+            parts = parallel_parts(inputs, config, pool, large=True)
         p_checks, reid, max_rate, sample = privacy_checks(inputs, config, exact=exact,
                                                           rows=None if parts is None else parts.attack_rows)
         checks.extend(p_checks)
@@ -866,10 +877,10 @@ def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any, *, lar
     BLAS thread), so the figures are those of the serial gate, bit for bit; rows are put back in
     the serial order. The costly parts go first, so the processes finish close together.
 
-    ``large`` (a large release's :func:`helper_parts`): the deep attackers first (the dlib
-    recogniser embeds ~140 distinct faces, ~0.09 s each), then the other attackers of each cap
-    as *one* call (they share its sample, parrot gallery and distinct images: one call each
-    would redo those per attacker), the evidence-only protocols, the cross-fit and the leak
+    ``large`` (a large release's helper, :func:`_start_helper`): the deep attackers first (the
+    dlib recogniser embeds ~140 distinct faces, ~0.09 s each), then the other attackers of each
+    cap as *one* call (they share its sample, parrot gallery and distinct images: one call each
+    would redo those per attacker), the cross-fit, the evidence-only protocols and the leak
     checks; no part is computed twice.
     """
     shipped = replace(inputs, fetch=replace(inputs.fetch, fallback=None))
@@ -889,12 +900,10 @@ def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any, *, lar
     light = [(cap, tuple(name for name in group if name not in DEEP_ATTACKERS)) for cap, group in groups]
     if large:
         calls += [dict(part="attack", cap=cap, attackers=names) for cap, names in light if names]
-    if config.labels:
-        calls.append(dict(part="protocols"))
-    if large:
-        calls += [dict(part="cross-fit")] if config.labels else []
+        calls += [dict(part="cross-fit"), dict(part="protocols")] if config.labels else []
         calls.append(dict(part="leaks"))
     else:
+        calls += [dict(part="protocols")] if config.labels else []
         calls += [dict(part="attack", cap=cap, attackers=(name,)) for cap, names in light for name in names]
     progress = Progress("gate: attacks and utility in parallel", unit="parts").start(len(calls))
     out = executor.map(gate_part, [dict(c, inputs=shipped, config=config) for c in calls],
@@ -910,15 +919,13 @@ def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any, *, lar
     return ParallelParts(attack_rows=rows, utility=utility, leaks=done.get(("leaks", ())))
 
 
-def _helper_worth(inputs: GateInputs, config: GateConfig) -> bool:
-    """A release large enough for :func:`helper_parts` (``helper_min_records``) whose parts can travel."""
+def _helper_size(inputs: GateInputs, config: GateConfig) -> bool:
+    """A release of at least ``helper_min_records`` records, judged in a process that may have children."""
     import multiprocessing  # noqa: PLC0415
 
     if not config.helper_min_records or inputs.n < config.helper_min_records:
         return False
-    if multiprocessing.current_process().daemon:  # a daemonic pool's process (a study's worker) has no children
-        return False
-    return _parallel(inputs, _TWO_WORKERS)
+    return not multiprocessing.current_process().daemon  # a daemonic pool's process (a study's worker) has none
 
 
 class _TwoWorkers:
@@ -928,23 +935,19 @@ class _TwoWorkers:
 _TWO_WORKERS = _TwoWorkers()
 
 
-def helper_parts(inputs: GateInputs, config: GateConfig) -> ParallelParts:
-    """A large release's gate on this process and one spawned helper: the same figures, about half the wall time.
+def _start_helper() -> Any:
+    """This process and one spawned helper, for a large release's gate: the same figures, about half the wall time.
 
     The gate's work is nearly fixed in N (bounded samples), and at 100,000 faces the run's other
     core is idle while it runs (the stages' workers are gone). Its parts
     (:func:`parallel_parts` with ``large=True``: the dlib attack, the other attackers together,
-    the evidence-only protocols, the cross-fit, the leak checks) start in that order on whichever
+    the cross-fit, the evidence-only protocols, the leak checks) start in that order on whichever
     process is free; nothing is computed twice, so the CPU added is the helper's start (imports,
-    the dlib model: ~2 s) and the inputs sent to it.
+    the dlib model, the inputs sent: ~2-4 s measured on a busy machine).
     """
     from deid.operations.executors import PoolExecutor  # noqa: PLC0415 (no import cycle: executors is light)
 
-    pool = PoolExecutor(2, warm=None)
-    try:
-        return parallel_parts(inputs, config, pool, large=True)
-    finally:
-        pool.close()
+    return PoolExecutor(2, warm=None)
 
 
 def people_sample(inputs: GateInputs, *, max_records: int, seed: int) -> np.ndarray:
