@@ -48,8 +48,11 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def write_staging(work: Path, n_people: int, k: int, seed: int = 0) -> tuple[str, list[str]]:
-    """Two faces per person; clusters of k distinct people (per image slot); staging layout on disk."""
+def write_staging(work: Path, n_people: int, k: int, seed: int = 0, labels: bool = False) -> tuple[str, list[str]]:
+    """Two faces per person; clusters of k distinct people (per image slot); staging layout on disk.
+
+    ``labels``: the originals also carry a per-person ``gender`` label (the gate's utility parts run).
+    """
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -79,8 +82,11 @@ def write_staging(work: Path, n_people: int, k: int, seed: int = 0) -> tuple[str
                 clusters[members] = f"c{start}-{slot}-{c}"
                 released[members] = np.rint(faces[members].mean(axis=0)).astype(np.uint8)
             ids = [f"r{start + i:07d}-{slot}" for i in range(m)]
-            orig = pa.table({"record_id": ids, "subject_id": [f"p{start + i}" for i in range(m)],
-                             "pixels": [f.tobytes() for f in faces]})
+            cols = {"record_id": ids, "subject_id": [f"p{start + i}" for i in range(m)],
+                    "pixels": [f.tobytes() for f in faces]}
+            if labels:
+                cols["gender"] = ["f" if (start + i) % 2 else "m" for i in range(m)]
+            orig = pa.table(cols)
             rel = pa.table({"record_id": ids, "cluster": list(clusters), "pixels": [r.tobytes() for r in released]})
             pw = pw or pq.ParquetWriter(part_dir / "part-000-0.parquet", orig.schema)
             dw = dw or pq.ParquetWriter(deid_path, rel.schema)
@@ -91,7 +97,38 @@ def write_staging(work: Path, n_people: int, k: int, seed: int = 0) -> tuple[str
     return str(work / "partitions"), [str(deid_path)]
 
 
-def child(n_faces: int, k: int, attackers: str, work: str) -> None:
+def _children_cpu() -> float:
+    """CPU seconds of this process's finished children (the gate's helper)."""
+    import resource  # noqa: PLC0415
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+class _ChildPeak:
+    """Largest VmHWM of this process's children, polled every 0.2 s (ru_maxrss of a spawned child
+    starts from the parent's RSS at fork, so it cannot tell the helper's own peak)."""
+
+    def __init__(self) -> None:
+        import threading  # noqa: PLC0415
+
+        self.peak = 0.0
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            for kids in Path("/proc/self/task").glob("*/children"):
+                for pid in kids.read_text().split():
+                    try:
+                        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                            if line.startswith("VmHWM:"):
+                                self.peak = max(self.peak, int(line.split()[1]) / 1024)
+                    except OSError:
+                        pass
+
+
+def child(n_faces: int, k: int, attackers: str, work: str, labels: bool = False, helper: bool = True) -> None:
     """The gate alone, in a fresh process, on a staging another process wrote (so its peak is the gate's)."""
     from deid.evaluation.gate import GateConfig, GateInputs, evaluate
     from deid.anonymise.methods import method_runner
@@ -99,27 +136,31 @@ def child(n_faces: int, k: int, attackers: str, work: str) -> None:
 
     root, parts = str(Path(work) / "partitions"), [str(Path(work) / "deidentified" / "partition=p000.parquet")]
     t0, c0 = time.perf_counter(), _cpu()
-    rec = gate_records(root, parts, labels=[])
+    rec = gate_records(root, parts, labels=["gender"] if labels else [])
     t_load, c_load = time.perf_counter() - t0, _cpu() - c0
     load_peak = _peak_rss_mib()
     inputs = GateInputs(shape=SHAPE, people=rec.people, image_index=rec.image_index,
                         own_distance=rec.own_distance, fetch=rec.fetch, clusters=rec.clusters,
-                        partitions=None, records_in=len(rec.people),
+                        partitions=None, labels=rec.labels, records_in=len(rec.people),
                         deidentify=method_runner("k-same", shape=SHAPE, k=k))
     names = None if attackers == "all" else ("pca-mahalanobis", "pca-whitened-cosine", "fisherfaces", "lbp-chi2",
                                              "release-refit-pca")
-    config = GateConfig(k=k, method="k-same", attackers=names)
+    config = GateConfig(k=k, method="k-same", attackers=names, labels=("gender",) if labels else (),
+                        **({} if helper else {"helper_min_records": 0}))
+    kids = _ChildPeak()
     t0, c0 = time.perf_counter(), _cpu()
     result = evaluate(inputs, config)
     t_eval, c_eval = time.perf_counter() - t0, _cpu() - c0
+    helper_cpu, helper_peak = _children_cpu(), kids.peak
     print(json.dumps({"faces": len(rec.people), "load_s": round(t_load, 2), "evaluate_s": round(t_eval, 2),
-                      "cpu_s": round(c_load + c_eval, 2), "loadavg": os.getloadavg()[0],
+                      "cpu_s": round(c_load + c_eval + helper_cpu, 2), "helper_cpu_s": round(helper_cpu, 2),
+                      "helper_peak_rss_mib": round(helper_peak, 1), "loadavg": os.getloadavg()[0],
                       "peak_rss_mib": round(_peak_rss_mib(), 1), "load_peak_rss_mib": round(load_peak, 1),
                       "passed": result.passed, "max_rate": result.max_rate, "sample": result.attack_sample}))
 
 
-def writer(n_faces: int, k: int, work: str) -> None:
-    write_staging(Path(work), n_faces // 2, k)
+def writer(n_faces: int, k: int, work: str, labels: bool = False) -> None:
+    write_staging(Path(work), n_faces // 2, k, labels=labels)
     print(json.dumps({"staging_peak_rss_mib": round(_peak_rss_mib(), 1)}))
 
 
@@ -151,6 +192,9 @@ def main() -> None:
     ap.add_argument("--sizes", default="2000,20000,100000")
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--attackers", choices=("all", "fast"), default="all")
+    ap.add_argument("--no-align", action="store_true", help="time the gate only (no align measurement)")
+    ap.add_argument("--labels", action="store_true", help="a per-person 'gender' label: the utility parts run")
+    ap.add_argument("--no-helper", action="store_true", help="the gate without its helper process (serial)")
     ap.add_argument("--align-max", type=int, default=20000,
                     help="measure align on that many faces up to this size (above: the 1,000-face baseline per face)")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
@@ -158,12 +202,12 @@ def main() -> None:
     ap.add_argument("--work", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.writer:
-        writer(a.writer, a.k, a.work)
+        writer(a.writer, a.k, a.work, labels=a.labels)
         return
     if a.child:
-        child(a.child, a.k, a.attackers, a.work)
+        child(a.child, a.k, a.attackers, a.work, labels=a.labels, helper=not a.no_helper)
         return
-    align_ms, align_cpu_ms = align_cost()
+    align_ms, align_cpu_ms = (float("nan"), float("nan")) if a.no_align else align_cost()
     print(f"baseline: align stage {align_ms:.3f} ms/face wall, {align_cpu_ms:.3f} ms/face CPU on one core "
           f"(1,000 synthetic JPEG faces, manifest eyes); load average {os.getloadavg()[0]:.1f}")
     print("align at a size <= --align-max is measured on that many faces, one core; above it, the baseline's CPU "
@@ -172,13 +216,17 @@ def main() -> None:
           f"{'align 2 workers s':>17} {'gate/align':>10} {'gate CPU/align CPU':>18}  details")
     for n in (int(x) for x in a.sizes.split(",")):
         with tempfile.TemporaryDirectory() as work:
-            w = json.loads(subprocess.run([sys.executable, __file__, "--writer", str(n), "--k", str(a.k), "--work", work],
+            flags = [*(["--labels"] if a.labels else []), *(["--no-helper"] if a.no_helper else [])]
+            w = json.loads(subprocess.run([sys.executable, __file__, "--writer", str(n), "--k", str(a.k), "--work", work,
+                                           *flags],
                                           capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
             out = subprocess.run([sys.executable, __file__, "--child", str(n), "--k", str(a.k), "--attackers",
-                                  a.attackers, "--work", work], capture_output=True, text=True, check=True)
+                                  a.attackers, "--work", work, *flags], capture_output=True, text=True, check=True)
         r = json.loads(out.stdout.strip().splitlines()[-1])
         gate_s = r["load_s"] + r["evaluate_s"]
-        if n <= a.align_max:
+        if a.no_align:
+            per_face_cpu, how = float("nan"), "not measured"
+        elif n <= a.align_max:
             _, per_face_cpu = align_cost(n)
             how = "measured"
         else:
@@ -189,7 +237,8 @@ def main() -> None:
               f"{align_s:>17.2f} {gate_s / align_s:>10.2f} {r['cpu_s'] / align_cpu:>18.2f}  "
               f"(load {r['load_s']:.2f} s + evaluate {r['evaluate_s']:.2f} s; align {how}; RSS after load "
               f"{r['load_peak_rss_mib']:.0f} MiB; writing the staging, another process: "
-              f"{w['staging_peak_rss_mib']:.0f} MiB; passed={r['passed']}, attacked {r['sample']['records']} of "
+              f"{w['staging_peak_rss_mib']:.0f} MiB; gate helper process: {r['helper_cpu_s']:.2f} CPU s (in the gate "
+              f"CPU), peak {r['helper_peak_rss_mib']:.0f} MiB; passed={r['passed']}, attacked {r['sample']['records']} of "
               f"{r['sample']['of']}; load average {r['loadavg']:.1f})", flush=True)
 
 

@@ -1,6 +1,8 @@
 """The gate's attackers and utility parts on a small run's process pool give the serial gate's figures, bit for bit."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from deid.anonymise.methods import deidentify, method_runner
@@ -61,3 +63,34 @@ def test_the_pool_loads_the_recogniser_only_for_a_run_that_embeds_its_faces(tmp_
     assert not needs_recognizer(SimpleNamespace(kind="images", identity_embed_max=4), tmp_path)  # too many faces
     assert not needs_recognizer(SimpleNamespace(kind="features", identity_embed_max=2000), tmp_path)
     assert not needs_recognizer(cfg, tmp_path / "missing")
+
+
+def test_a_large_release_runs_its_gate_on_a_helper_process_with_the_serial_figures():
+    """helper_min_records: the gate's parts (light attackers together, protocols, cross-fit, leaks) on this
+    process and one spawned helper give the serial figures; nothing is computed twice."""
+    from deid.evaluation import gate as g
+
+    faces, people, label = _drop(n_people=20, seed=2)
+    released, clusters = deidentify(faces, shape=SHAPE, people=people, partitions=list(label),
+                                    method="k-same-select", k=5, n_components=10)
+    inputs = GateInputs.from_arrays(
+        shape=SHAPE, people=people, released=released, originals=faces, clusters=clusters.astype(object),
+        partitions=label, labels={"bright": label}, records_in=len(people),
+        release_columns=("record_id", "image", "cluster_id"),
+        deidentify=method_runner("k-same-select", shape=SHAPE, k=5, n_components=10))
+    config = GateConfig(k=5, method="k-same-select", labels=("bright",), repeats=1,
+                        attackers=("pca-whitened-cosine", "lbp-chi2"), helper_min_records=0)
+    serial = evaluate(inputs, config)
+    calls = []
+    parts = g.parallel_parts
+    g.parallel_parts = lambda *a, **kw: (calls.append(kw), parts(*a, **kw))[1]
+    try:
+        helped = evaluate(inputs, replace(config, helper_min_records=len(people)))
+    finally:
+        g.parallel_parts = parts
+    assert calls == [{"large": True}]
+    assert helped.checks == serial.checks and any(c.name == "no_near_copies" for c in serial.checks)
+    assert helped.reidentification == serial.reidentification and len(serial.reidentification) == 6
+    assert helped.utility == serial.utility and any(r.get("protocol") == "cross-fit" for r in serial.utility)
+    assert (helped.max_rate, helped.attack_sample) == (serial.max_rate, serial.attack_sample)
+    assert not g._helper_size(inputs, config) and g._helper_size(inputs, replace(config, helper_min_records=40))
