@@ -660,7 +660,7 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
         staged = stage_release(tmp, images=rows.vectors, shape=rows.shape, clusters=rows.clusters,
                                labels=rows.labels, record_ids=rows.record_ids, sequences=rows.sequences,
                                frames=rows.frames)
-        artifacts = tuple(Artifact(**a) for a in hash_tree(staged.path))
+        artifacts = tuple(Artifact(**a) for a in hash_tree(staged.path, known=staged.digests))
         label_sets = releasable_label_sets(ingested.metadata, labels, config.k)
         lineage_checks_ = ()
         if lineage is not None:
@@ -757,7 +757,9 @@ def dataset_card(staged: Staged, report, *, logger: Logger | None = None) -> tup
 
     path = write_card(staged.dir, DatasetCard.from_report(report.to_dict()))
     (logger or log).info("dataset card: %s", path)
-    return tuple(Artifact(**a) for a in hash_tree(staged.dir))
+    # The images were hashed as they were written (stage) and are never written again: not re-read here.
+    images = {a.path: (a.sha256, a.bytes) for a in staged.artifacts if a.path.startswith("images/")}
+    return tuple(Artifact(**a) for a in hash_tree(staged.dir, known=images))
 
 
 def write_report(report, config: RunConfig, *, validation: Mapping | None = None, staged: Staged | None = None,

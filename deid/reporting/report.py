@@ -376,29 +376,44 @@ def scan_tree(root: Path) -> tuple[dict[str, Path], list[str]]:
 
 
 def _hash_regular_files(root: Path, *, what: str, missing: str, special: str,
-                        skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """``[{path, sha256, bytes}]`` of the files under ``root`` but ``skip``; ``what`` and the hints word the errors."""
+                        skip: tuple[str, ...] = (),
+                        known: Mapping[str, tuple[str, int]] | None = None) -> list[dict[str, Any]]:
+    """``[{path, sha256, bytes}]`` of the files under ``root`` but ``skip``; ``what`` and the hints word the errors.
+
+    ``known``: relative path -> (sha256, bytes) of files whose hash the caller computed from the very
+    bytes it wrote; such a file (still that size) is not read again.
+    """
     if not root.is_dir():
         raise StateError(f"{what} {root} {missing}")
     files, others = scan_tree(root)
     if others:
         raise StateError(f"{what} {root} contains symlinks or special files {others[:5]}; {special}")
     out = []
+    known = known or {}
     for rel, p in files.items():
         if rel in skip:
             continue
-        sha, size = hash_file(p)
+        got = known.get(rel)
+        if got is not None and os.stat(p).st_size == got[1]:
+            sha, size = got
+        else:
+            sha, size = hash_file(p)
         out.append({"path": rel, "sha256": sha, "bytes": size})
     return out
 
 
-def hash_tree(root: Path) -> list[dict[str, Any]]:
-    """``[{path, sha256, bytes}]`` for every regular file under ``root``, sorted by POSIX relative path; refuses symlinks."""
+def hash_tree(root: Path, *, known: Mapping[str, tuple[str, int]] | None = None) -> list[dict[str, Any]]:
+    """``[{path, sha256, bytes}]`` for every regular file under ``root``, sorted by POSIX relative path; refuses symlinks.
+
+    ``known``: (sha256, bytes) of files hashed as they were written (e.g.
+    :attr:`deid.release.publish.StagedRelease.digests`), not read again (issue 13: a million images).
+    """
     return _hash_regular_files(
         Path(root),
         what="release directory",
         missing="does not exist or is not a directory",
         special="a release must hold only regular files (copy the data instead of linking it)",
+        known=known,
     )
 
 
