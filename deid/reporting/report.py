@@ -217,7 +217,11 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (Paths as POSIX strings, tuples as lists, numpy scalars as Python numbers)."""
-        d = dataclasses.asdict(self)
+        # The file lists (one entry per released file: a million at issue 13's scale) are converted
+        # directly, not through the generic dataclasses.asdict / jsonable walk.
+        files = {"artifacts": _files_dicts(self.artifacts),
+                 "report_files": None if self.report_files is None else _files_dicts(self.report_files)}
+        d = dataclasses.asdict(dataclasses.replace(self, artifacts=[], report_files=None))
         if d["privacy"] is None:
             d["privacy"] = dataclasses.asdict(Privacy(bound=1.0 / self.k))
         _drop_none(d, "report_files", "guarantee", "warnings", "lineage", "validation")
@@ -231,7 +235,12 @@ class Report:
             extra = u.pop("extra")
             _drop_none(u, "protocol", "detail")
             u.update(extra)
-        return jsonable(d)
+        out = jsonable(d)
+        out["artifacts"] = files["artifacts"]
+        if files["report_files"] is not None:
+            out["report_files"] = files["report_files"]
+        # The keys in the dataclass's field order, as dataclasses.asdict gives them.
+        return {f.name: out[f.name] for f in dataclasses.fields(self) if f.name in out}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Report:
@@ -265,6 +274,12 @@ class Report:
             configuration=dict(d["configuration"]),
             report_files=[Artifact(**a) for a in d["report_files"]] if "report_files" in d else None,
         )
+
+
+def _files_dicts(files: Iterable[Artifact]) -> list[dict[str, Any]]:
+    """``[{path, sha256, bytes}]`` of :class:`Artifact` s, as :func:`jsonable` would give them."""
+    return [{"path": a.path if type(a.path) is str else jsonable(a.path), "sha256": jsonable(a.sha256),
+             "bytes": jsonable(a.bytes)} for a in files]
 
 
 def utc_now_iso() -> str:
@@ -464,7 +479,10 @@ def report_problems(report: Mapping[str, Any]) -> list[str]:
     if problems:
         return problems
     validator = jsonschema.Draft202012Validator(load_schema())
-    errors = sorted(validator.iter_errors(report), key=lambda e: (list(e.absolute_path), e.message))
+    errors = sorted(validator.iter_errors(_one_file_each(report)), key=lambda e: (list(e.absolute_path), e.message))
+    if errors:
+        # A problem: the messages come from the whole report (every item of the file lists included).
+        errors = sorted(validator.iter_errors(report), key=lambda e: (list(e.absolute_path), e.message))
     problems = [f"{_where(e.absolute_path)}: {e.message}" for e in errors]
     if problems:
         return problems
@@ -561,6 +579,71 @@ def _count_problems(report: Mapping[str, Any]) -> list[str]:
         out.append(f"check release_not_empty judged {judged} records but $.dataset says {ds['records_released']} "
                    f"released and {withheld} withheld")
     return out
+
+
+_FILE_LISTS = ("artifacts", "report_files")
+
+
+@functools.lru_cache(maxsize=1)
+def _file_item_rules() -> tuple[Any, ...] | None:
+    """(path pattern, path min length, sha256 pattern, bytes minimum) of the schema's file-list items.
+
+    Read from the schema itself; None when an item is not exactly the ``{path, sha256, bytes}`` object
+    this fast check knows (the lists are then validated by jsonschema item by item).
+    """
+    schema = load_schema()
+    defs = schema.get("$defs", {})
+    rules = set()
+    for key in _FILE_LISTS:
+        item = schema["properties"][key].get("items", {})
+        props = item.get("properties", {})
+        path, sha, size = props.get("path", {}), props.get("sha256", {}), props.get("bytes", {})
+        if (set(item) - {"description"} != {"type", "additionalProperties", "required", "properties"}
+                or item["type"] != "object" or item["additionalProperties"] is not False
+                or sorted(item["required"]) != ["bytes", "path", "sha256"] or set(props) != {"path", "sha256", "bytes"}
+                or set(path) - {"description"} != {"type", "minLength", "pattern"} or path["type"] != "string"
+                or sha != {"$ref": "#/$defs/sha256_hex"} or size != {"$ref": "#/$defs/count"}
+                or defs.get("sha256_hex", {}).keys() != {"type", "pattern"} or defs["sha256_hex"]["type"] != "string"
+                or defs.get("count", {}).keys() != {"type", "minimum"} or defs["count"]["type"] != "integer"
+                or schema["properties"][key].keys() - {"description"} != {"type", "items"}):
+            return None
+        rules.add((path["pattern"], int(path["minLength"]), defs["sha256_hex"]["pattern"], defs["count"]["minimum"]))
+    if len(rules) != 1:
+        return None
+    path_re, min_len, sha_re, minimum = rules.pop()
+    return re.compile(path_re), min_len, re.compile(sha_re), minimum
+
+
+def _files_valid(items: Any) -> bool:
+    """True only if every item of a file list is valid under the schema's item rules (:func:`_file_item_rules`).
+
+    The same rules as jsonschema (``pattern`` is ``re.search``; integers, not booleans), a few
+    microseconds per item instead of jsonschema's walk: a report lists every released file.
+    """
+    rules = _file_item_rules()
+    if rules is None or not isinstance(items, list):
+        return False
+    path_re, min_len, sha_re, minimum = rules
+    keys = {"path", "sha256", "bytes"}
+    for a in items:
+        if type(a) is not dict or a.keys() != keys:
+            return False
+        p, h, n = a["path"], a["sha256"], a["bytes"]
+        if (type(p) is not str or len(p) < min_len or path_re.search(p) is None or type(h) is not str
+                or sha_re.search(h) is None or type(n) is not int or n < minimum):
+            return False
+    return True
+
+
+def _one_file_each(report: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``report`` with each long file list that :func:`_files_valid` accepts cut to its first item.
+
+    The schema constrains these lists by their items and by being empty or not (``minItems: 1``,
+    ``maxItems: 0``), both unchanged by the cut; jsonschema then validates the rest of the report.
+    """
+    cut = {key: report[key][:1] for key in _FILE_LISTS
+           if isinstance(report.get(key), list) and len(report[key]) > 1 and _files_valid(report[key])}
+    return {**report, **cut} if cut else report
 
 
 def validate_report(report: Mapping[str, Any]) -> None:
