@@ -231,11 +231,12 @@ class _Run:
             g = s.gate(deid, part, config, labels=ing.labels, counts=counts, extra_checks=extra_checks,
                        staged=staged, lineage=lin, executor=executor)
         fault_point("gate")
-        report = build_report(
-            release_id=self.release_id, run_id=self.run_id, created_at=pipeline.now_iso(), config=config,
-            ingested=ing, aligned=aligned, partitioned=part, deidentified=deid, lineage=lin, staged=staged, gate=g,
-            counts=counts, quarantine_by_reason=by_reason, validation=validation, notes=notes, timings=timings,
-            signing=self.signing, versions=run_versions())
+        with _timed(timings, "report"):
+            report = build_report(
+                release_id=self.release_id, run_id=self.run_id, created_at=pipeline.now_iso(), config=config,
+                ingested=ing, aligned=aligned, partitioned=part, deidentified=deid, lineage=lin, staged=staged,
+                gate=g, counts=counts, quarantine_by_reason=by_reason, validation=validation, notes=notes,
+                timings=timings, signing=self.signing, versions=run_versions())
         return self.commit(report, staged, dataset=ing.dataset, validation=validation, timings=timings, lin=lin)
 
     def walk_features(self) -> RunResult:
@@ -286,25 +287,34 @@ class _Run:
         s, config, passed = self.steps, self.config, report.verdict == "released"
         # Before anything is committed: a report the schema refuses stops the run with nothing registered,
         # signed or published.
-        validate_report(report.to_dict())
+        with _timed(timings, "report"):
+            validate_report(report.to_dict())
         if passed and lin is not None:
             # Registered (pending) before the report is signed and the release published: a crash from here
             # on can never let the next run re-cluster these people; the next run settles the status.
-            s.register_lineage(dataset, lin.state, config, lin.release)
+            with _timed(timings, "register"):
+                s.register_lineage(dataset, lin.state, config, lin.release)
             fault_point("register")
         elif not passed and staged is not None:
             s.withhold(staged)
         if passed:
             # The dataset card states the gate's figures; written into the staged release before it is hashed.
-            report = replace(report, artifacts=list(s.dataset_card(staged, report)))
+            with _timed(timings, "card"):
+                report = replace(report, artifacts=list(s.dataset_card(staged, report)))
+        if "stage_seconds" in report.configuration:
+            # The report's own steps so far are in the signed stage seconds too; signing, publishing and
+            # settling the lineage come after (RunResult.timings, printed by `deid run`).
+            report = replace(report, configuration={**report.configuration, "stage_seconds": dict(timings)})
         # report.html shows sample faces of a released image run (a feature release has none).
-        signed = s.write_report(report, config, validation=validation,
-                                staged=staged if passed and config.kind == "images" else None)
+        with _timed(timings, "sign"):
+            signed = s.write_report(report, config, validation=validation,
+                                    staged=staged if passed and config.kind == "images" else None)
         fault_point("sign")
         published = (self.publish(staged, dataset, report_dir=signed.dir, timings=timings, lineage=lin is not None)
                      if passed else None)
         if lin is not None and published is not None:
-            self.settle_lineage(dataset, "published")
+            with _timed(timings, "register"):
+                self.settle_lineage(dataset, "published")
         self.layout.complete.touch()
         self.logger.info("verdict: %s; report %s", report.verdict, signed.path)
         return RunResult(release_id=self.release_id, verdict=report.verdict, report=report, report_path=signed.path,

@@ -318,9 +318,23 @@ class LineageState:
         state = self
         if not self.entries and body.get("kind") != "genesis":
             state = self.with_entry({"kind": "genesis"})
-        seq = state.seq + 1
-        doc = {**body, "format": ENTRY_FORMAT, "dataset": state.dataset, "seq": seq, "prev": state.head}
-        return replay(state.dataset, [*state.entries, doc], seq=seq, head=chain_hash(state.head, doc))
+        return state._appended(body)[0]
+
+    def _appended(self, body: Mapping[str, Any]) -> tuple["LineageState", bytes]:
+        """The state after ``body`` (chained to this state, which has its genesis entry) and the new
+        entry's canonical bytes (hashed into the chain; what the registry encrypts)."""
+        seq = self.seq + 1
+        doc = {**body, "format": ENTRY_FORMAT, "dataset": self.dataset, "seq": seq, "prev": self.head}
+        payload = canonical_bytes(doc)
+        head = hashlib.sha256(bytes.fromhex(self.head) + payload).hexdigest()  # chain_hash(self.head, doc)
+        if doc.get("kind") == "published" and doc.get("release_id") in {r.release_id for r in self.releases
+                                                                        if r.status == "pending"}:
+            # A status change only: the clusters stay as replayed (not decoded again from every entry).
+            releases = tuple(dataclasses.replace(r, status="published") if r.release_id == doc["release_id"] else r
+                             for r in self.releases)
+            return dataclasses.replace(self, seq=seq, head=head, releases=releases,
+                                       entries=(*self.entries, doc)), payload
+        return replay(self.dataset, [*self.entries, doc], seq=seq, head=head), payload
 
 
 def empty_state(dataset: str) -> LineageState:

@@ -257,6 +257,7 @@ class Registry:
         if not files and head_blob is None:
             return replay(self.dataset, [], seq=-1, head=GENESIS_PREV)
         docs: list[dict[str, Any]] = []
+        hashes: list[str] = []  # the chain hash after each entry
         prev = GENESIS_PREV
         for expect, (seq, blob) in enumerate(files):
             if seq != expect:
@@ -271,9 +272,9 @@ class Registry:
                                    f"expected {ENTRY_FORMAT}")
             prev = chain_hash(prev, doc)
             docs.append(doc)
+            hashes.append(prev)
         head_seq, head_hash = self._read_head(head_blob)
         last = len(docs) - 1
-        hashes = self._hashes(docs)
         if head_seq > last:
             raise LineageError(f"lineage registry {self.where}: HEAD names entry {head_seq:08d} but the last entry is "
                                f"{last:08d}; entries were deleted; restore the registry from backup")
@@ -312,28 +313,32 @@ class Registry:
         logger.warning("lineage registry of %s: %d entries imported from %s into %s; the files are no longer used",
                        self.dataset, len(blobs), self.root, self.where)
 
-    @staticmethod
-    def _hashes(docs: list[dict[str, Any]]) -> list[str]:
-        out, prev = [], GENESIS_PREV
-        for d in docs:
-            prev = chain_hash(prev, d)
-            out.append(prev)
-        return out
-
     # ------------------------------------------------------------------ writing
 
+    def _unchanged_since(self, state: LineageState) -> bool:
+        """True when the file store still ends at ``state``'s entry: its HEAD (authenticated) names the
+        state's entry and chain hash, and no entry follows. Then ``state``, verified when it was
+        loaded, is the registry's state without decrypting and replaying every entry again."""
+        if not isinstance(self.store, FileStore) or not state.entries or self.store.count() != state.seq + 1:
+            return False
+        head = self.store.root / HEAD_NAME
+        try:
+            return self._read_head(head.read_bytes()) == (state.seq, state.head)
+        except (OSError, LineageError):
+            return False
+
     def _append(self, state: LineageState, body: dict[str, Any]) -> LineageState:
-        current = self.load()
+        current = state if self._unchanged_since(state) else self.load()
         if current.head != state.head:
             raise LineageError(f"lineage registry {self.where} moved on (entry {current.seq}) since the state used "
                                f"here (entry {state.seq}) was loaded; reload and plan again")
         if not current.entries and body.get("kind") != "genesis":
             raise LineageError(f"lineage registry {self.where} has no genesis entry; call init() first")
-        new = current.with_entry(body)
-        seq, doc, new_hash = new.seq, new.entries[-1], new.head
+        new, payload = current._appended(body)
+        seq, new_hash = new.seq, new.head
         # The store appends entry `seq` only if it is the next one (a file that does not exist yet; a row
         # after the last, in one serializable transaction): two writers never both append it.
-        self.store.append(seq, self._seal(MAGIC, "encrypt", seq, canonical_bytes(doc)), self._head_blob(seq, new_hash))
+        self.store.append(seq, self._seal(MAGIC, "encrypt", seq, payload), self._head_blob(seq, new_hash))
         logger.info("lineage %s: appended entry %08d (%s)", self.dataset, seq, body.get("kind"))
         return new
 

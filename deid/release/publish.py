@@ -73,6 +73,8 @@ class StagedRelease:
     mapping: list[dict] = field(default_factory=list)
     # Release-relative paths of the sequence videos (empty without sequences).
     videos: list[str] = field(default_factory=list)
+    # Release-relative path -> (sha256, bytes) of every image file as written (not re-read to hash the release).
+    digests: dict[str, tuple[str, int]] = field(default_factory=dict)
 
 
 def write_video(path: Path, frames: list[np.ndarray], *, fps: float = VIDEO_FPS) -> Path:
@@ -172,20 +174,17 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], 
     cluster_ids = {c: "c-" + secrets.token_hex(6) for c in sorted(set(clusters))}
     rows = []
     mapping = []
+    names = [""] * n  # image file of each input record
     for i in order:
         rid = secrets.token_hex(8)
-        name = f"images/{rid}.png"
-        ok, buf = cv2.imencode(".png", images[i].reshape(shape))
-        if not ok:
-            raise RuntimeError(f"PNG encoding failed for a {shape} image")
-        fault_enospc("stage", tmp_dir / name)
-        (tmp_dir / name).write_bytes(buf.tobytes())
+        name = names[i] = f"images/{rid}.png"
         rows.append({"record_id": rid, "image": name, "cluster_id": cluster_ids[clusters[i]],
                      **{k: v[i] for k, v in labels.items()},
                      **({"sequence_id": seq_of[i][0], "frame": seq_of[i][1]} if seq_of is not None else {})})
         if record_ids is not None:
             mapping.append({"record_id": record_ids[i], "released_record_id": rid, "image": name,
                             "cluster": clusters[i], "cluster_id": cluster_ids[clusters[i]]})
+    digests = _write_images(tmp_dir, images, shape, names)
     videos = []
     if seq_of is not None:
         (tmp_dir / VIDEOS).mkdir()
@@ -205,7 +204,45 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], 
     # imagefolder: file_name first, relative to metadata.csv; the same columns otherwise.
     _write_csv(tmp_dir / METADATA_CSV, ["file_name", *(c for c in schema.names if c != "image")],
                [{"file_name": r["image"], **r} for r in rows], drop=("image",))
-    return StagedRelease(tmp_dir, schema.names, n, mapping, videos)
+    return StagedRelease(tmp_dir, schema.names, n, mapping, videos, digests)
+
+
+def _write_images(tmp_dir: Path, images, shape: tuple[int, ...], names: list[str],
+                  chunk: int = 4096) -> dict[str, tuple[str, int]]:
+    """Write ``images[i]`` as PNG to ``tmp_dir / names[i]``; returns (sha256, bytes) of every file written.
+
+    A k-Same release gives every member of a cluster the same image: when ``images`` says which
+    rows are the same (an ``index`` of distinct rows, :class:`deid.operations.stages.IndexedRows`),
+    each distinct image is read, encoded and hashed once and its bytes written to every member's
+    file (the files are byte for byte what one encoding per record gives: PNG encoding is
+    deterministic). Distinct rows are read in order, a chunk at a time (issue 13).
+    """
+    import hashlib  # noqa: PLC0415
+
+    n = len(names)
+    index = getattr(images, "index", None)
+    keys = np.asarray(index, dtype=np.int64) if index is not None and len(index) == n else np.arange(n)
+    by_key = np.argsort(keys, kind="stable")
+    starts = np.flatnonzero(np.r_[True, keys[by_key][1:] != keys[by_key][:-1]]) if n else np.zeros(0, np.int64)
+    ends = np.r_[starts[1:], n].astype(np.int64) if n else starts
+    digests: dict[str, tuple[str, int]] = {}
+    for c in range(0, len(starts), chunk):
+        reps = by_key[starts[c:c + chunk]]  # one record per distinct image
+        block = np.asarray(images[reps]) if index is not None else None
+        for j, (a, b) in enumerate(zip(starts[c:c + chunk].tolist(), ends[c:c + chunk].tolist())):
+            img = block[j] if block is not None else images[int(reps[j])]
+            ok, buf = cv2.imencode(".png", np.asarray(img).reshape(shape))
+            if not ok:
+                raise RuntimeError(f"PNG encoding failed for a {shape} image")
+            data = buf.tobytes()
+            digest = (hashlib.sha256(data).hexdigest(), len(data))
+            for i in by_key[a:b].tolist():
+                name = names[i]
+                fault_enospc("stage", tmp_dir / name)
+                with open(tmp_dir / name, "wb") as fh:
+                    fh.write(data)
+                digests[name] = digest
+    return digests
 
 
 def _sequence_ids(sequences: list | None, frames: list | None, n: int) -> list[tuple[str | None, int | None]] | None:

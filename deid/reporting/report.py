@@ -217,7 +217,11 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready dict (Paths as POSIX strings, tuples as lists, numpy scalars as Python numbers)."""
-        d = dataclasses.asdict(self)
+        # The file lists (one entry per released file: a million at issue 13's scale) are converted
+        # directly, not through the generic dataclasses.asdict / jsonable walk.
+        files = {"artifacts": _files_dicts(self.artifacts),
+                 "report_files": None if self.report_files is None else _files_dicts(self.report_files)}
+        d = dataclasses.asdict(dataclasses.replace(self, artifacts=[], report_files=None))
         if d["privacy"] is None:
             d["privacy"] = dataclasses.asdict(Privacy(bound=1.0 / self.k))
         _drop_none(d, "report_files", "guarantee", "warnings", "lineage", "validation")
@@ -231,7 +235,12 @@ class Report:
             extra = u.pop("extra")
             _drop_none(u, "protocol", "detail")
             u.update(extra)
-        return jsonable(d)
+        out = jsonable(d)
+        out["artifacts"] = files["artifacts"]
+        if files["report_files"] is not None:
+            out["report_files"] = files["report_files"]
+        # The keys in the dataclass's field order, as dataclasses.asdict gives them.
+        return {f.name: out[f.name] for f in dataclasses.fields(self) if f.name in out}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Report:
@@ -265,6 +274,12 @@ class Report:
             configuration=dict(d["configuration"]),
             report_files=[Artifact(**a) for a in d["report_files"]] if "report_files" in d else None,
         )
+
+
+def _files_dicts(files: Iterable[Artifact]) -> list[dict[str, Any]]:
+    """``[{path, sha256, bytes}]`` of :class:`Artifact` s, as :func:`jsonable` would give them."""
+    return [{"path": a.path if type(a.path) is str else jsonable(a.path), "sha256": jsonable(a.sha256),
+             "bytes": jsonable(a.bytes)} for a in files]
 
 
 def utc_now_iso() -> str:
@@ -356,49 +371,63 @@ def scan_tree(root: Path) -> tuple[dict[str, Path], list[str]]:
     root = Path(root)
     files: dict[str, Path] = {}
     others: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        base = Path(dirpath)
-        for name in list(dirnames):
-            p = base / name
-            if p.is_symlink():
-                # os.walk lists a symlinked directory as a directory; never descend into it.
-                others.append(p.relative_to(root).as_posix())
-                dirnames.remove(name)
-        for name in filenames:
-            p = base / name
-            rel = p.relative_to(root).as_posix()
-            st = p.lstat()
-            if stat.S_ISREG(st.st_mode):
-                files[rel] = p
-            else:
-                others.append(rel)
+    # os.scandir's entry types (no stat per file, no Path per file until kept): a release lists a million images.
+    stack = [(os.fspath(root), "")]
+    while stack:
+        path, prefix = stack.pop()
+        with os.scandir(path) as it:
+            for e in it:
+                rel = prefix + e.name
+                if e.is_symlink():
+                    others.append(rel)  # a symlinked directory is never descended into
+                elif e.is_dir(follow_symlinks=False):
+                    stack.append((e.path, rel + "/"))
+                elif e.is_file(follow_symlinks=False):
+                    files[rel] = root / rel
+                else:
+                    others.append(rel)
     return dict(sorted(files.items())), sorted(others)
 
 
 def _hash_regular_files(root: Path, *, what: str, missing: str, special: str,
-                        skip: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """``[{path, sha256, bytes}]`` of the files under ``root`` but ``skip``; ``what`` and the hints word the errors."""
+                        skip: tuple[str, ...] = (),
+                        known: Mapping[str, tuple[str, int]] | None = None) -> list[dict[str, Any]]:
+    """``[{path, sha256, bytes}]`` of the files under ``root`` but ``skip``; ``what`` and the hints word the errors.
+
+    ``known``: relative path -> (sha256, bytes) of files whose hash the caller computed from the very
+    bytes it wrote; such a file (still that size) is not read again.
+    """
     if not root.is_dir():
         raise StateError(f"{what} {root} {missing}")
     files, others = scan_tree(root)
     if others:
         raise StateError(f"{what} {root} contains symlinks or special files {others[:5]}; {special}")
     out = []
+    known = known or {}
     for rel, p in files.items():
         if rel in skip:
             continue
-        sha, size = hash_file(p)
+        got = known.get(rel)
+        if got is not None and os.stat(p).st_size == got[1]:
+            sha, size = got
+        else:
+            sha, size = hash_file(p)
         out.append({"path": rel, "sha256": sha, "bytes": size})
     return out
 
 
-def hash_tree(root: Path) -> list[dict[str, Any]]:
-    """``[{path, sha256, bytes}]`` for every regular file under ``root``, sorted by POSIX relative path; refuses symlinks."""
+def hash_tree(root: Path, *, known: Mapping[str, tuple[str, int]] | None = None) -> list[dict[str, Any]]:
+    """``[{path, sha256, bytes}]`` for every regular file under ``root``, sorted by POSIX relative path; refuses symlinks.
+
+    ``known``: (sha256, bytes) of files hashed as they were written (e.g.
+    :attr:`deid.release.publish.StagedRelease.digests`), not read again (issue 13: a million images).
+    """
     return _hash_regular_files(
         Path(root),
         what="release directory",
         missing="does not exist or is not a directory",
         special="a release must hold only regular files (copy the data instead of linking it)",
+        known=known,
     )
 
 
@@ -449,7 +478,10 @@ def report_problems(report: Mapping[str, Any]) -> list[str]:
     if problems:
         return problems
     validator = jsonschema.Draft202012Validator(load_schema())
-    errors = sorted(validator.iter_errors(report), key=lambda e: (list(e.absolute_path), e.message))
+    errors = sorted(validator.iter_errors(_one_file_each(report)), key=lambda e: (list(e.absolute_path), e.message))
+    if errors:
+        # A problem: the messages come from the whole report (every item of the file lists included).
+        errors = sorted(validator.iter_errors(report), key=lambda e: (list(e.absolute_path), e.message))
     problems = [f"{_where(e.absolute_path)}: {e.message}" for e in errors]
     if problems:
         return problems
@@ -546,6 +578,71 @@ def _count_problems(report: Mapping[str, Any]) -> list[str]:
         out.append(f"check release_not_empty judged {judged} records but $.dataset says {ds['records_released']} "
                    f"released and {withheld} withheld")
     return out
+
+
+_FILE_LISTS = ("artifacts", "report_files")
+
+
+@functools.lru_cache(maxsize=1)
+def _file_item_rules() -> tuple[Any, ...] | None:
+    """(path pattern, path min length, sha256 pattern, bytes minimum) of the schema's file-list items.
+
+    Read from the schema itself; None when an item is not exactly the ``{path, sha256, bytes}`` object
+    this fast check knows (the lists are then validated by jsonschema item by item).
+    """
+    schema = load_schema()
+    defs = schema.get("$defs", {})
+    rules = set()
+    for key in _FILE_LISTS:
+        item = schema["properties"][key].get("items", {})
+        props = item.get("properties", {})
+        path, sha, size = props.get("path", {}), props.get("sha256", {}), props.get("bytes", {})
+        if (set(item) - {"description"} != {"type", "additionalProperties", "required", "properties"}
+                or item["type"] != "object" or item["additionalProperties"] is not False
+                or sorted(item["required"]) != ["bytes", "path", "sha256"] or set(props) != {"path", "sha256", "bytes"}
+                or set(path) - {"description"} != {"type", "minLength", "pattern"} or path["type"] != "string"
+                or sha != {"$ref": "#/$defs/sha256_hex"} or size != {"$ref": "#/$defs/count"}
+                or defs.get("sha256_hex", {}).keys() != {"type", "pattern"} or defs["sha256_hex"]["type"] != "string"
+                or defs.get("count", {}).keys() != {"type", "minimum"} or defs["count"]["type"] != "integer"
+                or schema["properties"][key].keys() - {"description"} != {"type", "items"}):
+            return None
+        rules.add((path["pattern"], int(path["minLength"]), defs["sha256_hex"]["pattern"], defs["count"]["minimum"]))
+    if len(rules) != 1:
+        return None
+    path_re, min_len, sha_re, minimum = rules.pop()
+    return re.compile(path_re), min_len, re.compile(sha_re), minimum
+
+
+def _files_valid(items: Any) -> bool:
+    """True only if every item of a file list is valid under the schema's item rules (:func:`_file_item_rules`).
+
+    The same rules as jsonschema (``pattern`` is ``re.search``; integers, not booleans), a few
+    microseconds per item instead of jsonschema's walk: a report lists every released file.
+    """
+    rules = _file_item_rules()
+    if rules is None or not isinstance(items, list):
+        return False
+    path_re, min_len, sha_re, minimum = rules
+    keys = {"path", "sha256", "bytes"}
+    for a in items:
+        if type(a) is not dict or a.keys() != keys:
+            return False
+        p, h, n = a["path"], a["sha256"], a["bytes"]
+        if (type(p) is not str or len(p) < min_len or path_re.search(p) is None or type(h) is not str
+                or sha_re.search(h) is None or type(n) is not int or n < minimum):
+            return False
+    return True
+
+
+def _one_file_each(report: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``report`` with each long file list that :func:`_files_valid` accepts cut to its first item.
+
+    The schema constrains these lists by their items and by being empty or not (``minItems: 1``,
+    ``maxItems: 0``), both unchanged by the cut; jsonschema then validates the rest of the report.
+    """
+    cut = {key: report[key][:1] for key in _FILE_LISTS
+           if isinstance(report.get(key), list) and len(report[key]) > 1 and _files_valid(report[key])}
+    return {**report, **cut} if cut else report
 
 
 def validate_report(report: Mapping[str, Any]) -> None:
