@@ -24,15 +24,20 @@ def _drop(n_people: int = 30, seed: int = 1):
     return np.clip(faces, 0, 255).astype(np.uint8), np.asarray([f"p{p}" for p in who], dtype=object), label
 
 
-def test_the_parallel_gate_gives_the_serial_figures():
-    faces, people, label = _drop()
+def _gate_inputs(n_people: int = 30, seed: int = 1) -> GateInputs:
+    """The gate's inputs for a k-Same-Select release (k=5) of :func:`_drop`, with its method for the parrot."""
+    faces, people, label = _drop(n_people, seed)
     released, clusters = deidentify(faces, shape=SHAPE, people=people, partitions=list(label),
                                     method="k-same-select", k=5, n_components=10)
-    inputs = GateInputs.from_arrays(
+    return GateInputs.from_arrays(
         shape=SHAPE, people=people, released=released, originals=faces, clusters=clusters.astype(object),
         partitions=label, labels={"bright": label}, records_in=len(people),
         release_columns=("record_id", "image", "cluster_id"),
         deidentify=method_runner("k-same-select", shape=SHAPE, k=5, n_components=10))
+
+
+def test_the_parallel_gate_gives_the_serial_figures():
+    inputs = _gate_inputs()
     config = GateConfig(k=5, method="k-same-select", labels=("bright",), repeats=1, deep_attack_sample=5,
                         attackers=("pca-whitened-cosine", "lbp-chi2", "dlib-resnet"))
     serial = evaluate(inputs, config)
@@ -70,14 +75,7 @@ def test_a_large_release_runs_its_gate_on_a_helper_process_with_the_serial_figur
     process and one spawned helper give the serial figures; nothing is computed twice."""
     from deid.evaluation import gate as g
 
-    faces, people, label = _drop(n_people=20, seed=2)
-    released, clusters = deidentify(faces, shape=SHAPE, people=people, partitions=list(label),
-                                    method="k-same-select", k=5, n_components=10)
-    inputs = GateInputs.from_arrays(
-        shape=SHAPE, people=people, released=released, originals=faces, clusters=clusters.astype(object),
-        partitions=label, labels={"bright": label}, records_in=len(people),
-        release_columns=("record_id", "image", "cluster_id"),
-        deidentify=method_runner("k-same-select", shape=SHAPE, k=5, n_components=10))
+    inputs = _gate_inputs(n_people=20, seed=2)
     config = GateConfig(k=5, method="k-same-select", labels=("bright",), repeats=1,
                         attackers=("pca-whitened-cosine", "lbp-chi2"), helper_min_records=0)
     serial = evaluate(inputs, config)
@@ -85,7 +83,7 @@ def test_a_large_release_runs_its_gate_on_a_helper_process_with_the_serial_figur
     parts = g.parallel_parts
     g.parallel_parts = lambda *a, **kw: (calls.append(kw), parts(*a, **kw))[1]
     try:
-        helped = evaluate(inputs, replace(config, helper_min_records=len(people)))
+        helped = evaluate(inputs, replace(config, helper_min_records=inputs.n))
     finally:
         g.parallel_parts = parts
     assert calls == [{"large": True}]
