@@ -137,3 +137,57 @@ def key_for(*parts: Any) -> bytes | None:
     if not ENABLED or size_of(*parts) > MAX_KEY_BYTES:
         return None
     return digest(*parts)
+
+
+class RowCache:
+    """A process-wide LRU of per-row results (one face's descriptor, histogram...) keyed by the row's bytes.
+
+    A row's result that depends on that row alone is computed once per process, whatever copies
+    of the row the callers pass: each row is keyed by ``base`` (a hash object already fed the
+    computation's parameters) extended with the row's bytes.
+    """
+
+    def __init__(self, max_items: int):
+        self.max_items = max_items
+        self._data: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: bytes) -> np.ndarray | None:
+        with self._lock:
+            v = self._data.get(key)
+            if v is not None:
+                self._data.move_to_end(key)
+            return v
+
+    def put(self, key: bytes, value: np.ndarray) -> None:
+        with self._lock:
+            self._data[key] = value
+            self._data.move_to_end(key)
+            while len(self._data) > self.max_items:
+                self._data.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._data.clear()
+
+    @staticmethod
+    def keys(rows: np.ndarray, base: Any) -> list[bytes]:
+        """Each row's key: ``base`` (a hashlib object) extended with the row's bytes."""
+        out = []
+        for row in np.ascontiguousarray(rows):
+            h = base.copy()
+            h.update(row.data)
+            out.append(h.digest())
+        return out
+
+    def fill(self, out: np.ndarray, keys: list[bytes]) -> dict[bytes, list[int]]:
+        """Copy the cached results into ``out``'s rows; the rest as {key: rows with that key}, first seen first."""
+        todo: dict[bytes, list[int]] = {}
+        for i, k in enumerate(keys):
+            hit = self.get(k) if k not in todo else None
+            if hit is not None:
+                out[i] = hit
+            else:
+                todo.setdefault(k, []).append(i)
+        return todo
+

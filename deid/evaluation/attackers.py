@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
-from collections import OrderedDict
 from numbers import Integral
 from typing import Any, Hashable, Sequence
 
@@ -22,6 +20,7 @@ from sklearn.decomposition import PCA
 from deid.blas import one_blas_thread
 
 from deid.errors import ConfigError, DataError
+from deid.memo import RowCache
 from deid.evaluation.scoring import _joint_codes
 
 logger = logging.getLogger(__name__)
@@ -502,33 +501,7 @@ def lbp_codes(faces: np.ndarray, *, radius: float = 1, points: int = 8) -> np.nd
     return codes
 
 
-class _RowCache:
-    """A small process-wide LRU of per-face results keyed by a digest of the face's bytes."""
-
-    def __init__(self, max_items: int):
-        self.max_items = max_items
-        self._data: OrderedDict[bytes, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: bytes) -> np.ndarray | None:
-        with self._lock:
-            v = self._data.get(key)
-            if v is not None:
-                self._data.move_to_end(key)
-            return v
-
-    def put(self, key: bytes, value: np.ndarray) -> None:
-        with self._lock:
-            self._data[key] = value
-            while len(self._data) > self.max_items:
-                self._data.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-
-
-LBP_CACHE = _RowCache(4000)
+LBP_CACHE = RowCache(4000)
 """LBP histograms of the last 4,000 distinct faces (~46 MB at 7 x 7 cells of 59 bins): a gate's attacked
 sample (1,000 originals, their N/k released and parrot images) is histogrammed once."""
 
@@ -612,18 +585,8 @@ class LBPAttacker(_GalleryAttacker):
         out = np.empty((n, nc * nb), dtype=np.float32)
         base = hashlib.blake2b(repr((h, w, tuple(self.grid), float(self.radius), int(self.points), a.dtype.str))
                                .encode(), digest_size=16, person=b"deid-lbp")
-        keys = []
-        for row in np.ascontiguousarray(a):
-            k = base.copy()
-            k.update(row.data)
-            keys.append(k.digest())
-        todo: dict[bytes, list[int]] = {}
-        for i, k in enumerate(keys):
-            hit = LBP_CACHE.get(k) if k not in todo else None
-            if hit is not None:
-                out[i] = hit
-            else:
-                todo.setdefault(k, []).append(i)
+        keys = LBP_CACHE.keys(a, base)
+        todo = LBP_CACHE.fill(out, keys)
         first = np.fromiter((idx[0] for idx in todo.values()), dtype=np.int64, count=len(todo))
         for s in range(0, len(first), 256):
             rows = first[s:s + 256]

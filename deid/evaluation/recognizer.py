@@ -25,7 +25,6 @@ import hashlib
 import logging
 import math
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Any, Hashable, Sequence
@@ -35,6 +34,7 @@ import numpy as np
 from sklearn.base import BaseEstimator
 
 from deid.errors import ConfigError, EnvironmentFailure
+from deid.memo import RowCache
 from deid.neighbours import distance_blocks
 
 logger = logging.getLogger(__name__)
@@ -127,46 +127,12 @@ def _dlib_model(kind: str) -> Any:
 
 
 # ------------------------------------------------------------------------------ descriptor cache
-class _DescriptorCache:
-    """Process-wide LRU of descriptors keyed by (embedder geometry, image bytes digest).
+DESCRIPTOR_CACHE = RowCache(200_000)
+"""Shared descriptor cache (at most 200,000 descriptors, ~150 MB); ``DESCRIPTOR_CACHE.clear()`` empties it.
 
-    The same original faces are embedded by every mode of every attack and by the same-person
-    check; a content key (not array identity) makes them cost once per process, whatever copies
-    or float conversions the callers make.
-    """
-
-    def __init__(self, max_items: int = 200_000):
-        self.max_items = max_items
-        self._data: OrderedDict[bytes, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
-
-    def get(self, key: bytes) -> np.ndarray | None:
-        with self._lock:
-            v = self._data.get(key)
-            if v is not None:
-                self._data.move_to_end(key)
-                self.hits += 1
-            else:
-                self.misses += 1
-            return v
-
-    def put(self, key: bytes, value: np.ndarray) -> None:
-        with self._lock:
-            self._data[key] = value
-            self._data.move_to_end(key)
-            while len(self._data) > self.max_items:
-                self._data.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._data.clear()
-            self.hits = self.misses = 0
-
-
-DESCRIPTOR_CACHE = _DescriptorCache()
-"""Shared descriptor cache (at most 200,000 descriptors, ~150 MB); ``DESCRIPTOR_CACHE.clear()`` empties it."""
+The same original faces are embedded by every mode of every attack and by the same-person check;
+a content key (embedder geometry + image bytes, not array identity) makes them cost once per
+process, whatever copies or float conversions the callers make."""
 
 
 def _check_pair(name: str, value: Any) -> tuple[float, float]:
@@ -294,19 +260,8 @@ class DlibEmbedder(BaseEstimator):
         """Descriptors of the rows of ``X``: float32 array (n, 128), rows of identical faces identical."""
         base = self._key_base()
         a = _to_uint8_rows(X, "X")
-        keys = []
-        for row in a:
-            h = base.copy()
-            h.update(row.data)
-            keys.append(h.digest())
         out = np.empty((len(a), 128), dtype=np.float32)
-        todo: dict[bytes, list[int]] = {}
-        for i, k in enumerate(keys):
-            hit = DESCRIPTOR_CACHE.get(k) if k not in todo else None
-            if hit is not None:
-                out[i] = hit
-            else:
-                todo.setdefault(k, []).append(i)
+        todo = DESCRIPTOR_CACHE.fill(out, DESCRIPTOR_CACHE.keys(a, base))
         if todo:
             first = np.array([idx[0] for idx in todo.values()])
             desc = self._compute(a[first])
@@ -326,10 +281,8 @@ class DlibEmbedder(BaseEstimator):
         d = np.asarray(descriptors, dtype=np.float32)
         if d.shape != (len(a), 128):
             raise ValueError(f"descriptors have shape {d.shape}; expected ({len(a)}, 128), one per row of X")
-        for row, desc in zip(a, d):
-            h = base.copy()
-            h.update(row.data)
-            DESCRIPTOR_CACHE.put(h.digest(), desc.copy())
+        for key, desc in zip(DESCRIPTOR_CACHE.keys(a, base), d):
+            DESCRIPTOR_CACHE.put(key, desc.copy())
 
     def known(self, X: Any) -> tuple[np.ndarray, np.ndarray]:
         """The rows of ``X`` this process already has descriptors of, and those descriptors (nothing computed).
@@ -339,10 +292,8 @@ class DlibEmbedder(BaseEstimator):
         base = self._key_base()
         a = _to_uint8_rows(X, "X")
         hits = []
-        for i, row in enumerate(a):
-            h = base.copy()
-            h.update(row.data)
-            d = DESCRIPTOR_CACHE.get(h.digest())
+        for i, key in enumerate(DESCRIPTOR_CACHE.keys(a, base)):
+            d = DESCRIPTOR_CACHE.get(key)
             if d is not None:
                 hits.append((i, d))
         rows = np.array([i for i, _ in hits], dtype=np.int64)
