@@ -47,6 +47,15 @@ def test_release_files_metadata_lists_only_dirty_files(tmp_path):
     iend = clean.rindex(b"IEND") - 4
     (tmp_path / "images" / "b.png").write_bytes(clean[:iend] + _chunk(b"eXIf", b"MM\x00*") + clean[iend:])
     assert release_files_metadata(tmp_path) == {"images/b.png": ["eXIf"]}
+    # Files written with one content (a k-Same cluster's members) are checked once per content; a file
+    # whose size no longer matches what was written is checked on its own.
+    dirty = (tmp_path / "images" / "b.png").read_bytes()
+    (tmp_path / "images" / "c.png").write_bytes(dirty)
+    written = {"images/a.png": ("A", len(clean)), "images/b.png": ("B", len(dirty)),
+               "images/c.png": ("B", len(dirty)), "images/d.png": ("A", len(clean))}
+    (tmp_path / "images" / "d.png").write_bytes(dirty)  # changed after writing: its size differs
+    assert release_files_metadata(tmp_path, digests=written) == {
+        "images/b.png": ["eXIf"], "images/c.png": ["eXIf"], "images/d.png": ["eXIf"]}
 
 
 def test_nearest_original_distance_finds_copies_and_near_copies():

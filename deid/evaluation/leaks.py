@@ -1,11 +1,14 @@
 """Leak checks on a would-be release: near-copies of original faces and metadata in image and video files."""
 from __future__ import annotations
 
+import fnmatch
 import logging
+import os
 import re
 import struct
 import zlib
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any, Iterator
 
 import numpy as np
@@ -260,21 +263,40 @@ def avi_has_metadata(data: bytes) -> list[str]:
 
 
 def release_files_metadata(release_dir: str | Path, *, pattern: str = "images/*.png",
-                           videos: str = "videos/*.avi") -> dict[str, list[str]]:
+                           videos: str = "videos/*.avi",
+                           digests: Mapping[str, tuple[str, int]] | None = None) -> dict[str, list[str]]:
     """:func:`png_has_metadata` for every release image and :func:`avi_has_metadata` for every video.
 
-    Only files with findings are returned.
+    Only files with findings are returned. ``digests`` (path -> (sha256, bytes) as the files were
+    written) lets files of identical content be read and checked once: the members of a k-Same
+    cluster share one PNG. A file not listed, or whose size differs, is checked on its own.
     """
     root = Path(release_dir)
     if not root.is_dir():
         raise ConfigError(f"release_dir={str(root)!r} is not a directory")
-    out = {}
+    known = digests or {}
+    out: dict[str, list[str]] = {}
     for glob, check in ((pattern, png_has_metadata), (videos, avi_has_metadata)):
-        for f in sorted(root.glob(glob)):
-            found = check(f.read_bytes())
+        by_content: dict[tuple[str, int], list[str]] = {}
+        for rel in _matching(root, glob):
+            path, got = root / rel, known.get(rel)
+            if got is None or os.stat(path).st_size != got[1]:
+                found = check(path.read_bytes())
+            elif (found := by_content.get(got)) is None:
+                found = by_content[got] = check(path.read_bytes())
             if found:
-                out[str(f.relative_to(root))] = found
+                out[rel] = list(found)
     return out
+
+
+def _matching(root: Path, pattern: str) -> list[str]:
+    """Paths under ``root`` matching ``folder/name-glob`` (one level), sorted; one directory scan, no Path per file."""
+    folder, _, name_glob = pattern.rpartition("/")
+    where = root / folder if folder else root
+    if not where.is_dir():
+        return []
+    prefix = f"{folder}/" if folder else ""
+    return sorted(prefix + e.name for e in os.scandir(where) if e.is_file() and fnmatch.fnmatchcase(e.name, name_glob))
 
 
 # --------------------------------------------------------------------------- feature vectors

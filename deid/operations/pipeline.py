@@ -649,6 +649,7 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
     labels of their partition); only the private linkage record marks them. The linkage record
     (which source went into which cluster) is encrypted at once and stays in private staging.
     """
+    from deid.evaluation.leaks import release_files_metadata  # noqa: PLC0415
     from deid.release.linkage import build_linkage, sources_from_ingested, write_linkage  # noqa: PLC0415
     from deid.release.publish import RELEASE_TABLE, discard, stage_release  # noqa: PLC0415
     from deid.reporting.report import Artifact, hash_tree  # noqa: PLC0415
@@ -672,7 +673,7 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
         validation = validate_off_main(executor, validate_release, release=staged.path / RELEASE_TABLE,
                                        labels=list(labels), k=config.k, clustered=config.spec.clustered,
                                        label_sets=label_sets)
-        file_metadata = release_files_metadata_once(staged.path, staged.digests)
+        file_metadata = release_files_metadata(staged.path, digests=staged.digests)
         key, key_path, origin = linkage_key(config)
         write_linkage(layout.linkage, build_linkage(staged.mapping, sources_from_ingested(ingested.metadata)), key,
                       release_id=release_id)
@@ -691,37 +692,6 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
     return Staged(dir=tmp, artifacts=artifacts, columns=tuple(staged.columns), records=staged.n_records,
                   validation=validation, checks=checks, file_metadata=file_metadata,
                   linkage=layout.linkage, videos=tuple(staged.videos))
-
-
-def release_files_metadata_once(release_dir: Path, digests: Mapping[str, tuple[str, int]]) -> dict[str, list[str]]:
-    """:func:`deid.evaluation.leaks.release_files_metadata`, each distinct image's bytes checked once.
-
-    ``digests`` are the images' (sha256, bytes) as written: the members of a k-Same cluster share one
-    PNG, so its findings are those of every copy (a file not in ``digests`` is read itself).
-    """
-    from deid.evaluation.leaks import avi_has_metadata, png_has_metadata  # noqa: PLC0415
-
-    root = Path(release_dir)
-    images = root / "images"
-    names = sorted(e.name for e in os.scandir(images) if e.name.endswith(".png")) if images.is_dir() else []
-    found: dict[str, list[str]] = {}
-    by_digest: dict[tuple[str, int], list[str]] = {}
-    for name in names:
-        rel, path = f"images/{name}", images / name
-        got = digests.get(rel)
-        if got is None or os.stat(path).st_size != got[1]:
-            findings = png_has_metadata(path.read_bytes())
-        else:
-            findings = by_digest.get(got)
-            if findings is None:
-                findings = by_digest[got] = png_has_metadata(path.read_bytes())
-        if findings:
-            found[rel] = list(findings)
-    for f in sorted(root.glob("videos/*.avi")):
-        findings = avi_has_metadata(f.read_bytes())
-        if findings:
-            found[str(f.relative_to(root))] = findings
-    return found
 
 
 def _sequence_linkage(rows: ReleaseRows, layout: StagingLayout, k: int) -> Check:
