@@ -767,7 +767,7 @@ def _evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any, pool: An
         parts = None
         if _parallel(inputs, executor):
             parts = parallel_parts(inputs, config, executor)
-        elif pool is not None and _parallel(inputs, _TWO_WORKERS):
+        elif _parallel(inputs, pool):
             parts = parallel_parts(inputs, config, pool, large=True)
         p_checks, reid, max_rate, sample = privacy_checks(inputs, config, exact=exact,
                                                           rows=None if parts is None else parts.attack_rows)
@@ -926,13 +926,6 @@ def _helper_size(inputs: GateInputs, config: GateConfig) -> bool:
     if not config.helper_min_records or inputs.n < config.helper_min_records:
         return False
     return not multiprocessing.current_process().daemon  # a daemonic pool's process (a study's worker) has none
-
-
-class _TwoWorkers:
-    workers = 2
-
-
-_TWO_WORKERS = _TwoWorkers()
 
 
 def _start_helper() -> Any:
