@@ -326,7 +326,7 @@ class LineageState:
         seq = self.seq + 1
         doc = {**body, "format": ENTRY_FORMAT, "dataset": self.dataset, "seq": seq, "prev": self.head}
         payload = canonical_bytes(doc)
-        head = hashlib.sha256(bytes.fromhex(self.head) + payload).hexdigest()  # chain_hash(self.head, doc)
+        head = chain_hash(self.head, payload)
         if doc.get("kind") == "published" and doc.get("release_id") in {r.release_id for r in self.releases
                                                                         if r.status == "pending"}:
             # A status change only: the clusters stay as replayed (not decoded again from every entry).
@@ -346,9 +346,10 @@ def canonical_bytes(doc: Mapping[str, Any]) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-def chain_hash(prev: str, doc: Mapping[str, Any]) -> str:
-    """``sha256(previous chain hash bytes + canonical entry bytes)`` as hex."""
-    return hashlib.sha256(bytes.fromhex(prev) + canonical_bytes(doc)).hexdigest()
+def chain_hash(prev: str, doc: Mapping[str, Any] | bytes) -> str:
+    """``sha256(previous chain hash bytes + canonical entry bytes)`` as hex (``doc`` or its canonical bytes)."""
+    payload = doc if isinstance(doc, bytes) else canonical_bytes(doc)
+    return hashlib.sha256(bytes.fromhex(prev) + payload).hexdigest()
 
 
 def replay(dataset: str, docs: Sequence[Mapping[str, Any]], *, seq: int | None = None,
