@@ -27,6 +27,7 @@ from deid.operations.safety import COMPLETE_MARKER, LOCK_NAME, RELEASE_SUBDIR
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pyarrow as pa
 
+    from deid.anonymise.near_copy import NearCopyRepair
     from deid.reporting.report import Artifact, Report
 
 # Drop-level checks that, failed, send the run straight to a (rejected) gate.
@@ -306,11 +307,16 @@ class Deidentified:
 
     ``shape_sources``: for k-same-m, how many clusters took their shape from landmark points and
     how many from optical flow (``{"points": n, "flow": m}``); empty for other methods.
+    ``suppressed``: records withheld as near copies (:mod:`deid.anonymise.near_copy`), in no part;
+    ``near_copies``: what that repair did (:class:`~deid.anonymise.near_copy.NearCopyRepair`; None:
+    the method gets no repair).
     """
 
     parts: tuple[Path, ...] = ()
     clusters: tuple[ClusterInfo, ...] = ()
     shape_sources: Mapping[str, int] = field(default_factory=dict)
+    suppressed: tuple[str, ...] = ()
+    near_copies: NearCopyRepair | None = None
 
     @property
     def records(self) -> int:

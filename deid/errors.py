@@ -145,6 +145,9 @@ REASONS: dict[str, str] = {
     "same_face_other_id": "the face matches a record under another subject id (duplicate_ids=quarantine)",
     # partitions (withheld, not quarantined)
     "partition_too_small": "the label partition has fewer than k distinct people and policy is suppress",
+    # clusters (withheld by the de-identify stage's near-copy repair, deid.anonymise.near_copy)
+    "near_copy": "the cluster's released average lay within the gate's leak threshold of a member's own face, "
+                 "and merging it with its nearest cluster did not move it away",
 }
 
 

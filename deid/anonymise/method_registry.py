@@ -45,6 +45,8 @@ class MethodSpec:
     cluster_mean : bool
         The released face is the plain pixel mean of its cluster (k-Same on the eigenface
         features): the same mean per colour channel is then the colour release (``DEID_COLOR``).
+    counts_people : bool
+        Its clusters count distinct people (False: k-same-naive counts images, no guarantee).
     """
 
     name: str
@@ -54,6 +56,17 @@ class MethodSpec:
     clustered: bool
     guarantee: Callable[[int | None], str]
     cluster_mean: bool = False
+    counts_people: bool = True
+
+    @property
+    def repairs_near_copies(self) -> bool:
+        """The de-identification stage repairs near-copy clusters (:mod:`deid.anonymise.near_copy`).
+
+        Only where every member receives its cluster's identical pixel mean and clusters count
+        people: merging two such clusters keeps >= k people and every share <= 1/k, and the merged
+        image is the mean of the union. Every other method is judged by the gate as made.
+        """
+        return self.identical_within_cluster and self.cluster_mean and self.counts_people
 
 
 _NAIVE = ("no formal guarantee: clusters count images, not people, so one person's images can make up "
@@ -61,7 +74,8 @@ _NAIVE = ("no formal guarantee: clusters count images, not people, so one person
 REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("k-same-select", "k", True, True, True, _formal("the pixel average"), cluster_mean=True),
     MethodSpec("k-same", "k", False, True, True, _formal("the pixel average"), cluster_mean=True),
-    MethodSpec("k-same-naive", "k", False, True, True, lambda k: _NAIVE, cluster_mean=True),
+    MethodSpec("k-same-naive", "k", False, True, True, lambda k: _NAIVE, cluster_mean=True,
+               counts_people=False),
     MethodSpec("blur", "sigma", False, False, False, lambda k: "no formal guarantee"),
     MethodSpec("pixelate", "block", False, False, False, lambda k: "no formal guarantee"),
     # k-Same-Eigen and k-Same-M run inside the label partitions, as k-Same-Select does: without

@@ -49,6 +49,7 @@ from deid.contracts import (
     UnreadableDrop,
 )
 from deid.errors import ConfigError, DataError, Quarantined, StateError
+from deid.anonymise.near_copy import NearCopyRepair
 from deid.anonymise.sequences import sequence_warning
 from deid.intake.drop import SEQUENCE_COLUMNS
 from deid.operations.executors import Executor
@@ -435,7 +436,9 @@ def deidentify(partitioned: Partitioned, labels: Sequence[str], layout: StagingL
     calls = [dict(partition_dir=str(p.dir), out_path=str(layout.deidentified_part(p.dir)), k=config.k,
                   method=config.method, shape=config.shape_hw, sigma=config.sigma, block=config.block,
                   labels=list(labels), color_dir=color_dir, block_size=config.ksame_block_size,
-                  map_blocks=map_on_cluster) for p in partitioned.partitions]
+                  map_blocks=map_on_cluster,
+                  # The gate's own near-copy threshold: the stage repairs what the gate would reject.
+                  near_copy_threshold=config.gate.leak_threshold) for p in partitioned.partitions]
     progress = Progress("deidentify", logger=lg).start(sum(p.records for p in partitioned.partitions))
     results = executor.map(stages.deidentify_partition, calls, on_done=lambda r: progress.advance(r.records))
     progress.finish()
@@ -446,7 +449,14 @@ def deidentify(partitioned: Partitioned, labels: Sequence[str], layout: StagingL
         sources.update(r.shape_sources or {})
     if sources:
         lg.info(f"deidentify: cluster shapes from {dict(sources)} (k-same-m: landmark points or optical flow)")
-    return Deidentified(parts=tuple(Path(r.path) for r in results), clusters=clusters, shape_sources=dict(sources))
+    suppressed = tuple(rid for r in results for rid in r.suppressed)
+    near = NearCopyRepair.combine(r.near_copies for r in results if r.near_copies is not None)
+    if near is not None and near.near_copy_clusters:
+        lg.warning(f"deidentify: near-copy repair (threshold {near.threshold:g}): {near.near_copy_clusters} clusters "
+                   f"within the threshold of a member, {near.clusters_merged} merged, {near.clusters_suppressed} "
+                   f"suppressed ({near.records_suppressed} records)")
+    return Deidentified(parts=tuple(Path(r.path) for r in results), clusters=clusters, shape_sources=dict(sources),
+                        suppressed=suppressed, near_copies=near)
 
 
 # --------------------------------------------------------------------------- release lineage (deid.release.lineage)
@@ -736,7 +746,8 @@ def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig
         # The landmark points the method used: the parrot and the utility folds re-run it with them.
         rec = stages.gate_records(str(partitioned.root), [str(p) for p in deidentified.parts], labels=list(labels),
                                   select=config.select(labels), partition_keys=partitioned.gate_keys,
-                                  points=partitioned.inputs.gate_points(config.method))
+                                  points=partitioned.inputs.gate_points(config.method),
+                                  skip=deidentified.suppressed)
         inputs = GateInputs(shape=shape, people=rec.people, image_index=rec.image_index,
                             own_distance=rec.own_distance, fetch=rec.fetch, clusters=rec.clusters,
                             partitions=rec.partitions, labels=rec.labels, points=rec.points, **common)

@@ -217,7 +217,9 @@ class _Run:
         s, config = self.steps, self.config
         quarantined = (*ing.quarantined, *aligned.quarantined, *part.quarantined)
         by_reason = pipeline.quarantine_summary(quarantined, self.layout)
-        counts = RecordCounts(records_in=ing.records_in, judged=deid.records, suppressed=len(part.suppressed),
+        # Suppressed: small partitions and waiting newcomers (partition stage), near copies (de-identify stage).
+        counts = RecordCounts(records_in=ing.records_in, judged=deid.records,
+                              suppressed=len(part.suppressed) + len(deid.suppressed),
                               quarantined=len(quarantined))
         staged = None
         if deid.parts:

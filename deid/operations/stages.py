@@ -27,6 +27,8 @@ from deid.errors import ConfigError, Quarantined, StateError
 from deid.alignment.features import Eigenfaces
 from deid.anonymise.identity import PeopleResolution, resolve_people
 from deid.anonymise.ksame import KSame
+from deid.anonymise.near_copy import (NearCopyRepair, RepairPlan, check_merged, closest_member, cluster_centroids,
+                                      plan_repair, relabel, repair_in_memory, summarize)
 from deid.evaluation.leaks import mean_abs_difference
 from deid.release.linkage import COUNTERFEIT_PREFIX  # staging id of a counterfeit record (private linkage only)
 from deid.anonymise.method_registry import COLOR_METHODS, REGISTRY
@@ -55,6 +57,8 @@ class DeidentifiedPart:
     records: int
     clusters: tuple[ClusterInfo, ...]
     shape_sources: dict[str, int] | None = None  # k-same-m: clusters shaped from landmark points / optical flow
+    suppressed: tuple[str, ...] = ()  # records withheld as near copies (not in the part)
+    near_copies: NearCopyRepair | None = None  # the near-copy repair (None: the method gets none)
 
 
 @dataclass(frozen=True)
@@ -351,7 +355,7 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
                          shape: tuple[int, int] | None = None, sigma: float | None = None,
                          block: int | None = None, labels: tuple[str, ...] | list[str] = (),
                          color_dir: str | None = None, block_size: int | None = 2000,
-                         map_blocks=None) -> DeidentifiedPart:
+                         map_blocks=None, near_copy_threshold: float | None = None) -> DeidentifiedPart:
     """De-identify one partition: k-Same (k-Same-Select = this, once per label partition).
 
     ``k-same-naive`` counts images instead of people (Newton et al.'s formulation, for
@@ -368,11 +372,18 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
 
     A k-Same partition above ``block_size`` faces is grouped blockwise (:class:`deid.anonymise.ksame.KSame`);
     ``map_blocks`` runs its blocks (e.g. one Dask task per block); the clusters do not depend on it.
+
+    ``near_copy_threshold`` (the gate's leak threshold): for a method that
+    :attr:`~deid.anonymise.method_registry.MethodSpec.repairs_near_copies`, a cluster whose released
+    image lies below it from a member's own aligned face is merged with its nearest cluster, or its
+    records are suppressed (:mod:`deid.anonymise.near_copy`); they are then left out of the part and
+    listed in ``suppressed``. None, or any other method: no repair (the gate judges the clusters as made).
     """
     spec = REGISTRY.get(method)
+    repair = near_copy_threshold if spec is not None and spec.repairs_near_copies else None
     if spec is not None and spec.cluster_mean and color_dir is None:
         return _ksame_out_of_core(partition_dir, out_path, k=k, method=method, block_size=block_size,
-                                  map_blocks=map_blocks)
+                                  map_blocks=map_blocks, near_copy_threshold=repair)
     dataset = ds.dataset(partition_dir, format="parquet")
     # Canonical landmarks, when the aligned faces carry them (a drop with a points column): k-same-m's shape.
     has_points = "points" in dataset.schema.names
@@ -401,19 +412,34 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
             for source in shape_sources(labels_, points):
                 sources[source] = sources.get(source, 0) + 1
     else:
-        model = KSame(k, count="images" if method == "k-same-naive" else "people", block_size=block_size,
+        model = KSame(k, count="people" if spec.counts_people else "images", block_size=block_size,
                       map_blocks=map_blocks).fit(X, people=people, images=images)
         released = np.clip(np.rint(model.averages_[model.labels_]), 0, 255).astype(np.uint8)
         labels_ = model.labels_
     names = [uuid.uuid4().hex[:12] for _ in range(int(labels_.max()) + 1 if len(labels_) else 0)]
-    clusters = [names[c] for c in labels_]
-    columns = {"record_id": ids, "cluster": clusters}
+    near: NearCopyRepair | None = None
+    suppressed: tuple[str, ...] = ()
+    colour = None
     if color_dir is not None:
         if method not in COLOR_METHODS:
             raise ConfigError(f"method={method!r} cannot release colour; with DEID_COLOR=true use one of "
                               f"{list(COLOR_METHODS)}")
-        colour = _cluster_colour_means(color_dir, ids, labels_)
+        faces = _colour_faces(color_dir, ids)
+        colour = _colour_means(faces, labels_)
         released = colour_to_grey(colour)
+        if repair is not None and len(ids):
+            # The gate compares the grey of the colour mean with the grey original: so does the repair.
+            labels_, near = repair_in_memory(
+                labels_, X, people, released, images, lambda m: colour_to_grey(_colour_means(faces[m], None))[0],
+                k=k, threshold=repair, distance=mean_abs_difference)
+            if near.near_copy_clusters:
+                keep = labels_ >= 0
+                suppressed = tuple(r for r, kept in zip(ids, keep) if not kept)
+                ids, people, labels_ = [r for r, kept in zip(ids, keep) if kept], people[keep], labels_[keep]
+                colour = _colour_means(faces[keep], labels_)
+                released = colour_to_grey(colour)
+    columns = {"record_id": ids, "cluster": [names[c] for c in labels_]}
+    if colour is not None:
         columns["color"] = [r.tobytes() for r in colour]
     columns["pixels"] = [r.tobytes() for r in released]
     out = pa.table(columns, schema=schemas.deidentified(color=color_dir is not None))
@@ -421,8 +447,10 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     summary = []
     for c, name in enumerate(names):
         members = labels_ == c
-        summary.append(ClusterInfo(cluster=name, size=int(members.sum()), people=int(len(set(people[members])))))
-    return DeidentifiedPart(path=out_path, records=len(ids), clusters=tuple(summary), shape_sources=sources)
+        if members.any():  # a cluster merged into its partner by the near-copy repair is gone
+            summary.append(ClusterInfo(cluster=name, size=int(members.sum()), people=int(len(set(people[members])))))
+    return DeidentifiedPart(path=out_path, records=len(ids), clusters=tuple(summary), shape_sources=sources,
+                            suppressed=suppressed, near_copies=near)
 
 
 # Pixels held at once when k-Same averages a partition out of core: one bucket of whole clusters.
@@ -446,7 +474,7 @@ def _binary_rows(rows: np.ndarray) -> pa.Array:
 
 
 def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str, block_size: int | None,
-                       map_blocks) -> DeidentifiedPart:
+                       map_blocks, near_copy_threshold: float | None = None) -> DeidentifiedPart:
     """k-Same on one partition holding the features in memory and the pixels one bucket at a time.
 
     The grouping needs only the eigenface features (n x d). The averages are computed from the
@@ -458,6 +486,10 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
     an averages file; (3) the partition's record order is streamed again and every record gets
     its cluster's mean (read with ``pread``) in row groups of the de-identified part. The
     released bytes equal the in-memory ``KSame.fit_transform``.
+
+    With ``near_copy_threshold``, pass (2) also measures every member against its cluster's mean
+    (a bucket at a time) and the near-copy clusters are repaired before pass (3)
+    (:func:`_repair_out_of_core`); their suppressed records are left out of the part.
     """
     import shutil  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
@@ -472,7 +504,7 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
         feats.append(_features(b.column(2)))
     X = np.vstack(feats) if feats else np.zeros((0, 0), np.float32)
     del feats
-    model = KSame(k, count="images" if method == "k-same-naive" else "people", block_size=block_size,
+    model = KSame(k, count="people" if REGISTRY[method].counts_people else "images", block_size=block_size,
                   map_blocks=map_blocks).fit(X, people=np.asarray(people, dtype=object), images=None)
     labels_ = model.labels_
     n_clusters = int(model.n_clusters_)
@@ -503,44 +535,118 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
                 h.close()
         by_bucket = np.argsort(bucket_of_row, kind="stable")  # each bucket's rows in record order
         bounds = np.r_[0, np.cumsum(np.bincount(bucket_of_row, minlength=n_buckets))]
+        repair = near_copy_threshold is not None
+        own = np.empty(len(ids), np.float64) if repair else None
         with open(spill / "averages", "wb") as avg:  # pass 2: cluster means, cluster c at row c
             for b in range(n_buckets):
                 rows = by_bucket[bounds[b]:bounds[b + 1]]
                 data = np.fromfile(spill / f"b{b:05d}", dtype=np.uint8).reshape(len(rows), p)
-                (spill / f"b{b:05d}").unlink()
+                if not repair:  # the repair reads members back from the buckets
+                    (spill / f"b{b:05d}").unlink()
                 labs = labels_[rows]
                 order = np.argsort(labs, kind="stable")
                 labs = labs[order]
                 starts = np.flatnonzero(np.r_[True, labs[1:] != labs[:-1]])
                 sums = np.add.reduceat(data[order], starts, axis=0, dtype=np.uint32)
+                means = np.clip(np.rint(sums / sizes[labs[starts]][:, None]), 0, 255).astype(np.uint8)
+                del sums
+                if repair:  # every member against its cluster's released mean (what the gate measures)
+                    seg = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(labs)]))
+                    own[rows[order]] = mean_abs_difference(means[seg], data[order])
                 del data
-                avg.write(np.clip(np.rint(sums / sizes[labs[starts]][:, None]), 0, 255).astype(np.uint8).tobytes())
+                avg.write(means.tobytes())
+        near = suppressed = None
+        if repair:
+            labels_, near, dropped = _repair_out_of_core(
+                spill, labels_, X, np.asarray(people, dtype=object), own, bucket_of_row, by_bucket, bounds,
+                n_clusters=n_clusters, p=p, k=k, threshold=near_copy_threshold)
+            suppressed = tuple(ids[i] for i in dropped)
+            for b in range(n_buckets):
+                (spill / f"b{b:05d}").unlink()
+        kept = np.flatnonzero(labels_ >= 0)
         tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
         schema = schemas.deidentified()
         fd = os.open(spill / "averages", os.O_RDONLY)
         try:
-            with pq.ParquetWriter(tmp, schema) as writer:  # pass 3: every record its cluster's mean
-                for a in range(0, len(ids), _OUT_ROWS):
-                    labs = labels_[a: a + _OUT_ROWS]
+            with pq.ParquetWriter(tmp, schema) as writer:  # pass 3: every (kept) record its cluster's mean
+                for a in range(0, len(kept), _OUT_ROWS):
+                    rows = kept[a: a + _OUT_ROWS]
+                    labs = labels_[rows]
                     uniq, inv = np.unique(labs, return_inverse=True)
                     means = np.empty((len(uniq), p), dtype=np.uint8)
                     for j, c in enumerate(uniq):
                         means[j] = np.frombuffer(os.pread(fd, p, int(c) * p), dtype=np.uint8)
                     writer.write_batch(pa.record_batch(
-                        [pa.array(ids[a: a + _OUT_ROWS], pa.string()), pa.array([names[c] for c in labs], pa.string()),
+                        [pa.array([ids[i] for i in rows], pa.string()), pa.array([names[c] for c in labs], pa.string()),
                          _binary_rows(means[inv])], schema=schema))
         finally:
             os.close(fd)
         os.replace(tmp, out)
     finally:
         shutil.rmtree(spill, ignore_errors=True)
-    people_per = [len(s) for s in model.cluster_people_]
-    summary = [ClusterInfo(cluster=names[c], size=int(sizes[c]), people=people_per[c]) for c in range(n_clusters)]
-    return DeidentifiedPart(path=out_path, records=len(ids), clusters=tuple(summary), shape_sources={})
+    if near is None or not near.near_copy_clusters:
+        people_per = [len(s) for s in model.cluster_people_]
+        summary = [ClusterInfo(cluster=names[c], size=int(sizes[c]), people=people_per[c]) for c in range(n_clusters)]
+    else:  # merged clusters grew, merged-away and suppressed ones are gone
+        people = np.asarray(people, dtype=object)
+        after = np.bincount(labels_[kept], minlength=n_clusters)
+        summary = [ClusterInfo(cluster=names[c], size=int(after[c]), people=len(set(people[labels_ == c])))
+                   for c in range(n_clusters) if after[c]]
+    return DeidentifiedPart(path=out_path, records=len(kept), clusters=tuple(summary), shape_sources={},
+                            suppressed=suppressed or (), near_copies=near)
 
 
-def _cluster_colour_means(color_dir: str, ids: list[str], labels_: np.ndarray) -> np.ndarray:
-    """Per record, the per-channel mean colour face of its cluster (uint8, n x h*w*3)."""
+def _repair_out_of_core(spill: Path, labels_: np.ndarray, X: np.ndarray, people: np.ndarray, own: np.ndarray,
+                        bucket_of_row: np.ndarray, by_bucket: np.ndarray, bounds: np.ndarray, *, n_clusters: int,
+                        p: int, k: int, threshold: float):
+    """The near-copy repair of :func:`_ksame_out_of_core`, between its passes (2) and (3).
+
+    ``own`` is every record's distance to its cluster's mean. A merge candidate's members are read
+    back from their bucket spill files (``pread``, only those rows), their exact integer sums give
+    the merged mean (rounded as pass 2 rounds), which is written into the averages file at the
+    partner's row. Returns the new labels (-1: suppressed), the :class:`NearCopyRepair` and the
+    suppressed records (indices in the partition's record order).
+    """
+    closest = closest_member(labels_, own, n_clusters)
+    if not np.any(closest < threshold):
+        return labels_, summarize(RepairPlan((), (), ()), closest, labels_, threshold=threshold), ()
+    local = np.empty(len(labels_), np.int64)  # each record's row inside its bucket's spill file
+    local[by_bucket] = np.arange(len(by_bucket)) - bounds[bucket_of_row[by_bucket]]
+    merged: dict[tuple[int, int], np.ndarray] = {}
+
+    def pixels_of(rows: np.ndarray) -> np.ndarray:
+        out = np.empty((len(rows), p), np.uint8)
+        for j, r in enumerate(rows):
+            with open(spill / f"b{int(bucket_of_row[r]):05d}", "rb") as f:
+                out[j] = np.frombuffer(os.pread(f.fileno(), p, int(local[r]) * p), np.uint8)
+        return out
+
+    def merged_closest(a: int, b: int) -> float:
+        rows = np.flatnonzero((labels_ == a) | (labels_ == b))
+        pix = pixels_of(rows)
+        mean = np.clip(np.rint(pix.sum(axis=0, dtype=np.uint32) / len(rows)), 0, 255).astype(np.uint8)
+        merged[(a, b)] = mean
+        return float(mean_abs_difference(np.broadcast_to(mean, pix.shape), pix).min())
+
+    plan = plan_repair(closest, cluster_centroids(X, labels_, n_clusters), threshold=threshold,
+                       merged_closest=merged_closest)
+    new = relabel(labels_, plan)
+    check_merged(new, people, plan, k=k)
+    fd = os.open(spill / "averages", os.O_WRONLY)
+    try:
+        for a, b in plan.merges:  # the partner's row now holds the merged mean
+            os.pwrite(fd, merged[(a, b)].tobytes(), b * p)
+    finally:
+        os.close(fd)
+    summary = summarize(plan, closest, new, threshold=threshold)
+    log.info("deidentify: near-copy repair (threshold %g): %d near-copy clusters, %d merged, %d suppressed "
+             "(%d records)", threshold, summary.near_copy_clusters, summary.clusters_merged,
+             summary.clusters_suppressed, summary.records_suppressed)
+    return new, summary, tuple(np.flatnonzero(new < 0).tolist())
+
+
+def _colour_faces(color_dir: str, ids: list[str]) -> np.ndarray:
+    """The aligned colour faces of ``ids``, in that order (uint8, n x h*w*3)."""
     import pyarrow.compute as pc  # noqa: PLC0415
 
     t = ds.dataset(color_dir, format="parquet").to_table(filter=pc.field("record_id").isin(ids))
@@ -550,7 +656,18 @@ def _cluster_colour_means(color_dir: str, ids: list[str], labels_: np.ndarray) -
         raise StateError(f"{len(missing)} records have no colour face in {color_dir} (e.g. {missing[0]}); "
                          "the aligned colour parts are incomplete")
     raw = t.column("color").to_pylist()
-    colour = np.frombuffer(b"".join(raw[where[rid]] for rid in ids), np.uint8).reshape(len(ids), -1)
+    return np.frombuffer(b"".join(raw[where[rid]] for rid in ids), np.uint8).reshape(len(ids), -1)
+
+
+def _cluster_colour_means(color_dir: str, ids: list[str], labels_: np.ndarray) -> np.ndarray:
+    """Per record, the per-channel mean colour face of its cluster (uint8, n x h*w*3)."""
+    return _colour_means(_colour_faces(color_dir, ids), labels_)
+
+
+def _colour_means(colour: np.ndarray, labels_: np.ndarray | None) -> np.ndarray:
+    """Per record, the per-channel mean colour face of its cluster (uint8; ``labels_`` None: one cluster)."""
+    if labels_ is None:
+        return np.clip(np.rint(colour.mean(axis=0, dtype=np.float64)), 0, 255).astype(np.uint8)[None]
     out = np.empty_like(colour)
     for c in np.unique(labels_):
         members = labels_ == c
@@ -572,8 +689,12 @@ def colour_to_grey(colour: np.ndarray) -> np.ndarray:
 STREAM_BUFFER = 1 << 20  # bytes read at a time from a Parquet column chunk when streaming
 
 
-def _paired_batches(partition_dir: str, deid_path: str, columns: list[str], batch_rows: int):
-    """Stream a label partition and its de-identified part side by side (same record order)."""
+def _paired_batches(partition_dir: str, deid_path: str, columns: list[str], batch_rows: int,
+                    skip: frozenset[str] = frozenset()):
+    """Stream a label partition and its de-identified part side by side (same record order).
+
+    ``skip``: records the de-identification withheld (near copies): in the partition, not in the part.
+    """
     # Little read-ahead and buffered column streams (no pre-buffering of whole column chunks):
     # without them the reader's memory grew with the file (1 GB at 100,000 faces), with them it
     # stays at a few batches of pixels whatever the partition size (bench/bench_gate.py).
@@ -584,6 +705,9 @@ def _paired_batches(partition_dir: str, deid_path: str, columns: list[str], batc
             batch_size=batch_rows, columns=cols)
 
     orig = (b for f in ds.dataset(partition_dir, format="parquet").files for b in stream(f, columns))
+    if skip:
+        drop = pa.array(sorted(skip), pa.string())
+        orig = (b.filter(pc.invert(pc.is_in(b.column("record_id"), value_set=drop))) for b in orig)
     rel = stream(deid_path, ["record_id", "cluster", "pixels"])
     o_buf: list[pa.RecordBatch] = []
     for r in rel:
@@ -633,7 +757,7 @@ def _pixels(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[str], batch_rows: int = 4096,
                  select: bool = False, partition_keys: dict[tuple[str, ...], str] | None = None,
-                 points: bool = False) -> GateRecords:
+                 points: bool = False, skip: Sequence[str] = ()) -> GateRecords:
     """Per-record facts the gate needs, streamed: memory holds metadata, never all pixels.
 
     Returns :class:`GateRecords` for :class:`deid.evaluation.gate.GateInputs`: ``record_ids``, ``people`` (the
@@ -647,6 +771,7 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     the partition stage returned them (:attr:`deid.contracts.Partitioned.gate_keys`; read from
     ``_index.json`` when absent). ``points``: also each record's landmark points as the
     de-identify stage gave them to the method (None for a record or partition without).
+    ``skip``: the records the de-identify stage suppressed as near copies (in no part).
     """
     import hashlib  # noqa: PLC0415
 
@@ -664,12 +789,13 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     record_points: list | None = [] if points else None
     digests: dict[bytes, int] = {}
     lineage_key = _lineage_partition_key(Path(partitions_root), labels, select, partition_keys)
+    skip = frozenset(skip)
     for pdir, dpath in pairs:
         key = Path(pdir).name.split("=", 1)[-1]
         # The returning people's partition of a lineage holds no points: its records are not re-made.
         with_points = points and "points" in ds.dataset(pdir, format="parquet").schema.names
         for o, r in _paired_batches(pdir, dpath, ["record_id", "subject_id", "pixels", *labels,
-                                                  *(["points"] if with_points else [])], batch_rows):
+                                                  *(["points"] if with_points else [])], batch_rows, skip):
             ids += r.column("record_id").to_pylist()
             people += o.column("subject_id").to_pylist()
             clusters += r.column("cluster").to_pylist()
@@ -697,7 +823,7 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
         got_ids: list[str] = []
         rel_parts, orig_parts = [], []
         for pdir, dpath in pairs:
-            for o, r in _paired_batches(pdir, dpath, ["record_id", "pixels"], batch_rows):
+            for o, r in _paired_batches(pdir, dpath, ["record_id", "pixels"], batch_rows, skip):
                 mask = pc.is_in(r.column("record_id"), value_set=want)
                 if not pc.any(mask).as_py():
                     continue

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from deid.anonymise.near_copy import NEAR_COPY
 from deid.errors import REASONS, ConfigError
 from deid.reporting.html_charts import Chart, cluster_chart, partition_chart, partition_name, reid_chart, utility_chart
 from deid.reporting.html_page import document, esc, fmt, round_numbers, strip_urls, table
@@ -391,15 +392,33 @@ def _partitions(r: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
+def _near_copy_html(near: Mapping[str, Any]) -> str:
+    """The near-copy repair of the de-identify stage: clusters merged, records suppressed, with the threshold."""
+    low = near.get("min_distance_before")
+    after = near.get("min_distance_after")
+    return (f"<p><b>Near-copy repair</b> (<code>{esc(NEAR_COPY)}</code>): {esc(near.get('near_copy_clusters'))} of "
+            f"{esc(near.get('clusters_checked'))} clusters had a released average within {esc(near.get('threshold'))} "
+            "grey levels (mean absolute difference, the gate's leak threshold) of a member's own face"
+            + (f" (closest {low:.3f})" if low is not None else "") + f": {esc(near.get('clusters_merged'))} merged "
+            f"with their nearest cluster, {esc(near.get('clusters_suppressed'))} suppressed "
+            f"({esc(near.get('records_suppressed'))} records)"
+            + (f"; closest released average now {after:.3f} from a member" if after is not None else "") + ".</p>")
+
+
 def _withheld(r: Mapping[str, Any]) -> str:
     ds = r.get("dataset", {}) or {}
     cfg = r.get("configuration") or {}
     # Reports before records_withheld counted a rejected run's would-be release as suppressed.
     why = "small partitions" if "records_withheld" in ds else "small partitions or a rejected run"
+    if (ds.get("near_copy_repair") or {}).get("records_suppressed"):
+        why += ", near copies"
     out = ["<h2>Suppressed and quarantined records</h2>",
            f"<p>{esc(ds.get('records_suppressed', 0))} suppressed ({why}), "
            + (f"{esc(ds['records_withheld'])} withheld because the run was rejected, " if ds.get("records_withheld")
               else "") + f"{esc(ds.get('records_quarantined', 0))} quarantined.</p>"]
+    near = ds.get("near_copy_repair")
+    if near and near.get("near_copy_clusters"):
+        out.append(_near_copy_html(near))
     small = cfg.get("small_partitions_detail") or []
     if small:
         # Counts only: a suppressed partition's label values may single out the few people in it.

@@ -73,7 +73,8 @@ class DatasetSummary:
 
     ``records_withheld``: de-identified and judged by the gate, not released because the gate
     rejected the run (0 when released; None in reports older than this field). Suppressed
-    records were held back before the gate (small label partitions, lineage newcomers waiting).
+    records were held back before the gate (small label partitions, lineage newcomers waiting,
+    near-copy clusters the de-identify stage could not repair: ``near_copy_repair``).
     """
 
     name: str
@@ -84,6 +85,9 @@ class DatasetSummary:
     records_quarantined: int
     quarantine_by_reason: dict[str, int] = field(default_factory=dict)
     records_withheld: int | None = None
+    # The de-identify stage's near-copy repair (deid.anonymise.near_copy.NearCopyRepair.to_dict);
+    # None: the method gets none (or an older report).
+    near_copy_repair: dict[str, Any] | None = None
 
 
 @dataclass
@@ -225,7 +229,7 @@ class Report:
         if d["privacy"] is None:
             d["privacy"] = dataclasses.asdict(Privacy(bound=1.0 / self.k))
         _drop_none(d, "report_files", "guarantee", "warnings", "lineage", "validation")
-        _drop_none(d["dataset"], "records_withheld")
+        _drop_none(d["dataset"], "records_withheld", "near_copy_repair")
         _drop_none(d["privacy"], "max_person_share", "exact_bound", "attack_sample")
         for r in d["privacy"]["reidentification"]:
             _drop_none(r, "n_probes", "records", "lower", "upper")

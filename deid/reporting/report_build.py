@@ -117,13 +117,17 @@ def configuration(config: RunConfig, *, ingested: Ingested, aligned: Aligned, pa
 
 
 def dataset_summary(ingested_name: str, fingerprint: str, counts: RecordCounts, *, passed: bool,
-                    quarantine_by_reason: Mapping[str, int]) -> DatasetSummary:
-    """The tiles: released and withheld split what the gate judged, by its verdict."""
+                    quarantine_by_reason: Mapping[str, int], near_copies=None) -> DatasetSummary:
+    """The tiles: released and withheld split what the gate judged, by its verdict.
+
+    ``near_copies``: the de-identify stage's :class:`~deid.anonymise.near_copy.NearCopyRepair` (None: none).
+    """
     return DatasetSummary(
         name=ingested_name, fingerprint=fingerprint, records_in=counts.records_in,
         records_released=counts.released(passed), records_withheld=counts.withheld(passed),
         records_suppressed=counts.suppressed, records_quarantined=counts.quarantined,
-        quarantine_by_reason=dict(quarantine_by_reason))
+        quarantine_by_reason=dict(quarantine_by_reason),
+        near_copy_repair=near_copies.to_dict() if near_copies is not None else None)
 
 
 def privacy_section(gate, k: int) -> Privacy:
@@ -174,12 +178,18 @@ def build_report(*, release_id: str, run_id: str, created_at: str, config: RunCo
     ``release_dir`` and ``artifacts`` describe where the release *will* be once published: the
     report is signed before the staged release is renamed into place.
     """
+    fields = verdict_fields(release_id=release_id, run_id=run_id, created_at=created_at, config=config, gate=gate,
+                            promise=guarantee(config.method, config.k),
+                            dataset=dataset_summary(ingested.name, ingested.fingerprint, counts, passed=gate.passed,
+                                                    quarantine_by_reason=quarantine_by_reason,
+                                                    near_copies=deidentified.near_copies),
+                            artifacts=staged.artifacts if staged else (), signing=signing, versions=versions)
+    near = deidentified.near_copies
+    warn = near.warning(counts.judged) if near is not None else None
+    if warn:  # too many near copies for a release of distinct people: said plainly, whatever the verdict
+        fields["warnings"] = [*fields["warnings"], warn]
     return Report(
-        **verdict_fields(release_id=release_id, run_id=run_id, created_at=created_at, config=config, gate=gate,
-                         promise=guarantee(config.method, config.k),
-                         dataset=dataset_summary(ingested.name, ingested.fingerprint, counts, passed=gate.passed,
-                                                 quarantine_by_reason=quarantine_by_reason),
-                         artifacts=staged.artifacts if staged else (), signing=signing, versions=versions),
+        **fields,
         lineage=lineage_section(config, ingested.dataset, partitioned, lineage, registered=gate.passed),
         validation=validation_section(validation),
         configuration=configuration(config, ingested=ingested, aligned=aligned, partitioned=partitioned,

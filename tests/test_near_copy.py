@@ -1,0 +1,133 @@
+"""Near-copy clusters repaired per cluster (issue 13): merged with their nearest cluster, else suppressed."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from deid.anonymise.near_copy import NearCopyRepair, repair_in_memory
+from deid.evaluation.gate import GateConfig, cluster_shares
+from deid.evaluation.leaks import mean_abs_difference
+from deid.operations import stages
+
+P = 64  # pixels per face
+THRESHOLD = GateConfig(k=5, method="k-same").leak_threshold  # the gate's own threshold, not a copy of it
+
+
+def _mean_image(pix: np.ndarray):
+    return lambda m: np.clip(np.rint(pix[m].mean(axis=0, dtype=np.float64)), 0, 255).astype(np.uint8)
+
+
+def _planted(seed: int, *, groups: int = 4, same_centre: bool = False):
+    """``groups`` clusters of 5 people; cluster 0 is f, f+d, f-d, f+e, f-e (its mean is exactly f).
+
+    ``same_centre``: cluster 1 is built the same way around the same f, so merging 0 with 1 keeps f.
+    """
+    rng = np.random.default_rng(seed)
+    f = rng.integers(60, 196, P)
+    d, e = rng.integers(-40, 41, P), rng.integers(-40, 41, P)
+    rows = [f, f + d, f - d, f + e, f - e]
+    if same_centre:
+        d2, e2 = rng.integers(-40, 41, P), rng.integers(-40, 41, P)
+        rows += [f, f + d2, f - d2, f + e2, f - e2]
+    while len(rows) < 5 * groups:
+        rows.append(rng.integers(0, 256, P))
+    pix = np.clip(np.asarray(rows), 0, 255).astype(np.uint8)
+    labels = np.repeat(np.arange(groups), 5)
+    X = labels[:, None] * 10.0 + rng.normal(0, 0.1, (len(labels), 3))  # cluster 1 nearest to 0, then 2 ...
+    people = [f"p{i:02d}" for i in range(len(labels))]
+    return pix, labels, X, people
+
+
+def _released(pix, labels):
+    img = _mean_image(pix)
+    out = np.empty_like(pix)
+    for c in np.unique(labels):
+        out[labels == c] = img(np.flatnonzero(labels == c))
+    return out
+
+
+def _repair(pix, labels, X, people):
+    return repair_in_memory(labels, X, people, _released(pix, labels), pix, _mean_image(pix), k=5,
+                            threshold=THRESHOLD, distance=mean_abs_difference)
+
+
+def _own(pix, labels):
+    keep = labels >= 0
+    return mean_abs_difference(_released(pix[keep], labels[keep]), pix[keep])
+
+
+def test_a_cluster_whose_mean_is_a_member_is_merged_with_its_nearest_cluster():
+    pix, labels, X, people = _planted(0)
+    assert _own(pix, labels).min() == 0  # the planted member is its cluster's released image
+    new, rep = _repair(pix, labels, X, people)
+    assert np.array_equal(new[:10], np.ones(10)) and np.array_equal(new[10:], labels[10:])  # 0 joined 1
+    assert (rep.near_copy_clusters, rep.clusters_merged, rep.clusters_suppressed, rep.records_suppressed) == (1, 1, 0, 0)
+    assert rep.clusters_checked == 4 and rep.min_distance_before == 0 and rep.min_distance_after >= THRESHOLD
+    assert _own(pix, new).min() >= THRESHOLD
+    _, distinct, shares = cluster_shares(list(new), people)
+    assert min(distinct.values()) >= 5 and max(shares.values()) <= 1 / 5
+
+
+def test_merging_that_cannot_help_suppresses_and_a_lone_cluster_is_suppressed():
+    pix, labels, X, people = _planted(1, same_centre=True)
+    new, rep = _repair(pix, labels, X, people)
+    # 0 and 1 both average to f: 0 is suppressed; 1 then merges with 2 (0 is no partner any more).
+    assert (new[:5] == -1).all() and (new[5:15] == 2).all() and (new[15:] == 3).all()
+    assert (rep.near_copy_clusters, rep.clusters_merged, rep.clusters_suppressed, rep.records_suppressed) == (2, 1, 1, 5)
+    assert _own(pix, new).min() >= THRESHOLD
+    pix, labels, X, people = _planted(2, groups=1)  # one cluster in the partition: no partner
+    new, rep = _repair(pix, labels, X, people)
+    assert (new == -1).all() and (rep.clusters_suppressed, rep.records_suppressed, rep.min_distance_after) == (1, 5, None)
+
+
+def test_no_near_copy_leaves_the_clusters_as_made_and_the_warning_rule():
+    pix, labels, X, people = _planted(3)
+    pix[:5] = np.random.default_rng(9).integers(0, 256, (5, P))  # no planted cluster
+    new, rep = _repair(pix, labels, X, people)
+    assert np.array_equal(new, labels) and rep.near_copy_clusters == 0 and rep.min_distance_after == rep.min_distance_before
+    assert NearCopyRepair(THRESHOLD, records_suppressed=1).warning(999) is None  # 0.1%: no warning
+    warn = NearCopyRepair(THRESHOLD, records_suppressed=5).warning(95)
+    assert warn and "5 of 100 records" in warn and f"{THRESHOLD:g} grey levels" in warn
+
+
+def _write_partition(root, pix, labels, people):
+    root.mkdir()
+    X = labels[:, None] * 10.0 + np.random.default_rng(4).normal(0, 0.1, (len(labels), 3))
+    order = np.random.default_rng(5).permutation(len(labels))  # records not grouped by cluster
+    pq.write_table(pa.table({
+        "record_id": [f"r{i:03d}" for i in order], "subject_id": [people[i] for i in order],
+        "features": pa.array([X[i].tolist() for i in order], pa.list_(pa.float32())),
+        "pixels": [pix[i].tobytes() for i in order]}), root / "part-0.parquet")
+    return [f"r{i:03d}" for i in order]
+
+
+@pytest.mark.parametrize("method", ["k-same", "k-same-naive", "blur"])
+def test_the_out_of_core_stage_repairs_only_the_identical_image_family(tmp_path, monkeypatch, method):
+    pix, labels, _, people = _planted(1, groups=5, same_centre=True)
+    ids = _write_partition(tmp_path / "partition=p000", pix, labels, people)
+    monkeypatch.setattr(stages, "AVERAGE_BUCKET_BYTES", 7 * P)  # several buckets: members read back from them
+    part = stages.deidentify_partition(str(tmp_path / "partition=p000"), str(tmp_path / "out" / "partition=p000.parquet"),
+                                       k=5, method=method,
+                                       shape=(8, 8), sigma=2.0, block_size=None, near_copy_threshold=THRESHOLD)
+    got = pq.read_table(part.path).to_pydict()
+    if method != "k-same":  # no repair: every record released as the method made it; the gate judges it
+        assert part.near_copies is None and part.suppressed == () and len(got["record_id"]) == 25
+        return
+    rep = part.near_copies
+    assert (rep.near_copy_clusters, rep.clusters_merged, rep.clusters_suppressed, rep.records_suppressed) == (2, 1, 1, 5)
+    # One of the two clusters averaging to f is suppressed (the first made), the other merged.
+    assert sorted(part.suppressed) in ([f"r{i:03d}" for i in range(5)], [f"r{i:03d}" for i in range(5, 10)])
+    assert got["record_id"] == [r for r in ids if r not in part.suppressed]  # partition order, near copies left out
+    where = {f"r{i:03d}": i for i in range(25)}
+    orig = pix[[where[r] for r in got["record_id"]]]
+    released = np.frombuffer(b"".join(got["pixels"]), np.uint8).reshape(len(orig), P)
+    assert mean_abs_difference(released, orig).min() >= THRESHOLD
+    sizes = {c.cluster: (c.size, c.people) for c in part.clusters}
+    assert part.records == 20 and sorted(sizes.values()) == [(5, 5), (5, 5), (10, 10)]
+    _, distinct, shares = cluster_shares(got["cluster"], [people[where[r]] for r in got["record_id"]])
+    assert min(distinct.values()) >= 5 and max(shares.values()) <= 1 / 5
+    # The gate pairs the partition with its part, skipping the suppressed records.
+    rec = stages.gate_records(str(tmp_path), [part.path], labels=[], skip=part.suppressed)
+    assert rec.record_ids == got["record_id"] and rec.own_distance.min() >= THRESHOLD
