@@ -22,8 +22,8 @@ from deid.release.verify import verify_report
 QUICK = dict(identity_embed_max=0, deep_attack_sample=20, cv_repeats=1)
 
 
-def _run(tmp_path: Path, drop: Path, **params) -> RunResult:
-    config = RunConfig.resolve(Settings(project_dir=tmp_path / "project", **QUICK), **params)
+def _run(tmp_path: Path, drop: Path, settings: dict | None = None, **params) -> RunResult:
+    config = RunConfig.resolve(Settings(project_dir=tmp_path / "project", **QUICK, **(settings or {})), **params)
     return run_release(drop, config)
 
 
@@ -50,18 +50,26 @@ def test_a_drop_with_fewer_than_k_people_is_rejected_without_prefect(tmp_path):
 @pytest.mark.slow
 def test_released_and_rejected_runs_agree_with_themselves(tmp_path):
     drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=1)
-    released = _run(tmp_path, drop, k=3)
+    # A leak threshold of 14 grey levels makes this drop's closest cluster (13.18 from a member's own face)
+    # a near copy: the de-identify stage repairs it (issue 13) and the gate's no_near_copies, on the same
+    # threshold, passes instead of rejecting the release.
+    near = {"leak_threshold": 14.0}
+    released = _run(tmp_path, drop, near, k=3)
     assert released.verdict == "released", released.reasons
     got = _sums(released)
     assert got["dataset"]["records_released"] == got["checks"]["release_not_empty"]["value"] == 24
     assert got["dataset"]["records_withheld"] == 0
+    rep, leak = got["dataset"]["near_copy_repair"], got["checks"]["no_near_copies"]
+    assert (rep["near_copy_clusters"], rep["clusters_merged"], rep["min_distance_before"] < 14) == (1, 1, True)
+    assert leak["passed"] and leak["value"] >= 14 == rep["threshold"] and rep["min_distance_after"] >= 14
     assert released.release_dir.is_dir() and released.linkage.is_file()
     assert verify_report(released.report_dir, public_key=released.public_key).ok
     # Blur gives every face its own image: the attacks name nearly everyone, the gate rejects.
-    rejected = _run(tmp_path, drop, k=3, method="blur")
+    rejected = _run(tmp_path, drop, near, k=3, method="blur")
     assert rejected.verdict == "rejected" and rejected.release_dir is None
     got = _sums(rejected)
     ds, checks = got["dataset"], got["checks"]
+    assert "near_copy_repair" not in ds  # no repair outside the identical-image family
     # What the gate judged is withheld: not released, not "suppressed", and the checks say the same numbers.
     assert ds["records_released"] == 0 and ds["records_suppressed"] == 0
     assert ds["records_withheld"] == checks["release_not_empty"]["value"] == 24
