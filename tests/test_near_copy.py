@@ -131,3 +131,48 @@ def test_the_out_of_core_stage_repairs_only_the_identical_image_family(tmp_path,
     # The gate pairs the partition with its part, skipping the suppressed records.
     rec = stages.gate_records(str(tmp_path), [part.path], labels=[], skip=part.suppressed)
     assert rec.record_ids == got["record_id"] and rec.own_distance.min() >= THRESHOLD
+
+
+def test_the_colour_path_repairs_on_the_grey_the_gate_attacks(tmp_path):
+    from deid.schemas import arrow as schemas
+
+    pix, labels, _, people = _planted(7, groups=4)
+    colour = np.repeat(pix, 3, axis=1)  # cluster 0: f, f+-d, f+-e in all three channels, its colour mean is f
+    colour[5:] = np.random.default_rng(6).integers(0, 256, (15, 3 * P))  # the other clusters in colour
+    grey = stages.colour_to_grey(colour)
+    ids = _write_partition(tmp_path / "partition=p000", grey, labels, people)
+    (tmp_path / "colour").mkdir()
+    pq.write_table(pa.table({"record_id": [f"r{i:03d}" for i in range(20)], "color": [c.tobytes() for c in colour]},
+                            schema=schemas.aligned_color()), tmp_path / "colour" / "part-0.parquet")
+    part = stages.deidentify_partition(str(tmp_path / "partition=p000"), str(tmp_path / "out" / "partition=p000.parquet"),
+                                       k=5, method="k-same", color_dir=str(tmp_path / "colour"), block_size=None,
+                                       near_copy_threshold=THRESHOLD)
+    rep = part.near_copies
+    assert (rep.near_copy_clusters, rep.clusters_merged, rep.records_suppressed) == (1, 1, 0) and part.records == 20
+    got = pq.read_table(part.path).to_pydict()
+    assert got["record_id"] == ids and len(part.clusters) == 3
+    released = np.frombuffer(b"".join(got["pixels"]), np.uint8).reshape(20, P)
+    where = [int(r[1:]) for r in got["record_id"]]
+    assert mean_abs_difference(released, grey[where]).min() >= THRESHOLD
+    # The released grey is the grey of the released colour (what the gate attacks is what is published).
+    np.testing.assert_array_equal(released, stages.colour_to_grey(
+        np.frombuffer(b"".join(got["color"]), np.uint8).reshape(20, -1)))
+
+
+def test_report_html_shows_the_repair_with_its_threshold():
+    from deid.reporting.html_report import render_report_html
+    from deid.reporting.report import DatasetSummary
+
+    rep = NearCopyRepair(THRESHOLD, clusters_checked=200, near_copy_clusters=2, clusters_merged=1,
+                         clusters_suppressed=1, records_suppressed=5, min_distance_before=0.4, min_distance_after=3.2)
+    ds = DatasetSummary(name="d", fingerprint="sha256:" + "0" * 64, records_in=1000, records_released=995,
+                        records_suppressed=5, records_quarantined=0, near_copy_repair=rep.to_dict())
+    report = {"release_id": "rel-x", "run_id": "run-x", "verdict": "released", "reasons": [], "k": 5,
+              "method": "k-same", "created_at": "2026-01-01T00:00:00Z", "dataset": vars(ds), "checks": [],
+              "privacy": {"bound": 0.2, "max_rate": 0.1, "min_distinct_people_per_cluster": 5, "reidentification": []},
+              "utility": [], "artifacts": [], "release_dir": None, "versions": {}, "configuration": {},
+              "signing": {"algorithm": "ed25519", "public_key_fingerprint": "sha256:" + "0" * 64,
+                          "key_origin": "development"}}
+    doc = render_report_html(report)
+    assert "Near-copy repair" in doc and "2 of 200 clusters" in doc and "1 merged" in doc and "(5 records)" in doc
+    assert f"within {THRESHOLD:g} grey levels" in doc or f"within {THRESHOLD} grey levels" in doc
