@@ -87,8 +87,9 @@ class NearCopyRepair:
             return None
         return (f"near-copy repair suppressed {self.records_suppressed} of {total} records "
                 f"({self.records_suppressed / total:.1%}, above {WARN_SHARE:.0%}): their cluster averages stayed "
-                f"within {self.threshold:g} grey levels of a member's own face even after merging; a k-Same release "
-                "of distinct people has a handful at most, so look for duplicated or near-identical faces in the drop")
+                f"within {self.threshold:g} grey levels of a member's own face, merged with their nearest cluster or with "
+                "none left to merge with; a k-Same release of distinct people has a handful at most, so look for "
+                "duplicated or near-identical faces in the drop, or a leak threshold set too high")
 
     def to_dict(self) -> dict:
         return {"threshold": self.threshold, "clusters_checked": self.clusters_checked,

@@ -547,12 +547,13 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
                 order = np.argsort(labs, kind="stable")
                 labs = labs[order]
                 starts = np.flatnonzero(np.r_[True, labs[1:] != labs[:-1]])
-                sums = np.add.reduceat(data[order], starts, axis=0, dtype=np.uint32)
+                data = data[order]  # grouped by cluster
+                sums = np.add.reduceat(data, starts, axis=0, dtype=np.uint32)
                 means = np.clip(np.rint(sums / sizes[labs[starts]][:, None]), 0, 255).astype(np.uint8)
                 del sums
                 if repair:  # every member against its cluster's released mean (what the gate measures)
                     seg = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(labs)]))
-                    own[rows[order]] = mean_abs_difference(means[seg], data[order])
+                    own[rows[order]] = mean_abs_difference(means[seg], data)
                 del data
                 avg.write(means.tobytes())
         near = suppressed = None
