@@ -103,14 +103,15 @@ def _write_partition(root, pix, labels, people):
     return [f"r{i:03d}" for i in order]
 
 
-@pytest.mark.parametrize("method", ["k-same", "k-same-naive", "blur"])
+@pytest.mark.parametrize("method", ["k-same", "k-same-naive", "blur", "pixelate"])
 def test_the_out_of_core_stage_repairs_only_the_identical_image_family(tmp_path, monkeypatch, method):
     pix, labels, _, people = _planted(1, groups=5, same_centre=True)
     ids = _write_partition(tmp_path / "partition=p000", pix, labels, people)
     monkeypatch.setattr(stages, "AVERAGE_BUCKET_BYTES", 7 * P)  # several buckets: members read back from them
     part = stages.deidentify_partition(str(tmp_path / "partition=p000"), str(tmp_path / "out" / "partition=p000.parquet"),
                                        k=5, method=method,
-                                       shape=(8, 8), sigma=2.0, block_size=None, near_copy_threshold=THRESHOLD)
+                                       shape=(8, 8), sigma=2.0, block=2, block_size=None,
+                                       near_copy_threshold=THRESHOLD)
     got = pq.read_table(part.path).to_pydict()
     if method != "k-same":  # no repair: every record released as the method made it; the gate judges it
         assert part.near_copies is None and part.suppressed == () and len(got["record_id"]) == 25
@@ -176,3 +177,9 @@ def test_report_html_shows_the_repair_with_its_threshold():
     doc = render_report_html(report)
     assert "Near-copy repair" in doc and "2 of 200 clusters" in doc and "1 merged" in doc and "(5 records)" in doc
     assert f"within {THRESHOLD:g} grey levels" in doc or f"within {THRESHOLD} grey levels" in doc
+
+
+def test_only_the_identical_mean_people_counting_methods_are_repaired():
+    from deid.anonymise.method_registry import REGISTRY
+
+    assert {m for m, s in REGISTRY.items() if s.repairs_near_copies} == {"k-same", "k-same-select"}
