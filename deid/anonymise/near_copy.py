@@ -131,6 +131,12 @@ def plan_repair(closest: np.ndarray, centroids: np.ndarray, *, threshold: float,
     Returns
     -------
     RepairPlan
+
+    References
+    ----------
+    E. Newton, L. Sweeney, B. Malin. Preserving privacy by de-identifying face images. IEEE Trans.
+    Knowledge and Data Engineering 17(2):232-243, 2005 (k-Same, whose clusters this repairs; the
+    repair itself is deid's, for the gate's near-copy check of :mod:`deid.evaluation.leaks`).
     """
     closest = np.asarray(closest, np.float64)
     near = tuple(int(c) for c in np.flatnonzero(closest < threshold))
