@@ -108,6 +108,7 @@ def test_the_out_of_core_stage_repairs_only_the_identical_image_family(tmp_path,
     pix, labels, _, people = _planted(1, groups=5, same_centre=True)
     ids = _write_partition(tmp_path / "partition=p000", pix, labels, people)
     monkeypatch.setattr(stages, "AVERAGE_BUCKET_BYTES", 7 * P)  # several buckets: members read back from them
+    monkeypatch.setattr(stages, "_DISTANCE_ROWS", 3)  # and each bucket measured in several pieces
     part = stages.deidentify_partition(str(tmp_path / "partition=p000"), str(tmp_path / "out" / "partition=p000.parquet"),
                                        k=5, method=method,
                                        shape=(8, 8), sigma=2.0, block=2, block_size=None,

@@ -457,6 +457,7 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
 AVERAGE_BUCKET_BYTES = 32 << 20
 _MAX_BUCKETS = 256  # open spill files; above 256 x 32 MB per partition the buckets grow instead
 _OUT_ROWS = 2048  # records per row group of the de-identified part
+_DISTANCE_ROWS = 256  # faces measured against their cluster's mean at a time (near-copy repair)
 
 
 def _stream(files: list[str], columns: list[str], batch_rows: int = _OUT_ROWS):
@@ -553,7 +554,10 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
                 del sums
                 if repair:  # every member against its cluster's released mean (what the gate measures)
                     seg = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(labs)]))
-                    own[rows[order]] = mean_abs_difference(means[seg], data)
+                    members = rows[order]
+                    for s in range(0, len(seg), _DISTANCE_ROWS):  # a few MB of int16 at a time, not the bucket's
+                        own[members[s:s + _DISTANCE_ROWS]] = mean_abs_difference(
+                            means[seg[s:s + _DISTANCE_ROWS]], data[s:s + _DISTANCE_ROWS])
                 del data
                 avg.write(means.tobytes())
         near = suppressed = None
