@@ -5,6 +5,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from deid.anonymise.near_copy import NearCopyRepair, repair_in_memory
 from deid.evaluation.gate import GateConfig, cluster_shares
@@ -184,3 +186,29 @@ def test_only_the_identical_mean_people_counting_methods_are_repaired():
     from deid.anonymise.method_registry import REGISTRY
 
     assert {m for m, s in REGISTRY.items() if s.repairs_near_copies} == {"k-same", "k-same-select"}
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), groups=st.integers(1, 6), k=st.integers(2, 4),
+       threshold=st.sampled_from([THRESHOLD, 45.0, 60.0]))
+def test_repair_keeps_every_invariant_and_leaves_no_near_copy(seed, groups, k, threshold):
+    """Valid k-Same clusters in, valid clusters out, none of them a near copy, every record accounted for."""
+    rng = np.random.default_rng(seed)
+    sizes = rng.integers(k, 2 * k, groups)  # one image per person per cluster, some people in two clusters
+    labels = np.repeat(np.arange(groups), sizes)
+    people = [f"p{j}" if rng.random() < 0.7 else f"q{c}-{j}" for c in range(groups) for j in range(sizes[c])]
+    pix = rng.integers(0, 256, (len(labels), P)).astype(np.uint8)
+    if rng.random() < 0.5:  # plant: a member at its cluster's mean
+        members = np.flatnonzero(labels == 0)
+        pix[members[0]] = _mean_image(pix)(members[1:])
+    X = rng.normal(size=(len(labels), 3))
+    new, rep = repair_in_memory(labels, X, people, _released(pix, labels), pix, _mean_image(pix), k=k,
+                                threshold=threshold, distance=mean_abs_difference)
+    kept = new >= 0
+    assert rep.records_suppressed == int((~kept).sum()) and rep.clusters_merged + rep.clusters_suppressed <= \
+        rep.near_copy_clusters
+    assert set(new[kept]) <= set(labels)  # a merged cluster took its partner's index
+    if kept.any():
+        assert _own(pix, new).min() >= threshold
+        _, distinct, shares = cluster_shares(list(new[kept]), [p for p, ok in zip(people, kept) if ok])
+        assert min(distinct.values()) >= k and max(shares.values()) <= 1 / k + 1e-12
