@@ -18,7 +18,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from deid.errors import ConfigError
-from deid.release.lineage import LineageCluster, LineageRelease, LineageState, label_mix
+from deid.release.lineage import LineageCluster, LineageRelease, LineageState, label_mix, stored_rows
 
 logger = logging.getLogger(__name__)
 
@@ -249,6 +249,20 @@ class DifferencingResult:
             tuple(vars(m) for m in self.matches))
 
 
+class _Averages:
+    """The released averages of a list of clusters as rows: ``A[idx]`` reads just those rows
+    (:func:`deid.release.lineage.stored_rows`), never the whole matrix."""
+
+    def __init__(self, images: Sequence[Any]):
+        self.images = images
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, idx) -> np.ndarray:
+        return stored_rows(self.images, idx)
+
+
 def _cluster_sizes(c: LineageCluster, *more: int) -> list[int]:
     return sorted({len(c.records), *more} - {0})
 
@@ -388,12 +402,12 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
     Zc = np.vstack([(np.asarray(X[np.arange(a, min(a + 4096, n_orig))], dtype=np.float32) - mu) @ Wz.T
                     for a in range(0, n_orig, 4096)])  # centred projections of the originals, a chunk at a time
     Zw = Zc / sd                                     # whitened: pair candidates
-    # The averages stay in their stored dtype (uint8 for faces: a quarter of float32) and are
-    # converted a chunk at a time; this release's own clusters are not stacked twice.
-    M1 = np.stack([c.image for c, _ in new])
-    M2 = M1 if [c.key for c, _ in reg] == [c.key for c, _ in new] else np.stack([c.image for c, _ in reg])
+    # The averages stay where they are stored (a stored average is read from disk when asked: a million
+    # faces have 1.5 GB of them, issue 13) and are read and converted a chunk of rows at a time.
+    M1 = _Averages([c.image for c, _ in new])
+    M2 = M1 if [c.key for c, _ in reg] == [c.key for c, _ in new] else _Averages([c.image for c, _ in reg])
 
-    def project(M: np.ndarray) -> np.ndarray:
+    def project(M: "_Averages") -> np.ndarray:
         return np.vstack([np.asarray(M[a:a + 4096], dtype=np.float32) @ Wz.T for a in range(0, len(M), 4096)])
 
     Y1 = project(M1)                                 # linear projections: differences are exact
