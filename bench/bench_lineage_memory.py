@@ -32,7 +32,8 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path and "PYTHONPATH" not in os.environ:
+    sys.path.insert(0, str(ROOT))   # a PYTHONPATH names the code to measure (e.g. an export of another commit)
 
 STAGE = ["start"]
 PEAKS: dict[str, float] = {}

@@ -415,9 +415,14 @@ class LineageState:
             state = self.with_entry({"kind": "genesis"})
         return state._appended(body)[0]
 
-    def _appended(self, body: Mapping[str, Any]) -> tuple["LineageState", bytes]:
+    def _appended(self, body: Mapping[str, Any], *,
+                  made: Mapping[str, LineageCluster] | None = None) -> tuple["LineageState", bytes]:
         """The state after ``body`` (chained to this state, which has its genesis entry) and the new
-        entry's canonical bytes (hashed into the chain; what the registry encrypts)."""
+        entry's canonical bytes (hashed into the chain; what the registry encrypts).
+
+        ``made``: the clusters of a release entry already built (key -> cluster, as registered), used
+        instead of decoding the entry again.
+        """
         seq = self.seq + 1
         doc = {**body, "format": ENTRY_FORMAT, "dataset": self.dataset, "seq": seq, "prev": self.head}
         payload = canonical_bytes(doc)
@@ -429,7 +434,51 @@ class LineageState:
                              for r in self.releases)
             return dataclasses.replace(self, seq=seq, head=head, releases=releases,
                                        entries=(*self.entries, doc)), payload
+        if doc.get("kind") == "release" and self.entries and \
+                doc.get("release_id") not in {r.release_id for r in self.releases}:
+            # A new release adds to the state as replayed (issue 13: at a million faces, decoding every entry
+            # again would hold the lineage twice).
+            return self._with_release(doc, seq=seq, head=head, made=made or {}), payload
         return replay(self.dataset, [*self.entries, doc], seq=seq, head=head, images=self.images), payload
+
+
+    def _with_release(self, doc: Mapping[str, Any], *, seq: int, head: str,
+                      made: Mapping[str, LineageCluster]) -> "LineageState":
+        """This state plus a new (pending) release entry: what :func:`replay` of every entry gives, built
+        from this state's maps (copied, the clusters shared) and the entry's clusters."""
+        clusters = dict(self.clusters)
+        record_cluster = dict(self.record_cluster)
+        person_clusters = dict(self.person_clusters)
+        sizes = dict(self.released_sizes)
+        released_people = set(self.released_people)
+        rid = doc["release_id"]
+        for cj in doc["new_clusters"]:
+            c = made.get(cj["key"])
+            if c is None or c.image_sha256 != cj["image_sha256"]:
+                c = LineageCluster.from_json(cj, images=self.images)
+            if c.key in clusters:
+                raise LineageError(f"cluster {c.key} registered twice; the registry is corrupt")
+            clusters[c.key] = c
+            sizes[c.key] = (*sizes.get(c.key, ()), c.n_released)
+            for p in c.people:
+                person_clusters[p] = (*person_clusters.get(p, ()), c.key)
+            for r in c.records:
+                record_cluster.setdefault(r, c.key)
+            released_people |= c.people
+        for rj in doc["republished"]:
+            if rj["key"] not in clusters:
+                raise LineageError(f"release {rid} republishes unknown cluster {rj['key']}; the registry is corrupt")
+            sizes[rj["key"]] = (*sizes.get(rj["key"], ()), int(rj["n_released"]))
+            for r in rj["added_records"]:
+                record_cluster.setdefault(r, rj["key"])
+            released_people |= set(rj["people_released"])
+        summary = ReleaseSummary(release_id=rid, seq=seq, status="pending",
+                                 **{f: doc["counts"][f] for f in _COUNT_FIELDS},
+                                 k=int(doc["k"]), method=doc["method"], policy=doc["policy"], absent=doc["absent"])
+        return dataclasses.replace(self, seq=seq, head=head, clusters=clusters, releases=(*self.releases, summary),
+                                   record_cluster=record_cluster, person_clusters=person_clusters,
+                                   released_sizes=sizes, released_people=frozenset(released_people),
+                                   entries=(*self.entries, doc))
 
 
 def empty_state(dataset: str) -> LineageState:
@@ -974,10 +1023,15 @@ def build_release(plan: LineagePlan, state: LineageState, *, release_id: str, me
     for i, ckey in where.items():
         record_cluster[i] = ckey
     rep = []
+    # Each republished cluster's records released so far, from one pass over the registry (not one per cluster).
+    released_before: dict[str, set[str]] = defaultdict(set)
+    if plan.republish:
+        for f, ckey in state.record_cluster.items():
+            released_before[ckey].add(f)
     for r in plan.republish:
         for i in r.records:
             record_cluster[i] = r.cluster.key
-        added = sorted({plan.fingerprints[i] for i in r.records} - set(_released_records(state, r.cluster.key)))
+        added = sorted({plan.fingerprints[i] for i in r.records} - released_before.get(r.cluster.key, set()))
         rep.append(RepublishedCluster(key=r.cluster.key, n_released=len(r.records) + r.n_counterfeit,
                                       n_counterfeit=r.n_counterfeit, added_records=tuple(added),
                                       people_released=tuple(sorted({plan.pseudonyms[i] for i in r.records}))))
@@ -992,10 +1046,6 @@ def build_release(plan: LineagePlan, state: LineageState, *, release_id: str, me
                           new_clusters=tuple(new), republished=tuple(rep),
                           suppressed_clusters=plan.suppressed_clusters, pseudonyms=plan.pseudonyms,
                           fingerprints=plan.fingerprints, record_cluster=tuple(record_cluster), counts=counts)
-
-
-def _released_records(state: LineageState, key: str) -> list[str]:
-    return [f for f, c in state.record_cluster.items() if c == key]
 
 
 def release_from_clusters(state: LineageState, people: Sequence[Hashable], record_fingerprints: Sequence[str], *,

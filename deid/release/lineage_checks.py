@@ -422,7 +422,11 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
     pairs_i, pairs_j = _pairs(Y1, Y2, all_pairs, neighbors, structural=structural, threads=threads)
     mode = "all pairs" if all_pairs else (f"{neighbors} nearest registered averages per released one and those "
                                           "sharing a record or a person")
-    keep = np.array([h1[i] != h2[j] for i, j in zip(pairs_i.tolist(), pairs_j.tolist())], dtype=bool)
+    # Image hashes as integer codes: millions of pairs compared as arrays, not as Python objects (issue 13).
+    codes: dict[str, int] = {}
+    c1 = np.array([codes.setdefault(h, len(codes)) for h in h1], dtype=np.int64)
+    c2 = np.array([codes.setdefault(h, len(codes)) for h in h2], dtype=np.int64)
+    keep = c1[pairs_i] != c2[pairs_j]
     pairs_i, pairs_j = pairs_i[keep], pairs_j[keep]
     tests = _tests(pairs_i, pairs_j, [s for _, s in new], [s for _, s in reg])
     gallery = (None if original_records is None or n_orig <= exhaustive_below else

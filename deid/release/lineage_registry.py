@@ -76,6 +76,7 @@ from deid.release.lineage import (
     LineageError,
     LineageRelease,
     LineageState,
+    StoredImage,
     _stored,
     canonical_bytes,
     chain_hash,
@@ -490,7 +491,8 @@ class Registry:
         except (OSError, LineageError):
             return False
 
-    def _append(self, state: LineageState, body: dict[str, Any]) -> LineageState:
+    def _append(self, state: LineageState, body: dict[str, Any], *,
+                made: dict[str, Any] | None = None) -> LineageState:
         current = state if self._unchanged_since(state) else self.load()
         if current.head != state.head:
             raise LineageError(f"lineage registry {self.where} moved on (entry {current.seq}) since the state used "
@@ -499,7 +501,7 @@ class Registry:
             raise LineageError(f"lineage registry {self.where} has no genesis entry; call init() first")
         if current.images is None:
             current = dataclasses.replace(current, images=self.images)   # a state built without the registry
-        new, payload = current._appended(body)
+        new, payload = current._appended(body, made=made)
         seq, new_hash = new.seq, new.head
         # The store appends entry `seq` only if it is the next one (a file that does not exist yet; a row
         # after the last, in one serializable transaction): two writers never both append it.
@@ -534,7 +536,13 @@ class Registry:
         if any(r.release_id == release.release_id for r in state.releases):
             raise LineageError(f"release {release.release_id} is already registered in {self.dataset!r}")
         # The averages go beside the entry, sealed and fsynced before it (issue 13): the entry holds their hashes.
-        return self._append(state, release.to_entry(image_at=self._store_images(release)))
+        image_at = self._store_images(release)
+        # The registered clusters are the release's, reading their averages from the registry from now on.
+        made = {c.key: dataclasses.replace(c, image=StoredImage(
+                    self.images, (at["pack"], at["offset"], at["length"], c.image_sha256), sha256=c.image_sha256,
+                    size=c.image.shape[0], dtype=np.dtype(c.image.dtype).newbyteorder("<")))
+                for c in release.new_clusters for at in (image_at[c.key],)}
+        return self._append(state, release.to_entry(image_at=image_at), made=made)
 
     def mark_published(self, state: LineageState, release_id: str) -> LineageState:
         """Record that ``release_id`` was published (after the report is signed)."""
