@@ -75,7 +75,7 @@ def staged(name: str, fn):
             PEAKS[name] = max(PEAKS.get(name, 0.0), own + kids)
             logging.getLogger("bench").info("stage %s: %.1f s wall, %.1f s CPU (this process), RSS now %.2f GiB",
                                             name, time.perf_counter() - t0, time.process_time() - c0, own + kids)
-            STAGE[0] = prev if name in ("register", "register-forced") else f"after-{name}"
+            STAGE[0] = prev if ":" in name or name in ("register", "register-forced") else f"after-{name}"
     return run
 
 
@@ -150,9 +150,24 @@ def cmd_run(args) -> None:
     return digest, result
 
 
+def substeps() -> None:
+    """The lineage stage's steps as sub-stages of the RSS log (``lineage:<step>``)."""
+    from deid.operations import pipeline, stages
+    from deid.release import lineage, lineage_checks
+
+    for mod, name in [(stages, "lineage_new_labels"), (stages, "distinct_rows"), (lineage, "build_release"),
+                      (stages, "write_lineage_part"), (lineage_checks, "check_structure"),
+                      (lineage_checks, "differencing_attack"), (lineage_checks, "_structural_pairs"),
+                      (lineage_checks, "_pairs"), (lineage_checks, "_pca"), (pipeline, "lineage_checks")]:
+        setattr(mod, name, staged(f"lineage:{name}", getattr(mod, name)))
+    stages.RowFile.from_aligned = classmethod(staged("lineage:RowFile.from_aligned",
+                                                     stages.RowFile.from_aligned.__func__))
+
+
 def cmd_lineage(args) -> None:
     from deid.operations import pipeline
 
+    substeps()
     out = Path(args.out)
     with open(out / "lineage_inputs.pkl", "rb") as fh:
         d = pickle.load(fh)

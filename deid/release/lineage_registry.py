@@ -419,14 +419,18 @@ class Registry:
             if seq != expect:
                 raise LineageError(f"lineage registry {self.where}: entry {expect:08d} is missing (next is {seq:08d}); "
                                    "an entry was deleted; restore the registry from backup")
-            doc = json.loads(self._open(MAGIC, "encrypt", seq, blob, f"entry {seq:08d}"))
+            payload = self._open(MAGIC, "encrypt", seq, blob, f"entry {seq:08d}")
+            doc = json.loads(payload)
             if doc.get("seq") != seq or doc.get("prev") != prev or doc.get("dataset") != self.dataset:
                 raise LineageError(f"lineage registry {self.where}: entry {seq:08d} does not chain to the previous "
                                    "entry (entries reordered or replaced); restore the registry from backup")
             if doc.get("format") != ENTRY_FORMAT:
                 raise LineageError(f"lineage registry {self.where}: entry {seq:08d} has format {doc.get('format')!r}, "
                                    f"expected {ENTRY_FORMAT}")
-            prev = chain_hash(prev, doc)
+            # The sealed bytes are the canonical bytes the chain hashed when the entry was written: hashed as
+            # they are (not serialised again: a million faces' entry is hundreds of MB).
+            prev = chain_hash(prev, payload)
+            del payload
             docs.append(doc)
             hashes.append(prev)
         head_seq, head_hash = self._read_head(head_blob)
