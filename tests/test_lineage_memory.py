@@ -114,3 +114,36 @@ def test_a_modified_or_missing_pack_is_refused(tmp_path, tamper):
     msg = "does not authenticate" if tamper == "flip" else "images/ directory"
     with pytest.raises(LineageError, match=msg):
         np.asarray(state.clusters["r1/00001"].image)
+
+
+def test_new_records_get_their_cluster_numbered_in_record_order_and_their_image_from_disk(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from deid.operations.stages import lineage_new_labels
+
+    rng = np.random.default_rng(3)
+    ids = [f"r{i:04d}" for i in range(60)]
+    new = sorted(rng.choice(60, 45, replace=False).tolist())   # records of new people, in drop order
+    shade = {c: rng.integers(0, 256, 6, dtype=np.uint8) for c in "abcdefg"}
+    parts = []
+    for n, chunk in enumerate(np.array_split(rng.permutation(new)[:40], 2)):   # 5 new records withheld
+        rows = [ids[i] for i in chunk]
+        cl = [f"p{n}-{'abcdefg'[rng.integers(0, 7)]}" for _ in rows]
+        pq.write_table(pa.table({"record_id": rows, "cluster": cl,
+                                 "pixels": [shade[c[-1]].tobytes() for c in cl]}), tmp_path / f"p{n}.parquet")
+        parts.append(str(tmp_path / f"p{n}.parquet"))
+    plan = type("Plan", (), {"new_records": tuple(new)})()
+    labels, images = lineage_new_labels(plan, ids, parts)
+    # Reference: the earlier per-record loop.
+    where = {}
+    for p in parts:
+        t = pq.read_table(p).to_pydict()
+        where.update({r: (c, px) for r, c, px in zip(t["record_id"], t["cluster"], t["pixels"])})
+    names: dict = {}
+    want = [names.setdefault(where[ids[i]][0], len(names)) if ids[i] in where else -1 for i in new]
+    assert labels.tolist() == want and (labels == -1).sum() == 5
+    for j, i in enumerate(new):
+        px = np.frombuffer(where[ids[i]][1], np.uint8) if ids[i] in where else np.zeros(6, np.uint8)
+        assert np.array_equal(images[j], px)
+    assert isinstance(images.stored_image(int(np.flatnonzero(labels >= 0)[0])), StoredImage)

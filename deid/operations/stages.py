@@ -837,24 +837,31 @@ def lineage_new_labels(plan, record_ids: list[str], deid_paths: list[str]) -> tu
     The images are an :class:`IndexedRows`: each cluster's image once, not one copy per record
     (the parts are streamed a batch at a time; issue 13).
     """
-    pos = {record_ids[i]: j for j, i in enumerate(plan.new_records)}
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    n_new = len(plan.new_records)
     # Each cluster's image once, on disk next to the de-identified parts (200,000 clusters of a million
     # faces are 1.5 GB): the registered clusters read it when asked (issue 13).
     spill = Path(deid_paths[0]).parent / ".lineage-new-images.u8" if deid_paths else None
     keys, images = distinct_rows(deid_paths, spill=spill)
-    cluster: list[str | None] = [None] * len(plan.new_records)
-    row = np.full(len(plan.new_records), -1, dtype=np.int64)
-    for rid, c, r in zip(keys.column("record_id").to_pylist(), keys.column("cluster").to_pylist(),
-                         keys.column("row").to_pylist()):
-        j = pos.get(rid)
-        if j is not None:
-            cluster[j] = c
-            row[j] = r
-    names: dict[str, int] = {}
-    labels_ = np.full(len(plan.new_records), -1, dtype=np.intp)
-    for j, c in enumerate(cluster):  # numbered in record order, as before
-        if c is not None:
-            labels_[j] = names.setdefault(c, len(names))
+    # Records matched to new records and clusters numbered as arrays (Arrow), not Python strings per record.
+    new_ids = pa.array([record_ids[i] for i in plan.new_records], pa.string())
+    j = pc.index_in(keys.column("record_id"), value_set=new_ids).to_numpy(zero_copy_only=False)
+    found = ~np.isnan(j) if j.dtype.kind == "f" else np.ones(len(j), bool)
+    j = np.where(found, j, -1).astype(np.int64)
+    code = pc.dictionary_encode(keys.column("cluster").combine_chunks()).indices.to_numpy(zero_copy_only=False)
+    hit = np.flatnonzero(j >= 0)
+    cluster = np.full(n_new, -1, dtype=np.int64)
+    row = np.full(n_new, -1, dtype=np.int64)
+    cluster[j[hit]] = code[hit]
+    row[j[hit]] = keys.column("row").to_numpy()[hit]
+    labels_ = np.full(n_new, -1, dtype=np.intp)
+    given = np.flatnonzero(cluster >= 0)
+    if len(given):  # numbered in record order, as before: by each cluster's first new record
+        uniq, first = np.unique(cluster[given], return_index=True)
+        number = np.empty(int(uniq.max()) + 1, dtype=np.intp)
+        number[uniq[np.argsort(first, kind="stable")]] = np.arange(len(uniq))
+        labels_[given] = number[cluster[given]]
     p = images.shape[1] if len(keys) else 0
     n0 = images.table.shape[0]
     # A withheld record points past the table: one zero row held in memory.
