@@ -275,6 +275,8 @@ class IndexedRows:
     def same_image(self, rows) -> bool:
         """Whether ``rows`` all hold one image (rows sharing a table row do by construction)."""
         idx = np.unique(self.index[np.asarray(rows, dtype=np.int64)])
+        if len(idx) == 1:
+            return True
         first = self._rows(idx[:1])[0]
         return all(np.array_equal(self._rows(idx[n:n + 1])[0], first) for n in range(1, len(idx)))
 
