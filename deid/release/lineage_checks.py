@@ -401,7 +401,10 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
     Wz, mu, sd = _pca(np.asarray(X[fit_rows], dtype=np.float32), n_components)  # (q, p) rows, mean, std
     Zc = np.vstack([(np.asarray(X[np.arange(a, min(a + 4096, n_orig))], dtype=np.float32) - mu) @ Wz.T
                     for a in range(0, n_orig, 4096)])  # centred projections of the originals, a chunk at a time
-    Zw = Zc / sd                                     # whitened: pair candidates
+    members_only = original_records is not None and n_orig > exhaustive_below
+    # Whitened projections (pair candidates): the rows a test asks for, divided when asked (bit-identical to
+    # the whole quotient), when tests search their clusters' members; the whole matrix for the exhaustive search.
+    Zw = _Whitened(Zc, sd) if members_only else Zc / sd
     # The averages stay where they are stored (a stored average is read from disk when asked: a million
     # faces have 1.5 GB of them, issue 13) and are read and converted a chunk of rows at a time.
     M1 = _Averages([c.image for c, _ in new])
@@ -429,7 +432,7 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
     keep = c1[pairs_i] != c2[pairs_j]
     pairs_i, pairs_j = pairs_i[keep], pairs_j[keep]
     tests = _tests(pairs_i, pairs_j, [s for _, s in new], [s for _, s in reg])
-    gallery = (None if original_records is None or n_orig <= exhaustive_below else
+    gallery = (None if not members_only else
                _MemberGallery(original_records, [c for c, _ in new], [c for c, _ in reg], Zc, Zw, muz, sd, candidates,
                               tolerance * np.sqrt(X.shape[1])))
     csq = np.einsum("ij,ij->i", Zc, Zc) if gallery is None else None
@@ -681,6 +684,25 @@ def _pairs(Y1: np.ndarray, Y2: np.ndarray, all_pairs: bool, neighbors: int, *,
     return code // len(Y2), code % len(Y2)
 
 
+class _Whitened:
+    """``Z / sd`` computed for the rows asked for: the same float32 values as the whole quotient's rows, without
+    holding it (a million originals' projections are 200 MB; issue 13). ``np.asarray`` gives the whole."""
+
+    def __init__(self, Z: np.ndarray, sd: np.ndarray):
+        self.Z, self.sd = Z, sd
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.Z.shape
+
+    def __getitem__(self, idx) -> np.ndarray:
+        return self.Z[idx] / self.sd
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self.Z / self.sd
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
 def _best_pairs(Dw: np.ndarray, Zw: np.ndarray, candidates: int) -> np.ndarray:
     """For each whitened difference D, the pair (a, b), a != b, of originals with Z_a - Z_b nearest to D.
 
@@ -689,6 +711,7 @@ def _best_pairs(Dw: np.ndarray, Zw: np.ndarray, candidates: int) -> np.ndarray:
     below; so ``a`` is searched among the ``candidates`` originals most aligned with D, ``b`` among
     the ``candidates`` least aligned, all combinations compared exactly. O(n q) per difference.
     """
+    Zw = np.asarray(Zw)   # every original is scored: the whole matrix, for this call only
     t = min(candidates, Zw.shape[0])
     u = Dw @ Zw.T                                                  # (B, n)
     A = np.argpartition(-u, t - 1, axis=1)[:, :t]                  # (B, t)
