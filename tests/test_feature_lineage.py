@@ -198,7 +198,7 @@ def test_the_registry_stores_a_feature_cluster_mean_bit_for_bit(tmp_path):
     loaded = reg.load()
     got = sorted(loaded.clusters.values(), key=lambda c: c.key)
     assert [c.image.dtype for c in got] == [np.float32, np.float32] and [c.shape for c in got] == [(16,), (16,)]
-    assert all(np.array_equal(c.image.view(np.uint32), m.view(np.uint32)) for c, m in zip(got, mean[[0, 5]]))
+    assert all(np.array_equal(np.asarray(c.image).view(np.uint32), m.view(np.uint32)) for c, m in zip(got, mean[[0, 5]]))
     assert got[0].image_sha256 == average_sha256(mean[0]) != average_sha256(mean[0].astype(np.float64))
     doc = rel.to_entry()["new_clusters"][0]
     assert doc["dtype"] == "<f4" and doc["shape"] == [16]

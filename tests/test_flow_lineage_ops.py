@@ -50,8 +50,11 @@ def _kinds(state) -> list[tuple[str, str | None]]:
 
 
 def _no_partial_entry(project: Path) -> None:
-    files = sorted(p.name for p in lineage_dir(project / "data", DATASET).iterdir())
+    root = lineage_dir(project / "data", DATASET)
+    files = sorted(p.name for p in root.iterdir() if p.is_file())
     assert files[-1] == "HEAD" and all(f.endswith(".entry") and len(f) == 14 for f in files[:-1]), files
+    # The sealed averages beside the entries: whole packs only (a pack is written to a temporary name first).
+    assert all(p.suffix == ".pack" and not p.name.startswith(".") for p in (root / "images").iterdir())
 
 
 def test_kills_between_registering_and_publishing_are_reconciled_by_the_next_run(project, prefect_server, tmp_path,

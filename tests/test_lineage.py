@@ -386,9 +386,11 @@ def test_registry_round_trip_is_encrypted_and_chained(tmp_path):
     w, reg, s2 = _two_releases(tmp_path)
     assert reg.root == lineage_dir(tmp_path, "synthetic")
     assert oct(reg.root.stat().st_mode & 0o777) == "0o700"
-    files = sorted(p.name for p in reg.root.iterdir())
+    files = sorted(p.name for p in reg.root.iterdir() if p.is_file())
     assert files == ["00000000.entry", "00000001.entry", "00000002.entry", "00000003.entry", "HEAD"]
-    blob = b"".join((reg.root / f).read_bytes() for f in files)
+    packs = sorted((reg.root / "images").iterdir())   # the stored averages of each release, beside the entries
+    assert len(packs) == 2 and all(p.name.endswith(".pack") for p in packs)
+    blob = b"".join((reg.root / f).read_bytes() for f in files) + b"".join(p.read_bytes() for p in packs)
     assert w.fps[0].encode() not in blob and b"p000" not in blob and b"rel-a" not in blob
     loaded = reg.load()
     assert loaded.head == s2.head and loaded.seq == 3

@@ -22,7 +22,7 @@ def url(pg_url):  # noqa: F811
     from deid.operations.ledger import postgres_conninfo
 
     with psycopg.connect(postgres_conninfo(pg_url), autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS deid_lineage_entries, deid_lineage_heads")
+        conn.execute("DROP TABLE IF EXISTS deid_lineage_entries, deid_lineage_heads, deid_lineage_images")
     return pg_url
 
 
@@ -56,6 +56,10 @@ def test_the_registry_on_postgres_is_sealed_chained_and_refuses_tampering(url, t
     assert [s for s, _ in rows] == [0, 1, 2]
     assert all(bytes(b).startswith(b"DEIDLIN1") and b"rel-1" not in bytes(b) for _, b in rows)  # ciphertext
     assert "secret" not in reg.where
+    # The stored averages are rows beside the entries (issue 13), sealed, read back bit for bit.
+    images = _sql(url, "SELECT blob FROM deid_lineage_images WHERE dataset = 'ward'")
+    assert len(images) == 2 and not any(bytes([10] * 6) in bytes(b) for (b,) in images)
+    assert sorted(np.asarray(c.image)[0] for c in again.clusters.values()) == [10, 245]
     # A stale plan is refused, as with files.
     with pytest.raises(LineageError, match="planned on another lineage state"):
         reg.append_release(again, _release(Registry.open(tmp_path, "ward", KEY).load(), "rel-x", ["e", "f"], 50))
@@ -79,6 +83,8 @@ def test_a_file_registry_is_imported_once_and_a_fork_is_refused(url, tmp_path):
     db = Registry.open(tmp_path, "clinic", KEY, database_url=url)
     assert db.exists()  # the files count until imported
     assert db.load().head == head  # imported, verified
+    assert _sql(url, "SELECT count(*) FROM deid_lineage_images WHERE dataset = 'clinic'") == [(2,)]  # and its averages
+    assert sorted(np.asarray(c.image)[0] for c in db.load().clusters.values()) == [10, 245]
     assert _sql(url, "SELECT count(*) FROM deid_lineage_entries WHERE dataset = 'clinic'") == [(3,)]
     s = db.append_release(db.load(), _release(db.load(), "rel-2", ["eve", "fay"], 60))  # continues in the database
     assert db.load().seq == 3 and files.load().head == head  # the files are left as they were

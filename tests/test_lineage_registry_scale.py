@@ -27,7 +27,7 @@ def test_appends_equal_a_full_replay_and_skip_reloading_an_unchanged_registry(tm
     monkeypatch.setattr(lr.Registry, "load", lambda self, _load=lr.Registry.load: loads.append(1) or _load(self))
     s3 = reg.mark_published(s2, "rel-b")  # the state is the registry's: no reload
     assert loads == []
-    _same_state(s3, replay(s3.dataset, s3.entries, seq=s3.seq, head=s3.head))
+    _same_state(s3, replay(s3.dataset, s3.entries, seq=s3.seq, head=s3.head, images=s3.images))
     _same_state(s3, reg.load())
     assert [r.status for r in s3.releases] == ["published", "published"]
 

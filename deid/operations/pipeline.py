@@ -533,11 +533,17 @@ def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, threads: int =
     import shutil  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
+    import pyarrow.compute as pc  # noqa: PLC0415
+
     paths = [str(p) for p in aligned.parts]
-    where = {r for p in paths for r in pq.read_table(p, columns=["record_id"]).column("record_id").to_pylist()}
-    rows = [r for r in lin.record_ids if r in where]
-    people = [lin.plan.pseudonyms[i] for i, r in enumerate(lin.record_ids) if r in where]
-    records = [lin.plan.fingerprints[i] for i, r in enumerate(lin.record_ids) if r in where]
+    # Which drop records have aligned faces, as Arrow arrays (not a set of a million Python strings).
+    aligned_ids = [pq.read_table(p, columns=["record_id"]).column("record_id") for p in paths]
+    present = pa.chunked_array([c for col in aligned_ids for c in col.chunks], pa.string())
+    keep = np.flatnonzero(pc.is_in(pa.array(lin.record_ids, pa.string()), value_set=present.combine_chunks())
+                          .to_numpy(zero_copy_only=False)).tolist()
+    rows = [lin.record_ids[i] for i in keep]
+    people = [lin.plan.pseudonyms[i] for i in keep]
+    records = [lin.plan.fingerprints[i] for i in keep]
     checks = [c.to_gate_check() for c in check_structure(lin.state, rel)]
     if len(rows) >= 2:
         # The originals stay on disk (one file of raw rows next to the aligned parts), read as the attack needs them.

@@ -188,6 +188,18 @@ class RowFile:
             os.close(fd)
         return out
 
+    def read_image(self, row: int) -> np.ndarray:
+        """Row ``row`` (the source of a :class:`deid.release.lineage.StoredImage`)."""
+        return self[[int(row)]][0]
+
+    def read_images(self, rows) -> np.ndarray:
+        """Rows ``rows`` in that order, read in ascending order (runs of rows in one read)."""
+        rows = np.asarray(rows, dtype=np.int64).reshape(-1)
+        order = np.argsort(rows, kind="stable")
+        out = np.empty((len(rows), self.p), dtype=np.uint8)
+        out[order] = self[rows[order]]
+        return out
+
     @classmethod
     def from_aligned(cls, aligned_paths: list[str], record_ids: list[str], path: Path) -> "RowFile":
         """The aligned faces of ``record_ids`` (all present), row ``i`` = ``record_ids[i]``, one part in memory at a time."""
@@ -253,6 +265,24 @@ class IndexedRows:
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         out = self._rows(self.index)
         return out if dtype is None else out.astype(dtype, copy=False)
+
+    def stored_image(self, i: int):
+        """Row ``i`` as the lineage registers it: a :class:`~deid.release.lineage.StoredImage` reading the
+        row file on demand when the table is on disk (issue 13), else a copy of the row."""
+        from deid.release.lineage import StoredImage, average_sha256  # noqa: PLC0415
+
+        j = int(self.index[int(i)])
+        if not isinstance(self.table, RowFile) or j >= self.table.shape[0]:
+            return self[int(i)].copy()
+        return StoredImage(self.table, j, sha256=average_sha256(self.table.read_image(j)), size=self.shape[1])
+
+    def same_image(self, rows) -> bool:
+        """Whether ``rows`` all hold one image (rows sharing a table row do by construction)."""
+        idx = np.unique(self.index[np.asarray(rows, dtype=np.int64)])
+        if len(idx) == 1:
+            return True
+        first = self._rows(idx[:1])[0]
+        return all(np.array_equal(self._rows(idx[n:n + 1])[0], first) for n in range(1, len(idx)))
 
     def take(self, rows) -> "IndexedRows":
         """These rows, in the order of ``rows`` (indices of this matrix)."""
@@ -940,24 +970,35 @@ def lineage_new_labels(plan, record_ids: list[str], deid_paths: list[str]) -> tu
     The images are an :class:`IndexedRows`: each cluster's image once, not one copy per record
     (the parts are streamed a batch at a time; issue 13).
     """
-    pos = {record_ids[i]: j for j, i in enumerate(plan.new_records)}
-    keys, images = distinct_rows(deid_paths)
-    cluster: list[str | None] = [None] * len(plan.new_records)
-    row = np.full(len(plan.new_records), -1, dtype=np.int64)
-    for rid, c, r in zip(keys.column("record_id").to_pylist(), keys.column("cluster").to_pylist(),
-                         keys.column("row").to_pylist()):
-        j = pos.get(rid)
-        if j is not None:
-            cluster[j] = c
-            row[j] = r
-    names: dict[str, int] = {}
-    labels_ = np.full(len(plan.new_records), -1, dtype=np.intp)
-    for j, c in enumerate(cluster):  # numbered in record order, as before
-        if c is not None:
-            labels_[j] = names.setdefault(c, len(names))
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    n_new = len(plan.new_records)
+    # Each cluster's image once, on disk next to the de-identified parts (200,000 clusters of a million
+    # faces are 1.5 GB): the registered clusters read it when asked (issue 13).
+    spill = Path(deid_paths[0]).parent / ".lineage-new-images.u8" if deid_paths else None
+    keys, images = distinct_rows(deid_paths, spill=spill)
+    # Records matched to new records and clusters numbered as arrays (Arrow), not Python strings per record.
+    new_ids = pa.array([record_ids[i] for i in plan.new_records], pa.string())
+    j = pc.index_in(keys.column("record_id"), value_set=new_ids).to_numpy(zero_copy_only=False)
+    found = ~np.isnan(j) if j.dtype.kind == "f" else np.ones(len(j), bool)
+    j = np.where(found, j, -1).astype(np.int64)
+    code = pc.dictionary_encode(keys.column("cluster").combine_chunks()).indices.to_numpy(zero_copy_only=False)
+    hit = np.flatnonzero(j >= 0)
+    cluster = np.full(n_new, -1, dtype=np.int64)
+    row = np.full(n_new, -1, dtype=np.int64)
+    cluster[j[hit]] = code[hit]
+    row[j[hit]] = keys.column("row").to_numpy()[hit]
+    labels_ = np.full(n_new, -1, dtype=np.intp)
+    given = np.flatnonzero(cluster >= 0)
+    if len(given):  # numbered in record order, as before: by each cluster's first new record
+        uniq, first = np.unique(cluster[given], return_index=True)
+        number = np.empty(int(uniq.max()) + 1, dtype=np.intp)
+        number[uniq[np.argsort(first, kind="stable")]] = np.arange(len(uniq))
+        labels_[given] = number[cluster[given]]
     p = images.shape[1] if len(keys) else 0
-    table = np.vstack([np.asarray(images.table), np.zeros((1, p), np.uint8)])   # the last row: a withheld record
-    return labels_, IndexedRows(table, np.where(row >= 0, row, len(table) - 1))
+    n0 = images.table.shape[0]
+    # A withheld record points past the table: one zero row held in memory.
+    return labels_, IndexedRows(images.table, np.where(row >= 0, row, n0), extra=np.zeros((1, p), np.uint8))
 
 
 def write_lineage_part(partition_dir: str, out_path: str, release, state, record_ids: list[str]) -> DeidentifiedPart:
@@ -972,8 +1013,8 @@ def write_lineage_part(partition_dir: str, out_path: str, release, state, record
     ids = t.column("record_id").to_pylist()
     people = t.column("subject_id").to_pylist()
     clusters = [where[r] for r in ids]
-    # Each registered image once, the part written a row group at a time (not one bytes object per record).
-    images = {c: np.ascontiguousarray(state.clusters[c].image, dtype=np.uint8) for c in set(clusters)}
+    # The part written a row group at a time, each registered image read once per row group (a stored
+    # average is read from the registry when asked: never every one at once, issue 13).
     schema = schemas.deidentified()
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -981,6 +1022,7 @@ def write_lineage_part(partition_dir: str, out_path: str, release, state, record
     with pq.ParquetWriter(tmp, schema) as writer:
         for a in range(0, len(ids), _OUT_ROWS):
             cs = clusters[a:a + _OUT_ROWS]
+            images = {c: np.ascontiguousarray(state.clusters[c].image, dtype=np.uint8) for c in set(cs)}
             writer.write_batch(pa.record_batch([pa.array(ids[a:a + _OUT_ROWS], pa.string()), pa.array(cs, pa.string()),
                                                 _binary_rows(np.stack([images[c] for c in cs]))], schema=schema))
     os.replace(tmp, out)
@@ -1004,6 +1046,7 @@ def counterfeit_rows(release, state, labels: list[str], present: Mapping[str, Se
     registered = release.republished_labels(state, labels)
     for r in release.republished:
         c = state.clusters[r.key]
+        average = np.ascontiguousarray(c.image) if r.n_counterfeit else None   # read once per cluster
         for n in range(r.n_counterfeit):
             if registered.get(r.key) is not None:
                 lab = dict(zip(labels, registered[r.key].counterfeits[n]))
@@ -1015,7 +1058,7 @@ def counterfeit_rows(release, state, labels: list[str], present: Mapping[str, Se
                 lab = dict(fallback)
             # The stored average as registered: uint8 pixels, or a feature drop's float vector.
             rows.append(CounterfeitRow(record_id=f"{COUNTERFEIT_PREFIX}{len(rows):06d}", cluster=r.key,
-                                       average=np.ascontiguousarray(c.image), labels=lab))
+                                       average=average, labels=lab))
     return rows
 
 

@@ -61,6 +61,7 @@ __all__ = [
     "ReleaseSummary",
     "Republish",
     "RepublishedLabels",
+    "StoredImage",
     "build_release",
     "canonical_bytes",
     "chain_hash",
@@ -75,6 +76,7 @@ __all__ = [
     "pseudonymize",
     "release_from_clusters",
     "replay",
+    "stored_rows",
 ]
 
 POLICIES = ("invariant", "release-once")
@@ -161,6 +163,79 @@ def label_mix(labels: Sequence[tuple[str, ...]], n_rows: int) -> list[tuple[str,
 VECTOR_DTYPES = ("<f4", "<f8")
 
 
+class StoredImage:
+    """A stored average kept outside memory and read on demand (issue 13: a million faces register
+    200,000 averages, 1.5 GB of pixels, which no stage should hold at once).
+
+    ``source.read_image(key)`` returns the pixels (a row of a :class:`deid.operations.stages.RowFile`
+    in the staging directory, or a sealed side file of the registry, verified against ``sha256`` when
+    read); ``sha256`` is :func:`average_sha256` of them, known without reading. ``np.asarray`` reads
+    it (nothing is cached), so a cluster holding one behaves as one holding the array. Picklable when
+    its source is.
+    """
+
+    __slots__ = ("source", "key", "sha256", "size", "dtype")
+    ndim = 1
+
+    def __init__(self, source: Any, key: Any, *, sha256: str, size: int, dtype: Any = np.uint8):
+        self.source, self.key, self.sha256 = source, key, str(sha256)
+        self.size, self.dtype = int(size), np.dtype(dtype)
+
+    def __getstate__(self):
+        return (self.source, self.key, self.sha256, self.size, self.dtype.str)
+
+    def __setstate__(self, state) -> None:
+        self.source, self.key, self.sha256, self.size, dtype = state
+        self.dtype = np.dtype(dtype)
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.size,)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def _decode(self, raw: Any) -> np.ndarray:
+        if isinstance(raw, bytes | bytearray | memoryview):
+            return np.frombuffer(raw, dtype=self.dtype).reshape(self.size)
+        return np.asarray(raw, dtype=self.dtype).reshape(self.size)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        a = self._decode(self.source.read_image(self.key))
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    def __repr__(self) -> str:
+        return f"StoredImage({self.sha256[:12]}..., {self.size} x {self.dtype})"
+
+
+def stored_rows(images: Sequence[Any], idx: Any) -> np.ndarray:
+    """The averages ``images[idx]`` stacked (``idx`` a slice or integer indices), each source read once per call.
+
+    :class:`StoredImage` rows of a source with a batch reader (``source.read_images(keys)``: a RowFile,
+    the registry's sealed averages) are read in one call per source; other entries through
+    ``np.asarray``. Issue 13: a matrix of every released average is never built.
+    """
+    pos = range(len(images))[idx] if isinstance(idx, slice) else np.asarray(idx, dtype=np.int64).reshape(-1)
+    pos = list(pos) if isinstance(pos, range) else pos.tolist()
+    if not pos:
+        return np.zeros((0, images[0].shape[0] if len(images) else 0), dtype=np.uint8)
+    first = images[pos[0]]
+    out = np.empty((len(pos), first.shape[0]), dtype=first.dtype)
+    by_source: dict[int, tuple[Any, list[int], list[Any]]] = {}
+    for n, i in enumerate(pos):
+        img = images[i]
+        if isinstance(img, StoredImage) and hasattr(img.source, "read_images"):
+            _, ns, keys = by_source.setdefault(id(img.source), (img.source, [], []))
+            ns.append(n)
+            keys.append(img.key)
+        else:
+            out[n] = np.asarray(img)
+    for source, ns, keys in by_source.values():
+        for n, raw in zip(ns, source.read_images(keys)):
+            out[n] = images[pos[n]]._decode(raw)
+    return out
+
+
 def _stored(average: np.ndarray) -> np.ndarray:
     """The stored average as kept: uint8 pixels, or a vector in its little-endian float dtype."""
     a = np.asarray(average)
@@ -175,6 +250,8 @@ def _stored(average: np.ndarray) -> np.ndarray:
 def average_sha256(average: np.ndarray) -> str:
     """SHA-256 of a released average's exact bytes: uint8 pixels (:func:`image_sha256`), or a feature
     vector's little-endian float32/float64 bytes as released (no rounding: the bytes are the release)."""
+    if isinstance(average, StoredImage):
+        return average.sha256   # hashed when it was stored (and verified when a sealed one is read)
     a = _stored(average)
     return image_sha256(a) if a.dtype == np.uint8 else hashlib.sha256(a.tobytes()).hexdigest()
 
@@ -230,13 +307,16 @@ class LineageCluster:
         pos = [self.label_names.index(x) for x in label_names]
         return {f: tuple(v[j] for j in pos) for f, v in self.member_labels.items()}
 
-    def to_json(self) -> dict[str, Any]:
-        stored = _stored(self.image)
+    def to_json(self, *, image_at: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The entry's form of the cluster: the stored average inline (base64), or with ``image_at`` where
+        the registry sealed it beside the entries (its hash in the entry: the chain covers it)."""
+        dtype = np.dtype(self.image.dtype)
         # A feature vector also records its dtype; an image entry keeps the original form (no "dtype").
-        vector = {} if stored.dtype == np.uint8 else {"dtype": stored.dtype.str}
+        vector = {} if dtype == np.uint8 else {"dtype": dtype.newbyteorder("<").str}
+        image = ({"image_at": dict(image_at)} if image_at is not None else
+                 {"image": base64.b64encode(_stored(self.image).tobytes()).decode()})
         out = {"key": self.key, "release_id": self.release_id, "members": sorted(map(list, self.members)),
-               "image_sha256": self.image_sha256,
-               "image": base64.b64encode(stored.tobytes()).decode(), **vector,
+               "image_sha256": self.image_sha256, **image, **vector,
                "shape": list(self.shape), "partition": list(self.partition), "n_released": self.n_released,
                "k": self.k, "method": self.method}
         if self.member_labels is not None:
@@ -245,12 +325,25 @@ class LineageCluster:
         return out
 
     @classmethod
-    def from_json(cls, d: Mapping[str, Any]) -> "LineageCluster":
+    def from_json(cls, d: Mapping[str, Any], *, images: Any = None) -> "LineageCluster":
+        """The cluster of an entry; ``images`` reads averages sealed beside the entries (``image_at``):
+        they stay there, read when asked (:class:`StoredImage`); inline ones (older registries) are decoded."""
         dtype = str(d.get("dtype", "|u1"))
         if dtype not in ("|u1", *VECTOR_DTYPES):
             raise LineageError(f"registered cluster {d.get('key')}: stored average dtype {dtype!r} is not uint8, "
                                "float32 or float64; the registry is corrupt")
-        image = np.frombuffer(base64.b64decode(d["image"]), dtype=np.dtype(dtype)).copy()
+        if "image" in d:
+            image = np.frombuffer(base64.b64decode(d["image"]), dtype=np.dtype(dtype)).copy()
+        elif "image_at" in d and images is not None:
+            image = StoredImage(images, (str(d["image_at"]["pack"]), int(d["image_at"]["offset"]),
+                                         int(d["image_at"]["length"]), str(d["image_sha256"])),
+                                sha256=d["image_sha256"], size=int(np.prod([int(x) for x in d["shape"]])),
+                                dtype=np.dtype(dtype))
+        elif "image_at" in d:
+            raise LineageError(f"registered cluster {d.get('key')}: its stored average is sealed beside the registry's "
+                               "entries; load the registry with deid.release.lineage_registry.Registry.load")
+        else:
+            raise LineageError(f"registered cluster {d.get('key')}: no stored average; the registry is corrupt")
         c = cls(key=d["key"], release_id=d["release_id"], members=frozenset((f, p) for f, p in d["members"]),
                 image=image, shape=tuple(int(x) for x in d["shape"]),
                 partition=tuple(d["partition"]), n_released=int(d["n_released"]), k=int(d["k"]),
@@ -308,6 +401,8 @@ class LineageState:
     released_sizes: Mapping[str, tuple[int, ...]] = field(default_factory=dict)   # key -> size in each release
     released_people: frozenset[str] = frozenset()   # every pseudonym released so far (release-once)
     entries: tuple[Mapping[str, Any], ...] = ()     # the entry documents, in order
+    # Reads the averages the registry sealed beside its entries (``image_at``); None: every average inline.
+    images: Any = field(default=None, compare=False, repr=False)
 
     def with_entry(self, body: Mapping[str, Any]) -> "LineageState":
         """The state after one more entry, chained to this one (the registry persists it).
@@ -320,9 +415,14 @@ class LineageState:
             state = self.with_entry({"kind": "genesis"})
         return state._appended(body)[0]
 
-    def _appended(self, body: Mapping[str, Any]) -> tuple["LineageState", bytes]:
+    def _appended(self, body: Mapping[str, Any], *,
+                  made: Mapping[str, LineageCluster] | None = None) -> tuple["LineageState", bytes]:
         """The state after ``body`` (chained to this state, which has its genesis entry) and the new
-        entry's canonical bytes (hashed into the chain; what the registry encrypts)."""
+        entry's canonical bytes (hashed into the chain; what the registry encrypts).
+
+        ``made``: the clusters of a release entry already built (key -> cluster, as registered), used
+        instead of decoding the entry again.
+        """
         seq = self.seq + 1
         doc = {**body, "format": ENTRY_FORMAT, "dataset": self.dataset, "seq": seq, "prev": self.head}
         payload = canonical_bytes(doc)
@@ -334,7 +434,51 @@ class LineageState:
                              for r in self.releases)
             return dataclasses.replace(self, seq=seq, head=head, releases=releases,
                                        entries=(*self.entries, doc)), payload
-        return replay(self.dataset, [*self.entries, doc], seq=seq, head=head), payload
+        if doc.get("kind") == "release" and self.entries and \
+                doc.get("release_id") not in {r.release_id for r in self.releases}:
+            # A new release adds to the state as replayed (issue 13: at a million faces, decoding every entry
+            # again would hold the lineage twice).
+            return self._with_release(doc, seq=seq, head=head, made=made or {}), payload
+        return replay(self.dataset, [*self.entries, doc], seq=seq, head=head, images=self.images), payload
+
+
+    def _with_release(self, doc: Mapping[str, Any], *, seq: int, head: str,
+                      made: Mapping[str, LineageCluster]) -> "LineageState":
+        """This state plus a new (pending) release entry: what :func:`replay` of every entry gives, built
+        from this state's maps (copied, the clusters shared) and the entry's clusters."""
+        clusters = dict(self.clusters)
+        record_cluster = dict(self.record_cluster)
+        person_clusters = dict(self.person_clusters)
+        sizes = dict(self.released_sizes)
+        released_people = set(self.released_people)
+        rid = doc["release_id"]
+        for cj in doc["new_clusters"]:
+            c = made.get(cj["key"])
+            if c is None or c.image_sha256 != cj["image_sha256"]:
+                c = LineageCluster.from_json(cj, images=self.images)
+            if c.key in clusters:
+                raise LineageError(f"cluster {c.key} registered twice; the registry is corrupt")
+            clusters[c.key] = c
+            sizes[c.key] = (*sizes.get(c.key, ()), c.n_released)
+            for p in c.people:
+                person_clusters[p] = (*person_clusters.get(p, ()), c.key)
+            for r in c.records:
+                record_cluster.setdefault(r, c.key)
+            released_people |= c.people
+        for rj in doc["republished"]:
+            if rj["key"] not in clusters:
+                raise LineageError(f"release {rid} republishes unknown cluster {rj['key']}; the registry is corrupt")
+            sizes[rj["key"]] = (*sizes.get(rj["key"], ()), int(rj["n_released"]))
+            for r in rj["added_records"]:
+                record_cluster.setdefault(r, rj["key"])
+            released_people |= set(rj["people_released"])
+        summary = ReleaseSummary(release_id=rid, seq=seq, status="pending",
+                                 **{f: doc["counts"][f] for f in _COUNT_FIELDS},
+                                 k=int(doc["k"]), method=doc["method"], policy=doc["policy"], absent=doc["absent"])
+        return dataclasses.replace(self, seq=seq, head=head, clusters=clusters, releases=(*self.releases, summary),
+                                   record_cluster=record_cluster, person_clusters=person_clusters,
+                                   released_sizes=sizes, released_people=frozenset(released_people),
+                                   entries=(*self.entries, doc))
 
 
 def empty_state(dataset: str) -> LineageState:
@@ -353,8 +497,11 @@ def chain_hash(prev: str, doc: Mapping[str, Any] | bytes) -> str:
 
 
 def replay(dataset: str, docs: Sequence[Mapping[str, Any]], *, seq: int | None = None,
-           head: str | None = None) -> LineageState:
-    """Rebuild the state from entry documents (kinds ``genesis``, ``release``, ``published``, ``abandoned``)."""
+           head: str | None = None, images: Any = None) -> LineageState:
+    """Rebuild the state from entry documents (kinds ``genesis``, ``release``, ``published``, ``abandoned``).
+
+    ``images`` reads the averages sealed beside the entries (the registry's; see :class:`StoredImage`).
+    """
     status: dict[str, str] = {}
     for d in docs:
         if d["kind"] == "release":
@@ -379,7 +526,7 @@ def replay(dataset: str, docs: Sequence[Mapping[str, Any]], *, seq: int | None =
         if status[rid] == "abandoned":
             continue
         for cj in d["new_clusters"]:
-            c = LineageCluster.from_json(cj)
+            c = LineageCluster.from_json(cj, images=images)
             if c.key in clusters:
                 raise LineageError(f"cluster {c.key} registered twice; the registry is corrupt")
             clusters[c.key] = c
@@ -401,7 +548,7 @@ def replay(dataset: str, docs: Sequence[Mapping[str, Any]], *, seq: int | None =
         head=GENESIS_PREV if head is None else head, clusters=clusters, releases=tuple(summaries),
         record_cluster=record_cluster, person_clusters={p: tuple(v) for p, v in person_clusters.items()},
         released_sizes={kk: tuple(v) for kk, v in sizes.items()}, released_people=frozenset(released_people),
-        entries=tuple(docs),
+        entries=tuple(docs), images=images,
     )
 
 
@@ -790,12 +937,16 @@ class LineageRelease:
             out[r.key] = RepublishedLabels(records=mine, counterfeits=tuple(next(rest) for _ in range(r.n_counterfeit)))
         return out
 
-    def to_entry(self) -> dict[str, Any]:
-        """The registry entry document (kind ``release``); the registry adds seq and chain hash."""
+    def to_entry(self, *, image_at: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+        """The registry entry document (kind ``release``); the registry adds seq and chain hash.
+
+        ``image_at``: cluster key -> where the registry sealed its average (then not inline).
+        """
         return {"format": ENTRY_FORMAT, "kind": "release", "dataset": self.dataset, "release_id": self.release_id,
                 "k": self.k, "method": self.method, "policy": self.policy, "absent": self.absent,
                 "based_on_seq": self.based_on_seq, "based_on_head": self.based_on_head,
-                "new_clusters": [c.to_json() for c in self.new_clusters],
+                "new_clusters": [c.to_json(image_at=None if image_at is None else image_at[c.key])
+                                 for c in self.new_clusters],
                 "republished": [{"key": r.key, "n_released": r.n_released, "n_counterfeit": r.n_counterfeit,
                                  "added_records": list(r.added_records), "people_released": list(r.people_released)}
                                 for r in self.republished],
@@ -814,8 +965,15 @@ def _new_clusters(release_id: str, idx: Sequence[int], labels: np.ndarray, image
     clusters, where = [], {}
     for n, lab in enumerate(sorted(by_label)):
         rows = by_label[lab]
-        img = images[rows[0]]
-        if any(not np.array_equal(images[r], img) for r in rows[1:]):
+        if hasattr(images, "stored_image"):
+            # Rows sharing a stored row are equal by construction; only others are compared in pixels.
+            img = images.stored_image(rows[0])
+            same = images.same_image(rows)
+        else:
+            img = images[rows[0]]
+            same = all(np.array_equal(images[r], img) for r in rows[1:])
+            img = img.copy()
+        if not same:
             raise ConfigError(f"new cluster {lab}: its records carry different images; pass the released "
                               "(cluster-average) images, one row per record")
         members = [idx[r] for r in rows]
@@ -823,7 +981,7 @@ def _new_clusters(release_id: str, idx: Sequence[int], labels: np.ndarray, image
         part = min(Counter(ps).most_common(), key=lambda x: (-x[1], x[0]))[0]
         key = f"{release_id}/{n:05d}"
         clusters.append(LineageCluster(key=key, release_id=release_id,
-                                       members=frozenset((fps[i], pseud[i]) for i in members), image=img.copy(), shape=shape,
+                                       members=frozenset((fps[i], pseud[i]) for i in members), image=img, shape=shape,
                                        partition=tuple(part), n_released=len(members), k=k, method=method,
                                        label_names=tuple(label_names),
                                        member_labels=None if record_labels is None else
@@ -865,10 +1023,15 @@ def build_release(plan: LineagePlan, state: LineageState, *, release_id: str, me
     for i, ckey in where.items():
         record_cluster[i] = ckey
     rep = []
+    # Each republished cluster's records released so far, from one pass over the registry (not one per cluster).
+    released_before: dict[str, set[str]] = defaultdict(set)
+    if plan.republish:
+        for f, ckey in state.record_cluster.items():
+            released_before[ckey].add(f)
     for r in plan.republish:
         for i in r.records:
             record_cluster[i] = r.cluster.key
-        added = sorted({plan.fingerprints[i] for i in r.records} - set(_released_records(state, r.cluster.key)))
+        added = sorted({plan.fingerprints[i] for i in r.records} - released_before.get(r.cluster.key, set()))
         rep.append(RepublishedCluster(key=r.cluster.key, n_released=len(r.records) + r.n_counterfeit,
                                       n_counterfeit=r.n_counterfeit, added_records=tuple(added),
                                       people_released=tuple(sorted({plan.pseudonyms[i] for i in r.records}))))
@@ -883,10 +1046,6 @@ def build_release(plan: LineagePlan, state: LineageState, *, release_id: str, me
                           new_clusters=tuple(new), republished=tuple(rep),
                           suppressed_clusters=plan.suppressed_clusters, pseudonyms=plan.pseudonyms,
                           fingerprints=plan.fingerprints, record_cluster=tuple(record_cluster), counts=counts)
-
-
-def _released_records(state: LineageState, key: str) -> list[str]:
-    return [f for f, c in state.record_cluster.items() if c == key]
 
 
 def release_from_clusters(state: LineageState, people: Sequence[Hashable], record_fingerprints: Sequence[str], *,

@@ -18,7 +18,7 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from deid.errors import ConfigError
-from deid.release.lineage import LineageCluster, LineageRelease, LineageState, label_mix
+from deid.release.lineage import LineageCluster, LineageRelease, LineageState, label_mix, stored_rows
 
 logger = logging.getLogger(__name__)
 
@@ -249,6 +249,20 @@ class DifferencingResult:
             tuple(vars(m) for m in self.matches))
 
 
+class _Averages:
+    """The released averages of a list of clusters as rows: ``A[idx]`` reads just those rows
+    (:func:`deid.release.lineage.stored_rows`), never the whole matrix."""
+
+    def __init__(self, images: Sequence[Any]):
+        self.images = images
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, idx) -> np.ndarray:
+        return stored_rows(self.images, idx)
+
+
 def _cluster_sizes(c: LineageCluster, *more: int) -> list[int]:
     return sorted({len(c.records), *more} - {0})
 
@@ -387,13 +401,16 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
     Wz, mu, sd = _pca(np.asarray(X[fit_rows], dtype=np.float32), n_components)  # (q, p) rows, mean, std
     Zc = np.vstack([(np.asarray(X[np.arange(a, min(a + 4096, n_orig))], dtype=np.float32) - mu) @ Wz.T
                     for a in range(0, n_orig, 4096)])  # centred projections of the originals, a chunk at a time
-    Zw = Zc / sd                                     # whitened: pair candidates
-    # The averages stay in their stored dtype (uint8 for faces: a quarter of float32) and are
-    # converted a chunk at a time; this release's own clusters are not stacked twice.
-    M1 = np.stack([c.image for c, _ in new])
-    M2 = M1 if [c.key for c, _ in reg] == [c.key for c, _ in new] else np.stack([c.image for c, _ in reg])
+    members_only = original_records is not None and n_orig > exhaustive_below
+    # Whitened projections (pair candidates): the rows a test asks for, divided when asked (bit-identical to
+    # the whole quotient), when tests search their clusters' members; the whole matrix for the exhaustive search.
+    Zw = _Whitened(Zc, sd) if members_only else Zc / sd
+    # The averages stay where they are stored (a stored average is read from disk when asked: a million
+    # faces have 1.5 GB of them, issue 13) and are read and converted a chunk of rows at a time.
+    M1 = _Averages([c.image for c, _ in new])
+    M2 = M1 if [c.key for c, _ in reg] == [c.key for c, _ in new] else _Averages([c.image for c, _ in reg])
 
-    def project(M: np.ndarray) -> np.ndarray:
+    def project(M: "_Averages") -> np.ndarray:
         return np.vstack([np.asarray(M[a:a + 4096], dtype=np.float32) @ Wz.T for a in range(0, len(M), 4096)])
 
     Y1 = project(M1)                                 # linear projections: differences are exact
@@ -408,10 +425,14 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
     pairs_i, pairs_j = _pairs(Y1, Y2, all_pairs, neighbors, structural=structural, threads=threads)
     mode = "all pairs" if all_pairs else (f"{neighbors} nearest registered averages per released one and those "
                                           "sharing a record or a person")
-    keep = np.array([h1[i] != h2[j] for i, j in zip(pairs_i.tolist(), pairs_j.tolist())], dtype=bool)
+    # Image hashes as integer codes: millions of pairs compared as arrays, not as Python objects (issue 13).
+    codes: dict[str, int] = {}
+    c1 = np.array([codes.setdefault(h, len(codes)) for h in h1], dtype=np.int64)
+    c2 = np.array([codes.setdefault(h, len(codes)) for h in h2], dtype=np.int64)
+    keep = c1[pairs_i] != c2[pairs_j]
     pairs_i, pairs_j = pairs_i[keep], pairs_j[keep]
     tests = _tests(pairs_i, pairs_j, [s for _, s in new], [s for _, s in reg])
-    gallery = (None if original_records is None or n_orig <= exhaustive_below else
+    gallery = (None if not members_only else
                _MemberGallery(original_records, [c for c, _ in new], [c for c, _ in reg], Zc, Zw, muz, sd, candidates,
                               tolerance * np.sqrt(X.shape[1])))
     csq = np.einsum("ij,ij->i", Zc, Zc) if gallery is None else None
@@ -663,6 +684,25 @@ def _pairs(Y1: np.ndarray, Y2: np.ndarray, all_pairs: bool, neighbors: int, *,
     return code // len(Y2), code % len(Y2)
 
 
+class _Whitened:
+    """``Z / sd`` computed for the rows asked for: the same float32 values as the whole quotient's rows, without
+    holding it (a million originals' projections are 200 MB; issue 13). ``np.asarray`` gives the whole."""
+
+    def __init__(self, Z: np.ndarray, sd: np.ndarray):
+        self.Z, self.sd = Z, sd
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self.Z.shape
+
+    def __getitem__(self, idx) -> np.ndarray:
+        return self.Z[idx] / self.sd
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        out = self.Z / self.sd
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
 def _best_pairs(Dw: np.ndarray, Zw: np.ndarray, candidates: int) -> np.ndarray:
     """For each whitened difference D, the pair (a, b), a != b, of originals with Z_a - Z_b nearest to D.
 
@@ -671,6 +711,7 @@ def _best_pairs(Dw: np.ndarray, Zw: np.ndarray, candidates: int) -> np.ndarray:
     below; so ``a`` is searched among the ``candidates`` originals most aligned with D, ``b`` among
     the ``candidates`` least aligned, all combinations compared exactly. O(n q) per difference.
     """
+    Zw = np.asarray(Zw)   # every original is scored: the whole matrix, for this call only
     t = min(candidates, Zw.shape[0])
     u = Dw @ Zw.T                                                  # (B, n)
     A = np.argpartition(-u, t - 1, axis=1)[:, :t]                  # (B, t)

@@ -12,7 +12,8 @@ What is stored is exactly what the file store holds: each entry sealed by
 binding dataset and sequence number, hash-chained) and the sealed HEAD. The database sees
 ciphertext, sequence numbers and dataset names only; tampering is detected by the same checks as
 for files. Table ``deid_lineage_entries(dataset, seq, blob)`` with primary key (dataset, seq), and
-``deid_lineage_heads(dataset, seq, blob)``.
+``deid_lineage_heads(dataset, seq, blob)``; the sealed stored averages are rows of
+``deid_lineage_images(dataset, pack, offset, blob)``, written in batches before their entry.
 
 An append is one ``SERIALIZABLE`` transaction: read the dataset's last sequence number, refuse
 unless the new entry is the next one (the registry moved on: the caller plans again), insert the
@@ -40,7 +41,12 @@ _SCHEMA = (
     "blob BYTEA NOT NULL, PRIMARY KEY (dataset, seq))",
     "CREATE TABLE IF NOT EXISTS deid_lineage_heads (dataset TEXT PRIMARY KEY, seq BIGINT NOT NULL, "
     "blob BYTEA NOT NULL)",
+    # The sealed stored averages, one row per record of a pack (the file store's pack, same offsets).
+    "CREATE TABLE IF NOT EXISTS deid_lineage_images (dataset TEXT NOT NULL, pack TEXT NOT NULL, "
+    "\"offset\" BIGINT NOT NULL, blob BYTEA NOT NULL, PRIMARY KEY (dataset, pack, \"offset\"))",
 )
+_PACK_HEADER = 8   # the file store's pack header (PACK_MAGIC): offsets are the same in both stores
+_IMAGE_BATCH = 1024
 
 
 class PostgresStore:
@@ -140,6 +146,46 @@ class PostgresStore:
             cur.execute("INSERT INTO deid_lineage_heads (dataset, seq, blob) VALUES (%s, %s, %s) ON CONFLICT (dataset) "
                         "DO UPDATE SET seq = EXCLUDED.seq, blob = EXCLUDED.blob", (self.dataset, seq, head))
         self._tx(op, write=True)
+
+    def _insert_images(self, pack: str, rows: list[tuple[int, bytes]]) -> None:
+        def op(cur) -> None:
+            cur.executemany("INSERT INTO deid_lineage_images (dataset, pack, \"offset\", blob) VALUES (%s, %s, %s, %s) "
+                            "ON CONFLICT DO NOTHING", [(self.dataset, pack, o, b) for o, b in rows])
+        self._tx(op, write=True)
+
+    def write_pack(self, pack: str, records) -> list[tuple[int, int]]:
+        """Insert the sealed ``records`` of ``pack`` (a batch per transaction, never all in memory); (offset, length) each."""
+        at: list[tuple[int, int]] = []
+        batch: list[tuple[int, bytes]] = []
+        offset = _PACK_HEADER
+        for blob in records:
+            batch.append((offset, blob))
+            at.append((offset, len(blob)))
+            offset += len(blob)
+            if len(batch) >= _IMAGE_BATCH:
+                self._insert_images(pack, batch)
+                batch = []
+        if batch:
+            self._insert_images(pack, batch)
+        return at
+
+    def import_pack(self, pack: str, rows: list[tuple[int, bytes]]) -> None:
+        """Rows (offset, sealed record) of a file registry's pack (an import; existing rows are kept)."""
+        for a in range(0, len(rows), _IMAGE_BATCH):
+            self._insert_images(pack, rows[a:a + _IMAGE_BATCH])
+
+    def read_images(self, pack: str, at: list[tuple[int, int]]) -> list[bytes]:
+        """The sealed records of ``pack`` at (offset, length) each, in one query."""
+        def op(cur):
+            cur.execute("SELECT \"offset\", blob FROM deid_lineage_images WHERE dataset = %s AND pack = %s AND "
+                        "\"offset\" = ANY(%s)", (self.dataset, pack, [o for o, _ in at]))
+            return {int(o): bytes(b) for o, b in cur.fetchall()}
+        got = self._tx(op, write=False)
+        missing = [o for o, _ in at if o not in got]
+        if missing:
+            raise LineageError(f"lineage registry {self.describe()}: {len(missing)} stored averages of pack {pack} are "
+                               "missing; restore the registry from backup")
+        return [got[o] for o, _ in at]
 
     def import_entries(self, entries: list[tuple[int, bytes]], head: bytes) -> None:
         """Insert a verified file registry's entries and HEAD in one transaction, if the dataset has none yet."""

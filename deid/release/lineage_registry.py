@@ -6,6 +6,7 @@ Layout under ``<data_dir>/private/lineage/<dataset>/`` (directory mode 0700, fil
     00000001.entry      one entry per event: a release (its clusters), published, abandoned
     ...
     HEAD                the last entry's sequence number and chain hash
+    images/<id>.pack    the stored averages of one release's new clusters, sealed one by one
 
 Each entry file is ``b"DEIDLIN1" + nonce(12) + AES-256-GCM(payload)`` with associated data
 ``magic + dataset + seq`` (so an entry moved to another name or dataset does not decrypt). The
@@ -13,6 +14,17 @@ payload is the canonical JSON of the entry document, which carries ``seq`` and `
 previous entry's chain hash). The chain hash of an entry is
 ``sha256(bytes.fromhex(prev) + canonical_entry_bytes)``; the genesis entry's ``prev`` is 32 zero
 bytes. HEAD is encrypted the same way and names the last entry, so a deleted tail is detected.
+
+Stored averages (issue 13: a million faces register 200,000 of them, 1.5 GB) are not inside the
+entries: :meth:`Registry.append_release` seals each one (``b"DEIDLIM1"``-headed pack file, one
+``nonce(12) + AES-256-GCM(average bytes)`` record per cluster, associated data binding dataset,
+pack id, offset and the average's SHA-256) into a pack written a record at a time and fsynced before the
+entry, and the entry records for each cluster ``image_at`` (pack, offset, length) next to
+``image_sha256``, so the hash chain covers every average. Loading leaves them there: a cluster's
+average is read, authenticated and checked against its hash only when asked
+(:class:`deid.release.lineage.StoredImage`). Registries written before kept the averages inline
+(base64 in the entry) and still load. A pack whose entry was never appended (a crash, a concurrent
+writer) is an orphan nothing refers to.
 
 Keys: the registry's AES key and HEAD key are derived from the steward's 32-byte key (the
 linkage key, :func:`deid.release.linkage.ensure_linkage_key`) by HKDF-SHA256 per purpose and dataset
@@ -41,16 +53,19 @@ the only part that changes; encryption, chaining and verification stay here.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+import dataclasses
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -61,6 +76,8 @@ from deid.release.lineage import (
     LineageError,
     LineageRelease,
     LineageState,
+    StoredImage,
+    _stored,
     canonical_bytes,
     chain_hash,
     check_dataset_name,
@@ -70,10 +87,12 @@ from deid.release.lineage import (
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FileStore", "Registry", "lineage_dir"]
+__all__ = ["FileStore", "Registry", "SealedImages", "lineage_dir"]
 
 MAGIC = b"DEIDLIN1"
 HEAD_MAGIC = b"DEIDLHD1"
+PACK_MAGIC = b"DEIDLIM1"
+IMAGES_DIR = "images"
 NONCE_BYTES = 12
 HEAD_NAME = "HEAD"
 SUFFIX = ".entry"
@@ -90,6 +109,59 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _check_pack(pack: str) -> str:
+    if not (isinstance(pack, str) and 0 < len(pack) <= 64 and all(c in "0123456789abcdef" for c in pack)):
+        raise LineageError(f"lineage registry: stored-average pack id {pack!r} is not hex; the registry is corrupt")
+    return pack
+
+
+class SealedImages:
+    """Reads the averages a registry sealed beside its entries (the source of their
+    :class:`~deid.release.lineage.StoredImage`): authenticated, and checked against their SHA-256.
+
+    Holds the registry's location and key only (picklable); the store is opened when first read.
+    """
+
+    def __init__(self, registry: "Registry"):
+        self.root, self.dataset, self.key, self.database_url = (registry.root, registry.dataset, registry.key,
+                                                                registry.database_url)
+        self._registry: Registry | None = registry
+
+    def __getstate__(self):
+        return {"root": self.root, "dataset": self.dataset, "key": self.key, "database_url": self.database_url}
+
+    def __setstate__(self, state) -> None:
+        self.__dict__.update(state)
+        self._registry = None
+
+    @property
+    def registry(self) -> "Registry":
+        if self._registry is None:
+            self._registry = Registry(self.root, self.dataset, self.key, self.database_url)
+        return self._registry
+
+    def read_image(self, at: tuple[str, int, int, str]) -> bytes:
+        return self.read_images([at])[0]
+
+    def read_images(self, ats: list[tuple[str, int, int, str]]) -> list[bytes]:
+        """The averages at ``ats`` ((pack, offset, length, sha256) each), a pack's at once."""
+        reg = self.registry
+        out: list[bytes | None] = [None] * len(ats)
+        by_pack: dict[str, list[int]] = {}
+        for n, at in enumerate(ats):
+            by_pack.setdefault(at[0], []).append(n)
+        for pack, ns in by_pack.items():
+            blobs = reg.store.read_images(pack, [(int(ats[n][1]), int(ats[n][2])) for n in ns])
+            for n, blob in zip(ns, blobs):
+                pack_, offset, _, sha = ats[n]
+                raw = reg._open_image(pack_, int(offset), sha, blob)
+                if hashlib.sha256(raw).hexdigest() != sha:
+                    raise LineageError(f"lineage registry {reg.where}: a stored average does not match its hash; "
+                                       "the registry is corrupt; restore it from backup")
+                out[n] = raw
+        return out  # type: ignore[return-value]
 
 
 def _write_temp(directory: Path, name: str, data: bytes) -> Path:
@@ -137,11 +209,56 @@ class FileStore:
         head = self.root / HEAD_NAME
         return entries, head.read_bytes() if head.is_file() else None
 
+    def _mkdir(self, path: Path) -> None:
+        if not path.exists():
+            path.mkdir(parents=True, mode=0o700)
+            os.chmod(path, 0o700)
+
+    def write_pack(self, pack: str, records: Iterable[bytes]) -> list[tuple[int, int]]:
+        """Write the sealed ``records`` into ``images/<pack>.pack`` a record at a time, fsynced; their (offset, length)."""
+        self._mkdir(self.root)
+        self._mkdir(self.root / IMAGES_DIR)
+        final = self.root / IMAGES_DIR / f"{_check_pack(pack)}.pack"
+        tmp = final.with_name(f".{final.name}.{secrets.token_hex(6)}.tmp")
+        at: list[tuple[int, int]] = []
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(PACK_MAGIC)
+                offset = len(PACK_MAGIC)
+                for blob in records:
+                    fh.write(blob)
+                    at.append((offset, len(blob)))
+                    offset += len(blob)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.link(tmp, final)   # a pack id is random: an existing name is never overwritten
+        finally:
+            tmp.unlink(missing_ok=True)
+        _fsync_dir(final.parent)
+        return at
+
+    def read_images(self, pack: str, at: list[tuple[int, int]]) -> list[bytes]:
+        """The sealed records of ``pack`` at (offset, length) each (one open file)."""
+        path = self.root / IMAGES_DIR / f"{_check_pack(pack)}.pack"
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            raise LineageError(f"lineage registry {self.root}: stored averages {path.name} are missing; the registry "
+                               "was modified or copied without its images/ directory; restore it from backup") from None
+        try:
+            return [os.pread(fd, length, offset) for offset, length in at]
+        finally:
+            os.close(fd)
+
+    def packs(self) -> list[str]:
+        """Ids of the pack files present."""
+        d = self.root / IMAGES_DIR
+        return sorted(p.name[:-len(".pack")] for p in d.glob("*.pack")) if d.is_dir() else []
+
     def append(self, seq: int, entry: bytes, head: bytes) -> None:
         """Write entry ``seq`` (refused if it exists: two writers cannot both append it), then HEAD."""
-        if not self.root.exists():
-            self.root.mkdir(parents=True, mode=0o700)
-            os.chmod(self.root, 0o700)
+        self._mkdir(self.root)
         for tmp in self.root.glob(".*.tmp"):  # leftovers of an interrupted append: never part of the chain
             tmp.unlink(missing_ok=True)
         final = self.root / f"{seq:08d}{SUFFIX}"
@@ -223,6 +340,45 @@ class Registry:
                 "moved or reordered; refusing to use the registry (restore it from backup, or pass the steward's key)"
             ) from None
 
+    def _image_aad(self, pack: str, offset: int, sha: str) -> bytes:
+        return (PACK_MAGIC + self.dataset.encode() + b"\0" + pack.encode() + b"\0" + offset.to_bytes(8, "big")
+                + bytes.fromhex(sha))
+
+    def _open_image(self, pack: str, offset: int, sha: str, blob: bytes) -> bytes:
+        try:
+            return AESGCM(derive_key(self.key, self.dataset, "encrypt")).decrypt(
+                blob[:NONCE_BYTES], blob[NONCE_BYTES:], self._image_aad(pack, offset, sha))
+        except (InvalidTag, ValueError):
+            raise LineageError(f"lineage registry {self.where}: a stored average (pack {pack}) does not authenticate: "
+                               "wrong key, a modified byte or a moved record; restore the registry from backup") from None
+
+    @cached_property
+    def images(self) -> SealedImages:
+        """The reader of the averages sealed beside the entries (what loaded clusters read on demand)."""
+        return SealedImages(self)
+
+    def _store_images(self, release: LineageRelease) -> dict[str, dict[str, Any]]:
+        """Seal the new clusters' averages into one pack, a record at a time (never all in memory): cluster key ->
+        ``image_at``. Each average is checked against its hash as it is sealed."""
+        pack = secrets.token_hex(16)
+        aes = AESGCM(derive_key(self.key, self.dataset, "encrypt"))
+        offset = [len(PACK_MAGIC)]
+
+        def records() -> Iterator[bytes]:
+            for c in release.new_clusters:
+                raw = _stored(np.asarray(c.image)).tobytes()
+                sha = hashlib.sha256(raw).hexdigest()
+                if sha != c.image_sha256:
+                    raise LineageError(f"new cluster {c.key}: its average changed since it was released (hash "
+                                       "mismatch); run the release again")
+                nonce = secrets.token_bytes(NONCE_BYTES)
+                blob = nonce + aes.encrypt(nonce, raw, self._image_aad(pack, offset[0], sha))
+                offset[0] += len(blob)
+                yield blob
+
+        at = self.store.write_pack(pack, records())
+        return {c.key: {"pack": pack, "offset": o, "length": n} for c, (o, n) in zip(release.new_clusters, at)}
+
     # ------------------------------------------------------------------ reading
 
     def exists(self) -> bool:
@@ -255,7 +411,7 @@ class Registry:
             self._sync_files_to_database()
         files, head_blob = self.store.read()
         if not files and head_blob is None:
-            return replay(self.dataset, [], seq=-1, head=GENESIS_PREV)
+            return replay(self.dataset, [], seq=-1, head=GENESIS_PREV, images=self.images)
         docs: list[dict[str, Any]] = []
         hashes: list[str] = []  # the chain hash after each entry
         prev = GENESIS_PREV
@@ -263,14 +419,18 @@ class Registry:
             if seq != expect:
                 raise LineageError(f"lineage registry {self.where}: entry {expect:08d} is missing (next is {seq:08d}); "
                                    "an entry was deleted; restore the registry from backup")
-            doc = json.loads(self._open(MAGIC, "encrypt", seq, blob, f"entry {seq:08d}"))
+            payload = self._open(MAGIC, "encrypt", seq, blob, f"entry {seq:08d}")
+            doc = json.loads(payload)
             if doc.get("seq") != seq or doc.get("prev") != prev or doc.get("dataset") != self.dataset:
                 raise LineageError(f"lineage registry {self.where}: entry {seq:08d} does not chain to the previous "
                                    "entry (entries reordered or replaced); restore the registry from backup")
             if doc.get("format") != ENTRY_FORMAT:
                 raise LineageError(f"lineage registry {self.where}: entry {seq:08d} has format {doc.get('format')!r}, "
                                    f"expected {ENTRY_FORMAT}")
-            prev = chain_hash(prev, doc)
+            # The sealed bytes are the canonical bytes the chain hashed when the entry was written: hashed as
+            # they are (not serialised again: a million faces' entry is hundreds of MB).
+            prev = chain_hash(prev, payload)
+            del payload
             docs.append(doc)
             hashes.append(prev)
         head_seq, head_hash = self._read_head(head_blob)
@@ -286,7 +446,7 @@ class Registry:
                            self.where, last)
         if not docs or docs[0].get("kind") != "genesis":
             raise LineageError(f"lineage registry {self.where}: the first entry is not a genesis entry")
-        return replay(self.dataset, docs, seq=last, head=prev)
+        return replay(self.dataset, docs, seq=last, head=prev, images=self.images)
 
     def _sync_files_to_database(self) -> None:
         """A file registry of the dataset (made before ``DEID_DATABASE_URL`` was set) goes into the database once.
@@ -308,6 +468,14 @@ class Registry:
                 f"database {self.where} has {n_db}: runs were made without DEID_DATABASE_URL since the import; "
                 "the lineage has forked; keep one (move the other away) and run again")
         state = Registry(self.root, self.dataset, self.key).load()  # verified before it is trusted
+        ats: dict[str, list[tuple[int, int]]] = {}
+        for d in state.entries:
+            for cj in d.get("new_clusters", ()) if d.get("kind") == "release" else ():
+                if "image_at" in cj:
+                    ats.setdefault(cj["image_at"]["pack"], []).append((int(cj["image_at"]["offset"]),
+                                                                       int(cj["image_at"]["length"])))
+        for pack, at in ats.items():   # the stored averages first: an imported entry never lacks its averages
+            self.store.import_pack(pack, [(o, b) for (o, _), b in zip(at, files.read_images(pack, at))])
         blobs = files.read()[0]
         self.store.import_entries(blobs, self._head_blob(state.seq, state.head))
         logger.warning("lineage registry of %s: %d entries imported from %s into %s; the files are no longer used",
@@ -327,14 +495,17 @@ class Registry:
         except (OSError, LineageError):
             return False
 
-    def _append(self, state: LineageState, body: dict[str, Any]) -> LineageState:
+    def _append(self, state: LineageState, body: dict[str, Any], *,
+                made: dict[str, Any] | None = None) -> LineageState:
         current = state if self._unchanged_since(state) else self.load()
         if current.head != state.head:
             raise LineageError(f"lineage registry {self.where} moved on (entry {current.seq}) since the state used "
                                f"here (entry {state.seq}) was loaded; reload and plan again")
         if not current.entries and body.get("kind") != "genesis":
             raise LineageError(f"lineage registry {self.where} has no genesis entry; call init() first")
-        new, payload = current._appended(body)
+        if current.images is None:
+            current = dataclasses.replace(current, images=self.images)   # a state built without the registry
+        new, payload = current._appended(body, made=made)
         seq, new_hash = new.seq, new.head
         # The store appends entry `seq` only if it is the next one (a file that does not exist yet; a row
         # after the last, in one serializable transaction): two writers never both append it.
@@ -368,7 +539,14 @@ class Registry:
                                f"{release.based_on_seq}); the registry is at entry {state.seq}; plan again")
         if any(r.release_id == release.release_id for r in state.releases):
             raise LineageError(f"release {release.release_id} is already registered in {self.dataset!r}")
-        return self._append(state, release.to_entry())
+        # The averages go beside the entry, sealed and fsynced before it (issue 13): the entry holds their hashes.
+        image_at = self._store_images(release)
+        # The registered clusters are the release's, reading their averages from the registry from now on.
+        made = {c.key: dataclasses.replace(c, image=StoredImage(
+                    self.images, (at["pack"], at["offset"], at["length"], c.image_sha256), sha256=c.image_sha256,
+                    size=c.image.shape[0], dtype=np.dtype(c.image.dtype).newbyteorder("<")))
+                for c in release.new_clusters for at in (image_at[c.key],)}
+        return self._append(state, release.to_entry(image_at=image_at), made=made)
 
     def mark_published(self, state: LineageState, release_id: str) -> LineageState:
         """Record that ``release_id`` was published (after the report is signed)."""
