@@ -590,6 +590,16 @@ def releasable_label_sets(metadata: pa.Table, labels: Sequence[str], k: int) -> 
     return out
 
 
+def _shared_tuple(column: pa.ChunkedArray) -> tuple:
+    """``tuple(column.to_pylist())`` with one str object per distinct value (a cluster's or a label's
+    records share it: 8 bytes per record instead of ~60; issue 13)."""
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if column.null_count or not len(column):
+        return tuple(column.to_pylist())
+    enc = column.dictionary_encode()
+    return tuple(np.asarray(enc.dictionary.to_pylist() + [None], dtype=object)[:-1][enc.indices.to_numpy()].tolist())
+
+
 def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequence[str], shape_hw,
                   lineage: LineageApplied | None, *, lg, spill: Path | None = None) -> ReleaseRows:
     """Images, clusters, labels and staging ids of every record of the would-be release.
@@ -611,8 +621,8 @@ def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequen
         np.zeros((0, int(np.prod(shape))), np.uint8), np.zeros(0, np.int64))
     rows = ReleaseRows(
         vectors=images,
-        shape=shape, clusters=tuple(rel.column("cluster").to_pylist()),
-        labels={x: tuple(rel.column(x).to_pylist()) for x in labels},
+        shape=shape, clusters=_shared_tuple(rel.column("cluster")),
+        labels={x: _shared_tuple(rel.column(x)) for x in labels},
         record_ids=tuple(rel.column("record_id").to_pylist()),
         sequences=tuple(rel.column("sequence").to_pylist()) if seq else None,
         frames=tuple(rel.column("frame").to_pylist()) if seq else None)
@@ -656,7 +666,7 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
     (which source went into which cluster) is encrypted at once and stays in private staging.
     """
     from deid.evaluation.leaks import release_files_metadata  # noqa: PLC0415
-    from deid.release.linkage import build_linkage, sources_from_ingested, write_linkage  # noqa: PLC0415
+    from deid.release.linkage import linkage_table, write_linkage  # noqa: PLC0415
     from deid.release.publish import RELEASE_TABLE, discard, stage_release  # noqa: PLC0415
     from deid.reporting.report import Artifact, hash_tree  # noqa: PLC0415
     from deid.evaluation.validation import suite_check, validate_release  # noqa: PLC0415
@@ -681,8 +691,7 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
                                        label_sets=label_sets)
         file_metadata = release_files_metadata(staged.path, digests=staged.digests)
         key, key_path, origin = linkage_key(config)
-        write_linkage(layout.linkage, build_linkage(staged.mapping, sources_from_ingested(ingested.metadata)), key,
-                      release_id=release_id)
+        write_linkage(layout.linkage, linkage_table(staged.mapping, ingested.metadata), key, release_id=release_id)
     except BaseException:
         discard(tmp)
         raise
