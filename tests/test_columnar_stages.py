@@ -97,3 +97,14 @@ def test_gate_columns_share_one_str_per_value():
     assert out.dtype == object and out.tolist() == ["b", "a", None, "b"] and out[0] is out[3]
     col = StringColumn(pa.array(["r1", "r2", "r3"]))
     assert len(col) == 3 and col[1] == "r2" and col[-1] == "r3" and list(col) == ["r1", "r2", "r3"]
+
+
+def test_label_rows_share_one_dict_per_combination():
+    from deid.operations.pipeline import _label_rows, _shared_tuple
+
+    faces = pa.table({"g": ["f", "m", "f", "f"], "e": ["x", "y", "x", "y"], "subject_id": ["a", "b", "a", "c"]})
+    rows = _label_rows(faces, ["g", "e"])
+    assert rows == [{"g": "f", "e": "x"}, {"g": "m", "e": "y"}, {"g": "f", "e": "x"}, {"g": "f", "e": "y"}]
+    assert rows[0] is rows[2] and _label_rows(faces, []) == [{}] * 4
+    people = _shared_tuple(faces.column("subject_id"))
+    assert people == ("a", "b", "a", "c") and people[0] is people[2]

@@ -243,8 +243,9 @@ def load_faces(metadata: pa.Table, aligned: Aligned, featurized: Featurized, lab
     faces = meta.join(pix.select(["record_id", *pix_cols]), "record_id", join_type="inner")
     # Arrow joins cannot carry list columns, so the features (and points) are attached by position.
     for name, table in lists.items():
-        where = {rid: i for i, rid in enumerate(table.column("record_id").to_pylist())}
-        take = pa.array([where[rid] for rid in faces.column("record_id").to_pylist()], pa.int64())
+        take = pc.index_in(faces.column("record_id"), value_set=table.column("record_id").combine_chunks())
+        if take.null_count:  # as a dict lookup would: every joined face has its row
+            raise KeyError(faces.column("record_id").filter(pc.is_null(take))[0].as_py())
         faces = faces.append_column(name, table.column(name).take(take))
     return faces.sort_by("record_id")
 
@@ -294,9 +295,12 @@ def write_with_pixels(targets: Sequence[tuple[pa.Table, Path]], aligned: Aligned
     memory holds one aligned part whatever the drop size (issue 13). Rows follow the aligned
     parts' order (record order); ``pixels`` goes where :func:`load_faces` puts it, before ``features``.
     """
-    where: dict[str, tuple[int, int]] = {}
-    for t, (table, _) in enumerate(targets):
-        where.update((rid, (t, row)) for row, rid in enumerate(table.column("record_id").to_pylist()))
+    # Which table and row each record id goes to, as columns (issue 13: a dict of a million ids held ~200 MB).
+    all_ids = pa.chunked_array([t.column("record_id") for t, _ in targets], pa.string()).combine_chunks() \
+        if targets else pa.array([], pa.string())
+    sizes = [t.num_rows for t, _ in targets]
+    target_of = np.repeat(np.arange(len(targets), dtype=np.int64), sizes)
+    row_of = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes]) if sizes else np.zeros(0, np.int64)
     writers: dict[int, pq.ParquetWriter] = {}
 
     def chunk(t: int, rows: list[int], pix: pa.Array) -> pa.Table:
@@ -307,13 +311,13 @@ def write_with_pixels(targets: Sequence[tuple[pa.Table, Path]], aligned: Aligned
     try:
         for part in aligned.parts:
             got = pq.read_table(part, columns=["record_id", "pixels"])
+            pos = pc.index_in(got.column("record_id"), value_set=all_ids).to_numpy(zero_copy_only=False)
+            found = np.flatnonzero(~np.isnan(pos)) if pos.dtype.kind == "f" else np.arange(len(pos))
+            j = pos[found].astype(np.int64)
             hits: dict[int, tuple[list[int], list[int]]] = {}
-            for i, rid in enumerate(got.column("record_id").to_pylist()):
-                if rid in where:
-                    t, row = where[rid]
-                    rows, at = hits.setdefault(t, ([], []))
-                    rows.append(row)
-                    at.append(i)
+            for t in dict.fromkeys(target_of[j].tolist()):  # tables in order of their first record in this part
+                mine = target_of[j] == t
+                hits[t] = (row_of[j[mine]].tolist(), found[mine].tolist())
             for t, (rows, at) in hits.items():
                 out = chunk(t, rows, got.column("pixels").take(pa.array(at, pa.int64())))
                 if t not in writers:
@@ -404,16 +408,14 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
     if lineage_state is not None:
         faces, planned, held_back = _plan_lineage(faces, ingested.metadata, lineage_state, layout, config, labels,
                                                   lg=lg, aligned=aligned)
-    cols = faces.select(["subject_id", *labels]).to_pydict()
-    plan = plan_partitions([{x: cols[x][i] for x in labels} for i in range(faces.num_rows)], cols["subject_id"],
+    plan = plan_partitions(_label_rows(faces, labels), list(_shared_tuple(faces.column("subject_id"))),
                            k=config.k, label_names=list(labels), select=config.select(labels),
                            policy=config.small_partitions)
     parts = write_partitions(faces, plan.groups, layout, aligned)
-    ids = faces.column("record_id").to_pylist()
     small = SmallPartition.of_plan(plan)
     for e in small:  # counts only: a rare label value held by one person is itself identifying (also in logs)
         lg.warning("a partition of %s records has %s people (< k=%d): %s", e.records, e.people, config.k, e.action)
-    suppressed = (*(ids[i] for i in plan.suppressed), *held_back)
+    suppressed = (*faces.column("record_id").take(pa.array(plan.suppressed, pa.int64())).to_pylist(), *held_back)
     lg.info(f"partition: {len(parts)} partitions, {len(suppressed)} records suppressed")
     inputs = method_inputs(faces)
     if inputs.sequences:
@@ -423,6 +425,30 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
     return Partitioned(root=layout.partitions_dir, partitions=parts, suppressed=suppressed, small=small,
                        failed=plan.failed, identity=identity.summary(), quarantined=tuple(dup_quarantined),
                        lineage=planned, inputs=inputs)
+
+
+def _label_rows(faces: pa.Table, labels: Sequence[str]) -> list[dict[str, str]]:
+    """Each row's ``{label: value}``, one dict object per distinct combination of values (shared by its rows:
+    8 bytes per record instead of a dict each; issue 13)."""
+    if not labels:
+        return [{}] * faces.num_rows
+    combos: dict[tuple, dict[str, str]] = {}
+    codes = np.zeros(faces.num_rows, np.int64)
+    values = []
+    for x in labels:
+        enc = faces.column(x).combine_chunks().dictionary_encode()
+        values.append(enc.dictionary.to_pylist())
+        codes = codes * len(enc.dictionary) + enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    uniq, inverse = np.unique(codes, return_inverse=True)
+    shared = []
+    for c in uniq.tolist():
+        key = []
+        for vals in reversed(values):
+            c, i = divmod(c, len(vals))
+            key.append(vals[i])
+        key.reverse()
+        shared.append(combos.setdefault(tuple(key), dict(zip(labels, key))))
+    return [shared[i] for i in inverse.tolist()]
 
 
 def method_inputs(faces: pa.Table) -> MethodInputs:
