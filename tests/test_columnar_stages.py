@@ -108,3 +108,14 @@ def test_label_rows_share_one_dict_per_combination():
     assert rows[0] is rows[2] and _label_rows(faces, []) == [{}] * 4
     people = _shared_tuple(faces.column("subject_id"))
     assert people == ("a", "b", "a", "c") and people[0] is people[2]
+
+
+def test_known_images_look_up_the_artifacts_as_the_dict_did():
+    from deid.operations.pipeline import _KnownImages
+    from deid.reporting.report import Artifact
+
+    arts = [Artifact("README.md", "a" * 64, 3), Artifact("images/b.png", "b" * 64, 5),
+            Artifact("images/a.png", "c" * 64, 7)]
+    known = _KnownImages(arts)
+    assert dict(known) == {a.path: (a.sha256, a.bytes) for a in arts if a.path.startswith("images/")}
+    assert known.get("README.md") is None and known.get("images/zz.png") is None

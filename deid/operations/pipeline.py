@@ -802,8 +802,34 @@ def dataset_card(staged: Staged, report, *, logger: Logger | None = None) -> tup
     path = write_card(staged.dir, DatasetCard.from_report(report.to_dict()))
     (logger or log).info("dataset card: %s", path)
     # The images were hashed as they were written (stage) and are never written again: not re-read here.
-    images = {a.path: (a.sha256, a.bytes) for a in staged.artifacts if a.path.startswith("images/")}
-    return tuple(Artifact(**a) for a in hash_tree(staged.dir, known=images))
+    return tuple(Artifact(**a) for a in hash_tree(staged.dir, known=_KnownImages(staged.artifacts)))
+
+
+class _KnownImages(Mapping):
+    """path -> (sha256, bytes) of the staged release's images, looked up in its artifacts (sorted by path, as
+    :func:`~deid.reporting.report.hash_tree` lists them) by bisection: no dict of a million paths (issue 13)."""
+
+    def __init__(self, artifacts):
+        self.artifacts = [a for a in artifacts if a.path.startswith("images/")]
+        self.paths = [a.path for a in self.artifacts]
+        if any(a > b for a, b in zip(self.paths, self.paths[1:])):  # not sorted: sort them once
+            order = sorted(range(len(self.paths)), key=self.paths.__getitem__)
+            self.artifacts = [self.artifacts[i] for i in order]
+            self.paths = [self.paths[i] for i in order]
+
+    def __getitem__(self, path: str) -> tuple[str, int]:
+        import bisect  # noqa: PLC0415
+
+        i = bisect.bisect_left(self.paths, path)
+        if i == len(self.paths) or self.paths[i] != path:
+            raise KeyError(path)
+        return self.artifacts[i].sha256, self.artifacts[i].bytes
+
+    def __iter__(self):
+        return iter(self.paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
 
 
 def write_report(report, config: RunConfig, *, validation: Mapping | None = None, staged: Staged | None = None,
