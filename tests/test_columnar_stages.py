@@ -119,3 +119,13 @@ def test_known_images_look_up_the_artifacts_as_the_dict_did():
     known = _KnownImages(arts)
     assert dict(known) == {a.path: (a.sha256, a.bytes) for a in arts if a.path.startswith("images/")}
     assert known.get("README.md") is None and known.get("images/zz.png") is None
+
+
+@pytest.mark.parametrize("text", ["a,b\r\n1,2\r\n", "a,b\r1,2\r3", "a,b\n\"x\r\ny\",2\n\n", "", "a", "a,\"b\rc\"\r\n"])
+def test_csv_lines_split_as_a_newline_empty_stringio(text):
+    import csv
+    import io
+
+    from deid.intake.drop import csv_lines
+
+    assert list(csv.reader(csv_lines(text))) == list(csv.reader(io.StringIO(text, newline="")))
