@@ -106,7 +106,8 @@ def _buckets(X: np.ndarray, size: int) -> list[np.ndarray]:
         if len(idx) <= size:
             out.append(idx)
             continue
-        Y = X[idx] - X[idx].mean(axis=0)
+        Y = X[idx]  # one copy, centred in place (the same values as X[idx] - X[idx].mean(axis=0); issue 13)
+        Y -= Y.mean(axis=0)
         v = np.linalg.svd(Y[:: max(1, len(idx) // 2000)], full_matrices=False)[2][0]
         proj = Y @ v
         order = np.argsort(proj, kind="stable")

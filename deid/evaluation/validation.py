@@ -18,7 +18,6 @@ read that one shape.
 from __future__ import annotations
 
 import csv
-import io
 import json
 import logging
 import threading
@@ -352,13 +351,23 @@ def manifest_frame(manifest_bytes: bytes):
     """The manifest as a pandas DataFrame of strings, empty cells as nulls (what the steward wrote)."""
     import pandas as pd  # noqa: PLC0415
 
+    from deid.intake.drop import csv_lines  # noqa: PLC0415
+
     text = manifest_bytes.decode("utf-8-sig")
-    rows = [r for r in csv.reader(io.StringIO(text, newline="")) if any(c.strip() for c in r)]
-    if not rows:
+    # Column by column as the rows stream (issue 13: a list per row and a StringIO of the text held ~1.5 GB
+    # for a million rows); the same frame as pd.DataFrame(rows, columns=header, dtype=object).
+    rows = (r for r in csv.reader(csv_lines(text)) if any(c.strip() for c in r))
+    first = next(rows, None)
+    if first is None:
         return pd.DataFrame()
-    header = [h.strip() for h in rows[0]]
-    body = [[(c.strip() or None) for c in r[: len(header)]] + [None] * max(0, len(header) - len(r)) for r in rows[1:]]
-    return pd.DataFrame(body, columns=header, dtype=object)
+    header = [h.strip() for h in first]
+    cols: list[list] = [[] for _ in header]
+    for r in rows:
+        for j, col in enumerate(cols):
+            col.append((r[j].strip() or None) if j < len(r) else None)
+    if len(set(header)) != len(header):  # duplicate names (read_drop refuses them first): as the row-wise frame
+        return pd.DataFrame(list(zip(*cols)) if cols and cols[0] else [], columns=header, dtype=object)
+    return pd.DataFrame({h: pd.Series(c, dtype=object) for h, c in zip(header, cols)}, columns=header)
 
 
 def validate_manifest(drop) -> SuiteResult:

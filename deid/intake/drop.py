@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import csv
 import errno
-import io
+from array import array
 import logging
 import math
 import os
 import re
 import stat
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+import numpy as np
+import pyarrow as pa
 import yaml
 
 from deid.errors import ConfigError, DropError, Quarantined, RecordError
@@ -63,6 +66,115 @@ class ManifestRow:
     frame: int | None = None
 
 
+# The manifest table's columns besides the labels (named as in the ingested table).
+_ROW_COLUMNS = ("record_id", "image", "subject_id")
+
+
+@dataclass(frozen=True, eq=False)
+class ManifestRows(Sequence):
+    """The usable manifest rows as one Arrow table, read as :class:`ManifestRow` on demand.
+
+    ``table`` holds ``record_id``, ``image``, ``subject_id``, one string column per label, the four
+    eye columns, and ``points`` / ``sequence`` / ``frame`` when the drop has them (the ingested
+    table's names and types); ``rows`` is each row's 1-based manifest line number. A million
+    ``ManifestRow`` objects would hold about 2 GB; the table holds about 100 bytes per row (issue 13).
+    """
+
+    table: pa.Table
+    rows: np.ndarray
+    root: Path
+    labels: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return list(self)[i]
+        n = len(self)
+        j = int(i) + n if int(i) < 0 else int(i)
+        if not 0 <= j < n:
+            raise IndexError(f"row {i} of a manifest of {n} usable rows")
+        return next(self._rows(self.table.slice(j, 1), self.rows[j:j + 1]))
+
+    def __iter__(self) -> Iterator[ManifestRow]:
+        start = 0
+        for batch in self.table.to_batches(max_chunksize=4096):
+            yield from self._rows(batch, self.rows[start:start + batch.num_rows])
+            start += batch.num_rows
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, ManifestRows):
+            return self.table.equals(other.table) and np.array_equal(self.rows, other.rows)
+        return isinstance(other, (list, tuple)) and list(self) == list(other)
+
+    __hash__ = None
+
+    def column(self, name: str) -> pa.ChunkedArray:
+        """One column of :attr:`table` (``record_id``, ``image``, ``subject_id``, a label...)."""
+        return self.table.column(name)
+
+    def take(self, indices) -> "ManifestRows":
+        """These rows (positions in this table), in that order."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return ManifestRows(self.table.take(pa.array(idx)), self.rows[idx], self.root, self.labels)
+
+    def _rows(self, batch, lines: np.ndarray) -> Iterator[ManifestRow]:
+        cols = batch.to_pydict()
+        eyes = cols.get("eye_left_x")
+        for j, line in enumerate(lines.tolist()):
+            image = cols["image"][j]
+            e = None if eyes is None or eyes[j] is None else (
+                (cols["eye_left_x"][j], cols["eye_left_y"][j]), (cols["eye_right_x"][j], cols["eye_right_y"][j]))
+            pts = cols["points"][j] if "points" in cols else None
+            yield ManifestRow(cols["record_id"][j], line, image, self.root.joinpath(*PurePosixPath(image).parts),
+                              cols["subject_id"][j], {x: cols[x][j] for x in self.labels}, e,
+                              None if pts is None else tuple(zip(pts[0::2], pts[1::2])),
+                              cols["sequence"][j] if "sequence" in cols else None,
+                              cols["frame"][j] if "frame" in cols else None)
+
+
+def manifest_schema(labels: Sequence[str], *, eyes: bool, points: bool, sequences: bool) -> pa.Schema:
+    """The columns of :attr:`ManifestRows.table` (eye columns only when the manifest has them)."""
+    from deid.schemas import arrow as schemas  # noqa: PLC0415
+
+    return pa.schema([*(pa.field(c, pa.string(), nullable=False) for c in (*_ROW_COLUMNS[:3], *labels)),
+                      *(schemas.EYES if eyes else []), *([schemas.POINTS] if points else []),
+                      *(schemas.SEQUENCE if sequences else [])])
+
+
+class _RowsBuilder:
+    """Accumulates parsed rows column by column, a chunk at a time, into :class:`ManifestRows`."""
+
+    CHUNK = 65536
+
+    def __init__(self, schema: pa.Schema, root: Path, labels: Sequence[str]):
+        self.schema, self.root, self.labels = schema, root, tuple(labels)
+        self.cols: dict[str, list] = {f.name: [] for f in schema}
+        self.lines = array("q")
+        self.batches: list[pa.RecordBatch] = []
+
+    def add(self, line: int, values: dict) -> None:
+        for name, col in self.cols.items():
+            col.append(values[name])
+        self.lines.append(line)
+        if len(self.lines) % self.CHUNK == 0:
+            self._flush()
+
+    def _flush(self) -> None:
+        n = len(self.cols["record_id"])
+        if n:
+            self.batches.append(pa.RecordBatch.from_pydict(self.cols, schema=self.schema))
+            for col in self.cols.values():
+                col.clear()
+
+    def build(self) -> ManifestRows:
+        self._flush()
+        table = pa.Table.from_batches(self.batches, schema=self.schema).combine_chunks()
+        self.batches = []
+        return ManifestRows(table, np.asarray(self.lines, dtype=np.int64), self.root, self.labels)
+
+
 @dataclass
 class Drop:
     """A parsed drop: its usable rows, and the rows quarantined while reading the manifest."""
@@ -71,7 +183,7 @@ class Drop:
     name: str
     labels: list[str]
     manifest_bytes: bytes
-    rows: list[ManifestRow]
+    rows: ManifestRows  # the usable rows, columnar (a sequence of ManifestRow)
     quarantined: list[Quarantined]
     extra_columns: list[str] = field(default_factory=list)
     # From drop.yaml's ``license`` (a licence id such as cc-by-4.0); None when the steward set none.
@@ -177,25 +289,45 @@ def _read_yaml(root: Path) -> dict:
     return data
 
 
-def _parse_manifest(path: Path, raw: bytes) -> tuple[bytes, list[str], list[list[str]]]:
+# One line of a text with its ending, as ``open(..., newline="")`` splits it (\r\n, \r or \n).
+_LINE = re.compile(r"[^\r\n]*(?:\r\n?|\n)|[^\r\n]+$")
+
+
+def csv_lines(text: str) -> Iterator[str]:
+    """The lines of ``text`` with their endings, as ``io.StringIO(text, newline="")`` gives them to ``csv.reader``
+    (a StringIO of the text would hold four bytes per character: ~290 MB for a million-row manifest)."""
+    return (m.group() for m in _LINE.finditer(text))
+
+
+def _csv_rows(path: Path, text: str) -> Iterator[list[str]]:
+    """The manifest's non-empty CSV rows, parsed as they are read (not a list of every row: issue 13).
+
+    The lines come straight from ``text`` (an ``io.StringIO`` of it would hold four bytes per character).
+    """
+    try:
+        for row in csv.reader(csv_lines(text), strict=True):
+            if any(cell.strip() for cell in row):
+                yield row
+    except csv.Error as exc:
+        raise DropError(f"{path} is not valid CSV ({exc}); the manifest must be comma-separated UTF-8") from exc
+
+
+def _parse_manifest(path: Path, raw: bytes) -> tuple[bytes, list[str], Iterator[list[str]]]:
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise DropError(f"{path} is not UTF-8 text ({exc}); save the manifest as UTF-8 CSV") from exc
     if "\x00" in text:
         raise DropError(f"{path} is not a CSV file (it contains NUL bytes); the manifest must be UTF-8 CSV")
-    try:
-        rows = list(csv.reader(io.StringIO(text, newline=""), strict=True))
-    except csv.Error as exc:
-        raise DropError(f"{path} is not valid CSV ({exc}); the manifest must be comma-separated UTF-8") from exc
-    rows = [r for r in rows if any(cell.strip() for cell in r)]
-    if not rows:
+    rows = _csv_rows(path, text)
+    first = next(rows, None)
+    if first is None:
         raise DropError(f"{path} is empty; it needs a header row with columns image,subject_id,<labels>")
-    header = [h.strip() for h in rows[0]]
+    header = [h.strip() for h in first]
     if len(set(header)) != len(header):
         dupes = sorted({h for h in header if header.count(h) > 1})
         raise DropError(f"{path}: duplicate column names {dupes}; every column name must be unique")
-    return raw, header, rows[1:]
+    return raw, header, rows
 
 
 def _resolve(candidate: Path, parents: dict[Path, Path] | None) -> Path:
@@ -268,7 +400,7 @@ def _parse_sequence(cells: list[str]) -> tuple[str | None, int | None, str | Non
     return seq, f, None
 
 
-def _check_points_and_sequences(rows: list[ManifestRow], quarantine) -> list[ManifestRow]:
+def _check_points_and_sequences(rows: ManifestRows, quarantine) -> ManifestRows:
     """Drop-wide rules, after every row was read: one landmark count, one subject per sequence, no repeated frame.
 
     Landmark ``i`` must be the same feature on every face, so a points file with another count than
@@ -289,7 +421,7 @@ def _check_points_and_sequences(rows: list[ManifestRow], quarantine) -> list[Man
     mixed = {s for s, who in subjects.items() if len(who) > 1}
     seen: dict[tuple[str, int], int] = {}
     kept = []
-    for r in rows:
+    for i, r in enumerate(rows):
         if r.points is not None and len(r.points) != usual:
             quarantine(r.record_id, r.image, "bad_points", f"row {r.row}: the points file has {len(r.points)} points; "
                        f"the drop's points files have {usual} (one landmark template for the whole drop)")
@@ -304,8 +436,8 @@ def _check_points_and_sequences(rows: list[ManifestRow], quarantine) -> list[Man
                            f"already listed on row {seen[(r.sequence, r.frame)]}")
                 continue
             seen[(r.sequence, r.frame)] = r.row
-        kept.append(r)
-    return kept
+        kept.append(i)
+    return rows if len(kept) == len(rows) else rows.take(kept)
 
 
 def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, name: str | None = None) -> Drop:
@@ -370,7 +502,8 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
     has_points = POINTS_COLUMN in header
 
     idx = {c: i for i, c in enumerate(header)}
-    rows: list[ManifestRow] = []
+    rows = _RowsBuilder(manifest_schema(labels, eyes=bool(eye_cols_present), points=has_points,
+                                        sequences=bool(seq_cols_present)), root, labels)
     quarantined: list[Quarantined] = []
     seen_paths: dict[str, int] = {}
 
@@ -434,8 +567,16 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
             except RecordError as exc:
                 quarantine(rid, image, exc.code, f"row {n}: {exc.message}")
                 continue
-        rows.append(ManifestRow(rid, n, key, path, subject, {x: cells[idx[x]] for x in labels}, eyes, points,
-                                sequence, frame))
+        values = {"record_id": rid, "image": key, "subject_id": subject, **{x: cells[idx[x]] for x in labels}}
+        if eye_cols_present:
+            values.update(zip(EYE_COLUMNS, (*eyes[0], *eyes[1]) if eyes else (None,) * 4))
+        if has_points:
+            values[POINTS_COLUMN] = None if points is None else [v for pt in points for v in pt]
+        if seq_cols_present:
+            values.update(sequence=sequence, frame=frame)
+        rows.add(n, values)
+    del body, parents, seen_paths
+    rows = rows.build()
 
     if has_points or seq_cols_present:
         rows = _check_points_and_sequences(rows, quarantine)

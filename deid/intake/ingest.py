@@ -7,20 +7,49 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections import defaultdict
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from deid.intake.drop import Drop, ManifestRow, read_drop_file
+from deid.intake.drop import Drop, read_drop_file
 from deid.errors import Quarantined, RecordError
 from deid.intake.imaging import decoded_bytes, header_size, max_decoded_bytes, sniff_format
 from deid.operations.safety import fault_enospc
 from deid.schemas import arrow as schemas
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, eq=False)
+class SourceHashes(Mapping):
+    """record_id -> sha256 (hex) of the source bytes of every record read, as two Arrow arrays.
+
+    A read-only mapping; :meth:`values` is the hash column itself (a million records' hashes as
+    a dict of Python strings would hold ~200 MB).
+    """
+
+    record_ids: pa.Array
+    sha256: pa.Array
+
+    def __len__(self) -> int:
+        return len(self.record_ids)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.record_ids.to_pylist())
+
+    def __getitem__(self, record_id: str) -> str:
+        at = pc.index(self.record_ids, record_id).as_py()
+        if at < 0:
+            raise KeyError(record_id)
+        return self.sha256[at].as_py()
+
+    def values(self) -> list[str]:  # type: ignore[override]
+        return self.sha256.to_pylist()
 
 
 @dataclass
@@ -30,7 +59,7 @@ class IngestResult:
     path: Path
     n_records: int
     quarantined: list[Quarantined]
-    source_sha256: dict[str, str]  # record_id -> sha256 of the source bytes
+    source_sha256: SourceHashes  # record_id -> sha256 of the source bytes
     row_groups: int
 
 
@@ -55,30 +84,16 @@ def _check_bytes(data: bytes, *, max_pixels: int) -> tuple[str, str] | None:
     return None
 
 
-def _batch_table(chunk: list[tuple[ManifestRow, str, bytes]], labels: list[str], schema: pa.Schema) -> pa.Table:
-    cols: dict[str, list] = defaultdict(list)
-    points, sequences = "points" in schema.names, "sequence" in schema.names
-    for row, digest, data in chunk:
-        if points:
-            cols["points"].append(None if row.points is None else [v for p in row.points for v in p])
-        if sequences:
-            cols["sequence"].append(row.sequence)
-            cols["frame"].append(row.frame)
-        cols["record_id"].append(row.record_id)
-        cols["image"].append(row.image)
-        cols["subject_id"].append(row.subject_id)
-        for label in labels:
-            cols[label].append(row.labels[label])
-        eyes = row.eyes
-        for name, val in zip(
-            ("eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"),
-            (eyes[0][0], eyes[0][1], eyes[1][0], eyes[1][1]) if eyes else (None,) * 4,
-        ):
-            cols[name].append(val)
-        cols["source_sha256"].append(digest)
-        cols["size"].append(len(data))
-        cols["data"].append(data)
-    return pa.table(dict(cols), schema=schema)
+def _batch_table(manifest: pa.Table, rows: list[int], digests: list[str], data: list[bytes],
+                 schema: pa.Schema) -> pa.Table:
+    """The manifest's ``rows`` (their columns as read) with their source hash, size and bytes."""
+    t = manifest.take(pa.array(rows, pa.int64()))
+    cols = {name: t.column(name) for name in t.column_names}
+    for name in ("eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"):  # a manifest without eye columns
+        cols.setdefault(name, pa.nulls(len(rows), pa.float64()))
+    cols.update(source_sha256=pa.array(digests, pa.string()), size=pa.array([len(d) for d in data], pa.int64()),
+                data=pa.array(data, pa.large_binary()))
+    return pa.table([cols[f.name] for f in schema], schema=schema)
 
 
 # Image bytes are already compressed: snappy and dictionary encoding on them cost ~4x a JPEG
@@ -111,56 +126,100 @@ def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_s
 def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pixels: int,
             batch_size: int) -> IngestResult:
     quarantined: list[Quarantined] = []
-    hashes: dict[str, str] = {}
-    by_hash: dict[str, set[str]] = defaultdict(set)
-    staged: list[tuple[str, str, str, str]] = []  # record_id, image, subject_id, digest
-    n_groups = 0
-    chunk: list[tuple[ManifestRow, str, bytes]] = []
+    # Per record read: its manifest row and the raw sha256 of its bytes (columnar: issue 13).
+    staged_rows = np.empty(len(drop.rows), np.int64)
+    raw = bytearray()
+    n_staged = n_groups = 0
+    manifest = drop.rows.table
+    chunk_rows: list[int] = []
+    chunk_digests: list[str] = []
+    chunk_data: list[bytes] = []
     with pq.ParquetWriter(tmp, schema, **_WRITER_OPTIONS) as writer:
-        for row in drop.rows:
-            try:
-                # Opened relative to the drop, following no symlink, at the moment of reading.
-                data = read_drop_file(drop.root, row.image)
-            except RecordError as exc:
-                quarantined.append(Quarantined(row.record_id, row.image, exc.code, exc.message, "ingest"))
-                continue
-            problem = _check_bytes(data, max_pixels=max_pixels)
-            if problem:
-                quarantined.append(Quarantined(row.record_id, row.image, *problem, "ingest"))
-                continue
-            digest = hashlib.sha256(data).hexdigest()
-            hashes[row.record_id] = digest
-            by_hash[digest].add(row.subject_id)
-            staged.append((row.record_id, row.image, row.subject_id, digest))
-            chunk.append((row, digest, data))
-            if len(chunk) == batch_size:
-                fault_enospc("data", tmp)
-                writer.write_table(_batch_table(chunk, drop.labels, schema))
-                n_groups += 1
-                chunk = []
-        if chunk:
+        def flush() -> None:
+            nonlocal n_groups
             fault_enospc("data", tmp)
-            writer.write_table(_batch_table(chunk, drop.labels, schema))
+            writer.write_table(_batch_table(manifest, chunk_rows, chunk_digests, chunk_data, schema))
             n_groups += 1
-        del chunk
+            chunk_rows.clear()
+            chunk_digests.clear()
+            chunk_data.clear()
 
-    clash = {h for h, people in by_hash.items() if len(people) > 1}
-    n_final = len(staged)
-    if clash:
-        drop_ids = set()
-        for rid, image, subject, digest in staged:
-            if digest in clash:
-                others = sorted(by_hash[digest] - {subject})
-                quarantined.append(
-                    Quarantined(rid, image, "duplicate_across_people",
-                                f"the same image bytes are also listed under subject(s) {others}", "ingest")
-                )
-                drop_ids.add(rid)
-        n_final -= len(drop_ids)
-        n_groups = _rewrite_without(tmp, drop_ids, schema, batch_size)
+        start = 0
+        for batch in manifest.select(["record_id", "image"]).to_batches(max_chunksize=4096):
+            for j, (rid, image) in enumerate(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist())):
+                try:
+                    # Opened relative to the drop, following no symlink, at the moment of reading.
+                    data = read_drop_file(drop.root, image)
+                except RecordError as exc:
+                    quarantined.append(Quarantined(rid, image, exc.code, exc.message, "ingest"))
+                    continue
+                problem = _check_bytes(data, max_pixels=max_pixels)
+                if problem:
+                    quarantined.append(Quarantined(rid, image, *problem, "ingest"))
+                    continue
+                digest = hashlib.sha256(data)
+                raw += digest.digest()
+                staged_rows[n_staged] = start + j
+                n_staged += 1
+                chunk_rows.append(start + j)
+                chunk_digests.append(digest.hexdigest())
+                chunk_data.append(data)
+                if len(chunk_rows) == batch_size:
+                    flush()
+            start += batch.num_rows
+        if chunk_rows:
+            flush()
+
+    staged_rows = staged_rows[:n_staged]
+    ids = manifest.column("record_id").take(pa.array(staged_rows)).combine_chunks()
+    sha = np.frombuffer(bytes(raw), np.uint8).reshape(-1, 32)
+    digests = pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), n_staged, [None, pa.py_buffer(sha.tobytes())])
+    hexes = pa.StringArray.from_buffers(n_staged, pa.py_buffer(np.arange(0, 64 * n_staged + 1, 64, dtype=np.int32)),
+                                        pa.py_buffer(_hex(sha).tobytes()))
+    del raw, sha
+    n_final = n_staged
+    clashes = _clashes(drop, staged_rows, digests)
+    if clashes:
+        quarantined.extend(clashes)
+        n_final -= len(clashes)
+        n_groups = _rewrite_without(tmp, {q.record_id for q in clashes}, schema, batch_size)
     tmp.replace(out_path)
     log.info("ingested %d records (%d quarantined) into %s", n_final, len(quarantined), out_path)
-    return IngestResult(out_path, n_final, quarantined, hashes, n_groups)
+    return IngestResult(out_path, n_final, quarantined, SourceHashes(ids, hexes), n_groups)
+
+
+_HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
+
+
+def _hex(raw: np.ndarray) -> np.ndarray:
+    """Lowercase hex of each row of ``raw`` (n, m) uint8, as (n, 2m) uint8 ASCII."""
+    out = np.empty((raw.shape[0], 2 * raw.shape[1]), np.uint8)
+    out[:, 0::2], out[:, 1::2] = _HEX[raw >> 4], _HEX[raw & 15]
+    return out
+
+
+def _clashes(drop: Drop, staged_rows: np.ndarray, digests: pa.Array) -> list[Quarantined]:
+    """``duplicate_across_people``: every staged record whose bytes are also staged under another subject id."""
+    if not len(staged_rows):
+        return []
+    subjects = drop.rows.column("subject_id").take(pa.array(staged_rows)).combine_chunks()
+    t = pa.table({"digest": digests, "subject": subjects})
+    people = t.group_by("digest").aggregate([("subject", "count_distinct")])
+    clash = people.filter(pc.greater(people.column("subject_count_distinct"), 1)).column("digest")
+    if not len(clash):
+        return []
+    hit = np.flatnonzero(pc.is_in(digests, value_set=clash.combine_chunks()).to_numpy(zero_copy_only=False))
+    by_digest: dict[bytes, set[str]] = {}
+    for d, who in zip(digests.take(pa.array(hit)).to_pylist(), subjects.take(pa.array(hit)).to_pylist()):
+        by_digest.setdefault(d, set()).add(who)
+    rows = drop.rows.take(staged_rows[hit]).table
+    out = []
+    for rid, image, subject, d in zip(rows.column("record_id").to_pylist(), rows.column("image").to_pylist(),
+                                      rows.column("subject_id").to_pylist(), digests.take(pa.array(hit)).to_pylist()):
+        others = sorted(by_digest[d] - {subject})
+        out.append(Quarantined(rid, image, "duplicate_across_people",
+                               f"the same image bytes are also listed under subject(s) {others}", "ingest"))
+    return out
 
 
 def _rewrite_without(path: Path, drop_ids: set[str], schema: pa.Schema, batch_size: int) -> int:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
@@ -129,6 +130,11 @@ def validate_drop(drop, metadata: pa.Table) -> dict:
     return {"manifest": validate_manifest(drop), "ingested": validate_ingested(metadata, drop.labels)}
 
 
+def _manifest_only(drop):
+    """The drop without its rows: what the manifest suite reads (its bytes and labels), cheap to send to a pool."""
+    return replace(drop, rows=drop.rows.take([]), quarantined=[])
+
+
 def ingest_drop(drop_dir: str | Path, layout: StagingLayout, config: RunConfig, *,
                 logger: Logger | None = None, executor: Executor | None = None) -> Ingested | UnreadableDrop:
     """Validate the manifest and stage the image bytes as Parquet; an unreadable drop is a verdict, not a crash.
@@ -151,8 +157,8 @@ def ingest_drop(drop_dir: str | Path, layout: StagingLayout, config: RunConfig, 
     res = ingest(drop, layout.ingested, max_pixels=config.max_pixels, batch_size=batch)
     names = pq.read_schema(res.path).names
     metadata = pq.read_table(res.path, columns=[c for c in names if c != "data"])
-    people = len(set(metadata.column("subject_id").to_pylist()))
-    validation = validate_off_main(executor, validate_drop, drop=drop, metadata=metadata)
+    people = pc.count_distinct(metadata.column("subject_id")).as_py()
+    validation = validate_off_main(executor, validate_drop, drop=_manifest_only(drop), metadata=metadata)
     quarantined = (*drop.quarantined, *res.quarantined)
     lg.info(f"ingest: {res.n_records} of {drop.records_in} records staged, {len(quarantined)} quarantined")
     if drop.extra_columns:
@@ -238,8 +244,9 @@ def load_faces(metadata: pa.Table, aligned: Aligned, featurized: Featurized, lab
     faces = meta.join(pix.select(["record_id", *pix_cols]), "record_id", join_type="inner")
     # Arrow joins cannot carry list columns, so the features (and points) are attached by position.
     for name, table in lists.items():
-        where = {rid: i for i, rid in enumerate(table.column("record_id").to_pylist())}
-        take = pa.array([where[rid] for rid in faces.column("record_id").to_pylist()], pa.int64())
+        take = pc.index_in(faces.column("record_id"), value_set=table.column("record_id").combine_chunks())
+        if take.null_count:  # as a dict lookup would: every joined face has its row
+            raise KeyError(faces.column("record_id").filter(pc.is_null(take))[0].as_py())
         faces = faces.append_column(name, table.column(name).take(take))
     return faces.sort_by("record_id")
 
@@ -289,9 +296,12 @@ def write_with_pixels(targets: Sequence[tuple[pa.Table, Path]], aligned: Aligned
     memory holds one aligned part whatever the drop size (issue 13). Rows follow the aligned
     parts' order (record order); ``pixels`` goes where :func:`load_faces` puts it, before ``features``.
     """
-    where: dict[str, tuple[int, int]] = {}
-    for t, (table, _) in enumerate(targets):
-        where.update((rid, (t, row)) for row, rid in enumerate(table.column("record_id").to_pylist()))
+    # Which table and row each record id goes to, as columns (issue 13: a dict of a million ids held ~200 MB).
+    all_ids = pa.chunked_array([t.column("record_id") for t, _ in targets], pa.string()).combine_chunks() \
+        if targets else pa.array([], pa.string())
+    sizes = [t.num_rows for t, _ in targets]
+    target_of = np.repeat(np.arange(len(targets), dtype=np.int64), sizes)
+    row_of = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes]) if sizes else np.zeros(0, np.int64)
     writers: dict[int, pq.ParquetWriter] = {}
 
     def chunk(t: int, rows: list[int], pix: pa.Array) -> pa.Table:
@@ -302,13 +312,13 @@ def write_with_pixels(targets: Sequence[tuple[pa.Table, Path]], aligned: Aligned
     try:
         for part in aligned.parts:
             got = pq.read_table(part, columns=["record_id", "pixels"])
+            pos = pc.index_in(got.column("record_id"), value_set=all_ids).to_numpy(zero_copy_only=False)
+            found = np.flatnonzero(~np.isnan(pos)) if pos.dtype.kind == "f" else np.arange(len(pos))
+            j = pos[found].astype(np.int64)
             hits: dict[int, tuple[list[int], list[int]]] = {}
-            for i, rid in enumerate(got.column("record_id").to_pylist()):
-                if rid in where:
-                    t, row = where[rid]
-                    rows, at = hits.setdefault(t, ([], []))
-                    rows.append(row)
-                    at.append(i)
+            for t in dict.fromkeys(target_of[j].tolist()):  # tables in order of their first record in this part
+                mine = target_of[j] == t
+                hits[t] = (row_of[j[mine]].tolist(), found[mine].tolist())
             for t, (rows, at) in hits.items():
                 out = chunk(t, rows, got.column("pixels").take(pa.array(at, pa.int64())))
                 if t not in writers:
@@ -399,16 +409,14 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
     if lineage_state is not None:
         faces, planned, held_back = _plan_lineage(faces, ingested.metadata, lineage_state, layout, config, labels,
                                                   lg=lg, aligned=aligned)
-    cols = faces.select(["subject_id", *labels]).to_pydict()
-    plan = plan_partitions([{x: cols[x][i] for x in labels} for i in range(faces.num_rows)], cols["subject_id"],
+    plan = plan_partitions(_label_rows(faces, labels), list(_shared_tuple(faces.column("subject_id"))),
                            k=config.k, label_names=list(labels), select=config.select(labels),
                            policy=config.small_partitions)
     parts = write_partitions(faces, plan.groups, layout, aligned)
-    ids = faces.column("record_id").to_pylist()
     small = SmallPartition.of_plan(plan)
     for e in small:  # counts only: a rare label value held by one person is itself identifying (also in logs)
         lg.warning("a partition of %s records has %s people (< k=%d): %s", e.records, e.people, config.k, e.action)
-    suppressed = (*(ids[i] for i in plan.suppressed), *held_back)
+    suppressed = (*faces.column("record_id").take(pa.array(plan.suppressed, pa.int64())).to_pylist(), *held_back)
     lg.info(f"partition: {len(parts)} partitions, {len(suppressed)} records suppressed")
     inputs = method_inputs(faces)
     if inputs.sequences:
@@ -418,6 +426,30 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
     return Partitioned(root=layout.partitions_dir, partitions=parts, suppressed=suppressed, small=small,
                        failed=plan.failed, identity=identity.summary(), quarantined=tuple(dup_quarantined),
                        lineage=planned, inputs=inputs)
+
+
+def _label_rows(faces: pa.Table, labels: Sequence[str]) -> list[dict[str, str]]:
+    """Each row's ``{label: value}``, one dict object per distinct combination of values (shared by its rows:
+    8 bytes per record instead of a dict each; issue 13)."""
+    if not labels:
+        return [{}] * faces.num_rows
+    combos: dict[tuple, dict[str, str]] = {}
+    codes = np.zeros(faces.num_rows, np.int64)
+    values = []
+    for x in labels:
+        enc = faces.column(x).combine_chunks().dictionary_encode()
+        values.append(enc.dictionary.to_pylist())
+        codes = codes * len(enc.dictionary) + enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    uniq, inverse = np.unique(codes, return_inverse=True)
+    shared = []
+    for c in uniq.tolist():
+        key = []
+        for vals in reversed(values):
+            c, i = divmod(c, len(vals))
+            key.append(vals[i])
+        key.reverse()
+        shared.append(combos.setdefault(tuple(key), dict(zip(labels, key))))
+    return [shared[i] for i in inverse.tolist()]
 
 
 def method_inputs(faces: pa.Table) -> MethodInputs:
@@ -600,6 +632,16 @@ def releasable_label_sets(metadata: pa.Table, labels: Sequence[str], k: int) -> 
     return out
 
 
+def _shared_tuple(column: pa.ChunkedArray) -> tuple:
+    """``tuple(column.to_pylist())`` with one str object per distinct value (a cluster's or a label's
+    records share it: 8 bytes per record instead of ~60; issue 13)."""
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if column.null_count or not len(column):
+        return tuple(column.to_pylist())
+    enc = column.dictionary_encode()
+    return tuple(np.asarray(enc.dictionary.to_pylist() + [None], dtype=object)[:-1][enc.indices.to_numpy()].tolist())
+
+
 def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequence[str], shape_hw,
                   lineage: LineageApplied | None, *, lg, spill: Path | None = None) -> ReleaseRows:
     """Images, clusters, labels and staging ids of every record of the would-be release.
@@ -621,8 +663,8 @@ def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequen
         np.zeros((0, int(np.prod(shape))), np.uint8), np.zeros(0, np.int64))
     rows = ReleaseRows(
         vectors=images,
-        shape=shape, clusters=tuple(rel.column("cluster").to_pylist()),
-        labels={x: tuple(rel.column(x).to_pylist()) for x in labels},
+        shape=shape, clusters=_shared_tuple(rel.column("cluster")),
+        labels={x: _shared_tuple(rel.column(x)) for x in labels},
         record_ids=tuple(rel.column("record_id").to_pylist()),
         sequences=tuple(rel.column("sequence").to_pylist()) if seq else None,
         frames=tuple(rel.column("frame").to_pylist()) if seq else None)
@@ -666,7 +708,7 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
     (which source went into which cluster) is encrypted at once and stays in private staging.
     """
     from deid.evaluation.leaks import release_files_metadata  # noqa: PLC0415
-    from deid.release.linkage import build_linkage, sources_from_ingested, write_linkage  # noqa: PLC0415
+    from deid.release.linkage import linkage_table, write_linkage  # noqa: PLC0415
     from deid.release.publish import RELEASE_TABLE, discard, stage_release  # noqa: PLC0415
     from deid.reporting.report import Artifact, hash_tree  # noqa: PLC0415
     from deid.evaluation.validation import suite_check, validate_release  # noqa: PLC0415
@@ -691,8 +733,7 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
                                        label_sets=label_sets)
         file_metadata = release_files_metadata(staged.path, digests=staged.digests)
         key, key_path, origin = linkage_key(config)
-        write_linkage(layout.linkage, build_linkage(staged.mapping, sources_from_ingested(ingested.metadata)), key,
-                      release_id=release_id)
+        write_linkage(layout.linkage, linkage_table(staged.mapping, ingested.metadata), key, release_id=release_id)
     except BaseException:
         discard(tmp)
         raise
@@ -778,8 +819,34 @@ def dataset_card(staged: Staged, report, *, logger: Logger | None = None) -> tup
     path = write_card(staged.dir, DatasetCard.from_report(report.to_dict()))
     (logger or log).info("dataset card: %s", path)
     # The images were hashed as they were written (stage) and are never written again: not re-read here.
-    images = {a.path: (a.sha256, a.bytes) for a in staged.artifacts if a.path.startswith("images/")}
-    return tuple(Artifact(**a) for a in hash_tree(staged.dir, known=images))
+    return tuple(Artifact(**a) for a in hash_tree(staged.dir, known=_KnownImages(staged.artifacts)))
+
+
+class _KnownImages(Mapping):
+    """path -> (sha256, bytes) of the staged release's images, looked up in its artifacts (sorted by path, as
+    :func:`~deid.reporting.report.hash_tree` lists them) by bisection: no dict of a million paths (issue 13)."""
+
+    def __init__(self, artifacts):
+        self.artifacts = [a for a in artifacts if a.path.startswith("images/")]
+        self.paths = [a.path for a in self.artifacts]
+        if any(a > b for a, b in zip(self.paths, self.paths[1:])):  # not sorted: sort them once
+            order = sorted(range(len(self.paths)), key=self.paths.__getitem__)
+            self.artifacts = [self.artifacts[i] for i in order]
+            self.paths = [self.paths[i] for i in order]
+
+    def __getitem__(self, path: str) -> tuple[str, int]:
+        import bisect  # noqa: PLC0415
+
+        i = bisect.bisect_left(self.paths, path)
+        if i == len(self.paths) or self.paths[i] != path:
+            raise KeyError(path)
+        return self.artifacts[i].sha256, self.artifacts[i].bytes
+
+    def __iter__(self):
+        return iter(self.paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
 
 
 def write_report(report, config: RunConfig, *, validation: Mapping | None = None, staged: Staged | None = None,

@@ -65,7 +65,7 @@ class DeidentifiedPart:
 class GateRecords:
     """The per-record facts the gate needs (:func:`gate_records`), as :class:`~deid.evaluation.gate.GateInputs` takes them."""
 
-    record_ids: list[str]
+    record_ids: Sequence[str]  # a StringColumn (Arrow-backed) from gate_records
     people: np.ndarray
     clusters: np.ndarray
     partitions: np.ndarray
@@ -814,12 +814,14 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     for path in sorted(deid_paths):
         name = Path(path).name[: -len(".parquet")]
         pairs.append((str(Path(partitions_root) / name), path))
-    ids: list[str] = []
-    people: list[str] = []
-    clusters: list[str] = []
-    partitions: list[str] = []
-    label_values: dict[str, list] = {x: [] for x in labels}
-    image_index: list[int] = []
+    # Columns a batch at a time (Arrow), made object arrays once at the end with one str per
+    # distinct value (issue 13: lists of a million records' strings each held ~65 MB).
+    ids: list[pa.Array] = []
+    people: list[pa.Array] = []
+    clusters: list[pa.Array] = []
+    partitions: list[pa.Array] = []
+    label_values: dict[str, list[pa.Array]] = {x: [] for x in labels}
+    image_index: list[np.ndarray] = []
     own: list[np.ndarray] = []
     record_points: list | None = [] if points else None
     digests: dict[bytes, int] = {}
@@ -831,21 +833,27 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
         with_points = points and "points" in ds.dataset(pdir, format="parquet").schema.names
         for o, r in _paired_batches(pdir, dpath, ["record_id", "subject_id", "pixels", *labels,
                                                   *(["points"] if with_points else [])], batch_rows, skip):
-            ids += r.column("record_id").to_pylist()
-            people += o.column("subject_id").to_pylist()
-            clusters += r.column("cluster").to_pylist()
+            ids.append(_array(r.column("record_id")))
+            people.append(_array(o.column("subject_id")))
+            clusters.append(_array(r.column("cluster")))
             if key == LINEAGE_PARTITION:
                 cols = [o.column(x).to_pylist() for x in labels]
-                partitions += [lineage_key(tuple(str(c[j]) for c in cols)) for j in range(r.num_rows)]
+                partitions.append(pa.array([lineage_key(tuple(str(c[j]) for c in cols)) for j in range(r.num_rows)],
+                                           pa.string()))
             else:
-                partitions += [key] * r.num_rows
+                partitions.append(pa.array([key] * r.num_rows, pa.string()))
             for x in labels:
-                label_values[x] += o.column(x).to_pylist()
+                label_values[x].append(_array(o.column(x)))
             if record_points is not None:
                 record_points += o.column("points").to_pylist() if with_points else [None] * r.num_rows
             a, b = _pixels(r.column("pixels")), _pixels(o.column("pixels"))
-            image_index += [digests.setdefault(hashlib.blake2b(row, digest_size=16).digest(), len(digests)) for row in a]
+            image_index.append(np.fromiter(
+                (digests.setdefault(hashlib.blake2b(row, digest_size=16).digest(), len(digests)) for row in a),
+                dtype=np.int64, count=len(a)))
             own.append(mean_abs_difference(a, b))
+    del digests
+    ids_a = _concat(ids, pa.string())
+    del ids
 
     memo: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 
@@ -854,7 +862,8 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
         key = idx.tobytes()
         if key in memo:
             return memo[key]
-        want = pa.array(sorted({ids[i] for i in idx}), pa.string())
+        wanted = ids_a.take(pa.array(idx)).to_pylist()
+        want = pa.array(sorted(set(wanted)), pa.string())
         got_ids: list[str] = []
         rel_parts, orig_parts = [], []
         for pdir, dpath in pairs:
@@ -869,23 +878,59 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
             out = (np.zeros((0, 0), np.uint8), np.zeros((0, 0), np.uint8))
         else:
             where = {rid: n for n, rid in enumerate(got_ids)}
-            order = np.asarray([where[ids[i]] for i in idx], dtype=np.int64)
+            order = np.asarray([where[rid] for rid in wanted], dtype=np.int64)
             out = (np.concatenate(rel_parts)[order], np.concatenate(orig_parts)[order])
         memo.clear()  # keep one sample: the gate asks for the same records several times in a row
         memo[key] = out
         return out
 
     return GateRecords(
-        record_ids=ids,
-        people=np.asarray(people, dtype=object),
-        clusters=np.asarray(clusters, dtype=object),
-        partitions=np.asarray(partitions, dtype=object),
-        labels={x: np.asarray(v, dtype=object) for x, v in label_values.items()},
-        image_index=np.asarray(image_index, dtype=np.int64),
+        record_ids=StringColumn(ids_a),
+        people=_shared_objects(_concat(people, pa.string())),
+        clusters=_shared_objects(_concat(clusters, pa.string())),
+        partitions=_shared_objects(_concat(partitions, pa.string())),
+        labels={x: _shared_objects(_concat(v, pa.string())) for x, v in label_values.items()},
+        image_index=np.concatenate(image_index) if image_index else np.zeros(0, np.int64),
         own_distance=np.concatenate(own) if own else np.zeros(0),
         fetch=fetch,
         points=record_points,
     )
+
+
+def _array(column) -> pa.Array:
+    return column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+
+
+def _concat(arrays: list[pa.Array], type_: pa.DataType) -> pa.Array:
+    return pa.chunked_array(arrays, type=type_).combine_chunks() if arrays else pa.array([], type_)
+
+
+def _shared_objects(values: pa.Array) -> np.ndarray:
+    """``np.asarray(values.to_pylist(), dtype=object)`` with one str object per distinct value."""
+    if not len(values):
+        return np.asarray([], dtype=object)
+    enc = values.dictionary_encode()
+    table = np.empty(len(enc.dictionary) + 1, dtype=object)
+    table[:-1] = enc.dictionary.to_pylist()  # the last entry: None, for null
+    return table[enc.indices.fill_null(len(enc.dictionary)).to_numpy()]
+
+
+class StringColumn(Sequence):
+    """A read-only sequence of str over an Arrow string array (the gate's record ids, without a str per record)."""
+
+    def __init__(self, values: pa.Array):
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.values[i].to_pylist()
+        return self.values[int(i)].as_py()
+
+    def __iter__(self):
+        return iter(self.values.to_pylist())
 
 
 def _lineage_partition_key(root: Path, labels: list[str], select: bool,

@@ -42,6 +42,7 @@ __all__ = [
     "ensure_linkage_key",
     "generate_linkage_key",
     "linkage_path",
+    "linkage_table",
     "linkage_to_csv",
     "load_linkage_key",
     "read_linkage",
@@ -70,7 +71,8 @@ def linkage_path(data_dir: Path, release_id: str) -> Path:
     return Path(data_dir) / "private" / release_id / LINKAGE_NAME
 
 
-def _write_new_file(path: Path, data: bytes, mode: int = 0o600) -> None:
+def _write_new_file(path: Path, data, mode: int = 0o600) -> None:
+    """Write ``data`` (bytes, or an iterable of bytes chunks) to a new file ``path``, then fsync."""
     # O_EXCL: a linkage record or key is never silently replaced.
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
@@ -80,7 +82,8 @@ def _write_new_file(path: Path, data: bytes, mode: int = 0o600) -> None:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as fh:
             fd = -1
-            fh.write(data)
+            for chunk in ([data] if isinstance(data, (bytes, bytearray)) else data):
+                fh.write(chunk)
             fh.flush()
             os.fsync(fh.fileno())
     except BaseException:
@@ -156,20 +159,56 @@ def _check_key(key: bytes) -> bytes:
     return bytes(key)
 
 
-def write_linkage(path: Path, mapping: list[dict[str, Any]], key: bytes, *, release_id: str | None = None) -> Path:
-    """Encrypt ``mapping`` (JSON-serialisable dicts) with AES-256-GCM to ``path`` (mode 0600, never overwritten)."""
+def write_linkage(path: Path, mapping, key: bytes, *, release_id: str | None = None) -> Path:
+    """Encrypt ``mapping`` with AES-256-GCM to ``path`` (mode 0600, never overwritten).
+
+    ``mapping``: JSON-serialisable dicts, or a table of them (:func:`linkage_table`; a null
+    ``counterfeit`` is left out of its record). The payload is encoded and encrypted a batch of
+    records at a time (issue 13: a million records' JSON is ~300 MB); the bytes are those of one
+    ``json.dumps`` of the whole payload and one ``AESGCM.encrypt``.
+    """
+    from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes  # noqa: PLC0415
+
     key = _check_key(key)
     path = Path(path)
-    payload = json.dumps(
-        {"format": FORMAT, "release_id": release_id, "records": list(mapping)},
-        sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False,
-    ).encode("utf-8")
+    dumps = {"sort_keys": True, "separators": (",", ":"), "ensure_ascii": False, "allow_nan": False}
     nonce = secrets.token_bytes(NONCE_BYTES)
-    blob = MAGIC + nonce + AESGCM(key).encrypt(nonce, payload, MAGIC)
+    enc = Cipher(algorithms.AES(key), modes.GCM(nonce)).encryptor()
+    enc.authenticate_additional_data(MAGIC)
+    # json.dumps with sort_keys writes "format", "records", "release_id" in that order.
+    head = json.dumps({"format": FORMAT, "records": []}, **dumps)[:-2]
+    tail = "]," + json.dumps({"release_id": release_id}, **dumps)[1:]
+
+    def chunks():
+        yield MAGIC + nonce
+        yield enc.update(head.encode("utf-8"))
+        first = True
+        for batch in _record_batches(mapping):
+            if batch:
+                yield enc.update((("" if first else ",") + ",".join(json.dumps(r, **dumps) for r in batch)).encode())
+                first = False
+        yield enc.update(tail.encode("utf-8")) + enc.finalize()
+        yield enc.tag
+
     _private_dir(path.parent)
-    _write_new_file(path, blob, 0o600)
+    _write_new_file(path, chunks(), 0o600)
     logger.info("wrote encrypted linkage record %s (%d records)", path, len(mapping))
     return path
+
+
+def _record_batches(mapping, size: int = 8192):
+    """The linkage records a batch at a time (dicts; a table's null ``counterfeit`` left out)."""
+    import pyarrow as pa  # noqa: PLC0415
+
+    if not isinstance(mapping, pa.Table):
+        yield list(mapping)
+        return
+    for b in mapping.to_batches(max_chunksize=size):
+        rows = b.to_pylist()
+        for r in rows:
+            if r.get("counterfeit", 0) is None:
+                del r["counterfeit"]
+        yield rows
 
 
 def read_linkage(path: Path, key: bytes) -> list[dict[str, Any]]:
@@ -206,6 +245,8 @@ def build_linkage(
     of a republished lineage cluster (staging id starting with ``counterfeit-``) has no source:
     its row says ``counterfeit: true`` (the release itself does not mark it).
     """
+    if hasattr(staged_mapping, "to_pylist"):  # stage_release's table
+        staged_mapping = staged_mapping.to_pylist()
     rows = []
     for m in staged_mapping:
         src = sources.get(m["record_id"])
@@ -224,6 +265,32 @@ def build_linkage(
             **({"counterfeit": True} if src.get("counterfeit") else {}),
         })
     return sorted(rows, key=lambda r: (r["released_record_id"], r["source_record_id"]))
+
+
+def linkage_table(mapping, metadata):
+    """:func:`build_linkage` as Arrow: ``mapping`` (:attr:`deid.release.publish.StagedRelease.mapping`) joined
+    with the ingested table's ``record_id``, ``subject_id`` and ``image``; sorted by released record id.
+
+    The same records as ``build_linkage(mapping, sources_from_ingested(metadata))``, as columns
+    (issue 13: a million records' dicts held ~1 GB); a null ``counterfeit`` means "not one".
+    """
+    import pyarrow as pa  # noqa: PLC0415
+    import pyarrow.compute as pc  # noqa: PLC0415
+
+    src = metadata.select(["record_id", "subject_id", "image"]).rename_columns(
+        ["source_record_id", "subject_id", "source_image"])
+    m = mapping.rename_columns(["source_record_id", "released_record_id", "released_image", "internal_cluster",
+                                "cluster_id"])
+    t = m.join(src, "source_record_id", join_type="left outer")
+    missing = pc.is_null(t.column("source_image"))
+    counterfeit = pc.and_(missing, pc.starts_with(t.column("source_record_id"), COUNTERFEIT_PREFIX))
+    orphan = pc.and_(missing, pc.invert(counterfeit))
+    if pc.any(orphan).as_py():
+        rid = t.column("source_record_id").filter(orphan)[0].as_py()
+        raise ConfigError(f"released record {rid!r} has no source row; pass the run's ingested table")
+    t = t.append_column("counterfeit", pc.if_else(counterfeit, True, pa.scalar(None, pa.bool_())))
+    return t.select([*LINKAGE_COLUMNS, "counterfeit"]).sort_by([("released_record_id", "ascending"),
+                                                                ("source_record_id", "ascending")])
 
 
 def sources_from_ingested(ingested) -> dict[str, dict[str, Any]]:

@@ -24,6 +24,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from deid.errors import ConfigError, DataError, StateError
@@ -69,8 +70,9 @@ class StagedRelease:
     columns: list[str]
     n_records: int
     # Private: staging record_id / internal cluster -> what was released. Never written into the release;
-    # the flow encrypts it into the linkage record (deid.release.linkage).
-    mapping: list[dict] = field(default_factory=list)
+    # the flow encrypts it into the linkage record (deid.release.linkage). A table (columns record_id,
+    # released_record_id, image, cluster, cluster_id; one row per record) from stage_release.
+    mapping: pa.Table | list[dict] = field(default_factory=list)
     # Release-relative paths of the sequence videos (empty without sequences).
     videos: list[str] = field(default_factory=list)
     # Release-relative path -> (sha256, bytes) of every image file as written (not re-read to hash the release).
@@ -171,19 +173,28 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], 
     (tmp_dir / "images").mkdir()
     order = list(range(n))
     secrets.SystemRandom().shuffle(order)  # the release order must not follow the input
-    cluster_ids = {c: "c-" + secrets.token_hex(6) for c in sorted(set(clusters))}
-    rows = []
-    mapping = []
-    names = [""] * n  # image file of each input record
-    for i in order:
-        rid = secrets.token_hex(8)
-        name = names[i] = f"images/{rid}.png"
-        rows.append({"record_id": rid, "image": name, "cluster_id": cluster_ids[clusters[i]],
-                     **{k: v[i] for k, v in labels.items()},
-                     **({"sequence_id": seq_of[i][0], "frame": seq_of[i][1]} if seq_of is not None else {})})
-        if record_ids is not None:
-            mapping.append({"record_id": record_ids[i], "released_record_id": rid, "image": name,
-                            "cluster": clusters[i], "cluster_id": cluster_ids[clusters[i]]})
+    order = np.asarray(order, dtype=np.int64)
+    # Columns, not a dict per record (issue 13: a million records' dicts held ~1 GB).
+    cluster_col = _strings(clusters, n, "clusters")
+    distinct = cluster_col.dictionary_encode()
+    cluster_ids = {c: "c-" + secrets.token_hex(6) for c in sorted(set(distinct.dictionary.to_pylist()))}
+    cluster_id_col = pa.array([cluster_ids[c] for c in distinct.dictionary.to_pylist()], pa.string()).take(
+        distinct.indices)
+    take = pa.array(order)
+    rids = _random_hex(n, 8)  # the j-th released record's fresh id (os.urandom, as secrets.token_hex)
+    released_names = pc.binary_join_element_wise("images/", rids, ".png", "")
+    names = released_names.take(pa.array(np.argsort(order)))  # image file of each input record
+    schema = schemas.release(list(labels), sequences=seq_of is not None)
+    cols = {"record_id": rids, "image": released_names, "cluster_id": cluster_id_col.take(take),
+            **{k: _strings(v, n, f"labels[{k!r}]").take(take) for k, v in labels.items()}}
+    if seq_of is not None:
+        cols["sequence_id"] = pa.array([seq_of[i][0] for i in order.tolist()], pa.string())
+        cols["frame"] = pa.array([seq_of[i][1] for i in order.tolist()], pa.int64())
+    table = pa.table([cols[c] for c in schema.names], schema=schema)
+    mapping = pa.table({"record_id": _strings(record_ids, n, "record_ids").take(take), "released_record_id": rids,
+                        "image": released_names, "cluster": cluster_col.take(take),
+                        "cluster_id": cols["cluster_id"]}) if record_ids is not None else []
+    del cols
     digests = _write_images(tmp_dir, images, shape, names)
     videos = []
     if seq_of is not None:
@@ -197,17 +208,44 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], 
             fault_enospc("stage", tmp_dir / name)
             write_video(tmp_dir / name, [images[i].reshape(shape) for _, i in sorted(by_sequence[sid])], fps=fps)
             videos.append(name)
-    schema = schemas.release(list(labels), sequences=seq_of is not None)
-    table = pa.Table.from_pylist(rows, schema=schema)
     pq.write_table(table, tmp_dir / RELEASE_TABLE)
-    _write_csv(tmp_dir / RELEASE_CSV, schema.names, rows)
+    _write_csv(tmp_dir / RELEASE_CSV, schema.names, _table_rows(table))
     # imagefolder: file_name first, relative to metadata.csv; the same columns otherwise.
     _write_csv(tmp_dir / METADATA_CSV, ["file_name", *(c for c in schema.names if c != "image")],
-               [{"file_name": r["image"], **r} for r in rows], drop=("image",))
+               ({"file_name": r["image"], **r} for r in _table_rows(table)), drop=("image",))
     return StagedRelease(tmp_dir, schema.names, n, mapping, videos, digests)
 
 
-def _write_images(tmp_dir: Path, images, shape: tuple[int, ...], names: list[str],
+def _strings(values, n: int, name: str) -> pa.Array:
+    """``values`` (a sequence of str, or an Arrow string array) as one Arrow string array of ``n`` entries."""
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if not isinstance(values, pa.Array):
+        values = pa.array(list(values), pa.string())
+    if len(values) != n:
+        raise ValueError(f"{name} has {len(values)} entries but images has {n}; pass one per image")
+    return values
+
+
+def _random_hex(n: int, nbytes: int) -> pa.Array:
+    """``n`` fresh random ids of ``nbytes`` bytes each, in lowercase hex (``secrets.token_hex``'s alphabet and source)."""
+    raw = np.frombuffer(os.urandom(n * nbytes), np.uint8).reshape(n, nbytes)
+    text = np.empty((n, 2 * nbytes), np.uint8)
+    text[:, 0::2], text[:, 1::2] = _HEX[raw >> 4], _HEX[raw & 15]
+    offsets = np.arange(0, 2 * nbytes * n + 1, 2 * nbytes, dtype=np.int64)
+    return pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(text.tobytes())).cast(pa.string())
+
+
+_HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
+
+
+def _table_rows(table: pa.Table, batch: int = 4096):
+    """The table's rows as dicts, a batch at a time."""
+    for b in table.to_batches(max_chunksize=batch):
+        yield from b.to_pylist()
+
+
+def _write_images(tmp_dir: Path, images, shape: tuple[int, ...], names,
                   chunk: int = 4096) -> dict[str, tuple[str, int]]:
     """Write ``images[i]`` as PNG to ``tmp_dir / names[i]``; returns (sha256, bytes) of every file written.
 
@@ -226,9 +264,15 @@ def _write_images(tmp_dir: Path, images, shape: tuple[int, ...], names: list[str
     starts = np.flatnonzero(np.r_[True, keys[by_key][1:] != keys[by_key][:-1]]) if n else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], n].astype(np.int64) if n else starts
     digests: dict[str, tuple[str, int]] = {}
+    arrow = isinstance(names, (pa.Array, pa.ChunkedArray))
     for c in range(0, len(starts), chunk):
         reps = by_key[starts[c:c + chunk]]  # one record per distinct image
         block = np.asarray(images[reps]) if index is not None else None
+        first = int(starts[c]) if len(starts) else 0
+        last = int(ends[min(c + chunk, len(starts)) - 1]) if len(starts) else 0
+        # This chunk's members' file names (an Arrow column is read a chunk at a time).
+        chunk_names = names.take(pa.array(by_key[first:last])).to_pylist() if arrow else \
+            [names[i] for i in by_key[first:last].tolist()]
         for j, (a, b) in enumerate(zip(starts[c:c + chunk].tolist(), ends[c:c + chunk].tolist())):
             img = block[j] if block is not None else images[int(reps[j])]
             ok, buf = cv2.imencode(".png", np.asarray(img).reshape(shape))
@@ -236,8 +280,7 @@ def _write_images(tmp_dir: Path, images, shape: tuple[int, ...], names: list[str
                 raise RuntimeError(f"PNG encoding failed for a {shape} image")
             data = buf.tobytes()
             digest = (hashlib.sha256(data).hexdigest(), len(data))
-            for i in by_key[a:b].tolist():
-                name = names[i]
+            for name in chunk_names[a - first:b - first]:
                 fault_enospc("stage", tmp_dir / name)
                 with open(tmp_dir / name, "wb") as fh:
                     fh.write(data)
