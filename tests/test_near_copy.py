@@ -134,7 +134,7 @@ def test_the_out_of_core_stage_repairs_only_the_identical_image_family(tmp_path,
     assert min(distinct.values()) >= 5 and max(shares.values()) <= 1 / 5
     # The gate pairs the partition with its part, skipping the suppressed records.
     rec = stages.gate_records(str(tmp_path), [part.path], labels=[], skip=part.suppressed)
-    assert rec.record_ids == got["record_id"] and rec.own_distance.min() >= THRESHOLD
+    assert list(rec.record_ids) == got["record_id"] and rec.own_distance.min() >= THRESHOLD
 
 
 def test_the_colour_path_repairs_on_the_grey_the_gate_attacks(tmp_path):
