@@ -227,6 +227,23 @@ class PoolExecutor:
     def share(self, obj):
         return obj  # sent with each call (few calls per stage on a small drop)
 
+    def submit(self, fn, /, **kwargs):
+        """``fn(**kwargs)`` queued on the pool process now, as a future (done here, at once, without a pool).
+
+        With one pool process (``workers=2``) submitted calls run in submission order, before any
+        :meth:`map` call handed to that process later.
+        """
+        if self._pool is None:
+            from concurrent.futures import Future  # noqa: PLC0415
+
+            fut: Future = Future()
+            try:
+                fut.set_result(fn(**kwargs))
+            except Exception as exc:  # noqa: BLE001 - raised by the future's result(), like a pool's
+                fut.set_exception(exc)
+            return fut
+        return self._pool.submit(fn, **kwargs)
+
     def call_remote(self, fn, /, **kwargs):
         """``fn(**kwargs)`` on a pool process once its ``validate`` warm-up is done, else here.
 
