@@ -13,14 +13,18 @@ STAGING = dict(extra_checks=(Check("from_staging", True, 0, "= 0", "a check stag
                file_metadata={"x.png": ["EXIF"]})
 
 
-def build(n_people: int, seed: int):
-    """What the helper process runs first (importable there: spawned processes get this sys.path)."""
+def build(n_people: int, seed: int, config: object):
+    """What the helper process runs first (importable there: spawned processes get this sys.path).
+
+    ``config`` as pipeline.gate_inputs takes the run's: GateHelper.start's own is positional-only.
+    """
+    assert config == "the run's"
     return _gate_inputs(n_people=n_people, seed=seed)
 
 
 def test_a_helper_started_before_the_gate_gives_the_gates_figures_and_runs_the_deep_attack_once():
-    serial = evaluate(replace(build(20, 2), **STAGING), CONFIG)
-    helper = GateHelper.start(CONFIG, build, n_people=20, seed=2)
+    serial = evaluate(replace(build(20, 2, "the run's"), **STAGING), CONFIG)
+    helper = GateHelper.start(CONFIG, build, n_people=20, seed=2, config="the run's")
     parts = []
     try:
         map_ = helper.pool.map

@@ -981,8 +981,8 @@ class GateHelper:
         self.config, self.pool, self._built, self._deep = config, pool, built, deep
 
     @classmethod
-    def start(cls, config: GateConfig, build: Callable[..., GateInputs], **kwargs: Any) -> GateHelper:
-        """Spawn the helper and queue its two jobs: build the inputs, then run the deep attackers on them."""
+    def start(cls, config: GateConfig, build: Callable[..., GateInputs], /, **kwargs: Any) -> GateHelper:
+        """Spawn the helper and queue its two jobs: ``build(**kwargs)`` with its samples read, then the deep attackers."""
         pool = _start_helper()
         built = pool.submit(_prepare_inputs, build=build, config=config, kwargs=kwargs)
         deep = pool.submit(_prepared_deep_attacks, config=config)
