@@ -22,8 +22,11 @@ from deid.release.verify import verify_report
 QUICK = dict(identity_embed_max=0, deep_attack_sample=20, cv_repeats=1)
 
 
-def _run(tmp_path: Path, drop: Path, settings: dict | None = None, **params) -> RunResult:
+def _run(tmp_path: Path, drop: Path, settings: dict | None = None, *, gate_helper: bool = False,
+         **params) -> RunResult:
     config = RunConfig.resolve(Settings(project_dir=tmp_path / "project", **QUICK, **(settings or {})), **params)
+    if gate_helper:  # the gate helper a large release starts before staging (pipeline.start_gate), at this size
+        config = dataclasses.replace(config, gate=dataclasses.replace(config.gate, helper_min_records=1))
     return run_release(drop, config)
 
 
@@ -48,13 +51,19 @@ def test_a_drop_with_fewer_than_k_people_is_rejected_without_prefect(tmp_path):
 
 
 @pytest.mark.slow
-def test_released_and_rejected_runs_agree_with_themselves(tmp_path):
+def test_released_and_rejected_runs_agree_with_themselves(tmp_path, monkeypatch):
+    from deid.operations import pipeline
+
     drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=1)
     # A leak threshold of 14 grey levels makes this drop's closest cluster (13.18 from a member's own face)
     # a near copy: the de-identify stage repairs it (issue 13) and the gate's no_near_copies, on the same
     # threshold, passes instead of rejecting the release.
     near = {"leak_threshold": 14.0}
-    released = _run(tmp_path, drop, near, k=3)
+    helpers = []
+    start = pipeline.start_gate
+    monkeypatch.setattr(pipeline, "start_gate", lambda *a, **kw: helpers.append(start(*a, **kw)) or helpers[-1])
+    released = _run(tmp_path, drop, near, k=3, gate_helper=True)
+    assert [type(h).__name__ for h in helpers] == ["GateHelper"]  # started before staging, gave the gate its inputs
     assert released.verdict == "released", released.reasons
     got = _sums(released)
     assert got["dataset"]["records_released"] == got["checks"]["release_not_empty"]["value"] == 24

@@ -721,7 +721,8 @@ def feature_near_copy_check(inputs: GateInputs, config: GateConfig) -> Check:
 # --------------------------------------------------------------------------- the gate
 
 
-def evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any = None) -> GateResult:
+def evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any = None,
+             helper: GateHelper | None = None) -> GateResult:
     """Run every check on the would-be release; the release passes only if none blocks.
 
     Parameters
@@ -733,6 +734,9 @@ def evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any = None) ->
     executor : deid.operations.executors.Executor, optional
         Runs the attackers and the utility protocols as separate calls (e.g. on a small run's
         process pool, :func:`parallel_parts`); the result is the same as without it.
+    helper : GateHelper, optional
+        A large release's helper process, started before the gate (:meth:`GateHelper.start`);
+        the caller closes it. Without one, a large release's gate starts its own.
 
     Returns
     -------
@@ -744,6 +748,8 @@ def evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any = None) ->
     TKDE 17(2):232-243, 2005. R. Gross, E. Airoldi, B. Malin, L. Sweeney. Integrating utility
     into face de-identification. PET 2005, LNCS 3856, 227-242.
     """
+    if helper is not None:
+        return _evaluate(inputs, config, executor=executor, pool=helper.pool, ready=helper.ready())
     # A large release's helper process starts first: its imports overlap the checks and the reading below.
     pool = _start_helper() if executor is None and _helper_size(inputs, config) else None
     try:
@@ -753,8 +759,9 @@ def evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any = None) ->
             pool.close()
 
 
-def _evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any, pool: Any) -> GateResult:
-    """:func:`evaluate` with the helper ``pool`` a large release started (or None)."""
+def _evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any, pool: Any,
+              ready: Mapping[tuple, Callable[[], Any]] | None = None) -> GateResult:
+    """:func:`evaluate` with the helper ``pool`` a large release started (or None); ``ready``: parts it ran ahead."""
     checks, min_people, share, exact = structural_checks(inputs, config)
     checks.extend(inputs.extra_checks)
     inputs = _read_samples_once(inputs, config)
@@ -768,7 +775,7 @@ def _evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any, pool: An
         if _parallel(inputs, executor):
             parts = parallel_parts(inputs, config, executor)
         elif _parallel(inputs, pool):
-            parts = parallel_parts(inputs, config, pool, large=True)
+            parts = parallel_parts(inputs, config, pool, large=True, **({"ready": ready} if ready else {}))
         p_checks, reid, max_rate, sample = privacy_checks(inputs, config, exact=exact,
                                                           rows=None if parts is None else parts.attack_rows)
         checks.extend(p_checks)
@@ -797,6 +804,8 @@ def _read_samples_once(inputs: GateInputs, config: GateConfig) -> GateInputs:
     if config.labels and inputs.deidentify is not None:
         wanted.append(people_sample(inputs, max_records=config.utility_sample, seed=config.seed))
     union = np.unique(np.concatenate(wanted)).astype(np.int64)
+    if isinstance(inputs.fetch, SampleFetch) and np.array_equal(inputs.fetch.index, union):
+        return inputs  # read already (a helper's prepared inputs, GateHelper)
     released, originals = inputs.fetch(union)
     return replace(inputs, fetch=SampleFetch(union, released, originals, inputs.fetch))
 
@@ -870,7 +879,8 @@ def gate_part(part: str, inputs: GateInputs, config: GateConfig, *, cap: int | N
     raise ValueError(f"part={part!r} must be 'attack', 'cross-fit', 'protocols' or 'leaks'")
 
 
-def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any, *, large: bool = False) -> ParallelParts:
+def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any, *, large: bool = False,
+                   ready: Mapping[tuple, Callable[[], Any]] | None = None) -> ParallelParts:
     """The attackers (one call each) and the two utility parts as calls of ``executor``, longest first.
 
     Every part is a deterministic function of the inputs (seeded samples, seeded methods, one
@@ -882,14 +892,18 @@ def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any, *, lar
     cap as *one* call (they share its sample, parrot gallery and distinct images: one call each
     would redo those per attacker), the cross-fit, the evidence-only protocols and the leak
     checks; no part is computed twice.
+
+    ``ready``: parts a :class:`GateHelper` ran ahead, ``(part, attackers)`` -> a call that waits
+    for its result; they are not run again.
     """
+    ready = dict(ready or {})
     shipped = replace(inputs, fetch=replace(inputs.fetch, fallback=None))
     groups = attack_groups(inputs, config)
     calls: list[dict] = []
     if config.labels and not large:
         calls.append(dict(part="cross-fit"))
     deep = [dict(part="attack", cap=cap, attackers=(name,)) for cap, group in groups
-            for name in group if name in DEEP_ATTACKERS]
+            for name in group if name in DEEP_ATTACKERS and ("attack", (name,)) not in ready]
     if deep and inputs.kind == "images":
         from deid.evaluation.recognizer import DlibEmbedder  # noqa: PLC0415 (dlib import cost)
 
@@ -909,6 +923,7 @@ def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any, *, lar
     out = executor.map(gate_part, [dict(c, inputs=shipped, config=config) for c in calls],
                        on_done=lambda _: progress.advance())
     done = {(c["part"], c.get("attackers", ())): r for c, r in zip(calls, out)}
+    done.update({key: wait() for key, wait in ready.items()})
     by_attacker: dict[str, list[dict]] = {}
     for (part, _), result in done.items():
         for r in result if part == "attack" else ():
@@ -921,11 +936,7 @@ def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any, *, lar
 
 def _helper_size(inputs: GateInputs, config: GateConfig) -> bool:
     """A release of at least ``helper_min_records`` records, judged in a process that may have children."""
-    import multiprocessing  # noqa: PLC0415
-
-    if not config.helper_min_records or inputs.n < config.helper_min_records:
-        return False
-    return not multiprocessing.current_process().daemon  # a daemonic pool's process (a study's worker) has none
+    return wants_helper(inputs.n, config)
 
 
 def _start_helper() -> Any:
@@ -941,6 +952,79 @@ def _start_helper() -> Any:
     from deid.operations.executors import PoolExecutor  # noqa: PLC0415 (no import cycle: executors is light)
 
     return PoolExecutor(2, warm=None)
+
+
+def wants_helper(records: int, config: GateConfig) -> bool:
+    """Does a release of ``records`` records get a gate helper process (at least ``helper_min_records``)?"""
+    import multiprocessing  # noqa: PLC0415
+
+    if not config.helper_min_records or records < config.helper_min_records:
+        return False
+    return not multiprocessing.current_process().daemon  # a daemonic pool's process (a study's worker) has none
+
+
+class GateHelper:
+    """A large release's gate helper process, started before the gate: the run's other core works ahead.
+
+    At 100,000 faces the run's second core is idle while the release is staged (the stages'
+    workers have exited, staging runs in the run's process). Started then (:meth:`start`), the
+    helper builds the gate's inputs (``build(**kwargs)``, e.g. streaming the records; they do not
+    depend on the staged files) with their samples read, then runs the deep attackers
+    (:data:`DEEP_ATTACKERS`, the gate's longest part: the dlib recogniser embeds ~140 faces, ~13
+    CPU-s). The gate then takes the inputs (:meth:`inputs`), adds what staging found, and runs its
+    other parts on this process and the helper (:func:`parallel_parts`, ``ready=``
+    :meth:`ready`). Every part is the function the gate would call, on the same inputs: the
+    figures are the gate's without a helper, bit for bit. The caller closes it (:meth:`close`).
+    """
+
+    def __init__(self, config: GateConfig, pool: Any, built: Any, deep: Any):
+        self.config, self.pool, self._built, self._deep = config, pool, built, deep
+
+    @classmethod
+    def start(cls, config: GateConfig, build: Callable[..., GateInputs], /, **kwargs: Any) -> GateHelper:
+        """Spawn the helper and queue its two jobs: ``build(**kwargs)`` with its samples read, then the deep attackers."""
+        pool = _start_helper()
+        built = pool.submit(_prepare_inputs, build=build, config=config, kwargs=kwargs)
+        deep = pool.submit(_prepared_deep_attacks, config=config)
+        return cls(config, pool, built, deep)
+
+    def inputs(self) -> GateInputs:
+        """The inputs the helper built (waits for them); its samples read, ``fetch`` detached."""
+        return self._built.result()
+
+    def ready(self) -> dict[tuple, Callable[[], Any]]:
+        """The parts the helper runs ahead, as :func:`parallel_parts` names them -> a call waiting for each."""
+        inputs = self.inputs()
+        keys = [("attack", (name,)) for _, group in attack_groups(inputs, self.config) for name in group
+                if name in DEEP_ATTACKERS] if inputs.n and isinstance(inputs.fetch, SampleFetch) else []
+        return {key: (lambda key=key: self._deep.result()[key]) for key in keys}
+
+    def close(self) -> None:
+        """Shut the helper down (a job still queued is cancelled; one running is waited for)."""
+        self.pool.close()
+
+
+_PREPARED: dict[str, GateInputs] = {}
+"""In a :class:`GateHelper` process: the inputs its first job built, for its second job."""
+
+
+def _prepare_inputs(build: Callable[..., GateInputs], config: GateConfig, kwargs: Mapping[str, Any]) -> GateInputs:
+    """A :class:`GateHelper`'s first job: ``build(**kwargs)``, its samples read once, ``fetch`` detached."""
+    _PREPARED.clear()
+    inputs = _read_samples_once(build(**kwargs), config)
+    if isinstance(inputs.fetch, SampleFetch):
+        inputs = replace(inputs, fetch=replace(inputs.fetch, fallback=None))
+    _PREPARED["inputs"] = inputs
+    return inputs
+
+
+def _prepared_deep_attacks(config: GateConfig) -> dict[tuple, list[dict]]:
+    """A :class:`GateHelper`'s second job: each deep attacker's rows (:func:`attack_rows`) on the first job's inputs."""
+    inputs = _PREPARED.pop("inputs", None)
+    if inputs is None or not inputs.n or not isinstance(inputs.fetch, SampleFetch):
+        return {}
+    return {("attack", (name,)): gate_part("attack", inputs, config, cap=cap, attackers=(name,))
+            for cap, group in attack_groups(inputs, config) for name in group if name in DEEP_ATTACKERS}
 
 
 def people_sample(inputs: GateInputs, *, max_records: int, seed: int) -> np.ndarray:

@@ -124,6 +124,7 @@ class PoolExecutor:
         self.workers = max(1, int(workers))
         self._pool = None
         self._warming: list = []
+        self._submitted: list = []  # calls submit() queued: map hands a pool process nothing before they are done
         if self.workers > 1:
             import multiprocessing  # noqa: PLC0415
             from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
@@ -152,6 +153,7 @@ class PoolExecutor:
         calls = list(calls)
         if self._pool is None or len(calls) < 2:
             return LocalExecutor().map(fn, calls, on_done=on_done)
+        import concurrent.futures  # noqa: PLC0415
         import queue  # noqa: PLC0415
         import threading  # noqa: PLC0415
         from collections import deque  # noqa: PLC0415
@@ -168,6 +170,8 @@ class PoolExecutor:
             sent: deque = deque()  # (index, future): the running call first, then those queued behind it
             i = -1
             try:
+                # A call queued behind submit()'s would wait there while this process could run it.
+                concurrent.futures.wait(self._submitted)
                 while True:
                     while len(sent) <= max(0, int(ahead)):
                         try:
@@ -226,6 +230,25 @@ class PoolExecutor:
 
     def share(self, obj):
         return obj  # sent with each call (few calls per stage on a small drop)
+
+    def submit(self, fn, /, **kwargs):
+        """``fn(**kwargs)`` queued on the pool process now, as a future (done here, at once, without a pool).
+
+        With one pool process (``workers=2``) submitted calls run in submission order, and :meth:`map`
+        hands that process no call before they are done (this process takes the calls meanwhile).
+        """
+        if self._pool is None:
+            from concurrent.futures import Future  # noqa: PLC0415
+
+            fut: Future = Future()
+            try:
+                fut.set_result(fn(**kwargs))
+            except Exception as exc:  # noqa: BLE001 - raised by the future's result(), like a pool's
+                fut.set_exception(exc)
+            return fut
+        fut = self._pool.submit(fn, **kwargs)
+        self._submitted = [f for f in self._submitted if not f.done()] + [fut]
+        return fut
 
     def call_remote(self, fn, /, **kwargs):
         """``fn(**kwargs)`` on a pool process once its ``validate`` warm-up is done, else here.

@@ -762,25 +762,21 @@ def _sequence_linkage(rows: ReleaseRows, layout: StagingLayout, k: int) -> Check
                                   k=k)
 
 
-def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig, *, labels: Sequence[str],
-         counts: RecordCounts, extra_checks: Sequence[Check] = (), staged: Staged | None = None,
-         lineage: LineageApplied | None = None, logger: Logger | None = None, executor: Executor | None = None):
-    """Stream the would-be release and its originals into the core gate (:func:`deid.evaluation.gate.evaluate`).
+def gate_inputs(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig, *, labels: Sequence[str],
+                counts: RecordCounts, republished=None, file_metadata: Mapping[str, list[str]] | None = None,
+                extra_checks: Sequence[Check] = ()):
+    """The gate's :class:`~deid.evaluation.gate.GateInputs`: the would-be release and its originals, streamed.
 
-    ``executor``: a small run's process pool runs the gate's attackers and utility parts (same figures).
-
-    With a lineage, the republished clusters are counted and attacked as
-    :func:`deid.evaluation.gate.structural_checks` and :func:`deid.evaluation.gate.privacy_checks` say
-    (registered members; counterfeit rows of no one).
+    Nothing here reads the staged release: a :class:`~deid.evaluation.gate.GateHelper` builds them
+    while it is staged, and the gate adds ``file_metadata`` and ``extra_checks`` (staging's) after.
     """
-    from deid.evaluation.gate import GateInputs, evaluate  # noqa: PLC0415
+    from deid.evaluation.gate import GateInputs  # noqa: PLC0415
     from deid.anonymise.methods import method_runner  # noqa: PLC0415
 
     shape = config.shape_hw
-    gconfig = config.gate_config(labels)
     common = dict(records_in=counts.records_in, suppressed=counts.suppressed, quarantined=counts.quarantined,
                   partition_failed=partitioned.failed, partition_detail=partitioned.small_detail,
-                  file_metadata=dict(staged.file_metadata) if staged else {}, extra_checks=tuple(extra_checks),
+                  file_metadata=dict(file_metadata or {}), extra_checks=tuple(extra_checks),
                   # The attacker re-runs the method but cannot know the release's random state (a random
                   # method's secret): another seed than the release's.
                   deidentify=method_runner(config.method, shape=shape, k=config.k, sigma=config.sigma,
@@ -788,20 +784,69 @@ def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig
                                            seed=config.seed + 1,
                                            # image sequences: the model the release was made with
                                            options=partitioned.inputs.gate_options(config.method)),
-                  republished=lineage.republished if lineage is not None else None)
-    if deidentified.parts:
-        # The landmark points the method used: the parrot and the utility folds re-run it with them.
-        rec = stages.gate_records(str(partitioned.root), [str(p) for p in deidentified.parts], labels=list(labels),
-                                  select=config.select(labels), partition_keys=partitioned.gate_keys,
-                                  points=partitioned.inputs.gate_points(config.method),
-                                  skip=deidentified.suppressed)
-        inputs = GateInputs(shape=shape, people=rec.people, image_index=rec.image_index,
-                            own_distance=rec.own_distance, fetch=rec.fetch, clusters=rec.clusters,
-                            partitions=rec.partitions, labels=rec.labels, points=rec.points, **common)
-    else:
-        inputs = GateInputs.empty(shape=shape, **common)
-    result = evaluate(inputs, gconfig, executor=executor)
-    (logger or log).info("gate: " + ("passed" if result.passed else "failed - " + "; ".join(result.reasons)))
+                  republished=republished)
+    if not deidentified.parts:
+        return GateInputs.empty(shape=shape, **common)
+    # The landmark points the method used: the parrot and the utility folds re-run it with them.
+    rec = stages.gate_records(str(partitioned.root), [str(p) for p in deidentified.parts], labels=list(labels),
+                              select=config.select(labels), partition_keys=partitioned.gate_keys,
+                              points=partitioned.inputs.gate_points(config.method),
+                              skip=deidentified.suppressed)
+    return GateInputs(shape=shape, people=rec.people, image_index=rec.image_index, own_distance=rec.own_distance,
+                      fetch=rec.fetch, clusters=rec.clusters, partitions=rec.partitions, labels=rec.labels,
+                      points=rec.points, **common)
+
+
+def start_gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig, *, labels: Sequence[str],
+               counts: RecordCounts, lineage: LineageApplied | None = None):
+    """A large release's :class:`~deid.evaluation.gate.GateHelper`, started before staging (None for a small one).
+
+    It builds the gate's inputs (:func:`gate_inputs`) and runs the deep attackers on the core
+    staging leaves idle; :func:`gate` takes them. The caller closes it.
+    """
+    from deid.evaluation.gate import GateHelper, wants_helper  # noqa: PLC0415
+
+    gconfig = config.gate_config(labels)
+    if not deidentified.parts or not wants_helper(deidentified.records, gconfig):
+        return None
+    # Only what gate_inputs reads travels to the helper (not the identity report, nor the lineage state).
+    light = replace(partitioned, identity=None, lineage=None, quarantined=())
+    return GateHelper.start(gconfig, gate_inputs, deidentified=deidentified, partitioned=light, config=config,
+                            labels=list(labels), counts=counts,
+                            republished=lineage.republished if lineage is not None else None)
+
+
+def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig, *, labels: Sequence[str],
+         counts: RecordCounts, extra_checks: Sequence[Check] = (), staged: Staged | None = None,
+         lineage: LineageApplied | None = None, logger: Logger | None = None, executor: Executor | None = None,
+         helper=None):
+    """Stream the would-be release and its originals into the core gate (:func:`deid.evaluation.gate.evaluate`).
+
+    ``executor``: a small run's process pool runs the gate's attackers and utility parts (same figures).
+    ``helper``: a large release's :class:`~deid.evaluation.gate.GateHelper` (:func:`start_gate`), which
+    built the inputs and ran the deep attackers ahead (same figures).
+
+    With a lineage, the republished clusters are counted and attacked as
+    :func:`deid.evaluation.gate.structural_checks` and :func:`deid.evaluation.gate.privacy_checks` say
+    (registered members; counterfeit rows of no one).
+    """
+    from deid.evaluation.gate import evaluate  # noqa: PLC0415
+
+    lg = logger or log
+    gconfig = config.gate_config(labels)
+    staging = dict(file_metadata=dict(staged.file_metadata) if staged else {}, extra_checks=tuple(extra_checks))
+    inputs = None
+    if helper is not None:
+        try:
+            inputs = replace(helper.inputs(), **staging)
+        except Exception as exc:  # noqa: BLE001 - the gate then builds its inputs here, as without a helper
+            lg.warning("gate: the helper process could not build the gate's inputs (%s); building them here", exc)
+            helper = None
+    if inputs is None:
+        inputs = gate_inputs(deidentified, partitioned, config, labels=labels, counts=counts,
+                             republished=lineage.republished if lineage is not None else None, **staging)
+    result = evaluate(inputs, gconfig, executor=executor, helper=helper)
+    lg.info("gate: " + ("passed" if result.passed else "failed - " + "; ".join(result.reasons)))
     return result
 
 

@@ -222,16 +222,26 @@ class _Run:
                               suppressed=len(part.suppressed) + len(deid.suppressed),
                               quarantined=len(quarantined))
         staged = None
-        if deid.parts:
-            with _timed(timings, "stage"):
-                staged = s.stage(deid, ing, self.layout, config, release_id=self.release_id, lineage=lin,
-                                 executor=executor)
-        extra_checks = (*ing.checks, *aligned.checks, *(lin.checks if lin else ()), *(staged.checks if staged else ()))
-        validation = {**ing.validation, **({"aligned": aligned.validation} if aligned.validation else {}),
-                      **({"release": staged.validation} if staged else {})}
-        with _timed(timings, "gate"):
-            g = s.gate(deid, part, config, labels=ing.labels, counts=counts, extra_checks=extra_checks,
-                       staged=staged, lineage=lin, executor=executor)
+        # A large release's gate helper starts now: it reads the gate's inputs and runs the deep attackers
+        # on the core staging leaves idle (the stages' workers are gone); a small run's pool has warm processes.
+        helper = pipeline.start_gate(deid, part, config, labels=ing.labels, counts=counts, lineage=lin) \
+            if executor is None else None
+        try:
+            if deid.parts:
+                with _timed(timings, "stage"):
+                    staged = s.stage(deid, ing, self.layout, config, release_id=self.release_id, lineage=lin,
+                                     executor=executor)
+            extra_checks = (*ing.checks, *aligned.checks, *(lin.checks if lin else ()),
+                            *(staged.checks if staged else ()))
+            validation = {**ing.validation, **({"aligned": aligned.validation} if aligned.validation else {}),
+                          **({"release": staged.validation} if staged else {})}
+            with _timed(timings, "gate"):
+                g = s.gate(deid, part, config, labels=ing.labels, counts=counts, extra_checks=extra_checks,
+                           staged=staged, lineage=lin, executor=executor,
+                           **({"helper": helper} if helper is not None else {}))
+        finally:
+            if helper is not None:
+                helper.close()
         fault_point("gate")
         with _timed(timings, "report"):
             report = build_report(

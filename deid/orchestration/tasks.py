@@ -96,10 +96,10 @@ def stage(deidentified, ingested, layout, config, *, release_id, lineage=None, e
 
 @task(name="gate", **TASK)
 def gate(deidentified, partitioned, config, *, labels, counts, extra_checks=(), staged=None, lineage=None,
-         executor=None):
-    """Run the core gate on the would-be release and its originals."""
+         executor=None, helper=None):
+    """Run the core gate on the would-be release and its originals (a large release's helper started ahead)."""
     return pipeline.gate(deidentified, partitioned, config, labels=labels, counts=counts, extra_checks=extra_checks,
-                         staged=staged, lineage=lineage, logger=get_run_logger(), executor=executor)
+                         staged=staged, lineage=lineage, logger=get_run_logger(), executor=executor, helper=helper)
 
 
 @task(name="dataset-card", **TASK)
