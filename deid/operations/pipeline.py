@@ -340,7 +340,7 @@ def write_partitions(faces: pa.Table, groups: Mapping[tuple, list[int]], layout:
 
     With ``aligned``, ``faces`` holds no pixels and :func:`write_with_pixels` streams them in.
     """
-    subjects = faces.column("subject_id").to_pylist()
+    subjects = faces.column("subject_id")  # people counted as columns (no str per record; issue 13)
     out = []
     streamed = []
     for n, (key, idx) in enumerate(groups.items()):
@@ -352,7 +352,7 @@ def write_partitions(faces: pa.Table, groups: Mapping[tuple, list[int]], layout:
             d = layout.partitions_dir / f"partition=p{n:03d}"
             streamed.append((faces.take(pa.array(idx, pa.int64())), d / f"part-{n:03d}-0.parquet"))
         out.append(PartitionInfo(name=f"p{n:03d}", key=tuple(map(str, key)), dir=d, records=len(idx),
-                                 people=len({subjects[i] for i in idx})))
+                                 people=pc.count_distinct(subjects.take(pa.array(idx, pa.int64()))).as_py()))
     if streamed:
         write_with_pixels(streamed, aligned)
     if out:
@@ -365,7 +365,7 @@ def write_partitions(faces: pa.Table, groups: Mapping[tuple, list[int]], layout:
 def _plan_lineage(faces: pa.Table, metadata: pa.Table, state, layout: StagingLayout, config: RunConfig,
                   labels: Sequence[str], *, lg, aligned: Aligned) -> tuple[pa.Table, LineagePlanned, list[str]]:
     """Plan the lineage on the effective persons; stage the returning people's records; keep the new ones."""
-    sources = dict(zip(*metadata.select(["record_id", "source_sha256"]).to_pydict().values()))
+    sources = metadata.select(["record_id", "source_sha256"])  # looked up as columns (issue 13)
     # Per label partition, the lineage holds back fewer than k new people (they wait): the `suppress`
     # policy. Under `merge` or `fail` it plans on one partition and the small-partition policy decides.
     plan = stages.plan_lineage(faces, sources, state, key=linkage_key(config)[0], k=config.k,
