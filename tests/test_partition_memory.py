@@ -7,6 +7,7 @@ import hmac
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from deid.operations import stages
 from deid.release.lineage import derive_key, empty_state, pseudonymize
@@ -69,3 +70,38 @@ def test_map_on_cluster_in_a_worker_keeps_order_with_a_bounded_window():
     rows = _Rows(A, blocks)
     assert len(rows) == 2 and [r.tolist() for r in rows] == [A[b].tolist() for b in blocks]
     assert [r.tolist() for r in rows[1:]] == [A[blocks[1]].tolist()]
+
+
+def test_a_bucket_averaged_a_few_clusters_at_a_time_releases_the_same_bytes(tmp_path, monkeypatch):
+    from test_ksame_out_of_core import _partition
+
+    from deid.anonymise.ksame import KSame
+    from deid.operations import stages as st
+
+    who, X, pix = _partition(tmp_path / "p")
+    want = KSame(3, block_size=40).fit_transform(X, people=who, images=pix)
+    # Every record's distance to its cluster's mean, as the near-copy repair receives it.
+    own_want = np.abs(want.astype(np.int16) - pix.astype(np.int16)).mean(axis=1)
+    repair = st._repair_out_of_core
+    seen = {}
+
+    def spy(spill, labels_, X_, people, own, *a, **kw):
+        seen["own"] = own.copy()
+        return repair(spill, labels_, X_, people, own, *a, **kw)
+
+    monkeypatch.setattr(st, "_repair_out_of_core", spy)
+    monkeypatch.setattr(st, "_DISTANCE_ROWS", 4)
+    groups = {}
+    for chunk in (3, 1000):  # several chunks per bucket, or the whole bucket at once
+        monkeypatch.setattr(st, "_MEAN_CLUSTERS", chunk)
+        part = st.deidentify_partition(str(tmp_path / "p"), str(tmp_path / f"out{chunk}" / "d.parquet"), k=3,
+                                       method="k-same-select", block_size=40, near_copy_threshold=2.0)
+        t = pq.read_table(part.path)
+        released = np.frombuffer(b"".join(t.column("pixels").to_pylist()), np.uint8).reshape(t.num_rows, -1)
+        np.testing.assert_array_equal(released, want)
+        np.testing.assert_array_equal(seen.pop("own"), own_want)
+        by = {}
+        for rid, c in zip(t.column("record_id").to_pylist(), t.column("cluster").to_pylist()):
+            by.setdefault(c, []).append(rid)
+        groups[chunk] = sorted(by.values())
+    assert groups[3] == groups[1000]

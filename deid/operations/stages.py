@@ -599,8 +599,9 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
                     means = np.clip(means, 0, 255, out=means).astype(np.uint8)
                     if repair:  # every member against its cluster's released mean (what the gate measures)
                         seg = np.repeat(np.arange(c1 - c0), ends[c0:c1] - starts[c0:c1])
+                        mine = members[a:z]
                         for s in range(0, len(seg), _DISTANCE_ROWS):  # a few MB of int16 at a time
-                            own[members[a + s:a + s + _DISTANCE_ROWS]] = mean_abs_difference(
+                            own[mine[s:s + _DISTANCE_ROWS]] = mean_abs_difference(
                                 means[seg[s:s + _DISTANCE_ROWS]], chunk[s:s + _DISTANCE_ROWS])
                     avg.write(means.tobytes())
                 del data, chunk
