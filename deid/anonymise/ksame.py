@@ -366,7 +366,7 @@ def plan_blocks(X: np.ndarray, codes: np.ndarray, *, k: int, block_size: int) ->
         if n_people < 4 * k:
             blocks.append(node)
             continue
-        Xn = X[node]  # one copy of the node's rows (not one per use: issue 13)
+        Xn = X if node.size == n else X[node]  # the root is X itself, other nodes one copy (issue 13)
         proj = Xn @ _principal_direction(Xn)
         del Xn
         cnt = np.bincount(local, minlength=n_people)
