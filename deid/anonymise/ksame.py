@@ -14,6 +14,7 @@ blocks of the feature space so that a million faces group in about a minute.
 from __future__ import annotations
 
 import logging
+from collections import abc
 from dataclasses import dataclass
 from functools import partial
 from numbers import Integral
@@ -365,7 +366,9 @@ def plan_blocks(X: np.ndarray, codes: np.ndarray, *, k: int, block_size: int) ->
         if n_people < 4 * k:
             blocks.append(node)
             continue
-        proj = X[node] @ _principal_direction(X[node])
+        Xn = X if node.size == n else X[node]  # the root is X itself, other nodes one copy (issue 13)
+        proj = Xn @ _principal_direction(Xn)
+        del Xn
         cnt = np.bincount(local, minlength=n_people)
         mean_proj = np.bincount(local, weights=proj, minlength=n_people) / cnt
         order = np.lexsort((np.arange(n_people), mean_proj))
@@ -407,8 +410,24 @@ def _feasible(codes: np.ndarray, k: int) -> bool:
     return int(np.count_nonzero(cnt)) >= k and int(cnt.max()) * k <= codes.size
 
 
+class _Rows(abc.Sequence):
+    """``[A[b] for b in blocks]``, each block's rows copied only when asked for (a block map that runs a
+    few blocks at a time holds only those; issue 13)."""
+
+    def __init__(self, A: np.ndarray, blocks: list[np.ndarray]):
+        self.A, self.blocks = A, blocks
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self.A[b] for b in self.blocks[i]]
+        return self.A[self.blocks[i]]
+
+
 def _map_blocks(X: np.ndarray, codes: np.ndarray, blocks: list[np.ndarray], k: int, map_blocks) -> np.ndarray:
-    results = list(map_blocks(partial(group_block, k=k), [X[b] for b in blocks], [codes[b] for b in blocks]))
+    results = list(map_blocks(partial(group_block, k=k), _Rows(X, blocks), _Rows(codes, blocks)))
     labels = np.empty(X.shape[0], dtype=np.intp)
     offset = 0
     for b, res in zip(blocks, results):

@@ -338,12 +338,39 @@ def map_on_cluster(fn, *iterables) -> list:
     waits, so a one-thread worker can run block tasks itself) submits one task per block and
     gathers the results in input order. Outside a worker it is the builtin ``map``: the
     clusters are the same either way.
+
+    At most :data:`MAP_WINDOW` items are in flight: an item is taken from ``iterables`` (e.g. a
+    lazy sequence of blocks) only when one finishes, so neither this worker nor the scheduler,
+    which keeps every submitted task's arguments until it has run, holds all of them (issue 13).
     """
-    from distributed import get_worker, worker_client  # noqa: PLC0415
+    import itertools  # noqa: PLC0415
+
+    from distributed import as_completed, get_worker, worker_client  # noqa: PLC0415
 
     try:
         get_worker()
     except ValueError:
         return list(map(fn, *iterables))
+    results: dict[int, Any] = {}
     with worker_client() as client:
-        return client.gather(client.map(fn, *iterables, pure=False))
+        items = enumerate(zip(*iterables))
+        running = as_completed()
+        index = {}
+
+        def submit(i, args):
+            fut = client.submit(fn, *args, pure=False)
+            index[fut.key] = i
+            running.add(fut)
+
+        for i, args in itertools.islice(items, MAP_WINDOW):
+            submit(i, args)
+        for fut in running:
+            results[index.pop(fut.key)] = fut.result()
+            fut.release()
+            nxt = next(items, None)
+            if nxt is not None:
+                submit(*nxt)
+    return [results[i] for i in range(len(results))]
+
+
+MAP_WINDOW = 8  # block tasks in flight per map_on_cluster call (a block takes ~0.1-1 s; 2-3 workers stay busy)

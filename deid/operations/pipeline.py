@@ -349,7 +349,7 @@ def write_partitions(faces: pa.Table, groups: Mapping[tuple, list[int]], layout:
 
     With ``aligned``, ``faces`` holds no pixels and :func:`write_with_pixels` streams them in.
     """
-    subjects = faces.column("subject_id").to_pylist()
+    subjects = faces.column("subject_id")  # people counted as columns (no str per record; issue 13)
     out = []
     streamed = []
     for n, (key, idx) in enumerate(groups.items()):
@@ -361,7 +361,7 @@ def write_partitions(faces: pa.Table, groups: Mapping[tuple, list[int]], layout:
             d = layout.partitions_dir / f"partition=p{n:03d}"
             streamed.append((faces.take(pa.array(idx, pa.int64())), d / f"part-{n:03d}-0.parquet"))
         out.append(PartitionInfo(name=f"p{n:03d}", key=tuple(map(str, key)), dir=d, records=len(idx),
-                                 people=len({subjects[i] for i in idx})))
+                                 people=pc.count_distinct(subjects.take(pa.array(idx, pa.int64()))).as_py()))
     if streamed:
         write_with_pixels(streamed, aligned)
     if out:
@@ -374,7 +374,7 @@ def write_partitions(faces: pa.Table, groups: Mapping[tuple, list[int]], layout:
 def _plan_lineage(faces: pa.Table, metadata: pa.Table, state, layout: StagingLayout, config: RunConfig,
                   labels: Sequence[str], *, lg, aligned: Aligned) -> tuple[pa.Table, LineagePlanned, list[str]]:
     """Plan the lineage on the effective persons; stage the returning people's records; keep the new ones."""
-    sources = dict(zip(*metadata.select(["record_id", "source_sha256"]).to_pydict().values()))
+    sources = metadata.select(["record_id", "source_sha256"])  # looked up as columns (issue 13)
     # Per label partition, the lineage holds back fewer than k new people (they wait): the `suppress`
     # policy. Under `merge` or `fail` it plans on one partition and the small-partition policy decides.
     plan = stages.plan_lineage(faces, sources, state, key=linkage_key(config)[0], k=config.k,
@@ -401,6 +401,18 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
     effective persons first: only new people are partitioned (and clustered); the returning
     people's records go to ``partition=lineage`` and the records the plan holds back are suppressed.
     """
+    try:
+        return _partition(ingested, aligned, featurized, layout, config, executor, lineage_state=lineage_state,
+                          logger=logger)
+    finally:
+        # The stage's tables and identity maps are gone: hand the heap's free pages back (issue 13).
+        from deid.heap import release_free_memory  # noqa: PLC0415
+
+        release_free_memory()
+
+
+def _partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layout: StagingLayout,
+               config: RunConfig, executor: Executor, *, lineage_state=None, logger: Logger | None = None) -> Partitioned:
     from deid.anonymise.partition import plan_partitions  # noqa: PLC0415
 
     lg = logger or log
@@ -496,6 +508,9 @@ def deidentify(partitioned: Partitioned, labels: Sequence[str], layout: StagingL
         lg.warning(f"deidentify: near-copy repair (threshold {near.threshold:g}): {near.near_copy_clusters} clusters "
                    f"within the threshold of a member, {near.clusters_merged} merged, {near.clusters_suppressed} "
                    f"suppressed ({near.records_suppressed} records)")
+    from deid.heap import release_free_memory  # noqa: PLC0415
+
+    release_free_memory()  # what the scheduler held of the block tasks (a local cluster's lives here)
     return Deidentified(parts=tuple(Path(r.path) for r in results), clusters=clusters, shape_sources=dict(sources),
                         suppressed=suppressed, near_copies=near)
 

@@ -488,6 +488,7 @@ AVERAGE_BUCKET_BYTES = 32 << 20
 _MAX_BUCKETS = 256  # open spill files; above 256 x 32 MB per partition the buckets grow instead
 _OUT_ROWS = 2048  # records per row group of the de-identified part
 _DISTANCE_ROWS = 256  # faces measured against their cluster's mean at a time (near-copy repair)
+_MEAN_CLUSTERS = 256  # clusters averaged at a time in a bucket (~10 MB of their pixels, ~15 MB of float64 sums)
 
 
 def _stream(files: list[str], columns: list[str], batch_rows: int = _OUT_ROWS):
@@ -526,17 +527,22 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
     import tempfile  # noqa: PLC0415
 
     files = list(ds.dataset(partition_dir, format="parquet").files)
-    ids: list[str] = []
-    people: list = []
+    id_chunks: list[pa.Array] = []
+    person_chunks: list[pa.Array] = []
     feats: list[np.ndarray] = []
     for b in _stream(files, ["record_id", "subject_id", "features"]):
-        ids.extend(b.column(0).to_pylist())
-        people.extend(b.column(1).to_pylist())
+        id_chunks.append(b.column(0))
+        person_chunks.append(b.column(1))
         feats.append(_features(b.column(2)))
+    # Record ids stay an Arrow column and people one str per person (issue 13: not a str per record).
+    ids = pa.chunked_array(id_chunks).combine_chunks().cast(pa.string()) if id_chunks else pa.array([], pa.string())
+    people = _shared_objects(pa.chunked_array(person_chunks).combine_chunks()) if person_chunks \
+        else np.asarray([], dtype=object)
+    del id_chunks, person_chunks
     X = np.vstack(feats) if feats else np.zeros((0, 0), np.float32)
     del feats
     model = KSame(k, count="people" if REGISTRY[method].counts_people else "images", block_size=block_size,
-                  map_blocks=map_blocks).fit(X, people=np.asarray(people, dtype=object), images=None)
+                  map_blocks=map_blocks).fit(X, people=people, images=None)
     labels_ = model.labels_
     n_clusters = int(model.n_clusters_)
     sizes = np.asarray(model.cluster_sizes_, dtype=np.int64)
@@ -578,24 +584,33 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
                 order = np.argsort(labs, kind="stable")
                 labs = labs[order]
                 starts = np.flatnonzero(np.r_[True, labs[1:] != labs[:-1]])
-                data = data[order]  # grouped by cluster
-                sums = np.add.reduceat(data, starts, axis=0, dtype=np.uint32)
-                means = np.clip(np.rint(sums / sizes[labs[starts]][:, None]), 0, 255).astype(np.uint8)
-                del sums
-                if repair:  # every member against its cluster's released mean (what the gate measures)
-                    seg = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, len(labs)]))
-                    members = rows[order]
-                    for s in range(0, len(seg), _DISTANCE_ROWS):  # a few MB of int16 at a time, not the bucket's
-                        own[members[s:s + _DISTANCE_ROWS]] = mean_abs_difference(
-                            means[seg[s:s + _DISTANCE_ROWS]], data[s:s + _DISTANCE_ROWS])
-                del data
-                avg.write(means.tobytes())
+                ends = np.r_[starts[1:], len(labs)]
+                members = rows[order]
+                # A few hundred clusters at a time (issue 13: the whole bucket's float64 sums were ~8x its
+                # pixels); each cluster's mean is computed as for the whole bucket, so the bytes are the same.
+                for c0 in range(0, len(starts), _MEAN_CLUSTERS):
+                    c1 = min(c0 + _MEAN_CLUSTERS, len(starts))
+                    a, z = int(starts[c0]), int(ends[c1 - 1])
+                    chunk = data[order[a:z]]  # these clusters' rows, grouped by cluster
+                    sums = np.add.reduceat(chunk, starts[c0:c1] - a, axis=0, dtype=np.uint32)
+                    means = sums / sizes[labs[starts[c0:c1]]][:, None]  # float64, rounded and clipped in place
+                    del sums
+                    np.rint(means, out=means)
+                    means = np.clip(means, 0, 255, out=means).astype(np.uint8)
+                    if repair:  # every member against its cluster's released mean (what the gate measures)
+                        seg = np.repeat(np.arange(c1 - c0), ends[c0:c1] - starts[c0:c1])
+                        mine = members[a:z]
+                        for s in range(0, len(seg), _DISTANCE_ROWS):  # a few MB of int16 at a time
+                            own[mine[s:s + _DISTANCE_ROWS]] = mean_abs_difference(
+                                means[seg[s:s + _DISTANCE_ROWS]], chunk[s:s + _DISTANCE_ROWS])
+                    avg.write(means.tobytes())
+                del data, chunk
         near = suppressed = None
         if repair:
             labels_, near, dropped = _repair_out_of_core(
-                spill, labels_, X, np.asarray(people, dtype=object), own, bucket_of_row, by_bucket, bounds,
+                spill, labels_, X, people, own, bucket_of_row, by_bucket, bounds,
                 n_clusters=n_clusters, p=p, k=k, threshold=near_copy_threshold)
-            suppressed = tuple(ids[i] for i in dropped)
+            suppressed = tuple(ids.take(pa.array(dropped, pa.int64())).to_pylist())
             for b in range(n_buckets):
                 (spill / f"b{b:05d}").unlink()
         kept = np.flatnonzero(labels_ >= 0)
@@ -612,7 +627,7 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
                     for j, c in enumerate(uniq):
                         means[j] = np.frombuffer(os.pread(fd, p, int(c) * p), dtype=np.uint8)
                     writer.write_batch(pa.record_batch(
-                        [pa.array([ids[i] for i in rows], pa.string()), pa.array([names[c] for c in labs], pa.string()),
+                        [ids.take(pa.array(rows, pa.int64())), pa.array([names[c] for c in labs], pa.string()),
                          _binary_rows(means[inv])], schema=schema))
         finally:
             os.close(fd)
@@ -623,7 +638,6 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
         people_per = [len(s) for s in model.cluster_people_]
         summary = [ClusterInfo(cluster=names[c], size=int(sizes[c]), people=people_per[c]) for c in range(n_clusters)]
     else:  # merged clusters grew, merged-away and suppressed ones are gone
-        people = np.asarray(people, dtype=object)
         after = np.bincount(labels_[kept], minlength=n_clusters)
         summary = [ClusterInfo(cluster=names[c], size=int(after[c]), people=len(set(people[labels_ == c])))
                    for c in range(n_clusters) if after[c]]
@@ -990,22 +1004,57 @@ def resolve_identities(faces: pa.Table, *, policy: str = "merge", embeddings: np
 # --------------------------------------------------------------------------- release lineage (deid.release.lineage)
 
 
-def plan_lineage(faces: pa.Table, sources: dict[str, str], state, *, key: bytes, k: int, policy: str, absent: str,
-                 labels: list[str], select: bool):
+def plan_lineage(faces: pa.Table, sources: Mapping[str, str] | pa.Table, state, *, key: bytes, k: int, policy: str,
+                 absent: str, labels: list[str], select: bool):
     """The lineage plan over the resolved faces (``subject_id`` = effective person), in table order.
 
-    ``sources`` maps record_id -> source_sha256. Partitions are the label tuples when the method
-    partitions by labels (k-Same-Select), else none.
+    ``sources`` maps record_id -> source_sha256: a mapping, or a table with those two columns (the
+    ingested table's; looked up as columns, no dict of a million ids). Partitions are the label
+    tuples when the method partitions by labels (k-Same-Select), else none.
     """
     from deid.release.lineage import plan_release  # noqa: PLC0415 - crypto imports only where needed
 
-    cols = faces.select(["record_id", "subject_id", *labels]).to_pydict()
-    parts = [tuple(str(cols[x][i]) for x in labels) for i in range(faces.num_rows)] if select and labels else None
+    n = faces.num_rows
+    ids = _array(faces.column("record_id"))
+    if isinstance(sources, pa.Table):
+        at = pc.index_in(ids, value_set=_array(sources.column("record_id")))
+        if at.null_count:  # as the mapping's lookup: every face has its source
+            raise KeyError(ids.filter(pc.is_null(at))[0].as_py())
+        fingerprints = _array(sources.column("source_sha256")).take(at).to_pylist()
+    else:
+        fingerprints = [sources[r] for r in ids.to_pylist()]
     # Every record's labels: new clusters register them, so their later counterfeits reproduce the label mix.
-    record_labels = [tuple(str(cols[x][i]) for x in labels) for i in range(faces.num_rows)]
-    return plan_release(state, cols["subject_id"], [sources[r] for r in cols["record_id"]], key=key, k=k,
-                        policy=policy, absent=absent, partitions=parts, record_labels=record_labels,
-                        label_names=labels)
+    # One tuple (and one str per value) per distinct combination, shared by its records (issue 13).
+    record_labels = _label_tuples(faces, labels)
+    parts = record_labels if select and labels else None
+    people = _shared_objects(_array(faces.column("subject_id"))).tolist() if n else []
+    return plan_release(state, people, fingerprints, key=key, k=k, policy=policy, absent=absent, partitions=parts,
+                        record_labels=record_labels, label_names=labels)
+
+
+def _label_tuples(faces: pa.Table, labels: list[str]) -> list[tuple[str, ...]]:
+    """Each row's label values as a tuple of str (``str(value)``; a null is ``"None"``), one tuple object per
+    distinct combination."""
+    n = faces.num_rows
+    if not labels:
+        return [()] * n
+    codes = np.zeros(n, np.int64)
+    values = []
+    for x in labels:
+        enc = _array(faces.column(x)).dictionary_encode()
+        vals = [str(v) for v in enc.dictionary.to_pylist()] + [str(None)]
+        idx = enc.indices.fill_null(len(vals) - 1).to_numpy(zero_copy_only=False).astype(np.int64)
+        codes = codes * len(vals) + idx
+        values.append(vals)
+    uniq, inverse = np.unique(codes, return_inverse=True)
+    combos = []
+    for c in uniq.tolist():
+        key = []
+        for vals in reversed(values):
+            c, i = divmod(c, len(vals))
+            key.append(vals[i])
+        combos.append(tuple(reversed(key)))
+    return [combos[i] for i in inverse.ravel().tolist()]
 
 
 def lineage_new_labels(plan, record_ids: list[str], deid_paths: list[str]) -> tuple[np.ndarray, IndexedRows]:

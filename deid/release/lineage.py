@@ -120,7 +120,17 @@ def derive_key(key: bytes, dataset: str, purpose: str) -> bytes:
 def pseudonymize(key: bytes, dataset: str, people: Sequence[Hashable]) -> list[str]:
     """HMAC-SHA256 pseudonym (hex) of each person id, keyed by the dataset's pseudonym key."""
     pkey = derive_key(key, dataset, "pseudonym")
-    return [hmac.new(pkey, str(p).encode("utf-8"), hashlib.sha256).hexdigest() for p in people]
+    # One HMAC and one str per distinct person, shared by their records (issue 13: a million records'
+    # pseudonyms were a million 113-byte strings kept from the partition stage to the registration).
+    memo: dict[str, str] = {}
+    out = []
+    for p in people:
+        s = str(p)
+        h = memo.get(s)
+        if h is None:
+            h = memo[s] = hmac.new(pkey, s.encode("utf-8"), hashlib.sha256).hexdigest()
+        out.append(h)
+    return out
 
 
 def check_dataset_name(dataset: str) -> str:
@@ -625,7 +635,13 @@ def _check_policy(policy: str, absent: str, k: Any) -> None:
 def _partition_keys(partitions: Sequence[Hashable] | None, n: int) -> tuple[tuple[str, ...], ...] | None:
     if partitions is None:
         return None
-    out = tuple(tuple(map(str, p)) if isinstance(p, tuple | list) else (str(p),) for p in partitions)
+    shared: dict = {}  # one tuple per distinct key, shared by its records (8 bytes each; issue 13)
+
+    def key(p):
+        k = tuple(map(str, p)) if isinstance(p, tuple | list) else (str(p),)
+        return shared.setdefault(k, k)
+
+    out = tuple(key(p) for p in partitions)
     if len(out) != n:
         raise ConfigError(f"partitions has {len(out)} entries but there are {n} records; pass one per record")
     return out
@@ -778,7 +794,8 @@ def _record_labels(record_labels: Sequence[Sequence[Hashable]] | None, label_nam
                    n: int) -> tuple[tuple[str, ...], ...] | None:
     if record_labels is None:
         return None
-    out = tuple(tuple(map(str, r)) for r in record_labels)
+    shared: dict = {}  # one tuple per distinct combination, shared by its records (issue 13)
+    out = tuple(shared.setdefault(t, t) for t in (tuple(map(str, r)) for r in record_labels))
     if len(out) != n or any(len(r) != len(label_names) for r in out):
         raise ConfigError(f"record_labels must have one entry per record ({n}) of {len(label_names)} values "
                           f"(label_names={list(label_names)}); got {len(out)} entries")

@@ -1,0 +1,33 @@
+"""Give the C heap's free pages back to the operating system after a stage that freed a lot.
+
+glibc keeps memory that Python and NumPy freed in its heap for reuse; after a stage that built and
+dropped millions of small objects (the partition stage at 1M faces) that is hundreds of MB the run
+process holds for nothing until it ends (measured: 160 MiB of 695 at 200,000 faces; issue 13).
+``malloc_trim(0)`` returns every free page of the heap (also those below its top) in tens of ms.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import logging
+
+log = logging.getLogger(__name__)
+
+
+@functools.cache
+def _trim():
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        return None
+
+
+def release_free_memory() -> bool:
+    """Return the C heap's free memory to the OS (glibc ``malloc_trim(0)``); False where there is none."""
+    trim = _trim()
+    if trim is None:
+        return False
+    trim(0)
+    return True
