@@ -454,22 +454,8 @@ def _label_rows(faces: pa.Table, labels: Sequence[str]) -> list[dict[str, str]]:
     8 bytes per record instead of a dict each; issue 13)."""
     if not labels:
         return [{}] * faces.num_rows
-    combos: dict[tuple, dict[str, str]] = {}
-    codes = np.zeros(faces.num_rows, np.int64)
-    values = []
-    for x in labels:
-        enc = faces.column(x).combine_chunks().dictionary_encode()
-        values.append(enc.dictionary.to_pylist())
-        codes = codes * len(enc.dictionary) + enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    uniq, inverse = np.unique(codes, return_inverse=True)
-    shared = []
-    for c in uniq.tolist():
-        key = []
-        for vals in reversed(values):
-            c, i = divmod(c, len(vals))
-            key.append(vals[i])
-        key.reverse()
-        shared.append(combos.setdefault(tuple(key), dict(zip(labels, key))))
+    combos, inverse = stages.label_combinations(faces, labels)
+    shared = [dict(zip(labels, c)) for c in combos]
     return [shared[i] for i in inverse.tolist()]
 
 

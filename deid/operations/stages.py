@@ -1032,17 +1032,14 @@ def plan_lineage(faces: pa.Table, sources: Mapping[str, str] | pa.Table, state, 
                         record_labels=record_labels, label_names=labels)
 
 
-def _label_tuples(faces: pa.Table, labels: list[str]) -> list[tuple[str, ...]]:
-    """Each row's label values as a tuple of str (``str(value)``; a null is ``"None"``), one tuple object per
-    distinct combination."""
-    n = faces.num_rows
-    if not labels:
-        return [()] * n
-    codes = np.zeros(n, np.int64)
+def label_combinations(faces: pa.Table, labels: Sequence[str]) -> tuple[list[tuple], np.ndarray]:
+    """The distinct combinations of the ``labels`` columns' values (a null is None), and each row's index
+    into them: per-record label rows can then share one object per combination (issue 13)."""
+    codes = np.zeros(faces.num_rows, np.int64)
     values = []
     for x in labels:
         enc = _array(faces.column(x)).dictionary_encode()
-        vals = [str(v) for v in enc.dictionary.to_pylist()] + [str(None)]
+        vals = [*enc.dictionary.to_pylist(), None]
         idx = enc.indices.fill_null(len(vals) - 1).to_numpy(zero_copy_only=False).astype(np.int64)
         codes = codes * len(vals) + idx
         values.append(vals)
@@ -1054,7 +1051,17 @@ def _label_tuples(faces: pa.Table, labels: list[str]) -> list[tuple[str, ...]]:
             c, i = divmod(c, len(vals))
             key.append(vals[i])
         combos.append(tuple(reversed(key)))
-    return [combos[i] for i in inverse.ravel().tolist()]
+    return combos, inverse.ravel()
+
+
+def _label_tuples(faces: pa.Table, labels: list[str]) -> list[tuple[str, ...]]:
+    """Each row's label values as a tuple of str (``str(value)``; a null is ``"None"``), one tuple object per
+    distinct combination."""
+    if not labels:
+        return [()] * faces.num_rows
+    combos, inverse = label_combinations(faces, labels)
+    shared = [tuple(str(v) for v in c) for c in combos]
+    return [shared[i] for i in inverse.tolist()]
 
 
 def lineage_new_labels(plan, record_ids: list[str], deid_paths: list[str]) -> tuple[np.ndarray, IndexedRows]:

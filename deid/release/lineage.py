@@ -40,7 +40,7 @@ import logging
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 from cryptography.hazmat.primitives import hashes
@@ -462,26 +462,15 @@ class LineageState:
         sizes = dict(self.released_sizes)
         released_people = set(self.released_people)
         rid = doc["release_id"]
-        for cj in doc["new_clusters"]:
+
+        def cluster_of(cj: Mapping[str, Any]) -> LineageCluster:  # the clusters this run made, not decoded again
             c = made.get(cj["key"])
             if c is None or c.image_sha256 != cj["image_sha256"]:
                 c = LineageCluster.from_json(cj, images=self.images)
-            if c.key in clusters:
-                raise LineageError(f"cluster {c.key} registered twice; the registry is corrupt")
-            clusters[c.key] = c
-            sizes[c.key] = (*sizes.get(c.key, ()), c.n_released)
-            for p in c.people:
-                person_clusters[p] = (*person_clusters.get(p, ()), c.key)
-            for r in c.records:
-                record_cluster.setdefault(r, c.key)
-            released_people |= c.people
-        for rj in doc["republished"]:
-            if rj["key"] not in clusters:
-                raise LineageError(f"release {rid} republishes unknown cluster {rj['key']}; the registry is corrupt")
-            sizes[rj["key"]] = (*sizes.get(rj["key"], ()), int(rj["n_released"]))
-            for r in rj["added_records"]:
-                record_cluster.setdefault(r, rj["key"])
-            released_people |= set(rj["people_released"])
+            return c
+
+        _add_release(doc, cluster_of, clusters=clusters, record_cluster=record_cluster,
+                     person_clusters=person_clusters, sizes=sizes, released_people=released_people)
         summary = ReleaseSummary(release_id=rid, seq=seq, status="pending",
                                  **{f: doc["counts"][f] for f in _COUNT_FIELDS},
                                  k=int(doc["k"]), method=doc["method"], policy=doc["policy"], absent=doc["absent"])
@@ -522,8 +511,8 @@ def replay(dataset: str, docs: Sequence[Mapping[str, Any]], *, seq: int | None =
             status[d["release_id"]] = d["kind"]
     clusters: dict[str, LineageCluster] = {}
     record_cluster: dict[str, str] = {}
-    person_clusters: dict[str, list[str]] = defaultdict(list)
-    sizes: dict[str, list[int]] = defaultdict(list)
+    person_clusters: dict[str, tuple[str, ...]] = {}
+    sizes: dict[str, tuple[int, ...]] = {}
     released_people: set[str] = set()
     summaries = []
     for i, d in enumerate(docs):
@@ -535,31 +524,42 @@ def replay(dataset: str, docs: Sequence[Mapping[str, Any]], *, seq: int | None =
                                         k=int(d["k"]), method=d["method"], policy=d["policy"], absent=d["absent"]))
         if status[rid] == "abandoned":
             continue
-        for cj in d["new_clusters"]:
-            c = LineageCluster.from_json(cj, images=images)
-            if c.key in clusters:
-                raise LineageError(f"cluster {c.key} registered twice; the registry is corrupt")
-            clusters[c.key] = c
-            sizes[c.key].append(c.n_released)
-            for p in c.people:
-                person_clusters[p].append(c.key)
-            for r in c.records:
-                record_cluster.setdefault(r, c.key)
-            released_people |= c.people
-        for rj in d["republished"]:
-            if rj["key"] not in clusters:
-                raise LineageError(f"release {rid} republishes unknown cluster {rj['key']}; the registry is corrupt")
-            sizes[rj["key"]].append(int(rj["n_released"]))
-            for r in rj["added_records"]:
-                record_cluster.setdefault(r, rj["key"])
-            released_people |= set(rj["people_released"])
+        _add_release(d, lambda cj: LineageCluster.from_json(cj, images=images), clusters=clusters,
+                     record_cluster=record_cluster, person_clusters=person_clusters, sizes=sizes,
+                     released_people=released_people)
     return LineageState(
         dataset=check_dataset_name(dataset), seq=len(docs) - 1 if seq is None else seq,
         head=GENESIS_PREV if head is None else head, clusters=clusters, releases=tuple(summaries),
-        record_cluster=record_cluster, person_clusters={p: tuple(v) for p, v in person_clusters.items()},
-        released_sizes={kk: tuple(v) for kk, v in sizes.items()}, released_people=frozenset(released_people),
+        record_cluster=record_cluster, person_clusters=person_clusters,
+        released_sizes=sizes, released_people=frozenset(released_people),
         entries=tuple(docs), images=images,
     )
+
+
+def _add_release(doc: Mapping[str, Any], cluster_of: Callable[[Mapping[str, Any]], LineageCluster], *,
+                 clusters: dict, record_cluster: dict, person_clusters: dict, sizes: dict,
+                 released_people: set) -> None:
+    """Add one release entry's new and republished clusters to the replayed maps, in place (the load's
+    :func:`replay` and an append's :meth:`LineageState._with_release` share it)."""
+    rid = doc["release_id"]
+    for cj in doc["new_clusters"]:
+        c = cluster_of(cj)
+        if c.key in clusters:
+            raise LineageError(f"cluster {c.key} registered twice; the registry is corrupt")
+        clusters[c.key] = c
+        sizes[c.key] = (*sizes.get(c.key, ()), c.n_released)
+        for p in c.people:
+            person_clusters[p] = (*person_clusters.get(p, ()), c.key)
+        for r in c.records:
+            record_cluster.setdefault(r, c.key)
+        released_people |= c.people
+    for rj in doc["republished"]:
+        if rj["key"] not in clusters:
+            raise LineageError(f"release {rid} republishes unknown cluster {rj['key']}; the registry is corrupt")
+        sizes[rj["key"]] = (*sizes.get(rj["key"], ()), int(rj["n_released"]))
+        for r in rj["added_records"]:
+            record_cluster.setdefault(r, rj["key"])
+        released_people |= set(rj["people_released"])
 
 
 _COUNT_FIELDS = ("new_clusters", "republished_clusters", "suppressed_clusters", "records_released",
