@@ -474,13 +474,23 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     columns["pixels"] = [r.tobytes() for r in released]
     out = pa.table(columns, schema=schemas.deidentified(color=color_dir is not None))
     _write_atomic(out, Path(out_path))
-    summary = []
-    for c, name in enumerate(names):
-        members = labels_ == c
-        if members.any():  # a cluster merged into its partner by the near-copy repair is gone
-            summary.append(ClusterInfo(cluster=name, size=int(members.sum()), people=int(len(set(people[members])))))
-    return DeidentifiedPart(path=out_path, records=len(ids), clusters=tuple(summary), shape_sources=sources,
-                            suppressed=suppressed, near_copies=near)
+    # A cluster merged into its partner by the near-copy repair is gone.
+    return DeidentifiedPart(path=out_path, records=len(ids), clusters=_cluster_summary(names, labels_, people),
+                            shape_sources=sources, suppressed=suppressed, near_copies=near)
+
+
+def _cluster_summary(names: list[str], labels_: np.ndarray, people) -> tuple[ClusterInfo, ...]:
+    """Each non-empty cluster's size and distinct people, in cluster order (label -1: suppressed, not
+    counted); one sort of (cluster, person) pairs, not a scan of every record per cluster."""
+    labels_ = np.asarray(labels_, dtype=np.int64)
+    keep = labels_ >= 0
+    labs = labels_[keep]
+    _, person = np.unique(np.asarray(people, dtype=object)[keep], return_inverse=True)
+    width = int(person.max()) + 1 if len(person) else 1
+    sizes = np.bincount(labs, minlength=len(names))
+    distinct = np.bincount(np.unique(labs * width + person.ravel()) // width, minlength=len(names))
+    return tuple(ClusterInfo(cluster=names[c], size=int(sizes[c]), people=int(distinct[c]))
+                 for c in range(len(names)) if sizes[c])
 
 
 # Pixels held at once when k-Same averages a partition out of core: one bucket of whole clusters.
@@ -638,9 +648,7 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
         people_per = [len(s) for s in model.cluster_people_]
         summary = [ClusterInfo(cluster=names[c], size=int(sizes[c]), people=people_per[c]) for c in range(n_clusters)]
     else:  # merged clusters grew, merged-away and suppressed ones are gone
-        after = np.bincount(labels_[kept], minlength=n_clusters)
-        summary = [ClusterInfo(cluster=names[c], size=int(after[c]), people=len(set(people[labels_ == c])))
-                   for c in range(n_clusters) if after[c]]
+        summary = _cluster_summary(names, labels_, people)
     return DeidentifiedPart(path=out_path, records=len(kept), clusters=tuple(summary), shape_sources={},
                             suppressed=suppressed or (), near_copies=near)
 
