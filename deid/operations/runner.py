@@ -188,7 +188,7 @@ class _Run:
                 notes.append(f"{config.method} without utility labels runs as k-Same (one partition); utility is "
                              "not applicable")
                 self.logger.warning("%s", notes[-1])
-            aligned, part, deid, lin = Aligned(), Partitioned(root=layout.partitions_dir), Deidentified(), None
+            aligned, part, deid = Aligned(), Partitioned(root=layout.partitions_dir), Deidentified()
             if ing.proceed:
                 with _timed(timings, "align"):
                     aligned = s.align(ing, layout, config, executor)
@@ -201,15 +201,23 @@ class _Run:
                 if part.partitions:
                     with _timed(timings, "deidentify"):
                         deid = s.deidentify(part, ing.labels, layout, config, executor)
-                if part.lineage is not None:
-                    # New clusters registered as made; returning people's records carry their stored averages.
-                    with _timed(timings, "lineage"):
-                        lin = s.apply_lineage(part, deid, aligned, layout, config, release_id=self.release_id)
-                    deid = lin.deidentified
             if isinstance(executor, PoolExecutor):
                 # A small run's warm processes also run the gate's attackers and utility protocols.
+                lin, deid = self.lineage(part, deid, aligned, timings)
                 return self.judge(ing, aligned, part, deid, lin, notes=notes, timings=timings, executor=executor)
+        # The cluster is closed before the lineage: it runs in this process, and the workers' memory goes with
+        # them (1.2 GiB at 1M faces; issue 13).
+        lin, deid = self.lineage(part, deid, aligned, timings)
         return self.judge(ing, aligned, part, deid, lin, notes=notes, timings=timings)
+
+    def lineage(self, part: Partitioned, deid: Deidentified, aligned: Aligned,
+                timings: dict[str, float]) -> tuple[Any, Deidentified]:
+        """New clusters registered as made; returning people's records carry their stored averages (or no lineage)."""
+        if part.lineage is None:
+            return None, deid
+        with _timed(timings, "lineage"):
+            lin = self.steps.apply_lineage(part, deid, aligned, self.layout, self.config, release_id=self.release_id)
+        return lin, lin.deidentified
 
     def judge(self, ing: Ingested, aligned: Aligned, part: Partitioned, deid: Deidentified, lin, *,
               notes: list[str], timings: dict[str, float], executor: Executor | None = None) -> RunResult:
