@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from deid.errors import ConfigError
 from deid.intake.drop import ManifestRow, read_drop
 from deid.intake.ingest import ingest
-from deid.operations.stages import StringColumn, _shared_objects
+from deid.operations.stages import StringColumn, shared_objects
 from deid.release.linkage import (
     MAGIC,
     NONCE_BYTES,
@@ -93,7 +93,7 @@ def test_linkage_table_written_streamed_is_build_linkages_payload(tmp_path):
 
 def test_gate_columns_share_one_str_per_value():
     values = pa.array(["b", "a", None, "b"], pa.string())
-    out = _shared_objects(values)
+    out = shared_objects(values)
     assert out.dtype == object and out.tolist() == ["b", "a", None, "b"] and out[0] is out[3]
     col = StringColumn(pa.array(["r1", "r2", "r3"]))
     assert len(col) == 3 and col[1] == "r2" and col[-1] == "r3" and list(col) == ["r1", "r2", "r3"]

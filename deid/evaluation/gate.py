@@ -1010,11 +1010,14 @@ _PREPARED: dict[str, GateInputs] = {}
 
 def _prepare_inputs(build: Callable[..., GateInputs], config: GateConfig, kwargs: Mapping[str, Any]) -> GateInputs:
     """A :class:`GateHelper`'s first job: ``build(**kwargs)``, its samples read once, ``fetch`` detached."""
+    from deid.heap import release_free_memory  # noqa: PLC0415
+
     _PREPARED.clear()
     inputs = _read_samples_once(build(**kwargs), config)
     if isinstance(inputs.fetch, SampleFetch):
         inputs = replace(inputs, fetch=replace(inputs.fetch, fallback=None))
     _PREPARED["inputs"] = inputs
+    release_free_memory()  # what reading every record's row freed (its digests, batches): not kept for the attacks
     return inputs
 
 

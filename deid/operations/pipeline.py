@@ -401,18 +401,6 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
     effective persons first: only new people are partitioned (and clustered); the returning
     people's records go to ``partition=lineage`` and the records the plan holds back are suppressed.
     """
-    try:
-        return _partition(ingested, aligned, featurized, layout, config, executor, lineage_state=lineage_state,
-                          logger=logger)
-    finally:
-        # The stage's tables and identity maps are gone: hand the heap's free pages back (issue 13).
-        from deid.heap import release_free_memory  # noqa: PLC0415
-
-        release_free_memory()
-
-
-def _partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layout: StagingLayout,
-               config: RunConfig, executor: Executor, *, lineage_state=None, logger: Logger | None = None) -> Partitioned:
     from deid.anonymise.partition import plan_partitions  # noqa: PLC0415
 
     lg = logger or log
@@ -494,9 +482,6 @@ def deidentify(partitioned: Partitioned, labels: Sequence[str], layout: StagingL
         lg.warning(f"deidentify: near-copy repair (threshold {near.threshold:g}): {near.near_copy_clusters} clusters "
                    f"within the threshold of a member, {near.clusters_merged} merged, {near.clusters_suppressed} "
                    f"suppressed ({near.records_suppressed} records)")
-    from deid.heap import release_free_memory  # noqa: PLC0415
-
-    release_free_memory()  # what the scheduler held of the block tasks (a local cluster's lives here)
     return Deidentified(parts=tuple(Path(r.path) for r in results), clusters=clusters, shape_sources=dict(sources),
                         suppressed=suppressed, near_copies=near)
 
@@ -645,11 +630,8 @@ def releasable_label_sets(metadata: pa.Table, labels: Sequence[str], k: int) -> 
 def _shared_tuple(column: pa.ChunkedArray) -> tuple:
     """``tuple(column.to_pylist())`` with one str object per distinct value (a cluster's or a label's
     records share it: 8 bytes per record instead of ~60; issue 13)."""
-    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if column.null_count or not len(column):
-        return tuple(column.to_pylist())
-    enc = column.dictionary_encode()
-    return tuple(np.asarray(enc.dictionary.to_pylist() + [None], dtype=object)[:-1][enc.indices.to_numpy()].tolist())
+    return tuple(stages.shared_objects(column.combine_chunks() if isinstance(column, pa.ChunkedArray)
+                                       else column).tolist())
 
 
 def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequence[str], shape_hw,

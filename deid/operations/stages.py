@@ -546,7 +546,7 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
         feats.append(_features(b.column(2)))
     # Record ids stay an Arrow column and people one str per person (issue 13: not a str per record).
     ids = pa.chunked_array(id_chunks).combine_chunks().cast(pa.string()) if id_chunks else pa.array([], pa.string())
-    people = _shared_objects(pa.chunked_array(person_chunks).combine_chunks()) if person_chunks \
+    people = shared_objects(pa.chunked_array(person_chunks).combine_chunks()) if person_chunks \
         else np.asarray([], dtype=object)
     del id_chunks, person_chunks
     X = np.vstack(feats) if feats else np.zeros((0, 0), np.float32)
@@ -908,10 +908,10 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
 
     return GateRecords(
         record_ids=StringColumn(ids_a),
-        people=_shared_objects(_concat(people, pa.string())),
-        clusters=_shared_objects(_concat(clusters, pa.string())),
-        partitions=_shared_objects(_concat(partitions, pa.string())),
-        labels={x: _shared_objects(_concat(v, pa.string())) for x, v in label_values.items()},
+        people=shared_objects(_concat(people, pa.string())),
+        clusters=shared_objects(_concat(clusters, pa.string())),
+        partitions=shared_objects(_concat(partitions, pa.string())),
+        labels={x: shared_objects(_concat(v, pa.string())) for x, v in label_values.items()},
         image_index=np.concatenate(image_index) if image_index else np.zeros(0, np.int64),
         own_distance=np.concatenate(own) if own else np.zeros(0),
         fetch=fetch,
@@ -927,7 +927,7 @@ def _concat(arrays: list[pa.Array], type_: pa.DataType) -> pa.Array:
     return pa.chunked_array(arrays, type=type_).combine_chunks() if arrays else pa.array([], type_)
 
 
-def _shared_objects(values: pa.Array) -> np.ndarray:
+def shared_objects(values: pa.Array) -> np.ndarray:
     """``np.asarray(values.to_pylist(), dtype=object)`` with one str object per distinct value."""
     if not len(values):
         return np.asarray([], dtype=object)
@@ -1035,7 +1035,7 @@ def plan_lineage(faces: pa.Table, sources: Mapping[str, str] | pa.Table, state, 
     # One tuple (and one str per value) per distinct combination, shared by its records (issue 13).
     record_labels = _label_tuples(faces, labels)
     parts = record_labels if select and labels else None
-    people = _shared_objects(_array(faces.column("subject_id"))).tolist() if n else []
+    people = shared_objects(_array(faces.column("subject_id"))).tolist() if n else []
     return plan_release(state, people, fingerprints, key=key, k=k, policy=policy, absent=absent, partitions=parts,
                         record_labels=record_labels, label_names=labels)
 
