@@ -11,6 +11,7 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import sys
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +26,14 @@ def _trim():
 
 
 def release_free_memory() -> bool:
-    """Return the C heap's free memory to the OS (glibc ``malloc_trim(0)``); False where there is none."""
+    """Return the C heap's free memory to the OS (glibc ``malloc_trim(0)``); False where there is none.
+
+    Arrow's own memory pool (mimalloc or jemalloc, where Parquet reads allocate) keeps freed pages
+    for reuse too: it is asked to return them, when this process uses Arrow.
+    """
+    pa = sys.modules.get("pyarrow")
+    if pa is not None:
+        pa.default_memory_pool().release_unused()
     trim = _trim()
     if trim is None:
         return False
