@@ -122,6 +122,23 @@ def direct(args) -> dict:
             "cpu_s": round(cpu, 1), "wall_s": round(wall, 1), **summary, "highs": highs}
 
 
+def _worker_state() -> dict:
+    """A worker's RSS after the stage, then after a garbage collection and releasing free memory, its threads."""
+    import gc
+
+    from deid.heap import release_free_memory
+
+    import dask
+
+    out = {"rss_MiB": round(rss_mib()), "threads": threading.active_count(),
+           "message_log": dask.config.get("distributed.admin.low-level-log-length")}
+    gc.collect()
+    out["after_gc_MiB"] = round(rss_mib())
+    release_free_memory()
+    out["after_release_MiB"] = round(rss_mib())
+    return out
+
+
 def dask(args) -> dict:
     """pipeline.deidentify on a LocalCluster (2 workers), every child process's RSS sampled every 0.2 s."""
     import psutil
@@ -169,12 +186,15 @@ def dask(args) -> dict:
         phase[0] = "idle"
         time.sleep(1.0)
         phase[0] = "deidentify"
+        if args.serial_blocks:  # each partition's blocks grouped inside its own task (no block tasks)
+            pipeline.map_on_cluster = None
         c0, t0 = time.process_time(), time.perf_counter()
         d = pipeline.deidentify(Partitioned(root=src, partitions=parts), tuple(args.labels), layout, config, ex)
         cpu, wall = time.process_time() - c0, time.perf_counter() - t0
         phase[0] = "after"
         time.sleep(2.0)
         phase[0] = "end"
+        diag = ex.client.run(_worker_state) if hasattr(ex, "client") else {}
         stop.set()
         th.join()
     workers = sorted(p for p in peaks.get("deidentify", {}) if p)
@@ -182,7 +202,7 @@ def dask(args) -> dict:
             "run_process_cpu_s": round(cpu, 1), "wall_s": round(wall, 1),
             "peak_MiB": {ph: {("run" if p == 0 else f"child{n}"): round(v) for n, (p, v) in enumerate(sorted(peaks[ph].items()))}
                          for ph in ("idle", "deidentify", "after") if ph in peaks},
-            "workers": len(workers)}
+            "workers": len(workers), "after_stage_workers": diag}
 
 
 def compare(args) -> dict:
@@ -217,6 +237,8 @@ def main() -> None:
         p.add_argument("--out", required=True)
         p.add_argument("--labels", nargs="*", default=[])
         p.add_argument("--k", type=int, default=5)
+        if name == "dask":
+            p.add_argument("--serial-blocks", action="store_true", help="no block tasks (map_blocks=None)")
         if name == "direct":
             p.add_argument("--partition", help="the partition's key (p000...); default: the largest")
             p.add_argument("--threshold", type=float, help="near-copy threshold (default: the gate's)")
