@@ -14,6 +14,7 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import sys
 
 log = logging.getLogger(__name__)
 
@@ -28,10 +29,14 @@ def _trim():
 
 
 def release_free_memory() -> bool:
-    """Return Arrow's pool's and the C heap's free memory to the OS; False where there is no ``malloc_trim``."""
-    import pyarrow as pa  # noqa: PLC0415 - loaded already wherever there is Arrow memory to give back
+    """Return Arrow's pool's and the C heap's free memory to the OS; False where there is no ``malloc_trim``.
 
-    pa.default_memory_pool().release_unused()
+    Arrow's own memory pool (mimalloc or jemalloc, where Parquet reads allocate) keeps freed pages
+    for reuse too: it is asked to return them, when this process uses Arrow.
+    """
+    pa = sys.modules.get("pyarrow")
+    if pa is not None:
+        pa.default_memory_pool().release_unused()
     trim = _trim()
     if trim is None:
         return False

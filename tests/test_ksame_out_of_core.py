@@ -68,3 +68,44 @@ def test_partitions_stream_their_pixels_from_the_aligned_parts(tmp_path):
     for a, b in zip(old, new):
         ta, tb = (pq.ParquetDataset(p.dir).read() for p in (a, b))
         assert tb.column_names == ta.column_names and tb.equals(ta)
+
+
+def test_grouping_from_float32_features_and_arrow_person_codes_equals_ksame_fit():
+    """issue 13: the out-of-core grouping holds float32 features and integer person codes; same clusters."""
+    from deid.anonymise.ksame import _cluster_sse, _factorize, group_people, plan_blocks
+    from deid.anonymise.near_copy import cluster_centroids
+
+    rng = np.random.default_rng(3)
+    n = 600
+    X = (rng.normal(size=(n, 8)) * 40).astype(np.float32)
+    who = [f"s{int(i):03d}" for i in rng.integers(0, 250, n)]
+    who[5] = who[77] = None  # a missing person is a person too, numbered where it first appears
+    want = KSame(4, block_size=60).fit(X, people=who, images=None).labels_
+    people = pa.array(who, pa.string())
+    codes, _ = _factorize(stages.shared_objects(people), "people", n)
+    enc = pa.array([w for w in who if w is not None]).dictionary_encode()  # Arrow numbers by first appearance
+    assert enc.indices.to_pylist() == _factorize([w for w in who if w is not None], "people", n - 2)[0].tolist()
+    got = group_people(X, codes, k=4, block_size=60)
+    np.testing.assert_array_equal(got, want)
+    # The float32 path's pieces give the float64 path's values exactly (float32 -> float64 is exact).
+    X64 = X.astype(np.float64)
+    assert [b.tolist() for b in plan_blocks(X, codes, k=4, block_size=60)] == \
+        [b.tolist() for b in plan_blocks(X64, codes, k=4, block_size=60)]
+    for a, b in zip(_cluster_sse(X, want), _cluster_sse(X64, want)):
+        np.testing.assert_array_equal(a, b)
+    blocks = (X[a:a + 7] for a in range(0, n, 7))  # the features read back a batch at a time
+    np.testing.assert_array_equal(cluster_centroids(blocks, want, int(want.max()) + 1),
+                                  cluster_centroids(X64, want, int(want.max()) + 1))
+
+
+def test_grouping_inputs_read_codes_ids_and_float32_features(tmp_path):
+    from deid.anonymise.ksame import _factorize
+
+    who, X, _ = _partition(tmp_path / "p")
+    files = sorted(str(f) for f in (tmp_path / "p").iterdir())
+    ids, codes, names, feats = stages._grouping_inputs(files)
+    assert ids.to_pylist() == [f"r{i:04d}" for i in range(90)]
+    np.testing.assert_array_equal(codes, _factorize(list(who), "people", 90)[0])
+    assert [names[c] for c in codes] == list(who)
+    assert feats.dtype == np.float32
+    np.testing.assert_array_equal(feats, X)

@@ -105,3 +105,18 @@ def test_a_bucket_averaged_a_few_clusters_at_a_time_releases_the_same_bytes(tmp_
             by.setdefault(c, []).append(rid)
         groups[chunk] = sorted(by.values())
     assert groups[3] == groups[1000]
+
+
+def test_message_logs_bounded_and_a_lower_setting_kept():
+    """issue 13: distributed's stream logs kept every block task's features (1000 messages by default)."""
+    import dask
+
+    from deid.operations.executors import MESSAGE_LOG_LENGTH, bound_message_logs
+
+    key = "distributed.admin.low-level-log-length"
+    with dask.config.set({key: 1000}):
+        bound_message_logs()
+        assert dask.config.get(key) == MESSAGE_LOG_LENGTH
+    with dask.config.set({key: 5}):
+        bound_message_logs()
+        assert dask.config.get(key) == 5

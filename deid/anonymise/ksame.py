@@ -29,6 +29,7 @@ from deid.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 _COUNTS = ("people", "images")
+_ROWS = 8192  # rows of X a temporary copy holds at a time (issue 13: never a second copy of all of X)
 
 
 class InsufficientPeopleError(ConfigError):
@@ -88,11 +89,19 @@ def _check_params(k: Any, count: Any, block_size: Any = None, map_blocks: Any = 
         raise ConfigError(f"count={count!r} must be one of {_COUNTS}; use 'people' unless reproducing Newton et al.'s image-counting k-Same")
 
 
-def _check_arrays(X: Any, images: Any) -> tuple[np.ndarray, np.ndarray]:
-    X = np.asarray(X, dtype=np.float64)
+def _features(X: Any) -> np.ndarray:
+    """``X`` as float64, or as float32 when it is float32: the grouping then converts a part at a time
+    (float32 to float64 is exact, so every sum and product is the one of the float64 copy; issue 13)."""
+    X = np.asarray(X)
+    return X if X.dtype == np.float32 else np.asarray(X, dtype=np.float64)
+
+
+def _check_arrays(X: Any, images: Any, *, keep_float32: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    X = _features(X) if keep_float32 else np.asarray(X, dtype=np.float64)
     if X.ndim != 2 or X.shape[0] == 0 or X.shape[1] == 0:
         raise ConfigError(f"X has shape {X.shape}; it must be a non-empty 2-D array (n_faces, n_features) of PCA coefficients")
-    if not np.isfinite(X).all():
+    # A few thousand rows at a time: a whole-matrix mask is 1 byte per value (50 MB at a million 50-d rows).
+    if not all(np.isfinite(X[a:a + _ROWS]).all() for a in range(0, X.shape[0], _ROWS)):
         raise ConfigError("X contains NaN or infinite values; fix the feature extraction (PCA) before de-identification")
     if images is None:  # group only: the caller averages out of core (deid.operations.stages)
         return X, None
@@ -319,13 +328,36 @@ def group_block(X: np.ndarray, codes: np.ndarray, k: int) -> BlockGrouping:
     return BlockGrouping(labels, n_left)
 
 
-def _principal_direction(Xn: np.ndarray) -> np.ndarray:
-    """Leading eigenvector of the node's covariance, sign fixed (largest |component| > 0)."""
-    c = Xn - Xn.mean(axis=0)
+def _principal_direction(Xn: np.ndarray, *, overwrite: bool = False) -> np.ndarray:
+    """Leading eigenvector of the node's covariance, sign fixed (largest |component| > 0).
+
+    ``overwrite``: centre ``Xn`` (float64) in place instead of a centred copy (the same values).
+    """
+    if overwrite:
+        Xn -= Xn.mean(axis=0)
+        c = Xn
+    else:
+        c = Xn - Xn.mean(axis=0)
     cov = c.T @ c
     _, vecs = np.linalg.eigh(cov)
     v = vecs[:, -1]
     return v if v[np.argmax(np.abs(v))] >= 0 else -v
+
+
+def _node_projection(X: np.ndarray, node: np.ndarray | None) -> np.ndarray:
+    """Every row of ``X[node]`` (None: all of X) projected on the rows' principal direction, in float64.
+
+    A float32 ``X`` (what :func:`group_people` holds: half the memory) gives the same values as
+    its float64 copy, one float64 copy of the node at a time: centred in place for the covariance,
+    then made again for the projection.
+    """
+    if X.dtype == np.float64:
+        Xn = X if node is None else X[node]  # the root is X itself, other nodes one copy (issue 13)
+        return Xn @ _principal_direction(Xn)
+    Xn = (X if node is None else X[node]).astype(np.float64)
+    v = _principal_direction(Xn, overwrite=True)
+    del Xn
+    return (X if node is None else X[node]).astype(np.float64) @ v
 
 
 def plan_blocks(X: np.ndarray, codes: np.ndarray, *, k: int, block_size: int) -> list[np.ndarray]:
@@ -350,7 +382,7 @@ def plan_blocks(X: np.ndarray, codes: np.ndarray, *, k: int, block_size: int) ->
     J. Domingo-Ferrer, J. M. Mateo-Sanz. Practical data-oriented microaggregation for
     statistical disclosure control. IEEE TKDE 14(1):189-201, 2002 (blocking for large data).
     """
-    X = np.asarray(X, dtype=np.float64)
+    X = _features(X)
     codes = np.asarray(codes)
     n = X.shape[0]
     k = int(k)
@@ -366,9 +398,7 @@ def plan_blocks(X: np.ndarray, codes: np.ndarray, *, k: int, block_size: int) ->
         if n_people < 4 * k:
             blocks.append(node)
             continue
-        Xn = X if node.size == n else X[node]  # the root is X itself, other nodes one copy (issue 13)
-        proj = Xn @ _principal_direction(Xn)
-        del Xn
+        proj = _node_projection(X, None if node.size == n else node)
         cnt = np.bincount(local, minlength=n_people)
         mean_proj = np.bincount(local, weights=proj, minlength=n_people) / cnt
         order = np.lexsort((np.arange(n_people), mean_proj))
@@ -400,8 +430,23 @@ def _cluster_sse(X: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndar
     n_c = int(labels.max()) + 1
     cnt = np.bincount(labels, minlength=n_c)
     order = np.argsort(labels, kind="stable")
-    sums = np.add.reduceat(X[order], np.r_[0, np.cumsum(cnt)[:-1]], axis=0)
-    sq = np.bincount(labels, weights=np.einsum("ij,ij->i", X, X), minlength=n_c)
+    starts = np.r_[0, np.cumsum(cnt)[:-1]]
+    # The clusters' sums a run of whole clusters at a time, not a sorted copy of X (issue 13: X's size
+    # again); reduceat adds each cluster's rows in the same order either way, so the sums are the same.
+    sums = np.empty((n_c, X.shape[1]), np.float64)
+    c0 = 0
+    while c0 < n_c:
+        c1 = min(n_c, int(np.searchsorted(starts, starts[c0] + _ROWS, side="right")))
+        c1 = max(c1, c0 + 1)
+        a, z = int(starts[c0]), int(starts[c1 - 1] + cnt[c1 - 1])
+        sums[c0:c1] = np.add.reduceat(X[order[a:z]].astype(np.float64, copy=False), starts[c0:c1] - a, axis=0)
+        c0 = c1
+    if X.dtype == np.float64:
+        sq_rows = np.einsum("ij,ij->i", X, X)
+    else:  # each row's square in float64, as of X's float64 copy (row by row: the same sums)
+        sq_rows = np.concatenate([np.einsum("ij,ij->i", b, b) for b in
+                                  (X[a:a + _ROWS].astype(np.float64) for a in range(0, len(X), _ROWS))])
+    sq = np.bincount(labels, weights=sq_rows, minlength=n_c)
     return np.maximum(sq - np.einsum("ij,ij->i", sums, sums) / cnt, 0.0), cnt
 
 
@@ -623,7 +668,7 @@ class KSame(BaseEstimator):
             # Thousands of small matrix-vector products: BLAS threads only add synchronisation
             # (and stall badly when other processes hold the cores), so run them single-threaded.
             with one_blas_thread():
-                return _greedy_labels(X, unit, k)
+                return _greedy_labels(np.asarray(X, dtype=np.float64), unit, k)
         with one_blas_thread():
             labels = blockwise_labels(X, unit, k=k, block_size=int(self.block_size), map_blocks=self.map_blocks or map)
         # Blockwise, "leftover" has no single meaning (each block and refinement round has its
@@ -636,6 +681,26 @@ class KSame(BaseEstimator):
         """Fit, then return the released images: each row its cluster's mean, rounded to uint8."""
         self.fit(X, people=people, images=images)
         return _to_uint8(self.averages_, self.labels_)
+
+
+def group_people(X: Any, codes: Any, *, k: int = 5, count: str = "people", block_size: int | None = 2000,
+                 map_blocks=None, names: Sequence[Hashable] | None = None) -> np.ndarray:
+    """The cluster labels of ``KSame(k, ...).fit(X, people=...)``, from integer person codes.
+
+    For callers that average the clusters themselves, out of core (:mod:`deid.operations.stages`):
+    no per-cluster summaries, and the people as integer ``codes`` numbered in order of first
+    appearance (as :meth:`KSame.fit` numbers its ``people``; then the labels are the same), not one
+    Python object per face (issue 13). ``names[c]`` is the person of code ``c``, for error messages.
+    Parameters and the grouping as :class:`KSame` (Newton, Sweeney & Malin 2005, counting people).
+    """
+    _check_params(k, count, block_size, map_blocks)
+    X, _ = _check_arrays(X, None, keep_float32=True)
+    codes = np.asarray(codes)
+    if codes.shape != (X.shape[0],) or not np.issubdtype(codes.dtype, np.integer) or (codes.size and codes.min() < 0):
+        raise ConfigError(f"codes has shape {codes.shape} and dtype {codes.dtype}; pass one non-negative integer "
+                          f"person code per row of X ({X.shape[0]} rows)")
+    est = KSame(k, count=count, block_size=block_size, map_blocks=map_blocks)
+    return est._labels(X, codes.astype(np.intp, copy=False), partition=None, keys=names)[0]
 
 
 def _insufficient(k: int, n_units: int, count: str, partition: Hashable | None) -> InsufficientPeopleError:

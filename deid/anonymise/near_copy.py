@@ -105,11 +105,26 @@ def closest_member(labels: np.ndarray, distance: np.ndarray, n_clusters: int) ->
     return out
 
 
-def cluster_centroids(X: np.ndarray, labels: np.ndarray, n_clusters: int) -> np.ndarray:
-    """Mean feature vector of every cluster (float64, n_clusters x d)."""
-    sums = np.zeros((n_clusters, X.shape[1]), np.float64)
-    np.add.at(sums, labels, np.asarray(X, np.float64))
+def cluster_centroids(X: np.ndarray | Iterable[np.ndarray], labels: np.ndarray, n_clusters: int) -> np.ndarray:
+    """Mean feature vector of every cluster (float64, n_clusters x d).
+
+    ``X``: the (n, d) features, or their rows as consecutive blocks in order (e.g. read from Parquet
+    a batch at a time, issue 13). ``np.add.at`` adds the rows in order, so blocks give the same sums.
+    """
+    blocks = (X[a:a + _CENTROID_ROWS] for a in range(0, len(X), _CENTROID_ROWS)) if isinstance(X, np.ndarray) else X
+    sums = None
+    start = 0
+    for block in blocks:
+        if sums is None:
+            sums = np.zeros((n_clusters, block.shape[1]), np.float64)
+        np.add.at(sums, labels[start:start + len(block)], np.asarray(block, np.float64))
+        start += len(block)
+    if sums is None:  # no rows
+        sums = np.zeros((n_clusters, X.shape[1] if isinstance(X, np.ndarray) else 0), np.float64)
     return sums / np.maximum(np.bincount(labels, minlength=n_clusters), 1)[:, None]
+
+
+_CENTROID_ROWS = 8192  # rows converted to float64 at a time
 
 
 def plan_repair(closest: np.ndarray, centroids: np.ndarray, *, threshold: float,

@@ -11,7 +11,7 @@ import os
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -26,10 +26,11 @@ from deid.contracts import LINEAGE_PARTITION, ClusterInfo, CounterfeitRow, Relea
 from deid.errors import ConfigError, Quarantined, StateError
 from deid.alignment.features import Eigenfaces
 from deid.anonymise.identity import PeopleResolution, resolve_people
-from deid.anonymise.ksame import KSame
+from deid.anonymise.ksame import KSame, _factorize, group_people
 from deid.anonymise.near_copy import (NearCopyRepair, RepairPlan, check_merged, closest_member, cluster_centroids,
                                       plan_repair, relabel, repair_in_memory, summarize)
 from deid.evaluation.leaks import mean_abs_difference
+from deid.heap import release_free_memory
 from deid.release.linkage import COUNTERFEIT_PREFIX  # staging id of a counterfeit record (private linkage only)
 from deid.anonymise.method_registry import COLOR_METHODS, REGISTRY
 from deid.anonymise.methods import deidentify as deidentify_images
@@ -411,6 +412,7 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     """
     spec = REGISTRY.get(method)
     repair = near_copy_threshold if spec is not None and spec.repairs_near_copies else None
+    release_free_memory()  # what earlier calls on this worker freed but its allocators kept (issue 13)
     if spec is not None and spec.cluster_mean and color_dir is None:
         return _ksame_out_of_core(partition_dir, out_path, k=k, method=method, block_size=block_size,
                                   map_blocks=map_blocks, near_copy_threshold=repair)
@@ -475,7 +477,10 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     out = pa.table(columns, schema=schemas.deidentified(color=color_dir is not None))
     _write_atomic(out, Path(out_path))
     # A cluster merged into its partner by the near-copy repair is gone.
-    return DeidentifiedPart(path=out_path, records=len(ids), clusters=_cluster_summary(names, labels_, people),
+    summary = _cluster_summary(names, labels_, people)
+    del out, columns, table, X, images, released, colour
+    release_free_memory()  # what the stage freed goes back to the OS (issue 13)
+    return DeidentifiedPart(path=out_path, records=len(ids), clusters=summary,
                             shape_sources=sources, suppressed=suppressed, near_copies=near)
 
 
@@ -485,7 +490,8 @@ def _cluster_summary(names: list[str], labels_: np.ndarray, people) -> tuple[Clu
     labels_ = np.asarray(labels_, dtype=np.int64)
     keep = labels_ >= 0
     labs = labels_[keep]
-    _, person = np.unique(np.asarray(people, dtype=object)[keep], return_inverse=True)
+    codes = isinstance(people, np.ndarray) and people.dtype.kind in "iu"  # person codes: no objects to sort
+    _, person = np.unique((people if codes else np.asarray(people, dtype=object))[keep], return_inverse=True)
     width = int(person.max()) + 1 if len(person) else 1
     sizes = np.bincount(labs, minlength=len(names))
     distinct = np.bincount(np.unique(labs * width + person.ravel()) // width, minlength=len(names))
@@ -494,18 +500,24 @@ def _cluster_summary(names: list[str], labels_: np.ndarray, people) -> tuple[Clu
 
 
 # Pixels held at once when k-Same averages a partition out of core: one bucket of whole clusters.
-AVERAGE_BUCKET_BYTES = 32 << 20
-_MAX_BUCKETS = 256  # open spill files; above 256 x 32 MB per partition the buckets grow instead
+# 8 MB: a worker's memory stays flat up to 256 x 8 MB of pixels per partition (~280,000 faces of 81 x 92).
+AVERAGE_BUCKET_BYTES = 8 << 20
+_MAX_BUCKETS = 256  # open spill files; above 256 x 8 MB per partition the buckets grow instead
 _OUT_ROWS = 2048  # records per row group of the de-identified part
+_SPILL_ROWS = 512  # records read at a time when spilling pixels to the buckets (~4 MB of 81 x 92 faces)
 _DISTANCE_ROWS = 256  # faces measured against their cluster's mean at a time (near-copy repair)
-_MEAN_CLUSTERS = 256  # clusters averaged at a time in a bucket (~10 MB of their pixels, ~15 MB of float64 sums)
+_MEAN_CLUSTERS = 64  # clusters averaged at a time in a bucket (~2.5 MB of their pixels, ~4 MB of float64 sums)
 
 
 def _stream(files: list[str], columns: list[str], batch_rows: int = _OUT_ROWS):
-    """Record batches of ``files`` in order (the order the gate pairs the partition with its release)."""
+    """Record batches of ``files`` in order (the order the gate pairs the partition with its release).
+
+    Decoded in this thread: Arrow's decoding threads each keep their own allocator heap, which
+    releasing the pool from here does not empty (~27 MB left per process; issue 13).
+    """
     for f in files:
         yield from pq.ParquetFile(f, buffer_size=STREAM_BUFFER, pre_buffer=False).iter_batches(
-            batch_size=batch_rows, columns=columns)
+            batch_size=batch_rows, columns=columns, use_threads=False)
 
 
 def _binary_rows(rows: np.ndarray) -> pa.Array:
@@ -537,25 +549,13 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
     import tempfile  # noqa: PLC0415
 
     files = list(ds.dataset(partition_dir, format="parquet").files)
-    id_chunks: list[pa.Array] = []
-    person_chunks: list[pa.Array] = []
-    feats: list[np.ndarray] = []
-    for b in _stream(files, ["record_id", "subject_id", "features"]):
-        id_chunks.append(b.column(0))
-        person_chunks.append(b.column(1))
-        feats.append(_features(b.column(2)))
-    # Record ids stay an Arrow column and people one str per person (issue 13: not a str per record).
-    ids = pa.chunked_array(id_chunks).combine_chunks().cast(pa.string()) if id_chunks else pa.array([], pa.string())
-    people = shared_objects(pa.chunked_array(person_chunks).combine_chunks()) if person_chunks \
-        else np.asarray([], dtype=object)
-    del id_chunks, person_chunks
-    X = np.vstack(feats) if feats else np.zeros((0, 0), np.float32)
-    del feats
-    model = KSame(k, count="people" if REGISTRY[method].counts_people else "images", block_size=block_size,
-                  map_blocks=map_blocks).fit(X, people=people, images=None)
-    labels_ = model.labels_
-    n_clusters = int(model.n_clusters_)
-    sizes = np.asarray(model.cluster_sizes_, dtype=np.int64)
+    ids, codes, who, X = _grouping_inputs(files)
+    release_free_memory()  # what reading them left in Arrow's pool and the C heap (~30 MB at 200,000 faces)
+    labels_ = group_people(X, codes, k=k, count="people" if REGISTRY[method].counts_people else "images",
+                           block_size=block_size, map_blocks=map_blocks, names=who)
+    del X  # the repair reads the features again if it needs them (issue 13)
+    n_clusters = int(labels_.max()) + 1
+    sizes = np.bincount(labels_, minlength=n_clusters).astype(np.int64)
     names = [uuid.uuid4().hex[:12] for _ in range(n_clusters)]
     first = next(_stream(files[:1], ["pixels"], 1))
     p = len(first.column(0)[0].as_py())
@@ -571,7 +571,7 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
         handles = [open(spill / f"b{b:05d}", "wb") for b in range(n_buckets)]  # noqa: SIM115
         try:
             row = 0
-            for batch in _stream(files, ["pixels"]):  # pass 1: spill by bucket, in record order
+            for batch in _stream(files, ["pixels"], _SPILL_ROWS):  # pass 1: spill by bucket, in record order
                 pix = _pixels(batch.column(0))
                 bb = bucket_of_row[row: row + len(pix)]
                 for b in np.unique(bb):
@@ -617,8 +617,9 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
                 del data, chunk
         near = suppressed = None
         if repair:
+            features = lambda: (_features(b.column(0)) for b in _stream(files, ["features"]))  # noqa: E731
             labels_, near, dropped = _repair_out_of_core(
-                spill, labels_, X, people, own, bucket_of_row, by_bucket, bounds,
+                spill, labels_, features, codes, own, bucket_of_row, by_bucket, bounds,
                 n_clusters=n_clusters, p=p, k=k, threshold=near_copy_threshold)
             suppressed = tuple(ids.take(pa.array(dropped, pa.int64())).to_pylist())
             for b in range(n_buckets):
@@ -644,21 +645,60 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
         os.replace(tmp, out)
     finally:
         shutil.rmtree(spill, ignore_errors=True)
-    if near is None or not near.near_copy_clusters:
-        people_per = [len(s) for s in model.cluster_people_]
-        summary = [ClusterInfo(cluster=names[c], size=int(sizes[c]), people=people_per[c]) for c in range(n_clusters)]
-    else:  # merged clusters grew, merged-away and suppressed ones are gone
-        summary = _cluster_summary(names, labels_, people)
-    return DeidentifiedPart(path=out_path, records=len(kept), clusters=tuple(summary), shape_sources={},
+    # Each cluster's size and distinct people (merged clusters grew, merged-away and suppressed ones are gone).
+    summary = _cluster_summary(names, labels_, codes)
+    n_kept = len(kept)
+    del ids, codes, labels_, kept, bucket_of_row, by_bucket, own
+    release_free_memory()  # what the stage freed goes back to the OS: a worker holds it for no one (issue 13)
+    return DeidentifiedPart(path=out_path, records=n_kept, clusters=summary, shape_sources={},
                             suppressed=suppressed or (), near_copies=near)
 
 
-def _repair_out_of_core(spill: Path, labels_: np.ndarray, X: np.ndarray, people: np.ndarray, own: np.ndarray,
-                        bucket_of_row: np.ndarray, by_bucket: np.ndarray, bounds: np.ndarray, *, n_clusters: int,
-                        p: int, k: int, threshold: float):
+def _grouping_inputs(files: list[str]) -> tuple[pa.Array, np.ndarray, Sequence, np.ndarray]:
+    """(record ids, person codes, person of each code, float32 features) of a partition's files, in record order.
+
+    What k-Same's grouping needs, without a Python object per record (issue 13): the ids stay an
+    Arrow column; people are integer codes in order of first appearance (as :class:`KSame` numbers
+    them; a null person is its own code) with one str per person, read from Arrow only for a message;
+    the features go a batch at a time into one float32 matrix, as stored, which the grouping
+    converts to float64 a part at a time (:func:`deid.anonymise.ksame.group_people`).
+    """
+    n = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+    id_chunks: list[pa.Array] = []
+    person_chunks: list[pa.Array] = []
+    X = None
+    row = 0
+    for b in _stream(files, ["record_id", "subject_id", "features"]):
+        id_chunks.append(b.column(0))
+        person_chunks.append(b.column(1))
+        f = _features(b.column(2))
+        if len(f):
+            if X is None:
+                X = np.empty((n, f.shape[1]), np.float32)
+            X[row:row + len(f)] = f
+            row += len(f)
+    if X is None:
+        X = np.zeros((0, 0), np.float32)
+    ids = pa.chunked_array(id_chunks, pa.string()).combine_chunks() if id_chunks else pa.array([], pa.string())
+    persons = pa.chunked_array(person_chunks, pa.string()).combine_chunks() if person_chunks \
+        else pa.array([], pa.string())
+    del id_chunks, person_chunks
+    enc = persons.dictionary_encode()  # codes in order of first appearance
+    if enc.indices.null_count:  # KSame numbers None where it first appears: so do these codes
+        codes, who = _factorize(shared_objects(persons), "people", len(persons))
+    else:
+        codes, who = enc.indices.to_numpy(zero_copy_only=False).astype(np.intp), StringColumn(enc.dictionary)
+    return ids, codes, who, X
+
+
+def _repair_out_of_core(spill: Path, labels_: np.ndarray, features: Callable[[], Iterable[np.ndarray]],
+                        people: np.ndarray, own: np.ndarray, bucket_of_row: np.ndarray, by_bucket: np.ndarray,
+                        bounds: np.ndarray, *, n_clusters: int, p: int, k: int, threshold: float):
     """The near-copy repair of :func:`_ksame_out_of_core`, between its passes (2) and (3).
 
-    ``own`` is every record's distance to its cluster's mean. A merge candidate's members are read
+    ``own`` is every record's distance to its cluster's mean; ``features()`` yields the records'
+    features in record order, a block at a time (read only when a cluster is a near copy);
+    ``people`` the person (code) of each record. A merge candidate's members are read
     back from their bucket spill files (``pread``, only those rows), their exact integer sums give
     the merged mean (rounded as pass 2 rounds), which is written into the averages file at the
     partner's row. Returns the new labels (-1: suppressed), the :class:`NearCopyRepair` and the
@@ -685,7 +725,7 @@ def _repair_out_of_core(spill: Path, labels_: np.ndarray, X: np.ndarray, people:
         merged[(a, b)] = mean
         return float(mean_abs_difference(np.broadcast_to(mean, pix.shape), pix).min())
 
-    plan = plan_repair(closest, cluster_centroids(X, labels_, n_clusters), threshold=threshold,
+    plan = plan_repair(closest, cluster_centroids(features(), labels_, n_clusters), threshold=threshold,
                        merged_closest=merged_closest)
     new = relabel(labels_, plan)
     check_merged(new, people, plan, k=k)

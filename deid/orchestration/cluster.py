@@ -17,6 +17,7 @@ from pathlib import Path
 from deid.operations.executors import (  # noqa: F401 (client_for re-exported)
     DaskExecutor,
     PoolExecutor,
+    bound_message_logs,
     client_for,
     close_client,
     warm_validation,
@@ -44,6 +45,7 @@ def dask_cluster(address: str | None, *, workers: int = 2) -> Iterator[str]:
     for name in ("distributed", "distributed.scheduler", "distributed.core", "distributed.nanny",
                  "distributed.http.proxy", "distributed.diskutils"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    bound_message_logs()  # the scheduler here and the workers' streams keep no block payloads (issue 13)
     cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
                            dashboard_address=None, silence_logs=logging.WARNING)
     try:
