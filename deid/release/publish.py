@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from deid.errors import ConfigError, DataError, StateError
+from deid.release.manifest import ReleaseFiles
 from deid.operations.safety import fault_enospc
 from deid.schemas import arrow as schemas
 
@@ -75,8 +76,8 @@ class StagedRelease:
     mapping: pa.Table | list[dict] = field(default_factory=list)
     # Release-relative paths of the sequence videos (empty without sequences).
     videos: list[str] = field(default_factory=list)
-    # Release-relative path -> (sha256, bytes) of every image file as written (not re-read to hash the release).
-    digests: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # (path, sha256, bytes) of every image file as written, as columns (not re-read to list the release).
+    images: ReleaseFiles = field(default_factory=ReleaseFiles.empty)
 
 
 def write_video(path: Path, frames: list[np.ndarray], *, fps: float = VIDEO_FPS) -> Path:
@@ -195,7 +196,7 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], 
                         "image": released_names, "cluster": cluster_col.take(take),
                         "cluster_id": cols["cluster_id"]}) if record_ids is not None else []
     del cols
-    digests = _write_images(tmp_dir, images, shape, names)
+    written = _write_images(tmp_dir, images, shape, names)
     videos = []
     if seq_of is not None:
         (tmp_dir / VIDEOS).mkdir()
@@ -213,7 +214,7 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], 
     # imagefolder: file_name first, relative to metadata.csv; the same columns otherwise.
     _write_csv(tmp_dir / METADATA_CSV, ["file_name", *(c for c in schema.names if c != "image")],
                ({"file_name": r["image"], **r} for r in _table_rows(table)), drop=("image",))
-    return StagedRelease(tmp_dir, schema.names, n, mapping, videos, digests)
+    return StagedRelease(tmp_dir, schema.names, n, mapping, videos, written)
 
 
 def _strings(values, n: int, name: str) -> pa.Array:
@@ -245,9 +246,8 @@ def _table_rows(table: pa.Table, batch: int = 4096):
         yield from b.to_pylist()
 
 
-def _write_images(tmp_dir: Path, images, shape: tuple[int, ...], names,
-                  chunk: int = 4096) -> dict[str, tuple[str, int]]:
-    """Write ``images[i]`` as PNG to ``tmp_dir / names[i]``; returns (sha256, bytes) of every file written.
+def _write_images(tmp_dir: Path, images, shape: tuple[int, ...], names, chunk: int = 4096) -> ReleaseFiles:
+    """Write ``images[i]`` as PNG to ``tmp_dir / names[i]``; returns (path, sha256, bytes) of every file written.
 
     A k-Same release gives every member of a cluster the same image: when ``images`` says which
     rows are the same (an ``index`` of distinct rows, :class:`deid.operations.stages.IndexedRows`),
@@ -263,7 +263,9 @@ def _write_images(tmp_dir: Path, images, shape: tuple[int, ...], names,
     by_key = np.argsort(keys, kind="stable")
     starts = np.flatnonzero(np.r_[True, keys[by_key][1:] != keys[by_key][:-1]]) if n else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], n].astype(np.int64) if n else starts
-    digests: dict[str, tuple[str, int]] = {}
+    # Columns, filled per record (issue 13: a dict entry per image held ~350 bytes).
+    sha = np.zeros((n, 32), np.uint8)
+    sizes = np.zeros(n, np.int64)
     arrow = isinstance(names, (pa.Array, pa.ChunkedArray))
     for c in range(0, len(starts), chunk):
         reps = by_key[starts[c:c + chunk]]  # one record per distinct image
@@ -279,13 +281,14 @@ def _write_images(tmp_dir: Path, images, shape: tuple[int, ...], names,
             if not ok:
                 raise RuntimeError(f"PNG encoding failed for a {shape} image")
             data = buf.tobytes()
-            digest = (hashlib.sha256(data).hexdigest(), len(data))
+            members = by_key[a:b]
+            sha[members] = np.frombuffer(hashlib.sha256(data).digest(), np.uint8)
+            sizes[members] = len(data)
             for name in chunk_names[a - first:b - first]:
                 fault_enospc("stage", tmp_dir / name)
                 with open(tmp_dir / name, "wb") as fh:
                     fh.write(data)
-                digests[name] = digest
-    return digests
+    return ReleaseFiles.from_columns(names if arrow else pa.array(list(names), pa.string()), sha, sizes)
 
 
 def _sequence_ids(sequences: list | None, frames: list | None, n: int) -> list[tuple[str | None, int | None]] | None:
