@@ -170,16 +170,16 @@ class _Known(Mapping):
         n = len(files)
         lengths = pc.binary_length(files.paths).to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int64)
         self.width = int(lengths.max()) if n else 1
-        self.keys = np.empty(n, f"S{self.width}")
+        self._keys = np.empty(n, f"S{self.width}")
         for s in range(0, n, _CHUNK):
-            self.keys[s:s + _CHUNK] = files.paths.slice(s, _CHUNK).cast(pa.binary()).to_pylist()
+            self._keys[s:s + _CHUNK] = files.paths.slice(s, _CHUNK).cast(pa.binary()).to_pylist()
 
     def _index(self, path: str) -> int:
         key = path.encode("utf-8") if isinstance(path, str) else None
         if key is None or len(key) > self.width or b"\x00" in key:
             raise KeyError(path)
-        i = int(np.searchsorted(self.keys, key))
-        if i == len(self.keys) or self.keys[i] != key:
+        i = int(np.searchsorted(self._keys, key))
+        if i == len(self._keys) or self._keys[i] != key:
             raise KeyError(path)
         return i
 
