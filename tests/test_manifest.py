@@ -162,3 +162,13 @@ def test_report_must_list_the_manifest_it_describes(signed):
     assert any("which the file manifest lists" in p for p in report_problems(twice))
     rejected = {**d, "verdict": "rejected", "reasons": ["x"], "artifacts": [], "release_dir": None}
     assert any(p.startswith("$.file_manifest:") for p in report_problems(rejected))
+
+
+def test_files_changed_or_added_since_written_are_hashed_again(tmp_path):
+    staged = _stage(tmp_path / "r")
+    victim = sorted((tmp_path / "r" / "images").iterdir())[2]
+    victim.write_bytes(b"rewritten, another size")
+    (tmp_path / "r" / "images" / "0000000000000000.png").write_bytes(b"added")
+    files, _ = list_release(tmp_path / "r", known=staged.images)
+    assert files.to_table().equals(list_release(tmp_path / "r")[0].to_table())  # as if every file were read
+    assert len(files) == 10 and files.known()[f"images/{victim.name}"][1] == len(b"rewritten, another size")

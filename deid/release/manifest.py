@@ -255,7 +255,12 @@ def list_release(root: Path, *, known: ReleaseFiles | None = None,
     order = pc.sort_indices(paths)
     paths, size = paths.take(order), size[order.to_numpy()]
     del order
-    files = ReleaseFiles(paths, _digests(root, paths, size, known), size)
+    if known is not None and len(known) == len(paths) and known.paths.equals(paths) and np.array_equal(known.sizes,
+                                                                                                       size):
+        files = known  # what was written is what is there: one copy of the columns, not two
+    else:
+        files = ReleaseFiles(paths, _digests(root, paths, size, known), size)
+    del paths, size
     manifest, manifest_artifact = files.write_manifest(root / MANIFEST_NAME, covers=covers)
     artifacts = sorted([*(Artifact(rel, *hash_file(Path(p))) for rel, p in small), manifest_artifact],
                        key=lambda a: a.path)
