@@ -101,6 +101,17 @@ def make_release(root: Path, n: int) -> None:
             fh.write("record_id,image,cluster_id\n")
             fh.writelines(f"{r[7:23]},{r},c-0\n" for r in names)
     np.savez(root.parent / "digests.npz", names=np.array(names, dtype="S"), sha=sha, sizes=np.full(n, 64, np.int64))
+    sort_digests(root.parent)
+
+
+def sort_digests(work: Path) -> None:
+    """The saved digests in path order, as the stage's columns come (stage_release sorts them as it writes)."""
+    import numpy as np
+
+    z = dict(np.load(work / "digests.npz"))
+    if len(z["names"]) > 1 and not (z["names"][1:] > z["names"][:-1]).all():
+        order = np.argsort(z["names"], kind="stable")
+        np.savez(work / "digests.npz", **{k: v[order] for k, v in z.items()})
 
 
 def _report(key, release_dir: Path, n: int, artifacts, file_manifest=None):
@@ -187,7 +198,11 @@ def child(mode: str, work: Path) -> dict:
         report = dataclasses.replace(report, artifacts=list(artifacts))
         step("card: list again")
     else:
-        written = ReleaseFiles.from_columns(pa.array(names.tolist()).cast(pa.string()), z["sha"], z["sizes"])
+        # The stage's columns as _write_images returns them: Arrow paths (over the names' bytes, no copy), sorted.
+        width = names.dtype.itemsize
+        offsets = np.arange(0, width * n + 1, width, dtype=np.int32)
+        paths = pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(names))
+        written = ReleaseFiles.from_sorted(paths, z["sha"], z["sizes"])
         del z, names
         step("written digests")
         images, listing = list_release(release, known=written)
@@ -250,6 +265,7 @@ def main() -> None:
                 make_release(work / "release", n)
                 print(f"\nN = {n:,}: synthetic release written in {time.perf_counter() - t:.0f} s")
             else:
+                sort_digests(work)
                 print(f"\nN = {n:,}: synthetic release reused")
             for mode in ("old", "new"):
                 r = _run("--child", mode, str(work))

@@ -60,6 +60,28 @@ def _hex(sha: np.ndarray) -> list[str]:
     return [h.decode("ascii") for h in text.view("S64").ravel().tolist()]
 
 
+def sort_paths(paths) -> tuple[pa.Array, np.ndarray]:
+    """``paths`` (Arrow or a sequence of str) as one sorted Arrow string array, and the order that sorts them."""
+    if isinstance(paths, pa.ChunkedArray):
+        paths = paths.combine_chunks()
+    if not isinstance(paths, pa.Array):
+        paths = pa.array(list(paths), pa.string())
+    paths = paths.cast(pa.string())
+    order = pc.sort_indices(paths)
+    return paths.take(order), order.to_numpy()
+
+
+def _fixed_width(paths: pa.Array, width: int | None = None) -> np.ndarray:
+    """UTF-8 ``paths`` as one NumPy fixed-width bytes array (``width``: the longest, unless given), a chunk at a time."""
+    n = len(paths)
+    if width is None:
+        width = max(1, int(pc.max(pc.binary_length(paths)).as_py() or 1)) if n else 1
+    out = np.empty(n, f"S{width}")
+    for s in range(0, n, _CHUNK):
+        out[s:s + _CHUNK] = paths.slice(s, _CHUNK).cast(pa.binary()).to_pylist()
+    return out
+
+
 @dataclass(frozen=True)
 class ReleaseFiles:
     """(path, sha256, size) of many release files as columns, sorted by path (each path once).
@@ -86,19 +108,18 @@ class ReleaseFiles:
     @classmethod
     def from_columns(cls, paths, sha256: np.ndarray, sizes: np.ndarray) -> ReleaseFiles:
         """Sort parallel columns by path; raises :class:`~deid.errors.StateError` when a path repeats."""
-        if isinstance(paths, pa.ChunkedArray):
-            paths = paths.combine_chunks()
-        if not isinstance(paths, pa.Array):
-            paths = pa.array(list(paths), pa.string())
-        paths = paths.cast(pa.string())
-        order = pc.sort_indices(paths)
-        paths = paths.take(order)
-        order = order.to_numpy()
-        sha, size = np.ascontiguousarray(np.asarray(sha256, np.uint8)[order]), np.asarray(sizes, np.int64)[order]
+        paths, order = sort_paths(paths)
+        return cls.from_sorted(paths, np.ascontiguousarray(np.asarray(sha256, np.uint8)[order]),
+                               np.asarray(sizes, np.int64)[order])
+
+    @classmethod
+    def from_sorted(cls, paths: pa.Array, sha256: np.ndarray, sizes: np.ndarray) -> ReleaseFiles:
+        """Columns already in path order (:func:`sort_paths`), kept as they are (no copy); raises
+        :class:`~deid.errors.StateError` when a path is not after the one before it (repeated or unsorted)."""
         if len(paths) > 1 and not pc.all(pc.greater(paths.slice(1), paths.slice(0, len(paths) - 1))).as_py():
-            raise StateError("a release file is listed twice (its path repeats); every released file must be "
-                             "written once")
-        return cls(paths, sha, size)
+            raise StateError("release files are not sorted by path or one is listed twice; every released file "
+                             "must be written once")
+        return cls(paths, sha256, np.asarray(sizes, np.int64))
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -167,12 +188,8 @@ class _Known(Mapping):
 
     def __init__(self, files: ReleaseFiles):
         self.files = files
-        n = len(files)
-        lengths = pc.binary_length(files.paths).to_numpy(zero_copy_only=False) if n else np.zeros(0, np.int64)
-        self.width = int(lengths.max()) if n else 1
-        self._keys = np.empty(n, f"S{self.width}")
-        for s in range(0, n, _CHUNK):
-            self._keys[s:s + _CHUNK] = files.paths.slice(s, _CHUNK).cast(pa.binary()).to_pylist()
+        self._keys = _fixed_width(files.paths)
+        self.width = self._keys.dtype.itemsize
 
     def _index(self, path: str) -> int:
         key = path.encode("utf-8") if isinstance(path, str) else None
@@ -224,6 +241,60 @@ def list_release(root: Path, *, known: ReleaseFiles | None = None,
     root = Path(root)
     if not root.is_dir():
         raise StateError(f"release directory {root} does not exist or is not a directory")
+    found = _as_known(root, known, covers) if known is not None and len(known) else None
+    if found is not None:
+        files, small = known, found
+    else:
+        files, small = _scan(root, known, covers)
+    manifest, manifest_artifact = files.write_manifest(root / MANIFEST_NAME, covers=covers)
+    artifacts = sorted([*(Artifact(rel, *hash_file(Path(p))) for rel, p in small), manifest_artifact],
+                       key=lambda a: a.path)
+    return files, ReleaseListing(tuple(artifacts), manifest)
+
+
+def _as_known(root: Path, known: ReleaseFiles, covers: tuple[str, ...]) -> list[tuple[str, str]] | None:
+    """The files outside ``covers`` (relative path, path), when the regular files under ``covers`` are exactly
+    ``known``'s, with its sizes; None otherwise (or on a symlink or special file: the full scan says which).
+
+    Each chunk of names found on disk is looked up in ``known``'s sorted paths (fixed-width bytes, one
+    array): nothing is kept per file but one bit (seen), so the check costs ~30 MB at a million images.
+    """
+    keys = _fixed_width(known.paths)
+    width = keys.dtype.itemsize
+    seen = np.zeros(len(keys), bool)
+    small: list[tuple[str, str]] = []
+    names: list[bytes] = []
+    sizes: list[int] = []
+
+    def check() -> bool:
+        if any(len(b) > width for b in names):
+            return False
+        got = np.array(names, dtype=f"S{width}")
+        idx = np.minimum(np.searchsorted(keys, got), len(keys) - 1)
+        ok = (keys[idx] == got) & (known.sizes[idx] == np.asarray(sizes, np.int64)) & ~seen[idx]
+        seen[idx] = True
+        names.clear()
+        sizes.clear()
+        return bool(ok.all())
+
+    for rel, entry, regular in iter_tree(root):
+        if not regular:
+            return None
+        if rel.startswith(covers):
+            names.append(rel.encode("utf-8"))
+            sizes.append(entry.stat(follow_symlinks=False).st_size)
+            if len(names) >= _CHUNK and not check():
+                return None
+        elif rel != MANIFEST_NAME:
+            small.append((rel, entry.path))
+    if names and not check():
+        return None
+    return small if seen.all() else None
+
+
+def _scan(root: Path, known: ReleaseFiles | None,
+          covers: tuple[str, ...]) -> tuple[ReleaseFiles, list[tuple[str, str]]]:
+    """Every regular file under ``covers`` as columns (hashed unless ``known`` has it, same size), and the others."""
     names: list[pa.Array] = []
     sizes: list[np.ndarray] = []
     buf_names: list[str] = []
@@ -248,23 +319,11 @@ def list_release(root: Path, *, known: ReleaseFiles | None = None,
     names.append(pa.array(buf_names, pa.string()))
     sizes.append(np.asarray(buf_sizes, np.int64))
     del buf_names, buf_sizes
-    paths = pa.chunked_array(names, pa.string()).combine_chunks()
+    paths, order = sort_paths(pa.chunked_array(names, pa.string()))
     del names
-    size = np.concatenate(sizes)
-    del sizes
-    order = pc.sort_indices(paths)
-    paths, size = paths.take(order), size[order.to_numpy()]
-    del order
-    if known is not None and len(known) == len(paths) and known.paths.equals(paths) and np.array_equal(known.sizes,
-                                                                                                       size):
-        files = known  # what was written is what is there: one copy of the columns, not two
-    else:
-        files = ReleaseFiles(paths, _digests(root, paths, size, known), size)
-    del paths, size
-    manifest, manifest_artifact = files.write_manifest(root / MANIFEST_NAME, covers=covers)
-    artifacts = sorted([*(Artifact(rel, *hash_file(Path(p))) for rel, p in small), manifest_artifact],
-                       key=lambda a: a.path)
-    return files, ReleaseListing(tuple(artifacts), manifest)
+    size = np.concatenate(sizes)[order]
+    del sizes, order
+    return ReleaseFiles(paths, _digests(root, paths, size, known), size), small
 
 
 def _digests(root: Path, paths: pa.Array, sizes: np.ndarray, known: ReleaseFiles | None) -> np.ndarray:
