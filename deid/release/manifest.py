@@ -190,19 +190,23 @@ class _Known(Mapping):
         self.files = files
         self._keys = _fixed_width(files.paths)
         self.width = self._keys.dtype.itemsize
+        self._next = 0
 
     def _index(self, path: str) -> int:
         key = path.encode("utf-8") if isinstance(path, str) else None
         if key is None or len(key) > self.width or b"\x00" in key:
             raise KeyError(path)
-        i = int(np.searchsorted(self._keys, key))
-        if i == len(self._keys) or self._keys[i] != key:
-            raise KeyError(path)
+        i = self._next  # callers often walk the paths in order (a sorted directory listing): try the next one first
+        if i >= len(self._keys) or self._keys[i] != key:
+            i = int(np.searchsorted(self._keys, key))
+            if i == len(self._keys) or self._keys[i] != key:
+                raise KeyError(path)
+        self._next = i + 1
         return i
 
     def __getitem__(self, path: str) -> tuple[str, int]:
         i = self._index(path)
-        return _hex(self.files.sha256[i:i + 1])[0], int(self.files.sizes[i])
+        return self.files.sha256[i].tobytes().hex(), int(self.files.sizes[i])
 
     def __contains__(self, path: object) -> bool:
         try:
