@@ -82,7 +82,7 @@ def _fixed_width(paths: pa.Array, width: int | None = None) -> np.ndarray:
     return out
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # arrays: compare with to_table().equals
 class ReleaseFiles:
     """(path, sha256, size) of many release files as columns, sorted by path (each path once).
 

@@ -6,7 +6,8 @@ record ids. It follows the Hugging Face ``imagefolder`` layout, so consumers loa
 ``datasets.load_dataset("imagefolder", data_dir=...)`` or pandas as it is: ``images/*.png``,
 ``metadata.csv`` (``file_name`` + ``record_id``, ``cluster_id``, the labels), ``release.parquet``
 and ``release.csv`` (the same table with the column ``image``) and a dataset card ``README.md``
-(:mod:`deid.release.card`, written once the gate's figures exist, before the release is hashed and signed).
+(:mod:`deid.release.card`, written once the gate's figures exist, before the release is hashed and signed),
+and ``MANIFEST.sha256``, the sha256 of every image (:mod:`deid.release.manifest`; the signed report lists its hash).
 A release of image sequences adds ``sequence_id`` (fresh random per sequence) and ``frame``
 (0, 1, 2... in the sequence's order) to those tables, and each sequence as a video,
 ``videos/<sequence_id>.avi`` (Motion-JPEG, written by OpenCV from the released frames). It is written to a directory inside the run's private staging directory and renamed into place only when the gate

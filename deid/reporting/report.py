@@ -468,7 +468,8 @@ def hash_tree(root: Path, *, known: Mapping[str, tuple[str, int]] | None = None)
     """``[{path, sha256, bytes}]`` for every regular file under ``root``, sorted by POSIX relative path; refuses symlinks.
 
     ``known``: (sha256, bytes) of files hashed as they were written (e.g.
-    :attr:`deid.release.publish.StagedRelease.digests`), not read again (issue 13: a million images).
+    :meth:`deid.release.manifest.ReleaseFiles.known`), not read again. A release lists its images with
+    :func:`deid.release.manifest.list_release` (columns and a manifest), not with this.
     """
     return _hash_regular_files(
         Path(root),
