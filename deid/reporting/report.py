@@ -10,7 +10,6 @@ import logging
 import math
 import os
 import re
-import stat
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
