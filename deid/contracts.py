@@ -28,7 +28,8 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     import pyarrow as pa
 
     from deid.anonymise.near_copy import NearCopyRepair
-    from deid.reporting.report import Artifact, Report
+    from deid.release.manifest import ReleaseFiles
+    from deid.reporting.report import Artifact, FileManifest, Report
 
 # Drop-level checks that, failed, send the run straight to a (rejected) gate.
 BLOCKING_DROP_CHECKS = ("drop_not_empty", "enough_people")
@@ -397,7 +398,12 @@ class ReleaseRows:
 
 @dataclass(frozen=True)
 class Staged:
-    """The would-be release inside the staging directory, validated, with its linkage record beside it."""
+    """The would-be release inside the staging directory, validated, with its linkage record beside it.
+
+    ``artifacts`` lists every release file outside the manifest's directories (the manifest
+    included), ``manifest`` describes ``MANIFEST.sha256`` (the images) and ``images`` holds the
+    images' (path, sha256, bytes) as columns (:class:`~deid.release.manifest.ReleaseFiles`).
+    """
 
     dir: Path
     artifacts: tuple[Artifact, ...]
@@ -408,6 +414,8 @@ class Staged:
     file_metadata: Mapping[str, list[str]]
     linkage: Path
     videos: tuple[str, ...] = ()  # videos/<random id>.avi, one per image sequence
+    manifest: FileManifest | None = None
+    images: ReleaseFiles | None = None
 
 
 @dataclass(frozen=True)

@@ -110,15 +110,18 @@ def test_label_rows_share_one_dict_per_combination():
     assert people == ("a", "b", "a", "c") and people[0] is people[2]
 
 
-def test_known_images_look_up_the_artifacts_as_the_dict_did():
-    from deid.operations.pipeline import _KnownImages
-    from deid.reporting.report import Artifact
+def test_release_files_look_up_by_path_as_a_dict_would():
+    import numpy as np
 
-    arts = [Artifact("README.md", "a" * 64, 3), Artifact("images/b.png", "b" * 64, 5),
-            Artifact("images/a.png", "c" * 64, 7)]
-    known = _KnownImages(arts)
-    assert dict(known) == {a.path: (a.sha256, a.bytes) for a in arts if a.path.startswith("images/")}
-    assert known.get("README.md") is None and known.get("images/zz.png") is None
+    from deid.release.manifest import ReleaseFiles
+
+    sha = np.arange(3 * 32, dtype=np.uint8).reshape(3, 32)
+    files = ReleaseFiles.from_columns(["images/b.png", "images/a.png", "images/c0.png"], sha, np.array([5, 7, 9]))
+    known = files.known()
+    assert dict(known) == {"images/a.png": (sha[1].tobytes().hex(), 7), "images/b.png": (sha[0].tobytes().hex(), 5),
+                           "images/c0.png": (sha[2].tobytes().hex(), 9)}
+    # Longer, shorter, absent: never a false hit (the keys are fixed-width bytes).
+    assert known.get("images/c0.pngx") is None and known.get("images/c") is None and known.get("README.md") is None
 
 
 @pytest.mark.parametrize("text", ["a,b\r\n1,2\r\n", "a,b\r1,2\r3", "a,b\n\"x\r\ny\",2\n\n", "", "a", "a,\"b\rc\"\r\n"])

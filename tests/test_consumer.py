@@ -15,7 +15,7 @@ from deid.release.card import CARD_NAME, DatasetCard, split_card, write_card
 from deid.intake.drop import DropError, read_drop
 from deid.errors import ConfigError, DataError
 from deid.release.publish import METADATA_CSV, RELEASE_TABLE, stage_release
-from deid.reporting.report import hash_tree
+from deid.release.manifest import MANIFEST_NAME, list_release
 
 SHAPE = (10, 8)
 
@@ -50,6 +50,7 @@ def release(tmp_path):
     staged = stage_release(tmp_path / "release", images=images, shape=SHAPE, clusters=clusters,
                            labels={"gender": gender, "expression": expression})
     write_card(staged.path, DatasetCard.from_report(_report("rel-0123456789abcdef", n)))
+    list_release(staged.path, known=staged.images)  # MANIFEST.sha256, as in a published release
     return staged.path, images, gender, expression
 
 
@@ -122,8 +123,8 @@ def test_card_without_a_licence_says_so_and_only_released_runs_get_one(tmp_path)
 
 def test_the_report_hashes_list_the_card(release):
     root = release[0]
-    paths = {a["path"] for a in hash_tree(root)}
-    assert {CARD_NAME, METADATA_CSV, RELEASE_TABLE, "release.csv"} <= paths
+    _, listing = list_release(root)
+    assert {a.path for a in listing.artifacts} == {CARD_NAME, METADATA_CSV, RELEASE_TABLE, "release.csv", MANIFEST_NAME}
 
 
 @pytest.mark.parametrize("yaml_text, expected", [

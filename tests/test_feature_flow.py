@@ -38,7 +38,9 @@ def _released_feature_run(res: RunResult, project: Path) -> dict:
     ds = res.report.dataset
     assert (ds.records_in, ds.records_released, ds.records_withheld) == (180, 180, 0)
     assert res.report.privacy.min_distinct_people_per_cluster >= K and res.report.privacy.exact_bound
-    assert sorted(p.name for p in res.release_dir.iterdir()) == ["README.md", "metadata.csv", "release.parquet"]
+    assert sorted(p.name for p in res.release_dir.iterdir()) == ["MANIFEST.sha256", "README.md", "metadata.csv",
+                                                                 "release.parquet"]
+    assert report["file_manifest"]["files"] == 0  # no image: the empty manifest, the image runs' listing
     # The card was written before signing: the signed artifacts list it, and the signature verifies.
     assert "README.md" in {a["path"] for a in report["artifacts"]}
     v = verify_report(res.report_dir, public_key=project / "data" / "keys" / "dev_signing.pub.pem")

@@ -77,7 +77,9 @@ def test_synthetic_feature_drop_released_at_k5_within_1_over_k(released):
 def test_feature_release_holds_cluster_means_without_ids_or_order(released, synth_drop):
     root, res = released
     rel = Path(res.release_dir)
-    assert sorted(p.name for p in rel.iterdir()) == ["README.md", "metadata.csv", "release.parquet"]
+    # Every release has its file manifest (the same listing as an image release): here it lists no image.
+    assert sorted(p.name for p in rel.iterdir()) == ["MANIFEST.sha256", "README.md", "metadata.csv", "release.parquet"]
+    assert (rel / "MANIFEST.sha256").read_bytes() == b""
     table, vectors = read_vector_release(rel)
     assert table.column_names == ["record_id", "cluster_id", "gender", "expression"]
     assert pq.read_schema(rel / "release.parquet").field("features").type.list_size == 32

@@ -64,7 +64,11 @@ def _check_release_invariants(result: dict, *, k: int, drop: Path) -> dict:
     card, _ = split_card((rel / "README.md").read_text())
     assert (card["deid"]["k"], card["deid"]["records"]) == (k, n)
     assert card["deid"]["max_reidentification_rate"] == report["privacy"]["max_rate"]
-    assert {a["path"] for a in report["artifacts"]} == {
+    # Every released file is signed: the images through MANIFEST.sha256 (its sha256 in the report), the rest listed.
+    from deid.release.manifest import read_manifest
+
+    assert report["file_manifest"]["files"] == n
+    assert {a["path"] for a in report["artifacts"]} | {p for _, p in read_manifest(rel / "MANIFEST.sha256")} == {
         p.relative_to(rel).as_posix() for p in rel.rglob("*") if p.is_file()}
     return table
 

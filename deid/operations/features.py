@@ -71,7 +71,7 @@ from deid.errors import ConfigError, DataError, Quarantined
 from deid.evaluation.gate import Check, GateInputs, GateResult, evaluate
 from deid.evaluation.validation import drop_checks, validation_section
 from deid.intake.features import INGESTED, FeatureDrop, read_feature_drop
-from deid.reporting.report import Artifact, Report, SigningInfo, dataset_fingerprint, hash_tree
+from deid.reporting.report import Report, SigningInfo, dataset_fingerprint
 from deid.reporting.report_build import dataset_summary, lineage_section, shared_configuration, verdict_fields
 from deid.run_config import RunConfig
 from deid.schemas.arrow import FEATURE_RELEASE_BASE_COLUMNS
@@ -505,6 +505,7 @@ def stage_features(ingested: FeatureIngest, deid: FeatureDeidentified, layout: S
     """
     from deid.operations.pipeline import linkage_key  # noqa: PLC0415
     from deid.release.linkage import build_linkage, write_linkage  # noqa: PLC0415
+    from deid.release.manifest import list_release  # noqa: PLC0415
     from deid.release.publish import discard  # noqa: PLC0415
     from deid.release.vectors import stage_vector_release  # noqa: PLC0415
 
@@ -537,9 +538,11 @@ def stage_features(ingested: FeatureIngest, deid: FeatureDeidentified, layout: S
     if origin == "development":
         lg.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", key_path)
     lg.info("stage: %d feature records staged for release in %s", staged.n_records, tmp)
-    return Staged(dir=tmp, artifacts=tuple(Artifact(**a) for a in hash_tree(tmp)), columns=tuple(staged.columns),
+    # One listing for every release (a feature release's manifest lists no file: it has no images/).
+    images, listing = list_release(tmp)
+    return Staged(dir=tmp, artifacts=listing.artifacts, columns=tuple(staged.columns),
                   records=staged.n_records, validation=validation, checks=(suite_check(validation), *lineage_checks_),
-                  file_metadata={}, linkage=layout.linkage)
+                  file_metadata={}, linkage=layout.linkage, manifest=listing.manifest, images=images)
 
 
 def gate_features(ingested: FeatureIngest, identity: FeatureIdentity, part: FeaturePartitioned,
@@ -594,7 +597,8 @@ def feature_report(*, release_id: str, run_id: str, created_at: str, config: Run
                          promise=feature_guarantee(config.method, config.k),
                          dataset=dataset_summary(drop.name, ingested.fingerprint, counts, passed=passed,
                                                  quarantine_by_reason=quarantine_by_reason),
-                         artifacts=staged.artifacts if staged else (), signing=signing, versions=versions),
+                         artifacts=staged.artifacts if staged else (), signing=signing, versions=versions,
+                         file_manifest=staged.manifest if staged else None),
         lineage=lineage_section(config, drop.dataset, partitioned, lineage, registered=passed),
         validation=validation_section(validation or {}),
         configuration={

@@ -701,8 +701,8 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
     """
     from deid.evaluation.leaks import release_files_metadata  # noqa: PLC0415
     from deid.release.linkage import linkage_table, write_linkage  # noqa: PLC0415
+    from deid.release.manifest import list_release  # noqa: PLC0415
     from deid.release.publish import RELEASE_TABLE, discard, stage_release  # noqa: PLC0415
-    from deid.reporting.report import Artifact, hash_tree  # noqa: PLC0415
     from deid.evaluation.validation import suite_check, validate_release  # noqa: PLC0415
 
     lg = logger or log
@@ -715,7 +715,8 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
         staged = stage_release(tmp, images=rows.vectors, shape=rows.shape, clusters=rows.clusters,
                                labels=rows.labels, record_ids=rows.record_ids, sequences=rows.sequences,
                                frames=rows.frames)
-        artifacts = tuple(Artifact(**a) for a in hash_tree(staged.path, known=staged.digests))
+        # The images as columns and in MANIFEST.sha256 (hashed as they were written: not read again).
+        images, listing = list_release(staged.path, known=staged.images)
         label_sets = releasable_label_sets(ingested.metadata, labels, config.k)
         lineage_checks_ = ()
         if lineage is not None:
@@ -723,7 +724,7 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
         validation = validate_off_main(executor, validate_release, release=staged.path / RELEASE_TABLE,
                                        labels=list(labels), k=config.k, clustered=config.spec.clustered,
                                        label_sets=label_sets)
-        file_metadata = release_files_metadata(staged.path, digests=staged.digests)
+        file_metadata = release_files_metadata(staged.path, digests=images.known())
         key, key_path, origin = linkage_key(config)
         write_linkage(layout.linkage, linkage_table(staged.mapping, ingested.metadata), key, release_id=release_id)
     except BaseException:
@@ -738,9 +739,9 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
     checks = (suite_check(validation), *lineage_checks_)
     if rows.sequences is not None:
         checks += (_sequence_linkage(rows, layout, config.k),)
-    return Staged(dir=tmp, artifacts=artifacts, columns=tuple(staged.columns), records=staged.n_records,
+    return Staged(dir=tmp, artifacts=listing.artifacts, columns=tuple(staged.columns), records=staged.n_records,
                   validation=validation, checks=checks, file_metadata=file_metadata,
-                  linkage=layout.linkage, videos=tuple(staged.videos))
+                  linkage=layout.linkage, videos=tuple(staged.videos), manifest=listing.manifest, images=images)
 
 
 def _sequence_linkage(rows: ReleaseRows, layout: StagingLayout, k: int) -> Check:
@@ -845,45 +846,21 @@ def gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig
 # --------------------------------------------------------------------------- report -> publish
 
 
-def dataset_card(staged: Staged, report, *, logger: Logger | None = None) -> tuple:
-    """Write the dataset card (the gate's figures) into the staged release, then hash every release file.
+def dataset_card(staged: Staged, report, *, logger: Logger | None = None):
+    """Write the dataset card (the gate's figures) into the staged release, then list every release file.
 
     Runs after the gate and before the report is signed: the signed report lists the card's sha256.
+    Returns the :class:`~deid.release.manifest.ReleaseListing` (the files outside the manifest, the
+    manifest) the report takes; the images were hashed as they were written (stage) and are never
+    written again: not re-read here.
     """
     from deid.release.card import DatasetCard, write_card  # noqa: PLC0415
-    from deid.reporting.report import Artifact, hash_tree  # noqa: PLC0415
+    from deid.release.manifest import list_release  # noqa: PLC0415
 
     path = write_card(staged.dir, DatasetCard.from_report(report.to_dict()))
     (logger or log).info("dataset card: %s", path)
-    # The images were hashed as they were written (stage) and are never written again: not re-read here.
-    return tuple(Artifact(**a) for a in hash_tree(staged.dir, known=_KnownImages(staged.artifacts)))
-
-
-class _KnownImages(Mapping):
-    """path -> (sha256, bytes) of the staged release's images, looked up in its artifacts (sorted by path, as
-    :func:`~deid.reporting.report.hash_tree` lists them) by bisection: no dict of a million paths (issue 13)."""
-
-    def __init__(self, artifacts):
-        self.artifacts = [a for a in artifacts if a.path.startswith("images/")]
-        self.paths = [a.path for a in self.artifacts]
-        if any(a > b for a, b in zip(self.paths, self.paths[1:])):  # not sorted: sort them once
-            order = sorted(range(len(self.paths)), key=self.paths.__getitem__)
-            self.artifacts = [self.artifacts[i] for i in order]
-            self.paths = [self.paths[i] for i in order]
-
-    def __getitem__(self, path: str) -> tuple[str, int]:
-        import bisect  # noqa: PLC0415
-
-        i = bisect.bisect_left(self.paths, path)
-        if i == len(self.paths) or self.paths[i] != path:
-            raise KeyError(path)
-        return self.artifacts[i].sha256, self.artifacts[i].bytes
-
-    def __iter__(self):
-        return iter(self.paths)
-
-    def __len__(self) -> int:
-        return len(self.paths)
+    _, listing = list_release(staged.dir, known=staged.images)
+    return listing
 
 
 def write_report(report, config: RunConfig, *, validation: Mapping | None = None, staged: Staged | None = None,

@@ -323,7 +323,8 @@ class _Run:
         if passed:
             # The dataset card states the gate's figures; written into the staged release before it is hashed.
             with _timed(timings, "card"):
-                report = replace(report, artifacts=list(s.dataset_card(staged, report)))
+                listing = s.dataset_card(staged, report)
+                report = replace(report, artifacts=list(listing.artifacts), file_manifest=listing.manifest)
         if "stage_seconds" in report.configuration:
             # The report's own steps so far are in the signed stage seconds too; signing, publishing and
             # settling the lineage come after (RunResult.timings, printed by `deid run`).

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from deid.release.catalogue import KeyFigures, key_figures
+from deid.release.manifest import MANIFEST_NAME
 from deid.release.publish import VIDEO_FPS, VIDEOS
 from deid.intake.drop import DEFAULT_LICENSE
 from deid.errors import ConfigError, DataError
@@ -153,6 +154,8 @@ class DatasetCard:
             f"(`fixed_size_list<float32>[{self.dim}]`).",
             "- `metadata.csv`: the same rows without the vectors.",
             "- `README.md`: this card.",
+            f"- `{MANIFEST_NAME}`: the sha256 of the release's image files, one line each (a feature release has "
+            "none: it is empty).",
             "",
             _CSV_NOTE,
             "",
@@ -220,6 +223,8 @@ class DatasetCard:
             + f" and the utility labels ({labels}).",
             "- `release.parquet` and `release.csv`: the same table with the image path in the column `image`.",
             "- `README.md`: this card.",
+            f"- `{MANIFEST_NAME}`: the sha256 of every image, one `<sha256>  <path>` line each, sorted by path "
+            f"(`sha256sum -c {MANIFEST_NAME}` in this directory checks them); the signed report lists its sha256.",
             "",
             _CSV_NOTE,
             "",
@@ -271,7 +276,8 @@ class DatasetCard:
             "## Verifying this release",
             "",
             f"The signed report `reports/{self.release_id}/report.json` (Ed25519, `report.json.sig`) lists the "
-            "sha256 of every file in this directory, this card included. With the data steward's public key:",
+            f"sha256 of every file in this directory, this card included (the images through `{MANIFEST_NAME}`, "
+            "whose sha256 it lists). With the data steward's public key:",
             "",
             "```",
             f"deid verify reports/{self.release_id} --release path/to/this/directory --public-key STEWARD.pub.pem",

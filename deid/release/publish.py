@@ -6,7 +6,8 @@ record ids. It follows the Hugging Face ``imagefolder`` layout, so consumers loa
 ``datasets.load_dataset("imagefolder", data_dir=...)`` or pandas as it is: ``images/*.png``,
 ``metadata.csv`` (``file_name`` + ``record_id``, ``cluster_id``, the labels), ``release.parquet``
 and ``release.csv`` (the same table with the column ``image``) and a dataset card ``README.md``
-(:mod:`deid.release.card`, written once the gate's figures exist, before the release is hashed and signed).
+(:mod:`deid.release.card`, written once the gate's figures exist, before the release is hashed and signed),
+and ``MANIFEST.sha256``, the sha256 of every image (:mod:`deid.release.manifest`; the signed report lists its hash).
 A release of image sequences adds ``sequence_id`` (fresh random per sequence) and ``frame``
 (0, 1, 2... in the sequence's order) to those tables, and each sequence as a video,
 ``videos/<sequence_id>.avi`` (Motion-JPEG, written by OpenCV from the released frames). It is written to a directory inside the run's private staging directory and renamed into place only when the gate
@@ -28,6 +29,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from deid.errors import ConfigError, DataError, StateError
+from deid.release.manifest import ReleaseFiles, sort_paths
 from deid.operations.safety import fault_enospc
 from deid.schemas import arrow as schemas
 
@@ -75,8 +77,8 @@ class StagedRelease:
     mapping: pa.Table | list[dict] = field(default_factory=list)
     # Release-relative paths of the sequence videos (empty without sequences).
     videos: list[str] = field(default_factory=list)
-    # Release-relative path -> (sha256, bytes) of every image file as written (not re-read to hash the release).
-    digests: dict[str, tuple[str, int]] = field(default_factory=dict)
+    # (path, sha256, bytes) of every image file as written, as columns (not re-read to list the release).
+    images: ReleaseFiles = field(default_factory=ReleaseFiles.empty)
 
 
 def write_video(path: Path, frames: list[np.ndarray], *, fps: float = VIDEO_FPS) -> Path:
@@ -195,7 +197,7 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], 
                         "image": released_names, "cluster": cluster_col.take(take),
                         "cluster_id": cols["cluster_id"]}) if record_ids is not None else []
     del cols
-    digests = _write_images(tmp_dir, images, shape, names)
+    written = _write_images(tmp_dir, images, shape, names)
     videos = []
     if seq_of is not None:
         (tmp_dir / VIDEOS).mkdir()
@@ -213,7 +215,7 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], 
     # imagefolder: file_name first, relative to metadata.csv; the same columns otherwise.
     _write_csv(tmp_dir / METADATA_CSV, ["file_name", *(c for c in schema.names if c != "image")],
                ({"file_name": r["image"], **r} for r in _table_rows(table)), drop=("image",))
-    return StagedRelease(tmp_dir, schema.names, n, mapping, videos, digests)
+    return StagedRelease(tmp_dir, schema.names, n, mapping, videos, written)
 
 
 def _strings(values, n: int, name: str) -> pa.Array:
@@ -245,9 +247,8 @@ def _table_rows(table: pa.Table, batch: int = 4096):
         yield from b.to_pylist()
 
 
-def _write_images(tmp_dir: Path, images, shape: tuple[int, ...], names,
-                  chunk: int = 4096) -> dict[str, tuple[str, int]]:
-    """Write ``images[i]`` as PNG to ``tmp_dir / names[i]``; returns (sha256, bytes) of every file written.
+def _write_images(tmp_dir: Path, images, shape: tuple[int, ...], names, chunk: int = 4096) -> ReleaseFiles:
+    """Write ``images[i]`` as PNG to ``tmp_dir / names[i]``; returns (path, sha256, bytes) of every file written.
 
     A k-Same release gives every member of a cluster the same image: when ``images`` says which
     rows are the same (an ``index`` of distinct rows, :class:`deid.operations.stages.IndexedRows`),
@@ -263,8 +264,15 @@ def _write_images(tmp_dir: Path, images, shape: tuple[int, ...], names,
     by_key = np.argsort(keys, kind="stable")
     starts = np.flatnonzero(np.r_[True, keys[by_key][1:] != keys[by_key][:-1]]) if n else np.zeros(0, np.int64)
     ends = np.r_[starts[1:], n].astype(np.int64) if n else starts
-    digests: dict[str, tuple[str, int]] = {}
     arrow = isinstance(names, (pa.Array, pa.ChunkedArray))
+    # Columns in path order, filled per record where its path sorts (issue 13: a dict entry per image held
+    # ~350 bytes; columns ~70, and no sorted copy made afterwards).
+    paths, order = sort_paths(names if arrow else list(names))
+    rank = np.empty(n, np.int64)
+    rank[order] = np.arange(n)
+    del order
+    sha = np.zeros((n, 32), np.uint8)
+    sizes = np.zeros(n, np.int64)
     for c in range(0, len(starts), chunk):
         reps = by_key[starts[c:c + chunk]]  # one record per distinct image
         block = np.asarray(images[reps]) if index is not None else None
@@ -279,13 +287,14 @@ def _write_images(tmp_dir: Path, images, shape: tuple[int, ...], names,
             if not ok:
                 raise RuntimeError(f"PNG encoding failed for a {shape} image")
             data = buf.tobytes()
-            digest = (hashlib.sha256(data).hexdigest(), len(data))
+            members = rank[by_key[a:b]]
+            sha[members] = np.frombuffer(hashlib.sha256(data).digest(), np.uint8)
+            sizes[members] = len(data)
             for name in chunk_names[a - first:b - first]:
                 fault_enospc("stage", tmp_dir / name)
                 with open(tmp_dir / name, "wb") as fh:
                     fh.write(data)
-                digests[name] = digest
-    return digests
+    return ReleaseFiles.from_sorted(paths, sha, sizes)
 
 
 def _sequence_ids(sequences: list | None, frames: list | None, n: int) -> list[tuple[str | None, int | None]] | None:

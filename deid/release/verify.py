@@ -5,6 +5,8 @@ import base64
 import binascii
 import json
 import logging
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,13 +14,15 @@ from typing import Any
 from deid.errors import (
     BadSignature,
     ConfigError,
+    DataError,
     HashMismatch,
     MissingFile,
     UnlistedFile,
     VerificationError,
     WrongKey,
 )
-from deid.reporting.report import REPORT_NAME, SIGNATURE_NAME, hash_file, report_problems, scan_tree
+from deid.reporting.report import REPORT_NAME, SIGNATURE_NAME, hash_file, iter_tree, report_problems, scan_tree
+from deid.release.manifest import read_manifest
 from deid.operations.safety import ADDENDUM_NAME, ADDENDUM_SIG_NAME
 from deid.release.signing import SIGNATURE_BYTES, canonical_json, load_public_key, public_key_fingerprint, verify_bytes
 
@@ -93,6 +97,13 @@ def _release_dir(report_dir: Path, report: dict[str, Any], release_dir: Path | N
 def _check_release(root: Path, artifacts: list[dict[str, Any]], problems: list[VerificationError], *,
                    where: str = "", ignore: frozenset[str] = frozenset(), what: str = "release directory") -> None:
     files, others = scan_tree(root)
+    _check_listed(root, artifacts, files, others, problems, where=where, ignore=ignore, what=what)
+
+
+def _check_listed(root: Path, artifacts: list[dict[str, Any]], files: dict[str, str], others: list[str],
+                  problems: list[VerificationError], *, where: str = "", ignore: frozenset[str] = frozenset(),
+                  what: str = "release directory") -> None:
+    """Every listed file exists with its hash, and every regular file of ``files`` (and entry of ``others``) is listed."""
     listed = set(ignore)
     root_resolved = root.resolve()
     for a in artifacts:
@@ -119,6 +130,77 @@ def _check_release(root: Path, artifacts: list[dict[str, Any]], problems: list[V
     for rel in others:
         if rel not in listed:
             problems.append(UnlistedFile(f"extra unlisted file {rel}{where} (symlink or special file)"))
+
+
+def _check_manifested_release(root: Path, report: dict[str, Any], problems: list[VerificationError],
+                              notes: list[str]) -> None:
+    """A release whose images are listed in its signed file manifest (:mod:`deid.release.manifest`).
+
+    The files outside the manifest's directories are checked against ``artifacts`` (the manifest
+    among them, its sha256 signed in the report); then the manifest is streamed: every line's file
+    exists and has that sha256, and as many regular files lie under the manifest's directories as
+    it lists, so no other file is there. Nothing is held per image (a million of them).
+    """
+    fm = report["file_manifest"]
+    covers = tuple(fm["covers"])
+    files: dict[str, str] = {}
+    others: list[str] = []
+    covered, covered_others = 0, set()
+    for rel, entry, regular in iter_tree(root):
+        if rel.startswith(covers):
+            if regular:
+                covered += 1
+            else:
+                covered_others.add(rel)
+        elif regular:
+            files[rel] = entry.path
+        else:
+            others.append(rel)
+    before = len(problems)
+    _check_listed(root, report["artifacts"], dict(sorted(files.items())), sorted(others), problems)
+    manifest = files.get(fm["path"])
+    if manifest is None or hash_file(manifest)[0] != fm["sha256"]:
+        notes.append(f"images under {list(covers)} not checked: {fm['path']} is missing or not the signed one")
+        if len(problems) == before:  # not already said by the artifact check
+            problems.append(HashMismatch(f"hash mismatch {fm['path']}: not the file manifest the report signs"))
+        return
+    rows = found = total = 0
+    bad_before = len(problems)
+    try:
+        for sha, rel in read_manifest(Path(manifest)):
+            rows += 1
+            if not rel.startswith(covers):
+                problems.append(VerificationError(f"{fm['path']} lists {rel}, outside its directories {list(covers)}"))
+                continue
+            p = os.path.join(root, rel)
+            try:
+                st = os.lstat(p)
+            except FileNotFoundError:
+                problems.append(MissingFile(f"missing file {rel}"))
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                covered_others.discard(rel)
+                problems.append(VerificationError(f"not a regular file {rel} (symlinks are not allowed in a release directory)"))
+                continue
+            found += 1
+            got, size = hash_file(Path(p))
+            total += size
+            if got != sha:
+                problems.append(HashMismatch(f"hash mismatch {rel}: sha256 {got}, {fm['path']} lists {sha}"))
+    except DataError as exc:
+        problems.append(VerificationError(f"{fm['path']} is not a valid file manifest: {exc}"))
+        return
+    if rows != fm["files"]:
+        problems.append(VerificationError(f"{fm['path']} lists {rows} files, the signed report says {fm['files']}"))
+    elif len(problems) == bad_before and total != fm["bytes"]:
+        problems.append(VerificationError(f"the files {fm['path']} lists hold {total} bytes, the signed report says "
+                                          f"{fm['bytes']}"))
+    if covered > found:  # some regular file there is not in the manifest: name them (a second pass, only now)
+        listed = {rel for _, rel in read_manifest(Path(manifest))}
+        problems.extend(UnlistedFile(f"extra unlisted file {rel}") for rel, _, regular in sorted(iter_tree(root))
+                        if regular and rel.startswith(covers) and rel not in listed)
+    problems.extend(UnlistedFile(f"extra unlisted file {rel} (symlink or special file)") for rel in sorted(covered_others))
+    notes.append(f"{found} of {fm['files']} files listed in {fm['path']} checked")
 
 
 REPORT_DIR_SUFFIX = " (report directory)"
@@ -241,7 +323,10 @@ def verify_report(
             problems.append(VerificationError(f"release directory {root} ({how}) not found; pass release_dir="))
         else:
             notes.append(f"release directory {root} ({how})")
-            _check_release(root, report["artifacts"], problems)
+            if "file_manifest" in report:
+                _check_manifested_release(root, report, problems, notes)
+            else:  # a report older than the file manifest lists every released file itself
+                _check_release(root, report["artifacts"], problems)
     if not schema_problems:
         _check_report_files(report_dir, report, problems, notes)
     _check_addendum(report_dir, public_key, problems, notes)

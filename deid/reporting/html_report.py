@@ -464,6 +464,11 @@ def _validation(results: Any, href: str | None) -> str:
     return "".join(out)
 
 
+def released_files(r: Mapping[str, Any]) -> int:
+    """How many files the report's release holds: those it lists, and those its file manifest lists."""
+    return len(r.get("artifacts") or []) + int((r.get("file_manifest") or {}).get("files") or 0)
+
+
 def _provenance(r: Mapping[str, Any], public_key_hint: str, report_dir_hint: str | None) -> str:
     ds = r.get("dataset", {}) or {}
     signing = r.get("signing") or {}
@@ -474,14 +479,15 @@ def _provenance(r: Mapping[str, Any], public_key_hint: str, report_dir_hint: str
         ["release directory", esc(r.get("release_dir"))],
         ["signer's key fingerprint", f"<code>{esc(signing.get('public_key_fingerprint'))}</code> "
                                      f"({esc(signing.get('algorithm', 'ed25519'))}, {esc(signing.get('key_origin'))} key)"],
-        ["released files", esc(len(r.get("artifacts") or []))],
+        ["released files", esc(released_files(r))],
     ], cls="kv")]
     if signing.get("key_origin") == "development":
         out.append("<p class='fail'>Signed with a development key: not for production releases.</p>")
     report_dir = report_dir_hint or f"reports/{r.get('release_id')}"
     out += ["<h3>How to verify</h3>",
             "<p>report.json is signed (Ed25519 over its canonical JSON, in report.json.sig) and lists the "
-            "SHA-256 of every released file, of this page and of the validation results. With the signer's "
+            "SHA-256 of every released file (the images through the release's file manifest, whose SHA-256 it "
+            "lists), of this page and of the validation results. With the signer's "
             "public key obtained from a channel you trust (never from beside the report), run:</p>",
             f"<pre>deid verify {esc(report_dir)} --public-key {esc(public_key_hint)}</pre>",
             f"<p class='muted'>The key's fingerprint must be <code>{esc(signing.get('public_key_fingerprint'))}</code>. "

@@ -10,9 +10,8 @@ import logging
 import math
 import os
 import re
-import stat
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata, resources
@@ -30,6 +29,7 @@ __all__ = [
     "Artifact",
     "Check",
     "DatasetSummary",
+    "FileManifest",
     "Privacy",
     "Reidentification",
     "Report",
@@ -39,6 +39,7 @@ __all__ = [
     "hash_file",
     "hash_report_files",
     "hash_tree",
+    "iter_tree",
     "jsonable",
     "load_schema",
     "package_versions",
@@ -172,6 +173,32 @@ class Artifact:
     bytes: int
 
 
+@dataclass(frozen=True)
+class FileManifest:
+    """The release's file manifest as the signed report describes it (issue 13: a million images).
+
+    ``path`` (a release file, also listed in ``artifacts`` with this ``sha256``) lists every file under
+    the ``covers`` directories, one ``<sha256 hex>  <path>`` line each (``sha256sum`` format), sorted
+    by path; ``files`` is its number of lines and ``bytes`` the listed files' total size.
+    """
+
+    path: str
+    sha256: str
+    files: int
+    bytes: int
+    covers: tuple[str, ...] = ("images/",)
+    format: Literal["sha256sum"] = "sha256sum"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "sha256": self.sha256, "format": self.format, "covers": list(self.covers),
+                "files": int(self.files), "bytes": int(self.bytes)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> FileManifest:
+        return cls(path=d["path"], sha256=d["sha256"], files=d["files"], bytes=d["bytes"],
+                   covers=tuple(d["covers"]), format=d["format"])
+
+
 @dataclass
 class SigningInfo:
     """Which key signed the report (by fingerprint; the key itself is never embedded)."""
@@ -214,6 +241,9 @@ class Report:
     warnings: list[str] | None = None
     lineage: dict[str, Any] | None = None
     validation: dict[str, Any] | None = None
+    # The images are listed in a signed file of the release, not in ``artifacts`` (issue 13); None: every
+    # released file is in ``artifacts`` (a rejected run, or a report older than the manifest).
+    file_manifest: FileManifest | None = None
 
     @property
     def released(self) -> bool:
@@ -225,10 +255,10 @@ class Report:
         # directly, not through the generic dataclasses.asdict / jsonable walk.
         files = {"artifacts": _files_dicts(self.artifacts),
                  "report_files": None if self.report_files is None else _files_dicts(self.report_files)}
-        d = dataclasses.asdict(dataclasses.replace(self, artifacts=[], report_files=None))
+        d = dataclasses.asdict(dataclasses.replace(self, artifacts=[], report_files=None, file_manifest=None))
         if d["privacy"] is None:
             d["privacy"] = dataclasses.asdict(Privacy(bound=1.0 / self.k))
-        _drop_none(d, "report_files", "guarantee", "warnings", "lineage", "validation")
+        _drop_none(d, "report_files", "guarantee", "warnings", "lineage", "validation", "file_manifest")
         _drop_none(d["dataset"], "records_withheld", "near_copy_repair")
         _drop_none(d["privacy"], "max_person_share", "exact_bound", "attack_sample")
         for r in d["privacy"]["reidentification"]:
@@ -243,6 +273,8 @@ class Report:
         out["artifacts"] = files["artifacts"]
         if files["report_files"] is not None:
             out["report_files"] = files["report_files"]
+        if self.file_manifest is not None:
+            out["file_manifest"] = self.file_manifest.to_dict()
         # The keys in the dataclass's field order, as dataclasses.asdict gives them.
         return {f.name: out[f.name] for f in dataclasses.fields(self) if f.name in out}
 
@@ -277,6 +309,7 @@ class Report:
             versions=dict(d["versions"]),
             configuration=dict(d["configuration"]),
             report_files=[Artifact(**a) for a in d["report_files"]] if "report_files" in d else None,
+            file_manifest=FileManifest.from_dict(d["file_manifest"]) if "file_manifest" in d else None,
         )
 
 
@@ -370,13 +403,12 @@ def hash_file(path: Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def scan_tree(root: Path) -> tuple[dict[str, str], list[str]]:
-    """Regular files under ``root`` by POSIX relative path (-> the file's path, a str), and the relative paths of
-    anything else (symlinks, fifos)."""
-    root = Path(root)
-    files: dict[str, str] = {}
-    others: list[str] = []
-    # os.scandir's entry types (no stat per file, no Path per file until kept): a release lists a million images.
+def iter_tree(root: Path) -> Iterator[tuple[str, os.DirEntry, bool]]:
+    """(POSIX relative path, directory entry, is a regular file) of everything under ``root`` but its
+    directories, in no particular order; a symlink (even to a directory) or a fifo is yielded as not regular.
+
+    One ``os.scandir`` per directory and no Path per file: a release holds a million images.
+    """
     stack = [(os.fspath(root), "")]
     while stack:
         path, prefix = stack.pop()
@@ -384,13 +416,23 @@ def scan_tree(root: Path) -> tuple[dict[str, str], list[str]]:
             for e in it:
                 rel = prefix + e.name
                 if e.is_symlink():
-                    others.append(rel)  # a symlinked directory is never descended into
+                    yield rel, e, False  # a symlinked directory is never descended into
                 elif e.is_dir(follow_symlinks=False):
                     stack.append((e.path, rel + "/"))
-                elif e.is_file(follow_symlinks=False):
-                    files[rel] = e.path  # a str: a Path per file held ~0.5 KB each (a million images)
                 else:
-                    others.append(rel)
+                    yield rel, e, e.is_file(follow_symlinks=False)
+
+
+def scan_tree(root: Path) -> tuple[dict[str, str], list[str]]:
+    """Regular files under ``root`` by POSIX relative path (-> the file's path, a str), and the relative paths of
+    anything else (symlinks, fifos)."""
+    files: dict[str, str] = {}
+    others: list[str] = []
+    for rel, e, regular in iter_tree(Path(root)):
+        if regular:
+            files[rel] = e.path  # a str: a Path per file held ~0.5 KB each
+        else:
+            others.append(rel)
     return {rel: files[rel] for rel in sorted(files)}, sorted(others)
 
 
@@ -425,7 +467,8 @@ def hash_tree(root: Path, *, known: Mapping[str, tuple[str, int]] | None = None)
     """``[{path, sha256, bytes}]`` for every regular file under ``root``, sorted by POSIX relative path; refuses symlinks.
 
     ``known``: (sha256, bytes) of files hashed as they were written (e.g.
-    :attr:`deid.release.publish.StagedRelease.digests`), not read again (issue 13: a million images).
+    :meth:`deid.release.manifest.ReleaseFiles.known`), not read again. A release lists its images with
+    :func:`deid.release.manifest.list_release` (columns and a manifest), not with this.
     """
     return _hash_regular_files(
         Path(root),
@@ -518,6 +561,7 @@ def report_problems(report: Mapping[str, Any]) -> list[str]:
     if len(set(report_paths)) != len(report_paths):
         dupes = sorted({p for p in report_paths if report_paths.count(p) > 1})
         problems.append(f"$.report_files lists paths more than once: {dupes}")
+    problems += _manifest_problems(report, paths)
     signed = sorted({REPORT_NAME, SIGNATURE_NAME} & set(report_paths))
     if signed:
         problems.append(f"$.report_files must not list {signed}: report.json cannot contain its own hash")
@@ -558,6 +602,28 @@ def report_problems(report: Mapping[str, Any]) -> list[str]:
             if max_rate is not None and r["rate"] > max_rate:
                 problems.append(f"$.privacy.max_rate = {max_rate!r} is below the {r['attacker']}/{r['mode']} rate {r['rate']!r}")
     return problems
+
+
+def _manifest_problems(report: Mapping[str, Any], paths: list[str]) -> list[str]:
+    """The file manifest is a release file the report lists (same sha256), and no file is listed twice (in
+    ``artifacts`` and, through a covered directory, in the manifest)."""
+    fm = report.get("file_manifest")
+    if fm is None:
+        return []
+    out = []
+    listed = [a for a in report["artifacts"] if a["path"] == fm["path"]]
+    if not listed:
+        out.append(f"$.file_manifest.path = {fm['path']!r} is not listed in $.artifacts; the report must sign the "
+                   "manifest's hash as a release file")
+    elif listed[0]["sha256"] != fm["sha256"]:
+        out.append(f"$.file_manifest.sha256 = {fm['sha256']} differs from $.artifacts' {listed[0]['sha256']} for "
+                   f"{fm['path']}")
+    covers = tuple(fm["covers"])
+    twice = [p for p in paths if p.startswith(covers)]
+    if twice:
+        out.append(f"$.artifacts lists {len(twice)} file(s) under {list(covers)} (e.g. {twice[0]}), which the file "
+                   "manifest lists")
+    return out
 
 
 def _count_problems(report: Mapping[str, Any]) -> list[str]:

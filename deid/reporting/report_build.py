@@ -30,6 +30,7 @@ from deid.contracts import (
 from deid.anonymise.method_registry import REGISTRY, guarantee, release_guarantee
 from deid.reporting.report import (
     Artifact,
+    FileManifest,
     Check,
     DatasetSummary,
     Privacy,
@@ -146,13 +147,15 @@ def exact_bound_holds(gate, k: int) -> bool:
 
 def verdict_fields(*, release_id: str, run_id: str, created_at: str, config: RunConfig, gate,
                    promise: str, dataset: DatasetSummary, artifacts: Sequence[Artifact],
-                   signing: SigningInfo, versions: Mapping[str, str | None]) -> dict[str, Any]:
+                   signing: SigningInfo, versions: Mapping[str, str | None],
+                   file_manifest: FileManifest | None = None) -> dict[str, Any]:
     """The :class:`~deid.reporting.report.Report` fields every run's report has (images or feature vectors).
 
     ``promise`` is what the method promises on this kind of drop; the report's guarantee is that, or
     the exact bound when the gate found it in the data (:func:`release_guarantee`).
-    ``release_dir`` and ``artifacts`` describe where the release *will* be once published (the report
-    is signed before the staged release is renamed into place); a rejected run lists none.
+    ``release_dir``, ``artifacts`` and ``file_manifest`` (the images, :mod:`deid.release.manifest`)
+    describe where the release *will* be once published (the report is signed before the staged
+    release is renamed into place); a rejected run lists none.
     """
     passed = gate.passed
     guarantee_text = release_guarantee(config.method, config.k, exact=exact_bound_holds(gate, config.k),
@@ -162,7 +165,7 @@ def verdict_fields(*, release_id: str, run_id: str, created_at: str, config: Run
         method=config.method, created_at=created_at, reasons=list(gate.reasons), warnings=list(gate.warnings),
         guarantee=guarantee_text, dataset=dataset, checks=[Check.from_gate(c) for c in gate.checks],
         privacy=privacy_section(gate, config.k), utility=[Utility.from_row(u) for u in gate.utility],
-        artifacts=list(artifacts) if passed else [],
+        artifacts=list(artifacts) if passed else [], file_manifest=file_manifest if passed else None,
         release_dir=str(config.releases_dir / release_id) if passed else None, signing=signing,
         versions=dict(versions))
 
@@ -183,7 +186,8 @@ def build_report(*, release_id: str, run_id: str, created_at: str, config: RunCo
                             dataset=dataset_summary(ingested.name, ingested.fingerprint, counts, passed=gate.passed,
                                                     quarantine_by_reason=quarantine_by_reason,
                                                     near_copies=deidentified.near_copies),
-                            artifacts=staged.artifacts if staged else (), signing=signing, versions=versions)
+                            artifacts=staged.artifacts if staged else (), signing=signing, versions=versions,
+                            file_manifest=staged.manifest if staged else None)
     near = deidentified.near_copies
     warn = near.warning(counts.judged) if near is not None else None
     if warn:  # too many near copies for a release of distinct people: said plainly, whatever the verdict
