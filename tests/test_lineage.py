@@ -512,3 +512,30 @@ def test_describe_and_cli_list_releases_and_members_only_with_key(tmp_path, caps
     # type-based exit mapping (70, tests/test_cli_tables.py).
     with pytest.raises(LineageError, match="does not authenticate"):
         run("synthetic", "--key", str(bad))
+
+
+def test_marking_published_appends_to_the_registered_state_without_reading_the_registry_again(tmp_path, monkeypatch):
+    # Issue 13: at 1M faces, reading and replaying the whole registry to append a one-line status entry held
+    # 1.9 GiB; the run passes the state its registration returned. A stale state falls back to reading it.
+    from deid.operations import pipeline
+
+    _, reg, s2 = _two_releases(tmp_path)  # rel-b registered, pending
+    _, reg_b, _ = _two_releases(tmp_path / "b")
+    loads = []
+    real_load = Registry.load
+    monkeypatch.setattr(Registry, "load", lambda self: loads.append(self.root) or real_load(self))
+    monkeypatch.setattr(pipeline, "_registry", lambda dataset, config: reg)
+    marked = pipeline.register_lineage("synthetic", s2, None, mark="published", release_id="rel-b")
+    assert loads == []
+    assert {r.release_id: r.status for r in marked.releases} == {"rel-a": "published", "rel-b": "published"}
+    again = real_load(reg)
+    assert (again.seq, again.head) == (marked.seq, marked.head)
+    assert {r.release_id: r.status for r in again.releases}["rel-b"] == "published"
+    # A state from before rel-b was registered: the registry is read again and rel-b marked on it.
+    monkeypatch.setattr(pipeline, "_registry", lambda dataset, config: reg_b)
+    stale = real_load(reg_b)
+    stale = type(stale)(dataset=stale.dataset)  # an empty state: not the registry's head
+    marked_b = pipeline.register_lineage("synthetic", stale, None, mark="published", release_id="rel-b")
+    assert loads, "a stale state must send the mark through a fresh read of the registry"
+    assert {r.release_id: r.status for r in marked_b.releases}["rel-b"] == "published"
+    assert (real_load(reg_b).seq, real_load(reg_b).head) == (marked_b.seq, marked_b.head)

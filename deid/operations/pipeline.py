@@ -589,13 +589,23 @@ def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, threads: int =
 
 def register_lineage(dataset: str, state, config: RunConfig, rel=None, *, mark: str | None = None,
                      release_id: str | None = None, logger: Logger | None = None):
-    """Append a release to the registry (pending), or mark it ``published`` / ``abandoned``; returns the state."""
+    """Append a release to the registry (pending), or mark it ``published`` / ``abandoned``; returns the state.
+
+    Marking ``published`` with the ``state`` the registration returned appends to it when the registry
+    has not moved on since (its authenticated head): at a million faces, reading and replaying the
+    whole registry again held 1.9 GiB for a one-line entry (issue 13). Otherwise it is read again.
+    """
     from deid.release.lineage import LineageError  # noqa: PLC0415
 
     reg = _registry(dataset, config)
     try:
         if rel is not None:
             return reg.append_release(state, rel)
+        if mark == "published" and state is not None:
+            try:
+                return reg.mark_published(state, release_id)
+            except LineageError:  # another run appended since (or the state is not current): read it again
+                pass
         current = reg.load()
         if mark == "published":
             return reg.mark_published(current, release_id)

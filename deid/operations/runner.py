@@ -312,11 +312,12 @@ class _Run:
         # signed or published.
         with _timed(timings, "report"):
             validate_report(report.to_dict())
+        registered = None
         if passed and lin is not None:
             # Registered (pending) before the report is signed and the release published: a crash from here
             # on can never let the next run re-cluster these people; the next run settles the status.
             with _timed(timings, "register"):
-                s.register_lineage(dataset, lin.state, config, lin.release)
+                registered = s.register_lineage(dataset, lin.state, config, lin.release)
             fault_point("register")
         elif not passed and staged is not None:
             s.withhold(staged)
@@ -338,7 +339,7 @@ class _Run:
                      if passed else None)
         if lin is not None and published is not None:
             with _timed(timings, "register"):
-                self.settle_lineage(dataset, "published")
+                self.settle_lineage(dataset, "published", state=registered)
         self.layout.complete.touch()
         self.logger.info("verdict: %s; report %s", report.verdict, signed.path)
         return RunResult(release_id=self.release_id, verdict=report.verdict, report=report, report_path=signed.path,
@@ -367,10 +368,13 @@ class _Run:
         fault_point("publish")
         return published
 
-    def settle_lineage(self, dataset: str, kind: str) -> None:
-        """Mark a registered release published or abandoned; if that fails, the next run's reconcile settles it."""
+    def settle_lineage(self, dataset: str, kind: str, *, state=None) -> None:
+        """Mark a registered release published or abandoned; if that fails, the next run's reconcile settles it.
+
+        ``state``: the registry's state this run's registration returned (not read and replayed again).
+        """
         try:
-            self.steps.register_lineage(dataset, None, self.config, mark=kind, release_id=self.release_id)
+            self.steps.register_lineage(dataset, state, self.config, mark=kind, release_id=self.release_id)
         except (StateError, OSError) as exc:
             self.logger.warning("lineage %s: could not mark %s %s (%s); the next run settles it from the releases "
                         "directory", dataset, self.release_id, kind, exc)
