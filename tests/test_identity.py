@@ -118,3 +118,41 @@ def test_distance_blocks_cover_every_pair_exactly_once():
         seen[s:s + len(d), s:] += 1
         assert np.allclose(d, full[s:s + len(d), s:])
     assert np.array_equal(np.triu(seen, 1), np.triu(np.ones_like(full), 1))  # every pair i < j, once
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 300), d=st.integers(1, 12), rows=st.integers(1, 64), seed=st.integers(0, 2**31 - 1))
+def test_node_mean_of_float32_chunks_is_the_float64_copys_mean_bit_for_bit(n, d, rows, seed):
+    """issue 13: the bucket split centres float32 features a chunk at a time, with no float64 copy of them."""
+    import deid.anonymise.identity as ident
+
+    rng = np.random.default_rng(seed)
+    X = (rng.normal(0, 1, (n, d)) * 10 ** rng.uniform(-3, 4, d)).astype(np.float32)
+    idx = rng.permutation(n)[: max(1, n - int(rng.integers(0, n)))]
+    old, ident._ROWS = ident._ROWS, rows
+    try:
+        got = ident._node_mean(X, idx)
+    finally:
+        ident._ROWS = old
+    assert np.array_equal(got, X[idx].astype(np.float64).mean(axis=0))
+
+
+def test_float32_features_give_the_buckets_and_merges_of_their_float64_copy(monkeypatch):
+    """A float32 matrix is split and searched in float64 a chunk at a time: the float64 copy's results."""
+    import deid.anonymise.identity as ident
+
+    rng = np.random.default_rng(5)
+    X = rng.normal(0, 10, (3000, 16)).astype(np.float32)
+    copies = (X[:12] + rng.normal(0, 0.01, (12, 16))).astype(np.float32)  # noisy copies under fake ids
+    ids = [f"p{i // 2}" for i in range(3000)] + [f"fake{i}" for i in range(12)]
+    Z = np.vstack([X, copies])
+    monkeypatch.setattr(ident, "_EXACT_LIMIT", 500)  # buckets, not one exact search
+    monkeypatch.setattr(ident, "_BUCKET", 300)
+    monkeypatch.setattr(ident, "_ROWS", 97)  # several chunks per node
+    buckets32 = ident._buckets(Z, 300)
+    buckets64 = ident._buckets(Z.astype(np.float64), 300)
+    assert [b.tolist() for b in buckets32] == [b.tolist() for b in buckets64]
+    assert sorted(np.concatenate(buckets32).tolist()) == list(range(len(Z)))
+    r32, r64 = resolve_people(ids, Z), resolve_people(ids, Z.astype(np.float64))
+    assert r32 == r64
+    assert r32.face_merges and {r32.person[i] for i in (0, 3000)} == {r32.person[0]}

@@ -120,3 +120,85 @@ def test_message_logs_bounded_and_a_lower_setting_kept():
     with dask.config.set({key: 5}):
         bound_message_logs()
         assert dask.config.get(key) == 5
+
+
+def _staged_parts(root, n: int = 30, d: int = 4, seed: int = 3):
+    """Aligned and feature parts of ``n`` faces in shuffled order over 3 parts (as align writes them)."""
+    from deid.contracts import Aligned, Featurized
+
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n)
+    root.mkdir(parents=True, exist_ok=True)
+    aligned, feats = [], []
+    for p, rows in enumerate(np.array_split(order, 3)):
+        ids = [f"r{i:05d}" for i in rows]
+        pq.write_table(pa.table({"record_id": ids, "pixels": [bytes([i % 256]) * 6 for i in rows]}),
+                       root / f"a{p}.parquet")
+        X = (rows[:, None] * 10 + np.arange(d)[None, :]).astype(np.float32)
+        feats_t = pa.table({"record_id": ids, "features": pa.array(list(X), pa.list_(pa.float32()))})
+        pq.write_table(feats_t, root / f"f{p}.parquet")
+        aligned.append(root / f"a{p}.parquet")
+        feats.append(root / f"f{p}.parquet")
+    return Aligned(parts=tuple(aligned)), Featurized(parts=tuple(feats), n_components=d)
+
+
+def test_load_faces_places_each_faces_features_as_concatenating_and_taking_did(tmp_path):
+    """issue 13: the features are copied part by part into one buffer, in record order, not concatenated and taken."""
+    import pyarrow.compute as pc
+
+    from deid.operations.pipeline import load_faces
+
+    aligned, feats = _staged_parts(tmp_path / "s", n=30)
+    meta = _faces(32)  # two records (r00030, r00031) never aligned: not faces
+    faces = load_faces(meta, aligned, feats, ["gender"], pixels=False)
+    assert faces.column("record_id").to_pylist() == [f"r{i:05d}" for i in range(30)]
+    every = pa.concat_tables([pq.read_table(p) for p in feats.parts])
+    at = pc.index_in(faces.column("record_id"), value_set=every.column("record_id").combine_chunks())
+    assert faces.column("features").combine_chunks().equals(every.column("features").take(at).combine_chunks())
+    assert faces.schema.field("features").type == pq.read_schema(feats.parts[0]).field("features").type
+    with_pixels = load_faces(meta, aligned, feats, ["gender"])
+    assert with_pixels.column("pixels").to_pylist() == [bytes([i]) * 6 for i in range(30)]
+
+
+def test_load_faces_names_a_face_without_features_and_refuses_ragged_parts(tmp_path):
+    import pytest
+
+    from deid.contracts import Featurized
+    from deid.errors import StateError
+    from deid.operations.pipeline import load_faces
+
+    aligned, feats = _staged_parts(tmp_path / "s", n=30)
+    short = pq.read_table(feats.parts[1])
+    missing = short.column("record_id")[0].as_py()
+    pq.write_table(short.slice(1), feats.parts[1])
+    with pytest.raises(KeyError, match=missing):
+        load_faces(_faces(30), aligned, feats, [], pixels=False)
+    aligned, feats = _staged_parts(tmp_path / "t", n=30)
+    t = pq.read_table(feats.parts[2])
+    rows = t.column("features").to_pylist()
+    rows[0] = rows[0][:-1]  # one row shorter: positions in one flat buffer would shift
+    pq.write_table(t.set_column(1, "features", pa.array(rows, pa.list_(pa.float32()))), feats.parts[2])
+    with pytest.raises(StateError, match="different lengths"):
+        load_faces(_faces(30), aligned, Featurized(parts=feats.parts, n_components=4), [], pixels=False)
+
+
+def test_partitions_written_from_row_indices_hold_the_rows_a_copy_of_each_would(tmp_path):
+    """write_partitions hands write_with_pixels each partition's rows of one table, not a copy per partition."""
+    from deid.contracts import StagingLayout
+    from deid.operations.pipeline import load_faces, write_partitions
+
+    aligned, feats = _staged_parts(tmp_path / "s", n=30)
+    faces = load_faces(_faces(30), aligned, feats, ["gender", "expression"], pixels=False)
+    groups = {("a",): [0, 2, 5, 7, 8, 29], ("b",): [1, 3, 4], ("c",): list(range(9, 29))}
+    layout = StagingLayout(tmp_path / "staging")
+    parts = write_partitions(faces, groups, layout, aligned)
+    full = load_faces(_faces(30), aligned, feats, ["gender", "expression"])
+    for info, idx in zip(parts, groups.values()):
+        got = pq.read_table(next(info.dir.glob("*.parquet")))
+        assert got.schema.names == full.schema.names
+        # Rows come in the aligned parts' order (as they are streamed), each whole.
+        assert sorted(got.to_pylist(), key=lambda r: r["record_id"]) == full.take(pa.array(idx, pa.int64())).to_pylist()
+        mine = set(full.take(pa.array(idx, pa.int64())).column("record_id").to_pylist())
+        in_parts = [r for p in aligned.parts for r in pq.read_table(p).column("record_id").to_pylist()]
+        assert got.column("record_id").to_pylist() == [r for r in in_parts if r in mine]
+        assert info.records == len(idx)

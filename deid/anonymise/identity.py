@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 NEAR_DUPLICATE_RATIO = 0.2
 _EXACT_LIMIT = 20_000
 _BUCKET = 2_000
+_ROWS = 65_536  # rows converted to float64 at a time by the bucket split (3.2 MB at 50-d)
 
 
 def normalize_subject_id(value: str) -> str:
@@ -99,21 +100,45 @@ def _nearest_other(X: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.nda
 
 
 def _buckets(X: np.ndarray, size: int) -> list[np.ndarray]:
-    """Split rows at the median of the leading principal direction until buckets hold <= size."""
+    """Split rows at the median of the leading principal direction until buckets hold <= size.
+
+    ``X`` may be float32 (the stage's features, half the memory of a float64 copy): each node is
+    centred and projected in float64 a chunk of rows at a time, the same values as the float64
+    copy of the node centred in place (the mean is a row-by-row sum, carried from chunk to chunk),
+    so memory holds O(node) floats, not a float64 copy of the features (issue 13).
+    """
     out, todo = [], [np.arange(len(X))]
     while todo:
         idx = todo.pop()
         if len(idx) <= size:
             out.append(idx)
             continue
-        Y = X[idx]  # one copy, centred in place (the same values as X[idx] - X[idx].mean(axis=0); issue 13)
-        Y -= Y.mean(axis=0)
-        v = np.linalg.svd(Y[:: max(1, len(idx) // 2000)], full_matrices=False)[2][0]
-        proj = Y @ v
+        mean = _node_mean(X, idx)
+        v = np.linalg.svd(X[idx[:: max(1, len(idx) // 2000)]].astype(np.float64) - mean, full_matrices=False)[2][0]
+        proj = np.concatenate([(X[idx[a:a + _ROWS]].astype(np.float64) - mean) @ v
+                               for a in range(0, len(idx), _ROWS)])
         order = np.argsort(proj, kind="stable")
         half = len(idx) // 2
         todo += [idx[order[:half]], idx[order[half:]]]
     return out
+
+
+def _node_mean(X: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    """``X[idx].astype(float64).mean(axis=0)`` bit for bit, a chunk of rows at a time.
+
+    NumPy sums an axis-0 reduction row by row; chaining each chunk onto the running sum keeps that order.
+    """
+    total = None
+    for a in range(0, len(idx), _ROWS):
+        rows = X[idx[a:a + _ROWS]].astype(np.float64)
+        total = np.add.reduce(rows if total is None else np.vstack([total[None], rows]), axis=0)
+    return total / len(idx)
+
+
+def _person_codes(ids: Sequence[str]) -> np.ndarray:
+    """An integer per record, equal for equal ids (a dict over the distinct ids: no sort of n str)."""
+    code: dict[str, int] = {}
+    return np.fromiter((code.setdefault(x, len(code)) for x in ids), dtype=np.int64, count=len(ids))
 
 
 def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = None, *,
@@ -127,7 +152,8 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
         The manifest's subject ids, one per record.
     features : ndarray of shape (n, d), optional
         Eigenface coefficients; records under different ids closer than
-        ``near_duplicate_ratio`` x the median nearest-other-person distance are merged.
+        ``near_duplicate_ratio`` x the median nearest-other-person distance are merged. Float32 is
+        kept as it is (half the memory) and gives the same merges as its float64 copy.
     embeddings : ndarray of shape (n, 128), optional
         dlib ResNet descriptors (:class:`deid.evaluation.recognizer.DlibEmbedder`); pairs under different
         ids that :func:`deid.evaluation.recognizer.same_person_pairs` calls the same person are merged.
@@ -143,9 +169,11 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
     -------
     PeopleResolution
     """
-    ids = [normalize_subject_id(s) for s in subject_ids]
+    # One normalised str per distinct id, shared by its records (a million records: 500,000 str, not 2 M).
+    normal = {s: normalize_subject_id(s) for s in dict.fromkeys(subject_ids)}
+    ids = [normal[s] for s in subject_ids]
     n = len(ids)
-    normalized_merges = len(set(subject_ids)) - len(set(ids))
+    normalized_merges = len(normal) - len(set(normal.values()))
     if not 0 < near_duplicate_ratio < 1:
         raise ConfigError(f"near_duplicate_ratio={near_duplicate_ratio!r} must be in (0, 1); e.g. 0.2")
     uf = _UnionFind(sorted(set(ids)))
@@ -153,12 +181,12 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
     flagged: set[int] = set()
 
     def match(space: str, X: np.ndarray, threshold_sq: float | None, ratio: float | None) -> None:
-        codes = np.unique(np.asarray(ids, dtype=object), return_inverse=True)[1].ravel()
+        codes = _person_codes(ids)
         groups = [np.arange(n)] if n <= _EXACT_LIMIT else _buckets(X, _BUCKET)
         for idx in groups:
             if len(np.unique(codes[idx])) < 2:
                 continue
-            arg, d2 = _nearest_other(X[idx], codes[idx])
+            arg, d2 = _nearest_other(X[idx].astype(np.float64), codes[idx])
             limit = threshold_sq if threshold_sq is not None else (ratio ** 2) * float(np.median(d2))
             for i in np.flatnonzero(d2 < limit):
                 a, b = int(idx[i]), int(idx[arg[i]])
@@ -169,7 +197,9 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
                 flagged.update((a, b))
 
     if features is not None and n >= 3:
-        X = np.asarray(features, dtype=np.float64)
+        # float32 stays float32 (converted a bucket or chunk at a time: the same values as a float64 copy).
+        X = features if isinstance(features, np.ndarray) and features.dtype == np.float32 \
+            else np.asarray(features, dtype=np.float64)
         if X.shape[0] != n:
             raise ConfigError(f"features has {X.shape[0]} rows but subject_ids has {n}; pass one row per record")
         match(f"{space} near-duplicate", X, None, near_duplicate_ratio)

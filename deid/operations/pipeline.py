@@ -50,6 +50,7 @@ from deid.contracts import (
     UnreadableDrop,
 )
 from deid.errors import ConfigError, DataError, Quarantined, StateError
+from deid.heap import release_free_memory
 from deid.anonymise.near_copy import NearCopyRepair
 from deid.anonymise.sequences import sequence_warning
 from deid.intake.drop import SEQUENCE_COLUMNS
@@ -239,16 +240,59 @@ def load_faces(metadata: pa.Table, aligned: Aligned, featurized: Featurized, lab
     pix_cols = ["pixels"] if pixels else []
     pix = pa.concat_tables([pq.read_table(p, columns=["record_id", *pix_cols, *(["points"] if "points" in names else [])])
                             for p in aligned.parts])
-    feats = pa.concat_tables([pq.read_table(p) for p in featurized.parts])
-    lists = {"features": feats, **({"points": pix} if "points" in names else {})}
-    faces = meta.join(pix.select(["record_id", *pix_cols]), "record_id", join_type="inner")
-    # Arrow joins cannot carry list columns, so the features (and points) are attached by position.
-    for name, table in lists.items():
-        take = pc.index_in(faces.column("record_id"), value_set=table.column("record_id").combine_chunks())
-        if take.null_count:  # as a dict lookup would: every joined face has its row
-            raise KeyError(faces.column("record_id").filter(pc.is_null(take))[0].as_py())
-        faces = faces.append_column(name, table.column(name).take(take))
-    return faces.sort_by("record_id")
+    # Sorted before the list columns join: they are then placed once, straight into record order (a
+    # sort after would copy the features again; issue 13).
+    faces = meta.join(pix.select(["record_id", *pix_cols]), "record_id", join_type="inner").sort_by("record_id")
+    faces = faces.append_column("features", _features_in_order(faces.column("record_id"), featurized.parts))
+    if "points" in names:  # Arrow joins cannot carry list columns: attached by position
+        take = _positions(faces.column("record_id"), pix.column("record_id"))
+        faces = faces.append_column("points", pix.column("points").take(take))
+    del pix
+    release_free_memory()  # the parts as read and the join's hash tables: held for nothing otherwise
+    return faces
+
+
+def _positions(ids: pa.ChunkedArray | pa.Array, among: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """Each of ``ids``' row in ``among``; a KeyError names the first id ``among`` lacks (as a dict lookup)."""
+    at = pc.index_in(ids, value_set=stages._array(among))
+    if at.null_count:
+        raise KeyError(ids.filter(pc.is_null(at))[0].as_py())
+    return at
+
+
+def _features_in_order(ids: pa.ChunkedArray | pa.Array, parts: Sequence[Path]) -> pa.Array:
+    """The feature parts' ``features`` rows in the order of ``ids``, each part copied into one buffer.
+
+    Concatenating the parts and taking rows held the features three times at the peak (+0.7 GB at 1M
+    faces); this holds the result and one part (issue 13). Every id must have a row.
+    """
+    field = pq.read_schema(parts[0]).field("features") if parts else pa.field("features", pa.list_(pa.float32()))
+    part_ids = [pq.read_table(p, columns=["record_id"]).column("record_id") for p in parts]
+    sizes = [len(a) for a in part_ids]
+    at = _positions(ids, pa.chunked_array([c for a in part_ids for c in a.chunks], pa.string())).to_numpy()
+    del part_ids
+    n = len(ids)
+    dest = np.full(sum(sizes), -1, np.int64)  # each part row's place in the result (-1: not asked for)
+    dest[at] = np.arange(n)
+    out, start = None, 0
+    for path, m in zip(parts, sizes):
+        col = stages._array(pq.read_table(path, columns=["features"]).column("features"))
+        to, start = dest[start:start + m], start + m
+        if not m:
+            continue
+        widths = pc.unique(pc.list_value_length(col)).to_pylist()
+        if len(widths) > 1 or out is not None and widths[0] != out.shape[1]:
+            raise StateError(f"feature part {path} holds rows of different lengths ({sorted(widths)[:5]}); "
+                             "re-run featurize")
+        X = stages._features(col, field.type.value_type.to_pandas_dtype())
+        if out is None:
+            out = np.zeros((n, X.shape[1]), X.dtype)
+        keep = to >= 0
+        out[to[keep]] = X[keep]
+    if out is None:
+        out = np.zeros((n, 0), field.type.value_type.to_pandas_dtype())
+    offsets = np.arange(n + 1, dtype=np.int64) * out.shape[1]
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(out.ravel()), type=field.type)
 
 
 def embed_faces(faces: pa.Table, shape_hw: tuple[int, int], executor: Executor) -> np.ndarray:
@@ -288,20 +332,25 @@ def _write_hive(table: pa.Table, root: Path, key: str, basename: str) -> Path:
     return root / f"partition={key}"
 
 
-def write_with_pixels(targets: Sequence[tuple[pa.Table, Path]], aligned: Aligned) -> None:
-    """Write every ``(table, path)`` as Parquet with its faces' ``pixels`` read from the aligned parts.
+def write_with_pixels(targets: Sequence[tuple[pa.Table, Sequence[int], Path]], aligned: Aligned) -> None:
+    """Write the rows ``rows`` of ``table`` to ``path`` as Parquet for every ``(table, rows, path)``,
+    with the faces' ``pixels`` read from the aligned parts.
 
     The tables (from ``load_faces(..., pixels=False)``) hold no pixels; the aligned parts are read
     one at a time, in their order, and each part's rows are appended to their tables' files, so
-    memory holds one aligned part whatever the drop size (issue 13). Rows follow the aligned
-    parts' order (record order); ``pixels`` goes where :func:`load_faces` puts it, before ``features``.
+    memory holds one aligned part whatever the drop size (issue 13). The targets name their rows of
+    one shared table, not copies of it (a copy of the partitions' rows is the whole table again).
+    Rows follow the aligned parts' order (record order); ``pixels`` goes where :func:`load_faces`
+    puts it, before ``features``.
     """
+    picks = [np.asarray(rows, dtype=np.int64) for _, rows, _ in targets]
     # Which table and row each record id goes to, as columns (issue 13: a dict of a million ids held ~200 MB).
-    all_ids = pa.chunked_array([t.column("record_id") for t, _ in targets], pa.string()).combine_chunks() \
-        if targets else pa.array([], pa.string())
-    sizes = [t.num_rows for t, _ in targets]
+    all_ids = pa.chunked_array([stages._array(t.column("record_id")).take(pa.array(r)) for (t, _, _), r in zip(targets, picks)],
+                               pa.string()).combine_chunks() if targets else pa.array([], pa.string())
+    sizes = [len(r) for r in picks]
     target_of = np.repeat(np.arange(len(targets), dtype=np.int64), sizes)
-    row_of = np.concatenate([np.arange(n, dtype=np.int64) for n in sizes]) if sizes else np.zeros(0, np.int64)
+    row_of = np.concatenate(picks) if picks else np.zeros(0, np.int64)
+    del picks
     writers: dict[int, pq.ParquetWriter] = {}
 
     def chunk(t: int, rows: list[int], pix: pa.Array) -> pa.Table:
@@ -331,10 +380,10 @@ def write_with_pixels(targets: Sequence[tuple[pa.Table, Path]], aligned: Aligned
             for t, (rows, at) in hits.items():
                 out = chunk(t, rows, got.column("pixels").take(pa.array(at, pa.int64())))
                 if t not in writers:
-                    targets[t][1].parent.mkdir(parents=True, exist_ok=True)
-                    writers[t] = pq.ParquetWriter(targets[t][1], out.schema)
+                    targets[t][2].parent.mkdir(parents=True, exist_ok=True)
+                    writers[t] = pq.ParquetWriter(targets[t][2], out.schema)
                 writers[t].write_table(out)
-        for t, (table, path) in enumerate(targets):  # a table none of whose faces is aligned: an empty file
+        for t, (_, _, path) in enumerate(targets):  # a table none of whose faces is aligned: an empty file
             if t not in writers:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 pq.write_table(chunk(t, [], pa.array([], pa.binary())), path)
@@ -359,7 +408,7 @@ def write_partitions(faces: pa.Table, groups: Mapping[tuple, list[int]], layout:
                             f"part-{n:03d}-{{i}}.parquet")
         else:
             d = layout.partitions_dir / f"partition=p{n:03d}"
-            streamed.append((faces.take(pa.array(idx, pa.int64())), d / f"part-{n:03d}-0.parquet"))
+            streamed.append((faces, idx, d / f"part-{n:03d}-0.parquet"))
         out.append(PartitionInfo(name=f"p{n:03d}", key=tuple(map(str, key)), dir=d, records=len(idx),
                                  people=pc.count_distinct(subjects.take(pa.array(idx, pa.int64()))).as_py()))
     if streamed:
@@ -386,11 +435,13 @@ def _plan_lineage(faces: pa.Table, metadata: pa.Table, state, layout: StagingLay
     back_dir = None
     if returning:
         back_dir = layout.partitions_dir / f"partition={LINEAGE_PARTITION}"
-        write_with_pixels([(faces.take(pa.array(returning, pa.int64())), back_dir / "part-lineage-0.parquet")], aligned)
+        write_with_pixels([(faces, returning, back_dir / "part-lineage-0.parquet")], aligned)
     lg.info(f"partition: lineage of {state.dataset} ({config.lineage_policy}): {len(returning)} records of returning "
         f"people, {len(plan.new_records)} new records, {len(held_back)} held back")
     planned = LineagePlanned(plan=plan, state=state, record_ids=tuple(ids), returning_dir=back_dir)
-    return faces.take(pa.array(list(plan.new_records), pa.int64())), planned, held_back
+    # Sorted distinct indices: as many as rows is every row in order (a first release): no copy of the table.
+    new = faces if len(plan.new_records) == faces.num_rows else faces.take(pa.array(plan.new_records, pa.int64()))
+    return new, planned, held_back
 
 
 def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layout: StagingLayout,

@@ -1033,8 +1033,10 @@ def resolve_identities(faces: pa.Table, *, policy: str = "merge", embeddings: np
     """
     if policy not in ("merge", "quarantine"):
         raise ConfigError(f"duplicate_ids={policy!r} must be 'merge' or 'quarantine'")
-    X = _features(faces.column("features"), np.float64) if faces.num_rows else None
-    res = resolve_people(faces.column("subject_id").to_pylist(), X, embeddings=embeddings)
+    # float32 as stored (resolve_people converts a bucket at a time) and one str per person (issue 13).
+    X = _features(faces.column("features"), np.float32) if faces.num_rows else None
+    res = resolve_people(shared_objects(_array(faces.column("subject_id"))).tolist(), X, embeddings=embeddings)
+    del X
     people = pa.array(list(res.person), pa.string())
     faces = faces.set_column(faces.schema.get_field_index("subject_id"), "subject_id", people)
     quarantined: list[Quarantined] = []
