@@ -14,7 +14,7 @@ import pytest
 
 from deid.errors import StateError
 from deid.intake.imaging import decode_color_reduced, decode_gray_reduced
-from deid.operations.stages import _cluster_colour_means, colour_to_grey
+from deid.operations.stages import _colour_faces, _colour_means, colour_to_grey
 from deid.schemas import arrow as schemas
 
 
@@ -58,7 +58,8 @@ def test_a_cluster_gets_its_mean_per_channel_and_the_grey_of_that(tmp_path):
         pq.write_table(pa.table({"record_id": [ids[i] for i in idx], "color": [colour[i].tobytes() for i in idx]},
                                 schema=schemas.aligned_color()), d / name)
     labels = np.array([0, 1, 0, 1, 0, 1, 1])
-    out = _cluster_colour_means(str(d), ids, labels)
+    # What deidentify_partition does: the faces in record order, then each cluster's mean.
+    out = _colour_means(_colour_faces(str(d), ids), labels)
     for c in (0, 1):
         members = np.flatnonzero(labels == c)
         want = np.rint(colour[members].astype(float).mean(axis=0))
@@ -67,7 +68,10 @@ def test_a_cluster_gets_its_mean_per_channel_and_the_grey_of_that(tmp_path):
     assert grey.shape == (n, p // 3)
     assert (grey[labels == 0] == grey[0]).all()
     with pytest.raises(StateError, match="no colour face"):
-        _cluster_colour_means(str(d), [*ids, "r-missing"], np.r_[labels, 0])
+        _colour_faces(str(d), [*ids, "r-missing"])
+    # One cluster (labels None): the mean face once, as the near-copy repair asks for a merged cluster.
+    one = _colour_means(colour, None)
+    assert one.shape == (1, p) and (one[0] == np.rint(colour.astype(float).mean(axis=0)).astype(np.uint8)).all()
 
 
 @pytest.mark.slow

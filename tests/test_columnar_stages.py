@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from deid.errors import ConfigError
+from deid.errors import ConfigError, StateError
 from deid.intake.drop import ManifestRow, read_drop
 from deid.intake.ingest import ingest
 from deid.operations.stages import StringColumn, shared_objects
@@ -87,7 +87,7 @@ def test_linkage_table_written_streamed_is_build_linkages_payload(tmp_path):
     payload = AESGCM(key).decrypt(nonce, blob[len(MAGIC) + NONCE_BYTES:], MAGIC)
     assert payload == json.dumps({"format": "deid-linkage-v1", "release_id": "rel-x", "records": expected},
                                  sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-    with pytest.raises(ConfigError, match="has no source row"):
+    with pytest.raises(StateError, match="has no source row"):
         linkage_table(staged.mapping, meta.slice(1))
 
 

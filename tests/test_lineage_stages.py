@@ -10,7 +10,7 @@ import pytest
 
 from deid.operations import stages
 from deid.intake.drop import read_drop
-from deid.errors import ConfigError, DropError
+from deid.errors import ConfigError, DropError, StateError
 from deid.evaluation.gate import registered_rows
 from deid.release.lineage import build_release, empty_state
 from deid.release.linkage import build_linkage
@@ -105,7 +105,7 @@ def test_absent_members_get_counterfeits_with_their_partition_labels(tmp_path):
                 "cluster": r.cluster, "cluster_id": "c-1"} for n, r in enumerate(rows)]
     linked = build_linkage(mapping, {})
     assert all(r["counterfeit"] and r["subject_id"] is None for r in linked)
-    with pytest.raises(ConfigError, match="no source row"):
+    with pytest.raises(StateError, match="no source row"):
         build_linkage([{**mapping[0], "record_id": "r00000099"}], {})
 
 

@@ -756,11 +756,6 @@ def _colour_faces(color_dir: str, ids: list[str]) -> np.ndarray:
     return np.frombuffer(b"".join(raw[where[rid]] for rid in ids), np.uint8).reshape(len(ids), -1)
 
 
-def _cluster_colour_means(color_dir: str, ids: list[str], labels_: np.ndarray) -> np.ndarray:
-    """Per record, the per-channel mean colour face of its cluster (uint8, n x h*w*3)."""
-    return _colour_means(_colour_faces(color_dir, ids), labels_)
-
-
 def _colour_means(colour: np.ndarray, labels_: np.ndarray | None) -> np.ndarray:
     """Per record, the per-channel mean colour face of its cluster (uint8; ``labels_`` None: one cluster)."""
     if labels_ is None:

@@ -31,7 +31,7 @@ from typing import Any
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from deid.errors import ConfigError, VerificationError
+from deid.errors import ConfigError, StateError, VerificationError
 from deid.release.keyfiles import check_private_key_file
 
 logger = logging.getLogger(__name__)
@@ -253,7 +253,8 @@ def build_linkage(
         if src is None and str(m["record_id"]).startswith(COUNTERFEIT_PREFIX):
             src = {"subject_id": None, "image": None, "counterfeit": True}
         if src is None:
-            raise ConfigError(f"released record {m['record_id']!r} has no source row; pass the run's ingested table")
+            raise StateError(f"released record {m['record_id']!r} has no source row in this run's staging; "
+                             "the staged release and the ingested table disagree: re-run the release")
         rows.append({
             "released_record_id": m["released_record_id"],
             "released_image": m["image"],
@@ -287,7 +288,8 @@ def linkage_table(mapping, metadata):
     orphan = pc.and_(missing, pc.invert(counterfeit))
     if pc.any(orphan).as_py():
         rid = t.column("source_record_id").filter(orphan)[0].as_py()
-        raise ConfigError(f"released record {rid!r} has no source row; pass the run's ingested table")
+        raise StateError(f"released record {rid!r} has no source row in this run's staging; "
+                         "the staged release and the ingested table disagree: re-run the release")
     t = t.append_column("counterfeit", pc.if_else(counterfeit, True, pa.scalar(None, pa.bool_())))
     return t.select([*LINKAGE_COLUMNS, "counterfeit"]).sort_by([("released_record_id", "ascending"),
                                                                 ("source_record_id", "ascending")])
