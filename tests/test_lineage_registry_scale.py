@@ -39,3 +39,27 @@ def test_a_registry_that_moved_on_is_reloaded_and_refused(tmp_path):
     reg.mark_published(s2, "rel-b")
     with pytest.raises(lr.LineageError, match="moved on"):
         reg.mark_abandoned(s2, "rel-b")  # s2 is one entry behind the registry
+
+
+def test_an_entry_sealed_in_one_buffer_is_the_one_shot_aes_gcm_blob(tmp_path):
+    """issue 13: the streaming seal writes exactly ``magic + nonce + AESGCM.encrypt(...)`` and opens as before."""
+    import secrets
+
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from deid.release.lineage import chain_hash, derive_key
+
+    reg = lr.Registry(tmp_path / "reg", key=bytes(range(32)), dataset="ds")
+    for n in (0, 1, 15, 16, 17, 4096, 100_003):
+        payload = secrets.token_bytes(n)
+        blob = reg._seal(lr.MAGIC, "encrypt", 7, payload)
+        nonce = bytes(blob[len(lr.MAGIC):len(lr.MAGIC) + lr.NONCE_BYTES])
+        want = lr.MAGIC + nonce + AESGCM(derive_key(reg.key, "ds", "encrypt")).encrypt(
+            nonce, payload, reg._aad(lr.MAGIC, 7))
+        assert bytes(blob) == want
+        assert reg._open(lr.MAGIC, "encrypt", 7, bytes(blob), "entry") == payload
+    # The chain hash of an entry, fed to SHA-256 in two parts: the hash of the concatenation.
+    import hashlib
+
+    prev = "ab" * 32
+    assert chain_hash(prev, b"{}") == hashlib.sha256(bytes.fromhex(prev) + b"{}").hexdigest()
