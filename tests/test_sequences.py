@@ -125,9 +125,21 @@ def test_sequence_frames_keep_one_identity_and_their_expression(sequence_drop):
     assert spread.nearest_own == 1.0 and spread.ratio < 0.5, spread
     # Expression follows the frames: a classifier trained on other people's source frames reads them.
     agree = label_agreement(X, released, col["expression"], list(people), seed=0)
-    # Measured: source 0.76, released 1.00, agreement 0.76 (6 held-out people, 96 frames; "frames" mode:
-    # released 0.90, agreement 0.86).
-    assert agree["released_accuracy"] >= agree["source_accuracy"] - 0.05 and agree["agreement"] >= 0.75, agree
+    # Measured: source 0.74-0.76 (71-73 of 96 frames: the source classifier's fit varies with the BLAS
+    # kernels of the machine), released 1.00, agreement = source (6 held-out people; "frames" mode:
+    # released 0.90, agreement 0.86). Decided from intervals, not from one machine's figure: the
+    # classifier reads the source frames better than the commonest expression does (else agreement
+    # says nothing), the released frames at least as well as the source ones, and it labels a
+    # released frame as its source frame as often as it labels the source right.
+    from collections import Counter
+
+    from deid.evaluation.gate import clopper_pearson
+
+    n = agree["n_test_frames"]
+    chance = max(Counter(col["expression"]).values()) / len(col["expression"])
+    assert clopper_pearson(agree["source_accuracy"] * n, n)[0] > chance, (agree, chance)
+    assert clopper_pearson(agree["released_accuracy"] * n, n)[0] >= agree["source_accuracy"] - 0.05, agree
+    assert agree["agreement"] >= agree["source_accuracy"] - 0.05, agree
     # As a rate with its interval: the released frames get their source frames' expression far more often
     # than the commonest expression's share (what a classifier that ignores the face gets). Measured: 1.000,
     # one-sided 95% Clopper-Pearson lower bound 0.969, n = 96 held-out frames of 6 people (frames of one
