@@ -245,19 +245,11 @@ def load_faces(metadata: pa.Table, aligned: Aligned, featurized: Featurized, lab
     faces = meta.join(pix.select(["record_id", *pix_cols]), "record_id", join_type="inner").sort_by("record_id")
     faces = faces.append_column("features", _features_in_order(faces.column("record_id"), featurized.parts))
     if "points" in names:  # Arrow joins cannot carry list columns: attached by position
-        take = _positions(faces.column("record_id"), pix.column("record_id"))
+        take = stages.positions_in(faces.column("record_id"), pix.column("record_id"))
         faces = faces.append_column("points", pix.column("points").take(take))
     del pix
     release_free_memory()  # the parts as read and the join's hash tables: held for nothing otherwise
     return faces
-
-
-def _positions(ids: pa.ChunkedArray | pa.Array, among: pa.ChunkedArray | pa.Array) -> pa.Array:
-    """Each of ``ids``' row in ``among``; a KeyError names the first id ``among`` lacks (as a dict lookup)."""
-    at = pc.index_in(ids, value_set=stages._array(among))
-    if at.null_count:
-        raise KeyError(ids.filter(pc.is_null(at))[0].as_py())
-    return at
 
 
 def _features_in_order(ids: pa.ChunkedArray | pa.Array, parts: Sequence[Path]) -> pa.Array:
@@ -269,7 +261,7 @@ def _features_in_order(ids: pa.ChunkedArray | pa.Array, parts: Sequence[Path]) -
     field = pq.read_schema(parts[0]).field("features") if parts else pa.field("features", pa.list_(pa.float32()))
     part_ids = [pq.read_table(p, columns=["record_id"]).column("record_id") for p in parts]
     sizes = [len(a) for a in part_ids]
-    at = _positions(ids, pa.chunked_array([c for a in part_ids for c in a.chunks], pa.string())).to_numpy()
+    at = stages.positions_in(ids, pa.chunked_array([c for a in part_ids for c in a.chunks], pa.string())).to_numpy()
     del part_ids
     n = len(ids)
     dest = np.full(sum(sizes), -1, np.int64)  # each part row's place in the result (-1: not asked for)
@@ -291,6 +283,9 @@ def _features_in_order(ids: pa.ChunkedArray | pa.Array, parts: Sequence[Path]) -
         out[to[keep]] = X[keep]
     if out is None:
         out = np.zeros((n, 0), field.type.value_type.to_pandas_dtype())
+    if out.size >= 2 ** 31:  # the list type's int32 offsets (a take of the parts would refuse it too)
+        raise StateError(f"{n} faces x {out.shape[1]} features is too many values for one list column "
+                         f"({out.size} >= 2**31); lower DEID_PCA_COMPONENTS or release the drop in parts")
     offsets = np.arange(n + 1, dtype=np.int64) * out.shape[1]
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(out.ravel()), type=field.type)
 
@@ -345,8 +340,8 @@ def write_with_pixels(targets: Sequence[tuple[pa.Table, Sequence[int], Path]], a
     """
     picks = [np.asarray(rows, dtype=np.int64) for _, rows, _ in targets]
     # Which table and row each record id goes to, as columns (issue 13: a dict of a million ids held ~200 MB).
-    all_ids = pa.chunked_array([stages._array(t.column("record_id")).take(pa.array(r)) for (t, _, _), r in zip(targets, picks)],
-                               pa.string()).combine_chunks() if targets else pa.array([], pa.string())
+    all_ids = pa.chunked_array([c for (t, _, _), r in zip(targets, picks) for c in t.column("record_id").take(r).chunks],
+                               pa.string()).combine_chunks()
     sizes = [len(r) for r in picks]
     target_of = np.repeat(np.arange(len(targets), dtype=np.int64), sizes)
     row_of = np.concatenate(picks) if picks else np.zeros(0, np.int64)

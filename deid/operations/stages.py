@@ -962,6 +962,15 @@ def _concat(arrays: list[pa.Array], type_: pa.DataType) -> pa.Array:
     return pa.chunked_array(arrays, type=type_).combine_chunks() if arrays else pa.array([], type_)
 
 
+def positions_in(ids: pa.ChunkedArray | pa.Array, among: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """Each of ``ids``' row in ``among`` (one hash of ``among``); a KeyError names the first id ``among``
+    lacks, as a dict lookup would."""
+    at = pc.index_in(ids, value_set=_array(among))
+    if at.null_count:
+        raise KeyError(ids.filter(pc.is_null(at))[0].as_py())
+    return at
+
+
 def shared_objects(values: pa.Array) -> np.ndarray:
     """``np.asarray(values.to_pylist(), dtype=object)`` with one str object per distinct value."""
     if not len(values):
@@ -1062,9 +1071,7 @@ def plan_lineage(faces: pa.Table, sources: Mapping[str, str] | pa.Table, state, 
     n = faces.num_rows
     ids = _array(faces.column("record_id"))
     if isinstance(sources, pa.Table):
-        at = pc.index_in(ids, value_set=_array(sources.column("record_id")))
-        if at.null_count:  # as the mapping's lookup: every face has its source
-            raise KeyError(ids.filter(pc.is_null(at))[0].as_py())
+        at = positions_in(ids, sources.column("record_id"))  # as the mapping's lookup: every face has its source
         fingerprints = _array(sources.column("source_sha256")).take(at).to_pylist()
     else:
         fingerprints = [sources[r] for r in ids.to_pylist()]

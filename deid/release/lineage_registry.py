@@ -325,9 +325,9 @@ class Registry:
     def _seal(self, magic: bytes, purpose: str, seq: int, payload: bytes) -> bytearray:
         """``magic + nonce + AESGCM(key).encrypt(nonce, payload, aad)``, the same bytes, built in one buffer.
 
-        The one-shot form held the payload, its ciphertext and their concatenation at once: at a
-        million faces a release entry is ~300 MB, so that was 0.3 GB more at the run's peak (issue 13).
-        GCM's streaming encryptor writes the ciphertext straight after the header, then the tag.
+        The one-shot form held the payload, its ciphertext and their concatenation at once: one
+        entry-sized copy more (a release entry is ~300 MB at a million faces; issue 13). GCM's streaming
+        encryptor writes the ciphertext straight after the header, then the tag.
         """
         nonce = secrets.token_bytes(NONCE_BYTES)
         enc = Cipher(algorithms.AES(derive_key(self.key, self.dataset, purpose)), modes.GCM(nonce)).encryptor()
