@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from deid.errors import ConfigError
 from deid.anonymise.ksame import (DominantPersonError, InsufficientPeopleError, KSame, KSameSelect, _greedy_labels,
+                                  feasible_clusters,
                         blockwise_labels, group_block, plan_blocks)
 
 
@@ -120,14 +121,15 @@ def test_one_image_per_person_per_cluster_when_possible():
     assert np.all(model.cluster_max_share_ == 1 / model.cluster_sizes_)
 
 
-def test_dominant_person_leftovers_join_clusters():
+def test_dominant_person_is_dealt_into_the_feasible_maximum_of_clusters():
     # One person with 4 images, eight with one (n=12, k=3: 4 = floor(12/3) is just allowed).
-    # The person's leftovers must land where they stay at most 1/k of the cluster, merging
-    # clusters when no single cluster can take them.
+    # The person must be in every cluster once: 4 clusters of 3 distinct people, the feasible
+    # maximum (the old greedy left their images over and merged clusters, issue 26).
     X, people, images = make_faces([4] + [1] * 8, seed=2)
     model = KSame(3).fit(X, people=people, images=images)
     check_clusters(model, X, people, images, 3)
-    assert model.n_leftover_ > 0
+    assert model.n_clusters_ == feasible_clusters(np.bincount(people), 3) == 4
+    assert model.n_leftover_ == 0
     assert model.cluster_max_share_.max() <= 1 / 3
 
 
@@ -155,15 +157,16 @@ def test_leftover_never_gives_a_person_two_images_in_a_small_cluster():
         check_clusters(model, X, people, images, 3)
 
 
-def test_leftover_prefers_cluster_without_its_person():
-    # Person 0 has 2 images; after two groups of 3 people one image of person 0 is left and
-    # must join the group that does not already contain person 0 even if it is farther.
+def test_a_person_at_the_cap_is_dealt_into_distinct_clusters_near_their_neighbours():
+    # Person 0 has 2 images (n=7, k=3: floor(7/3) = 2 clusters, so person 0 must be in both).
+    # Each cluster holds pairwise distinct people, and the two far-apart groups of faces stay apart.
     X = np.array([[0.0], [0.1], [0.2], [10.0], [10.1], [10.2], [0.05]])
     people = np.array([0, 1, 2, 3, 4, 5, 0])
     images = np.arange(7, dtype=np.float64)[:, None]
     model = KSame(3).fit(X, people=people, images=images)
-    assert model.n_leftover_ == 1
-    assert model.labels_[0] == model.labels_[3] != model.labels_[6]
+    assert model.n_clusters_ == 2 and model.n_leftover_ == 1
+    assert model.labels_[0] != model.labels_[6]
+    assert model.labels_[3] == model.labels_[4] == model.labels_[5] != model.labels_[1] == model.labels_[2]
     for c in range(model.n_clusters_):
         members = np.flatnonzero(model.labels_ == c)
         assert len(set(people[members].tolist())) == len(members)
@@ -331,3 +334,58 @@ def test_bad_block_size_is_rejected(block_size):
     X, people, images = make_faces([1] * 6)
     with pytest.raises(ConfigError, match=r"block_size=.* must be None or an integer >= 2"):
         KSame(2, block_size=block_size).fit(X, people=people, images=images)
+
+
+@st.composite
+def skewed_counts(draw):
+    """Photos per person as real drops hold them: Zipf-like, one dominant person, many singletons."""
+    k = draw(st.integers(2, 6))
+    shape = draw(st.sampled_from(["zipf", "dominant", "singletons", "mixed"]))
+    n_people = draw(st.integers(k, 60))
+    if shape == "zipf":
+        a = draw(st.floats(1.2, 3.0))
+        seed = draw(st.integers(0, 2**16))
+        counts = np.minimum(np.random.default_rng(seed).zipf(a, n_people), 50)
+    elif shape == "dominant":  # one person holds up to the 1/k cap, or just above it (infeasible)
+        counts = np.ones(n_people, dtype=np.int64)
+        counts[0] = draw(st.integers(1, max(1, (n_people - 1) // max(1, k - 1) + 1)))
+    elif shape == "singletons":
+        counts = np.ones(n_people, dtype=np.int64)
+        counts[: draw(st.integers(0, 3))] = draw(st.integers(2, 12))
+    else:
+        counts = np.array(draw(st.lists(st.integers(1, 20), min_size=n_people, max_size=n_people)))
+    return k, np.asarray(counts, dtype=np.int64)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(skewed_counts(), st.sampled_from([None, 60]))
+def test_skewed_photo_counts_reach_the_feasible_maximum(case, block_size):
+    # Issue 26: for any photos-per-person distribution, every cluster holds >= k distinct people, no
+    # person above 1/k, and the clusters formed are >= 0.95 x the feasible maximum (floor(n/k))
+    # wherever a grouping exists; blockwise too (block_size=60 cuts the larger cases into blocks).
+    k, counts = case
+    people = np.repeat(np.arange(len(counts)), counts)
+    X = np.random.default_rng(int(counts.sum())).normal(size=(len(people), 4))
+    best = feasible_clusters(counts, k)
+    model = KSame(k, block_size=block_size)
+    if best == 0:
+        with pytest.raises(InsufficientPeopleError):
+            model.fit(X, people=people, images=None)
+        return
+    model.fit(X, people=people, images=None)
+    for c in range(model.n_clusters_):
+        members = people[model.labels_ == c]
+        assert len(set(members.tolist())) >= k
+        assert max(Counter(members.tolist()).values()) * k <= len(members)
+    if block_size is None or len(people) <= block_size:
+        assert model.n_clusters_ >= 0.95 * best, (model.n_clusters_, best)
+    else:  # each block reaches its own floor(n_b / k): at most one cluster short per further block
+        n_blocks = len(plan_blocks(X, people, k=k, block_size=block_size))
+        assert model.n_clusters_ >= best - (n_blocks - 1), (model.n_clusters_, best, n_blocks)
+
+
+def test_feasible_clusters_states_the_maximum():
+    assert feasible_clusters([47, 40, 33, 28, 24, 20, 17, 14, 12, 10], 5) == 49  # 245 records, floor(245/5)
+    assert feasible_clusters([3, 1, 1], 3) == 0       # 3 images of one person in 5: above floor(5/3) = 1
+    assert feasible_clusters([2, 2], 3) == 0          # fewer than k people
+    assert feasible_clusters([1] * 7 + [0], 3) == 2   # people without images do not count

@@ -137,12 +137,51 @@ def _nearest_distinct(d: np.ndarray, codes: np.ndarray, need: int, n_alive: int)
         m *= 4
 
 
+def feasible_clusters(counts: Any, k: int) -> int:
+    """The most clusters any k-Same grouping of these images can form (0 when none exists).
+
+    ``counts`` are the images per person. Every cluster needs >= ``k`` images of >= ``k``
+    distinct people and no person above ``floor(size / k)`` of its images, so there are at most
+    ``floor(n / k)`` clusters; that many exist exactly when some grouping does (>= k people and no
+    person above ``floor(n / k)`` images): deal the images, person by person, round-robin into
+    ``floor(n / k)`` clusters, and each gets >= k images of pairwise distinct people (a person with
+    ``c <= floor(n / k)`` images lands in ``c`` different clusters).
+    """
+    c = np.asarray(counts, dtype=np.int64)
+    c = c[c > 0]
+    n = int(c.sum())
+    if c.size < k or int(c.max(initial=0)) * k > n:
+        return 0
+    return n // k
+
+
 def _greedy_labels(X: np.ndarray, codes: np.ndarray, k: int) -> tuple[np.ndarray, int]:
     """Cluster faces into groups of >= k distinct ``codes`` (people); returns (labels, n_leftover).
 
-    Seed rule: the remaining face farthest from the centroid of the remaining faces (as in
-    MDAV microaggregation), so outliers are grouped with their neighbours first instead of
-    being left for a poor final group. Ties everywhere go to the lowest input index.
+    A capacity-constrained MDAV greedy (issue 26): it forms the feasible maximum of
+    ``floor(n / k)`` clusters (:func:`feasible_clusters`) unless a step below must take more than
+    ``k`` people, and never collapses a partition whose people hold skewed numbers of images.
+
+    Invariant, with ``r`` faces left: no person has more than ``T = floor(r / k)`` of them (true at
+    the start: the caller refused anyone above ``floor(n / k)``, :func:`_check_shares`). Each step
+    takes one image of each person of a set ``S`` of distinct people, ``|S| = max(k, |F|)``, where
+    ``F`` are the people at the cap ``T``: they must be in ``S`` or the ``T - 1`` clusters left could
+    not hold them. Afterwards every person has ``<= T - 1 <= floor((r - |S|) / k)`` left (for
+    ``|F| > k``: ``r - |F| >= |F| (T - 1) >= k (T - 1)``), so the invariant holds and every later
+    group can be filled with distinct people. With fewer than ``2k`` faces left, ``T = 1``: all of
+    them are distinct people and form the last group. No face is left over, every group holds
+    pairwise distinct people, so each person holds ``1 / size <= 1/k`` of any cluster.
+
+    Seed rule: the remaining face farthest from the centroid of the remaining faces (as in MDAV
+    microaggregation; among the forced people's faces when those fill the group alone); the group
+    is the seed, the forced people's faces nearest the seed, then the nearest faces of further
+    people. A last pass moves faces out of groups larger than ``k`` into nearer groups that lack
+    their person (:func:`_refine_moves`). Ties everywhere go to the lowest input index.
+
+    References
+    ----------
+    J. Domingo-Ferrer, V. Torra. Ordinal, continuous and heterogeneous k-anonymity through
+    microaggregation. Data Mining and Knowledge Discovery 11(2):195-212, 2005 (MDAV).
     """
     n = X.shape[0]
     labels = np.full(n, -1, dtype=np.intp)
@@ -153,121 +192,103 @@ def _greedy_labels(X: np.ndarray, codes: np.ndarray, k: int) -> tuple[np.ndarray
     alive = np.ones(n, dtype=bool)
     n_alive = n
     left = np.bincount(codes)
-    q = int(np.count_nonzero(left))
     total = X.sum(axis=0)
     g = 0
-    while q >= k:
+    while n_alive >= 2 * k:
         if 10 * n_alive <= 9 * len(idx):
             # The distance passes are memory-bound, so keep the working copy within ~10% of
             # the remaining faces; a copy every (len/10)/k groups costs far less than the
             # passes over dead rows it saves.
             idx, Xw, sq, cw = idx[alive], Xw[alive], sq[alive], cw[alive]
             alive = np.ones(len(idx), dtype=bool)
+        cap = n_alive // k
+        forced = np.flatnonzero(left == cap) if int(left.max()) >= cap else np.empty(0, np.intp)
         centroid = total / n_alive
         far = sq - 2.0 * (Xw @ centroid)
         far[~alive] = -np.inf
+        in_forced = None
+        if forced.size:
+            in_forced = np.zeros(left.size, dtype=bool)
+            in_forced[forced] = True
+            if forced.size >= k:  # the forced people alone fill the group: seed among their faces
+                far[~in_forced[cw]] = -np.inf
         s = int(np.argmax(far))
         d = sq - 2.0 * (Xw @ Xw[s])
         d[~alive] = np.inf
         d[s] = -np.inf  # the seed always heads its own group
-        # With >= 2k people left a group of k still leaves >= k people; below that, taking
-        # one image of every remaining person avoids orphaning fewer than k people.
-        need = k if q >= 2 * k else q
+        need = k
+        if forced.size:
+            # Each forced person's face nearest the seed goes first (ranked at -inf; one per person).
+            cand = np.flatnonzero(alive & in_forced[cw])
+            cand = cand[cw[cand] != cw[s]]
+            if cand.size:
+                order = cand[np.lexsort((cand, d[cand], cw[cand]))]
+                first = order[np.r_[True, cw[order][1:] != cw[order][:-1]]]
+                d[first] = -np.inf
+            need = max(k, int(forced.size))
         members = _nearest_distinct(d, cw, need, n_alive)
         labels[idx[members]] = g
         g += 1
         alive[members] = False
         n_alive -= len(members)
         total = total - Xw[members].sum(axis=0)
-        pc = cw[members]
-        left[pc] -= 1
-        q -= int(np.count_nonzero(left[pc] == 0))
-
-    rest = np.flatnonzero(labels < 0)
+        np.subtract.at(left, cw[members], 1)
+    rest = idx[alive]
     if rest.size:
-        _attach_leftovers(X, codes, labels, rest, g, k)
-    return labels, int(rest.size)
+        labels[rest] = g  # T = 1: every remaining face is a distinct person (the invariant)
+        g += 1
+    if g > 1:
+        _refine_moves(X, codes, labels, k)
+    return labels, int(n - k * g)
 
 
-def _attach_leftovers(X: np.ndarray, codes: np.ndarray, labels: np.ndarray, rest: np.ndarray, n_groups: int, k: int) -> None:
-    """Place every leftover face (extra images of fewer than k people) so no person exceeds 1/k of a cluster.
+def _refine_moves(X: np.ndarray, codes: np.ndarray, labels: np.ndarray, k: int) -> int:
+    """Move faces out of groups larger than ``k`` into groups they are nearer, keeping every rule.
 
-    Invariant kept for every cluster ``C`` of size ``s`` and every person ``p`` with ``c``
-    images in it: ``c <= floor(s / k)``, hence ``c / s <= 1/k``. Leftovers are visited in
-    input order; each one, of person ``p``:
-
-    1. joins the nearest group (distance to the group's mean feature) that does not hold
-       ``p`` yet -- one image per person per cluster, so no average leans towards anyone;
-    2. else the nearest group that can take another image of ``p``, i.e. ``(c + 1) * k <= s + 1``;
-    3. else groups are merged: the group nearest the face absorbs its nearest group until
-       step 2's test passes, or until a single group is left, which the face then joins.
-
-    Proof that the invariant holds at the end. The greedy's groups hold >= k images of
-    pairwise distinct people, so ``c = 1 <= floor(s/k)``. Steps 1 and 2 only add ``p`` where
-    ``c + 1 <= floor((s + 1)/k)`` (step 1: ``c = 0`` and ``s >= k``), and a larger ``s`` never
-    lowers another person's allowance ``floor(s/k)``. Merging keeps it because
-    ``floor(a/k) + floor(b/k) <= floor((a + b)/k)``. Step 3 ends either with an admissible
-    group (as step 2), or with one group, which after the last leftover holds all ``n`` faces;
-    then every person has ``m_p <= floor(n/k)`` images in it, which the caller checked
-    (:func:`_check_shares`) before grouping. Groups only ever gain members, so each keeps
-    >= k distinct people. Group numbers stay dense (merged groups are renumbered in order).
+    The greedy's last group (and a group that had to take more than ``k`` forced people) collects
+    faces far from each other. A face of such a group moves to the group whose mean is nearest it
+    when that group lacks its person and the move lowers the total within-cluster sum of squares
+    (Ward's criterion, ``|B|/(|B|+1) d(x, m_B)^2 < |A|/(|A|-1) d(x, m_A)^2``); the source keeps >= k
+    faces. Every group keeps pairwise distinct people, so the k rules hold after every move.
+    Returns the number of moves.
     """
-    done = np.flatnonzero(labels >= 0)
-    sums = np.zeros((n_groups, X.shape[1]))
-    np.add.at(sums, labels[done], X[done])
-    sizes = np.bincount(labels[done], minlength=n_groups).astype(np.int64)
-    counts: dict[tuple[int, int], int] = {}
-    for c, lab in zip(codes[done].tolist(), labels[done].tolist()):
-        counts[(c, lab)] = counts.get((c, lab), 0) + 1
-    # Ranking uses the group means before any leftover joins (cheap, stable); merged groups
-    # get their merged mean.
-    means = sums / sizes[:, None]
-    alive = np.ones(n_groups, dtype=bool)
-    parent = np.arange(n_groups)  # merged group -> group that absorbed it
-    n_merges = 0
-    for i in rest.tolist():
+    n_g = int(labels.max()) + 1
+    sizes = np.bincount(labels, minlength=n_g).astype(np.int64)
+    big = np.flatnonzero(sizes > k)
+    if big.size == 0:
+        return 0
+    Xd = np.asarray(X, dtype=np.float64)
+    sums = np.zeros((n_g, X.shape[1]))
+    np.add.at(sums, labels, Xd)
+    has = {(int(c), int(g)) for c, g in zip(codes.tolist(), labels.tolist())}
+    moves = 0
+    for i in np.flatnonzero(np.isin(labels, big)).tolist():
+        a = int(labels[i])
+        if sizes[a] <= k:
+            continue
+        means = sums / sizes[:, None]
+        dist = np.einsum("ij,ij->i", means - Xd[i], means - Xd[i])
+        cost_out = sizes[a] / (sizes[a] - 1) * dist[a]
+        gain = sizes / (sizes + 1) * dist
+        gain[a] = np.inf
         p = int(codes[i])
-        dist = np.einsum("ij,ij->i", means - X[i], means - X[i])
-        dist[~alive] = np.inf
-        order = np.argsort(dist, kind="stable")[: int(alive.sum())]
-        target = -1
-        for g in order.tolist():  # step 1
-            if counts.get((p, g), 0) == 0:
-                target = g
+        for b in np.argsort(gain, kind="stable").tolist():
+            if gain[b] >= cost_out:
                 break
-        if target < 0:  # step 2
-            for g in order.tolist():
-                if (counts.get((p, g), 0) + 1) * k <= sizes[g] + 1:
-                    target = g
-                    break
-        if target < 0:  # step 3
-            g = int(order[0])
-            while (counts.get((p, g), 0) + 1) * k > sizes[g] + 1 and alive.sum() > 1:
-                dm = np.einsum("ij,ij->i", means - means[g], means - means[g])
-                dm[~alive] = np.inf
-                dm[g] = np.inf
-                h = int(np.argmin(dm))
-                alive[h] = False
-                parent[h] = g
-                sums[g] += sums[h]
-                sizes[g] += sizes[h]
-                means[g] = sums[g] / sizes[g]
-                for key in [key for key in counts if key[1] == h]:
-                    counts[(key[0], g)] = counts.get((key[0], g), 0) + counts.pop(key)
-                n_merges += 1
-            target = g
-        labels[i] = target
-        counts[(p, target)] = counts.get((p, target), 0) + 1
-        sizes[target] += 1
-    if n_merges:
-        # Follow merge chains to the surviving group, then renumber survivors densely in order.
-        root = parent.copy()
-        while np.any(root[root] != root):
-            root = root[root]
-        new = np.cumsum(alive) - 1
-        labels[:] = new[root[labels]]
-        logger.info("k-Same: %d cluster merges to keep every person at most 1/k of a cluster", n_merges)
-    logger.info("k-Same: %d leftover faces (extra images of fewer than k people) joined existing clusters", rest.size)
+            if (p, b) in has:
+                continue
+            labels[i] = b
+            sums[a] -= Xd[i]
+            sums[b] += Xd[i]
+            sizes[a] -= 1
+            sizes[b] += 1
+            has.discard((p, a))
+            has.add((p, b))
+            moves += 1
+            break
+    if moves:
+        logger.debug("k-Same: %d faces moved out of groups larger than k", moves)
+    return moves
 
 
 def _cluster_summaries(labels: np.ndarray, people_codes: np.ndarray, people_keys: list, images: np.ndarray | None
@@ -555,18 +576,19 @@ class KSame(BaseEstimator):
 
     Greedy and deterministic (Newton, Sweeney & Malin 2005, with distinct-people counting):
 
-    1. While the remaining faces hold at least ``2k`` distinct people: take as seed the
-       remaining face farthest from the centroid of the remaining faces in ``X`` space, then
-       walk the remaining faces by increasing Euclidean distance to the seed, keeping the
-       first face of each person not yet in the group, until the group holds ``k`` people.
-    2. When the remaining faces hold ``k`` to ``2k - 1`` distinct people, the last group takes
-       the seed and the nearest image of *every* remaining person (a group of k would orphan
-       fewer than k people).
-    3. Images left after that belong to fewer than ``k`` people (they are further images of
-       people already grouped); each joins the nearest group (by the group's mean feature)
-       that does not contain its person yet, else the nearest that can take one more image of
-       that person, else nearby groups are merged (see :func:`_attach_leftovers`, which
-       proves that every person ends with at most ``floor(size/k)`` images of every cluster).
+    1. While at least ``2k`` faces remain: take as seed the remaining face farthest from the
+       centroid of the remaining faces in ``X`` space, then walk the remaining faces by
+       increasing Euclidean distance to the seed, keeping the first face of each person not
+       yet in the group, until the group holds ``k`` people. People who hold as many remaining
+       faces as there are clusters left to form (``floor(remaining / k)``) join first, with
+       their face nearest the seed: without that, a person with many photos is left over at
+       the end and the groups must merge until the partition collapses into one face (issue 26).
+    2. The last fewer-than-``2k`` faces are pairwise distinct people and form the last group;
+       faces of groups larger than ``k`` then move to nearer groups that lack their person.
+
+    The result is the feasible maximum of ``floor(n / k)`` clusters (:func:`feasible_clusters`)
+    unless more than ``k`` people had to join one step; :func:`_greedy_labels` proves that every
+    group holds pairwise distinct people, so no person holds more than ``1/k`` of a cluster.
 
     Above ``block_size`` faces the greedy (O(N^2)) runs inside blocks instead: the faces are
     split recursively at the median along each node's principal direction, people never
@@ -614,7 +636,7 @@ class KSame(BaseEstimator):
     cluster_max_share_ : ndarray of shape (n_clusters_,)
         Largest fraction of a cluster's images that belong to one person.
     n_leftover_ : int
-        Faces placed by step 3 (single greedy); blockwise, the faces beyond ``k`` per cluster.
+        Faces beyond ``k`` per cluster (``n_faces - k * n_clusters_``).
 
     References
     ----------
