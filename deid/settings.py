@@ -55,6 +55,11 @@ class Settings(BaseSettings):
     leak_threshold: float = Field(default=2.0, ge=0, description="mean abs grey difference below which a released "
                                   "face counts as a near copy of an original")
     utility_tolerance: float = Field(default=0.05, ge=0.0, le=1.0)
+    min_cluster_fraction: float = Field(
+        default=0.5, ge=0.0, le=1.0,
+        description="the gate fails a release in which a label partition forms fewer than this share of the clusters "
+                    "its people allow (floor(records/k) when a grouping exists: a partition collapsed into a few "
+                    "faces has lost its labels); 0 = no such check")
     lineage_policy: Literal["invariant", "release-once"] = Field(
         default="invariant", description="successive releases of a dataset: returning people keep their registered "
                                          "cluster (invariant) or appear in one release only (release-once)")

@@ -292,3 +292,41 @@ def test_gate_records_stream_the_staging_layout(tmp_path):
         j = int(rec.record_ids[i][1:])
         assert np.array_equal(orig[n], faces[j])
         assert rec.own_distance[i] == pytest.approx(np.abs(rel[n].astype(int) - faces[j].astype(int)).mean())
+
+
+def test_a_partition_collapsed_into_one_face_fails_and_the_report_states_each_partition():
+    # Issue 26: 10 people with skewed photo counts in partition A released as ONE cluster (every k rule
+    # holds: 10 people, no one above 1/5), partition B grouped properly. A keeps 1 of its 10 feasible
+    # clusters: the partition_clusters check fails and names A; per-partition counts are exact.
+    from deid.evaluation.gate import partition_clusters_check, partition_grouping
+    counts = [10, 8, 6, 5, 5, 4, 4, 3, 3, 2]  # 50 records, top person 10 = floor(50/5): feasible max 10
+    people = np.asarray([f"a{i}" for i, c in enumerate(counts) for _ in range(c)]
+                        + [f"b{i}" for i in range(10)], dtype=object)
+    partitions = np.asarray(["A"] * 50 + ["B"] * 10, dtype=object)
+    clusters = np.asarray(["a"] * 50 + [f"b{i // 5}" for i in range(10)], dtype=object)
+    released = np.asarray([[0]] * 50 + [[1 + i // 5] for i in range(10)], np.uint8)
+    inputs = GateInputs.from_arrays(shape=(1, 1), people=people, released=released, originals=released,
+                                    clusters=clusters, partitions=partitions, records_in=60)
+    rows = {r["partition"]: r for r in partition_grouping(inputs, 5)}
+    assert rows["A"] == {"partition": "A", "records": 50, "people": 10, "clusters": 1, "faces": 1, "feasible_max": 10}
+    assert rows["B"] == {"partition": "B", "records": 10, "people": 10, "clusters": 2, "faces": 2, "feasible_max": 2}
+    check = partition_clusters_check(list(rows.values()), _fast())
+    assert not check.passed and check.value == pytest.approx(0.1) and "partition A collapsed" in check.detail
+    # The same partition grouped into 6 of its 10 feasible clusters passes at the default 0.5, fails at 0.7.
+    rows["A"] = {**rows["A"], "clusters": 6, "faces": 6}
+    assert partition_clusters_check(list(rows.values()), _fast()).passed
+    assert not partition_clusters_check(list(rows.values()), _fast(min_cluster_fraction=0.7)).passed
+    # A partition no grouping can serve (fewer than k people) is not judged by this check.
+    assert partition_clusters_check([{**rows["B"], "people": 3, "feasible_max": 0}], _fast()).status == "not_applicable"
+    with pytest.raises(Exception, match="min_cluster_fraction"):
+        _fast(min_cluster_fraction=1.5)
+
+
+def test_gate_reports_partition_grouping_of_a_ksame_release():
+    faces, people = _faces(12, per_person=2)  # 24 records of 12 people: floor(24/5) = 4 clusters feasible
+    released, clusters = deidentify(faces, shape=SHAPE, people=people, method="k-same", k=5, n_components=10)
+    res = evaluate(_inputs(released, faces, people, clusters.astype(object)), _fast(attack_sample=24))
+    check = {c.name: c for c in res.checks}["partition_clusters"]
+    assert res.partitions == ({"partition": "all", "records": 24, "people": 12, "clusters": 4, "faces": 4,
+                               "feasible_max": 4},)
+    assert check.passed and check.value == 1.0

@@ -27,6 +27,7 @@ from typing import Any, Callable, Hashable, Literal, Mapping, Sequence
 import numpy as np
 from scipy.stats import beta
 
+from deid.anonymise.ksame import feasible_clusters
 from deid.evaluation.attacks import ATTACKERS, DEEP_ATTACKERS, FEATURE_ATTACKERS, MODES, attack_all
 from deid.evaluation.scoring import unique_rows
 from deid.evaluation.checks import STATUSES, Check, Status  # noqa: F401 (re-exported)
@@ -72,6 +73,7 @@ class GateConfig:
     seed: int = 0
     helper_min_records: int = 10_000
     evidence_sample: int = 500
+    min_cluster_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 2:
@@ -82,6 +84,9 @@ class GateConfig:
             raise ConfigError(f"attack_sample={self.attack_sample!r} must be >= 10 records; e.g. 2000")
         if self.utility_inconclusive not in ("release", "reject"):
             raise ConfigError(f"utility_inconclusive={self.utility_inconclusive!r} must be 'release' or 'reject'")
+        if not 0 <= self.min_cluster_fraction <= 1:
+            raise ConfigError(f"min_cluster_fraction={self.min_cluster_fraction!r} must be in [0, 1] (the share of a "
+                              "partition's feasible maximum of clusters it must keep; 0 turns the check off); e.g. 0.5")
         if not 0 < self.closeness_ratio < 1:
             raise ConfigError(f"closeness_ratio={self.closeness_ratio!r} must be in (0, 1); e.g. 0.25")
         if not 0 < self.feature_near_copy_ratio < 1:
@@ -111,7 +116,8 @@ GATE_SETTINGS: dict[str, str] = {
     "max_quarantine_fraction": "max_quarantine_fraction", "leak_threshold": "leak_threshold",
     "attack_sample": "attack_sample", "deep_attack_sample": "deep_attack_sample",
     "utility_sample": "utility_sample", "utility_inconclusive": "utility_inconclusive",
-    "folds": "cv_folds", "repeats": "cv_repeats", "n_components": "pca_components", "seed": "seed"}
+    "folds": "cv_folds", "repeats": "cv_repeats", "n_components": "pca_components", "seed": "seed",
+    "min_cluster_fraction": "min_cluster_fraction"}
 
 
 class _NoOne:
@@ -239,6 +245,7 @@ class GateResult:
     max_person_share: float | None = None
     exact_bound: bool = False
     attack_sample: dict | None = None
+    partitions: tuple[dict, ...] = ()  # per label partition: records, people, clusters, faces, feasible_max
 
     @property
     def passed(self) -> bool:
@@ -433,6 +440,54 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
                             inputs.partition_detail or "a label partition has fewer than k distinct people"))
     checks.append(quarantine_fraction_check(inputs.records_in, inputs.quarantined, config.max_quarantine_fraction))
     return checks, min_people, share, exact
+
+
+def partition_grouping(inputs: GateInputs, k: int) -> list[dict]:
+    """Per label partition: records, people, clusters formed, distinct released faces and the feasible maximum.
+
+    The feasible maximum is :func:`deid.anonymise.ksame.feasible_clusters` of the partition's images per
+    person (``floor(records / k)`` when any grouping exists, else 0). Partitions are named by their opaque
+    key (``p000``; the report's configuration maps keys to label values), never by a label value.
+    """
+    parts = inputs.partitions if inputs.partitions is not None else np.zeros(inputs.n, dtype=object)
+    p_codes, p_keys = _codes(list(parts))
+    c_codes, _ = _codes(list(inputs.clusters))
+    who, _ = _codes(list(inputs.people))
+    image = np.asarray(inputs.image_index)
+    rows = []
+    for j, key in enumerate(p_keys):
+        m = p_codes == j
+        counts = np.bincount(who[m])
+        rows.append({"partition": "all" if inputs.partitions is None else str(key), "records": int(m.sum()),
+                     "people": int(np.count_nonzero(counts)), "clusters": int(np.unique(c_codes[m]).size),
+                     "faces": int(np.unique(image[m]).size), "feasible_max": feasible_clusters(counts, k)})
+    return rows
+
+
+def partition_clusters_check(rows: Sequence[Mapping[str, Any]], config: GateConfig) -> Check:
+    """Every partition keeps at least ``min_cluster_fraction`` of the clusters a grouping could form (issue 26).
+
+    A partition whose people hold skewed numbers of photos could collapse into a handful of
+    clusters (one released face for hundreds of records): the k rules hold, but the release has lost
+    that partition's faces. The feasible maximum is exact (a person with ``c`` photos needs ``c``
+    clusters; :func:`deid.anonymise.ksame.feasible_clusters`), so this check is a count, not an estimate.
+    """
+    judged = [r for r in rows if r["feasible_max"] > 0]
+    worst = min(judged, key=lambda r: r["clusters"] / r["feasible_max"], default=None)
+    table = "; ".join(f"{r['partition']}: {r['records']} records of {r['people']} people -> {r['clusters']} clusters "
+                      f"of {r['feasible_max']} feasible" for r in rows)
+    if worst is None:
+        return Check("partition_clusters", True, None, f">= {config.min_cluster_fraction:g} x feasible maximum",
+                     f"not applicable: no partition can form a cluster of {config.k} people ({table})",
+                     status="not_applicable")
+    ratio = worst["clusters"] / worst["feasible_max"]
+    ok = ratio >= config.min_cluster_fraction
+    return Check("partition_clusters", ok, round(ratio, 4), f">= {config.min_cluster_fraction:g} x feasible maximum",
+                 (f"every partition keeps >= {config.min_cluster_fraction:g} of the clusters its people allow"
+                  if ok else f"partition {worst['partition']} collapsed: {worst['records']} records released as "
+                  f"{worst['clusters']} clusters where {worst['feasible_max']} were feasible ({ratio:.2f} < "
+                  f"{config.min_cluster_fraction:g}); its labels' faces are lost")
+                 + f" (lowest {ratio:.3f}; {table})")
 
 
 def closeness_check(inputs: GateInputs, config: GateConfig) -> Check:
@@ -763,6 +818,11 @@ def _evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any, pool: An
               ready: Mapping[tuple, Callable[[], Any]] | None = None) -> GateResult:
     """:func:`evaluate` with the helper ``pool`` a large release started (or None); ``ready``: parts it ran ahead."""
     checks, min_people, share, exact = structural_checks(inputs, config)
+    grouping: tuple[dict, ...] = ()
+    if inputs.n and inputs.clusters is not None and _clustered(config.method):
+        grouping = tuple(partition_grouping(inputs, config.k))
+        if config.min_cluster_fraction > 0:
+            checks.append(partition_clusters_check(grouping, config))
     checks.extend(inputs.extra_checks)
     inputs = _read_samples_once(inputs, config)
     reid: list[dict] = []
@@ -786,7 +846,7 @@ def _evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any, pool: An
         checks.extend(u_checks)
     result = GateResult(checks=tuple(checks), reidentification=tuple(reid), utility=tuple(util),
                         max_rate=max_rate, min_people=min_people, max_person_share=share, exact_bound=exact,
-                        attack_sample=sample)
+                        attack_sample=sample, partitions=grouping)
     log.info("gate: %s%s", "passed" if result.passed else "failed",
              "" if result.passed else " - " + "; ".join(result.reasons))
     return result

@@ -381,6 +381,16 @@ def _partitions(r: Mapping[str, Any]) -> str:
         out.append(table([head, "records", "people"],
                          [[esc(partition_name(p.get("key"))), esc(p.get("records")), esc(p.get("people"))]
                           for p in partitions], num=(1, 2)))
+    grouping = list((r.get("privacy") or {}).get("partitions") or [])
+    if grouping:
+        names = {p.get("name"): partition_name(p.get("key")) for p in partitions if p.get("name")}
+        out.append("<h3>Clusters formed per partition</h3><p>A person with c photos needs c different clusters, so a "
+                   f"partition of n records can form at most floor(n / {k}) clusters (its feasible maximum); the gate "
+                   "fails a partition that keeps too few of them (check <code>partition_clusters</code>).</p>")
+        out.append(table(["partition", "records", "people", "clusters formed", "distinct faces", "feasible maximum"],
+                         [[esc(names.get(g.get("partition"), g.get("partition"))), esc(g.get("records")),
+                           esc(g.get("people")), esc(g.get("clusters")), esc(g.get("faces")),
+                           esc(g.get("feasible_max"))] for g in grouping], num=(1, 2, 3, 4, 5)))
     clusters = cfg.get("clusters") or {}
     sizes = list(clusters.get("sizes") or [])
     if sizes:

@@ -138,6 +138,8 @@ class Privacy:
     max_person_share: float | None = None
     exact_bound: bool | None = None
     attack_sample: dict[str, Any] | None = None
+    # Per label partition (opaque key): records, people, clusters formed, distinct faces, feasible maximum.
+    partitions: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -260,7 +262,7 @@ class Report:
             d["privacy"] = dataclasses.asdict(Privacy(bound=1.0 / self.k))
         _drop_none(d, "report_files", "guarantee", "warnings", "lineage", "validation", "file_manifest")
         _drop_none(d["dataset"], "records_withheld", "near_copy_repair")
-        _drop_none(d["privacy"], "max_person_share", "exact_bound", "attack_sample")
+        _drop_none(d["privacy"], "max_person_share", "exact_bound", "attack_sample", "partitions")
         for r in d["privacy"]["reidentification"]:
             _drop_none(r, "n_probes", "records", "lower", "upper")
         for c in d["checks"]:
@@ -301,6 +303,7 @@ class Report:
                 max_person_share=p.get("max_person_share"),
                 exact_bound=p.get("exact_bound"),
                 attack_sample=p.get("attack_sample"),
+                partitions=p.get("partitions"),
             ),
             utility=[Utility.from_row(u) for u in d["utility"]],
             artifacts=[Artifact(**a) for a in d["artifacts"]],

@@ -89,7 +89,8 @@ def shared_configuration(config: RunConfig, *, labels: Sequence[str], license: s
         **({"block": config.block} if strength == "block" else {}),
         "max_quarantine_fraction": config.gate.max_quarantine_fraction, "cv_folds": config.gate.folds,
         "cv_repeats": config.gate.repeats,
-        "partitions": [{"key": list(p.key), "records": p.records, "people": p.people} for p in partitions],
+        "partitions": [{"name": p.name, "key": list(p.key), "records": p.records, "people": p.people}
+                       for p in partitions],
         # Counts only, never the label values of a partition too small to release.
         "small_partitions_detail": [{"records": e.records, "people": e.people, "action": e.action} for e in small],
         "clusters": {"count": len(clusters), "sizes": sorted(c.size for c in clusters)},
@@ -136,6 +137,7 @@ def privacy_section(gate, k: int) -> Privacy:
     return Privacy(
         bound=1.0 / k, max_rate=gate.max_rate, min_distinct_people_per_cluster=gate.min_people,
         max_person_share=gate.max_person_share, exact_bound=gate.exact_bound, attack_sample=gate.attack_sample,
+        partitions=[dict(r) for r in getattr(gate, "partitions", ())] or None,
         reidentification=[Reidentification(**r) for r in gate.reidentification])
 
 
