@@ -360,6 +360,48 @@ def test_real_drop_shapes_are_released(project, prefect_server, tmp_path, shape,
     assert report["privacy"]["max_person_share"] <= 0.2
 
 
+# Issue 26: the web-photo set that collapsed into one face per gender (24 people with 2 to 47 photos).
+SKEWED_COUNTS = (47, 40, 33, 28, 24, 20, 17, 14, 12, 10, 9, 8, 7, 6, 5, 5, 4, 4, 3, 3, 3, 2, 2, 2)
+
+
+def skewed_drop(path: Path, counts=SKEWED_COUNTS, *, seed: int = 26) -> Path:
+    """`deid synth` with max(counts) photos each, then a subset of its manifest: person i keeps counts[i]."""
+    drop = make_synthetic_drop(path, people=len(counts), images_per_person=max(counts), seed=seed, fast=True)
+    lines = (drop / "manifest.csv").read_text().splitlines()
+    head = lines[0].split(",")
+    col_subject, col_path = head.index("subject_id"), head.index("image")
+    order = list(dict.fromkeys(line.split(",")[col_subject] for line in lines[1:]))
+    kept, seen = [], defaultdict(int)
+    for line in lines[1:]:
+        fields = line.split(",")
+        who = fields[col_subject]
+        if seen[who] < counts[order.index(who)]:
+            seen[who] += 1
+            kept.append(line)
+        else:
+            (drop / fields[col_path]).unlink()
+    (drop / "manifest.csv").write_text("\n".join([lines[0], *kept]) + "\n")
+    return drop
+
+
+def test_skewed_photo_counts_keep_every_partition(project, prefect_server, tmp_path, no_face_embed):
+    """Issue 26: today 2 faces for the whole drop (one cluster per gender); now each gender keeps >= 0.8 x
+    floor(records/k) clusters, every cluster >= k people, and the report states per partition the clusters
+    formed against the feasible maximum."""
+    drop = skewed_drop(tmp_path / "skewed")
+    result = _run(drop, k=5, labels=["gender"])
+    report = json.loads(Path(result["report"]).read_text())
+    grouping = report["privacy"]["partitions"]
+    assert len(grouping) == 2 and sum(g["records"] for g in grouping) == result["dataset"]["records_released"]
+    for g in grouping:
+        assert g["feasible_max"] == g["records"] // 5
+        assert g["clusters"] >= 0.8 * g["feasible_max"], grouping
+    checks = {c["name"]: c for c in report["checks"]}
+    assert checks["partition_clusters"]["passed"] and checks["partition_clusters"]["value"] >= 0.8
+    assert report["privacy"]["min_distinct_people_per_cluster"] >= 5
+    assert report["privacy"]["max_person_share"] <= 0.2
+
+
 def test_one_face_under_five_fake_ids_is_one_person(project, prefect_server, tmp_path, quick_recogniser):
     """Issue 9: one photograph, lightly noised, listed under five fake subject ids, is one person."""
     import numpy as np
