@@ -927,11 +927,12 @@ def write_report(report, config: RunConfig, *, validation: Mapping | None = None
     faces go into report.html); a rejected run passes None and shows no faces.
     """
     from deid.reporting.html_report import sample_release_images, write_report_bundle  # noqa: PLC0415
+    from deid.release.signing import warn_development_key  # noqa: PLC0415
     from deid.operations.safety import fault_enospc  # noqa: PLC0415
 
     key = signing_key(config)
-    if key.origin == "development":
-        (logger or log).warning("report signed with the development key %s; set DEID_SIGNING_KEY for real releases", key.path)
+    if key.origin == "development":  # said once per process (ensure_signing_key may have said it already)
+        warn_development_key(key.path, log=logger or log)
     report_dir = config.reports_path / report.release_id
     fault_enospc("reports", report_dir)
     samples = sample_release_images(staged.dir, n=24, seed=0) if staged and report.verdict == "released" else None
