@@ -279,7 +279,7 @@ def cmd_import(args) -> int:
     from deid.intake.london import import_london
 
     path = import_london(Path(args.src), Path(args.drop))
-    print(f"London drop: {path}")
+    print(f"London drop: {path} (licence CC BY 4.0: drop.yaml carries its citation into the dataset card)")
     return EXIT_OK
 
 

@@ -166,7 +166,8 @@ def ingest_drop(drop_dir: str | Path, layout: StagingLayout, config: RunConfig, 
         lg.info(f"ingest: unknown manifest columns kept out of the release: {drop.extra_columns}")
     return Ingested(
         path=res.path, row_groups=res.row_groups, records_in=drop.records_in, staged=res.n_records,
-        labels=tuple(drop.labels), name=drop.name, license=drop.license, dataset=drop.dataset,
+        labels=tuple(drop.labels), name=drop.name, license=drop.license, attribution=dict(drop.attribution),
+        dataset=drop.dataset,
         extra_columns=tuple(drop.extra_columns),
         fingerprint=dataset_fingerprint(drop.manifest_bytes, res.source_sha256.values()),
         quarantined=tuple(quarantined), people=people, validation=validation,

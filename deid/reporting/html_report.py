@@ -56,6 +56,9 @@ _MAX_SAMPLES = 200
 _SETTINGS = {
     "labels": "utility labels (k-Same-Select partitions by them)",
     "license": "licence the dataset card states",
+    "license_name": "licence name the dataset card states (with license: other)",
+    "license_link": "where the licence's terms are (the dataset card's license_link)",
+    "citation": "how to cite the source dataset (in the dataset card)",
     "notes": "notes of the run",
     "small_partitions": "what happens to a label partition with fewer than k people",
     "duplicate_ids": "policy for one person listed under several subject ids",
