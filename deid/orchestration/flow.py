@@ -32,7 +32,7 @@ from deid.orchestration.cluster import dask_executor
 from deid.orchestration.logs import progress_to_ui
 from deid.orchestration.tasks import STEPS
 from deid.reporting.markdown import md
-from deid.reporting.verdict import check_rows, verdict_summary
+from deid.reporting.verdict import check_rows, root_cause_order, verdict_summary
 
 REJECTED = "Rejected"  # the state name a rejected release ends in
 
@@ -67,7 +67,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
         return result
     # The failed checks' names only: the reasons are in the verdict artifact and the report (the
     # console shows this message too, and `deid run` prints the reasons once).
-    failed = [c.name for c in result.report.checks if not c.passed]
+    failed = root_cause_order([c.name for c in result.report.checks if not c.passed])  # the root cause first
     return rejected_state(f"release {result.release_id} rejected: {', '.join(failed)} (reasons in the deid-verdict "
                           "artifact and report.json)", result)
 
