@@ -162,6 +162,7 @@ class Ingested:
     validation: Mapping[str, Any]
     checks: tuple[Check, ...]
     metadata: pa.Table
+    attribution: Mapping[str, str] = field(default_factory=dict)  # drop.yaml's license_name, license_link, citation
 
     @property
     def proceed(self) -> bool:

@@ -21,9 +21,25 @@ def test_verify_exit_codes(failures, code):
     assert verify_exit_code(failures) == code
 
 
-def test_verify_missing_report_dir_is_a_failure_not_a_crash(tmp_path, capsys):
-    assert main(["verify", str(tmp_path / "nope")]) == 5
+def test_verify_mistyped_path_is_bad_input_not_a_crash(tmp_path, capsys):
+    # Issue 29: a path that is not there is bad input (2), not a verification failure (5 was "missing file").
+    assert main(["verify", str(tmp_path / "nope")]) == EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert "deid verify: report_dir" in err and "nope is not a directory" in err
+    (tmp_path / "report").mkdir()
+    assert main(["verify", str(tmp_path / "report"), "--release", str(tmp_path / "typo")]) == EXIT_BAD_INPUT
+    # A report directory that exists without its report.json is still a missing file of a signed run.
+    assert main(["verify", str(tmp_path / "report")]) == 5
     assert "missing file" in capsys.readouterr().out
+
+
+def test_version_is_the_package_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"deid {version('deid')}"
 
 
 def test_run_rejects_bad_k_with_usage_error(tmp_path):

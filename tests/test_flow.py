@@ -104,7 +104,8 @@ def test_demo_path_cli(demo):
     r = demo.run
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     assert "verdict: RELEASED" in r.stdout
-    report = _printed(r.stdout, "report")
+    report = _printed(r.stdout, "signed report")
+    assert _printed(r.stdout, "report") == str(Path(report).parent / "report.html")  # the page a steward opens
     assert Path(report).is_file() and Path(report + ".sig").is_file()
     bad = subprocess.run([*demo.exe, "run", "drops/nope"], cwd=demo.project, env=demo.env, capture_output=True,
                          text=True)
@@ -115,7 +116,7 @@ def test_synthetic_release_end_to_end_and_verify(demo, tmp_path):
     """The demo's release (60 synthetic people x 2 at k=5): counts, invariants, signature, linkage, tampering."""
     assert demo.run is not None and demo.run.returncode == 0, (demo.synth.stderr, demo.run and demo.run.stderr[-3000:])
     project, out = demo.project, demo.run.stdout
-    report_path = Path(_printed(out, "report"))
+    report_path = Path(_printed(out, "signed report"))
     report = json.loads(report_path.read_text())
     pub = project / "data" / "keys" / "dev_signing.pub.pem"
     assert f"--public-key {pub}" in out  # what `deid run` tells the steward to verify with

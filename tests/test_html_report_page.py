@@ -84,7 +84,13 @@ def rejected() -> tuple[str, Page]:
 def test_guarantee_sentence_sits_under_the_verdict(rejected):
     doc, page = rejected
     assert page.headings[0] == ("h1", None, "d1: k = 5, k-same-select")
-    assert doc.index("REJECTED") < doc.index(html.escape(GUARANTEE)) < doc.index("<h2>Checks</h2>")
+    # A rejection released nothing, so it states no guarantee (issue 29), in a grey box, never the green one.
+    assert "<p class='guarantee nothing'><b>Guarantee:</b> none: nothing released</p>" in doc
+    assert doc.index("REJECTED") < doc.index("none: nothing released") < doc.index("<h2>Checks</h2>")
+    assert html.escape(GUARANTEE) not in doc and "formal:" not in doc
+    released = render_report_html(_report("released"))
+    assert released.index("RELEASED") < released.index(f"<p class='guarantee'><b>Guarantee of this release:</b> "
+                                                        f"{html.escape(GUARANTEE)}") < released.index("<h2>Checks</h2>")
 
 
 def test_rejection_reasons_in_words_with_rounded_numbers(rejected):

@@ -218,11 +218,9 @@ def cmd_run(args) -> int:
     finally:
         close_prestarted()
         api.stop()
+    print_summary(result)  # an unreadable drop too: its signed rejection and root cause, then exit 2
     if result.input_error:
-        print("verdict: REJECTED (unreadable drop)")
-        print(f"report: {result.report_path}")
         raise DataError(result.input_error)
-    print_summary(result)
     if result.timings:
         print("deid run: stage seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items()),
               file=sys.stderr)
@@ -230,27 +228,15 @@ def cmd_run(args) -> int:
 
 
 def print_summary(result) -> None:
-    """The verdict, its reasons and the key figures of a :class:`~deid.contracts.RunResult`."""
-    report = result.report
-    ds, priv = report.dataset, report.privacy
-    print(f"verdict: {report.verdict.upper()}")
-    for reason in report.reasons:
-        print(f"  reason: {reason}")
-    print(f"records: {ds.records_in} in, {ds.records_released} released, "
-          + (f"{ds.records_withheld} withheld (rejected), " if ds.records_withheld else "")
-          + f"{ds.records_suppressed} suppressed, {ds.records_quarantined} quarantined")
-    if ds.quarantine_by_reason:
-        print("quarantined by reason: " + ", ".join(f"{k}={v}" for k, v in sorted(ds.quarantine_by_reason.items())))
-    if priv.max_rate is not None:
-        print(f"re-identification: max {priv.max_rate:.4f} (bound 1/k = {priv.bound:.4f}); "
-              f"min distinct people per cluster {priv.min_distinct_people_per_cluster}")
-    for u in report.utility:
-        o, d = u.original_accuracy, u.deidentified_accuracy
-        print(f"utility {u.label} [{u.protocol or 'cv'}]: originals {o if o is None else f'{o:.3f}'}, "
-              f"release {d if d is None else f'{d:.3f}'}")
+    """The run's verdict summary (:mod:`deid.reporting.verdict`: the same one report.html and the Prefect UI
+    show), then where the release and the signed report are and how to verify them."""
+    from deid.reporting.verdict import verdict_summary  # noqa: PLC0415
+
+    for line in verdict_summary(result.report, report_html=result.report_dir / "report.html").text_lines():
+        print(line)
     if result.release_dir:
         print(f"release: {result.release_dir}")
-    print(f"report: {result.report_path}")
+    print(f"signed report: {result.report_path}")
     if result.key_origin == "development":
         print(f"signed with the development key; verify with: deid verify {result.report_dir} "
               f"--public-key {result.public_key}")
@@ -293,7 +279,7 @@ def cmd_import(args) -> int:
     from deid.intake.london import import_london
 
     path = import_london(Path(args.src), Path(args.drop))
-    print(f"London drop: {path}")
+    print(f"London drop: {path} (licence CC BY 4.0: drop.yaml carries its citation into the dataset card)")
     return EXIT_OK
 
 
@@ -301,6 +287,12 @@ def cmd_verify(args) -> int:
     from deid.release.signing import load_public_key
     from deid.release.verify import verify_report
 
+    # A mistyped path is bad input (exit 2), not a verification failure: nothing was there to check.
+    for option, value in (("report_dir", args.report_dir), ("--release", args.release)):
+        if value is not None and not Path(value).is_dir():
+            raise DataError(f"{option} {value} is not a directory; give the report directory (reports/<release id>, "
+                            "holding report.json)" if option == "report_dir" else
+                            f"{option} {value} is not a directory; give the release directory")
     if args.public_key:
         load_public_key(Path(args.public_key))  # an unusable --public-key is bad input (ConfigError, exit 2), not a failed check
     res = verify_report(Path(args.report_dir), public_key=Path(args.public_key) if args.public_key else None,
@@ -355,10 +347,22 @@ def cmd_keygen(args) -> int:
     return EXIT_OK
 
 
+def package_version() -> str:
+    """The installed ``deid`` package's version (pyproject.toml's, through the package metadata)."""
+    from importlib.metadata import PackageNotFoundError, version  # noqa: PLC0415
+
+    try:
+        return version("deid")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed; pip install -e .)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deid", description="Release face datasets with a k-anonymity guarantee.")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     p.add_argument("--debug", action="store_true", help="show tracebacks (by default a failure is one line)")
+    p.add_argument("--version", action="version", version=f"deid {package_version()}",
+                   help="print deid's version (the installed package's) and exit")
     sub = p.add_subparsers(dest="command", required=True)
 
     r = sub.add_parser("run", help="run the release flow on a drop")

@@ -4,7 +4,7 @@ A drop is a directory holding ``manifest.csv`` (``image``, ``subject_id``, one c
 utility label, optional eye points, an optional ``points`` column naming a landmark file per
 image (:mod:`deid.intake.points`), optional ``sequence`` and ``frame`` columns for image
 sequences), an optional ``drop.yaml`` (``name``, ``labels``,
-``license``) and the images. Problems with the drop as a whole raise :class:`~deid.errors.DropError`; problems with
+``license``, ``license_name``, ``license_link``, ``citation``) and the images. Problems with the drop as a whole raise :class:`~deid.errors.DropError`; problems with
 one row quarantine that row with a stable reason code and never stop the run.
 """
 from __future__ import annotations
@@ -188,6 +188,8 @@ class Drop:
     extra_columns: list[str] = field(default_factory=list)
     # From drop.yaml's ``license`` (a licence id such as cc-by-4.0); None when the steward set none.
     license: str | None = None
+    # drop.yaml's ``license_name``, ``license_link`` and ``citation`` (those set): the dataset card carries them.
+    attribution: dict[str, str] = field(default_factory=dict)
     dataset: str = ""  # the lineage this drop belongs to (drop.yaml `dataset:`, default: a name-safe form of `name`)
     has_points: bool = False  # the manifest has a ``points`` column
     has_sequences: bool = False  # the manifest has ``sequence`` and ``frame`` columns
@@ -585,6 +587,7 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
     if extra:
         log.info("manifest columns not used and kept out of the release: %s", extra)
     return Drop(root, str(drop_name), labels, raw, rows, quarantined, extra, license=_license(root, meta),
+                attribution=_attribution(root, meta),
                 dataset=_dataset_name(root, meta.get("dataset"), str(drop_name)), has_points=has_points,
                 has_sequences=bool(seq_cols_present))
 
@@ -598,6 +601,31 @@ def _license(root: Path, meta: dict) -> str | None:
         raise DropError(f"{root / DROP_YAML}: 'license' must be a licence id such as cc-by-4.0, cc-by-nc-4.0 or "
                         f"other (letters, digits, '.', '+', '-'; at most 64); got {value!r}")
     return value.strip()
+
+
+# drop.yaml's attribution fields: (pattern, what it must be). license_name as the Hugging Face Hub expects it
+# (an id, with license: other); license_link an address or a file of the release (e.g. LICENSE.md).
+ATTRIBUTION_FIELDS = {
+    "license_name": (re.compile(r"^[A-Za-z0-9][A-Za-z0-9.+_-]{0,63}$"),
+                     "a licence id such as my-licence-1.0 (letters, digits, '.', '+', '_', '-'; at most 64)"),
+    "license_link": (re.compile(r"^(?:https?://[^\s<>\"]{1,490}|[A-Za-z0-9._/#-]{1,200})$"),
+                     "an http(s) address or a file name such as LICENSE.md (no spaces)"),
+    "citation": (re.compile(r"^[^\x00-\x08\x0b-\x1f]{1,4000}$", re.DOTALL),
+                 "the text to cite the source by (1-4000 characters)"),
+}
+
+
+def _attribution(root: Path, meta: dict) -> dict[str, str]:
+    """drop.yaml's ``license_name``, ``license_link`` and ``citation``: those set, each checked."""
+    out = {}
+    for key, (pattern, what) in ATTRIBUTION_FIELDS.items():
+        value = meta.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not pattern.match(value.strip()):
+            raise DropError(f"{root / DROP_YAML}: {key!r} must be {what}; got {value!r}")
+        out[key] = value.strip()
+    return out
 
 
 def _dataset_name(root: Path, declared: object, drop_name: str) -> str:

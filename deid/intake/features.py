@@ -32,7 +32,7 @@ import hashlib
 import logging
 import os
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,7 @@ from deid.errors import DataError, DropError, Quarantined, RecordError
 from deid.intake.drop import (
     DROP_YAML,
     _dataset_name,
+    _attribution,
     _license,
     _read_drop_text,
     _read_yaml,
@@ -85,6 +86,7 @@ class FeatureDrop:
     quarantined: tuple[Quarantined, ...]
     extra_columns: tuple[str, ...] = ()
     license: str | None = None
+    attribution: dict[str, str] = field(default_factory=dict)  # drop.yaml's license_name, license_link, citation
     dataset: str = ""
     value_type: str = "float"
     label_sets: dict[str, tuple[str, ...]] | None = None  # drop.yaml's label_values: the values each label may take
@@ -366,6 +368,7 @@ def read_feature_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None =
         label_values={x: tuple(label_cells[x][i] for i in keep_rows) for x in labels},
         vectors=vectors[keep_vec].astype(np.float32) if keep_vec else np.zeros((0, dim), np.float32),
         quarantined=tuple(quarantined), extra_columns=extra, license=_license(root, meta),
+        attribution=_attribution(root, meta),
         dataset=_dataset_name(root, meta.get("dataset"), str(drop_name)),
         value_type=str(col.type.value_type), label_sets=label_sets)
 

@@ -20,6 +20,11 @@ log = logging.getLogger(__name__)
 HEADER = ["image", "subject_id", "gender", "expression", "eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y",
           "points"]
 FOLDERS = {"neutral": ("neutral_front", "03"), "smile": ("smiling_front", "08")}
+# The set's licence and the attribution it requires (its README, "Licence and attribution"); the DOI without
+# its address form, as the dataset card carries no address.
+LICENSE = "cc-by-4.0"
+CITATION = ("DeBruine, L., & Jones, B. (2017). Face Research Lab London Set (Version 5). figshare. "
+            "doi:10.6084/m9.figshare.5047666.v5")
 
 
 def read_tem_eyes(path: Path) -> tuple[tuple[float, float], tuple[float, float]]:
@@ -66,7 +71,8 @@ def import_london(src: str | os.PathLike, drop_dir: str | os.PathLike, *, name: 
     ``.tem`` files, and empty eye cells ("detect") for the smiling images, which have none. The
     neutral images' ``.tem`` files (189 hand-placed landmarks) are placed in the drop too and
     named in the ``points`` column (empty for the smiling images): k-Same-M takes its shape
-    from them. ``_READY`` is written last.
+    from them. drop.yaml states the set's licence (CC BY 4.0) and its citation, which the dataset
+    card carries. ``_READY`` is written last.
     """
     src, drop = Path(src), Path(drop_dir)
     if not isinstance(name, str) or not name.strip():
@@ -116,7 +122,8 @@ def import_london(src: str | os.PathLike, drop_dir: str | os.PathLike, *, name: 
         writer.writerow(HEADER)
         writer.writerows(rows)
     with open(drop / "drop.yaml", "w", encoding="utf-8") as fh:
-        yaml.safe_dump({"name": name, "labels": ["gender", "expression"]}, fh, sort_keys=False)
+        yaml.safe_dump({"name": name, "labels": ["gender", "expression"], "license": LICENSE, "citation": CITATION},
+                       fh, sort_keys=False, width=1000)
     # _READY last: consumers only pick up complete drops.
     (drop / "_READY").touch()
     log.info("London import: %d images of %d people into %s", len(rows), len(people), drop)

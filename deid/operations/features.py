@@ -604,7 +604,8 @@ def feature_report(*, release_id: str, run_id: str, created_at: str, config: Run
         configuration={
             "kind": KIND, "feature_dim": drop.dim, "features_file": drop.features_file,
             "vector_column": drop.vector_column, "vector_value_type": drop.value_type,
-            **shared_configuration(config, labels=drop.labels, license=drop.license, notes=partitioned.notes,
+            **shared_configuration(config, labels=drop.labels, license=drop.license,
+                                   attribution=drop.attribution, notes=partitioned.notes,
                                    identity=identity.resolution.summary(), partitions=partitioned.partitions,
                                    small=partitioned.small, clusters=deidentified.cluster_summary),
             "extra_table_columns": list(drop.extra_columns), "stage_seconds": dict(timings),

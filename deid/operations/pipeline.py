@@ -166,7 +166,8 @@ def ingest_drop(drop_dir: str | Path, layout: StagingLayout, config: RunConfig, 
         lg.info(f"ingest: unknown manifest columns kept out of the release: {drop.extra_columns}")
     return Ingested(
         path=res.path, row_groups=res.row_groups, records_in=drop.records_in, staged=res.n_records,
-        labels=tuple(drop.labels), name=drop.name, license=drop.license, dataset=drop.dataset,
+        labels=tuple(drop.labels), name=drop.name, license=drop.license, attribution=dict(drop.attribution),
+        dataset=drop.dataset,
         extra_columns=tuple(drop.extra_columns),
         fingerprint=dataset_fingerprint(drop.manifest_bytes, res.source_sha256.values()),
         quarantined=tuple(quarantined), people=people, validation=validation,
@@ -927,11 +928,12 @@ def write_report(report, config: RunConfig, *, validation: Mapping | None = None
     faces go into report.html); a rejected run passes None and shows no faces.
     """
     from deid.reporting.html_report import sample_release_images, write_report_bundle  # noqa: PLC0415
+    from deid.release.signing import warn_development_key  # noqa: PLC0415
     from deid.operations.safety import fault_enospc  # noqa: PLC0415
 
     key = signing_key(config)
-    if key.origin == "development":
-        (logger or log).warning("report signed with the development key %s; set DEID_SIGNING_KEY for real releases", key.path)
+    if key.origin == "development":  # said once per process (ensure_signing_key may have said it already)
+        warn_development_key(key.path, log=logger or log)
     report_dir = config.reports_path / report.release_id
     fault_enospc("reports", report_dir)
     samples = sample_release_images(staged.dir, n=24, seed=0) if staged and report.verdict == "released" else None

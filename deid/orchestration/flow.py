@@ -31,6 +31,8 @@ from deid.settings import Settings
 from deid.orchestration.cluster import dask_executor
 from deid.orchestration.logs import progress_to_ui
 from deid.orchestration.tasks import STEPS
+from deid.reporting.markdown import md
+from deid.reporting.verdict import check_rows, root_cause_order, verdict_summary
 
 REJECTED = "Rejected"  # the state name a rejected release ends in
 
@@ -65,7 +67,7 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
         return result
     # The failed checks' names only: the reasons are in the verdict artifact and the report (the
     # console shows this message too, and `deid run` prints the reasons once).
-    failed = [c.name for c in result.report.checks if not c.passed]
+    failed = root_cause_order([c.name for c in result.report.checks if not c.passed])  # the root cause first
     return rejected_state(f"release {result.release_id} rejected: {', '.join(failed)} (reasons in the deid-verdict "
                           "artifact and report.json)", result)
 
@@ -107,31 +109,16 @@ def _update_run(*, parameters: dict | None = None, name: str | None = None, tags
 
 
 def verdict_markdown(result: RunResult) -> str:
-    """The verdict artifact: verdict, guarantee, reasons, key figures and where the files are (plain paths)."""
+    """The verdict artifact: the run's verdict summary (deid.reporting.verdict), then where the files are."""
     r = result.report
-    ds, priv = r.dataset, r.privacy
-    lines = [f"# deid release {r.release_id}: **{r.verdict.upper()}**", ""]
-    if r.guarantee:
-        lines += [f"> {r.guarantee}", ""]
-    if r.reasons:
-        lines += ["## Why it was rejected", "", *[f"- {x}" for x in r.reasons], ""]
-    if r.warnings:
-        lines += ["## Warnings (not blocking)", "", *[f"- {x}" for x in r.warnings], ""]
-    lines += [
-        "## Figures", "",
-        f"- dataset **{ds.name}** (`{ds.fingerprint[:23]}…`), method **{r.method}**, k = **{r.k}**",
-        f"- records: {ds.records_in} in, {ds.records_released} released, {ds.records_withheld or 0} withheld by the "
-        f"verdict, {ds.records_suppressed} suppressed, {ds.records_quarantined} quarantined",
-        f"- max re-identification rate: {priv.max_rate} (bound 1/k = {priv.bound:.4f})",
-        *[f"- utility {u.label}: originals {u.original_accuracy}, release {u.deidentified_accuracy}"
-          for u in r.utility if not u.extra.get("evidence_only")],
-        "", "## Files (paths on the machine that ran deid)", "",
-        f"- report.html: `{result.report_dir / 'report.html'}`",
-        f"- signed report: `{result.report_path}`",
-        f"- release: `{result.release_dir}`" if result.release_dir else "- release: none (nothing was published)",
-        f"- verify: `deid verify {result.report_dir}" + (f" --public-key {result.public_key}`" if result.public_key
-                                                         else "`"),
-    ]
+    html = result.report_dir / "report.html"
+    lines = [verdict_summary(r, report_html=html).markdown(title=f"deid release {r.release_id}"),
+             "## Files (paths on the machine that ran deid)", "",
+             f"- dataset: {md(r.dataset.name)}, method {md(r.method)}, k = {r.k}",
+             f"- signed report: `{result.report_path}`",
+             f"- release: `{result.release_dir}`" if result.release_dir else "- release: none (nothing was published)",
+             f"- verify: `deid verify {result.report_dir}" + (f" --public-key {result.public_key}`" if result.public_key
+                                                              else "`")]
     return "\n".join(lines)
 
 
@@ -140,10 +127,8 @@ def ui_artifacts(result: RunResult) -> None:
     from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: PLC0415
 
     create_markdown_artifact(verdict_markdown(result), key="deid-verdict", description="deid release verdict")
-    checks = [{"name": c.name, "status": c.status or ("pass" if c.passed else "fail"), "passed": c.passed,
-               "value": c.value if not isinstance(c.value, list | dict) else str(c.value),
-               "threshold": c.threshold if not isinstance(c.threshold, list | dict) else str(c.threshold),
-               "detail": c.detail} for c in result.report.checks]
+    # The rows are built (and escaped for Markdown, which the UI renders every cell as) in deid.reporting.
+    checks = check_rows(result.report)
     create_table_artifact(checks, key="deid-checks", description="every gate check")
     html = result.report_dir / "report.html"
     create_markdown_artifact(

@@ -23,6 +23,7 @@ from prefect.runtime import flow_run
 from deid.operations.ledger import Ledger, drop_fingerprint, open_ledger, ready_drops
 from deid.settings import Settings
 from deid.orchestration.flow import rejected_state, run_flow
+from deid.reporting.markdown import md_cell
 
 EVENT = "deid.drop.ready"
 RESOURCE_PREFIX = "deid.drop."
@@ -67,8 +68,9 @@ def _run_claimed(drop: str, fingerprint: str, led: Ledger, by: str, **params) ->
 def _summary_artifact(rows: list[dict]) -> None:
     lines = ["| drop | fingerprint | outcome | release | report |", "|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| `{r['drop']}` | `{r['fingerprint'][:19]}…` | {r['status']} | {r.get('release_id') or ''} "
-                     f"| `{r.get('report') or ''}` |")
+        # Every cell escaped: the UI renders Markdown, and a drop's path is the producer's text.
+        cells = [r["drop"], f"{r['fingerprint'][:19]}…", r["status"], r.get("release_id") or "", r.get("report") or ""]
+        lines.append("| " + " | ".join(str(md_cell(c)) for c in cells) + " |")
     create_markdown_artifact("\n".join(lines), key="deid-ledger", description="deid ledger outcome of this run")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import html
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,10 @@ class DatasetCard:
     videos: int = 0  # videos/<random id>.avi, one per image sequence
     frames: int = 0  # released faces that are frames of a video
     exact_bound: bool = True  # every cluster's members got the identical image (the gate found it in the data)
+    # drop.yaml's license_name, license_link (the Hub's fields for license: other) and the source's citation.
+    license_name: str | None = None
+    license_link: str | None = None
+    citation: str | None = None
 
     @classmethod
     def from_report(cls, report: dict[str, Any]) -> DatasetCard:
@@ -87,7 +92,8 @@ class DatasetCard:
             kind=str(cfg.get("kind") or "images"), dim=cfg.get("feature_dim"),
             videos=sum(1 for a in report.get("artifacts") or () if str(a.get("path", "")).startswith(f"{VIDEOS}/")),
             frames=int((cfg.get("method_inputs") or {}).get("frames") or 0),
-            exact_bound=bool((report.get("privacy") or {}).get("exact_bound", True)))
+            exact_bound=bool((report.get("privacy") or {}).get("exact_bound", True)),
+            license_name=cfg.get("license_name"), license_link=cfg.get("license_link"), citation=cfg.get("citation"))
 
     def header(self) -> dict[str, Any]:
         """The YAML metadata block (Hugging Face keys, plus ``deid`` with the figures)."""
@@ -96,7 +102,7 @@ class DatasetCard:
         features = self.kind == "features"
         return {
             "pretty_name": f"{self.name} (de-identified, k={self.k})",
-            "license": self.license or DEFAULT_LICENSE,
+            **self._license_fields(),
             "task_categories": ([] if not self.labels else ["tabular-classification"] if features
                                 else ["image-classification"]),
             "size_categories": [size],
@@ -119,6 +125,17 @@ class DatasetCard:
                 "report": f"reports/{self.release_id}/report.json",
             },
         }
+
+    def _license_fields(self) -> dict[str, str]:
+        """``license`` and, as the Hugging Face Hub expects for ``license: other``, ``license_name`` and
+        ``license_link`` (when no licence was set: ``unspecified`` and this card, whose Licence section says so)."""
+        license = self.license or DEFAULT_LICENSE
+        out = {"license": license}
+        if self.license_name or license == "other":
+            out["license_name"] = self.license_name or "unspecified"
+        if self.license_link or license == "other":
+            out["license_link"] = self.license_link or CARD_NAME
+        return out
 
     def render(self) -> str:
         """The card's text: ``---`` YAML header ``---`` then Markdown."""
@@ -290,13 +307,31 @@ class DatasetCard:
             "",
         ]
         if self.license:
-            lines.append(f"`{_md(self.license)}`, as set by the data steward (`license:` in the drop's drop.yaml).")
+            lines.append(f"`{_md(self.license)}`"
+                         + (f" ({_md(self.license_name)})" if self.license_name else "")
+                         + ", as set by the data steward (`license:` in the drop's drop.yaml)"
+                         + (": the terms are at `license_link` in this card's header." if self.license_link else "."))
         else:
             lines.append(f"`{DEFAULT_LICENSE}`: the data steward set no licence (`license:` in drop.yaml); ask the "
                          "steward for the terms of use before using or sharing this data.")
+        if self.citation:
+            lines += ["", "This release is derived from the source dataset: every face (or record) is replaced by one "
+                      "computed from its cluster, as described above. Credit the source wherever this release or "
+                      "results derived from it are shown.", "", "## Citation", "", "Cite the source dataset as:", "",
+                      _md(self.citation)]
         body = "\n".join(lines) + "\n"
-        head = yaml.safe_dump(self.header(), sort_keys=False, allow_unicode=True, width=1000)
-        return strip_urls(f"---\n{head}---\n\n{body}")
+        header = self.header()
+        # No address anywhere in the card (steward text is inert), except the header's license_link: the one
+        # field the Hub reads a link from, set explicitly by the steward and checked when drop.yaml was read.
+        token = f"license-link-{uuid.uuid4().hex}"
+        link = header.get("license_link")
+        if link is not None:
+            header["license_link"] = token
+        head = yaml.safe_dump(header, sort_keys=False, allow_unicode=True, width=1000)
+        card = strip_urls(f"---\n{head}---\n\n{body}")
+        if link is not None:
+            card = card.replace(token, yaml.safe_dump(link, width=1000).removesuffix("\n...\n").strip(), 1)
+        return card
 
 
 def _f(value: float | None) -> str:

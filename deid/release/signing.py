@@ -29,6 +29,7 @@ __all__ = [
     "public_path_for",
     "sign_bytes",
     "verify_bytes",
+    "warn_development_key",
     "write_keypair",
 ]
 
@@ -123,8 +124,8 @@ def load_private_key(path: Path, *, passphrase: bytes | None = None) -> Ed25519P
     check_private_key_file(
         path,
         kind="signing",
-        create_hint="create one with deid.release.signing.write_keypair "
-        "or point the signing_key setting (DEID_SIGNING_KEY) at an existing key",
+        create_hint="create one with `deid keygen --out DIR` (then DEID_SIGNING_KEY=DIR/deid_signing.pem) "
+        "or point DEID_SIGNING_KEY at an existing key",
         regular_hint="point DEID_SIGNING_KEY at a PEM file",
         noun="private key",
     )
@@ -151,7 +152,7 @@ def load_private_key(path: Path, *, passphrase: bytes | None = None) -> Ed25519P
     if not isinstance(key, Ed25519PrivateKey):
         raise ConfigError(
             f"signing key {path} is a {type(key).__name__.lstrip('_')}, not Ed25519; "
-            "generate an Ed25519 key with deid.release.signing.write_keypair"
+            "generate an Ed25519 key with `deid keygen --out DIR` and point DEID_SIGNING_KEY at DIR/deid_signing.pem"
         )
     return key
 
@@ -214,6 +215,27 @@ def _same_public(a: Ed25519PublicKey, b: Ed25519PublicKey) -> bool:
     return public_key_fingerprint(a) == public_key_fingerprint(b)
 
 
+_WARNED_DEV_KEYS: set[str] = set()  # development keys this process has warned about (once each)
+
+
+def warn_development_key(path: Path, *, created: bool = False, log: logging.Logger | logging.LoggerAdapter | None = None
+                         ) -> bool:
+    """Warn that reports are signed with the development key ``path``: once per process and key.
+
+    A run looks the key up more than once (the CLI's preflight, the report stage); one warning says it
+    all. Returns whether it warned.
+    """
+    where = str(Path(path).resolve())
+    if where in _WARNED_DEV_KEYS:
+        return False
+    _WARNED_DEV_KEYS.add(where)
+    (log or logger).warning(
+        "no signing key configured (DEID_SIGNING_KEY): %s development key %s; reports signed with it are for "
+        "development only: create a key with `deid keygen --out DIR` and set DEID_SIGNING_KEY=DIR/deid_signing.pem",
+        "created" if created else "signing with", path)
+    return True
+
+
 def ensure_signing_key(
     *,
     configured: Path | None,
@@ -249,13 +271,9 @@ def ensure_signing_key(
                 f"{public_path} exists without its private key {path}; remove it so a fresh development key can be made"
             )
         write_keypair(keys_dir, name=DEV_KEY_NAME)
-        logger.warning(
-            "no signing key configured (DEID_SIGNING_KEY): created development key %s; "
-            "reports signed with it are for development only",
-            path,
-        )
+        warn_development_key(path, created=True)
     else:
-        logger.warning("no signing key configured (DEID_SIGNING_KEY): signing with development key %s", path)
+        warn_development_key(path)
     private_key = load_private_key(path)
     public_key = private_key.public_key()
     if public_path.exists():

@@ -33,6 +33,7 @@ h3 { font-size: 1.05rem; margin: 1.2rem 0 .4rem 0; }
 .verdict.released { background: var(--ok); } .verdict.rejected { background: var(--bad); }
 .guarantee { border-left: 4px solid var(--ok); background: #e6f4ea; padding: .6rem 1rem; margin: .8rem 0; }
 .guarantee.none { border-color: var(--warn); background: #fef7e0; }
+.guarantee.nothing { border-color: var(--bad); background: #f1f3f4; }
 .summary { display: flex; flex-wrap: wrap; gap: 1.2rem 2rem; margin: 1rem 0; }
 .summary div { min-width: 8rem; } .summary b { display: block; font-size: 1.35rem; }
 .muted { color: var(--muted); font-size: .92rem; }

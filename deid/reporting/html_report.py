@@ -23,6 +23,8 @@ from deid.anonymise.near_copy import NEAR_COPY
 from deid.errors import REASONS, ConfigError
 from deid.reporting.html_charts import Chart, cluster_chart, partition_chart, partition_name, reid_chart, utility_chart
 from deid.reporting.html_page import document, esc, fmt, round_numbers, strip_urls, table
+from deid.reporting.verdict import VerdictSummary, verdict_summary
+from deid.reporting.wording import check_requirement, measured, threshold_text
 from deid.reporting.html_validation import (
     VALIDATION_HTML,
     build_offline_data_docs,
@@ -50,37 +52,13 @@ REPORT_HTML = "report.html"
 VALIDATION_DIR = "validation"
 _MAX_SAMPLES = 200
 
-# What each gate check requires, in words (the check's code name is shown beside it).
-_REQUIREMENTS = {
-    "drop_readable": "The drop can be read",
-    "drop_not_empty": "The drop has records",
-    "enough_people": "The drop has at least k distinct usable people",
-    "quarantine_fraction": "Few records are quarantined",
-    "release_not_empty": "At least one record is released",
-    "min_cluster_size": "Every cluster holds at least k images",
-    "min_distinct_people_per_cluster": "Every cluster holds at least k distinct people",
-    "max_person_share": "No person makes up more than 1/k of a cluster's images",
-    "no_forbidden_columns": "The release carries only its allowed columns",
-    "records_accounted": "Every record is released, suppressed or quarantined",
-    "small_partitions": "Every label partition has at least k people",
-    "cluster_not_close_to_one_member": "No released face is close to one member's original",
-    "reidentification_rate": "Re-identification attacks succeed at most 1/k of the time",
-    "no_near_copies": "No released face is a near-copy of an original",
-    "no_source_metadata": "Released files carry no source metadata",
-    "utility": "The utility labels stay learnable",
-    "lineage_cluster_differences": "Clusters of successive releases do not differ by fewer than k people",
-    "lineage_returning_identical": "Returning people receive their registered image again",
-    "lineage_differencing_attack": "Differencing successive releases exposes nobody",
-    "lineage_label_mix": "Every released cluster keeps its registered label mix",
-}
-# Reports signed before thresholds carried their direction: the direction of their bare numbers.
-_LEGACY_DIRECTION = {"quarantine_fraction": "<=", "enough_people": ">=", "records_accounted": "=",
-                     "min_cluster_size": ">=", "min_distinct_people_per_cluster": ">="}
-
 # The configuration table: what each setting means; shown in this order, unknown keys after.
 _SETTINGS = {
     "labels": "utility labels (k-Same-Select partitions by them)",
     "license": "licence the dataset card states",
+    "license_name": "licence name the dataset card states (with license: other)",
+    "license_link": "where the licence's terms are (the dataset card's license_link)",
+    "citation": "how to cite the source dataset (in the dataset card)",
     "notes": "notes of the run",
     "small_partitions": "what happens to a label partition with fewer than k people",
     "duplicate_ids": "policy for one person listed under several subject ids",
@@ -192,45 +170,6 @@ def sample_release_images(release_dir: Path, n: int = 24, seed: int = 0) -> list
 # --------------------------------------------------------------------------- words for numbers
 
 
-def check_requirement(name: str) -> str:
-    """What gate check ``name`` requires, in plain words."""
-    if name in _REQUIREMENTS:
-        return _REQUIREMENTS[name]
-    if name.startswith("expectations_"):
-        return f"Data validation of the {name.removeprefix('expectations_')} table passes"
-    if name.startswith("utility_"):
-        return f"The label '{name.removeprefix('utility_')}' stays learnable from the release"
-    return name.replace("_", " ").capitalize()
-
-
-def threshold_text(name: str, threshold: Any) -> str:
-    """A check's threshold with its direction (``>= 0.840``, ``<= 0.200``, ``= 0``), numbers rounded."""
-    if threshold is None:
-        return "\u2014"
-    if isinstance(threshold, str):
-        return round_numbers(threshold)
-    if isinstance(threshold, list | tuple):
-        return "only: " + (", ".join(str(t) for t in threshold) or "none")
-    if isinstance(threshold, int | float) and not isinstance(threshold, bool):
-        op = _LEGACY_DIRECTION.get(name) or ("=" if threshold == 0 or name.startswith("expectations_") else "vs")
-        return f"{op} {fmt(threshold)}"
-    return fmt(threshold)
-
-
-def _measured(c: Mapping[str, Any]) -> str:
-    """A check's value (rounded) and, for an empirical rate, its interval and sample size."""
-    value = c.get("value")
-    text = fmt(round(value, 4) if isinstance(value, float) else value)
-    if str(c.get("name", "")).startswith("expectations_") and isinstance(value, int):
-        text = f"{value} failed"
-    iv = c.get("interval")
-    if iv:
-        text += f" [{iv[0]:.3f}, {iv[1]:.3f}]"
-    if c.get("n") is not None:
-        text += f" n={c['n']}"
-    return text
-
-
 def _status(c: Mapping[str, Any]) -> str:
     status = str(c.get("status") or ("pass" if c.get("passed") else "fail"))
     if status == "inconclusive":
@@ -241,35 +180,23 @@ def _status(c: Mapping[str, Any]) -> str:
     return '<span class="pass">pass</span>' if c.get("passed") else '<span class="fail">FAIL</span>'
 
 
-def _check_sentence(c: Mapping[str, Any], *, verb: str) -> str:
-    """One failed (or inconclusive) check as a plain sentence with rounded numbers."""
-    name = str(c["name"])
-    parts = [f"<b>{esc(check_requirement(name))}</b> &mdash; {verb}: measured {esc(_measured(c))}, "
-             f"required {esc(threshold_text(name, c.get('threshold')))}."]
-    if c.get("detail"):
-        parts.append(f"<span class='detail'><code>{esc(name)}</code>: {esc(round_numbers(str(c['detail'])))}</span>")
-    return "<li>" + "".join(parts) + "</li>"
+def _summary_item(text: str, note: str = "") -> str:
+    """One sentence of the verdict summary: its requirement (before the first colon) in bold."""
+    head, sep, rest = text.partition(": ")
+    body = f"<b>{esc(head)}</b>: {esc(rest)}" if sep else esc(text)
+    return f"<li>{body}{f' <i>{esc(note)}</i>' if note else ''}</li>"
 
 
-def _reasons_html(r: Mapping[str, Any]) -> str:
-    checks = list(r.get("checks") or [])
-    failed = [c for c in checks if not c.get("passed")]
-    items = [_check_sentence(c, verb="not met") for c in failed]
-    # A reason without a failed check behind it (older reports): shown as written, numbers rounded.
-    named = {str(c["name"]) for c in failed}
-    items += [f"<li>{esc(round_numbers(str(x)))}</li>" for x in r.get("reasons") or []
-              if str(x).split(":", 1)[0] not in named]
+def _reasons_html(summary: VerdictSummary) -> str:
+    """The summary's causes (root cause first, then its consequences) and its warnings."""
     out = ""
+    items = [_summary_item(c) for c in summary.causes]
+    items += [_summary_item(c, "(a consequence of the above)") for c in summary.consequences]
     if items:
-        out += '<div class="reasons"><b>Rejected because:</b><ul>' + "".join(items) + "</ul></div>"
-    undecided = [c for c in checks if c.get("passed") and c.get("status") == "inconclusive"]
-    warn = [_check_sentence(c, verb="could not be decided") for c in undecided]
-    named = {str(c["name"]) for c in undecided}
-    warn += [f"<li>{esc(round_numbers(str(x)))}</li>" for x in r.get("warnings") or []
-             if str(x).split(":", 1)[0] not in named]
-    if warn:
-        out += ('<div class="reasons warnings"><b>Not blocking, but the data could not decide:</b><ul>'
-                + "".join(warn) + "</ul></div>")
+        out += '<div class="reasons"><b>Rejected because (root cause first):</b><ul>' + "".join(items) + "</ul></div>"
+    if summary.warnings:
+        out += ('<div class="reasons warnings"><b>Not blocking, but read this:</b><ul>'
+                + "".join(_summary_item(w) for w in summary.warnings) + "</ul></div>")
     return out
 
 
@@ -283,17 +210,21 @@ def _num(v: Any, digits: int = 3) -> str:
 def _header(r: Mapping[str, Any]) -> str:
     ds = r.get("dataset", {}) or {}
     verdict = str(r["verdict"])
-    out = [f'<header><span class="verdict {esc(verdict)}">{esc(verdict.upper())}</span>',
+    summary = verdict_summary(r)  # the same verdict summary the CLI and the Prefect UI show
+    out = [f'<header><span class="verdict {esc(verdict)}">{esc(summary.headline)}</span>',
            f"<h1>{esc(ds.get('name', 'dataset'))}: k = {int(r['k'])}, {esc(r.get('method'))}</h1>",
            f'<div class="muted">release {esc(r.get("release_id"))} &middot; run {esc(r.get("run_id"))} '
            f"&middot; {esc(r.get('created_at'))}</div></header>"]
-    guarantee = r.get("guarantee")
-    if guarantee:
-        formal = not str(guarantee).lower().startswith("no formal")
-        lead = ("Guarantee of this release" if verdict == "released"
-                else "Guarantee the method would have given (nothing was released)")
-        out.append(f"<p class='guarantee{'' if formal else ' none'}'><b>{lead}:</b> {esc(guarantee)}</p>")
-    out.append(_reasons_html(r))
+    # Green only for a formal guarantee of a release; amber for a release on empirical evidence only; a
+    # rejection promises nothing: red-edged grey, never the green box of a release.
+    if not summary.released:
+        cls, lead = "guarantee nothing", "Guarantee"
+    elif summary.guarantee.lower().startswith("no formal"):
+        cls, lead = "guarantee none", "Guarantee of this release"
+    else:
+        cls, lead = "guarantee", "Guarantee of this release"
+    out.append(f"<p class='{cls}'><b>{lead}:</b> {esc(summary.guarantee)}</p>")
+    out.append(_reasons_html(summary))
     return "".join(out)
 
 
@@ -315,7 +246,7 @@ def _checks(r: Mapping[str, Any]) -> str:
     if not checks:
         return "<h2>Checks</h2><p class='muted'>No checks were run.</p>"
     rows = [[f"{esc(check_requirement(str(c['name'])))}<small class='code'>{esc(c['name'])}</small>",
-             esc(_measured(c)), esc(threshold_text(str(c["name"]), c.get("threshold"))), _status(c),
+             esc(measured(c)), esc(threshold_text(str(c["name"]), c.get("threshold"))), _status(c),
              esc(round_numbers(str(c.get("detail") or "")))]
             for c in checks]
     return "<h2>Checks</h2>" + table(["requirement", "measured", "required", "result", "detail"], rows)

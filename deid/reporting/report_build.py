@@ -70,6 +70,7 @@ def lineage_section(config: RunConfig, dataset: str, partitioned: Partitioned | 
 
 
 def shared_configuration(config: RunConfig, *, labels: Sequence[str], license: str | None, notes: Sequence[str],
+                         attribution: Mapping[str, str] | None = None,
                          identity: Mapping[str, Any] | None, partitions: Sequence[PartitionInfo],
                          small: Sequence[SmallPartition], clusters: Sequence[ClusterInfo]) -> dict[str, Any]:
     """The ``configuration`` entries of every run's report (images or feature vectors).
@@ -78,7 +79,7 @@ def shared_configuration(config: RunConfig, *, labels: Sequence[str], license: s
     """
     strength = config.spec.strength
     return {
-        "labels": list(labels), "license": license, "notes": list(notes),
+        "labels": list(labels), "license": license, **dict(attribution or {}), "notes": list(notes),
         "identity": dict(identity) if identity is not None else None,
         "duplicate_ids": config.duplicate_ids, "small_partitions": config.small_partitions,
         "pca_components": config.pca_components, "utility_tolerance": config.gate.tolerance,
@@ -102,7 +103,8 @@ def configuration(config: RunConfig, *, ingested: Ingested, aligned: Aligned, pa
     """The report's ``configuration`` of an image run: :func:`shared_configuration` and the image stages' settings."""
     w, h = config.aligner.size
     return {
-        **shared_configuration(config, labels=ingested.labels, license=ingested.license, notes=notes,
+        **shared_configuration(config, labels=ingested.labels, license=ingested.license,
+                               attribution=ingested.attribution, notes=notes,
                                identity=partitioned.identity, partitions=partitioned.partitions,
                                small=partitioned.small, clusters=deidentified.clusters),
         "canonical_size": [w, h], "color": config.color,

@@ -1,0 +1,113 @@
+"""Issue 29: one verdict summary, read right in the CLI, the Prefect UI (Markdown) and report.html."""
+from __future__ import annotations
+
+import copy
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+from markdown_it import MarkdownIt
+from test_html_report_page import GUARANTEE, _report
+
+from deid.cli import print_summary
+from deid.reporting.html_report import render_report_html
+from deid.reporting.markdown import md, md_cell
+from deid.reporting.report import Report
+from deid.reporting.verdict import DETAIL_CHARS, NOTHING_RELEASED, check_rows, verdict_summary
+
+# The UI renders artifacts with a CommonMark renderer (tables as in GitHub Markdown).
+_RENDER = MarkdownIt("commonmark").enable("table")
+
+
+def _k_too_large() -> dict:
+    """A rejection with k above the number of people, its checks in the order the gate lists them."""
+    r = _report("rejected")
+    r["k"], r["privacy"] = 200, {"bound": 1 / 200, "max_rate": None, "min_distinct_people_per_cluster": None,
+                                 "reidentification": []}
+    r["utility"] = []
+    r["checks"] = [
+        {"name": "release_not_empty", "passed": False, "status": "fail", "value": 0, "threshold": ">= 1",
+         "detail": "no record could be released"},
+        {"name": "records_accounted", "passed": False, "status": "fail", "value": 0, "threshold": "= 24",
+         "detail": "judged 0 + suppressed 0 + quarantined 0 = 0 of 24 in"},
+        {"name": "enough_people", "passed": False, "status": "fail", "value": 12, "threshold": ">= 200",
+         "detail": "12 distinct usable people, fewer than k=200: no cluster of k people can be formed"},
+    ]
+    r["reasons"] = [f"{c['name']}: {c['detail']}" for c in r["checks"]]
+    return r
+
+
+def _inconclusive_release() -> dict:
+    """Released, with a utility drop of 0.078 against 0.05 that the data could not decide (not blocking)."""
+    r = _report("released")
+    r["checks"].append({"name": "utility_gender", "passed": True, "status": "inconclusive", "value": 0.078,
+                        "threshold": "accuracy drop <= 0.05", "interval": [0.012, 0.144], "n": 60,
+                        "detail": "originals 0.9 vs release 0.822: delta +0.078"})
+    r["checks"].append({"name": "lineage_label_mix", "passed": True, "status": "not_applicable", "value": None,
+                        "threshold": None, "detail": "first release of this dataset " * 20})
+    r["warnings"] = ["utility_gender: originals 0.9 vs release 0.822: delta +0.078"]
+    r.update(artifacts=[], release_dir="data/releases/rel-0dbff1073f8f51c6")
+    return r
+
+
+def test_thresholds_keep_their_direction_in_markdown():
+    assert md(">= 5") == "\\>= 5" and md("- x") == "\\- x" and md("a|b") == "a\\|b" and md("0.5 >= 0.2") == "0.5 \\>= 0.2"
+    rows = check_rows(_inconclusive_release())
+    table = ["| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
+    table += ["| " + " | ".join(str(v) for v in row.values()) + " |" for row in rows]
+    page = _RENDER.render("\n".join(table))
+    cells = re.findall(r"<td>(.*?)</td>", page)
+    assert "blockquote" not in page and "&gt;= 5" in cells and "&lt;= 0.200" in cells
+    # Every cell renders as the text it holds: no Markdown construct anywhere in the table.
+    assert not re.search(r"<(em|strong|code|a|ul|ol|h\d)\b", page)
+
+
+def test_checks_table_states_status_and_fits_a_screen():
+    rows = {r["requirement"].rsplit("(", 1)[1].rstrip(")").replace("\\_", "_"): r for r in
+            check_rows(_inconclusive_release())}
+    assert all("passed" not in r for r in rows.values())
+    assert rows["utility_gender"]["result"] == "inconclusive (not blocking)"
+    assert rows["lineage_label_mix"]["result"] == "not applicable"
+    assert rows["min_distinct_people_per_cluster"]["result"] == "pass"
+    assert all(len(r["detail"].replace("\\", "")) <= DETAIL_CHARS for r in rows.values())
+    assert rows["lineage_label_mix"]["detail"].endswith("\u2026")
+    assert md_cell(3) == 3 and md_cell("a\nb") == "a b"
+
+
+def test_rejected_summary_states_no_guarantee_and_the_root_cause_first():
+    s = verdict_summary(_k_too_large(), report_html="reports/rel-x/report.html")
+    assert s.guarantee == NOTHING_RELEASED
+    for text in ("\n".join(s.text_lines()), s.markdown()):
+        assert "formal" not in text and "1/k bound" not in text and "None" not in text
+    assert s.causes[0].startswith("The drop has at least k distinct usable people: not met (12 distinct usable people")
+    assert [c.split(":")[0] for c in s.consequences] == ["At least one record is released",
+                                                         "Every record is released, suppressed or quarantined"]
+    lines = s.text_lines()
+    assert lines[:3] == ["verdict: REJECTED", f"guarantee: {NOTHING_RELEASED}", f"  cause: {s.causes[0]}"]
+    assert lines[-1] == "report: reports/rel-x/report.html"
+    page = render_report_html(_k_too_large())
+    assert "class='guarantee'" not in page and GUARANTEE not in page
+    assert page.index("12 distinct usable people") < page.index("At least one record is released</b>")
+
+
+def test_cli_summary_prints_warnings_guarantee_and_report_html(tmp_path, capsys):
+    d = _inconclusive_release()
+    blur = copy.deepcopy(d)
+    blur["privacy"]["min_distinct_people_per_cluster"] = None  # blur forms no clusters
+    report_dir = tmp_path / "reports" / d["release_id"]
+    for report in (d, blur):
+        print_summary(SimpleNamespace(report=Report.from_dict(report), report_dir=report_dir,
+                                      report_path=report_dir / "report.json", release_dir=Path(d["release_dir"]),
+                                      key_origin="development", public_key=tmp_path / "dev.pub.pem"))
+        out = capsys.readouterr().out
+        lines = out.splitlines()
+        assert lines[0] == "verdict: RELEASED" and lines[1] == f"guarantee: {GUARANTEE}"
+        warning = next(x for x in lines if x.startswith("warning: The label 'gender'"))
+        assert "could not be decided" in warning and "0.078 [0.012, 0.144] n=60" in warning
+        assert "required accuracy drop <= 0.05" in warning
+        assert f"report: {report_dir / 'report.html'}" in lines
+        assert f"signed report: {report_dir / 'report.json'}" in lines
+        assert "None" not in out
+        utility = [x for x in lines if x.startswith("utility ")]
+        assert [x.split(":")[0] for x in utility] == ["utility gender", "utility expression"]  # one per label
+    assert "people per cluster: at least 5 distinct" not in out  # blur's run: no such figure, not "None"
