@@ -178,6 +178,7 @@ class Aligned:
     eye_sources: Mapping[str, int] = field(default_factory=dict)
     validation: Mapping[str, Any] | None = None
     checks: tuple[Check, ...] = ()
+    pose: Mapping[str, Any] = field(default_factory=dict)  # the pose spread (deid.operations.stages.pose_spread)
 
     @property
     def n_aligned(self) -> int:

@@ -194,11 +194,19 @@ def align(ingested: Ingested, layout: StagingLayout, config: RunConfig, executor
         sources.update(r.eye_sources)
     quarantined = tuple(q for r in results for q in r.quarantined)
     lg.info(f"align: {sum(sources.values())} aligned ({dict(sources)}), {len(quarantined)} quarantined")
+    hist = np.zeros(91, np.int64)
+    for r in results:
+        if r.yaw_histogram:
+            hist += np.asarray(r.yaw_histogram, np.int64)
+    pose = stages.pose_spread(hist, max_yaw=config.aligner.max_yaw,
+                              quarantined=sum(q.code == "pose" for q in quarantined))
+    if pose["estimated"]:
+        lg.info(f"align: pose {pose}")
     w, h = config.aligner.size
     validation = validate_off_main(executor, validate_aligned, paths=[str(p) for p in parts],
                                    pixel_bytes=int(w) * int(h)) if parts else None
     return Aligned(parts=parts, quarantined=quarantined, eye_sources=dict(sources), validation=validation,
-                   checks=(suite_check(validation),) if validation else ())
+                   checks=(suite_check(validation),) if validation else (), pose=pose)
 
 
 def featurize(aligned: Aligned, layout: StagingLayout, config: RunConfig, executor: Executor, *,
