@@ -582,6 +582,14 @@ class SynthSpec:
     eyes: bool = True
     quick_noise: bool = False
     fast: bool = False
+    counts: tuple[int, ...] | None = None  # images of person n = counts[n - 1] (else images_per_person each)
+    pose_spread: float = 0.0  # each image's yaw uniform in [-spread, spread] degrees
+    frames_per_sequence: int = 1  # > 1: each still becomes that many near-identical consecutive frames
+    frame_jitter: str = "small"
+
+    def images_of(self, n: int) -> int:
+        """How many images person ``n`` (1-based) has."""
+        return self.counts[n - 1] if self.counts is not None else self.images_per_person
 
     @property
     def label_columns(self) -> tuple[str, ...]:
@@ -591,7 +599,8 @@ class SynthSpec:
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return ("image", "subject_id", *self.label_columns, *(EYE_COLUMNS if self.eyes else ()))
+        return ("image", "subject_id", *self.label_columns, *(EYE_COLUMNS if self.eyes else ()),
+                *(("sequence", "frame") if self.frames_per_sequence > 1 else ()))
 
     @property
     def jpeg_quality(self) -> int:
@@ -664,7 +673,7 @@ def _encode(img: np.ndarray, fmt: str, *, jpeg_quality: int = 92) -> bytes:
 def _faces_of(spec: SynthSpec, n: int):
     """Yield ``(person, image_number, label_values, image, eyes)`` for person ``n`` under ``spec``."""
     person = make_person(spec.seed, n)
-    for i in range(1, spec.images_per_person + 1):
+    for i in range(1, spec.images_of(n) + 1):
         rng = _seq(spec.seed, n, i)
         who, lighting = person, "normal"
         if spec.condition_values:
@@ -682,9 +691,11 @@ def _faces_of(spec: SynthSpec, n: int):
         extra = _seq(spec.seed, n, i, 1) if (spec.lighting != "normal" or spec.background != "plain") else None
         if spec.lighting == "side" and lighting == "normal":
             lighting = "left" if extra.random() < 0.5 else "right"
+        # Its own stream too: a pose spread changes only the yaw of the otherwise identical drop.
+        yaw = float(_seq(spec.seed, n, i, 2).uniform(-spec.pose_spread, spec.pose_spread)) if spec.pose_spread else 0.0
         img, eyes = draw_face(who, expression=expression, rng=rng, image_size=spec.draw_size, lighting=lighting,
                               clutter=extra if spec.background == "clutter" else None, quick_noise=spec.quick_noise,
-                              fast=spec.fast)
+                              fast=spec.fast, yaw=yaw)
         if spec.crop == "tight":
             img, eyes = _crop_tight(img, eyes, spec.image_size)
         if spec.is_grey:
@@ -705,15 +716,63 @@ def iter_synthetic_faces(*, people: int, images_per_person: int = 2, seed: int =
 def _render_people(spec: SynthSpec, drop: Path, numbers: range) -> list[list[str]]:
     """Draw, encode and write the images of people ``numbers``; return their manifest rows (pure per person)."""
     rows = []
+    ext = _EXT[spec.image_format]
     for n in numbers:
-        for person, i, values, img, (le, re_) in _faces_of(spec, n):
-            rel = f"images/{person.subject_id}_{i}.{_EXT[spec.image_format]}"
-            (drop / rel).write_bytes(_encode(img, spec.image_format, jpeg_quality=spec.jpeg_quality))
-            row = [rel, person.subject_id, *(values if spec.labels else ())]
-            if spec.eyes:
-                row += [f"{le[0]:.3f}", f"{le[1]:.3f}", f"{re_[0]:.3f}", f"{re_[1]:.3f}"]
-            rows.append(row)
+        for person, i, values, img, eyes in _faces_of(spec, n):
+            frames = [(None, img, eyes)] if spec.frames_per_sequence == 1 else \
+                [(t, *f) for t, f in enumerate(_frames(spec, n, i, img, eyes))]
+            for t, im, (le, re_) in frames:
+                rel = f"images/{person.subject_id}_{i}.{ext}" if t is None else \
+                    f"images/{person.subject_id}_{i}_f{t}.{ext}"
+                (drop / rel).write_bytes(_encode(im, spec.image_format, jpeg_quality=spec.jpeg_quality))
+                row = [rel, person.subject_id, *(values if spec.labels else ())]
+                if spec.eyes:
+                    row += [f"{le[0]:.3f}", f"{le[1]:.3f}", f"{re_[0]:.3f}", f"{re_[1]:.3f}"]
+                if t is not None:
+                    row += [f"{person.subject_id}-q{i}", str(t)]
+                rows.append(row)
     return rows
+
+
+# Frame jitter: (largest shift in pixels, largest rotation in degrees, sensor noise sigma) between
+# consecutive frames of one still (the 48x48 video-frame sets: 3 frames a fraction of a second apart).
+FRAME_JITTERS: dict[str, tuple[float, float, float]] = {"none": (0.0, 0.0, 0.0), "small": (0.6, 0.8, 1.5)}
+
+
+def _frames(spec: SynthSpec, n: int, i: int, img: np.ndarray, eyes):
+    """``spec.frames_per_sequence`` near-identical frames of one drawn still: frame 0 is the still, each
+    later one is shifted, rotated and re-noised by at most :data:`FRAME_JITTERS` [``spec.frame_jitter``]
+    (eye points moved with it)."""
+    shift, turn, sigma = FRAME_JITTERS[spec.frame_jitter]
+    r = _seq(spec.seed, n, i, 3)
+    (lx, ly), (rx, ry) = eyes
+    out = [(img, eyes)]
+    for _ in range(1, spec.frames_per_sequence):
+        dx, dy = r.uniform(-shift, shift, 2) if shift else (0.0, 0.0)
+        m = cv2.getRotationMatrix2D(((lx + rx) / 2, (ly + ry) / 2), float(r.uniform(-turn, turn)) if turn else 0.0, 1.0)
+        m[:, 2] += (dx, dy)
+        im = cv2.warpAffine(img, m, (img.shape[1], img.shape[0]), flags=cv2.INTER_LINEAR,
+                            borderMode=cv2.BORDER_REFLECT)
+        if sigma:
+            im = np.clip(im + r.normal(0, sigma, im.shape) + 0.5, 0, 255).astype(np.uint8)
+        moved = tuple((float(m[0, 0] * x + m[0, 1] * y + m[0, 2]), float(m[1, 0] * x + m[1, 1] * y + m[1, 2]))
+                      for x, y in eyes)
+        out.append((im, moved))
+    return out
+
+
+def zipf_counts(people: int, *, top: int = 40, exponent: float = 1.0, minimum: int = 2) -> tuple[int, ...]:
+    """Images per person falling as a Zipf law: person r (1-based) gets ``max(minimum, round(top / r**exponent))``.
+
+    Skewed drops like web photo sets, where a few people hold most images (e.g. ``top=47``,
+    ``people=24``: 47, 24, 16, 12, 9, 8, 7, 6, 5, 5, 4, 4, 4, 3, ...).
+    """
+    _check_int("people", people, 1, None, "ask for at least one synthetic person")
+    _check_int("top", top, 1, 100_000, "use e.g. 40 images for the most photographed person")
+    _check_int("minimum", minimum, 1, top, "use e.g. 2 (at least two images a person)")
+    if not 0.0 < float(exponent) <= 5.0:
+        raise ConfigError(f"exponent={exponent!r} must be in (0, 5]; use e.g. 1.0 (Zipf's law)")
+    return tuple(max(minimum, int(round(top / r ** float(exponent)))) for r in range(1, people + 1))
 
 
 def _worker_init() -> None:
@@ -746,11 +805,12 @@ def _check_int(name: str, value, lo: int, hi: int | None, fix: str) -> None:
         raise ConfigError(f"{name}={value!r} must be an integer {rng}; {fix}")
 
 
-def _check(*, people, images_per_person, seed, image_size) -> None:
+def _check(*, people, images_per_person, seed, image_size, smallest: int = 64) -> None:
     _check_int("people", people, 1, None, "ask for at least one synthetic person")
     _check_int("images_per_person", images_per_person, 1, None, "use 2 for a neutral and a smiling image")
     _check_int("seed", seed, 0, None, "pass a non-negative integer seed")
-    _check_int("image_size", image_size, 64, 4096, "use e.g. 200 (eye distance is 20-35% of the size)")
+    _check_int("image_size", image_size, smallest, 4096,
+               "use e.g. 200 (eye distance is 20-35% of the size); with crop='tight' down to 32 (e.g. 48)")
 
 
 def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
@@ -763,7 +823,8 @@ def make_synthetic_drop(drop_dir, *, people: int, images_per_person: int = 2, se
                         condition_values: int | None = None, crop: str = "none", grey: bool = False,
                         lighting: str = "normal", background: str = "plain", labels: bool = True,
                         eyes: bool = True, workers: int = 1, chunk_people: int = 50, quick_noise: bool = False,
-                        fast: bool = False) -> Path:
+                        fast: bool = False, counts: list[int] | tuple[int, ...] | None = None,
+                        pose_spread: float = 0.0, frames_per_sequence: int = 1, frame_jitter: str = "small") -> Path:
     """Write a drop of synthetic faces (manifest.csv, drop.yaml, images/, then _READY); return its path.
 
     Images are written one at a time (by each worker) and the manifest is streamed in person
@@ -800,8 +861,31 @@ def make_synthetic_drop(drop_dir, *, people: int, images_per_person: int = 2, se
         drop, with another background texture and sensor noise.
     chunk_people : int
         People per work item handed to a worker.
+    counts : list of int, optional
+        Images of each person (person n gets ``counts[n - 1]``; ``len(counts) == people``), instead of
+        ``images_per_person`` each: skewed drops, e.g. :func:`zipf_counts`, or one person holding half
+        a partition.
+    pose_spread : float
+        0..60 degrees: each image's head yaw is drawn uniformly in [-pose_spread, pose_spread]
+        (:func:`draw_face`'s ``yaw``; its own random stream, so the drop is otherwise the same).
+    frames_per_sequence : int
+        1..100; above 1 every image becomes that many near-identical consecutive frames (``frame_jitter``:
+        "small" moves each later frame by <= 0.6 px, <= 0.8 degrees and fresh noise; "none" copies it),
+        with manifest columns ``sequence`` (``<subject>-q<image>``) and ``frame``.
     """
-    _check(people=people, images_per_person=images_per_person, seed=seed, image_size=image_size)
+    _check(people=people, images_per_person=images_per_person, seed=seed, image_size=image_size,
+           smallest=32 if crop == "tight" else 64)
+    if counts is not None:
+        counts = tuple(counts)
+        if len(counts) != people:
+            raise ConfigError(f"counts has {len(counts)} entries but people={people}; give one image count per "
+                              "person, e.g. counts=[47, 40, 33] with people=3")
+        for c in counts:
+            _check_int("counts entry", c, 1, 100_000, "every person needs at least one image")
+    if isinstance(pose_spread, bool) or not isinstance(pose_spread, (int, float)) or not 0 <= pose_spread <= 60:
+        raise ConfigError(f"pose_spread={pose_spread!r} must be a number of degrees from 0 to 60; e.g. 30")
+    _check_int("frames_per_sequence", frames_per_sequence, 1, 100, "use e.g. 3 near-identical frames per image")
+    _check_choice("frame_jitter", frame_jitter, tuple(FRAME_JITTERS))
     _check_choice("image_format", image_format, tuple(_EXT))
     _check_choice("crop", crop, CROPS)
     _check_choice("lighting", lighting, LIGHTINGS)
@@ -824,7 +908,8 @@ def make_synthetic_drop(drop_dir, *, people: int, images_per_person: int = 2, se
     spec = SynthSpec(seed=seed, images_per_person=images_per_person, image_size=image_size,
                      image_format=image_format, condition_values=condition_values, crop=crop, grey=grey,
                      lighting=lighting, background=background, labels=labels, eyes=eyes, quick_noise=quick_noise,
-                     fast=fast)
+                     fast=fast, counts=counts, pose_spread=float(pose_spread), frames_per_sequence=frames_per_sequence,
+                     frame_jitter=frame_jitter)
     (drop / "images").mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     count = 0
