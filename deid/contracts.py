@@ -162,6 +162,7 @@ class Ingested:
     validation: Mapping[str, Any]
     checks: tuple[Check, ...]
     metadata: pa.Table
+    colour_sample: tuple[int, int] = (0, 0)  # (colour images, images sampled) for DEID_COLOR=auto; (0, 0): not sampled
 
     @property
     def proceed(self) -> bool:

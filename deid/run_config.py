@@ -83,6 +83,8 @@ class RunConfig:
     identity_embed_max: int = 2000
     lineage_policy: str = "invariant"
     lineage_absent: str = "republish"
+    color_auto: bool = False  # DEID_COLOR=auto: the run decides after ingest (deid.operations.pipeline.resolve_color)
+    color_reason: str = ""  # why the run releases colour or grey (the report's configuration.color_decision)
     signing_key: Path | None = None
     linkage_key: Path | None = None
     # Never shown: repr=False keeps it out of logs and task parameter reprs.
@@ -127,6 +129,8 @@ class RunConfig:
             dask_address=s.dask_address, seed_fixed=s.seed is not None,
             duplicate_ids=s.duplicate_ids, identity_embed_max=s.identity_embed_max, lineage_policy=s.lineage_policy,
             lineage_absent=s.lineage_absent,
+            color_auto=s.color == "auto" and s.color is not True,
+            color_reason="" if s.color == "auto" and s.color is not True else f"DEID_COLOR={str(s.color).lower()}",
             signing_key=s.signing_key, linkage_key=s.linkage_key, signing_passphrase=s.signing_key_passphrase,
             database_url=s.database_url)
 

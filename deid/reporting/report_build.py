@@ -104,7 +104,7 @@ def configuration(config: RunConfig, *, ingested: Ingested, aligned: Aligned, pa
         **shared_configuration(config, labels=ingested.labels, license=ingested.license, notes=notes,
                                identity=partitioned.identity, partitions=partitioned.partitions,
                                small=partitioned.small, clusters=deidentified.clusters),
-        "canonical_size": [w, h], "color": config.color,
+        "canonical_size": [w, h], "color": config.color, "color_decision": config.color_reason,
         "canonical_eyes": [list(config.aligner.eye_left), list(config.aligner.eye_right)],
         "deep_attack_sample": config.gate.deep_attack_sample, "leak_threshold": config.gate.leak_threshold,
         "eye_sources": dict(aligned.eye_sources),
