@@ -163,6 +163,7 @@ class Ingested:
     checks: tuple[Check, ...]
     metadata: pa.Table
     attribution: Mapping[str, str] = field(default_factory=dict)  # drop.yaml's license_name, license_link, citation
+    colour_sample: tuple[int, int] = (0, 0)  # (colour images, images sampled) for DEID_COLOR=auto; (0, 0): not sampled
 
     @property
     def proceed(self) -> bool:
@@ -179,6 +180,7 @@ class Aligned:
     eye_sources: Mapping[str, int] = field(default_factory=dict)
     validation: Mapping[str, Any] | None = None
     checks: tuple[Check, ...] = ()
+    pose: Mapping[str, Any] = field(default_factory=dict)  # the pose spread (deid.operations.stages.pose_spread)
 
     @property
     def n_aligned(self) -> int:

@@ -134,6 +134,8 @@ REASONS: dict[str, str] = {
     "eyes_not_found": "a face was found but its eyes could not be located",
     "eyes_too_close": "the eyes are closer than the minimum distance",
     "face_too_small": "the face is so small that alignment would upsample it too much",
+    "pose": "the head is turned (estimated yaw) beyond DEID_MAX_YAW_DEGREES: averaged with frontal faces it "
+            "would leave double outlines",
     # feature vectors (feature drops, deid.intake.features)
     "missing_record_id": "the record id cell of a feature row is empty",
     "duplicate_record_id": "the same record id is listed more than once in the feature table",

@@ -29,13 +29,15 @@ class AlignerParams:
     max_upsample: float = 4.0
     min_eye_distance: float = 8.0
     color: bool = False
+    max_yaw: float | None = None  # degrees; None: no pose estimate, no pose quarantine (DEID_MAX_YAW_DEGREES=90)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> AlignerParams:
         left, right = settings.canonical_eyes()
         return cls(size=tuple(settings.canonical_size), eye_left=tuple(left), eye_right=tuple(right),
                    max_upsample=settings.max_upsample, min_eye_distance=settings.min_eye_distance_px,
-                   color=settings.color)
+                   color=settings.color is True,
+                   max_yaw=None if settings.max_yaw_degrees >= 90 else float(settings.max_yaw_degrees))
 
     @property
     def shape_hw(self) -> tuple[int, int]:
@@ -45,7 +47,8 @@ class AlignerParams:
     def to_dict(self) -> dict[str, Any]:
         """What :func:`deid.operations.stages.make_aligner` takes (picklable, no deid import needed to read it)."""
         return {"size": list(self.size), "eye_left": list(self.eye_left), "eye_right": list(self.eye_right),
-                "max_upsample": self.max_upsample, "min_eye_distance": self.min_eye_distance, "color": self.color}
+                "max_upsample": self.max_upsample, "min_eye_distance": self.min_eye_distance, "color": self.color,
+                "max_yaw": self.max_yaw}
 
 
 # The run parameters a caller may override (the flow's parameters), in the flow's order.
@@ -80,6 +83,8 @@ class RunConfig:
     identity_embed_max: int = 2000
     lineage_policy: str = "invariant"
     lineage_absent: str = "republish"
+    color_auto: bool = False  # DEID_COLOR=auto: the run decides after ingest (deid.operations.pipeline.resolve_color)
+    color_reason: str = ""  # why the run releases colour or grey (the report's configuration.color_decision)
     signing_key: Path | None = None
     linkage_key: Path | None = None
     # Never shown: repr=False keeps it out of logs and task parameter reprs.
@@ -124,6 +129,8 @@ class RunConfig:
             dask_address=s.dask_address, seed_fixed=s.seed is not None,
             duplicate_ids=s.duplicate_ids, identity_embed_max=s.identity_embed_max, lineage_policy=s.lineage_policy,
             lineage_absent=s.lineage_absent,
+            color_auto=s.color == "auto" and s.color is not True,
+            color_reason="" if s.color == "auto" and s.color is not True else f"DEID_COLOR={str(s.color).lower()}",
             signing_key=s.signing_key, linkage_key=s.linkage_key, signing_passphrase=s.signing_key_passphrase,
             database_url=s.database_url)
 

@@ -89,8 +89,16 @@ class Settings(BaseSettings):
 
     canonical_width: int = Field(default=81, ge=16, le=1024)
     canonical_height: int = Field(default=92, ge=16, le=1024)
-    color: bool = Field(default=False, description="release colour faces (each cluster's mean per channel); eyes, "
-                                                   "features, identity and the gate's attacks stay grey")
+    color: bool | Literal["auto"] = Field(
+        default="auto", description="release colour faces (each cluster's mean per channel): true, false, or auto "
+                                    "(colour when most of a sample of the drop's images are colour, the method can "
+                                    "release colour and the dataset has no registered grey clusters); eyes, features, "
+                                    "identity and the gate's attacks stay grey")
+    max_yaw_degrees: float = Field(
+        default=30.0, ge=5.0, le=90.0,
+        description="faces whose estimated head yaw (dlib 5-point landmarks, ~0.6 ms per face) is beyond this many "
+                    "degrees either way are quarantined with reason 'pose' (averaged with frontal faces they ghost); "
+                    "90 = no pose limit and no estimate")
     # Eye centres in the canonical image, as fractions of width/height.
     eye_left: tuple[float, float] = (0.30, 0.37)
     eye_right: tuple[float, float] = (0.70, 0.37)

@@ -6,6 +6,7 @@ first: eyes from :mod:`deid.alignment.eyes`, the similarity warp to the canonica
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 import cv2
@@ -15,6 +16,7 @@ from deid.errors import Quarantined, RecordError
 from deid.intake.imaging import decode_color_reduced, decode_gray_reduced, sniff_format, upright_size
 from deid.alignment.canonical import FaceAligner, _scale_eyes
 from deid.alignment.eyes import EyePair, HaarEyeDetector, _check_gray
+from deid.alignment.pose import estimate_yaw
 
 __all__ = ["align_records"]
 
@@ -61,7 +63,7 @@ def _decode_for_alignment(
 
 def align_records(
     records: Iterable[dict], aligner: FaceAligner, *, max_pixels: int = 100_000_000, opencv_threads: int | None = 1,
-    color: bool = False,
+    color: bool = False, max_yaw: float | None = None,
 ) -> tuple[list[dict], list[Quarantined]]:
     """Decode and align a batch of records; bad ones are quarantined (stage 'align'), never raised.
 
@@ -72,7 +74,10 @@ def align_records(
     again in colour at the same reduction and warped by the same transform as the grey one (eyes are
     found, and everything but the released pixels is computed, on grey). A record with ``points``
     (landmarks in source pixels, flattened or (n, 2)) gets them in canonical pixels
-    (:meth:`FaceAligner.points_to_canonical`, flattened); None stays None.
+    (:meth:`FaceAligner.points_to_canonical`, flattened); None stays None. With ``max_yaw`` (degrees)
+    each record gets ``yaw``, its head yaw (:func:`deid.alignment.pose.estimate_yaw`, on the decoded
+    grey image; None when not estimable), and a face turned further than ``max_yaw`` either way is
+    quarantined with reason ``pose``: averaged with frontal faces it leaves double outlines.
     """
     _cap_opencv_threads(opencv_threads)
     aligner._validate()  # a bad configuration is the caller's error, raised once, not a quarantine
@@ -83,7 +88,15 @@ def align_records(
         try:
             gray, eyes, source, f, size = _decode_for_alignment(rec["data"], rec.get("eyes"), aligner, max_pixels)
             face = aligner._align_full(_check_gray(gray), eyes, source, f, size)
-            extra = {}
+            extra: dict[str, Any] = {}
+            if max_yaw is not None:
+                yaw = estimate_yaw(gray, EyePair(*(((x + 0.5) / f - 0.5, (y + 0.5) / f - 0.5)
+                                                   for x, y in (face.eyes.left, face.eyes.right))))
+                extra["yaw"] = yaw if math.isfinite(yaw) else None
+                if math.isfinite(yaw) and abs(yaw) > max_yaw:
+                    raise RecordError("pose", f"estimated head yaw {yaw:+.0f} degrees is beyond max_yaw_degrees="
+                                              f"{max_yaw:g} (DEID_MAX_YAW_DEGREES, 5-90; 90 = no pose limit): "
+                                              "averaged with frontal faces it would ghost")
             if color:
                 bgr = decode_color_reduced(rec["data"], f, max_pixels=max_pixels)
                 if bgr.shape[:2] != gray.shape:

@@ -18,7 +18,7 @@ from deid.errors import ConfigError, RecordError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["EYE_SOURCES", "EyePair", "EyeDetection", "HaarEyeDetector"]
+__all__ = ["EYE_SOURCES", "EyePair", "EyeDetection", "HaarEyeDetector", "five_points"]
 
 
 
@@ -96,6 +96,21 @@ def _positive(name: str, value: Any, *, low: float = 0.0, high: float = math.inf
         kind = "an integer" if integer else "a number"
         rng = f"> {low}" if high == math.inf else f"in ({low}, {high})"
         raise ConfigError(f"{name}={value!r} must be {kind} {rng}")
+
+
+def five_points(gray: np.ndarray, box: tuple[float, float, float, float]) -> np.ndarray:
+    """dlib's 5-point landmarks (Kazemi & Sullivan, 2014) in ``box`` (x, y, w, h) of ``gray``: (5, 2) float64.
+
+    Points 0-1 are the corners of the image-right eye, 2-3 of the image-left eye, 4 the base of the nose.
+    """
+    import dlib  # noqa: PLC0415 - only when landmarks are used
+
+    from deid.evaluation.recognizer import _dlib_model  # noqa: PLC0415
+
+    x, y, w, h = box
+    rect = dlib.rectangle(int(round(x)), int(round(y)), int(round(x + w)), int(round(y + h)))
+    shape = _dlib_model("shape5")(gray, rect)
+    return np.array([(float(shape.part(i).x), float(shape.part(i).y)) for i in range(5)], dtype=np.float64)
 
 
 class HaarEyeDetector:
@@ -345,14 +360,8 @@ class HaarEyeDetector:
         return again if again is not None else eyes
 
     def _landmark_pass(self, gray: np.ndarray, box: tuple[float, float, float, float]) -> EyePair | None:
-        import dlib  # noqa: PLC0415 - only when landmarks are used
-
-        from deid.evaluation.recognizer import _dlib_model  # noqa: PLC0415
-
         x, y, w, h = box
-        rect = dlib.rectangle(int(round(x)), int(round(y)), int(round(x + w)), int(round(y + h)))
-        shape = _dlib_model("shape5")(gray, rect)
-        p = [(float(shape.part(i).x), float(shape.part(i).y)) for i in range(4)]
+        p = [(float(q[0]), float(q[1])) for q in five_points(gray, box)[:4]]
         # Points 0-1: corners of the image-right eye, 2-3 of the image-left eye (dlib's 5-point model).
         left = ((p[2][0] + p[3][0]) / 2, (p[2][1] + p[3][1]) / 2)
         right = ((p[0][0] + p[1][0]) / 2, (p[0][1] + p[1][1]) / 2)

@@ -243,6 +243,9 @@ def print_summary(result) -> None:
 
 
 def cmd_synth(args) -> int:
+    if args.people is None and (args.kind == "features" or args.sequences or args.counts is None):
+        raise ConfigError("--people is required (a positive integer, e.g. --people 20) unless --counts gives the "
+                          "images of each person")
     if args.kind == "features":
         from deid.intake.synth_features import make_feature_drop  # noqa: PLC0415
 
@@ -262,14 +265,51 @@ def cmd_synth(args) -> int:
         print(f"synthetic sequence drop: {path} ({args.people} people x {args.sequences} sequences x "
               f"{args.frames} frames, talking and smiling, seed {args.seed})")
         return EXIT_OK
-    path = make_synthetic_drop(Path(args.drop), people=args.people, images_per_person=args.images_per_person,
+    from deid.intake.synth import zipf_counts  # noqa: PLC0415
+
+    counts, per = args.counts, args.images_per_person
+    if per == "zipf":
+        if counts is not None:
+            raise ConfigError("--images-per-person zipf and --counts both give the images per person; use one")
+        counts, per = list(zipf_counts(args.people, top=args.zipf_top)), 2
+    if counts is not None and args.people is not None and len(counts) != args.people:
+        raise ConfigError(f"--counts has {len(counts)} entries but --people is {args.people}; give one count per "
+                          "person (or leave --people out: it is then the number of counts)")
+    people = len(counts) if counts is not None and args.people is None else args.people
+    if people is None:
+        raise ConfigError("--people is required (or --counts, whose length is the number of people)")
+    if args.colour and (args.grey or args.format in ("pgm", "gif")):
+        raise ConfigError(f"--colour cannot be combined with --grey or --format {args.format}; drop one of them")
+    path = make_synthetic_drop(Path(args.drop), people=people, images_per_person=int(per),
                                seed=args.seed, image_format=args.format, image_size=args.size,
                                condition_values=args.condition_values, crop=args.crop, grey=args.grey,
-                               lighting=args.lighting, background=args.background, labels=not args.no_labels,
-                               eyes=not args.no_eyes, workers=args.workers, quick_noise=args.quick_noise,
-                               fast=args.fast)
-    print(f"synthetic drop: {path} ({args.people} people x {args.images_per_person} images, seed {args.seed})")
+                               lighting=args.lighting, background="clutter" if args.colour else args.background,
+                               labels=not args.no_labels, eyes=not args.no_eyes, workers=args.workers,
+                               quick_noise=args.quick_noise, fast=args.fast, counts=counts,
+                               pose_spread=args.pose_spread, frames_per_sequence=args.frames_per_sequence,
+                               frame_jitter=args.frame_jitter)
+    shape = f"{sum(counts)} images ({min(counts)}-{max(counts)} a person)" if counts else f"{per} images"
+    print(f"synthetic drop: {path} ({people} people, {shape}, seed {args.seed})")
     return EXIT_OK
+
+
+def _images_per_person(text: str) -> int | str:
+    if text.strip().lower() == "zipf":
+        return "zipf"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer or 'zipf'") from None
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        out = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} must be comma-separated integers, e.g. 47,40,33") from None
+    if not out or min(out) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must list at least one count, each >= 1, e.g. 47,40,33")
+    return out
 
 
 def cmd_import(args) -> int:
@@ -386,8 +426,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("drop")
     s.add_argument("--kind", choices=["faces", "features"], default="faces",
                    help="features: a Parquet table of vectors (identity + label + noise parts, seeded)")
-    s.add_argument("--people", type=int, required=True)
-    s.add_argument("--images-per-person", type=int, default=2)
+    s.add_argument("--people", type=int, default=None, help="number of people (required unless --counts)")
+    s.add_argument("--images-per-person", type=_images_per_person, default=2, metavar="N|zipf",
+                   help="images per person (default 2); zipf: skewed, person r gets max(2, round(TOP / r)) "
+                        "(--zipf-top)")
+    s.add_argument("--zipf-top", type=int, default=40, metavar="TOP",
+                   help="images of the most photographed person with --images-per-person zipf (default 40)")
+    s.add_argument("--counts", type=_counts, default=None, metavar="C1,C2,...",
+                   help="explicit images per person, in person order (e.g. 47,40,33,...; one person with half a "
+                        "partition: 20,4,4,4,4,4); its length is the number of people")
+    s.add_argument("--pose-spread", type=float, default=0.0, metavar="DEG",
+                   help="head yaw of each image uniform in [-DEG, DEG] (0-60; default 0: frontal)")
+    s.add_argument("--frames-per-sequence", type=int, default=1, metavar="N",
+                   help="N (1-100) near-identical consecutive frames per image, manifest columns sequence and "
+                        "frame (like 48x48 video-frame sets)")
+    s.add_argument("--frame-jitter", choices=["small", "none"], default="small",
+                   help="between those frames: small (<= 0.6 px, <= 0.8 degrees, fresh noise) or none")
+    s.add_argument("--colour", action="store_true",
+                   help="colour faces on a cluttered colour background (images are colour BGR unless --grey; "
+                        "this adds the clutter, like photos in the wild)")
     s.add_argument("--per-person", type=int, default=2, help="records per person (--kind features)")
     s.add_argument("--dim", type=int, default=32, help="vector dimension (--kind features)")
     s.add_argument("--labels", default="gender,expression",
@@ -399,7 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--format", choices=["png", "jpg", "jpeg", "pgm", "gif"], default="png",
                    help="pgm and gif are greyscale")
-    s.add_argument("--size", type=int, default=200, help="image width in pixels (64-4096)")
+    s.add_argument("--size", type=int, default=200,
+                   help="image width in pixels (64-4096; with --crop tight 32-4096, e.g. 48 for 48-pixel crops)")
     s.add_argument("--condition-values", type=int, default=None, metavar="V",
                    help="one label 'condition' with V (2-11) Yale-like values instead of gender/expression")
     s.add_argument("--crop", choices=["none", "tight"], default="none", help="tight: the face fills the frame")

@@ -15,7 +15,8 @@ from deid.errors import ConfigError, RecordError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["sniff_format", "header_size", "decoded_bytes", "max_decoded_bytes", "upright_size", "decode_gray", "decode_gray_reduced", "decode_color_reduced", "exif_orientation"]
+__all__ = ["sniff_format", "header_size", "decoded_bytes", "max_decoded_bytes", "upright_size", "decode_gray", "decode_gray_reduced", "decode_color_reduced", "exif_orientation", "is_colour",
+           "COLOUR_TOLERANCE", "COLOUR_MIN_FRACTION"]
 
 _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # JPEG start-of-frame markers carry the size; C4 (DHT), C8 (JPG) and CC (DAC) share the range but do not.
@@ -513,3 +514,25 @@ def decode_color_reduced(data: bytes, factor: int, *, max_pixels: int = 100_000_
             hh, ww = img.shape[:2]
             img = cv2.resize(img, (-(-ww // factor), -(-hh // factor)), interpolation=cv2.INTER_AREA)
     return np.ascontiguousarray(img)
+
+
+# A pixel is coloured when its channels differ by more than COLOUR_TOLERANCE grey levels (JPEG chroma
+# noise of a grey photo saved as RGB stays within a few levels); an image is colour when more than
+# COLOUR_MIN_FRACTION of its pixels are (a grey photo with a coloured logo or border is not).
+COLOUR_TOLERANCE = 12
+COLOUR_MIN_FRACTION = 0.05
+
+
+def is_colour(data: bytes, *, max_pixels: int = 100_000_000) -> bool:
+    """Is the image really colour (channels differ beyond :data:`COLOUR_TOLERANCE` on enough pixels)?
+
+    Decoded at 1/8 scale (JPEG: libjpeg's DCT scaling, ~1 ms for a 1350 px photo): colour is a
+    property of the whole image, not of its detail. Single-channel formats are grey.
+    """
+    bgr = decode_color_reduced(data, 8 if sniff_format(data) == "jpeg" else 1, max_pixels=max_pixels)
+    if bgr.ndim != 3 or bgr.shape[2] < 3 or bgr.size == 0:
+        return False
+    c = bgr.astype(np.int16)
+    spread = np.maximum(np.abs(c[..., 0] - c[..., 1]), np.maximum(np.abs(c[..., 1] - c[..., 2]),
+                                                                  np.abs(c[..., 0] - c[..., 2])))
+    return float(np.mean(spread > COLOUR_TOLERANCE)) > COLOUR_MIN_FRACTION

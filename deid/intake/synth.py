@@ -133,42 +133,97 @@ def make_person(seed: int, number: int) -> SynthPerson:
     )
 
 
-class _Pen:
-    """Draws in face coordinates (eye midpoint at the origin, eye distance 1) through a similarity."""
+# Synthetic head pose: the facial features lie on a vertical cylinder of the head's half width
+# (depth sqrt(w^2 - x^2) in eye distances) and the nose base stands out a further _NOSE_DEPTH, so a
+# yaw moves the features across the rigid head outline as a turned head does. With the cylinder's
+# depth at the eyes (~0.87) the nose base is ~0.5 eye distances in front of the eye centres: the
+# anthropometric ratio the pose estimator assumes (deid.alignment.pose.NOSE_DEPTH_RATIO).
+_NOSE_DEPTH = 0.37
 
-    def __init__(self, img: np.ndarray, centre: tuple[float, float], scale: float, angle_deg: float):
+
+class _Pen:
+    """Draws in face coordinates (eye midpoint at the origin, eye distance 1) through a similarity.
+
+    ``yaw`` (degrees, positive: the face turns towards the image's right) moves the points of the
+    shapes drawn with ``surface=True`` (the facial features) by their depth on the head
+    (:data:`_NOSE_DEPTH`, ``head_w`` the head's half width) and narrows their ellipses by cos(yaw)
+    (weak perspective); the head, hair and body outlines stay as drawn. ``yaw=0`` draws exactly as before.
+    """
+
+    def __init__(self, img: np.ndarray, centre: tuple[float, float], scale: float, angle_deg: float,
+                 *, yaw: float = 0.0, head_w: float = 1.0, nose: tuple[float, float] = (0.0, 0.0)):
         self.img = img
         self.cx, self.cy = centre
         self.s = scale
         self.deg = angle_deg
         a = math.radians(angle_deg)
         self.c, self.sn = math.cos(a), math.sin(a)
+        self.yaw = math.radians(yaw)
+        self.head_w = head_w
+        self.nose = nose  # (half width, length) of the nose: its points stand out by _NOSE_DEPTH
 
-    def map(self, x: float, y: float) -> tuple[float, float]:
+    def _depth(self, x: float, y: float) -> float:
+        z = math.sqrt(max(self.head_w ** 2 - x * x, 0.0))
+        half, length = self.nose
+        if length > 0 and abs(x) <= half + 0.12 and -0.05 <= y <= length + 0.12:
+            z += _NOSE_DEPTH * min(1.0, max(0.0, y) / length)
+        return z
+
+    def _turn(self, x: float, y: float, surface: bool) -> tuple[float, float]:
+        if not surface or self.yaw == 0.0:
+            return x, y
+        return x * math.cos(self.yaw) + self._depth(x, y) * math.sin(self.yaw), y
+
+    def map(self, x: float, y: float, *, surface: bool = False) -> tuple[float, float]:
+        x, y = self._turn(x, y, surface)
         return (self.cx + self.s * (self.c * x - self.sn * y), self.cy + self.s * (self.sn * x + self.c * y))
 
-    def _p(self, x: float, y: float) -> tuple[int, int]:
-        u, v = self.map(x, y)
+    def _p(self, x: float, y: float, surface: bool = False) -> tuple[int, int]:
+        u, v = self.map(x, y, surface=surface)
         return (int(round(u * _ONE)), int(round(v * _ONE)))
 
     def _t(self, t: float) -> int:
         return max(1, int(round(t * self.s)))
 
-    def ellipse(self, c, axes, colour, *, angle=0.0, start=0.0, end=360.0, thick: float | None = None):
-        ax = (max(1, int(round(axes[0] * self.s * _ONE))), max(1, int(round(axes[1] * self.s * _ONE))))
-        cv2.ellipse(self.img, self._p(*c), ax, angle + self.deg, start, end, colour,
+    def _squeeze(self, surface: bool) -> float:
+        return math.cos(self.yaw) if surface else 1.0
+
+    def ellipse(self, c, axes, colour, *, angle=0.0, start=0.0, end=360.0, thick: float | None = None,
+                surface: bool = False):
+        sq = self._squeeze(surface)
+        ax = (max(1, int(round(axes[0] * sq * self.s * _ONE))), max(1, int(round(axes[1] * self.s * _ONE))))
+        cv2.ellipse(self.img, self._p(*c, surface), ax, angle + self.deg, start, end, colour,
                     -1 if thick is None else self._t(thick), cv2.LINE_AA, _SHIFT)
 
-    def circle(self, c, r, colour, *, thick: float | None = None):
+    def circle(self, c, r, colour, *, thick: float | None = None, surface: bool = False):
+        if surface and self.yaw != 0.0:  # a foreshortened circle: an ellipse
+            self.ellipse(c, (r, r), colour, thick=thick, surface=True)
+            return
         cv2.circle(self.img, self._p(*c), max(1, int(round(r * self.s * _ONE))), colour,
                    -1 if thick is None else self._t(thick), cv2.LINE_AA, _SHIFT)
 
-    def poly(self, pts, colour, *, thick: float | None = None, closed: bool = False):
-        arr = np.array([self._p(x, y) for x, y in pts], dtype=np.int32).reshape(-1, 1, 2)
+    def poly(self, pts, colour, *, thick: float | None = None, closed: bool = False, surface: bool = False):
+        arr = np.array([self._p(x, y, surface) for x, y in pts], dtype=np.int32).reshape(-1, 1, 2)
         if thick is None:
             cv2.fillPoly(self.img, [arr], colour, cv2.LINE_AA, _SHIFT)
         else:
             cv2.polylines(self.img, [arr], closed, colour, self._t(thick), cv2.LINE_AA, _SHIFT)
+
+
+class _Surface:
+    """A :class:`_Pen` whose every shape is drawn on the face's surface (moved by the pen's yaw)."""
+
+    def __init__(self, pen: _Pen):
+        self.pen = pen
+
+    def ellipse(self, *a, **kw):
+        self.pen.ellipse(*a, surface=True, **kw)
+
+    def circle(self, *a, **kw):
+        self.pen.circle(*a, surface=True, **kw)
+
+    def poly(self, *a, **kw):
+        self.pen.poly(*a, surface=True, **kw)
 
 
 def _curve(x0: float, x1: float, y: float, bend: float, n: int = 12) -> list[tuple[float, float]]:
@@ -289,7 +344,7 @@ def _clutter(img: np.ndarray, rng: np.random.Generator) -> None:
 def draw_face(person: SynthPerson, *, expression: str, rng: np.random.Generator, image_size: int = 200,
               lighting: str = "normal", clutter: np.random.Generator | None = None, quick_noise: bool = False,
               mouth_open: float | None = None, light_rng: np.random.Generator | None = None,
-              fast: bool = False) -> tuple[np.ndarray, tuple[tuple[float, float], tuple[float, float]]]:
+              fast: bool = False, yaw: float = 0.0) -> tuple[np.ndarray, tuple[tuple[float, float], tuple[float, float]]]:
     """Draw one BGR image of ``person``; return it with the (left, right) eye centres in pixels.
 
     ``expression`` is one of :data:`EXPRESSIONS`; ``lighting`` one of :data:`LIGHTS` ("left" and
@@ -303,20 +358,24 @@ def draw_face(person: SynthPerson, *, expression: str, rng: np.random.Generator,
     whatever their expression consumes). ``fast`` draws the same face, placement and labels with a
     cheaper background texture and lighting (float32, composed at a quarter size) and sensor
     noise read from a fixed Gaussian bank at a random offset: about 3x cheaper, for
-    million-face drops; the pixels differ from the default ones. With the defaults the image
+    million-face drops; the pixels differ from the default ones. ``yaw`` (degrees, |yaw| < 90;
+    positive turns the face towards the image's right) turns the facial features on the head
+    (:class:`_Pen`); the eye points returned are the turned pupils. With the defaults the image
     is exactly the one earlier versions drew (``rng`` is consumed identically).
     """
     if expression not in EXPRESSIONS:
         raise ConfigError(f"expression={expression!r} must be one of {list(EXPRESSIONS)}")
     if lighting not in LIGHTS:
         raise ConfigError(f"lighting={lighting!r} must be one of {list(LIGHTS)}")
+    if not -80.0 <= float(yaw) <= 80.0:
+        raise ConfigError(f"yaw={yaw!r} must be between -80 and 80 degrees (0 = frontal)")
     p = person
     smile = expression == "smile"
     img = (_background_fast if fast else _background)(rng, image_size)
     if clutter is not None:
         _clutter(img, clutter)
     centre, scale, angle = _place(rng, image_size)
-    pen = _Pen(img, centre, scale, angle)
+    pen = _Pen(img, centre, scale, angle, yaw=yaw, head_w=p.face_w, nose=(p.nose_w / 2, p.nose_len))
     skin, hair = p.skin, p.hair
     skin_dark = _shade(skin, 0.78)
     hcy, fw, fh = p.face_cy, p.face_w, p.face_h
@@ -358,10 +417,11 @@ def draw_face(person: SynthPerson, *, expression: str, rng: np.random.Generator,
                       (side * (fw + 0.05), hcy + 0.6), (side * fw * 0.93, hcy + 0.4),
                       (side * fw * 0.9, -0.1)], hair)
 
+    face = _Surface(pen)  # the facial features turn with the yaw; the outlines above do not
     # Cheeks raised in a smile.
     if smile:
         for side in (-1, 1):
-            pen.ellipse((side * 0.55, p.nose_len - 0.05), (0.22, 0.14), _shade(skin, 1.1))
+            face.ellipse((side * 0.55, p.nose_len - 0.05), (0.22, 0.14), _shade(skin, 1.1))
 
     # Eyes: sclera, iris, pupil exactly at (+-0.5, 0), upper lid, brows.
     ry = p.eye_ry * (0.72 if smile else 1.0)
@@ -371,31 +431,31 @@ def draw_face(person: SynthPerson, *, expression: str, rng: np.random.Generator,
     for side in (-1, 1):
         ex = side * 0.5
         if expression == "wink" and side == 1:  # closed eye: a lid line with lashes
-            pen.poly(_curve(ex - p.eye_rx, ex + p.eye_rx, 0.0, -0.05, 9), (30.0, 30.0, 35.0), thick=0.04)
+            face.poly(_curve(ex - p.eye_rx, ex + p.eye_rx, 0.0, -0.05, 9), (30.0, 30.0, 35.0), thick=0.04)
         else:
-            pen.ellipse((ex, 0.0), (p.eye_rx, ry), (235.0, 238.0, 240.0))
-            pen.circle((ex, 0.0), iris_r, p.iris)
-            pen.circle((ex, 0.0), iris_r * 0.5, (14.0, 12.0, 12.0))
-            pen.circle((ex + iris_r * 0.45, -iris_r * 0.45), iris_r * 0.16, (250.0, 250.0, 250.0))
-            pen.ellipse((ex, 0.0), (p.eye_rx, ry), (30.0, 30.0, 35.0), start=180, end=360, thick=0.025)
+            face.ellipse((ex, 0.0), (p.eye_rx, ry), (235.0, 238.0, 240.0))
+            face.circle((ex, 0.0), iris_r, p.iris)
+            face.circle((ex, 0.0), iris_r * 0.5, (14.0, 12.0, 12.0))
+            face.circle((ex + iris_r * 0.45, -iris_r * 0.45), iris_r * 0.16, (250.0, 250.0, 250.0))
+            face.ellipse((ex, 0.0), (p.eye_rx, ry), (30.0, 30.0, 35.0), start=180, end=360, thick=0.025)
         by = -p.brow_dy * (1.08 if smile else 1.0)
         if expression in _BROW_LIFT:
             by = -p.brow_dy * _BROW_LIFT[expression]
         a = math.radians(p.brow_angle)
         dx, dy = math.cos(a) * p.brow_len / 2, math.sin(a) * p.brow_len / 2
-        pen.poly([(ex - side * dx, by - dy * 0), (ex, by - 0.03), (ex + side * dx, by + dy)],
+        face.poly([(ex - side * dx, by - dy * 0), (ex, by - 0.03), (ex + side * dx, by + dy)],
                  _mix(hair, (15.0, 15.0, 15.0), 0.5), thick=p.brow_thick)
         if p.glasses is not None:
-            pen.ellipse((ex, 0.0), (0.3, 0.22), p.glasses, thick=0.04)
+            face.ellipse((ex, 0.0), (0.3, 0.22), p.glasses, thick=0.04)
     if p.glasses is not None:
-        pen.poly(_curve(-0.2, 0.2, -0.02, 0.04, 5), p.glasses, thick=0.04)
+        face.poly(_curve(-0.2, 0.2, -0.02, 0.04, 5), p.glasses, thick=0.04)
 
     # Nose.
     nl, nw = p.nose_len, p.nose_w
-    pen.poly([(-0.08, 0.05), (-0.1, nl * 0.7), (-nw / 2, nl)], skin_dark, thick=0.03)
-    pen.poly(_curve(-nw / 2, nw / 2, nl + 0.04, -0.04, 7), skin_dark, thick=0.03)
+    face.poly([(-0.08, 0.05), (-0.1, nl * 0.7), (-nw / 2, nl)], skin_dark, thick=0.03)
+    face.poly(_curve(-nw / 2, nw / 2, nl + 0.04, -0.04, 7), skin_dark, thick=0.03)
     for side in (-1, 1):
-        pen.ellipse((side * nw * 0.28, nl + 0.01), (0.05, 0.03), _shade(skin, 0.45))
+        face.ellipse((side * nw * 0.28, nl + 0.01), (0.05, 0.03), _shade(skin, 0.45))
 
     # Mouth: straight closed line, or a wide upturned open smile with teeth.
     my = nl + p.mouth_dy
@@ -405,34 +465,34 @@ def draw_face(person: SynthPerson, *, expression: str, rng: np.random.Generator,
         up = 0.13 + rng.uniform(-0.02, 0.03)
         upper = _curve(-hw, hw, my - 0.02, up, 12)
         lower = _curve(hw, -hw, my - 0.02, up + 0.2, 12)
-        pen.poly(upper + lower, (30.0, 25.0, 70.0))
+        face.poly(upper + lower, (30.0, 25.0, 70.0))
         teeth = _curve(-hw * 0.8, hw * 0.8, my - 0.02, up * 0.8, 10)
-        pen.poly(teeth + [(x, y + 0.09) for x, y in reversed(teeth)], (225.0, 230.0, 235.0))
-        pen.poly(upper + lower, lip, thick=p.lip_thick, closed=True)
+        face.poly(teeth + [(x, y + 0.09) for x, y in reversed(teeth)], (225.0, 230.0, 235.0))
+        face.poly(upper + lower, lip, thick=p.lip_thick, closed=True)
         for side in (-1, 1):  # smile lines
-            pen.poly([(side * (nw / 2 + 0.08), nl - 0.05), (side * (hw + 0.08), my - up + 0.05)],
+            face.poly([(side * (nw / 2 + 0.08), nl - 0.05), (side * (hw + 0.08), my - up + 0.05)],
                      skin_dark, thick=0.025)
     elif mouth_open is not None:  # talking: an open mouth whose height follows the frame
         o = float(min(max(mouth_open, 0.0), 1.0))
         hw = p.mouth_w * (0.55 - 0.1 * o)
         oh = 0.02 + 0.26 * o
-        pen.ellipse((0.0, my + oh / 2), (hw, oh), (30.0, 25.0, 70.0))
+        face.ellipse((0.0, my + oh / 2), (hw, oh), (30.0, 25.0, 70.0))
         if o > 0.3:  # upper teeth show once the mouth is well open
-            pen.ellipse((0.0, my + 0.02), (hw * 0.7, 0.035), (225.0, 230.0, 235.0), start=0, end=180)
-        pen.ellipse((0.0, my + oh / 2), (hw, oh), lip, thick=p.lip_thick)
+            face.ellipse((0.0, my + 0.02), (hw * 0.7, 0.035), (225.0, 230.0, 235.0), start=0, end=180)
+        face.ellipse((0.0, my + oh / 2), (hw, oh), lip, thick=p.lip_thick)
     elif expression == "surprised":  # open round mouth
-        pen.ellipse((0.0, my + 0.04), (p.mouth_w * 0.22, 0.13), (30.0, 25.0, 70.0))
-        pen.ellipse((0.0, my + 0.04), (p.mouth_w * 0.22, 0.13), lip, thick=p.lip_thick)
+        face.ellipse((0.0, my + 0.04), (p.mouth_w * 0.22, 0.13), (30.0, 25.0, 70.0))
+        face.ellipse((0.0, my + 0.04), (p.mouth_w * 0.22, 0.13), lip, thick=p.lip_thick)
     elif expression == "sad":  # corners pulled down
         hw = p.mouth_w / 2
-        pen.poly(_curve(-hw, hw, my, -0.09, 10), lip, thick=p.lip_thick)
+        face.poly(_curve(-hw, hw, my, -0.09, 10), lip, thick=p.lip_thick)
     else:
         hw = p.mouth_w / 2
-        pen.poly(_curve(-hw, hw, my, p.mouth_curve, 10), lip, thick=p.lip_thick)
-        pen.poly(_curve(-hw * 0.7, hw * 0.7, my + 0.06, -0.05, 8), _shade(lip, 1.12), thick=p.lip_thick * 0.8)
+        face.poly(_curve(-hw, hw, my, p.mouth_curve, 10), lip, thick=p.lip_thick)
+        face.poly(_curve(-hw * 0.7, hw * 0.7, my + 0.06, -0.05, 8), _shade(lip, 1.12), thick=p.lip_thick * 0.8)
 
     if p.mole is not None:
-        pen.circle(p.mole, 0.035, (35.0, 40.0, 60.0))
+        face.circle(p.mole, 0.035, (35.0, 40.0, 60.0))
 
     # Lighting: per-image gain and a directional gradient, then sensor noise.
     if light_rng is not None:
@@ -440,7 +500,7 @@ def draw_face(person: SynthPerson, *, expression: str, rng: np.random.Generator,
     g = rng.uniform(0.88, 1.12)
     d = rng.uniform(-0.25, 0.25, 2)
     lin = np.linspace(-0.5, 0.5, image_size, dtype=np.float32)
-    eyes = (pen.map(-0.5, 0.0), pen.map(0.5, 0.0))
+    eyes = (pen.map(-0.5, 0.0, surface=True), pen.map(0.5, 0.0, surface=True))
     finish = _finish_fast if fast else partial(_finish, quick_noise=quick_noise)
     return finish(img, rng, g, d, lin, lighting), eyes
 
@@ -522,6 +582,14 @@ class SynthSpec:
     eyes: bool = True
     quick_noise: bool = False
     fast: bool = False
+    counts: tuple[int, ...] | None = None  # images of person n = counts[n - 1] (else images_per_person each)
+    pose_spread: float = 0.0  # each image's yaw uniform in [-spread, spread] degrees
+    frames_per_sequence: int = 1  # > 1: each still becomes that many near-identical consecutive frames
+    frame_jitter: str = "small"
+
+    def images_of(self, n: int) -> int:
+        """How many images person ``n`` (1-based) has."""
+        return self.counts[n - 1] if self.counts is not None else self.images_per_person
 
     @property
     def label_columns(self) -> tuple[str, ...]:
@@ -531,7 +599,8 @@ class SynthSpec:
 
     @property
     def columns(self) -> tuple[str, ...]:
-        return ("image", "subject_id", *self.label_columns, *(EYE_COLUMNS if self.eyes else ()))
+        return ("image", "subject_id", *self.label_columns, *(EYE_COLUMNS if self.eyes else ()),
+                *(("sequence", "frame") if self.frames_per_sequence > 1 else ()))
 
     @property
     def jpeg_quality(self) -> int:
@@ -604,7 +673,7 @@ def _encode(img: np.ndarray, fmt: str, *, jpeg_quality: int = 92) -> bytes:
 def _faces_of(spec: SynthSpec, n: int):
     """Yield ``(person, image_number, label_values, image, eyes)`` for person ``n`` under ``spec``."""
     person = make_person(spec.seed, n)
-    for i in range(1, spec.images_per_person + 1):
+    for i in range(1, spec.images_of(n) + 1):
         rng = _seq(spec.seed, n, i)
         who, lighting = person, "normal"
         if spec.condition_values:
@@ -622,9 +691,11 @@ def _faces_of(spec: SynthSpec, n: int):
         extra = _seq(spec.seed, n, i, 1) if (spec.lighting != "normal" or spec.background != "plain") else None
         if spec.lighting == "side" and lighting == "normal":
             lighting = "left" if extra.random() < 0.5 else "right"
+        # Its own stream too: a pose spread changes only the yaw of the otherwise identical drop.
+        yaw = float(_seq(spec.seed, n, i, 2).uniform(-spec.pose_spread, spec.pose_spread)) if spec.pose_spread else 0.0
         img, eyes = draw_face(who, expression=expression, rng=rng, image_size=spec.draw_size, lighting=lighting,
                               clutter=extra if spec.background == "clutter" else None, quick_noise=spec.quick_noise,
-                              fast=spec.fast)
+                              fast=spec.fast, yaw=yaw)
         if spec.crop == "tight":
             img, eyes = _crop_tight(img, eyes, spec.image_size)
         if spec.is_grey:
@@ -645,15 +716,63 @@ def iter_synthetic_faces(*, people: int, images_per_person: int = 2, seed: int =
 def _render_people(spec: SynthSpec, drop: Path, numbers: range) -> list[list[str]]:
     """Draw, encode and write the images of people ``numbers``; return their manifest rows (pure per person)."""
     rows = []
+    ext = _EXT[spec.image_format]
     for n in numbers:
-        for person, i, values, img, (le, re_) in _faces_of(spec, n):
-            rel = f"images/{person.subject_id}_{i}.{_EXT[spec.image_format]}"
-            (drop / rel).write_bytes(_encode(img, spec.image_format, jpeg_quality=spec.jpeg_quality))
-            row = [rel, person.subject_id, *(values if spec.labels else ())]
-            if spec.eyes:
-                row += [f"{le[0]:.3f}", f"{le[1]:.3f}", f"{re_[0]:.3f}", f"{re_[1]:.3f}"]
-            rows.append(row)
+        for person, i, values, img, eyes in _faces_of(spec, n):
+            frames = [(None, img, eyes)] if spec.frames_per_sequence == 1 else \
+                [(t, *f) for t, f in enumerate(_frames(spec, n, i, img, eyes))]
+            for t, im, (le, re_) in frames:
+                rel = f"images/{person.subject_id}_{i}.{ext}" if t is None else \
+                    f"images/{person.subject_id}_{i}_f{t}.{ext}"
+                (drop / rel).write_bytes(_encode(im, spec.image_format, jpeg_quality=spec.jpeg_quality))
+                row = [rel, person.subject_id, *(values if spec.labels else ())]
+                if spec.eyes:
+                    row += [f"{le[0]:.3f}", f"{le[1]:.3f}", f"{re_[0]:.3f}", f"{re_[1]:.3f}"]
+                if t is not None:
+                    row += [f"{person.subject_id}-q{i}", str(t)]
+                rows.append(row)
     return rows
+
+
+# Frame jitter: (largest shift in pixels, largest rotation in degrees, sensor noise sigma) between
+# consecutive frames of one still (the 48x48 video-frame sets: 3 frames a fraction of a second apart).
+FRAME_JITTERS: dict[str, tuple[float, float, float]] = {"none": (0.0, 0.0, 0.0), "small": (0.6, 0.8, 1.5)}
+
+
+def _frames(spec: SynthSpec, n: int, i: int, img: np.ndarray, eyes):
+    """``spec.frames_per_sequence`` near-identical frames of one drawn still: frame 0 is the still, each
+    later one is shifted, rotated and re-noised by at most :data:`FRAME_JITTERS` [``spec.frame_jitter``]
+    (eye points moved with it)."""
+    shift, turn, sigma = FRAME_JITTERS[spec.frame_jitter]
+    r = _seq(spec.seed, n, i, 3)
+    (lx, ly), (rx, ry) = eyes
+    out = [(img, eyes)]
+    for _ in range(1, spec.frames_per_sequence):
+        dx, dy = r.uniform(-shift, shift, 2) if shift else (0.0, 0.0)
+        m = cv2.getRotationMatrix2D(((lx + rx) / 2, (ly + ry) / 2), float(r.uniform(-turn, turn)) if turn else 0.0, 1.0)
+        m[:, 2] += (dx, dy)
+        im = cv2.warpAffine(img, m, (img.shape[1], img.shape[0]), flags=cv2.INTER_LINEAR,
+                            borderMode=cv2.BORDER_REFLECT)
+        if sigma:
+            im = np.clip(im + r.normal(0, sigma, im.shape) + 0.5, 0, 255).astype(np.uint8)
+        moved = tuple((float(m[0, 0] * x + m[0, 1] * y + m[0, 2]), float(m[1, 0] * x + m[1, 1] * y + m[1, 2]))
+                      for x, y in eyes)
+        out.append((im, moved))
+    return out
+
+
+def zipf_counts(people: int, *, top: int = 40, exponent: float = 1.0, minimum: int = 2) -> tuple[int, ...]:
+    """Images per person falling as a Zipf law: person r (1-based) gets ``max(minimum, round(top / r**exponent))``.
+
+    Skewed drops like web photo sets, where a few people hold most images (e.g. ``top=47``,
+    ``people=24``: 47, 24, 16, 12, 9, 8, 7, 6, 5, 5, 4, 4, 4, 3, ...).
+    """
+    _check_int("people", people, 1, None, "ask for at least one synthetic person")
+    _check_int("top", top, 1, 100_000, "use e.g. 40 images for the most photographed person")
+    _check_int("minimum", minimum, 1, top, "use e.g. 2 (at least two images a person)")
+    if not 0.0 < float(exponent) <= 5.0:
+        raise ConfigError(f"exponent={exponent!r} must be in (0, 5]; use e.g. 1.0 (Zipf's law)")
+    return tuple(max(minimum, int(round(top / r ** float(exponent)))) for r in range(1, people + 1))
 
 
 def _worker_init() -> None:
@@ -686,11 +805,12 @@ def _check_int(name: str, value, lo: int, hi: int | None, fix: str) -> None:
         raise ConfigError(f"{name}={value!r} must be an integer {rng}; {fix}")
 
 
-def _check(*, people, images_per_person, seed, image_size) -> None:
+def _check(*, people, images_per_person, seed, image_size, smallest: int = 64) -> None:
     _check_int("people", people, 1, None, "ask for at least one synthetic person")
     _check_int("images_per_person", images_per_person, 1, None, "use 2 for a neutral and a smiling image")
     _check_int("seed", seed, 0, None, "pass a non-negative integer seed")
-    _check_int("image_size", image_size, 64, 4096, "use e.g. 200 (eye distance is 20-35% of the size)")
+    _check_int("image_size", image_size, smallest, 4096,
+               "use e.g. 200 (eye distance is 20-35% of the size); with crop='tight' down to 32 (e.g. 48)")
 
 
 def _check_choice(name: str, value, choices: tuple[str, ...]) -> None:
@@ -703,7 +823,8 @@ def make_synthetic_drop(drop_dir, *, people: int, images_per_person: int = 2, se
                         condition_values: int | None = None, crop: str = "none", grey: bool = False,
                         lighting: str = "normal", background: str = "plain", labels: bool = True,
                         eyes: bool = True, workers: int = 1, chunk_people: int = 50, quick_noise: bool = False,
-                        fast: bool = False) -> Path:
+                        fast: bool = False, counts: list[int] | tuple[int, ...] | None = None,
+                        pose_spread: float = 0.0, frames_per_sequence: int = 1, frame_jitter: str = "small") -> Path:
     """Write a drop of synthetic faces (manifest.csv, drop.yaml, images/, then _READY); return its path.
 
     Images are written one at a time (by each worker) and the manifest is streamed in person
@@ -740,8 +861,31 @@ def make_synthetic_drop(drop_dir, *, people: int, images_per_person: int = 2, se
         drop, with another background texture and sensor noise.
     chunk_people : int
         People per work item handed to a worker.
+    counts : list of int, optional
+        Images of each person (person n gets ``counts[n - 1]``; ``len(counts) == people``), instead of
+        ``images_per_person`` each: skewed drops, e.g. :func:`zipf_counts`, or one person holding half
+        a partition.
+    pose_spread : float
+        0..60 degrees: each image's head yaw is drawn uniformly in [-pose_spread, pose_spread]
+        (:func:`draw_face`'s ``yaw``; its own random stream, so the drop is otherwise the same).
+    frames_per_sequence : int
+        1..100; above 1 every image becomes that many near-identical consecutive frames (``frame_jitter``:
+        "small" moves each later frame by <= 0.6 px, <= 0.8 degrees and fresh noise; "none" copies it),
+        with manifest columns ``sequence`` (``<subject>-q<image>``) and ``frame``.
     """
-    _check(people=people, images_per_person=images_per_person, seed=seed, image_size=image_size)
+    _check(people=people, images_per_person=images_per_person, seed=seed, image_size=image_size,
+           smallest=32 if crop == "tight" else 64)
+    if counts is not None:
+        counts = tuple(counts)
+        if len(counts) != people:
+            raise ConfigError(f"counts has {len(counts)} entries but people={people}; give one image count per "
+                              "person, e.g. counts=[47, 40, 33] with people=3")
+        for c in counts:
+            _check_int("counts entry", c, 1, 100_000, "every person needs at least one image")
+    if isinstance(pose_spread, bool) or not isinstance(pose_spread, (int, float)) or not 0 <= pose_spread <= 60:
+        raise ConfigError(f"pose_spread={pose_spread!r} must be a number of degrees from 0 to 60; e.g. 30")
+    _check_int("frames_per_sequence", frames_per_sequence, 1, 100, "use e.g. 3 near-identical frames per image")
+    _check_choice("frame_jitter", frame_jitter, tuple(FRAME_JITTERS))
     _check_choice("image_format", image_format, tuple(_EXT))
     _check_choice("crop", crop, CROPS)
     _check_choice("lighting", lighting, LIGHTINGS)
@@ -764,7 +908,8 @@ def make_synthetic_drop(drop_dir, *, people: int, images_per_person: int = 2, se
     spec = SynthSpec(seed=seed, images_per_person=images_per_person, image_size=image_size,
                      image_format=image_format, condition_values=condition_values, crop=crop, grey=grey,
                      lighting=lighting, background=background, labels=labels, eyes=eyes, quick_noise=quick_noise,
-                     fast=fast)
+                     fast=fast, counts=counts, pose_spread=float(pose_spread), frames_per_sequence=frames_per_sequence,
+                     frame_jitter=frame_jitter)
     (drop / "images").mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     count = 0

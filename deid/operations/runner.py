@@ -186,6 +186,8 @@ class _Run:
             # Successive releases of one dataset (deid.release.lineage): only methods that give every cluster
             # member the identical image have registered averages to keep; the others are gated on their own.
             lineage_state = s.open_lineage(ing.dataset, config) if config.lineage_applies else None
+            # DEID_COLOR=auto decided from the ingested images (pure and cheap: the sample was taken at ingest).
+            config = self.config = pipeline.resolve_color(config, ing, lineage_state)
             notes = []
             if config.spec.partitions_by_labels and not ing.labels:
                 notes.append(f"{config.method} without utility labels runs as k-Same (one partition); utility is "

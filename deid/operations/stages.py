@@ -48,6 +48,7 @@ class AlignedBatch:
     aligned: int
     quarantined: tuple[Quarantined, ...]
     eye_sources: Mapping[str, int]  # eye source (detector, manifest, ...) -> aligned faces
+    yaw_histogram: tuple[int, ...] = ()  # aligned faces per whole degree of |yaw| (0..90); () = not estimated
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,8 @@ def align_batch(ingested_path: str, row_groups: list[int], out_path: str, aligne
                         **({"points": cols["points"][i]} if points else {})})
     del cols, table
     color = bool(aligner_params.get("color"))
-    ok, bad = align_records(records, aligner, color=color)
+    max_yaw = aligner_params.get("max_yaw")
+    ok, bad = align_records(records, aligner, color=color, max_yaw=max_yaw)
     if color:
         # Colour faces beside the grey ones (<staging>/aligned_color/<same part name>): only the
         # de-identification reads them; everything measured (eyes, features, identity, attacks) is grey.
@@ -134,12 +136,35 @@ def align_batch(ingested_path: str, row_groups: list[int], out_path: str, aligne
             "eye_right_x": [float(r["eye_right_x"]) for r in ok],
             "eye_right_y": [float(r["eye_right_y"]) for r in ok],
             **({"points": [r["points"] for r in ok]} if points else {}),
+            **({"yaw": [r.get("yaw") for r in ok]} if max_yaw is not None else {}),
         },
-        schema=schemas.aligned(points=points),
+        schema=schemas.aligned(points=points, yaw=max_yaw is not None),
     )
     _write_atomic(out, Path(out_path))
     return AlignedBatch(path=out_path, aligned=len(ok), quarantined=tuple(bad),
-                        eye_sources={s: sum(r["eye_source"] == s for r in ok) for s in {r["eye_source"] for r in ok}})
+                        eye_sources={s: sum(r["eye_source"] == s for r in ok) for s in {r["eye_source"] for r in ok}},
+                        yaw_histogram=yaw_histogram([r.get("yaw") for r in ok]) if max_yaw is not None else ())
+
+
+def yaw_histogram(yaws: Iterable[float | None]) -> tuple[int, ...]:
+    """Faces per whole degree of |yaw| (bins 0..90; None, not estimable, left out): summed over align tasks."""
+    a = np.abs(np.array([y for y in yaws if y is not None], dtype=np.float64))
+    return tuple(int(c) for c in np.bincount(np.minimum(a, 90).astype(np.int64), minlength=91))
+
+
+def pose_spread(histogram: Sequence[int], *, max_yaw: float | None, quarantined: int) -> dict:
+    """The report's pose figures: |yaw| quantiles (whole degrees, upper bin edge) of the aligned faces."""
+    if max_yaw is None:
+        return {"estimated": False, "max_yaw_degrees": None}
+    h = np.asarray(histogram, dtype=np.int64)
+    n = int(h.sum())
+    out = {"estimated": True, "max_yaw_degrees": max_yaw, "faces": n, "quarantined_pose": int(quarantined)}
+    if n:
+        cum = np.cumsum(h)
+        for q in (50, 90, 99):
+            out[f"abs_yaw_p{q}"] = int(np.searchsorted(cum, q / 100 * n)) + 1
+        out["abs_yaw_max"] = int(np.nonzero(h)[0][-1]) + 1
+    return out
 
 
 def color_part(aligned_part: str | Path) -> Path:

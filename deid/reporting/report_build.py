@@ -107,10 +107,11 @@ def configuration(config: RunConfig, *, ingested: Ingested, aligned: Aligned, pa
                                attribution=ingested.attribution, notes=notes,
                                identity=partitioned.identity, partitions=partitioned.partitions,
                                small=partitioned.small, clusters=deidentified.clusters),
-        "canonical_size": [w, h], "color": config.color,
+        "canonical_size": [w, h], "color": config.color, "color_decision": config.color_reason,
         "canonical_eyes": [list(config.aligner.eye_left), list(config.aligner.eye_right)],
         "deep_attack_sample": config.gate.deep_attack_sample, "leak_threshold": config.gate.leak_threshold,
         "eye_sources": dict(aligned.eye_sources),
+        "pose": dict(aligned.pose),
         # Landmark points and image sequences the method was given; k-same-m's cluster shape sources.
         "method_inputs": {**partitioned.inputs.to_dict(), "shape_sources": dict(deidentified.shape_sources)},
         "extra_manifest_columns": list(ingested.extra_columns),

@@ -49,9 +49,10 @@ def ingested(labels: list[str], *, points: bool = False, sequences: bool = False
     )
 
 
-def aligned(*, points: bool = False) -> pa.Schema:
-    """Aligned canonical faces (uint8, row-major height x width), the eyes used and, with ``points``, the
-    landmarks moved to canonical pixels by the same similarity as the face (null = none)."""
+def aligned(*, points: bool = False, yaw: bool = False) -> pa.Schema:
+    """Aligned canonical faces (uint8, row-major height x width), the eyes used, with ``points`` the
+    landmarks moved to canonical pixels by the same similarity as the face (null = none), and with
+    ``yaw`` the estimated head yaw in degrees (deid.alignment.pose; null = not estimable)."""
     return pa.schema(
         [
             pa.field("record_id", pa.string(), nullable=False),
@@ -59,6 +60,7 @@ def aligned(*, points: bool = False) -> pa.Schema:
             pa.field("eye_source", pa.string(), nullable=False),
             *EYES,
             *([POINTS] if points else []),
+            *([pa.field("yaw", pa.float32(), nullable=True)] if yaw else []),
         ]
     )
 

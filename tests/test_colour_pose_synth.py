@@ -1,0 +1,178 @@
+"""Issue 26 items 4-5: DEID_COLOR=auto, the pose estimate and quarantine, and deid synth's messy shapes."""
+from __future__ import annotations
+
+import csv
+import json
+from collections import Counter
+from types import SimpleNamespace
+
+import cv2
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from deid.alignment.align import align_records
+from deid.alignment.eyes import EyePair
+from deid.alignment.pose import estimate_yaw
+from deid.intake.imaging import is_colour
+from deid.intake.synth import _seq, draw_face, make_person, make_synthetic_drop, zipf_counts
+from deid.operations import pipeline, stages
+from deid.run_config import RunConfig
+from deid.settings import Settings
+
+
+def _manifest(drop):
+    with open(drop / "manifest.csv", newline="", encoding="utf-8") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_explicit_counts_give_exactly_those_images_per_person(tmp_path):
+    counts = [6, 1, 3, 1]  # one person with half the drop
+    drop = make_synthetic_drop(tmp_path / "d", people=4, counts=counts, seed=2, image_size=64)
+    got = Counter(r["subject_id"] for r in _manifest(drop))
+    assert [got[f"s{n:05d}"] for n in range(1, 5)] == counts
+    assert len(list((drop / "images").iterdir())) == sum(counts)
+    with pytest.raises(Exception, match="counts has 3 entries"):
+        make_synthetic_drop(tmp_path / "e", people=4, counts=[1, 2, 3])
+
+
+def test_zipf_counts_fall_as_a_power_law():
+    c = zipf_counts(24, top=47)
+    assert c[:4] == (47, 24, 16, 12) and min(c) == 2 and list(c) == sorted(c, reverse=True)
+    assert zipf_counts(3, top=10, exponent=2.0, minimum=1) == (10, 2, 1)
+
+
+def test_48_pixel_tight_crops(tmp_path):
+    drop = make_synthetic_drop(tmp_path / "d", people=2, images_per_person=1, crop="tight", image_size=48, seed=1)
+    for row in _manifest(drop):
+        img = cv2.imread(str(drop / row["image"]), cv2.IMREAD_UNCHANGED)
+        assert img.shape == (58, 48, 3)
+        assert 0 < float(row["eye_left_x"]) < float(row["eye_right_x"]) < 47
+
+
+def test_colour_drops_have_differing_channels_and_grey_drops_do_not(tmp_path):
+    colour = make_synthetic_drop(tmp_path / "c", people=2, images_per_person=1, seed=3, image_size=64,
+                                 background="clutter")
+    grey = make_synthetic_drop(tmp_path / "g", people=2, images_per_person=1, seed=3, image_size=64, grey=True)
+    for row in _manifest(colour):
+        img = cv2.imread(str(colour / row["image"]))
+        assert np.abs(img[..., 0].astype(int) - img[..., 2]).mean() > 5
+        assert is_colour((colour / row["image"]).read_bytes())
+    for row in _manifest(grey):
+        assert not is_colour((grey / row["image"]).read_bytes())
+    # A grey photo stored as three-channel JPEG (chroma noise only) is grey too.
+    g = cv2.imread(str(grey / _manifest(grey)[0]["image"]), cv2.IMREAD_GRAYSCALE)
+    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(g, cv2.COLOR_GRAY2BGR), [cv2.IMWRITE_JPEG_QUALITY, 80])
+    assert ok and not is_colour(buf.tobytes())
+
+
+def _yaws(yaw: float, people=range(1, 7)) -> list[float]:
+    out = []
+    for n in people:
+        img, (le, re_) = draw_face(make_person(0, n), expression="neutral", rng=_seq(0, n, 1), yaw=yaw)
+        out.append(estimate_yaw(cv2.cvtColor(img, cv2.COLOR_BGR2GRAY), EyePair(le, re_)))
+    return out
+
+
+def test_pose_drawn_by_synth_is_measured_by_the_estimator():
+    frontal, right, left = (np.mean(_yaws(y)) for y in (0, 30, -30))
+    assert abs(frontal) < 6
+    assert right > frontal + 8 and left < frontal - 8
+
+
+def test_pose_spread_drop_differs_from_the_frontal_drop_only_in_yaw(tmp_path):
+    a = make_synthetic_drop(tmp_path / "a", people=2, images_per_person=1, seed=4, image_size=96)
+    b = make_synthetic_drop(tmp_path / "b", people=2, images_per_person=1, seed=4, image_size=96, pose_spread=40)
+    ra, rb = _manifest(a), _manifest(b)
+    assert [r["subject_id"] for r in ra] == [r["subject_id"] for r in rb]
+    assert any(r1["eye_left_x"] != r2["eye_left_x"] for r1, r2 in zip(ra, rb))  # the pupils moved with the yaw
+
+
+def test_frames_per_sequence_are_nearly_identical(tmp_path):
+    drop = make_synthetic_drop(tmp_path / "d", people=2, images_per_person=1, seed=5, image_size=96,
+                               frames_per_sequence=3)
+    rows = _manifest(drop)
+    assert [(r["sequence"], r["frame"]) for r in rows] == [(f"s0000{n}-q1", str(t)) for n in (1, 2) for t in range(3)]
+    imgs = [cv2.imread(str(drop / r["image"])).astype(np.float64) for r in rows]
+    within = [np.abs(imgs[t] - imgs[t + 1]).mean() for t in (0, 1, 3, 4)]
+    between = np.abs(imgs[0] - imgs[3]).mean()
+    assert 0 < max(within) < 6 and between > 4 * max(within)
+
+
+def _align_one(img: np.ndarray, eyes, max_yaw):
+    ok, buf = cv2.imencode(".png", img)
+    rec = {"record_id": "r1", "image": "x.png", "data": buf.tobytes(), "eyes": EyePair(*eyes)}
+    aligner = stages.make_aligner(RunConfig.resolve(Settings()).aligner.to_dict())
+    return align_records([rec], aligner, max_yaw=max_yaw)
+
+
+def test_a_turned_face_is_quarantined_with_reason_pose():
+    img, eyes = draw_face(make_person(0, 1), expression="neutral", rng=_seq(0, 1, 1), yaw=40)
+    done, bad = _align_one(img, eyes, max_yaw=10.0)
+    assert not done and [q.code for q in bad] == ["pose"] and "max_yaw_degrees=10" in bad[0].message
+    img, eyes = draw_face(make_person(0, 1), expression="neutral", rng=_seq(0, 1, 1))
+    done, bad = _align_one(img, eyes, max_yaw=10.0)
+    assert not bad and abs(done[0]["yaw"]) < 10
+    done, _ = _align_one(img, eyes, max_yaw=None)
+    assert "yaw" not in done[0]
+
+
+def test_pose_spread_quantiles_from_the_histogram():
+    h = stages.yaw_histogram([0.4, -1.5, 2.2, None, -30.0])
+    assert sum(h) == 4 and h[0] == 1 and h[30] == 1
+    spread = stages.pose_spread(h, max_yaw=30.0, quarantined=2)
+    assert spread["faces"] == 4 and spread["abs_yaw_p50"] == 2 and spread["abs_yaw_max"] == 31
+    assert stages.pose_spread((), max_yaw=None, quarantined=0) == {"estimated": False, "max_yaw_degrees": None}
+
+
+def _config(tmp_path, **kw) -> RunConfig:
+    return RunConfig.resolve(Settings(project_dir=tmp_path, **kw))
+
+
+def test_auto_colour_follows_the_drop(tmp_path):
+    # Under the default lineage policy a returning person is republished from the registry's grey
+    # average: auto stays grey so their image never changes (invariant 2), and says how to get colour.
+    invariant = pipeline.resolve_color(_config(tmp_path), SimpleNamespace(colour_sample=(62, 64)))
+    assert not invariant.color and "DEID_LINEAGE_POLICY=release-once" in invariant.color_reason
+    config = _config(tmp_path, lineage_policy="release-once")
+    assert config.color_auto and not config.color
+    colour = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(62, 64)))
+    assert colour.color and colour.color_reason == "auto: 97% of 64 sampled images colour: colour"
+    grey = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(3, 64)))
+    assert not grey.color and grey.color_reason.endswith(": grey")
+    registered = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(64, 64)),
+                                        SimpleNamespace(clusters={"c": 1}))
+    assert not registered.color and "registered clusters" in registered.color_reason
+    blur = pipeline.resolve_color(RunConfig.resolve(Settings(project_dir=tmp_path, lineage_policy="release-once"),
+                                                    method="blur"),
+                                  SimpleNamespace(colour_sample=(64, 64)))
+    assert not blur.color and "method blur" in blur.color_reason
+    fixed = _config(tmp_path, color=False)
+    assert not fixed.color_auto and fixed.color_reason == "DEID_COLOR=false"
+    assert pipeline.resolve_color(fixed, SimpleNamespace(colour_sample=(64, 64))) is fixed
+    assert _config(tmp_path, color=True).color
+
+
+def test_colour_sample_reads_the_staged_bytes(tmp_path):
+    colour = make_synthetic_drop(tmp_path / "c", people=3, images_per_person=1, seed=6, image_size=64)
+    grey = make_synthetic_drop(tmp_path / "g", people=2, images_per_person=1, seed=6, image_size=64, grey=True)
+    data = [(d / r["image"]).read_bytes() for d in (colour, grey) for r in _manifest(d)]
+    path = tmp_path / "ingested.parquet"
+    pq.write_table(pa.table({"data": data}), path, row_group_size=2)
+    assert pipeline.colour_sample(path, 3, max_pixels=10**8) == (3, 5)
+    assert pipeline.colour_sample(path, 3, max_pixels=10**8, n=2) == (1, 2)  # first and last row group, one each
+
+
+@pytest.mark.slow
+def test_a_colour_drop_is_released_in_colour_by_default_when_no_one_is_republished(tmp_path):
+    from deid.operations.runner import run_release  # noqa: PLC0415
+
+    drop = make_synthetic_drop(tmp_path / "drop", people=6, images_per_person=2, seed=8, image_size=96)
+    config = RunConfig.resolve(Settings(project_dir=tmp_path / "p", identity_embed_max=0, deep_attack_sample=20,
+                                        cv_repeats=1, lineage_policy="release-once"), k=3)
+    result = run_release(drop, config)
+    report = json.loads((config.reports_path / result.release_id / "report.json").read_text())
+    cfg = report["configuration"]
+    assert cfg["color"] is True and cfg["color_decision"].startswith("auto: 100% of 12 sampled images colour")
+    assert cfg["pose"]["estimated"] and cfg["pose"]["faces"] + cfg["pose"]["quarantined_pose"] == 12
