@@ -92,3 +92,29 @@ def test_attack_sample_takes_at_least_min_units_whole_clusters():
     assert len(set(clusters[small])) == 10 and len(set(clusters[grown])) == 25 and len(grown) == 250
     assert set(small) <= set(grown)  # the next clusters of the same seeded order: the sample only grows
     assert len(attack_sample(inputs, max_records=100, seed=3, min_units=99)) == n  # fewer units than asked: all
+
+
+def test_a_release_that_loses_its_label_fails_the_gate_even_when_inconclusive_is_released():
+    from deid.evaluation.gate import cross_fit_checks
+
+    rng = np.random.default_rng(7)
+    n_people = 100
+    people = np.repeat(np.arange(n_people), 2)
+    y = (people % 4 != 0).astype(int)  # majority rate 0.75
+    faces = np.clip(rng.uniform(60, 190, (n_people, 480))[people] + rng.normal(0, 8, (200, 480)), 0, 255)
+    faces[:, :40] = np.clip(faces[:, :40] + np.where(y[:, None] == 1, 40, -40), 0, 255)
+    faces = faces.astype(np.uint8)
+
+    def collapse(images, *, people, partitions=None, labels=None):  # every face the same average
+        images = np.asarray(images, dtype=float)
+        return np.tile(np.rint(images.mean(axis=0)), (len(images), 1)).astype(np.uint8), None
+
+    released = collapse(faces, people=people)[0]
+    inputs = GateInputs.from_arrays(shape=SHAPE, people=people.astype(str).astype(object), released=released,
+                                    originals=faces, labels={"g": y}, partitions=np.asarray([f"g={v}" for v in y], dtype=object),
+                                    deidentify=collapse)
+    config = GateConfig(k=5, method="k-same-select", labels=("g",), utility_inconclusive="release", repeats=1,
+                        n_components=10)
+    checks, rows = cross_fit_checks(inputs, config)
+    assert checks[0].status == "fail" and not checks[0].passed and "loses g" in checks[0].detail
+    assert rows[0]["label_lost"] and rows[0]["gate_status"] == "fail"

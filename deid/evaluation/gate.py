@@ -255,7 +255,12 @@ class GateResult:
 
     @property
     def warnings(self) -> list[str]:
-        return [f"{c.name}: {c.detail}" for c in self.checks if c.passed and c.status == "inconclusive"]
+        out = [f"{c.name}: {c.detail}" for c in self.checks if c.passed and c.status == "inconclusive"]
+        # A skipped cross-fit fold is a defect of the evidence, never silent (deid.evaluation.utility).
+        out += [f"utility_{u['label']}: {u['folds_skipped']} of {u.get('folds_run')} cross-fit fold(s) skipped: "
+                + "; ".join(u.get("skipped_folds") or []) for u in self.utility
+                if u.get("protocol") == "cross-fit" and u.get("folds_skipped")]
+        return out
 
 
 # --------------------------------------------------------------------------- statistics
@@ -1145,7 +1150,12 @@ def cross_fit_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check
         row.update(protocol="cross-fit", original_accuracy=ev.accuracy_original,
                    deidentified_accuracy=ev.accuracy_release)
         status, detail = ev.decision, ev.detail
-        if status == "fail" and ev.suppressed_training_records and ev.actual_status not in (None, "fail"):
+        if ev.label_lost:
+            # Released accuracy at or below the majority-class rate, upper bound included: the label is lost,
+            # which no noise explains; it fails whatever DEID_UTILITY_INCONCLUSIVE says.
+            detail = (f"the release loses {ev.label}: released faces do not beat the majority-class rate "
+                      f"{ev.majority_rate:.3f} (point estimate and upper bound at or below it). {detail}")
+        elif status == "fail" and ev.suppressed_training_records and ev.actual_status not in (None, "fail"):
             # The folds' de-identification had to withhold label cells with fewer than k of
             # their (fewer) training people, which the real release kept: its loss is then
             # not evidence about this release, and the release's own rows did not fail.

@@ -659,7 +659,8 @@ class UtilityEvidence:
     evidence (a defect, never silent) with each reason in ``skipped_folds``; ``sample`` says which
     images were used (all, or a seeded sample of people) and ``seed`` the seed of everything random.
     ``actual_majority_status`` (with ``actual_gain_lower`` / ``actual_gain_upper``) is the majority
-    test of the actual release's rows; :attr:`label_lost` is either majority test failing.
+    test of the actual release's rows; :attr:`label_lost` is either majority test failing
+    (``majority_status`` also fails when the release's classifier names one value for every held-out face).
     """
 
     label: str
@@ -1253,6 +1254,8 @@ def cross_fit_utility(
                         p_r = np.full(len(te), y[kept][0])
                     else:
                         p_r, _ = _svc_predict(Zr[0], y[kept], Zr[1], seed)
+                    d_const = preds[name].setdefault("values", set())
+                    d_const.update(np.unique(p_r).tolist())
                     majority = int(np.argmax(np.bincount(y[tr])))
                     d = preds[name]
                     d["row"].append(te)
@@ -1263,6 +1266,7 @@ def cross_fit_utility(
                     if R is not None:
                         p_a, _ = _svc_predict(Za[0], y[tr], Za[1], seed)
                         d["a"].append(p_a == y[te])
+                        d.setdefault("a_values", set()).update(np.unique(p_a).tolist())
                     folds_used[name] += 1
 
     if progress is not None:
@@ -1293,6 +1297,11 @@ def cross_fit_utility(
         gain, g_lo, g_up = paired_bootstrap(who, rr, m, n_boot=n_boot, confidence=confidence, seed=seed)
         status = _decide(lo, up, float(tolerance))
         majority_status = _majority(g_lo, g_up)
+        # A release whose classifier names one value for every held-out face (e.g. every partition averaged
+        # into one image) carries no label at all: lost, by construction rather than by a bound.
+        constant = len(d.get("values", ())) < 2
+        if constant:
+            majority_status = "fail"
         margin = (up - lo) / 2
         n_img, n_ppl = len(np.unique(np.concatenate(d["row"]))), len(np.unique(who))
         msg = [f"originals {o.mean():.3f} vs release {rr.mean():.3f} on held-out originals: "
@@ -1300,7 +1309,8 @@ def cross_fit_utility(
         if status == "inconclusive":
             msg.append(f"{n_img} test images of {n_ppl} people can only test a margin of {margin:.3f}")
         msg.append(f"release vs majority rate {m.mean():.3f}: gain {gain:+.3f} [{g_lo:+.3f}, {g_up:+.3f}] "
-                   f"({majority_status})")
+                   f"({majority_status}" + ("; the release's classifier names one value for every held-out face"
+                                            if constant else "") + ")")
         extra = {}
         if d["a"]:
             a = np.concatenate(d["a"])
@@ -1308,7 +1318,8 @@ def cross_fit_utility(
             a_gain, ag_lo, ag_up = paired_bootstrap(who, a, m, n_boot=n_boot, confidence=confidence, seed=seed)
             extra = dict(actual_status=_decide(a_lo, a_up, float(tolerance)), actual_accuracy=float(a.mean()),
                          actual_delta=a_d, actual_delta_lower=a_lo, actual_delta_upper=a_up,
-                         actual_majority_status=_majority(ag_lo, ag_up), actual_gain_lower=ag_lo,
+                         actual_majority_status="fail" if len(d.get("a_values", ())) < 2 else _majority(ag_lo, ag_up),
+                         actual_gain_lower=ag_lo,
                          actual_gain_upper=ag_up)
             msg.append(f"actual release (rows of the training people) {a.mean():.3f}: delta {a_d:+.3f} "
                        f"[{a_lo:+.3f}, {a_up:+.3f}] ({extra['actual_status']}); vs majority rate: gain "
