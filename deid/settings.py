@@ -81,6 +81,11 @@ class Settings(BaseSettings):
                                                 "attacks (whole clusters sampled at random beyond it)")
     attack_sample: int = Field(default=1000, ge=10, le=1_000_000,
                                description="most records attacked (whole clusters sampled at random beyond it)")
+    min_probes: int = Field(default=20, ge=1, le=100_000,
+                            description="fewest distinct probes behind a re-identification rate that may be the "
+                                        "headline or decide the check; a rate from fewer is reported as "
+                                        "'insufficient evidence', and the attack samples take at least this many "
+                                        "whole clusters (people) when the release has them (1: every rate decides)")
     max_quarantine_fraction: float = Field(default=0.05, ge=0.0, le=1.0,
                                            description="a drop quarantining more than this fraction fails the gate")
     cv_folds: int = Field(default=5, ge=2, le=20)

@@ -103,7 +103,8 @@ def flow_runs(url: str, flow_name: str, *, state: str | None = None) -> list[dic
 
 # Operations tests check processes, not the gate's figures: the deep recogniser on a small sample, no
 # recogniser identity check, the earlier utility protocols (report evidence only) once.
-QUICK_GATE = {"DEID_IDENTITY_EMBED_MAX": "0", "DEID_DEEP_ATTACK_SAMPLE": "20", "DEID_CV_REPEATS": "1"}
+QUICK_GATE = {"DEID_IDENTITY_EMBED_MAX": "0", "DEID_DEEP_ATTACK_SAMPLE": "20", "DEID_MIN_PROBES": "4",
+              "DEID_CV_REPEATS": "1"}
 
 
 def clean_env(project: Path, prefect_home: Path, **extra: str) -> dict[str, str]:

@@ -90,6 +90,7 @@ def test_london_in_colour_at_128x160_is_released_with_colour_samples(project, pr
     # earlier utility protocols (report evidence only) run once.
     monkeypatch.setenv("DEID_IDENTITY_EMBED_MAX", "0")
     monkeypatch.setenv("DEID_DEEP_ATTACK_SAMPLE", "20")
+    monkeypatch.setenv("DEID_MIN_PROBES", "4")  # the 20-record deep sample: 4 clusters, not grown
     monkeypatch.setenv("DEID_CV_REPEATS", "1")
     monkeypatch.setenv("DEID_CANONICAL_WIDTH", "128")
     monkeypatch.setenv("DEID_CANONICAL_HEIGHT", "160")

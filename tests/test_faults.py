@@ -29,7 +29,7 @@ DISK_FULL = ["enospc:data", "enospc:stage", "enospc:reports"]
 # Operations tests check processes, commitment order and recovery, not the gate's figures: the
 # gate still runs every check and attacker, with the deep recogniser on a small sample and
 # without the (per-face, ~0.09 s) recogniser identity check.
-_QUICK = {"DEID_IDENTITY_EMBED_MAX": "0", "DEID_DEEP_ATTACK_SAMPLE": "20"}
+_QUICK = {"DEID_IDENTITY_EMBED_MAX": "0", "DEID_DEEP_ATTACK_SAMPLE": "20", "DEID_MIN_PROBES": "4"}
 FAST = {"DEID_CV_REPEATS": "1", "DEID_DASK_WORKERS": "1", **_QUICK}
 
 

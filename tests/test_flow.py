@@ -181,6 +181,7 @@ def quick_recogniser(monkeypatch):
     face) attacks a 20-record sample and the earlier utility protocols (report evidence only) run
     once. The gate still runs every check and attacker. The demo run keeps the defaults."""
     monkeypatch.setenv("DEID_DEEP_ATTACK_SAMPLE", "20")
+    monkeypatch.setenv("DEID_MIN_PROBES", "4")  # the 20-record deep sample: 4 clusters, not grown
     monkeypatch.setenv("DEID_CV_REPEATS", "1")
 
 
@@ -304,6 +305,7 @@ def test_london_gate_rejects_k_same_naive_and_publishes_nothing(project, prefect
     # by the exact person share asserted below.
     monkeypatch.setenv("DEID_IDENTITY_EMBED_MAX", "0")
     monkeypatch.setenv("DEID_DEEP_ATTACK_SAMPLE", "20")
+    monkeypatch.setenv("DEID_MIN_PROBES", "4")  # the 20-record deep sample: 4 clusters, not grown
     monkeypatch.setenv("DEID_CV_REPEATS", "1")
     result = _run(london_drop, k=5, method="k-same-naive")
     assert result["verdict"] == "rejected"

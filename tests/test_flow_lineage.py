@@ -51,6 +51,7 @@ def test_second_drop_of_a_dataset_reuses_every_cluster_bit_for_bit(project, pref
     # deep recogniser attacks a 20-record sample and the earlier utility protocols run once.
     monkeypatch.setenv("DEID_IDENTITY_EMBED_MAX", "0")
     monkeypatch.setenv("DEID_DEEP_ATTACK_SAMPLE", "20")
+    monkeypatch.setenv("DEID_MIN_PROBES", "4")  # the 20-record deep sample: 4 clusters, not grown
     monkeypatch.setenv("DEID_CV_REPEATS", "1")
     r1 = run_flow(str(_drop(tmp_path / "d1", 15)), k=3).summary()
     assert r1["verdict"] == "released", r1["reasons"]

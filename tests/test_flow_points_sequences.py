@@ -28,7 +28,7 @@ from helpers import add_points as _add_points
 
 # The subject is the wiring, not the gate's figures: the deep recogniser on a small sample, no
 # per-face recogniser identity check, one repeat of the older utility protocols.
-QUICK = dict(identity_embed_max=0, deep_attack_sample=20, cv_repeats=1)
+QUICK = dict(identity_embed_max=0, deep_attack_sample=20, min_probes=4, cv_repeats=1)
 
 
 def _config(tmp_path: Path, **params) -> RunConfig:

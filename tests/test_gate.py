@@ -176,6 +176,11 @@ def test_large_release_is_attacked_on_a_reported_sample():
     faces, people = _faces(120)
     released, clusters = deidentify(faces, shape=SHAPE, people=people, method="k-same", k=5, n_components=10)
     res = evaluate(_inputs(released, faces, people, clusters.astype(object)), _fast(attack_sample=50))
+    # 50 records are 10 clusters of 5, fewer than min_probes (20) distinct released images: the sample
+    # takes 20 whole clusters (100 of 120 records) so naive and parrot probes are evidence.
+    assert res.attack_sample["records"] == 100 and res.attack_sample["of"] == 120
+    assert all(r["records"] == 100 for r in res.reidentification)
+    res = evaluate(_inputs(released, faces, people, clusters.astype(object)), _fast(attack_sample=50, min_probes=10))
     assert res.attack_sample["records"] == 50 and res.attack_sample["of"] == 120
     assert all(r["records"] == 50 for r in res.reidentification)
 
@@ -189,7 +194,7 @@ def test_the_gate_reads_the_release_pixels_once():
     inputs = _inputs(released, faces, people, clusters.astype(object), labels={"bright": label}, partitions=label,
                      deidentify=method_runner("k-same-select", shape=SHAPE, k=5, n_components=10))
     counted = replace(inputs, fetch=lambda idx: (reads.append(len(idx)), inputs.fetch(idx))[1])
-    config = _fast(method="k-same-select", labels=("bright",), attack_sample=40, utility_sample=60)
+    config = _fast(method="k-same-select", labels=("bright",), attack_sample=40, utility_sample=60, min_probes=5)
     res = evaluate(counted, config)
     assert len(reads) == 1 and 40 < reads[0] <= 100
     assert res.attack_sample["records"] <= 40

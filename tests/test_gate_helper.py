@@ -7,7 +7,7 @@ from deid.evaluation.checks import Check
 from deid.evaluation.gate import GateConfig, GateHelper, evaluate
 from test_gate_parallel import _gate_inputs
 
-CONFIG = GateConfig(k=5, method="k-same-select", labels=("bright",), repeats=1, deep_attack_sample=5,
+CONFIG = GateConfig(k=5, method="k-same-select", labels=("bright",), repeats=1, deep_attack_sample=5, min_probes=1,
                     attackers=("pca-whitened-cosine", "dlib-resnet"), helper_min_records=0)
 STAGING = dict(extra_checks=(Check("from_staging", True, 0, "= 0", "a check staging added"),),
                file_metadata={"x.png": ["EXIF"]})

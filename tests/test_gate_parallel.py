@@ -38,7 +38,7 @@ def _gate_inputs(n_people: int = 30, seed: int = 1) -> GateInputs:
 
 def test_the_parallel_gate_gives_the_serial_figures():
     inputs = _gate_inputs()
-    config = GateConfig(k=5, method="k-same-select", labels=("bright",), repeats=1, deep_attack_sample=5,
+    config = GateConfig(k=5, method="k-same-select", labels=("bright",), repeats=1, deep_attack_sample=5, min_probes=1,
                         attackers=("pca-whitened-cosine", "lbp-chi2", "dlib-resnet"))
     serial = evaluate(inputs, config)
     pool = PoolExecutor(2, warm=None)

@@ -227,7 +227,7 @@ def test_property_a_clusters_label_mix_depends_only_on_its_registered_labels_and
 
 # --------------------------------------------------------------------------- through the runner
 
-QUICK = dict(identity_embed_max=0, deep_attack_sample=20, cv_repeats=1)
+QUICK = dict(identity_embed_max=0, deep_attack_sample=20, min_probes=4, cv_repeats=1)
 
 
 def _drop(path: Path, people: set[str]) -> Path:

@@ -165,7 +165,7 @@ def test_a_release_run_keeps_its_lineage_in_the_database(url, tmp_path):
     drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=1)
     (drop / "drop.yaml").write_text("name: mix\nlabels:\n- gender\ndataset: mix\n")
     settings = Settings(project_dir=tmp_path / "project", database_url=url, identity_embed_max=0,
-                        deep_attack_sample=20, cv_repeats=1)
+                        deep_attack_sample=20, min_probes=4, cv_repeats=1)
     config = RunConfig.resolve(settings, k=3, method="k-same")
     assert "database_url" not in repr(config)
     result = run_release(drop, config)

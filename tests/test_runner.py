@@ -19,7 +19,7 @@ from deid.release.verify import verify_report
 
 # The runner's subject is the walk and the report, not the gate's figures: the deep recogniser on a
 # small sample, no per-face recogniser identity check, one repeat of the older utility protocols.
-QUICK = dict(identity_embed_max=0, deep_attack_sample=20, cv_repeats=1)
+QUICK = dict(identity_embed_max=0, deep_attack_sample=20, min_probes=4, cv_repeats=1)
 
 
 def _run(tmp_path: Path, drop: Path, settings: dict | None = None, *, gate_helper: bool = False,

@@ -16,7 +16,7 @@ from deid.release.verify import verify_report
 from deid.run_config import RunConfig
 from deid.settings import Settings
 
-QUICK = dict(identity_embed_max=0, deep_attack_sample=20, cv_repeats=1)
+QUICK = dict(identity_embed_max=0, deep_attack_sample=20, min_probes=4, cv_repeats=1)
 
 
 def _config(tmp_path: Path) -> RunConfig:

@@ -30,7 +30,7 @@ from scipy.stats import beta
 from deid.anonymise.ksame import feasible_clusters
 from deid.evaluation.attacks import ATTACKERS, DEEP_ATTACKERS, FEATURE_ATTACKERS, MODES, attack_all
 from deid.evaluation.scoring import unique_rows
-from deid.evaluation.checks import STATUSES, Check, Status  # noqa: F401 (re-exported)
+from deid.evaluation.checks import INSUFFICIENT, STATUSES, Check, Status  # noqa: F401 (re-exported)
 from deid.errors import ConfigError
 from deid.evaluation.leaks import (
     FEATURE_NEAR_COPY_RATIO,
@@ -63,6 +63,7 @@ class GateConfig:
     feature_near_copy_ratio: float = FEATURE_NEAR_COPY_RATIO
     attack_sample: int = 1000
     deep_attack_sample: int = 100
+    min_probes: int = 20
     attackers: tuple[str, ...] | None = None
     modes: tuple[str, ...] = MODES
     utility_sample: int = 1000
@@ -82,6 +83,9 @@ class GateConfig:
             raise ConfigError(f"confidence={self.confidence!r} must be in (0.5, 1); e.g. 0.95")
         if self.attack_sample < 10:
             raise ConfigError(f"attack_sample={self.attack_sample!r} must be >= 10 records; e.g. 2000")
+        if isinstance(self.min_probes, bool) or not isinstance(self.min_probes, int) or self.min_probes < 1:
+            raise ConfigError(f"min_probes={self.min_probes!r} must be an integer >= 1 (setting DEID_MIN_PROBES: the "
+                              "fewest distinct probes behind a deciding re-identification rate); e.g. 20")
         if self.utility_inconclusive not in ("release", "reject"):
             raise ConfigError(f"utility_inconclusive={self.utility_inconclusive!r} must be 'release' or 'reject'")
         if not 0 <= self.min_cluster_fraction <= 1:
@@ -114,7 +118,7 @@ class GateConfig:
 GATE_SETTINGS: dict[str, str] = {
     "tolerance": "utility_tolerance", "confidence": "gate_confidence",
     "max_quarantine_fraction": "max_quarantine_fraction", "leak_threshold": "leak_threshold",
-    "attack_sample": "attack_sample", "deep_attack_sample": "deep_attack_sample",
+    "attack_sample": "attack_sample", "deep_attack_sample": "deep_attack_sample", "min_probes": "min_probes",
     "utility_sample": "utility_sample", "utility_inconclusive": "utility_inconclusive",
     "folds": "cv_folds", "repeats": "cv_repeats", "n_components": "pca_components", "seed": "seed",
     "min_cluster_fraction": "min_cluster_fraction"}
@@ -258,7 +262,12 @@ class GateResult:
 
     @property
     def warnings(self) -> list[str]:
-        return [f"{c.name}: {c.detail}" for c in self.checks if c.passed and c.status == "inconclusive"]
+        out = [f"{c.name}: {c.detail}" for c in self.checks if c.passed and c.status == "inconclusive"]
+        # A skipped cross-fit fold is a defect of the evidence, never silent (deid.evaluation.utility).
+        out += [f"utility_{u['label']}: {u['folds_skipped']} of {u.get('folds_run')} cross-fit fold(s) skipped: "
+                + "; ".join(u.get("skipped_folds") or []) for u in self.utility
+                if u.get("protocol") == "cross-fit" and u.get("folds_skipped")]
+        return out
 
 
 # --------------------------------------------------------------------------- statistics
@@ -525,12 +534,18 @@ def closeness_check(inputs: GateInputs, config: GateConfig) -> Check:
 # --------------------------------------------------------------------------- attacks
 
 
-def attack_sample(inputs: GateInputs, *, max_records: int, seed: int) -> np.ndarray:
+def attack_sample(inputs: GateInputs, *, max_records: int, seed: int, min_units: int = 0) -> np.ndarray:
     """Indices of the records attacked: all of them, or whole clusters (or people) at random.
 
     Sampling whole clusters keeps every cluster's k people together, so the attacker still
     faces the k-way ambiguity the release has; the gallery shrinks to the sample's people,
     which only makes the attacks stronger.
+
+    ``min_units``: at least this many whole clusters (people) when the release has them, even
+    beyond ``max_records`` (the gate passes ``GateConfig.min_probes``). A k-Same cluster is one
+    distinct released image, so a sample of fewer clusters gives its naive and parrot modes fewer
+    distinct probes than a rate needs to be evidence (:func:`privacy_checks`). The extra units are
+    the next ones of the same seeded order: the sample only grows.
     """
     n = inputs.n
     if n <= max_records:
@@ -541,9 +556,14 @@ def attack_sample(inputs: GateInputs, *, max_records: int, seed: int) -> np.ndar
     order = rng.permutation(len(keys))
     sizes = np.bincount(codes, minlength=len(keys))
     take = order[np.cumsum(sizes[order]) <= max_records]
-    if len(take) == 0:
-        take = order[:1]
+    if len(take) < min(max(int(min_units), 1), len(keys)):
+        take = order[:max(int(min_units), 1)]
     return np.flatnonzero(np.isin(codes, take))
+
+
+def gate_attack_sample(inputs: GateInputs, config: GateConfig) -> np.ndarray:
+    """The gate's attacked records: ``attack_sample`` records, at least ``min_probes`` whole clusters (people)."""
+    return attack_sample(inputs, max_records=config.attack_sample, seed=config.seed, min_units=config.min_probes)
 
 
 def counterfeit_sample(inputs: GateInputs, idx: np.ndarray, *, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -617,7 +637,7 @@ def attack_rows(inputs: GateInputs, config: GateConfig, *, cap: int | None, atta
     Rows of one attacker do not depend on which others run in the same call: the gate may run
     its attackers one call each, in other processes, and get the same rows.
     """
-    idx = attack_sample(inputs, max_records=config.attack_sample, seed=config.seed)
+    idx = gate_attack_sample(inputs, config)
     released, originals = inputs.fetch(idx)
     people = inputs.people[idx]
     modes = attack_modes(inputs, config)
@@ -626,7 +646,7 @@ def attack_rows(inputs: GateInputs, config: GateConfig, *, cap: int | None, atta
     sub = np.arange(len(idx))
     if cap is not None and len(idx) > cap:
         sub_inputs = replace(inputs, people=people, clusters=None if inputs.clusters is None else inputs.clusters[idx])
-        sub = attack_sample(sub_inputs, max_records=cap, seed=config.seed + 1)
+        sub = attack_sample(sub_inputs, max_records=cap, seed=config.seed + 1, min_units=config.min_probes)
     pts = _points_of(inputs, idx)
     parrot = None if "parrot" not in modes else _parrot(
         inputs.deidentify, people[sub], None if parts is None else parts[sub], {x: v[sub] for x, v in labs.items()},
@@ -668,12 +688,21 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool, rows:
     for release 1's own rows restricted to the people who came back. What an attacker who knows
     who is present does learn (a cluster's real rows belong to its present members) is stated by
     ``max_person_share`` (:func:`structural_checks`).
+
+    Evidence before a figure: a row from fewer than ``config.min_probes`` distinct probes gets the
+    status ``insufficient_evidence`` (its n and interval are kept); it is never the headline
+    ``max_rate`` and never decides the check. The other rows get ``pass`` or ``fail`` by the rule
+    above. The samples take at least ``min_probes`` whole clusters (:func:`gate_attack_sample`), so
+    a row is short of probes only when the release itself has fewer distinct images than that
+    (e.g. a partition released as one cluster). If every row is short, ``max_rate`` is None and the
+    check is ``inconclusive``: it lets an exact release (identical images per cluster) through, whose
+    privacy the exact structural checks decide, and blocks any other (nothing bounds it).
     """
     k = config.k
     if inputs.n == 0:
         return [Check("reidentification_rate", False, None, f"<= {1.0 / k:.4f}", "nothing released to attack")], \
             [], None, {}
-    idx = attack_sample(inputs, max_records=config.attack_sample, seed=config.seed)
+    idx = gate_attack_sample(inputs, config)
     if rows is None:
         groups = attack_groups(inputs, config)
         progress = Progress(f"gate: attacks on {len(idx)} records", unit="attacker x mode pairs").start(
@@ -681,36 +710,71 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool, rows:
         rows = [r for cap, group in groups for r in attack_rows(
             inputs, config, cap=cap, attackers=group, on_pair=lambda a, m: progress.advance(note=f"{a}/{m}"))]
     m = len(rows)
-    # Bonferroni: the family of m one-sided tests keeps the stated confidence overall.
+    # Bonferroni: the family of m one-sided tests keeps the stated confidence overall (every row counts in the
+    # family, whether or not it has the evidence to decide: the bounds stay those of the whole family).
     level = 1.0 - (1.0 - config.confidence) / m
     bound = 1.0 / k
-    failing = []
+    need = config.min_probes
+    failing, thin = [], []
     for r in rows:
         lo, hi = clopper_pearson(r["rate"] * r["n_probes"], r["n_probes"], confidence=level)
         r["lower"], r["upper"] = round(lo, 6), round(hi, 6)
         r["rate"] = round(r["rate"], 6)
         r.pop("credit", None)
-        if (lo > bound + 1e-12) if exact else (hi > bound + 1e-12):
-            failing.append(r)
-    worst = max(rows, key=lambda r: r["rate"])
+        above = (lo > bound + 1e-12) if exact else (hi > bound + 1e-12)
+        if r["n_probes"] < need:
+            # Too few distinct probes to be evidence: kept in the report with its n and interval, never the
+            # headline, never deciding (a [0, 1] interval from one probe says nothing about the release).
+            r["status"] = INSUFFICIENT
+            thin.append(r)
+        else:
+            r["status"] = "fail" if above else "pass"
+            if above:
+                failing.append(r)
+    sample = {"records": int(len(idx)), "of": inputs.n, "seed": config.seed,
+              "unit": "cluster" if inputs.clusters is not None else "person", "confidence": config.confidence,
+              "bonferroni_over": m, "min_probes": need, "insufficient": len(thin)}
+    n_fake = len(counterfeit_sample(inputs, idx, seed=config.seed + 2)[0])
+    fake_note = ""
+    if n_fake:
+        sample["counterfeits"] = n_fake
+        fake_note = (f"; {n_fake} counterfeit rows of republished lineage clusters attacked as released rows of no "
+                     "one (no original)")
+    thin_note = ""
+    if thin:
+        most = max(r["n_probes"] for r in thin)
+        thin_note = (f"; {len(thin)} of {m} pairs insufficient evidence (fewer than {need} distinct probes, at most "
+                     f"{most}: {', '.join(sorted({r['attacker'] + '/' + r['mode'] for r in thin}))}): reported, "
+                     "neither the headline nor deciding")
+    deciding = [r for r in rows if r["status"] != INSUFFICIENT]
+    if not deciding:
+        most = max(rows, key=lambda r: r["n_probes"])
+        units = len(set(inputs.clusters.tolist())) if inputs.clusters is not None else len(set(inputs.people.tolist()))
+        why = (f"insufficient evidence: every one of {m} attacker x mode pairs had fewer than {need} distinct probes "
+               f"(at most {most['n_probes']}, {most['attacker']}/{most['mode']}; the release has {units} "
+               f"{'clusters' if inputs.clusters is not None else 'people'}), so no rate is a headline or a decision")
+        if exact:
+            detail = (why + "; every cluster's members share one image, so the exact structural checks "
+                      "(min_distinct_people_per_cluster, max_person_share) decide privacy" + fake_note)
+        else:
+            detail = (why + "; the clusters are not identical copies, so no exact bound stands in for the attacks: "
+                      "nothing shows the release keeps 1/k (more records, or a k-Same method)" + fake_note)
+        check = Check("reidentification_rate", exact, None, f"<= {bound:.4f}", detail, status="inconclusive",
+                      interval=(most["lower"], most["upper"]), n=most["n_probes"])
+        return [check], rows, None, sample
+    worst = max(deciding, key=lambda r: r["rate"])
     max_rate = worst["rate"]
     rule = ("fails only if a lower bound exceeds 1/k (the exact bound max_person_share decides)" if exact
             else "every upper bound must be <= 1/k (no exact bound: clusters are not identical copies)")
-    detail = (f"max over {m} attacker x mode pairs: {worst['attacker']}/{worst['mode']} {worst['rate']:.3f} "
+    detail = (f"max over {len(deciding)} attacker x mode pairs with at least {need} distinct probes: "
+              f"{worst['attacker']}/{worst['mode']} {worst['rate']:.3f} "
               f"[{worst['lower']:.3f}, {worst['upper']:.3f}] on {worst['n_probes']} distinct probes; "
               f"one-sided {config.confidence:.0%} Clopper-Pearson, Bonferroni over {m}; {rule}")
     if failing:
         f0 = max(failing, key=lambda r: r["upper"])
         detail += (f"; {len(failing)} failing, e.g. {f0['attacker']}/{f0['mode']} {f0['rate']:.3f} "
                    f"[{f0['lower']:.3f}, {f0['upper']:.3f}]")
-    sample = {"records": int(len(idx)), "of": inputs.n, "seed": config.seed,
-              "unit": "cluster" if inputs.clusters is not None else "person", "confidence": config.confidence,
-              "bonferroni_over": m}
-    n_fake = len(counterfeit_sample(inputs, idx, seed=config.seed + 2)[0])
-    if n_fake:
-        sample["counterfeits"] = n_fake
-        detail += (f"; {n_fake} counterfeit rows of republished lineage clusters attacked as released rows of no "
-                   "one (no original)")
+    detail += thin_note + fake_note
     check = Check("reidentification_rate", not failing, max_rate, f"<= {bound:.4f}", detail,
                   interval=(worst["lower"], worst["upper"]), n=worst["n_probes"])
     return [check], rows, max_rate, sample
@@ -725,7 +789,7 @@ def leak_checks(inputs: GateInputs, config: GateConfig) -> list[Check]:
     elif inputs.n:
         # Every record against its own original (O(N)); all pairs on the bounded sample.
         own = np.asarray(inputs.own_distance)
-        idx = attack_sample(inputs, max_records=config.attack_sample, seed=config.seed)
+        idx = gate_attack_sample(inputs, config)
         released, originals = inputs.fetch(idx)
         fake, _ = counterfeit_sample(inputs, idx, seed=config.seed + 2)  # stored images released again
         distinct, _ = unique_rows(np.vstack([released, fake]) if len(fake) else released)
@@ -753,7 +817,7 @@ def feature_near_copy_check(inputs: GateInputs, config: GateConfig) -> Check:
     vectors with every original of the sample.
     """
     own = np.asarray(inputs.own_distance, dtype=np.float64)
-    idx = attack_sample(inputs, max_records=config.attack_sample, seed=config.seed)
+    idx = gate_attack_sample(inputs, config)
     released, originals = inputs.fetch(idx)
     distinct, _ = unique_rows(np.ascontiguousarray(released))
     cross = nearest_vector_distance(distinct, originals)
@@ -839,8 +903,8 @@ def _evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any, pool: An
         p_checks, reid, max_rate, sample = privacy_checks(inputs, config, exact=exact,
                                                           rows=None if parts is None else parts.attack_rows)
         checks.extend(p_checks)
-        log.info("gate: max re-identification rate %.4f over %d attacker x mode pairs (bound %.4f)",
-                 max_rate, len(reid), 1 / config.k)
+        log.info("gate: max re-identification rate %s over %d attacker x mode pairs (bound %.4f)",
+                 "insufficient evidence" if max_rate is None else f"{max_rate:.4f}", len(reid), 1 / config.k)
         checks.extend(leak_checks(inputs, config) if parts is None or parts.leaks is None else parts.leaks)
         u_checks, util = utility_checks(inputs, config) if parts is None else parts.utility
         checks.extend(u_checks)
@@ -860,7 +924,7 @@ def _read_samples_once(inputs: GateInputs, config: GateConfig) -> GateInputs:
     """
     if not inputs.n:
         return inputs
-    wanted = [attack_sample(inputs, max_records=config.attack_sample, seed=config.seed)]
+    wanted = [gate_attack_sample(inputs, config)]
     if config.labels and inputs.deidentify is not None:
         wanted.append(people_sample(inputs, max_records=config.utility_sample, seed=config.seed))
     union = np.unique(np.concatenate(wanted)).astype(np.int64)
@@ -967,7 +1031,7 @@ def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any, *, lar
     if deep and inputs.kind == "images":
         from deid.evaluation.recognizer import DlibEmbedder  # noqa: PLC0415 (dlib import cost)
 
-        _, originals = inputs.fetch(attack_sample(inputs, max_records=config.attack_sample, seed=config.seed))
+        _, originals = inputs.fetch(gate_attack_sample(inputs, config))
         known = DlibEmbedder(tuple(inputs.shape)).known(originals)
         deep = [dict(c, descriptors=known) for c in deep]
     calls += deep
@@ -1146,7 +1210,12 @@ def cross_fit_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check
         row.update(protocol="cross-fit", original_accuracy=ev.accuracy_original,
                    deidentified_accuracy=ev.accuracy_release)
         status, detail = ev.decision, ev.detail
-        if status == "fail" and ev.suppressed_training_records and ev.actual_status not in (None, "fail"):
+        if ev.label_lost:
+            # Released accuracy at or below the majority-class rate, upper bound included: the label is lost,
+            # which no noise explains; it fails whatever DEID_UTILITY_INCONCLUSIVE says.
+            detail = (f"the release loses {ev.label}: released faces do not beat the majority-class rate "
+                      f"{ev.majority_rate:.3f} (point estimate and upper bound at or below it). {detail}")
+        elif status == "fail" and ev.suppressed_training_records and ev.actual_status not in (None, "fail"):
             # The folds' de-identification had to withhold label cells with fewer than k of
             # their (fewer) training people, which the real release kept: its loss is then
             # not evidence about this release, and the release's own rows did not fail.

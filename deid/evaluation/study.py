@@ -287,7 +287,7 @@ def gate_rows(result: GateResult, base: dict, *, k: int, confidence: float) -> l
         rows.append({**base, "kind": "privacy", "attacker": r["attacker"], "mode": r["mode"], "rate": r["rate"],
                      "lower": r["lower"], "upper": r["upper"], "n": r["n_probes"], "records": r.get("records"),
                      "confidence": confidence, "bonferroni": m, "bound": bound,
-                     "status": "fail" if failing else "pass"})
+                     "status": r.get("status") or ("fail" if failing else "pass")})
     for u in result.utility:
         if u.get("protocol") == "cross-fit":
             rows.append({**base, "kind": "utility", "label": u["label"], "protocol": "cross-fit",
@@ -519,6 +519,8 @@ def summary(rows: list[dict]) -> list[dict]:
                                  "max_upper": None, "max_person_share": None, "exact_bound": False,
                                  "utility": {}, "evidence": {}, "seconds": None})
         kind = r["kind"]
+        if kind == "privacy" and r.get("status") == "insufficient_evidence":
+            continue  # too few distinct probes: never the worst attack (deid.evaluation.gate.privacy_checks)
         if kind == "privacy":
             if s["max_rate"] is None or r["rate"] > s["max_rate"]:
                 s.update(max_rate=r["rate"], worst=f"{r['attacker']}/{r['mode']}", lower=r["lower"],

@@ -30,7 +30,8 @@ from sklearn.svm import LinearSVC
 from deid.blas import one_blas_thread
 
 from deid.errors import ConfigError, DataError
-from deid.anonymise.ksame import InsufficientPeopleError
+from deid.anonymise.ksame import DominantPersonError, InsufficientPeopleError
+from deid.anonymise.partition import _trim_dominant  # the flow's rule for a person above 1/k of a partition
 from deid.progress import Progress, track
 from deid.memo import Memo, digest, key_for, key_for_size, plain
 
@@ -652,8 +653,14 @@ class UtilityEvidence:
     Other fields: ``n_test_images`` / ``n_test_people`` are the distinct held-out images and
     people behind the bounds; ``folds_used`` counts evaluated folds over all repeats;
     ``suppressed_training_records`` counts training records withheld from the method
-    (partitions below k), summed over folds and repeats; ``sample`` says which images were
-    used (all, or a seeded sample of people) and ``seed`` the seed of everything random.
+    (partitions below k), summed over folds and repeats; ``trimmed_training_records`` those
+    withheld as the flow withholds them (one person's images above 1/k of a partition);
+    ``folds_run`` counts the folds de-identified, ``folds_skipped`` those that gave this label no
+    evidence (a defect, never silent) with each reason in ``skipped_folds``; ``sample`` says which
+    images were used (all, or a seeded sample of people) and ``seed`` the seed of everything random.
+    ``actual_majority_status`` (with ``actual_gain_lower`` / ``actual_gain_upper``) is the majority
+    test of the actual release's rows; :attr:`label_lost` is either majority test failing
+    (``majority_status`` also fails when the release's classifier names one value for every held-out face).
     """
 
     label: str
@@ -678,18 +685,35 @@ class UtilityEvidence:
     sample: str
     seed: int
     detail: str
+    folds_run: int = 0
+    folds_skipped: int = 0
+    skipped_folds: tuple[str, ...] = ()
+    trimmed_training_records: int = 0
     actual_status: str | None = None
     actual_accuracy: float | None = None
     actual_delta: float | None = None
     actual_delta_lower: float | None = None
     actual_delta_upper: float | None = None
+    actual_majority_status: str | None = None
+    actual_gain_lower: float | None = None
+    actual_gain_upper: float | None = None
+
+    @property
+    def label_lost(self) -> bool:
+        """The released faces cannot beat the majority-class rate: point estimate and upper bound at or below it.
+
+        Either release (the method re-run on the training people, or the actual release's rows)
+        failing that test loses the label: a consumer learns nothing a constant guess would not
+        give. Not noise (the bound excludes any gain), so no policy turns it into ``inconclusive``.
+        """
+        return "fail" in (self.majority_status, self.actual_majority_status)
 
     @property
     def decision(self) -> str:
         """Overall status: ``fail`` if any part fails; ``pass`` only if every applicable part passes."""
         if self.status == "not_applicable":
             return "not_applicable"
-        parts = [self.status, self.majority_status] + ([self.actual_status] if self.actual_status else [])
+        parts = [self.status, self.majority_status] + [p for p in (self.actual_status, self.actual_majority_status) if p]
         if "fail" in parts:
             return "fail"
         if all(p in ("pass", "not_applicable") for p in parts):
@@ -698,8 +722,10 @@ class UtilityEvidence:
 
     def to_dict(self) -> dict:
         """JSON-ready fields (floats rounded to 6 places) plus ``decision``."""
-        out = {k: (round(v, 6) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+        out = {k: (round(v, 6) if isinstance(v, float) else list(v) if isinstance(v, tuple) else v)
+               for k, v in asdict(self).items()}
         out["decision"] = self.decision
+        out["label_lost"] = self.label_lost
         return out
 
 
@@ -781,6 +807,20 @@ def _decide(lower: float, upper: float, margin: float) -> str:
     return "inconclusive"
 
 
+def _majority(gain_lower: float, gain_upper: float) -> str:
+    """The release must beat the majority-class rate: ``pass`` if the gain's lower bound is above 0.
+
+    ``fail`` (the label is lost, :attr:`UtilityEvidence.label_lost`) when the upper bound, and so
+    the point estimate, is at or below 0: released accuracy at or below the majority rate with
+    the stated confidence. Otherwise ``inconclusive``: only the noise of too few held-out people.
+    """
+    if gain_lower > 1e-12:
+        return "pass"
+    if gain_upper <= 1e-12:
+        return "fail"
+    return "inconclusive"
+
+
 def _sample_people(pc: np.ndarray, max_images: int, seed: int) -> tuple[np.ndarray, str]:
     """Rows of a seeded uniform sample of people holding at most ``max_images`` images."""
     n = len(pc)
@@ -818,19 +858,58 @@ def _small_cells(parts: list, people: np.ndarray, k: int) -> np.ndarray:
     return np.array([p in small for p in parts], dtype=bool)
 
 
+def _trim_rows(rows: np.ndarray, people: np.ndarray, k: int) -> np.ndarray:
+    """The rows among ``rows`` (one partition) the flow withholds so no person holds more than 1/k of it."""
+    _, trimmed = _trim_dominant(rows.tolist(), people.tolist(), k)
+    return np.asarray(trimmed, dtype=np.intp)
+
+
+@dataclass(frozen=True)
+class FoldRun:
+    """One training fold de-identified (:func:`_deidentify_fold`).
+
+    ``released``: the released rows of the kept training rows (None: nothing could be released,
+    the fold is skipped: ``note`` says why); ``keep``: mask of the kept rows; ``trimmed``: rows
+    withheld as the flow withholds them (a person's images above 1/k of a partition:
+    :func:`deid.anonymise.partition.plan_partitions`), not a loss of the fold's making.
+    """
+
+    released: np.ndarray | None
+    keep: np.ndarray
+    note: str
+    trimmed: int = 0
+
+
 def _deidentify_fold(deidentify: Callable[..., Any], X: np.ndarray, people: np.ndarray, parts: list | None,
                      k: int | None, labels: Mapping[str, Sequence[Hashable]] | None = None,
-                     points: Sequence[Any] | None = None) -> tuple[np.ndarray | None, np.ndarray, str]:
-    """De-identify one training fold, suppressing partitions with too few people.
+                     points: Sequence[Any] | None = None) -> FoldRun:
+    """De-identify one training fold as the flow would: small partitions suppressed, dominant people trimmed.
 
     ``labels`` holds the fold's own label values (row i of ``X``); the method receives the
     values of the rows it de-identifies, so label-aware methods never guess them; the same for
     ``points`` (landmarks, k-same-m), passed only when given.
-    Returns (released rows or None, mask of kept rows, note).
+
+    A partition (of ``parts``, or all rows without) where one person holds more than 1/k of the
+    images keeps at most the share the flow keeps of that person (the rest is trimmed, as the
+    release's partition plan trims it); a training side of 4/5 of the people can make a person
+    dominant who was not in the whole drop. Before this, the method's ``DominantPersonError``
+    withheld the whole partition (and with it every training record of a skewed drop).
     """
     keep = np.ones(len(X), dtype=bool)
+    key = list(parts) if parts is not None else ["all"] * len(X)
+    trimmed = 0
+
+    def trim(partition: Hashable, kk: int) -> int:
+        rows = np.flatnonzero(keep & np.array([p == partition for p in key], dtype=bool))
+        cut = _trim_rows(rows, people, kk)
+        keep[cut] = False
+        return len(cut)
+
     if parts is not None and k is not None:
         keep &= ~_small_cells(parts, people, k)
+    if k is not None:
+        for partition in dict.fromkeys(key):
+            trimmed += trim(partition, k)
     while keep.any():
         idx = np.flatnonzero(keep)
         try:
@@ -839,14 +918,114 @@ def _deidentify_fold(deidentify: Callable[..., Any], X: np.ndarray, people: np.n
                              labels=None if not labels else {name: [v[i] for i in idx] for name, v in labels.items()},
                              **({} if points is None else {"points": [points[i] for i in idx]}))
         except InsufficientPeopleError as exc:
-            hit = (np.array([p == exc.partition for p in parts], dtype=bool)
-                   if parts is not None and exc.partition is not None else np.zeros(len(X), dtype=bool))
+            partition = exc.partition if parts is not None else "all"
+            if isinstance(exc, DominantPersonError) and partition is not None:
+                cut = trim(partition, int(exc.k))
+                if cut:
+                    trimmed += cut
+                    continue
+            hit = (np.array([p == partition for p in key], dtype=bool)
+                   if partition is not None and (parts is not None or isinstance(exc, DominantPersonError))
+                   else np.zeros(len(X), dtype=bool))
             if not (hit & keep).any():
-                return None, keep, f"training part could not be de-identified ({exc})"
+                return FoldRun(None, keep, f"training part could not be de-identified ({exc})", trimmed)
             keep &= ~hit
             continue
-        return _released_part(out, len(idx)), keep, ""
-    return None, keep, "every training record was suppressed (partitions with fewer than k people)"
+        return FoldRun(_released_part(out, len(idx)), keep, "", trimmed)
+    return FoldRun(None, keep, "every training record was suppressed (partitions with fewer than k people)", trimmed)
+
+
+MAX_FOLDS = 10
+"""Most folds :func:`partition_safe_splits` raises the asked number to (each fold re-runs the method)."""
+
+
+def partition_safe_splits(y_codes: np.ndarray, people: np.ndarray, partitions: Sequence[Hashable] | None,
+                          *, k: int | None, folds: int, seed: int) -> tuple[list[tuple[np.ndarray, np.ndarray]], str]:
+    """Grouped folds over people in which no training side loses a partition the whole sample can fill.
+
+    A partition (k-Same-Select's label cell) with ``P >= k`` people in the sample must keep ``>= k``
+    people on every fold's training side, or the fold's de-identification suppresses it although
+    the release kept it, and the fold measures another release. So each test fold may hold at
+    most ``P - k`` of its people. The stratified folds of :func:`grouped_splits` are used when they
+    already respect that (the usual case: the same folds as before). Otherwise people are dealt
+    into folds, tightest partitions first (least spare ``(P - k) / P``), then most images, each to
+    the fold with the fewest people of its label (stratified by label), then the fewest images,
+    within the caps; the number of folds is raised (at most to :data:`MAX_FOLDS`) until every
+    partition's people fit. Where that is impossible (a partition of exactly k people, or more
+    people than the raised folds' caps hold) the person is dealt without the cap and the fold
+    testing them suppresses the partition, counted (keeping them untested would hide their label
+    value from the test). ``detail`` says which happened. Without ``k`` or ``partitions`` these are :func:`grouped_splits`' folds.
+
+    Returns
+    -------
+    splits : list of (train_indices, test_indices)
+    detail : str
+    """
+    n_people = int(people.max()) + 1
+    base = min(int(folds), n_people)
+    splits, how = grouped_splits(y_codes, groups=people, folds=base, seed=seed)
+    if k is None or partitions is None:
+        return splits, how
+    part = _codes([p.item() if isinstance(p, np.generic) else p for p in partitions], "partitions", len(people))
+    n_parts = int(part.max()) + 1
+    member = np.zeros((n_parts, n_people), dtype=bool)
+    member[part, people] = True
+    size = member.sum(axis=1)
+    fillable = size >= k
+    if not fillable.any():
+        return splits, how
+    cap = np.where(fillable, size - k, n_people)
+
+    def safe(test_people: np.ndarray) -> bool:
+        return bool(np.all(member[:, test_people].sum(axis=1) <= cap))
+
+    if all(safe(np.unique(people[te])) for _, te in splits):
+        return splits, how  # already safe: the folds (and figures) of before
+    need = max([int(np.ceil(s / c)) for s, c, f in zip(size, cap, fillable) if f and c > 0] or [base])
+    n_folds = int(max(base, min(need, max(base, min(MAX_FOLDS, n_people)))))
+    images = np.bincount(people, minlength=n_people)
+    label = np.empty(n_people, dtype=np.intp)  # each person's most frequent label value (their stratum)
+    n_labels = int(y_codes.max()) + 1
+    counts = np.zeros((n_people, n_labels), dtype=np.int64)
+    np.add.at(counts, (people, y_codes), 1)
+    label[:] = counts.argmax(axis=1)
+    slack = np.ones(n_people)
+    for p in np.flatnonzero(fillable):
+        slack[member[p]] = np.minimum(slack[member[p]], cap[p] / size[p])
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(n_people)
+    order = order[np.lexsort((-images[order], slack[order]))]
+    fold_rank = rng.permutation(n_folds)  # seeded tie order among folds
+    in_fold = np.zeros((n_parts, n_folds), dtype=np.int64)
+    by_label = np.zeros((n_labels, n_folds), dtype=np.int64)
+    load = np.zeros(n_folds, dtype=np.int64)
+    fold_of = np.full(n_people, -1, dtype=np.int64)
+    held = 0
+    for who in order:
+        mine = np.flatnonzero(member[:, who] & fillable)
+        ok = np.all(in_fold[mine] < cap[mine, None], axis=0) if len(mine) else np.ones(n_folds, dtype=bool)
+        over = not ok.any()
+        # No fold can test this person without a training side losing a partition (e.g. one of exactly k
+        # people): dealt as the stratification wants; that fold suppresses the partition, as it must.
+        cand = np.arange(n_folds) if over else np.flatnonzero(ok)
+        held += int(over)
+        f = cand[np.lexsort((fold_rank[cand], load[cand], by_label[label[who], cand]))[0]]
+        fold_of[who] = f
+        in_fold[member[:, who], f] += 1
+        by_label[label[who], f] += 1
+        load[f] += images[who]
+    img_fold = fold_of[people]
+    index = np.arange(len(people))
+    out = [(index[img_fold != f], index[img_fold == f]) for f in range(n_folds) if np.any(img_fold == f)]
+    detail = (f"partition-safe folds (seed {seed}): people dealt into {len(out)} folds, stratified by label, so every "
+              f"partition with >= {k} people keeps >= {k} on each training side (the stratified folds "
+              f"[{how}] would have left one with fewer)")
+    if n_folds > base:
+        detail += f"; folds raised from {base} to {n_folds} so each partition's people fit its spare places"
+    if held:
+        detail += (f"; {held} people of partitions with no spare people (fewer than k + 1, or more than the "
+                   f"folds' caps hold) tested anyway: the folds testing them suppress their partition (counted)")
+    return out, detail
 
 
 AUTO_REPEAT_IMAGES = 600
@@ -1034,22 +1213,30 @@ def cross_fit_utility(
         int(seed))
     preds = {name: {"row": [], "who": [], "o": [], "r": [], "m": [], "a": []} for name in applicable}
     folds_used = dict.fromkeys(applicable, 0)
-    suppressed = 0
+    folds_run = 0
+    suppressed = trimmed = 0
+    skipped: dict[str, list[str]] = {name: [] for name in applicable}
     notes: list[str] = []
     how = ""
+    fold_parts = parts if parts is not None else (["all"] * len(pc) if k is not None else None)
+    split_sets = [partition_safe_splits(joint, pc, fold_parts, k=k, folds=int(folds), seed=seed + r)
+                  for r in range(int(repeats))]
     if progress is not None:
-        progress.start(int(repeats) * min(int(folds), n_people))
+        progress.start(sum(len(sp) for sp, _ in split_sets))
     with one_blas_thread():
-        for r in range(int(repeats)):
-            splits, how_r = grouped_splits(joint, groups=pc, folds=min(int(folds), n_people), seed=seed + r)
+        for r, (splits, how_r) in enumerate(split_sets):
             how = how or how_r
             for f, (tr, te) in enumerate(track(splits, progress)):
-                rel, keep, note = _deidentify_fold(deidentify, X[tr], pc[tr], None if parts is None else [parts[i] for i in tr],
-                                                   k, {name: [v[i] for i in tr] for name, v in raw.items()},
-                                                   None if pts is None else [pts[i] for i in tr])
-                suppressed += int(np.count_nonzero(~keep)) if rel is not None else 0
+                folds_run += 1
+                run = _deidentify_fold(deidentify, X[tr], pc[tr], None if parts is None else [parts[i] for i in tr],
+                                       k, {name: [v[i] for i in tr] for name, v in raw.items()},
+                                       None if pts is None else [pts[i] for i in tr])
+                rel, keep = run.released, run.keep
+                trimmed += run.trimmed if rel is not None else 0
+                suppressed += int(np.count_nonzero(~keep)) - run.trimmed if rel is not None else 0
                 if rel is None:
-                    notes.append(f"repeat {r} fold {f} skipped: {note}")
+                    for name in applicable:
+                        skipped[name].append(f"repeat {r} fold {f}: {run.note}")
                     continue
                 kept = tr[keep]
                 fold_key = None if originals_key is None else digest(originals_key, tr, te)
@@ -1060,13 +1247,15 @@ def cross_fit_utility(
                 for name in applicable:
                     y = ys[name]
                     if len(np.unique(y[tr])) < 2:
-                        notes.append(f"repeat {r} fold {f} skipped for {name}: training people hold a single value")
+                        skipped[name].append(f"repeat {r} fold {f}: training people hold a single value of {name}")
                         continue
                     p_o = p_orig[name]
                     if len(np.unique(y[kept])) < 2:  # the release teaches a single value: predict it
                         p_r = np.full(len(te), y[kept][0])
                     else:
                         p_r, _ = _svc_predict(Zr[0], y[kept], Zr[1], seed)
+                    d_const = preds[name].setdefault("values", set())
+                    d_const.update(np.unique(p_r).tolist())
                     majority = int(np.argmax(np.bincount(y[tr])))
                     d = preds[name]
                     d["row"].append(te)
@@ -1077,24 +1266,42 @@ def cross_fit_utility(
                     if R is not None:
                         p_a, _ = _svc_predict(Za[0], y[tr], Za[1], seed)
                         d["a"].append(p_a == y[te])
+                        d.setdefault("a_values", set()).update(np.unique(p_a).tolist())
                     folds_used[name] += 1
 
     if progress is not None:
         progress.finish()  # a repeat may yield fewer folds than asked
     base_note = f"{how}; {repeats} repeat(s)" + (f"; {suppressed} training record(s) suppressed over all folds "
-                                                 "(partitions with fewer than k people)" if suppressed else "")
+                                                 "(partitions with fewer than k people)" if suppressed else "") + (
+        f"; {trimmed} training record(s) trimmed over all folds as the flow trims them (one person's images "
+        "above 1/k of a partition)" if trimmed else "")
+
+    def skip_note(name: str) -> list[str]:
+        # A skipped fold is a defect of the protocol, never silent: counted, each with its reason.
+        if not skipped[name]:
+            return []
+        return [f"{len(skipped[name])} of {folds_run} fold(s) skipped (a defect: the evidence rests on fewer folds): "
+                + "; ".join(skipped[name])]
+
+    fold_fields = lambda name: dict(folds_skipped=len(skipped[name]), skipped_folds=tuple(skipped[name]),  # noqa: E731
+                                    folds_run=folds_run, trimmed_training_records=trimmed)
     for name in applicable:
         d = preds[name]
         if not d["who"]:
-            results[name] = evidence(name, "inconclusive", "; ".join([base_note, *notes, "no fold could be evaluated"]),
-                                     suppressed_training_records=suppressed)
+            results[name] = evidence(name, "inconclusive", "; ".join([base_note, *notes, *skip_note(name),
+                                                                       "no fold could be evaluated"]),
+                                     suppressed_training_records=suppressed, **fold_fields(name))
             continue
         who, o, rr, m = (np.concatenate(d[key]) for key in ("who", "o", "r", "m"))
         delta, lo, up = paired_bootstrap(who, o, rr, n_boot=n_boot, confidence=confidence, seed=seed)
         gain, g_lo, g_up = paired_bootstrap(who, rr, m, n_boot=n_boot, confidence=confidence, seed=seed)
         status = _decide(lo, up, float(tolerance))
-        # The release must beat the majority rate: gain > 0 (pass), gain <= 0 (fail).
-        majority_status = "pass" if g_lo > 1e-12 else "fail" if g_up <= 1e-12 else "inconclusive"
+        majority_status = _majority(g_lo, g_up)
+        # A release whose classifier names one value for every held-out face (e.g. every partition averaged
+        # into one image) carries no label at all: lost, by construction rather than by a bound.
+        constant = len(d.get("values", ())) < 2
+        if constant:
+            majority_status = "fail"
         margin = (up - lo) / 2
         n_img, n_ppl = len(np.unique(np.concatenate(d["row"]))), len(np.unique(who))
         msg = [f"originals {o.mean():.3f} vs release {rr.mean():.3f} on held-out originals: "
@@ -1102,21 +1309,28 @@ def cross_fit_utility(
         if status == "inconclusive":
             msg.append(f"{n_img} test images of {n_ppl} people can only test a margin of {margin:.3f}")
         msg.append(f"release vs majority rate {m.mean():.3f}: gain {gain:+.3f} [{g_lo:+.3f}, {g_up:+.3f}] "
-                   f"({majority_status})")
+                   f"({majority_status}" + ("; the release's classifier names one value for every held-out face"
+                                            if constant else "") + ")")
         extra = {}
         if d["a"]:
             a = np.concatenate(d["a"])
             a_d, a_lo, a_up = paired_bootstrap(who, o, a, n_boot=n_boot, confidence=confidence, seed=seed)
+            a_gain, ag_lo, ag_up = paired_bootstrap(who, a, m, n_boot=n_boot, confidence=confidence, seed=seed)
             extra = dict(actual_status=_decide(a_lo, a_up, float(tolerance)), actual_accuracy=float(a.mean()),
-                         actual_delta=a_d, actual_delta_lower=a_lo, actual_delta_upper=a_up)
+                         actual_delta=a_d, actual_delta_lower=a_lo, actual_delta_upper=a_up,
+                         actual_majority_status="fail" if len(d.get("a_values", ())) < 2 else _majority(ag_lo, ag_up),
+                         actual_gain_lower=ag_lo,
+                         actual_gain_upper=ag_up)
             msg.append(f"actual release (rows of the training people) {a.mean():.3f}: delta {a_d:+.3f} "
-                       f"[{a_lo:+.3f}, {a_up:+.3f}] ({extra['actual_status']})")
+                       f"[{a_lo:+.3f}, {a_up:+.3f}] ({extra['actual_status']}); vs majority rate: gain "
+                       f"{a_gain:+.3f} [{ag_lo:+.3f}, {ag_up:+.3f}] ({extra['actual_majority_status']})")
         results[name] = evidence(
-            name, status, "; ".join(msg + [base_note, *notes]), delta=delta, delta_lower=lo, delta_upper=up,
+            name, status, "; ".join(msg + [base_note, *notes, *skip_note(name)]), delta=delta, delta_lower=lo,
+            delta_upper=up,
             accuracy_original=float(o.mean()), accuracy_release=float(rr.mean()), majority_rate=float(m.mean()),
             majority_status=majority_status, gain_lower=g_lo, gain_upper=g_up, n_test_images=n_img,
             n_test_people=n_ppl, testable_margin=margin, folds_used=folds_used[name],
-            suppressed_training_records=suppressed, **extra)
+            suppressed_training_records=suppressed, **fold_fields(name), **extra)
         logger.info("utility %s: %s (delta %.3f [%.3f, %.3f], %d test images of %d people)",
                     name, results[name].decision, delta, lo, up, n_img, n_ppl)
     return [results[name] for name in ys]

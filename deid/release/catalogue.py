@@ -98,7 +98,9 @@ def key_figures(report: dict[str, Any]) -> KeyFigures:
     """The :class:`KeyFigures` of a report dict (missing fields become None, never an error)."""
     ds = report.get("dataset") or {}
     priv = report.get("privacy") or {}
-    attacks = [a for a in priv.get("reidentification") or [] if isinstance(a, dict)]
+    # A rate from too few distinct probes (status insufficient_evidence) is never the worst attack shown.
+    attacks = [a for a in priv.get("reidentification") or []
+               if isinstance(a, dict) and a.get("status") != "insufficient_evidence"]
     # The worst attack by its upper bound (the gate decides from bounds), then by its rate.
     worst = max(attacks, key=lambda a: (_num(a.get("upper")) or 0.0, _num(a.get("rate")) or 0.0), default=None)
     utility = tuple(

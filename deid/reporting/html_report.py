@@ -267,9 +267,14 @@ def _reidentification(r: Mapping[str, Any]) -> str:
     rows = [[esc(x["attacker"]), esc(x["mode"]), _num(x["rate"]),
              esc(f"[{x['lower']:.3f}, {x['upper']:.3f}]" if x.get("lower") is not None else ""),
              esc(x.get("n_probes")),
-             '<span class="pass">&le; 1/k</span>' if x["rate"] <= bound + 1e-12 else '<span class="fail">&gt; 1/k</span>']
+             ('<span class="muted">insufficient evidence</span>' if x.get("status") == "insufficient_evidence" else
+              '<span class="pass">&le; 1/k</span>' if x["rate"] <= bound + 1e-12 else '<span class="fail">&gt; 1/k</span>')]
             for x in reid]
     out.append(table(["attacker", "mode", "rate", "interval", "probes", "point estimate"], rows, num=(2, 3, 4)))
+    if sample.get("insufficient"):
+        out.append(f"<p class='muted'>{esc(sample['insufficient'])} rate(s) from fewer than "
+                   f"{esc(sample.get('min_probes'))} distinct probes: insufficient evidence, shown but neither the "
+                   "headline nor deciding.</p>")
     if sample:
         out.append(f"<p class='muted'>Attacked {esc(sample.get('records'))} of {esc(sample.get('of'))} released "
                    f"records (whole {esc(sample.get('unit'))}s sampled, seed {esc(sample.get('seed'))}); one-sided "

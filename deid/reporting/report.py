@@ -21,6 +21,7 @@ from typing import Any, Literal
 import jsonschema
 
 from deid.errors import REASONS, ConfigError, StateError
+from deid.evaluation.checks import INSUFFICIENT
 from deid.release.signing import SigningKey, canonical_json, sign_bytes
 
 logger = logging.getLogger(__name__)
@@ -125,6 +126,7 @@ class Reidentification:
     records: int | None = None
     lower: float | None = None
     upper: float | None = None
+    status: str | None = None
 
 
 @dataclass
@@ -264,7 +266,7 @@ class Report:
         _drop_none(d["dataset"], "records_withheld", "near_copy_repair")
         _drop_none(d["privacy"], "max_person_share", "exact_bound", "attack_sample", "partitions")
         for r in d["privacy"]["reidentification"]:
-            _drop_none(r, "n_probes", "records", "lower", "upper")
+            _drop_none(r, "n_probes", "records", "lower", "upper", "status")
         for c in d["checks"]:
             _drop_none(c, "status", "interval", "n")
         for u in d["utility"]:
@@ -582,26 +584,31 @@ def report_problems(report: Mapping[str, Any]) -> list[str]:
             )
         max_rate = privacy["max_rate"]
         bound = privacy["bound"] + _RATE_EPS  # same epsilon as the gate: exactly 1/k may round one ulp above
-        if max_rate is None:
-            problems.append("verdict 'released' but $.privacy.max_rate is null: no attack was measured")
-        elif privacy.get("exact_bound"):
+        # A rate from too few distinct probes (the gate's min_probes) is evidence of nothing: it never decides.
+        deciding = [r for r in privacy["reidentification"] if r.get("status") != INSUFFICIENT]
+        thin_only = bool(privacy["reidentification"]) and not deciding
+        # Every attack short of probes: only an exact structural bound (checked below) can decide alone.
+        if max_rate is None and not (thin_only and privacy.get("exact_bound")):
+            problems.append("verdict 'released' but $.privacy.max_rate is null: no attack was measured with enough "
+                            "distinct probes")
+        if privacy.get("exact_bound") and (max_rate is not None or thin_only):
             # Identical images per cluster: the exact bound decides; an attack fails only by its lower bound.
             share = privacy.get("max_person_share")
             if share is None or share > bound:
                 problems.append(f"verdict 'released' but $.privacy.max_person_share = {share!r} exceeds 1/k = "
                                 f"{privacy['bound']!r}")
-            bad = [r for r in privacy["reidentification"] if r.get("lower", r["rate"]) > bound]
+            bad = [r for r in deciding if r.get("lower", r["rate"]) > bound]
             if bad:
                 problems.append(f"verdict 'released' but {bad[0]['attacker']}/{bad[0]['mode']} has a lower bound "
                                 f"{bad[0].get('lower', bad[0]['rate'])!r} above 1/k = {privacy['bound']!r}")
-        else:
-            bad = [r for r in privacy["reidentification"] if r.get("upper", r["rate"]) > bound]
+        elif max_rate is not None:
+            bad = [r for r in deciding if r.get("upper", r["rate"]) > bound]
             if bad:
                 problems.append(
                     f"verdict 'released' but {bad[0]['attacker']}/{bad[0]['mode']} re-identification "
                     f"{bad[0]['rate']!r} (upper bound {bad[0].get('upper')!r}) is not shown to be at most 1/k = "
                     f"{privacy['bound']!r}")
-        for r in privacy["reidentification"]:
+        for r in deciding:
             if max_rate is not None and r["rate"] > max_rate:
                 problems.append(f"$.privacy.max_rate = {max_rate!r} is below the {r['attacker']}/{r['mode']} rate {r['rate']!r}")
     return problems
