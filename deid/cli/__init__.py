@@ -219,7 +219,10 @@ def cmd_run(args) -> int:
         close_prestarted()
         api.stop()
     if result.input_error:
-        print("verdict: REJECTED (unreadable drop)")
+        from deid.operations.runner import UNUSABLE_DROP  # noqa: PLC0415
+
+        unusable = result.input_error.startswith(UNUSABLE_DROP)
+        print(f"verdict: REJECTED ({'unusable drop' if unusable else 'unreadable drop'})")
         print(f"report: {result.report_path}")
         raise DataError(result.input_error)
     print_summary(result)

@@ -553,16 +553,18 @@ def quarantine_fraction_check(records_in: int, quarantined: int, max_fraction: f
     return Check("quarantine_fraction", ok, round(frac, 6), f"<= {max_fraction:g}", detail)
 
 
-def drop_checks(*, records_in: int, people: int, k: int) -> list[Check]:
+def drop_checks(*, records_in: int, people: int, k: int, unit: str = "the manifest has no data rows (header only)"
+                ) -> list[Check]:
     """Gate checks on the drop as a whole: not empty, and at least ``k`` distinct usable people.
 
     ``people`` counts distinct subject ids among the records that survived ingest (or alignment):
     fewer than ``k`` cannot form a single cluster of ``k`` distinct people (k-Same, Newton et al. 2005).
+    ``unit``: what an empty drop is told (a feature drop has a table, not a manifest).
     """
     empty = records_in == 0
     return [
         Check("drop_not_empty", not empty, records_in, ">= 1",
-              "the manifest has no data rows (header only)" if empty else f"{records_in} records in"),
+              unit if empty else f"{records_in} records in"),
         Check("enough_people", people >= k, people, f">= {k}",
               f"{people} distinct usable people, fewer than k={k}: no cluster of k people can be formed"
               if people < k else f"{people} distinct usable people"),

@@ -364,7 +364,7 @@ def partition_features(ingested: FeatureIngest, identity: FeatureIdentity, confi
         notes = (f"{config.method} without utility labels runs as k-Same (one partition); utility is not applicable",)
         (logger or log).warning("%s", notes[0])
     checks = tuple(drop_checks(records_in=drop.records_in, people=len(set(identity.person[identity.keep])),
-                               k=config.k))
+                               k=config.k, unit="the feature table has no rows"))
     # An empty drop or one with fewer than k people goes straight to a (rejected) gate, its records held back.
     proceed = all(c.passed for c in checks)
     planned, keep = None, None
