@@ -98,3 +98,82 @@ def test_identical_feature_vectors_end_in_a_signed_rejection_not_an_attacker_err
     res = verify_report(result.report_dir, public_key=result.public_key)
     assert res.authenticated, res.problems
     assert not list((tmp_path / "project" / "data" / "releases").glob("*"))
+
+
+def test_a_feature_table_that_decodes_past_the_limit_is_refused_from_its_metadata(tmp_path):
+    """300 x 100,000 zeros: a 2 KB Parquet file decoding to 240 MB (3.2 GB for a run) is refused before decoding."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from deid.intake.features import decoded_table_bytes, read_feature_drop
+    from deid.settings import FEATURE_MAX_BYTES
+
+    drop = tmp_path / "bomb"
+    drop.mkdir()
+    n, d = 300, 100_000
+    flat = pa.array(np.zeros(n * d), pa.float64())
+    table = pa.table({"subject_id": pa.array([f"p{i // 2}" for i in range(n)]),
+                      "features": pa.FixedSizeListArray.from_arrays(flat, d)})
+    pq.write_table(table, drop / "v.parquet", compression="zstd")
+    del table, flat
+    (drop / "drop.yaml").write_text("kind: features\nfeatures: v.parquet\nname: bomb\n")
+    assert (drop / "v.parquet").stat().st_size < 10_000
+    assert decoded_table_bytes(pq.ParquetFile(drop / "v.parquet").metadata) >= n * d * 8
+    with pytest.raises(DropError, match=r"decodes to 240,0\d\d,\d\d\d bytes, above DEID_FEATURE_MAX_BYTES=200,000,000"):
+        read_feature_drop(drop)
+    assert FEATURE_MAX_BYTES == 200_000_000 == Settings().feature_max_bytes
+    # The same table under a raised limit is read (the limit, not the file, refused it), and a small one passes.
+    small = write_feature_drop(tmp_path / "small", vectors=np.ones((6, 4)), subject_ids=list("aabbcc"))
+    assert len(read_feature_drop(small, max_bytes=10_000).record_ids) == 6
+    with pytest.raises(DropError, match="DEID_FEATURE_MAX_BYTES=100"):
+        read_feature_drop(small, max_bytes=100)
+
+
+def test_a_path_as_dataset_name_is_refused_and_drop_names_become_safe_slugs(tmp_path):
+    from deid.errors import ConfigError
+    from deid.intake.drop import read_drop
+
+    with pytest.raises(ConfigError, match=r"name='../../x' must be a dataset name"):
+        RunConfig.resolve(Settings(project_dir=tmp_path), k=3, name="../../x")
+    assert RunConfig.resolve(Settings(project_dir=tmp_path), k=3, name="London 2026").name == "London 2026"
+    drop = make_synthetic_drop(tmp_path / "d", people=3, images_per_person=1, seed=1)
+    assert read_drop(drop, name="../../x").dataset == "x"
+    assert read_drop(drop, name="--.x y.--").dataset == "x-y"
+
+
+def test_a_prefect_api_lost_after_the_verdict_is_a_warning_and_the_signed_result_stands(monkeypatch):
+    """The API died during the gate: deid signed and published, then exited 70 after minutes of retries."""
+    import socket
+    from types import SimpleNamespace
+
+    import httpx
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    from deid.orchestration import flow
+
+    with socket.socket() as s:  # a port nothing listens on: the lost server
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/api"
+    with temporary_settings({PREFECT_API_URL: dead}):
+        assert flow.api_reachable(timeout=1.0) is False
+    published = SimpleNamespace(release_id="rel-1", released=True, report_path=Path("reports/rel-1/report.json"))
+    flushed = []
+    monkeypatch.setattr("deid.orchestration.prefect_api.flush_to_api", lambda timeout: flushed.append(timeout))
+
+    def engine_loses_the_api(**_):  # the flow body returned (signed, published); closing the run fails
+        flow._signed.append(published)
+        raise httpx.ConnectError("All connection attempts failed")
+
+    monkeypatch.setattr(flow, "release", engine_loses_the_api)
+    warned = []  # (Prefect's logging configuration keeps these records from caplog)
+    monkeypatch.setattr(flow.log, "warning", lambda msg, *args: warned.append(msg % args))
+    assert flow.run_flow("drop") is published
+    assert len(warned) == 1 and "the Prefect API stopped answering" in warned[0] and "rel-1 published" in warned[0]
+    assert flushed and not flow._signed  # the senders stopped (no minutes of retries at exit); nothing kept
+
+    def fails_before_signing(**_):  # no verdict yet: the failure is the run's, raised as it was
+        raise httpx.ConnectError("All connection attempts failed")
+
+    monkeypatch.setattr(flow, "release", fails_before_signing)
+    with pytest.raises(httpx.ConnectError):
+        flow.run_flow("drop")

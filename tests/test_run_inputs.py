@@ -47,7 +47,9 @@ def test_a_drop_without_manifest_and_a_mistyped_label(project, prefect_server, t
            "PYTHONPATH": str(ROOT)}
     empty = tmp_path / "no-manifest"
     (empty / "images").mkdir(parents=True)
+    start = time.monotonic()
     _one_message(_cli(["run", str(empty), "--k", "3"], env, tmp_path), "has no manifest.csv")
+    base = time.monotonic() - start  # a refusal at ingest, imports and the run's start included
     drop = make_synthetic_drop(tmp_path / "drop", people=4, images_per_person=1, seed=1)
     proc = _cli(["run", str(drop), "--k", "3", "--labels", "gendr"], env, tmp_path)
     _one_message(proc, "declared label column(s) ['gendr'] are missing")
@@ -61,7 +63,8 @@ def test_a_drop_without_manifest_and_a_mistyped_label(project, prefect_server, t
                           text=True, timeout=60)  # a hang (the fault) would be forever
     took = time.monotonic() - start
     _one_message(proc, "'manifest.csv' is a FIFO, not a regular file")
-    assert took < 10, f"the FIFO drop took {took:.1f} s to be refused"
+    # Within 10 s on an idle machine (measured 4.7 s); on a busy one, no slower than refusing a missing manifest.
+    assert took < max(10.0, 2 * base), f"the FIFO drop took {took:.1f} s to be refused ({base:.1f} s without manifest)"
     # Every run started, so each signed a rejection naming the reason; nothing was released.
     reports = sorted((project / "reports").glob("*/report.json"))
     reasons = sorted(json.loads(p.read_text())["reasons"][0] for p in reports)

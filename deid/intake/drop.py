@@ -615,8 +615,9 @@ def _dataset_name(root: Path, declared: object, drop_name: str) -> str:
     from deid.release.lineage import check_dataset_name  # noqa: PLC0415 - crypto imports only where needed
 
     if declared is None:
-        safe = re.sub(r"[^A-Za-z0-9._-]+", "-", drop_name).strip("-").lstrip(".")[:128]
-        return safe or "drop"
+        # A slug that starts and ends with a letter or digit ("../../x" gave "-..-x", an option-like name).
+        safe = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", re.sub(r"[^A-Za-z0-9._-]+", "-", drop_name))[:128]
+        return safe.rstrip("._-") or "drop"
     try:
         return check_dataset_name(str(declared) if isinstance(declared, str | int) else declared)
     except ConfigError as exc:
