@@ -177,3 +177,22 @@ def test_a_prefect_api_lost_after_the_verdict_is_a_warning_and_the_signed_result
     monkeypatch.setattr(flow, "release", fails_before_signing)
     with pytest.raises(httpx.ConnectError):
         flow.run_flow("drop")
+
+
+def test_16_bit_alpha_images_convert_in_their_own_buffer_with_the_same_values():
+    """The chunked, in-place 16-to-8-bit conversion and alpha composite give the whole-array formulas' bytes."""
+    from deid.intake import imaging
+
+    rng = np.random.default_rng(0)
+    img = rng.integers(0, 65536, size=(1500, 701, 4), dtype=np.uint16)  # > 1 chunk, rows not a chunk multiple
+    want8 = ((img.astype(np.uint32) * 255 + 32767) // 65535).astype(np.uint8)
+    gray = imaging.cv2.cvtColor(want8[:, :, :3], imaging.cv2.COLOR_BGR2GRAY).astype(np.float32)
+    a = want8[:, :, 3].astype(np.float32) / 255.0
+    want_gray = np.clip(np.rint(gray * a + 255.0 * (1.0 - a)), 0, 255).astype(np.uint8)
+    colour = want8[:, :, :3].astype(np.float32) * a[:, :, None] + 255.0 * (1.0 - a[:, :, None])
+    want_bgr = np.clip(np.rint(colour), 0, 255).astype(np.uint8)
+    assert np.array_equal(imaging._to_bgr(img.copy()), want_bgr)
+    buf = img.copy()
+    got = imaging._to_uint8(buf)
+    assert np.array_equal(got, want8) and np.shares_memory(got, buf)  # no second buffer
+    assert np.array_equal(imaging._to_gray(img.copy()), want_gray)
