@@ -7,6 +7,8 @@ and returns a frozen :class:`RunConfig` that is passed explicitly to every stage
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,6 +76,7 @@ class RunConfig:
     name: str | None = None  # None: drop.yaml's name or the directory name
     kind: str = "images"  # "features": a drop of feature vectors (drop.yaml kind: features; deid.operations.features)
     max_pixels: int = 100_000_000
+    feature_max_bytes: int | None = None  # DEID_FEATURE_MAX_BYTES (None: its default)
     align_batch_size: int = 512
     dask_workers: int = 2
     ksame_block_size: int = 2000  # k-Same groups blockwise above this many faces (one Dask task per block)
@@ -124,7 +127,7 @@ class RunConfig:
             sigma=s.sigma if sigma is None else sigma, block=s.block if block is None else block,
             labels=None if labels is None else tuple(labels), name=name or None, kind=kind or "images",
             data_path=s.data_path, reports_path=s.reports_path, aligner=AlignerParams.from_settings(s),
-            max_pixels=s.max_pixels, align_batch_size=s.align_batch_size, dask_workers=s.dask_workers,
+            max_pixels=s.max_pixels, feature_max_bytes=s.feature_max_bytes, align_batch_size=s.align_batch_size, dask_workers=s.dask_workers,
             ksame_block_size=s.ksame_block_size,
             dask_address=s.dask_address, seed_fixed=s.seed is not None,
             duplicate_ids=s.duplicate_ids, identity_embed_max=s.identity_embed_max, lineage_policy=s.lineage_policy,
@@ -209,6 +212,10 @@ def _check_run(k: Any, method: Any, kind: Any = "images") -> None:
         raise ConfigError(f"method={method!r} must be one of {list(REGISTRY)}; e.g. --method k-same-select")
 
 
+# A dataset name (--name): a slug, never a path ("../../x" made the lineage name "-..-x").
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9 ._-]{0,127}$")
+
+
 def _check(c: RunConfig) -> None:
     """Validate once; every message names the parameter, its value, the valid range and the fix."""
     _check_run(c.k, c.method, c.kind)
@@ -229,5 +236,7 @@ def _check(c: RunConfig) -> None:
         if bad or not c.labels:
             raise ConfigError(f"labels={list(c.labels)!r} must be a non-empty list of manifest column names; "
                               "e.g. --labels gender,expression (or leave it out to use drop.yaml's)")
-    if c.name is not None and (not isinstance(c.name, str) or not c.name.strip()):
-        raise ConfigError(f"name={c.name!r} must be a non-empty dataset name; e.g. --name london-2026")
+    if c.name is not None and (not isinstance(c.name, str) or not _NAME.match(c.name)):
+        raise ConfigError(f"name={c.name!r} must be a dataset name of 1-128 letters, digits, spaces, '.', '_' or '-' "
+                          "starting with a letter or digit (no path: it names the dataset and its lineage); "
+                          "e.g. --name london-2026")

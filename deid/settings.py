@@ -16,6 +16,13 @@ SMALL_PARTITION_POLICIES: tuple[str, ...] = POLICIES  # deid.anonymise.partition
 SmallPartitionPolicy = Literal[SMALL_PARTITION_POLICIES]  # type: ignore[valid-type]
 
 
+# DEID_FEATURE_MAX_BYTES: the most bytes a feature table may decode to (rows x dim x bytes per value, over its
+# columns), checked from the Parquet metadata before anything is decoded (deid.intake.features). Parquet
+# compresses a constant column ~100,000-fold (300 x 100,000 zeros: a 2 KB file, 240 MB decoded), and a run
+# holds several copies at its peak (measured on that table: 1.2 GB to ingest it, 3.2 GB for the run).
+FEATURE_MAX_BYTES = 200_000_000
+
+
 class Settings(BaseSettings):
     """deid configuration. Every field can be set as ``DEID_<FIELD>`` in the environment."""
 
@@ -110,6 +117,10 @@ class Settings(BaseSettings):
     max_upsample: float = Field(default=4.0, gt=0)
     min_eye_distance_px: float = Field(default=8.0, gt=0)
     max_pixels: int = Field(default=100_000_000, ge=1)
+    feature_max_bytes: int = Field(
+        default=FEATURE_MAX_BYTES, ge=1,
+        description="the most bytes a feature drop's table may decode to (rows x dim x bytes per value), checked from "
+                    "its Parquet metadata before decoding; a run holds several copies at its peak")
 
     pca_components: int = Field(default=50, ge=1, le=2000)
     ksame_block_size: int = Field(default=2000, ge=2, le=10_000_000,

@@ -87,3 +87,18 @@ def add_points(drop: Path) -> int:
         w.writeheader()
         w.writerows(rows)
     return len(rows)
+
+
+def identifying_text_in_reports(reports_dir: Path, needles) -> list[str]:
+    """``"<file>: <needle>"`` for every needle found in a report, report page, validation page or catalogue.
+
+    Reads every report.json, report.html, validation file and the catalogue (index.html,
+    catalogue JSON) under ``reports_dir``; a drop's subject ids and rare label values must be in none.
+    """
+    hits = []
+    for path in sorted(Path(reports_dir).rglob("*")):
+        if not path.is_file() or path.suffix not in (".json", ".html", ".sig", ".csv", ".md", ".txt"):
+            continue
+        text = path.read_text(encoding="utf-8", errors="replace")
+        hits += [f"{path.relative_to(reports_dir).as_posix()}: {n}" for n in needles if n in text]
+    return hits

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from forked_cli import ForkedCli
+from helpers import identifying_text_in_reports
 
 from deid.operations.safety import ADDENDUM_NAME, FAULT_ENV
 from deid.intake.synth import make_synthetic_drop
@@ -136,6 +137,7 @@ def test_rare_labels_stay_out_of_the_report_and_formulas_out_of_release_csv(proj
     import csv
 
     from deid.orchestration.flow import run_flow
+    from deid.release.catalogue import write_index
 
     for key, value in FAST.items():
         monkeypatch.setenv(key, value)
@@ -171,6 +173,15 @@ def test_rare_labels_stay_out_of_the_report_and_formulas_out_of_release_csv(proj
     with open(Path(result["release_dir"]) / "release.csv", newline="", encoding="utf-8") as fh:
         genders = {r["gender"] for r in csv.DictReader(fh)}
     assert "'=HYPERLINK(\"http://x\")" in genders and not any(g.startswith("=") for g in genders)
+    # Issue 28: merging the small partition instead kept the rare value in the would-be release, and the
+    # rejection's reasons, report.html and validation page named it; now counted, never named. No report
+    # (the released one, the rejection, the validation pages, the catalogue) names a subject id either.
+    merged = run_flow(str(drop), k=3, small_partitions="merge", name="rare-merge").summary()  # a first release
+    assert merged["verdict"] == "rejected" and any("expectations_release" in r for r in merged["reasons"])
+    subjects = {line.split(",")[1] for line in out[1:]}
+    write_index(project / "reports")
+    leaked = identifying_text_in_reports(project / "reports", ["RAREVALUE", *sorted(subjects)])
+    assert not leaked, f"a rare label value or a subject id in a report: {leaked[:10]}"
 
 
 def _processes_with_env(name: str, value: str) -> list[int]:

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import cv2
 import pyarrow.parquet as pq
 import pytest
+from helpers import identifying_text_in_reports
 
 from deid.release.card import split_card
 from deid.intake.synth import make_synthetic_drop
@@ -426,6 +427,13 @@ def test_one_face_under_five_fake_ids_is_one_person(project, prefect_server, tmp
     identity = report["configuration"]["identity"]
     assert identity["people"] == 40
     assert identity["records_in_face_merges"] == 6
+    # Issue 28: the merges are named by their records' staging ids, never by subject id (nor a fake one).
+    assert identity["examples"] and all(r.startswith("r") and "ids" not in m
+                                        for m in identity["examples"] for r in m["records"])
+    subjects = {line.split(",")[1] for line in lines[1:]} | {f"Fake-ID-{i}" for i in range(5)}
+    subjects |= {s.casefold() for s in subjects}  # as normalised for matching
+    leaked = identifying_text_in_reports(project / "reports", sorted(subjects))
+    assert not leaked, f"subject ids in a report: {leaked[:10]}"
     # Released: that person may hold at most 1/k of any cluster, so the surplus copies were withheld.
     assert result["verdict"] == "released", result["reasons"]
     assert report["privacy"]["max_person_share"] <= 0.2

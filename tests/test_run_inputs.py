@@ -5,11 +5,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from deid.intake.synth import make_synthetic_drop
+from deid.release.verify import verify_report
 
 ROOT = Path(__file__).resolve().parents[1]
 DEID = [sys.executable, "-m", "deid.cli"]
@@ -45,12 +47,31 @@ def test_a_drop_without_manifest_and_a_mistyped_label(project, prefect_server, t
            "PYTHONPATH": str(ROOT)}
     empty = tmp_path / "no-manifest"
     (empty / "images").mkdir(parents=True)
+    start = time.monotonic()
     _one_message(_cli(["run", str(empty), "--k", "3"], env, tmp_path), "has no manifest.csv")
+    base = time.monotonic() - start  # a refusal at ingest, imports and the run's start included
     drop = make_synthetic_drop(tmp_path / "drop", people=4, images_per_person=1, seed=1)
     proc = _cli(["run", str(drop), "--k", "3", "--labels", "gendr"], env, tmp_path)
     _one_message(proc, "declared label column(s) ['gendr'] are missing")
     assert "verdict: REJECTED" in proc.stdout
-    # Both runs started, so each signed a rejection naming the reason; nothing was released.
-    reasons = sorted(json.loads(p.read_text())["reasons"][0] for p in (project / "reports").glob("*/report.json"))
-    assert len(reasons) == 2 and all(r.startswith("unreadable drop: ") for r in reasons)
+    # A FIFO named manifest.csv (issue 28): refused at once as not a regular file, never waited on.
+    fifo = tmp_path / "fifo-drop"
+    fifo.mkdir()
+    os.mkfifo(fifo / "manifest.csv")
+    start = time.monotonic()
+    proc = subprocess.run([*DEID, "run", str(fifo), "--k", "3"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)  # a hang (the fault) would be forever
+    took = time.monotonic() - start
+    _one_message(proc, "'manifest.csv' is a FIFO, not a regular file")
+    # Within 10 s on an idle machine (measured 4.7 s); on a busy one, no slower than refusing a missing manifest.
+    assert took < max(10.0, 2 * base), f"the FIFO drop took {took:.1f} s to be refused ({base:.1f} s without manifest)"
+    # Every run started, so each signed a rejection naming the reason; nothing was released.
+    reports = sorted((project / "reports").glob("*/report.json"))
+    reasons = sorted(json.loads(p.read_text())["reasons"][0] for p in reports)
+    assert len(reasons) == 3 and all(r.startswith("unreadable drop: ") for r in reasons)
+    pub = project / "data" / "keys" / "dev_signing.pub.pem"
+    assert all(verify_report(p.parent, public_key=pub).authenticated for p in reports)
+    # No absolute path in a report: the drop is named by its directory name.
+    assert not [p for p in reports if str(tmp_path) in p.read_text() or "/tmp/" in p.read_text()], reasons
+    assert any(r.startswith("unreadable drop: fifo-drop/manifest.csv: ") for r in reasons), reasons
     assert not (project / "data" / "releases").exists() or not any((project / "data" / "releases").iterdir())

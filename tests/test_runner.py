@@ -46,6 +46,10 @@ def test_a_drop_with_fewer_than_k_people_is_rejected_without_prefect(tmp_path):
     got = _sums(result)
     assert got["dataset"]["records_withheld"] == 4 and got["dataset"]["records_released"] == 0
     assert not got["checks"]["enough_people"]["passed"]
+    # k above the people is the one reason (issue 28): nothing was de-identified, so the empty release and
+    # the records it never judged are not reasons of their own (records_accounted said "0 + 0 + 0 = 0 of 4").
+    assert [r.split(":")[0] for r in got["report"]["reasons"]] == ["enough_people"], got["report"]["reasons"]
+    assert got["checks"]["records_accounted"]["status"] == "not_applicable"
     assert verify_report(result.report_dir, public_key=result.public_key).ok
     assert result.staging is not None and (result.staging / ".complete").exists()
 

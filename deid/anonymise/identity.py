@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import logging
 import unicodedata
-from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -80,10 +80,28 @@ class PeopleResolution:
     def n_people(self) -> int:
         return len(set(self.person))
 
+    def named(self, record_names: Sequence[str] | Mapping[int, str]) -> "PeopleResolution":
+        """The same resolution, each merge's ``records`` (input positions) given by name: ``record_names[i]``
+        (e.g. the staging record id ``r00000012`` = manifest row 12, what the steward can look up).
+
+        A mapping needs only the positions in :attr:`face_merges` (:meth:`merged_positions`).
+        """
+        return replace(self, face_merges=tuple({**m, "records": [str(record_names[int(i)]) for i in m["records"]]}
+                                               for m in self.face_merges))
+
+    def merged_positions(self) -> list[int]:
+        """The input positions of the records in :attr:`face_merges` (before :meth:`named`)."""
+        return sorted({int(i) for m in self.face_merges for i in m["records"]})
+
     def summary(self) -> dict:
+        """The counts the report carries, and up to 5 merges as examples, by record (:meth:`named`).
+
+        Never a subject id, not even the steward's own: a report goes to recipients, and the dataset
+        card sends them to it (issue 28).
+        """
         return {"normalized_id_merges": self.normalized_merges, "face_merges": len(self.face_merges),
                 "records_in_face_merges": len(self.flagged_records), "people": self.n_people,
-                "examples": [dict(m) for m in self.face_merges[:5]]}
+                "examples": [{key: v for key, v in m.items() if key != "ids"} for m in self.face_merges[:5]]}
 
 
 def _nearest_other(X: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -191,7 +209,7 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
             for i in np.flatnonzero(d2 < limit):
                 a, b = int(idx[i]), int(idx[arg[i]])
                 if uf.union(ids[a], ids[b]):
-                    merges.append({"ids": sorted({ids[a], ids[b]}), "evidence": space,
+                    merges.append({"ids": sorted({ids[a], ids[b]}), "records": sorted((a, b)), "evidence": space,
                                    "distance": round(float(np.sqrt(d2[i])), 4),
                                    "threshold": round(float(np.sqrt(limit)), 4)})
                 flagged.update((a, b))
@@ -213,7 +231,8 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
         found = same_person_pairs(E, ids, **kw)
         for pair in found.pairs:
             if uf.union(ids[pair.i], ids[pair.j]):
-                merges.append({"ids": sorted({ids[pair.i], ids[pair.j]}), "evidence": "face recogniser",
+                merges.append({"ids": sorted({ids[pair.i], ids[pair.j]}),
+                               "records": sorted((int(pair.i), int(pair.j))), "evidence": "face recogniser",
                                "distance": round(float(pair.distance), 4),
                                "threshold": round(float(found.threshold_used), 4)})
             flagged.update((int(pair.i), int(pair.j)))

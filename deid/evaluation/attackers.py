@@ -264,6 +264,12 @@ class _GalleryAttacker(BaseEstimator):
         return a
 
 
+# Raised by the attackers' PCA: words the whole drop's problem (faces or feature vectors), not an attacker's internals.
+_IDENTICAL = ("every gallery record the attacker learns people from is identical (the same face or feature vector "
+              "for everyone): there is nothing to recognise and nothing to de-identify; check the drop's images or "
+              "vectors (e.g. a constant or zero feature column exported by mistake)")
+
+
 class _GramPCA:
     """Exact PCA through the n x n Gram matrix (n images << n pixels): ~4x faster than an SVD."""
 
@@ -275,7 +281,7 @@ class _GramPCA:
         w, v = w[order], v[:, order]
         keep = int(np.count_nonzero(w > _MIN_RELATIVE_VARIANCE * w[0])) if w[0] > 0 else 0
         if keep == 0:
-            raise DataError("gallery images are all identical; there is nothing to recognise")
+            raise DataError(_IDENTICAL)
         w, v = w[:keep], v[:, :keep]
         self.components_ = (v.T @ xc) / np.sqrt(w)[:, None]
         self.explained_variance_ = w / (len(g) - 1)
@@ -305,7 +311,7 @@ def _sklearn_pca(g: np.ndarray, use: int, *, whiten: bool) -> PCA:
     ev = pca.explained_variance_
     keep = int(np.count_nonzero(ev > _MIN_RELATIVE_VARIANCE * ev[0])) if ev[0] > 0 else 0
     if keep == 0:
-        raise DataError("gallery images are all identical; there is nothing to recognise")
+        raise DataError(_IDENTICAL)
     if keep < use:
         pca = PCA(n_components=keep, whiten=whiten, random_state=0).fit(g)
     return pca

@@ -371,6 +371,10 @@ def republished_row_shares(clusters: Sequence[Hashable], people: Sequence[Hashab
     return rows, real
 
 
+# The drop's own checks (deid.evaluation.validation.drop_checks): when one fails, nothing was de-identified.
+_DROP_CHECKS = ("drop_not_empty", "enough_people")
+
+
 def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check], int | None, float | None, bool]:
     """Checks that need no model: cluster sizes, people and person shares per cluster, columns, accounting.
 
@@ -385,10 +389,17 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
     """
     k = config.k
     n = inputs.n
-    # n counts the records judged here: released if every check passes, withheld if the gate rejects.
-    checks = [Check("release_not_empty", n > 0, n, ">= 1",
-                    f"{n} de-identified records judged (released only if every check passes)" if n > 0
-                    else "no record could be released")]
+    # A drop that failed its own checks (empty, fewer than k people) never reached de-identification:
+    # that failure is the reason, not the empty release or the records it did not account for.
+    held = [c.name for c in inputs.extra_checks if c.name in _DROP_CHECKS and not c.passed]
+    if held and n == 0:
+        why = f"not applicable: the drop failed {', '.join(held)}, so no record reached de-identification"
+        checks = [Check("release_not_empty", True, n, ">= 1", why, status="not_applicable")]
+    else:
+        # n counts the records judged here: released if every check passes, withheld if the gate rejects.
+        checks = [Check("release_not_empty", n > 0, n, ">= 1",
+                        f"{n} de-identified records judged (released only if every check passes)" if n > 0
+                        else "no record could be released")]
     min_people = share = None
     exact = False
     if n and inputs.clusters is not None and _clustered(config.method):
@@ -441,9 +452,12 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
     checks.append(Check("no_forbidden_columns", not bad and not forbidden, bad or forbidden or [],
                         sorted(allowed), "release columns: " + ", ".join(columns)))
     total = n + inputs.suppressed + inputs.quarantined
-    checks.append(Check("records_accounted", total == inputs.records_in, total, f"= {inputs.records_in}",
-                        f"judged {n} (released, or withheld if rejected) + suppressed {inputs.suppressed} + "
-                        f"quarantined {inputs.quarantined} = {total} of {inputs.records_in} in"))
+    if held and n == 0:
+        checks.append(Check("records_accounted", True, total, f"= {inputs.records_in}", why, status="not_applicable"))
+    else:
+        checks.append(Check("records_accounted", total == inputs.records_in, total, f"= {inputs.records_in}",
+                            f"judged {n} (released, or withheld if rejected) + suppressed {inputs.suppressed} + "
+                            f"quarantined {inputs.quarantined} = {total} of {inputs.records_in} in"))
     if inputs.partition_failed:
         checks.append(Check("small_partitions", False, "fail", "every partition >= k people",
                             inputs.partition_detail or "a label partition has fewer than k distinct people"))

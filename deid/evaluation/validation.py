@@ -113,6 +113,18 @@ def _short(value: Any) -> str:
 
 # Examples of unexpected values kept per expectation: enough to find the problem, not a copy of the table.
 _MAX_EXAMPLES = 5
+# Columns whose failing values a report may show as examples: values deid made itself (staging and
+# release ids, hashes, sizes, derived lengths and flags). A drop's own cells (subject ids, image paths,
+# sequence keys, label values: a value held by fewer than k people is itself identifying) are counted,
+# never named, in report.json, its reasons and the validation page (issue 28).
+_EXAMPLE_COLUMNS = frozenset({"record_id", "cluster_id", "source_sha256", "size", "eye_source", "frame",
+                              "eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"})
+_NOT_NAMED = "values not named (a drop's ids, paths and label values stay out of reports)"
+
+
+def _examples_shown(column: Any) -> bool:
+    """May a report name this column's unexpected values (a derived ``_...`` column or one deid made)?"""
+    return column is not None and (str(column).startswith("_") or str(column) in _EXAMPLE_COLUMNS)
 
 
 @dataclass(frozen=True)
@@ -152,6 +164,8 @@ class ExpectationResult:
             text = f"{self.unexpected_count} unexpected{of} ({float(self.unexpected_percent or 0.0):.1f}%)"
             if self.partial_unexpected:
                 text += "; e.g. " + ", ".join(self.partial_unexpected[:3])
+            elif self.unexpected_count and not _examples_shown(self.column):
+                text += "; " + _NOT_NAMED
             return text
         if self.type == "expect_column_to_exist":
             return "column present" if self.success else "column missing"
@@ -173,7 +187,8 @@ class ExpectationResult:
             element_count=result.get("element_count"),
             unexpected_count=result.get("unexpected_count"),
             unexpected_percent=result.get("unexpected_percent"),
-            partial_unexpected=tuple(str(v) for v in (result.get("partial_unexpected_list") or [])[:_MAX_EXAMPLES]),
+            partial_unexpected=tuple(str(v) for v in (result.get("partial_unexpected_list") or [])[:_MAX_EXAMPLES])
+            if _examples_shown(cfg.kwargs.get("column")) else (),
             error=str(exc.get("exception_message"))[:300] if raised else None,
             why=meta.get("why") or cfg.description,
         )
@@ -553,16 +568,18 @@ def quarantine_fraction_check(records_in: int, quarantined: int, max_fraction: f
     return Check("quarantine_fraction", ok, round(frac, 6), f"<= {max_fraction:g}", detail)
 
 
-def drop_checks(*, records_in: int, people: int, k: int) -> list[Check]:
+def drop_checks(*, records_in: int, people: int, k: int, unit: str = "the manifest has no data rows (header only)"
+                ) -> list[Check]:
     """Gate checks on the drop as a whole: not empty, and at least ``k`` distinct usable people.
 
     ``people`` counts distinct subject ids among the records that survived ingest (or alignment):
     fewer than ``k`` cannot form a single cluster of ``k`` distinct people (k-Same, Newton et al. 2005).
+    ``unit``: what an empty drop is told (a feature drop has a table, not a manifest).
     """
     empty = records_in == 0
     return [
         Check("drop_not_empty", not empty, records_in, ">= 1",
-              "the manifest has no data rows (header only)" if empty else f"{records_in} records in"),
+              unit if empty else f"{records_in} records in"),
         Check("enough_people", people >= k, people, f">= {k}",
               f"{people} distinct usable people, fewer than k={k}: no cluster of k people can be formed"
               if people < k else f"{people} distinct usable people"),

@@ -204,13 +204,23 @@ def record_id_for_row(row: int) -> str:
     return f"r{row:08d}"
 
 
-def _open_in_drop(root: Path, relative: str) -> int:
-    """Open ``root/relative`` read-only, following no symlink in any component; return the fd.
+def open_drop_file(root: str | os.PathLike, relative: str) -> int:
+    """Open the drop file ``root/relative`` read-only as a regular file; return the fd (the caller closes it).
 
-    Each component is opened with ``O_NOFOLLOW`` relative to its parent's descriptor, so a file
-    swapped for a symlink after the manifest was read is refused at the moment of reading.
-    Raises RecordError (unsafe_path, missing_file, not_regular_file, unreadable_file).
+    The one way a drop file is opened (manifest, drop.yaml, images, points, feature tables; also
+    by the orchestration's row count and the rejection's fingerprint). Each component is opened
+    with ``O_NOFOLLOW`` relative to its parent's descriptor, so a file swapped for a symlink after
+    the manifest was read is refused at the moment of reading; the last one with ``O_NONBLOCK`` and
+    checked with ``fstat`` to be a regular file, so a FIFO or device is refused at once instead of
+    blocking the run forever waiting for a writer.
+
+    Raises
+    ------
+    RecordError
+        ``unsafe_path`` (``..``, absolute, a symlink), ``missing_file``, ``not_regular_file``
+        (FIFO, device, directory), ``unreadable_file``.
     """
+    root = Path(root)
     parts = PurePosixPath(relative).parts
     if not parts or any(p in ("..", "/") for p in parts):
         raise RecordError("unsafe_path", f"path {relative!r} must be a relative path inside the drop")
@@ -237,7 +247,7 @@ def _open_in_drop(root: Path, relative: str) -> int:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
-            raise RecordError("not_regular_file", f"{relative!r} is {kind}; list image files only")
+            raise RecordError("not_regular_file", f"{relative!r} is {kind}, not a regular file")
         out, fd = fd, -1
         return out
     finally:
@@ -246,8 +256,8 @@ def _open_in_drop(root: Path, relative: str) -> int:
 
 
 def read_drop_file(root: Path, relative: str) -> bytes:
-    """The bytes of one drop file, opened with :func:`_open_in_drop` (no symlink followed)."""
-    fd = _open_in_drop(Path(root), relative)
+    """The bytes of one drop file, opened with :func:`open_drop_file` (no symlink followed, never blocking)."""
+    fd = open_drop_file(root, relative)
     try:
         with os.fdopen(fd, "rb") as fh:
             fd = -1
@@ -633,8 +643,9 @@ def _dataset_name(root: Path, declared: object, drop_name: str) -> str:
     from deid.release.lineage import check_dataset_name  # noqa: PLC0415 - crypto imports only where needed
 
     if declared is None:
-        safe = re.sub(r"[^A-Za-z0-9._-]+", "-", drop_name).strip("-").lstrip(".")[:128]
-        return safe or "drop"
+        # A slug that starts and ends with a letter or digit ("../../x" gave "-..-x", an option-like name).
+        safe = re.sub(r"^[^A-Za-z0-9]+|[^A-Za-z0-9]+$", "", re.sub(r"[^A-Za-z0-9._-]+", "-", drop_name))[:128]
+        return safe.rstrip("._-") or "drop"
     try:
         return check_dataset_name(str(declared) if isinstance(declared, str | int) else declared)
     except ConfigError as exc:

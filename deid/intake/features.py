@@ -166,13 +166,55 @@ def _label_sets(root: Path, meta: dict, labels: list[str]) -> dict[str, tuple[st
     return {x: tuple(sorted({str(v).strip() for v in declared[x]})) for x in labels}
 
 
-def _read_table(root: Path, relative: str) -> tuple[pa.Table, str]:
-    """The feature table, read from its bytes (opened without following any symlink), and its sha256."""
+# Bytes per value of a Parquet physical type once decoded (a string: its offset and, counted apart, its bytes).
+_PHYSICAL_BYTES = {"BOOLEAN": 1, "INT32": 4, "INT64": 8, "INT96": 12, "FLOAT": 4, "DOUBLE": 8, "BYTE_ARRAY": 8}
+
+
+def decoded_table_bytes(meta: pq.FileMetaData) -> int:
+    """Bytes a Parquet table decodes to, from its metadata only: values x bytes per value over every column chunk.
+
+    A string column counts an 8-byte offset per value plus its uncompressed pages; a fixed-length
+    byte array its declared length per value.
+    """
+    total = 0
+    schema = meta.schema
+    for g in range(meta.num_row_groups):
+        rg = meta.row_group(g)
+        for c in range(rg.num_columns):
+            col = rg.column(c)
+            kind = col.physical_type
+            if kind == "FIXED_LEN_BYTE_ARRAY":
+                width = max(int(schema.column(c).length or 0), 1)
+            else:
+                width = _PHYSICAL_BYTES.get(kind, 8)
+            total += int(col.num_values) * width
+            if kind == "BYTE_ARRAY":
+                total += int(col.total_uncompressed_size)
+    return total
+
+
+def _read_table(root: Path, relative: str, *, max_bytes: int) -> tuple[pa.Table, str]:
+    """The feature table, read from its bytes (opened without following any symlink), and its sha256.
+
+    Refused (DropError) before decoding when its metadata says it decodes to more than ``max_bytes``.
+    """
     try:
         raw = read_drop_file(root, relative)
     except RecordError as exc:
         raise DropError(f"{root / DROP_YAML}: features={relative!r}: {exc.message}; put the feature table inside "
                         "the drop as a regular file") from None
+    try:
+        meta = pq.ParquetFile(pa.BufferReader(raw)).metadata
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise DropError(f"{root / relative} is not a readable Parquet file ({str(exc).splitlines()[0][:200]}); "
+                        "write the feature table with pyarrow.parquet.write_table or pandas.DataFrame.to_parquet") from None
+    need = decoded_table_bytes(meta)
+    if need > max_bytes:
+        raise DropError(f"{root / relative}: the feature table ({len(raw):,} bytes on disk, {meta.num_rows:,} rows) "
+                        f"decodes to {need:,} bytes, above DEID_FEATURE_MAX_BYTES={max_bytes:,} (rows x dim x bytes "
+                        "per value, read from its metadata; nothing was decoded); split the drop, reduce dim, store "
+                        "float32, or raise DEID_FEATURE_MAX_BYTES if this machine has the memory (a run holds "
+                        "several copies of it)")
     try:
         table = pq.read_table(pa.BufferReader(raw))
     except (pa.ArrowException, OSError, ValueError) as exc:
@@ -224,7 +266,7 @@ def _dimension(path: Path, col: pa.Array, lengths: np.ndarray, valid: np.ndarray
 
 
 def read_feature_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None,
-                      name: str | None = None) -> FeatureDrop:
+                      name: str | None = None, max_bytes: int | None = None) -> FeatureDrop:
     """Read and validate a feature drop; bad rows are quarantined with a reason, never dropped silently.
 
     Parameters
@@ -235,6 +277,9 @@ def read_feature_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None =
         Utility label columns; overrides ``drop.yaml``'s ``labels``.
     name : str, optional
         Dataset name; overrides ``drop.yaml``'s ``name`` (default: the directory name).
+    max_bytes : int, optional
+        The most bytes the table may decode to, checked from its Parquet metadata before it is
+        decoded (default: the setting ``DEID_FEATURE_MAX_BYTES``'s default).
 
     Returns
     -------
@@ -258,7 +303,9 @@ def read_feature_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None =
         raise DropError(f"{root / DROP_YAML}: kind={meta.get('kind')!r}; a feature drop needs 'kind: features'")
     relative, column, declared = _config(root, meta)
     path = root / relative
-    table, sha = _read_table(root, relative)
+    if max_bytes is None:
+        from deid.settings import FEATURE_MAX_BYTES as max_bytes  # noqa: PLC0415 - the setting's default, declared there
+    table, sha = _read_table(root, relative, max_bytes=max_bytes)
     if labels is None:
         labels = meta.get("labels")
         if isinstance(labels, str):

@@ -353,11 +353,36 @@ def _jpeg_truncated(data: bytes) -> bool:
     return True
 
 
+# Elements converted at a time: the temporaries of a conversion stay ~8 MB whatever the image's size,
+# so decoding holds the decoded buffer and the output only (a 6000x6000 16-bit RGBA PNG: 288 MB decoded;
+# whole-image uint32/float32 temporaries took 1.45 GB, 5x the decoded-byte budget; issue 28).
+_CHUNK = 1 << 20
+
+
+def _u16_to_u8(img: np.ndarray) -> np.ndarray:
+    """A uint16 array scaled to uint8 (``(v * 255 + 32767) // 65535``) in its own buffer, a chunk at a time.
+
+    Element ``i``'s byte goes to byte ``i`` of the buffer, which held element ``i // 2``: already
+    read (each chunk is copied out before its bytes are written), so no second buffer is needed.
+    The result is a view of the decoded buffer (freed with it).
+    """
+    flat = np.ascontiguousarray(img).reshape(-1)
+    out = flat.view(np.uint8)[: flat.size]
+    for a in range(0, flat.size, _CHUNK):
+        t = flat[a:a + _CHUNK].astype(np.uint32)
+        t *= 255
+        t += 32767
+        t //= 65535
+        out[a:a + len(t)] = t
+    return out.reshape(img.shape)
+
+
 def _to_uint8(img: np.ndarray) -> np.ndarray:
+    """A decoded image as uint8; a 16-bit one is converted inside its own buffer (the decoder's, not shared)."""
     if img.dtype == np.uint8:
         return img
     if img.dtype == np.uint16:
-        return ((img.astype(np.uint32) * 255 + 32767) // 65535).astype(np.uint8)
+        return _u16_to_u8(img)
     if img.dtype == np.int8:
         return (img.astype(np.int16) + 128).astype(np.uint8)
     if img.dtype == np.int16:
@@ -370,6 +395,21 @@ def _to_uint8(img: np.ndarray) -> np.ndarray:
     return np.clip(img, 0, 255).astype(np.uint8)
 
 
+def _over_white(colour: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """``colour`` composited over white by ``alpha`` (uint8 both; alpha 2-D), rounded to uint8."""
+    a = alpha.astype(np.float32) / 255.0
+    if colour.ndim == 3:
+        a = a[:, :, None]
+    out = colour.astype(np.float32) * a + 255.0 * (1.0 - a)
+    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+
+
+def _row_chunks(img: np.ndarray) -> range:
+    """Row starts of blocks of about :data:`_CHUNK` elements."""
+    per_row = max(1, int(np.prod(img.shape[1:])))
+    return range(0, img.shape[0], max(1, _CHUNK // per_row))
+
+
 def _to_gray(img: np.ndarray) -> np.ndarray:
     """Any decoded array (grey, grey+alpha, BGR, BGRA; 8/16-bit/float) to 2-D uint8, alpha over white."""
     img = _to_uint8(img)
@@ -378,15 +418,15 @@ def _to_gray(img: np.ndarray) -> np.ndarray:
     channels = img.shape[2]
     if channels == 1:
         return img[:, :, 0]
-    if channels == 2:
-        gray, alpha = img[:, :, 0], img[:, :, 1]
-    elif channels == 3:
+    if channels == 3:
         return cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
-    else:
-        gray, alpha = cv2.cvtColor(img[:, :, :3], cv2.COLOR_BGR2GRAY), img[:, :, 3]
-    a = alpha.astype(np.float32) / 255.0
-    out = gray.astype(np.float32) * a + 255.0 * (1.0 - a)
-    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+    out = np.empty(img.shape[:2], np.uint8)
+    step = _row_chunks(img).step
+    for r in _row_chunks(img):  # a block of rows at a time: float32 temporaries of the block only
+        block = img[r:r + step]
+        gray = block[:, :, 0] if channels == 2 else cv2.cvtColor(block[:, :, :3], cv2.COLOR_BGR2GRAY)
+        out[r:r + step] = _over_white(gray, block[:, :, 1 if channels == 2 else 3])
+    return out
 
 
 def _to_bgr(img: np.ndarray) -> np.ndarray:
@@ -399,13 +439,13 @@ def _to_bgr(img: np.ndarray) -> np.ndarray:
         return cv2.cvtColor(img[:, :, 0], cv2.COLOR_GRAY2BGR)
     if channels == 3:
         return img
-    if channels == 2:
-        colour, alpha = cv2.cvtColor(img[:, :, 0], cv2.COLOR_GRAY2BGR), img[:, :, 1]
-    else:
-        colour, alpha = img[:, :, :3], img[:, :, 3]
-    a = alpha.astype(np.float32)[:, :, None] / 255.0
-    out = colour.astype(np.float32) * a + 255.0 * (1.0 - a)
-    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+    out = np.empty((*img.shape[:2], 3), np.uint8)
+    step = _row_chunks(img).step
+    for r in _row_chunks(img):
+        block = img[r:r + step]
+        colour = cv2.cvtColor(block[:, :, 0], cv2.COLOR_GRAY2BGR) if channels == 2 else block[:, :, :3]
+        out[r:r + step] = _over_white(colour, block[:, :, 1 if channels == 2 else 3])
+    return out
 
 
 def _check(data: bytes, max_pixels: int) -> tuple[str, tuple[int, int]]:

@@ -128,12 +128,12 @@ class FeatureDeidentified:
 
 
 def ingest_feature_drop(drop_dir: str | os.PathLike, staging: Path, *, labels: list[str] | None = None,
-                        name: str | None = None) -> FeatureIngest:
+                        name: str | None = None, max_bytes: int | None = None) -> FeatureIngest:
     """Read and validate the drop, stage its usable records (``ingested_features.parquet``).
 
     Raises :class:`~deid.errors.DropError` for a drop that cannot be read at all.
     """
-    drop = read_feature_drop(drop_dir, labels=labels, name=name)
+    drop = read_feature_drop(drop_dir, labels=labels, name=name, max_bytes=max_bytes)
     path = Path(staging) / INGESTED
     tmp = path.with_name(f".{path.name}.tmp")
     pq.write_table(drop.to_table(), tmp)
@@ -163,6 +163,7 @@ def resolve_feature_people(drop: FeatureDrop, *, policy: str = "merge") -> Featu
     n = len(drop.record_ids)
     X = _standardised(drop.vectors) if n else None
     res = resolve_people(list(drop.subject_ids), X, space="feature")
+    res = res.named(drop.record_ids)  # the report names a merge by its records' staging ids, never by subject id
     person = np.asarray(res.person, dtype=object)
     keep = np.ones(n, dtype=bool)
     quarantined: list[Quarantined] = []
@@ -294,7 +295,7 @@ def ingest_features(drop_dir: str | os.PathLike, layout: StagingLayout, config: 
 
     try:
         ing = ingest_feature_drop(drop_dir, layout.root, labels=list(config.labels) if config.labels else None,
-                                  name=config.name)
+                                  name=config.name, max_bytes=config.feature_max_bytes)
         validation = {"feature_table": validate_feature_table(ing.drop),
                       "feature_ingested": validate_feature_table(ing.drop, staged=True)}
     except DataError as exc:
@@ -364,7 +365,7 @@ def partition_features(ingested: FeatureIngest, identity: FeatureIdentity, confi
         notes = (f"{config.method} without utility labels runs as k-Same (one partition); utility is not applicable",)
         (logger or log).warning("%s", notes[0])
     checks = tuple(drop_checks(records_in=drop.records_in, people=len(set(identity.person[identity.keep])),
-                               k=config.k))
+                               k=config.k, unit="the feature table has no rows"))
     # An empty drop or one with fewer than k people goes straight to a (rejected) gate, its records held back.
     proceed = all(c.passed for c in checks)
     planned, keep = None, None

@@ -85,6 +85,10 @@ def drop_fingerprint(drop_dir: str | os.PathLike) -> str:
         raise DropError(f"drop directory {root} does not exist or is not a directory")
     files, others = scan_tree(root)
     manifest = MANIFEST if MANIFEST in files or DROP_YAML not in files or run_kind(root) != "features" else DROP_YAML
+    if manifest not in files and manifest in others:
+        # A FIFO, device or symlink named manifest.csv: it is there, but it is never read (nor followed).
+        raise DropError(f"{root}: {manifest} is not a regular file (a symlink, FIFO or device; drop files are read "
+                        f"without following links or waiting on a pipe); copy the real {manifest} into the drop")
     if manifest not in files:
         raise DropError(f"{root} has no {MANIFEST} (nor a {DROP_YAML} saying kind: features); only complete drops "
                         f"(manifest + {READY}) can be fingerprinted")

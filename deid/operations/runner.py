@@ -35,8 +35,9 @@ from deid.contracts import (
     StagingLayout,
     UnreadableDrop,
 )
-from deid.errors import EnvironmentFailure, StateError
+from deid.errors import ConfigError, DataError, EnvironmentFailure, RecordError, StateError
 from deid.heap import release_free_memory
+from deid.intake.drop import DROP_YAML, MANIFEST, read_drop_file
 from deid.intake.features import run_kind
 from deid.operations.executors import Executor, LocalExecutor, PoolExecutor
 from deid.operations.features import FeatureSteps, feature_report
@@ -141,6 +142,10 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
     except EnvironmentFailure as exc:  # raised as such (e.g. the lineage database unreachable): as an OSError
         run.fail(f"environment failure (not a verdict on the data): {exc}", check="environment")
         raise
+    except (DataError, ConfigError) as exc:
+        # The data (or a setting) found unusable past the ingest, e.g. inside the gate's attackers: a verdict
+        # on the input like an unreadable drop's, signed and named, never a run that ends without a report.
+        result = run.refused(exc)
     except StateError as exc:
         # A refused registry, a lineage that moved on, a publish that failed after signing: publishes nothing
         # and says why in a signed report (invariant 4); the error still reaches the caller (exit 70).
@@ -152,6 +157,10 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
     finally:
         lock.close()
     return replace(result, recovered=tuple(recovered))
+
+
+# How a rejection by :meth:`_Run.refused` begins (the CLI tells it from an unreadable drop by it).
+UNUSABLE_DROP = "the drop could not be judged"
 
 
 @dataclass
@@ -392,12 +401,30 @@ class _Run:
         return RunResult(release_id=self.release_id, verdict="rejected", report=report, report_path=path.path,
                          public_key=path.public_key, key_origin=path.key_origin, input_error=ing.reason)
 
+    def refused(self, exc: DataError | ConfigError) -> RunResult:
+        """A data or configuration error raised after the ingest (in a stage or the gate): a signed rejection.
+
+        Nothing is published; a report already signed (the error came after it) is never replaced.
+        """
+        reason = f"{UNUSABLE_DROP}: {exc}"
+        self.logger.error("release %s: %s", self.release_id, reason)
+        self.abandon()
+        if (self.report_dir / "report.json.sig").exists():
+            raise exc
+        signed = self.sign_rejection(reason, check="gate_error")
+        if signed is None:
+            raise StateError(f"{reason}; and its signed rejection could not be written (see the log)") from exc
+        report, path = signed
+        return RunResult(release_id=self.release_id, verdict="rejected", report=report, report_path=path.path,
+                         public_key=path.public_key, key_origin=path.key_origin, input_error=reason)
+
     def sign_rejection(self, reason: str, *, check: str = "drop_readable"):
         """The signed rejection of a run that could not get as far as the gate; (report, SignedReport) or None."""
         # Fingerprinted by what describes the drop without reading it: its manifest, or a feature drop's drop.yaml.
+        # Read as every drop file is (no link followed, a FIFO refused at once): a rejection never waits on it.
         try:
-            raw = (Path(self.drop) / ("drop.yaml" if self.config.kind == "features" else "manifest.csv")).read_bytes()
-        except OSError:
+            raw = read_drop_file(Path(self.drop), DROP_YAML if self.config.kind == "features" else MANIFEST)
+        except (RecordError, OSError):
             raw = b""
         report = build_rejection(release_id=self.release_id, run_id=self.run_id, created_at=pipeline.now_iso(),
                                  config=self.config, drop=self.drop, reason=reason,

@@ -1066,6 +1066,9 @@ def resolve_identities(faces: pa.Table, *, policy: str = "merge", embeddings: np
     X = _features(faces.column("features"), np.float32) if faces.num_rows else None
     res = resolve_people(shared_objects(_array(faces.column("subject_id"))).tolist(), X, embeddings=embeddings)
     del X
+    if res.face_merges:  # the report names a merge by its records' staging ids, never by subject id
+        at = res.merged_positions()
+        res = res.named(dict(zip(at, _array(faces.column("record_id")).take(pa.array(at, pa.int64())).to_pylist())))
     people = pa.array(list(res.person), pa.string())
     faces = faces.set_column(faces.schema.get_field_index("subject_id"), "subject_id", people)
     quarantined: list[Quarantined] = []

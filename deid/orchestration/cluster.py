@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from functools import partial
@@ -56,11 +57,22 @@ def dask_cluster(address: str | None, *, workers: int = 2) -> Iterator[str]:
 
 
 def manifest_rows(drop: str | Path | None, *, stop_after: int) -> int | None:
-    """Rows of the drop's manifest.csv, counting at most ``stop_after + 1``; None if it cannot be read."""
+    """Rows of the drop's manifest.csv, counting at most ``stop_after + 1``; None if it cannot be read.
+
+    Opened as every drop file is (:func:`deid.intake.drop.open_drop_file`): a FIFO, device or
+    symlink is None here at once (the ingest then signs the rejection naming it), never a wait.
+    """
+    from deid.errors import RecordError  # noqa: PLC0415
+    from deid.intake.drop import MANIFEST, open_drop_file  # noqa: PLC0415
+
     if drop is None:
         return None
     try:
-        with open(Path(drop) / "manifest.csv", newline="", encoding="utf-8", errors="replace") as f:
+        fd = open_drop_file(Path(drop), MANIFEST)
+    except (RecordError, OSError):
+        return None
+    try:
+        with os.fdopen(fd, newline="", encoding="utf-8", errors="replace") as f:
             rows = -1  # the header
             for rows, _ in enumerate(csv.reader(f)):
                 if rows > stop_after:

@@ -15,6 +15,7 @@ raises :class:`~deid.errors.ReleaseRejected`.
 """
 from __future__ import annotations
 
+import logging
 from functools import partial
 from pathlib import Path
 
@@ -35,6 +36,11 @@ from deid.reporting.markdown import md
 from deid.reporting.verdict import check_rows, root_cause_order, verdict_summary
 
 REJECTED = "Rejected"  # the state name a rejected release ends in
+log = logging.getLogger(__name__)
+# The signed outcome of the flow run this process is running (set the moment run_release returns): once
+# the report is signed and the release published or withheld, the Prefect API is optional -- a server
+# lost after that is a warning, never a failure of a run whose result is on disk (issue 28).
+_signed: list[RunResult] = []
 
 
 def run_name() -> str:
@@ -60,9 +66,13 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
     with progress_to_ui():  # the gate's progress lines on the run's page, not only on the console
         result = run_release(drop, config, steps=STEPS, cluster=partial(dask_executor, drop=drop),
                              run_id=str(flow_run.get_id() or "") or None, logger=get_run_logger())
-    ui_artifacts(result)
-    _update_run(name=f"{result.report.dataset.name} k={config.k} {config.method}",
-                tags=[f"verdict:{result.verdict}", f"release:{result.release_id}"])
+    _signed.append(result)
+    if api_reachable():
+        ui_artifacts(result)
+        _update_run(name=f"{result.report.dataset.name} k={config.k} {config.method}",
+                    tags=[f"verdict:{result.verdict}", f"release:{result.release_id}"])
+    else:
+        _api_lost(result, "after the verdict")
     if result.released:
         return result
     # The failed checks' names only: the reasons are in the verdict artifact and the report (the
@@ -88,8 +98,47 @@ def outcome(state: State):
 
 
 def run_flow(drop: str, **params) -> RunResult:
-    """Run the release flow and return its :class:`~deid.contracts.RunResult`, released or rejected."""
-    return outcome(release(drop=drop, **params, return_state=True))
+    """Run the release flow and return its :class:`~deid.contracts.RunResult`, released or rejected.
+
+    A failure of Prefect itself after the run signed its verdict (the API lost while the flow's
+    final state or its events were sent) returns that signed result with a warning: the release
+    is published (or withheld) and verifiable whatever the UI shows.
+    """
+    _signed.clear()
+    try:
+        return outcome(release(drop=drop, **params, return_state=True))
+    except ReleaseRejected:
+        raise
+    except Exception as exc:
+        if not _signed:
+            raise
+        result = _signed[-1]
+        _api_lost(result, f"while the flow run was being closed ({type(exc).__name__}: {exc})")
+        return result
+    finally:
+        _signed.clear()
+
+
+def api_reachable(timeout: float = 2.0) -> bool:
+    """Does this process's Prefect API answer (True when none is configured: the engine's own)?"""
+    from prefect.settings import PREFECT_API_URL  # noqa: PLC0415
+
+    from deid.orchestration.prefect_api import healthy  # noqa: PLC0415
+
+    url = PREFECT_API_URL.value()
+    return not url or healthy(url, timeout=timeout)
+
+
+def _api_lost(result: RunResult, when: str) -> None:
+    """Warn that the Prefect API was lost ``when``; stop Prefect's log and event senders (they would retry for
+    minutes at exit). The run's outcome stands: the release is published (or withheld) and its report signed."""
+    from deid.orchestration.prefect_api import flush_to_api  # noqa: PLC0415
+
+    log.warning("the Prefect API stopped answering %s: the run's outcome stands (release %s %s, signed report %s; "
+                "verify with `deid verify`); the flow run's state, artifacts and last logs are missing from the UI",
+                when, result.release_id, "published" if result.released else "withheld (rejected)",
+                result.report_path)
+    flush_to_api(timeout=1.0)
 
 
 def _update_run(*, parameters: dict | None = None, name: str | None = None, tags: list[str] | None = None) -> None:

@@ -9,6 +9,8 @@ released and not suppressed.
 """
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
@@ -213,6 +215,7 @@ def build_rejection(*, release_id: str, run_id: str, created_at: str, config: Ru
     ``fingerprint`` covers only what could be read without reading the drop: its manifest.csv,
     or a feature drop's drop.yaml (``config.kind == "features"``).
     """
+    reason = public_text(reason, drop=drop, roots=(config.data_path.parent, config.reports_path.parent))
     if config.kind == "features":
         from deid.anonymise.features import feature_guarantee  # noqa: PLC0415 - NumPy, only for feature drops
 
@@ -230,3 +233,28 @@ def build_rejection(*, release_id: str, run_id: str, created_at: str, config: Ru
         signing=signing, versions=dict(versions),
         configuration={"labels": list(config.labels or []), "fingerprint_scope": scope,
                        **({"kind": config.kind} if config.kind != "images" else {})})
+
+
+# An absolute POSIX path of two or more components ("1/k" and "a/b" are not: no leading slash after a space).
+_ABSOLUTE = re.compile(r"(?<![\w.~])/(?:[^\s/'\",;:()]+/)+[^\s/'\",;:()]*")
+
+
+def public_text(text: str, *, drop: str | os.PathLike | None, roots: Sequence[str | os.PathLike] = ()) -> str:
+    """``text`` with no absolute path: the drop's path becomes its directory name, a project path relative.
+
+    A report goes to recipients; the steward's directory layout (home directory, user name,
+    mount points) is none of their business. The drop is named by its directory name (as
+    ``dataset.name`` is), a path under one of ``roots`` (the project: data/, reports/) relative
+    to it, and any other absolute path by its last component.
+    """
+    out = str(text)
+    if drop is not None:
+        name = Path(drop).name or "drop"
+        for form in sorted({os.fspath(drop), os.path.abspath(drop), os.path.realpath(drop)}, key=len, reverse=True):
+            if len(form) > 1:
+                out = out.replace(form.rstrip("/"), name)
+    for root in sorted({os.path.realpath(r) for r in roots} | {os.path.abspath(r) for r in roots},
+                       key=len, reverse=True):
+        if len(root) > 1:
+            out = out.replace(root.rstrip("/") + "/", "")
+    return _ABSOLUTE.sub(lambda m: Path(m.group()).name or "/", out)

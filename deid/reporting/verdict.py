@@ -216,7 +216,8 @@ def verdict_summary(report: Any, *, report_html: str | Path | None = None) -> Ve
     warnings += [round_numbers(str(w)) for w in d.get("warnings") or [] if str(w).split(":", 1)[0] not in undecided]
     if (d.get("signing") or {}).get("key_origin") == "development":
         warnings.append("signed with a development key: not for production releases (create one with `deid keygen`)")
-    headline = verdict.upper() + (" (unreadable drop)" if "drop_readable" in failed else "")
+    headline = verdict.upper() + (" (unreadable drop)" if "drop_readable" in failed
+                                  else " (unusable drop)" if "gate_error" in failed else "")
     guarantee = str(d.get("guarantee") or "no formal guarantee") if released else NOTHING_RELEASED
     return VerdictSummary(verdict=verdict, headline=headline, guarantee=guarantee, causes=tuple(causes),
                           consequences=tuple(consequences), warnings=tuple(warnings), figures=tuple(_figures(d)),

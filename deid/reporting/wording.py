@@ -16,6 +16,8 @@ __all__ = ["check_requirement", "measured", "status_text", "threshold_text"]
 # What each gate check requires, in words (the check's code name is shown beside it).
 _REQUIREMENTS = {
     "drop_readable": "The drop can be read",
+    "gate_error": "The drop can be judged (no stage or attacker refused its data)",
+    "partition_clusters": "Every label partition keeps enough clusters (no partition collapsed into a few faces)",
     "drop_not_empty": "The drop has records",
     "enough_people": "The drop has at least k distinct usable people",
     "quarantine_fraction": "Few records are quarantined",
