@@ -404,6 +404,13 @@ def test_skewed_photo_counts_keep_every_partition(project, prefect_server, tmp_p
     assert checks["partition_clusters"]["passed"] and checks["partition_clusters"]["value"] >= 0.8
     assert report["privacy"]["min_distinct_people_per_cluster"] >= 5
     assert report["privacy"]["max_person_share"] <= 0.2
+    # Every cross-fit fold used (today 0 of 15), and no headline rate from fewer than DEID_MIN_PROBES probes.
+    cross = [u for u in report["utility"] if u.get("protocol") == "cross-fit"]
+    assert cross and all(u["folds_run"] > 0 and u["folds_skipped"] == 0 for u in cross), cross
+    headline = [r for r in report["privacy"]["reidentification"] if r["rate"] == report["privacy"]["max_rate"]]
+    assert headline and all(r.get("status") != "insufficient_evidence" for r in headline), headline
+    minimum = report["privacy"]["attack_sample"].get("min_probes")
+    assert minimum and all(r["n_probes"] >= minimum for r in headline), headline
 
 
 def test_one_face_under_five_fake_ids_is_one_person(project, prefect_server, tmp_path, quick_recogniser):
