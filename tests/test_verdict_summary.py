@@ -111,3 +111,14 @@ def test_cli_summary_prints_warnings_guarantee_and_report_html(tmp_path, capsys)
         utility = [x for x in lines if x.startswith("utility ")]
         assert [x.split(":")[0] for x in utility] == ["utility gender", "utility expression"]  # one per label
     assert "people per cluster: at least 5 distinct" not in out  # blur's run: no such figure, not "None"
+
+
+def test_a_utility_line_says_what_its_gate_check_decided():
+    # The cross-fit row may carry "pass" (one protocol's view) while the check is inconclusive: the line
+    # follows the check, so "RELEASED" never hides an undecided label behind "pass".
+    r = _inconclusive_release()
+    for u in r["utility"]:
+        u["status"] = "pass"
+    lines = dict(verdict_summary(r).figures)
+    gender = [v for key, v in lines.items() if key.startswith("utility gender")]
+    assert gender and gender[0].endswith("inconclusive"), lines

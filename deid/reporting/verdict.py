@@ -183,8 +183,11 @@ def _figures(d: Mapping[str, Any]) -> list[tuple[str, str]]:
             parts.append(drop)
         if u.n_test is not None:
             parts.append(f"n={u.n_test}")
-        if u.status:
-            parts.append(str(u.status).replace("_", " "))
+        # The gate's check decides what the line says (a row's own status is one protocol's view of it).
+        decided = next((c.get("status") for c in d.get("checks") or []
+                        if isinstance(c, Mapping) and c.get("name") == f"utility_{u.label}"), None) or u.status
+        if decided:
+            parts.append(str(decided).replace("_", " "))
         out.append((f"utility {u.label}" + (f" [{protocol}]" if protocol else ""), ", ".join(parts)))
     return out
 
