@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from deid.errors import ConfigError
 from deid.anonymise.method_registry import COLOR_METHODS, FEATURE_METHODS, REGISTRY, MethodSpec, method_spec
+from deid.anonymise.randomness import ReleaseSeed
 from deid.settings import SMALL_PARTITION_POLICIES, Settings
 
 if TYPE_CHECKING:
@@ -82,6 +83,9 @@ class RunConfig:
     ksame_block_size: int = 2000  # k-Same groups blockwise above this many faces (one Dask task per block)
     dask_address: str | None = None
     seed_fixed: bool = False  # DEID_SEED was set (else a random method's release draws its own secret seed)
+    # The method's random state (deid.anonymise.randomness): drawn from the OS unless DEID_SEED fixes it,
+    # drawn again for every release (run_release: for_release); never shown, never in a report.
+    release_seed: ReleaseSeed | None = field(default=None, repr=False, compare=False)
     duplicate_ids: str = "merge"
     identity_embed_max: int = 2000
     lineage_policy: str = "invariant"
@@ -97,6 +101,12 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         _check(self)
+        if self.release_seed is None or self.release_seed.fixed != self.seed_fixed:
+            object.__setattr__(self, "release_seed", ReleaseSeed.draw(self.seed if self.seed_fixed else None))
+
+    def for_release(self) -> RunConfig:
+        """This configuration with a fresh :class:`~deid.anonymise.randomness.ReleaseSeed` (one per release)."""
+        return replace(self, release_seed=ReleaseSeed.draw(self.seed if self.seed_fixed else None))
 
     @classmethod
     def resolve(cls, settings: Settings | None = None, *, k: int | None = None, method: str | None = None,

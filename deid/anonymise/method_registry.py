@@ -94,8 +94,9 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
                _empirical("each face is a weighted mean over its own random set of k faces of k people, in which "
                           "it keeps a higher weight on label-relevant features; sets overlap, there are no clusters")),
     MethodSpec("attribute-preserving", "k", False, False, False,
-               _empirical("each face is the average of the k nearest faces of k other people, moved to its labels "
-                          "by a linear transfer in eigenface space (not the paper's GAN); no clusters")),
+               _empirical("each face is the average of k random faces of k other people (drawn with the release's "
+                          "secret seed), moved to its labels by a linear transfer in eigenface space (not the "
+                          "paper's GAN); no clusters")),
 )}
 
 # Methods of feature-vector releases (deid.anonymise.features). ``noise`` (Gaussian noise on each

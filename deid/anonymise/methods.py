@@ -96,9 +96,10 @@ def pixelate(images: Any, *, shape: tuple[int, int], block: int) -> np.ndarray:
     return to_uint8(full).reshape(len(a), h * w)
 
 
-# The study's parrot attacker re-runs the method on the very originals (same people, k and seed) the
-# release was made from, and its utility folds re-run it on the same training people for every
-# point: a deterministic function of those inputs is computed once (deid.memo).
+# The gate's parrot attacker re-runs the method on the very originals (same people and k; the same
+# seed only when it is fixed, deid.anonymise.randomness) the release was made from, and its utility
+# folds re-run it on the same training people for every point: a deterministic function of those
+# inputs is computed once (deid.memo).
 _DEIDENTIFIED = Memo("deidentify")
 
 

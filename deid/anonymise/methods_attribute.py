@@ -8,11 +8,10 @@ from typing import Any, Hashable, Mapping, Sequence
 import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.linear_model import Ridge
-from threadpoolctl import threadpool_limits
 
 from deid.errors import ConfigError
 from deid.alignment.features import Eigenfaces
-from deid.anonymise.ksame import _factorize, _nearest_distinct
+from deid.anonymise.ksame import _factorize
 from deid.anonymise.methods_factor import check_labels
 from deid.anonymise.methods_ksame import check_images, check_k, to_uint8
 
@@ -24,12 +23,34 @@ def one_hot(codes: dict[str, np.ndarray]) -> np.ndarray:
     return np.hstack([np.eye(int(c.max()) + 1)[c] for c in codes.values()])
 
 
-class AttributePreserving(BaseEstimator):
-    """Attribute-preserving k-Same: average k faces of other people moved to the face's attributes.
+def random_donors(pcodes: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Per face, one uniformly random face of each of ``k`` uniformly random *other* people, (n_faces, k).
 
-    For each face, the ``k`` nearest faces (eigenface distance) of ``k`` distinct *other*
-    people are each moved to the face's label values and averaged; the face itself does not
-    enter its release. The paper moves faces with a GAN (ELEGANT) whose weights cannot be
+    ``pcodes``: integer person codes 0..P-1 (P > k). The people are drawn without replacement
+    from the P - 1 others; a person's face uniformly among theirs.
+    """
+    n, n_people = len(pcodes), int(pcodes.max()) + 1
+    order = np.argsort(pcodes, kind="stable")  # each person's faces, contiguous
+    counts = np.bincount(pcodes, minlength=n_people)
+    starts = np.r_[0, np.cumsum(counts)[:-1]]
+    # k distinct people of the P - 1 others: distinct codes of 0..P-2, those at or above the
+    # face's own person shifted up by one (the own person is never drawn).
+    who = np.stack([rng.choice(n_people - 1, size=k, replace=False) for _ in range(n)])
+    who += who >= pcodes[:, None]
+    pick = (rng.random((n, k)) * counts[who]).astype(np.intp)  # a uniform face of each drawn person
+    return order[starts[who] + np.minimum(pick, counts[who] - 1)]
+
+
+class AttributePreserving(BaseEstimator):
+    """Attribute-preserving k-Same: average k random faces of other people moved to the face's attributes.
+
+    For each face, ``k`` distinct *other* people are drawn at random and one random face of
+    each (the paper's k random donors); the donors are each moved to the face's label values
+    and averaged; the face itself does not enter its release. The draws use ``random_state``:
+    in a release its secret seed (:mod:`deid.anonymise.randomness`), so an attacker who re-runs
+    the method on the originals draws other donors. (The k *nearest* donors, chosen
+    deterministically, let that attacker rebuild every released face: parrot 0.990 on London at
+    k=5, issue 31; the variant is not kept.) The paper moves faces with a GAN (ELEGANT) whose weights cannot be
     obtained here; this implementation uses a *linear* attribute transfer: per-label-value
     directions in eigenface space, fitted by ridge regression of the coefficients on the
     one-hot labels (all labels jointly, so correlated labels are separated), and moving face
@@ -44,7 +65,7 @@ class AttributePreserving(BaseEstimator):
         Ridge penalty of the attribute directions (> 0).
     n_components : int, default 50
     random_state : int, default 0
-        Seed of the eigenface fit.
+        Seed of the donor draws and of the eigenface fit (a release passes its secret seed).
 
     Attributes
     ----------
@@ -52,7 +73,7 @@ class AttributePreserving(BaseEstimator):
         Eigenface-space offset of each label value (one-hot order: labels, then values in
         first-appearance order).
     donors_ : ndarray of shape (n_faces, k)
-        The faces averaged for each face.
+        The faces averaged for each face: one of each of k random other people.
     released_ : ndarray of shape (n_faces, n_pixels)
 
     References
@@ -89,14 +110,7 @@ class AttributePreserving(BaseEstimator):
         H = one_hot(codes)
         self.directions_ = Ridge(alpha=float(self.alpha)).fit(H, Z).coef_.T  # (n_values, n_components)
         shift = H @ self.directions_  # each face's attribute offset
-        sq = np.einsum("ij,ij->i", Z, Z)
-        donors = np.empty((n, k), dtype=np.intp)
-        with threadpool_limits(limits=1, user_api="blas"):
-            for i in range(n):
-                d = sq - 2.0 * (Z @ Z[i])
-                d[pcodes == pcodes[i]] = np.inf  # never the face's own person
-                donors[i] = _nearest_distinct(d, pcodes, k, n - int((pcodes == pcodes[i]).sum()))
-        self.donors_ = donors
+        donors = self.donors_ = random_donors(pcodes, k, np.random.default_rng(self.random_state))
         # Move every donor j to face i's labels: z_j - shift_j + shift_i, then average.
         coef = (Z[donors] - shift[donors]).mean(axis=1) + shift
         self.released_ = e.mean_.astype(np.float64) + coef @ e.components_.astype(np.float64)

@@ -104,7 +104,9 @@ def cmd_study(args) -> int:
             gate = replace(gate, attackers=tuple(args.attackers))
         cfg = StudyConfig(ks=args.k, sigmas=args.sigma, blocks=args.block, gate=gate,
                           methods=tuple(args.methods) if args.methods else None,
-                          labels=tuple(args.labels) if args.labels else None, workers=args.workers)
+                          labels=tuple(args.labels) if args.labels else None, workers=args.workers,
+                          # The release flow's seed policy: secret per point unless --seed / DEID_SEED fixes it.
+                          seed=args.seed if args.seed is not None else settings.seed)
         print(f"deid study: {drop} -> {out}", file=sys.stderr)
         _progress()
         res = study_drop(drop, out, cfg)
@@ -147,7 +149,10 @@ def register(subparsers) -> None:
     p.add_argument("--labels", type=_names, default=None, help="utility labels (default: the drop's)")
     p.add_argument("--repeats", type=int, default=None,
                    help="repeats of the older utility protocols per point (default: settings cv_repeats)")
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None,
+                   help="fix the methods' random seed (not secret: the parrot attacker then re-runs a random method "
+                        "with it) and the gate's samples; default: DEID_SEED, else a secret seed per point from the "
+                        "OS, as a release")
     p.add_argument("--leak-threshold", type=float, default=None,
                    help="mean absolute grey-level difference below which a released face is a near copy "
                         "(default: settings leak_threshold)")

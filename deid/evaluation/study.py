@@ -24,6 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
+from deid.anonymise.randomness import ReleaseSeed
 from deid.contracts import MethodInputs
 from deid.evaluation.checks import Check
 from deid.errors import ConfigError, DataError
@@ -199,6 +200,11 @@ class StudyConfig:
     :data:`deid.anonymise.methods.REGISTRY` (of :data:`deid.anonymise.methods.FEATURE_METHODS` for a feature
     drop), each with its default options. ``workers`` > 1 studies points in that many forked
     processes (each embeds the originals for the deep attacker once).
+
+    ``seed``: the methods' random state, under the release flow's policy
+    (:class:`deid.anonymise.randomness.ReleaseSeed`): None draws a secret seed from the OS for every
+    point's release and the parrot attacker re-runs the method with an independent one; an integer
+    (``deid study --seed``, ``DEID_SEED``) fixes it, not secret, and the parrot uses that same seed.
     """
 
     ks: Sequence[int] = (2, 3, 5, 10)
@@ -209,6 +215,7 @@ class StudyConfig:
     gate: GateConfig = field(default_factory=lambda: GateConfig(k=2, method="k-same"))
     examples: int = 3
     workers: int = 1
+    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -364,10 +371,12 @@ def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray
         raise ConfigError("points and sequences are face-image inputs; a feature drop has neither")
     data = _PointData(pixels=pixels, people=people, labels=labs, shape=tuple(shape),
                       partitions=_partition_keys(labs, names, n), examples=chosen, gate=cfg.gate, kind=kind,
+                      seed=cfg.seed,
                       points=None if points is None else list(points),
                       sequences=None if sequences is None else list(sequences),
                       frames=None if frames is None else list(frames))
     points = _points(cfg, kind)
+    logger.info("study: %s", ReleaseSeed.draw(cfg.seed).statement)  # the flow's policy, as its report says
     if cfg.workers == 1 or len(points) == 1:
         results = [_study_point(data, point) for point in points]
     else:
@@ -403,6 +412,7 @@ class _PointData(StudyDrop):
     examples: np.ndarray
     gate: GateConfig
     kind: str = "images"
+    seed: int | None = None  # StudyConfig.seed: None = a secret seed per point's release
 
 
 _WORKER_DATA: _PointData | None = None
@@ -459,8 +469,10 @@ def _study_point(data: _PointData, point: tuple[str, str, float, int]) -> tuple[
     kw = {sname: strength}
     g = data.gate
     base = {"method": method, "strength_name": sname, "strength": strength, "k": k}
+    # The release flow's policy (deid.anonymise.randomness): a secret seed per release unless fixed.
+    seed = ReleaseSeed.draw(data.seed)
     common = dict(people=list(data.people), partitions=list(data.partitions), method=method,
-                  labels={x: list(v) for x, v in data.labels.items()} or None, seed=g.seed, **kw)
+                  labels={x: list(v) for x, v in data.labels.items()} or None, seed=seed.value, **kw)
     features = data.kind == "features"
     try:
         if features:
@@ -479,8 +491,9 @@ def _study_point(data: _PointData, point: tuple[str, str, float, int]) -> tuple[
 
         own = np.arange(len(data.pixels)) if clusters is None else clusters  # no clusters: one per record
         extra = (sequence_linkage_check(data.sequences, list(own), list(data.people), k=k),)
-    runner = (vector_method_runner(method, seed=g.seed, **kw) if features
-              else method_runner(method, shape=data.shape, n_components=g.n_components, seed=g.seed,
+    parrot_seed = seed.for_parrot()  # what the attacker is assumed to know: as the flow's gate
+    runner = (vector_method_runner(method, seed=parrot_seed, **kw) if features
+              else method_runner(method, shape=data.shape, n_components=g.n_components, seed=parrot_seed,
                                  options=given.gate_options(method), **kw))
     inputs = GateInputs.from_arrays(
         shape=data.shape, people=data.people, released=released, originals=data.pixels, clusters=clusters,

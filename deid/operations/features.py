@@ -38,7 +38,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import secrets
 import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -54,6 +53,7 @@ from deid.anonymise.features import deidentify_vectors, feature_guarantee, vecto
 from deid.anonymise.identity import PeopleResolution, resolve_people
 from deid.anonymise.methods import K_METHODS, method_spec
 from deid.anonymise.partition import PartitionPlan, plan_partitions
+from deid.anonymise.randomness import ReleaseSeed
 from deid.contracts import (
     ClusterInfo,
     LineageApplied,
@@ -232,21 +232,22 @@ def deidentify_features(drop: FeatureDrop, identity: FeatureIdentity, plan: Part
 
 
 def feature_gate_inputs(drop: FeatureDrop, identity: FeatureIdentity, deid: FeatureDeidentified, *,
-                        method: str, k: int, sigma: float | None, seed: int, records_in: int, suppressed: int,
+                        method: str, k: int, sigma: float | None, seed: ReleaseSeed, records_in: int,
+                        suppressed: int,
                         quarantined: int, partition_failed: bool = False, partition_detail: str = "",
                         release_columns: tuple[str, ...] = (), extra_checks: tuple[Check, ...] = (),
                         republished=None) -> GateInputs:
     """The gate's typed inputs for a feature release (``kind="features"``, ``shape=(dim,)``).
 
-    ``deidentify`` re-runs the method with another seed (the release's random state is its
-    secret): the parrot attacker applies it to its gallery, the utility protocol to the
-    training people.
+    ``deidentify`` re-runs the method with the seed :meth:`ReleaseSeed.for_parrot` gives (an
+    independent one unless ``seed`` is fixed): the parrot attacker applies it to its gallery,
+    the utility protocol to the training people.
     """
     common = dict(records_in=records_in, suppressed=suppressed, quarantined=quarantined,
                   partition_failed=partition_failed, partition_detail=partition_detail,
                   release_columns=release_columns, extra_checks=extra_checks, kind=KIND, republished=republished,
                   deidentify=vector_method_runner(method, k=k if method in K_METHODS else None, sigma=sigma,
-                                                  seed=seed + 1))
+                                                  seed=seed.for_parrot()))
     if len(deid.rows) == 0:
         return GateInputs.empty(shape=(drop.dim,), **common)
     released = np.ascontiguousarray(deid.vectors, dtype=np.float32)
@@ -387,10 +388,10 @@ def deidentify_feature_partitions(ingested: FeatureIngest, identity: FeatureIden
                                   layout: StagingLayout, config: RunConfig, *,
                                   logger: Logger | None = None) -> FeatureDeidentified:
     """De-identify every planned partition (:func:`deidentify_features`), staged as ``deidentified_features.parquet``."""
-    # The release's random state is its secret: drawn per run unless DEID_SEED fixes it.
-    seed = config.seed if config.seed_fixed else secrets.randbits(31)
+    # The release's random state (deid.anonymise.randomness): secret, drawn per release unless DEID_SEED fixes it.
     return deidentify_features(ingested.drop, identity, part.plan, part.kept, method=config.method, k=config.k,
-                               sigma=config.sigma if config.method == "noise" else None, seed=seed,
+                               sigma=config.sigma if config.method == "noise" else None,
+                               seed=config.release_seed.value,
                                staging=layout.root if part.plan.groups else None)
 
 
@@ -532,7 +533,8 @@ def stage_features(ingested: FeatureIngest, deid: FeatureDeidentified, layout: S
         key, key_path, origin = linkage_key(config)
         sources = {drop.record_ids[i]: {"subject_id": drop.subject_ids[i], "image": drop.source_ids[i]}
                    for i in deid.rows}
-        write_linkage(layout.linkage, build_linkage(staged.mapping, sources), key, release_id=release_id)
+        write_linkage(layout.linkage, build_linkage(staged.mapping, sources), key, release_id=release_id,
+                      seed=config.release_seed)
     except BaseException:
         discard(tmp)
         raise
@@ -557,7 +559,7 @@ def gate_features(ingested: FeatureIngest, identity: FeatureIdentity, part: Feat
     drop = ingested.drop
     inputs = feature_gate_inputs(
         drop, identity, deid, method=config.method, k=config.k,
-        sigma=config.sigma if config.method == "noise" else None, seed=config.seed,
+        sigma=config.sigma if config.method == "noise" else None, seed=config.release_seed,
         records_in=counts.records_in, suppressed=counts.suppressed, quarantined=counts.quarantined,
         partition_failed=part.plan.failed, partition_detail=part.small_detail,
         release_columns=tuple(staged.columns) if staged else (*FEATURE_RELEASE_BASE_COLUMNS, *drop.labels),

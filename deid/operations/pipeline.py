@@ -579,7 +579,7 @@ def deidentify(partitioned: Partitioned, labels: Sequence[str], layout: StagingL
     calls = [dict(partition_dir=str(p.dir), out_path=str(layout.deidentified_part(p.dir)), k=config.k,
                   method=config.method, shape=config.shape_hw, sigma=config.sigma, block=config.block,
                   labels=list(labels), color_dir=color_dir, block_size=config.ksame_block_size,
-                  map_blocks=map_on_cluster,
+                  map_blocks=map_on_cluster, seed=config.release_seed.value,
                   # The gate's own near-copy threshold: the stage repairs what the gate would reject.
                   near_copy_threshold=config.gate.leak_threshold) for p in partitioned.partitions]
     progress = Progress("deidentify", logger=lg).start(sum(p.records for p in partitioned.partitions))
@@ -852,7 +852,8 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
                                        label_sets=label_sets)
         file_metadata = release_files_metadata(staged.path, digests=images.known())
         key, key_path, origin = linkage_key(config)
-        write_linkage(layout.linkage, linkage_table(staged.mapping, ingested.metadata), key, release_id=release_id)
+        write_linkage(layout.linkage, linkage_table(staged.mapping, ingested.metadata), key, release_id=release_id,
+                      seed=config.release_seed)
     except BaseException:
         discard(tmp)
         raise
@@ -896,11 +897,11 @@ def gate_inputs(deidentified: Deidentified, partitioned: Partitioned, config: Ru
     common = dict(records_in=counts.records_in, suppressed=counts.suppressed, quarantined=counts.quarantined,
                   partition_failed=partitioned.failed, partition_detail=partitioned.small_detail,
                   file_metadata=dict(file_metadata or {}), extra_checks=tuple(extra_checks),
-                  # The attacker re-runs the method but cannot know the release's random state (a random
-                  # method's secret): another seed than the release's.
+                  # The attacker re-runs the method with the seed the shared policy gives it
+                  # (deid.anonymise.randomness: an independent one unless DEID_SEED fixed the release's).
                   deidentify=method_runner(config.method, shape=shape, k=config.k, sigma=config.sigma,
                                            block=config.block, n_components=config.pca_components,
-                                           seed=config.seed + 1,
+                                           seed=config.release_seed.for_parrot(),
                                            # image sequences: the model the release was made with
                                            options=partitioned.inputs.gate_options(config.method)),
                   republished=republished)

@@ -125,6 +125,9 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
     kind = run_kind(drop)
     if kind != config.kind:
         config = replace(config, kind=kind)  # re-validated: a method the drop's kind cannot run is a ConfigError
+    # Every release its own random state (secret unless DEID_SEED fixes it; deid.anonymise.randomness),
+    # even when one RunConfig serves several runs.
+    config = config.for_release()
     signing = steps.preflight(config)  # before any work: the signing key loads, every location is writable
     recovered = steps.recover(config)
     release_id = new_release_id()

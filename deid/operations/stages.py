@@ -411,7 +411,8 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
                          shape: tuple[int, int] | None = None, sigma: float | None = None,
                          block: int | None = None, labels: tuple[str, ...] | list[str] = (),
                          color_dir: str | None = None, block_size: int | None = 2000,
-                         map_blocks=None, near_copy_threshold: float | None = None) -> DeidentifiedPart:
+                         map_blocks=None, near_copy_threshold: float | None = None,
+                         seed: int = 0) -> DeidentifiedPart:
     """De-identify one partition: k-Same (k-Same-Select = this, once per label partition).
 
     ``k-same-naive`` counts images instead of people (Newton et al.'s formulation, for
@@ -434,6 +435,9 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     image lies below it from a member's own aligned face is merged with its nearest cluster, or its
     records are suppressed (:mod:`deid.anonymise.near_copy`); they are then left out of the part and
     listed in ``suppressed``. None, or any other method: no repair (the gate judges the clusters as made).
+
+    ``seed``: the release's random state (:class:`deid.anonymise.randomness.ReleaseSeed`), for the
+    methods that draw (selective-mean's sets, attribute-preserving's donors).
     """
     spec = REGISTRY.get(method)
     repair = near_copy_threshold if spec is not None and spec.repairs_near_copies else None
@@ -459,7 +463,7 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
         # clusters (blur, pixelate, selective-mean, attribute-preserving) get one per record.
         points = table.column("points").to_pylist() if has_points else None
         released, found = deidentify_images(images, shape=shape, people=list(people), method=method, k=k,
-                                            sigma=sigma, block=block,
+                                            sigma=sigma, block=block, seed=seed,
                                             labels={x: table.column(x).to_pylist() for x in labels} or None,
                                             points=points,
                                             sequences=table.column("sequence").to_pylist() if seq_cols else None,

@@ -12,7 +12,10 @@ File layout (``linkage.bin``)::
     nonce                12 random bytes
     ciphertext + tag     AES-256-GCM of the UTF-8 JSON payload
 
-The JSON payload is ``{"format": "deid-linkage-v1", "release_id": ..., "records": [...]}``.
+The JSON payload is ``{"format": "deid-linkage-v1", "release_id": ..., "records": [...], "seed": ...}``;
+``seed`` is the release's random state (:class:`deid.anonymise.randomness.ReleaseSeed`: ``{"value",
+"fixed"}``), kept here only, so the steward can reproduce a random method's release and no one else
+can (records written before it was kept have none).
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ __all__ = [
     "linkage_to_csv",
     "load_linkage_key",
     "read_linkage",
+    "read_linkage_seed",
     "sources_from_ingested",
     "write_linkage",
 ]
@@ -159,8 +163,11 @@ def _check_key(key: bytes) -> bytes:
     return bytes(key)
 
 
-def write_linkage(path: Path, mapping, key: bytes, *, release_id: str | None = None) -> Path:
+def write_linkage(path: Path, mapping, key: bytes, *, release_id: str | None = None, seed=None) -> Path:
     """Encrypt ``mapping`` with AES-256-GCM to ``path`` (mode 0600, never overwritten).
+
+    ``seed``: the release's :class:`~deid.anonymise.randomness.ReleaseSeed` (its value is kept here
+    and nowhere else; :func:`read_linkage_seed`), or None.
 
     ``mapping``: JSON-serialisable dicts, or a table of them (:func:`linkage_table`; a null
     ``counterfeit`` is left out of its record). The payload is encoded and encrypted a batch of
@@ -177,7 +184,8 @@ def write_linkage(path: Path, mapping, key: bytes, *, release_id: str | None = N
     enc.authenticate_additional_data(MAGIC)
     # json.dumps with sort_keys writes "format", "records", "release_id" in that order.
     head = json.dumps({"format": FORMAT, "records": []}, **dumps)[:-2]
-    tail = "]," + json.dumps({"release_id": release_id}, **dumps)[1:]
+    tail = "]," + json.dumps({"release_id": release_id,
+                              **({"seed": seed.to_linkage()} if seed is not None else {})}, **dumps)[1:]
 
     def chunks():
         yield MAGIC + nonce
@@ -213,6 +221,15 @@ def _record_batches(mapping, size: int = 8192):
 
 def read_linkage(path: Path, key: bytes) -> list[dict[str, Any]]:
     """Decrypt a linkage record; :class:`~deid.errors.VerificationError` on a wrong key or any modified byte."""
+    return _read_payload(path, key)["records"]
+
+
+def read_linkage_seed(path: Path, key: bytes) -> dict[str, Any] | None:
+    """The release's seed ``{"value": int, "fixed": bool}`` from its linkage record (None: not kept)."""
+    return _read_payload(path, key).get("seed")
+
+
+def _read_payload(path: Path, key: bytes) -> dict[str, Any]:
     key = _check_key(key)
     path = Path(path)
     try:
@@ -231,7 +248,7 @@ def read_linkage(path: Path, key: bytes) -> list[dict[str, Any]]:
     doc = json.loads(payload.decode("utf-8"))
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("records"), list):
         raise VerificationError(f"linkage record {path} decrypted but is not in format {FORMAT}")
-    return doc["records"]
+    return doc
 
 
 def build_linkage(

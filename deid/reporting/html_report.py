@@ -68,6 +68,8 @@ _SETTINGS = {
     "color": "colour kept (otherwise grey levels)",
     "eye_sources": "where the eye positions came from (records)",
     "pca_components": "eigenface components",
+    "randomness": "the method's random seed: secret (drawn from the OS, kept in the private linkage record) or "
+                  "fixed by DEID_SEED (not secret); what the parrot attacker was assumed to know",
     "sigma": "blur sigma (method blur)",
     "block": "pixel block size (method pixelate)",
     "gate_confidence": "confidence of every interval the gate decides from",

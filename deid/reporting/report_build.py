@@ -84,7 +84,9 @@ def shared_configuration(config: RunConfig, *, labels: Sequence[str], license: s
         "labels": list(labels), "license": license, **dict(attribution or {}), "notes": list(notes),
         "identity": dict(identity) if identity is not None else None,
         "duplicate_ids": config.duplicate_ids, "small_partitions": config.small_partitions,
-        "pca_components": config.pca_components, "utility_tolerance": config.gate.tolerance,
+        "pca_components": config.pca_components,
+        # Whether the method's seed was secret; never its value (deid.anonymise.randomness).
+        "randomness": config.release_seed.to_report(), "utility_tolerance": config.gate.tolerance,
         "utility_protocol": "cross-fit", "utility_sample": config.gate.utility_sample,
         "utility_inconclusive": config.gate.utility_inconclusive, "gate_confidence": config.gate.confidence,
         "attack_sample": config.gate.attack_sample,
