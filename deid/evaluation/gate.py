@@ -444,6 +444,14 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
                             f"not applicable: method {config.method} forms no clusters, so nothing structural "
                             "bounds re-identification; the empirical attacks decide (every upper bound <= 1/k)",
                             status="not_applicable"))
+        # Invariant 1 (every released image is shared by a cluster of >= k distinct people) is what the
+        # report validator enforces before anything is published: a method that releases one image per
+        # face is rejected here, with its reason, instead of failing that validation after the gate
+        # (a "state" error, exit 70). Its attack figures stay in the report as evidence.
+        checks.append(Check("released_in_clusters", False, 1, f">= {k} distinct people per released image",
+                            f"method {config.method} releases one image per face (no cluster of k people shares "
+                            "it): a release needs every image shared by >= k distinct people; use a k-Same "
+                            "method (k-same-select, k-same, k-same-eigen, k-same-m, multi-factor)"))
     base = FEATURE_RELEASE_BASE_COLUMNS if inputs.kind == "features" else RELEASE_BASE_COLUMNS
     columns = inputs.release_columns or (*base, *config.labels)
     allowed = set(base) | set(config.labels)
