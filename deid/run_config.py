@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from deid.errors import ConfigError
 from deid.anonymise.method_registry import COLOR_METHODS, FEATURE_METHODS, REGISTRY, MethodSpec, method_spec
-from deid.settings import SMALL_PARTITION_POLICIES, Settings
+from deid.settings import SMALL_PARTITION_POLICIES, Settings, StagingRetention
 
 if TYPE_CHECKING:
     from deid.evaluation.gate import GateConfig
@@ -80,6 +80,7 @@ class RunConfig:
     identity_embed_max: int = 2000
     lineage_policy: str = "invariant"
     lineage_absent: str = "republish"
+    keep_staging: StagingRetention = StagingRetention()  # DEID_KEEP_STAGING: applied at the run's end
     signing_key: Path | None = None
     linkage_key: Path | None = None
     # Never shown: repr=False keeps it out of logs and task parameter reprs.
@@ -123,7 +124,7 @@ class RunConfig:
             ksame_block_size=s.ksame_block_size,
             dask_address=s.dask_address, seed_fixed=s.seed is not None,
             duplicate_ids=s.duplicate_ids, identity_embed_max=s.identity_embed_max, lineage_policy=s.lineage_policy,
-            lineage_absent=s.lineage_absent,
+            lineage_absent=s.lineage_absent, keep_staging=s.staging_retention,
             signing_key=s.signing_key, linkage_key=s.linkage_key, signing_passphrase=s.signing_key_passphrase,
             database_url=s.database_url)
 
