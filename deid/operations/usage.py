@@ -56,10 +56,12 @@ def _tree(pid: int) -> list[int]:
         if not name.isdigit():
             continue
         stat = _read(f"/proc/{name}/stat")
+        if stat is None:
+            continue  # gone meanwhile
         try:
             ppid = int(stat[stat.rindex(b")") + 2:].split(None, 2)[1])  # after "pid (comm) state "
-        except (TypeError, ValueError, IndexError):
-            continue  # gone meanwhile
+        except (ValueError, IndexError):
+            continue
         kids.setdefault(ppid, []).append(int(name))
     out, todo = [], [pid]
     while todo:
