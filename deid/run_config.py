@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from deid.errors import ConfigError
 from deid.anonymise.method_registry import COLOR_METHODS, FEATURE_METHODS, REGISTRY, MethodSpec, method_spec
 from deid.anonymise.randomness import ReleaseSeed
-from deid.settings import SMALL_PARTITION_POLICIES, Settings
+from deid.settings import SMALL_PARTITION_POLICIES, Settings, StagingRetention
 
 if TYPE_CHECKING:
     from deid.evaluation.gate import GateConfig
@@ -92,6 +92,7 @@ class RunConfig:
     lineage_absent: str = "republish"
     color_auto: bool = False  # DEID_COLOR=auto: the run decides after ingest (deid.operations.pipeline.resolve_color)
     color_reason: str = ""  # why the run releases colour or grey (the report's configuration.color_decision)
+    keep_staging: StagingRetention = StagingRetention()  # DEID_KEEP_STAGING: applied at the run's end
     signing_key: Path | None = None
     linkage_key: Path | None = None
     # Never shown: repr=False keeps it out of logs and task parameter reprs.
@@ -141,7 +142,7 @@ class RunConfig:
             ksame_block_size=s.ksame_block_size,
             dask_address=s.dask_address, seed_fixed=s.seed is not None,
             duplicate_ids=s.duplicate_ids, identity_embed_max=s.identity_embed_max, lineage_policy=s.lineage_policy,
-            lineage_absent=s.lineage_absent,
+            lineage_absent=s.lineage_absent, keep_staging=s.staging_retention,
             color_auto=s.color == "auto" and s.color is not True,
             color_reason="" if s.color == "auto" and s.color is not True else f"DEID_COLOR={str(s.color).lower()}",
             signing_key=s.signing_key, linkage_key=s.linkage_key, signing_passphrase=s.signing_key_passphrase,

@@ -1,6 +1,8 @@
 """The one typed settings object; every environment read goes through it (prefix ``DEID_``)."""
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -23,6 +25,43 @@ SmallPartitionPolicy = Literal[SMALL_PARTITION_POLICIES]  # type: ignore[valid-t
 FEATURE_MAX_BYTES = 200_000_000
 
 
+KEEP_STAGING_FORMS = "none | failed | last:N (N >= 0) | all"
+
+
+@dataclass(frozen=True)
+class StagingRetention:
+    """What a finished run keeps of its private staging directory (``DEID_KEEP_STAGING``; issue 32).
+
+    Every finished run keeps the few files :attr:`deid.contracts.StagingLayout.kept_when_finished`
+    names (its markers and quarantine table: no later run reads anything else of it); beyond that:
+
+    - ``none`` (default): nothing more;
+    - ``failed``: the whole staging of runs the gate rejected (to see why);
+    - ``last:N``: the whole staging of the N most recently finished runs;
+    - ``all``: everything (the behaviour before the policy).
+
+    A live run's staging (its lock held) is never touched.
+    """
+
+    mode: Literal["none", "failed", "last", "all"] = "none"
+    last: int = 0
+
+    @classmethod
+    def parse(cls, text: str) -> StagingRetention:
+        """``none``, ``failed``, ``last:N`` or ``all``; a ValueError naming the value, the valid forms and an example."""
+        t = str(text).strip().lower()
+        if t in ("none", "failed", "all"):
+            return cls(mode=t)  # type: ignore[arg-type]
+        m = re.fullmatch(r"last:(\d{1,9})", t)
+        if m:
+            return cls(mode="last", last=int(m.group(1)))
+        raise ValueError(f"keep_staging={text!r} must be one of {KEEP_STAGING_FORMS}, e.g. DEID_KEEP_STAGING=last:3 "
+                         "(keep the whole staging of the 3 most recent finished runs) or unset it (none)")
+
+    def __str__(self) -> str:
+        return f"last:{self.last}" if self.mode == "last" else self.mode
+
+
 class Settings(BaseSettings):
     """deid configuration. Every field can be set as ``DEID_<FIELD>`` in the environment."""
 
@@ -42,6 +81,11 @@ class Settings(BaseSettings):
         description="a drop with at most this many manifest rows runs its heavy stages on DEID_DASK_WORKERS local "
                     "processes (the run's own included) instead of a Dask LocalCluster, whose start costs more than "
                     "such a drop's work; ignored with DEID_DASK_ADDRESS; 0 = always a LocalCluster")
+
+    keep_staging: str = Field(
+        default="none", description="what finished runs keep of data/staging/<release_id>/ beyond its markers and "
+                                    f"quarantine table: {KEEP_STAGING_FORMS} (see StagingRetention; `deid gc` "
+                                    "applies it to existing staging)")
 
     schedule_cron: str = Field(default="0 2 * * *", description="cron of the scheduled `release` deployment")
     incoming_dir: Path | None = Field(default=None, description="where drops arrive (default: <data>/incoming)")
@@ -136,6 +180,16 @@ class Settings(BaseSettings):
         if not all(0.0 < c < 1.0 for c in v):
             raise ValueError(f"eye position {v} must be fractions strictly between 0 and 1 of the canonical size")
         return v
+
+    @field_validator("keep_staging")
+    @classmethod
+    def _keep_staging(cls, v: str) -> str:
+        return str(StagingRetention.parse(v))
+
+    @property
+    def staging_retention(self) -> StagingRetention:
+        """``keep_staging`` parsed (validated when the settings were read)."""
+        return StagingRetention.parse(self.keep_staging)
 
     @property
     def data_path(self) -> Path:

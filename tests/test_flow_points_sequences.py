@@ -46,7 +46,10 @@ def test_k_same_m_takes_its_shapes_from_the_drops_points_through_the_runner(tmp_
         return evaluate(inputs, config, **kw)
 
     monkeypatch.setattr(gate_module, "evaluate", see_gate_inputs)
-    result = run_release(drop, _config(tmp_path, k=3, method="k-same-m"))
+    # keep_staging=last:1: the test reads the run's partitions, which the default policy removes at its end.
+    config = RunConfig.resolve(Settings(project_dir=tmp_path / "project", keep_staging="last:1", **QUICK),
+                               k=3, method="k-same-m")
+    result = run_release(drop, config)
     report = json.loads(result.report_path.read_text())
     used, ds = report["configuration"]["method_inputs"], report["dataset"]
     # Every partitioned record carried its points (k-same-m partitions by the labels: a partition of

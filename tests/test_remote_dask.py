@@ -33,7 +33,10 @@ K = 5
 BLOCK_SIZE = 40  # 120 faces of 60 people -> 4 blocks of 30 (each side of a cut keeps >= 2k people)
 # Small row groups: 30 align tasks spread over the workers, so a kill lands mid-stage. The local
 # reference run uses the same settings: the release must not depend on where the work ran.
-RUN_ENV = {**QUICK_GATE, "DEID_KSAME_BLOCK_SIZE": str(BLOCK_SIZE), "DEID_ALIGN_BATCH_SIZE": "4"}
+# DEID_KEEP_STAGING=all: the test reads the finished runs' staging (aligned parts, partitions, de-identified parts),
+# which the default retention policy removes at the end of a run (issue 32).
+RUN_ENV = {**QUICK_GATE, "DEID_KSAME_BLOCK_SIZE": str(BLOCK_SIZE), "DEID_ALIGN_BATCH_SIZE": "4",
+           "DEID_KEEP_STAGING": "all"}
 
 FLOW = """
 import json, sys

@@ -89,7 +89,7 @@ def exit_code_for(exc: BaseException) -> int:
     return EXIT_STATE
 # Modules adding subcommands (each has register(subparsers) and keeps heavy imports lazy).
 EXTENSIONS = ("deid.cli.alignment", "deid.cli.study", "deid.cli.report", "deid.cli.ops", "deid.cli.lineage",
-              "deid.cli.releases")
+              "deid.cli.releases", "deid.cli.gc")
 
 
 def _labels(value: str | None) -> list[str] | None:
@@ -222,8 +222,9 @@ def cmd_run(args) -> int:
     if result.input_error:
         raise DataError(result.input_error)
     if result.timings:
-        print("deid run: stage seconds: " + ", ".join(f"{k} {v:.2f}" for k, v in result.timings.items()),
-              file=sys.stderr)
+        print("deid run: stage seconds (wall/CPU): " + ", ".join(
+            f"{k} {v['wall']:.2f}" + (f"/{v['cpu']:.2f}" if v.get("cpu") is not None else "")
+            for k, v in result.timings.items()), file=sys.stderr)
     return EXIT_OK if result.released else EXIT_REJECTED
 
 

@@ -590,7 +590,7 @@ class FeatureSteps:
 def feature_report(*, release_id: str, run_id: str, created_at: str, config: RunConfig, ingested: FeatureIngest,
                    identity: FeatureIdentity, partitioned: FeaturePartitioned, deidentified: FeatureDeidentified,
                    staged: Staged | None, gate: GateResult, counts: RecordCounts,
-                   quarantine_by_reason: Mapping[str, int], timings: Mapping[str, float], signing: SigningInfo,
+                   quarantine_by_reason: Mapping[str, int], timings: Mapping[str, Mapping], signing: SigningInfo,
                    versions: Mapping[str, str | None], lineage: LineageApplied | None = None,
                    validation: Mapping[str, Any] | None = None) -> Report:
     """The run's :class:`~deid.reporting.report.Report` (the image runs' model), from the feature stages (pure)."""

@@ -17,8 +17,8 @@ nothing to align, featurize or distribute) inside the same order of commitment, 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -46,6 +46,7 @@ from deid.reporting.report import SigningInfo, dataset_fingerprint, validate_rep
 from deid.reporting.report_build import build_rejection, build_report, run_versions
 from deid.run_config import RunConfig
 from deid.operations.safety import RunLock, fault_point
+from deid.operations.usage import merge_usage, sample_start, stage_usage
 
 log = logging.getLogger(__name__)
 
@@ -81,14 +82,18 @@ class Steps:
 
 
 @contextlib.contextmanager
-def _timed(timings: dict[str, float], stage: str) -> Iterator[None]:
-    """Time a stage; after it, hand the memory it freed back to the OS (the run process lives on; issue 13)."""
-    t0 = time.perf_counter()
+def _timed(timings: dict[str, dict], stage: str) -> Iterator[None]:
+    """Measure a stage: wall and CPU seconds, peak RSS of the run process and of its tree (deid.operations.usage).
+
+    After it, hand the memory it freed back to the OS (the run process lives on; issue 13). A stage timed
+    again (``report``, ``register``) adds its seconds and keeps the larger peaks.
+    """
+    start = sample_start()
     try:
         yield
     finally:
         release_free_memory()
-        timings[stage] = round(timings.get(stage, 0.0) + time.perf_counter() - t0, 4)
+        timings[stage] = merge_usage(timings.get(stage), stage_usage(start))
 
 
 def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
@@ -159,6 +164,7 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
         raise
     finally:
         lock.close()
+    run.retain()
     return replace(result, recovered=tuple(recovered))
 
 
@@ -185,11 +191,11 @@ class _Run:
 
     def walk(self, cluster: Callable[[RunConfig], ContextManager[Executor]]) -> RunResult:
         s, config, layout, timings = self.steps, self.config, self.layout, {}
-        t0 = time.perf_counter()
+        start = sample_start()
         # The executor first: a small run's pool validates the ingested drop (Great Expectations is
         # imported there while this process starts the run).
         with cluster(config) as executor:
-            timings["cluster_start"] = round(time.perf_counter() - t0, 4)
+            timings["cluster_start"] = stage_usage(start)
             with _timed(timings, "ingest"):
                 ing = s.ingest(self.drop, layout, config, executor=executor)
             if isinstance(ing, UnreadableDrop):
@@ -228,7 +234,7 @@ class _Run:
         return self.judge(ing, aligned, part, deid, lin, notes=notes, timings=timings)
 
     def lineage(self, part: Partitioned, deid: Deidentified, aligned: Aligned,
-                timings: dict[str, float]) -> tuple[Any, Deidentified]:
+                timings: dict[str, dict]) -> tuple[Any, Deidentified]:
         """New clusters registered as made; returning people's records carry their stored averages (or no lineage)."""
         if part.lineage is None:
             return None, deid
@@ -237,7 +243,7 @@ class _Run:
         return lin, lin.deidentified
 
     def judge(self, ing: Ingested, aligned: Aligned, part: Partitioned, deid: Deidentified, lin, *,
-              notes: list[str], timings: dict[str, float], executor: Executor | None = None) -> RunResult:
+              notes: list[str], timings: dict[str, dict], executor: Executor | None = None) -> RunResult:
         """Stage the would-be release, gate it (its parts on ``executor``), sign the report, publish if it passed."""
         s, config = self.steps, self.config
         quarantined = (*ing.quarantined, *aligned.quarantined, *part.quarantined)
@@ -318,7 +324,7 @@ class _Run:
             versions=run_versions(), lineage=lin, validation=validation)
         return self.commit(report, staged, dataset=ing.drop.dataset, validation=validation, timings=timings, lin=lin)
 
-    def commit(self, report, staged, *, dataset: str, validation, timings: dict[str, float],
+    def commit(self, report, staged, *, dataset: str, validation, timings: dict[str, dict],
                lin=None) -> RunResult:
         """The order of commitment after the gate: validate the report, card, sign, then publish or withhold."""
         s, config, passed = self.steps, self.config, report.verdict == "released"
@@ -354,14 +360,15 @@ class _Run:
         if lin is not None and published is not None:
             with _timed(timings, "register"):
                 self.settle_lineage(dataset, "published", state=registered)
-        self.layout.complete.touch()
+        # The verdict in the marker: DEID_KEEP_STAGING=failed keeps rejected runs' staging (deid.operations.retention).
+        self.layout.complete.write_text(json.dumps({"verdict": report.verdict}))
         self.logger.info("verdict: %s; report %s", report.verdict, signed.path)
         return RunResult(release_id=self.release_id, verdict=report.verdict, report=report, report_path=signed.path,
                          public_key=signed.public_key, key_origin=signed.key_origin, staging=self.layout.root,
                          release_dir=published.path if published else None,
                          linkage=published.linkage if published else None, timings=dict(timings))
 
-    def publish(self, staged, dataset: str, *, report_dir: Path, timings: dict[str, float], lineage: bool):
+    def publish(self, staged, dataset: str, *, report_dir: Path, timings: dict[str, dict], lineage: bool):
         """Publish by one rename; a failure after signing gets a signed addendum and publishes nothing."""
         s = self.steps
         try:
@@ -392,6 +399,27 @@ class _Run:
         except (StateError, OSError) as exc:
             self.logger.warning("lineage %s: could not mark %s %s (%s); the next run settles it from the releases "
                         "directory", dataset, self.release_id, kind, exc)
+
+    def retain(self) -> None:
+        """After the verdict and publication (the lock released): apply DEID_KEEP_STAGING to the staging directory.
+
+        This run's staging and any older finished run's are trimmed to what the policy keeps; live runs are
+        never touched. A failure here is logged, never the run's: its verdict is signed and published already.
+        """
+        from deid.operations.retention import apply_retention  # noqa: PLC0415
+
+        try:
+            res = apply_retention(self.config.data_path, self.config.reports_path, self.config.keep_staging,
+                                  measure=False)
+        except OSError as exc:
+            self.logger.warning("staging retention (DEID_KEEP_STAGING=%s) failed: %s; `deid gc` applies it later",
+                                self.config.keep_staging, exc)
+            return
+        trimmed = sum(1 for n in res.freed.values() if n)
+        if trimmed:
+            self.logger.info("staging retention (DEID_KEEP_STAGING=%s): %d bytes freed in %d run(s), this run's "
+                             "staging keeps %d bytes", self.config.keep_staging, res.freed_total, trimmed,
+                             res.kept.get(self.release_id, 0))
 
     def unreadable(self, ing: UnreadableDrop) -> RunResult:
         """A drop that cannot be read is a verdict on the input: a signed rejection naming the reason."""

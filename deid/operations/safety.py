@@ -10,8 +10,8 @@ killed run leaves nothing in ``data/releases/``.
 Liveness rule (which staging directories recovery may delete): every run holds an exclusive
 ``flock`` on ``<staging>/.run.lock`` for its whole life. The kernel drops the lock when the
 process dies, also on SIGKILL, so a lock file that can be locked belongs to a dead run. A run
-that finished normally writes ``.complete`` and keeps its staging (private working data, as
-before). Recovery deletes only directories that have a lock file, no ``.complete`` marker and
+that finished normally writes ``.complete`` (its verdict) and keeps what ``DEID_KEEP_STAGING`` keeps of its
+staging (:mod:`deid.operations.retention`, applied after the lock is released). Recovery deletes only directories that have a lock file, no ``.complete`` marker and
 no live holder; a directory without a lock file (a run between ``mkdir`` and locking, or an
 older deid version) is never touched. ``flock`` is per host (and emulated over NFSv4): runs
 sharing a staging directory must run on one host or on a filesystem with working locks.

@@ -86,7 +86,8 @@ _SETTINGS = {
     "extra_manifest_columns": "manifest columns kept out of the release",
     "fingerprint_scope": "what the dataset fingerprint covers",
     "dask": "compute cluster",
-    "stage_seconds": "wall time per stage, seconds",
+    "stage_seconds": "per stage: wall seconds (CPU seconds of the run's processes, peak resident MiB of the run "
+                     "process / summed over its processes)",
 }
 # Shown in their own sections, not in the configuration table.
 _SHOWN_ELSEWHERE = ("partitions", "clusters", "small_partitions_detail")
@@ -445,11 +446,22 @@ def _provenance(r: Mapping[str, Any], public_key_hint: str, report_dir_hint: str
 
 def _setting_value(key: str, value: Any) -> str:
     if key == "stage_seconds" and isinstance(value, Mapping):
-        return ", ".join(f"{k} {float(v):.1f}" for k, v in value.items())
+        return ", ".join(f"{k} {_stage_usage_text(v)}" for k, v in value.items())
     if key in ("canonical_size", "canonical_eyes") and isinstance(value, list | tuple):
         inner = [" x ".join(fmt(x) for x in v) if isinstance(v, list | tuple) else fmt(v) for v in value]
         return (" x " if key == "canonical_size" else "; ").join(inner)
     return fmt(value)
+
+
+def _stage_usage_text(value: Any) -> str:
+    """``wall`` seconds, then ``(CPU s, peak MiB of the run process / summed over its processes)`` when known."""
+    from deid.reporting.report import stage_usage_of  # noqa: PLC0415 - avoid a cycle at import
+
+    u = stage_usage_of(value)
+    extra = [f"CPU {u['cpu']:.1f}"] if u["cpu"] is not None else []
+    if u["peak_rss_mib"] is not None:
+        extra.append(f"peak {u['peak_rss_mib']:.0f}/{u['tree_peak_rss_mib']:.0f} MiB")
+    return f"{u['wall']:.1f}" + (f" ({', '.join(extra)})" if extra else "")
 
 
 def _configuration(cfg: Mapping[str, Any]) -> str:

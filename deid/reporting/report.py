@@ -61,6 +61,17 @@ DEFAULT_VERSION_PACKAGES = (
 )
 
 
+def stage_usage_of(value: Any) -> dict[str, float | None]:
+    """One ``configuration.stage_seconds`` entry as ``{"wall", "cpu", "peak_rss_mib", "tree_peak_rss_mib"}``.
+
+    Reports before issue 32 hold the wall seconds alone (a number): the other figures are then None.
+    """
+    keys = ("wall", "cpu", "peak_rss_mib", "tree_peak_rss_mib")
+    if isinstance(value, Mapping):
+        return {k: None if value.get(k) is None else float(value[k]) for k in keys}
+    return {"wall": float(value), "cpu": None, "peak_rss_mib": None, "tree_peak_rss_mib": None}
+
+
 def _drop_none(d: dict[str, Any], *keys: str) -> dict[str, Any]:
     """``d`` without the optional ``keys`` whose value is None (older reports lack them)."""
     for key in keys:

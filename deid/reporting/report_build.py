@@ -103,7 +103,7 @@ def shared_configuration(config: RunConfig, *, labels: Sequence[str], license: s
 
 
 def configuration(config: RunConfig, *, ingested: Ingested, aligned: Aligned, partitioned: Partitioned,
-                  deidentified: Deidentified, notes: Sequence[str], timings: Mapping[str, float]) -> dict[str, Any]:
+                  deidentified: Deidentified, notes: Sequence[str], timings: Mapping[str, Mapping]) -> dict[str, Any]:
     """The report's ``configuration`` of an image run: :func:`shared_configuration` and the image stages' settings."""
     w, h = config.aligner.size
     return {
@@ -183,7 +183,7 @@ def build_report(*, release_id: str, run_id: str, created_at: str, config: RunCo
                  aligned: Aligned, partitioned: Partitioned, deidentified: Deidentified,
                  lineage: LineageApplied | None, staged: Staged | None, gate, counts: RecordCounts,
                  quarantine_by_reason: Mapping[str, int], validation: Mapping[str, Any], notes: Sequence[str],
-                 timings: Mapping[str, float], signing: SigningInfo,
+                 timings: Mapping[str, Mapping], signing: SigningInfo,
                  versions: Mapping[str, str | None]) -> Report:
     """The run's :class:`~deid.reporting.report.Report` from its stage contracts and the gate's result (pure).
 
