@@ -31,6 +31,7 @@ from typing import Callable, Hashable, Iterable, Sequence
 import numpy as np
 
 from deid.errors import StateError
+from deid.bound import within_bound
 
 NEAR_COPY = "near_copy"  # the suppression reason (deid.errors.REASONS)
 # Above this share of the judged records suppressed as near copies, the report says so plainly:
@@ -197,7 +198,7 @@ def check_merged(labels: np.ndarray, people: Sequence[Hashable], plan: RepairPla
     merged = np.isin(labels, [p for _, p in plan.merges])
     idx = np.flatnonzero(merged)
     _, distinct, shares = cluster_shares(list(labels[idx]), [people[i] for i in idx])
-    bad = {c: (distinct[c], shares[c]) for c in distinct if distinct[c] < k or shares[c] > 1.0 / k + 1e-12}
+    bad = {c: (distinct[c], shares[c]) for c in distinct if distinct[c] < k or not within_bound(shares[c], k)}
     if bad:
         raise StateError(f"near-copy repair: merged clusters {sorted(bad)[:5]} break k={k} (distinct people, "
                          f"largest person share) = {list(bad.values())[:5]}; this is a bug, nothing was released")

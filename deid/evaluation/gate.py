@@ -43,6 +43,7 @@ from deid.evaluation.leaks import (
 from deid.progress import Progress
 from deid.evaluation.validation import quarantine_fraction_check
 from deid.schemas.arrow import FEATURE_RELEASE_BASE_COLUMNS, FORBIDDEN_RELEASE_COLUMNS, RELEASE_BASE_COLUMNS
+from deid.bound import within_bound
 
 log = logging.getLogger(__name__)
 
@@ -433,7 +434,7 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
                         "(1.0: one member present; DEID_LINEAGE_ABSENT=suppress withholds clusters with absent "
                         "members)")
         checks.append(Check(
-            "max_person_share", share <= 1.0 / k + 1e-12, round(share, 6), f"<= {1.0 / k:.4f}",
+            "max_person_share", within_bound(share, k), round(share, 6), f"<= {1.0 / k:.4f}",
             f"largest share of one person's {unit} in a cluster: {share:.3f} (cluster of {sizes[worst]} {unit}, "
             f"{distinct[worst]} people); " + (f"every cluster's members received the identical {copy}, so this is "
                                                "the exact bound on any recogniser's success"
@@ -743,7 +744,7 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool, rows:
         r["lower"], r["upper"] = round(lo, 6), round(hi, 6)
         r["rate"] = round(r["rate"], 6)
         r.pop("credit", None)
-        above = (lo > bound + 1e-12) if exact else (hi > bound + 1e-12)
+        above = not within_bound(lo if exact else hi, limit=bound)
         if r["n_probes"] < need:
             # Too few distinct probes to be evidence: kept in the report with its n and interval, never the
             # headline, never deciding (a [0, 1] interval from one probe says nothing about the release).

@@ -29,6 +29,7 @@ from deid.contracts import MethodInputs
 from deid.evaluation.checks import Check
 from deid.errors import ConfigError, DataError
 from deid.evaluation.gate import GateConfig, GateInputs, GateResult, evaluate
+from deid.bound import within_bound
 
 logger = logging.getLogger(__name__)
 
@@ -290,7 +291,7 @@ def gate_rows(result: GateResult, base: dict, *, k: int, confidence: float) -> l
     for r in result.reidentification:
         # The gate's rule: with identical copies per cluster a rate fails only if its lower
         # bound exceeds 1/k (the exact share decides); otherwise its upper bound must not.
-        failing = r["lower"] > bound + 1e-12 if result.exact_bound else r["upper"] > bound + 1e-12
+        failing = not within_bound(r["lower"] if result.exact_bound else r["upper"], limit=bound)
         rows.append({**base, "kind": "privacy", "attacker": r["attacker"], "mode": r["mode"], "rate": r["rate"],
                      "lower": r["lower"], "upper": r["upper"], "n": r["n_probes"], "records": r.get("records"),
                      "confidence": confidence, "bonferroni": m, "bound": bound,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from deid.reporting.html_page import esc
+from deid.bound import within_bound
 
 __all__ = ["FONT_PT", "FONT_PX", "MAX_WIDTH_PX", "Chart", "cluster_chart", "partition_chart", "partition_name",
            "reid_chart", "utility_chart"]
@@ -180,7 +181,7 @@ def reid_chart(reid: Sequence[Mapping[str, Any]], bound: float) -> Chart | None:
     if not reid:
         return None
     rates = [float(r["rate"]) for r in reid]
-    over = [r > bound + 1e-12 for r in rates]
+    over = [not within_bound(r, limit=bound) for r in rates]
     intervals = [(i, float(r["lower"]), float(r["upper"])) for i, r in enumerate(reid)
                  if r.get("lower") is not None and r.get("upper") is not None]
     top = max([bound, *rates, *[u for _, _, u in intervals]])

@@ -32,6 +32,7 @@ from deid.reporting.html_validation import (
     validation_summary_table,
 )
 from deid.evaluation.validation import suite_results
+from deid.bound import within_bound
 
 logger = logging.getLogger(__name__)
 
@@ -271,7 +272,7 @@ def _reidentification(r: Mapping[str, Any]) -> str:
              esc(f"[{x['lower']:.3f}, {x['upper']:.3f}]" if x.get("lower") is not None else ""),
              esc(x.get("n_probes")),
              ('<span class="muted">insufficient evidence</span>' if x.get("status") == "insufficient_evidence" else
-              '<span class="pass">&le; 1/k</span>' if x["rate"] <= bound + 1e-12 else '<span class="fail">&gt; 1/k</span>')]
+              '<span class="pass">&le; 1/k</span>' if within_bound(x["rate"], limit=bound) else '<span class="fail">&gt; 1/k</span>')]
             for x in reid]
     out.append(table(["attacker", "mode", "rate", "interval", "probes", "point estimate"], rows, num=(2, 3, 4)))
     if sample.get("insufficient"):

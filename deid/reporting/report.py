@@ -23,6 +23,7 @@ import jsonschema
 from deid.errors import REASONS, ConfigError, StateError
 from deid.evaluation.checks import INSUFFICIENT
 from deid.release.signing import SigningKey, canonical_json, sign_bytes
+from deid.bound import within_bound
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,6 @@ SIGNATURE_NAME = "report.json.sig"
 SCHEMA_NAME = "report.schema.json"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 1 << 20
-_RATE_EPS = 1e-12
 DEFAULT_VERSION_PACKAGES = (
     "deid", "numpy", "opencv-python-headless", "scikit-learn", "pyarrow", "cryptography", "prefect", "dask",
 )
@@ -594,7 +594,7 @@ def report_problems(report: Mapping[str, Any]) -> list[str]:
                 f"every cluster must hold at least k = {k} distinct people"
             )
         max_rate = privacy["max_rate"]
-        bound = privacy["bound"] + _RATE_EPS  # same epsilon as the gate: exactly 1/k may round one ulp above
+        bound = privacy["bound"]
         # A rate from too few distinct probes (the gate's min_probes) is evidence of nothing: it never decides.
         deciding = [r for r in privacy["reidentification"] if r.get("status") != INSUFFICIENT]
         thin_only = bool(privacy["reidentification"]) and not deciding
@@ -605,15 +605,15 @@ def report_problems(report: Mapping[str, Any]) -> list[str]:
         if privacy.get("exact_bound") and (max_rate is not None or thin_only):
             # Identical images per cluster: the exact bound decides; an attack fails only by its lower bound.
             share = privacy.get("max_person_share")
-            if share is None or share > bound:
+            if share is None or not within_bound(share, limit=bound):
                 problems.append(f"verdict 'released' but $.privacy.max_person_share = {share!r} exceeds 1/k = "
                                 f"{privacy['bound']!r}")
-            bad = [r for r in deciding if r.get("lower", r["rate"]) > bound]
+            bad = [r for r in deciding if not within_bound(r.get("lower", r["rate"]), limit=bound)]
             if bad:
                 problems.append(f"verdict 'released' but {bad[0]['attacker']}/{bad[0]['mode']} has a lower bound "
                                 f"{bad[0].get('lower', bad[0]['rate'])!r} above 1/k = {privacy['bound']!r}")
         elif max_rate is not None:
-            bad = [r for r in deciding if r.get("upper", r["rate"]) > bound]
+            bad = [r for r in deciding if not within_bound(r.get("upper", r["rate"]), limit=bound)]
             if bad:
                 problems.append(
                     f"verdict 'released' but {bad[0]['attacker']}/{bad[0]['mode']} re-identification "

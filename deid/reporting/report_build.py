@@ -42,6 +42,7 @@ from deid.reporting.report import (
     Utility,
 )
 from deid.run_config import RunConfig
+from deid.bound import within_bound
 
 VERSION_PACKAGES = ("deid", "prefect", "dask", "distributed", "numpy", "opencv-python-headless", "scikit-learn",
                     "pyarrow", "cryptography")
@@ -151,7 +152,7 @@ def privacy_section(gate, k: int) -> Privacy:
 def exact_bound_holds(gate, k: int) -> bool:
     """Did the gate find the exact 1/k bound: identical copies per cluster, >= k people each, no one above 1/k?"""
     return bool(gate.exact_bound and gate.min_people is not None and gate.min_people >= k
-                and gate.max_person_share is not None and gate.max_person_share <= 1.0 / k + 1e-12)
+                and gate.max_person_share is not None and within_bound(gate.max_person_share, k))
 
 
 def verdict_fields(*, release_id: str, run_id: str, created_at: str, config: RunConfig, gate,
