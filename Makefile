@@ -12,7 +12,7 @@ export OMP_NUM_THREADS ?= 1
 # (heaviest first), not xdist's default of the largest groups first.
 TEST_WORKERS ?= 2
 
-.PHONY: venv test test-fast demo bench bench-compare clean
+.PHONY: venv check test test-fast demo bench bench-compare clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -20,6 +20,11 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 venv: $(STAMP)
+
+## check: lint (ruff: syntax and pyflakes) and the layers contract (import-linter, pyproject.toml)
+check: $(STAMP)
+	$(BIN)/ruff check deid tests bench flows tasks
+	$(BIN)/lint-imports
 
 ## test: the whole suite (unit, property, London and flow integration tests), on $(TEST_WORKERS) processes
 test: $(STAMP)

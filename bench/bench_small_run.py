@@ -39,6 +39,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from deid.reporting.report import stage_usage_of
+
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 SYNTH = ["--people", "15", "--images-per-person", "11", "--format", "gif", "--condition-values", "11", "--seed", "3"]
@@ -50,9 +52,9 @@ for v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import logging
 logging.basicConfig(level=logging.WARNING)
 from deid.operations.runner import run_release
-from deid.reporting.report import stage_usage_of
 from deid.run_config import RunConfig
 from deid.settings import Settings
+from deid.reporting.report import stage_usage_of
 config = RunConfig.resolve(Settings(), k=int(sys.argv[2]))
 if sys.argv[3] == "pool":
     import contextlib

@@ -197,11 +197,11 @@ def _prefect_harness(tmp_path_factory, pytestconfig):
     from cpu_report import fixture_teardown
     from prefect.testing.utilities import prefect_test_harness
 
-    with ExitStack() as stack:
-        stack.enter_context(prefect_test_harness(server_startup_timeout=120))
+    with ExitStack() as harness:
+        harness.enter_context(prefect_test_harness(server_startup_timeout=120))
         yield
         with fixture_teardown("_prefect_harness"):  # stopping (reaping) the server: its CPU for the session
-            stack.close()
+            harness.close()
 
 
 @pytest.fixture(scope="session")
@@ -212,12 +212,12 @@ def _dask_scheduler():
     from cpu_report import fixture_teardown
     from distributed import LocalCluster
 
-    with ExitStack() as stack:
-        cluster = stack.enter_context(LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
-                                                   dashboard_address=None, silence_logs=logging.WARNING))
+    with ExitStack() as resources:
+        cluster = resources.enter_context(LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                                       dashboard_address=None, silence_logs=logging.WARNING))
         yield cluster.scheduler_address
         with fixture_teardown("_dask_scheduler"):  # reaping the worker: the CPU of every task it ran
-            stack.close()
+            resources.close()
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from deid.errors import ConfigError, StateError
+from deid.errors import StateError
 from deid.intake.drop import ManifestRow, read_drop
 from deid.intake.ingest import ingest
 from deid.operations.stages import StringColumn, shared_objects

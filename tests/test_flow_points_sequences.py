@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 import pytest
 

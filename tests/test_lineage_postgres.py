@@ -1,7 +1,6 @@
 """The lineage registry on PostgreSQL (DEID_DATABASE_URL): same sealed chain, appends serialised across processes."""
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest

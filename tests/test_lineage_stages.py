@@ -10,7 +10,7 @@ import pytest
 
 from deid.operations import stages
 from deid.intake.drop import read_drop
-from deid.errors import ConfigError, DropError, StateError
+from deid.errors import DropError, StateError
 from deid.evaluation.gate import registered_rows
 from deid.release.lineage import build_release, empty_state
 from deid.release.linkage import build_linkage

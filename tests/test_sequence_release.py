@@ -2,7 +2,6 @@
 the videos' metadata (FFmpeg's tags blanked and checked) and the dataset card's videos."""
 from __future__ import annotations
 
-from pathlib import Path
 
 import cv2
 import numpy as np

@@ -133,7 +133,6 @@ def test_sequence_frames_keep_one_identity_and_their_expression(sequence_drop):
     # released frame as its source frame as often as it labels the source right.
     from collections import Counter
 
-    from deid.evaluation.gate import clopper_pearson
 
     n = agree["n_test_frames"]
     chance = max(Counter(col["expression"]).values()) / len(col["expression"])

@@ -14,7 +14,6 @@ from deid.operations.executors import PoolExecutor
 from deid.orchestration.cluster import manifest_rows, uses_pool
 from deid.orchestration.prefect_api import (
     clear_server_file,
-    connect,
     running_deid_server,
     server_file,
     write_server_file,

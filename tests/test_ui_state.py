@@ -6,7 +6,6 @@ runs page rendered by headless Chromium. Small synthetic drops: the subject is t
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from numbers import Integral, Real
+from numbers import Real
 from typing import Any, Hashable, Mapping, Sequence
 
 import numpy as np

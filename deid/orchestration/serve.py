@@ -17,13 +17,13 @@ RUNNER_POLL_SECONDS = "2"
 os.environ.setdefault("PREFECT_RUNNER_POLL_FREQUENCY", RUNNER_POLL_SECONDS)
 
 from prefect import flow, get_run_logger  # noqa: E402
-from prefect.artifacts import create_markdown_artifact
-from prefect.runtime import flow_run
+from prefect.artifacts import create_markdown_artifact  # noqa: E402 (after the poll frequency is set)
+from prefect.runtime import flow_run  # noqa: E402 (after the poll frequency is set)
 
-from deid.operations.ledger import Ledger, drop_fingerprint, open_ledger, ready_drops
-from deid.settings import Settings
-from deid.orchestration.flow import rejected_state, run_flow
-from deid.reporting.markdown import md_cell
+from deid.operations.ledger import Ledger, drop_fingerprint, open_ledger, ready_drops  # noqa: E402 (after the poll frequency is set)
+from deid.settings import Settings  # noqa: E402 (after the poll frequency is set)
+from deid.orchestration.flow import rejected_state, run_flow  # noqa: E402 (after the poll frequency is set)
+from deid.reporting.markdown import md_cell  # noqa: E402 (after the poll frequency is set)
 
 EVENT = "deid.drop.ready"
 RESOURCE_PREFIX = "deid.drop."

@@ -234,7 +234,7 @@ class DatasetCard:
                "repeating its last column or row). Every frame is also an image under `images/`; the encoder's "
                "text tags are blanked."] if self.videos else []),
             "- `metadata.csv`: one row per image: `file_name` (the image, relative to this directory), "
-            f"`record_id` (a fresh random id), `cluster_id` (a random id of the face's cluster)"
+            "`record_id` (a fresh random id), `cluster_id` (a random id of the face's cluster)"
             + (", `sequence_id` (the random id of its video, named `videos/<sequence_id>.avi`; empty for a still "
                "image) and `frame` (its position in the video, from 0)" if self.videos else "")
             + f" and the utility labels ({labels}).",

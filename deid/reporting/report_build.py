@@ -29,7 +29,7 @@ from deid.contracts import (
     SmallPartition,
     Staged,
 )
-from deid.anonymise.method_registry import REGISTRY, guarantee, release_guarantee
+from deid.anonymise.method_registry import guarantee, release_guarantee
 from deid.reporting.report import (
     Artifact,
     FileManifest,
