@@ -9,7 +9,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -64,6 +64,11 @@ class IngestResult:
     quarantined: list[Quarantined]
     source_sha256: SourceHashes  # record_id -> sha256 of the source bytes
     row_groups: int
+    # Video rows expanded into frame records (deid.intake.video) and the frames they gave (staged or
+    # quarantined): the run's records_in counts frames, not the rows that named the videos.
+    video_rows: int = 0
+    video_frames: int = 0
+    sequence_fps: dict[str, float] = field(default_factory=dict)  # video row id -> frames per second taken
 
 
 def _check_bytes(data: bytes, *, max_pixels: int) -> tuple[str, str] | None:
@@ -168,6 +173,8 @@ def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pix
             flush()
 
     frame_at: list[int] = []
+    video_count = [0, 0]  # video rows expanded, frames they gave
+    sequence_fps: dict[str, float] = {}
     with pq.ParquetWriter(tmp, schema, **_WRITER_OPTIONS) as writer:
         def flush() -> None:
             nonlocal n_groups
@@ -183,7 +190,12 @@ def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pix
         for batch in manifest.select(["record_id", "image"]).to_batches(max_chunksize=4096):
             for j, (rid, image) in enumerate(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist())):
                 if drop.has_videos and is_video(image):
-                    quarantined.extend(_ingest_video(drop, rid, image, start + j, stage, max_pixels=max_pixels))
+                    why, frames = _ingest_video(drop, rid, image, start + j, stage, max_pixels=max_pixels,
+                                                rates=sequence_fps)
+                    quarantined.extend(why)
+                    if frames is not None:  # expanded into frames: counted as frames from here on
+                        video_count[0] += 1
+                        video_count[1] += frames
                     continue
                 try:
                     # Opened relative to the drop, following no symlink, at the moment of reading.
@@ -220,7 +232,8 @@ def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pix
         n_groups = _rewrite_without(tmp, {q.record_id for q in clashes}, schema, batch_size)
     tmp.replace(out_path)
     log.info("ingested %d records (%d quarantined) into %s", n_final, len(quarantined), out_path)
-    return IngestResult(out_path, n_final, quarantined, SourceHashes(ids, hexes), n_groups)
+    return IngestResult(out_path, n_final, quarantined, SourceHashes(ids, hexes), n_groups,
+                        video_rows=video_count[0], video_frames=video_count[1], sequence_fps=sequence_fps)
 
 
 _HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
@@ -311,21 +324,24 @@ def write_quarantine(records: list[Quarantined], path: Path) -> Path:
     return path
 
 
-def _ingest_video(drop: Drop, rid: str, image: str, row: int, stage, *, max_pixels: int) -> list[Quarantined]:
+def _ingest_video(drop: Drop, rid: str, image: str, row: int, stage, *, max_pixels: int,
+                  rates: dict[str, float]) -> tuple[list[Quarantined], int | None]:
     """Stage the tracked subject's face of every sampled frame of the video on manifest row ``row``.
 
     Frames stream from the decoder one at a time (:func:`deid.intake.video.track_video`). Frames
-    without the subject's face are quarantined, each naming its segment; an unreadable video
-    quarantines the row.
+    without the subject's face are quarantined, each naming its segment. Returns the quarantined
+    records and the number of frame records the row became (None: the row itself is quarantined,
+    e.g. a video that does not open).
     """
     try:
         fd = open_drop_file(drop.root, image)
     except RecordError as exc:
-        return [Quarantined(rid, image, exc.code, exc.message, "ingest")]
+        return [Quarantined(rid, image, exc.code, exc.message, "ingest")], None
     dropped: list[tuple[int, float, str]] = []
     kept = 0
+    stopped: list[Quarantined] = []
     try:
-        rate = video_rate(fd, drop.fps)
+        rate = rates[rid] = video_rate(fd, drop.fps)
         for tf in track_video(fd, fps=drop.fps, max_pixels=max_pixels):
             if tf.crop is None:
                 dropped.append((tf.index, tf.seconds, tf.reason))
@@ -334,12 +350,16 @@ def _ingest_video(drop: Drop, rid: str, image: str, row: int, stage, *, max_pixe
             stage(row, encode_png(tf.crop), (frame_record_id(rid, tf.index), f"{image}#{tf.index}", rid, tf.index))
             kept += 1
     except RecordError as exc:
-        return [Quarantined(rid, image, exc.code, exc.message, "ingest")]
+        if not kept and not dropped:
+            return [Quarantined(rid, image, exc.code, exc.message, "ingest")], None
+        at = kept + len(dropped)  # decoding broke off: the frames before stay, the rest is one record
+        stopped.append(Quarantined(frame_record_id(rid, at), f"{image}#{at}", exc.code,
+                                   f"decoding stopped at frame {at}: {exc.message}", "ingest"))
     finally:
         os.close(fd)
     out = [Quarantined(frame_record_id(rid, i), f"{image}#{i}", reason, msg, "ingest")
-           for (i, _, reason), msg in zip(dropped, segment_messages(dropped, rate))]
-    if kept == 0 and not dropped:
-        out.append(Quarantined(rid, image, "unreadable_video", "no frame could be decoded", "ingest"))
-    log.info("video row %s: %d frames staged, %d quarantined", rid, kept, len(dropped))
-    return out
+           for (i, _, reason), msg in zip(dropped, segment_messages(dropped, rate))] + stopped
+    if kept == 0 and not out:
+        return [Quarantined(rid, image, "unreadable_video", "no frame could be decoded", "ingest")], None
+    log.info("video row %s: %d frames staged, %d quarantined", rid, kept, len(out))
+    return out, kept + len(out)
