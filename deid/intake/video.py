@@ -58,11 +58,25 @@ log = logging.getLogger(__name__)
 VIDEO_SUFFIXES = (".avi", ".mp4", ".m4v", ".mov", ".webm", ".mkv")
 WORK_WIDTH = 640  # detection runs on frames reduced to this width (480p and 1080p alike)
 MIN_IOU = 0.3  # a face continues the track when its box overlaps the previous one this much
-CROP_MARGIN = 0.5  # of the face box, on each side: context for the eye finder
+CROP_MARGIN = 0.3  # of the face box, on each side: context for the eye finder
 MASK_GROW = 0.15  # other faces are masked with this much extra margin
 MAX_FPS = 240.0
 HOG_THRESHOLD = -0.5  # dlib's default is 0; -0.5 finds the turned and talking faces of the synthetic recordings
 REACQUIRE_SECONDS = 0.5  # a lone face away from the track is taken as the subject only after this gap
+REMEMBER_SECONDS = 2.0  # another face is masked where it was last seen for this long after it was seen
+
+
+def _detector():
+    """dlib's HOG frontal face detector, built once per process (building it takes ~1.4 s)."""
+    global _DETECTOR
+    if _DETECTOR is None:
+        import dlib  # noqa: PLC0415 - dlib-bin, a dependency (alignment's landmarks)
+
+        _DETECTOR = dlib.get_frontal_face_detector()
+    return _DETECTOR
+
+
+_DETECTOR = None
 
 
 def is_video(name: str) -> bool:
@@ -155,6 +169,7 @@ class TrackedFrame:
     reason: str | None = None  # video_no_face | video_ambiguous_faces
     faces: int = 0  # faces found in the frame
     masked: int = 0  # other faces masked inside the crop
+    box: tuple[int, int, int, int] | None = None  # the crop in frame pixels (x0, y0, x1, y1)
 
 
 class FaceTracker:
@@ -176,13 +191,12 @@ class FaceTracker:
             raise ConfigError(f"min_iou={min_iou!r} must be in (0, 1], e.g. {MIN_IOU}")
         if not reacquire_seconds >= 0:
             raise ConfigError(f"reacquire_seconds={reacquire_seconds!r} must be >= 0, e.g. {REACQUIRE_SECONDS}")
-        import dlib  # noqa: PLC0415 - dlib-bin, a dependency (alignment's landmarks)
-
         self.min_face_fraction = min_face_fraction
         self.min_iou = min_iou
         self.reacquire_seconds = reacquire_seconds
-        self.detector = dlib.get_frontal_face_detector()
+        self.detector = _detector()
         self.track: tuple[float, float, float, float] | None = None
+        self.others: list[tuple[tuple[float, float, float, float], float]] = []  # (box, seconds) of other faces
         self.seen_at: float | None = None  # time of the last kept frame
 
     def faces(self, bgr: np.ndarray) -> list[tuple[float, float, float, float]]:
@@ -199,6 +213,8 @@ class FaceTracker:
         boxes = self.faces(bgr)
         if not boxes:
             return TrackedFrame(index, seconds, None, "video_no_face", 0)
+        if len(boxes) > 1 or self.track is None:
+            self.others += [(b, seconds) for b in boxes]  # remembered even when the frame is quarantined
         if len(boxes) == 1:
             chosen = boxes[0]
             if (self.track is not None and iou(chosen, self.track) < self.min_iou
@@ -210,16 +226,20 @@ class FaceTracker:
                 return TrackedFrame(index, seconds, None, "video_ambiguous_faces", len(boxes))
             chosen = best
         self.track, self.seen_at = chosen, seconds
-        others = [b for b in boxes if b is not chosen]
-        crop, masked = crop_face(bgr, chosen, others)
-        return TrackedFrame(index, seconds, crop, None, len(boxes), masked)
+        # Other faces seen within REMEMBER_SECONDS stay masked where they were last seen: a frame in which
+        # the detector misses the second face must not release it.
+        self.others = [(b, t) for b, t in self.others if seconds - t <= REMEMBER_SECONDS]
+        self.others += [(b, seconds) for b in boxes if b is not chosen]
+        others = [b for b, _ in self.others if iou(b, chosen) < self.min_iou]
+        crop, masked, at = crop_face(bgr, chosen, others)
+        return TrackedFrame(index, seconds, crop, None, len(boxes), masked, at)
 
 
-def crop_face(bgr: np.ndarray, box, others=()) -> tuple[np.ndarray, int]:
+def crop_face(bgr: np.ndarray, box, others=()) -> tuple[np.ndarray, int, tuple[int, int, int, int]]:
     """The face ``box`` with :data:`CROP_MARGIN` around it, every other face box in it filled flat.
 
     The fill is the crop's median colour, so neither the second face's pixels nor its outline
-    reach alignment or the release. Returns ``(crop, number of faces masked)``.
+    reach alignment or the release. Returns ``(crop, faces masked, (x0, y0, x1, y1))``.
     """
     h, w = bgr.shape[:2]
     x, y, bw, bh = box
@@ -235,7 +255,7 @@ def crop_face(bgr: np.ndarray, box, others=()) -> tuple[np.ndarray, int]:
         if a0 < a1 and b0 < b1:
             crop[b0:b1, a0:a1] = fill
             masked += 1
-    return crop, masked
+    return crop, masked, (x0, y0, x1, y1)
 
 
 def track_video(path: str | os.PathLike | int, *, fps: float | None = None, max_pixels: int | None = None,
