@@ -72,7 +72,7 @@ def test_the_second_face_is_masked_out_of_every_kept_crop(video_drop):
         if a0 < a1 and b0 < b1 and tf.index >= 2:  # the stranger is in frame from frame 2 on
             patch = tf.crop[b0 - y0:b1 - y0, a0 - x0:a1 - x0]
             assert patch.reshape(-1, 3).std(axis=0).max() == 0, tf.index  # flat fill, no face pixel
-    assert seen_two >= FRAMES // 2
+    assert seen_two >= 3  # frames 3-6 show both faces to the detector
 
 
 def test_the_face_leaving_is_quarantined_as_one_reported_segment(video_drop, tmp_path):
@@ -125,12 +125,14 @@ class _Scripted(FaceTracker):
 
 
 def test_track_association_rules():
-    a, b, a2 = (10, 10, 40, 40), (120, 10, 40, 40), (14, 12, 40, 40)
+    a, b, a2, c = (10, 10, 40, 40), (120, 10, 40, 40), (14, 12, 40, 40), (60, 50, 40, 40)
     frame = np.full((100, 200, 3), 128, np.uint8)
-    tr = _Scripted([[a, b], [a], [a2, b], [b], [], [], [b]])
-    out = [tr.step(i, i / 5, frame) for i in range(7)]
+    tr = _Scripted([[a, b], [a], [a2, b], [b], [], [], [b], [c]])
+    out = [tr.step(i, i / 5, frame) for i in range(8)]
+    # Two faces and no track: ambiguous. A lone face away from the track: lost, also 0.8 s later where the
+    # other face was seen; a lone face at a new place 1 s after the subject was last seen re-acquires.
     assert [o.reason for o in out] == ["video_ambiguous_faces", None, None, "video_track_lost", "video_no_face",
-                                       "video_no_face", None]  # b re-acquired 0.8 s after a was last seen
+                                       "video_no_face", "video_track_lost", None]
     assert out[1].masked == 0 and out[1].box[2] < 120  # b, seen in frame 0, lies outside a's crop
     assert segment_messages([(4, 0.4, "video_no_face"), (5, 0.5, "video_no_face")], 10)[1].startswith(
         "frame 5: in the segment frames 4-5 (0.40-0.50 s, 2 frames at 10 fps)")

@@ -20,7 +20,8 @@ of the crop; with two or more faces and none overlapping the track (or no track 
 is the subject cannot be told and the frame is quarantined (``video_ambiguous_faces``): a second,
 unidentified face is never released. A lone face that does not continue the track is
 quarantined too (``video_track_lost``: it may be someone else) unless the subject was not seen for
-:data:`REACQUIRE_SECONDS`; then it re-acquires the track (the row says the recording shows its
+:data:`REACQUIRE_SECONDS` and no other face was seen there in the last :data:`REMEMBER_SECONDS`
+(where other faces stay masked in the crops); then it re-acquires the track (the row says the recording shows its
 subject; another person alone in frame after such a gap is not told apart: descriptor-based
 association is not done here). Quarantined
 frames are reported per segment: each frame's message names its run of consecutive frames with
@@ -217,8 +218,11 @@ class FaceTracker:
             self.others += [(b, seconds) for b in boxes]  # remembered even when the frame is quarantined
         if len(boxes) == 1:
             chosen = boxes[0]
-            if (self.track is not None and iou(chosen, self.track) < self.min_iou
-                    and seconds - self.seen_at < self.reacquire_seconds):
+            if self.track is not None and iou(chosen, self.track) < self.min_iou and (
+                    seconds - self.seen_at < self.reacquire_seconds
+                    # where another face was seen lately: that face, not the subject, is the likely one
+                    or any(iou(chosen, b) >= self.min_iou for b, t in self.others
+                           if seconds - t <= REMEMBER_SECONDS)):
                 return TrackedFrame(index, seconds, None, "video_track_lost", 1)
         else:
             best = max(boxes, key=lambda b: iou(b, self.track)) if self.track is not None else None
