@@ -214,3 +214,14 @@ def test_video_files_through_the_release_flow_at_k5(tmp_path):
             want = want if want.ndim == 3 else cv2.cvtColor(want, cv2.COLOR_GRAY2BGR)
             assert np.abs(got[:want.shape[0], :want.shape[1]].astype(int) - want).mean() < 4  # MJPEG, same frame
     assert report["verdict"] == ("released" if all(c["passed"] for c in report["checks"]) else "rejected")
+
+
+def test_deid_synth_video_writes_a_drop_of_video_files(tmp_path):
+    from deid.cli import main
+
+    out = tmp_path / "vd"
+    assert main(["synth", str(out), "--video", "--people", "1", "--sequences", "1", "--seconds", "0.6",
+                 "--fps", "5", "--width", "128", "--height", "96", "--no-extras"]) == 0
+    (row,) = read_drop(out).rows
+    assert row.image.endswith(".avi") and row.subject_id and len(list(iter_frames(out / row.image))) == 3
+    assert main(["synth", str(tmp_path / "bad"), "--video", "--people", "1", "--fps", "0"]) == 2
