@@ -18,7 +18,6 @@ import csv
 import logging
 from pathlib import Path
 
-import cv2
 import numpy as np
 import yaml
 
