@@ -176,6 +176,9 @@ class Ingested:
     metadata: pa.Table
     attribution: Mapping[str, str] = field(default_factory=dict)  # drop.yaml's license_name, license_link, citation
     colour_sample: tuple[int, int] = (0, 0)  # (colour images, images sampled) for DEID_COLOR=auto; (0, 0): not sampled
+    # Private: sequence key (a video row's record id) -> the rate its frames were taken at; the release's
+    # video of that recording plays at it (deid.intake.video). Empty: frame drops (VIDEO_FPS).
+    sequence_fps: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def proceed(self) -> bool:

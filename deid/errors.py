@@ -126,6 +126,11 @@ REASONS: dict[str, str] = {
     "bad_eye_points": "eye coordinates are not numbers, are incomplete, or lie outside the image",
     "missing_points_file": "the points column names a landmark file that does not exist in the drop",
     "bad_points": "the landmark file is unreadable or malformed, or its number of points differs from the drop's",
+    "unreadable_video": "a video file that OpenCV/FFmpeg cannot open or decode, or that declares no frame rate",
+    "video_fps_too_high": "drop.yaml's fps is above a video's own frame rate (frames would repeat)",
+    "video_no_face": "a video frame in which no face was found (the subject left the frame or turned away)",
+    "video_ambiguous_faces": "a video frame with several faces, none continuing the subject's track",
+    "video_track_lost": "a video frame whose only face is away from the subject's track right after it was seen",
     "bad_sequence": "the sequence/frame cells are incomplete, the frame is not an integer >= 0, the (sequence, "
                     "frame) pair is listed twice, or the sequence also holds frames of another subject",
     # faces

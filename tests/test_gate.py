@@ -325,6 +325,13 @@ def test_a_partition_collapsed_into_one_face_fails_and_the_report_states_each_pa
     assert partition_clusters_check([{**rows["B"], "people": 3, "feasible_max": 0}], _fast()).status == "not_applicable"
     with pytest.raises(Exception, match="min_cluster_fraction"):
         _fast(min_cluster_fraction=1.5)
+    # A method that clusters people (multi-factor: one identity per person, all their video frames) can form
+    # at most floor(people / k) clusters: A's 10 people allow 2, B's 10 people 2.
+    per = {r["partition"]: r["feasible_max"] for r in partition_grouping(inputs, 5, per_person=True)}
+    assert per == {"A": 2, "B": 2}
+    from deid.evaluation.gate import _clusters_people
+
+    assert _clusters_people("multi-factor") and not _clusters_people("k-same-select")
 
 
 def test_gate_reports_partition_grouping_of_a_ksame_release():

@@ -47,6 +47,10 @@ class MethodSpec:
         features): the same mean per colour channel is then the colour release (``DEID_COLOR``).
     counts_people : bool
         Its clusters count distinct people (False: k-same-naive counts images, no guarantee).
+    clusters_people : bool
+        It clusters *people*, not images: every face of a person takes the person's one
+        de-identified identity (multi-factor), so a partition allows at most ``floor(people / k)``
+        identity clusters, however many faces (video frames) each person has.
     """
 
     name: str
@@ -57,6 +61,7 @@ class MethodSpec:
     guarantee: Callable[[int | None], str]
     cluster_mean: bool = False
     counts_people: bool = True
+    clusters_people: bool = False
 
     @property
     def repairs_near_copies(self) -> bool:
@@ -89,7 +94,7 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
                _empirical("identity factors are k-Same averaged over >= k people and every face keeps a non-identity "
                           "factor: its labels' effects by default, so the faces of an identity cluster x label cell "
                           "share one image and the gate can find the exact bound in the data; its own residual in "
-                          "the other modes")),
+                          "the other modes"), clusters_people=True),
     MethodSpec("selective-mean", "k", False, False, False,
                _empirical("each face is a weighted mean over its own random set of k faces of k people, in which "
                           "it keeps a higher weight on label-relevant features; sets overlap, there are no clusters")),

@@ -244,7 +244,7 @@ def print_summary(result) -> None:
 
 
 def cmd_synth(args) -> int:
-    if args.people is None and (args.kind == "features" or args.sequences or args.counts is None):
+    if args.people is None and (args.kind == "features" or args.sequences or args.video or args.counts is None):
         raise ConfigError("--people is required (a positive integer, e.g. --people 20) unless --counts gives the "
                           "images of each person")
     if args.kind == "features":
@@ -258,6 +258,15 @@ def cmd_synth(args) -> int:
         return EXIT_OK
     from deid.intake.synth import make_synthetic_drop
 
+    if args.video:
+        from deid.intake.synth_videos import make_video_drop  # noqa: PLC0415
+
+        path = make_video_drop(Path(args.drop), people=args.people, recordings=args.sequences or 2,
+                               seconds=args.seconds, fps=args.fps, width=args.width, height=args.height,
+                               seed=args.seed, extras=not args.no_extras)
+        print(f"synthetic video drop: {path} ({args.people} people x {args.sequences or 2} recordings, "
+              f"{args.seconds:g} s at {args.fps:g} fps, {args.width}x{args.height}, seed {args.seed})")
+        return EXIT_OK
     if args.sequences:
         from deid.intake.synth_sequences import make_sequence_drop
 
@@ -478,6 +487,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="image sequences instead of stills: S (default 2) talking/smiling sequences per person, "
                         "manifest columns sequence and frame (PNG frames; --size applies, other options do not)")
     s.add_argument("--frames", type=int, default=12, help="frames per sequence with --sequences (default 12)")
+    s.add_argument("--video", action="store_true",
+                   help="talking/smiling recordings as video files (AVI/MJPEG, MP4, WebM, MOV in turn; --sequences S "
+                        "recordings per person), plus one with a second face and one where the face leaves")
+    s.add_argument("--seconds", type=float, default=2.0, help="length of each recording with --video (default 2)")
+    s.add_argument("--fps", type=float, default=5.0, help="frame rate of the recordings with --video (default 5)")
+    s.add_argument("--width", type=int, default=320, help="frame width with --video (default 320)")
+    s.add_argument("--height", type=int, default=240, help="frame height with --video (default 240)")
+    s.add_argument("--no-extras", action="store_true",
+                   help="with --video: leave out the two-faces and face-leaves recordings")
     s.set_defaults(func=cmd_synth)
 
     i = sub.add_parser("import", help="convert a published dataset layout into a drop")

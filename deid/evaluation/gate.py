@@ -474,11 +474,21 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
     return checks, min_people, share, exact
 
 
-def partition_grouping(inputs: GateInputs, k: int) -> list[dict]:
+def _clusters_people(method: str) -> bool:
+    """Does the method cluster people rather than images (the registry says)? Unknown names: no."""
+    from deid.anonymise.methods import FEATURE_ONLY, REGISTRY  # noqa: PLC0415
+
+    spec = REGISTRY.get(method) or FEATURE_ONLY.get(method)
+    return spec is not None and spec.clusters_people
+
+
+def partition_grouping(inputs: GateInputs, k: int, *, per_person: bool = False) -> list[dict]:
     """Per label partition: records, people, clusters formed, distinct released faces and the feasible maximum.
 
     The feasible maximum is :func:`deid.anonymise.ksame.feasible_clusters` of the partition's images per
-    person (``floor(records / k)`` when any grouping exists, else 0). Partitions are named by their opaque
+    person (``floor(records / k)`` when any grouping exists, else 0); with ``per_person`` (a method that
+    clusters people: ``MethodSpec.clusters_people``) of one per person (``floor(people / k)``). Partitions are
+    named by their opaque
     key (``p000``; the report's configuration maps keys to label values), never by a label value.
     """
     parts = inputs.partitions if inputs.partitions is not None else np.zeros(inputs.n, dtype=object)
@@ -492,7 +502,9 @@ def partition_grouping(inputs: GateInputs, k: int) -> list[dict]:
         counts = np.bincount(who[m])
         rows.append({"partition": "all" if inputs.partitions is None else str(key), "records": int(m.sum()),
                      "people": int(np.count_nonzero(counts)), "clusters": int(np.unique(c_codes[m]).size),
-                     "faces": int(np.unique(image[m]).size), "feasible_max": feasible_clusters(counts, k)})
+                     "faces": int(np.unique(image[m]).size),
+                     # A method clustering people: each person counts once (a video of 20 frames is one person).
+                     "feasible_max": feasible_clusters(np.minimum(counts, 1) if per_person else counts, k)})
     return rows
 
 
@@ -907,7 +919,7 @@ def _evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any, pool: An
     checks, min_people, share, exact = structural_checks(inputs, config)
     grouping: tuple[dict, ...] = ()
     if inputs.n and inputs.clusters is not None and _clustered(config.method):
-        grouping = tuple(partition_grouping(inputs, config.k))
+        grouping = tuple(partition_grouping(inputs, config.k, per_person=_clusters_people(config.method)))
         if config.min_cluster_fraction > 0:
             checks.append(partition_clusters_check(grouping, config))
     checks.extend(inputs.extra_checks)

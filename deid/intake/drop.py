@@ -27,6 +27,7 @@ import yaml
 
 from deid.errors import ConfigError, DropError, Quarantined, RecordError
 from deid.intake.points import POINTS_COLUMN, read_points
+from deid.intake.video import check_fps, is_video
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +193,9 @@ class Drop:
     attribution: dict[str, str] = field(default_factory=dict)
     dataset: str = ""  # the lineage this drop belongs to (drop.yaml `dataset:`, default: a name-safe form of `name`)
     has_points: bool = False  # the manifest has a ``points`` column
-    has_sequences: bool = False  # the manifest has ``sequence`` and ``frame`` columns
+    has_sequences: bool = False  # the manifest has ``sequence`` and ``frame`` columns, or names video files
+    has_videos: bool = False  # some rows name video files (deid.intake.video): ingest expands them into frames
+    fps: float | None = None  # drop.yaml ``fps:``: the rate videos are decoded at (None: each source's own)
 
     @property
     def records_in(self) -> int:
@@ -520,6 +523,11 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
     seen_paths: dict[str, int] = {}
 
     parents: dict[Path, Path] = {}  # resolved directories of the manifest's paths
+    videos = 0
+    try:
+        fps = check_fps(meta.get("fps"), where=f"{root / DROP_YAML}: fps")
+    except ConfigError as exc:
+        raise DropError(str(exc)) from None
 
     def quarantine(rid: str, image: str, code: str, message: str) -> None:
         quarantined.append(Quarantined(rid, image, code, message, "manifest"))
@@ -560,6 +568,12 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
             if why:
                 quarantine(rid, image, "bad_sequence", f"row {n}: {why}")
                 continue
+        if is_video(image):
+            if sequence is not None:
+                quarantine(rid, image, "bad_sequence", f"row {n}: a video file is a sequence by itself; leave its "
+                           "sequence and frame cells empty")
+                continue
+            videos += 1
         # Cheap early look (lstat, no link followed); the file is checked again when it is opened.
         try:
             mode = path.lstat().st_mode
@@ -592,6 +606,14 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
 
     if has_points or seq_cols_present:
         rows = _check_points_and_sequences(rows, quarantine)
+    if videos and not seq_cols_present:
+        # Ingest gives each video's frames a sequence and a frame number: the table carries both columns.
+        from deid.schemas import arrow as schemas  # noqa: PLC0415
+
+        t = rows.table
+        for f in schemas.SEQUENCE:
+            t = t.append_column(f, pa.nulls(t.num_rows, f.type))
+        rows = ManifestRows(t, rows.rows, rows.root, rows.labels)
 
     drop_name = name or meta.get("name") or root.name
     if extra:
@@ -599,7 +621,7 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
     return Drop(root, str(drop_name), labels, raw, rows, quarantined, extra, license=_license(root, meta),
                 attribution=_attribution(root, meta),
                 dataset=_dataset_name(root, meta.get("dataset"), str(drop_name)), has_points=has_points,
-                has_sequences=bool(seq_cols_present))
+                has_sequences=bool(seq_cols_present) or videos > 0, has_videos=videos > 0, fps=fps)
 
 
 def _license(root: Path, meta: dict) -> str | None:

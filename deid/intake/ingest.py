@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +19,9 @@ import pyarrow.parquet as pq
 
 from deid.intake.drop import Drop, read_drop_file
 from deid.errors import Quarantined, RecordError
+from deid.intake.drop import open_drop_file
 from deid.intake.imaging import decoded_bytes, header_size, max_decoded_bytes, sniff_format
+from deid.intake.video import encode_png, frame_record_id, is_video, segment_messages, track_video, video_rate
 from deid.operations.safety import fault_enospc
 from deid.schemas import arrow as schemas
 
@@ -61,6 +64,11 @@ class IngestResult:
     quarantined: list[Quarantined]
     source_sha256: SourceHashes  # record_id -> sha256 of the source bytes
     row_groups: int
+    # Video rows expanded into frame records (deid.intake.video) and the frames they gave (staged or
+    # quarantined): the run's records_in counts frames, not the rows that named the videos.
+    video_rows: int = 0
+    video_frames: int = 0
+    sequence_fps: dict[str, float] = field(default_factory=dict)  # video row id -> frames per second taken
 
 
 def _check_bytes(data: bytes, *, max_pixels: int) -> tuple[str, str] | None:
@@ -85,10 +93,18 @@ def _check_bytes(data: bytes, *, max_pixels: int) -> tuple[str, str] | None:
 
 
 def _batch_table(manifest: pa.Table, rows: list[int], digests: list[str], data: list[bytes],
-                 schema: pa.Schema) -> pa.Table:
-    """The manifest's ``rows`` (their columns as read) with their source hash, size and bytes."""
+                 schema: pa.Schema, frames: list[tuple[str, str, str, int] | None] | None = None) -> pa.Table:
+    """The manifest's ``rows`` (their columns as read) with their source hash, size and bytes.
+
+    ``frames[j]`` (record_id, image, sequence, frame), when not None, replaces those columns of
+    row ``j``: a frame of the video on manifest row ``rows[j]`` (:mod:`deid.intake.video`).
+    """
     t = manifest.take(pa.array(rows, pa.int64()))
     cols = {name: t.column(name) for name in t.column_names}
+    if frames is not None and any(f is not None for f in frames):
+        for c, name in enumerate(("record_id", "image", "sequence", "frame")):
+            old = cols[name].to_pylist()
+            cols[name] = pa.array([o if f is None else f[c] for o, f in zip(old, frames)], cols[name].type)
     for name in ("eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"):  # a manifest without eye columns
         cols.setdefault(name, pa.nulls(len(rows), pa.float64()))
     cols.update(source_sha256=pa.array(digests, pa.string()), size=pa.array([len(d) for d in data], pa.int64()),
@@ -134,12 +150,38 @@ def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pix
     chunk_rows: list[int] = []
     chunk_digests: list[str] = []
     chunk_data: list[bytes] = []
+    chunk_frames: list[tuple[str, str, str, int] | None] = []
+    frame_ids: list[str] = []  # staged record ids of video frames, in staging order (None-free)
+    n_frames = 0
+
+    def stage(row: int, data: bytes, frame: tuple[str, str, str, int] | None = None) -> None:
+        nonlocal n_staged, staged_rows, n_frames
+        digest = hashlib.sha256(data)
+        raw.extend(digest.digest())
+        if n_staged == len(staged_rows):  # video rows add records: grow the per-record arrays
+            staged_rows = np.concatenate([staged_rows, np.empty(max(1024, len(staged_rows)), np.int64)])
+        staged_rows[n_staged] = row
+        if frame is not None:
+            frame_at.append(n_staged)
+            frame_ids.append(frame[0])
+        n_staged += 1
+        chunk_rows.append(row)
+        chunk_digests.append(digest.hexdigest())
+        chunk_data.append(data)
+        chunk_frames.append(frame)
+        if len(chunk_rows) == batch_size:
+            flush()
+
+    frame_at: list[int] = []
+    video_count = [0, 0]  # video rows expanded, frames they gave
+    sequence_fps: dict[str, float] = {}
     with pq.ParquetWriter(tmp, schema, **_WRITER_OPTIONS) as writer:
         def flush() -> None:
             nonlocal n_groups
             fault_enospc("data", tmp)
-            writer.write_table(_batch_table(manifest, chunk_rows, chunk_digests, chunk_data, schema))
+            writer.write_table(_batch_table(manifest, chunk_rows, chunk_digests, chunk_data, schema, chunk_frames))
             n_groups += 1
+            chunk_frames.clear()
             chunk_rows.clear()
             chunk_digests.clear()
             chunk_data.clear()
@@ -147,6 +189,14 @@ def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pix
         start = 0
         for batch in manifest.select(["record_id", "image"]).to_batches(max_chunksize=4096):
             for j, (rid, image) in enumerate(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist())):
+                if drop.has_videos and is_video(image):
+                    why, frames = _ingest_video(drop, rid, image, start + j, stage, max_pixels=max_pixels,
+                                                rates=sequence_fps)
+                    quarantined.extend(why)
+                    if frames is not None:  # expanded into frames: counted as frames from here on
+                        video_count[0] += 1
+                        video_count[1] += frames
+                    continue
                 try:
                     # Opened relative to the drop, following no symlink, at the moment of reading.
                     data = read_drop_file(drop.root, image)
@@ -157,21 +207,18 @@ def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pix
                 if problem:
                     quarantined.append(Quarantined(rid, image, *problem, "ingest"))
                     continue
-                digest = hashlib.sha256(data)
-                raw += digest.digest()
-                staged_rows[n_staged] = start + j
-                n_staged += 1
-                chunk_rows.append(start + j)
-                chunk_digests.append(digest.hexdigest())
-                chunk_data.append(data)
-                if len(chunk_rows) == batch_size:
-                    flush()
+                stage(start + j, data)
             start += batch.num_rows
         if chunk_rows:
             flush()
 
     staged_rows = staged_rows[:n_staged]
     ids = manifest.column("record_id").take(pa.array(staged_rows)).combine_chunks()
+    if frame_at:  # a video's frames have their own record ids
+        listed = ids.to_pylist()
+        for at, fid in zip(frame_at, frame_ids):
+            listed[at] = fid
+        ids = pa.array(listed, pa.string())
     sha = np.frombuffer(bytes(raw), np.uint8).reshape(-1, 32)
     digests = pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), n_staged, [None, pa.py_buffer(sha.tobytes())])
     hexes = pa.StringArray.from_buffers(n_staged, pa.py_buffer(np.arange(0, 64 * n_staged + 1, 64, dtype=np.int32)),
@@ -185,7 +232,8 @@ def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pix
         n_groups = _rewrite_without(tmp, {q.record_id for q in clashes}, schema, batch_size)
     tmp.replace(out_path)
     log.info("ingested %d records (%d quarantined) into %s", n_final, len(quarantined), out_path)
-    return IngestResult(out_path, n_final, quarantined, SourceHashes(ids, hexes), n_groups)
+    return IngestResult(out_path, n_final, quarantined, SourceHashes(ids, hexes), n_groups,
+                        video_rows=video_count[0], video_frames=video_count[1], sequence_fps=sequence_fps)
 
 
 _HEX = np.frombuffer(b"0123456789abcdef", np.uint8)
@@ -274,3 +322,44 @@ def write_quarantine(records: list[Quarantined], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(table, path)
     return path
+
+
+def _ingest_video(drop: Drop, rid: str, image: str, row: int, stage, *, max_pixels: int,
+                  rates: dict[str, float]) -> tuple[list[Quarantined], int | None]:
+    """Stage the tracked subject's face of every sampled frame of the video on manifest row ``row``.
+
+    Frames stream from the decoder one at a time (:func:`deid.intake.video.track_video`). Frames
+    without the subject's face are quarantined, each naming its segment. Returns the quarantined
+    records and the number of frame records the row became (None: the row itself is quarantined,
+    e.g. a video that does not open).
+    """
+    try:
+        fd = open_drop_file(drop.root, image)
+    except RecordError as exc:
+        return [Quarantined(rid, image, exc.code, exc.message, "ingest")], None
+    dropped: list[tuple[int, float, str]] = []
+    kept = 0
+    stopped: list[Quarantined] = []
+    try:
+        rate = rates[rid] = video_rate(fd, drop.fps)
+        for tf in track_video(fd, fps=drop.fps, max_pixels=max_pixels):
+            if tf.crop is None:
+                dropped.append((tf.index, tf.seconds, tf.reason))
+                continue
+            # The sequence key is the video's row id: private (the release gives sequences random ids).
+            stage(row, encode_png(tf.crop), (frame_record_id(rid, tf.index), f"{image}#{tf.index}", rid, tf.index))
+            kept += 1
+    except RecordError as exc:
+        if not kept and not dropped:
+            return [Quarantined(rid, image, exc.code, exc.message, "ingest")], None
+        at = kept + len(dropped)  # decoding broke off: the frames before stay, the rest is one record
+        stopped.append(Quarantined(frame_record_id(rid, at), f"{image}#{at}", exc.code,
+                                   f"decoding stopped at frame {at}: {exc.message}", "ingest"))
+    finally:
+        os.close(fd)
+    out = [Quarantined(frame_record_id(rid, i), f"{image}#{i}", reason, msg, "ingest")
+           for (i, _, reason), msg in zip(dropped, segment_messages(dropped, rate))] + stopped
+    if kept == 0 and not out:
+        return [Quarantined(rid, image, "unreadable_video", "no frame could be decoded", "ingest")], None
+    log.info("video row %s: %d frames staged, %d quarantined", rid, kept, len(out))
+    return out, kept + len(out)

@@ -163,19 +163,22 @@ def ingest_drop(drop_dir: str | Path, layout: StagingLayout, config: RunConfig, 
     people = pc.count_distinct(metadata.column("subject_id")).as_py()
     validation = validate_off_main(executor, validate_drop, drop=_manifest_only(drop), metadata=metadata)
     quarantined = (*drop.quarantined, *res.quarantined)
-    lg.info(f"ingest: {res.n_records} of {drop.records_in} records staged, {len(quarantined)} quarantined")
+    records_in = drop.records_in - res.video_rows + res.video_frames  # a video row counts as its frames
+    lg.info(f"ingest: {res.n_records} of {records_in} records staged, {len(quarantined)} quarantined")
     if drop.extra_columns:
         lg.info(f"ingest: unknown manifest columns kept out of the release: {drop.extra_columns}")
     return Ingested(
-        path=res.path, row_groups=res.row_groups, records_in=drop.records_in, staged=res.n_records,
+        path=res.path, row_groups=res.row_groups, staged=res.n_records,
+        records_in=records_in,
         labels=tuple(drop.labels), name=drop.name, license=drop.license, attribution=dict(drop.attribution),
         dataset=drop.dataset,
         extra_columns=tuple(drop.extra_columns),
         fingerprint=dataset_fingerprint(drop.manifest_bytes, res.source_sha256.values()),
         quarantined=tuple(quarantined), people=people, validation=validation,
-        checks=(*drop_checks(records_in=drop.records_in, people=people, k=config.k),
+        checks=(*drop_checks(records_in=records_in, people=people, k=config.k),
                 suite_check(validation["ingested"])),
         metadata=metadata,
+        sequence_fps=dict(res.sequence_fps),
         colour_sample=colour_sample(res.path, res.row_groups, max_pixels=config.max_pixels)
         if config.color_auto and config.kind == "images" else (0, 0))
 
@@ -828,7 +831,7 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
     from deid.evaluation.leaks import release_files_metadata  # noqa: PLC0415
     from deid.release.linkage import linkage_table, write_linkage  # noqa: PLC0415
     from deid.release.manifest import list_release  # noqa: PLC0415
-    from deid.release.publish import RELEASE_TABLE, discard, stage_release  # noqa: PLC0415
+    from deid.release.publish import RELEASE_TABLE, VIDEO_FPS, discard, stage_release  # noqa: PLC0415
     from deid.evaluation.validation import suite_check, validate_release  # noqa: PLC0415
 
     lg = logger or log
@@ -840,7 +843,7 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
         rows = _release_rows(deidentified, ingested.metadata, labels, config.shape_hw, lineage, lg=lg, spill=spill)
         staged = stage_release(tmp, images=rows.vectors, shape=rows.shape, clusters=rows.clusters,
                                labels=rows.labels, record_ids=rows.record_ids, sequences=rows.sequences,
-                               frames=rows.frames)
+                               frames=rows.frames, fps=dict(ingested.sequence_fps) or VIDEO_FPS)
         # The images as columns and in MANIFEST.sha256 (hashed as they were written: not read again).
         images, listing = list_release(staged.path, known=staged.images)
         label_sets = releasable_label_sets(ingested.metadata, labels, config.k)

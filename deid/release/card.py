@@ -229,7 +229,9 @@ class DatasetCard:
             "",
             "- `images/*.png`: the faces (PNG written from pixels).",
             *([f"- `videos/*.avi`: {self.videos} videos, one per image sequence of the source ({self.frames} frames "
-               f"in all; Motion-JPEG in AVI, {'colour' if self.color else 'grey'}, {VIDEO_FPS:g} frames per second, "
+               f"in all; Motion-JPEG in AVI, {'colour' if self.color else 'grey'}, at the source recording's frame rate (the "
+               f"rate a video file was decoded at; {VIDEO_FPS:g} frames per second for a sequence of image files), "
+               "no audio, "
                "each frame padded to even sides by "
                "repeating its last column or row). Every frame is also an image under `images/`; the encoder's "
                "text tags are blanked."] if self.videos else []),
@@ -255,6 +257,11 @@ class DatasetCard:
             "import pandas as pd",
             "",
             'df = pd.read_parquet("path/to/this/directory/release.parquet")',
+            *(["", "# one recording's frames in order, as images and as its video",
+               'frames = df[df.sequence_id == "<sequence_id>"].sort_values("frame")',
+               "import cv2",
+               'cap = cv2.VideoCapture("path/to/this/directory/videos/<sequence_id>.avi")',
+               "ok, first = cap.read()  # frame 0; cap.get(cv2.CAP_PROP_FPS) is its rate"] if self.videos else []),
             "```",
         ]
 

@@ -19,7 +19,9 @@ import csv
 import os
 import secrets
 import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import cv2
@@ -146,7 +148,7 @@ def read_video(path: str | os.PathLike) -> np.ndarray:
 def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], clusters: list[str],
                   labels: dict[str, list[str]], record_ids: list[str] | None = None,
                   sequences: list | None = None, frames: list | None = None,
-                  fps: float = VIDEO_FPS) -> StagedRelease:
+                  fps: float | Mapping[Any, float] = VIDEO_FPS) -> StagedRelease:
     """Write a release into ``tmp_dir`` (which must not exist yet).
 
     Parameters
@@ -161,7 +163,8 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], 
     sequences, frames : per image, its sequence key (None: a still image; the key itself is never
         released) and frame number. The release then has ``sequence_id``/``frame`` columns (frames
         renumbered 0, 1, 2... in order, so the source numbering is not released) and one video per
-        sequence under ``videos/`` at ``fps`` frames per second.
+        sequence under ``videos/`` at ``fps`` frames per second (a mapping: per sequence key, the rate a
+        video file's frames were taken at; :data:`VIDEO_FPS` for a key it lacks).
     """
     if record_ids is not None and len(record_ids) != len(images):
         raise ValueError(f"record_ids has {len(record_ids)} entries but images has {len(images)}; pass one id per image")
@@ -202,13 +205,15 @@ def stage_release(tmp_dir: Path, *, images: np.ndarray, shape: tuple[int, ...], 
     if seq_of is not None:
         (tmp_dir / VIDEOS).mkdir()
         by_sequence: dict[str, list[tuple[int, int]]] = {}
+        rate: dict[str, float] = {}
         for i, (sid, f) in enumerate(seq_of):
             if sid is not None:
                 by_sequence.setdefault(sid, []).append((f, i))
+                rate[sid] = float(fps.get(sequences[i], VIDEO_FPS)) if isinstance(fps, Mapping) else float(fps)
         for sid in sorted(by_sequence):  # random ids: sorted order says nothing about the input
             name = f"{VIDEOS}/{sid}{VIDEO_SUFFIX}"
             fault_enospc("stage", tmp_dir / name)
-            write_video(tmp_dir / name, [images[i].reshape(shape) for _, i in sorted(by_sequence[sid])], fps=fps)
+            write_video(tmp_dir / name, [images[i].reshape(shape) for _, i in sorted(by_sequence[sid])], fps=rate[sid])
             videos.append(name)
     pq.write_table(table, tmp_dir / RELEASE_TABLE)
     _write_csv(tmp_dir / RELEASE_CSV, schema.names, _table_rows(table))

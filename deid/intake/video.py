@@ -1,0 +1,338 @@
+"""Video files as a drop: decode a recording at a declared rate, track its subject's face, emit frame records.
+
+A manifest row whose ``image`` names a video file (:data:`VIDEO_SUFFIXES`) is one recording of
+its ``subject_id``. Ingest (:func:`deid.intake.ingest.ingest`) turns it into frame records --
+sequence = the recording, frame = the index in the resampled stream -- which the image-sequence
+path then handles exactly as a drop of pre-extracted frames (``sequence``/``frame`` columns).
+
+Decoding streams: :func:`iter_frames` holds one decoded frame at a time (OpenCV's FFmpeg
+backend reads the file through a descriptor opened by :func:`deid.intake.drop.open_drop_file`,
+so the symlink and regular-file rules of every drop file hold). The rate is ``fps:`` in
+``drop.yaml`` or the source's own; a lower rate keeps the frame nearest each sample time.
+
+Tracking (:class:`FaceTracker`): dlib's HOG frontal face detector (Dalal & Triggs features;
+on 80 frames of synthetic recordings it found a face in 74, 4 of the misses being frames the
+face had left, where OpenCV's Haar cascade found 44) per frame, on a frame reduced to at most :data:`WORK_WIDTH` pixels wide, detections
+down to the score :data:`HOG_THRESHOLD`. A frame with no face is quarantined
+(``video_no_face``). With the track known (the previous kept frame's box), the face overlapping
+it most (intersection over union >= :data:`MIN_IOU`) is kept and every other face is masked out
+of the crop; with two or more faces and none overlapping the track (or no track yet), which face
+is the subject cannot be told and the frame is quarantined (``video_ambiguous_faces``): a second,
+unidentified face is never released. A lone face that does not continue the track is
+quarantined too (``video_track_lost``: it may be someone else) unless the subject was not seen for
+:data:`REACQUIRE_SECONDS` and no other face was seen there in the last :data:`REMEMBER_SECONDS`
+(where other faces stay masked in the crops); then it re-acquires the track (the row says the recording shows its
+subject; another person alone in frame after such a gap is not told apart: descriptor-based
+association is not done here). Quarantined
+frames are reported per segment: each frame's message names its run of consecutive frames with
+the same reason (``frames 30-44, 2.00-2.93 s``).
+
+The kept face is cropped with a margin (:data:`CROP_MARGIN` of the box on each side) and
+encoded losslessly (PNG); alignment then finds the eyes in it like in any still.
+
+References
+----------
+N. Dalal, B. Triggs. Histograms of oriented gradients for human detection. CVPR 2005 (dlib's
+frontal face detector).
+R. Gross, L. Sweeney, J. Cohn, F. de la Torre, S. Baker. Face de-identification. In Protecting
+Privacy in Video Surveillance, Springer 2009, ch. 8 (de-identifying video).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import cv2
+import numpy as np
+
+from deid.errors import ConfigError, RecordError
+
+log = logging.getLogger(__name__)
+
+# Containers the installed opencv-python-headless 4.14 (bundled FFmpeg) decodes; measured on this
+# machine: AVI (MJPEG, FFV1), MP4 and MOV (MPEG-4 part 2 'mp4v'), WebM (VP8, VP9), Matroska.
+# H.264 cannot be written here (no encoder in the wheel), so its decoding is not tested.
+VIDEO_SUFFIXES = (".avi", ".mp4", ".m4v", ".mov", ".webm", ".mkv")
+WORK_WIDTH = 640  # detection runs on frames reduced to this width (480p and 1080p alike)
+MIN_IOU = 0.3  # a face continues the track when its box overlaps the previous one this much
+CROP_MARGIN = 0.3  # of the face box, on each side: context for the eye finder
+MASK_GROW = 0.15  # other faces are masked with this much extra margin
+MAX_FPS = 240.0
+HOG_THRESHOLD = -0.5  # dlib's default is 0; -0.5 finds the turned and talking faces of the synthetic recordings
+REACQUIRE_SECONDS = 0.5  # a lone face away from the track is taken as the subject only after this gap
+REMEMBER_SECONDS = 2.0  # another face is masked where it was last seen for this long after it was seen
+
+
+def _detector():
+    """dlib's HOG frontal face detector, built once per process (building it takes ~1.4 s)."""
+    global _DETECTOR
+    if _DETECTOR is None:
+        import dlib  # noqa: PLC0415 - dlib-bin, a dependency (alignment's landmarks)
+
+        _DETECTOR = dlib.get_frontal_face_detector()
+    return _DETECTOR
+
+
+_DETECTOR = None
+
+
+def is_video(name: str) -> bool:
+    """Whether a manifest ``image`` cell names a video file (by its suffix, case-insensitive)."""
+    return PurePosixPath(name).suffix.lower() in VIDEO_SUFFIXES
+
+
+def check_fps(fps, *, where: str = "fps") -> float | None:
+    """A declared frame rate (None: the source's), validated: a number in (0, 240]."""
+    if fps is None:
+        return None
+    if isinstance(fps, bool) or not isinstance(fps, (int, float)) or not 0 < fps <= MAX_FPS or math.isnan(fps):
+        raise ConfigError(f"{where}={fps!r} must be a number of frames per second in (0, {MAX_FPS:g}]; "
+                          "e.g. 'fps: 15' in drop.yaml, or leave it out to keep the source's rate")
+    return float(fps)
+
+
+def _open(path: str | os.PathLike | int) -> tuple[cv2.VideoCapture, int | None]:
+    """A capture on ``path`` or on an open descriptor (read through /proc/self/fd: no path re-resolved)."""
+    fd = path if isinstance(path, int) else None
+    cap = cv2.VideoCapture(f"/proc/self/fd/{fd}" if fd is not None else str(path), cv2.CAP_FFMPEG)
+    if not cap.isOpened():
+        cap.release()
+        raise RecordError("unreadable_video", "OpenCV/FFmpeg cannot open it as a video (decodes AVI/MJPEG, MP4 and "
+                          "MOV with MPEG-4 part 2, WebM VP8/VP9, Matroska)")
+    return cap, fd
+
+
+def source_fps(cap: cv2.VideoCapture) -> float:
+    """The container's frame rate, or RecordError when it declares none."""
+    fps = cap.get(cv2.CAP_PROP_FPS)
+    if not fps or not math.isfinite(fps) or fps <= 0:
+        raise RecordError("unreadable_video", "the video declares no frame rate; set 'fps:' in drop.yaml")
+    return float(fps)
+
+
+def iter_frames(path: str | os.PathLike | int, *, fps: float | None = None,
+                max_pixels: int | None = None) -> Iterator[tuple[int, float, np.ndarray]]:
+    """Yield ``(index, seconds, bgr frame)`` of a video at ``fps`` (None: the source's rate), one at a time.
+
+    At a lower rate than the source's, sample ``i`` (time ``i / fps``) is the first source frame at
+    or after that time; a higher rate than the source's is refused (frames would repeat). Only one
+    decoded frame is alive at a time, so a long recording never sits in memory.
+    """
+    cap, _ = _open(path)
+    try:
+        src = source_fps(cap)
+        rate = src if fps is None else fps
+        if rate > src * 1.001:
+            raise RecordError("video_fps_too_high", f"fps={rate:g} is above the source's {src:g} frames per second; "
+                              "declare at most the source's rate (or leave fps out)")
+        w, h = int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT))
+        if max_pixels is not None and w * h > max_pixels:
+            raise RecordError("image_too_large", f"{w}x{h} frames exceed max_pixels={max_pixels}; raise "
+                              "DEID_MAX_PIXELS if the video is genuine")
+        n_src = out = 0
+        while True:
+            if not cap.grab():
+                break
+            t = n_src / src
+            n_src += 1
+            # Keep the source frame at or just after the next sample time (1e-9: float tolerance).
+            if t + 1e-9 < out / rate:
+                continue
+            ok, frame = cap.retrieve()
+            if not ok:
+                break
+            yield out, out / rate, frame
+            out += 1
+    finally:
+        cap.release()
+
+
+def iou(a, b) -> float:
+    """Intersection over union of two (x, y, w, h) boxes."""
+    ix = max(0.0, min(a[0] + a[2], b[0] + b[2]) - max(a[0], b[0]))
+    iy = max(0.0, min(a[1] + a[3], b[1] + b[3]) - max(a[1], b[1]))
+    inter = ix * iy
+    union = a[2] * a[3] + b[2] * b[3] - inter
+    return inter / union if union > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class TrackedFrame:
+    """One frame's outcome: the subject's face crop (BGR) or the reason it is quarantined."""
+
+    index: int
+    seconds: float
+    crop: np.ndarray | None
+    reason: str | None = None  # video_no_face | video_ambiguous_faces
+    faces: int = 0  # faces found in the frame
+    masked: int = 0  # other faces masked inside the crop
+    box: tuple[int, int, int, int] | None = None  # the crop in frame pixels (x0, y0, x1, y1)
+
+
+class FaceTracker:
+    """Follow one subject's face through a recording (see the module docstring for the rules).
+
+    Parameters
+    ----------
+    min_face_fraction : float, default 0.08
+        Smallest face side searched, as a fraction of the frame's shorter side.
+    min_iou : float, default :data:`MIN_IOU`
+        Overlap with the previous kept box for a face to continue the track.
+    """
+
+    def __init__(self, *, min_face_fraction: float = 0.08, min_iou: float = MIN_IOU,
+                 reacquire_seconds: float = REACQUIRE_SECONDS):
+        if not 0 < min_face_fraction < 1:
+            raise ConfigError(f"min_face_fraction={min_face_fraction!r} must be in (0, 1), e.g. 0.08")
+        if not 0 < min_iou <= 1:
+            raise ConfigError(f"min_iou={min_iou!r} must be in (0, 1], e.g. {MIN_IOU}")
+        if not reacquire_seconds >= 0:
+            raise ConfigError(f"reacquire_seconds={reacquire_seconds!r} must be >= 0, e.g. {REACQUIRE_SECONDS}")
+        self.min_face_fraction = min_face_fraction
+        self.min_iou = min_iou
+        self.reacquire_seconds = reacquire_seconds
+        self.detector = _detector()
+        self.track: tuple[float, float, float, float] | None = None
+        self.others: list[tuple[tuple[float, float, float, float], float]] = []  # (box, seconds) of other faces
+        self.seen_at: float | None = None  # time of the last kept frame
+
+    def faces(self, bgr: np.ndarray) -> list[tuple[float, float, float, float]]:
+        """Face boxes (x, y, w, h) in frame pixels, found on a copy at most WORK_WIDTH wide."""
+        gray = cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY) if bgr.ndim == 3 else bgr
+        s = min(1.0, WORK_WIDTH / gray.shape[1])
+        work = cv2.resize(gray, None, fx=s, fy=s, interpolation=cv2.INTER_AREA) if s < 1 else gray
+        side = self.min_face_fraction * min(work.shape)
+        found, _, _ = self.detector.run(work, 0, HOG_THRESHOLD)
+        return [(r.left() / s, r.top() / s, r.width() / s, r.height() / s) for r in found if r.width() >= side]
+
+    def step(self, index: int, seconds: float, bgr: np.ndarray) -> TrackedFrame:
+        """The outcome of the next frame (updates the track when a face is kept)."""
+        boxes = self.faces(bgr)
+        if not boxes:
+            return TrackedFrame(index, seconds, None, "video_no_face", 0)
+        if len(boxes) > 1 or self.track is None:
+            self.others += [(b, seconds) for b in boxes]  # remembered even when the frame is quarantined
+        if len(boxes) == 1:
+            chosen = boxes[0]
+            if self.track is not None and iou(chosen, self.track) < self.min_iou and (
+                    seconds - self.seen_at < self.reacquire_seconds
+                    # where another face was seen lately: that face, not the subject, is the likely one
+                    or any(iou(chosen, b) >= self.min_iou for b, t in self.others
+                           if seconds - t <= REMEMBER_SECONDS)):
+                return TrackedFrame(index, seconds, None, "video_track_lost", 1)
+        else:
+            best = max(boxes, key=lambda b: iou(b, self.track)) if self.track is not None else None
+            if best is None or iou(best, self.track) < self.min_iou:
+                return TrackedFrame(index, seconds, None, "video_ambiguous_faces", len(boxes))
+            chosen = best
+        self.track, self.seen_at = chosen, seconds
+        # Other faces seen within REMEMBER_SECONDS stay masked where they were last seen: a frame in which
+        # the detector misses the second face must not release it.
+        self.others = [(b, t) for b, t in self.others if seconds - t <= REMEMBER_SECONDS]
+        self.others += [(b, seconds) for b in boxes if b is not chosen]
+        others = [b for b, _ in self.others if iou(b, chosen) < self.min_iou]
+        crop, masked, at = crop_face(bgr, chosen, others)
+        return TrackedFrame(index, seconds, crop, None, len(boxes), masked, at)
+
+
+def crop_face(bgr: np.ndarray, box, others=()) -> tuple[np.ndarray, int, tuple[int, int, int, int]]:
+    """The face ``box`` with :data:`CROP_MARGIN` around it, every other face box in it filled flat.
+
+    The fill is the crop's median colour, so neither the second face's pixels nor its outline
+    reach alignment or the release. Returns ``(crop, faces masked, (x0, y0, x1, y1))``.
+    """
+    h, w = bgr.shape[:2]
+    x, y, bw, bh = box
+    x0, y0 = max(0, int(x - CROP_MARGIN * bw)), max(0, int(y - CROP_MARGIN * bh))
+    x1, y1 = min(w, int(math.ceil(x + (1 + CROP_MARGIN) * bw))), min(h, int(math.ceil(y + (1 + CROP_MARGIN) * bh)))
+    crop = np.ascontiguousarray(bgr[y0:y1, x0:x1])
+    fill = np.median(crop.reshape(-1, crop.shape[2] if crop.ndim == 3 else 1), axis=0).astype(np.uint8)
+    masked = 0
+    for ox, oy, ow, oh in others:
+        a0, b0 = int(ox - MASK_GROW * ow) - x0, int(oy - MASK_GROW * oh) - y0
+        a1, b1 = int(math.ceil(ox + (1 + MASK_GROW) * ow)) - x0, int(math.ceil(oy + (1 + MASK_GROW) * oh)) - y0
+        a0, b0, a1, b1 = max(0, a0), max(0, b0), min(crop.shape[1], a1), min(crop.shape[0], b1)
+        if a0 < a1 and b0 < b1:
+            crop[b0:b1, a0:a1] = fill
+            masked += 1
+    return crop, masked, (x0, y0, x1, y1)
+
+
+def track_video(path: str | os.PathLike | int, *, fps: float | None = None, max_pixels: int | None = None,
+                tracker: FaceTracker | None = None) -> Iterator[TrackedFrame]:
+    """:func:`iter_frames` through a :class:`FaceTracker`: one :class:`TrackedFrame` per sampled frame."""
+    tracker = tracker or FaceTracker()
+    for index, seconds, frame in iter_frames(path, fps=fps, max_pixels=max_pixels):
+        yield tracker.step(index, seconds, frame)
+
+
+_REASONS = {"video_no_face": "no face found (the subject left the frame or turned away)",
+            "video_ambiguous_faces": "several faces and none continues the subject's track; a second, "
+                                     "unidentified face is never released",
+            "video_track_lost": "a face away from the subject's track right after it was seen (maybe someone else)"}
+
+
+def segment_messages(dropped: list[tuple[int, float, str]], rate: float) -> list[str]:
+    """Per quarantined frame ``(index, seconds, reason)`` (in order), a message naming its segment.
+
+    Consecutive frames with one reason form a segment: ``frames 30-44 (2.00-2.93 s): no face found ...``.
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(dropped):
+        j = i
+        while (j + 1 < len(dropped) and dropped[j + 1][2] == dropped[i][2]
+               and dropped[j + 1][0] == dropped[j][0] + 1):
+            j += 1
+        first, last = dropped[i], dropped[j]
+        msg = (f"frame {first[0]}: in the segment frames {first[0]}-{last[0]} ({first[1]:.2f}-{last[1]:.2f} s, "
+               f"{j - i + 1} frames at {rate:g} fps): {_REASONS.get(first[2], first[2])}")
+        out.extend(msg.replace(f"frame {first[0]}:", f"frame {d[0]}:", 1) for d in dropped[i:j + 1])
+        i = j + 1
+    return out
+
+
+def video_rate(path: str | os.PathLike | int, fps: float | None) -> float:
+    """The rate frames are taken at: ``fps`` or the source's."""
+    if fps is not None:
+        return fps
+    cap, _ = _open(path)
+    try:
+        return source_fps(cap)
+    finally:
+        cap.release()
+
+
+def encode_png(bgr: np.ndarray) -> bytes:
+    """Lossless bytes of a frame crop (PNG, fast compression: the crop is re-encoded nowhere else)."""
+    ok, buf = cv2.imencode(".png", bgr, [cv2.IMWRITE_PNG_COMPRESSION, 1])
+    if not ok:  # pragma: no cover - OpenCV always encodes PNG
+        raise RuntimeError("OpenCV could not encode a PNG frame")
+    return buf.tobytes()
+
+
+def frame_record_id(record_id: str, index: int) -> str:
+    """The staging record id of frame ``index`` of the video on row ``record_id`` (internal only)."""
+    return f"{record_id}f{index:06d}"
+
+
+def write_video(path: Path, frames, *, fps: float, fourcc: str = "MJPG") -> Path:
+    """Write BGR frames (one size) with OpenCV; used by the synthetic drops and the benchmark."""
+    frames = iter(frames)
+    first = next(frames)
+    h, w = first.shape[:2]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*fourcc), float(fps), (w, h))
+    if not writer.isOpened():
+        raise ConfigError(f"fourcc={fourcc!r} cannot be written to {Path(path).suffix!r} by this OpenCV; "
+                          "use MJPG (.avi), mp4v (.mp4/.mov) or VP80 (.webm)")
+    try:
+        writer.write(first)
+        for f in frames:
+            writer.write(f)
+    finally:
+        writer.release()
+    return Path(path)
