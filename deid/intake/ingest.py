@@ -223,7 +223,8 @@ def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pix
     digests = pa.FixedSizeBinaryArray.from_buffers(pa.binary(32), n_staged, [None, pa.py_buffer(sha.tobytes())])
     hexes = pa.StringArray.from_buffers(n_staged, pa.py_buffer(np.arange(0, 64 * n_staged + 1, 64, dtype=np.int32)),
                                         pa.py_buffer(_hex(sha).tobytes()))
-    del raw, sha
+    raw.clear()  # the digests' bytes (the closure above holds the name, so it is emptied, not deleted)
+    del sha
     n_final = n_staged
     clashes = _clashes(drop, staged_rows, digests)
     if clashes:
