@@ -42,6 +42,18 @@ from deid.evaluation.scoring import unique_rows
 
 log = logging.getLogger(__name__)
 
+SCOPE: dict[str, str] = {
+    "protects": "Linking: no one holding the people's photos names the person behind a released face more often "
+                "than 1/k (each released face is shared by at least k people, none above 1/k of its cluster).",
+    "does_not_protect": "Membership: a person's photo can still show whether they are in the release (each released "
+                        "face averages 1/k of each member's face); measured in privacy.membership, decided only with "
+                        "DEID_MEMBERSHIP_MAX_ADVANTAGE. Homogeneity: the people of a cluster share its partition "
+                        "labels, so linking someone to their cluster reveals those labels with certainty; a column "
+                        "declared sensitive (drop.yaml 'sensitive') is never a partition label and is released only "
+                        "when every cluster holds at least DEID_SENSITIVE_L distinct values of it.",
+}
+"""What the k-anonymity guarantee covers and what it leaves open, in the words the report and the dataset card use."""
+
 FPR_TARGET = 0.01
 """The false-positive rate at which the true-positive rate is reported (Carlini et al. 2022)."""
 BOOTSTRAP = 1000

@@ -16,6 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from deid.evaluation.membership import SCOPE
 from deid.evaluation.validation import validation_section
 from deid.contracts import (
     Aligned,
@@ -143,6 +144,7 @@ def privacy_section(gate, k: int) -> Privacy:
         bound=1.0 / k, max_rate=gate.max_rate, min_distinct_people_per_cluster=gate.min_people,
         max_person_share=gate.max_person_share, exact_bound=gate.exact_bound, attack_sample=gate.attack_sample,
         partitions=[dict(r) for r in getattr(gate, "partitions", ())] or None,
+        membership=getattr(gate, "membership", None), scope=dict(SCOPE),
         reidentification=[Reidentification(**r) for r in gate.reidentification])
 
 
