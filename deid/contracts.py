@@ -164,6 +164,7 @@ class Ingested:
     metadata: pa.Table
     attribution: Mapping[str, str] = field(default_factory=dict)  # drop.yaml's license_name, license_link, citation
     colour_sample: tuple[int, int] = (0, 0)  # (colour images, images sampled) for DEID_COLOR=auto; (0, 0): not sampled
+    sensitive: tuple[str, ...] = ()  # drop.yaml's sensitive columns (in metadata; never labels, deid.evaluation.sensitive)
 
     @property
     def proceed(self) -> bool:

@@ -84,6 +84,7 @@ class RunConfig:
     seed_fixed: bool = False  # DEID_SEED was set (else a random method's release draws its own secret seed)
     duplicate_ids: str = "merge"
     identity_embed_max: int = 2000
+    sensitive_l: int = 2  # DEID_SENSITIVE_L: distinct values every cluster needs to release a sensitive column
     lineage_policy: str = "invariant"
     lineage_absent: str = "republish"
     color_auto: bool = False  # DEID_COLOR=auto: the run decides after ingest (deid.operations.pipeline.resolve_color)
@@ -131,7 +132,7 @@ class RunConfig:
             ksame_block_size=s.ksame_block_size,
             dask_address=s.dask_address, seed_fixed=s.seed is not None,
             duplicate_ids=s.duplicate_ids, identity_embed_max=s.identity_embed_max, lineage_policy=s.lineage_policy,
-            lineage_absent=s.lineage_absent,
+            lineage_absent=s.lineage_absent, sensitive_l=s.sensitive_l,
             color_auto=s.color == "auto" and s.color is not True,
             color_reason="" if s.color == "auto" and s.color is not True else f"DEID_COLOR={str(s.color).lower()}",
             signing_key=s.signing_key, linkage_key=s.linkage_key, signing_passphrase=s.signing_key_passphrase,

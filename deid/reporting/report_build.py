@@ -118,6 +118,9 @@ def configuration(config: RunConfig, *, ingested: Ingested, aligned: Aligned, pa
         # Landmark points and image sequences the method was given; k-same-m's cluster shape sources.
         "method_inputs": {**partitioned.inputs.to_dict(), "shape_sources": dict(deidentified.shape_sources)},
         "extra_manifest_columns": list(ingested.extra_columns),
+        # drop.yaml's sensitive columns: names only (never values); the check sensitive_l_diversity says which
+        # were released (every cluster l-diverse) and which withheld.
+        "sensitive_columns": list(getattr(ingested, "sensitive", ())), "sensitive_l": config.sensitive_l,
         "dask": config.dask_address or f"LocalCluster({config.dask_workers} workers)",
         "ksame_block_size": config.ksame_block_size,
         "stage_seconds": dict(timings),
