@@ -78,3 +78,15 @@ def test_check_reports_only_when_unset_and_decides_from_bounds():
     assert membership_check(_figures(0.2, 0.6), 0.7).status == "pass"
     inc = membership_check(_figures(0.2, 0.6), 0.4)
     assert inc.status == "inconclusive" and inc.passed
+
+
+def test_bootstrap_replicates_match_the_direct_statistics():
+    from deid.evaluation.membership import bootstrap_figures
+
+    rng = np.random.default_rng(0)
+    m, n = rng.normal(1, 1, 15).round(1), rng.normal(0, 1, 120).round(1)  # rounded: ties happen
+    aucs, tprs = bootstrap_figures(m, n, fpr=0.01, seed=7, resamples=50)
+    r = np.random.default_rng(7)
+    im, jn = r.integers(0, len(m), (50, len(m))), r.integers(0, len(n), (50, len(n)))
+    assert np.allclose(aucs, [auc(m[a], n[b]) for a, b in zip(im, jn)])
+    assert np.allclose(tprs, [tpr_at_fpr(m[a], n[b], 0.01) for a, b in zip(im, jn)])

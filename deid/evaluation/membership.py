@@ -100,16 +100,35 @@ def tpr_at_fpr(members: np.ndarray, non_members: np.ndarray, fpr: float = FPR_TA
     return float(np.count_nonzero(m > limit) / len(m))
 
 
-def bootstrap_interval(members: np.ndarray, non_members: np.ndarray, stat: Callable[[np.ndarray, np.ndarray], float],
-                       *, confidence: float, seed: int, resamples: int = BOOTSTRAP) -> tuple[float, float]:
-    """One-sided percentile bounds (lower, upper), each at ``confidence``, from a bootstrap over people.
+def bootstrap_figures(members: np.ndarray, non_members: np.ndarray, *, fpr: float, seed: int,
+                      resamples: int = BOOTSTRAP) -> tuple[np.ndarray, np.ndarray]:
+    """Bootstrap replicates of (AUC, TPR at ``fpr``), people resampled with members and non-members apart.
 
-    Members and non-members are resampled separately (stratified: each resample keeps both sizes).
+    Stratified: every replicate keeps both group sizes. AUC from the pairwise comparison matrix
+    (1 above, 1/2 tied) weighted by each replicate's resampling counts; the TPR from each replicate's
+    own threshold (:func:`tpr_at_fpr`).
     """
     rng = np.random.default_rng(seed)
     m, n = np.asarray(members, dtype=np.float64), np.asarray(non_members, dtype=np.float64)
-    values = np.array([stat(m[rng.integers(0, len(m), len(m))], n[rng.integers(0, len(n), len(n))])
-                       for _ in range(resamples)])
+    im = rng.integers(0, len(m), (resamples, len(m)))
+    jn = rng.integers(0, len(n), (resamples, len(n)))
+    wins = (m[:, None] > n[None, :]) + 0.5 * (m[:, None] == n[None, :])
+    cm = np.zeros((resamples, len(m)))
+    cn = np.zeros((resamples, len(n)))
+    np.add.at(cm, (np.arange(resamples)[:, None], im), 1.0)
+    np.add.at(cn, (np.arange(resamples)[:, None], jn), 1.0)
+    aucs = np.einsum("bi,ij,bj->b", cm, wins, cn) / (len(m) * len(n))
+    allowed = int(np.floor(fpr * len(n) + 1e-9))
+    if allowed >= len(n):
+        tprs = np.ones(resamples)
+    else:
+        limit = np.sort(n[jn], axis=1)[:, len(n) - 1 - allowed]
+        tprs = (m[im] > limit[:, None]).mean(axis=1)
+    return aucs, tprs
+
+
+def _bounds(values: np.ndarray, confidence: float) -> tuple[float, float]:
+    """One-sided percentile bounds (lower, upper), each holding with ``confidence``."""
     alpha = 1.0 - confidence
     return float(np.quantile(values, alpha)), float(np.quantile(values, 1.0 - alpha))
 
@@ -143,10 +162,9 @@ def membership_figures(scores: Mapping[Hashable, float], members: set, *, confid
     """AUC, advantage and TPR at ``fpr`` of one attacker's person scores, each with its interval and n."""
     m = np.array([s for p, s in scores.items() if p in members])
     n = np.array([s for p, s in scores.items() if p not in members])
-    a = auc(m, n)
-    a_lo, a_hi = bootstrap_interval(m, n, auc, confidence=confidence, seed=seed)
-    t = tpr_at_fpr(m, n, fpr)
-    t_lo, t_hi = bootstrap_interval(m, n, lambda x, y: tpr_at_fpr(x, y, fpr), confidence=confidence, seed=seed + 1)
+    a, t = auc(m, n), tpr_at_fpr(m, n, fpr)
+    aucs, tprs = bootstrap_figures(m, n, fpr=fpr, seed=seed)
+    (a_lo, a_hi), (t_lo, t_hi) = _bounds(aucs, confidence), _bounds(tprs, confidence)
     return {"auc": round(a, 6), "auc_interval": [round(a_lo, 6), round(a_hi, 6)],
             "advantage": round(2 * a - 1, 6), "advantage_interval": [round(2 * a_lo - 1, 6), round(2 * a_hi - 1, 6)],
             "tpr_at_fpr": round(t, 6), "tpr_interval": [round(t_lo, 6), round(t_hi, 6)], "fpr": fpr,
