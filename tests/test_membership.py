@@ -90,3 +90,30 @@ def test_bootstrap_replicates_match_the_direct_statistics():
     im, jn = r.integers(0, len(m), (50, len(m))), r.integers(0, len(n), (50, len(n)))
     assert np.allclose(aucs, [auc(m[a], n[b]) for a, b in zip(im, jn)])
     assert np.allclose(tprs, [tpr_at_fpr(m[a], n[b], 0.01) for a, b in zip(im, jn)])
+
+
+def test_report_html_and_card_state_membership_beside_one_over_k():
+    from test_consumer import _report
+
+    from deid.evaluation.membership import SCOPE
+    from deid.reporting.html_report import _membership
+    import jsonschema
+
+    from deid.reporting.report import load_schema
+    from deid.release.card import DatasetCard, split_card
+
+    report = _report("rel-0123456789abcdef", 12)
+    figures = {**_figures(0.2, 0.6), "attacker": "pca-whitened-cosine", "status": "measured",
+               "interval_method": "percentile bootstrap", "records": 60}
+    report["privacy"].update(membership=figures, scope=dict(SCOPE))
+    schema = load_schema()["properties"]["privacy"]["properties"]
+    jsonschema.validate(figures, schema["membership"])  # the report schema takes them as the gate writes them
+    jsonschema.validate(dict(SCOPE), schema["scope"])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**figures, "subject_ids": ["001"]}, schema["membership"])
+    html = _membership(report["privacy"])
+    assert "AUC 0.700 [0.600, 0.800]" in html and "30 members vs 30 non-members" in html
+    assert "k-Same protects" in html and "does not protect" in html
+    _, body = split_card(DatasetCard.from_report(report).render())
+    assert "membership AUC, not bounded by k" in body and "[0.600, 0.800], 30 members and 30 non-members" in body
+    assert "## What k-Same protects and what it does not" in body and "- Not protected: Membership" in body
