@@ -117,3 +117,42 @@ def test_report_html_and_card_state_membership_beside_one_over_k():
     _, body = split_card(DatasetCard.from_report(report).render())
     assert "membership AUC, not bounded by k" in body and "[0.600, 0.800], 30 members and 30 non-members" in body
     assert "## What k-Same protects and what it does not" in body and "- Not protected: Membership" in body
+
+
+def test_the_setting_reaches_the_gate_once(monkeypatch):
+    from deid.errors import ConfigError
+    from deid.evaluation.gate import GATE_SETTINGS, GateConfig
+    from deid.settings import Settings
+
+    assert GATE_SETTINGS["membership_max_advantage"] == "membership_max_advantage"
+    assert GateConfig.from_settings(Settings(), k=5, method="k-same").membership_max_advantage is None
+    monkeypatch.setenv("DEID_MEMBERSHIP_MAX_ADVANTAGE", "0.3")
+    assert GateConfig.from_settings(Settings(), k=5, method="k-same").membership_max_advantage == 0.3
+    with pytest.raises(ConfigError, match="DEID_MEMBERSHIP_MAX_ADVANTAGE"):
+        GateConfig(k=5, method="k-same", membership_max_advantage=1.5)
+
+
+def test_the_gate_reports_membership_and_decides_only_when_set():
+    from dataclasses import replace
+
+    from test_gate import SHAPE as GSHAPE
+    from test_gate import _faces as gate_faces
+    from test_gate import _fast, _inputs
+
+    from deid.anonymise.methods import deidentify, method_runner
+    from deid.evaluation.gate import evaluate
+
+    faces, people = gate_faces(40, per_person=2)
+    released = deidentify(faces, shape=GSHAPE, people=people, method="blur", sigma=1.0)[0]
+    inputs = _inputs(released, faces, people, np.arange(len(people)).astype(object),
+                     deidentify=method_runner("blur", shape=GSHAPE, sigma=1.0))
+    res = evaluate(inputs, _fast(method="blur"))
+    check = {c.name: c for c in res.checks}["membership_advantage"]
+    assert res.membership["status"] == "measured" and res.membership["members"] == 20
+    assert check.status == "not_applicable" and check.passed and check.n == 40  # report only by default
+    # A lightly blurred face is its own photo's nearest: members stand out, and a set bound fails on it.
+    assert res.membership["advantage_interval"][0] > 0.5
+    strict = evaluate(inputs, replace(_fast(method="blur"), membership_max_advantage=0.2))
+    check = {c.name: c for c in strict.checks}["membership_advantage"]
+    assert check.status == "fail" and not check.passed
+    assert any(r.startswith("membership_advantage:") for r in strict.reasons)
