@@ -224,7 +224,7 @@ def measure_membership(*, originals: np.ndarray, people: np.ndarray, shape: tupl
         released = np.asarray(deidentify(
             originals[idx], people=people[idx], partitions=None if partitions is None else np.asarray(partitions)[idx],
             labels={x: list(np.asarray(v)[idx]) for x, v in (labels or {}).items()} or None, **extra))
-    except DeidError as exc:  # e.g. a partition of the members' half below k people
+    except (DeidError, ValueError) as exc:  # e.g. a partition of the members' half below k people
         log.info("membership: the method could not re-make a release of %d members: %s", len(members), exc)
         return {"status": "not_applicable",
                 "reason": f"the run's method could not re-make a release from a random half of the sample's people "
@@ -236,7 +236,7 @@ def measure_membership(*, originals: np.ndarray, people: np.ndarray, shape: tupl
         try:
             scores = membership_scores(factory(shape), originals=originals, people=people.tolist(),
                                        released=released, released_people=people[idx].tolist())
-        except DeidError as exc:  # an attacker that cannot fit this sample (e.g. identical faces)
+        except (DeidError, ValueError, np.linalg.LinAlgError) as exc:  # cannot fit this sample (identical faces)
             log.info("membership: attacker %s not scored: %s", name, exc)
             continue
         rows[name] = membership_figures(scores, members, confidence=level, seed=seed + 5)
