@@ -133,3 +133,15 @@ def test_the_stage_releases_a_column_only_when_every_cluster_is_l_diverse():
     assert cols == {} and "republishes registered clusters" in check.detail
     config.sensitive_l = 3
     assert _sensitive_columns(rows, ing, config)[0] == {}
+
+
+def test_a_feature_drop_refuses_a_sensitive_label(tmp_path):
+    from deid.intake.features import read_feature_drop
+    from deid.intake.synth_features import make_feature_drop
+
+    drop = make_feature_drop(tmp_path / "f", people=6, per_person=2, dim=4, seed=1)
+    meta = yaml.safe_load((drop / "drop.yaml").read_text())
+    meta["sensitive"] = [meta["labels"][0]]
+    (drop / "drop.yaml").write_text(yaml.safe_dump(meta))
+    with pytest.raises(ConfigError, match="never a label"):
+        read_feature_drop(drop)
