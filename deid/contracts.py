@@ -179,6 +179,7 @@ class Ingested:
     # Private: sequence key (a video row's record id) -> the rate its frames were taken at; the release's
     # video of that recording plays at it (deid.intake.video). Empty: frame drops (VIDEO_FPS).
     sequence_fps: Mapping[str, float] = field(default_factory=dict)
+    sensitive: tuple[str, ...] = ()  # drop.yaml's sensitive columns (in metadata; never labels, deid.evaluation.sensitive)
 
     @property
     def proceed(self) -> bool:

@@ -88,6 +88,7 @@ class RunConfig:
     release_seed: ReleaseSeed | None = field(default=None, repr=False, compare=False)
     duplicate_ids: str = "merge"
     identity_embed_max: int = 2000
+    sensitive_l: int = 2  # DEID_SENSITIVE_L: distinct values every cluster needs to release a sensitive column
     lineage_policy: str = "invariant"
     lineage_absent: str = "republish"
     color_auto: bool = False  # DEID_COLOR=auto: the run decides after ingest (deid.operations.pipeline.resolve_color)
@@ -142,7 +143,7 @@ class RunConfig:
             ksame_block_size=s.ksame_block_size,
             dask_address=s.dask_address, seed_fixed=s.seed is not None,
             duplicate_ids=s.duplicate_ids, identity_embed_max=s.identity_embed_max, lineage_policy=s.lineage_policy,
-            lineage_absent=s.lineage_absent, keep_staging=s.staging_retention,
+            lineage_absent=s.lineage_absent, keep_staging=s.staging_retention, sensitive_l=s.sensitive_l,
             color_auto=s.color == "auto" and s.color is not True,
             color_reason="" if s.color == "auto" and s.color is not True else f"DEID_COLOR={str(s.color).lower()}",
             signing_key=s.signing_key, linkage_key=s.linkage_key, signing_passphrase=s.signing_key_passphrase,

@@ -137,6 +137,15 @@ class Settings(BaseSettings):
                                         "headline or decide the check; a rate from fewer is reported as "
                                         "'insufficient evidence', and the attack samples take at least this many "
                                         "whole clusters (people) when the release has them (1: every rate decides)")
+    membership_max_advantage: float | None = Field(
+        default=None, ge=0.0, le=1.0,
+        description="largest membership advantage (2 x AUC - 1 of telling members from non-members by their "
+                    "photo's nearest released face, deid.evaluation.membership) a release may show, decided from "
+                    "its interval's lower bound; unset: measured and reported, deciding nothing")
+    sensitive_l: int = Field(
+        default=2, ge=1, le=1000,
+        description="drop.yaml's sensitive columns are released only when every cluster holds at least this many "
+                    "distinct values of each (distinct l-diversity), else withheld from the release")
     max_quarantine_fraction: float = Field(default=0.05, ge=0.0, le=1.0,
                                            description="a drop quarantining more than this fraction fails the gate")
     cv_folds: int = Field(default=5, ge=2, le=20)

@@ -32,6 +32,7 @@ from deid.evaluation.attacks import ATTACKERS, DEEP_ATTACKERS, FEATURE_ATTACKERS
 from deid.evaluation.scoring import unique_rows
 from deid.evaluation.checks import INSUFFICIENT, STATUSES, Check, Status  # noqa: F401 (re-exported)
 from deid.errors import ConfigError
+from deid.evaluation.membership import measure_membership, membership_check
 from deid.evaluation.leaks import (
     FEATURE_NEAR_COPY_RATIO,
     mean_abs_difference,
@@ -76,6 +77,7 @@ class GateConfig:
     helper_min_records: int = 10_000
     evidence_sample: int = 500
     min_cluster_fraction: float = 0.5
+    membership_max_advantage: float | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 2:
@@ -96,6 +98,10 @@ class GateConfig:
             raise ConfigError(f"closeness_ratio={self.closeness_ratio!r} must be in (0, 1); e.g. 0.25")
         if not 0 < self.feature_near_copy_ratio < 1:
             raise ConfigError(f"feature_near_copy_ratio={self.feature_near_copy_ratio!r} must be in (0, 1); e.g. 0.2")
+        if self.membership_max_advantage is not None and not 0 <= self.membership_max_advantage <= 1:
+            raise ConfigError(f"membership_max_advantage={self.membership_max_advantage!r} must be in [0, 1] (setting "
+                              "DEID_MEMBERSHIP_MAX_ADVANTAGE: the largest 2 x AUC - 1 of telling members from "
+                              "non-members; unset = report only); e.g. 0.2")
         if isinstance(self.evidence_sample, bool) or not isinstance(self.evidence_sample, int) \
                 or self.evidence_sample < 10:
             raise ConfigError(f"evidence_sample={self.evidence_sample!r} must be an integer >= 10 records (the "
@@ -122,7 +128,7 @@ GATE_SETTINGS: dict[str, str] = {
     "attack_sample": "attack_sample", "deep_attack_sample": "deep_attack_sample", "min_probes": "min_probes",
     "utility_sample": "utility_sample", "utility_inconclusive": "utility_inconclusive",
     "folds": "cv_folds", "repeats": "cv_repeats", "n_components": "pca_components", "seed": "seed",
-    "min_cluster_fraction": "min_cluster_fraction"}
+    "min_cluster_fraction": "min_cluster_fraction", "membership_max_advantage": "membership_max_advantage"}
 
 
 class _NoOne:
@@ -251,6 +257,7 @@ class GateResult:
     exact_bound: bool = False
     attack_sample: dict | None = None
     partitions: tuple[dict, ...] = ()  # per label partition: records, people, clusters, faces, feasible_max
+    membership: dict | None = None  # membership disclosure (deid.evaluation.membership), None: not measured
 
     @property
     def passed(self) -> bool:
@@ -815,6 +822,33 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool, rows:
     return [check], rows, max_rate, sample
 
 
+def membership_disclosure(inputs: GateInputs, config: GateConfig) -> dict:
+    """Membership disclosure of the release's method on the attacked sample (:mod:`deid.evaluation.membership`).
+
+    The attacked sample's people are split at random into members and non-members; the run's method
+    re-makes a release from the members alone (as the parrot attacker does), and every configured
+    attacker that can afford the sample (deep recognisers only within ``deep_attack_sample`` records)
+    tells members from non-members by their photos' nearest released face. k-Same bounds linking a
+    released face to a person (1/k), not this: the figure stands beside the 1/k rate.
+    """
+    if inputs.deidentify is None:
+        return {"status": "not_applicable", "reason": "the run's method cannot be re-run on a subset of people"}
+    idx = gate_attack_sample(inputs, config)
+    _, originals = inputs.fetch(idx)
+    default = FEATURE_ATTACKERS if inputs.kind == "features" else ATTACKERS
+    names = list(config.attackers) if config.attackers is not None else list(default)
+    names = [a for a in names if a not in DEEP_ATTACKERS or len(idx) <= config.deep_attack_sample]
+    known = {**ATTACKERS, **FEATURE_ATTACKERS}
+    log.info("gate: membership disclosure on %d records, %d attackers", len(idx), len(names))
+    out = measure_membership(
+        originals=originals, people=inputs.people[idx], shape=inputs.shape, deidentify=inputs.deidentify,
+        attackers={a: known[a] for a in names}, partitions=None if inputs.partitions is None else
+        inputs.partitions[idx], labels={x: np.asarray(v)[idx] for x, v in inputs.labels.items()},
+        points=_points_of(inputs, idx), confidence=config.confidence, seed=config.seed)
+    out["records"] = int(len(idx))
+    return out
+
+
 def leak_checks(inputs: GateInputs, config: GateConfig) -> list[Check]:
     """No released face is (nearly) a copy of an original; no released file carries metadata."""
     threshold = config.leak_threshold
@@ -928,6 +962,7 @@ def _evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any, pool: An
     util: list[dict] = []
     max_rate = None
     sample = None
+    membership = None
     if inputs.n:
         checks.append(closeness_check(inputs, config))
         parts = None
@@ -941,11 +976,13 @@ def _evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any, pool: An
         log.info("gate: max re-identification rate %s over %d attacker x mode pairs (bound %.4f)",
                  "insufficient evidence" if max_rate is None else f"{max_rate:.4f}", len(reid), 1 / config.k)
         checks.extend(leak_checks(inputs, config) if parts is None or parts.leaks is None else parts.leaks)
+        membership = membership_disclosure(inputs, config)
+        checks.append(membership_check(membership, config.membership_max_advantage))
         u_checks, util = utility_checks(inputs, config) if parts is None else parts.utility
         checks.extend(u_checks)
     result = GateResult(checks=tuple(checks), reidentification=tuple(reid), utility=tuple(util),
                         max_rate=max_rate, min_people=min_people, max_person_share=share, exact_bound=exact,
-                        attack_sample=sample, partitions=grouping)
+                        attack_sample=sample, partitions=grouping, membership=membership)
     log.info("gate: %s%s", "passed" if result.passed else "failed",
              "" if result.passed else " - " + "; ".join(result.reasons))
     return result

@@ -3,7 +3,7 @@
 A drop is a directory holding ``manifest.csv`` (``image``, ``subject_id``, one column per
 utility label, optional eye points, an optional ``points`` column naming a landmark file per
 image (:mod:`deid.intake.points`), optional ``sequence`` and ``frame`` columns for image
-sequences), an optional ``drop.yaml`` (``name``, ``labels``,
+sequences), an optional ``drop.yaml`` (``name``, ``labels``, ``sensitive``,
 ``license``, ``license_name``, ``license_link``, ``citation``) and the images. Problems with the drop as a whole raise :class:`~deid.errors.DropError`; problems with
 one row quarantine that row with a stable reason code and never stop the run.
 """
@@ -196,6 +196,8 @@ class Drop:
     has_sequences: bool = False  # the manifest has ``sequence`` and ``frame`` columns, or names video files
     has_videos: bool = False  # some rows name video files (deid.intake.video): ingest expands them into frames
     fps: float | None = None  # drop.yaml ``fps:``: the rate videos are decoded at (None: each source's own)
+    # drop.yaml's ``sensitive`` columns: never partition labels; released only when every cluster is l-diverse.
+    sensitive: list[str] = field(default_factory=list)
 
     @property
     def records_in(self) -> int:
@@ -506,7 +508,8 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
     absent = [x for x in labels if x not in header]
     if absent:
         raise DropError(f"{manifest}: declared label column(s) {absent} are missing; found columns {header}")
-    extra = [c for c in header if c not in RESERVED_COLUMNS and c not in labels]
+    sensitive = _sensitive(root, meta, labels, header)
+    extra = [c for c in header if c not in RESERVED_COLUMNS and c not in labels and c not in sensitive]
     eye_cols_present = [c for c in EYE_COLUMNS if c in header]
     if eye_cols_present and len(eye_cols_present) != len(EYE_COLUMNS):
         raise DropError(f"{manifest}: eye columns must come as all four of {list(EYE_COLUMNS)}; found {eye_cols_present}")
@@ -517,7 +520,8 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
     has_points = POINTS_COLUMN in header
 
     idx = {c: i for i, c in enumerate(header)}
-    rows = _RowsBuilder(manifest_schema(labels, eyes=bool(eye_cols_present), points=has_points,
+    # A sensitive column travels with the labels' columns (strings, one per record) but is never a label.
+    rows = _RowsBuilder(manifest_schema([*labels, *sensitive], eyes=bool(eye_cols_present), points=has_points,
                                         sequences=bool(seq_cols_present)), root, labels)
     quarantined: list[Quarantined] = []
     seen_paths: dict[str, int] = {}
@@ -552,7 +556,7 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
         if not subject:
             quarantine(rid, image, "missing_subject_id", f"row {n}: subject_id is empty")
             continue
-        empty = [x for x in labels if not cells[idx[x]]]
+        empty = [x for x in (*labels, *sensitive) if not cells[idx[x]]]
         if empty:
             quarantine(rid, image, "missing_label", f"row {n}: label(s) {empty} empty")
             continue
@@ -593,7 +597,8 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
             except RecordError as exc:
                 quarantine(rid, image, exc.code, f"row {n}: {exc.message}")
                 continue
-        values = {"record_id": rid, "image": key, "subject_id": subject, **{x: cells[idx[x]] for x in labels}}
+        values = {"record_id": rid, "image": key, "subject_id": subject,
+                  **{x: cells[idx[x]] for x in (*labels, *sensitive)}}
         if eye_cols_present:
             values.update(zip(EYE_COLUMNS, (*eyes[0], *eyes[1]) if eyes else (None,) * 4))
         if has_points:
@@ -621,7 +626,38 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
     return Drop(root, str(drop_name), labels, raw, rows, quarantined, extra, license=_license(root, meta),
                 attribution=_attribution(root, meta),
                 dataset=_dataset_name(root, meta.get("dataset"), str(drop_name)), has_points=has_points,
-                has_sequences=bool(seq_cols_present) or videos > 0, has_videos=videos > 0, fps=fps)
+                has_sequences=bool(seq_cols_present) or videos > 0, has_videos=videos > 0, fps=fps,
+                sensitive=sensitive)
+
+
+def _sensitive(root: Path, meta: dict, labels: Sequence[str], header: Sequence[str]) -> list[str]:
+    """drop.yaml's ``sensitive`` columns, each present, none reserved and none a partition label.
+
+    A label partitions k-Same-Select's clusters, so every member of a cluster shares it: linking a
+    person to their cluster would reveal a sensitive value with certainty (the homogeneity attack).
+    """
+    value = meta.get("sensitive")
+    if value is None:
+        return []
+    if isinstance(value, str):
+        value = [s.strip() for s in value.split(",") if s.strip()]
+    if not isinstance(value, list) or not all(isinstance(x, str) and x.strip() for x in value):
+        raise DropError(f"{root / DROP_YAML}: 'sensitive' must be a list of column names, e.g. 'sensitive: "
+                        f"[diagnosis]'; got {value!r}")
+    value = list(dict.fromkeys(x.strip() for x in value))
+    both = [x for x in value if x in labels]
+    if both:
+        raise ConfigError(f"{root / DROP_YAML}: sensitive column(s) {both} are also partition labels; a sensitive "
+                          "column is never a partition label (every member of a cluster would share its value): "
+                          f"remove {both} from 'labels' (or from --labels) or from 'sensitive'")
+    bad = [x for x in value if x in RESERVED_COLUMNS]
+    if bad:
+        raise DropError(f"{root / DROP_YAML}: sensitive {bad} are reserved manifest columns; name other columns")
+    absent = [x for x in value if x not in header]
+    if absent:
+        raise DropError(f"{root / MANIFEST}: sensitive column(s) {absent} declared in {DROP_YAML} are missing; found "
+                        f"columns {list(header)}")
+    return value
 
 
 def _license(root: Path, meta: dict) -> str | None:

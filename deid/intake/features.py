@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from deid.errors import DataError, DropError, Quarantined, RecordError
+from deid.errors import ConfigError, DataError, DropError, Quarantined, RecordError
 from deid.intake.drop import (
     DROP_YAML,
     _dataset_name,
@@ -314,6 +314,13 @@ def read_feature_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None =
             raise DropError(f"{root / DROP_YAML}: 'labels' must be a list of column names, e.g. 'labels: [gender, "
                             f"accent]'; got a {type(labels).__name__} ({labels!r}); or pass --labels gender,accent")
     labels = [str(x) for x in labels or []]
+    sensitive = meta.get("sensitive") or []
+    sensitive = [s.strip() for s in sensitive.split(",")] if isinstance(sensitive, str) else list(sensitive)
+    if set(map(str, sensitive)) & set(labels):
+        raise ConfigError(f"{root / DROP_YAML}: sensitive column(s) {sorted(set(map(str, sensitive)) & set(labels))} "
+                          "are also labels; a sensitive column is never a label: remove it from 'labels' or 'sensitive'")
+    if sensitive:  # a feature release carries its labels only: a sensitive column stays out of it
+        log.info("feature drop: sensitive column(s) %s are kept out of the release", sensitive)
     bad = [x for x in labels if x in (*RESERVED, column)]
     if bad:
         raise DropError(f"labels {bad} are the id, subject or vector columns; utility labels must be other columns")

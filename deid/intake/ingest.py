@@ -127,7 +127,7 @@ def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_s
     staged table is rewritten without them (from the staged table, not from the sources).
     """
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    schema = schemas.ingested(drop.labels, points=drop.has_points, sequences=drop.has_sequences)
+    schema = schemas.ingested([*drop.labels, *drop.sensitive], points=drop.has_points, sequences=drop.has_sequences)
 
     tmp = out_path.with_suffix(".parquet.tmp")
     try:

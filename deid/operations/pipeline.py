@@ -170,7 +170,7 @@ def ingest_drop(drop_dir: str | Path, layout: StagingLayout, config: RunConfig, 
     return Ingested(
         path=res.path, row_groups=res.row_groups, staged=res.n_records,
         records_in=records_in,
-        labels=tuple(drop.labels), name=drop.name, license=drop.license, attribution=dict(drop.attribution),
+        labels=tuple(drop.labels), sensitive=tuple(drop.sensitive), name=drop.name, license=drop.license, attribution=dict(drop.attribution),
         dataset=drop.dataset,
         extra_columns=tuple(drop.extra_columns),
         fingerprint=dataset_fingerprint(drop.manifest_bytes, res.source_sha256.values()),
@@ -841,6 +841,8 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
     tmp = layout.release_dir
     try:
         rows = _release_rows(deidentified, ingested.metadata, labels, config.shape_hw, lineage, lg=lg, spill=spill)
+        sensitive, sensitive_check = _sensitive_columns(rows, ingested, config)
+        rows = replace(rows, labels={**rows.labels, **sensitive}) if sensitive else rows
         staged = stage_release(tmp, images=rows.vectors, shape=rows.shape, clusters=rows.clusters,
                                labels=rows.labels, record_ids=rows.record_ids, sequences=rows.sequences,
                                frames=rows.frames, fps=dict(ingested.sequence_fps) or VIDEO_FPS)
@@ -850,7 +852,10 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
         lineage_checks_ = ()
         if lineage is not None:
             label_sets, lineage_checks_ = lineage_label_mix(lineage, rows, labels, label_sets)
-        validation = validate_off_main(executor, validate_release, release=staged.path / RELEASE_TABLE,
+        # The validation results go into the signed report: a sensitive column's values never reach them.
+        table = staged.path / RELEASE_TABLE
+        validation = validate_off_main(executor, validate_release, release=pq.read_table(table).drop_columns(
+                                           list(sensitive)) if sensitive else table,
                                        labels=list(labels), k=config.k, clustered=config.spec.clustered,
                                        label_sets=label_sets)
         file_metadata = release_files_metadata(staged.path, digests=images.known())
@@ -866,12 +871,34 @@ def stage(deidentified: Deidentified, ingested: Ingested, layout: StagingLayout,
         lg.warning("linkage record encrypted with the development key %s; set DEID_LINKAGE_KEY", key_path)
     lg.info(f"stage: {staged.n_records} records staged for release in {tmp}"
             + (f", {len(staged.videos)} videos" if staged.videos else ""))
-    checks = (suite_check(validation), *lineage_checks_)
+    checks = (suite_check(validation), *lineage_checks_, *([sensitive_check] if ingested.sensitive else []))
     if rows.sequences is not None:
         checks += (_sequence_linkage(rows, layout, config.k),)
     return Staged(dir=tmp, artifacts=listing.artifacts, columns=tuple(staged.columns), records=staged.n_records,
                   validation=validation, checks=checks, file_metadata=file_metadata,
                   linkage=layout.linkage, videos=tuple(staged.videos), manifest=listing.manifest, images=images)
+
+
+def _sensitive_columns(rows: ReleaseRows, ingested: Ingested, config: RunConfig) -> tuple[dict[str, tuple], Check]:
+    """The drop's sensitive columns the release may carry (every cluster l-diverse), and the check saying so.
+
+    Counterfeit rows of republished lineage clusters hold no sensitive values: with any, every sensitive
+    column is withheld (:func:`deid.evaluation.sensitive.sensitive_release`).
+    """
+    from deid.evaluation.sensitive import sensitive_release  # noqa: PLC0415
+
+    names = list(ingested.sensitive)
+    if not names:
+        return {}, sensitive_release(None, {}, l=config.sensitive_l)[1]
+    meta = ingested.metadata.select(["record_id", *names]).to_pydict()
+    at = {r: i for i, r in enumerate(meta["record_id"])}
+    real = [i for i, r in enumerate(rows.record_ids) if r in at]
+    why_not = None if len(real) == len(rows.record_ids) else (
+        "the release republishes registered clusters whose counterfeit rows carry no sensitive values")
+    values = {x: [meta[x][at[rows.record_ids[i]]] for i in real] for x in names}
+    clusters = [rows.clusters[i] for i in real] if config.spec.clustered else None
+    released, check = sensitive_release(clusters, values, l=config.sensitive_l, why_not=why_not)
+    return {x: tuple(values[x]) for x in released}, check
 
 
 def _sequence_linkage(rows: ReleaseRows, layout: StagingLayout, k: int) -> Check:

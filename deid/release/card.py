@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from deid.evaluation.membership import SCOPE
 from deid.release.catalogue import KeyFigures, key_figures
 from deid.release.manifest import MANIFEST_NAME
 from deid.release.publish import VIDEO_FPS, VIDEOS
@@ -67,6 +68,7 @@ class DatasetCard:
     license_name: str | None = None
     license_link: str | None = None
     citation: str | None = None
+    membership: dict | None = None  # the report's privacy.membership (deid.evaluation.membership)
 
     @classmethod
     def from_report(cls, report: dict[str, Any]) -> DatasetCard:
@@ -93,7 +95,8 @@ class DatasetCard:
             videos=sum(1 for a in report.get("artifacts") or () if str(a.get("path", "")).startswith(f"{VIDEOS}/")),
             frames=int((cfg.get("method_inputs") or {}).get("frames") or 0),
             exact_bound=bool((report.get("privacy") or {}).get("exact_bound", True)),
-            license_name=cfg.get("license_name"), license_link=cfg.get("license_link"), citation=cfg.get("citation"))
+            license_name=cfg.get("license_name"), license_link=cfg.get("license_link"), citation=cfg.get("citation"),
+            membership=(report.get("privacy") or {}).get("membership"))
 
     def header(self) -> dict[str, Any]:
         """The YAML metadata block (Hugging Face keys, plus ``deid`` with the figures)."""
@@ -282,6 +285,11 @@ class DatasetCard:
             lines.append(f"| attack with the highest upper bound | {_md(fig.worst_attack)}: {_f(fig.worst_rate)}, "
                          f"confidence interval [{_f(fig.worst_lower)}, {_f(fig.worst_upper)}], {fig.worst_probes} probes |")
         lines.append(f"| fewest distinct people in a cluster | {fig.min_people if fig.min_people is not None else '-'} |")
+        m = self.membership or {}
+        if m.get("status") == "measured":
+            lines.append(f"| membership AUC, not bounded by k (members vs non-members; 0.5 = a coin) | "
+                         f"{_f(m['auc'])}, confidence interval [{_f(m['auc_interval'][0])}, "
+                         f"{_f(m['auc_interval'][1])}], {m['members']} members and {m['non_members']} non-members |")
         if fig.utility:
             what, unit = ("records", "records") if self.kind == "features" else ("faces", "images")
             lines += ["", f"Utility: a classifier of each label trained on the original {what} and tested on held-out "
@@ -292,6 +300,8 @@ class DatasetCard:
             lines += [f"| {_md(u.label)} | {_f(u.original_accuracy)} | {_f(u.deidentified_accuracy)} | "
                       f"[{_f(u.delta_lower)}, {_f(u.delta_upper)}] | {u.n_test if u.n_test is not None else '-'} | "
                       f"{_md(u.status or '-')} |" for u in fig.utility]
+        lines += ["", "## What k-Same protects and what it does not", "",
+                  f"- Protected: {SCOPE['protects']}", f"- Not protected: {SCOPE['does_not_protect']}"]
         if self.warnings:
             lines += ["", "Not decided by the data (the gate released, and says so):", ""]
             lines += [f"- {_md(w)}" for w in self.warnings]

@@ -284,6 +284,26 @@ def _reidentification(r: Mapping[str, Any]) -> str:
                    f"records (whole {esc(sample.get('unit'))}s sampled, seed {esc(sample.get('seed'))}); one-sided "
                    f"{_num(sample.get('confidence'), 2)} Clopper-Pearson bounds, Bonferroni over "
                    f"{esc(sample.get('bonferroni_over'))} attacker x mode pairs.</p>")
+    out.append(_membership(privacy))
+    return "".join(out)
+
+
+def _membership(privacy: Mapping[str, Any]) -> str:
+    """Membership beside the 1/k rate, and in words what k-Same protects and what it does not."""
+    out = []
+    m = privacy.get("membership") or {}
+    if m.get("status") == "measured":
+        a, t = m["auc_interval"], m["tpr_interval"]
+        out.append(f"<p><b>Membership</b> (not bounded by k): {esc(m['attacker'])} tells members from non-members "
+                   f"with AUC {_num(m['auc'])} [{_num(a[0])}, {_num(a[1])}] (advantage {_num(m['advantage'])}), "
+                   f"TPR at {_num(100 * m['fpr'], 0)}% FPR {_num(m['tpr_at_fpr'])} [{_num(t[0])}, {_num(t[1])}]; "
+                   f"{esc(m['members'])} members vs {esc(m['non_members'])} non-members. 0.5 is a coin.</p>")
+    elif m:
+        out.append(f"<p class='muted'><b>Membership</b> not measured: {esc(m.get('reason', ''))}</p>")
+    scope = privacy.get("scope") or {}
+    if scope:
+        out.append(f"<p class='muted'><b>k-Same protects</b>: {esc(scope.get('protects', ''))} "
+                   f"<b>It does not protect</b>: {esc(scope.get('does_not_protect', ''))}</p>")
     return "".join(out)
 
 

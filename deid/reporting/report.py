@@ -153,6 +153,10 @@ class Privacy:
     attack_sample: dict[str, Any] | None = None
     # Per label partition (opaque key): records, people, clusters formed, distinct faces, feasible maximum.
     partitions: list[dict[str, Any]] | None = None
+    # Membership disclosure (deid.evaluation.membership): what k-Same does not bound, measured beside 1/k.
+    membership: dict[str, Any] | None = None
+    # What the guarantee covers and what it does not, in words (deid.evaluation.membership.SCOPE).
+    scope: dict[str, str] | None = None
 
 
 @dataclass
@@ -275,7 +279,8 @@ class Report:
             d["privacy"] = dataclasses.asdict(Privacy(bound=1.0 / self.k))
         _drop_none(d, "report_files", "guarantee", "warnings", "lineage", "validation", "file_manifest")
         _drop_none(d["dataset"], "records_withheld", "near_copy_repair")
-        _drop_none(d["privacy"], "max_person_share", "exact_bound", "attack_sample", "partitions")
+        _drop_none(d["privacy"], "max_person_share", "exact_bound", "attack_sample", "partitions", "membership",
+                   "scope")
         for r in d["privacy"]["reidentification"]:
             _drop_none(r, "n_probes", "records", "lower", "upper", "status")
         for c in d["checks"]:
@@ -317,6 +322,8 @@ class Report:
                 exact_bound=p.get("exact_bound"),
                 attack_sample=p.get("attack_sample"),
                 partitions=p.get("partitions"),
+                membership=p.get("membership"),
+                scope=p.get("scope"),
             ),
             utility=[Utility.from_row(u) for u in d["utility"]],
             artifacts=[Artifact(**a) for a in d["artifacts"]],

@@ -16,6 +16,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from deid.evaluation.membership import SCOPE
 from deid.evaluation.validation import validation_section
 from deid.contracts import (
     Aligned,
@@ -120,6 +121,9 @@ def configuration(config: RunConfig, *, ingested: Ingested, aligned: Aligned, pa
         # Landmark points and image sequences the method was given; k-same-m's cluster shape sources.
         "method_inputs": {**partitioned.inputs.to_dict(), "shape_sources": dict(deidentified.shape_sources)},
         "extra_manifest_columns": list(ingested.extra_columns),
+        # drop.yaml's sensitive columns: names only (never values); the check sensitive_l_diversity says which
+        # were released (every cluster l-diverse) and which withheld.
+        "sensitive_columns": list(getattr(ingested, "sensitive", ())), "sensitive_l": config.sensitive_l,
         "dask": config.dask_address or f"LocalCluster({config.dask_workers} workers)",
         "ksame_block_size": config.ksame_block_size,
         "stage_seconds": dict(timings),
@@ -146,6 +150,7 @@ def privacy_section(gate, k: int) -> Privacy:
         bound=1.0 / k, max_rate=gate.max_rate, min_distinct_people_per_cluster=gate.min_people,
         max_person_share=gate.max_person_share, exact_bound=gate.exact_bound, attack_sample=gate.attack_sample,
         partitions=[dict(r) for r in getattr(gate, "partitions", ())] or None,
+        membership=getattr(gate, "membership", None), scope=dict(SCOPE),
         reidentification=[Reidentification(**r) for r in gate.reidentification])
 
 

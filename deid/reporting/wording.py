@@ -38,6 +38,8 @@ _REQUIREMENTS = {
     "lineage_returning_identical": "Returning people receive their registered image again",
     "lineage_differencing_attack": "Differencing successive releases exposes nobody",
     "lineage_label_mix": "Every released cluster keeps its registered label mix",
+    "membership_advantage": "Telling members from non-members by their photo gives little advantage (not bounded by k)",
+    "sensitive_l_diversity": "Every cluster holds at least l distinct values of each sensitive column (else withheld)",
 }
 # Reports signed before thresholds carried their direction: the direction of their bare numbers.
 _LEGACY_DIRECTION = {"quarantine_fraction": "<=", "enough_people": ">=", "records_accounted": "=",
