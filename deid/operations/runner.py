@@ -7,7 +7,7 @@ tasks wrapping the same :mod:`deid.operations.pipeline` functions, so the order 
 Order of commitment (see :mod:`deid.operations.safety`): pre-flight (signing key, writable locations) ->
 recovery of killed runs' leftovers -> lock the run's staging directory -> work, staging the
 would-be release inside it -> gate -> build the report and validate it against the schema ->
-dataset card -> sign the report -> publish by one rename. A publish that fails after signing
+dataset card -> the release's signed attestation -> sign the report -> publish by one rename. A publish that fails after signing
 gets a signed addendum and the release stays unpublished.
 
 A feature drop (``drop.yaml`` ``kind: features``) runs its own stages (:class:`~deid.operations.features.FeatureSteps`:
@@ -73,6 +73,7 @@ class Steps:
     stage: Callable[..., Any] = pipeline.stage
     gate: Callable[..., Any] = pipeline.gate
     dataset_card: Callable[..., Any] = pipeline.dataset_card
+    attest: Callable[..., Any] = pipeline.attest
     write_report: Callable[..., Any] = pipeline.write_report
     publish: Callable[..., Any] = pipeline.publish
     publish_failed: Callable[..., Any] = pipeline.publish_failed_addendum
@@ -337,6 +338,10 @@ class _Run:
             with _timed(timings, "card"):
                 listing = s.dataset_card(staged, report)
                 report = replace(report, artifacts=list(listing.artifacts), file_manifest=listing.manifest)
+            # The release's own signed attestation (the public part of this report, with the files' hashes), so a
+            # recipient verifies the release directory alone; the report lists it in turn.
+            with _timed(timings, "attest"):
+                report = s.attest(staged, report, config)
         if "stage_seconds" in report.configuration:
             # The report's own steps so far are in the signed stage seconds too; signing, publishing and
             # settling the lineage come after (RunResult.timings, printed by `deid run`).

@@ -1,0 +1,164 @@
+"""A release verifies alone: its signed ATTESTATION.json (deid.release.attestation, deid.release.verify.verify_release).
+
+Small synthetic releases (a few files, no run): the flow test (tests/test_flow.py) checks a real release.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from deid.errors import BadSignature, HashMismatch, MissingFile, UnlistedFile, VerificationError, WrongKey
+from deid.release.attestation import ATTESTATION_NAME, ATTESTATION_SIG_NAME, NO_DEID_CHECK, PYTHON_SIGNATURE_CHECK, \
+    write_attestation
+from deid.release.manifest import list_release
+from deid.release.signing import ensure_signing_key, write_keypair
+from deid.release.verify import verify_release
+from deid.reporting.attestation import attestation_from_report
+from deid.reporting.report import (
+    Check,
+    DatasetSummary,
+    Privacy,
+    Reidentification,
+    Report,
+    SigningInfo,
+    Utility,
+    dataset_fingerprint,
+)
+
+SECRET_ID = "subj-0042"  # a source subject id put where a careless copy of the report would carry it
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    d = tmp_path_factory.mktemp("keys")
+    priv, pub = write_keypair(d, name="steward")
+    _, other_pub = write_keypair(d, name="other")
+    return ensure_signing_key(configured=priv, keys_dir=d / "unused"), pub, other_pub
+
+
+def _report(listing, key) -> Report:
+    return Report(
+        release_id="rel-0123456789abcdef", verdict="released", k=3, method="k-same", run_id=f"run-{SECRET_ID}",
+        dataset=DatasetSummary(f"drop-{SECRET_ID}", dataset_fingerprint(b"m", []), 6, 6, 0, 0, {}),
+        checks=[Check("enough_people", True, 6, 3, f"6 people, e.g. {SECRET_ID}", status="pass"),
+                Check("identity_merge", True, SECRET_ID, None, f"merged {SECRET_ID}", status="pass"),
+                Check("reidentification", True, 0.1, 1 / 3, "", status="pass", interval=[0.0, 0.3], n=30)],
+        privacy=Privacy(1 / 3, 0.1, 3, [Reidentification("nearest", "pixels", 0.1)]),
+        utility=[Utility("gender", 0.9, 0.85, 0.05)],
+        artifacts=list(listing.artifacts), file_manifest=listing.manifest, release_dir=f"/src/{SECRET_ID}",
+        signing=SigningInfo.from_key(key), configuration={"seed": 9876543, "drop": f"/data/{SECRET_ID}"})
+
+
+def _release(root: Path, key) -> Path:
+    """A staged release (two images, a card, a table), its manifest written, then attested."""
+    (root / "images").mkdir(parents=True)
+    (root / "images" / "0a.png").write_bytes(b"\x89PNG fake image one")
+    (root / "images" / "1b.png").write_bytes(b"\x89PNG fake image two")
+    (root / "README.md").write_text("# card\n", encoding="utf-8")
+    (root / "release.csv").write_text("record_id,image\nx,images/0a.png\ny,images/1b.png\n", encoding="utf-8")
+    _, listing = list_release(root)
+    write_attestation(root, attestation_from_report(_report(listing, key)), key)
+    return root
+
+
+def test_attestation_is_the_public_part_only(tmp_path, keys):
+    key, _, _ = keys
+    root = _release(tmp_path / "rel", key)
+    att = json.loads((root / ATTESTATION_NAME).read_text())
+    assert (att["verdict"], att["k"], att["method"]) == ("released", 3, "k-same")
+    assert att["signer"]["public_key_fingerprint"] == key.fingerprint
+    assert {f["path"] for f in att["files"]} == {"MANIFEST.sha256", "README.md", "release.csv"}
+    assert att["file_manifest"]["files"] == 2
+    assert att["checks"][2] == {"name": "reidentification", "passed": True, "status": "pass", "value": 0.1,
+                                "threshold": 1 / 3, "interval": [0.0, 0.3], "n": 30}
+    assert "value" not in att["checks"][1]  # a non-numeric value never goes out
+    text = (root / ATTESTATION_NAME).read_text()
+    for leak in (SECRET_ID, "9876543", "seed", "/src/", "/data/", "run_id", "dataset_fingerprint", "detail"):
+        assert leak not in text, leak
+    assert len((root / ATTESTATION_SIG_NAME).read_bytes()) == 64  # raw, for openssl -sigfile
+
+
+def _flip(path: Path, at: int | None = None) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 if at is None else at] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+def _flip_k(root: Path) -> None:  # still canonical, valid JSON: only the signature catches it
+    path = root / ATTESTATION_NAME
+    _flip(path, path.read_bytes().index(b'"k":3') + 4)
+
+
+@pytest.mark.parametrize("tamper, other, kind, code", [
+    (None, False, None, 0),
+    (_flip_k, False, BadSignature, 3),
+    (lambda r: _flip(r / ATTESTATION_NAME, 0), False, BadSignature, 3),  # no longer JSON: still a bad signature
+    (lambda r: (r / ATTESTATION_SIG_NAME).write_bytes(b"A" * 88), False, BadSignature, 3),  # base64, not raw
+    (None, True, WrongKey, 4),
+    (lambda r: (r / "release.csv").unlink(), False, MissingFile, 5),
+    (lambda r: (r / ATTESTATION_SIG_NAME).unlink(), False, MissingFile, 5),
+    (lambda r: _flip(r / "images" / "1b.png"), False, HashMismatch, 6),
+    (lambda r: _flip(r / "README.md", 0), False, HashMismatch, 6),
+    (lambda r: (r / "images" / "2c.png").write_bytes(b"smuggled"), False, UnlistedFile, 7),
+    (lambda r: (r / "notes.txt").write_bytes(b"smuggled"), False, UnlistedFile, 7),
+])
+def test_each_tampering_has_its_type_and_exit_code(tmp_path, keys, capsys, tamper, other, kind, code):
+    from deid.cli import main
+
+    key, pub, other_pub = keys
+    root = _release(tmp_path / "rel", key)
+    if tamper is not None:
+        tamper(root)
+    given = other_pub if other else pub
+    result = verify_release(root, public_key=given)
+    if kind is None:
+        assert result.ok and result.authenticated and result.failures == []
+    else:
+        assert not result.ok and kind in {type(f) for f in result.failures}, result.problems
+        assert {type(f) for f in result.failures} <= {kind, VerificationError, HashMismatch}, result.problems
+    assert main(["verify", str(root), "--public-key", str(given)]) == code
+    out = capsys.readouterr().out
+    assert ("OK: ATTESTATION.json signature and every file of the release verified" in out) == (code == 0)
+
+
+def test_without_key_integrity_only_and_mistyped_path_is_bad_input(tmp_path, keys, capsys):
+    from deid.cli import EXIT_BAD_INPUT, EXIT_INTEGRITY_ONLY, main
+
+    key, _, _ = keys
+    root = _release(tmp_path / "rel", key)
+    assert main(["verify", str(root)]) == EXIT_INTEGRITY_ONLY
+    assert "INTEGRITY ONLY" in capsys.readouterr().out
+    assert main(["verify", str(root) + "-typo"]) == EXIT_BAD_INPUT
+    assert main(["verify", str(root), "--release", str(root)]) == EXIT_BAD_INPUT  # --release is for a report dir
+
+
+def run_no_deid_check(root: Path, public_key: Path) -> list[subprocess.CompletedProcess]:
+    """The documented commands, exactly (shell, in the release directory, the key saved there as STEWARD.pub.pem
+    for the run and removed after), then the Python signature check; where openssl is missing its step is the
+    Python one (never skipped)."""
+    steps = list(NO_DEID_CHECK)
+    if shutil.which("openssl") is None:
+        steps[0] = PYTHON_SIGNATURE_CHECK
+    shutil.copy(public_key, root / "STEWARD.pub.pem")
+    try:
+        return [subprocess.run(cmd, shell=True, cwd=root, capture_output=True, text=True)
+                for cmd in [*steps, PYTHON_SIGNATURE_CHECK]]
+    finally:
+        (root / "STEWARD.pub.pem").unlink()
+
+
+def test_no_deid_commands_verify_and_catch_tampering(tmp_path, keys):
+    key, pub, _ = keys
+    root = _release(tmp_path / "rel", key)
+    runs = run_no_deid_check(root, pub)
+    assert [r.returncode for r in runs] == [0, 0, 0, 0], [r.stderr for r in runs]
+    assert "Signature Verified Successfully" in runs[0].stdout + runs[-1].stdout
+    _flip(root / "images" / "0a.png")
+    _flip(root / "README.md", 0)
+    _flip_k(root)
+    runs = run_no_deid_check(root, pub)
+    assert [r.returncode != 0 for r in runs] == [True, True, True, True], [(r.stdout, r.stderr) for r in runs]
