@@ -5,15 +5,13 @@ Small synthetic releases (a few files, no run): the flow test (tests/test_flow.p
 from __future__ import annotations
 
 import json
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from helpers import run_no_deid_check
 
 from deid.errors import BadSignature, HashMismatch, MissingFile, UnlistedFile, VerificationError, WrongKey
-from deid.release.attestation import ATTESTATION_NAME, ATTESTATION_SIG_NAME, NO_DEID_CHECK, PYTHON_SIGNATURE_CHECK, \
-    write_attestation
+from deid.release.attestation import ATTESTATION_NAME, ATTESTATION_SIG_NAME, write_attestation
 from deid.release.manifest import list_release
 from deid.release.signing import ensure_signing_key, write_keypair
 from deid.release.verify import verify_release
@@ -136,21 +134,6 @@ def test_without_key_integrity_only_and_mistyped_path_is_bad_input(tmp_path, key
     assert main(["verify", str(root), "--release", str(root)]) == EXIT_BAD_INPUT  # --release is for a report dir
 
 
-def run_no_deid_check(root: Path, public_key: Path) -> list[subprocess.CompletedProcess]:
-    """The documented commands, exactly (shell, in the release directory, the key saved there as STEWARD.pub.pem
-    for the run and removed after), then the Python signature check; where openssl is missing its step is the
-    Python one (never skipped)."""
-    steps = list(NO_DEID_CHECK)
-    if shutil.which("openssl") is None:
-        steps[0] = PYTHON_SIGNATURE_CHECK
-    shutil.copy(public_key, root / "STEWARD.pub.pem")
-    try:
-        return [subprocess.run(cmd, shell=True, cwd=root, capture_output=True, text=True)
-                for cmd in [*steps, PYTHON_SIGNATURE_CHECK]]
-    finally:
-        (root / "STEWARD.pub.pem").unlink()
-
-
 def test_no_deid_commands_verify_and_catch_tampering(tmp_path, keys):
     key, pub, _ = keys
     root = _release(tmp_path / "rel", key)
@@ -162,3 +145,11 @@ def test_no_deid_commands_verify_and_catch_tampering(tmp_path, keys):
     _flip_k(root)
     runs = run_no_deid_check(root, pub)
     assert [r.returncode != 0 for r in runs] == [True, True, True, True], [(r.stdout, r.stderr) for r in runs]
+
+
+def test_readme_shows_the_tested_commands():
+    """README.md documents the same no-deid commands the card shows and the test above runs (one source)."""
+    from deid.release.attestation import NO_DEID_CHECK, PYTHON_SIGNATURE_CHECK
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    assert "```\n" + "\n".join(NO_DEID_CHECK) + "\n```" in readme and PYTHON_SIGNATURE_CHECK in readme

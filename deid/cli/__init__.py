@@ -238,6 +238,11 @@ def print_summary(result) -> None:
     if result.release_dir:
         print(f"release: {result.release_dir}")
     print(f"signed report: {result.report_path}")
+    if result.release_dir:
+        # What a recipient runs on the release directory alone (its signed ATTESTATION.json), with the key the
+        # steward gives them.
+        print(f"verify release: deid verify {result.release_dir} --public-key "
+              f"{result.public_key or 'STEWARD.pub.pem'}")
     if result.key_origin == "development":
         print(f"signed with the development key; verify with: deid verify {result.report_dir} "
               f"--public-key {result.public_key}")
