@@ -7,8 +7,9 @@ tasks wrapping the same :mod:`deid.operations.pipeline` functions, so the order 
 Order of commitment (see :mod:`deid.operations.safety`): pre-flight (signing key, writable locations) ->
 recovery of killed runs' leftovers -> lock the run's staging directory -> work, staging the
 would-be release inside it -> gate -> build the report and validate it against the schema ->
-dataset card -> the release's signed attestation -> sign the report -> publish by one rename. A publish that fails after signing
-gets a signed addendum and the release stays unpublished.
+dataset card -> the release's signed attestation (:mod:`deid.release.attestation`) -> sign the report ->
+publish by one rename. A publish that fails after signing gets a signed addendum and the release stays
+unpublished.
 
 A feature drop (``drop.yaml`` ``kind: features``) runs its own stages (:class:`~deid.operations.features.FeatureSteps`:
 nothing to align, featurize or distribute) inside the same order of commitment, to the same
@@ -318,7 +319,7 @@ class _Run:
 
     def commit(self, report, staged, *, dataset: str, validation, timings: dict[str, float],
                lin=None) -> RunResult:
-        """The order of commitment after the gate: validate the report, card, sign, then publish or withhold."""
+        """The order of commitment after the gate: validate the report, card, attestation, sign, then publish or withhold."""
         s, config, passed = self.steps, self.config, report.verdict == "released"
         # Before anything is committed: a report the schema refuses stops the run with nothing registered,
         # signed or published.
