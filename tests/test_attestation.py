@@ -44,7 +44,7 @@ def _report(listing, key) -> Report:
         dataset=DatasetSummary(f"drop-{SECRET_ID}", dataset_fingerprint(b"m", []), 6, 6, 0, 0, {}),
         checks=[Check("enough_people", True, 6, 3, f"6 people, e.g. {SECRET_ID}", status="pass"),
                 Check("identity_merge", True, SECRET_ID, None, f"merged {SECRET_ID}", status="pass"),
-                Check("reidentification", True, 0.1, 1 / 3, "", status="pass", interval=[0.0, 0.3], n=30)],
+                Check("reidentification", True, 0.1, "<= 0.25", "", status="pass", interval=[0.0, 0.3], n=30)],
         privacy=Privacy(1 / 3, 0.1, 3, [Reidentification("nearest", "pixels", 0.1)]),
         utility=[Utility("gender", 0.9, 0.85, 0.05)],
         artifacts=list(listing.artifacts), file_manifest=listing.manifest, release_dir=f"/src/{SECRET_ID}",
@@ -71,8 +71,10 @@ def test_attestation_is_the_public_part_only(tmp_path, keys):
     assert att["signer"]["public_key_fingerprint"] == key.fingerprint
     assert {f["path"] for f in att["files"]} == {"MANIFEST.sha256", "README.md", "release.csv"}
     assert att["file_manifest"]["files"] == 2
-    assert att["checks"][2] == {"name": "reidentification", "passed": True, "status": "pass", "value": 0.1,
-                                "threshold": 1 / 3, "interval": [0.0, 0.3], "n": 30}
+    assert {k: v for k, v in att["checks"][2].items() if k != "requirement"} == {
+        "name": "reidentification", "passed": True, "status": "pass", "value": 0.1, "required": "<= 0.25",
+        "interval": [0.0, 0.3], "n": 30}  # a threshold in words is stated as "required" (with its direction)
+    assert att["checks"][0]["required"] == ">= 3" and att["checks"][0]["threshold"] == 3 and att["checks"][0]["requirement"]
     assert "value" not in att["checks"][1]  # a non-numeric value never goes out
     text = (root / ATTESTATION_NAME).read_text()
     for leak in (SECRET_ID, "9876543", "seed", "/src/", "/data/", "run_id", "dataset_fingerprint", "detail"):

@@ -4,8 +4,9 @@ Built from the report once the dataset card and ``MANIFEST.sha256`` are written 
 and ``file_manifest`` filled), by an allow-list: only the fields below are copied, so a field added
 to the report later never reaches a recipient unless it is added here. No subject id, source path,
 drop name, dataset fingerprint, run id, configuration (seed, paths) or linkage; a check's free-text
-``detail`` is left out and its ``value``/``threshold`` kept only when they are numbers or booleans
-(a label value or an example id could otherwise slip through).
+``detail`` is left out, its ``value``/``threshold`` kept only when they are numbers or booleans
+(a label value or an example id could otherwise slip through), and its requirement and threshold
+are stated in the gate's own words (``requirement``, ``required``: ``>= 5``, ``<= 0.200``).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 from deid.release.attestation import ATTESTATION_FORMAT
 from deid.release.catalogue import key_figures
 from deid.reporting.verdict import verdict_summary
+from deid.reporting.wording import check_requirement, threshold_text
 
 __all__ = ["attestation_from_report"]
 
@@ -25,7 +27,10 @@ def _number(value: Any) -> bool:
 
 
 def _public_check(c: Mapping[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": str(c["name"]), "passed": bool(c["passed"])}
+    name = str(c["name"])
+    # The requirement and its threshold in words, with the direction (">= 5", "<= 0.200"): the gate's own text.
+    out: dict[str, Any] = {"name": name, "passed": bool(c["passed"]), "requirement": check_requirement(name),
+                           "required": threshold_text(name, c.get("threshold"))}
     for field in ("status", "interval", "n"):
         if c.get(field) is not None:
             out[field] = c[field]
@@ -48,7 +53,8 @@ def attestation_from_report(report: Any) -> dict[str, Any]:
     -------
     dict
         ``format``, ``release_id``, ``created_at``, ``verdict``, ``k``, ``method``, ``guarantee``,
-        ``checks`` (name, passed, status, numeric value/threshold, interval, n), ``figures`` (the key
+        ``checks`` (name, passed, requirement and required in words, status, numeric value/threshold,
+        interval, n), ``figures`` (the key
         figures, exact), ``summary`` (the verdict summary's lines, rounded, as ``deid run`` prints them),
         ``files`` (path, sha256, bytes of each listed file), ``file_manifest`` and ``signer``
         (algorithm, public-key fingerprint, key origin).
