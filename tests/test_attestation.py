@@ -155,3 +155,23 @@ def test_readme_shows_the_tested_commands():
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
     assert "```\n" + "\n".join(NO_DEID_CHECK) + "\n```" in readme and PYTHON_SIGNATURE_CHECK in readme
+
+
+def test_a_field_outside_the_schema_is_never_signed_nor_accepted(tmp_path, keys):
+    """The schema is the allow-list: an extra field (a subject id, say) stops the writer, and a verifier refuses
+    an attestation carrying one even when it is validly signed (by whoever holds the key)."""
+    from deid.errors import StateError
+    from deid.release.signing import canonical_json, sign_bytes
+
+    key, pub, _ = keys
+    root = _release(tmp_path / "rel", key)
+    att = json.loads((root / ATTESTATION_NAME).read_text())
+    with pytest.raises(StateError, match="attestation.schema.json"):
+        write_attestation(root, {**att, "subject_ids": [SECRET_ID]}, key)
+    with pytest.raises(StateError, match="attestation.schema.json"):
+        write_attestation(root, {**att, "checks": [{**att["checks"][0], "detail": SECRET_ID}]}, key)
+    payload = canonical_json({**att, "subject_ids": [SECRET_ID]})
+    (root / ATTESTATION_NAME).write_bytes(payload)
+    (root / ATTESTATION_SIG_NAME).write_bytes(sign_bytes(payload, key.private_key))
+    result = verify_release(root, public_key=pub)
+    assert not result.ok and any("does not match its schema" in p and "subject_ids" in p for p in result.problems)

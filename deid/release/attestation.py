@@ -10,30 +10,35 @@ after the dataset card and the manifest and before the report is signed (the rep
 files' sha256) and before the one ``rename`` that publishes.
 
 It names no subject, source path, linkage or seed: only what the dataset card already says
-publicly, plus file hashes. ``deid verify RELEASE_DIR --public-key KEY`` checks it
+publicly, plus file hashes; ``deid/schemas/attestation.schema.json`` (closed objects) is checked
+before it is signed and when it is verified. ``deid verify RELEASE_DIR --public-key KEY`` checks it
 (:func:`deid.release.verify.verify_release`); :data:`NO_DEID_CHECK` does the same with ``openssl``
 and ``sha256sum`` (:data:`PYTHON_SIGNATURE_CHECK`: the signature with Python's ``cryptography``
 where ``openssl`` is missing), the commands the dataset card and README.md show.
 """
 from __future__ import annotations
 
+import functools
+import json
 import os
 import tempfile
 from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import jsonschema
+
+from deid.errors import StateError
 from deid.release.signing import SigningKey, canonical_json, sign_bytes
 
 __all__ = ["ATTESTATION_FORMAT", "ATTESTATION_NAME", "ATTESTATION_SIG_NAME", "NO_DEID_CHECK",
-           "PYTHON_SIGNATURE_CHECK", "write_attestation"]
+           "PYTHON_SIGNATURE_CHECK", "attestation_problems", "load_schema", "write_attestation"]
 
 ATTESTATION_NAME = "ATTESTATION.json"
 ATTESTATION_SIG_NAME = "ATTESTATION.json.sig"
 ATTESTATION_FORMAT = "deid-attestation/1"
-# The fields every attestation has (verify_release refuses one without them before reading any).
-REQUIRED = ("format", "release_id", "created_at", "verdict", "k", "method", "guarantee", "checks", "figures",
-            "files", "file_manifest", "signer")
+SCHEMA_NAME = "attestation.schema.json"  # in deid.schemas: closed objects, so no field beyond the allow-list
 
 # Run in the release directory with the steward's public key saved as STEWARD.pub.pem (obtained from the
 # steward, never from the release: a key shipped with the data proves nothing). Each command exits non-zero
@@ -52,6 +57,21 @@ PYTHON_SIGNATURE_CHECK = (
     f"k(open(\"STEWARD.pub.pem\", \"rb\").read()).verify(open(\"{ATTESTATION_SIG_NAME}\", \"rb\").read(), "
     f"open(\"{ATTESTATION_NAME}\", \"rb\").read()); print(\"Signature Verified Successfully\")'"
 )
+
+
+@functools.lru_cache(maxsize=1)
+def load_schema() -> dict[str, Any]:
+    """The attestation's JSON Schema (draft 2020-12), shipped in ``deid.schemas``."""
+    schema = json.loads(resources.files("deid.schemas").joinpath(SCHEMA_NAME).read_text(encoding="utf-8"))
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return schema
+
+
+def attestation_problems(attestation: Any) -> list[str]:
+    """Every way ``attestation`` breaks ``deid/schemas/attestation.schema.json`` (empty list: valid)."""
+    validator = jsonschema.Draft202012Validator(load_schema())
+    errors = sorted(validator.iter_errors(attestation), key=lambda e: (list(map(str, e.absolute_path)), e.message))
+    return [f"$.{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in errors]
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -84,15 +104,17 @@ def write_attestation(root: Path, attestation: Mapping[str, Any], key: SigningKe
     (attestation path, signature path)
     """
     root = Path(root)
-    missing = [f for f in REQUIRED if f not in attestation]
-    if missing:
-        raise ValueError(f"attestation lacks {missing}; build it with deid.reporting.attestation."
-                         "attestation_from_report")
-    claimed = (attestation.get("signer") or {}).get("public_key_fingerprint")
+    payload = canonical_json(dict(attestation))  # also refuses NaN / infinity
+    # Validated as it will be read (its JSON form): a field outside the schema's allow-list stops the run
+    # before anything is signed or published.
+    problems = attestation_problems(json.loads(payload))
+    if problems:
+        raise StateError(f"the release attestation does not match {SCHEMA_NAME}: {'; '.join(problems[:5])}; "
+                         "nothing was signed or published (a bug: report it)")
+    claimed = attestation["signer"]["public_key_fingerprint"]
     if claimed != key.fingerprint:
-        raise ValueError(f"attestation signer {claimed} is not the signing key {key.fingerprint}; "
+        raise StateError(f"attestation signer {claimed} is not the signing key {key.fingerprint}; "
                          "build it from the report this key signs")
-    payload = canonical_json(dict(attestation))
     path, sig_path = root / ATTESTATION_NAME, root / ATTESTATION_SIG_NAME
     _write_atomic(path, payload)
     # Raw bytes, not base64 (unlike report.json.sig): `openssl pkeyutl -verify -sigfile` reads raw signatures.
