@@ -175,3 +175,14 @@ def test_a_field_outside_the_schema_is_never_signed_nor_accepted(tmp_path, keys)
     (root / ATTESTATION_SIG_NAME).write_bytes(sign_bytes(payload, key.private_key))
     result = verify_release(root, public_key=pub)
     assert not result.ok and any("does not match its schema" in p and "subject_ids" in p for p in result.problems)
+
+
+def test_a_release_without_its_attestation_is_a_missing_file(tmp_path, keys, capsys):
+    from deid.cli import main
+
+    key, pub, _ = keys
+    root = _release(tmp_path / "rel", key)
+    (root / ATTESTATION_NAME).unlink()
+    (root / ATTESTATION_SIG_NAME).unlink()
+    assert main(["verify", str(root), "--public-key", str(pub)]) == 5
+    assert "missing file ATTESTATION.json" in capsys.readouterr().out

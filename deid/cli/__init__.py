@@ -331,6 +331,7 @@ def cmd_import(args) -> int:
 
 def cmd_verify(args) -> int:
     from deid.release.attestation import ATTESTATION_NAME
+    from deid.release.manifest import MANIFEST_NAME
     from deid.release.signing import load_public_key
     from deid.release.verify import verify_release, verify_report
     from deid.reporting.report import REPORT_NAME
@@ -345,8 +346,10 @@ def cmd_verify(args) -> int:
     if args.public_key:
         load_public_key(Path(args.public_key))  # an unusable --public-key is bad input (ConfigError, exit 2), not a failed check
     target = Path(args.report_dir)
-    # A release directory (what a recipient has) carries its signed attestation and no report.json.
-    alone = (target / ATTESTATION_NAME).exists() and not (target / REPORT_NAME).exists()
+    # A release directory (what a recipient has) carries its signed attestation (or, without one, at least its
+    # MANIFEST.sha256: verify_release then says the attestation is missing) and no report.json.
+    alone = not (target / REPORT_NAME).exists() and ((target / ATTESTATION_NAME).exists()
+                                                     or (target / MANIFEST_NAME).exists())
     if alone and args.release:
         raise DataError(f"--release {args.release} is for a report directory; {target} is a release directory "
                         "(holding its attestation): drop --release")
