@@ -88,6 +88,12 @@ def _flip(path: Path, at: int | None = None) -> None:
     path.write_bytes(bytes(data))
 
 
+def _as_link(path: Path) -> None:
+    """Move the file out of the release and leave a symlink to it in its place."""
+    moved = path.rename(path.parent.parent / path.name)
+    path.symlink_to(moved)
+
+
 def _flip_k(root: Path) -> None:  # still canonical, valid JSON: only the signature catches it
     path = root / ATTESTATION_NAME
     _flip(path, path.read_bytes().index(b'"k":3') + 4)
@@ -105,6 +111,7 @@ def _flip_k(root: Path) -> None:  # still canonical, valid JSON: only the signat
     (lambda r: _flip(r / "README.md", 0), False, HashMismatch, 6),
     (lambda r: (r / "images" / "2c.png").write_bytes(b"smuggled"), False, UnlistedFile, 7),
     (lambda r: (r / "notes.txt").write_bytes(b"smuggled"), False, UnlistedFile, 7),
+    (lambda r: _as_link(r / ATTESTATION_NAME), False, VerificationError, 1),  # a link, even to the genuine bytes
 ])
 def test_each_tampering_has_its_type_and_exit_code(tmp_path, keys, capsys, tamper, other, kind, code):
     from deid.cli import main

@@ -379,6 +379,11 @@ def verify_release(release_dir: Path, *, public_key: Path | None = None) -> Veri
         problems.append(MissingFile(f"missing file {ATTESTATION_NAME} (a release of this deid carries its signed "
                                     "attestation; for an older release verify its report: deid verify reports/<id>)"))
         return VerifyResult(ok=False, authenticated=False, failures=problems, notes=notes)
+    for p in (path, sig_path):
+        if p.is_symlink():  # a release holds regular files only; a link could point anywhere
+            problems.append(VerificationError(f"not a regular file {p.name} (symlinks are not allowed in a release "
+                                              "directory)"))
+            return VerifyResult(ok=False, authenticated=False, failures=problems, notes=notes)
     payload = path.read_bytes()
     signature = sig_path.read_bytes() if sig_path.is_file() else None
     if signature is None:
