@@ -173,6 +173,7 @@ def test_recipient_verifies_the_release_directory_alone(demo, tmp_path):
     assert demo.run is not None and demo.run.returncode == 0, demo.run and demo.run.stderr[-3000:]
     release = Path(_printed(demo.run.stdout, "release"))
     pub = demo.project / "data" / "keys" / "dev_signing.pub.pem"
+    assert _printed(demo.run.stdout, "verify release") == f"deid verify {release} --public-key {pub}"
     report = json.loads(Path(_printed(demo.run.stdout, "signed report")).read_text())
     # The steward's signed report lists the attestation's two files too.
     assert {ATTESTATION_NAME, ATTESTATION_SIG_NAME} <= {a["path"] for a in report["artifacts"]}
