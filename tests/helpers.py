@@ -102,3 +102,23 @@ def identifying_text_in_reports(reports_dir: Path, needles) -> list[str]:
         text = path.read_text(encoding="utf-8", errors="replace")
         hits += [f"{path.relative_to(reports_dir).as_posix()}: {n}" for n in needles if n in text]
     return hits
+
+
+def run_no_deid_check(root: Path, public_key: Path) -> list:
+    """The documented no-deid check of a release directory (deid.release.attestation.NO_DEID_CHECK), exactly, then
+    the Python signature check; each a CompletedProcess. Run by a shell in ``root`` with the key saved there as
+    STEWARD.pub.pem (removed after). Where openssl is missing its step is the Python one: never skipped."""
+    import shutil  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+
+    from deid.release.attestation import NO_DEID_CHECK, PYTHON_SIGNATURE_CHECK  # noqa: PLC0415
+
+    steps = list(NO_DEID_CHECK)
+    if shutil.which("openssl") is None:
+        steps[0] = PYTHON_SIGNATURE_CHECK
+    shutil.copy(public_key, Path(root) / "STEWARD.pub.pem")
+    try:
+        return [subprocess.run(cmd, shell=True, cwd=root, capture_output=True, text=True, timeout=120)
+                for cmd in [*steps, PYTHON_SIGNATURE_CHECK]]
+    finally:
+        (Path(root) / "STEWARD.pub.pem").unlink()

@@ -25,7 +25,8 @@ def test_verify_mistyped_path_is_bad_input_not_a_crash(tmp_path, capsys):
     # Issue 29: a path that is not there is bad input (2), not a verification failure (5 was "missing file").
     assert main(["verify", str(tmp_path / "nope")]) == EXIT_BAD_INPUT
     err = capsys.readouterr().err
-    assert "deid verify: report_dir" in err and "nope is not a directory" in err
+    # The positional is a release or a report directory (issue 29 item 8): named "path".
+    assert "deid verify: path" in err and "nope is not a directory" in err and "ATTESTATION.json" in err
     (tmp_path / "report").mkdir()
     assert main(["verify", str(tmp_path / "report"), "--release", str(tmp_path / "typo")]) == EXIT_BAD_INPUT
     # A report directory that exists without its report.json is still a missing file of a signed run.

@@ -15,6 +15,7 @@ from deid.release.card import CARD_NAME, DatasetCard, split_card, write_card
 from deid.intake.drop import DropError, read_drop
 from deid.errors import ConfigError, DataError
 from deid.release.publish import METADATA_CSV, RELEASE_TABLE, stage_release
+from deid.release.attestation import NO_DEID_CHECK
 from deid.release.manifest import MANIFEST_NAME, list_release
 
 SHAPE = (10, 8)
@@ -104,7 +105,9 @@ def test_card_has_a_yaml_header_and_renders_as_markdown(release):
     assert d["utility"][0]["decision"] == "inconclusive" and d["report"] == "reports/rel-0123456789abcdef/report.json"
     page = MarkdownIt("commonmark").enable("table").render(body)
     assert "<h1>" in page and page.count("<table>") == 2 and "<h2>Guarantee</h2>" in page
-    assert "deid verify reports/rel-0123456789abcdef" in page and "k-anonymity (k=3)" in page
+    # A recipient verifies the directory they have (its ATTESTATION.json), with deid or openssl + sha256sum.
+    assert "deid verify . --public-key STEWARD.pub.pem" in page and "k-anonymity (k=3)" in page
+    assert "```\n" + "\n".join(NO_DEID_CHECK) + "\n```" in body and "deid verify reports/" not in page
     # Steward text stays inert: no raw HTML, and its '|' does not break the table.
     assert "<b>" not in page and "&lt;b&gt;" in page
     assert "http://" not in text and "https://" not in text

@@ -14,7 +14,7 @@ from deid.errors import ConfigError, DropError
 from deid.intake.synth_features import make_feature_drop
 from deid.operations.ledger import Ledger, drop_fingerprint
 from deid.orchestration.watch import Watcher
-from deid.release.verify import verify_report
+from deid.release.verify import verify_release, verify_report
 from deid.reporting.report import report_problems
 from deid.run_config import RunConfig
 from deid.settings import Settings
@@ -38,12 +38,17 @@ def _released_feature_run(res: RunResult, project: Path) -> dict:
     ds = res.report.dataset
     assert (ds.records_in, ds.records_released, ds.records_withheld) == (180, 180, 0)
     assert res.report.privacy.min_distinct_people_per_cluster >= K and res.report.privacy.exact_bound
-    assert sorted(p.name for p in res.release_dir.iterdir()) == ["MANIFEST.sha256", "README.md", "metadata.csv",
+    assert sorted(p.name for p in res.release_dir.iterdir()) == ["ATTESTATION.json", "ATTESTATION.json.sig",
+                                                                 "MANIFEST.sha256", "README.md", "metadata.csv",
                                                                  "release.parquet"]
     assert report["file_manifest"]["files"] == 0  # no image: the empty manifest, the image runs' listing
     # The card was written before signing: the signed artifacts list it, and the signature verifies.
     assert "README.md" in {a["path"] for a in report["artifacts"]}
     v = verify_report(res.report_dir, public_key=project / "data" / "keys" / "dev_signing.pub.pem")
+    assert v.ok and v.authenticated, v.problems
+    # The release verifies alone too, by its signed attestation (which the report lists).
+    assert {"ATTESTATION.json", "ATTESTATION.json.sig"} <= {a["path"] for a in report["artifacts"]}
+    v = verify_release(res.release_dir, public_key=project / "data" / "keys" / "dev_signing.pub.pem")
     assert v.ok and v.authenticated, v.problems
     assert {"ingest", "identity", "partition", "deidentify", "stage", "gate", "publish"} <= set(res.timings)
     assert not (res.staging / "release").exists() and res.linkage.is_file()

@@ -78,7 +78,8 @@ def test_feature_release_holds_cluster_means_without_ids_or_order(released, synt
     root, res = released
     rel = Path(res.release_dir)
     # Every release has its file manifest (the same listing as an image release): here it lists no image.
-    assert sorted(p.name for p in rel.iterdir()) == ["MANIFEST.sha256", "README.md", "metadata.csv", "release.parquet"]
+    assert sorted(p.name for p in rel.iterdir()) == ["ATTESTATION.json", "ATTESTATION.json.sig", "MANIFEST.sha256",
+                                                     "README.md", "metadata.csv", "release.parquet"]
     assert (rel / "MANIFEST.sha256").read_bytes() == b""
     table, vectors = read_vector_release(rel)
     assert table.column_names == ["record_id", "cluster_id", "gender", "expression"]

@@ -162,6 +162,66 @@ def test_synthetic_release_end_to_end_and_verify(demo, tmp_path):
     assert not bad.ok and any("hash mismatch" in p for p in bad.problems)
 
 
+def test_recipient_verifies_the_release_directory_alone(demo, tmp_path):
+    """Issue 29 item 8: only the release directory, copied elsewhere, verifies with the steward's public key
+    (`deid verify` and the card's no-deid commands); one flipped image byte and one flipped attestation byte
+    are caught with their exit codes; no source subject id of the drop is anywhere in the release."""
+    from helpers import run_no_deid_check
+
+    from deid.release.attestation import ATTESTATION_NAME, ATTESTATION_SIG_NAME
+
+    assert demo.run is not None and demo.run.returncode == 0, demo.run and demo.run.stderr[-3000:]
+    release = Path(_printed(demo.run.stdout, "release"))
+    pub = demo.project / "data" / "keys" / "dev_signing.pub.pem"
+    assert _printed(demo.run.stdout, "verify release") == f"deid verify {release} --public-key {pub}"
+    report = json.loads(Path(_printed(demo.run.stdout, "signed report")).read_text())
+    # The steward's signed report lists the attestation's two files too.
+    assert {ATTESTATION_NAME, ATTESTATION_SIG_NAME} <= {a["path"] for a in report["artifacts"]}
+    att = json.loads((release / ATTESTATION_NAME).read_text())
+    assert (att["verdict"], att["k"], att["release_id"]) == ("released", 5, report["release_id"])
+    assert att["file_manifest"]["sha256"] == report["file_manifest"]["sha256"]
+
+    def verify(root: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([*demo.exe, "verify", str(root), "--public-key", str(pub)], cwd=tmp_path,
+                              env=demo.env, capture_output=True, text=True, timeout=300)
+
+    copies = {}
+    for name in ("intact", "image", "attestation"):
+        copies[name] = tmp_path / name / "received"
+        shutil.copytree(release, copies[name])
+    ok = verify(copies["intact"])
+    assert ok.returncode == 0 and "OK: ATTESTATION.json signature and every file of the release verified" in \
+        ok.stdout, ok.stdout + ok.stderr
+    runs = run_no_deid_check(copies["intact"], pub)
+    assert [r.returncode for r in runs] == [0, 0, 0, 0], [(r.stdout, r.stderr) for r in runs]
+
+    image = next((copies["image"] / "images").iterdir())
+    data = bytearray(image.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    image.write_bytes(bytes(data))
+    bad = verify(copies["image"])
+    assert bad.returncode == 6 and f"hash mismatch images/{image.name}" in bad.stdout, bad.stdout + bad.stderr
+    assert [r.returncode != 0 for r in run_no_deid_check(copies["image"], pub)] == [False, False, True, False]
+
+    path = copies["attestation"] / ATTESTATION_NAME
+    data = bytearray(path.read_bytes())
+    data[data.index(b'"k":5') + 4] ^= 0x01  # k=5 -> k=4: still canonical JSON, only the signature catches it
+    path.write_bytes(bytes(data))
+    bad = verify(copies["attestation"])
+    assert bad.returncode == 3 and "bad signature" in bad.stdout, bad.stdout + bad.stderr
+    assert [r.returncode != 0 for r in run_no_deid_check(copies["attestation"], pub)] == [True, False, False, True]
+
+    # Every source subject id of the drop: in no file of the release (bytes), and in no report either.
+    with open(demo.drop / "manifest.csv", newline="", encoding="utf-8") as fh:
+        ids = sorted({row["subject_id"] for row in csv.DictReader(fh)})
+    assert len(ids) == 60
+    needles = [i.encode() for i in ids]
+    hits = [f"{p.relative_to(release)}: {n!r}" for p in release.rglob("*") if p.is_file()
+            for blob in [p.read_bytes()] for n in needles if n in blob]
+    assert hits == []
+    assert identifying_text_in_reports(demo.project / "reports", ids) == []
+
+
 def test_failed_gate_publishes_nothing_but_signs_a_rejection(project, prefect_server, tmp_path):
     # 14 people split by gender: at k=8 at least one gender x expression partition is too small.
     drop = make_synthetic_drop(tmp_path / "drop", people=14, images_per_person=2, seed=5)

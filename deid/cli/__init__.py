@@ -6,6 +6,7 @@ Exit codes are chosen by the *type* of what happened, never by message text:
 code meaning
 ==== ==========================================================================================
 0    ``run``: released (report signed, release published); ``verify``: verified against a trusted key
+     (``verify PATH``: a release directory alone by its signed ATTESTATION.json, or a report directory)
 1    ``run``: rejected by the gate (signed rejection); ``verify``: other verification problem
 2    bad input or configuration (DataError/DropError, ConfigError, usage); an unreadable drop
      still gets a signed rejection first
@@ -238,6 +239,11 @@ def print_summary(result) -> None:
     if result.release_dir:
         print(f"release: {result.release_dir}")
     print(f"signed report: {result.report_path}")
+    if result.release_dir:
+        # What a recipient runs on the release directory alone (its signed ATTESTATION.json), with the key the
+        # steward gives them.
+        print(f"verify release: deid verify {result.release_dir} --public-key "
+              f"{result.public_key or 'STEWARD.pub.pem'}")
     if result.key_origin == "development":
         print(f"signed with the development key; verify with: deid verify {result.report_dir} "
               f"--public-key {result.public_key}")
@@ -334,29 +340,46 @@ def cmd_import(args) -> int:
 
 
 def cmd_verify(args) -> int:
+    from deid.release.attestation import ATTESTATION_NAME
+    from deid.release.manifest import MANIFEST_NAME
     from deid.release.signing import load_public_key
-    from deid.release.verify import verify_report
+    from deid.release.verify import verify_release, verify_report
+    from deid.reporting.report import REPORT_NAME
 
     # A mistyped path is bad input (exit 2), not a verification failure: nothing was there to check.
-    for option, value in (("report_dir", args.report_dir), ("--release", args.release)):
+    for option, value in (("path", args.report_dir), ("--release", args.release)):
         if value is not None and not Path(value).is_dir():
-            raise DataError(f"{option} {value} is not a directory; give the report directory (reports/<release id>, "
-                            "holding report.json)" if option == "report_dir" else
+            raise DataError(f"{option} {value} is not a directory; give a release directory (holding "
+                            f"{ATTESTATION_NAME}) or a report directory (reports/<release id>, holding {REPORT_NAME})"
+                            if option == "path" else
                             f"{option} {value} is not a directory; give the release directory")
     if args.public_key:
         load_public_key(Path(args.public_key))  # an unusable --public-key is bad input (ConfigError, exit 2), not a failed check
-    res = verify_report(Path(args.report_dir), public_key=Path(args.public_key) if args.public_key else None,
-                        release_dir=Path(args.release) if args.release else None)
+    target = Path(args.report_dir)
+    # A release directory (what a recipient has) carries its signed attestation (or, without one, at least its
+    # MANIFEST.sha256: verify_release then says the attestation is missing) and no report.json.
+    alone = not (target / REPORT_NAME).exists() and ((target / ATTESTATION_NAME).exists()
+                                                     or (target / MANIFEST_NAME).exists())
+    if alone and args.release:
+        raise DataError(f"--release {args.release} is for a report directory; {target} is a release directory "
+                        "(holding its attestation): drop --release")
+    if alone:
+        res = verify_release(target, public_key=Path(args.public_key) if args.public_key else None)
+    else:
+        res = verify_report(target, public_key=Path(args.public_key) if args.public_key else None,
+                            release_dir=Path(args.release) if args.release else None)
     for note in res.notes:
         print(f"note: {note}")
     for problem in res.problems:
         print(f"FAIL: {problem}")
     if res.ok and res.authenticated:
-        print("OK: signature and every artifact verified")
+        print("OK: signature and every artifact verified" if not alone else
+              f"OK: {ATTESTATION_NAME} signature and every file of the release verified")
         return EXIT_OK
     if res.ok:
         # Never 0: without a trusted key a forged signature looks exactly like a genuine one.
-        print("INTEGRITY ONLY: every file matches the report, but the signature was NOT checked "
+        print(f"INTEGRITY ONLY: every file matches the {'attestation' if alone else 'report'}, but the signature "
+              "was NOT checked "
               "(no --public-key); this does not show who made the release")
         return EXIT_INTEGRITY_ONLY
     return verify_exit_code(res.failures)
@@ -504,8 +527,10 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("drop")
     i.set_defaults(func=cmd_import)
 
-    v = sub.add_parser("verify", help="verify a signed report and its release", description=verify_exit_help())
-    v.add_argument("report_dir")
+    v = sub.add_parser("verify", help="verify a release directory alone (its signed attestation), or a signed "
+                       "report and its release", description=verify_exit_help())
+    v.add_argument("report_dir", metavar="PATH", help="a release directory (holding ATTESTATION.json: what a recipient "
+                   "has) or a report directory (reports/<release id>)")
     v.add_argument("--public-key", default=None, help="the signer's public key PEM you trust")
     v.add_argument("--release", default=None, help="release directory (default: from the report)")
     v.set_defaults(func=cmd_verify)

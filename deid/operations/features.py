@@ -4,7 +4,7 @@ The feature path of a release, as plain core functions without Prefect or Dask (
 drop is a matrix: nothing to align, nothing to distribute). :func:`deid.operations.runner.run_release`
 runs a drop whose ``drop.yaml`` says ``kind: features`` through :class:`FeatureSteps` (the
 Prefect flow swaps in its tasks), inside the runner's one order of commitment
-(:mod:`deid.operations.safety`: pre-flight, recovery, lock; report validated, card, signed,
+(:mod:`deid.operations.safety`: pre-flight, recovery, lock; report validated, card, attestation, signed,
 publish by one rename or withhold; signed rejection of an unreadable drop; signed addendum
 when publishing fails). The stages:
 

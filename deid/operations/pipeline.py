@@ -1020,6 +1020,23 @@ def dataset_card(staged: Staged, report, *, logger: Logger | None = None):
     return listing
 
 
+def attest(staged: Staged, report, config: RunConfig, *, logger: Logger | None = None):
+    """Write the release's signed attestation (``ATTESTATION.json`` + ``.sig``) into the staged release.
+
+    Runs after the dataset card (``report`` lists the card, the tables and ``MANIFEST.sha256``) and
+    before the report is signed and the release published: returns the report with the two files
+    added to its ``artifacts``, so the signed report covers them too (:mod:`deid.release.attestation`).
+    """
+    from deid.release.attestation import write_attestation  # noqa: PLC0415
+    from deid.reporting.attestation import attestation_from_report  # noqa: PLC0415
+    from deid.reporting.report import Artifact, hash_file  # noqa: PLC0415
+
+    written = write_attestation(staged.dir, attestation_from_report(report), signing_key(config))
+    added = [Artifact(p.name, *hash_file(p)) for p in written]
+    (logger or log).info("attestation: %s (signed)", written[0])
+    return replace(report, artifacts=sorted([*report.artifacts, *added], key=lambda a: a.path))
+
+
 def write_report(report, config: RunConfig, *, validation: Mapping | None = None, staged: Staged | None = None,
                  logger: Logger | None = None) -> SignedReport:
     """Render report.html and the validation page, then sign report.json; every run gets one.

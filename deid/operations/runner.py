@@ -7,8 +7,9 @@ tasks wrapping the same :mod:`deid.operations.pipeline` functions, so the order 
 Order of commitment (see :mod:`deid.operations.safety`): pre-flight (signing key, writable locations) ->
 recovery of killed runs' leftovers -> lock the run's staging directory -> work, staging the
 would-be release inside it -> gate -> build the report and validate it against the schema ->
-dataset card -> sign the report -> publish by one rename. A publish that fails after signing
-gets a signed addendum and the release stays unpublished.
+dataset card -> the release's signed attestation (:mod:`deid.release.attestation`) -> sign the report ->
+publish by one rename. A publish that fails after signing gets a signed addendum and the release stays
+unpublished.
 
 A feature drop (``drop.yaml`` ``kind: features``) runs its own stages (:class:`~deid.operations.features.FeatureSteps`:
 nothing to align, featurize or distribute) inside the same order of commitment, to the same
@@ -74,6 +75,7 @@ class Steps:
     stage: Callable[..., Any] = pipeline.stage
     gate: Callable[..., Any] = pipeline.gate
     dataset_card: Callable[..., Any] = pipeline.dataset_card
+    attest: Callable[..., Any] = pipeline.attest
     write_report: Callable[..., Any] = pipeline.write_report
     publish: Callable[..., Any] = pipeline.publish
     publish_failed: Callable[..., Any] = pipeline.publish_failed_addendum
@@ -326,7 +328,7 @@ class _Run:
 
     def commit(self, report, staged, *, dataset: str, validation, timings: dict[str, dict],
                lin=None) -> RunResult:
-        """The order of commitment after the gate: validate the report, card, sign, then publish or withhold."""
+        """The order of commitment after the gate: validate the report, card, attestation, sign, then publish or withhold."""
         s, config, passed = self.steps, self.config, report.verdict == "released"
         # Before anything is committed: a report the schema refuses stops the run with nothing registered,
         # signed or published.
@@ -346,6 +348,10 @@ class _Run:
             with _timed(timings, "card"):
                 listing = s.dataset_card(staged, report)
                 report = replace(report, artifacts=list(listing.artifacts), file_manifest=listing.manifest)
+            # The release's own signed attestation (the public part of this report, with the files' hashes), so a
+            # recipient verifies the release directory alone; the report lists it in turn.
+            with _timed(timings, "attest"):
+                report = s.attest(staged, report, config)
         if "stage_seconds" in report.configuration:
             # The report's own steps so far are in the signed stage seconds too; signing, publishing and
             # settling the lineage come after (RunResult.timings, printed by `deid run`).

@@ -108,6 +108,12 @@ def dataset_card(staged, report):
     return pipeline.dataset_card(staged, report, logger=get_run_logger())
 
 
+@task(name="attestation", **TASK)
+def attest(staged, report, config):
+    """Write the release's signed ATTESTATION.json into the staged release (before the report is signed)."""
+    return pipeline.attest(staged, report, config, logger=get_run_logger())
+
+
 @task(name="report", **TASK)
 def write_report(report, config, *, validation=None, staged=None):
     """Render report.html and the validation page, then sign report.json (released or rejected)."""
@@ -199,5 +205,6 @@ FEATURE_STEPS = FeatureSteps(**{name: _opaque(t) for name, t in dict(
 STEPS = Steps(**{name: _opaque(t) for name, t in dict(
     preflight=preflight, recover=recover, ingest=ingest, open_lineage=open_lineage, align=align,
     featurize=featurize, partition=partition, deidentify=deidentify, apply_lineage=apply_lineage,
-    register_lineage=register_lineage, stage=stage, gate=gate, dataset_card=dataset_card, write_report=write_report,
+    register_lineage=register_lineage, stage=stage, gate=gate, dataset_card=dataset_card, attest=attest,
+    write_report=write_report,
     publish=publish, publish_failed=publish_failed, withhold=withhold).items()}, features=FEATURE_STEPS)

@@ -4,9 +4,10 @@ The card follows the Hugging Face dataset card convention (a ``---`` YAML metada
 Markdown): licence, size category and tags the hub indexes, a ``deid`` block with the figures
 machine-readable, and a body saying what the data is, how to load it, the method, k, the
 guarantee, what the gate measured (with intervals and sample sizes) and how to verify the
-signature. It is built from the report dict *before* that report is signed, and written into
-the staged release before the release is hashed, so the signed report lists the card's sha256
-too: a card altered after release fails ``deid verify``.
+signature, with the release alone (its ``ATTESTATION.json``: :mod:`deid.release.attestation`) and
+without deid. It is built from the report dict *before* that report is signed, and written into
+the staged release before the release is hashed, so the attestation and the signed report list the
+card's sha256 too: a card altered after release fails ``deid verify``.
 
 The card carries only what the report already says publicly about the release (counts, rates,
 label names); never a partition's label values, a subject id or a source path.
@@ -24,6 +25,7 @@ import yaml
 
 from deid.evaluation.membership import SCOPE
 from deid.release.catalogue import KeyFigures, key_figures
+from deid.release.attestation import ATTESTATION_NAME, ATTESTATION_SIG_NAME, NO_DEID_CHECK, PYTHON_SIGNATURE_CHECK
 from deid.release.manifest import MANIFEST_NAME
 from deid.release.publish import VIDEO_FPS, VIDEOS
 from deid.intake.drop import DEFAULT_LICENSE
@@ -309,16 +311,31 @@ class DatasetCard:
             "",
             "## Verifying this release",
             "",
-            f"The signed report `reports/{self.release_id}/report.json` (Ed25519, `report.json.sig`) lists the "
-            f"sha256 of every file in this directory, this card included (the images through `{MANIFEST_NAME}`, "
-            "whose sha256 it lists). With the data steward's public key:",
+            f"`{ATTESTATION_NAME}` is the data steward's signed statement about this release (verdict, k, method, "
+            "guarantee, the gate's checks and figures, the signer's key fingerprint) and lists the sha256 of every "
+            f"file here, this card included (the images through `{MANIFEST_NAME}`, whose sha256 it lists); "
+            f"`{ATTESTATION_SIG_NAME}` is its Ed25519 signature (64 raw bytes). Get the steward's public key from the "
+            "steward (a key shipped with the data proves nothing), save it as `STEWARD.pub.pem`, and in this "
+            "directory run:",
             "",
             "```",
-            f"deid verify reports/{self.release_id} --release path/to/this/directory --public-key STEWARD.pub.pem",
+            "deid verify . --public-key STEWARD.pub.pem",
             "```",
             "",
-            "Exit code 0 means the report is signed by that key and every file matches; a changed, missing "
-            "or extra file fails. Without `--public-key` only integrity is checked (exit 8).",
+            "Exit code 0 means the attestation is signed by that key and every file matches; a changed, missing "
+            "or extra file fails (exit 3 bad signature, 4 wrong key, 5 missing file, 6 hash mismatch, 7 extra "
+            "file). Without `--public-key` only integrity is checked (exit 8). Without deid, the same checks but "
+            "the one for extra files (each command exits non-zero on a failure):",
+            "",
+            "```",
+            *NO_DEID_CHECK,
+            "```",
+            "",
+            "Without `openssl` (3.0 or later), check the signature with Python's `cryptography` package instead:",
+            "",
+            "```",
+            PYTHON_SIGNATURE_CHECK,
+            "```",
             "",
             "## Licence",
             "",

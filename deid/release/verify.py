@@ -1,4 +1,9 @@
-"""Verify a signed report and the release directory it describes."""
+"""Verify a signed report and the release directory it describes, or a release directory alone.
+
+:func:`verify_report` checks the steward's signed report (``reports/<release id>``) and the release it
+lists; :func:`verify_release` checks a release directory by itself, from the signed attestation it
+carries (:mod:`deid.release.attestation`): what a recipient, who never sees the report, can run.
+"""
 from __future__ import annotations
 
 import base64
@@ -22,13 +27,14 @@ from deid.errors import (
     WrongKey,
 )
 from deid.reporting.report import REPORT_NAME, SIGNATURE_NAME, hash_file, iter_tree, report_problems, scan_tree
+from deid.release.attestation import ATTESTATION_FORMAT, ATTESTATION_NAME, ATTESTATION_SIG_NAME, attestation_problems
 from deid.release.manifest import read_manifest
 from deid.operations.safety import ADDENDUM_NAME, ADDENDUM_SIG_NAME
 from deid.release.signing import SIGNATURE_BYTES, canonical_json, load_public_key, public_key_fingerprint, verify_bytes
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["VerifyResult", "verify_report", "INTEGRITY_ONLY_NOTE"]
+__all__ = ["VerifyResult", "verify_release", "verify_report", "INTEGRITY_ONLY_NOTE"]
 
 INTEGRITY_ONLY_NOTE = "integrity only: no --public-key given, signature not verified against a trusted key"
 
@@ -133,7 +139,7 @@ def _check_listed(root: Path, artifacts: list[dict[str, Any]], files: dict[str, 
 
 
 def _check_manifested_release(root: Path, report: dict[str, Any], problems: list[VerificationError],
-                              notes: list[str]) -> None:
+                              notes: list[str], *, ignore: frozenset[str] = frozenset()) -> None:
     """A release whose images are listed in its signed file manifest (:mod:`deid.release.manifest`).
 
     The files outside the manifest's directories are checked against ``artifacts`` (the manifest
@@ -157,7 +163,7 @@ def _check_manifested_release(root: Path, report: dict[str, Any], problems: list
         else:
             others.append(rel)
     before = len(problems)
-    _check_listed(root, report["artifacts"], dict(sorted(files.items())), sorted(others), problems)
+    _check_listed(root, report["artifacts"], dict(sorted(files.items())), sorted(others), problems, ignore=ignore)
     manifest = files.get(fm["path"])
     if manifest is None or hash_file(manifest)[0] != fm["sha256"]:
         notes.append(f"images under {list(covers)} not checked: {fm['path']} is missing or not the signed one")
@@ -334,3 +340,104 @@ def verify_report(
     ok = not problems
     logger.info("verified %s: ok=%s authenticated=%s problems=%d", report_dir, ok, authenticated, len(problems))
     return VerifyResult(ok=ok, authenticated=authenticated, failures=problems, notes=notes)
+
+
+def _attestation_problem(att: Any) -> str | None:
+    """Why ``att`` is not an attestation this version reads (None when it is): checked before any field is used."""
+    if isinstance(att, dict) and "format" in att and att["format"] != ATTESTATION_FORMAT:
+        return f"has format {att['format']!r}; this deid reads {ATTESTATION_FORMAT!r}"
+    problems = attestation_problems(att)
+    return None if not problems else "does not match its schema: " + "; ".join(problems[:5])
+
+
+def verify_release(release_dir: Path, *, public_key: Path | None = None) -> VerifyResult:
+    """Check a release directory alone: its attestation's signature, then every file's sha256, nothing unlisted.
+
+    Parameters
+    ----------
+    release_dir : path
+        A published release (or a copy of it anywhere) holding ``ATTESTATION.json`` and its ``.sig``.
+    public_key : path, optional
+        The steward's public key the recipient trusts (obtained from the steward, not from the release).
+        Without it only integrity is checked: anyone can write an attestation that matches the files.
+
+    Returns
+    -------
+    VerifyResult
+        ``BadSignature`` when the signature does not match the attestation's bytes under the key (also
+        when those bytes are no longer valid JSON: one flipped byte is a forgery, not a format problem);
+        ``WrongKey`` when the attestation names another signer; ``MissingFile`` / ``HashMismatch`` /
+        ``UnlistedFile`` for the files: those the attestation lists (the dataset card, the tables,
+        ``MANIFEST.sha256``), the images ``MANIFEST.sha256`` lists (its sha256 the attestation's),
+        and any other file but the attestation's two.
+    """
+    root = Path(release_dir)
+    problems: list[VerificationError] = []
+    notes: list[str] = []
+    path, sig_path = root / ATTESTATION_NAME, root / ATTESTATION_SIG_NAME
+    if not path.is_file():
+        problems.append(MissingFile(f"missing file {ATTESTATION_NAME} (a release of this deid carries its signed "
+                                    "attestation; for an older release verify its report: deid verify reports/<id>)"))
+        return VerifyResult(ok=False, authenticated=False, failures=problems, notes=notes)
+    for p in (path, sig_path):
+        if p.is_symlink():  # a release holds regular files only; a link could point anywhere
+            problems.append(VerificationError(f"not a regular file {p.name} (symlinks are not allowed in a release "
+                                              "directory)"))
+            return VerifyResult(ok=False, authenticated=False, failures=problems, notes=notes)
+    payload = path.read_bytes()
+    signature = sig_path.read_bytes() if sig_path.is_file() else None
+    if signature is None:
+        problems.append(MissingFile(f"missing file {ATTESTATION_SIG_NAME}"))
+    elif len(signature) != SIGNATURE_BYTES:
+        problems.append(BadSignature(f"bad signature: {ATTESTATION_SIG_NAME} holds {len(signature)} bytes, an "
+                                     f"Ed25519 signature has {SIGNATURE_BYTES} (raw, not base64)"))
+        signature = None
+    att: Any = None
+    parse_error = None
+    try:
+        att = json.loads(payload.decode("utf-8"), parse_constant=_reject_constant,
+                         object_pairs_hook=_no_duplicate_keys)
+    except (UnicodeDecodeError, ValueError) as exc:
+        parse_error = f"{ATTESTATION_NAME} is not valid JSON: {exc}"
+    shape = parse_error or (None if (why := _attestation_problem(att)) is None else f"{ATTESTATION_NAME} {why}")
+
+    authenticated = False
+    if public_key is None:
+        notes.append(INTEGRITY_ONLY_NOTE)
+    else:
+        key = load_public_key(Path(public_key))  # ConfigError: an unusable key is bad input (the CLI: exit 2)
+        given = public_key_fingerprint(key)
+        claimed = att.get("signer", {}).get("public_key_fingerprint") if isinstance(att, dict) and isinstance(
+            att.get("signer"), dict) else None
+        if signature is not None and verify_bytes(payload, signature, key):
+            authenticated = True
+            notes.append(f"attestation signature verified with {given}")
+            if claimed != given:  # signed by this key, yet naming another: not what deid writes
+                problems.append(WrongKey(f"wrong key: {ATTESTATION_NAME} names signer {claimed}, signed by {given}"))
+            elif att["signer"].get("key_origin") == "development":
+                notes.append("signed with a development key: not for production releases")
+        elif signature is not None:
+            if shape is None and claimed != given:
+                problems.append(WrongKey(f"wrong key: {ATTESTATION_NAME} names signer {claimed}, the given public "
+                                         f"key is {given}"))
+            else:  # the bytes were changed after signing (perhaps no longer even JSON), or the signature was
+                problems.append(BadSignature(f"bad signature: {ATTESTATION_SIG_NAME} does not match "
+                                             f"{ATTESTATION_NAME} under {given}"))
+    if shape is not None:
+        problems.append(VerificationError(f"{shape}; files not checked"))
+        return VerifyResult(ok=False, authenticated=False, failures=problems, notes=notes)
+    if canonical_json(att) != payload:
+        problems.append(VerificationError(f"{ATTESTATION_NAME} is not in canonical form (reformatted or edited "
+                                          "after signing)"))
+    fm = att["file_manifest"]
+    listed = {f["path"]: f for f in att["files"]}
+    if fm["path"] not in listed or listed[fm["path"]]["sha256"] != fm["sha256"]:
+        problems.append(VerificationError(f"{ATTESTATION_NAME} lists {fm['path']} in files with another sha256 "
+                                          "than its file_manifest, or not at all"))
+    _check_manifested_release(root, {"file_manifest": fm, "artifacts": att["files"]}, problems, notes,
+                              ignore=frozenset({ATTESTATION_NAME, ATTESTATION_SIG_NAME}))
+    notes.append(f"release {att['release_id']}: {att['verdict']}, k={att['k']}, method {att['method']}, "
+                 f"created {att['created_at']}; guarantee: {att['guarantee']}")
+    ok = not problems
+    logger.info("verified release %s: ok=%s authenticated=%s problems=%d", root, ok, authenticated, len(problems))
+    return VerifyResult(ok=ok, authenticated=authenticated and ok, failures=problems, notes=notes)
