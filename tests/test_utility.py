@@ -510,3 +510,17 @@ def test_a_release_that_loses_its_label_fails_not_inconclusive():
         assert ev.label_lost and ev.majority_status == "fail" and ev.decision == "fail", ev.detail
         assert ev.accuracy_release <= ev.majority_rate  # a constant classifier, or the bound excludes any gain
         assert ev.to_dict()["label_lost"] is True
+
+
+def test_a_fold_suppressed_down_to_one_value_is_no_evidence_of_a_lost_label():
+    # 12 people, a value held by exactly k=5 of them: every fold's training side keeps 4, so suppression
+    # (partitions below k) leaves the release one value to teach. Its constant predictions are the
+    # measurement's defect on small data, not the release losing the label: never label_lost for that
+    # (the gate then weighs the release's own rows, gate.cross_fit_checks).
+    X, _, people = faces(n_people=12, per_person=2, seed=41)
+    y = (people < 5).astype(int)
+    X[:, :20] = np.clip(X[:, :20].astype(int) + np.where(y[:, None] == 1, 40, -40), 0, 255).astype(np.uint8)
+    ev, = cross_fit_utility(X, people=people, labels={"g": y}, deidentify=group_means(5), partitions=[(v,) for v in y],
+                            k=5, n_components=5, repeats=1)
+    assert "taught g a single value" in ev.detail and ev.suppressed_training_records > 0, ev.detail
+    assert not ev.label_lost and ev.majority_status != "fail", ev.detail

@@ -1251,11 +1251,13 @@ def cross_fit_utility(
                         continue
                     p_o = p_orig[name]
                     if len(np.unique(y[kept])) < 2:  # the release teaches a single value: predict it
+                        # Suppression (partitions below k on this fold's training side) left one value: a
+                        # defect of the measurement on small data, not evidence that the release lost the label.
                         p_r = np.full(len(te), y[kept][0])
+                        preds[name]["single_taught"] = preds[name].get("single_taught", 0) + 1
                     else:
                         p_r, _ = _svc_predict(Zr[0], y[kept], Zr[1], seed)
-                    d_const = preds[name].setdefault("values", set())
-                    d_const.update(np.unique(p_r).tolist())
+                        preds[name].setdefault("values", set()).update(np.unique(p_r).tolist())
                     majority = int(np.argmax(np.bincount(y[tr])))
                     d = preds[name]
                     d["row"].append(te)
@@ -1299,9 +1301,14 @@ def cross_fit_utility(
         majority_status = _majority(g_lo, g_up)
         # A release whose classifier names one value for every held-out face (e.g. every partition averaged
         # into one image) carries no label at all: lost, by construction rather than by a bound.
-        constant = len(d.get("values", ())) < 2
+        # Only a classifier that was taught both values and still names one counts (a fold whose training
+        # side was suppressed down to one value proves nothing: see single_taught, reported in the detail).
+        constant = 0 < len(d.get("values", ())) < 2
         if constant:
             majority_status = "fail"
+        single = ([f"{d['single_taught']} fold(s) taught {name} a single value (the rest suppressed as partitions "
+                   "below k): their predictions are constant by construction, not evidence"]
+                  if d.get("single_taught") else [])
         margin = (up - lo) / 2
         n_img, n_ppl = len(np.unique(np.concatenate(d["row"]))), len(np.unique(who))
         msg = [f"originals {o.mean():.3f} vs release {rr.mean():.3f} on held-out originals: "
@@ -1325,7 +1332,7 @@ def cross_fit_utility(
                        f"[{a_lo:+.3f}, {a_up:+.3f}] ({extra['actual_status']}); vs majority rate: gain "
                        f"{a_gain:+.3f} [{ag_lo:+.3f}, {ag_up:+.3f}] ({extra['actual_majority_status']})")
         results[name] = evidence(
-            name, status, "; ".join(msg + [base_note, *notes, *skip_note(name)]), delta=delta, delta_lower=lo,
+            name, status, "; ".join(msg + single + [base_note, *notes, *skip_note(name)]), delta=delta, delta_lower=lo,
             delta_upper=up,
             accuracy_original=float(o.mean()), accuracy_release=float(rr.mean()), majority_rate=float(m.mean()),
             majority_status=majority_status, gain_lower=g_lo, gain_upper=g_up, n_test_images=n_img,
