@@ -131,7 +131,9 @@ def cmd_watch(args) -> int:
             print(f"duplicate: {row['drop']} has the same content as {row['duplicate_of']} "
                   f"({row['status']}{', release ' + row['release_id'] if row.get('release_id') else ''}); "
                   "not released again", flush=True)
-        elif o in ("error", "unsent"):
+        elif o == "verdict":
+            print_verdict(row)
+        elif o in ("error", "unsent", "failed"):
             print(f"{o}: {row['drop']}: {row['error']}", file=sys.stderr, flush=True)
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -140,6 +142,23 @@ def cmd_watch(args) -> int:
     except KeyboardInterrupt:
         pass
     return EXIT_OK
+
+
+def print_verdict(row: dict) -> None:
+    """An announced drop's verdict, as ``deid run`` prints it (:func:`deid.reporting.verdict.verdict_summary`)."""
+    from deid.reporting.verdict import verdict_summary
+
+    report = Path(row["report"])
+    print(f"verdict of {row['drop']} (release {row['release_id']}):", flush=True)
+    try:
+        body = json.loads(report.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        print(f"  {row['status']}; the signed report {report} cannot be read here ({exc}); "
+              f"check it with `deid verify {report.parent}`", flush=True)
+        return
+    for line in verdict_summary(body, report_html=report.with_name("report.html")).text_lines():
+        print(f"  {line}", flush=True)
+    print(f"  signed report: {report}", flush=True)
 
 
 def register(subparsers) -> None:

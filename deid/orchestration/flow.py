@@ -16,7 +16,8 @@ raises :class:`~deid.errors.ReleaseRejected`.
 from __future__ import annotations
 
 import logging
-from functools import partial
+from dataclasses import replace
+from functools import partial, wraps
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -61,16 +62,17 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
     """
     config = RunConfig.resolve(Settings(), k=k, method=method, labels=labels, small_partitions=small_partitions,
                                name=name, sigma=sigma, block=block, kind=run_kind(drop))
-    # The parameters as used, not as passed (a deployment passes only the drop).
-    _update_run(parameters={"drop": drop, **config.parameters()})
-    with progress_to_ui():  # the gate's progress lines on the run's page, not only on the console
-        result = run_release(drop, config, steps=STEPS, cluster=partial(dask_executor, drop=drop),
+    # The parameters as used, not as passed (a deployment passes only the drop); drop.yaml's labels and name
+    # are recorded again once the ingest has read them.
+    update_run(parameters={"drop": drop, **config.used_parameters()})
+    with progress_to_ui():  # the gate's progress lines and the progress artifact on the run's page
+        result = run_release(drop, config, steps=recording_steps(drop), cluster=partial(dask_executor, drop=drop),
                              run_id=str(flow_run.get_id() or "") or None, logger=get_run_logger())
     _signed.append(result)
     if api_reachable():
         ui_artifacts(result)
-        _update_run(name=f"{result.report.dataset.name} k={config.k} {config.method}",
-                    tags=[f"verdict:{result.verdict}", f"release:{result.release_id}"])
+        name, tags = run_annotation(result)
+        update_run(name=name, tags=tags)
     else:
         _api_lost(result, "after the verdict")
     if result.released:
@@ -80,6 +82,31 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
     failed = root_cause_order([c.name for c in result.report.checks if not c.passed])  # the root cause first
     return rejected_state(f"release {result.release_id} rejected: {', '.join(failed)} (reasons in the deid-verdict "
                           "artifact and report.json)", result)
+
+
+def run_annotation(result: RunResult) -> tuple[str, list[str]]:
+    """The flow run's name and tags once the verdict is signed (the release subflow's and its wrapper's)."""
+    r = result.report
+    return f"{r.dataset.name} k={r.k} {r.method}", [f"verdict:{result.verdict}", f"release:{result.release_id}"]
+
+
+def _record_ingest(step, drop: str):
+    """``step`` (an ingest task), then the flow run's parameters recorded with what drop.yaml gave."""
+    @wraps(step)
+    def ingest(*args, **kwargs):
+        ing = step(*args, **kwargs)
+        facts = getattr(ing, "drop", ing)  # a feature drop's ingest keeps drop.yaml's facts on .drop
+        config = args[2] if len(args) > 2 else kwargs.get("config")
+        if isinstance(config, RunConfig) and hasattr(facts, "labels") and hasattr(facts, "name"):
+            update_run(parameters={"drop": drop, **config.used_parameters(labels=facts.labels, name=facts.name)})
+        return ing
+    return ingest
+
+
+def recording_steps(drop: str):
+    """:data:`~deid.orchestration.tasks.STEPS` whose ingest steps record the parameters used once drop.yaml is read."""
+    return replace(STEPS, ingest=_record_ingest(STEPS.ingest, drop),
+                   features=replace(STEPS.features, ingest=_record_ingest(STEPS.features.ingest, drop)))
 
 
 def rejected_state(message: str, result: object) -> State:
@@ -141,7 +168,7 @@ def _api_lost(result: RunResult, when: str) -> None:
     flush_to_api(timeout=1.0)
 
 
-def _update_run(*, parameters: dict | None = None, name: str | None = None, tags: list[str] | None = None) -> None:
+def update_run(*, parameters: dict | None = None, name: str | None = None, tags: list[str] | None = None) -> None:
     """Record on this flow run what only the run knows (resolved parameters, dataset name, verdict tags)."""
     from prefect.client.orchestration import get_client  # noqa: PLC0415
 
