@@ -65,10 +65,12 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
     # The parameters as used, not as passed (a deployment passes only the drop); drop.yaml's labels and name
     # are recorded again once the ingest has read them.
     update_run(parameters={"drop": drop, **config.used_parameters()})
-    with progress_to_ui():  # the gate's progress lines and the progress artifact on the run's page
+    # The gate's progress lines and a progress artifact per long stage on the run's page.
+    with progress_to_ui(flow_run.get_id() or None):
         result = run_release(drop, config, steps=recording_steps(drop), cluster=partial(dask_executor, drop=drop),
                              run_id=str(flow_run.get_id() or "") or None, logger=get_run_logger())
     _signed.append(result)
+    refresh_catalogue(result.report_dir.parent)
     if api_reachable():
         ui_artifacts(result)
         name, tags = run_annotation(result)
@@ -200,14 +202,39 @@ def verdict_markdown(result: RunResult) -> str:
 
 def ui_artifacts(result: RunResult) -> None:
     """The verdict, every check and where the report lives, shown on the flow run in the Prefect UI."""
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: PLC0415
+    from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact  # noqa: PLC0415
 
     create_markdown_artifact(verdict_markdown(result), key="deid-verdict", description="deid release verdict")
     # The rows are built (and escaped for Markdown, which the UI renders every cell as) in deid.reporting.
     checks = check_rows(result.report)
     create_table_artifact(checks, key="deid-checks", description="every gate check")
     html = result.report_dir / "report.html"
+    url = report_link(result)
+    if url is not None:
+        create_link_artifact(url, link_text=f"report.html of {result.release_id}", key="deid-report",
+                             description="the signed run's HTML report, served read-only by `deid server`")
+        return
     create_markdown_artifact(
         f"report.html of {result.release_id}: `{html}`\n\nOpen it from that machine's file manager or with "
-        f"`xdg-open {html}` (a browser does not follow links to local files from this page).",
+        f"`xdg-open {html}` (a browser does not follow links to local files from this page; a `deid server` "
+        "of this project serves reports/ and makes this a link).",
         key="deid-report", description="where the signed run's self-contained HTML report is")
+
+
+def report_link(result: RunResult) -> str | None:
+    """report.html's URL on this project's ``deid server`` reports server (None: no server, or another directory)."""
+    from deid.orchestration.prefect_api import reports_server  # noqa: PLC0415
+    from deid.orchestration.reports_server import report_url  # noqa: PLC0415
+
+    served = reports_server(Settings().data_path)
+    return None if served is None else report_url(served[0], served[1], result.report_dir)
+
+
+def refresh_catalogue(reports_dir: Path) -> None:
+    """Rewrite reports/index.html (the catalogue ``deid releases`` writes) after a run; a failure only warns."""
+    from deid.release.catalogue import write_index  # noqa: PLC0415
+
+    try:
+        write_index(reports_dir)
+    except Exception as exc:  # noqa: BLE001 - the run's outcome is signed; the catalogue is a convenience
+        log.warning("could not refresh the catalogue %s/index.html (%s); `deid releases` rewrites it", reports_dir, exc)
