@@ -119,7 +119,13 @@ def release_on_drop(drop: str, fingerprint: str | None = None) -> dict:
     return row
 
 
-@flow(name="release-incoming", log_prints=False)
+def incoming_run_name() -> str:
+    """``incoming <directory>``: the nightly run's name (the directory it releases from)."""
+    given = flow_run.parameters.get("incoming")
+    return f"incoming {(Path(given) if given else incoming_dir()).name}"
+
+
+@flow(name="release-incoming", flow_run_name=incoming_run_name, log_prints=False)
 def release_incoming(incoming: str | None = None) -> list[dict]:
     """Release every complete drop in the incoming directory whose content the ledger has not released."""
     logger = get_run_logger()
@@ -127,6 +133,7 @@ def release_incoming(incoming: str | None = None) -> list[dict]:
     by = str(flow_run.get_id() or f"pid-{os.getpid()}")
     led = ledger()
     rows: list[dict] = []
+    tags: list[str] = []
     for drop in ready_drops(root):
         fp = drop_fingerprint(drop)
         claim = led.claim(fp, str(drop), by=by)
@@ -134,13 +141,17 @@ def release_incoming(incoming: str | None = None) -> list[dict]:
             logger.debug("skip %s: %s (%s)", drop, claim.entry.status, claim.entry.drop_path)
             continue
         try:
-            rows.append(_run_claimed(str(drop), fp, led, by)[0])
+            row, result = _run_claimed(str(drop), fp, led, by)
+            rows.append(row)
+            tags.extend(run_annotation(result)[1])  # tagged like its subflows: every verdict and release id
         except Exception as exc:  # one bad drop must not stop the others; the ledger marks it failed
             logger.error("drop %s failed: %s", drop, exc)
             rows.append({"drop": str(drop), "fingerprint": fp, "status": "failed", "error": str(exc)})
     logger.info("incoming %s: %d drop(s) processed", root, len(rows))
     if rows:
         _summary_artifact(rows)
+    if tags:
+        update_run(tags=tags)
     return rows
 
 
