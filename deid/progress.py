@@ -149,11 +149,14 @@ class Progress:
         self.logger.info("%s", f"{self.stage}: {self.done}/{self.total} {self.unit}{share}{tail}"
                          + (f" (last: {note})" if note else ""),
                          extra=figures(self.stage, self.done, self.total,
-                                       self.done / self.total if self.total else 1.0, final))
+                                       self.done / self.total if self.total and not final else 1.0, final))
 
 
 def figures(stage: str, done: int, total: int | None, share: float, final: bool) -> dict[str, Any]:
-    """The ``extra`` of a progress line: its figures as ``record.deid_progress`` (a progress bar needs no parsing)."""
+    """The ``extra`` of a progress line: its figures as ``record.deid_progress`` (a progress bar needs no parsing).
+
+    ``share`` is of the work done (1.0 on a stage's last line, also when units were skipped: the stage ended).
+    """
     return {"deid_progress": {"stage": stage, "done": done, "total": total, "share": min(1.0, max(0.0, share)),
                               "final": final}}
 

@@ -24,6 +24,10 @@ from prefect.logging.handlers import APILogHandler
 from deid.progress import LOGGER
 
 
+FLOW_RUN_LOGGER = "prefect.flow_runs"  # where Prefect's flow engine says "View at <flow run URL>"
+TASK_RUN_LOGGER = "prefect.task_runs"  # the run logger of the stages' tasks
+
+
 class _InRun(logging.Filter):
     """Only records made inside a flow or task run, or filed under ``flow_run_id`` (a thread of the run's own,
     e.g. the gate's heartbeat, has no Prefect context); records with neither have no run to go to."""
@@ -133,19 +137,21 @@ def progress_to_ui(flow_run_id: Any = None) -> Iterator[logging.Handler]:
     if logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)  # progress is INFO; a library caller's quiet root would drop it before the UI
     logger.addHandler(handler)
-    if bars is not None:
-        logger.addHandler(bars)
+    # Stages that log to the run logger (align, featurize, de-identify) carry the same figures: their bars too.
+    with_bars = [logger, logging.getLogger(TASK_RUN_LOGGER), logging.getLogger(FLOW_RUN_LOGGER)] if bars else []
+    for lg in with_bars:
+        lg.addHandler(bars)
     try:
         yield handler
     finally:
         logger.removeHandler(handler)
+        for lg in with_bars:
+            lg.removeHandler(bars)
         if bars is not None:
-            logger.removeHandler(bars)
             bars.close()
         logger.setLevel(level)  # what it queued is sent by Prefect's log worker with the run's own lines
 
 
-FLOW_RUN_LOGGER = "prefect.flow_runs"  # where Prefect's flow engine says "View at <flow run URL>"
 
 
 class ViewLink(logging.Filter):
