@@ -95,11 +95,14 @@ def test_states_names_tags_and_parameters_through_the_api(runs):
     assert released["parameters"]["labels"] == ["gender", "expression"] and released["parameters"]["name"] == "faces"
     assert {"sigma", "block"}.isdisjoint(released["parameters"]) and "block" not in blur["parameters"]
     assert isinstance(blur["parameters"]["sigma"], (int, float))
-    # The rejected run's verdict artifact: verdict, reasons, guarantee, report.html as a plain path.
+    # The rejected run's verdict artifact: verdict, reasons, guarantee, report.html's path.
     arts = api(runs["url"], "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [blur["id"]]}}})
     verdict = next(a["data"] for a in arts if a["key"] == "deid-verdict")
-    assert "**REJECTED**" in verdict and "reidentification_rate" in verdict and "no formal guarantee" in verdict
-    assert "report.html: `/" in verdict and "file://" not in verdict
+    # (The verdict summary of deid.reporting.verdict: the failed check in plain words, and no guarantee for a
+    # run that released nothing.)
+    assert "**REJECTED**" in verdict and "Re-identification attacks succeed at most 1/k of the time: not met" in \
+        verdict and "**Guarantee:** none: nothing released" in verdict and "formal" not in verdict, verdict
+    assert "**report.html**: `/" in verdict and "file://" not in verdict
 
 
 def _page(exe: str, profile: Path, url: str, *, shows: str) -> str:
