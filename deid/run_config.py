@@ -205,6 +205,24 @@ class RunConfig:
                 "small_partitions": self.small_partitions, "name": self.name, "sigma": self.sigma,
                 "block": self.block}
 
+    def used_parameters(self, *, labels: list[str] | tuple[str, ...] | None = None,
+                        name: str | None = None) -> dict[str, Any]:
+        """The parameters the run used, for the flow run's Parameters tab: only those the method takes.
+
+        ``labels`` and ``name``: what the drop's drop.yaml gave (an override in the configuration wins,
+        as in :func:`deid.intake.drop.read_drop`). ``sigma`` only for a method whose strength is sigma,
+        ``block`` only for one whose strength is block (k-same-select takes neither).
+        """
+        p = self.parameters()
+        if p["labels"] is None and labels is not None:
+            p["labels"] = list(labels)
+        p["name"] = p["name"] or name
+        strength = self.spec.strength
+        for key in ("sigma", "block"):
+            if strength != key:
+                del p[key]
+        return p
+
     def gate_config(self, labels: tuple[str, ...] | list[str]):
         """The gate's :class:`~deid.evaluation.gate.GateConfig` for the drop's labels."""
         return replace(self.gate, labels=tuple(labels))

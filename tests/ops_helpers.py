@@ -116,10 +116,16 @@ def clean_env(project: Path, prefect_home: Path, **extra: str) -> dict[str, str]
     return env
 
 
-def start_server(port: int, env: dict, logs: Path, procs: list) -> Proc:
-    """`deid server` on ``port``, added to ``procs`` (stopped by the caller), once its /api/health answers."""
+def start_server(port: int, env: dict, logs: Path, procs: list, *, reports_port: int | None = None) -> Proc:
+    """`deid server` on ``port``, added to ``procs`` (stopped by the caller), once its /api/health answers.
+
+    Its read-only reports server on ``reports_port`` (default: a free port, never a guessed one).
+    """
     url = f"http://127.0.0.1:{port}/api"
-    server = Proc("server", [*DEID, "server", "--port", str(port)], env=env, logs=logs)
+    reports_port = reports_port or free_port()
+    server = Proc("server", [*DEID, "server", "--port", str(port), "--reports-port", str(reports_port)], env=env,
+                  logs=logs)
+    server.reports_port = reports_port
     procs.append(server)
 
     def healthy():
@@ -150,7 +156,7 @@ def stack(tmp_path_factory):
     procs: list[Proc] = []
     try:
         t0 = time.monotonic()
-        start_server(port, env, logs, procs)
+        server = start_server(port, env, logs, procs)
         server_s = time.monotonic() - t0
         client_env = dict(env, PREFECT_API_URL=url)
         serve = Proc("serve", [*DEID, "serve"], env=client_env, logs=logs)
@@ -164,7 +170,7 @@ def stack(tmp_path_factory):
 
         wait_for("both deployments", deployments_ready, 60, procs)
         wait_for("the watcher", lambda: "deid watch:" in watch.log.read_text(), 30, procs)
-        yield {"url": url, "port": port, "project": project, "incoming": incoming, "procs": procs,
+        yield {"url": url, "port": port, "reports_port": server.reports_port, "project": project, "incoming": incoming, "procs": procs,
                "watch": watch, "serve": serve, "base": base, "server_seconds": round(server_s, 1)}
     finally:
         from cpu_report import fixture_teardown  # `--cpu-report`: the stack's processes, reaped here

@@ -95,3 +95,38 @@ def test_deid_releases_prints_the_catalogue_and_writes_the_index(tmp_path, capsy
 def test_deid_releases_on_a_missing_directory_is_bad_input(tmp_path, capsys):
     assert main(["releases", "--reports-dir", str(tmp_path / "nope")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_reports_server_serves_report_html_and_the_catalogue_read_only(tmp_path):
+    """`deid server`'s reports server: the report artifact's link opens report.html; nothing else is possible."""
+    import urllib.error
+    import urllib.request
+
+    from deid.orchestration.reports_server import report_url, start_reports_server
+
+    reports = tmp_path / "reports"
+    _write(reports, _report("rel-a"))
+    write_index(reports)
+    httpd = start_reports_server(reports, 0)  # port 0: a free one
+    base = f"http://127.0.0.1:{httpd.server_address[1]}"
+    try:
+        url = report_url(base, reports, reports / "rel-a")
+        assert url == f"{base}/rel-a/report.html"
+        with urllib.request.urlopen(url, timeout=5) as r:
+            assert r.status == 200 and r.read() == (reports / "rel-a" / "report.html").read_bytes()
+            assert r.headers["Cache-Control"] == "no-store"
+        with urllib.request.urlopen(base + "/", timeout=5) as r:
+            assert "rel-a" in r.read().decode()  # the catalogue, index.html
+        for method, path, code in (("PUT", "/rel-a/report.html", 501), ("DELETE", "/rel-a/report.html", 501),
+                                   ("GET", "/rel-a/", 404), ("GET", "/../" + tmp_path.name + "/x", 404)):
+            req = urllib.request.Request(base + path, method=method, data=b"x" if method == "PUT" else None)
+            try:
+                urllib.request.urlopen(req, timeout=5)
+                raise AssertionError(f"{method} {path} answered")
+            except urllib.error.HTTPError as exc:
+                assert exc.code == code, (method, path, exc.code)
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    assert (reports / "rel-a" / "report.html").is_file()  # nothing written or removed
+    assert report_url(base, reports, tmp_path / "elsewhere" / "rel-b") is None

@@ -58,6 +58,14 @@ def test_run_config_resolves_defaults_from_settings_and_overrides_win(settings):
     assert c.parameters() == {"k": 3, "method": "blur", "labels": ["gender"], "small_partitions": "suppress",
                               "name": None, "sigma": 2.5, "block": settings.block}
     assert c.gate_config(("gender",)).k == 3 and c.gate_config(("gender",)).labels == ("gender",)
+    # The flow run's Parameters tab: only what the method takes; the override beats drop.yaml's labels.
+    assert c.used_parameters(labels=("age",), name="faces") == {
+        "k": 3, "method": "blur", "labels": ["gender"], "small_partitions": "suppress", "name": "faces", "sigma": 2.5}
+    ks = RunConfig.resolve(settings, k=4, method="k-same-select")
+    assert ks.used_parameters(labels=("gender", "expression"), name="faces") == {
+        "k": 4, "method": "k-same-select", "labels": ["gender", "expression"], "small_partitions": "suppress",
+        "name": "faces"}
+    assert RunConfig.resolve(settings, method="pixelate").used_parameters()["block"] == settings.block
     assert "passphrase" not in repr(c)
 
 

@@ -129,6 +129,15 @@ def test_the_flow_releases_feature_content_once(feature_drop, project, prefect_s
         run = client.read_flow_run(report["run_id"])
     assert run.name == f"voices k={K} k-same-select" and run.state.name == "Completed"
     assert {"verdict:released", f"release:{row['release_id']}"} <= set(run.tags)
+    # Its Parameters tab: the values used, drop.yaml's labels and name included, only those the method takes.
+    assert run.parameters == {"drop": str(feature_drop.resolve()), "k": Settings().k, "method": "k-same-select",
+                              "labels": report["configuration"]["labels"], "name": "voices",
+                              "small_partitions": Settings().small_partitions}, run.parameters
+    assert report["configuration"]["labels"] == ["gender", "expression"]
+    # The wrapper run (what `deid serve` starts) is named and tagged like its subflow.
+    with get_client(sync_client=True) as client:
+        wrapper = client.read_flow_run(client.read_task_run(run.parent_task_run_id).flow_run_id)
+    assert wrapper.name == run.name and set(run.tags) <= set(wrapper.tags), (wrapper.name, wrapper.tags)
     copy = tmp_path / "voices-again"
     shutil.copytree(feature_drop, copy)
     again = release_on_drop(drop=str(copy))

@@ -292,6 +292,20 @@ def test_bad_files_are_quarantined_and_counted(project, prefect_server, tmp_path
     report = json.loads(Path(result["report"]).read_text())
     msgs = _run_log_messages(report["run_id"])
     assert any(m.startswith("gate: attacks on ") for m in msgs)
+    # ... a progress artifact per long stage, each at 100% once its stage ended, on the run's page ...
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterType
+
+    with get_client(sync_client=True) as client:
+        bars = client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[report["run_id"]]), type=ArtifactFilterType(any_=["progress"])))
+        run = client.read_flow_run(report["run_id"])
+    keys = {a.key: a for a in bars}
+    assert keys.keys() >= {"deid-progress-align", "deid-progress-gate-attacks"}, keys.keys()
+    assert keys["deid-progress-gate-attacks"].data == 100.0 == keys["deid-progress-align"].data, keys
+    # ... and its Parameters tab holds the values used: drop.yaml's labels, only the method's parameters.
+    assert run.parameters["labels"] == report["configuration"]["labels"] and run.parameters["labels"]
+    assert run.parameters["k"] == 3 and "sigma" not in run.parameters and "block" not in run.parameters
     # The 30 sequences of 2 frames reached the method and the stage (one video per staged sequence) ...
     assert report["configuration"]["method_inputs"] == {"points": 0, "sequences": 30, "frames": 60,
                                                         "shape_sources": {}}

@@ -151,8 +151,14 @@ def test_watcher_announces_new_drops_once_and_reports_duplicates(tmp_path):
     assert led.claim(fa, str(incoming / "a"), by="run").granted
     led.finish(fa, by="run", release_id="rel-a", verdict="released", report="rep")
     shutil.copytree(incoming / "a", incoming / "a-again")
-    (row,) = w.scan()
+    rows = w.scan()
+    # The same pass reports a's verdict once its run settled it in the ledger (`deid watch` prints it).
+    assert sorted(r["outcome"] for r in rows) == ["duplicate", "verdict"]
+    (row,) = [r for r in rows if r["outcome"] == "duplicate"]
     assert (row["outcome"], row["release_id"], Path(row["duplicate_of"]).name) == ("duplicate", "rel-a", "a")
+    (verdict,) = [r for r in rows if r["outcome"] == "verdict"]
+    assert (Path(verdict["drop"]).name, verdict["status"], verdict["release_id"], verdict["report"]) == (
+        "a", "released", "rel-a", "rep")
     assert len(sent) == 3
     # A restarted watcher does not announce or report anything again.
     w2 = Watcher(incoming, led, emit=lambda d, fp: sent.append((d.name, fp)))
@@ -166,6 +172,14 @@ def test_watcher_announces_new_drops_once_and_reports_duplicates(tmp_path):
     (row,) = w.scan()
     assert row["outcome"] == "announce" and row["fingerprint"] != fa
     assert sent[-1] == ("a", row["fingerprint"])
+    # A run that failed without a verdict is reported once too, with its error; unsettled drops are not.
+    fb = drop_fingerprint(incoming / "b")
+    assert led.claim(fb, str(incoming / "b"), by="run").granted
+    assert w.verdicts() == []
+    led.fail(fb, by="run", error="EnvironmentFailure: disk full")
+    assert [(Path(r["drop"]).name, r["outcome"], r["error"]) for r in w.scan()] == [
+        ("b", "failed", "EnvironmentFailure: disk full")]
+    assert w.scan() == []
 
 
 def test_watcher_retries_an_event_the_server_did_not_take(tmp_path):

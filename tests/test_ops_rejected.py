@@ -1,6 +1,9 @@
 """Ops: a drop the gate rejects, through `deid watch` and `deid serve`: visibly Rejected, settled, never retried."""
 from __future__ import annotations
 
+import json
+import re
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -27,9 +30,42 @@ def test_a_rejected_drop_is_settled_and_not_retried(stack, tmp_path):
     run = wait_for("the release-on-drop run to end", lambda: next(
         (r for r in _runs_of(url, "release-on-drop") if r["state_type"] in ("COMPLETED", "FAILED", "CRASHED")), None),
         600, stack["procs"], interval=1.0)
-    assert (run["state_type"], run["state_name"]) == ("FAILED", "Rejected"), run["state"]
     (sub,) = _runs_of(url, "release")
-    assert sub["state_name"] == "Rejected" and "verdict:rejected" in sub["tags"]
+    assert (sub["state_type"], sub["state_name"]) == ("FAILED", "Rejected") and "verdict:rejected" in sub["tags"]
+    # Counted once: the release subflow is the drop's one failed run; the release-on-drop run that settled it
+    # ends Completed, named Rejected, and is named and tagged like its subflow (never a random name).
+    assert (run["state_type"], run["state_name"]) == ("COMPLETED", "Rejected"), run["state"]
+    failed = [r for flow in ("release", "release-on-drop") for r in _runs_of(url, flow) if r["state_type"] == "FAILED"]
+    assert [r["id"] for r in failed] == [sub["id"]]
+    assert run["name"] == sub["name"], (run["name"], sub["name"])
+    assert set(sub["tags"]) <= set(run["tags"]), (run["tags"], sub["tags"])
+    # A normal rejection is no error: no ERROR line on either run, no engine traceback in `deid serve`'s log.
+    errors = api(url, "/logs/filter", {"logs": {"flow_run_id": {"any_": [run["id"], sub["id"]]},
+                                                "level": {"ge_": 40}}})
+    assert errors == [], [e["message"][:300] for e in errors]
+    assert "Engine execution exited with unexpected exception" not in stack["serve"].log.read_text()
+    # `deid watch` prints the verdict once the run settled the drop (the summary `deid run` prints).
+    watched = wait_for("the watcher's verdict line", lambda: (t := stack["watch"].log.read_text()) and
+                       f"{NAME} (release " in t and t, 60, stack["procs"])
+    after = watched[watched.index("verdict of "):]
+    assert f"{NAME} (release " in after and "verdict: REJECTED" in after and "cause: " in after, after[:1500]
+    # The Parameters tab: the values used (drop.yaml's labels, only the parameters the method takes).
+    report = json.loads(Path(next(e for e in Ledger(project / "data" / "ledger.sqlite").entries()
+                                  if Path(e.drop_path).name == NAME).report).read_text())
+    assert sub["parameters"]["labels"] == report["configuration"]["labels"] != []
+    assert {"sigma", "block"}.isdisjoint(sub["parameters"]) and sub["parameters"]["k"] == report["k"]
+    assert sub["parameters"]["name"] == "few" and sub["name"] == f"few k={report['k']} {report['method']}", sub
+    # The report artifact is a link that opens report.html from `deid server`'s reports server.
+    (link,) = api(url, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [sub["id"]]},
+                                                            "key": {"any_": ["deid-report"]}}})
+    # (Prefect stores a link artifact as Markdown: `[text](url)`.)
+    href = re.fullmatch(rf"\[report\.html of {report['release_id']}\]\((http://127\.0\.0\.1:{stack['reports_port']}/\S+)\)",
+                        link["data"])
+    assert href, link["data"]
+    with urllib.request.urlopen(href.group(1), timeout=10) as r:
+        assert r.read() == (project / "reports" / report["release_id"] / "report.html").read_bytes()
+    # The catalogue was rewritten after the run: it lists the rejection.
+    assert report["release_id"] in (project / "reports" / "index.html").read_text()
     entry = next(e for e in Ledger(project / "data" / "ledger.sqlite").entries() if Path(e.drop_path).name == NAME)
     assert (entry.status, entry.verdict) == ("rejected", "rejected") and Path(entry.report).is_file()
     # The nightly deployment over the incoming directory meets the drop again and leaves it alone.

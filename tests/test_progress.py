@@ -99,3 +99,56 @@ def test_lines_go_to_a_given_logger(clock, caplog):
 def test_format_duration():
     assert [format_duration(s) for s in (0.2, 1, 59.4, 60, 125, 3600, 3725)] == [
         "< 1 s", "1 s", "59 s", "1 min 00 s", "2 min 05 s", "1 h 00 min", "1 h 02 min"]
+
+
+def test_parts_progress_names_parts_and_estimates_time_left_from_measured_costs(clock, caplog):
+    from deid.progress import PartsProgress
+
+    # The gate's shape: a costly deep attacker and cross-fit first, six light parts after, on 2 processes.
+    parts = [("attack dlib-resnet", 4.0), ("cross-fit", 3.0), *((f"attack a{i}", 1.0) for i in range(6))]
+    p = PartsProgress("gate", parts, workers=2, clock=clock, heartbeat=False).start()
+    assert _lines(caplog)[0].startswith("gate: 8 parts on 2 process(es): attack dlib-resnet, cross-fit, attack a0")
+    clock.t += 15
+    p.beat()  # before any part is measured: who runs, for how long, and no invented time left
+    assert _lines(caplog)[-1] == ("gate: working; 0/8 parts done, 15 s elapsed, time left measured after the first "
+                                  "part; running: attack dlib-resnet (15 s), cross-fit (15 s)")
+    clock.t += 15  # cross-fit measured at 30 s: 10 s per unit of weight
+    p.done("cross-fit", 30.0)
+    # dlib (40 s expected, 30 s run) ends at +10 s; a0 (10 s) starts now on cross-fit's process; the five
+    # other light parts fill the earlier-free process: 10+10+10 | 10+10+10+10 -> 40 s, not 7 x 30 s.
+    assert p.eta() == pytest.approx(40.0)
+    assert _lines(caplog)[-1] == ("gate: part cross-fit done in 30 s; 1/8 parts done, 30 s elapsed, about 40 s left; "
+                                  "running: attack dlib-resnet (30 s), attack a0 (< 1 s)")
+    clock.t += 10
+    p.done("attack dlib-resnet", 40.0)
+    for i in range(6):
+        clock.t += 5
+        p.done(f"attack a{i}", 5.0)  # the light parts are cheaper than their prior: the estimate follows
+        if i == 2:
+            assert p.eta() < 20
+    last = _lines(caplog)[-1]
+    assert last.startswith("gate: part attack a5 done in 5 s; all 8 parts done in 1 min 10 s")
+    rec = [r for r in caplog.records if r.name == "deid.progress"][-1]
+    assert rec.deid_progress == {"stage": "gate", "done": 8, "total": 8, "share": 1.0, "final": True}
+    with pytest.raises(ConfigError, match="attack a5"):
+        p.done("attack a5")
+    with pytest.raises(ConfigError, match="own name"):
+        PartsProgress("gate", [("x", 1.0), ("x", 2.0)])
+    with pytest.raises(ConfigError, match="weight must be > 0"):
+        PartsProgress("gate", [("x", 0.0)])
+
+
+def test_parts_progress_heartbeat_thread_speaks_while_a_part_runs(caplog):
+    import time
+
+    from deid.progress import PartsProgress
+
+    p = PartsProgress("gate", [("slow", 1.0), ("fast", 1.0)], workers=1, every_seconds=0.05).start()
+    time.sleep(0.3)
+    p.done("slow")
+    beats = [x for x in _lines(caplog) if x.startswith("gate: working")]
+    assert beats and all("running: slow" in x for x in beats), _lines(caplog)
+    p.finish()
+    n = len(_lines(caplog))
+    time.sleep(0.15)
+    assert len(_lines(caplog)) == n  # stopped: no heartbeat after finish()

@@ -359,7 +359,7 @@ def test_unreadable_drop_exits_2_with_one_message_and_a_signed_rejection(case, p
     # (Tracebacks are checked through the real CLI below: in-process, Prefect's console handler
     # may still hold a stream pytest has closed, and reports that as a logging error.)
     assert message in captured.err.strip().splitlines()[-1]
-    (report_dir,) = [p for p in (project / "reports").iterdir()]
+    (report_dir,) = [p for p in (project / "reports").iterdir() if p.is_dir()]  # (and the catalogue, index.html)
     report = json.loads((report_dir / "report.json").read_text())
     assert report["verdict"] == "rejected" and message in report["reasons"][0]
     res = verify_report(report_dir, public_key=project / "data" / "keys" / "dev_signing.pub.pem")

@@ -14,6 +14,7 @@ from deid.operations.executors import PoolExecutor
 from deid.orchestration.cluster import manifest_rows, uses_pool
 from deid.orchestration.prefect_api import (
     clear_server_file,
+    reports_server,
     running_deid_server,
     server_file,
     write_server_file,
@@ -45,13 +46,19 @@ def test_a_running_deid_server_is_found_through_its_port_file(tmp_path, health_s
     write_server_file(tmp_path, port=health_server, pid=os.getpid())
     assert running_deid_server(tmp_path) == f"http://127.0.0.1:{health_server}/api"
     assert json.loads(server_file(tmp_path).read_text())["pid"] == os.getpid()
+    # Its reports server, which runs link their report artifact to: known only when the server announced one.
+    assert reports_server(tmp_path) is None
+    write_server_file(tmp_path, port=health_server, pid=os.getpid(), reports_port=4321, reports_dir=tmp_path / "r")
+    assert reports_server(tmp_path) == ("http://127.0.0.1:4321", (tmp_path / "r").resolve())
+    assert running_deid_server(tmp_path) == f"http://127.0.0.1:{health_server}/api"
 
 
 def test_a_dead_or_silent_server_is_not_reused(tmp_path, health_server):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    write_server_file(tmp_path, port=health_server, pid=dead.pid)  # answers, but its process is gone
-    assert running_deid_server(tmp_path) is None
+    write_server_file(tmp_path, port=health_server, pid=dead.pid, reports_port=4321, reports_dir=tmp_path)
+    assert running_deid_server(tmp_path) is None  # answers, but its process is gone
+    assert reports_server(tmp_path) is None  # nor is its reports server linked
     silent = http.server.HTTPServer(("127.0.0.1", 0), _Health)  # bound, never answers
     try:
         write_server_file(tmp_path, port=silent.server_address[1], pid=os.getpid())

@@ -37,7 +37,7 @@ def runs(tmp_path_factory, _dask_scheduler):
     env = clean_env(project, base / "prefect-client", **QUICK, PYTHONPATH=str(ROOT))
     procs: list[Proc] = []
     try:
-        start_server(port, env, logs, procs)
+        server = start_server(port, env, logs, procs)
         # The runs' stages on the test process's Dask worker (the subject is the UI, not the cluster): no
         # LocalCluster start and model load per run.
         client = dict(env, PREFECT_API_URL=url, DEID_DASK_ADDRESS=_dask_scheduler)
@@ -55,7 +55,8 @@ def runs(tmp_path_factory, _dask_scheduler):
                 r = cli.run(argv, **extra)
                 out[key] = {"code": r.returncode, "log": r.stdout + r.stderr}
         flows = api(url, "/flow_runs/filter", {"flows": {"name": {"any_": ["release"]}}, "sort": "START_TIME_ASC"})
-        yield {"url": url, "port": port, "out": out, "flows": flows, "base": base}
+        yield {"url": url, "port": port, "out": out, "flows": flows, "base": base,
+               "reports_port": server.reports_port}
     finally:
         for p in procs:
             p.stop()
@@ -89,11 +90,18 @@ def test_states_names_tags_and_parameters_through_the_api(runs):
     # The values used, not `k: null`: the blur run was called with the drop and the method only.
     assert blur["parameters"]["k"] == 3 and blur["parameters"]["method"] == "blur"
     assert released["parameters"]["method"] == "k-same-select" and released["parameters"]["small_partitions"]
-    # The rejected run's verdict artifact: verdict, reasons, guarantee, report.html as a plain path.
+    # drop.yaml's labels and name, and only the parameters the method takes (blur: sigma; k-same-select: neither).
+    assert released["parameters"]["labels"] == ["gender", "expression"] and released["parameters"]["name"] == "faces"
+    assert {"sigma", "block"}.isdisjoint(released["parameters"]) and "block" not in blur["parameters"]
+    assert isinstance(blur["parameters"]["sigma"], (int, float))
+    # The rejected run's verdict artifact: verdict, reasons, guarantee, report.html's path.
     arts = api(runs["url"], "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [blur["id"]]}}})
     verdict = next(a["data"] for a in arts if a["key"] == "deid-verdict")
-    assert "**REJECTED**" in verdict and "reidentification_rate" in verdict and "no formal guarantee" in verdict
-    assert "report.html: `/" in verdict and "file://" not in verdict
+    # (The verdict summary of deid.reporting.verdict: the failed check in plain words, and no guarantee for a
+    # run that released nothing.)
+    assert "**REJECTED**" in verdict and "Re-identification attacks succeed at most 1/k of the time: not met" in \
+        verdict and "**Guarantee:** none: nothing released" in verdict and "formal" not in verdict, verdict
+    assert "**report.html**: `/" in verdict and "file://" not in verdict
 
 
 def _page(exe: str, profile: Path, url: str, *, shows: str) -> str:
@@ -114,3 +122,26 @@ def test_runs_page_shows_rejected_and_completed_in_a_realbrowser(runs, tmp_path)
     blur = _run(runs, "verdict:rejected", "faces k=3 blur")
     dom = _page(exe, tmp_path / "profile", f"http://127.0.0.1:{port}/runs/flow-run/{blur['id']}", shows="Rejected")
     assert "Rejected" in dom and "verdict:rejected" in dom
+
+
+def test_parameters_tab_and_report_link_in_a_realbrowser(runs, tmp_path):
+    """The Parameters tab shows the values used; the deid-report artifact is a link that opens report.html."""
+    import re
+    import urllib.request
+
+    exe = chromium()
+    port = runs["port"]
+    released = _run(runs, "verdict:released", "faces k=3 k-same-select")
+    dom = _page(exe, tmp_path / "profile", f"http://127.0.0.1:{port}/runs/flow-run/{released['id']}?tab=Parameters",
+                shows="expression")
+    assert "expression" in dom and "small_partitions" in dom and "sigma" not in dom, "Parameters tab"
+    (art,) = api(runs["url"], "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [released["id"]]},
+                                                                   "key": {"any_": ["deid-report"]}}})
+    dom = _page(exe, tmp_path / "profile", f"http://127.0.0.1:{port}/artifacts/artifact/{art['id']}",
+                shows="report.html")
+    href = re.search(rf'href="(http://127\.0\.0\.1:{runs["reports_port"]}/rel-[0-9a-f]+/report\.html)"', dom)
+    assert href, "no link to report.html on the artifact's page"
+    with urllib.request.urlopen(href.group(1), timeout=10) as r:
+        page = r.read()
+    release_id = href.group(1).rsplit("/", 2)[1]
+    assert page == (runs["base"] / "project" / "reports" / release_id / "report.html").read_bytes()

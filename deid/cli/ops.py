@@ -40,19 +40,31 @@ def server_command(port: int) -> list[str]:
 
 
 def cmd_server(args) -> int:
+    from deid.orchestration.reports_server import start_reports_server
+    from deid.settings import Settings
+
     env = server_env(args.port)
+    reports_port = args.reports_port if args.reports_port is not None else args.port + 1
+    reports_dir = Settings().reports_path
+    try:
+        reports = start_reports_server(reports_dir, reports_port)
+    except OSError as exc:
+        print(f"deid server: --reports-port={reports_port} cannot be used ({exc.strerror or exc}); pass a free port "
+              "from 1024 to 65535, e.g. --reports-port 4281", file=sys.stderr)
+        return EXIT_BAD_INPUT
     print(f"Prefect server: state in {env['PREFECT_HOME']}")
     print(f"UI:  http://127.0.0.1:{args.port}/")
+    print(f"reports (read-only): http://127.0.0.1:{reports_port}/ serves {reports_dir} (the catalogue is index.html)")
     print(f"deid run, serve and watch in this project find this server by themselves (its server file); "
           f"elsewhere: export PREFECT_API_URL=http://127.0.0.1:{args.port}/api")
     sys.stdout.flush()
     proc = subprocess.Popen(server_command(args.port), env=env)
     from deid.orchestration.prefect_api import clear_server_file, write_server_file
-    from deid.settings import Settings
 
-    # `deid run` in this project reuses this server while it answers (deid.orchestration.prefect_api).
+    # `deid run` in this project reuses this server while it answers (deid.orchestration.prefect_api); its
+    # runs link their report artifact to the reports server.
     data_path = Settings().data_path
-    write_server_file(data_path, port=args.port, pid=os.getpid())
+    write_server_file(data_path, port=args.port, pid=os.getpid(), reports_port=reports_port, reports_dir=reports_dir)
 
     def stop(signum, _frame):
         proc.send_signal(signum)
@@ -69,6 +81,7 @@ def cmd_server(args) -> int:
             return proc.wait()
     finally:
         clear_server_file(data_path, pid=os.getpid())
+        reports.shutdown()
 
 
 def _need_api(cmd: str) -> str | None:
@@ -131,7 +144,9 @@ def cmd_watch(args) -> int:
             print(f"duplicate: {row['drop']} has the same content as {row['duplicate_of']} "
                   f"({row['status']}{', release ' + row['release_id'] if row.get('release_id') else ''}); "
                   "not released again", flush=True)
-        elif o in ("error", "unsent"):
+        elif o == "verdict":
+            print_verdict(row)
+        elif o in ("error", "unsent", "failed"):
             print(f"{o}: {row['drop']}: {row['error']}", file=sys.stderr, flush=True)
 
     signal.signal(signal.SIGTERM, signal.default_int_handler)
@@ -142,10 +157,29 @@ def cmd_watch(args) -> int:
     return EXIT_OK
 
 
+def print_verdict(row: dict) -> None:
+    """An announced drop's verdict, as ``deid run`` prints it (:func:`deid.reporting.verdict.verdict_summary`)."""
+    from deid.reporting.verdict import verdict_summary
+
+    report = Path(row["report"])
+    print(f"verdict of {row['drop']} (release {row['release_id']}):", flush=True)
+    try:
+        body = json.loads(report.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        print(f"  {row['status']}; the signed report {report} cannot be read here ({exc}); "
+              f"check it with `deid verify {report.parent}`", flush=True)
+        return
+    for line in verdict_summary(body, report_html=report.with_name("report.html")).text_lines():
+        print(f"  {line}", flush=True)
+    print(f"  signed report: {report}", flush=True)
+
+
 def register(subparsers) -> None:
     """Add ``server``, ``serve`` and ``watch`` to the ``deid`` command line."""
     p = subparsers.add_parser("server", help="start a local Prefect server (UI + API) with its state under data/")
     p.add_argument("--port", type=int, default=4200)
+    p.add_argument("--reports-port", type=int, default=None,
+                   help="port of the read-only web server for reports/ (default: --port + 1)")
     p.set_defaults(func=cmd_server)
 
     p = subparsers.add_parser("serve", help="serve the nightly 'release' and the 'release-on-drop' deployments")

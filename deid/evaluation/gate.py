@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import math
 import pickle
+import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Hashable, Literal, Mapping, Sequence
@@ -41,7 +42,7 @@ from deid.evaluation.leaks import (
     other_person_scale,
     vector_distance,
 )
-from deid.progress import Progress
+from deid.progress import PartsProgress, Progress
 from deid.evaluation.validation import quarantine_fraction_check
 from deid.schemas.arrow import FEATURE_RELEASE_BASE_COLUMNS, FORBIDDEN_RELEASE_COLUMNS, RELEASE_BASE_COLUMNS
 from deid.bound import within_bound
@@ -1075,6 +1076,25 @@ def gate_part(part: str, inputs: GateInputs, config: GateConfig, *, cap: int | N
     raise ValueError(f"part={part!r} must be 'attack', 'cross-fit', 'protocols' or 'leaks'")
 
 
+def _timed_part(label: str, **kwargs: Any) -> tuple[str, float, Any]:
+    """:func:`gate_part` with its name and measured seconds (for the gate's progress lines and time left)."""
+    t0 = time.perf_counter()
+    result = gate_part(**kwargs)
+    return label, time.perf_counter() - t0, result
+
+
+# Relative prior costs of the gate's parts for the time-left estimate (deid.progress.PartsProgress scales
+# them by the parts' measured seconds): the deep recogniser and the cross-fit dominate.
+_PART_WEIGHT = {"attack-deep": 4.0, "cross-fit": 3.0, "protocols": 2.0, "leaks": 1.0, "attack": 1.0}
+
+
+def _part_label(call: Mapping[str, Any]) -> str:
+    """A part's name in the progress lines: ``attack dlib-resnet``, ``cross-fit`` ..."""
+    names = call.get("attackers") or ()
+    return f"attack {'+'.join(names)}" + (f" (cap {call['cap']})" if call.get("cap") is not None else "") \
+        if call["part"] == "attack" else call["part"]
+
+
 def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any, *, large: bool = False,
                    ready: Mapping[tuple, Callable[[], Any]] | None = None) -> ParallelParts:
     """The attackers (one call each) and the two utility parts as calls of ``executor``, longest first.
@@ -1115,10 +1135,17 @@ def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any, *, lar
     else:
         calls += [dict(part="protocols")] if config.labels else []
         calls += [dict(part="attack", cap=cap, attackers=(name,)) for cap, names in light for name in names]
-    progress = Progress("gate: attacks and utility in parallel", unit="parts").start(len(calls))
-    out = executor.map(gate_part, [dict(c, inputs=shipped, config=config) for c in calls],
-                       on_done=lambda _: progress.advance())
-    done = {(c["part"], c.get("attackers", ())): r for c, r in zip(calls, out)}
+    labels = [_part_label(c) for c in calls]
+    labels = [f"{x} #{i}" if labels.count(x) > 1 else x for i, x in enumerate(labels)]
+    weights = [_PART_WEIGHT["attack-deep" if set(c.get("attackers", ())) & DEEP_ATTACKERS else c["part"]]
+               for c in calls]
+    progress = PartsProgress("gate", list(zip(labels, weights)), workers=getattr(executor, "workers", 1)).start()
+    try:
+        out = executor.map(_timed_part, [dict(c, label=x, inputs=shipped, config=config) for c, x in zip(calls, labels)],
+                           on_done=lambda r: progress.done(r[0], r[1]))
+    finally:
+        progress.finish()
+    done = {(c["part"], c.get("attackers", ())): r for c, (_, _, r) in zip(calls, out)}
     done.update({key: wait() for key, wait in ready.items()})
     by_attacker: dict[str, list[dict]] = {}
     for (part, _), result in done.items():

@@ -16,7 +16,8 @@ raises :class:`~deid.errors.ReleaseRejected`.
 from __future__ import annotations
 
 import logging
-from functools import partial
+from dataclasses import replace
+from functools import partial, wraps
 from pathlib import Path
 
 from prefect import flow, get_run_logger
@@ -61,16 +62,19 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
     """
     config = RunConfig.resolve(Settings(), k=k, method=method, labels=labels, small_partitions=small_partitions,
                                name=name, sigma=sigma, block=block, kind=run_kind(drop))
-    # The parameters as used, not as passed (a deployment passes only the drop).
-    _update_run(parameters={"drop": drop, **config.parameters()})
-    with progress_to_ui():  # the gate's progress lines on the run's page, not only on the console
-        result = run_release(drop, config, steps=STEPS, cluster=partial(dask_executor, drop=drop),
+    # The parameters as used, not as passed (a deployment passes only the drop); drop.yaml's labels and name
+    # are recorded again once the ingest has read them.
+    update_run(parameters={"drop": drop, **config.used_parameters()})
+    # The gate's progress lines and a progress artifact per long stage on the run's page.
+    with progress_to_ui(flow_run.get_id() or None):
+        result = run_release(drop, config, steps=recording_steps(drop), cluster=partial(dask_executor, drop=drop),
                              run_id=str(flow_run.get_id() or "") or None, logger=get_run_logger())
     _signed.append(result)
+    refresh_catalogue(result.report_dir.parent)
     if api_reachable():
         ui_artifacts(result)
-        _update_run(name=f"{result.report.dataset.name} k={config.k} {config.method}",
-                    tags=[f"verdict:{result.verdict}", f"release:{result.release_id}"])
+        name, tags = run_annotation(result)
+        update_run(name=name, tags=tags)
     else:
         _api_lost(result, "after the verdict")
     if result.released:
@@ -80,6 +84,31 @@ def release(drop: str, k: int | None = None, method: str | None = None, labels: 
     failed = root_cause_order([c.name for c in result.report.checks if not c.passed])  # the root cause first
     return rejected_state(f"release {result.release_id} rejected: {', '.join(failed)} (reasons in the deid-verdict "
                           "artifact and report.json)", result)
+
+
+def run_annotation(result: RunResult) -> tuple[str, list[str]]:
+    """The flow run's name and tags once the verdict is signed (the release subflow's and its wrapper's)."""
+    r = result.report
+    return f"{r.dataset.name} k={r.k} {r.method}", [f"verdict:{result.verdict}", f"release:{result.release_id}"]
+
+
+def _record_ingest(step, drop: str):
+    """``step`` (an ingest task), then the flow run's parameters recorded with what drop.yaml gave."""
+    @wraps(step)
+    def ingest(*args, **kwargs):
+        ing = step(*args, **kwargs)
+        facts = getattr(ing, "drop", ing)  # a feature drop's ingest keeps drop.yaml's facts on .drop
+        config = args[2] if len(args) > 2 else kwargs.get("config")
+        if isinstance(config, RunConfig) and hasattr(facts, "labels") and hasattr(facts, "name"):
+            update_run(parameters={"drop": drop, **config.used_parameters(labels=facts.labels, name=facts.name)})
+        return ing
+    return ingest
+
+
+def recording_steps(drop: str):
+    """:data:`~deid.orchestration.tasks.STEPS` whose ingest steps record the parameters used once drop.yaml is read."""
+    return replace(STEPS, ingest=_record_ingest(STEPS.ingest, drop),
+                   features=replace(STEPS.features, ingest=_record_ingest(STEPS.features.ingest, drop)))
 
 
 def rejected_state(message: str, result: object) -> State:
@@ -141,7 +170,7 @@ def _api_lost(result: RunResult, when: str) -> None:
     flush_to_api(timeout=1.0)
 
 
-def _update_run(*, parameters: dict | None = None, name: str | None = None, tags: list[str] | None = None) -> None:
+def update_run(*, parameters: dict | None = None, name: str | None = None, tags: list[str] | None = None) -> None:
     """Record on this flow run what only the run knows (resolved parameters, dataset name, verdict tags)."""
     from prefect.client.orchestration import get_client  # noqa: PLC0415
 
@@ -173,14 +202,39 @@ def verdict_markdown(result: RunResult) -> str:
 
 def ui_artifacts(result: RunResult) -> None:
     """The verdict, every check and where the report lives, shown on the flow run in the Prefect UI."""
-    from prefect.artifacts import create_markdown_artifact, create_table_artifact  # noqa: PLC0415
+    from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact  # noqa: PLC0415
 
     create_markdown_artifact(verdict_markdown(result), key="deid-verdict", description="deid release verdict")
     # The rows are built (and escaped for Markdown, which the UI renders every cell as) in deid.reporting.
     checks = check_rows(result.report)
     create_table_artifact(checks, key="deid-checks", description="every gate check")
     html = result.report_dir / "report.html"
+    url = report_link(result)
+    if url is not None:
+        create_link_artifact(url, link_text=f"report.html of {result.release_id}", key="deid-report",
+                             description="the signed run's HTML report, served read-only by `deid server`")
+        return
     create_markdown_artifact(
         f"report.html of {result.release_id}: `{html}`\n\nOpen it from that machine's file manager or with "
-        f"`xdg-open {html}` (a browser does not follow links to local files from this page).",
+        f"`xdg-open {html}` (a browser does not follow links to local files from this page; a `deid server` "
+        "of this project serves reports/ and makes this a link).",
         key="deid-report", description="where the signed run's self-contained HTML report is")
+
+
+def report_link(result: RunResult) -> str | None:
+    """report.html's URL on this project's ``deid server`` reports server (None: no server, or another directory)."""
+    from deid.orchestration.prefect_api import reports_server  # noqa: PLC0415
+    from deid.orchestration.reports_server import report_url  # noqa: PLC0415
+
+    served = reports_server(Settings().data_path)
+    return None if served is None else report_url(served[0], served[1], result.report_dir)
+
+
+def refresh_catalogue(reports_dir: Path) -> None:
+    """Rewrite reports/index.html (the catalogue ``deid releases`` writes) after a run; a failure only warns."""
+    from deid.release.catalogue import write_index  # noqa: PLC0415
+
+    try:
+        write_index(reports_dir)
+    except Exception as exc:  # noqa: BLE001 - the run's outcome is signed; the catalogue is a convenience
+        log.warning("could not refresh the catalogue %s/index.html (%s); `deid releases` rewrites it", reports_dir, exc)

@@ -3,14 +3,19 @@
 Stages that get the run logger log their progress there already; the gate's attacks and
 utility folds and the partition's face descriptors log to ``deid.progress`` (the core knows
 no Prefect). While a release runs, this forwards those records to Prefect's API log handler,
-which files them under the current flow or task run. The console is untouched (the records
-still propagate to whatever ``deid run`` or the caller set up).
+which files them under the current flow or task run, and :class:`ProgressArtifacts` keeps a
+progress artifact per long stage up to date. The console is untouched (the records still
+propagate to whatever ``deid run`` or the caller set up).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import re
+import threading
+import time
 from collections.abc import Iterator
+from typing import Any
 
 from prefect.context import get_run_context
 from prefect.exceptions import MissingContextError
@@ -19,36 +24,134 @@ from prefect.logging.handlers import APILogHandler
 from deid.progress import LOGGER
 
 
+FLOW_RUN_LOGGER = "prefect.flow_runs"  # where Prefect's flow engine says "View at <flow run URL>"
+TASK_RUN_LOGGER = "prefect.task_runs"  # the run logger of the stages' tasks
+
+
 class _InRun(logging.Filter):
-    """Only records made inside a flow or task run (a thread outside one has no run to file them under)."""
+    """Only records made inside a flow or task run, or filed under ``flow_run_id`` (a thread of the run's own,
+    e.g. the gate's heartbeat, has no Prefect context); records with neither have no run to go to."""
+
+    def __init__(self, flow_run_id: Any = None):
+        super().__init__()
+        self.flow_run_id = flow_run_id
 
     def filter(self, record: logging.LogRecord) -> bool:
         try:
             get_run_context()
         except MissingContextError:
-            return False
+            if self.flow_run_id is None:
+                return False
+            record.flow_run_id = self.flow_run_id
         return True
 
 
+def _artifact_key(stage: str) -> str:
+    """``deid-progress-<stage>``: lowercase letters, digits and dashes (Prefect's rule), sizes dropped."""
+    slug = re.sub(r"[^a-z0-9]+", "-", re.sub(r" on \d+ \w+", "", stage.lower())).strip("-")
+    return f"deid-progress-{slug[:60] or 'stage'}"
+
+
+class ProgressArtifacts(logging.Handler):
+    """A Prefect progress artifact per long stage (``create_progress_artifact``), updated from its progress lines.
+
+    The core's progress lines carry their figures (``record.deid_progress``, :func:`deid.progress.figures`);
+    this handler only queues the latest line of each stage, and a thread sends them, so a slow or lost
+    API never holds up the work whose progress it shows (after a failure it stops trying).
+    """
+
+    def __init__(self, flow_run_id: Any, *, period: float = 1.0):
+        super().__init__(level=logging.INFO)
+        self.flow_run_id, self.period = flow_run_id, period
+        self.ids: dict[str, Any] = {}  # stage -> artifact id
+        self._latest: dict[str, tuple[float, str]] = {}
+        self._cv = threading.Condition()
+        self._closed = False
+        self._failed = False
+        self._thread = threading.Thread(target=self._send_loop, name="deid progress artifacts", daemon=True)
+        self._thread.start()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        fig = getattr(record, "deid_progress", None)
+        if not isinstance(fig, dict) or self._failed:
+            return
+        with self._cv:
+            self._latest[str(fig["stage"])] = (round(100.0 * float(fig["share"]), 1), record.getMessage())
+            self._cv.notify()
+
+    def _send_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._latest and not self._closed:
+                    self._cv.wait()
+                batch, self._latest = self._latest, {}
+                closed = self._closed
+            if batch and not self._failed:
+                self.send(batch)
+            if closed and not self._latest:
+                return
+            time.sleep(self.period)  # at most one update per stage per period
+
+    def send(self, batch: dict[str, tuple[float, str]]) -> None:
+        """Create or update each stage's artifact (a failure stops the updates: the run goes on)."""
+        from prefect.artifacts import update_progress_artifact  # noqa: PLC0415
+        from prefect.client.orchestration import get_client  # noqa: PLC0415
+        from prefect.client.schemas.actions import ArtifactCreate  # noqa: PLC0415
+
+        try:
+            for stage, (progress, text) in batch.items():
+                if stage in self.ids:
+                    update_progress_artifact(self.ids[stage], progress=progress, description=text)
+                    continue
+                with get_client(sync_client=True) as client:
+                    self.ids[stage] = client.create_artifact(ArtifactCreate(
+                        key=_artifact_key(stage), type="progress", data=progress, description=text,
+                        flow_run_id=self.flow_run_id)).id
+        except Exception as exc:  # noqa: BLE001 - a progress bar must never fail or slow the run
+            self._failed = True
+            logging.getLogger(__name__).warning("progress artifacts stopped (the Prefect API refused or is "
+                                                "unreachable: %s); the run goes on", exc)
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Send the last lines (within ``timeout`` seconds) and stop the thread."""
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._thread.join(timeout=timeout)
+        super().close()
+
+
 @contextlib.contextmanager
-def progress_to_ui() -> Iterator[logging.Handler]:
-    """Send ``deid.progress`` records to the Prefect API for the duration of the block."""
+def progress_to_ui(flow_run_id: Any = None) -> Iterator[logging.Handler]:
+    """Send ``deid.progress`` records to the Prefect API for the duration of the block.
+
+    With ``flow_run_id`` (the flow run's id): the lines of the run's own threads outside Prefect's
+    context (the gate's heartbeat) are filed under it too, and each long stage gets a progress artifact.
+    """
     handler = APILogHandler()
-    handler.addFilter(_InRun())
+    handler.addFilter(_InRun(flow_run_id))
     handler.setLevel(logging.INFO)
+    bars = ProgressArtifacts(flow_run_id) if flow_run_id is not None else None
     logger = logging.getLogger(LOGGER)
     level = logger.level
     if logger.getEffectiveLevel() > logging.INFO:
         logger.setLevel(logging.INFO)  # progress is INFO; a library caller's quiet root would drop it before the UI
     logger.addHandler(handler)
+    # Stages that log to the run logger (align, featurize, de-identify) carry the same figures: their bars too.
+    with_bars = [logger, logging.getLogger(TASK_RUN_LOGGER), logging.getLogger(FLOW_RUN_LOGGER)] if bars else []
+    for lg in with_bars:
+        lg.addHandler(bars)
     try:
         yield handler
     finally:
         logger.removeHandler(handler)
+        for lg in with_bars:
+            lg.removeHandler(bars)
+        if bars is not None:
+            bars.close()
         logger.setLevel(level)  # what it queued is sent by Prefect's log worker with the run's own lines
 
 
-FLOW_RUN_LOGGER = "prefect.flow_runs"  # where Prefect's flow engine says "View at <flow run URL>"
 
 
 class ViewLink(logging.Filter):

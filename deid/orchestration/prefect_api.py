@@ -45,14 +45,28 @@ def server_file(data_path: Path) -> Path:
     return Path(data_path) / "prefect" / SERVER_FILE
 
 
-def write_server_file(data_path: Path, *, port: int, pid: int) -> Path:
-    """Announce a ``deid server`` (its API URL and process id); written atomically."""
+def write_server_file(data_path: Path, *, port: int, pid: int, reports_port: int | None = None,
+                      reports_dir: Path | None = None) -> Path:
+    """Announce a ``deid server`` (its API URL, process id and reports server); written atomically."""
     path = server_file(data_path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{pid}.tmp")
-    tmp.write_text(json.dumps({"url": f"http://127.0.0.1:{port}/api", "port": port, "pid": pid}))
+    info: dict[str, Any] = {"url": f"http://127.0.0.1:{port}/api", "port": port, "pid": pid}
+    if reports_port is not None and reports_dir is not None:
+        info.update(reports_url=f"http://127.0.0.1:{reports_port}", reports_dir=str(Path(reports_dir).resolve()))
+    tmp.write_text(json.dumps(info))
     os.replace(tmp, path)
     return path
+
+
+def reports_server(data_path: Path) -> tuple[str, Path] | None:
+    """The running ``deid server``'s reports server: (its base URL, the directory it serves), or None."""
+    try:
+        info = json.loads(server_file(data_path).read_text())
+        url, served, pid = str(info["reports_url"]), Path(info["reports_dir"]), int(info["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (url, served) if _alive(pid) else None
 
 
 def clear_server_file(data_path: Path, *, pid: int) -> None:

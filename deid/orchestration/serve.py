@@ -3,8 +3,10 @@
 Both wrap :func:`deid.orchestration.flow.release` (run as a subflow) with the ledger: a flow claims the
 drop's fingerprint before running and records the verdict after, so a duplicate event, a
 re-drop, or the nightly run meeting a drop already released never releases the same content
-twice. A rejected drop is settled too (ledger ``rejected``): no deployment retries it; its
-``release-on-drop`` run ends ``Rejected`` like the release subflow.
+twice. A rejected drop is settled too (ledger ``rejected``): no deployment retries it. Its
+``release`` subflow ends ``Failed`` named ``Rejected`` (the one failed run of the drop); the
+``release-on-drop`` run that settled it ends ``Completed`` named ``Rejected``, named and tagged
+like its subflow.
 """
 from __future__ import annotations
 
@@ -19,10 +21,12 @@ os.environ.setdefault("PREFECT_RUNNER_POLL_FREQUENCY", RUNNER_POLL_SECONDS)
 from prefect import flow, get_run_logger  # noqa: E402
 from prefect.artifacts import create_markdown_artifact  # noqa: E402 (after the poll frequency is set)
 from prefect.runtime import flow_run  # noqa: E402 (after the poll frequency is set)
+from prefect.states import Completed  # noqa: E402 (after the poll frequency is set)
 
+from deid.contracts import RunResult  # noqa: E402 (after the poll frequency is set)
 from deid.operations.ledger import Ledger, drop_fingerprint, open_ledger, ready_drops  # noqa: E402 (after the poll frequency is set)
 from deid.settings import Settings  # noqa: E402 (after the poll frequency is set)
-from deid.orchestration.flow import rejected_state, run_flow  # noqa: E402 (after the poll frequency is set)
+from deid.orchestration.flow import REJECTED, update_run, run_annotation, run_flow  # noqa: E402 (after the poll frequency is set)
 from deid.reporting.markdown import md_cell  # noqa: E402 (after the poll frequency is set)
 
 EVENT = "deid.drop.ready"
@@ -48,7 +52,7 @@ def ledger(settings: Settings | None = None) -> Ledger:
     return open_ledger(settings or Settings())
 
 
-def _run_claimed(drop: str, fingerprint: str, led: Ledger, by: str, **params) -> dict:
+def _run_claimed(drop: str, fingerprint: str, led: Ledger, by: str, **params) -> tuple[dict, RunResult]:
     """Run the release subflow on a claimed drop and write its outcome to the ledger.
 
     A rejected release is a settled verdict (ledger ``rejected``, never claimed again); only a
@@ -62,7 +66,12 @@ def _run_claimed(drop: str, fingerprint: str, led: Ledger, by: str, **params) ->
     led.finish(fingerprint, by=by, release_id=result.release_id, verdict=result.verdict,
                report=str(result.report_path))
     return {"drop": drop, "fingerprint": fingerprint, "status": result.verdict, "release_id": result.release_id,
-            "report": str(result.report_path)}
+            "report": str(result.report_path)}, result
+
+
+def drop_run_name() -> str:
+    """``drop <directory>``: a ``release-on-drop`` run's name until its subflow's verdict renames it."""
+    return f"drop {Path(str(flow_run.parameters.get('drop', 'drop'))).name}"
 
 
 def _summary_artifact(rows: list[dict]) -> None:
@@ -74,7 +83,7 @@ def _summary_artifact(rows: list[dict]) -> None:
     create_markdown_artifact("\n".join(lines), key="deid-ledger", description="deid ledger outcome of this run")
 
 
-@flow(name="release-on-drop", log_prints=False)
+@flow(name="release-on-drop", flow_run_name=drop_run_name, log_prints=False)
 def release_on_drop(drop: str, fingerprint: str | None = None) -> dict:
     """Release one dropped dataset unless the ledger already has its content (a duplicate)."""
     logger = get_run_logger()
@@ -93,16 +102,30 @@ def release_on_drop(drop: str, fingerprint: str | None = None) -> dict:
         row = {"drop": drop_path, "fingerprint": fp, "status": "duplicate", "duplicate_of": e.drop_path,
                "ledger_status": e.status, "release_id": e.release_id, "report": e.report}
         _summary_artifact([row])
+        update_run(name=f"{drop_run_name()} duplicate", tags=["duplicate", *([f"release:{e.release_id}"]
+                                                                             if e.release_id else [])])
         return row
-    row = _run_claimed(drop_path, fp, led, by)
+    row, result = _run_claimed(drop_path, fp, led, by)
     _summary_artifact([row])
+    name, tags = run_annotation(result)  # named and tagged like its release subflow
+    update_run(name=name, tags=tags)
     if row["status"] == "rejected":
-        # Like its release subflow: the UI shows the rejection (a Failed state named Rejected).
-        return rejected_state(f"drop {drop_path} rejected (release {row['release_id']})", row)
+        # Counted once: the release subflow is the failed run (Failed, named Rejected). This run did its job
+        # (the drop is settled in the ledger), so it ends Completed, named Rejected: a Failed state here
+        # would be a second failed run on the dashboard, and Prefect's runner logs every flow ending
+        # Failed as an ERROR "Engine execution exited with unexpected exception" with a traceback.
+        return Completed(name=REJECTED, message=f"drop {drop_path} rejected (release {row['release_id']}); the "
+                         "release subflow holds the verdict", data=row)
     return row
 
 
-@flow(name="release-incoming", log_prints=False)
+def incoming_run_name() -> str:
+    """``incoming <directory>``: the nightly run's name (the directory it releases from)."""
+    given = flow_run.parameters.get("incoming")
+    return f"incoming {(Path(given) if given else incoming_dir()).name}"
+
+
+@flow(name="release-incoming", flow_run_name=incoming_run_name, log_prints=False)
 def release_incoming(incoming: str | None = None) -> list[dict]:
     """Release every complete drop in the incoming directory whose content the ledger has not released."""
     logger = get_run_logger()
@@ -110,6 +133,7 @@ def release_incoming(incoming: str | None = None) -> list[dict]:
     by = str(flow_run.get_id() or f"pid-{os.getpid()}")
     led = ledger()
     rows: list[dict] = []
+    tags: list[str] = []
     for drop in ready_drops(root):
         fp = drop_fingerprint(drop)
         claim = led.claim(fp, str(drop), by=by)
@@ -117,13 +141,17 @@ def release_incoming(incoming: str | None = None) -> list[dict]:
             logger.debug("skip %s: %s (%s)", drop, claim.entry.status, claim.entry.drop_path)
             continue
         try:
-            rows.append(_run_claimed(str(drop), fp, led, by))
+            row, result = _run_claimed(str(drop), fp, led, by)
+            rows.append(row)
+            tags.extend(run_annotation(result)[1])  # tagged like its subflows: every verdict and release id
         except Exception as exc:  # one bad drop must not stop the others; the ledger marks it failed
             logger.error("drop %s failed: %s", drop, exc)
             rows.append({"drop": str(drop), "fingerprint": fp, "status": "failed", "error": str(exc)})
     logger.info("incoming %s: %d drop(s) processed", root, len(rows))
     if rows:
         _summary_artifact(rows)
+    if tags:
+        update_run(tags=tags)
     return rows
 
 

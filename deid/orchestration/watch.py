@@ -15,7 +15,7 @@ from pathlib import Path
 
 from deid.intake.drop import READY
 from deid.errors import ConfigError
-from deid.operations.ledger import Ledger, drop_fingerprint, ready_drops
+from deid.operations.ledger import FAILED, Ledger, drop_fingerprint, ready_drops
 
 log = logging.getLogger(__name__)
 EVENT = "deid.drop.ready"
@@ -93,6 +93,8 @@ class Watcher:
         # (path, _READY identity) already handled: a drop is hashed once per _READY it shows.
         self._done: set[tuple[str, int, int]] = set()
         self._unsent: set[tuple[str, str]] = set()
+        # Announced drops whose verdict is not in the ledger yet: fingerprint -> drop path.
+        self._awaiting: dict[str, str] = {}
 
     def scan(self) -> list[dict]:
         """One pass; returns what happened to each drop examined (``outcome``: announce/duplicate/...)."""
@@ -121,6 +123,7 @@ class Watcher:
                     row["event_id"] = self.emit(drop, fp)
                     row["outcome"] = "announce"
                     self._unsent.discard((str(drop), fp))
+                    self._awaiting[fp] = str(drop)
                 except Exception as exc:  # server down: retry on the next pass
                     log.error("could not announce %s (%s): %s; retrying", drop, fp, exc)
                     self._unsent.add((str(drop), fp))
@@ -132,6 +135,26 @@ class Watcher:
                 row.update(duplicate_of=e.drop_path, status=e.status, release_id=e.release_id)
             self._done.add(key)
             out.append(row)
+        return out + self.verdicts()
+
+    def verdicts(self) -> list[dict]:
+        """The announced drops whose run has ended since the last pass (``outcome`` ``verdict`` or ``failed``).
+
+        A ``verdict`` row names the signed report (``report``: report.json) and the ledger's
+        ``status`` (released or rejected); a ``failed`` row, the run's error (no verdict: another
+        run may claim the drop again).
+        """
+        out = []
+        for fp, drop in list(self._awaiting.items()):
+            e = self.ledger.get(fp)
+            if e is None or not (e.settled or e.status == FAILED):
+                continue
+            del self._awaiting[fp]
+            if e.status == FAILED:
+                out.append({"drop": drop, "fingerprint": fp, "outcome": "failed", "error": e.error or ""})
+            else:
+                out.append({"drop": drop, "fingerprint": fp, "outcome": "verdict", "status": e.status,
+                            "release_id": e.release_id, "report": e.report})
         return out
 
     def run(self, *, interval: float = 2.0, once: bool = False, report: Callable[[dict], None] = lambda r: None):
