@@ -84,8 +84,9 @@ def _f(x: str) -> float:
     return float(x)
 
 
-def test_study_cli_on_a_small_synthetic_drop(tmp_path, capsys):
+def test_study_cli_on_a_small_synthetic_drop(tmp_path, capsys, monkeypatch):
     from deid.evaluation.study import CSV_COLUMNS
+    monkeypatch.setenv("DEID_MIN_PROBES", "4")  # 24 faces: rates from 12 probes are judged, not "insufficient"
     from deid.cli import main
     from deid.intake.synth import make_synthetic_drop
 
@@ -164,6 +165,8 @@ def synthetic_aligned(tmp_path_factory):
 def _cheap_gate(**kw):
     from deid.evaluation.gate import GateConfig
 
+    # min_probes=4: the tiny studied drops' rates are judged, not "insufficient evidence" (DEID_MIN_PROBES=20).
+    kw.setdefault("min_probes", 4)
     return GateConfig(k=2, method="k-same", attackers=("pca-whitened-cosine",), repeats=1, folds=3, **kw)
 
 
