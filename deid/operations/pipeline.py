@@ -618,14 +618,21 @@ def open_lineage(dataset: str, config: RunConfig, *, logger: Logger | None = Non
     """Load and verify the dataset's lineage registry; settle releases an interrupted run left pending.
 
     A tampered registry or a wrong key is a :class:`~deid.errors.StateError` (exit 70): the run
-    stops before any work, with the registry's one-line reason.
+    stops before any work, with the registry's one-line reason. So is a registry older than the
+    newest head a signed report of the dataset names (``lineage.registry_head``; rolled back to an
+    earlier copy, or deleted): :func:`deid.release.lineage_anchor.check_registry_head`.
     """
     from deid.release.lineage import LineageError  # noqa: PLC0415
+    from deid.release.lineage_anchor import check_registry_head, signed_lineage  # noqa: PLC0415
     from deid.operations.safety import is_live  # noqa: PLC0415
 
     try:
         reg = _registry(dataset, config)
         state = reg.load()
+        # The signed reports anchor the chain outside the registry (the registry alone cannot tell a copy
+        # restored from backup from the real one): checked before anything is appended to it.
+        signed = signed_lineage(config.reports_path, config.releases_dir, dataset, signing_key(config).public_key)
+        check_registry_head(state, signed.head, where=f"{reg.where}")
         for r in state.releases:
             # Settle what a dead run left pending: published if its release directory exists, else abandoned.
             # A pending release of a run still alive (its staging is locked) stays pending: it constrains.

@@ -330,6 +330,11 @@ class _Run:
             with _timed(timings, "register"):
                 registered = s.register_lineage(dataset, lin.state, config, lin.release)
             fault_point("register")
+            if registered is not None and report.lineage:
+                # The signed report binds the registry head after this release's entry: a registry later
+                # restored from an earlier copy (or deleted) no longer reaches it and the next run is refused.
+                report = replace(report, lineage={**report.lineage, "registry_head": {
+                    "seq": int(registered.seq), "hash": str(registered.head)}})
         elif not passed and staged is not None:
             s.withhold(staged)
         if passed:
