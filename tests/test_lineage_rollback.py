@@ -97,3 +97,78 @@ def test_check_registry_head_accepts_the_signed_chain_and_refuses_older_or_other
     with pytest.raises(LineageError, match="missing"):
         check_registry_head(LineageState("ward"), SignedHead(0, heads[0], "rel-x"))
     assert GENESIS_PREV not in heads
+
+
+def _faces(n: int, hw=(24, 20), seed=0) -> np.ndarray:
+    """Smooth random 'faces' (uint8 rows) with a face-like spread per pixel."""
+    import cv2
+
+    rng = np.random.default_rng(seed)
+    out = [np.clip(128 + 60 * cv2.GaussianBlur(rng.standard_normal(hw), (0, 0), 2.0) * 4, 0, 255) for _ in range(n)]
+    return np.stack(out).reshape(n, -1).astype(np.uint8)
+
+
+def _average(rows: np.ndarray) -> np.ndarray:
+    return np.round(rows.astype(np.float64).mean(axis=0)).astype(np.uint8)
+
+
+def _publish(root: Path, release_id: str, clusters: list[np.ndarray], hw) -> Path:
+    """A published release as deid writes it: release.parquet (image, cluster_id), one PNG per record."""
+    import cv2
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    d = root / release_id
+    (d / "images").mkdir(parents=True)
+    images, ids = [], []
+    for c, members in enumerate(clusters):
+        avg = _average(members).reshape(hw)
+        for m in range(len(members)):
+            name = f"images/{c}-{m}.png"
+            cv2.imwrite(str(d / name), avg)
+            images.append(name)
+            ids.append(f"c-{c:04d}")
+    pq.write_table(pa.table({"image": images, "cluster_id": ids}), d / "release.parquet")
+    return d
+
+
+def test_the_differencing_attack_over_published_releases_finds_a_person_when_the_registry_is_bypassed(tmp_path):
+    """Two releases of one dataset made on a bypassed registry: a cluster of 6 people in release 2, the same
+    cluster without the person who left (5) in release 3. Differencing the published averages gives her face,
+    found in the gallery when she is there and as a face image on its own when she is not."""
+    from deid.release.lineage_anchor import read_published_averages
+    from deid.release.lineage_checks import published_differencing_attack
+
+    hw = (24, 20)
+    X = _faces(24, hw)
+    victim = 5
+    # Release 2 (published, unknown to the registry): {0..5} with her, {6..11}; an unrelated release {12..17}, {18..23}.
+    rel2 = read_published_averages(_publish(tmp_path, "rel-2", [X[0:6], X[6:12]], hw), hw)
+    other = read_published_averages(_publish(tmp_path, "rel-o", [X[12:18], X[18:24]], hw), hw)
+    assert rel2.sizes == (6, 6) and rel2.images.shape == (2, hw[0] * hw[1])
+    # This release (3): {0..4} without her, {6..11} republished (bit-identical: skipped).
+    current = [_average(X[0:5]), _average(X[6:12])]
+    keys, sizes = ["new-0", "rep-1"], [[5], [6]]
+    people = [f"p{i}" for i in range(len(X))]
+
+    res = published_differencing_attack(keys, current, sizes, [rel2, other], X, original_people=people)
+    check = res.to_check()
+    assert not check.passed and res.people_identified == {f"p{victim}"}
+    [m] = [m for m in res.matches if m.kind == "single"]
+    assert m.originals == (victim,) and m.released == "new-0" and m.registered.startswith("rel-2/") and m.mae < 1.0
+    assert all(m.registered.startswith("rel-2/") for m in res.matches)   # the unrelated release: no false match
+    assert check.value >= 1 and "published releases" in check.detail
+
+    # She left the drop: no original of hers in the gallery; the difference is still a face image on its own.
+    gallery = np.delete(X, victim, axis=0)
+    res = published_differencing_attack(keys, current, sizes, [rel2, other], gallery,
+                                        original_people=[p for i, p in enumerate(people) if i != victim])
+    assert not res.passed and not res.people_identified
+    [m] = res.matches
+    assert m.kind == "image" and m.released == "new-0" and m.registered.startswith("rel-2/") and m.sizes == (5, 6)
+    recovered = 6.0 * rel2.images[rel2.cluster_ids.index(m.registered.split("/")[1])] - 5.0 * current[0]
+    assert np.abs(recovered - X[victim]).mean() < 6.0   # 6 m2 - 5 m3: her face, up to the averages' rounding
+
+    # Nothing differs by fewer than k records: the same releases give no match.
+    res = published_differencing_attack(["rep-1"], [current[1]], [[6]], [rel2, other], X, original_people=people)
+    assert res.passed and res.to_check().passed and res.n_tests > 0
