@@ -172,3 +172,28 @@ def test_the_differencing_attack_over_published_releases_finds_a_person_when_the
     # Nothing differs by fewer than k records: the same releases give no match.
     res = published_differencing_attack(["rep-1"], [current[1]], [[6]], [rel2, other], X, original_people=people)
     assert res.passed and res.to_check().passed and res.n_tests > 0
+
+
+def test_only_reports_signed_by_the_project_key_anchor_the_lineage(tmp_path):
+    """A forged report (bad signature) naming a later head can neither block nor unblock the lineage."""
+    import base64
+
+    from deid.release.lineage_anchor import signed_lineage
+    from deid.release.signing import canonical_json, generate_private_key, sign_bytes
+
+    key, other = generate_private_key(), generate_private_key()
+
+    def report(name: str, seq: int, signer, dataset: str = DATASET) -> None:
+        d = tmp_path / "reports" / name
+        d.mkdir(parents=True)
+        payload = canonical_json({"release_id": name, "verdict": "rejected",
+                                  "lineage": {"dataset": dataset, "registry_head": {"seq": seq, "hash": "ab" * 32}}})
+        (d / "report.json").write_bytes(payload)
+        (d / "report.json.sig").write_bytes(base64.b64encode(sign_bytes(payload, signer)))
+
+    report("rel-a", 3, key)
+    report("rel-b", 9, other)              # not the project's key: ignored
+    report("rel-c", 12, key, dataset="x")  # another dataset
+    got = signed_lineage(tmp_path / "reports", tmp_path / "releases", DATASET, key.public_key())
+    assert (got.head.seq, got.head.release_id, got.reports, got.unverified) == (3, "rel-a", 1, 1)
+    assert got.published == ()
