@@ -42,6 +42,7 @@ from deid.reporting.report import (
     Utility,
 )
 from deid.run_config import RunConfig
+from deid.release.lineage_anchor import head_doc
 
 VERSION_PACKAGES = ("deid", "prefect", "dask", "distributed", "numpy", "opencv-python-headless", "scikit-learn",
                     "pyarrow", "cryptography")
@@ -72,7 +73,7 @@ def lineage_section(config: RunConfig, dataset: str, partitioned: Partitioned | 
     state = planned.state
     return {**planned.plan.summary(), "applied": True, "based_on_head": planned.plan.based_on_head,
             "registered": bool(registered and lineage), "release_counts": counts,
-            **({"registry_head": {"seq": int(state.seq), "hash": str(state.head)}} if state is not None else {})}
+            **({"registry_head": head_doc(state)} if state is not None else {})}
 
 
 def shared_configuration(config: RunConfig, *, labels: Sequence[str], license: str | None, notes: Sequence[str],
