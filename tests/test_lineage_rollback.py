@@ -17,7 +17,6 @@ import pytest
 from deid.cli import EXIT_STATE, exit_code_for
 from deid.errors import StateError
 from deid.intake.synth import make_synthetic_drop
-from deid.operations import pipeline
 from deid.operations.runner import run_release
 from deid.release.lineage import GENESIS_PREV, LineageError, LineageState
 from deid.release.lineage_anchor import SignedHead, check_registry_head

@@ -109,9 +109,9 @@ def signed_lineage(reports_dir: Path, releases_dir: Path, dataset: str, public_k
         n += 1
         rid = str(report.get("release_id", d.name))
         h = lin.get("registry_head")
-        if isinstance(h, dict) and isinstance(h.get("seq"), int) and isinstance(h.get("hash"), str):
-            if head is None or h["seq"] > head.seq:
-                head = SignedHead(int(h["seq"]), str(h["hash"]), rid)
+        if (isinstance(h, dict) and isinstance(h.get("seq"), int) and isinstance(h.get("hash"), str)
+                and (head is None or h["seq"] > head.seq)):
+            head = SignedHead(int(h["seq"]), str(h["hash"]), rid)
         if (report.get("verdict") == "released" and not (d / _ADDENDUM).exists()
                 and (Path(releases_dir) / rid / _RELEASE_TABLE).is_file()):
             published.append(rid)
