@@ -621,14 +621,21 @@ def open_lineage(dataset: str, config: RunConfig, *, logger: Logger | None = Non
     """Load and verify the dataset's lineage registry; settle releases an interrupted run left pending.
 
     A tampered registry or a wrong key is a :class:`~deid.errors.StateError` (exit 70): the run
-    stops before any work, with the registry's one-line reason.
+    stops before any work, with the registry's one-line reason. So is a registry older than the
+    newest head a signed report of the dataset names (``lineage.registry_head``; rolled back to an
+    earlier copy, or deleted): :func:`deid.release.lineage_anchor.check_registry_head`.
     """
     from deid.release.lineage import LineageError  # noqa: PLC0415
+    from deid.release.lineage_anchor import check_registry_head, signed_lineage  # noqa: PLC0415
     from deid.operations.safety import is_live  # noqa: PLC0415
 
     try:
         reg = _registry(dataset, config)
         state = reg.load()
+        # The signed reports anchor the chain outside the registry (the registry alone cannot tell a copy
+        # restored from backup from the real one): checked before anything is appended to it.
+        signed = signed_lineage(config.reports_path, config.releases_dir, dataset, signing_key(config).public_key)
+        check_registry_head(state, signed.head, where=f"{reg.where}")
         for r in state.releases:
             # Settle what a dead run left pending: published if its release directory exists, else abandoned.
             # A pending release of a run still alive (its staging is locked) stays pending: it constrains.
@@ -666,15 +673,44 @@ def apply_lineage(partitioned: Partitioned, deidentified: Deidentified, aligned:
     (logger or log).info(f"lineage-release: {dict(rel.counts)}")
     # The attack runs in this process: on as many of its cores as the run's workers use.
     checks = lineage_checks(lin, rel, aligned, threads=max(1, min(config.dask_workers, os.cpu_count() or 1)),
-                            logger=logger)
+                            published=published_outside_registry(lin.state, config, logger=logger), logger=logger)
     return LineageApplied(release=rel, state=lin.state, deidentified=out, checks=checks,
                           republished=stages.republished_for_gate(rel, lin.state), record_ids=lin.record_ids)
 
 
-def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, threads: int = 1,
+def published_outside_registry(state, config: RunConfig, *, logger: Logger | None = None) -> list:
+    """The dataset's releases published on disk (signed ``released``) that the registry does not remember,
+    read as an attacker reads them (:func:`deid.release.lineage_anchor.read_published_averages`).
+
+    Empty while the registry is whole (it remembers every published release); a registry restored from
+    an earlier copy or deleted and bypassed leaves releases only the disk knows, and those are attacked.
+    """
+    from deid.release.lineage_anchor import PublishedAverages, read_published_averages, signed_lineage  # noqa: PLC0415
+
+    known = {r.release_id for r in state.releases if r.status != "abandoned"}
+    signed = signed_lineage(config.reports_path, config.releases_dir, state.dataset, signing_key(config).public_key)
+    out = []
+    for rid in signed.published:
+        if rid in known:
+            continue
+        try:
+            out.append(read_published_averages(config.releases_dir / rid, config.shape_hw))
+        except ConfigError as exc:   # another canonical size: reported as not comparable, never silently dropped
+            (logger or log).warning(f"lineage: {exc}")
+            out.append(PublishedAverages(rid, (), np.zeros((0, 0), np.uint8), ()))
+    if out:
+        (logger or log).warning(f"lineage {state.dataset}: {len(out)} published releases the registry does not "
+                                "remember; the differencing attack runs against them too")
+    return out
+
+
+def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, threads: int = 1, published: Sequence = (),
                    logger: Logger | None = None) -> tuple[Check, ...]:
-    """The gate's lineage checks: structure against the registry and the differencing attack (on ``threads``)."""
-    from deid.release.lineage_checks import check_structure, differencing_attack  # noqa: PLC0415
+    """The gate's lineage checks: structure against the registry, the differencing attack against the registered
+    clusters (on ``threads``) and against the ``published`` releases the registry does not remember
+    (:func:`published_outside_registry`)."""
+    from deid.release.lineage_checks import (  # noqa: PLC0415
+        check_structure, differencing_attack, published_differencing_attack)
 
     import shutil  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
@@ -691,6 +727,16 @@ def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, threads: int =
     people = [lin.plan.pseudonyms[i] for i in keep]
     records = [lin.plan.fingerprints[i] for i in keep]
     checks = [c.to_gate_check() for c in check_structure(lin.state, rel)]
+    pub = None
+
+    def attack_published(X, people):
+        if not published:
+            return None
+        released = list(rel.released_clusters(lin.state).values())
+        return published_differencing_attack(
+            [c.key for c, _ in released], [c.image for c, _ in released],
+            [sorted({len(c.records), n} - {0}) for c, n in released], published, X, original_people=people)
+
     if len(rows) >= 2:
         # The originals stay on disk (one file of raw rows next to the aligned parts), read as the attack needs them.
         tmp = Path(tempfile.mkdtemp(prefix=".lineage-originals-", dir=Path(paths[0]).parent.parent))
@@ -698,11 +744,18 @@ def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, threads: int =
             X = stages.RowFile.from_aligned(paths, rows, tmp / "originals.u8")
             attack = differencing_attack(lin.state, rel, X, original_people=people, original_records=records,
                                          threads=threads)
+            pub = attack_published(X, people)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         (logger or log).info(f"lineage differencing attack: {attack.n_cluster_pairs} cluster pairs, "
                                f"{attack.n_tests} tests, {len(attack.matches)} matches")
         checks.append(attack.to_check().to_gate_check())
+    else:
+        pub = attack_published(None, None)   # no gallery: the differences are still tested as images
+    if pub is not None:
+        (logger or log).info(f"lineage differencing attack against {len(pub.releases)} published releases: "
+                             f"{pub.n_cluster_pairs} cluster pairs, {len(pub.matches)} matches")
+        checks.append(pub.to_check().to_gate_check())
     return tuple(checks)
 
 

@@ -42,6 +42,7 @@ from deid.intake.drop import DROP_YAML, MANIFEST, read_drop_file
 from deid.intake.features import run_kind
 from deid.operations.executors import Executor, LocalExecutor, PoolExecutor
 from deid.operations.features import FeatureSteps, feature_report
+from deid.release.lineage_anchor import head_doc
 from deid.release.publish import discard, new_release_id
 from deid.reporting.report import SigningInfo, dataset_fingerprint, validate_report
 from deid.reporting.report_build import build_rejection, build_report, run_versions
@@ -341,6 +342,10 @@ class _Run:
             with _timed(timings, "register"):
                 registered = s.register_lineage(dataset, lin.state, config, lin.release)
             fault_point("register")
+            if registered is not None and report.lineage:
+                # The signed report binds the registry head after this release's entry: a registry later
+                # restored from an earlier copy (or deleted) no longer reaches it and the next run is refused.
+                report = replace(report, lineage={**report.lineage, "registry_head": head_doc(registered)})
         elif not passed and staged is not None:
             s.withhold(staged)
         if passed:

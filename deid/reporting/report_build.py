@@ -44,6 +44,7 @@ from deid.reporting.report import (
 )
 from deid.run_config import RunConfig
 from deid.bound import within_bound
+from deid.release.lineage_anchor import head_doc
 
 VERSION_PACKAGES = ("deid", "prefect", "dask", "distributed", "numpy", "opencv-python-headless", "scikit-learn",
                     "pyarrow", "cryptography")
@@ -69,8 +70,12 @@ def lineage_section(config: RunConfig, dataset: str, partitioned: Partitioned | 
                if not config.lineage_applies else "not planned: nothing reached partitioning")
         return {"dataset": dataset, "applied": False, "detail": why}
     counts = dict(lineage.release.counts) if lineage else {}
+    # The registry head as this run found it; a release that registers replaces it with the head after its
+    # entry (runner: commit). Checked against the registry before every later run (deid.release.lineage_anchor).
+    state = planned.state
     return {**planned.plan.summary(), "applied": True, "based_on_head": planned.plan.based_on_head,
-            "registered": bool(registered and lineage), "release_counts": counts}
+            "registered": bool(registered and lineage), "release_counts": counts,
+            **({"registry_head": head_doc(state)} if state is not None else {})}
 
 
 def shared_configuration(config: RunConfig, *, labels: Sequence[str], license: str | None, notes: Sequence[str],

@@ -37,6 +37,8 @@ _REQUIREMENTS = {
     "lineage_cluster_differences": "Clusters of successive releases do not differ by fewer than k people",
     "lineage_returning_identical": "Returning people receive their registered image again",
     "lineage_differencing_attack": "Differencing successive releases exposes nobody",
+    "lineage_published_differencing": "Differencing the published releases the registry does not remember exposes "
+                                      "nobody",
     "lineage_label_mix": "Every released cluster keeps its registered label mix",
     "membership_advantage": "Telling members from non-members by their photo gives little advantage (not bounded by k)",
     "sensitive_l_diversity": "Every cluster holds at least l distinct values of each sensitive column (else withheld)",
