@@ -444,7 +444,8 @@ SKEWED_COUNTS = (47, 40, 33, 28, 24, 20, 17, 14, 12, 10, 9, 8, 7, 6, 5, 5, 4, 4,
 
 def skewed_drop(path: Path, counts=SKEWED_COUNTS, *, seed: int = 26) -> Path:
     """`deid synth` with max(counts) photos each, then a subset of its manifest: person i keeps counts[i]."""
-    drop = make_synthetic_drop(path, people=len(counts), images_per_person=max(counts), seed=seed, fast=True)
+    drop = make_synthetic_drop(path, people=len(counts), images_per_person=max(counts), seed=seed, fast=True,
+                               image_size=100)
     lines = (drop / "manifest.csv").read_text().splitlines()
     head = lines[0].split(",")
     col_subject, col_path = head.index("subject_id"), head.index("image")
