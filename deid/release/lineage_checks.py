@@ -450,7 +450,7 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
                 d = csq[None, :] - 2.0 * (Dz[single] - muz) @ Zc.T      # nearest original to the difference
                 best[single, 0] = np.argmin(d, axis=1)
             if (~single).any():
-                best[~single] = _best_pairs(Dz[~single] / sd, Zw, candidates)
+                best[~single] = _best_pairs(Dz[~single] / sd, Zw, candidates, sd)
         else:
             best = gallery.best(Dz, i, j, single, np.maximum(s1, s2))
         for v in range(0, len(t), 256):  # verify in pixels, a few hundred differences at a time
@@ -617,10 +617,10 @@ class _MemberGallery:
             best[s, 0] = np.where(np.isfinite(d[np.arange(len(s)), k]), C[s, k], -1)
         p = np.flatnonzero(~single)
         if len(p):
-            best[p] = _best_pairs_among(Dz[p] / self.sd, self.Zw, C[p], self.candidates)
+            best[p] = _best_pairs_among(Dz[p] / self.sd, self.Zw, C[p], self.candidates, self.sd)
         if full_search:
             fs = np.asarray(full_search, dtype=np.int64)
-            best[fs] = _best_pairs(Dz[fs] / self.sd, self.Zw, self.candidates)
+            best[fs] = _best_pairs(Dz[fs] / self.sd, self.Zw, self.candidates, self.sd)
         return best
 
 
@@ -703,13 +703,17 @@ class _Whitened:
         return out if dtype is None else out.astype(dtype, copy=False)
 
 
-def _best_pairs(Dw: np.ndarray, Zw: np.ndarray, candidates: int) -> np.ndarray:
+def _best_pairs(Dw: np.ndarray, Zw: np.ndarray, candidates: int, sd: np.ndarray | None = None) -> np.ndarray:
     """For each whitened difference D, the pair (a, b), a != b, of originals with Z_a - Z_b nearest to D.
 
     For the true pair, ``Z_a . D = Z_a . (Z_a - Z_b)`` is about ``|Z_a|^2``, far above the other
     originals in whitened space (where every component has unit variance), and ``Z_b . D`` far
     below; so ``a`` is searched among the ``candidates`` originals most aligned with D, ``b`` among
     the ``candidates`` least aligned, all combinations compared exactly. O(n q) per difference.
+    With ``sd`` (the whitening scale) the combinations are compared unwhitened, as the pixel check
+    that follows measures them: whitening multiplies the rounding error of the averages in the
+    low-variance components, where a wrong pair can then come out nearest (seen on 36-pixel random
+    faces at k=2, tests/test_lineage_differencing_scale.py).
     """
     Zw = np.asarray(Zw)   # every original is scored: the whole matrix, for this call only
     t = min(candidates, Zw.shape[0])
@@ -717,6 +721,8 @@ def _best_pairs(Dw: np.ndarray, Zw: np.ndarray, candidates: int) -> np.ndarray:
     A = np.argpartition(-u, t - 1, axis=1)[:, :t]                  # (B, t)
     C = np.argpartition(u, t - 1, axis=1)[:, :t]                   # (B, t)
     R = Zw[A][:, :, None, :] - Zw[C][:, None, :, :] - Dw[:, None, None, :]   # (B, t, t, q)
+    if sd is not None:
+        R = R * sd
     d = np.einsum("btcq,btcq->btc", R, R)
     d[A[:, :, None] == C[:, None, :]] = np.inf                     # a != b
     flat = np.argmin(d.reshape(len(Dw), -1), axis=1)
@@ -725,7 +731,8 @@ def _best_pairs(Dw: np.ndarray, Zw: np.ndarray, candidates: int) -> np.ndarray:
     return np.stack([A[rows, ia], C[rows, ic]], axis=1)
 
 
-def _best_pairs_among(Dw: np.ndarray, Zw: np.ndarray, cand: np.ndarray, candidates: int) -> np.ndarray:
+def _best_pairs_among(Dw: np.ndarray, Zw: np.ndarray, cand: np.ndarray, candidates: int,
+                      sd: np.ndarray | None = None) -> np.ndarray:
     """:func:`_best_pairs` with each difference's originals limited to its row of ``cand`` (-1: padding).
 
     (-1, -1) where no two distinct candidates exist.
@@ -739,6 +746,8 @@ def _best_pairs_among(Dw: np.ndarray, Zw: np.ndarray, cand: np.ndarray, candidat
     C = np.argpartition(np.where(valid, u, np.inf), t - 1, axis=1)[:, :t]
     rows = np.arange(B)[:, None]
     R = Zs[rows, A][:, :, None, :] - Zs[rows, C][:, None, :, :] - Dw[:, None, None, :]
+    if sd is not None:
+        R = R * sd
     d = np.einsum("btcq,btcq->btc", R, R)
     ga, gc = cand[rows, A], cand[rows, C]
     bad = (ga[:, :, None] == gc[:, None, :]) | (ga[:, :, None] < 0) | (gc[:, None, :] < 0)
@@ -895,7 +904,7 @@ def published_differencing_attack(current_keys: Sequence[str], current_images: S
                 if single.any():
                     best[single, 0] = np.argmin(csq[None, :] - 2.0 * (Dz[single] - muz) @ Zc.T, axis=1)
                 if (~single).any():
-                    best[~single] = _best_pairs(Dz[~single] / sd, Zw, candidates)
+                    best[~single] = _best_pairs(Dz[~single] / sd, Zw, candidates, sd)
                 a, b = best[:, 0], best[:, 1]
                 target = (np.asarray(X[a], np.float32)
                           - np.where(b[:, None] >= 0, np.asarray(X[np.maximum(b, 0)], np.float32), 0.0))
