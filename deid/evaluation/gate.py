@@ -496,13 +496,13 @@ def partition_grouping(inputs: GateInputs, k: int, *, per_person: bool = False) 
     The feasible maximum is :func:`deid.anonymise.ksame.feasible_clusters` of the partition's images per
     person (``floor(records / k)`` when any grouping exists, else 0); with ``per_person`` (a method that
     clusters people: ``MethodSpec.clusters_people``) of one per person (``floor(people / k)``). Partitions are
-    named by their opaque
-    key (``p000``; the report's configuration maps keys to label values), never by a label value.
+    named by their opaque key (``p000``; the report's configuration maps keys to label values), never by a
+    label value.
     """
     parts = inputs.partitions if inputs.partitions is not None else np.zeros(inputs.n, dtype=object)
-    p_codes, p_keys = _codes(list(parts))
-    c_codes, _ = _codes(list(inputs.clusters))
-    who, _ = _codes(list(inputs.people))
+    p_codes, p_keys = _codes(parts)  # the columns as they are: no list copy of a million records
+    c_codes, _ = _codes(inputs.clusters)
+    who, _ = _codes(inputs.people)
     image = np.asarray(inputs.image_index)
     rows = []
     for j, key in enumerate(p_keys):

@@ -20,14 +20,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from deid.contracts import StagingLayout
-from deid.operations.safety import is_live
+from deid.operations.safety import is_live, remove_path
 from deid.settings import StagingRetention
 
 log = logging.getLogger(__name__)
@@ -175,16 +174,6 @@ class RetentionResult:
         return sum(self.kept.values())
 
 
-def _remove(p: Path) -> None:
-    try:
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
-    except FileNotFoundError:
-        pass  # another process applying the policy removed it first
-
-
 def _trim(layout: StagingLayout, *, dry_run: bool) -> int:
     keep = {p.name for p in layout.kept_when_finished}
     freed = 0
@@ -193,7 +182,7 @@ def _trim(layout: StagingLayout, *, dry_run: bool) -> int:
             continue
         freed += tree_bytes(p)
         if not dry_run:
-            _remove(p)
+            remove_path(p)  # False: another process applying the policy removed it first
     return freed
 
 

@@ -166,14 +166,23 @@ class Recovery:
     annotated: list[str] = field(default_factory=list)
 
 
-def _remove(path: Path, why: str, out: Recovery) -> None:
+def remove_path(path: Path) -> bool:
+    """Remove a file, a link (never its target) or a directory tree; False when it is already gone
+    (another run or process removed it first). Other ``OSError``\ s propagate."""
     try:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:
             path.unlink()
     except FileNotFoundError:
-        return  # another run recovered it first
+        return False
+    return True
+
+
+def _remove(path: Path, why: str, out: Recovery) -> None:
+    try:
+        if not remove_path(path):
+            return  # another run recovered it first
     except OSError as exc:
         log.warning("recovery: could not remove %s (%s): %s", path, why, exc)
         return
