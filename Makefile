@@ -21,9 +21,11 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## check: lint (ruff: syntax and pyflakes) and the layers contract (import-linter, pyproject.toml)
+## check: lint (ruff: syntax and pyflakes), types (mypy: the contract modules strict, a shrinking baseline) and
+## the layers contract (import-linter); all configured in pyproject.toml, and run by .pre-commit-config.yaml too
 check: $(STAMP)
 	$(BIN)/ruff check deid tests bench flows tasks
+	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 ## test: the whole suite (unit, property, London and flow integration tests), on $(TEST_WORKERS) processes

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
 
     from deid.anonymise.near_copy import NearCopyRepair
     from deid.release.manifest import ReleaseFiles
-    from deid.reporting.report import Artifact, FileManifest, Report
+    from deid.reporting.report import Artifact, DatasetSummary, FileManifest, Privacy, Report, Utility
 
 # Drop-level checks that, failed, send the run straight to a (rejected) gate.
 BLOCKING_DROP_CHECKS = ("drop_not_empty", "enough_people")
@@ -222,6 +222,13 @@ class PartitionInfo:
     people: int
 
 
+class _HasSmall(Protocol):
+    """What :meth:`SmallPartition.of_plan` reads of a partition plan (typed structurally: no import of anonymise)."""
+
+    @property
+    def small(self) -> Sequence[Mapping[str, Any]]: ...
+
+
 @dataclass(frozen=True)
 class SmallPartition:
     """A label partition with fewer than k people: counts and the policy's action, never its label values."""
@@ -231,7 +238,7 @@ class SmallPartition:
     action: str
 
     @classmethod
-    def of_plan(cls, plan) -> tuple[SmallPartition, ...]:
+    def of_plan(cls, plan: _HasSmall) -> tuple[SmallPartition, ...]:
         """The small partitions of a :class:`deid.anonymise.partition.PartitionPlan` (its ``small`` entries)."""
         return tuple(cls(records=e["records"], people=e["people"], action=e["action"]) for e in plan.small)
 
@@ -391,8 +398,8 @@ class ReleaseRows:
     clusters: tuple[str, ...]
     labels: Mapping[str, tuple[str, ...]]
     record_ids: tuple[str, ...]
-    sequences: tuple | None = None
-    frames: tuple | None = None
+    sequences: tuple[str | None, ...] | None = None
+    frames: tuple[int | None, ...] | None = None
 
     def label_rows(self, names: Sequence[str]) -> list[tuple[str, ...]]:
         """Each record's values of the labels ``names``, in order."""
@@ -516,16 +523,16 @@ class RunResult:
         return self.report_path.parent
 
     @property
-    def dataset(self):
+    def dataset(self) -> DatasetSummary:
         """The report's :class:`~deid.reporting.report.DatasetSummary` (records in, released, withheld ...)."""
         return self.report.dataset
 
     @property
-    def privacy(self):
+    def privacy(self) -> Privacy | None:
         return self.report.privacy
 
     @property
-    def utility(self):
+    def utility(self) -> list[Utility]:
         return self.report.utility
 
     def summary(self) -> dict[str, Any]:

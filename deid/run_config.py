@@ -37,7 +37,7 @@ class AlignerParams:
     @classmethod
     def from_settings(cls, settings: Settings) -> AlignerParams:
         left, right = settings.canonical_eyes()
-        return cls(size=tuple(settings.canonical_size), eye_left=tuple(left), eye_right=tuple(right),
+        return cls(size=settings.canonical_size, eye_left=left, eye_right=right,
                    max_upsample=settings.max_upsample, min_eye_distance=settings.min_eye_distance_px,
                    color=settings.color is True,
                    max_yaw=None if settings.max_yaw_degrees >= 90 else float(settings.max_yaw_degrees))
@@ -144,8 +144,8 @@ class RunConfig:
             dask_address=s.dask_address, seed_fixed=s.seed is not None,
             duplicate_ids=s.duplicate_ids, identity_embed_max=s.identity_embed_max, lineage_policy=s.lineage_policy,
             lineage_absent=s.lineage_absent, keep_staging=s.staging_retention, sensitive_l=s.sensitive_l,
-            color_auto=s.color == "auto" and s.color is not True,
-            color_reason="" if s.color == "auto" and s.color is not True else f"DEID_COLOR={str(s.color).lower()}",
+            color_auto=s.color == "auto",
+            color_reason="" if s.color == "auto" else f"DEID_COLOR={str(s.color).lower()}",
             signing_key=s.signing_key, linkage_key=s.linkage_key, signing_passphrase=s.signing_key_passphrase,
             database_url=s.database_url)
 
@@ -223,7 +223,7 @@ class RunConfig:
                 del p[key]
         return p
 
-    def gate_config(self, labels: tuple[str, ...] | list[str]):
+    def gate_config(self, labels: tuple[str, ...] | list[str]) -> GateConfig:
         """The gate's :class:`~deid.evaluation.gate.GateConfig` for the drop's labels."""
         return replace(self.gate, labels=tuple(labels))
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ContextManager
@@ -30,9 +30,13 @@ from deid.contracts import (
     Aligned,
     Deidentified,
     Ingested,
+    LineageApplied,
     Partitioned,
+    Published,
     RecordCounts,
     RunResult,
+    SignedReport,
+    Staged,
     StagingLayout,
     UnreadableDrop,
 )
@@ -44,13 +48,17 @@ from deid.operations.executors import Executor, LocalExecutor, PoolExecutor
 from deid.operations.features import FeatureSteps, feature_report
 from deid.release.lineage_anchor import head_doc
 from deid.release.publish import discard, new_release_id
-from deid.reporting.report import SigningInfo, dataset_fingerprint, validate_report
+from deid.reporting.report import Report, SigningInfo, dataset_fingerprint, validate_report
 from deid.reporting.report_build import build_rejection, build_report, run_versions
 from deid.run_config import RunConfig
 from deid.operations.safety import RunLock, fault_point
 from deid.operations.usage import merge_usage, sample_start, stage_usage
 
 log = logging.getLogger(__name__)
+
+# A stage's measured usage (deid.operations.usage: wall and CPU seconds, peak RSS), by stage name.
+Timings = dict[str, dict[str, Any]]
+RunLogger = logging.Logger | logging.LoggerAdapter[logging.Logger]
 
 
 @contextlib.contextmanager
@@ -85,7 +93,7 @@ class Steps:
 
 
 @contextlib.contextmanager
-def _timed(timings: dict[str, dict], stage: str) -> Iterator[None]:
+def _timed(timings: Timings, stage: str) -> Iterator[None]:
     """Measure a stage: wall and CPU seconds, peak RSS of the run process and of its tree (deid.operations.usage).
 
     After it, hand the memory it freed back to the OS (the run process lives on; issue 13). A stage timed
@@ -101,7 +109,7 @@ def _timed(timings: dict[str, dict], stage: str) -> Iterator[None]:
 
 def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
                 cluster: Callable[[RunConfig], ContextManager[Executor]] = local_cluster,
-                run_id: str | None = None, logger: logging.Logger | logging.LoggerAdapter | None = None) -> RunResult:
+                run_id: str | None = None, logger: RunLogger | None = None) -> RunResult:
     """Ingest, align, featurize, partition, de-identify, gate, report (signed) and publish (if passed).
 
     Parameters
@@ -186,14 +194,15 @@ class _Run:
     run_id: str
     steps: Steps
     signing: SigningInfo
-    logger: logging.Logger | logging.LoggerAdapter = log
+    logger: RunLogger = log
 
     @property
     def report_dir(self) -> Path:
         return self.config.reports_path / self.release_id
 
     def walk(self, cluster: Callable[[RunConfig], ContextManager[Executor]]) -> RunResult:
-        s, config, layout, timings = self.steps, self.config, self.layout, {}
+        s, config, layout = self.steps, self.config, self.layout
+        timings: Timings = {}
         start = sample_start()
         # The executor first: a small run's pool validates the ingested drop (Great Expectations is
         # imported there while this process starts the run).
@@ -209,7 +218,7 @@ class _Run:
             lineage_state = s.open_lineage(ing.dataset, config) if config.lineage_applies else None
             # DEID_COLOR=auto decided from the ingested images (pure and cheap: the sample was taken at ingest).
             config = self.config = pipeline.resolve_color(config, ing, lineage_state)
-            notes = []
+            notes: list[str] = []
             if config.spec.partitions_by_labels and not ing.labels:
                 notes.append(f"{config.method} without utility labels runs as k-Same (one partition); utility is "
                              "not applicable")
@@ -237,7 +246,7 @@ class _Run:
         return self.judge(ing, aligned, part, deid, lin, notes=notes, timings=timings)
 
     def lineage(self, part: Partitioned, deid: Deidentified, aligned: Aligned,
-                timings: dict[str, dict]) -> tuple[Any, Deidentified]:
+                timings: Timings) -> tuple[LineageApplied | None, Deidentified]:
         """New clusters registered as made; returning people's records carry their stored averages (or no lineage)."""
         if part.lineage is None:
             return None, deid
@@ -245,8 +254,9 @@ class _Run:
             lin = self.steps.apply_lineage(part, deid, aligned, self.layout, self.config, release_id=self.release_id)
         return lin, lin.deidentified
 
-    def judge(self, ing: Ingested, aligned: Aligned, part: Partitioned, deid: Deidentified, lin, *,
-              notes: list[str], timings: dict[str, dict], executor: Executor | None = None) -> RunResult:
+    def judge(self, ing: Ingested, aligned: Aligned, part: Partitioned, deid: Deidentified,
+              lin: LineageApplied | None, *,
+              notes: list[str], timings: Timings, executor: Executor | None = None) -> RunResult:
         """Stage the would-be release, gate it (its parts on ``executor``), sign the report, publish if it passed."""
         s, config = self.steps, self.config
         quarantined = (*ing.quarantined, *aligned.quarantined, *part.quarantined)
@@ -287,7 +297,8 @@ class _Run:
 
     def walk_features(self) -> RunResult:
         """A feature drop: ingest, who is who, partitions, de-identify, stage, gate (nothing to align or distribute)."""
-        f, config, layout, timings = self.steps.features, self.config, self.layout, {}
+        f, config, layout = self.steps.features, self.config, self.layout
+        timings: Timings = {}
         with _timed(timings, "ingest"):
             ing = f.ingest(self.drop, layout, config)
         if isinstance(ing, UnreadableDrop):
@@ -327,8 +338,8 @@ class _Run:
             versions=run_versions(), lineage=lin, validation=validation)
         return self.commit(report, staged, dataset=ing.drop.dataset, validation=validation, timings=timings, lin=lin)
 
-    def commit(self, report, staged, *, dataset: str, validation, timings: dict[str, dict],
-               lin=None) -> RunResult:
+    def commit(self, report: Report, staged: Staged | None, *, dataset: str, validation: Mapping[str, Any],
+               timings: Timings, lin: LineageApplied | None = None) -> RunResult:
         """The order of commitment after the gate: validate the report, card, attestation, sign, then publish or withhold."""
         s, config, passed = self.steps, self.config, report.verdict == "released"
         # Before anything is committed: a report the schema refuses stops the run with nothing registered,
@@ -349,6 +360,8 @@ class _Run:
         elif not passed and staged is not None:
             s.withhold(staged)
         if passed:
+            if staged is None:  # the gate passes only a staged release (judge): say so before anything is signed
+                raise StateError(f"release {self.release_id} passed the gate but nothing was staged")
             # The dataset card states the gate's figures; written into the staged release before it is hashed.
             with _timed(timings, "card"):
                 listing = s.dataset_card(staged, report)
@@ -367,7 +380,7 @@ class _Run:
                                     staged=staged if passed and config.kind == "images" else None)
         fault_point("sign")
         published = (self.publish(staged, dataset, report_dir=signed.dir, timings=timings, lineage=lin is not None)
-                     if passed else None)
+                     if passed and staged is not None else None)
         if lin is not None and published is not None:
             with _timed(timings, "register"):
                 self.settle_lineage(dataset, "published", state=registered)
@@ -379,12 +392,13 @@ class _Run:
                          release_dir=published.path if published else None,
                          linkage=published.linkage if published else None, timings=dict(timings))
 
-    def publish(self, staged, dataset: str, *, report_dir: Path, timings: dict[str, dict], lineage: bool):
+    def publish(self, staged: Staged, dataset: str, *, report_dir: Path, timings: Timings,
+                lineage: bool) -> Published:
         """Publish by one rename; a failure after signing gets a signed addendum and publishes nothing."""
         s = self.steps
         try:
             with _timed(timings, "publish"):
-                published = s.publish(staged, self.config, release_id=self.release_id)
+                published: Published = s.publish(staged, self.config, release_id=self.release_id)
         except Exception as exc:
             # Signed "released" but not published: say so under the same key, and keep nothing staged.
             s.publish_failed(report_dir, self.config, release_id=self.release_id, error=f"{type(exc).__name__}: {exc}")
@@ -400,7 +414,7 @@ class _Run:
         fault_point("publish")
         return published
 
-    def settle_lineage(self, dataset: str, kind: str, *, state=None) -> None:
+    def settle_lineage(self, dataset: str, kind: str, *, state: Any = None) -> None:
         """Mark a registered release published or abandoned; if that fails, the next run's reconcile settles it.
 
         ``state``: the registry's state this run's registration returned (not read and replayed again).
@@ -460,7 +474,7 @@ class _Run:
         return RunResult(release_id=self.release_id, verdict="rejected", report=report, report_path=path.path,
                          public_key=path.public_key, key_origin=path.key_origin, input_error=reason)
 
-    def sign_rejection(self, reason: str, *, check: str = "drop_readable"):
+    def sign_rejection(self, reason: str, *, check: str = "drop_readable") -> tuple[Report, SignedReport] | None:
         """The signed rejection of a run that could not get as far as the gate; (report, SignedReport) or None."""
         # Fingerprinted by what describes the drop without reading it: its manifest, or a feature drop's drop.yaml.
         # Read as every drop file is (no link followed, a FIFO refused at once): a rejection never waits on it.

@@ -249,7 +249,7 @@ class Report:
     utility: list[Utility] = field(default_factory=list)
     artifacts: list[Artifact] = field(default_factory=list)
     release_dir: str | None = None
-    versions: dict[str, str] = field(default_factory=dict)
+    versions: dict[str, str | None] = field(default_factory=dict)  # None: not installed
     configuration: dict[str, Any] = field(default_factory=dict)
     # Files of the report directory besides report.json/.sig (report.html, validation results);
     # None leaves the field out (older reports), a list makes verify check the report dir exactly.

@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping, Sequence
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deid.evaluation.membership import SCOPE
 from deid.evaluation.validation import validation_section
@@ -45,6 +45,10 @@ from deid.reporting.report import (
 from deid.run_config import RunConfig
 from deid.bound import within_bound
 from deid.release.lineage_anchor import head_doc
+
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from deid.anonymise.near_copy import NearCopyRepair
+    from deid.evaluation.gate import GateResult
 
 VERSION_PACKAGES = ("deid", "prefect", "dask", "distributed", "numpy", "opencv-python-headless", "scikit-learn",
                     "pyarrow", "cryptography")
@@ -87,13 +91,15 @@ def shared_configuration(config: RunConfig, *, labels: Sequence[str], license: s
     The gate's settings and what the identity, partition and de-identify stages decided (counts only).
     """
     strength = config.spec.strength
+    seed = config.release_seed
+    assert seed is not None, "RunConfig draws its release seed on construction"  # narrows the Optional for mypy
     return {
         "labels": list(labels), "license": license, **dict(attribution or {}), "notes": list(notes),
         "identity": dict(identity) if identity is not None else None,
         "duplicate_ids": config.duplicate_ids, "small_partitions": config.small_partitions,
         "pca_components": config.pca_components,
         # Whether the method's seed was secret; never its value (deid.anonymise.randomness).
-        "randomness": config.release_seed.to_report(), "utility_tolerance": config.gate.tolerance,
+        "randomness": seed.to_report(), "utility_tolerance": config.gate.tolerance,
         "utility_protocol": "cross-fit", "utility_sample": config.gate.utility_sample,
         "utility_inconclusive": config.gate.utility_inconclusive, "gate_confidence": config.gate.confidence,
         "attack_sample": config.gate.attack_sample,
@@ -110,7 +116,7 @@ def shared_configuration(config: RunConfig, *, labels: Sequence[str], license: s
 
 
 def configuration(config: RunConfig, *, ingested: Ingested, aligned: Aligned, partitioned: Partitioned,
-                  deidentified: Deidentified, notes: Sequence[str], timings: Mapping[str, Mapping]) -> dict[str, Any]:
+                  deidentified: Deidentified, notes: Sequence[str], timings: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The report's ``configuration`` of an image run: :func:`shared_configuration` and the image stages' settings."""
     w, h = config.aligner.size
     return {
@@ -136,7 +142,8 @@ def configuration(config: RunConfig, *, ingested: Ingested, aligned: Aligned, pa
 
 
 def dataset_summary(ingested_name: str, fingerprint: str, counts: RecordCounts, *, passed: bool,
-                    quarantine_by_reason: Mapping[str, int], near_copies=None) -> DatasetSummary:
+                    quarantine_by_reason: Mapping[str, int],
+                    near_copies: NearCopyRepair | None = None) -> DatasetSummary:
     """The tiles: released and withheld split what the gate judged, by its verdict.
 
     ``near_copies``: the de-identify stage's :class:`~deid.anonymise.near_copy.NearCopyRepair` (None: none).
@@ -149,7 +156,7 @@ def dataset_summary(ingested_name: str, fingerprint: str, counts: RecordCounts, 
         near_copy_repair=near_copies.to_dict() if near_copies is not None else None)
 
 
-def privacy_section(gate, k: int) -> Privacy:
+def privacy_section(gate: GateResult, k: int) -> Privacy:
     """The report's ``privacy``: the bound 1/k and what the gate measured against it (every attack, with its interval)."""
     return Privacy(
         bound=1.0 / k, max_rate=gate.max_rate, min_distinct_people_per_cluster=gate.min_people,
@@ -159,13 +166,13 @@ def privacy_section(gate, k: int) -> Privacy:
         reidentification=[Reidentification(**r) for r in gate.reidentification])
 
 
-def exact_bound_holds(gate, k: int) -> bool:
+def exact_bound_holds(gate: GateResult, k: int) -> bool:
     """Did the gate find the exact 1/k bound: identical copies per cluster, >= k people each, no one above 1/k?"""
     return bool(gate.exact_bound and gate.min_people is not None and gate.min_people >= k
                 and gate.max_person_share is not None and within_bound(gate.max_person_share, k))
 
 
-def verdict_fields(*, release_id: str, run_id: str, created_at: str, config: RunConfig, gate,
+def verdict_fields(*, release_id: str, run_id: str, created_at: str, config: RunConfig, gate: GateResult,
                    promise: str, dataset: DatasetSummary, artifacts: Sequence[Artifact],
                    signing: SigningInfo, versions: Mapping[str, str | None],
                    file_manifest: FileManifest | None = None) -> dict[str, Any]:
@@ -192,9 +199,9 @@ def verdict_fields(*, release_id: str, run_id: str, created_at: str, config: Run
 
 def build_report(*, release_id: str, run_id: str, created_at: str, config: RunConfig, ingested: Ingested,
                  aligned: Aligned, partitioned: Partitioned, deidentified: Deidentified,
-                 lineage: LineageApplied | None, staged: Staged | None, gate, counts: RecordCounts,
+                 lineage: LineageApplied | None, staged: Staged | None, gate: GateResult, counts: RecordCounts,
                  quarantine_by_reason: Mapping[str, int], validation: Mapping[str, Any], notes: Sequence[str],
-                 timings: Mapping[str, Mapping], signing: SigningInfo,
+                 timings: Mapping[str, Mapping[str, Any]], signing: SigningInfo,
                  versions: Mapping[str, str | None]) -> Report:
     """The run's :class:`~deid.reporting.report.Report` from its stage contracts and the gate's result (pure).
 
@@ -252,7 +259,7 @@ def build_rejection(*, release_id: str, run_id: str, created_at: str, config: Ru
 _ABSOLUTE = re.compile(r"(?<![\w.~])/(?:[^\s/'\",;:()]+/)+[^\s/'\",;:()]*")
 
 
-def public_text(text: str, *, drop: str | os.PathLike | None, roots: Sequence[str | os.PathLike] = ()) -> str:
+def public_text(text: str, *, drop: str | os.PathLike[str] | None, roots: Sequence[str | os.PathLike[str]] = ()) -> str:
     """``text`` with no absolute path: the drop's path becomes its directory name, a project path relative.
 
     A report goes to recipients; the steward's directory layout (home directory, user name,
