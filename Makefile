@@ -12,7 +12,10 @@ export OMP_NUM_THREADS ?= 1
 # (heaviest first), not xdist's default of the largest groups first.
 TEST_WORKERS ?= 2
 
-.PHONY: venv check test test-fast demo bench bench-compare clean
+DOCS_STAMP := $(VENV)/.docs-stamp
+export NO_MKDOCS_2_WARNING := 1
+
+.PHONY: venv check docs test test-fast demo bench bench-compare clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -21,12 +24,23 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-## check: lint (ruff: syntax and pyflakes), types (mypy: the contract modules strict, a shrinking baseline) and
-## the layers contract (import-linter); all configured in pyproject.toml, and run by .pre-commit-config.yaml too
+$(DOCS_STAMP): pyproject.toml $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[docs]'
+	@touch $(DOCS_STAMP)
+
+## check: lint (ruff: syntax and pyflakes), types (mypy: the contract modules strict, a shrinking baseline), the
+## layers contract (import-linter), all configured in pyproject.toml and run by .pre-commit-config.yaml too; and
+## the docs site built --strict (make docs)
 check: $(STAMP)
-	$(BIN)/ruff check deid tests bench flows tasks
+	$(BIN)/ruff check deid tests bench flows tasks docs
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+	$(MAKE) docs
+
+## docs: the documentation site (docs/, mkdocs.yml) into site/, --strict: a broken link or reference fails; the
+## settings and exit-code tables are generated from the code (docs/gen_reference.py)
+docs: $(DOCS_STAMP)
+	$(BIN)/mkdocs build --strict
 
 ## test: the whole suite (unit, property, London and flow integration tests), on $(TEST_WORKERS) processes
 test: $(STAMP)

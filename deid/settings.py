@@ -95,9 +95,12 @@ class Settings(BaseSettings):
                                   "machines share the work (postgresql://user:password@host:5432/db); unset: "
                                   "<data>/ledger.sqlite and <data>/private/lineage/")
 
-    k: int = Field(default=5, ge=2, le=1000)
-    method: Method = "k-same-select"
-    small_partitions: SmallPartitionPolicy = "suppress"
+    k: int = Field(default=5, ge=2, le=1000, description="the minimum number of distinct people per cluster")
+    method: Method = Field(default="k-same-select", description="the de-identification method (`deid run --help` "
+                                                                 "lists them; the method registry)")
+    small_partitions: SmallPartitionPolicy = Field(
+        default="suppress", description="a label partition with fewer than k people: suppress (withheld), merge "
+                                        "(into its nearest partition) or fail (the run)")
     sigma: float = Field(default=4.0, gt=0, le=100, description="Gaussian blur sigma (canonical pixels), method blur")
     block: int = Field(default=8, ge=2, le=64, description="pixelation block size (canonical pixels), method pixelate")
     utility_sample: int = Field(default=1000, ge=20, le=100_000,
@@ -105,7 +108,9 @@ class Settings(BaseSettings):
                                             "utility protocol")
     leak_threshold: float = Field(default=2.0, ge=0, description="mean abs grey difference below which a released "
                                   "face counts as a near copy of an original")
-    utility_tolerance: float = Field(default=0.05, ge=0.0, le=1.0)
+    utility_tolerance: float = Field(default=0.05, ge=0.0, le=1.0,
+                                     description="the largest accuracy drop per label the utility check passes "
+                                                 "(decided from the drop's interval bounds)")
     min_cluster_fraction: float = Field(
         default=0.5, ge=0.0, le=1.0,
         description="the gate fails a release in which a label partition forms fewer than this share of the clusters "
@@ -148,12 +153,12 @@ class Settings(BaseSettings):
                     "distinct values of each (distinct l-diversity), else withheld from the release")
     max_quarantine_fraction: float = Field(default=0.05, ge=0.0, le=1.0,
                                            description="a drop quarantining more than this fraction fails the gate")
-    cv_folds: int = Field(default=5, ge=2, le=20)
+    cv_folds: int = Field(default=5, ge=2, le=20, description="folds (of people) of the cross-fitted utility protocol")
     cv_repeats: int = Field(default=3, ge=1, le=100,
                             description="repeated grouped CV runs of the earlier utility protocols (report evidence)")
 
-    canonical_width: int = Field(default=81, ge=16, le=1024)
-    canonical_height: int = Field(default=92, ge=16, le=1024)
+    canonical_width: int = Field(default=81, ge=16, le=1024, description="width of the aligned canonical face (px)")
+    canonical_height: int = Field(default=92, ge=16, le=1024, description="height of the aligned canonical face (px)")
     color: bool | Literal["auto"] = Field(
         default="auto", description="release colour faces (each cluster's mean per channel): true, false, or auto "
                                     "(colour when most of a sample of the drop's images are colour, the method can "
@@ -165,17 +170,23 @@ class Settings(BaseSettings):
                     "degrees either way are quarantined with reason 'pose' (averaged with frontal faces they ghost); "
                     "90 = no pose limit and no estimate")
     # Eye centres in the canonical image, as fractions of width/height.
-    eye_left: tuple[float, float] = (0.30, 0.37)
-    eye_right: tuple[float, float] = (0.70, 0.37)
-    max_upsample: float = Field(default=4.0, gt=0)
-    min_eye_distance_px: float = Field(default=8.0, gt=0)
-    max_pixels: int = Field(default=100_000_000, ge=1)
+    eye_left: tuple[float, float] = Field(default=(0.30, 0.37), description="left eye centre in the canonical face "
+                                                                            "(x, y fractions of width and height)")
+    eye_right: tuple[float, float] = Field(default=(0.70, 0.37), description="right eye centre in the canonical "
+                                                                             "face (x, y fractions)")
+    max_upsample: float = Field(default=4.0, gt=0, description="largest magnification (canonical / source eye "
+                                                                "distance); beyond it: quarantined, face_too_small")
+    min_eye_distance_px: float = Field(default=8.0, gt=0, description="smallest source eye distance in pixels; "
+                                                                       "below it: quarantined, eyes_too_close")
+    max_pixels: int = Field(default=100_000_000, ge=1, description="decompression-bomb limit: the most pixels an "
+                                                                    "image may decode to (at most 3 bytes each)")
     feature_max_bytes: int = Field(
         default=FEATURE_MAX_BYTES, ge=1,
         description="the most bytes a feature drop's table may decode to (rows x dim x bytes per value), checked from "
                     "its Parquet metadata before decoding; a run holds several copies at its peak")
 
-    pca_components: int = Field(default=50, ge=1, le=2000)
+    pca_components: int = Field(default=50, ge=1, le=2000, description="eigenface (PCA) components of the features "
+                                                                       "that k-Same groups faces by")
     ksame_block_size: int = Field(default=2000, ge=2, le=10_000_000,
                                   description="faces of one partition above which k-Same groups blockwise, one Dask "
                                               "task per block of about half to all of this many faces")

@@ -78,6 +78,32 @@ EXIT_BY_TYPE: tuple[tuple[type[BaseException], int], ...] = (
     (IsADirectoryError, EXIT_BAD_INPUT),
     (OSError, EXIT_ENVIRONMENT),
 )
+# What each exit code means, for `deid run` and for `deid verify` ("" where the command never exits with it);
+# the documentation's exit-code table is generated from this, EXIT_BY_TYPE and VERIFY_EXIT (docs/gen_reference.py).
+EXIT_MEANINGS: dict[int, tuple[str, str]] = {
+    EXIT_OK: ("released: report signed, then the release published (a Prefect API lost after the verdict is a "
+              "warning, not a failure: the outcome on disk stands)",
+              "verified: signature (report.json's, or a release directory's `ATTESTATION.json`) checked against the "
+              "trusted `--public-key`, every file matches"),
+    EXIT_REJECTED: ("rejected by the gate (signed rejection)", "another verification problem"),
+    EXIT_BAD_INPUT: ("bad input data (`DataError`: no `manifest.csv`, a declared label missing, a file given for the "
+                     "drop; an unreadable drop is refused after signing a rejection naming the reason, and so is a "
+                     "data error raised later, e.g. inside the gate's attackers: check `gate_error`, \"REJECTED "
+                     "(unusable drop)\") or bad configuration (`ConfigError`: a CLI option, a `DEID_*` value, an "
+                     "unreadable or wrongly protected key file: before any work)",
+                     "bad input (a release, report or `--release` path that is not a directory, e.g. mistyped; "
+                     "`--release` with a release directory; an unusable `--public-key`)"),
+    EXIT_INTEGRITY_ONLY: ("", "**integrity only**: no `--public-key`, files match, signature *not* checked (a forged "
+                              "signature looks the same)"),
+    EXIT_STATE: ("stored state or internal error (`StateError`: a tampered, rolled-back or deleted lineage registry, "
+                 "after signing a rejection with check `state` naming it; publishing failed after signing, and a "
+                 "signed `addendum.json` says it was not published; keys present but inconsistent, e.g. a `.pub.pem` "
+                 "of another key; a ledger entry not claimed; a staged release the run cannot hash)", ""),
+    EXIT_ENVIRONMENT: ("environment failure (`EnvironmentFailure`, `OSError`): disk full, I/O error, permissions, a "
+                       "pinned package missing, the lineage database unreachable (never \"rejected\"; a signed "
+                       "rejection with check `environment` when the reports disk allows)", ""),
+    EXIT_INTERRUPTED: ("interrupted", "interrupted"),
+}
 
 
 def exit_code_for(exc: BaseException) -> int:
