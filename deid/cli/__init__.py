@@ -1,23 +1,10 @@
 """The ``deid`` command line: run, synth, import, verify, keygen.
 
-Exit codes are chosen by the *type* of what happened, never by message text:
-
-==== ==========================================================================================
-code meaning
-==== ==========================================================================================
-0    ``run``: released (report signed, release published); ``verify``: verified against a trusted key
-     (``verify PATH``: a release directory alone by its signed ATTESTATION.json, or a report directory)
-1    ``run``: rejected by the gate (signed rejection); ``verify``: other verification problem
-2    bad input or configuration (DataError/DropError, ConfigError, usage); an unreadable drop
-     still gets a signed rejection first
-3-7  ``verify``: bad signature, wrong key, missing file, hash mismatch, extra unlisted file (by failure type:
-     BadSignature, WrongKey, MissingFile, HashMismatch, UnlistedFile; see VERIFY_EXIT)
-8    ``verify`` without ``--public-key``: integrity only (files match, signature NOT checked)
-70   stored state or internal error (StateError, a bug): nothing half-published; ``--debug`` for the traceback
-74   environment failure (EnvironmentFailure / OSError: disk full, I/O error, permissions),
-     never a verdict on the data
-130  interrupted (Ctrl-C)
-==== ==========================================================================================
+Exit codes are chosen by the *type* of what happened, never by message text: :data:`EXIT_BY_TYPE` (exception
+type -> code), :data:`VERIFY_EXIT` (``deid verify``'s failure types -> 3-7) and :data:`EXIT_MEANINGS` (what each
+code means per command; the docs' exit-code table is generated from the three): 0 released / verified, 1 rejected,
+2 bad input or configuration, 3-7 verification failures by type, 8 integrity only, 70 stored state or internal
+error, 74 environment failure, 130 interrupted.
 
 Prefect is imported only by ``deid run``, so the other commands start fast.
 """
