@@ -168,7 +168,7 @@ class Recovery:
 
 def remove_path(path: Path) -> bool:
     """Remove a file, a link (never its target) or a directory tree; False when it is already gone
-    (another run or process removed it first). Other ``OSError``\ s propagate."""
+    (another run or process removed it first). Other ``OSError`` exceptions propagate."""
     try:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
