@@ -232,7 +232,7 @@ def report_link(result: RunResult) -> str | None:
 
 def refresh_catalogue(reports_dir: Path) -> None:
     """Rewrite reports/index.html (the catalogue ``deid releases`` writes) after a run; a failure only warns."""
-    from deid.release.catalogue import write_index  # noqa: PLC0415
+    from deid.reporting.catalogue_page import write_index  # noqa: PLC0415
 
     try:
         write_index(reports_dir)

@@ -23,7 +23,7 @@ from deid.anonymise.near_copy import NEAR_COPY
 from deid.errors import REASONS, ConfigError
 from deid.reporting.html_charts import Chart, cluster_chart, partition_chart, partition_name, reid_chart, utility_chart
 from deid.reporting.html_page import document, esc, fmt, round_numbers, strip_urls, table
-from deid.reporting.verdict import VerdictSummary, verdict_summary
+from deid.reporting.verdict import NOTHING_RELEASED, VerdictSummary, verdict_summary
 from deid.reporting.wording import check_requirement, measured, threshold_text
 from deid.reporting.html_validation import (
     VALIDATION_HTML,
@@ -45,6 +45,7 @@ __all__ = [
     "render_validation_html",
     "sample_release_images",
     "strip_urls",
+    "summary_html",
     "threshold_text",
     "write_report_bundle",
 ]
@@ -219,17 +220,27 @@ def _header(r: Mapping[str, Any]) -> str:
            f"<h1>{esc(ds.get('name', 'dataset'))}: k = {int(r['k'])}, {esc(r.get('method'))}</h1>",
            f'<div class="muted">release {esc(r.get("release_id"))} &middot; run {esc(r.get("run_id"))} '
            f"&middot; {esc(r.get('created_at'))}</div></header>"]
+    out.append(summary_html(summary))
+    return "".join(out)
+
+
+def summary_html(summary: VerdictSummary, *, figures: bool = False) -> str:
+    """The verdict summary as HTML (the classes of :data:`deid.reporting.html_page.CSS`): the guarantee box,
+    the causes root cause first, the warnings, and with ``figures`` its key figures (report.html has its own
+    tiles and tables; the catalogue shows the figures here)."""
     # Green only for a formal guarantee of a release; amber for a release on empirical evidence only; a
     # rejection promises nothing: red-edged grey, never the green box of a release.
-    if not summary.released:
+    if summary.guarantee.startswith(NOTHING_RELEASED) or not summary.released:
         cls, lead = "guarantee nothing", "Guarantee"
     elif summary.guarantee.lower().startswith("no formal"):
         cls, lead = "guarantee none", "Guarantee of this release"
     else:
         cls, lead = "guarantee", "Guarantee of this release"
-    out.append(f"<p class='{cls}'><b>{lead}:</b> {esc(summary.guarantee)}</p>")
-    out.append(_reasons_html(summary))
-    return "".join(out)
+    out = f"<p class='{cls}'><b>{lead}:</b> {esc(summary.guarantee)}</p>" + _reasons_html(summary)
+    if figures and summary.figures:
+        out += "<ul class='figures'>" + "".join(_summary_item(f"{label}: {text}") for label, text in summary.figures) \
+            + "</ul>"
+    return out
 
 
 def _tiles(r: Mapping[str, Any]) -> str:
