@@ -94,7 +94,7 @@ def render_index_html(entries: list[CatalogueEntry], *, reports_dir: Path) -> st
         verdict = f"<span class=\"verdict {cls}\">{esc(head)}</span>"
         if x.status:
             verdict += f"<br><span class=\"muted\">{esc(x.status)}</span>"
-        summary = summary_html(x.summary, figures=True) if isinstance(x.summary, VerdictSummary) else ""
+        summary = summary_html(x.summary, figures=True, fold_warnings=True) if isinstance(x.summary, VerdictSummary) else ""
         rows.append(
             f"<tr><td>{esc(x.created_at)}<br><b>{esc(x.dataset)}</b><br>k = {esc(x.k)}, {esc(x.method)}</td>"
             f"<td>{verdict}</td><td>{summary}</td>"

@@ -192,16 +192,22 @@ def _summary_item(text: str, note: str = "") -> str:
     return f"<li>{body}{f' <i>{esc(note)}</i>' if note else ''}</li>"
 
 
-def _reasons_html(summary: VerdictSummary) -> str:
-    """The summary's causes (root cause first, then its consequences) and its warnings."""
+def _reasons_html(summary: VerdictSummary, *, fold_warnings: bool = False) -> str:
+    """The summary's causes (root cause first, then its consequences) and its warnings (folded: a
+    ``<details>`` naming how many, for a page listing many runs)."""
     out = ""
     items = [_summary_item(c) for c in summary.causes]
     items += [_summary_item(c, "(a consequence of the above)") for c in summary.consequences]
     if items:
         out += '<div class="reasons"><b>Rejected because (root cause first):</b><ul>' + "".join(items) + "</ul></div>"
     if summary.warnings:
-        out += ('<div class="reasons warnings"><b>Not blocking, but read this:</b><ul>'
-                + "".join(_summary_item(w) for w in summary.warnings) + "</ul></div>")
+        warnings = "<ul>" + "".join(_summary_item(w) for w in summary.warnings) + "</ul>"
+        if fold_warnings:
+            n = len(summary.warnings)
+            out += (f'<details class="reasons warnings"><summary><b>Not blocking, but read this: {n} warning'
+                    f'{"s" if n > 1 else ""}</b></summary>{warnings}</details>')
+        else:
+            out += f'<div class="reasons warnings"><b>Not blocking, but read this:</b>{warnings}</div>'
     return out
 
 
@@ -224,10 +230,10 @@ def _header(r: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
-def summary_html(summary: VerdictSummary, *, figures: bool = False) -> str:
+def summary_html(summary: VerdictSummary, *, figures: bool = False, fold_warnings: bool = False) -> str:
     """The verdict summary as HTML (the classes of :data:`deid.reporting.html_page.CSS`): the guarantee box,
     the causes root cause first, the warnings, and with ``figures`` its key figures (report.html has its own
-    tiles and tables; the catalogue shows the figures here)."""
+    tiles and tables; the catalogue shows the figures here, its warnings folded: ``fold_warnings``)."""
     # Green only for a formal guarantee of a release; amber for a release on empirical evidence only; a
     # rejection promises nothing: red-edged grey, never the green box of a release.
     if summary.guarantee.startswith(NOTHING_RELEASED) or not summary.released:
@@ -236,7 +242,8 @@ def summary_html(summary: VerdictSummary, *, figures: bool = False) -> str:
         cls, lead = "guarantee none", "Guarantee of this release"
     else:
         cls, lead = "guarantee", "Guarantee of this release"
-    out = f"<p class='{cls}'><b>{lead}:</b> {esc(summary.guarantee)}</p>" + _reasons_html(summary)
+    out = f"<p class='{cls}'><b>{lead}:</b> {esc(summary.guarantee)}</p>" + _reasons_html(
+        summary, fold_warnings=fold_warnings)
     if figures and summary.figures:
         out += "<ul class='figures'>" + "".join(_summary_item(f"{label}: {text}") for label, text in summary.figures) \
             + "</ul>"
