@@ -13,7 +13,15 @@ from deid.cli import print_summary
 from deid.reporting.html_report import render_report_html
 from deid.reporting.markdown import md, md_cell
 from deid.reporting.report import Report
-from deid.reporting.verdict import DETAIL_CHARS, NOTHING_RELEASED, check_rows, checks_description, verdict_summary
+from deid.reporting.verdict import (
+    DETAIL_CHARS,
+    NOTHING_RELEASED,
+    REQUIRED_CHARS,
+    REQUIREMENT_CHARS,
+    check_rows,
+    checks_description,
+    verdict_summary,
+)
 
 # The UI renders artifacts with a CommonMark renderer (tables as in GitHub Markdown).
 _RENDER = MarkdownIt("commonmark").enable("table")
@@ -63,8 +71,7 @@ def test_thresholds_keep_their_direction_in_markdown():
 
 
 def test_checks_table_states_status_and_fits_a_screen():
-    rows = {r["requirement"].rsplit("(", 1)[1].rstrip(")").replace("\\_", "_"): r for r in
-            check_rows(_inconclusive_release())}
+    rows = {r["check"].replace("\\_", "_"): r for r in check_rows(_inconclusive_release())}
     assert all("passed" not in r for r in rows.values())
     assert rows["utility_gender"]["result"] == "inconclusive (not blocking)"
     assert rows["lineage_label_mix"]["result"] == "not applicable"
@@ -72,8 +79,11 @@ def test_checks_table_states_status_and_fits_a_screen():
     assert all(len(r["detail"].replace("\\", "")) <= DETAIL_CHARS for r in rows.values())
     assert rows["lineage_label_mix"]["detail"].endswith("\u2026")
     assert md_cell(3) == 3 and md_cell("a\nb") == "a b"
-    # The UI cuts a wide table at the screen's edge: the short decisive columns first, the sentences after.
-    assert list(check_rows(_inconclusive_release())[0]) == ["result", "measured", "required", "requirement", "detail"]
+    # The UI cuts a wide table at the screen's edge: result, requirement and required first, the long cells cut.
+    assert list(check_rows(_inconclusive_release())[0]) == ["result", "requirement", "required", "measured", "check",
+                                                            "detail"]
+    assert all(len(r["requirement"].replace("\\", "")) <= REQUIREMENT_CHARS and
+               len(r["required"].replace("\\", "")) <= REQUIRED_CHARS for r in rows.values())
     n = len(_inconclusive_release()["checks"])
     assert checks_description(_inconclusive_release()) == \
         f"{n} gate checks: 1 inconclusive, {n - 2} pass, 1 not applicable"

@@ -35,6 +35,10 @@ __all__ = ["NOTHING_RELEASED", "VerdictSummary", "check_rows", "checks_descripti
 
 NOTHING_RELEASED = "none: nothing released"
 DETAIL_CHARS = 90  # the checks table's detail column (report.html shows the whole text)
+# The UI sizes each column of a table artifact to its longest cell and cuts the table at the screen's
+# edge: the requirement and required cells are cut so result, requirement and required fit 1400 px.
+REQUIREMENT_CHARS = 48
+REQUIRED_CHARS = 24
 
 # Failed checks in cause order: what is wrong with the drop first, then what the gate measured, then
 # what follows from any failure (nothing released, the records judged not adding up).
@@ -254,10 +258,11 @@ def check_rows(report: Any) -> list[dict[str, Any]]:
 
     ``result`` states the status (``inconclusive (not blocking)``, ``not applicable``), never a bare
     ``true``; ``required`` carries its direction (``>= 5``); ``detail`` is cut to
-    :data:`DETAIL_CHARS` characters (report.html has it whole), so the table fits a screen. The
-    columns run result, measured, required, requirement, detail: the UI sizes a column to its
-    longest cell and cuts the table at the screen's edge, so the short decisive cells come first
-    (with the requirement's sentence first, result and required sat off a 1400 px screen).
+    :data:`DETAIL_CHARS` characters (report.html has it whole). The columns run result,
+    requirement, required, measured, check (its name), detail, the requirement and required cut
+    (:data:`REQUIREMENT_CHARS`, :data:`REQUIRED_CHARS`): the UI sizes a column to its longest cell
+    and cuts the table at the screen's edge, and with the whole sentence and the name first, result
+    and required sat off a 1400 px screen.
     """
     d = _as_dict(report)
     rows = []
@@ -265,8 +270,10 @@ def check_rows(report: Any) -> list[dict[str, Any]]:
         if not isinstance(c, Mapping):
             continue
         name = str(c.get("name"))
-        rows.append({"result": md_cell(status_text(c)), "measured": md_cell(measured(c)),
-                     "required": md_cell(threshold_text(name, c.get("threshold"))),
-                     "requirement": md_cell(f"{check_requirement(name)} ({name})"),
+        rows.append({"result": md_cell(status_text(c)),
+                     "requirement": md_cell(check_requirement(name), limit=REQUIREMENT_CHARS),
+                     "required": md_cell(threshold_text(name, c.get("threshold")), limit=REQUIRED_CHARS),
+                     "measured": md_cell(measured(c)),
+                     "check": md_cell(name),
                      "detail": md_cell(round_numbers(str(c.get("detail") or "")), limit=DETAIL_CHARS)})
     return rows
