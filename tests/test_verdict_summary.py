@@ -98,7 +98,7 @@ def test_artifact_card_and_report_link():
     assert links == ["http://127.0.0.1:4201/rel-1/report.html"]
     local = verdict_summary(_inconclusive_release(), report_html="/srv/reports/rel-1/report.html")
     assert "<code>/srv/reports/rel-1/report.html</code>" in _RENDER.render(local.markdown())
-    assert local.description().startswith("RELEASED: guarantee ")
+    assert local.description().startswith("RELEASED: guarantee ") and len(local.description()) <= 100
 
 
 def test_rejected_summary_states_no_guarantee_and_the_root_cause_first():

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from deid.reporting.html_page import round_numbers
-from deid.reporting.markdown import md, md_cell
+from deid.reporting.markdown import md, md_cell, truncate
 from deid.reporting.wording import check_requirement, measured, status_text, threshold_text
 
 __all__ = ["NOTHING_RELEASED", "VerdictSummary", "check_rows", "checks_description", "root_cause_order",
@@ -39,6 +39,7 @@ DETAIL_CHARS = 90  # the checks table's detail column (report.html shows the who
 # edge: the requirement and required cells are cut so result, requirement and required fit 1400 px.
 REQUIREMENT_CHARS = 48
 REQUIRED_CHARS = 24
+DESCRIPTION_CHARS = 100  # an artifact card's line (the UI cuts it at ~50 on the card, and shows it whole above the page)
 
 # Failed checks in cause order: what is wrong with the drop first, then what the gate measured, then
 # what follows from any failure (nothing released, the records judged not adding up).
@@ -122,9 +123,10 @@ class VerdictSummary:
         return "\n".join(lines)
 
     def description(self) -> str:
-        """One line for an artifact card: the headline, then the root cause or the guarantee, plain text."""
+        """One line for an artifact card (and above the artifact's page): the headline, then the root cause or
+        the guarantee, plain text, at most :data:`DESCRIPTION_CHARS` characters (the page has them whole)."""
         why = self.causes[0].split(" (", 1)[0] if self.causes else f"guarantee {self.guarantee}"
-        return f"{self.headline}: {why}"
+        return truncate(f"{self.headline}: {why}", DESCRIPTION_CHARS)
 
 
 def _as_dict(report: Any) -> Mapping[str, Any]:
