@@ -95,16 +95,18 @@ def render_index_html(entries: list[CatalogueEntry], *, reports_dir: Path) -> st
         if x.status:
             verdict += f"<br><span class=\"muted\">{esc(x.status)}</span>"
         summary = summary_html(x.summary, figures=True, fold_warnings=True) if isinstance(x.summary, VerdictSummary) else ""
+        # The date and the release id on one line each (the narrow columns broke them at their hyphens).
+        date = esc(x.created_at.replace("T", " ").replace("Z", " UTC") if x.created_at else None)
         rows.append(
-            f"<tr><td>{esc(x.created_at)}<br><b>{esc(x.dataset)}</b><br>k = {esc(x.k)}, {esc(x.method)}</td>"
-            f"<td>{verdict}</td><td>{summary}</td>"
-            f"<td>{link}<br><span class=\"muted\">{esc(x.release_id)}</span></td></tr>")
+            f"<tr><td><span class=\"nowrap\">{date}</span><br><b>{esc(x.dataset)}</b><br>k = {esc(x.k)}, "
+            f"{esc(x.method)}</td><td>{verdict}</td><td>{summary}</td>"
+            f"<td class=\"nowrap\">{link}<br><span class=\"muted\">{esc(x.release_id)}</span></td></tr>")
     released = sum(x.verdict == "released" and x.status is None for x in entries)
     body = (f"<h1>deid releases</h1><p class=\"muted\">{len(entries)} runs, {released} released, newest first. Each "
             "row is the run's verdict summary (as <code>deid run</code>, the Prefect UI and report.html state it) "
             "and links its signed report; check a release with "
             "<code>deid verify RELEASE_DIR --public-key KEY</code>.</p>"
-            "<table class=\"catalogue\"><thead><tr><th>run (date UTC, dataset, k, method)</th><th>verdict</th>"
+            "<table class=\"catalogue\"><thead><tr><th>run (date, dataset, k, method)</th><th>verdict</th>"
             "<th>guarantee, why, key figures</th><th>report</th></tr></thead><tbody>" + "".join(rows)
             + "</tbody></table>")
     return document("deid releases", body)
