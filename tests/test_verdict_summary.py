@@ -115,6 +115,8 @@ def test_rejected_summary_states_no_guarantee_and_the_root_cause_first():
     page = render_report_html(_k_too_large())
     assert "class='guarantee'" not in page and GUARANTEE not in page
     assert page.index("12 distinct usable people") < page.index("At least one record is released</b>")
+    # Labels declared, nothing measured: said so, not "No utility labels were measured" (seen on a screenshot).
+    assert "Not measured: the drop declares gender, expression, but the run was rejected before the gate" in page
 
 
 def test_cli_summary_prints_warnings_guarantee_and_report_html(tmp_path, capsys):

@@ -328,7 +328,12 @@ def _membership(privacy: Mapping[str, Any]) -> str:
 def _utility(r: Mapping[str, Any]) -> str:
     utility = list(r.get("utility") or [])
     if not utility:
-        return "<h2>Utility</h2><p class='muted'>No utility labels were measured.</p>"
+        labels = (r.get("configuration") or {}).get("labels") or []
+        # Labels declared but nothing measured: the run stopped before the utility check (e.g. too few people).
+        why = (f"Not measured: the drop declares {esc(', '.join(map(str, labels)))}, but the run was rejected "
+               "before the gate measured utility (see the reasons above)." if labels and r.get("verdict") == "rejected"
+               else "No utility labels were measured.")
+        return f"<h2>Utility</h2><p class='muted'>{why}</p>"
     out = ["<h2>Utility</h2>", "<p>Can a classifier still learn each label from the release? Accuracy on the "
            "originals vs on the release; the gate decides from the cross-fit rows, the others are evidence.</p>",
            _chart(utility_chart(utility))]
