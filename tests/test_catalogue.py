@@ -2,8 +2,9 @@
 import json
 import re
 
-from deid.release.catalogue import read_catalogue, write_index
 from deid.cli import main
+from deid.release.catalogue import read_catalogue
+from deid.reporting.catalogue_page import write_index
 
 
 def _report(release_id, *, verdict="released", created="2026-11-01T10:00:00Z", name="london", k=5, reasons=()):
@@ -39,8 +40,15 @@ def _write(root, report, *, signed=True, html=True):
 def _reports(tmp_path):
     root = tmp_path / "reports"
     _write(root, _report("rel-old", created="2026-10-01T09:00:00Z"))
-    _write(root, _report("rel-rej", verdict="rejected", created="2026-11-02T09:00:00Z", name="drop <b>x</b>",
-                         reasons=["utility_gender: release 0.5 vs originals 0.9 - tolerance 0.05"]))
+    rej = _report("rel-rej", verdict="rejected", created="2026-11-02T09:00:00Z", name="drop <b>x</b>",
+                  reasons=["utility_gender: release 0.5 vs originals 0.9 - tolerance 0.05"])
+    rej["checks"] = [{"name": "enough_people", "passed": True, "status": "pass", "value": 40, "threshold": ">= 5"},
+                     {"name": "release_not_empty", "passed": False, "status": "fail", "value": 0, "threshold": ">= 1",
+                      "detail": "nothing to release"},
+                     {"name": "utility_gender", "passed": False, "status": "fail", "value": 0.4, "threshold": 0.05,
+                      "detail": "release 0.5 vs originals 0.9 - tolerance 0.05"}]
+    rej["guarantee"] = "formal: 1/k bound (k-Same)"
+    _write(root, rej)
     d = _write(root, _report("rel-gone", created="2026-11-03T09:00:00Z"))
     (d / "addendum.json").write_text(json.dumps({"event": "not_published", "release_published": False}))
     _write(root, _report("rel-nosig", created="2026-11-04T09:00:00Z"), signed=False, html=False)
@@ -67,8 +75,20 @@ def test_catalogue_lists_every_run_newest_first_with_its_state(tmp_path):
 
 
 def test_index_html_links_each_report_relatively_and_references_nothing_external(tmp_path):
+    from deid.reporting.verdict import verdict_summary
+
     root = _reports(tmp_path)
     page = write_index(root).read_text()
+    # Each run is its verdict summary, rendered (the words deid run, the Prefect UI and report.html use).
+    rej = verdict_summary(json.loads((root / "rel-rej" / "report.json").read_text()))
+    assert rej.causes and rej.consequences and rej.guarantee == "none: nothing released"
+    for text in (*rej.causes, *rej.consequences, "(a consequence of the above)"):
+        assert text.split(": ", 1)[-1].replace("&", "&amp;").replace(">", "&gt;") in page, text
+    rows = {r.split('href="')[1].split("/")[0]: r for r in page.split("<tr>") if 'href="' in r}
+    assert "none: nothing released" in rows["rel-rej"] and "formal" not in rows["rel-rej"]  # it promises nothing
+    assert "guarantee nothing'><b>Guarantee:</b> none: nothing released (not published (signed addendum: " \
+        "not_published))" in rows["rel-gone"]  # the grey box of a run that released nothing, not the green one
+    assert "re-identification</b>: max 0.1700 (highest bound: pca (naive) 0.170 [0.050, 0.310], n=40)" in rows["rel-old"]
     links = re.findall(r'href="([^"]+)"', page)
     assert sorted(links) == ["rel-gone/report.html", "rel-old/report.html", "rel-rej/report.html"]
     assert all((root / link).is_file() for link in links)
@@ -83,13 +103,21 @@ def test_deid_releases_prints_the_catalogue_and_writes_the_index(tmp_path, capsy
     root = _reports(tmp_path)
     assert main(["releases", "--reports-dir", str(root)]) == 0
     out = capsys.readouterr().out
-    assert "rel-old  RELEASED" in out and "rel-rej  REJECTED" in out and "reason: utility_gender" in out
-    assert "max re-id rate 0.170 (bound 1/k 0.200)" in out and str(root / "rel-old" / "report.json") in out
+    assert "rel-old  RELEASED" in out and "rel-rej  REJECTED" in out
+    # The verdict summary: the root cause before its consequence, no guarantee for a rejection, the figures
+    # rounded with their interval and n, report.html's path (report.json's only where there is no report.html).
+    block = out[out.index("rel-rej  REJECTED"):out.index("rel-old  RELEASED")]
+    assert block.index("  cause: ") < block.index("  then: ") and "guarantee: none: nothing released" in block
+    assert "re-identification: max 0.1700 (highest bound: pca (naive) 0.170 [0.050, 0.310], n=40); bound 1/k = " \
+        "0.2000" in out
+    assert f"report: {root / 'rel-old' / 'report.html'}" in out
+    assert f"report: {root / 'rel-nosig' / 'report.json'} (no report.html)" in out
     assert "5 runs: 1 released, 4 rejected, unpublished, unsigned or unreadable" in out
     assert (root / "index.html").is_file()
     assert main(["releases", "--reports-dir", str(root), "--json", "--no-index"]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [e["release_id"] for e in listed][:2] == ["rel-nosig", "rel-gone"]
+    assert listed[0]["summary"]["verdict"] == "released" and listed[0]["summary"]["figures"]
 
 
 def test_deid_releases_on_a_missing_directory_is_bad_input(tmp_path, capsys):

@@ -137,7 +137,7 @@ def test_rare_labels_stay_out_of_the_report_and_formulas_out_of_release_csv(proj
     import csv
 
     from deid.orchestration.flow import run_flow
-    from deid.release.catalogue import write_index
+    from deid.reporting.catalogue_page import write_index
 
     for key, value in FAST.items():
         monkeypatch.setenv(key, value)

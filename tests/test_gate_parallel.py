@@ -36,11 +36,30 @@ def _gate_inputs(n_people: int = 30, seed: int = 1) -> GateInputs:
         deidentify=method_runner("k-same-select", shape=SHAPE, k=5, n_components=10))
 
 
-def test_the_parallel_gate_gives_the_serial_figures():
+def test_the_parallel_gate_gives_the_serial_figures(caplog, monkeypatch):
+    import functools
+    import logging
+
+    from deid.evaluation import gate as g
+
     inputs = _gate_inputs()
     config = GateConfig(k=5, method="k-same-select", labels=("bright",), repeats=1, deep_attack_sample=5, min_probes=1,
                         attackers=("pca-whitened-cosine", "lbp-chi2", "dlib-resnet"))
-    serial = evaluate(inputs, config)
+    # The serial gate names its parts and beats while one runs, as the parallel one does (a heartbeat every
+    # 15 s in a run; every 10 ms here, so every part's run shows one).
+    monkeypatch.setattr(g, "PartsProgress", functools.partial(g.PartsProgress, every_seconds=0.01))
+    with caplog.at_level(logging.INFO, logger="deid.progress"):
+        serial = evaluate(inputs, config)
+    lines = [r.getMessage() for r in caplog.records if r.name == "deid.progress" and r.getMessage().startswith("gate:")]
+    parts = ["attack pca-whitened-cosine+lbp-chi2", "attack dlib-resnet (cap 5)", "leaks", "membership", "cross-fit",
+             "protocols"]
+    assert lines[1] == "gate: 6 parts on 1 process(es): " + ", ".join(parts), lines[:3]
+    assert [x.split(" done in")[0] for x in lines if " done in " in x and x.startswith("gate: part ")] == [
+        f"gate: part {p}" for p in parts]
+    assert any(x.startswith("gate: working;") and "running: attack pca-whitened-cosine+lbp-chi2 (" in x
+               for x in lines), lines
+    assert any(x.startswith("gate: part protocols done in") and "all 6 parts done in" in x for x in lines), lines
+    monkeypatch.undo()
     pool = PoolExecutor(2, warm=None)
     parts = []
     map_ = pool.map

@@ -101,7 +101,16 @@ def test_states_names_tags_and_parameters_through_the_api(runs):
     # run that released nothing.)
     assert "**REJECTED**" in verdict and "Re-identification attacks succeed at most 1/k of the time: not met" in \
         verdict and "**Guarantee:** none: nothing released" in verdict and "formal" not in verdict, verdict
-    assert "**report.html**: `/" in verdict and "file://" not in verdict
+    # report.html as a link to `deid server`'s reports server (served: it opens), never a file:// link.
+    assert f"**report.html**: [http://127.0.0.1:{runs['reports_port']}/rel-" in verdict and "file://" not in verdict
+
+
+def _text(dom: str, *, sep: str = " ") -> str:
+    """What the page shows as text: tags replaced by ``sep`` (scripts and styles dropped), entities decoded."""
+    import html
+    import re
+
+    return html.unescape(re.sub(r"<[^>]+>", sep, re.sub(r"(?s)<(script|style)\b.*?</\1>", "", dom)))
 
 
 def _page(exe: str, profile: Path, url: str, *, shows: str) -> str:
@@ -125,7 +134,8 @@ def test_runs_page_shows_rejected_and_completed_in_a_realbrowser(runs, tmp_path)
 
 
 def test_parameters_tab_and_report_link_in_a_realbrowser(runs, tmp_path):
-    """The Parameters tab shows the values used; the deid-report artifact is a link that opens report.html."""
+    """The Parameters tab shows the values used; the checks table keeps its thresholds' direction; a rejection
+    shows no guarantee; the deid-report artifact and the verdict's report.html are links that open report.html."""
     import re
     import urllib.request
 
@@ -134,7 +144,41 @@ def test_parameters_tab_and_report_link_in_a_realbrowser(runs, tmp_path):
     released = _run(runs, "verdict:released", "faces k=3 k-same-select")
     dom = _page(exe, tmp_path / "profile", f"http://127.0.0.1:{port}/runs/flow-run/{released['id']}?tab=Parameters",
                 shows="expression")
-    assert "expression" in dom and "small_partitions" in dom and "sigma" not in dom, "Parameters tab"
+    # The tab's JSON as rendered equals the values the run used (its signed report's), drop.yaml's included.
+    shown = _text(dom, sep="")
+    params, _ = json.JSONDecoder().raw_decode(shown[shown.index('{\n  "drop"'):])
+    report = json.loads((runs["base"] / "project" / "reports" / next(
+        t.split(":", 1)[1] for t in released["tags"] if t.startswith("release:")) / "report.json").read_text())
+    cfg = report["configuration"]
+    assert params == released["parameters"] and "sigma" not in params and "block" not in params, params
+    assert (params["k"], params["method"], params["name"]) == (report["k"], report["method"], report["dataset"]["name"])
+    assert params["labels"] == cfg["labels"] == ["gender", "expression"]
+    assert params["small_partitions"] == cfg["small_partitions"]
+    # The checks table as the UI renders it (every cell as Markdown): thresholds keep ">=" (not a blockquote
+    # "= 3"), the result states the status, and the short decisive columns come first.
+    arts = api(runs["url"], "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [released["id"]]}}})
+    checks = next(a for a in arts if a["key"] == "deid-checks")
+    dom = _page(exe, tmp_path / "profile", f"http://127.0.0.1:{port}/artifacts/artifact/{checks['id']}",
+                shows="min_distinct_people_per_cluster")
+    table = " ".join(_text(dom[dom.index("<table"):dom.rindex("</table>")]).split())
+    assert "blockquote" not in dom[dom.index("<table"):dom.rindex("</table>")]
+    assert re.search(r"pass Every cluster holds at least k distinct people >= 3 3 min_distinct_people_per_cluster",
+                     table), table[:3000]
+    assert re.search(r"pass At least one record is released >= 1 \d+ release_not_empty", table), table[:3000]
+    assert " true " not in f" {table} " and checks["description"].startswith(f"{len(report['checks'])} gate checks")
+    # A rejected run's verdict as rendered: no guarantee, and its report.html link opens that report.
+    few = _run(runs, "verdict:rejected", "few k=3 k-same-select")
+    verdict = next(a for a in api(runs["url"], "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [
+        few["id"]]}}}) if a["key"] == "deid-verdict")
+    dom = _page(exe, tmp_path / "profile", f"http://127.0.0.1:{port}/artifacts/artifact/{verdict['id']}",
+                shows="nothing released")
+    shown = " ".join(_text(dom).split())
+    assert "REJECTED" in shown and "Guarantee: none: nothing released" in shown and "formal" not in shown, shown
+    assert verdict["description"].startswith("REJECTED: The drop has at least k distinct usable people")
+    href = re.search(rf'href="(http://127\.0\.0\.1:{runs["reports_port"]}/(rel-[0-9a-f]+)/report\.html)"', dom)
+    assert href, "no link to report.html in the rejected run's verdict"
+    with urllib.request.urlopen(href.group(1), timeout=10) as r:
+        assert r.read() == (runs["base"] / "project" / "reports" / href.group(2) / "report.html").read_bytes()
     (art,) = api(runs["url"], "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [released["id"]]},
                                                                    "key": {"any_": ["deid-report"]}}})
     dom = _page(exe, tmp_path / "profile", f"http://127.0.0.1:{port}/artifacts/artifact/{art['id']}",

@@ -13,7 +13,15 @@ from deid.cli import print_summary
 from deid.reporting.html_report import render_report_html
 from deid.reporting.markdown import md, md_cell
 from deid.reporting.report import Report
-from deid.reporting.verdict import DETAIL_CHARS, NOTHING_RELEASED, check_rows, verdict_summary
+from deid.reporting.verdict import (
+    DETAIL_CHARS,
+    NOTHING_RELEASED,
+    REQUIRED_CHARS,
+    REQUIREMENT_CHARS,
+    check_rows,
+    checks_description,
+    verdict_summary,
+)
 
 # The UI renders artifacts with a CommonMark renderer (tables as in GitHub Markdown).
 _RENDER = MarkdownIt("commonmark").enable("table")
@@ -63,8 +71,7 @@ def test_thresholds_keep_their_direction_in_markdown():
 
 
 def test_checks_table_states_status_and_fits_a_screen():
-    rows = {r["requirement"].rsplit("(", 1)[1].rstrip(")").replace("\\_", "_"): r for r in
-            check_rows(_inconclusive_release())}
+    rows = {r["check"].replace("\\_", "_"): r for r in check_rows(_inconclusive_release())}
     assert all("passed" not in r for r in rows.values())
     assert rows["utility_gender"]["result"] == "inconclusive (not blocking)"
     assert rows["lineage_label_mix"]["result"] == "not applicable"
@@ -72,6 +79,26 @@ def test_checks_table_states_status_and_fits_a_screen():
     assert all(len(r["detail"].replace("\\", "")) <= DETAIL_CHARS for r in rows.values())
     assert rows["lineage_label_mix"]["detail"].endswith("\u2026")
     assert md_cell(3) == 3 and md_cell("a\nb") == "a b"
+    # The UI cuts a wide table at the screen's edge: result, requirement and required first, the long cells cut.
+    assert list(check_rows(_inconclusive_release())[0]) == ["result", "requirement", "required", "measured", "check",
+                                                            "detail"]
+    assert all(len(r["requirement"].replace("\\", "")) <= REQUIREMENT_CHARS and
+               len(r["required"].replace("\\", "")) <= REQUIRED_CHARS for r in rows.values())
+    n = len(_inconclusive_release()["checks"])
+    assert checks_description(_inconclusive_release()) == \
+        f"{n} gate checks: 1 inconclusive, {n - 2} pass, 1 not applicable"
+    assert checks_description(_k_too_large()) == "3 gate checks: 3 FAIL"
+
+
+def test_artifact_card_and_report_link():
+    """The verdict card's one line names the root cause; a served report.html is a Markdown link, a path is code."""
+    s = verdict_summary(_k_too_large(), report_html="http://127.0.0.1:4201/rel-1/report.html")
+    assert s.description() == "REJECTED: The drop has at least k distinct usable people: not met"
+    links = re.findall(r'<a href="([^"]+)"', _RENDER.render(s.markdown()))
+    assert links == ["http://127.0.0.1:4201/rel-1/report.html"]
+    local = verdict_summary(_inconclusive_release(), report_html="/srv/reports/rel-1/report.html")
+    assert "<code>/srv/reports/rel-1/report.html</code>" in _RENDER.render(local.markdown())
+    assert local.description().startswith("RELEASED: guarantee ") and len(local.description()) <= 100
 
 
 def test_rejected_summary_states_no_guarantee_and_the_root_cause_first():
@@ -88,6 +115,8 @@ def test_rejected_summary_states_no_guarantee_and_the_root_cause_first():
     page = render_report_html(_k_too_large())
     assert "class='guarantee'" not in page and GUARANTEE not in page
     assert page.index("12 distinct usable people") < page.index("At least one record is released</b>")
+    # Labels declared, nothing measured: said so, not "No utility labels were measured" (seen on a screenshot).
+    assert "Not measured: the drop declares gender, expression, but the run was rejected before the gate" in page
 
 
 def test_cli_summary_prints_warnings_guarantee_and_report_html(tmp_path, capsys):

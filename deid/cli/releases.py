@@ -10,7 +10,7 @@ EXIT_OK, EXIT_BAD_INPUT = 0, 2
 
 
 def cmd_releases(args) -> int:
-    from deid.release.catalogue import catalogue_text, read_catalogue, write_index
+    from deid.reporting.catalogue_page import catalogue_text, read_catalogue, write_index
     from deid.errors import ConfigError
 
     if args.reports_dir:

@@ -966,20 +966,20 @@ def _evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any, pool: An
     membership = None
     if inputs.n:
         checks.append(closeness_check(inputs, config))
-        parts = None
         if _parallel(inputs, executor):
             parts = parallel_parts(inputs, config, executor)
         elif _parallel(inputs, pool):
             parts = parallel_parts(inputs, config, pool, large=True, **({"ready": ready} if ready else {}))
-        p_checks, reid, max_rate, sample = privacy_checks(inputs, config, exact=exact,
-                                                          rows=None if parts is None else parts.attack_rows)
+        else:
+            parts = serial_parts(inputs, config)
+        p_checks, reid, max_rate, sample = privacy_checks(inputs, config, exact=exact, rows=parts.attack_rows)
         checks.extend(p_checks)
         log.info("gate: max re-identification rate %s over %d attacker x mode pairs (bound %.4f)",
                  "insufficient evidence" if max_rate is None else f"{max_rate:.4f}", len(reid), 1 / config.k)
-        checks.extend(leak_checks(inputs, config) if parts is None or parts.leaks is None else parts.leaks)
-        membership = membership_disclosure(inputs, config)
+        checks.extend(leak_checks(inputs, config) if parts.leaks is None else parts.leaks)
+        membership = membership_disclosure(inputs, config) if parts.membership is None else parts.membership
         checks.append(membership_check(membership, config.membership_max_advantage))
-        u_checks, util = utility_checks(inputs, config) if parts is None else parts.utility
+        u_checks, util = parts.utility
         checks.extend(u_checks)
     result = GateResult(checks=tuple(checks), reidentification=tuple(reid), utility=tuple(util),
                         max_rate=max_rate, min_people=min_people, max_person_share=share, exact_bound=exact,
@@ -1035,11 +1035,13 @@ class SampleFetch:
 
 @dataclass(frozen=True)
 class ParallelParts:
-    """What :func:`parallel_parts` computed: the attack rows in gate order, the utility checks and rows."""
+    """What :func:`parallel_parts` (or :func:`serial_parts`) computed: the attack rows in gate order, the utility
+    checks and rows, and (when computed there) the leak checks and the membership disclosure."""
 
     attack_rows: list[dict]
     utility: tuple[list[Check], list[dict]]
     leaks: list[Check] | None = None
+    membership: dict | None = None
 
 
 def _parallel(inputs: GateInputs, executor: Any) -> bool:
@@ -1085,7 +1087,8 @@ def _timed_part(label: str, **kwargs: Any) -> tuple[str, float, Any]:
 
 # Relative prior costs of the gate's parts for the time-left estimate (deid.progress.PartsProgress scales
 # them by the parts' measured seconds): the deep recogniser and the cross-fit dominate.
-_PART_WEIGHT = {"attack-deep": 4.0, "cross-fit": 3.0, "protocols": 2.0, "leaks": 1.0, "attack": 1.0}
+_PART_WEIGHT = {"attack-deep": 4.0, "cross-fit": 3.0, "protocols": 2.0, "membership": 2.0, "leaks": 1.0,
+                "attack": 1.0}
 
 
 def _part_label(call: Mapping[str, Any]) -> str:
@@ -1155,6 +1158,50 @@ def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any, *, lar
     utility = ((done["cross-fit", ()][0], done["cross-fit", ()][1] + done["protocols", ()]) if config.labels else
                utility_checks(inputs, config))
     return ParallelParts(attack_rows=rows, utility=utility, leaks=done.get(("leaks", ())))
+
+
+def serial_parts(inputs: GateInputs, config: GateConfig) -> ParallelParts:
+    """The gate's parts one after another in this process, with the progress of :func:`parallel_parts`.
+
+    The serial gate (no pool: a study's evaluations, a run on one worker, a method runner that cannot
+    travel) runs the same functions in the same order as before: each attack group (the attackers
+    that share a sample, as one part: they share its parrot gallery and distinct images), the leak
+    checks, the membership disclosure, the cross-fit and the evidence-only protocols. So its figures
+    are unchanged; what it gains is the parallel path's :class:`deid.progress.PartsProgress`: the
+    parts named up front, a line as each ends with its measured seconds, a heartbeat at least every
+    15 s naming the running part, and the time left from the parts' measured costs (a group's prior
+    weight is the sum of its attackers').
+    """
+    groups = attack_groups(inputs, config)
+    # Within the attack parts, a line per attacker x mode pair as before (the parts' lines say which group runs).
+    pairs = Progress(f"gate: attacks on {len(gate_attack_sample(inputs, config))} records",
+                     unit="attacker x mode pairs").start(sum(len(g) for _, g in groups) * len(attack_modes(inputs, config)))
+    plan: list[tuple[str, float, Callable[[], Any]]] = [
+        (_part_label({"part": "attack", "cap": cap, "attackers": group}),
+         sum(_PART_WEIGHT["attack-deep" if n in DEEP_ATTACKERS else "attack"] for n in group),
+         lambda cap=cap, group=group: attack_rows(inputs, config, cap=cap, attackers=group,
+                                                  on_pair=lambda a, m: pairs.advance(note=f"{a}/{m}")))
+        for cap, group in groups]
+    plan += [("leaks", _PART_WEIGHT["leaks"], lambda: leak_checks(inputs, config)),
+             ("membership", _PART_WEIGHT["membership"], lambda: membership_disclosure(inputs, config))]
+    if config.labels:
+        plan += [("cross-fit", _PART_WEIGHT["cross-fit"], lambda: cross_fit_checks(inputs, config)),
+                 ("protocols", _PART_WEIGHT["protocols"], lambda: protocol_rows(inputs, config))]
+    names = [x for x, _, _ in plan]
+    names = [f"{x} #{i}" if names.count(x) > 1 else x for i, x in enumerate(names)]
+    progress = PartsProgress("gate", [(x, w) for x, (_, w, _) in zip(names, plan)], workers=1).start()
+    done: dict[str, Any] = {}
+    try:
+        for name, (_, _, run) in zip(names, plan):
+            t0 = time.perf_counter()
+            done[name] = run()
+            progress.done(name, time.perf_counter() - t0)
+    finally:
+        progress.finish()
+    rows = [r for name in names[:len(groups)] for r in done[name]]  # the attack parts come first, in group order
+    utility = ((done["cross-fit"][0], done["cross-fit"][1] + done["protocols"]) if config.labels else
+               utility_checks(inputs, config))
+    return ParallelParts(attack_rows=rows, utility=utility, leaks=done["leaks"], membership=done["membership"])
 
 
 def _helper_size(inputs: GateInputs, config: GateConfig) -> bool:

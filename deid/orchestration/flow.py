@@ -34,7 +34,7 @@ from deid.orchestration.cluster import dask_executor
 from deid.orchestration.logs import progress_to_ui
 from deid.orchestration.tasks import STEPS
 from deid.reporting.markdown import md
-from deid.reporting.verdict import check_rows, root_cause_order, verdict_summary
+from deid.reporting.verdict import check_rows, checks_description, root_cause_order, verdict_summary
 
 REJECTED = "Rejected"  # the state name a rejected release ends in
 log = logging.getLogger(__name__)
@@ -186,11 +186,14 @@ def update_run(*, parameters: dict | None = None, name: str | None = None, tags:
         get_run_logger().warning("could not annotate the flow run in the Prefect UI: %s", exc)
 
 
-def verdict_markdown(result: RunResult) -> str:
-    """The verdict artifact: the run's verdict summary (deid.reporting.verdict), then where the files are."""
+def verdict_markdown(result: RunResult, url: str | None = None) -> str:
+    """The verdict artifact: the run's verdict summary (deid.reporting.verdict), then where the files are.
+
+    ``url``: report.html on the project's `deid server` (a link that opens); else its path.
+    """
     r = result.report
     html = result.report_dir / "report.html"
-    lines = [verdict_summary(r, report_html=html).markdown(title=f"deid release {r.release_id}"),
+    lines = [verdict_summary(r, report_html=url or html).markdown(title=f"deid release {r.release_id}"),
              "## Files (paths on the machine that ran deid)", "",
              f"- dataset: {md(r.dataset.name)}, method {md(r.method)}, k = {r.k}",
              f"- signed report: `{result.report_path}`",
@@ -204,12 +207,14 @@ def ui_artifacts(result: RunResult) -> None:
     """The verdict, every check and where the report lives, shown on the flow run in the Prefect UI."""
     from prefect.artifacts import create_link_artifact, create_markdown_artifact, create_table_artifact  # noqa: PLC0415
 
-    create_markdown_artifact(verdict_markdown(result), key="deid-verdict", description="deid release verdict")
-    # The rows are built (and escaped for Markdown, which the UI renders every cell as) in deid.reporting.
-    checks = check_rows(result.report)
-    create_table_artifact(checks, key="deid-checks", description="every gate check")
     html = result.report_dir / "report.html"
     url = report_link(result)
+    # The cards on the run's Artifacts tab show the description only: the verdict and its cause there.
+    create_markdown_artifact(verdict_markdown(result, url), key="deid-verdict",
+                             description=verdict_summary(result.report).description())
+    # The rows are built (and escaped for Markdown, which the UI renders every cell as) in deid.reporting.
+    checks = check_rows(result.report)
+    create_table_artifact(checks, key="deid-checks", description=checks_description(result.report))
     if url is not None:
         create_link_artifact(url, link_text=f"report.html of {result.release_id}", key="deid-report",
                              description="the signed run's HTML report, served read-only by `deid server`")
@@ -232,7 +237,7 @@ def report_link(result: RunResult) -> str | None:
 
 def refresh_catalogue(reports_dir: Path) -> None:
     """Rewrite reports/index.html (the catalogue ``deid releases`` writes) after a run; a failure only warns."""
-    from deid.release.catalogue import write_index  # noqa: PLC0415
+    from deid.reporting.catalogue_page import write_index  # noqa: PLC0415
 
     try:
         write_index(reports_dir)

@@ -41,7 +41,7 @@ table { border-collapse: collapse; width: 100%; margin: .5rem 0; font-size: .92r
 th, td { border: 1px solid var(--line); padding: .3rem .5rem; text-align: left; vertical-align: top; }
 th { background: #f1f3f4; }
 td.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
-td.nowrap { white-space: nowrap; }
+td.nowrap, span.nowrap { white-space: nowrap; }
 table.kv td:first-child { width: 30%; }
 .pass { color: var(--ok); font-weight: 700; } .fail { color: var(--bad); font-weight: 700; }
 .inconclusive { color: var(--warn); font-weight: 700; } .na { color: var(--muted); }

@@ -23,7 +23,7 @@ from deid.anonymise.near_copy import NEAR_COPY
 from deid.errors import REASONS, ConfigError
 from deid.reporting.html_charts import Chart, cluster_chart, partition_chart, partition_name, reid_chart, utility_chart
 from deid.reporting.html_page import document, esc, fmt, round_numbers, strip_urls, table
-from deid.reporting.verdict import VerdictSummary, verdict_summary
+from deid.reporting.verdict import NOTHING_RELEASED, VerdictSummary, verdict_summary
 from deid.reporting.wording import check_requirement, measured, threshold_text
 from deid.reporting.html_validation import (
     VALIDATION_HTML,
@@ -45,6 +45,7 @@ __all__ = [
     "render_validation_html",
     "sample_release_images",
     "strip_urls",
+    "summary_html",
     "threshold_text",
     "write_report_bundle",
 ]
@@ -191,16 +192,22 @@ def _summary_item(text: str, note: str = "") -> str:
     return f"<li>{body}{f' <i>{esc(note)}</i>' if note else ''}</li>"
 
 
-def _reasons_html(summary: VerdictSummary) -> str:
-    """The summary's causes (root cause first, then its consequences) and its warnings."""
+def _reasons_html(summary: VerdictSummary, *, fold_warnings: bool = False) -> str:
+    """The summary's causes (root cause first, then its consequences) and its warnings (folded: a
+    ``<details>`` naming how many, for a page listing many runs)."""
     out = ""
     items = [_summary_item(c) for c in summary.causes]
     items += [_summary_item(c, "(a consequence of the above)") for c in summary.consequences]
     if items:
         out += '<div class="reasons"><b>Rejected because (root cause first):</b><ul>' + "".join(items) + "</ul></div>"
     if summary.warnings:
-        out += ('<div class="reasons warnings"><b>Not blocking, but read this:</b><ul>'
-                + "".join(_summary_item(w) for w in summary.warnings) + "</ul></div>")
+        warnings = "<ul>" + "".join(_summary_item(w) for w in summary.warnings) + "</ul>"
+        if fold_warnings:
+            n = len(summary.warnings)
+            out += (f'<details class="reasons warnings"><summary><b>Not blocking, but read this: {n} warning'
+                    f'{"s" if n > 1 else ""}</b></summary>{warnings}</details>')
+        else:
+            out += f'<div class="reasons warnings"><b>Not blocking, but read this:</b>{warnings}</div>'
     return out
 
 
@@ -219,17 +226,28 @@ def _header(r: Mapping[str, Any]) -> str:
            f"<h1>{esc(ds.get('name', 'dataset'))}: k = {int(r['k'])}, {esc(r.get('method'))}</h1>",
            f'<div class="muted">release {esc(r.get("release_id"))} &middot; run {esc(r.get("run_id"))} '
            f"&middot; {esc(r.get('created_at'))}</div></header>"]
+    out.append(summary_html(summary))
+    return "".join(out)
+
+
+def summary_html(summary: VerdictSummary, *, figures: bool = False, fold_warnings: bool = False) -> str:
+    """The verdict summary as HTML (the classes of :data:`deid.reporting.html_page.CSS`): the guarantee box,
+    the causes root cause first, the warnings, and with ``figures`` its key figures (report.html has its own
+    tiles and tables; the catalogue shows the figures here, its warnings folded: ``fold_warnings``)."""
     # Green only for a formal guarantee of a release; amber for a release on empirical evidence only; a
     # rejection promises nothing: red-edged grey, never the green box of a release.
-    if not summary.released:
+    if summary.guarantee.startswith(NOTHING_RELEASED) or not summary.released:
         cls, lead = "guarantee nothing", "Guarantee"
     elif summary.guarantee.lower().startswith("no formal"):
         cls, lead = "guarantee none", "Guarantee of this release"
     else:
         cls, lead = "guarantee", "Guarantee of this release"
-    out.append(f"<p class='{cls}'><b>{lead}:</b> {esc(summary.guarantee)}</p>")
-    out.append(_reasons_html(summary))
-    return "".join(out)
+    out = f"<p class='{cls}'><b>{lead}:</b> {esc(summary.guarantee)}</p>" + _reasons_html(
+        summary, fold_warnings=fold_warnings)
+    if figures and summary.figures:
+        out += "<ul class='figures'>" + "".join(_summary_item(f"{label}: {text}") for label, text in summary.figures) \
+            + "</ul>"
+    return out
 
 
 def _tiles(r: Mapping[str, Any]) -> str:
@@ -310,7 +328,12 @@ def _membership(privacy: Mapping[str, Any]) -> str:
 def _utility(r: Mapping[str, Any]) -> str:
     utility = list(r.get("utility") or [])
     if not utility:
-        return "<h2>Utility</h2><p class='muted'>No utility labels were measured.</p>"
+        labels = (r.get("configuration") or {}).get("labels") or []
+        # Labels declared but nothing measured: the run stopped before the utility check (e.g. too few people).
+        why = (f"Not measured: the drop declares {esc(', '.join(map(str, labels)))}, but the run was rejected "
+               "before the gate measured utility (see the reasons above)." if labels and r.get("verdict") == "rejected"
+               else "No utility labels were measured.")
+        return f"<h2>Utility</h2><p class='muted'>{why}</p>"
     out = ["<h2>Utility</h2>", "<p>Can a classifier still learn each label from the release? Accuracy on the "
            "originals vs on the release; the gate decides from the cross-fit rows, the others are evidence.</p>",
            _chart(utility_chart(utility))]

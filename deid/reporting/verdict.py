@@ -27,13 +27,19 @@ from pathlib import Path
 from typing import Any
 
 from deid.reporting.html_page import round_numbers
-from deid.reporting.markdown import md, md_cell
+from deid.reporting.markdown import md, md_cell, truncate
 from deid.reporting.wording import check_requirement, measured, status_text, threshold_text
 
-__all__ = ["NOTHING_RELEASED", "VerdictSummary", "check_rows", "root_cause_order", "verdict_summary"]
+__all__ = ["NOTHING_RELEASED", "VerdictSummary", "check_rows", "checks_description", "root_cause_order",
+           "verdict_summary"]
 
 NOTHING_RELEASED = "none: nothing released"
 DETAIL_CHARS = 90  # the checks table's detail column (report.html shows the whole text)
+# The UI sizes each column of a table artifact to its longest cell and cuts the table at the screen's
+# edge: the requirement and required cells are cut so result, requirement and required fit 1400 px.
+REQUIREMENT_CHARS = 48
+REQUIRED_CHARS = 24
+DESCRIPTION_CHARS = 100  # an artifact card's line (the UI cuts it at ~50 on the card, and shows it whole above the page)
 
 # Failed checks in cause order: what is wrong with the drop first, then what the gate measured, then
 # what follows from any failure (nothing released, the records judged not adding up).
@@ -109,9 +115,18 @@ class VerdictSummary:
             lines += ["## Warnings (not blocking)", "", *[f"- {md(w)}" for w in self.warnings], ""]
         if self.figures:
             lines += ["## Key figures", "", *[f"- **{md(label)}**: {md(text)}" for label, text in self.figures], ""]
-        if self.report_html:
+        if self.report_html and self.report_html.startswith(("http://", "https://")):
+            # Served by `deid server` (a link that opens); a local path as code (a browser will not follow it).
+            lines += [f"**report.html**: [{md(self.report_html)}]({self.report_html.replace(')', '%29')})", ""]
+        elif self.report_html:
             lines += [f"**report.html**: `{self.report_html.replace('`', '')}`", ""]
         return "\n".join(lines)
+
+    def description(self) -> str:
+        """One line for an artifact card (and above the artifact's page): the headline, then the root cause or
+        the guarantee, plain text, at most :data:`DESCRIPTION_CHARS` characters (the page has them whole)."""
+        why = self.causes[0].split(" (", 1)[0] if self.causes else f"guarantee {self.guarantee}"
+        return truncate(f"{self.headline}: {why}", DESCRIPTION_CHARS)
 
 
 def _as_dict(report: Any) -> Mapping[str, Any]:
@@ -227,12 +242,29 @@ def verdict_summary(report: Any, *, report_html: str | Path | None = None) -> Ve
                           report_html=None if report_html is None else str(report_html))
 
 
+def checks_description(report: Any) -> str:
+    """One line for the checks table's card: how many checks, by status (``24 checks: 22 pass, 2 inconclusive``)."""
+    checks = [c for c in _as_dict(report).get("checks") or [] if isinstance(c, Mapping)]
+    counts: dict[str, int] = {}
+    for c in checks:
+        word = str(c.get("status") or ("pass" if c.get("passed") else "fail")).replace("_", " ")
+        counts[word] = counts.get(word, 0) + 1
+    order = ["fail", "inconclusive", "pass", "not applicable"]
+    parts = [f"{counts[w]} {w.upper() if w == 'fail' else w}" for w in sorted(counts, key=lambda w: (
+        order.index(w) if w in order else len(order), w))]
+    return f"{len(checks)} gate checks" + (": " + ", ".join(parts) if parts else "")
+
+
 def check_rows(report: Any) -> list[dict[str, Any]]:
     """Every gate check as a row of the Prefect checks table, each cell escaped for Markdown.
 
     ``result`` states the status (``inconclusive (not blocking)``, ``not applicable``), never a bare
     ``true``; ``required`` carries its direction (``>= 5``); ``detail`` is cut to
-    :data:`DETAIL_CHARS` characters (report.html has it whole), so the table fits a screen.
+    :data:`DETAIL_CHARS` characters (report.html has it whole). The columns run result,
+    requirement, required, measured, check (its name), detail, the requirement and required cut
+    (:data:`REQUIREMENT_CHARS`, :data:`REQUIRED_CHARS`): the UI sizes a column to its longest cell
+    and cuts the table at the screen's edge, and with the whole sentence and the name first, result
+    and required sat off a 1400 px screen.
     """
     d = _as_dict(report)
     rows = []
@@ -240,8 +272,10 @@ def check_rows(report: Any) -> list[dict[str, Any]]:
         if not isinstance(c, Mapping):
             continue
         name = str(c.get("name"))
-        rows.append({"requirement": md_cell(f"{check_requirement(name)} ({name})"),
-                     "result": md_cell(status_text(c)), "measured": md_cell(measured(c)),
-                     "required": md_cell(threshold_text(name, c.get("threshold"))),
+        rows.append({"result": md_cell(status_text(c)),
+                     "requirement": md_cell(check_requirement(name), limit=REQUIREMENT_CHARS),
+                     "required": md_cell(threshold_text(name, c.get("threshold")), limit=REQUIRED_CHARS),
+                     "measured": md_cell(measured(c)),
+                     "check": md_cell(name),
                      "detail": md_cell(round_numbers(str(c.get("detail") or "")), limit=DETAIL_CHARS)})
     return rows
