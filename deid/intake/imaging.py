@@ -410,6 +410,18 @@ def _row_chunks(img: np.ndarray) -> range:
     return range(0, img.shape[0], max(1, _CHUNK // per_row))
 
 
+def _gray_block(block: np.ndarray) -> np.ndarray:
+    """Rows of a uint8 image with 2 (grey, alpha) or 4 (B, G, R, alpha) channels to grey composited over white."""
+    gray = block[:, :, 0] if block.shape[2] == 2 else cv2.cvtColor(block[:, :, :3], cv2.COLOR_BGR2GRAY)
+    return _over_white(gray, block[:, :, 1 if block.shape[2] == 2 else 3])
+
+
+def _bgr_block(block: np.ndarray) -> np.ndarray:
+    """Rows of a uint8 image with 2 or 4 channels (as :func:`_gray_block`) to BGR composited over white."""
+    colour = cv2.cvtColor(block[:, :, 0], cv2.COLOR_GRAY2BGR) if block.shape[2] == 2 else block[:, :, :3]
+    return _over_white(colour, block[:, :, 1 if block.shape[2] == 2 else 3])
+
+
 def _to_gray(img: np.ndarray) -> np.ndarray:
     """Any decoded array (grey, grey+alpha, BGR, BGRA; 8/16-bit/float) to 2-D uint8, alpha over white."""
     img = _to_uint8(img)
@@ -423,9 +435,7 @@ def _to_gray(img: np.ndarray) -> np.ndarray:
     out = np.empty(img.shape[:2], np.uint8)
     step = _row_chunks(img).step
     for r in _row_chunks(img):  # a block of rows at a time: float32 temporaries of the block only
-        block = img[r:r + step]
-        gray = block[:, :, 0] if channels == 2 else cv2.cvtColor(block[:, :, :3], cv2.COLOR_BGR2GRAY)
-        out[r:r + step] = _over_white(gray, block[:, :, 1 if channels == 2 else 3])
+        out[r:r + step] = _gray_block(img[r:r + step])
     return out
 
 
@@ -442,10 +452,70 @@ def _to_bgr(img: np.ndarray) -> np.ndarray:
     out = np.empty((*img.shape[:2], 3), np.uint8)
     step = _row_chunks(img).step
     for r in _row_chunks(img):
-        block = img[r:r + step]
-        colour = cv2.cvtColor(block[:, :, 0], cv2.COLOR_GRAY2BGR) if channels == 2 else block[:, :, :3]
-        out[r:r + step] = _over_white(colour, block[:, :, 1 if channels == 2 else 3])
+        out[r:r + step] = _bgr_block(img[r:r + step])
     return out
+
+
+def _streams_png(data: bytes) -> bool:
+    """Is this a PNG that :func:`_decode_png_rows` decodes (16 bits per sample, or grey/colour with alpha)?
+
+    OpenCV's PNG decoder holds twice the decoded buffer (measured: peak 2.0x of :func:`decoded_bytes`,
+    bench/bench_png_decode_memory.py); Pillow's decodes row by row into an 8-bit image. Other PNGs (8-bit
+    grey, colour, palette) stay on OpenCV, byte for byte as before.
+    """
+    return sniff_format(data) == "png" and len(data) > 25 and (data[24] == 16 or data[25] in (4, 6))
+
+
+def _decode_png_rows(data: bytes, *, colour: bool) -> np.ndarray:
+    """A 16-bit or alpha PNG to 2-D grey (``colour=False``) or (h, w, 3) BGR uint8, alpha over white.
+
+    Pillow's decoder unfilters the PNG a row at a time into an image of 8 bits per sample: 16-bit samples
+    keep their high byte (Pillow's ``;16B`` unpackers; OpenCV's path rounded ``v * 255 / 65535``: at most
+    one level apart), 16-bit grey is decoded straight to 8-bit ``L`` (Pillow would keep ``I;16``). The
+    output is then filled a block of rows at a time (:func:`_gray_block`, :func:`_bgr_block`), so the peak
+    is Pillow's image plus the output: a 6000x6000 16-bit RGBA PNG decodes within 0.66x (grey) and 0.88x
+    (BGR) of its 288 MB decoded-byte budget, was 2.0x (bench/bench_png_decode_memory.py).
+    """
+    import io  # noqa: PLC0415
+    import warnings  # noqa: PLC0415
+    import zlib  # noqa: PLC0415
+
+    from PIL import Image  # noqa: PLC0415 - only for these PNGs
+
+    try:
+        with warnings.catch_warnings():
+            # The size was checked against max_pixels and the decoded-byte budget (_check) before this.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            im = Image.open(io.BytesIO(data), formats=["PNG"])
+            if im.mode == "I;16" and len(im.tile) == 1 and im.tile[0].args == "I;16B":
+                im.tile = [im.tile[0]._replace(args="L;16B")]  # 16-bit grey decoded to 8-bit L
+                im._mode = "L"
+            im.load()
+    except Image.DecompressionBombError as exc:
+        raise RecordError("image_too_large", f"the png is above Pillow's decompression limit: {exc}") from None
+    except (OSError, SyntaxError, ValueError, EOFError, struct.error, zlib.error) as exc:
+        raise RecordError("corrupt_image", f"Pillow could not decode the png data: {str(exc).strip()[:200]}") from None
+    try:
+        if im.mode not in ("L", "LA", "RGB", "RGBA"):
+            im = im.convert("RGBA" if "A" in im.mode else "RGB")  # unusual modes: whole-image, still 8-bit
+        w, h = im.size
+        channels = len(im.getbands())
+        out = np.empty((h, w, 3) if colour else (h, w), np.uint8)
+        step = max(1, _CHUNK // (w * channels))
+        for r in range(0, h, step):
+            block = np.asarray(im.crop((0, r, w, min(h, r + step))))
+            if block.ndim == 2:  # L
+                out[r:r + step] = cv2.cvtColor(block, cv2.COLOR_GRAY2BGR) if colour else block
+                continue
+            if channels >= 3:  # Pillow's RGB(A) to OpenCV's BGR(A) order, this block only
+                block = np.ascontiguousarray(block[:, :, [2, 1, 0, 3][:channels]])
+            if channels == 3:
+                out[r:r + step] = block if colour else cv2.cvtColor(block, cv2.COLOR_BGR2GRAY)
+            else:
+                out[r:r + step] = _bgr_block(block) if colour else _gray_block(block)
+        return out
+    finally:
+        im.close()
 
 
 def _check(data: bytes, max_pixels: int) -> tuple[str, tuple[int, int]]:
@@ -506,6 +576,8 @@ def decode_gray(data: bytes, *, max_pixels: int = 100_000_000) -> np.ndarray:
     if fmt == "jpeg":
         # JPEG has no alpha and (in practice) 8 bits; IMREAD_GRAYSCALE applies the EXIF orientation.
         img = _imdecode(data, cv2.IMREAD_GRAYSCALE, fmt)
+    elif _streams_png(data):
+        img = _apply_orientation(_decode_png_rows(data, colour=False), exif_orientation(data))
     else:
         # UNCHANGED keeps alpha and 16 bits but skips the orientation, which is applied below.
         img = _imdecode(data, cv2.IMREAD_UNCHANGED, fmt)
@@ -547,7 +619,8 @@ def decode_color_reduced(data: bytes, factor: int, *, max_pixels: int = 100_000_
     if fmt == "jpeg":
         img = _to_bgr(_imdecode(data, _REDUCED_COLOR_FLAGS[factor], fmt))  # applies the EXIF orientation
     else:
-        img = _apply_orientation(_to_bgr(_imdecode(data, cv2.IMREAD_UNCHANGED, fmt)), exif_orientation(data))
+        img = _decode_png_rows(data, colour=True) if _streams_png(data) else _to_bgr(_imdecode(data, cv2.IMREAD_UNCHANGED, fmt))
+        img = _apply_orientation(img, exif_orientation(data))
         if img.shape[0] * img.shape[1] > max_pixels:
             raise RecordError("image_too_large", f"the decoded image is {img.shape[1]}x{img.shape[0]}, above max_pixels={max_pixels}")
         if factor > 1:
