@@ -37,7 +37,7 @@ def make_png(path: Path, size: int, channels: int, dtype) -> None:
         img[:, :, c] = ramp[:, None] if c % 2 == 0 else ramp[None, :]
     if channels == 4:
         img[:, :, 3] = np.maximum(ramp[None, :], top // 2)
-    ok, buf = cv2.imencode(".png", img[:, :, 0] if channels == 1 else img)
+    ok, buf = cv2.imencode(".png", img[:, :, 0] if channels == 1 else img, [cv2.IMWRITE_PNG_COMPRESSION, 1])
     assert ok
     path.write_bytes(buf.tobytes())
 

@@ -5,8 +5,10 @@ caller can quarantine the record and carry on with the rest of the drop.
 """
 from __future__ import annotations
 
+import io
 import logging
 import struct
+import zlib
 
 import cv2
 import numpy as np
@@ -466,23 +468,84 @@ def _streams_png(data: bytes) -> bool:
     return sniff_format(data) == "png" and len(data) > 25 and (data[24] == 16 or data[25] in (4, 6))
 
 
+def _png_chunk(kind: bytes, body: bytes) -> bytes:
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def _png_8bit_strips(data: bytes, w: int, h: int, channels: int, rows: int):
+    """(first row, (n, w, channels) uint8 block in the PNG's channel order) of a non-interlaced 8-bit PNG.
+
+    The IDAT stream is inflated a strip at a time (``max_length``: never more than a strip of filtered
+    rows in memory); each strip is unfiltered by Pillow as a small PNG whose first row is the previous
+    strip's last row, unfiltered (filter type 0), so every filter's reference to the row above is
+    exact. Memory: a strip, whatever the image's size.
+    """
+    from PIL import Image  # noqa: PLC0415
+
+    row_bytes = 1 + w * channels
+    ctype = {2: 4, 4: 6}[channels]
+    prev = bytes(w * channels)  # the row above the first: zeros, as the PNG filters define it
+    inflate = zlib.decompressobj()
+    pending = bytearray()
+    done = 0
+    pos = 8
+    while done < h:
+        if len(pending) < min(rows, h - done) * row_bytes:
+            if inflate.unconsumed_tail:
+                pending += inflate.decompress(inflate.unconsumed_tail, rows * row_bytes)
+                continue
+            if pos + 8 > len(data):
+                raise RecordError("corrupt_image", f"the png data ends after {done} of {h} rows")
+            length, kind = struct.unpack_from(">I4s", data, pos)
+            body = data[pos + 8:pos + 8 + length]
+            crc = data[pos + 8 + length:pos + 12 + length]
+            pos += 12 + length
+            if kind == b"IDAT" and (len(crc) < 4 or struct.unpack(">I", crc)[0] != zlib.crc32(kind + body)):
+                raise RecordError("corrupt_image", f"the png data is corrupt: an IDAT chunk fails its CRC after "
+                                                   f"{done} of {h} rows")
+            if kind == b"IDAT":
+                pending += inflate.decompress(body, rows * row_bytes)
+            elif kind == b"IEND":
+                pos = len(data)
+            continue
+        n = min(rows, h - done)
+        raw = b"\x00" + prev + bytes(pending[:n * row_bytes])
+        del pending[:n * row_bytes]
+        ihdr = struct.pack(">IIBBBBB", w, n + 1, 8, ctype, 0, 0, 0)
+        sub = _PNG_MAGIC + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"IDAT", zlib.compress(raw, 0)) + _png_chunk(b"IEND", b"")
+        with Image.open(io.BytesIO(sub), formats=["PNG"]) as im:
+            block = np.asarray(im)[1:]
+        prev = block[-1].tobytes()
+        yield done, block
+        done += n
+
+
 def _decode_png_rows(data: bytes, *, colour: bool) -> np.ndarray:
     """A 16-bit or alpha PNG to 2-D grey (``colour=False``) or (h, w, 3) BGR uint8, alpha over white.
 
-    Pillow's decoder unfilters the PNG a row at a time into an image of 8 bits per sample: 16-bit samples
-    keep their high byte (Pillow's ``;16B`` unpackers; OpenCV's path rounded ``v * 255 / 65535``: at most
-    one level apart), 16-bit grey is decoded straight to 8-bit ``L`` (Pillow would keep ``I;16``). The
-    output is then filled a block of rows at a time (:func:`_gray_block`, :func:`_bgr_block`), so the peak
-    is Pillow's image plus the output: a 6000x6000 16-bit RGBA PNG decodes within 0.66x (grey) and 0.88x
-    (BGR) of its 288 MB decoded-byte budget, was 2.0x (bench/bench_png_decode_memory.py).
+    An 8-bit PNG with alpha (non-interlaced) is decoded a strip of rows at a time
+    (:func:`_png_8bit_strips`): the peak is the output and a strip, and the result is OpenCV's, byte for
+    byte. Otherwise Pillow's decoder unfilters the PNG a row at a time into an image of 8 bits per
+    sample: 16-bit samples keep their high byte (Pillow's ``;16B`` unpackers; OpenCV's path rounded
+    ``v * 255 / 65535``: at most one level apart), 16-bit grey is decoded straight to 8-bit ``L`` (Pillow
+    would keep ``I;16``). The output is filled a block of rows at a time (:func:`_gray_block`,
+    :func:`_bgr_block`), so the peak is Pillow's image plus the output: a 6000x6000 16-bit RGBA PNG
+    decodes within 0.63x (grey) and 0.88x (BGR) of its 288 MB decoded-byte budget, was 2.0x
+    (bench/bench_png_decode_memory.py).
     """
-    import io  # noqa: PLC0415
     import warnings  # noqa: PLC0415
-    import zlib  # noqa: PLC0415
 
     from PIL import Image  # noqa: PLC0415 - only for these PNGs
 
+    w, h = struct.unpack_from(">II", data, 16)
+    depth, ctype, interlace = data[24], data[25], data[28]
     try:
+        if depth == 8 and ctype in (4, 6) and interlace == 0:
+            channels = 2 if ctype == 4 else 4
+            out = np.empty((h, w, 3) if colour else (h, w), np.uint8)
+            for r, block in _png_8bit_strips(data, w, h, channels, max(1, _CHUNK // 4 // (w * channels))):
+                _fill_block(out, r, block, colour)
+            return out
         with warnings.catch_warnings():
             # The size was checked against max_pixels and the decoded-byte budget (_check) before this.
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -498,24 +561,29 @@ def _decode_png_rows(data: bytes, *, colour: bool) -> np.ndarray:
     try:
         if im.mode not in ("L", "LA", "RGB", "RGBA"):
             im = im.convert("RGBA" if "A" in im.mode else "RGB")  # unusual modes: whole-image, still 8-bit
-        w, h = im.size
         channels = len(im.getbands())
         out = np.empty((h, w, 3) if colour else (h, w), np.uint8)
-        step = max(1, _CHUNK // (w * channels))
+        step = max(1, _CHUNK // 4 // (w * channels))  # a quarter of _CHUNK: its float32 temporaries ~3 MB
         for r in range(0, h, step):
-            block = np.asarray(im.crop((0, r, w, min(h, r + step))))
-            if block.ndim == 2:  # L
-                out[r:r + step] = cv2.cvtColor(block, cv2.COLOR_GRAY2BGR) if colour else block
-                continue
-            if channels >= 3:  # Pillow's RGB(A) to OpenCV's BGR(A) order, this block only
-                block = np.ascontiguousarray(block[:, :, [2, 1, 0, 3][:channels]])
-            if channels == 3:
-                out[r:r + step] = block if colour else cv2.cvtColor(block, cv2.COLOR_BGR2GRAY)
-            else:
-                out[r:r + step] = _bgr_block(block) if colour else _gray_block(block)
+            _fill_block(out, r, np.asarray(im.crop((0, r, w, min(h, r + step)))), colour)
         return out
     finally:
         im.close()
+
+
+def _fill_block(out: np.ndarray, r: int, block: np.ndarray, colour: bool) -> None:
+    """Rows ``r..`` of ``out`` (grey or BGR) from a uint8 block in PNG/Pillow channel order (L, LA, RGB, RGBA)."""
+    n = block.shape[0]
+    if block.ndim == 2:  # L
+        out[r:r + n] = cv2.cvtColor(block, cv2.COLOR_GRAY2BGR) if colour else block
+        return
+    channels = block.shape[2]
+    if channels >= 3:  # RGB(A) to OpenCV's BGR(A) order, this block only
+        block = np.ascontiguousarray(block[:, :, [2, 1, 0, 3][:channels]])
+    if channels == 3:
+        out[r:r + n] = block if colour else cv2.cvtColor(block, cv2.COLOR_BGR2GRAY)
+    else:
+        out[r:r + n] = _bgr_block(block) if colour else _gray_block(block)
 
 
 def _check(data: bytes, max_pixels: int) -> tuple[str, tuple[int, int]]:
