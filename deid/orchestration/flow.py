@@ -148,14 +148,27 @@ def run_flow(drop: str, **params) -> RunResult:
         _signed.clear()
 
 
-def api_reachable(timeout: float = 2.0) -> bool:
-    """Does this process's Prefect API answer (True when none is configured: the engine's own)?"""
+def api_reachable(timeout: float = 2.0, *, attempts: int = 3, pause: float = 1.0) -> bool:
+    """Does this process's Prefect API answer (True when none is configured: the engine's own)?
+
+    Up to ``attempts`` health checks ``pause`` seconds apart: a server slow to answer on a loaded machine is
+    not taken for a lost one (a lost API is abandoned for the rest of the process, :func:`_api_lost`).
+    """
+    import time  # noqa: PLC0415
+
     from prefect.settings import PREFECT_API_URL  # noqa: PLC0415
 
     from deid.orchestration.prefect_api import healthy  # noqa: PLC0415
 
     url = PREFECT_API_URL.value()
-    return not url or healthy(url, timeout=timeout)
+    if not url:
+        return True
+    for attempt in range(max(1, attempts)):
+        if attempt:
+            time.sleep(pause)
+        if healthy(url, timeout=timeout):
+            return True
+    return False
 
 
 def _api_lost(result: RunResult, when: str) -> None:
