@@ -67,6 +67,7 @@ HEAVY = {
     "tests/test_flow_lineage_ops.py::": 10,
     "tests/test_ui_state.py::": 20,
     "tests/test_ops_rejected.py::": 45,
+    "tests/test_ops_api_lost.py::": 27,  # its own Prefect server and one `deid run` subprocess
     "tests/test_validation_page.py::test_a_real_runs_pages": 15,
     "tests/test_features_london.py::": 17,
     "tests/test_run_inputs.py::test_a_drop_without": 12,

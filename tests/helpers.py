@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import fnmatch
 import functools
 import json
 from pathlib import Path
@@ -89,18 +90,24 @@ def add_points(drop: Path) -> int:
     return len(rows)
 
 
-def identifying_text_in_reports(reports_dir: Path, needles) -> list[str]:
+def identifying_text_in_reports(reports_dir: Path, needles, *, must_read=()) -> list[str]:
     """``"<file>: <needle>"`` for every needle found in a report, report page, validation page or catalogue.
 
     Reads every report.json, report.html, validation file and the catalogue (index.html,
     catalogue JSON) under ``reports_dir``; a drop's subject ids and rare label values must be in none.
+    ``must_read``: fnmatch patterns of whole paths relative to ``reports_dir`` (``index.html`` is the catalogue
+    only), each of which a file read must match, so
+    that the search cannot pass because a kind of file was never written.
     """
-    hits = []
+    hits, read = [], []
     for path in sorted(Path(reports_dir).rglob("*")):
         if not path.is_file() or path.suffix not in (".json", ".html", ".sig", ".csv", ".md", ".txt"):
             continue
         text = path.read_text(encoding="utf-8", errors="replace")
-        hits += [f"{path.relative_to(reports_dir).as_posix()}: {n}" for n in needles if n in text]
+        read.append(path.relative_to(reports_dir))
+        hits += [f"{read[-1].as_posix()}: {n}" for n in needles if n in text]
+    missing = [p for p in must_read if not any(fnmatch.fnmatchcase(r.as_posix(), p) for r in read)]
+    assert not missing, f"no file under {reports_dir} matches {missing}; read {[r.as_posix() for r in read]}"
     return hits
 
 

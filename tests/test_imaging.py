@@ -221,3 +221,71 @@ def test_reduced_decode_matches_full_scale():
 def test_bad_max_pixels_is_config_error():
     with pytest.raises(ConfigError, match="max_pixels"):
         decode_gray(_enc(".png", _gray()), max_pixels=0)
+
+
+def _old_path(data: bytes, *, colour: bool) -> np.ndarray:
+    """The OpenCV decode every image took before issue 28 (still the path of 8-bit grey/colour PNGs)."""
+    from deid.intake import imaging
+
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    return imaging._to_bgr(img) if colour else imaging._to_gray(img)
+
+
+def test_alpha_pngs_decode_a_strip_at_a_time_to_opencvs_bytes_and_16_bit_to_the_high_byte(monkeypatch):
+    import io
+
+    from PIL import Image
+
+    from deid.intake import imaging
+    from deid.intake.imaging import decode_color_reduced
+
+    monkeypatch.setattr(imaging, "_CHUNK", 4096)  # strips of 3 RGBA rows (6 of LA): many strips, small images
+    rng = np.random.default_rng(2)
+    yy, xx = np.mgrid[0:150, 0:77]  # odd width, rows not a multiple of the strip
+    rgba = np.dstack([(xx * 3 + yy) % 256, (yy * 2) % 256, rng.integers(0, 256, xx.shape), (xx + yy) % 256]
+                     ).astype(np.uint8)
+    pngs = {"opencv RGBA": cv2.imencode(".png", rgba)[1].tobytes()}
+    for mode, arr in (("RGBA", rgba), ("LA", rgba[:, :, [0, 3]])):  # Pillow's adaptive filters (Paeth, ...)
+        buf = io.BytesIO()
+        Image.fromarray(np.ascontiguousarray(arr), mode).save(buf, "PNG", optimize=True)
+        pngs[f"pillow {mode}"] = buf.getvalue()
+    for name, data in pngs.items():
+        assert np.array_equal(decode_gray(data), _old_path(data, colour=False)), name
+        assert np.array_equal(decode_color_reduced(data, 1), _old_path(data, colour=True)), name
+    # 16-bit (RGBA, grey): Pillow keeps each sample's high byte; OpenCV's path rounded v * 255 / 65535.
+    for shape in ((50, 70, 4), (50, 70)):
+        img16 = rng.integers(0, 65536, size=shape, dtype=np.uint16)
+        data = cv2.imencode(".png", img16)[1].tobytes()
+        high = (img16 >> 8).astype(np.uint8)
+        assert np.array_equal(decode_gray(data), _old_path(cv2.imencode(".png", high)[1].tobytes(), colour=False))
+        # Within one level (two where colour and alpha both moved one: the composite over white).
+        assert np.abs(decode_gray(data).astype(int) - _old_path(data, colour=False)).max() <= len(shape) - 1
+    # A corrupt IDAT (its CRC) or a stream that ends early is corrupt_image, as libpng said.
+    data = pngs["opencv RGBA"]
+    for bad in (data[: len(data) // 2] + data[-12:], data[:-30] + data[-12:]):
+        with pytest.raises(RecordError) as err:
+            decode_gray(bad)
+        assert err.value.code == "corrupt_image"
+
+
+def test_a_16_bit_rgba_png_decodes_within_1_2x_its_decoded_bytes(tmp_path):
+    """Issue 28: peak RSS of the decode, in a fresh process (bench/bench_png_decode_memory.py's measurement)."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "bench" / "bench_png_decode_memory.py"
+    spec = importlib.util.spec_from_file_location("bench_png", script)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    png = tmp_path / "rgba16.png"
+    bench.make_png(png, 2000, 4, np.uint16)  # 32 MB decoded: well above the interpreter's own noise
+    bench.make_png(tmp_path / "warm-rgba16.png", 64, 4, np.uint16)
+    res = subprocess.run([sys.executable, str(script), "--child", str(png), "decode_color_reduced"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    r = json.loads(res.stdout.strip().splitlines()[-1])
+    assert r["budget"] == 2000 * 2000 * 4 * 2 and r["shape"] == [2000, 2000, 3]
+    assert r["extra"] <= 1.2 * r["budget"], f"peak +{r['extra'] / 1e6:.0f} MB for {r['budget'] / 1e6:.0f} MB decoded"

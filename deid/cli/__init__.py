@@ -69,7 +69,8 @@ EXIT_BY_TYPE: tuple[tuple[type[BaseException], int], ...] = (
 # the documentation's exit-code table is generated from this, EXIT_BY_TYPE and VERIFY_EXIT (docs/gen_reference.py).
 EXIT_MEANINGS: dict[int, tuple[str, str]] = {
     EXIT_OK: ("released: report signed, then the release published (a Prefect API lost after the verdict is a "
-              "warning, not a failure: the outcome on disk stands)",
+              "warning naming the API's URL, not a failure: the outcome on disk stands, and the run stops talking to "
+              "the lost API at once, so it exits seconds after its verdict)",
               "verified: signature (report.json's, or a release directory's `ATTESTATION.json`) checked against the "
               "trusted `--public-key`, every file matches"),
     EXIT_REJECTED: ("rejected by the gate (signed rejection)", "another verification problem"),

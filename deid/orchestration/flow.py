@@ -148,26 +148,42 @@ def run_flow(drop: str, **params) -> RunResult:
         _signed.clear()
 
 
-def api_reachable(timeout: float = 2.0) -> bool:
-    """Does this process's Prefect API answer (True when none is configured: the engine's own)?"""
+def api_reachable(timeout: float = 2.0, *, attempts: int = 3, pause: float = 1.0) -> bool:
+    """Does this process's Prefect API answer (True when none is configured: the engine's own)?
+
+    Up to ``attempts`` health checks ``pause`` seconds apart: a server slow to answer on a loaded machine is
+    not taken for a lost one (a lost API is abandoned for the rest of the process, :func:`_api_lost`).
+    """
+    import time  # noqa: PLC0415
+
     from prefect.settings import PREFECT_API_URL  # noqa: PLC0415
 
     from deid.orchestration.prefect_api import healthy  # noqa: PLC0415
 
     url = PREFECT_API_URL.value()
-    return not url or healthy(url, timeout=timeout)
+    if not url:
+        return True
+    for attempt in range(max(1, attempts)):
+        if attempt:
+            time.sleep(pause)
+        if healthy(url, timeout=timeout):
+            return True
+    return False
 
 
 def _api_lost(result: RunResult, when: str) -> None:
-    """Warn that the Prefect API was lost ``when``; stop Prefect's log and event senders (they would retry for
-    minutes at exit). The run's outcome stands: the release is published (or withheld) and its report signed."""
-    from deid.orchestration.prefect_api import flush_to_api  # noqa: PLC0415
+    """Warn that the Prefect API was lost ``when``; stop talking to it (the engine's final-state calls, queued
+    events and logs would retry it for minutes: :func:`~deid.orchestration.prefect_api.abandon_api`).
+    The run's outcome stands: the release is published (or withheld) and its report signed."""
+    from prefect.settings import PREFECT_API_URL  # noqa: PLC0415
 
-    log.warning("the Prefect API stopped answering %s: the run's outcome stands (release %s %s, signed report %s; "
+    from deid.orchestration.prefect_api import abandon_api  # noqa: PLC0415
+
+    log.warning("the Prefect API %s stopped answering %s: the run's outcome stands (release %s %s, signed report %s; "
                 "verify with `deid verify`); the flow run's state, artifacts and last logs are missing from the UI",
-                when, result.release_id, "published" if result.released else "withheld (rejected)",
+                PREFECT_API_URL.value() or "(this run's temporary server)", when, result.release_id, "published" if result.released else "withheld (rejected)",
                 result.report_path)
-    flush_to_api(timeout=1.0)
+    abandon_api(timeout=1.0)
 
 
 def update_run(*, parameters: dict | None = None, name: str | None = None, tags: list[str] | None = None) -> None:

@@ -251,6 +251,52 @@ def flush_to_api(timeout: float = 10.0) -> None:
             logging.getLogger(__name__).debug("could not flush Prefect's %s: %s", worker.__name__, exc)
 
 
+def abandon_api(timeout: float = 1.0) -> None:
+    """Stop talking to a Prefect API that stopped answering: nothing queued is retried, nothing new is sent.
+
+    Called once a run's outcome is signed and the API is found lost (issue 28). Without it a run killed
+    server mid-gate took 139-200 s to exit (measured, ``tests/test_ops_api_lost.py``): the flow engine
+    retried each final-state call ``PREFECT_CLIENT_MAX_RETRIES`` (5) times with 2-32 s back-off, twice
+    (Completed, then the failure of that), and the events worker spent ~7 s on each queued event
+    (10 websocket reconnections) and drained the rest at interpreter exit without a time limit.
+    Here: client calls are tried once, logs are no longer sent to the API, new events go to Prefect's
+    ``NullEventsClient`` and the events and logs already queued are dropped (they described a run whose
+    outcome the signed report holds). The process's global Prefect settings change (a run ends after this).
+    """
+    from prefect.context import refresh_global_settings_context  # noqa: PLC0415
+    from prefect.events.clients import NullEventsClient  # noqa: PLC0415
+    from prefect.events.worker import EventsWorker  # noqa: PLC0415
+    from prefect.logging.handlers import APILogWorker  # noqa: PLC0415
+
+    os.environ.update(PREFECT_CLIENT_MAX_RETRIES="0", PREFECT_LOGGING_TO_API_ENABLED="false")
+    refresh_global_settings_context()
+    EventsWorker.set_client_override(NullEventsClient)
+    for worker in (APILogWorker, EventsWorker):
+        try:
+            with worker._instance_lock:  # Prefect's private state: its public drain waits for every item
+                instances = tuple(worker._instances.values())
+            for instance in instances:
+                client = getattr(instance, "_client", None)
+                if hasattr(client, "_reconnection_attempts"):
+                    client._reconnection_attempts = 0  # the item in flight: one attempt, not ten
+                _discard_queued(instance._queue)
+            worker.drain_all(timeout=timeout, at_exit=False)
+        except Exception as exc:  # noqa: BLE001 - the run is over; a lost log line must not fail it
+            logging.getLogger(__name__).debug("could not stop Prefect's %s: %s", worker.__name__, exc)
+
+
+def _discard_queued(queue) -> None:
+    """Empty a ``queue.Queue`` (each item marked done, so a ``join`` on it does not wait for them)."""
+    import queue as queue_module  # noqa: PLC0415
+
+    while True:
+        try:
+            queue.get_nowait()
+        except queue_module.Empty:
+            return
+        queue.task_done()
+
+
 def connect(data_path: Path, *, log_path: Path) -> PrefectApi:
     """Decide the run's Prefect API (configured > running ``deid server`` > temporary) and start a temporary one.
 
