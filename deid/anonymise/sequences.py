@@ -33,6 +33,11 @@ logger = logging.getLogger(__name__)
 # trained on the release: 0.30 on held-out real faces vs 0.90); "grouped" passes re-identification
 # (exact bound) but fails the same utility (0.39); "labels" is released (see SequenceMultiFactor).
 SEQUENCE_NON_IDENTITY = "labels"
+# The multi-factor methods of the registry and the non-identity mode each runs with on sequences:
+# "multi-factor" the labels' effects (above), "multi-factor-expression" each frame's own expression
+# residual averaged over a group of frames of >= k distinct people with the same labels
+# (MultiFactor's "label-groups"; bench/bench_expression_frames.py measures it against "labels").
+SEQUENCE_MODES: dict[str, str] = {"multi-factor": SEQUENCE_NON_IDENTITY, "multi-factor-expression": "label-groups"}
 
 
 @dataclass(frozen=True)
@@ -176,12 +181,13 @@ def sequence_options(method: str) -> dict[str, Any] | None:
     The gate re-applies the method (parrot attacker, utility folds) with them, so it judges the
     model the release was made with: :class:`SequenceMultiFactor`'s non-identity factor.
     """
-    return {"non_identity": SEQUENCE_NON_IDENTITY} if method == "multi-factor" else None
+    return {"non_identity": SEQUENCE_MODES[method]} if method in SEQUENCE_MODES else None
 
 
 def sequence_warning(method: str) -> str | None:
     """Why ``method`` does not keep one identity per person across frames, or None when it does."""
-    if method == "multi-factor":
+    if method in SEQUENCE_MODES:
         return None
     return (f"{method} de-identifies each frame on its own (k-Same clusters images, not people), so the frames of "
-            "one sequence can take different identities; use --method multi-factor for image sequences")
+            "one sequence can take different identities; use --method multi-factor (or multi-factor-expression) for "
+            "image sequences")
