@@ -120,6 +120,58 @@ def agreement(X, released: dict[str, np.ndarray], col) -> None:
               f"{_ci(P, on_rel[b] == y, on_rel[a] == y)} (paired by frame, bootstrap over people)")
 
 
+def diagnose_utility(X, col, k: int, folds: int = 5) -> None:
+    """Why a classifier trained on a release reads held-out originals worse: the gate's SVM on ladders of releases.
+
+    For 5 folds over people, trained on the training people's (a) originals, (b) person-mean images
+    (identity kept, no expression), (c) k-Same identity only (each frame its identity cluster's mean
+    image, :class:`deid.anonymise.methods_factor.MultiFactor` clusters), (d) each method's release
+    re-run on the training people (as the gate's cross-fit does); tested on the held-out people's
+    originals, with the gate's SVM (:func:`deid.evaluation.utility._svm`: standardise pixels, PCA 50,
+    standardise, linear SVM) and without its first, per-pixel, standardisation (fitted on a release
+    whose pixels barely vary, it blows up the held-out originals' variation there).
+    """
+    from sklearn.pipeline import make_pipeline  # noqa: PLC0415
+
+    from deid.anonymise.methods_factor import MultiFactor  # noqa: PLC0415
+    from deid.evaluation.utility import _svm  # noqa: PLC0415
+
+    P = np.asarray(col["subject_id"], dtype=object)
+    who = np.array(sorted(set(P.tolist())), dtype=object)
+    fold_of = dict(zip(np.random.default_rng(0).permutation(who).tolist(), np.arange(len(who)) % folds))
+    f = np.array([fold_of[p] for p in P])
+    ys = {x: np.asarray(col[x]).astype(str) for x in ("gender", "expression")}
+    hits: dict[tuple[str, str, str], list[bool]] = {}
+    for j in range(folds):
+        tr, te = f != j, f == j
+        lab = {x: list(ys[x][tr]) for x in ys}
+        Xtr = X[tr].astype(np.float64)
+        mf = MultiFactor(k).fit(X[tr], people=list(P[tr]), labels=lab)
+        pc = np.unique(P[tr].astype(str), return_inverse=True)[1]
+        person_mean = np.stack([Xtr[pc == c].mean(axis=0) for c in range(pc.max() + 1)])[pc]
+        cl = mf.person_clusters_[[mf.people_.index(p) for p in P[tr]]]
+        cluster_mean = np.stack([Xtr[cl == c].mean(axis=0) for c in range(cl.max() + 1)])[cl]
+        train = {"originals": Xtr, "person means": person_mean, "k-Same identity": cluster_mean}
+        for m in METHODS:
+            run = method_runner(m, shape=SHAPE, k=k, seed=1, options=sequence_options(m))
+            train[m] = run(X[tr], people=list(P[tr]), labels=lab).astype(np.float64)
+        for name, R in train.items():
+            for svm in ("gate SVM", "no pixel scaling"):
+                model = _svm(50, len(R), R.shape[1], 0)
+                if svm != "gate SVM":
+                    model = make_pipeline(*[s for _, s in model.steps[1:]])
+                for x, y in ys.items():
+                    pred = model.fit(R, y[tr]).predict(X[te].astype(np.float64))
+                    hits.setdefault((name, svm, x), []).extend((pred == y[te]).tolist())
+    print(f"  utility ladder at k={k} (trained on the training people's X, tested on held-out originals, {folds} "
+          "folds; accuracy gender / expression):")
+    names = list(dict.fromkeys(n for n, _, _ in hits))
+    for name in names:
+        row = [f"{svm}: {np.mean(hits[(name, svm, 'gender')]):.3f} / {np.mean(hits[(name, svm, 'expression')]):.3f}"
+               for svm in ("gate SVM", "no pixel scaling")]
+        print(f"    {name:24s} " + "   ".join(row))
+
+
 def drop_frames(X, col, share: float, seed: int = 0):
     if share <= 0:
         return X, col
@@ -134,6 +186,7 @@ def main() -> None:
     ap.add_argument("--k", type=int, nargs="+", default=[5])
     ap.add_argument("--drop-frames", type=float, default=0.0, help="share of frames dropped at random (e.g. 0.1)")
     ap.add_argument("--no-gate", action="store_true", help="only the expression figures")
+    ap.add_argument("--diagnose", action="store_true", help="only the utility ladder (see diagnose_utility)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench_expression_frames_"))
     try:
@@ -141,6 +194,9 @@ def main() -> None:
         print(f"drop: {len(X)} frames, {args.people} people x 2 sequences x {args.frames} frames"
               + (f", {args.drop_frames:.0%} of frames dropped" if args.drop_frames else ""))
         for k in args.k:
+            if args.diagnose:
+                diagnose_utility(X, col, k)
+                continue
             out = {m: release(X, col, k, m) for m in METHODS}
             agreement(X, {m: r for m, (r, _) in out.items()}, col)
             for name, R in (("source frames", X), *((m, r) for m, (r, _) in out.items())):

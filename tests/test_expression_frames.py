@@ -64,6 +64,24 @@ def test_groups_take_the_nearest_frames_and_every_person_even_with_unequal_frame
         assert set(people[groups == g]) == {0, 1, 2}  # every group holds every person of the cell
         assert np.ptp(V[groups == g]) < 1.0  # of the same openness: nearest in expression space
     assert groups[9] == groups[2]  # the extra frame joins the group nearest to it
+    # With k, a group where that extra frame puts person 2 above 1/k joins its nearest group.
+    V4, people4 = np.vstack([V[:9], [[1.2], [11.2], [21.2], [20.2]]]), np.r_[people[:9], 3, 3, 3, 3]
+    fair = label_groups(V4, people4, np.zeros(len(V4), dtype=np.intp), k=3)
+    assert len(np.unique(fair)) == 2 and fair[12] == fair[11] == fair[2] == fair[1] != fair[0]
+    for g in np.unique(fair):
+        assert np.unique(people4[fair == g], return_counts=True)[1].max() * 3 <= (fair == g).sum()
+
+
+def test_dropped_frames_never_leave_a_group_short_of_k_people_or_above_1_over_k():
+    x, people, expr, gender, _, _ = recordings(seed=4)
+    keep = np.random.default_rng(4).random(len(x)) >= 0.25  # a quarter of the frames quarantined
+    m = MultiFactor(K, n_components=8, non_identity="label-groups").fit(
+        x[keep], people=people[keep], labels={"expression": expr[keep], "gender": gender[keep]})
+    kept = people[keep]
+    assert len(np.unique(m.labels_)) > len(np.unique(m.person_clusters_)) * 2  # still per-frame groups
+    for g in np.unique(m.labels_):
+        who, counts = np.unique(kept[m.labels_ == g], return_counts=True)
+        assert len(who) >= K and counts.max() * K <= counts.sum()
 
 
 def test_keeps_how_far_each_frame_opens_within_its_label_where_labels_mode_keeps_none():

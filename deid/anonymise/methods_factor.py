@@ -74,7 +74,7 @@ def group_within_clusters(V: np.ndarray, person_codes: np.ndarray, clusters: np.
     return groups
 
 
-def label_groups(V: np.ndarray, person_codes: np.ndarray, cells: np.ndarray) -> np.ndarray:
+def label_groups(V: np.ndarray, person_codes: np.ndarray, cells: np.ndarray, k: int | None = None) -> np.ndarray:
     """Groups of frames, one per frame of a cell's least-filmed person, each holding frames of *every* person.
 
     Within each cell (identity cluster x expression label, :func:`release_cells`) the person
@@ -86,8 +86,11 @@ def label_groups(V: np.ndarray, person_codes: np.ndarray, cells: np.ndarray) -> 
     one frame of each of the cell's people (>= k distinct people when the cell does), unlike
     :func:`group_within_clusters`, whose capped assignment may leave a group without some person.
     With equal frame counts per person and cell, every group holds one frame of each person
-    (share 1/people <= 1/k); extra frames raise their person's share, which the gate's
-    ``max_person_share`` check then judges.
+    (share 1/people <= 1/k). Extra frames (unequal counts: a video's quarantined frames) raise
+    their person's share; with ``k`` given, a group in which a person then holds more than 1/k
+    of the frames joins the group of its cell nearest in expression space (smallest first),
+    until none does or the cell is one group (whose shares are then the cell's, left to the
+    gate's ``max_person_share`` check as :func:`release_cells` leaves them).
 
     Returns the global group index of every frame (dense, cells in order).
     """
@@ -117,8 +120,33 @@ def label_groups(V: np.ndarray, person_codes: np.ndarray, cells: np.ndarray) -> 
                 groups[mine[rest[r2]]] = offset + c2 // slots
             np.add.at(sums, groups[mine] - offset, V[mine])
             np.add.at(sizes, groups[mine] - offset, 1)
+        if k is not None:
+            groups[idx] = offset + _join_heavy_groups(V[idx], person_codes[idx], groups[idx] - offset, int(k))
+            n_groups = int(groups[idx].max()) - offset + 1
         offset += n_groups
     return groups
+
+
+def _join_heavy_groups(V: np.ndarray, people: np.ndarray, groups: np.ndarray, k: int) -> np.ndarray:
+    """Join each group with a person above 1/k of its frames to its nearest group; returns dense group ids."""
+    groups = groups.copy()
+    while True:
+        live = np.unique(groups)
+        heavy = [g for g in live if not _share_fits(people[groups == g], k)]
+        if not heavy or len(live) == 1:
+            break
+        g = min(heavy, key=lambda h: (int((groups == h).sum()), int(h)))
+        mean = V[groups == g].mean(axis=0)
+        target = min((o for o in live if o != g),
+                     key=lambda o: (float(((V[groups == o].mean(axis=0) - mean) ** 2).sum()), int(o)))
+        groups[groups == g] = target
+    return np.unique(groups, return_inverse=True)[1].ravel().astype(np.intp)
+
+
+def _share_fits(person_codes: np.ndarray, k: int) -> bool:
+    """No person holds more than 1/k of the faces."""
+    counts = np.unique(person_codes, return_counts=True)[1]
+    return int(counts.max()) * k <= len(person_codes)
 
 
 def _cell_fits(person_codes: np.ndarray, k: int) -> bool:
@@ -429,8 +457,10 @@ class MultiFactor(BaseEstimator):
             # k-Same on the non-identity factor too, within each identity cluster ("grouped") or each of its
             # label cells ("label-groups"): a group's faces get the identical image (cluster identity + the
             # group's mean non-identity factor), and each group holds faces of >= k distinct people.
-            group = group_within_clusters if self.non_identity == "grouped" else label_groups
-            self.labels_ = group(self.non_identity_, pcodes, self.labels_)
+            if self.non_identity == "grouped":
+                self.labels_ = group_within_clusters(self.non_identity_, pcodes, self.labels_)
+            else:
+                self.labels_ = label_groups(self.non_identity_, pcodes, self.labels_, int(self.k))
             self.non_identity_ = group_means(self.non_identity_, self.labels_, int(self.labels_.max()) + 1)[self.labels_]
         self.cluster_identity_ = cluster_identity
         e = self.eigenfaces_
