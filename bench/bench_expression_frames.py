@@ -43,6 +43,7 @@ from deid.evaluation.sequences import sequence_linkage_check  # noqa: E402
 from deid.evaluation.utility import paired_bootstrap  # noqa: E402
 
 METHODS = ("multi-factor", "multi-factor-expression")
+SVMS = ("gate SVM", "no pixel scaling", "PCA 10")
 
 
 def release(X, col, k: int, method: str):
@@ -126,10 +127,13 @@ def diagnose_utility(X, col, k: int, folds: int = 5) -> None:
     For 5 folds over people, trained on the training people's (a) originals, (b) person-mean images
     (identity kept, no expression), (c) k-Same identity only (each frame its identity cluster's mean
     image, :class:`deid.anonymise.methods_factor.MultiFactor` clusters), (d) each method's release
-    re-run on the training people (as the gate's cross-fit does); tested on the held-out people's
+    re-run on the training people (as the gate's cross-fit does), and multi-factor-expression's before
+    its uint8 rounding; tested on the held-out people's
     originals, with the gate's SVM (:func:`deid.evaluation.utility._svm`: standardise pixels, PCA 50,
     standardise, linear SVM) and without its first, per-pixel, standardisation (fitted on a release
-    whose pixels barely vary, it blows up the held-out originals' variation there).
+    whose pixels barely vary, it blows up the held-out originals' variation there), and with 10
+    instead of 50 components (a release spanning few directions, rounded to uint8, gives PCA 50
+    components of rounding noise that the second standardisation whitens to unit variance).
     """
     from sklearn.pipeline import make_pipeline  # noqa: PLC0415
 
@@ -155,10 +159,13 @@ def diagnose_utility(X, col, k: int, folds: int = 5) -> None:
         for m in METHODS:
             run = method_runner(m, shape=SHAPE, k=k, seed=1, options=sequence_options(m))
             train[m] = run(X[tr], people=list(P[tr]), labels=lab).astype(np.float64)
+        # The same release before its uint8 rounding: exactly low-rank, so the PCA keeps no noise direction.
+        train["multi-factor-expression, float"] = MultiFactor(k, non_identity="label-groups", random_state=1).fit(
+            X[tr], people=list(P[tr]), labels=lab).released_
         for name, R in train.items():
-            for svm in ("gate SVM", "no pixel scaling"):
-                model = _svm(50, len(R), R.shape[1], 0)
-                if svm != "gate SVM":
+            for svm in SVMS:
+                model = _svm(10 if svm == "PCA 10" else 50, len(R), R.shape[1], 0)
+                if svm == "no pixel scaling":
                     model = make_pipeline(*[s for _, s in model.steps[1:]])
                 for x, y in ys.items():
                     pred = model.fit(R, y[tr]).predict(X[te].astype(np.float64))
@@ -168,8 +175,8 @@ def diagnose_utility(X, col, k: int, folds: int = 5) -> None:
     names = list(dict.fromkeys(n for n, _, _ in hits))
     for name in names:
         row = [f"{svm}: {np.mean(hits[(name, svm, 'gender')]):.3f} / {np.mean(hits[(name, svm, 'expression')]):.3f}"
-               for svm in ("gate SVM", "no pixel scaling")]
-        print(f"    {name:24s} " + "   ".join(row))
+               for svm in SVMS]
+        print(f"    {name:32s} " + "   ".join(row))
 
 
 def drop_frames(X, col, share: float, seed: int = 0):
