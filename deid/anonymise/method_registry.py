@@ -95,6 +95,11 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
                           "factor: its labels' effects by default, so the faces of an identity cluster x label cell "
                           "share one image and the gate can find the exact bound in the data; its own residual in "
                           "the other modes"), clusters_people=True),
+    MethodSpec("multi-factor-expression", "k", False, False, True,
+               _empirical("multi-factor with per-frame expression: identity factors are k-Same averaged over >= k "
+                          "people and each face's own expression residual is replaced by the mean over a group of "
+                          ">= k distinct people's faces with the same labels in its identity cluster; a group's faces "
+                          "share one image, so the gate can find the exact bound in the data"), clusters_people=True),
     MethodSpec("selective-mean", "k", False, False, False,
                _empirical("each face is a weighted mean over its own random set of k faces of k people, in which "
                           "it keeps a higher weight on label-relevant features; sets overlap, there are no clusters")),

@@ -44,7 +44,7 @@ from deid.anonymise.methods_attribute import AttributePreserving
 from deid.anonymise.methods_factor import MultiFactor
 from deid.anonymise.methods_ksame import KSameEigen, KSameM, check_images, check_shape, to_uint8
 from deid.anonymise.methods_selective import SelectiveMean
-from deid.anonymise.sequences import SequenceMultiFactor, sequence_warning
+from deid.anonymise.sequences import SequenceMultiFactor, sequence_options, sequence_warning
 
 logger = logging.getLogger(__name__)
 
@@ -239,6 +239,7 @@ def deidentify(
     if sequences is not None and any(s is not None for s in sequences):
         why = sequence_warning(method)
         if why is None:
+            opts = {**(sequence_options(method) or {}), **opts}  # the method's own mode unless options name one
             try:
                 model = SequenceMultiFactor(k, n_components=n_components, random_state=seed, **opts)
             except TypeError as exc:
@@ -303,13 +304,17 @@ _ESTIMATORS: dict[str, Callable[..., Any]] = {
                                                                   random_state=seed, **o),
     "multi-factor": lambda k, shape, n_components, seed, **o: MultiFactor(k, n_components=n_components,
                                                                           random_state=seed, **o),
+    # Per-frame expression with privacy: MultiFactor's "label-groups" mode (a sequence drop's options may name it).
+    "multi-factor-expression": lambda k, shape, n_components, seed, **o: MultiFactor(
+        k, n_components=n_components, random_state=seed, **{"non_identity": "label-groups", **o}),
     "selective-mean": lambda k, shape, n_components, seed, **o: SelectiveMean(k, n_components=n_components,
                                                                               random_state=seed, **o),
     "attribute-preserving": lambda k, shape, n_components, seed, **o: AttributePreserving(
         k, n_components=n_components, random_state=seed, **o),
 }
 # Methods whose estimator takes the utility labels.
-_USES_LABELS: frozenset[str] = frozenset({"multi-factor", "selective-mean", "attribute-preserving"})
+_USES_LABELS: frozenset[str] = frozenset({"multi-factor", "multi-factor-expression", "selective-mean",
+                                          "attribute-preserving"})
 # Methods whose estimator takes landmark points.
 _USES_POINTS: frozenset[str] = frozenset({"k-same-m"})
 

@@ -15,7 +15,7 @@ from deid.anonymise.methods_ksame import check_images, check_k, to_uint8
 
 logger = logging.getLogger(__name__)
 
-NON_IDENTITY = ("labels", "projected", "residual", "frames", "grouped")
+NON_IDENTITY = ("labels", "projected", "residual", "frames", "grouped", "label-groups")
 
 
 def check_labels(labels: Mapping[str, Sequence[Hashable]] | None, n: int) -> dict[str, np.ndarray]:
@@ -72,6 +72,81 @@ def group_within_clusters(V: np.ndarray, person_codes: np.ndarray, clusters: np.
             np.add.at(sizes, g, 1)
         offset += n_groups
     return groups
+
+
+def label_groups(V: np.ndarray, person_codes: np.ndarray, cells: np.ndarray, k: int | None = None) -> np.ndarray:
+    """Groups of frames, one per frame of a cell's least-filmed person, each holding frames of *every* person.
+
+    Within each cell (identity cluster x expression label, :func:`release_cells`) the person
+    with the fewest frames seeds one group per frame. Every other person, fewest frames first,
+    gives each group exactly one frame (optimal assignment on the Euclidean distance between
+    ``V`` rows, the frames' expression factors, and the groups' running means: the group takes
+    the frame nearest in expression space), and then any frames left over go to the nearest
+    groups, at most ``ceil(m_p / n_groups) - 1`` more per group. So every group holds at least
+    one frame of each of the cell's people (>= k distinct people when the cell does), unlike
+    :func:`group_within_clusters`, whose capped assignment may leave a group without some person.
+    With equal frame counts per person and cell, every group holds one frame of each person
+    (share 1/people <= 1/k). Extra frames (unequal counts: a video's quarantined frames) raise
+    their person's share; with ``k`` given, a group in which a person then holds more than 1/k
+    of the frames joins the group of its cell nearest in expression space (smallest first),
+    until none does or the cell is one group (whose shares are then the cell's, left to the
+    gate's ``max_person_share`` check as :func:`release_cells` leaves them).
+
+    Returns the global group index of every frame (dense, cells in order).
+    """
+    from scipy.optimize import linear_sum_assignment  # noqa: PLC0415
+
+    V = np.asarray(V, dtype=np.float64)
+    groups = np.empty(len(V), dtype=np.intp)
+    offset = 0
+    for c in np.unique(cells):
+        idx = np.flatnonzero(cells == c)
+        who, counts = np.unique(person_codes[idx], return_counts=True)
+        order = np.argsort(counts, kind="stable")
+        seed = idx[person_codes[idx] == who[order[0]]]
+        n_groups = len(seed)
+        sums, sizes = V[seed].copy(), np.ones(n_groups)
+        groups[seed] = offset + np.arange(n_groups)
+        for j in order[1:]:
+            mine = idx[person_codes[idx] == who[j]]
+            cost = ((V[mine, None, :] - (sums / sizes[:, None])[None, :, :]) ** 2).sum(axis=2)
+            rows, cols = linear_sum_assignment(cost)  # one frame per group (len(mine) >= n_groups)
+            groups[mine[rows]] = offset + cols
+            rest = np.setdiff1d(np.arange(len(mine)), rows)
+            if len(rest):
+                slots = int(np.ceil(len(mine) / n_groups)) - 1
+                centres = np.repeat(sums / sizes[:, None], slots, axis=0)
+                r2, c2 = linear_sum_assignment(((V[mine[rest], None, :] - centres[None, :, :]) ** 2).sum(axis=2))
+                groups[mine[rest[r2]]] = offset + c2 // slots
+            np.add.at(sums, groups[mine] - offset, V[mine])
+            np.add.at(sizes, groups[mine] - offset, 1)
+        if k is not None:
+            groups[idx] = offset + _join_heavy_groups(V[idx], person_codes[idx], groups[idx] - offset, int(k))
+            n_groups = int(groups[idx].max()) - offset + 1
+        offset += n_groups
+    return groups
+
+
+def _join_heavy_groups(V: np.ndarray, people: np.ndarray, groups: np.ndarray, k: int) -> np.ndarray:
+    """Join each group with a person above 1/k of its frames to its nearest group; returns dense group ids."""
+    groups = groups.copy()
+    while True:
+        live = np.unique(groups)
+        heavy = [g for g in live if not _share_fits(people[groups == g], k)]
+        if not heavy or len(live) == 1:
+            break
+        g = min(heavy, key=lambda h: (int((groups == h).sum()), int(h)))
+        mean = V[groups == g].mean(axis=0)
+        target = min((o for o in live if o != g),
+                     key=lambda o: (float(((V[groups == o].mean(axis=0) - mean) ** 2).sum()), int(o)))
+        groups[groups == g] = target
+    return np.unique(groups, return_inverse=True)[1].ravel().astype(np.intp)
+
+
+def _share_fits(person_codes: np.ndarray, k: int) -> bool:
+    """No person holds more than 1/k of the faces."""
+    counts = np.unique(person_codes, return_counts=True)[1]
+    return int(counts.max()) * k <= len(person_codes)
 
 
 def _cell_fits(person_codes: np.ndarray, k: int) -> bool:
@@ -240,6 +315,17 @@ class MultiFactor(BaseEstimator):
       holding faces of every person of its cluster, so the members of a group receive the
       identical image and ``labels_`` are the groups (>= k distinct people each; with equal
       face counts per person no person above 1/k of a group): the k-Same structure again.
+    * ``"label-groups"`` (method ``multi-factor-expression``): per-frame expression with
+      privacy. Each face's "frames" factor (its label effects plus its own residual) is
+      replaced by the mean over a group of faces of >= k distinct people with the same
+      expression labels, in the same identity cluster, matched nearest in expression space
+      (:func:`label_groups`, within the cells of the "labels" mode, merged as there where a cell
+      lacks k people): how far this frame's mouth is open survives as the mean of k such frames,
+      and no released residual belongs to one person. A group's faces get the identical image
+      (its cluster's identity plus the group's mean factor), ``labels_`` are the groups: the
+      k-Same structure, so the gate finds the exact bound in the data (groups *across* identity
+      clusters would give each face a unique (identity cluster, group) pair, which the parrot
+      attacker re-running the method matches to one person).
 
     In the other modes the faces of one cluster do not share an identical image, so no formal
     k-Same guarantee holds: the empirical attacks decide.
@@ -250,7 +336,7 @@ class MultiFactor(BaseEstimator):
         Minimum number of distinct people per identity cluster (>= 2).
     n_components : int, default 50
         Eigenfaces of the linear model.
-    non_identity : {"labels", "projected", "residual", "frames", "grouped"}, default "labels"
+    non_identity : {"labels", "projected", "residual", "frames", "grouped", "label-groups"}, default "labels"
         Without labels that vary within people, "projected" and "labels" keep nothing (the
         release is k-Same-Eigen of the person means) and "residual" the person deviation.
     select_identity : bool, default True
@@ -282,7 +368,7 @@ class MultiFactor(BaseEstimator):
         k-Same cluster of each person.
     labels_ : ndarray of shape (n_faces,)
         Cluster of every face: with ``"labels"`` (and labels that vary within people) its
-        cell, whose faces all get the identical image; with ``"grouped"`` its group; otherwise
+        cell, whose faces all get the identical image; with ``"grouped"`` or ``"label-groups"`` its group; otherwise
         its person's identity cluster (``person_clusters_``).
 
     References
@@ -311,7 +397,8 @@ class MultiFactor(BaseEstimator):
                               "each face's label effects, 'projected' its deviation from its identity within the "
                               "label-effect subspace, 'residual' all of that deviation, 'frames' its label effects "
                               "plus its own residual within the label-effect subspace, 'grouped' that averaged over "
-                              "a group of faces of all the people of its identity cluster")
+                              "a group of faces of all the people of its identity cluster, 'label-groups' that "
+                              "averaged over a group of >= k people's faces with the same labels")
         if not isinstance(self.select_identity, (bool, np.bool_)):
             raise ConfigError(f"select_identity={self.select_identity!r} must be True or False")
         if isinstance(self.n_iter, bool) or not isinstance(self.n_iter, Integral) or self.n_iter < 1:
@@ -333,7 +420,8 @@ class MultiFactor(BaseEstimator):
         constant = {name: c for name, c in codes.items() if name not in varying}
         ks = self._cluster(identity, pkeys, pcodes, constant)
         person_clusters, cluster_identity = ks.labels_, ks.averages_
-        if self.non_identity == "labels" and varying:
+        cells_mode = self.non_identity in ("labels", "label-groups")
+        if cells_mode and varying:
             # Cells (identity cluster x labels) are what the release holds: an identity cluster whose cell
             # lacks k people (someone without one expression) joins its nearest cluster of the same identity
             # labels, which keeps every face's expression (release_cells merges the cells that remain).
@@ -347,7 +435,7 @@ class MultiFactor(BaseEstimator):
             self.non_identity_ = fx
         elif self.non_identity == "residual":
             self.non_identity_ = Z - identity[pcodes]
-        elif self.non_identity in ("frames", "grouped"):
+        elif self.non_identity in ("frames", "grouped", "label-groups"):
             self.non_identity_ = fx + ((Z - identity[pcodes] - fx) @ _span(effects) if varying else 0.0)
         else:  # the face's own coefficients inside the label-effect span replace the cluster's
             self.non_identity_ = (Z - face_identity) @ _span(effects) if varying else np.zeros_like(Z)
@@ -355,20 +443,24 @@ class MultiFactor(BaseEstimator):
         self.non_identity_labels_ = varying
         self.person_clusters_ = person_clusters
         self.labels_ = person_clusters[pcodes]
-        if self.non_identity == "labels" and varying:
+        if cells_mode and varying:
             # Every face of one identity cluster with the same labels gets the identical image: those cells
             # (merged where one holds fewer than k people) are the release's clusters, the k-Same structure
             # whose exact bound the gate then finds in the data.
             self.labels_, merged = release_cells(self.labels_, pcodes, [codes[x] for x in varying], int(self.k))
-            if merged.any():
+            if merged.any() and self.non_identity == "labels":
                 cells = self.labels_[merged]
                 _, dense = np.unique(cells, return_inverse=True)
                 self.non_identity_ = self.non_identity_.copy()
                 self.non_identity_[merged] = group_means(self.non_identity_[merged], dense, int(dense.max()) + 1)[dense]
-        if self.non_identity == "grouped":
-            # k-Same on the non-identity factor too, within each identity cluster: a group's faces get
-            # the identical image (cluster identity + the group's mean non-identity factor).
-            self.labels_ = group_within_clusters(self.non_identity_, pcodes, self.labels_)
+        if self.non_identity in ("grouped", "label-groups"):
+            # k-Same on the non-identity factor too, within each identity cluster ("grouped") or each of its
+            # label cells ("label-groups"): a group's faces get the identical image (cluster identity + the
+            # group's mean non-identity factor), and each group holds faces of >= k distinct people.
+            if self.non_identity == "grouped":
+                self.labels_ = group_within_clusters(self.non_identity_, pcodes, self.labels_)
+            else:
+                self.labels_ = label_groups(self.non_identity_, pcodes, self.labels_, int(self.k))
             self.non_identity_ = group_means(self.non_identity_, self.labels_, int(self.labels_.max()) + 1)[self.labels_]
         self.cluster_identity_ = cluster_identity
         e = self.eigenfaces_

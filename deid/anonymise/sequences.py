@@ -7,7 +7,9 @@ with people-aware k-Same; every frame of a person then carries the same de-ident
 gives each frame the effects of its own labels (``non_identity="labels"``, the release flow's
 choice): expression changes from frame to frame as the frames' labels do. Keeping each frame's
 own residual (``"frames"``, a mouth half open stays half open) is possible but the gate rejects
-it: the residual identifies the source frame (see :data:`SEQUENCE_NON_IDENTITY`).
+it: the residual identifies the source frame (see :data:`SEQUENCE_NON_IDENTITY`). The method
+``multi-factor-expression`` keeps it with privacy: each frame's residual averaged over a group of
+frames of >= k people with the same labels (:data:`SEQUENCE_MODES`, MultiFactor's ``"label-groups"``).
 
 Methods that cluster *images* (the k-Same family) put the frames of one person into different
 clusters, so their identity flickers from frame to frame: :func:`sequence_warning` says so.
@@ -33,6 +35,11 @@ logger = logging.getLogger(__name__)
 # trained on the release: 0.30 on held-out real faces vs 0.90); "grouped" passes re-identification
 # (exact bound) but fails the same utility (0.39); "labels" is released (see SequenceMultiFactor).
 SEQUENCE_NON_IDENTITY = "labels"
+# The multi-factor methods of the registry and the non-identity mode each runs with on sequences:
+# "multi-factor" the labels' effects (above), "multi-factor-expression" each frame's own expression
+# residual averaged over a group of frames of >= k distinct people with the same labels
+# (MultiFactor's "label-groups"; bench/bench_expression_frames.py measures it against "labels").
+SEQUENCE_MODES: dict[str, str] = {"multi-factor": SEQUENCE_NON_IDENTITY, "multi-factor-expression": "label-groups"}
 
 
 @dataclass(frozen=True)
@@ -111,7 +118,7 @@ class SequenceMultiFactor(MultiFactor):
     ----------
     k, n_components, select_identity, n_iter, random_state
         As :class:`~deid.anonymise.methods_factor.MultiFactor`.
-    non_identity : {"labels", "frames", "grouped", "projected", "residual"}, default "labels"
+    non_identity : {"labels", "frames", "grouped", "label-groups", "projected", "residual"}, default "labels"
         ``"labels"`` gives every frame its labels' effects: all frames of one identity cluster
         with the same labels get the identical image, and ``labels_`` are those cells (so the
         gate sees the k-Same structure and its exact bound; a cell with fewer than k people or
@@ -126,7 +133,10 @@ class SequenceMultiFactor(MultiFactor):
         the uint8 rounding: the release varies in a few directions only and the classifier
         fits the rounding noise of the others). ``"grouped"`` averages that residual over
         groups of frames of all the people of an identity cluster (exact bound again) but has
-        the same utility failure (0.41). ``"projected"`` also carries the person's own identity
+        the same utility failure (0.41). ``"label-groups"`` (method ``multi-factor-expression``)
+        averages it over groups of frames of >= k people with the same labels within an identity
+        cluster's label cell, matched nearest in expression space (exact bound; see
+        bench/bench_expression_frames.py). ``"projected"`` also carries the person's own identity
         component inside the label-effect span; ``"residual"`` keeps the whole deviation from
         the person's identity (leaks identity, see MultiFactor).
 
@@ -176,12 +186,13 @@ def sequence_options(method: str) -> dict[str, Any] | None:
     The gate re-applies the method (parrot attacker, utility folds) with them, so it judges the
     model the release was made with: :class:`SequenceMultiFactor`'s non-identity factor.
     """
-    return {"non_identity": SEQUENCE_NON_IDENTITY} if method == "multi-factor" else None
+    return {"non_identity": SEQUENCE_MODES[method]} if method in SEQUENCE_MODES else None
 
 
 def sequence_warning(method: str) -> str | None:
     """Why ``method`` does not keep one identity per person across frames, or None when it does."""
-    if method == "multi-factor":
+    if method in SEQUENCE_MODES:
         return None
     return (f"{method} de-identifies each frame on its own (k-Same clusters images, not people), so the frames of "
-            "one sequence can take different identities; use --method multi-factor for image sequences")
+            "one sequence can take different identities; use --method multi-factor (or multi-factor-expression) for "
+            "image sequences")
