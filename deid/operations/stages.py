@@ -1056,6 +1056,45 @@ def embed_faces(pixels: list[bytes], shape: tuple[int, int]) -> np.ndarray:
     return DlibEmbedder(tuple(shape)).transform(a)
 
 
+IDENTITY_CHEAP_DIMS = 48  # principal components of the LBP histograms the first pass searches
+
+
+def identity_cheap_features(pixels: np.ndarray, shape: tuple[int, int], *, dims: int = IDENTITY_CHEAP_DIMS,
+                            chunk: int = 4096) -> np.ndarray:
+    """The identity first pass's features: LBP histograms (the gate's ``lbp-chi2`` coding), square-rooted
+    (Euclidean distance then approximates the chi-square one, Hellinger), reduced to ``dims`` principal
+    components fitted on at most 4,000 faces. Uniform LBP ignores monotonic grey changes, so copies of one
+    photo under other light ramps stay close (eigenfaces put them 0.5-0.6 x the typical distance apart).
+
+    ``pixels``: flat uint8 rows, grey (h*w) or RGB (h*w*3, averaged to grey). Returns float32 (n, dims).
+    """
+    from sklearn.decomposition import PCA  # noqa: PLC0415
+
+    from deid.evaluation.attackers import LBPAttacker  # noqa: PLC0415
+
+    h, w = (int(v) for v in shape)
+    a = np.asarray(pixels)
+    n = len(a)
+    if n == 0:
+        return np.zeros((0, dims), np.float32)
+    lbp = LBPAttacker((h, w))
+    lbp._fit_model(np.zeros((1, h * w), np.uint8), np.zeros(1, np.int64))  # the tables only: no gallery
+
+    def hist(rows: np.ndarray) -> np.ndarray:
+        g = rows if rows.shape[1] == h * w else rows.reshape(len(rows), h * w, 3).mean(axis=2).round()
+        return np.sqrt(lbp._embed(np.ascontiguousarray(g, dtype=np.uint8)))
+
+    rng = np.random.default_rng(0)
+    sample = np.sort(rng.choice(n, size=min(n, 4000), replace=False))
+    H = hist(a[sample])
+    k = int(min(dims, len(H), H.shape[1]))
+    pca = PCA(k, svd_solver="randomized" if k < min(H.shape) else "full", random_state=0).fit(H)
+    out = np.empty((n, k), np.float32)
+    for s in range(0, n, chunk):
+        out[s:s + chunk] = pca.transform(hist(a[s:s + chunk]))
+    return out
+
+
 def resolve_identities(faces: pa.Table, *, policy: str = "merge", embeddings: np.ndarray | None = None
                        ) -> tuple[pa.Table, PeopleResolution, list[Quarantined]]:
     """Replace ``subject_id`` by the effective person (normalised ids, matching faces merged).
