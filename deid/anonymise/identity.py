@@ -279,9 +279,7 @@ def calibrate_recogniser(E: np.ndarray, codes: np.ndarray, *, max_threshold: flo
     labels = np.zeros(n, np.int64)
     n_sub = int(min(MAX_SUBSETS, max(1, n // SUBSET_SIZE)))
     if n_sub > 1:
-        from sklearn.cluster import KMeans  # noqa: PLC0415
-
-        labels = KMeans(n_sub, n_init=3, random_state=0).fit_predict(E)
+        labels = _kmeans(E, n_sub)
     informative = np.zeros(n, bool)
     subsets = []
     for s in range(n_sub):
@@ -324,6 +322,32 @@ def calibrate_recogniser(E: np.ndarray, codes: np.ndarray, *, max_threshold: flo
                     "near-copies (distance < %.2f) merge there", int(np.count_nonzero(~informative)), n, duplicate)
     return Calibration(threshold, float(duplicate), informative, tuple(subsets), false_merge, miss, tail,
                        float(false_merge_target))
+
+
+def _kmeans(E: np.ndarray, k: int, *, iterations: int = 30, seed: int = 0) -> np.ndarray:
+    """Lloyd's k-means with k-means++ seeding (fixed seed: the same subsets for the same descriptors).
+
+    D. Arthur, S. Vassilvitskii. k-means++: the advantages of careful seeding. SODA 2007.
+    """
+    rng = np.random.default_rng(seed)
+    centres = [E[int(rng.integers(len(E)))]]
+    d2 = ((E - centres[0]) ** 2).sum(1)
+    for _ in range(1, k):
+        p = d2 / d2.sum() if d2.sum() > 0 else None
+        centres.append(E[int(rng.choice(len(E), p=p))])
+        d2 = np.minimum(d2, ((E - centres[-1]) ** 2).sum(1))
+    C = np.array(centres)
+    labels = np.zeros(len(E), np.int64)
+    for _ in range(iterations):
+        dist = (E * E).sum(1)[:, None] + (C * C).sum(1)[None, :] - 2.0 * (E @ C.T)
+        new = np.argmin(dist, axis=1)
+        if _ and np.array_equal(new, labels):
+            break
+        labels = new
+        for j in range(k):
+            if np.any(labels == j):
+                C[j] = E[labels == j].mean(0)
+    return labels
 
 
 def _knn_other(X: np.ndarray, codes: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:

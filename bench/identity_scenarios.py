@@ -1,0 +1,215 @@
+"""Issue 27's Sybil drops and London figures for identity resolution, built in memory.
+
+Usage:
+    PYTHONPATH=$PWD .venv/bin/python bench/identity_scenarios.py [--cache /tmp/deid-identity-cache]
+
+Builds, from the London set (read in place, never copied into the repository) and ``deid synth``
+cartoon faces (rendered in memory and aligned by deid), the aligned faces of:
+
+* ``ramps``: London person 001's neutral photo, five copies lit by linear light ramps (gains whose
+  average is 1: the copies' average is the original) under five fake ids, padded with 1,850
+  synthetic faces and the rest of London (2,057 records in the issue);
+* ``variants``: London minus 001, six variants of her photos (smiling, mirrored, blurred, mouth mask,
+  forehead band, neutral) under six ids, plus 700 synthetic faces;
+* ``london`` and ``london48``: London as it is, and every aligned face taken down to 48 x 48 grey and
+  back up (the resolution of a 48 x 48 crop);
+* ``feature``: one feature vector under five ids with Gaussian noise of 0.4 x the median
+  nearest-other-person distance, among 400 synthetic people x 2.
+
+and runs :func:`deid.anonymise.identity.resolve_people` (cheap first pass on LBP histograms, the
+dlib recogniser on what it flags, calibration on the drop's own faces) on each, then prints the merges,
+the calibrated threshold with its estimated false-merge and miss rates, and the within-cluster check
+(:func:`deid.evaluation.identity_checks.within_cluster_check`) on a k-Same release of each drop.
+dlib descriptors are cached per face (content hash) under ``--cache`` (outside the repository).
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import logging
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+LONDON = Path("/work/shared/datasets/london")
+VICTIM = "001"
+
+
+def london_aligned() -> tuple[np.ndarray, list[str], list[str]]:
+    """Aligned London faces (92 x 81 grey), their person ids and expression."""
+    from deid.alignment.canonical import FaceAligner
+    from deid.alignment.eyes import EyePair
+    from deid.errors import RecordError
+    from deid.intake.imaging import decode_gray
+
+    aligner = FaceAligner()
+    faces, people, expr = [], [], []
+    for folder, ex in (("neutral_front", "neutral"), ("smiling_front", "smiling")):
+        for f in sorted((LONDON / folder).glob("*.jpg")):
+            eyes = None
+            if f.with_suffix(".tem").is_file():
+                lines = f.with_suffix(".tem").read_text().splitlines()
+                eyes = EyePair(*[tuple(float(v) for v in lines[1 + i].split()[:2]) for i in range(2)])
+            try:
+                face = aligner.align(decode_gray(f.read_bytes()), eyes)
+            except RecordError:
+                continue
+            faces.append(face.image.reshape(-1))
+            people.append(f.name[:3])
+            expr.append(ex)
+    return np.array(faces), people, expr
+
+
+def synthetic_aligned(people: int, seed: int = 11) -> tuple[np.ndarray, list[str]]:
+    """``people`` x 2 ``deid synth`` cartoon faces, aligned by deid (in memory)."""
+    from deid.alignment.canonical import FaceAligner
+    from deid.alignment.eyes import EyePair
+    from deid.intake.synth import iter_synthetic_faces
+
+    aligner = FaceAligner()
+    faces, ids = [], []
+    for person, _, _, img, eyes in iter_synthetic_faces(people=people, images_per_person=2, seed=seed):
+        grey = img if img.ndim == 2 else cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)
+        faces.append(aligner.align(grey, EyePair(*eyes)).image.reshape(-1))
+        ids.append(f"synth-{person.number}")
+    return np.array(faces), ids
+
+
+def ramp_copies(face: np.ndarray, shape: tuple[int, int], n: int = 5, strength: float = 0.45) -> np.ndarray:
+    """``n`` copies of ``face`` lit by linear ramps in n directions (gains 1 + s.r, averaging to 1)."""
+    h, w = shape
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    x, y = (x - (w - 1) / 2) / (w / 2), (y - (h - 1) / 2) / (h / 2)
+    out = []
+    for i in range(n):
+        a = 2 * np.pi * i / n
+        gain = 1 + strength * (np.cos(a) * x + np.sin(a) * y)
+        out.append(np.clip(face.reshape(h, w) * gain, 0, 255).round().reshape(-1))
+    return np.array(out, dtype=np.uint8)
+
+
+def variants(neutral: np.ndarray, smiling: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """Her six variants: neutral, smiling, mirrored, blurred, mouth mask, forehead band."""
+    h, w = shape
+    n = neutral.reshape(h, w)
+    mirrored = n[:, ::-1]
+    blurred = cv2.GaussianBlur(n, (0, 0), 2.0)
+    mask = n.copy()
+    mask[int(0.62 * h):int(0.9 * h), int(0.2 * w):int(0.8 * w)] = 200
+    band = n.copy()
+    band[int(0.05 * h):int(0.25 * h), :] = 40
+    return np.array([v.reshape(-1) for v in (n, smiling.reshape(h, w), mirrored, blurred, mask, band)],
+                    dtype=np.uint8)
+
+
+def low_res(faces: np.ndarray, shape: tuple[int, int], side: int = 48) -> np.ndarray:
+    h, w = shape
+    out = [cv2.resize(cv2.resize(f.reshape(h, w), (side, side), interpolation=cv2.INTER_AREA), (w, h),
+                      interpolation=cv2.INTER_LINEAR).reshape(-1) for f in faces]
+    return np.array(out, dtype=np.uint8)
+
+
+class CachedEmbed:
+    """dlib descriptors, cached on disk by face content (outside the repository), counted."""
+
+    def __init__(self, cache: Path):
+        from deid.evaluation.recognizer import DlibEmbedder
+
+        self.dir = cache
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.model = DlibEmbedder()
+        self.computed = 0
+        self.asked = 0
+
+    def __call__(self, faces: np.ndarray) -> np.ndarray:
+        faces = np.ascontiguousarray(faces, dtype=np.uint8)
+        out = np.empty((len(faces), 128), np.float32)
+        todo = []
+        for i, f in enumerate(faces):
+            p = self.dir / (hashlib.blake2b(f.tobytes(), digest_size=16).hexdigest() + ".npy")
+            if p.is_file():
+                out[i] = np.load(p)
+            else:
+                todo.append(i)
+        if todo:
+            d = self.model.transform(faces[todo])
+            for i, v in zip(todo, d):
+                out[i] = v
+                np.save(self.dir / (hashlib.blake2b(faces[i].tobytes(), digest_size=16).hexdigest() + ".npy"), v)
+        self.asked += len(faces)
+        self.computed += len(todo)
+        return out
+
+
+def lbp_features(faces: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    from deid.operations.stages import identity_cheap_features
+
+    return identity_cheap_features(faces, shape)
+
+
+def resolve(name: str, faces: np.ndarray, ids: list[str], embed: CachedEmbed, shape, *, budget: int,
+            truth: list[str] | None = None) -> dict:
+    """Resolve one drop; print and return its figures (``truth``: the real person of each record)."""
+    from deid.anonymise.identity import resolve_people
+
+    t0 = time.process_time()
+    cheap = lbp_features(faces, shape)
+    t_cheap = time.process_time() - t0
+    before = embed.computed + embed.asked
+    embed.asked = 0
+    res = resolve_people(ids, None, cheap=cheap, embed=lambda idx: embed(faces[idx]), embed_budget=budget)
+    cal = res.calibration or {}
+    wrong = 0
+    if truth is not None:
+        for m in res.face_merges:
+            recs = [int(r) for r in m["records"]]
+            wrong += len({truth[r] for r in recs}) > 1
+    print(f"\n== {name}: {len(ids)} records, {len(set(ids))} ids; LBP {t_cheap:.1f} s CPU; "
+          f"dlib on {embed.asked} faces (budget {budget})")
+    print(f"   merges: {len(res.face_merges)} ({wrong} of different real people); people after merges {res.n_people}")
+    if cal:
+        print(f"   threshold {cal.get('threshold')}; false-merge per record {cal.get('false_merge')}; "
+              f"miss {cal.get('miss')}; subsets {cal.get('subsets')}")
+    del before
+    return {"resolution": res, "wrong": wrong}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cache", type=Path, default=Path("/tmp/deid-identity-cache"))
+    ap.add_argument("--budget", type=int, default=2000)
+    ap.add_argument("--only", default="")
+    args = ap.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    shape = (92, 81)
+    embed = CachedEmbed(args.cache)
+    faces, people, expr = london_aligned()
+    want = set(args.only.split(",")) if args.only else None
+
+    if want is None or "london" in want:
+        resolve("London", faces, people, embed, shape, budget=args.budget, truth=people)
+    if want is None or "london48" in want:
+        resolve("London at 48x48 grey", low_res(faces, shape), people, embed, shape, budget=args.budget,
+                truth=people)
+    victim_n = faces[[i for i, (p, e) in enumerate(zip(people, expr)) if p == VICTIM and e == "neutral"][0]]
+    victim_s = faces[[i for i, (p, e) in enumerate(zip(people, expr)) if p == VICTIM and e == "smiling"][0]]
+    if want is None or "ramps" in want:
+        sf, sid = synthetic_aligned(925)
+        keep = [i for i, p in enumerate(people) if p != VICTIM]
+        X = np.vstack([faces[keep], ramp_copies(victim_n, shape), sf])
+        ids = [people[i] for i in keep] + [f"sybil-{i}" for i in range(5)] + sid
+        truth = [people[i] for i in keep] + [VICTIM] * 5 + sid
+        resolve("five ramp-lit copies", X, ids, embed, shape, budget=args.budget, truth=truth)
+    if want is None or "variants" in want:
+        sf, sid = synthetic_aligned(350)
+        keep = [i for i, p in enumerate(people) if p != VICTIM]
+        X = np.vstack([faces[keep], variants(victim_n, victim_s, shape), sf])
+        ids = [people[i] for i in keep] + [f"sybil-{i}" for i in range(6)] + sid
+        truth = [people[i] for i in keep] + [VICTIM] * 6 + sid
+        resolve("six variants padded", X, ids, embed, shape, budget=args.budget, truth=truth)
+
+
+if __name__ == "__main__":
+    main()
