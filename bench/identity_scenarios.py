@@ -149,8 +149,27 @@ def lbp_features(faces: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
     return identity_cheap_features(faces, shape)
 
 
+def london_rates(faces: np.ndarray, people: list[str], expr: list[str], embed: CachedEmbed, res) -> None:
+    """False-merge and miss rates on London at the calibrated threshold: every pair of different participants,
+    and every neutral-smiling pair of one participant (the same person), with 95% Clopper-Pearson intervals."""
+    from deid.anonymise.identity import _interval
+    from deid.evaluation.recognizer import embedding_distances
+
+    t = res.calibration["threshold"]
+    E = embed(faces)
+    D = embedding_distances(E, E)
+    ids = np.array(people)
+    iu = np.triu_indices(len(ids), 1)
+    other = ids[iu[0]] != ids[iu[1]]
+    same = ~other
+    fm = _interval(int(np.count_nonzero(D[iu][other] < t)), int(other.sum()), 0.95)
+    miss = _interval(int(np.count_nonzero(D[iu][same] >= t)), int(same.sum()), 0.95)
+    print(f"   pairs at threshold {t}: false merges {fm}; misses (neutral vs smiling) {miss}; "
+          f"closest different people {D[iu][other].min():.3f}, farthest same person {D[iu][same].max():.3f}")
+
+
 def resolve(name: str, faces: np.ndarray, ids: list[str], embed: CachedEmbed, shape, *, budget: int,
-            truth: list[str] | None = None) -> dict:
+            truth: list[str] | None = None) -> dict:  # noqa: PLR0913
     """Resolve one drop; print and return its figures (``truth``: the real person of each record)."""
     from deid.anonymise.identity import resolve_people
 
@@ -176,6 +195,40 @@ def resolve(name: str, faces: np.ndarray, ids: list[str], embed: CachedEmbed, sh
     return {"resolution": res, "wrong": wrong}
 
 
+def cluster_check(name: str, faces: np.ndarray, people: list[str], partitions: list[str], shape, *,
+                  budget: int, k: int = 5, victim_rows: list[int] | None = None,
+                  victim_face: np.ndarray | None = None) -> None:
+    """k-Same-Select release of the drop (``people`` as resolved), then the within-cluster check on it."""
+    from deid.anonymise.methods import deidentify
+    from deid.evaluation.identity_checks import image_check
+    from deid.evaluation.leaks import mean_abs_difference
+
+    # Partitions with fewer than k people are suppressed (the release flow's small-partition rule).
+    per = {}
+    for p, q in zip(partitions, people):
+        per.setdefault(p, set()).add(q)
+    keep = [i for i, p in enumerate(partitions) if len(per[p]) >= k]
+    dropped = len(people) - len(keep)
+    X, P, Q = faces[keep], [people[i] for i in keep], [partitions[i] for i in keep]
+    t0 = time.process_time()
+    released, clusters = deidentify(X, shape=shape, people=P, partitions=Q, method="k-same-select", k=k)
+    check = image_check(clusters, P, X, released, shape=shape, budget=budget)
+    cpu = time.process_time() - t0
+    print(f"   [{name}] k={k}: {dropped} records suppressed (partitions of < k people); "
+          f"{check.name} {'PASS' if check.passed else 'FAIL'} value={check.value} n={check.n} "
+          f"interval={check.interval} ({cpu:.1f} s CPU)")
+    print(f"      {check.detail[:600]}")
+    if victim_rows is not None and victim_face is not None:
+        kept = [keep.index(r) for r in victim_rows if r in keep]
+        if kept:
+            own = float(mean_abs_difference(released[kept[:1]], victim_face[None])[0])
+            normal = mean_abs_difference(released, X)
+            print(f"      her cluster's released image: {own:.2f} grey levels from her real face "
+                  f"(released vs own original, all records: 1st percentile {np.percentile(normal, 1):.2f})")
+        else:
+            print("      her records: none released")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", type=Path, default=Path("/tmp/deid-identity-cache"))
@@ -189,7 +242,10 @@ def main() -> None:
     want = set(args.only.split(",")) if args.only else None
 
     if want is None or "london" in want:
-        resolve("London", faces, people, embed, shape, budget=args.budget, truth=people)
+        out = resolve("London", faces, people, embed, shape, budget=args.budget, truth=people)
+        london_rates(faces, people, expr, embed, out["resolution"])
+        cluster_check("London", faces, people, expr, shape, budget=args.budget)
+        resolve("London, first pass only (budget 120)", faces, people, embed, shape, budget=120, truth=people)
     if want is None or "london48" in want:
         resolve("London at 48x48 grey", low_res(faces, shape), people, embed, shape, budget=args.budget,
                 truth=people)
@@ -201,14 +257,26 @@ def main() -> None:
         X = np.vstack([faces[keep], ramp_copies(victim_n, shape), sf])
         ids = [people[i] for i in keep] + [f"sybil-{i}" for i in range(5)] + sid
         truth = [people[i] for i in keep] + [VICTIM] * 5 + sid
-        resolve("five ramp-lit copies", X, ids, embed, shape, budget=args.budget, truth=truth)
+        out = resolve("five ramp-lit copies", X, ids, embed, shape, budget=args.budget, truth=truth)
+        part = ["a"] * len(keep) + ["sybil-label"] * 5 + ["a"] * len(sid)
+        rows = list(range(len(keep), len(keep) + 5))
+        cluster_check("as resolved", X, list(out["resolution"].person), part, shape, budget=args.budget,
+                      victim_rows=rows, victim_face=victim_n)
+        cluster_check("identity missed: raw ids", X, ids, part, shape, budget=args.budget, victim_rows=rows,
+                      victim_face=victim_n)
     if want is None or "variants" in want:
         sf, sid = synthetic_aligned(350)
         keep = [i for i, p in enumerate(people) if p != VICTIM]
         X = np.vstack([faces[keep], variants(victim_n, victim_s, shape), sf])
         ids = [people[i] for i in keep] + [f"sybil-{i}" for i in range(6)] + sid
         truth = [people[i] for i in keep] + [VICTIM] * 6 + sid
-        resolve("six variants padded", X, ids, embed, shape, budget=args.budget, truth=truth)
+        out = resolve("six variants padded", X, ids, embed, shape, budget=args.budget, truth=truth)
+        part = ["a"] * len(keep) + ["sybil-label"] * 6 + ["a"] * len(sid)
+        rows = list(range(len(keep), len(keep) + 6))
+        cluster_check("as resolved", X, list(out["resolution"].person), part, shape, budget=args.budget,
+                      victim_rows=rows, victim_face=victim_n)
+        cluster_check("identity missed: raw ids", X, ids, part, shape, budget=args.budget, victim_rows=rows,
+                      victim_face=victim_n)
 
 
 if __name__ == "__main__":

@@ -117,8 +117,8 @@ def test_image_check_is_off_without_the_recogniser(budget):
 
 
 def test_large_drop_first_pass_streams_parts_and_embeds_only_what_it_flags(tmp_path, monkeypatch):
-    """Above DEID_IDENTITY_EMBED_MAX the partition stage runs the LBP pass part by part and embeds the
-    flagged faces only (the recogniser replaced by a stand-in: its descriptors are the faces' own LBP)."""
+    """Above DEID_IDENTITY_EMBED_MAX the partition stage runs the cheap pass part by part and embeds the
+    flagged faces only (the recogniser replaced by a stand-in: its descriptors are the faces' own cheap features)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -148,6 +148,6 @@ def test_large_drop_first_pass_streams_parts_and_embeds_only_what_it_flags(tmp_p
                                        LocalExecutor())
     assert out["cheap"].shape == (61, stages.IDENTITY_CHEAP_DIMS) and np.isfinite(out["cheap"]).all()
     rows, _ = cheap_candidates(out["cheap"], np.arange(61), 10)
-    assert {0, 60} <= set(rows.tolist())  # the re-lit copy is its original's nearest face in LBP space
+    assert {0, 60} <= set(rows.tolist())  # the re-lit copy is its original's nearest face in the cheap space
     E = out["embed"](np.array([60, 0, 5]))
     assert asked == [["r060", "r000", "r005"]] and E.shape == (3, 8)

@@ -380,7 +380,8 @@ def cheap_candidates(X: np.ndarray, codes: np.ndarray, budget: int, *, per_recor
     """The records the deep recogniser should see: the closest cross-id pairs of a cheap first pass.
 
     Every record's ``per_record`` nearest records under other ids are found in the cheap space
-    (e.g. LBP histograms: illumination-robust, ~1 ms a face; nearest-neighbour search, not all pairs);
+    (e.g. self-quotient images, :class:`deid.alignment.features.IlluminationFeatures`: illumination-robust,
+    ~0.05 ms a face; nearest-neighbour search, not all pairs);
     pairs are ranked by their distance over the median nearest-other distance and taken, closest first,
     until ``budget - references`` records are flagged. Then ``references`` records of ids with several
     faces (two per id, drawn with ``seed``) are added for the calibration. Returns the sorted record
@@ -476,7 +477,7 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
     Three rules, each at any size: normalised ids; eigenface (or feature) near-duplicates; and the face
     recogniser, calibrated on the drop's own faces (:func:`calibrate_recogniser`). The recogniser sees
     every record (``embeddings``), or, through ``embed``, the at most ``embed_budget`` records a cheap
-    first pass flags (:func:`cheap_candidates` on ``cheap``, e.g. LBP histograms) plus references of
+    first pass flags (:func:`cheap_candidates` on ``cheap``, e.g. self-quotient images) plus references of
     ids with several faces for the calibration. Groups of ids join on more than one pair's evidence
     where more than one pair exists (:func:`_evidence_merges`).
 

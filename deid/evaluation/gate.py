@@ -884,12 +884,13 @@ def leak_checks(inputs: GateInputs, config: GateConfig) -> list[Check]:
 def one_person_clusters_check(inputs: GateInputs, config: GateConfig) -> Check:
     """No released cluster is one person under several ids (:mod:`deid.evaluation.identity_checks`).
 
-    Every record when the release is small (at most half ``identity_check_max`` records for faces, at
-    most ``attack_sample`` for vectors), else whole clusters of the gate's attack sample.
+    Every record when the release is small (at most ``identity_check_max`` records for faces, at most
+    ``attack_sample`` for vectors), else whole clusters of the gate's attack sample; faces go through a
+    cheap first pass over every cluster, the recogniser on the ones it flags.
     """
     from deid.evaluation import identity_checks  # noqa: PLC0415
 
-    limit = config.identity_check_max // 2 if inputs.kind == "images" else config.attack_sample
+    limit = config.identity_check_max if inputs.kind == "images" else config.attack_sample
     idx = np.arange(inputs.n) if inputs.n <= max(limit, 1) else gate_attack_sample(inputs, config)
     released, originals = inputs.fetch(idx)
     clusters, people = np.asarray(inputs.clusters, dtype=object)[idx], inputs.people[idx]
@@ -897,7 +898,7 @@ def one_person_clusters_check(inputs: GateInputs, config: GateConfig) -> Check:
         return identity_checks.feature_check(clusters, people, originals, released, confidence=config.confidence)
     return identity_checks.image_check(clusters, people, originals, released, shape=tuple(inputs.shape),
                                        budget=config.identity_check_max, total=inputs.n,
-                                       confidence=config.confidence)
+                                       confidence=config.confidence, seed=config.seed)
 
 
 def feature_near_copy_check(inputs: GateInputs, config: GateConfig) -> Check:

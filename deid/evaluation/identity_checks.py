@@ -13,8 +13,9 @@ her face. After clustering, this check looks at every cluster again (issue 27):
   x the median nearest-other-person distance of a member.
 
 Faces are compared in the dlib recogniser's space (threshold calibrated on the checked originals by
-:func:`deid.anonymise.identity.calibrate_recogniser`), on the clusters a cheap first pass in LBP space
-flags (every cluster when the release is small); feature vectors in their own space (threshold
+:func:`deid.anonymise.identity.calibrate_recogniser`), on the clusters a cheap first pass over every
+cluster flags (self-quotient images, :class:`deid.alignment.features.IlluminationFeatures`); feature
+vectors in their own space (threshold
 ``FEATURE_SAME_RATIO`` x the median nearest-other-person distance).
 
 References
@@ -38,7 +39,22 @@ ONE_PERSON_SHARE = 0.5
 AT_ONE_MEMBER_RATIO = 0.5
 FEATURE_SAME_RATIO = 0.7
 FEATURE_AT_ONE_RATIO = 0.5  # a released vector within this x the median nearest-other-person distance of a member
-CHEAP_SAME_RATIO = 0.8  # the LBP first pass flags clusters at this ratio of its typical other-person distance
+CHEAP_SAME_RATIO = 0.8  # the cheap first pass's same-person distance: x its median nearest-other-person distance
+REFERENCES = 200  # faces of unflagged clusters the recogniser's calibration sees beside the flagged ones
+CHEAP_FLAG_SHARE = 0.2  # it flags a cluster with this share of member pairs within that distance (or at one member)
+
+
+def _rows_of(clusters: np.ndarray, hot: list, limit: int) -> np.ndarray:
+    """The rows of the clusters ``hot``, in that order, whole clusters up to ``limit`` rows."""
+    at: dict[Any, list[int]] = {}
+    for i, c in enumerate(clusters.tolist()):
+        at.setdefault(c, []).append(i)
+    rows: list[int] = []
+    for c in hot:
+        if rows and len(rows) + len(at[c]) > limit:
+            break
+        rows += at[c]
+    return np.array(sorted(rows), dtype=np.int64)
 
 
 def _pairwise(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -143,11 +159,13 @@ def feature_check(clusters: Sequence[Any], people: Sequence[Any], originals: np.
 
 
 def image_check(clusters: Sequence[Any], people: Sequence[Any], originals: np.ndarray, released: np.ndarray, *,
-                shape: tuple[int, int], budget: int, total: int | None = None, confidence: float = 0.95) -> Check:
-    """The check on aligned faces: an LBP first pass over every given cluster, the recogniser on the flagged ones.
+                shape: tuple[int, int], budget: int, total: int | None = None, confidence: float = 0.95,
+                seed: int = 0) -> Check:
+    """The check on aligned faces: a cheap first pass over every given cluster, the recogniser on the flagged ones.
 
     ``budget``: most faces (members and released images) the recogniser embeds; 0 turns the check off.
-    ``total``: records in the release (the given ones may be a sample of whole clusters).
+    ``total``: records in the release (the given ones may be a sample of whole clusters); ``seed`` draws the
+    calibration's reference faces from the unflagged clusters.
     """
     from deid.anonymise.identity import calibrate_recogniser  # noqa: PLC0415
     from deid.evaluation.leaks import other_person_scale  # noqa: PLC0415
@@ -160,38 +178,35 @@ def image_check(clusters: Sequence[Any], people: Sequence[Any], originals: np.nd
     clusters = np.asarray(clusters, dtype=object)
     people = np.asarray(people, dtype=object)
     originals, released = np.asarray(originals), np.asarray(released)
-    if n <= budget // 2:
-        rows = np.arange(n)
-        flagged_by = "every cluster"
-    else:
-        from deid.evaluation.attackers import LBPAttacker  # noqa: PLC0415
+    from deid.alignment.features import IlluminationFeatures  # noqa: PLC0415
 
-        lbp = LBPAttacker(tuple(shape)).fit(originals[:1], people=[0])
-        grey = originals if originals.shape[1] == shape[0] * shape[1] else \
-            originals.reshape(n, -1, 3).mean(axis=2).round().astype(np.uint8)
-        grey_r = released if released.shape[1] == shape[0] * shape[1] else \
-            released.reshape(n, -1, 3).mean(axis=2).round().astype(np.uint8)
-        H, R = np.sqrt(lbp._embed(grey)), np.sqrt(lbp._embed(grey_r))
-        scale = other_person_scale(H, people) or 1.0
-        figs = cluster_figures(clusters, people, H, R, CHEAP_SAME_RATIO * scale)
-        keys = list(dict.fromkeys(clusters.tolist()))
-        hot = {keys[f["cluster"]] for f in sorted(figs, key=lambda f: (-f["alike_share"], f["released_nearest"]))
-               if f["alike_share"] > 0 or f["released_nearest"] < AT_ONE_MEMBER_RATIO * (f["released_other"] or 0)}
-        rows = np.flatnonzero([c in hot for c in clusters.tolist()])
-        rows = rows[: budget // 2]
-        flagged_by = f"{len(hot)} of {len(figs)} clusters flagged by an LBP first pass"
+    cheap = IlluminationFeatures(tuple(shape)).fit(originals)
+    H, R = cheap.transform(originals).astype(np.float64), cheap.transform(released).astype(np.float64)
+    scale = other_person_scale(H, people) or 1.0
+    figs = cluster_figures(clusters, people, H, R, CHEAP_SAME_RATIO * scale)
+    keys = list(dict.fromkeys(clusters.tolist()))
+    hot = [keys[f["cluster"]] for f in sorted(figs, key=lambda f: (-f["alike_share"], f["released_nearest"]))
+           if f["alike_share"] >= CHEAP_FLAG_SHARE or f["at_one_member"]]
+    rows = _rows_of(clusters, hot, budget // 3)
+    flagged_by = (f"a cheap first pass (self-quotient images, {CHEAP_SAME_RATIO:g} x their median nearest-other-person "
+                  f"distance) flagged {len(hot)} of {len(figs)} clusters; the recogniser checked "
+                  f"{len(set(clusters[rows].tolist()))} of them")
     if not len(rows):
-        return Check(NAME, True, 0, 0, f"no cluster flagged by the LBP first pass ({n} of {total} records)",
-                     interval=(0.0, 0.0), n=0)
+        return Check(NAME, True, 0, 0, f"{flagged_by}; {n} of {total} records", n=0)
     from deid.evaluation.recognizer import DlibEmbedder  # noqa: PLC0415
 
+    # The calibration needs normal faces too (a flagged cluster of one person's copies would otherwise set
+    # the scale itself): references drawn from the unflagged clusters, as many as the budget allows.
+    rest = np.setdiff1d(np.arange(n), rows)
+    ref = np.sort(np.random.default_rng(seed).choice(rest, size=min(len(rest), max(0, budget - 2 * len(rows)),
+                                                                   max(REFERENCES, 2 * len(rows))), replace=False))
     emb = DlibEmbedder(tuple(shape))
-    E = emb.transform(originals[rows]).astype(np.float64)
+    E = emb.transform(originals[np.concatenate([rows, ref])]).astype(np.float64)
     Er = emb.transform(released[rows]).astype(np.float64)
-    codes = np.unique(people[rows].astype(str), return_inverse=True)[1].ravel()
+    codes = np.unique(people[np.concatenate([rows, ref])].astype(str), return_inverse=True)[1].ravel()
     cal = calibrate_recogniser(E, codes)
-    t = np.where(cal.informative, cal.threshold, cal.duplicate)
-    figs = cluster_figures(clusters[rows], people[rows], E, Er, t)
+    t = np.where(cal.informative, cal.threshold, cal.duplicate)[:len(rows)]
+    figs = cluster_figures(clusters[rows], people[rows], E[:len(rows)], Er, t)
     return _decide(figs, space="recogniser", threshold_text=f"the calibrated same-person distance {cal.threshold:.3f} "
                    f"({int(np.count_nonzero(~cal.informative))} faces in subsets it does not separate: near-copy "
                    f"{cal.duplicate:g})", checked=len(rows), total=total, confidence=confidence,

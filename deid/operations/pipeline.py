@@ -393,7 +393,7 @@ def embed_faces(faces: pa.Table, shape_hw: tuple[int, int], executor: Executor) 
 
 def identity_first_pass(record_ids: pa.ChunkedArray, aligned: Aligned, shape_hw: tuple[int, int],
                         executor: Executor, *, lg=log) -> dict:
-    """The identity stage's cheap first pass over every face, streamed one aligned part at a time.
+    """The identity stage's cheap first pass over every face (self-quotient images), one aligned part at a time.
 
     Returns ``cheap`` (:class:`~deid.operations.stages.CheapIdentityFeatures`, one row per record in the
     order of ``record_ids``) and ``embed(positions)``: dlib descriptors of those records, their pixels read
@@ -401,7 +401,7 @@ def identity_first_pass(record_ids: pa.ChunkedArray, aligned: Aligned, shape_hw:
     """
     ids = stages._array(record_ids)
     model, cheap = None, None
-    progress = Progress("partition: identity first pass (LBP)").start(len(ids))
+    progress = Progress("partition: identity first pass").start(len(ids))
     for part in aligned.parts:
         t = pq.read_table(part, columns=["record_id", "pixels"])
         t = t.filter(pc.is_in(t.column("record_id"), value_set=ids))
@@ -410,7 +410,7 @@ def identity_first_pass(record_ids: pa.ChunkedArray, aligned: Aligned, shape_hw:
         rows = np.frombuffer(b"".join(t.column("pixels").to_pylist()), np.uint8).reshape(t.num_rows, -1)
         if model is None:
             model = stages.CheapIdentityFeatures(shape_hw).fit(rows[:: max(1, len(rows) // 4000)])
-            cheap = np.zeros((len(ids), model.dims), np.float32)
+            cheap = np.zeros((len(ids), model.n_components), np.float32)
         cheap[stages.positions_in(t.column("record_id"), ids).to_numpy()] = model.transform(rows)
         progress.advance(t.num_rows)
     progress.finish()
@@ -566,7 +566,7 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
                   if 0 < faces.num_rows <= config.identity_embed_max else None)
     first_pass = {}
     if embeddings is None and faces.num_rows > config.identity_embed_max > 0:
-        # Above the budget: a cheap LBP pass over every face flags the closest cross-id pairs, and the
+        # Above the budget: a cheap pass (self-quotient images) over every face flags the closest cross-id pairs, and the
         # recogniser embeds only those (and references for its calibration): identity at any size (issue 27).
         first_pass = identity_first_pass(faces.column("record_id"), aligned, config.shape_hw, executor, lg=lg)
     faces, identity, dup_quarantined = stages.resolve_identities(faces, policy=config.duplicate_ids,

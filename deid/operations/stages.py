@@ -24,7 +24,7 @@ from deid.alignment.canonical import FaceAligner
 from deid.alignment.align import align_records
 from deid.contracts import LINEAGE_PARTITION, ClusterInfo, CounterfeitRow, ReleaseRows, StagingLayout
 from deid.errors import ConfigError, Quarantined, StateError
-from deid.alignment.features import Eigenfaces
+from deid.alignment.features import Eigenfaces, IlluminationFeatures
 from deid.anonymise.identity import PeopleResolution, resolve_people
 from deid.anonymise.ksame import KSame, _factorize, group_people
 from deid.anonymise.near_copy import (NearCopyRepair, RepairPlan, check_merged, closest_member, cluster_centroids,
@@ -1056,7 +1056,7 @@ def embed_faces(pixels: list[bytes], shape: tuple[int, int]) -> np.ndarray:
     return DlibEmbedder(tuple(shape)).transform(a)
 
 
-IDENTITY_CHEAP_DIMS = 48  # principal components of the LBP histograms the first pass searches
+IDENTITY_CHEAP_DIMS = 48  # principal components of the self-quotient images the first pass searches
 
 
 def identity_cheap_features(pixels: np.ndarray, shape: tuple[int, int], *, dims: int = IDENTITY_CHEAP_DIMS,
@@ -1065,53 +1065,12 @@ def identity_cheap_features(pixels: np.ndarray, shape: tuple[int, int], *, dims:
     a = np.asarray(pixels)
     if len(a) == 0:
         return np.zeros((0, dims), np.float32)
-    model = CheapIdentityFeatures(shape, dims=dims).fit(a[np.sort(np.random.default_rng(0).choice(
-        len(a), size=min(len(a), 4000), replace=False))])
+    model = CheapIdentityFeatures(shape, n_components=dims).fit(a)
     return np.vstack([model.transform(a[s:s + chunk]) for s in range(0, len(a), chunk)])
 
 
-class CheapIdentityFeatures:
-    """The identity first pass's features: LBP histograms (the gate's ``lbp-chi2`` coding), square-rooted
-    (Euclidean distance then approximates the chi-square one: Hellinger), reduced to ``dims`` principal
-    components fitted on a sample. Uniform LBP ignores monotonic grey changes, so copies of one photo
-    under other light ramps stay close (eigenfaces put them 0.5-0.6 x the typical distance apart).
-    About 1 ms of CPU per 92 x 81 face.
-
-    Rows are flat uint8 faces, grey (h*w) or RGB (h*w*3, averaged to grey); ``transform`` returns
-    float32 (n, dims) and may be called a part at a time (the same values whatever the chunking).
-
-    References
-    ----------
-    T. Ahonen, A. Hadid, M. Pietikainen. Face description with local binary patterns. IEEE TPAMI 28(12), 2006.
-    """
-
-    def __init__(self, shape: tuple[int, int], *, dims: int = IDENTITY_CHEAP_DIMS):
-        from deid.evaluation.attackers import LBPAttacker  # noqa: PLC0415
-
-        self.h, self.w = (int(v) for v in shape)
-        self.dims = dims
-        self.lbp = LBPAttacker((self.h, self.w))
-        self.lbp._fit_model(np.zeros((1, self.h * self.w), np.uint8), np.zeros(1, np.int64))  # the tables only
-
-    def _hist(self, rows: np.ndarray) -> np.ndarray:
-        hw = self.h * self.w
-        g = rows if rows.shape[1] == hw else rows.reshape(len(rows), hw, 3).mean(axis=2).round()
-        return np.sqrt(self.lbp._embed(np.ascontiguousarray(g, dtype=np.uint8)))
-
-    def fit(self, sample: np.ndarray) -> "CheapIdentityFeatures":
-        from sklearn.decomposition import PCA  # noqa: PLC0415
-
-        H = self._hist(np.asarray(sample))
-        k = int(min(self.dims, len(H), H.shape[1]))
-        self.pca = PCA(k, svd_solver="randomized" if k < min(H.shape) else "full", random_state=0).fit(H)
-        return self
-
-    def transform(self, rows: np.ndarray) -> np.ndarray:
-        out = np.zeros((len(rows), self.dims), np.float32)
-        if len(rows):
-            z = self.pca.transform(self._hist(np.asarray(rows)))
-            out[:, :z.shape[1]] = z
-        return out
+CheapIdentityFeatures = IlluminationFeatures
+"""The identity stage's first-pass features (:class:`deid.alignment.features.IlluminationFeatures`)."""
 
 
 def resolve_identities(faces: pa.Table, *, policy: str = "merge", embeddings: np.ndarray | None = None,
