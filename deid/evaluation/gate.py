@@ -884,14 +884,13 @@ def leak_checks(inputs: GateInputs, config: GateConfig) -> list[Check]:
 def one_person_clusters_check(inputs: GateInputs, config: GateConfig) -> Check:
     """No released cluster is one person under several ids (:mod:`deid.evaluation.identity_checks`).
 
-    Every record when the release is small (at most ``identity_check_max`` records for faces, at most
-    ``attack_sample`` for vectors), else whole clusters of the gate's attack sample; faces go through a
-    cheap first pass over every cluster, the recogniser on the ones it flags.
+    The clusters of the gate's attack sample (whole clusters; every cluster of a release of at most
+    ``attack_sample`` records); faces go through a cheap first pass over every one of them, the
+    recogniser (at most ``identity_check_max`` faces) on the ones it flags.
     """
     from deid.evaluation import identity_checks  # noqa: PLC0415
 
-    limit = config.identity_check_max if inputs.kind == "images" else config.attack_sample
-    idx = np.arange(inputs.n) if inputs.n <= max(limit, 1) else gate_attack_sample(inputs, config)
+    idx = gate_attack_sample(inputs, config)  # the sample the leak checks read (read once: _read_samples_once)
     released, originals = inputs.fetch(idx)
     clusters, people = np.asarray(inputs.clusters, dtype=object)[idx], inputs.people[idx]
     if inputs.kind == "features":
