@@ -36,7 +36,7 @@ DUPLICATE_DISTANCE = 0.12  # near-copies in descriptor space: what merges where 
 MIN_MEDIAN_OTHER = 0.65  # a subset with no id of several faces is informative when its median other-id distance >= this
 FALSE_MERGE_TARGET = 1e-3
 MIN_IDENTIFIED = 0.8  # a subset is informative when this share of its several-face ids is identified (lower bound)
-SUBSET_SIZE = 150  # descriptors per k-means subset (at most MAX_SUBSETS subsets)
+SUBSET_SIZE = 60  # descriptors per k-means subset (at most MAX_SUBSETS subsets)
 MAX_SUBSETS = 8
 CANDIDATES_PER_RECORD = 4  # nearest other-id neighbours per record in the cheap first pass
 _EXACT_LIMIT = 20_000
@@ -240,7 +240,7 @@ def calibrate_recogniser(E: np.ndarray, codes: np.ndarray, *, max_threshold: flo
                          confidence: float = 0.95) -> Calibration:
     """Calibrate the recogniser's same-person threshold on a drop's own descriptors.
 
-    1. The descriptors are split into subsets by k-means (one per ~:data:`SUBSET_SIZE` rows, at most
+    1. The descriptors are split into subsets by k-means (one per :data:`SUBSET_SIZE` rows, at most
        :data:`MAX_SUBSETS`): faces the recogniser does not separate (cartoons, low resolution, infrared)
        gather in their own region of descriptor space, and must not switch the recogniser off for the rest.
     2. A subset is *informative* when its ids with several faces are identified (a face's nearest other face

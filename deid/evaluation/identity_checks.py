@@ -44,6 +44,34 @@ REFERENCES = 200  # faces of unflagged clusters the recogniser's calibration see
 CHEAP_FLAG_SHARE = 0.2  # it flags a cluster with this share of member pairs within that distance (or at one member)
 
 
+def _references(H: np.ndarray, people: np.ndarray, clusters: np.ndarray, rows: np.ndarray, *,
+                limit: int) -> np.ndarray:
+    """Unflagged rows nearest each flagged cluster (of ``rows``) in the cheap space ``H``, each with its
+    person's other rows (ids with several faces calibrate the recogniser): an equal share of ``limit`` per
+    flagged cluster, so each is judged among faces of its own kind."""
+    rest = np.setdiff1d(np.arange(len(H)), rows)
+    if not len(rest) or limit <= 0 or not len(rows):
+        return np.zeros(0, np.int64)
+    by_person: dict[Any, list[int]] = {}
+    for i in rest.tolist():
+        by_person.setdefault(people[i], []).append(i)
+    flagged: dict[Any, list[int]] = {}
+    for i in rows.tolist():
+        flagged.setdefault(clusters[i], []).append(i)
+    share = max(2, limit // len(flagged))
+    chosen: dict[int, None] = {}
+    for members in flagged.values():
+        d = np.min([((H[rest] - H[m]) ** 2).sum(1) for m in members], axis=0)
+        taken = 0
+        for i in rest[np.argsort(d, kind="stable")].tolist():
+            group = [r for r in by_person[people[i]] if r not in chosen]
+            if taken + len(group) > share or len(chosen) + len(group) > limit:
+                break
+            chosen.update(dict.fromkeys(group))
+            taken += len(group)
+    return np.array(sorted(chosen), dtype=np.int64)
+
+
 def _rows_of(clusters: np.ndarray, hot: list, limit: int) -> np.ndarray:
     """The rows of the clusters ``hot``, in that order, whole clusters up to ``limit`` rows."""
     at: dict[Any, list[int]] = {}
@@ -195,11 +223,10 @@ def image_check(clusters: Sequence[Any], people: Sequence[Any], originals: np.nd
         return Check(NAME, True, 0, 0, f"{flagged_by}; {n} of {total} records", n=0)
     from deid.evaluation.recognizer import DlibEmbedder  # noqa: PLC0415
 
-    # The calibration needs normal faces too (a flagged cluster of one person's copies would otherwise set
-    # the scale itself): references drawn from the unflagged clusters, as many as the budget allows.
-    rest = np.setdiff1d(np.arange(n), rows)
-    ref = np.sort(np.random.default_rng(seed).choice(rest, size=min(len(rest), max(0, budget - 2 * len(rows)),
-                                                                   max(REFERENCES, 2 * len(rows))), replace=False))
+    # The calibration needs normal faces of the same kind (a flagged cluster of one person's copies would
+    # otherwise set the scale itself, and cartoons far away would judge real faces): references from the
+    # unflagged clusters nearest the flagged faces in the cheap space, with their people's other faces.
+    ref = _references(H, people, clusters, rows, limit=min(max(0, budget - 2 * len(rows)), max(REFERENCES, 2 * len(rows))))
     emb = DlibEmbedder(tuple(shape))
     E = emb.transform(originals[np.concatenate([rows, ref])]).astype(np.float64)
     Er = emb.transform(released[rows]).astype(np.float64)
