@@ -151,3 +151,12 @@ def test_large_drop_first_pass_streams_parts_and_embeds_only_what_it_flags(tmp_p
     assert {0, 60} <= set(rows.tolist())  # the re-lit copy is its original's nearest face in the cheap space
     E = out["embed"](np.array([60, 0, 5]))
     assert asked == [["r060", "r000", "r005"]] and E.shape == (3, 8)
+
+
+def test_a_subset_without_ids_of_several_faces_is_judged_by_its_median_distance_between_ids():
+    rng = np.random.default_rng(11)
+    apart = _unit(rng.normal(0, 1, (80, 32)))  # one face per id, ~1.41 apart: informative
+    alike = apart[:1] * 3 + rng.normal(0, 0.3 / 8, (80, 32))  # one face per id, ~0.3 apart, far away: not
+    cal = calibrate_recogniser(np.vstack([apart, alike]), np.arange(160))
+    assert cal.informative[:80].all() and not cal.informative[80:].any()
+    assert all(s["ids_with_several_faces"] == 0 for s in cal.subsets)
