@@ -229,6 +229,51 @@ def cluster_check(name: str, faces: np.ndarray, people: list[str], partitions: l
             print("      her records: none released")
 
 
+def feature_scenario(k: int = 5) -> None:
+    """One vector under five ids with Gaussian noise of 0.4 x the median nearest-other-person distance,
+    among ``deid synth-features`` people: identity resolution, then k-Same-Select (her copies alone in their
+    label partition, as with a label value no one else has) and the within-cluster check in feature space."""
+    from deid.anonymise.identity import resolve_people
+    from deid.anonymise.methods import deidentify
+    from deid.evaluation.identity_checks import feature_check
+    from deid.evaluation.leaks import other_person_scale
+    from deid.intake.synth_features import synthetic_features
+
+    data = synthetic_features(people=400, per_person=2, dim=32, seed=3)
+    X, people = data.vectors.astype(np.float64), list(data.people)
+    scale = other_person_scale(X, people)
+    rng = np.random.default_rng(4)
+    victim = X[0]
+    copies = victim + rng.normal(0, 0.4 * scale / np.sqrt(X.shape[1]), (5, X.shape[1]))
+    keep = [i for i, p in enumerate(people) if p != people[0]]
+    V = np.vstack([X[keep], copies])
+    ids = [people[i] for i in keep] + [f"sybil-{i}" for i in range(5)]
+    res = resolve_people(ids, V, space="feature")
+    merged = len({res.person[i] for i in range(len(keep), len(V))}) == 1
+    print(f"\n== feature copies (noise 0.4 x {scale:.3f}): {len(V)} records; identity merges {len(res.face_merges)}; "
+          f"copies one person: {merged}")
+    for label, who in (("as resolved", list(res.person)), ("identity missed: raw ids", ids)):
+        part = ["a"] * len(keep) + ["sybil-label"] * 5
+        per: dict[str, set] = {}
+        for p, q in zip(part, who):
+            per.setdefault(p, set()).add(q)
+        rows = [i for i, p in enumerate(part) if len(per[p]) >= k]
+        Vk, P, Q = V[rows], [who[i] for i in rows], [part[i] for i in rows]
+        # The k-Same-Select grouping; each record released as its cluster's mean vector (the feature path's rule;
+        # deidentify's own output is images, clipped to 0..255).
+        _, clusters = deidentify(Vk, shape=(1, Vk.shape[1]), people=P, partitions=Q, method="k-same-select", k=k)
+        clusters = np.asarray(clusters)
+        means = {c: Vk[clusters == c].mean(0) for c in np.unique(clusters)}
+        released = np.array([means[c] for c in clusters])
+        check = feature_check(clusters, P, Vk, released)
+        sybil = [rows.index(i) for i in range(len(keep), len(V)) if i in rows]
+        where = (f"her cluster's released vector {np.linalg.norm(released[sybil[0]] - victim) / scale:.2f} x the "
+                 f"scale from her true vector" if sybil else "her records: none released")
+        print(f"   [{label}] {len(V) - len(rows)} suppressed; {check.name} {'PASS' if check.passed else 'FAIL'} "
+              f"value={check.value} n={check.n} interval={check.interval}; {where}")
+        print(f"      {check.detail[:400]}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", type=Path, default=Path("/tmp/deid-identity-cache"))
@@ -246,9 +291,22 @@ def main() -> None:
         london_rates(faces, people, expr, embed, out["resolution"])
         cluster_check("London", faces, people, expr, shape, budget=args.budget)
         resolve("London, first pass only (budget 120)", faces, people, embed, shape, budget=120, truth=people)
+    if want is None or "feature" in want:
+        feature_scenario()
     if want is None or "london48" in want:
-        resolve("London at 48x48 grey", low_res(faces, shape), people, embed, shape, budget=args.budget,
-                truth=people)
+        low = low_res(faces, shape)
+        out = resolve("London at 48x48 grey", low, people, embed, shape, budget=args.budget, truth=people)
+        london_rates(low, people, expr, embed, out["resolution"])
+        rng = np.random.default_rng(0)
+        noisy = np.clip(low[:5].astype(np.float64) + rng.normal(0, 3, (5, low.shape[1])), 0, 255).astype(np.uint8)
+        relit = ramp_copies(low[7], shape)
+        X = np.vstack([low, noisy, relit])
+        ids = people + [f"noisy-{i}" for i in range(5)] + [f"relit-{i}" for i in range(5)]
+        out = resolve("London at 48x48 + 5 noisy copies + 5 re-lit copies under new ids", X, ids, embed, shape,
+                      budget=args.budget, truth=people + people[:5] + [people[7]] * 5)
+        per = out["resolution"].person
+        print(f"   noisy copies merged with their original: {sum(per[204 + i] == per[i] for i in range(5))}/5; "
+              f"re-lit copies merged with their original: {sum(per[209 + i] == per[7] for i in range(5))}/5")
     victim_n = faces[[i for i, (p, e) in enumerate(zip(people, expr)) if p == VICTIM and e == "neutral"][0]]
     victim_s = faces[[i for i, (p, e) in enumerate(zip(people, expr)) if p == VICTIM and e == "smiling"][0]]
     if want is None or "ramps" in want:
