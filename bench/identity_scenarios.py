@@ -185,7 +185,7 @@ def resolve(name: str, faces: np.ndarray, ids: list[str], embed: CachedEmbed, sh
         for m in res.face_merges:
             recs = [int(r) for r in m["records"]]
             wrong += len({truth[r] for r in recs}) > 1
-    print(f"\n== {name}: {len(ids)} records, {len(set(ids))} ids; LBP {t_cheap:.1f} s CPU; "
+    print(f"\n== {name}: {len(ids)} records, {len(set(ids))} ids; cheap pass {t_cheap:.1f} s CPU; "
           f"dlib on {embed.asked} faces (budget {budget})")
     print(f"   merges: {len(res.face_merges)} ({wrong} of different real people); people after merges {res.n_people}")
     if cal:
