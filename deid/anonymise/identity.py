@@ -400,7 +400,7 @@ def cheap_candidates(X: np.ndarray, codes: np.ndarray, budget: int, *, per_recor
 
     Every record's ``per_record`` nearest records under other ids are found in the cheap space
     (e.g. self-quotient images, :class:`deid.alignment.features.IlluminationFeatures`: illumination-robust,
-    ~0.05 ms a face; nearest-neighbour search, not all pairs);
+    ~0.1 ms a face; nearest-neighbour search, not all pairs);
     pairs are ranked by their distance over the median nearest-other distance and taken, closest first,
     until ``budget - references`` records are flagged. Then ``references`` records of ids with several
     faces (two per id, drawn with ``seed``) are added for the calibration. Returns the sorted record
