@@ -403,7 +403,8 @@ def cheap_candidates(X: np.ndarray, codes: np.ndarray, budget: int, *, per_recor
     ~0.1 ms a face; nearest-neighbour search, not all pairs);
     pairs are ranked by their distance over the median nearest-other distance and taken, closest first,
     until ``budget - references`` records are flagged. Then ``references`` records of ids with several
-    faces (two per id, drawn with ``seed``) are added for the calibration. Returns the sorted record
+    faces (two per id) are added for the calibration: half among the flagged faces' nearest other ids, half
+    drawn with ``seed``. Returns the sorted record
     positions and how many were flagged by the first pass.
     """
     n = len(X)
@@ -424,17 +425,29 @@ def cheap_candidates(X: np.ndarray, codes: np.ndarray, budget: int, *, per_recor
         chosen[a] = chosen[b] = None
     flagged = len(chosen)
     if references:
-        rng = np.random.default_rng(seed)
         counts = np.bincount(codes)
-        several = np.flatnonzero(counts >= 2)
-        rng.shuffle(several)
         pos = np.argsort(codes, kind="stable")
         starts = np.concatenate([[0], np.cumsum(counts)])
-        for c in several:
+
+        def add(c: int) -> bool:  # two faces of id c; False when the budget is full
             if len(chosen) + 2 > budget:
+                return False
+            chosen.update(dict.fromkeys(int(r) for r in pos[starts[c]:starts[c] + 2]))
+            return True
+
+        # Half the references are the flagged faces' own neighbours (ids with several faces among their nearest
+        # other ids): the calibration judges each flagged face among faces of its kind (cartoons far away do
+        # not decide for real faces); the other half ids drawn at random.
+        local = budget - references // 2
+        for a in list(chosen):
+            for b in nb[a]:
+                if b >= 0 and counts[codes[b]] >= 2 and len(chosen) < local:
+                    add(int(codes[b]))
+        several = np.flatnonzero(counts >= 2)
+        np.random.default_rng(seed).shuffle(several)
+        for c in several:
+            if not add(int(c)):
                 break
-            for r in pos[starts[c]:starts[c] + 2]:
-                chosen[int(r)] = None
     return np.array(sorted(chosen), dtype=np.int64), flagged
 
 
