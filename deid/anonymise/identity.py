@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import unicodedata
 from dataclasses import dataclass, field, replace
-from typing import Hashable, Mapping, Sequence
+from typing import Callable, Hashable, Mapping, Sequence
 
 import numpy as np
 
@@ -27,6 +27,19 @@ log = logging.getLogger(__name__)
 # noise sigma 2/4/8 grey levels are at most 0.012/0.022/0.046. (Two different photographs of
 # one person are 0.32-1.5: not near-duplicates; the face recogniser's threshold finds those.)
 NEAR_DUPLICATE_RATIO = 0.2
+# Recogniser calibration (issue 27): the merge threshold is set on the drop's own faces, never above
+# MAX_SAME_PERSON (London, 102 people x 2: 0 false of 20,604 pairs below 0.45, yet two participants sit at
+# 0.447), at the robust lower tail of the distances from a record to its nearest other id, so that about
+# FALSE_MERGE_TARGET of the records of real, distinct people would have another person within it.
+MAX_SAME_PERSON = 0.45
+DUPLICATE_DISTANCE = 0.12  # near-copies in descriptor space: what merges where the recogniser does not separate
+MIN_MEDIAN_OTHER = 0.65  # a subset with no id of several faces is informative when its median other-id distance >= this
+FALSE_MERGE_TARGET = 1e-3
+MIN_IDENTIFIED = 0.8  # a subset is informative when this share of its several-face ids is identified (lower bound)
+SUBSET_SIZE = 60  # descriptors per k-means subset (at most MAX_SUBSETS subsets)
+MAX_SUBSETS = 8
+MIN_SUBSET = 30  # smaller k-means subsets join their nearest larger one
+CANDIDATES_PER_RECORD = 4  # nearest other-id neighbours per record in the cheap first pass
 _EXACT_LIMIT = 20_000
 _BUCKET = 2_000
 _ROWS = 65_536  # rows converted to float64 at a time by the bucket split (3.2 MB at 50-d)
@@ -75,6 +88,7 @@ class PeopleResolution:
     normalized_merges: int
     face_merges: tuple[dict, ...] = field(default_factory=tuple)
     flagged_records: tuple[int, ...] = field(default_factory=tuple)
+    calibration: dict | None = None  # the recogniser's calibration on this drop (Calibration.to_dict), None: not run
 
     @property
     def n_people(self) -> int:
@@ -101,7 +115,8 @@ class PeopleResolution:
         """
         return {"normalized_id_merges": self.normalized_merges, "face_merges": len(self.face_merges),
                 "records_in_face_merges": len(self.flagged_records), "people": self.n_people,
-                "examples": [{key: v for key, v in m.items() if key != "ids"} for m in self.face_merges[:5]]}
+                "examples": [{key: v for key, v in m.items() if key != "ids"} for m in self.face_merges[:5]],
+                **({"recogniser": self.calibration} if self.calibration is not None else {})}
 
 
 def _nearest_other(X: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -159,10 +174,344 @@ def _person_codes(ids: Sequence[str]) -> np.ndarray:
     return np.fromiter((code.setdefault(x, len(code)) for x in ids), dtype=np.int64, count=len(ids))
 
 
+# ------------------------------------------------------------------------ recogniser calibration (issue 27)
+
+
+def _interval(count: int, n: int, confidence: float) -> dict:
+    """A rate with its two-sided Clopper-Pearson interval at ``confidence``."""
+    from scipy.stats import beta  # noqa: PLC0415
+
+    if n <= 0:
+        return {"count": int(count), "n": 0, "rate": None, "interval": None}
+    a = (1 - confidence) / 2
+    lo = 0.0 if count == 0 else float(beta.ppf(a, count, n - count + 1))
+    hi = 1.0 if count == n else float(beta.ppf(1 - a, count + 1, n - count))
+    return {"count": int(count), "n": int(n), "rate": round(count / n, 6), "interval": [round(lo, 6), round(hi, 6)]}
+
+
+def _nearest_by_code(E: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each row's nearest row under its own code and under another code: (same, d_same, other, d_other).
+
+    Exact (blocked); ``d_same`` is inf for a row whose code has no other row.
+    """
+    n = len(E)
+    out = [np.full(n, -1, np.int64), np.full(n, np.inf), np.full(n, -1, np.int64), np.full(n, np.inf)]
+    for s, d2 in distance_blocks(E, max_cells=4_000_000):
+        rows = np.arange(s, s + len(d2))
+        d2[np.arange(len(d2)), rows] = np.inf
+        same = codes[rows, None] == codes[None, :]
+        for k, mask in ((0, ~same), (2, same)):
+            d = np.where(mask, np.inf, d2)
+            j = np.argmin(d, axis=1)
+            out[k][rows] = j
+            out[k + 1][rows] = np.sqrt(np.maximum(d[np.arange(len(j)), j], 0.0))
+    return out[0], out[1], out[2], out[3]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The recogniser's merge threshold for one drop, judged on that drop's own faces.
+
+    ``informative[i]``: the recogniser separates the people of descriptor row i's subset (its pairs
+    merge below ``threshold``; elsewhere only near-copies below ``duplicate``). ``false_merge``: the
+    share of records of ids with several faces (informative subsets) whose nearest other id lies within
+    the threshold; ``miss``: the share whose own other face does not. Both with intervals.
+    """
+
+    threshold: float
+    duplicate: float
+    informative: np.ndarray
+    subsets: tuple[dict, ...]
+    false_merge: dict
+    miss: dict
+    tail_threshold: float | None
+    false_merge_target: float
+
+    def to_dict(self) -> dict:
+        return {"threshold": round(self.threshold, 4), "duplicate_threshold": self.duplicate,
+                "tail_threshold": None if self.tail_threshold is None else round(self.tail_threshold, 4),
+                "false_merge_target": self.false_merge_target, "false_merge": self.false_merge, "miss": self.miss,
+                "records_informative": int(np.count_nonzero(self.informative)),
+                "records_undecided": int(np.count_nonzero(~self.informative)), "subsets": list(self.subsets)}
+
+
+def calibrate_recogniser(E: np.ndarray, codes: np.ndarray, *, max_threshold: float = MAX_SAME_PERSON,
+                         duplicate: float = DUPLICATE_DISTANCE, false_merge_target: float = FALSE_MERGE_TARGET,
+                         min_identified: float = MIN_IDENTIFIED, min_median_other: float = MIN_MEDIAN_OTHER,
+                         confidence: float = 0.95) -> Calibration:
+    """Calibrate the recogniser's same-person threshold on a drop's own descriptors.
+
+    1. The descriptors are split into subsets by k-means (one per :data:`SUBSET_SIZE` rows, at most
+       :data:`MAX_SUBSETS`): faces the recogniser does not separate (cartoons, low resolution, infrared)
+       gather in their own region of descriptor space, and must not switch the recogniser off for the rest.
+    2. A subset is *informative* when its ids with several faces are identified (a face's nearest other face
+       is its own id's) at a rate whose lower confidence bound is at least ``min_identified``; a subset with
+       fewer than 3 such ids, when the median distance between its faces of different ids is at least
+       ``min_median_other``.
+    3. Over the informative rows, the distance to the nearest other id is modelled by its median and
+       MAD (robust to a minority of copies planted under other ids); the threshold is its lower tail at
+       ``false_merge_target``, capped at ``max_threshold`` and floored at ``duplicate``.
+    4. The false-merge and miss rates are counted on the rows of ids with several faces, with intervals.
+
+    Parameters
+    ----------
+    E : ndarray of shape (n, d)
+        Descriptors (dlib ResNet, 128-d).
+    codes : ndarray of shape (n,)
+        An integer per row, equal for rows of the same id.
+    max_threshold, duplicate, false_merge_target, min_identified, min_median_other, confidence : float
+
+    Returns
+    -------
+    Calibration
+
+    References
+    ----------
+    P. J. Rousseeuw, C. Croux. Alternatives to the median absolute deviation. JASA 88:1273-1283, 1993.
+    """
+    from scipy.stats import beta, norm  # noqa: PLC0415
+
+    E = np.asarray(E, dtype=np.float64)
+    codes = np.asarray(codes)
+    n = len(E)
+    if not 0 < false_merge_target < 0.5:
+        raise ConfigError(f"false_merge_target={false_merge_target!r} must be in (0, 0.5); e.g. 0.001")
+    _, d_same, _, d_other = _nearest_by_code(E, codes) if n >= 2 else (None, np.full(n, np.inf), None,
+                                                                       np.full(n, np.inf))
+    labels = np.zeros(n, np.int64)
+    n_sub = int(min(MAX_SUBSETS, max(1, n // SUBSET_SIZE)))
+    if n_sub > 1:
+        labels = _kmeans(E, n_sub)
+        # A small subset cannot show that the recogniser separates it (8 of 8 identified: lower bound 0.63):
+        # its faces join the nearest subset of at least MIN_SUBSET faces.
+        sizes = np.bincount(labels, minlength=n_sub)
+        big = np.flatnonzero(sizes >= MIN_SUBSET)
+        if len(big) and len(big) < n_sub:
+            centres = np.array([E[labels == j].mean(0) for j in big])
+            small = ~np.isin(labels, big)
+            labels[small] = big[np.argmin(((E[small][:, None, :] - centres[None]) ** 2).sum(-1), axis=1)]
+        labels = np.unique(labels, return_inverse=True)[1].ravel()
+        n_sub = int(labels.max()) + 1
+    informative = np.zeros(n, bool)
+    subsets = []
+    for s in range(n_sub):
+        rows = np.flatnonzero(labels == s)
+        ref = rows[np.isfinite(d_same[rows]) & np.isfinite(d_other[rows])]
+        ref_ids = len(np.unique(codes[ref]))
+        finite = d_other[rows][np.isfinite(d_other[rows])]
+        med = float(np.median(finite)) if len(finite) else float("nan")
+        entry = {"records": int(len(rows)), "ids_with_several_faces": int(ref_ids),
+                 "median_nearest_other": None if np.isnan(med) else round(med, 4)}
+        if ref_ids >= 3:
+            hit = int(np.count_nonzero(d_same[ref] < d_other[ref]))
+            lo = 0.0 if hit == 0 else float(beta.ppf(1 - confidence, hit, len(ref) - hit + 1))
+            ok = lo >= min_identified
+            entry.update(identified=_interval(hit, len(ref), confidence), rule=f"identified lower bound >= "
+                         f"{min_identified:g}")
+        else:
+            # No ids of several faces to judge by: the old rule, the median distance between random pairs of
+            # different ids (London 0.83, cartoons 0.47), within this subset only.
+            rng = np.random.default_rng(s)
+            a, b = rng.choice(rows, 20_000), rng.choice(rows, 20_000)
+            keep = codes[a] != codes[b]
+            pair_med = float(np.median(np.linalg.norm(E[a[keep]] - E[b[keep]], axis=1))) if keep.any() else float("nan")
+            ok = not np.isnan(pair_med) and pair_med >= min_median_other
+            entry.update(median_other_pair=None if np.isnan(pair_med) else round(pair_med, 4),
+                         rule=f"median distance between different ids >= {min_median_other:g}")
+        entry["informative"] = bool(ok)
+        informative[rows] = ok
+        subsets.append(entry)
+    tail = None
+    threshold = duplicate
+    ref_inf = informative & np.isfinite(d_same) & np.isfinite(d_other)
+    if informative.any():
+        o = d_other[informative & np.isfinite(d_other)]
+        if len(o) >= 2:
+            med = float(np.median(o))
+            sigma = 1.4826 * float(np.median(np.abs(o - med)))
+            tail = med - float(norm.isf(false_merge_target)) * sigma
+            threshold = float(min(max_threshold, max(duplicate, tail)))
+        else:
+            threshold = float(max_threshold)
+    n_ref = int(np.count_nonzero(ref_inf))
+    false_merge = _interval(int(np.count_nonzero(d_other[ref_inf] < threshold)), n_ref, confidence)
+    miss = _interval(int(np.count_nonzero(d_same[ref_inf] >= threshold)), n_ref, confidence)
+    if not informative.all():
+        log.warning("identity: the recogniser does not separate %d of %d embedded faces (their subsets); only "
+                    "near-copies (distance < %.2f) merge there", int(np.count_nonzero(~informative)), n, duplicate)
+    return Calibration(threshold, float(duplicate), informative, tuple(subsets), false_merge, miss, tail,
+                       float(false_merge_target))
+
+
+def _kmeans(E: np.ndarray, k: int, *, iterations: int = 30, seed: int = 0) -> np.ndarray:
+    """Lloyd's k-means with k-means++ seeding (fixed seed: the same subsets for the same descriptors).
+
+    D. Arthur, S. Vassilvitskii. k-means++: the advantages of careful seeding. SODA 2007.
+    """
+    rng = np.random.default_rng(seed)
+    centres = [E[int(rng.integers(len(E)))]]
+    d2 = ((E - centres[0]) ** 2).sum(1)
+    for _ in range(1, k):
+        p = d2 / d2.sum() if d2.sum() > 0 else None
+        centres.append(E[int(rng.choice(len(E), p=p))])
+        d2 = np.minimum(d2, ((E - centres[-1]) ** 2).sum(1))
+    C = np.array(centres)
+    labels = np.zeros(len(E), np.int64)
+    for _ in range(iterations):
+        dist = (E * E).sum(1)[:, None] + (C * C).sum(1)[None, :] - 2.0 * (E @ C.T)
+        new = np.argmin(dist, axis=1)
+        if _ and np.array_equal(new, labels):
+            break
+        labels = new
+        for j in range(k):
+            if np.any(labels == j):
+                C[j] = E[labels == j].mean(0)
+    return labels
+
+
+def _knn_other(X: np.ndarray, codes: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's ``m`` nearest rows under other codes (indices, squared distances), exact and blocked.
+
+    Above ``_EXACT_LIMIT`` rows the search runs within buckets of the leading principal directions
+    (:func:`_buckets`): near neighbours share a bucket unless a split falls between them.
+    """
+    n = len(X)
+    idx = np.full((n, m), -1, np.int64)
+    d2 = np.full((n, m), np.inf)
+    groups = [np.arange(n)] if n <= _EXACT_LIMIT else _buckets(X, _BUCKET)
+    for g in groups:
+        Xg = X[g].astype(np.float64)
+        for s, d in distance_blocks(Xg, max_cells=4_000_000):
+            rows = np.arange(s, s + len(d))
+            d[codes[g][rows, None] == codes[g][None, :]] = np.inf
+            kk = min(m, d.shape[1])
+            part = np.argpartition(d, kk - 1, axis=1)[:, :kk]
+            vals = np.take_along_axis(d, part, axis=1)
+            order = np.argsort(vals, axis=1, kind="stable")
+            idx[g[rows], :kk] = g[np.take_along_axis(part, order, axis=1)]
+            d2[g[rows], :kk] = np.maximum(np.take_along_axis(vals, order, axis=1), 0.0)
+    idx[~np.isfinite(d2)] = -1
+    return idx, d2
+
+
+def cheap_candidates(X: np.ndarray, codes: np.ndarray, budget: int, *, per_record: int = CANDIDATES_PER_RECORD,
+                     references: int = 0, seed: int = 0) -> tuple[np.ndarray, int]:
+    """The records the deep recogniser should see: the closest cross-id pairs of a cheap first pass.
+
+    Every record's ``per_record`` nearest records under other ids are found in the cheap space
+    (e.g. self-quotient images, :class:`deid.alignment.features.IlluminationFeatures`: illumination-robust,
+    ~0.1 ms a face; nearest-neighbour search, not all pairs);
+    pairs are ranked by their distance over the median nearest-other distance and taken, closest first,
+    until ``budget - references`` records are flagged. Then ``references`` records of ids with several
+    faces (two per id) are added for the calibration: half among the flagged faces' nearest other ids, half
+    drawn with ``seed``. Returns the sorted record
+    positions and how many were flagged by the first pass.
+    """
+    n = len(X)
+    if n <= budget:
+        return np.arange(n), n
+    nb, d2 = _knn_other(X, codes, per_record)
+    finite = d2[:, 0][np.isfinite(d2[:, 0])]
+    scale = float(np.median(finite)) if len(finite) else 1.0
+    i, j = np.nonzero(np.isfinite(d2))
+    ratio = d2[i, j] / max(scale, 1e-12)
+    order = np.argsort(ratio, kind="stable")
+    chosen: dict[int, None] = {}
+    room = max(0, budget - references)
+    for t in order:
+        a, b = int(i[t]), int(nb[i[t], j[t]])
+        if len(chosen) + (a not in chosen) + (b not in chosen) > room:
+            break
+        chosen[a] = chosen[b] = None
+    flagged = len(chosen)
+    if references:
+        counts = np.bincount(codes)
+        pos = np.argsort(codes, kind="stable")
+        starts = np.concatenate([[0], np.cumsum(counts)])
+
+        def add(c: int) -> bool:  # two faces of id c; False when the budget is full
+            if len(chosen) + 2 > budget:
+                return False
+            chosen.update(dict.fromkeys(int(r) for r in pos[starts[c]:starts[c] + 2]))
+            return True
+
+        # Half the references are the flagged faces' own neighbours (ids with several faces among their nearest
+        # other ids): the calibration judges each flagged face among faces of its kind (cartoons far away do
+        # not decide for real faces); the other half ids drawn at random.
+        local = budget - references // 2
+        for a in list(chosen):
+            for b in nb[a]:
+                if b >= 0 and counts[codes[b]] >= 2 and len(chosen) < local:
+                    add(int(codes[b]))
+        several = np.flatnonzero(counts >= 2)
+        np.random.default_rng(seed).shuffle(several)
+        for c in several:
+            if not add(int(c)):
+                break
+    return np.array(sorted(chosen), dtype=np.int64), flagged
+
+
+def _evidence_merges(E: np.ndarray, codes: np.ndarray, cal: Calibration) -> list[tuple[int, int, float, int, list]]:
+    """Groups of ids to join: (a, b, distance, pairs, rows matched) over descriptor rows, joined only on enough evidence.
+
+    A pair of rows under different ids matches below the calibrated threshold when both lie in informative
+    subsets, below the near-copy distance otherwise. Two groups join when at least ``min(2, |A| |B|)`` of
+    their cross pairs match (|A|: the group's embedded rows): one pair is evidence only where no second
+    pair exists. Groups grow closest pair first until no join is left.
+    """
+    n = len(E)
+    pairs = []
+    for s, d2 in distance_blocks(E, max_cells=4_000_000, upper=True):
+        for a, off in zip(*np.nonzero(d2 < max(cal.threshold, cal.duplicate) ** 2)):
+            a, b = int(a + s), int(off + s)
+            if b <= a or codes[a] == codes[b]:
+                continue
+            d = float(np.sqrt(max(d2[a - s, off], 0.0)))
+            limit = cal.threshold if cal.informative[a] and cal.informative[b] else cal.duplicate
+            if d < limit:
+                pairs.append((d, a, b))
+    pairs.sort()
+    members: dict[int, list[int]] = {}
+    for i, c in enumerate(codes.tolist()):
+        members.setdefault(c, []).append(i)
+    group = {i: int(codes[i]) for i in range(n)}  # row -> group (an id code), updated on joins
+    size = {c: len(v) for c, v in members.items()}
+    out = []
+    changed = True
+    while changed:
+        changed = False
+        count: dict[tuple[int, int], list] = {}
+        for d, a, b in pairs:
+            ga, gb = group[a], group[b]
+            if ga != gb:
+                key = (min(ga, gb), max(ga, gb))
+                count.setdefault(key, [d, a, b, 0])[3] += 1
+        for (ga, gb), (d, a, b, c) in sorted(count.items(), key=lambda kv: kv[1][0]):
+            if c >= min(2, size[ga] * size[gb]):
+                rows = sorted({r for _, x, y in pairs for r in (x, y) if {group[x], group[y]} == {ga, gb}})
+                for r in members[gb]:
+                    group[r] = ga
+                members[ga] += members.pop(gb)
+                size[ga] += size.pop(gb)
+                out.append((a, b, d, c, rows))
+                changed = True
+                break
+    return out
+
+
 def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = None, *,
                    embeddings: np.ndarray | None = None, same_person_distance: float | None = None,
-                   near_duplicate_ratio: float = NEAR_DUPLICATE_RATIO, space: str = "eigenface") -> PeopleResolution:
+                   near_duplicate_ratio: float = NEAR_DUPLICATE_RATIO, space: str = "eigenface",
+                   cheap: np.ndarray | None = None, embed: Callable[[np.ndarray], np.ndarray] | None = None,
+                   embed_budget: int = 2000, false_merge_target: float = FALSE_MERGE_TARGET) -> PeopleResolution:
     """The effective person of every record.
+
+    Three rules, each at any size: normalised ids; eigenface (or feature) near-duplicates; and the face
+    recogniser, calibrated on the drop's own faces (:func:`calibrate_recogniser`). The recogniser sees
+    every record (``embeddings``), or, through ``embed``, the at most ``embed_budget`` records a cheap
+    first pass flags (:func:`cheap_candidates` on ``cheap``, e.g. self-quotient images) plus references of
+    ids with several faces for the calibration. Groups of ids join on more than one pair's evidence
+    where more than one pair exists (:func:`_evidence_merges`).
 
     Parameters
     ----------
@@ -173,19 +522,32 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
         ``near_duplicate_ratio`` x the median nearest-other-person distance are merged. Float32 is
         kept as it is (half the memory) and gives the same merges as its float64 copy.
     embeddings : ndarray of shape (n, 128), optional
-        dlib ResNet descriptors (:class:`deid.evaluation.recognizer.DlibEmbedder`); pairs under different
-        ids that :func:`deid.evaluation.recognizer.same_person_pairs` calls the same person are merged.
+        dlib ResNet descriptors of every record (:class:`deid.evaluation.recognizer.DlibEmbedder`).
     same_person_distance : float, optional
-        Override of the recogniser's calibrated threshold (default
-        :data:`deid.evaluation.recognizer.SAME_PERSON_THRESHOLD`).
+        Cap of the calibrated threshold (default :data:`MAX_SAME_PERSON`).
     near_duplicate_ratio : float, default 0.2
     space : str, default "eigenface"
         What ``features`` are, named in the evidence of a merge (``"feature"`` for the vectors
         of a feature drop: the same ratio rule applies to any vector space).
+    cheap : ndarray of shape (n, q), optional
+        Cheap features for the first pass (default: ``features``).
+    embed : callable, optional
+        ``embed(positions) -> (len(positions), 128)`` descriptors of those records; used when
+        ``embeddings`` is None.
+    embed_budget : int, default 2000
+        Most records ``embed`` is asked for (~0.09 s each per core).
+    false_merge_target : float, default 0.001
+        The calibration's target share of records falsely within the threshold of another person.
 
     Returns
     -------
     PeopleResolution
+
+    References
+    ----------
+    M. Turk, A. Pentland. Eigenfaces for recognition. J. Cognitive Neuroscience 3(1):71-86, 1991.
+    T. Ahonen, A. Hadid, M. Pietikainen. Face description with local binary patterns. IEEE TPAMI 28(12), 2006.
+    D. E. King. High quality face recognition with deep metric learning. dlib blog, 2017.
     """
     # One normalised str per distinct id, shared by its records (a million records: 500,000 str, not 2 M).
     normal = {s: normalize_subject_id(s) for s in dict.fromkeys(subject_ids)}
@@ -194,6 +556,9 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
     normalized_merges = len(normal) - len(set(normal.values()))
     if not 0 < near_duplicate_ratio < 1:
         raise ConfigError(f"near_duplicate_ratio={near_duplicate_ratio!r} must be in (0, 1); e.g. 0.2")
+    if isinstance(embed_budget, bool) or not isinstance(embed_budget, int) or embed_budget < 0:
+        raise ConfigError(f"embed_budget={embed_budget!r} must be an integer >= 0 (faces the recogniser may embed); "
+                          "e.g. 2000")
     uf = _UnionFind(sorted(set(ids)))
     merges: list[dict] = []
     flagged: set[int] = set()
@@ -214,6 +579,7 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
                                    "threshold": round(float(np.sqrt(limit)), 4)})
                 flagged.update((a, b))
 
+    X = None
     if features is not None and n >= 3:
         # float32 stays float32 (converted a bucket or chunk at a time: the same values as a float64 copy).
         X = features if isinstance(features, np.ndarray) and features.dtype == np.float32 \
@@ -221,24 +587,41 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
         if X.shape[0] != n:
             raise ConfigError(f"features has {X.shape[0]} rows but subject_ids has {n}; pass one row per record")
         match(f"{space} near-duplicate", X, None, near_duplicate_ratio)
+    calibration = None
+    rows = None
     if embeddings is not None and n >= 2:
-        from deid.evaluation.recognizer import same_person_pairs  # noqa: PLC0415 (dlib import cost)
-
         E = np.asarray(embeddings, dtype=np.float64)
         if E.shape[0] != n:
             raise ConfigError(f"embeddings has {E.shape[0]} rows but subject_ids has {n}; pass one row per record")
-        kw = {} if same_person_distance is None else {"threshold": float(same_person_distance)}
-        found = same_person_pairs(E, ids, **kw)
-        for pair in found.pairs:
-            if uf.union(ids[pair.i], ids[pair.j]):
-                merges.append({"ids": sorted({ids[pair.i], ids[pair.j]}),
-                               "records": sorted((int(pair.i), int(pair.j))), "evidence": "face recogniser",
-                               "distance": round(float(pair.distance), 4),
-                               "threshold": round(float(found.threshold_used), 4)})
-            flagged.update((int(pair.i), int(pair.j)))
+        rows = np.arange(n)
+    elif embed is not None and n >= 2 and embed_budget >= 2:
+        C = cheap if cheap is not None else X
+        if C is None:
+            C = np.zeros((n, 1))
+        if C.shape[0] != n:
+            raise ConfigError(f"cheap has {C.shape[0]} rows but subject_ids has {n}; pass one row per record")
+        rows, n_flagged = cheap_candidates(C, _person_codes(ids), embed_budget, references=min(400, embed_budget // 4))
+        E = np.asarray(embed(rows), dtype=np.float64)
+        if E.shape != (len(rows), E.shape[1] if E.ndim == 2 else -1):
+            raise ConfigError(f"embed returned shape {E.shape}; expected ({len(rows)}, d), one row per position")
+        log.info("identity: the cheap first pass flagged %d of %d records; the recogniser embedded %d", n_flagged, n,
+                 len(rows))
+    if rows is not None:
+        codes = _person_codes([ids[i] for i in rows])
+        cap = MAX_SAME_PERSON if same_person_distance is None else float(same_person_distance)
+        cal = calibrate_recogniser(E, codes, max_threshold=cap, false_merge_target=false_merge_target)
+        for a, b, d, count, matched in _evidence_merges(E, codes, cal):
+            ra, rb = int(rows[a]), int(rows[b])
+            if uf.union(ids[ra], ids[rb]):
+                merges.append({"ids": sorted({ids[ra], ids[rb]}), "records": sorted((ra, rb)),
+                               "evidence": "face recogniser", "distance": round(d, 4),
+                               "threshold": round(cal.threshold if cal.informative[a] and cal.informative[b]
+                                                  else cal.duplicate, 4), "matching_pairs": int(count)})
+            flagged.update(int(rows[r]) for r in matched)
+        calibration = {**cal.to_dict(), "records_embedded": int(len(rows)), "records": n}
     person = tuple(str(uf.find(x)) for x in ids)
     if normalized_merges or merges:
         log.warning("identity: %d ids merged by normalisation, %d by matching faces (%d records)",
                     normalized_merges, len(merges), len(flagged))
     return PeopleResolution(person=person, normalized_merges=normalized_merges, face_merges=tuple(merges),
-                            flagged_records=tuple(sorted(flagged)))
+                            flagged_records=tuple(sorted(flagged)), calibration=calibration)

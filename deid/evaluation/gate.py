@@ -79,6 +79,7 @@ class GateConfig:
     evidence_sample: int = 500
     min_cluster_fraction: float = 0.5
     membership_max_advantage: float | None = None
+    identity_check_max: int = 2000  # faces the within-cluster identity check may embed (0: off)
 
     def __post_init__(self) -> None:
         if isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 2:
@@ -129,7 +130,8 @@ GATE_SETTINGS: dict[str, str] = {
     "attack_sample": "attack_sample", "deep_attack_sample": "deep_attack_sample", "min_probes": "min_probes",
     "utility_sample": "utility_sample", "utility_inconclusive": "utility_inconclusive",
     "folds": "cv_folds", "repeats": "cv_repeats", "n_components": "pca_components", "seed": "seed",
-    "min_cluster_fraction": "min_cluster_fraction", "membership_max_advantage": "membership_max_advantage"}
+    "min_cluster_fraction": "min_cluster_fraction", "membership_max_advantage": "membership_max_advantage",
+    "identity_check_max": "identity_embed_max"}
 
 
 class _NoOne:
@@ -871,10 +873,31 @@ def leak_checks(inputs: GateInputs, config: GateConfig) -> list[Check]:
                             f"{n_ident} identical and {n_below} within {threshold} grey levels (mean absolute "
                             f"difference) of an original aligned face; every record vs its own original, and "
                             f"{len(distinct)} distinct released images vs {len(idx)} originals"))
+    if inputs.n and inputs.clusters is not None:
+        checks.append(one_person_clusters_check(inputs, config))
     bad_files = sorted(inputs.file_metadata)
     checks.append(Check("no_source_metadata", not bad_files, len(bad_files), "= 0",
                         "clean" if not bad_files else f"{bad_files[:5]} carry {inputs.file_metadata[bad_files[0]]}"))
     return checks
+
+
+def one_person_clusters_check(inputs: GateInputs, config: GateConfig) -> Check:
+    """No released cluster is one person under several ids (:mod:`deid.evaluation.identity_checks`).
+
+    The clusters of the gate's attack sample (whole clusters; every cluster of a release of at most
+    ``attack_sample`` records); faces go through a cheap first pass over every one of them, the
+    recogniser (at most ``identity_check_max`` faces) on the ones it flags.
+    """
+    from deid.evaluation import identity_checks  # noqa: PLC0415
+
+    idx = gate_attack_sample(inputs, config)  # the sample the leak checks read (read once: _read_samples_once)
+    released, originals = inputs.fetch(idx)
+    clusters, people = np.asarray(inputs.clusters, dtype=object)[idx], inputs.people[idx]
+    if inputs.kind == "features":
+        return identity_checks.feature_check(clusters, people, originals, released, confidence=config.confidence)
+    return identity_checks.image_check(clusters, people, originals, released, shape=tuple(inputs.shape),
+                                       budget=config.identity_check_max, total=inputs.n,
+                                       confidence=config.confidence, seed=config.seed)
 
 
 def feature_near_copy_check(inputs: GateInputs, config: GateConfig) -> Check:

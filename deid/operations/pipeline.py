@@ -391,6 +391,42 @@ def embed_faces(faces: pa.Table, shape_hw: tuple[int, int], executor: Executor) 
     return E
 
 
+def identity_first_pass(record_ids: pa.ChunkedArray, aligned: Aligned, shape_hw: tuple[int, int],
+                        executor: Executor, *, lg=log) -> dict:
+    """The identity stage's cheap first pass over every face (self-quotient images), one aligned part at a time.
+
+    Returns ``cheap`` (:class:`~deid.operations.stages.CheapIdentityFeatures`, one row per record in the
+    order of ``record_ids``) and ``embed(positions)``: dlib descriptors of those records, their pixels read
+    back from the aligned parts and embedded over the executor (:func:`embed_faces`).
+    """
+    ids = stages._array(record_ids)
+    model, cheap = None, None
+    progress = Progress("partition: identity first pass").start(len(ids))
+    for part in aligned.parts:
+        t = pq.read_table(part, columns=["record_id", "pixels"])
+        t = t.filter(pc.is_in(t.column("record_id"), value_set=ids))
+        if not t.num_rows:
+            continue
+        rows = np.frombuffer(b"".join(t.column("pixels").to_pylist()), np.uint8).reshape(t.num_rows, -1)
+        if model is None:
+            model = stages.CheapIdentityFeatures(shape_hw).fit(rows[:: max(1, len(rows) // 4000)])
+            cheap = np.zeros((len(ids), model.n_components), np.float32)
+        cheap[stages.positions_in(t.column("record_id"), ids).to_numpy()] = model.transform(rows)
+        progress.advance(t.num_rows)
+    progress.finish()
+
+    def embed(positions: np.ndarray) -> np.ndarray:
+        want = ids.take(pa.array(np.asarray(positions, dtype=np.int64)))
+        got = pa.concat_tables([pq.read_table(p, columns=["record_id", "pixels"],
+                                              filters=pc.is_in(pc.field("record_id"), value_set=want))
+                                for p in aligned.parts])
+        got = got.take(stages.positions_in(want, got.column("record_id")))
+        lg.info("partition: the recogniser embeds %d faces the identity first pass chose", got.num_rows)
+        return embed_faces(got, shape_hw, executor)
+
+    return {"cheap": cheap, "embed": embed}
+
+
 def _write_hive(table: pa.Table, root: Path, key: str, basename: str) -> Path:
     """Append ``table`` to the Hive partition ``partition=<key>`` under ``root``."""
     table = table.append_column("partition", pa.array([key] * table.num_rows))
@@ -528,8 +564,14 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
     faces = load_faces(ingested.metadata, aligned, featurized, labels, pixels=False)
     embeddings = (embed_faces(load_faces(ingested.metadata, aligned, featurized, labels), config.shape_hw, executor)
                   if 0 < faces.num_rows <= config.identity_embed_max else None)
+    first_pass = {}
+    if embeddings is None and faces.num_rows > config.identity_embed_max > 0:
+        # Above the budget: a cheap pass (self-quotient images) over every face flags the closest cross-id pairs, and the
+        # recogniser embeds only those (and references for its calibration): identity at any size (issue 27).
+        first_pass = identity_first_pass(faces.column("record_id"), aligned, config.shape_hw, executor, lg=lg)
     faces, identity, dup_quarantined = stages.resolve_identities(faces, policy=config.duplicate_ids,
-                                                                 embeddings=embeddings)
+                                                                 embeddings=embeddings, **first_pass,
+                                                                 embed_budget=config.identity_embed_max)
     if identity.normalized_merges or identity.face_merges:
         lg.warning("partition: %d subject ids merged by normalisation, %d groups by matching faces (%s)",
                     identity.normalized_merges, len(identity.face_merges), config.duplicate_ids)

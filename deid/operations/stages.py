@@ -24,7 +24,7 @@ from deid.alignment.canonical import FaceAligner
 from deid.alignment.align import align_records
 from deid.contracts import LINEAGE_PARTITION, ClusterInfo, CounterfeitRow, ReleaseRows, StagingLayout
 from deid.errors import ConfigError, Quarantined, StateError
-from deid.alignment.features import Eigenfaces
+from deid.alignment.features import Eigenfaces, IlluminationFeatures
 from deid.anonymise.identity import PeopleResolution, resolve_people
 from deid.anonymise.ksame import KSame, _factorize, group_people
 from deid.anonymise.near_copy import (NearCopyRepair, RepairPlan, check_merged, closest_member, cluster_centroids,
@@ -1056,19 +1056,40 @@ def embed_faces(pixels: list[bytes], shape: tuple[int, int]) -> np.ndarray:
     return DlibEmbedder(tuple(shape)).transform(a)
 
 
-def resolve_identities(faces: pa.Table, *, policy: str = "merge", embeddings: np.ndarray | None = None
-                       ) -> tuple[pa.Table, PeopleResolution, list[Quarantined]]:
+IDENTITY_CHEAP_DIMS = 48  # principal components of the self-quotient images the first pass searches
+
+
+def identity_cheap_features(pixels: np.ndarray, shape: tuple[int, int], *, dims: int = IDENTITY_CHEAP_DIMS,
+                            chunk: int = 4096) -> np.ndarray:
+    """The identity first pass's features of in-memory faces (:class:`CheapIdentityFeatures`)."""
+    a = np.asarray(pixels)
+    if len(a) == 0:
+        return np.zeros((0, dims), np.float32)
+    model = CheapIdentityFeatures(shape, n_components=dims).fit(a)
+    return np.vstack([model.transform(a[s:s + chunk]) for s in range(0, len(a), chunk)])
+
+
+CheapIdentityFeatures = IlluminationFeatures
+"""The identity stage's first-pass features (:class:`deid.alignment.features.IlluminationFeatures`)."""
+
+
+def resolve_identities(faces: pa.Table, *, policy: str = "merge", embeddings: np.ndarray | None = None,
+                       cheap: np.ndarray | None = None, embed: Callable[[np.ndarray], np.ndarray] | None = None,
+                       embed_budget: int = 2000) -> tuple[pa.Table, PeopleResolution, list[Quarantined]]:
     """Replace ``subject_id`` by the effective person (normalised ids, matching faces merged).
 
     Near-duplicate eigenface features always count; ``embeddings`` (dlib descriptors, one per
-    row) add the recogniser's same-person matches. ``policy="quarantine"`` withholds every
+    row) add the recogniser's same-person matches, or ``cheap`` first-pass features with ``embed``
+    (descriptors of the positions it flags, at most ``embed_budget``) at any size
+    (:func:`deid.anonymise.identity.resolve_people`). ``policy="quarantine"`` withholds every
     record involved in a face match across ids instead of merging them.
     """
     if policy not in ("merge", "quarantine"):
         raise ConfigError(f"duplicate_ids={policy!r} must be 'merge' or 'quarantine'")
     # float32 as stored (resolve_people converts a bucket at a time) and one str per person (issue 13).
     X = _features(faces.column("features"), np.float32) if faces.num_rows else None
-    res = resolve_people(shared_objects(_array(faces.column("subject_id"))).tolist(), X, embeddings=embeddings)
+    res = resolve_people(shared_objects(_array(faces.column("subject_id"))).tolist(), X, embeddings=embeddings,
+                         cheap=cheap, embed=embed, embed_budget=embed_budget)
     del X
     if res.face_merges:  # the report names a merge by its records' staging ids, never by subject id
         at = res.merged_positions()

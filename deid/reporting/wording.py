@@ -33,6 +33,8 @@ _REQUIREMENTS = {
     "reidentification_rate": "Re-identification attacks succeed at most 1/k of the time",
     "no_near_copies": "No released face is a near-copy of an original",
     "no_source_metadata": "Released files carry no source metadata",
+    "no_one_person_clusters": "No released cluster is one person under several ids (members alike as one, or the "
+                              "released face at one member)",
     "utility": "The utility labels stay learnable",
     "lineage_cluster_differences": "Clusters of successive releases do not differ by fewer than k people",
     "lineage_returning_identical": "Returning people receive their registered image again",

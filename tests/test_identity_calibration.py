@@ -1,0 +1,162 @@
+"""Identity at any size, calibrated on the drop (issue 27): calibration, evidence merges, the cheap first
+pass and the within-cluster check, on small synthetic descriptor sets (no recogniser run)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from deid.anonymise.identity import calibrate_recogniser, cheap_candidates, resolve_people
+from deid.evaluation import identity_checks
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _people(n_people: int, per: int, *, spread: float, noise: float, seed: int, d: int = 32, centre=None):
+    """``per`` descriptors for each of ``n_people``: people ~``spread`` apart, photos ~``noise`` from their person."""
+    rng = np.random.default_rng(seed)
+    base = rng.normal(0, spread / np.sqrt(2 * d), (n_people, d)) + (0 if centre is None else centre)
+    E = np.repeat(base, per, axis=0) + rng.normal(0, noise / np.sqrt(2 * d), (n_people * per, d))
+    ids = [f"{seed}-{i // per}" for i in range(n_people * per)]
+    return E, ids
+
+
+def test_calibration_is_judged_per_subset_not_on_the_global_median():
+    # A majority the recogniser does not separate (people 0.3 apart, photos 0.3 from their person)
+    # far from a minority it does (people 0.8 apart, photos 0.2): only the minority is informative.
+    bad, bad_ids = _people(300, 2, spread=0.3, noise=0.3, seed=1, centre=3.0)
+    good, good_ids = _people(100, 2, spread=0.8, noise=0.2, seed=2)
+    E, ids = np.vstack([bad, good]), bad_ids + good_ids
+    codes = np.unique(ids, return_inverse=True)[1]
+    cal = calibrate_recogniser(E, codes)
+    assert cal.informative[600:].all() and not cal.informative[:600].any()
+    assert cal.duplicate < cal.threshold <= 0.45
+    assert cal.false_merge["n"] == 200 and cal.false_merge["interval"][1] < 0.05
+    assert cal.miss["count"] <= cal.miss["n"] and cal.miss["interval"][0] <= cal.miss["rate"] <= cal.miss["interval"][1]
+    # The global median between different ids is that of the majority: the old rule switched the recogniser off.
+    assert np.median(np.linalg.norm(E[:300] - E[300:600], axis=1)) < 0.65
+
+
+def test_sybil_copies_merge_where_the_recogniser_separates_and_different_people_do_not():
+    E, ids = _people(100, 2, spread=0.8, noise=0.2, seed=3)
+    pad, pad_ids = _people(300, 2, spread=0.3, noise=0.3, seed=4, centre=3.0)
+    rng = np.random.default_rng(5)
+    copies = E[0] + rng.normal(0, 0.1 / 8, (5, E.shape[1]))  # five copies ~0.1 from her photo
+    X = np.vstack([E, pad, copies])
+    all_ids = ids + pad_ids + [f"sybil{i}" for i in range(5)]
+    res = resolve_people(all_ids, embeddings=X)
+    victim = res.person[0]
+    assert all(res.person[-5 + i] == victim for i in range(5))
+    assert res.n_people == 100 + 300  # nobody else merged
+    assert res.calibration["records_undecided"] == 600 and res.calibration["threshold"] <= 0.45
+
+
+def test_one_close_pair_does_not_join_two_ids_with_several_faces():
+    # Two ids of two faces each; one cross pair close (0.3), the other three far: not the same person.
+    E, ids = _people(60, 2, spread=0.9, noise=0.15, seed=6)
+    E[2] = E[0] + 0.3 / np.sqrt(E.shape[1])  # record 2 (id 1) near record 0 (id 0), records 1 and 3 far
+    res = resolve_people(ids, embeddings=E)
+    assert res.person[0] != res.person[2] and not res.face_merges
+    E[3] = E[1] + 0.01  # a second pair close: two pairs' evidence
+    res = resolve_people(ids, embeddings=E)
+    assert res.person[0] == res.person[2] and res.face_merges[0]["matching_pairs"] >= 2
+
+
+def test_cheap_first_pass_flags_the_planted_pair_within_budget():
+    rng = np.random.default_rng(7)
+    C = rng.normal(0, 1, (3000, 16))
+    C[2999] = C[10] + 0.001  # a near copy under another id
+    codes = np.arange(3000) // 2
+    codes[2999] = 5000
+    rows, flagged = cheap_candidates(C, codes, 200, references=50)
+    assert {10, 2999} <= set(rows.tolist()) and len(rows) <= 200 and flagged <= 150
+    seen = []
+    res = resolve_people([str(c) for c in codes], cheap=C, embed=lambda idx: (seen.append(len(idx)),
+                         _unit(C[idx] @ rng.normal(0, 1, (16, 16))) * 2)[1], embed_budget=200)
+    assert seen == [len(rows)] and res.calibration["records_embedded"] == len(rows)
+
+
+def _clusters(n: int, k: int):
+    return [i // k for i in range(n)]
+
+
+def test_within_cluster_check_fails_a_one_person_cluster_and_a_release_at_one_member():
+    rng = np.random.default_rng(8)
+    members = _unit(rng.normal(0, 1, (20, 32)))  # 4 clusters of 5 different people (~1.41 apart)
+    released = np.repeat(_unit(members.reshape(4, 5, 32).mean(1)), 5, axis=0)
+    people = [f"p{i}" for i in range(20)]
+    figs = identity_checks.cluster_figures(_clusters(20, 5), people, members, released, 0.45)
+    assert not any(f["one_person"] or f["at_one_member"] for f in figs)
+    sybil = members.copy()
+    sybil[5:10] = members[5] + rng.normal(0, 0.01, (5, 32))  # cluster 1: one person under five ids
+    released2 = released.copy()
+    released2[15:20] = members[15] + 0.001  # cluster 3's image is member 15's face
+    figs = identity_checks.cluster_figures(_clusters(20, 5), people, sybil, released2, 0.45)
+    assert [f["one_person"] for f in figs] == [False, True, False, False]
+    assert [f["at_one_member"] for f in figs] == [False, False, False, True]
+    check = identity_checks._decide(figs, space="test", threshold_text="0.45", checked=20, total=20, confidence=0.95)
+    assert not check.passed and check.value == 2 and check.n == 4 and check.interval[0] > 0
+
+
+def test_feature_check_fails_noisy_copies_of_one_vector_only():
+    rng = np.random.default_rng(9)
+    X = rng.normal(0, 1, (40, 8))
+    scale = np.median(np.sort(np.linalg.norm(X[:, None] - X[None], axis=2), axis=1)[:, 1])
+    X[:5] = X[0] + rng.normal(0, 0.4 * scale / np.sqrt(8), (5, 8))  # noise 0.4 x the typical distance
+    released = np.repeat(X.reshape(8, 5, 8).mean(1), 5, axis=0)
+    check = identity_checks.feature_check(_clusters(40, 5), [f"p{i}" for i in range(40)], X, released)
+    assert not check.passed and check.value == 1 and check.n == 8
+
+
+@pytest.mark.parametrize("budget", [0])
+def test_image_check_is_off_without_the_recogniser(budget):
+    z = np.zeros((10, 92 * 81), np.uint8)
+    check = identity_checks.image_check(_clusters(10, 5), list("abcdefghij"), z, z, shape=(92, 81), budget=budget)
+    assert check.passed and check.status == "not_applicable" and "DEID_IDENTITY_EMBED_MAX" in check.detail
+
+
+def test_large_drop_first_pass_streams_parts_and_embeds_only_what_it_flags(tmp_path, monkeypatch):
+    """Above DEID_IDENTITY_EMBED_MAX the partition stage runs the cheap pass part by part and embeds the
+    flagged faces only (the recogniser replaced by a stand-in: its descriptors are the faces' own cheap features)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from deid.contracts import Aligned
+    from deid.operations import pipeline, stages
+    from deid.operations.executors import LocalExecutor
+
+    rng = np.random.default_rng(10)
+    h, w = 24, 20
+    base = rng.integers(0, 256, (60, h, w)).astype(np.float64)
+    ramp = np.linspace(0.7, 1.3, w)[None, None, :]
+    faces = np.vstack([base, base[:1] * ramp]).clip(0, 255).astype(np.uint8).reshape(61, -1)  # a re-lit copy
+    ids = [f"r{i:03d}" for i in range(61)]
+    parts = []
+    for a, b in ((0, 30), (30, 61)):
+        parts.append(tmp_path / f"part-{a}.parquet")
+        pq.write_table(pa.table({"record_id": ids[a:b], "pixels": [f.tobytes() for f in faces[a:b]]}), parts[-1])
+    asked = []
+
+    def fake_embed(table, shape, executor):
+        got = np.frombuffer(b"".join(table.column("pixels").to_pylist()), np.uint8).reshape(table.num_rows, -1)
+        asked.append(table.column("record_id").to_pylist())
+        return stages.identity_cheap_features(got, shape, dims=8)
+
+    monkeypatch.setattr(pipeline, "embed_faces", fake_embed)
+    out = pipeline.identity_first_pass(pa.chunked_array([pa.array(ids)]), Aligned(parts=tuple(parts)), (h, w),
+                                       LocalExecutor())
+    assert out["cheap"].shape == (61, stages.IDENTITY_CHEAP_DIMS) and np.isfinite(out["cheap"]).all()
+    rows, _ = cheap_candidates(out["cheap"], np.arange(61), 10)
+    assert {0, 60} <= set(rows.tolist())  # the re-lit copy is its original's nearest face in the cheap space
+    E = out["embed"](np.array([60, 0, 5]))
+    assert asked == [["r060", "r000", "r005"]] and E.shape == (3, 8)
+
+
+def test_a_subset_without_ids_of_several_faces_is_judged_by_its_median_distance_between_ids():
+    rng = np.random.default_rng(11)
+    apart = _unit(rng.normal(0, 1, (80, 32)))  # one face per id, ~1.41 apart: informative
+    alike = apart[:1] * 3 + rng.normal(0, 0.3 / 8, (80, 32))  # one face per id, ~0.3 apart, far away: not
+    cal = calibrate_recogniser(np.vstack([apart, alike]), np.arange(160))
+    assert cal.informative[:80].all() and not cal.informative[80:].any()
+    assert all(s["ids_with_several_faces"] == 0 for s in cal.subsets)
