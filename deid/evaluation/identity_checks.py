@@ -90,7 +90,7 @@ def _pairwise(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sqrt(np.maximum(d, 0.0))
 
 
-def cluster_figures(clusters: Sequence[Any], people: Sequence[Any], members: np.ndarray, released: np.ndarray,
+def cluster_figures(clusters: Sequence[Any] | np.ndarray, people: Sequence[Any] | np.ndarray, members: np.ndarray, released: np.ndarray,
                     threshold: float | np.ndarray, *, at_one: float | None = None,
                     at_one_ratio: float = AT_ONE_MEMBER_RATIO) -> list[dict]:
     """Per cluster: how alike its members are, and where its released image lies among them.
@@ -116,24 +116,24 @@ def cluster_figures(clusters: Sequence[Any], people: Sequence[Any], members: np.
         ``alike_share``, ``median_pairwise``, ``released_nearest``, ``released_other``, ``one_person``,
         ``at_one_member``.
     """
-    members = np.asarray(members, dtype=np.float64)
-    released = np.asarray(released, dtype=np.float64)
-    people = np.asarray(people, dtype=object)
-    t = np.broadcast_to(np.asarray(threshold, dtype=np.float64), (len(members),))
-    near_t = t if at_one is None else np.full(len(members), float(at_one))
+    M = np.asarray(members, dtype=np.float64)
+    Rel = np.asarray(released, dtype=np.float64)
+    who = np.asarray(people, dtype=object)
+    t = np.broadcast_to(np.asarray(threshold, dtype=np.float64), (len(M),))
+    near_t = t if at_one is None else np.full(len(M), float(at_one))
     order: dict[Any, list[int]] = {}
     for i, c in enumerate(clusters):
         order.setdefault(c, []).append(i)
     out = []
-    for pos, rows in enumerate(order.values()):
-        rows = np.asarray(rows)
-        p = people[rows]
-        d = _pairwise(members[rows], members[rows])
+    for pos, members_of in enumerate(order.values()):
+        rows = np.asarray(members_of)
+        p = who[rows]
+        d = _pairwise(M[rows], M[rows])
         tt = np.minimum(t[rows][:, None], t[rows][None, :])
         other = (p[:, None] != p[None, :]) & np.triu(np.ones_like(d, bool), 1)
         pairs = int(other.sum())
         alike = int(np.count_nonzero(d[other] < tt[other]))
-        r = _pairwise(released[rows[:1]], members[rows])[0]
+        r = _pairwise(Rel[rows[:1]], M[rows])[0]
         j = int(np.argmin(r))
         rest = r[p != p[j]]
         near, far = float(r[j]), (float(rest.min()) if len(rest) else float("inf"))
@@ -203,22 +203,23 @@ def image_check(clusters: Sequence[Any], people: Sequence[Any], originals: np.nd
     if budget <= 0:
         return Check(NAME, True, None, 0, "the recogniser is off (DEID_IDENTITY_EMBED_MAX=0): clusters not checked",
                      status="not_applicable")
-    clusters = np.asarray(clusters, dtype=object)
-    people = np.asarray(people, dtype=object)
+    cl: np.ndarray = np.asarray(clusters, dtype=object)
+    who: np.ndarray = np.asarray(people, dtype=object)
     originals, released = np.asarray(originals), np.asarray(released)
     from deid.alignment.features import IlluminationFeatures  # noqa: PLC0415
 
-    cheap = IlluminationFeatures(tuple(shape)).fit(originals)
+    hw = (int(shape[0]), int(shape[1]))
+    cheap = IlluminationFeatures(hw).fit(originals)
     H, R = cheap.transform(originals).astype(np.float64), cheap.transform(released).astype(np.float64)
-    scale = other_person_scale(H, people) or 1.0
-    figs = cluster_figures(clusters, people, H, R, CHEAP_SAME_RATIO * scale)
-    keys = list(dict.fromkeys(clusters.tolist()))
+    scale = other_person_scale(H, who) or 1.0
+    figs = cluster_figures(cl, who, H, R, CHEAP_SAME_RATIO * scale)
+    keys = list(dict.fromkeys(cl.tolist()))
     hot = [keys[f["cluster"]] for f in sorted(figs, key=lambda f: (-f["alike_share"], f["released_nearest"]))
            if f["alike_share"] >= CHEAP_FLAG_SHARE or f["at_one_member"]]
-    rows = _rows_of(clusters, hot, budget // 3)
+    rows = _rows_of(cl, hot, budget // 3)
     flagged_by = (f"a cheap first pass (self-quotient images, {CHEAP_SAME_RATIO:g} x their median nearest-other-person "
                   f"distance) flagged {len(hot)} of {len(figs)} clusters; the recogniser checked "
-                  f"{len(set(clusters[rows].tolist()))} of them")
+                  f"{len(set(cl[rows].tolist()))} of them")
     if not len(rows):
         return Check(NAME, True, 0, 0, f"{flagged_by}; {n} of {total} records", n=0)
     from deid.evaluation.recognizer import DlibEmbedder  # noqa: PLC0415
@@ -226,14 +227,14 @@ def image_check(clusters: Sequence[Any], people: Sequence[Any], originals: np.nd
     # The calibration needs normal faces of the same kind (a flagged cluster of one person's copies would
     # otherwise set the scale itself, and cartoons far away would judge real faces): references from the
     # unflagged clusters nearest the flagged faces in the cheap space, with their people's other faces.
-    ref = _references(H, people, clusters, rows, limit=min(max(0, budget - 2 * len(rows)), max(REFERENCES, 2 * len(rows))))
-    emb = DlibEmbedder(tuple(shape))
+    ref = _references(H, who, cl, rows, limit=min(max(0, budget - 2 * len(rows)), max(REFERENCES, 2 * len(rows))))
+    emb = DlibEmbedder(hw)
     E = emb.transform(originals[np.concatenate([rows, ref])]).astype(np.float64)
     Er = emb.transform(released[rows]).astype(np.float64)
-    codes = np.unique(people[np.concatenate([rows, ref])].astype(str), return_inverse=True)[1].ravel()
+    codes = np.unique(who[np.concatenate([rows, ref])].astype(str), return_inverse=True)[1].ravel()
     cal = calibrate_recogniser(E, codes)
     t = np.where(cal.informative, cal.threshold, cal.duplicate)[:len(rows)]
-    figs = cluster_figures(clusters[rows], people[rows], E[:len(rows)], Er, t)
+    figs = cluster_figures(cl[rows], who[rows], E[:len(rows)], Er, t)
     return _decide(figs, space="recogniser", threshold_text=f"the calibrated same-person distance {cal.threshold:.3f} "
                    f"({int(np.count_nonzero(~cal.informative))} faces in subsets it does not separate: near-copy "
                    f"{cal.duplicate:g})", checked=len(rows), total=total, confidence=confidence,
