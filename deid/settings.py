@@ -156,9 +156,10 @@ class Settings(BaseSettings):
     canonical_height: int = Field(default=92, ge=16, le=1024)
     color: bool | Literal["auto"] = Field(
         default="auto", description="release colour faces (each cluster's mean per channel): true, false, or auto "
-                                    "(colour when most of a sample of the drop's images are colour, the method can "
-                                    "release colour and the dataset has no registered grey clusters); eyes, features, "
-                                    "identity and the gate's attacks stay grey")
+                                    "(a dataset's first release: colour when most of a sample of the drop's images are "
+                                    "colour and the method can release colour; later releases follow the lineage's "
+                                    "colour mode, and an explicit setting that differs fails the gate's lineage_color "
+                                    "check); eyes, features, identity and the gate's attacks stay grey")
     max_yaw_degrees: float = Field(
         default=30.0, ge=5.0, le=90.0,
         description="faces whose estimated head yaw (dlib 5-point landmarks, ~0.6 ms per face) is beyond this many "

@@ -140,22 +140,39 @@ def _config(tmp_path, **kw) -> RunConfig:
     return RunConfig.resolve(Settings(project_dir=tmp_path, **kw))
 
 
-def test_auto_colour_follows_the_drop(tmp_path):
-    # Under the default lineage policy a returning person is republished from the registry's grey
-    # average: auto stays grey so their image never changes (invariant 2), and says how to get colour.
-    invariant = pipeline.resolve_color(_config(tmp_path), SimpleNamespace(colour_sample=(62, 64)))
-    assert not invariant.color and "DEID_LINEAGE_POLICY=release-once" in invariant.color_reason
-    config = _config(tmp_path, lineage_policy="release-once")
-    assert config.color_auto and not config.color
+def test_auto_colour_follows_the_drop_then_the_lineage(tmp_path):
+    # A dataset's first release follows the drop, under the default (invariant) policy too: the registry
+    # stores colour averages, so a returning person's colour image can be republished bit for bit.
+    config = _config(tmp_path)
+    assert config.color_auto and not config.color and config.lineage_policy == "invariant"
     colour = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(62, 64)))
     assert colour.color and colour.color_reason == "auto: 97% of 64 sampled images colour: colour"
     grey = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(3, 64)))
     assert not grey.color and grey.color_reason.endswith(": grey")
-    registered = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(64, 64)),
-                                        SimpleNamespace(clusters={"c": 1}))
-    assert not registered.color and "registered clusters" in registered.color_reason
-    blur = pipeline.resolve_color(RunConfig.resolve(Settings(project_dir=tmp_path, lineage_policy="release-once"),
-                                                    method="blur"),
+    assert pipeline.lineage_color_check(colour, None) is None   # no lineage, or nothing registered yet: no mode
+    assert pipeline.lineage_color_check(colour, SimpleNamespace(color_mode=None, dataset="d")) is None
+    # Later releases follow the lineage's mode whatever the drop is, and say so.
+    greyed = SimpleNamespace(color_mode="grey", dataset="d")
+    coloured = SimpleNamespace(color_mode="colour", dataset="d")
+    follows = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(64, 64)), greyed)
+    assert not follows.color and "'d' was released in grey" in follows.color_reason
+    assert pipeline.lineage_color_check(follows, greyed).passed
+    follows = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(0, 64)), coloured)
+    assert follows.color and follows.color_reason.endswith(": colour")
+    assert pipeline.lineage_color_check(follows, coloured).passed
+    # An explicit setting against the lineage's mode, or a grey-only method on a colour lineage: the
+    # blocking check fails and says what to set.
+    forced = _config(tmp_path, color=False)
+    assert pipeline.resolve_color(forced, SimpleNamespace(colour_sample=(64, 64)), coloured) is forced
+    bad = pipeline.lineage_color_check(forced, coloured)
+    assert not bad.passed and (bad.value, bad.threshold) == ("grey", "colour") and "unset DEID_COLOR" in bad.detail
+    assert not pipeline.lineage_color_check(_config(tmp_path, color=True), greyed).passed
+    eigen = pipeline.resolve_color(RunConfig.resolve(Settings(project_dir=tmp_path), method="k-same-eigen"),
+                                   SimpleNamespace(colour_sample=(64, 64)), coloured)
+    assert not eigen.color and "method k-same-eigen releases grey" in eigen.color_reason
+    bad = pipeline.lineage_color_check(eigen, coloured)
+    assert not bad.passed and "k-same-select" in bad.detail
+    blur = pipeline.resolve_color(RunConfig.resolve(Settings(project_dir=tmp_path), method="blur"),
                                   SimpleNamespace(colour_sample=(64, 64)))
     assert not blur.color and "method blur" in blur.color_reason
     fixed = _config(tmp_path, color=False)
