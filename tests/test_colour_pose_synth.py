@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 from collections import Counter
 from types import SimpleNamespace
@@ -191,17 +192,51 @@ def test_colour_sample_reads_the_staged_bytes(tmp_path):
     assert pipeline.colour_sample(path, 3, max_pixels=10**8, n=2) == (1, 2)  # first and last row group, one each
 
 
+def _released_faces(result) -> Counter:
+    """How many records of a release carry each face (SHA-256 of its decoded pixels; colour BGR or grey)."""
+    faces = [cv2.imread(str(f), cv2.IMREAD_UNCHANGED) for f in sorted((result.release_dir / "images").glob("*.png"))]
+    assert faces and all(f is not None for f in faces)
+    return Counter((f.shape, hashlib.sha256(f.tobytes()).hexdigest()) for f in faces)
+
+
 @pytest.mark.slow
-def test_a_colour_drop_is_released_in_colour_by_default_when_no_one_is_republished(tmp_path):
+def test_a_colour_drop_is_released_in_colour_by_default_and_returning_people_keep_their_colour_face(tmp_path):
     from deid.operations.runner import run_release  # noqa: PLC0415
+    from deid.release.verify import verify_report  # noqa: PLC0415
 
     # No manifest eyes: the eyes are detected, so the pose is estimated too (manifest eyes are trusted as given).
-    drop = make_synthetic_drop(tmp_path / "drop", people=6, images_per_person=2, seed=8, image_size=96, eyes=False)
-    config = RunConfig.resolve(Settings(project_dir=tmp_path / "p", identity_embed_max=0, deep_attack_sample=20,
-                                        cv_repeats=1, lineage_policy="release-once"), k=3)
+    # No labels: six people cannot keep a label learnable at k=3, and the release must pass to be registered.
+    drop = make_synthetic_drop(tmp_path / "drop", people=6, images_per_person=2, seed=8, image_size=96, eyes=False,
+                               labels=False)
+    # The default lineage policy (invariant): the registry stores the colour averages (issue 26 item 4).
+    settings = dict(project_dir=tmp_path / "p", identity_embed_max=0, deep_attack_sample=20, cv_repeats=1)
+    config = RunConfig.resolve(Settings(**settings), k=3)
+    assert config.lineage_policy == "invariant"
     result = run_release(drop, config)
+    assert result.released, result.reasons
     report = json.loads((config.reports_path / result.release_id / "report.json").read_text())
     cfg = report["configuration"]
     assert cfg["color"] is True and cfg["color_decision"].startswith("auto: 100% of 12 sampled images colour")
     other = sum(v for reason, v in report["dataset"]["quarantine_by_reason"].items() if reason != "pose")
     assert cfg["pose"]["estimated"] and cfg["pose"]["faces"] + cfg["pose"]["quarantined_pose"] == 12 - other > 0
+    first = _released_faces(result)
+    assert all(shape == (92, 81, 3) for shape, _ in first)
+
+    # The same drop again with colour switched off (issue 27 item 3's colour re-run): a verdict, never a state
+    # error: the blocking check lineage_color rejects it before any work, in a signed report saying what to set.
+    grey = run_release(drop, RunConfig.resolve(Settings(**settings, color=False), k=3))
+    assert grey.verdict == "rejected" and grey.input_error is None   # the CLI's exit 1
+    checks = {c.name: c for c in grey.report.checks}
+    assert not checks["lineage_color"].passed and "unset DEID_COLOR" in checks["lineage_color"].detail
+    assert (checks["lineage_color"].value, checks["lineage_color"].threshold) == ("grey", "colour")
+    assert grey.release_dir is None and verify_report(grey.report_dir, public_key=grey.public_key).ok
+
+    # And by default: every returning person is republished with the colour face of their first release, bit for bit.
+    again = run_release(drop, config)
+    assert again.released, again.reasons
+    report = json.loads(again.report_path.read_text())
+    assert report["configuration"]["color"] is True and "was released in colour" in \
+        report["configuration"]["color_decision"]
+    assert next(c for c in report["checks"] if c["name"] == "lineage_color")["passed"]
+    assert report["lineage"]["release_counts"]["new_clusters"] == 0 < report["lineage"]["release_counts"]["republished_clusters"]
+    assert _released_faces(again) == first
