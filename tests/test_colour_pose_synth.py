@@ -176,6 +176,12 @@ def test_auto_colour_follows_the_drop_then_the_lineage(tmp_path):
     blur = pipeline.resolve_color(RunConfig.resolve(Settings(project_dir=tmp_path), method="blur"),
                                   SimpleNamespace(colour_sample=(64, 64)))
     assert not blur.color and "method blur" in blur.color_reason
+    # The canonical size is the lineage's too (a stored average has the size it was released at).
+    sized = SimpleNamespace(clusters={"c": SimpleNamespace(shape=(92, 81))}, dataset="d")
+    assert pipeline.lineage_size_check(config, SimpleNamespace(clusters={}, dataset="d")) is None
+    assert pipeline.lineage_size_check(config, sized).passed
+    bad = pipeline.lineage_size_check(_config(tmp_path, canonical_width=128, canonical_height=160), sized)
+    assert not bad.passed and (bad.value, bad.threshold) == ([128, 160], [81, 92])
     fixed = _config(tmp_path, color=False)
     assert not fixed.color_auto and fixed.color_reason == "DEID_COLOR=false"
     assert pipeline.resolve_color(fixed, SimpleNamespace(colour_sample=(64, 64))) is fixed
@@ -230,6 +236,13 @@ def test_a_colour_drop_is_released_in_colour_by_default_and_returning_people_kee
     assert not checks["lineage_color"].passed and "unset DEID_COLOR" in checks["lineage_color"].detail
     assert (checks["lineage_color"].value, checks["lineage_color"].threshold) == ("grey", "colour")
     assert grey.release_dir is None and verify_report(grey.report_dir, public_key=grey.public_key).ok
+    # Issue 27's colour re-run: colour forced at another canonical size; the size is refused the same way.
+    bigger = run_release(drop, RunConfig.resolve(Settings(**settings, color=True, canonical_width=128,
+                                                          canonical_height=160), k=3))
+    assert bigger.verdict == "rejected" and bigger.input_error is None
+    checks = {c.name: c for c in bigger.report.checks}
+    assert checks["lineage_color"].passed and not checks["lineage_canonical_size"].passed
+    assert "DEID_CANONICAL_WIDTH=81 DEID_CANONICAL_HEIGHT=92" in checks["lineage_canonical_size"].detail
 
     # And by default: every returning person is republished with the colour face of their first release, bit for bit.
     again = run_release(drop, config)

@@ -268,6 +268,31 @@ def lineage_color_check(config: RunConfig, lineage_state) -> Check | None:
                  f"{fix}")
 
 
+def lineage_size_check(config: RunConfig, lineage_state) -> Check | None:
+    """The gate's ``lineage_canonical_size`` check: this release's canonical face size is its lineage's.
+
+    A registered cluster's stored average has the size it was released at; a returning person's
+    image cannot be republished at another size and stay identical. None without registered clusters.
+    A failure blocks the drop before any work (a signed rejection, exit 1) and names the sizes to set.
+    """
+    clusters = getattr(lineage_state, "clusters", None) or {}
+    if not clusters:
+        return None
+    registered = tuple(next(iter(clusters.values())).shape)
+    h, w = config.shape_hw
+    if len(registered) != 2:   # a feature lineage (vectors) under an image drop: not this check's to judge
+        return None
+    rh, rw = registered
+    name = lineage_state.dataset
+    if (rh, rw) == (h, w):
+        return Check("lineage_canonical_size", True, [w, h], [rw, rh],
+                     f"faces at {w}x{h}, as dataset {name!r} was released before")
+    return Check("lineage_canonical_size", False, [w, h], [rw, rh],
+                 f"this release's faces would be {w}x{h} but dataset {name!r} was released at {rw}x{rh}: every "
+                 "returning person's image must stay identical to their first release's; set "
+                 f"DEID_CANONICAL_WIDTH={rw} DEID_CANONICAL_HEIGHT={rh}")
+
+
 def align(ingested: Ingested, layout: StagingLayout, config: RunConfig, executor: Executor, *,
           logger: Logger | None = None) -> Aligned:
     """Align every face, one executor call per Parquet row group of the ingested table."""
