@@ -150,6 +150,9 @@ def test_auto_colour_follows_the_drop_then_the_lineage(tmp_path):
     assert colour.color and colour.color_reason == "auto: 97% of 64 sampled images colour: colour"
     grey = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(3, 64)))
     assert not grey.color and grey.color_reason.endswith(": grey")
+    big = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(64, 64), staged=config.color_auto_max + 1))
+    assert not big.color and "DEID_COLOR_AUTO_MAX=20000" in big.color_reason
+    assert pipeline.resolve_color(config, SimpleNamespace(colour_sample=(64, 64), staged=config.color_auto_max)).color
     assert pipeline.lineage_color_check(colour, None) is None   # no lineage, or nothing registered yet: no mode
     assert pipeline.lineage_color_check(colour, SimpleNamespace(color_mode=None, dataset="d")) is None
     # Later releases follow the lineage's mode whatever the drop is, and say so.

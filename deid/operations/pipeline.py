@@ -217,7 +217,8 @@ def resolve_color(config: RunConfig, ingested: Ingested, lineage_state=None) -> 
     its first release that registered clusters), because a returning person's released image must stay
     bit-identical to their first one (invariant 2) and the registry stores each cluster's average as it was
     released (grey, or colour with its grey). So auto follows the lineage's mode when it has one; otherwise
-    colour when most sampled images are colour and the method can release colour. An explicit
+    colour when most sampled images are colour, the method can release colour and the drop has at most
+    ``DEID_COLOR_AUTO_MAX`` staged records (colour clusters are averaged in memory). An explicit
     ``DEID_COLOR`` is kept as set: one that conflicts with the lineage's mode fails the gate's
     ``lineage_color`` check (:func:`lineage_color_check`).
     """
@@ -238,6 +239,10 @@ def resolve_color(config: RunConfig, ingested: Ingested, lineage_state=None) -> 
         reason = f"auto: {share}: grey"
     elif config.method not in COLOR_METHODS:
         reason = f"auto: {share}, but method {config.method} releases grey faces: grey"
+    elif getattr(ingested, "staged", 0) > config.color_auto_max:
+        reason = (f"auto: {share}, but {ingested.staged} records are more than DEID_COLOR_AUTO_MAX="
+                  f"{config.color_auto_max} (colour clusters are averaged in memory): grey (DEID_COLOR=true forces "
+                  "colour)")
     else:
         chosen, reason = True, f"auto: {share}: colour"
     log.info("colour: %s", reason)
