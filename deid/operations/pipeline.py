@@ -263,11 +263,11 @@ def lineage_color_check(config: RunConfig, lineage_state) -> Check | None:
     mine = "colour" if config.color else "grey"
     name = lineage_state.dataset
     if mine == mode:
-        return Check("lineage_color", True, mine, mode, f"released in {mode}, as dataset {name!r} was before "
+        return Check("lineage_color", True, mine, f"= {mode}", f"released in {mode}, as dataset {name!r} was before "
                      f"({config.color_reason or 'DEID_COLOR'})")
     fix = ("unset DEID_COLOR (auto follows the lineage's mode)" if not config.color_auto else
            f"use one of {list(COLOR_METHODS)} (they release colour)")
-    return Check("lineage_color", False, mine, mode,
+    return Check("lineage_color", False, mine, f"= {mode}",
                  f"this release would be in {mine} ({config.color_reason or 'DEID_COLOR'}) but dataset {name!r} was "
                  f"released in {mode}: every returning person's image must stay identical to their first release's; "
                  f"{fix}")
@@ -290,9 +290,9 @@ def lineage_size_check(config: RunConfig, lineage_state) -> Check | None:
     rh, rw = registered
     name = lineage_state.dataset
     if (rh, rw) == (h, w):
-        return Check("lineage_canonical_size", True, [w, h], [rw, rh],
+        return Check("lineage_canonical_size", True, f"{w}x{h}", f"= {rw}x{rh}",
                      f"faces at {w}x{h}, as dataset {name!r} was released before")
-    return Check("lineage_canonical_size", False, [w, h], [rw, rh],
+    return Check("lineage_canonical_size", False, f"{w}x{h}", f"= {rw}x{rh}",
                  f"this release's faces would be {w}x{h} but dataset {name!r} was released at {rw}x{rh}: every "
                  "returning person's image must stay identical to their first release's; set "
                  f"DEID_CANONICAL_WIDTH={rw} DEID_CANONICAL_HEIGHT={rh}")
