@@ -20,7 +20,8 @@ entries: :meth:`Registry.append_release` seals each one (``b"DEIDLIM1"``-headed 
 ``nonce(12) + AES-256-GCM(average bytes)`` record per cluster, associated data binding dataset,
 pack id, offset and the average's SHA-256) into a pack written a record at a time and fsynced before the
 entry, and the entry records for each cluster ``image_at`` (pack, offset, length) next to
-``image_sha256``, so the hash chain covers every average. Loading leaves them there: a cluster's
+``image_sha256``, so the hash chain covers every average (a colour release's clusters also have their
+BGR average sealed right after the grey one, ``color_at`` next to ``color_sha256``). Loading leaves them there: a cluster's
 average is read, authenticated and checked against its hash only when asked
 (:class:`deid.release.lineage.StoredImage`). Registries written before kept the averages inline
 (base64 in the entry) and still load. A pack whose entry was never appended (a crash, a concurrent
