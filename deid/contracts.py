@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     from deid.reporting.report import Artifact, DatasetSummary, FileManifest, Privacy, Report, Utility
 
 # Drop-level checks that, failed, send the run straight to a (rejected) gate.
-BLOCKING_DROP_CHECKS = ("drop_not_empty", "enough_people")
+BLOCKING_DROP_CHECKS = ("drop_not_empty", "enough_people", "lineage_color", "lineage_canonical_size")
 LINEAGE_PARTITION = "lineage"  # hive key of the returning people's records (released as registered averages)
 
 

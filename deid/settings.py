@@ -162,9 +162,15 @@ class Settings(BaseSettings):
     canonical_height: int = Field(default=92, ge=16, le=1024, description="height of the aligned canonical face (px)")
     color: bool | Literal["auto"] = Field(
         default="auto", description="release colour faces (each cluster's mean per channel): true, false, or auto "
-                                    "(colour when most of a sample of the drop's images are colour, the method can "
-                                    "release colour and the dataset has no registered grey clusters); eyes, features, "
-                                    "identity and the gate's attacks stay grey")
+                                    "(a dataset's first release: colour when most of a sample of the drop's images are "
+                                    "colour and the method can release colour; later releases follow the lineage's "
+                                    "colour mode, and an explicit setting that differs fails the gate's lineage_color "
+                                    "check); eyes, features, identity and the gate's attacks stay grey")
+    color_auto_max: int = Field(
+        default=20_000, ge=0, le=10_000_000,
+        description="DEID_COLOR=auto releases a dataset's first release in colour only up to this many staged records: "
+                    "colour clusters are averaged in memory per partition (~22 KB per 81x92 face, twice), so above it "
+                    "auto stays grey; a dataset already released in colour stays colour at any size")
     max_yaw_degrees: float = Field(
         default=30.0, ge=5.0, le=90.0,
         description="faces whose estimated head yaw (dlib 5-point landmarks, ~0.6 ms per face) is beyond this many "

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 from collections import Counter
 from types import SimpleNamespace
@@ -140,24 +141,50 @@ def _config(tmp_path, **kw) -> RunConfig:
     return RunConfig.resolve(Settings(project_dir=tmp_path, **kw))
 
 
-def test_auto_colour_follows_the_drop(tmp_path):
-    # Under the default lineage policy a returning person is republished from the registry's grey
-    # average: auto stays grey so their image never changes (invariant 2), and says how to get colour.
-    invariant = pipeline.resolve_color(_config(tmp_path), SimpleNamespace(colour_sample=(62, 64)))
-    assert not invariant.color and "DEID_LINEAGE_POLICY=release-once" in invariant.color_reason
-    config = _config(tmp_path, lineage_policy="release-once")
-    assert config.color_auto and not config.color
+def test_auto_colour_follows_the_drop_then_the_lineage(tmp_path):
+    # A dataset's first release follows the drop, under the default (invariant) policy too: the registry
+    # stores colour averages, so a returning person's colour image can be republished bit for bit.
+    config = _config(tmp_path)
+    assert config.color_auto and not config.color and config.lineage_policy == "invariant"
     colour = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(62, 64)))
     assert colour.color and colour.color_reason == "auto: 97% of 64 sampled images colour: colour"
     grey = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(3, 64)))
     assert not grey.color and grey.color_reason.endswith(": grey")
-    registered = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(64, 64)),
-                                        SimpleNamespace(clusters={"c": 1}))
-    assert not registered.color and "registered clusters" in registered.color_reason
-    blur = pipeline.resolve_color(RunConfig.resolve(Settings(project_dir=tmp_path, lineage_policy="release-once"),
-                                                    method="blur"),
+    big = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(64, 64), staged=config.color_auto_max + 1))
+    assert not big.color and "DEID_COLOR_AUTO_MAX=20000" in big.color_reason
+    assert pipeline.resolve_color(config, SimpleNamespace(colour_sample=(64, 64), staged=config.color_auto_max)).color
+    assert pipeline.lineage_color_check(colour, None) is None   # no lineage, or nothing registered yet: no mode
+    assert pipeline.lineage_color_check(colour, SimpleNamespace(color_mode=None, dataset="d")) is None
+    # Later releases follow the lineage's mode whatever the drop is, and say so.
+    greyed = SimpleNamespace(color_mode="grey", dataset="d")
+    coloured = SimpleNamespace(color_mode="colour", dataset="d")
+    follows = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(64, 64)), greyed)
+    assert not follows.color and "'d' was released in grey" in follows.color_reason
+    assert pipeline.lineage_color_check(follows, greyed).passed
+    follows = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(0, 64)), coloured)
+    assert follows.color and follows.color_reason.endswith(": colour")
+    assert pipeline.lineage_color_check(follows, coloured).passed
+    # An explicit setting against the lineage's mode, or a grey-only method on a colour lineage: the
+    # blocking check fails and says what to set.
+    forced = _config(tmp_path, color=False)
+    assert pipeline.resolve_color(forced, SimpleNamespace(colour_sample=(64, 64)), coloured) is forced
+    bad = pipeline.lineage_color_check(forced, coloured)
+    assert not bad.passed and (bad.value, bad.threshold) == ("grey", "= colour") and "unset DEID_COLOR" in bad.detail
+    assert not pipeline.lineage_color_check(_config(tmp_path, color=True), greyed).passed
+    eigen = pipeline.resolve_color(RunConfig.resolve(Settings(project_dir=tmp_path), method="k-same-eigen"),
+                                   SimpleNamespace(colour_sample=(64, 64)), coloured)
+    assert not eigen.color and "method k-same-eigen releases grey" in eigen.color_reason
+    bad = pipeline.lineage_color_check(eigen, coloured)
+    assert not bad.passed and "k-same-select" in bad.detail
+    blur = pipeline.resolve_color(RunConfig.resolve(Settings(project_dir=tmp_path), method="blur"),
                                   SimpleNamespace(colour_sample=(64, 64)))
     assert not blur.color and "method blur" in blur.color_reason
+    # The canonical size is the lineage's too (a stored average has the size it was released at).
+    sized = SimpleNamespace(clusters={"c": SimpleNamespace(shape=(92, 81))}, dataset="d")
+    assert pipeline.lineage_size_check(config, SimpleNamespace(clusters={}, dataset="d")) is None
+    assert pipeline.lineage_size_check(config, sized).passed
+    bad = pipeline.lineage_size_check(_config(tmp_path, canonical_width=128, canonical_height=160), sized)
+    assert not bad.passed and (bad.value, bad.threshold) == ("128x160", "= 81x92")
     fixed = _config(tmp_path, color=False)
     assert not fixed.color_auto and fixed.color_reason == "DEID_COLOR=false"
     assert pipeline.resolve_color(fixed, SimpleNamespace(colour_sample=(64, 64))) is fixed
@@ -174,17 +201,58 @@ def test_colour_sample_reads_the_staged_bytes(tmp_path):
     assert pipeline.colour_sample(path, 3, max_pixels=10**8, n=2) == (1, 2)  # first and last row group, one each
 
 
+def _released_faces(result) -> Counter:
+    """How many records of a release carry each face (SHA-256 of its decoded pixels; colour BGR or grey)."""
+    faces = [cv2.imread(str(f), cv2.IMREAD_UNCHANGED) for f in sorted((result.release_dir / "images").glob("*.png"))]
+    assert faces and all(f is not None for f in faces)
+    return Counter((f.shape, hashlib.sha256(f.tobytes()).hexdigest()) for f in faces)
+
+
 @pytest.mark.slow
-def test_a_colour_drop_is_released_in_colour_by_default_when_no_one_is_republished(tmp_path):
+def test_a_colour_drop_is_released_in_colour_by_default_and_returning_people_keep_their_colour_face(tmp_path):
     from deid.operations.runner import run_release  # noqa: PLC0415
+    from deid.release.verify import verify_report  # noqa: PLC0415
 
     # No manifest eyes: the eyes are detected, so the pose is estimated too (manifest eyes are trusted as given).
-    drop = make_synthetic_drop(tmp_path / "drop", people=6, images_per_person=2, seed=8, image_size=96, eyes=False)
-    config = RunConfig.resolve(Settings(project_dir=tmp_path / "p", identity_embed_max=0, deep_attack_sample=20,
-                                        cv_repeats=1, lineage_policy="release-once"), k=3)
+    # No labels: six people cannot keep a label learnable at k=3, and the release must pass to be registered.
+    drop = make_synthetic_drop(tmp_path / "drop", people=6, images_per_person=2, seed=8, image_size=96, eyes=False,
+                               labels=False)
+    # The default lineage policy (invariant): the registry stores the colour averages (issue 26 item 4).
+    settings = dict(project_dir=tmp_path / "p", identity_embed_max=0, deep_attack_sample=20, cv_repeats=1)
+    config = RunConfig.resolve(Settings(**settings), k=3)
+    assert config.lineage_policy == "invariant"
     result = run_release(drop, config)
+    assert result.released, result.reasons
     report = json.loads((config.reports_path / result.release_id / "report.json").read_text())
     cfg = report["configuration"]
     assert cfg["color"] is True and cfg["color_decision"].startswith("auto: 100% of 12 sampled images colour")
     other = sum(v for reason, v in report["dataset"]["quarantine_by_reason"].items() if reason != "pose")
     assert cfg["pose"]["estimated"] and cfg["pose"]["faces"] + cfg["pose"]["quarantined_pose"] == 12 - other > 0
+    first = _released_faces(result)
+    assert all(shape == (92, 81, 3) for shape, _ in first)
+
+    # The same drop again with colour switched off (issue 27 item 3's colour re-run): a verdict, never a state
+    # error: the blocking check lineage_color rejects it before any work, in a signed report saying what to set.
+    grey = run_release(drop, RunConfig.resolve(Settings(**settings, color=False), k=3))
+    assert grey.verdict == "rejected" and grey.input_error is None   # the CLI's exit 1
+    checks = {c.name: c for c in grey.report.checks}
+    assert not checks["lineage_color"].passed and "unset DEID_COLOR" in checks["lineage_color"].detail
+    assert (checks["lineage_color"].value, checks["lineage_color"].threshold) == ("grey", "= colour")
+    assert grey.release_dir is None and verify_report(grey.report_dir, public_key=grey.public_key).ok
+    # Issue 27's colour re-run: colour forced at another canonical size; the size is refused the same way.
+    bigger = run_release(drop, RunConfig.resolve(Settings(**settings, color=True, canonical_width=128,
+                                                          canonical_height=160), k=3))
+    assert bigger.verdict == "rejected" and bigger.input_error is None
+    checks = {c.name: c for c in bigger.report.checks}
+    assert checks["lineage_color"].passed and not checks["lineage_canonical_size"].passed
+    assert "DEID_CANONICAL_WIDTH=81 DEID_CANONICAL_HEIGHT=92" in checks["lineage_canonical_size"].detail
+
+    # And by default: every returning person is republished with the colour face of their first release, bit for bit.
+    again = run_release(drop, config)
+    assert again.released, again.reasons
+    report = json.loads(again.report_path.read_text())
+    assert report["configuration"]["color"] is True and "was released in colour" in \
+        report["configuration"]["color_decision"]
+    assert next(c for c in report["checks"] if c["name"] == "lineage_color")["passed"]
+    assert report["lineage"]["release_counts"]["new_clusters"] == 0 < report["lineage"]["release_counts"]["republished_clusters"]
+    assert _released_faces(again) == first

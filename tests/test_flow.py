@@ -50,12 +50,14 @@ def _check_release_invariants(result: dict, *, k: int, drop: Path) -> dict:
     for rid in table["record_id"][:20]:
         assert rid not in manifest
     sources = {p.read_bytes() for p in list(drop.rglob("*.png"))[:50] + list(drop.rglob("*.jpg"))[:50]}
+    # DEID_COLOR=auto (the default): a colour drop is released in colour (BGR), a grey one in grey.
+    ndim = 3 if json.loads(Path(result["report"]).read_text())["configuration"]["color"] else 2
     for name in table["image"]:
         data = (rel / name).read_bytes()
         assert data.startswith(b"\x89PNG") and data not in sources
         assert b"eXIf" not in data and b"tEXt" not in data
         img = cv2.imdecode(__import__("numpy").frombuffer(data, "uint8"), cv2.IMREAD_UNCHANGED)
-        assert img.ndim == 2
+        assert img.ndim == ndim
     report = json.loads(Path(result["report"]).read_text())
     assert report["privacy"]["min_distinct_people_per_cluster"] >= k
     # The Hugging Face imagefolder layout and the dataset card, with the gate's figures as signed.

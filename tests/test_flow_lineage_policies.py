@@ -85,6 +85,8 @@ def test_absent_members_new_photo_suppress_and_release_once_through_the_flow(pro
     key = load_linkage_key(key_path)
     first, fake1, _ = _released(r1, key)
     assert not fake1
+    # DEID_COLOR=auto: the synthetic drop is colour, so is every release of its lineage (colour averages registered).
+    assert _report(r1)["configuration"]["color"] and all(len(px) == 92 * 81 * 3 for px in first.values())
     by_person: dict[str, set[bytes]] = {}
     for src, px in first.items():
         by_person.setdefault(Path(src).name.split("_")[0], set()).add(px)
@@ -100,6 +102,8 @@ def test_absent_members_new_photo_suppress_and_release_once_through_the_flow(pro
     # Counterfeits: counted in the report, marked in the private linkage record only. The release has its
     # usual columns, one row per released record (counterfeits included), and no marker.
     assert len(fake2) == lin2["counterfeit_records"]
+    assert rep2["configuration"]["color"] and lin2["color_mode"] == "colour" and all(len(px) == 92 * 81 * 3
+                                                                                     for px in fake2)
     assert set(table2[0]) == {"record_id", "image", "cluster_id", "gender", "expression"}
     assert len(table2) == rep2["dataset"]["records_released"] + len(fake2)
     assert not any("counterfeit" in json.dumps(r) for r in table2)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import base64
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ from hypothesis import strategies as st
 
 from deid.anonymise.ksame import KSame, KSameSelect
 from deid.anonymise.partition import plan_partitions
+from deid.errors import ConfigError
 from deid.release.lineage import (
     LineageError,
     build_release,
@@ -59,6 +61,14 @@ class World:
 def _release(world: World, idx, state, *, rid: str, k: int, policy="invariant", absent="republish",
              select: bool = True):
     """Plan, cluster the new people with k-Same(-Select), build the lineage release (the flow's steps)."""
+    plan, labels, images = _clustered(world, idx, state, k=k, policy=policy, absent=absent, select=select)
+    rel = build_release(plan, state, release_id=rid, method="k-same-select", new_labels=labels, new_images=images,
+                        shape=SHAPE)
+    return plan, rel
+
+
+def _clustered(world: World, idx, state, *, k: int, policy="invariant", absent="republish", select: bool = True):
+    """The plan, and each new record's cluster and released grey image (what :func:`_release` builds from)."""
     idx = list(idx)
     people, fps, parts = world.drop(idx)
     plan = plan_release(state, people, fps, key=KEY, k=k, policy=policy, absent=absent,
@@ -81,9 +91,7 @@ def _release(world: World, idx, state, *, rid: str, k: int, policy="invariant", 
                                  images=world.images[kept])
         labels[keep] = model.labels_
         images[keep] = np.clip(np.rint(model.averages_[model.labels_]), 0, 255).astype(np.uint8)
-    rel = build_release(plan, state, release_id=rid, method="k-same-select", new_labels=labels, new_images=images,
-                        shape=SHAPE)
-    return plan, rel
+    return plan, labels, images
 
 
 def _independent(world: World, idx, state, *, rid: str, k: int):
@@ -405,6 +413,73 @@ def test_registry_round_trip_is_encrypted_and_chained(tmp_path):
     with pytest.raises(LineageError, match="planned on another lineage state"):
         reg.append_release(loaded, _release(w, range(12), s2.with_entry({"kind": "genesis"}), rid="rel-z", k=3,
                                             select=False)[1])
+
+
+def _colour_release(world: World, idx, state, *, rid: str, seed: int):
+    """A colour release: each new cluster's colour average (3 values per pixel) beside its grey."""
+    plan, labels, images = _clustered(world, idx, state, k=3, select=False)
+    rng = np.random.default_rng(seed)
+    colours = rng.integers(0, 256, (labels.max(initial=-1) + 1, 3 * images.shape[1]), dtype=np.uint8)
+    new_colors = np.zeros((len(labels), 3 * images.shape[1]), np.uint8)
+    new_colors[labels >= 0] = colours[labels[labels >= 0]]
+    return plan, build_release(plan, state, release_id=rid, method="k-same-select", new_labels=labels,
+                               new_images=images, shape=SHAPE, new_colors=new_colors)
+
+
+def test_registry_round_trip_in_colour_keeps_each_released_colour_average_and_the_mode(tmp_path):
+    w = World(n_people=12, photos=1)
+    reg = Registry.open(tmp_path, "synthetic", KEY)
+    s0 = reg.load()
+    assert s0.color_mode is None
+    _, r1 = _colour_release(w, range(9), s0, rid="rel-a", seed=1)
+    assert r1.color and all(c.color is not None and c.color.shape == (3 * SHAPE[0] * SHAPE[1],) for c in r1.new_clusters)
+    s1 = reg.mark_published(reg.append_release(s0, r1), "rel-a")
+    loaded = reg.load()
+    assert loaded.color_mode == "colour" and describe_lineage(loaded)["color_mode"] == "colour"
+    for c in r1.new_clusters:   # sealed beside the grey one, read back bit for bit (and not in clear on disk)
+        got = loaded.clusters[c.key]
+        assert np.array_equal(np.asarray(got.color), c.color) and np.array_equal(np.asarray(got.image), c.image)
+        assert got.released(True) is got.color and got.released(False) is got.image
+        blob = b"".join(p.read_bytes() for p in (reg.root / "images").iterdir())
+        assert c.color.tobytes() not in blob
+    # The inline form (a registry entry without sealed packs) round-trips too, and a changed byte is refused.
+    entry = r1.to_entry()
+    inline = s0.with_entry(entry)
+    assert inline.color_mode == "colour"
+    assert all(np.array_equal(inline.clusters[c.key].color, c.color) for c in r1.new_clusters)
+    bad = json.loads(json.dumps(entry))
+    colour = bytearray(base64.b64decode(bad["new_clusters"][0]["color"]))
+    colour[0] ^= 1
+    bad["new_clusters"][0]["color"] = base64.b64encode(bytes(colour)).decode()
+    with pytest.raises(LineageError, match="colour average does not match its hash"):
+        s0.with_entry(bad)
+    # Returning people get their registered colour average back; three new people form a new colour cluster.
+    plan, r2 = _colour_release(w, range(12), s1, rid="rel-b", seed=2)
+    assert plan.republish and len(r2.new_clusters) == 1
+    for i in range(9):
+        key = r2.record_cluster[i]
+        assert key == r1.record_cluster[i]
+        first = next(c for c in r1.new_clusters if c.key == key)
+        assert np.array_equal(np.asarray(loaded.clusters[key].released(r2.color)), first.color)
+    s2 = reg.append_release(loaded, r2)
+    assert reg.load().color_mode == "colour" and s2.color_mode == "colour"
+    # A member absent: the counterfeit covering them carries the stored colour average, as the flow stages it.
+    from deid.operations.stages import counterfeit_rows
+    plan, r3 = _colour_release(w, range(1, 12), s2, rid="rel-d", seed=4)
+    fakes = counterfeit_rows(r3, s2, [], {}, {})
+    assert plan.n_counterfeit == len(fakes) >= 1
+    assert all(np.array_equal(f.average, np.asarray(s2.clusters[f.cluster].color)) for f in fakes)
+    # A grey release of this colour lineage is refused, naming the setting (never a state error).
+    with pytest.raises(ConfigError, match="released in colour; this release is in grey"):
+        _release(w, range(12), s2, rid="rel-c", k=3, select=False)
+    # And a grey lineage refuses a colour release.
+    _, g1 = _release(w, range(9), s0, rid="rel-g", k=3, select=False)
+    grey = s0.with_entry(g1.to_entry())
+    assert grey.color_mode == "grey"
+    with pytest.raises(ConfigError, match="released in grey; this release is in colour"):
+        _colour_release(w, range(12), grey, rid="rel-h", seed=3)
+    with pytest.raises(ConfigError, match="was released in grey; a colour release cannot republish it"):
+        next(iter(grey.clusters.values())).released(True)
 
 
 @pytest.mark.parametrize("tamper", ["flip", "delete_middle", "delete_tail", "reorder", "rename", "head"])

@@ -12,7 +12,7 @@ def format_lineage(desc: dict) -> str:
     """Plain-text listing of :func:`deid.release.lineage.describe_lineage`."""
     lines = [f"dataset {desc['dataset']}: {len(desc['releases'])} releases, {desc['registered_clusters']} registered "
              f"clusters, {desc['registered_people']} registered people; {desc['entries']} registry entries, "
-             f"head {desc['head'][:16]}"]
+             f"head {desc['head'][:16]}; faces released in {desc.get('color_mode') or '(no release yet)'}"]
     for r in desc["releases"]:
         lines.append(
             f"  {r['release_id']} [{r['status']}] k={r['k']} {r['method']} policy={r['policy']} absent={r['absent']}: "

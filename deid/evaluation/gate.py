@@ -383,7 +383,7 @@ def republished_row_shares(clusters: Sequence[Hashable], people: Sequence[Hashab
 
 
 # The drop's own checks (deid.evaluation.validation.drop_checks): when one fails, nothing was de-identified.
-_DROP_CHECKS = ("drop_not_empty", "enough_people")
+_DROP_CHECKS = ("drop_not_empty", "enough_people", "lineage_color", "lineage_canonical_size")
 
 
 def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check], int | None, float | None, bool]:

@@ -213,31 +213,89 @@ def colour_sample(path: Path, row_groups: int, *, max_pixels: int, n: int = COLO
 def resolve_color(config: RunConfig, ingested: Ingested, lineage_state=None) -> RunConfig:
     """DEID_COLOR=auto decided for this drop; the reason goes to the report (``configuration.color_decision``).
 
-    Colour when most sampled images are colour, the method can release colour, and no returning person
-    can ever be republished from the registry: the registry's stored averages are grey, and a returning
-    person's released image must stay bit-identical to their first one (invariant 2). That holds under
-    ``DEID_LINEAGE_POLICY=release-once`` on a dataset without registered clusters; under the default
-    ``invariant`` policy a colour drop is released grey and the reason says how to get colour.
+    A dataset's lineage keeps one colour mode (:attr:`deid.release.lineage.LineageState.color_mode`: that of
+    its first release that registered clusters), because a returning person's released image must stay
+    bit-identical to their first one (invariant 2) and the registry stores each cluster's average as it was
+    released (grey, or colour with its grey). So auto follows the lineage's mode when it has one; otherwise
+    colour when most sampled images are colour, the method can release colour and the drop has at most
+    ``DEID_COLOR_AUTO_MAX`` staged records (colour clusters are averaged in memory). An explicit
+    ``DEID_COLOR`` is kept as set: one that conflicts with the lineage's mode fails the gate's
+    ``lineage_color`` check (:func:`lineage_color_check`).
     """
     if not config.color_auto:
         return config
+    mode = getattr(lineage_state, "color_mode", None)
     colour, n = ingested.colour_sample
     share = f"{round(100 * colour / n)}% of {n} sampled images colour" if n else "no image sampled"
     chosen = False
-    if not n or 2 * colour < n:
+    if mode is not None:
+        name = getattr(lineage_state, "dataset", "")
+        chosen = mode == "colour" and config.method in COLOR_METHODS
+        reason = (f"auto: dataset {name!r} was released in {mode}, so its returning people's images stay "
+                  f"identical: {mode}" if chosen == (mode == "colour") else
+                  f"auto: dataset {name!r} was released in colour, but method {config.method} releases grey faces: "
+                  "grey")
+    elif not n or 2 * colour < n:
         reason = f"auto: {share}: grey"
     elif config.method not in COLOR_METHODS:
         reason = f"auto: {share}, but method {config.method} releases grey faces: grey"
-    elif lineage_state is not None and getattr(lineage_state, "clusters", None):
-        reason = f"auto: {share}, but the dataset's registered clusters hold grey averages: grey"
-    elif config.lineage_policy != "release-once":
-        reason = (f"auto: {share}, but under DEID_LINEAGE_POLICY={config.lineage_policy} returning people are "
-                  "republished from the registry's grey averages, so their image would change: grey "
-                  "(DEID_LINEAGE_POLICY=release-once releases this dataset in colour)")
+    elif getattr(ingested, "staged", 0) > config.color_auto_max:
+        reason = (f"auto: {share}, but {ingested.staged} records are more than DEID_COLOR_AUTO_MAX="
+                  f"{config.color_auto_max} (colour clusters are averaged in memory): grey (DEID_COLOR=true forces "
+                  "colour)")
     else:
         chosen, reason = True, f"auto: {share}: colour"
     log.info("colour: %s", reason)
     return replace(config, aligner=replace(config.aligner, color=chosen), color_reason=reason)
+
+
+def lineage_color_check(config: RunConfig, lineage_state) -> Check | None:
+    """The gate's ``lineage_color`` check: this release's colour mode is its dataset's lineage's.
+
+    None for a run without a lineage, or whose lineage has registered nothing yet (its first release
+    sets the mode). A failure blocks the drop before any work (a signed rejection, exit 1) and says
+    what to set: releasing a colour lineage in grey, or a grey one in colour, would give every returning
+    person another image than their first release's.
+    """
+    mode = getattr(lineage_state, "color_mode", None)
+    if mode is None:
+        return None
+    mine = "colour" if config.color else "grey"
+    name = lineage_state.dataset
+    if mine == mode:
+        return Check("lineage_color", True, mine, f"= {mode}", f"released in {mode}, as dataset {name!r} was before "
+                     f"({config.color_reason or 'DEID_COLOR'})")
+    fix = ("unset DEID_COLOR (auto follows the lineage's mode)" if not config.color_auto else
+           f"use one of {list(COLOR_METHODS)} (they release colour)")
+    return Check("lineage_color", False, mine, f"= {mode}",
+                 f"this release would be in {mine} ({config.color_reason or 'DEID_COLOR'}) but dataset {name!r} was "
+                 f"released in {mode}: every returning person's image must stay identical to their first release's; "
+                 f"{fix}")
+
+
+def lineage_size_check(config: RunConfig, lineage_state) -> Check | None:
+    """The gate's ``lineage_canonical_size`` check: this release's canonical face size is its lineage's.
+
+    A registered cluster's stored average has the size it was released at; a returning person's
+    image cannot be republished at another size and stay identical. None without registered clusters.
+    A failure blocks the drop before any work (a signed rejection, exit 1) and names the sizes to set.
+    """
+    clusters = getattr(lineage_state, "clusters", None) or {}
+    if not clusters:
+        return None
+    registered = tuple(next(iter(clusters.values())).shape)
+    h, w = config.shape_hw
+    if len(registered) != 2:   # a feature lineage (vectors) under an image drop: not this check's to judge
+        return None
+    rh, rw = registered
+    name = lineage_state.dataset
+    if (rh, rw) == (h, w):
+        return Check("lineage_canonical_size", True, f"{w}x{h}", f"= {rw}x{rh}",
+                     f"faces at {w}x{h}, as dataset {name!r} was released before")
+    return Check("lineage_canonical_size", False, f"{w}x{h}", f"= {rw}x{rh}",
+                 f"this release's faces would be {w}x{h} but dataset {name!r} was released at {rw}x{rh}: every "
+                 "returning person's image must stay identical to their first release's; set "
+                 f"DEID_CANONICAL_WIDTH={rw} DEID_CANONICAL_HEIGHT={rh}")
 
 
 def align(ingested: Ingested, layout: StagingLayout, config: RunConfig, executor: Executor, *,
@@ -703,9 +761,12 @@ def apply_lineage(partitioned: Partitioned, deidentified: Deidentified, aligned:
 
     lin = partitioned.lineage
     ids = list(lin.record_ids)
-    new_labels, new_images = stages.lineage_new_labels(lin.plan, ids, [str(p) for p in deidentified.parts])
+    parts = [str(p) for p in deidentified.parts]
+    new_labels, new_images = stages.lineage_new_labels(lin.plan, ids, parts)
+    # A colour release registers each new cluster's colour average too (returning people get it back, bit for bit).
+    new_colors = stages.lineage_new_labels(lin.plan, ids, parts, "color")[1] if config.color else None
     rel = build_release(lin.plan, lin.state, release_id=release_id, method=config.method, new_labels=new_labels,
-                        new_images=new_images, shape=config.shape_hw)
+                        new_images=new_images, shape=config.shape_hw, new_colors=new_colors)
     out = deidentified
     if lin.returning_dir is not None:
         part = stages.write_lineage_part(str(lin.returning_dir), str(layout.deidentified_part(lin.returning_dir)),
@@ -884,9 +945,6 @@ def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequen
         record_ids=tuple(rel.column("record_id").to_pylist()),
         sequences=tuple(rel.column("sequence").to_pylist()) if seq else None,
         frames=tuple(rel.column("frame").to_pylist()) if seq else None)
-    if lineage is not None and lineage.release.counts["counterfeit_records"] and column == "color":
-        raise ConfigError("DEID_COLOR=true cannot republish registered clusters yet (their stored averages are "
-                          "grey); release this dataset in grey, or start a new dataset name for colour releases")
     return stages.lineage_release_rows(
         rows, lineage, labels, lambda: {x: Counter(map(str, meta.column(x).to_pylist())).most_common(1)[0][0]
                                         for x in labels}, logger=lg)

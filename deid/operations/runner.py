@@ -218,6 +218,12 @@ class _Run:
             lineage_state = s.open_lineage(ing.dataset, config) if config.lineage_applies else None
             # DEID_COLOR=auto decided from the ingested images (pure and cheap: the sample was taken at ingest).
             config = self.config = pipeline.resolve_color(config, ing, lineage_state)
+            # A colour mode or face size other than the lineage's (returning people's images would change)
+            # blocks the drop before any work: a signed rejection saying what to set.
+            held = tuple(c for c in (pipeline.lineage_color_check(config, lineage_state),
+                                     pipeline.lineage_size_check(config, lineage_state)) if c is not None)
+            if held:
+                ing = replace(ing, checks=(*ing.checks, *held))
             notes: list[str] = []
             if config.spec.partitions_by_labels and not ing.labels:
                 notes.append(f"{config.method} without utility labels runs as k-Same (one partition); utility is "

@@ -1169,20 +1169,23 @@ def _label_tuples(faces: pa.Table, labels: list[str]) -> list[tuple[str, ...]]:
     return [shared[i] for i in inverse.tolist()]
 
 
-def lineage_new_labels(plan, record_ids: list[str], deid_paths: list[str]) -> tuple[np.ndarray, IndexedRows]:
+def lineage_new_labels(plan, record_ids: list[str], deid_paths: list[str],
+                       column: str = "pixels") -> tuple[np.ndarray, IndexedRows]:
     """(cluster index, released uint8 image) of each of ``plan.new_records`` from the de-identified parts.
 
     A new record the partition stage withheld (not in any part) gets cluster -1 and a zero image.
     The images are an :class:`IndexedRows`: each cluster's image once, not one copy per record
-    (the parts are streamed a batch at a time; issue 13).
+    (the parts are streamed a batch at a time; issue 13). ``column="color"``: the colour averages of a
+    colour release (DEID_COLOR), numbered the same way.
     """
     import pyarrow.compute as pc  # noqa: PLC0415
 
     n_new = len(plan.new_records)
     # Each cluster's image once, on disk next to the de-identified parts (200,000 clusters of a million
     # faces are 1.5 GB): the registered clusters read it when asked (issue 13).
-    spill = Path(deid_paths[0]).parent / ".lineage-new-images.u8" if deid_paths else None
-    keys, images = distinct_rows(deid_paths, spill=spill)
+    spill = Path(deid_paths[0]).parent / f".lineage-new-{'colors' if column == 'color' else 'images'}.u8" \
+        if deid_paths else None
+    keys, images = distinct_rows(deid_paths, column, spill=spill)
     # Records matched to new records and clusters numbered as arrays (Arrow), not Python strings per record.
     new_ids = pa.array([record_ids[i] for i in plan.new_records], pa.string())
     j = pc.index_in(keys.column("record_id"), value_set=new_ids).to_numpy(zero_copy_only=False)
@@ -1211,8 +1214,10 @@ def write_lineage_part(partition_dir: str, out_path: str, release, state, record
     """The de-identified part of the returning people: each record carries its registered stored average.
 
     Written in the order of the ``partition=lineage`` dataset, like every de-identified part, so
-    the gate pairs each record with its original. Returns the cluster summary of
-    :func:`deidentify_partition` (sizes count this drop's records, not counterfeits).
+    the gate pairs each record with its original. A colour release (``release.color``) adds each
+    cluster's stored colour average (column ``color``, as :func:`deidentify_partition` writes it) beside
+    its grey. Returns the cluster summary of :func:`deidentify_partition` (sizes count this drop's records,
+    not counterfeits).
     """
     where = {record_ids[i]: key for i, key in enumerate(release.record_cluster) if key is not None}
     t = ds.dataset(partition_dir, format="parquet").to_table(columns=["record_id", "subject_id"])
@@ -1221,7 +1226,8 @@ def write_lineage_part(partition_dir: str, out_path: str, release, state, record
     clusters = [where[r] for r in ids]
     # The part written a row group at a time, each registered image read once per row group (a stored
     # average is read from the registry when asked: never every one at once, issue 13).
-    schema = schemas.deidentified()
+    color = bool(getattr(release, "color", False))
+    schema = schemas.deidentified(color=color)
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
@@ -1229,8 +1235,12 @@ def write_lineage_part(partition_dir: str, out_path: str, release, state, record
         for a in range(0, len(ids), _OUT_ROWS):
             cs = clusters[a:a + _OUT_ROWS]
             images = {c: np.ascontiguousarray(state.clusters[c].image, dtype=np.uint8) for c in set(cs)}
-            writer.write_batch(pa.record_batch([pa.array(ids[a:a + _OUT_ROWS], pa.string()), pa.array(cs, pa.string()),
-                                                _binary_rows(np.stack([images[c] for c in cs]))], schema=schema))
+            columns = [pa.array(ids[a:a + _OUT_ROWS], pa.string()), pa.array(cs, pa.string())]
+            if color:   # the schema's order: colour, then its grey
+                colours = {c: np.ascontiguousarray(state.clusters[c].released(True), dtype=np.uint8) for c in set(cs)}
+                columns.append(_binary_rows(np.stack([colours[c] for c in cs])))
+            columns.append(_binary_rows(np.stack([images[c] for c in cs])))
+            writer.write_batch(pa.record_batch(columns, schema=schema))
     os.replace(tmp, out)
     summary = []
     for c in sorted(set(clusters)):
@@ -1250,9 +1260,11 @@ def counterfeit_rows(release, state, labels: list[str], present: Mapping[str, Se
     """
     rows: list[CounterfeitRow] = []
     registered = release.republished_labels(state, labels)
+    color = bool(getattr(release, "color", False))
     for r in release.republished:
         c = state.clusters[r.key]
-        average = np.ascontiguousarray(c.image) if r.n_counterfeit else None   # read once per cluster
+        # Read once per cluster; a colour release publishes the stored colour average.
+        average = np.ascontiguousarray(c.released(color)) if r.n_counterfeit else None
         for n in range(r.n_counterfeit):
             if registered.get(r.key) is not None:
                 lab = dict(zip(labels, registered[r.key].counterfeits[n]))

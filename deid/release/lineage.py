@@ -52,6 +52,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "ABSENT_POLICIES",
+    "COLOUR_MODES",
     "POLICIES",
     "LineageCluster",
     "LineageError",
@@ -80,6 +81,9 @@ __all__ = [
 ]
 
 POLICIES = ("invariant", "release-once")
+# How a lineage's faces are released: every release of a dataset keeps the mode of its first registered
+# clusters (a returning person's image is bit-identical, so a colour cluster is never republished in grey).
+COLOUR_MODES = ("colour", "grey")
 ABSENT_POLICIES = ("republish", "suppress")
 ENTRY_FORMAT = "deid-lineage-entry-v1"
 GENESIS_PREV = "0" * 64
@@ -291,10 +295,35 @@ class LineageCluster:
     # fingerprint -> released label values (in ``label_names`` order) of each basis record; None: registered
     # before the registry kept labels (its label mix cannot be reproduced).
     member_labels: Mapping[str, tuple[str, ...]] | None = None
+    # A colour release (DEID_COLOR): the released BGR average, uint8 (height * width * 3,), row-major, stored
+    # like ``image``; ``image`` is then its grey (what the gate attacked). None: released in grey.
+    color: Any = None
 
     @property
     def image_sha256(self) -> str:
         return average_sha256(self.image)
+
+    @property
+    def color_sha256(self) -> str | None:
+        """SHA-256 of the released colour average's bytes; None for a grey cluster."""
+        return None if self.color is None else average_sha256(self.color)
+
+    def released(self, color: bool) -> Any:
+        """The average a release in ``color`` (True: colour, False: grey) publishes for this cluster.
+
+        Raises
+        ------
+        ConfigError
+            A colour release asks for a cluster registered in grey: its colour was never released, and
+            a returning person's image must stay the registered one (invariant 2).
+        """
+        if not color:
+            return self.image
+        if self.color is None:
+            raise ConfigError(f"registered cluster {self.key} was released in grey; a colour release cannot "
+                              "republish it (its people's image would change): release this dataset in grey "
+                              "(unset DEID_COLOR: auto follows the lineage's mode)")
+        return self.color
 
     @property
     def records(self) -> frozenset[str]:
@@ -317,9 +346,11 @@ class LineageCluster:
         pos = [self.label_names.index(x) for x in label_names]
         return {f: tuple(v[j] for j in pos) for f, v in self.member_labels.items()}
 
-    def to_json(self, *, image_at: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    def to_json(self, *, image_at: Mapping[str, Any] | None = None,
+                color_at: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The entry's form of the cluster: the stored average inline (base64), or with ``image_at`` where
-        the registry sealed it beside the entries (its hash in the entry: the chain covers it)."""
+        the registry sealed it beside the entries (its hash in the entry: the chain covers it). A colour
+        cluster adds ``color_sha256`` and its colour average the same way (inline ``color``, or ``color_at``)."""
         dtype = np.dtype(self.image.dtype)
         # A feature vector also records its dtype; an image entry keeps the original form (no "dtype").
         vector = {} if dtype == np.uint8 else {"dtype": dtype.newbyteorder("<").str}
@@ -332,6 +363,12 @@ class LineageCluster:
         if self.member_labels is not None:
             out["label_names"] = list(self.label_names)
             out["member_labels"] = sorted([f, list(v)] for f, v in self.member_labels.items())
+        if self.color is not None:
+            out["color_sha256"] = self.color_sha256
+            if color_at is not None:
+                out["color_at"] = dict(color_at)
+            else:
+                out["color"] = base64.b64encode(_stored(self.color).tobytes()).decode()
         return out
 
     @classmethod
@@ -358,16 +395,43 @@ class LineageCluster:
                 image=image, shape=tuple(int(x) for x in d["shape"]),
                 partition=tuple(d["partition"]), n_released=int(d["n_released"]), k=int(d["k"]),
                 method=str(d["method"]), label_names=tuple(d.get("label_names", ())),
-                member_labels=None if "member_labels" not in d else {f: tuple(v) for f, v in d["member_labels"]})
+                member_labels=None if "member_labels" not in d else {f: tuple(v) for f, v in d["member_labels"]},
+                color=_color_of(d, images, dtype))
         if c.member_labels is not None and set(c.member_labels) != c.records:
             raise LineageError(f"registered cluster {c.key}: labels of records that are not its members; the registry "
                                "is corrupt")
         if c.image_sha256 != d["image_sha256"]:
             raise LineageError(f"registered cluster {c.key}: stored average does not match its hash; the registry is corrupt")
+        if c.color is not None and (c.color_sha256 != d["color_sha256"] or c.color.shape[0] != 3 * image.size):
+            raise LineageError(f"registered cluster {c.key}: stored colour average does not match its hash or is not "
+                               "3 channels of its grey average; the registry is corrupt")
         if dtype != "|u1" and image.size != int(np.prod(c.shape)):
             raise LineageError(f"registered cluster {c.key}: stored vector of {image.size} {dtype} values does not "
                                f"have its shape {list(c.shape)}; the registry is corrupt")
         return c
+
+
+def _color_of(d: Mapping[str, Any], images: Any, dtype: str) -> Any:
+    """The stored colour average of a cluster's entry (inline ``color``, or sealed at ``color_at``); None: grey."""
+    if "color_sha256" not in d:
+        if "color" in d or "color_at" in d:
+            raise LineageError(f"registered cluster {d.get('key')}: a colour average without its hash; the registry "
+                               "is corrupt")
+        return None
+    if dtype != "|u1":
+        raise LineageError(f"registered cluster {d.get('key')}: a colour average of a feature vector; the registry "
+                           "is corrupt")
+    size = 3 * int(np.prod([int(x) for x in d["shape"]]))
+    if "color" in d:
+        return np.frombuffer(base64.b64decode(d["color"]), dtype=np.uint8).copy()
+    if "color_at" in d and images is not None:
+        at = d["color_at"]
+        return StoredImage(images, (str(at["pack"]), int(at["offset"]), int(at["length"]), str(d["color_sha256"])),
+                           sha256=d["color_sha256"], size=size)
+    if "color_at" in d:
+        raise LineageError(f"registered cluster {d.get('key')}: its colour average is sealed beside the registry's "
+                           "entries; load the registry with deid.release.lineage_registry.Registry.load")
+    raise LineageError(f"registered cluster {d.get('key')}: no stored colour average; the registry is corrupt")
 
 
 @dataclass(frozen=True)
@@ -390,6 +454,7 @@ class ReleaseSummary:
     returning_people: int
     waiting_people: int
     suppressed_records: int
+    color: bool = False           # its faces were released in colour (DEID_COLOR)
 
 
 @dataclass(frozen=True, eq=False)
@@ -413,6 +478,17 @@ class LineageState:
     entries: tuple[Mapping[str, Any], ...] = ()     # the entry documents, in order
     # Reads the averages the registry sealed beside its entries (``image_at``); None: every average inline.
     images: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def color_mode(self) -> str | None:
+        """How this dataset's faces are released (one of :data:`COLOUR_MODES`): the mode of the releases that
+        registered clusters (not abandoned); None while none has. Registries written before colour was
+        stored hold grey releases only."""
+        modes = {"colour" if r.color else "grey" for r in self.releases if r.status != "abandoned" and r.new_clusters}
+        if len(modes) > 1:
+            raise LineageError(f"lineage of {self.dataset!r} holds releases in colour and in grey; the registry is "
+                               "inconsistent")
+        return next(iter(modes), None)
 
     def with_entry(self, body: Mapping[str, Any]) -> "LineageState":
         """The state after one more entry, chained to this one (the registry persists it).
@@ -473,7 +549,8 @@ class LineageState:
                      person_clusters=person_clusters, sizes=sizes, released_people=released_people)
         summary = ReleaseSummary(release_id=rid, seq=seq, status="pending",
                                  **{f: doc["counts"][f] for f in _COUNT_FIELDS},
-                                 k=int(doc["k"]), method=doc["method"], policy=doc["policy"], absent=doc["absent"])
+                                 k=int(doc["k"]), method=doc["method"], policy=doc["policy"], absent=doc["absent"],
+                                 color=bool(doc.get("color", False)))
         return dataclasses.replace(self, seq=seq, head=head, clusters=clusters, releases=(*self.releases, summary),
                                    record_cluster=record_cluster, person_clusters=person_clusters,
                                    released_sizes=sizes, released_people=frozenset(released_people),
@@ -522,7 +599,8 @@ def replay(dataset: str, docs: Sequence[Mapping[str, Any]], *, seq: int | None =
         rid = d["release_id"]
         summaries.append(ReleaseSummary(release_id=rid, seq=int(d.get("seq", i)), status=status[rid],
                                         **{f: d["counts"][f] for f in _COUNT_FIELDS},
-                                        k=int(d["k"]), method=d["method"], policy=d["policy"], absent=d["absent"]))
+                                        k=int(d["k"]), method=d["method"], policy=d["policy"], absent=d["absent"],
+                                        color=bool(d.get("color", False))))
         if status[rid] == "abandoned":
             continue
         _add_release(d, lambda cj: LineageCluster.from_json(cj, images=images), clusters=clusters,
@@ -902,6 +980,7 @@ class LineageRelease:
     fingerprints: tuple[str, ...]
     record_cluster: tuple[str | None, ...]
     counts: Mapping[str, int]
+    color: bool = False   # released in colour: every new cluster holds its colour average, republished ones too
 
     def released_clusters(self, state: LineageState) -> dict[str, tuple[LineageCluster, int]]:
         """key -> (cluster with its basis, records released with it in this release)."""
@@ -955,15 +1034,19 @@ class LineageRelease:
             out[r.key] = RepublishedLabels(records=mine, counterfeits=tuple(next(rest) for _ in range(r.n_counterfeit)))
         return out
 
-    def to_entry(self, *, image_at: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    def to_entry(self, *, image_at: Mapping[str, Mapping[str, Any]] | None = None,
+                 color_at: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
         """The registry entry document (kind ``release``); the registry adds seq and chain hash.
 
-        ``image_at``: cluster key -> where the registry sealed its average (then not inline).
+        ``image_at`` (``color_at``): cluster key -> where the registry sealed its (colour) average (then not
+        inline). A colour release says so (``"color": true``: the lineage's mode); a grey one's entry is as before.
         """
         return {"format": ENTRY_FORMAT, "kind": "release", "dataset": self.dataset, "release_id": self.release_id,
                 "k": self.k, "method": self.method, "policy": self.policy, "absent": self.absent,
                 "based_on_seq": self.based_on_seq, "based_on_head": self.based_on_head,
-                "new_clusters": [c.to_json(image_at=None if image_at is None else image_at[c.key])
+                **({"color": True} if self.color else {}),
+                "new_clusters": [c.to_json(image_at=None if image_at is None else image_at[c.key],
+                                           color_at=None if color_at is None else color_at.get(c.key))
                                  for c in self.new_clusters],
                 "republished": [{"key": r.key, "n_released": r.n_released, "n_counterfeit": r.n_counterfeit,
                                  "added_records": list(r.added_records), "people_released": list(r.people_released)}
@@ -972,10 +1055,26 @@ class LineageRelease:
                 "counts": dict(self.counts)}
 
 
+def _one_image(images: Any, rows: list[int], lab: int) -> Any:
+    """The image all ``rows`` of new cluster ``lab`` carry (a stored row when ``images`` keeps them on disk)."""
+    if hasattr(images, "stored_image"):
+        # Rows sharing a stored row are equal by construction; only others are compared in pixels.
+        img = images.stored_image(rows[0])
+        same = images.same_image(rows)
+    else:
+        img = images[rows[0]]
+        same = all(np.array_equal(images[r], img) for r in rows[1:])
+        img = img.copy()
+    if not same:
+        raise ConfigError(f"new cluster {lab}: its records carry different images; pass the released "
+                          "(cluster-average) images, one row per record")
+    return img
+
+
 def _new_clusters(release_id: str, idx: Sequence[int], labels: np.ndarray, images: np.ndarray,
                   pseud: Sequence[str], fps: Sequence[str], parts: Sequence[tuple[str, ...]] | None,
                   shape: tuple[int, ...], k: int, method: str, record_labels: Sequence[tuple[str, ...]] | None = None,
-                  label_names: Sequence[str] = ()) -> tuple[list[LineageCluster], dict[int, str]]:
+                  label_names: Sequence[str] = (), colors: Any = None) -> tuple[list[LineageCluster], dict[int, str]]:
     by_label: dict[int, list[int]] = defaultdict(list)
     for row, lab in enumerate(labels.tolist()):
         if lab >= 0:
@@ -983,17 +1082,8 @@ def _new_clusters(release_id: str, idx: Sequence[int], labels: np.ndarray, image
     clusters, where = [], {}
     for n, lab in enumerate(sorted(by_label)):
         rows = by_label[lab]
-        if hasattr(images, "stored_image"):
-            # Rows sharing a stored row are equal by construction; only others are compared in pixels.
-            img = images.stored_image(rows[0])
-            same = images.same_image(rows)
-        else:
-            img = images[rows[0]]
-            same = all(np.array_equal(images[r], img) for r in rows[1:])
-            img = img.copy()
-        if not same:
-            raise ConfigError(f"new cluster {lab}: its records carry different images; pass the released "
-                              "(cluster-average) images, one row per record")
+        img = _one_image(images, rows, lab)
+        color = None if colors is None else _one_image(colors, rows, lab)
         members = [idx[r] for r in rows]
         ps = [parts[i] for i in members] if parts is not None else [()]
         part = min(Counter(ps).most_common(), key=lambda x: (-x[1], x[0]))[0]
@@ -1003,7 +1093,7 @@ def _new_clusters(release_id: str, idx: Sequence[int], labels: np.ndarray, image
                                        partition=tuple(part), n_released=len(members), k=k, method=method,
                                        label_names=tuple(label_names),
                                        member_labels=None if record_labels is None else
-                                       {fps[i]: record_labels[i] for i in members}))
+                                       {fps[i]: record_labels[i] for i in members}, color=color))
         for i in members:
             where[i] = key
     return clusters, where
@@ -1024,19 +1114,40 @@ def _check_new(labels: Any, images: Any, n: int) -> tuple[np.ndarray, np.ndarray
 
 
 def build_release(plan: LineagePlan, state: LineageState, *, release_id: str, method: str,
-                  new_labels: Any, new_images: Any, shape: tuple[int, ...]) -> LineageRelease:
+                  new_labels: Any, new_images: Any, shape: tuple[int, ...], new_colors: Any = None) -> LineageRelease:
     """The release of a plan, once the caller has clustered ``plan.new_records``.
 
     ``new_labels[j]`` is the k-Same cluster of ``plan.new_records[j]`` (-1: the caller withheld it)
     and ``new_images[j]`` its released uint8 image (the cluster average, as published), or for a
     feature drop its released float32/float64 vector (``shape=(dim,)``), stored bit for bit.
+    ``new_colors[j]``: a colour release's BGR average (uint8, 3 values per pixel), stored beside the grey
+    ``new_images[j]`` (its grey, what the gate attacks); every republished cluster must then hold its colour.
+
+    Raises
+    ------
+    ConfigError
+        A colour release of a lineage registered in grey, or the reverse (:attr:`LineageState.color_mode`):
+        a returning person's released image would change.
     """
     if plan.based_on_head != state.head or plan.dataset != state.dataset:
         raise LineageError(f"the plan was made on lineage entry {plan.based_on_seq} of {plan.dataset!r} but the "
                            f"registry is now at entry {state.seq} of {state.dataset!r}; plan again")
+    color = new_colors is not None
+    mode = state.color_mode
+    if mode is not None and mode != ("colour" if color else "grey"):
+        raise ConfigError(f"dataset {state.dataset!r} was released in {mode}; this release is in "
+                          f"{'colour' if color else 'grey'} (DEID_COLOR), which would change returning people's "
+                          f"images; unset DEID_COLOR (auto follows the lineage) or set it to "
+                          f"{'true' if mode == 'colour' else 'false'}")
     labels, images = _check_new(new_labels, new_images, len(plan.new_records))
+    if color:
+        _, new_colors = _check_new(labels, new_colors, len(plan.new_records))
+        if new_colors.dtype != np.uint8 or new_colors.shape[1] != 3 * images.shape[1]:
+            raise ConfigError(f"new_colors ({new_colors.shape}, {new_colors.dtype}) must be uint8 with 3 values per "
+                              f"pixel of new_images ({images.shape[1]} pixels)")
     new, where = _new_clusters(release_id, plan.new_records, labels, images, plan.pseudonyms, plan.fingerprints,
-                               plan.partitions, tuple(shape), plan.k, method, plan.record_labels, plan.label_names)
+                               plan.partitions, tuple(shape), plan.k, method, plan.record_labels, plan.label_names,
+                               colors=new_colors)
     record_cluster: list[str | None] = [None] * len(plan.pseudonyms)
     for i, ckey in where.items():
         record_cluster[i] = ckey
@@ -1063,7 +1174,8 @@ def build_release(plan: LineagePlan, state: LineageState, *, release_id: str, me
                           absent=plan.absent, based_on_seq=plan.based_on_seq, based_on_head=plan.based_on_head,
                           new_clusters=tuple(new), republished=tuple(rep),
                           suppressed_clusters=plan.suppressed_clusters, pseudonyms=plan.pseudonyms,
-                          fingerprints=plan.fingerprints, record_cluster=tuple(record_cluster), counts=counts)
+                          fingerprints=plan.fingerprints, record_cluster=tuple(record_cluster), counts=counts,
+                          color=color)
 
 
 def release_from_clusters(state: LineageState, people: Sequence[Hashable], record_fingerprints: Sequence[str], *,
@@ -1102,6 +1214,7 @@ def describe_lineage(state: LineageState, *, members: bool = False) -> dict[str,
     out: dict[str, Any] = {
         "dataset": state.dataset, "entries": len(state.entries), "head": state.head,
         "registered_clusters": len(state.clusters), "registered_people": len(state.person_clusters),
+        "color_mode": state.color_mode,
         "releases": [dataclasses.asdict(r) for r in state.releases],
     }
     if members:

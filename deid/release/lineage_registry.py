@@ -20,7 +20,8 @@ entries: :meth:`Registry.append_release` seals each one (``b"DEIDLIM1"``-headed 
 ``nonce(12) + AES-256-GCM(average bytes)`` record per cluster, associated data binding dataset,
 pack id, offset and the average's SHA-256) into a pack written a record at a time and fsynced before the
 entry, and the entry records for each cluster ``image_at`` (pack, offset, length) next to
-``image_sha256``, so the hash chain covers every average. Loading leaves them there: a cluster's
+``image_sha256``, so the hash chain covers every average (a colour release's clusters also have their
+BGR average sealed right after the grey one, ``color_at`` next to ``color_sha256``). Loading leaves them there: a cluster's
 average is read, authenticated and checked against its hash only when asked
 (:class:`deid.release.lineage.StoredImage`). Registries written before kept the averages inline
 (base64 in the entry) and still load. A pack whose entry was never appended (a crash, a concurrent
@@ -373,27 +374,38 @@ class Registry:
         """The reader of the averages sealed beside the entries (what loaded clusters read on demand)."""
         return SealedImages(self)
 
-    def _store_images(self, release: LineageRelease) -> dict[str, dict[str, Any]]:
+    def _store_images(self, release: LineageRelease) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
         """Seal the new clusters' averages into one pack, a record at a time (never all in memory): cluster key ->
-        ``image_at``. Each average is checked against its hash as it is sealed."""
+        ``image_at``, and for a colour release cluster key -> ``color_at`` (each colour average sealed right after
+        its grey one, the same way). Each average is checked against its hash as it is sealed."""
         pack = secrets.token_hex(16)
         aes = AESGCM(derive_key(self.key, self.dataset, "encrypt"))
         offset = [len(PACK_MAGIC)]
+        order: list[tuple[str, str]] = []   # (cluster key, "image" | "color") of each record, in pack order
+
+        def seal(c, what: str, average: Any, want: str | None) -> bytes:
+            raw = _stored(np.asarray(average)).tobytes()
+            sha = hashlib.sha256(raw).hexdigest()
+            if sha != want:
+                raise LineageError(f"new cluster {c.key}: its {'colour ' if what == 'color' else ''}average changed "
+                                   "since it was released (hash mismatch); run the release again")
+            nonce = secrets.token_bytes(NONCE_BYTES)
+            blob = nonce + aes.encrypt(nonce, raw, self._image_aad(pack, offset[0], sha))
+            offset[0] += len(blob)
+            order.append((c.key, what))
+            return blob
 
         def records() -> Iterator[bytes]:
             for c in release.new_clusters:
-                raw = _stored(np.asarray(c.image)).tobytes()
-                sha = hashlib.sha256(raw).hexdigest()
-                if sha != c.image_sha256:
-                    raise LineageError(f"new cluster {c.key}: its average changed since it was released (hash "
-                                       "mismatch); run the release again")
-                nonce = secrets.token_bytes(NONCE_BYTES)
-                blob = nonce + aes.encrypt(nonce, raw, self._image_aad(pack, offset[0], sha))
-                offset[0] += len(blob)
-                yield blob
+                yield seal(c, "image", c.image, c.image_sha256)
+                if c.color is not None:
+                    yield seal(c, "color", c.color, c.color_sha256)
 
         at = self.store.write_pack(pack, records())
-        return {c.key: {"pack": pack, "offset": o, "length": n} for c, (o, n) in zip(release.new_clusters, at)}
+        out: dict[str, dict[str, dict[str, Any]]] = {"image": {}, "color": {}}
+        for (key, what), (o, n) in zip(order, at):
+            out[what][key] = {"pack": pack, "offset": o, "length": n}
+        return out["image"], out["color"]
 
     # ------------------------------------------------------------------ reading
 
@@ -487,9 +499,10 @@ class Registry:
         ats: dict[str, list[tuple[int, int]]] = {}
         for d in state.entries:
             for cj in d.get("new_clusters", ()) if d.get("kind") == "release" else ():
-                if "image_at" in cj:
-                    ats.setdefault(cj["image_at"]["pack"], []).append((int(cj["image_at"]["offset"]),
-                                                                       int(cj["image_at"]["length"])))
+                for where in ("image_at", "color_at"):   # a colour release's colour averages too
+                    if where in cj:
+                        ats.setdefault(cj[where]["pack"], []).append((int(cj[where]["offset"]),
+                                                                      int(cj[where]["length"])))
         for pack, at in ats.items():   # the stored averages first: an imported entry never lacks its averages
             self.store.import_pack(pack, [(o, b) for (o, _), b in zip(at, files.read_images(pack, at))])
         blobs = files.read()[0]
@@ -556,13 +569,16 @@ class Registry:
         if any(r.release_id == release.release_id for r in state.releases):
             raise LineageError(f"release {release.release_id} is already registered in {self.dataset!r}")
         # The averages go beside the entry, sealed and fsynced before it (issue 13): the entry holds their hashes.
-        image_at = self._store_images(release)
+        image_at, color_at = self._store_images(release)
         # The registered clusters are the release's, reading their averages from the registry from now on.
         made = {c.key: dataclasses.replace(c, image=StoredImage(
                     self.images, (at["pack"], at["offset"], at["length"], c.image_sha256), sha256=c.image_sha256,
-                    size=c.image.shape[0], dtype=np.dtype(c.image.dtype).newbyteorder("<")))
-                for c in release.new_clusters for at in (image_at[c.key],)}
-        return self._append(state, release.to_entry(image_at=image_at), made=made)
+                    size=c.image.shape[0], dtype=np.dtype(c.image.dtype).newbyteorder("<")),
+                    color=None if c.color is None else StoredImage(
+                        self.images, (cat["pack"], cat["offset"], cat["length"], c.color_sha256),
+                        sha256=c.color_sha256, size=c.color.shape[0]))
+                for c in release.new_clusters for at, cat in ((image_at[c.key], color_at.get(c.key)),)}
+        return self._append(state, release.to_entry(image_at=image_at, color_at=color_at), made=made)
 
     def mark_published(self, state: LineageState, release_id: str) -> LineageState:
         """Record that ``release_id`` was published (after the report is signed)."""

@@ -79,7 +79,8 @@ def lineage_section(config: RunConfig, dataset: str, partitioned: Partitioned | 
     state = planned.state
     return {**planned.plan.summary(), "applied": True, "based_on_head": planned.plan.based_on_head,
             "registered": bool(registered and lineage), "release_counts": counts,
-            **({"registry_head": head_doc(state)} if state is not None else {})}
+            # The mode every release of the dataset keeps (None: nothing registered before this run).
+            **({"registry_head": head_doc(state), "color_mode": state.color_mode} if state is not None else {})}
 
 
 def shared_configuration(config: RunConfig, *, labels: Sequence[str], license: str | None, notes: Sequence[str],

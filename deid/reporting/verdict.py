@@ -43,7 +43,8 @@ DESCRIPTION_CHARS = 100  # an artifact card's line (the UI cuts it at ~50 on the
 
 # Failed checks in cause order: what is wrong with the drop first, then what the gate measured, then
 # what follows from any failure (nothing released, the records judged not adding up).
-_INPUT = ("drop_readable", "drop_not_empty", "enough_people", "quarantine_fraction", "small_partitions")
+_INPUT = ("drop_readable", "drop_not_empty", "enough_people", "lineage_color", "lineage_canonical_size",
+          "quarantine_fraction", "small_partitions")
 _CONSEQUENCES = ("release_not_empty", "records_accounted")
 
 

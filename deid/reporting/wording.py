@@ -21,6 +21,10 @@ _REQUIREMENTS = {
     "partition_clusters": "Every label partition keeps enough clusters (no partition collapsed into a few faces)",
     "drop_not_empty": "The drop has records",
     "enough_people": "The drop has at least k distinct usable people",
+    "lineage_color": "The release keeps its dataset's colour mode (colour or grey), so returning people's images "
+                     "stay identical",
+    "lineage_canonical_size": "The release keeps its dataset's canonical face size, so returning people's images "
+                              "stay identical",
     "quarantine_fraction": "Few records are quarantined",
     "release_not_empty": "At least one record is released",
     "min_cluster_size": "Every cluster holds at least k images",
