@@ -67,6 +67,7 @@ class Steps:
     recover: Callable[..., Any] = pipeline.recover_leftovers
     ingest: Callable[..., Any] = pipeline.ingest_drop
     open_lineage: Callable[..., Any] = pipeline.open_lineage
+    claim_people: Callable[..., Any] = pipeline.claim_people
     align: Callable[..., Any] = pipeline.align
     featurize: Callable[..., Any] = pipeline.featurize
     partition: Callable[..., Any] = pipeline.partition
@@ -206,10 +207,18 @@ class _Run:
             fault_point("ingest")
             # Successive releases of one dataset (deid.release.lineage): only methods that give every cluster
             # member the identical image have registered averages to keep; the others are gated on their own.
-            lineage_state = s.open_lineage(ing.dataset, config) if config.lineage_applies else None
+            notes = []
+            lineage_dataset = ing.dataset
+            if config.lineage_applies:
+                # One person index per project (issue 27): people another dataset registered are never released
+                # in a lineage of their own; routed into that dataset's lineage or refused (DEID_CROSS_DATASET).
+                ing, routing = s.claim_people(ing, config)
+                lineage_dataset = routing.dataset
+                if routing.note:
+                    notes.append(routing.note)
+            lineage_state = s.open_lineage(lineage_dataset, config) if config.lineage_applies else None
             # DEID_COLOR=auto decided from the ingested images (pure and cheap: the sample was taken at ingest).
             config = self.config = pipeline.resolve_color(config, ing, lineage_state)
-            notes = []
             if config.spec.partitions_by_labels and not ing.labels:
                 notes.append(f"{config.method} without utility labels runs as k-Same (one partition); utility is "
                              "not applicable")
@@ -283,7 +292,9 @@ class _Run:
                 ingested=ing, aligned=aligned, partitioned=part, deidentified=deid, lineage=lin, staged=staged,
                 gate=g, counts=counts, quarantine_by_reason=by_reason, validation=validation, notes=notes,
                 timings=timings, signing=self.signing, versions=run_versions())
-        return self.commit(report, staged, dataset=ing.dataset, validation=validation, timings=timings, lin=lin)
+        # The lineage the release is registered in: the one planned (a routed drop's is another dataset's).
+        dataset = lin.state.dataset if lin is not None else ing.dataset
+        return self.commit(report, staged, dataset=dataset, validation=validation, timings=timings, lin=lin)
 
     def walk_features(self) -> RunResult:
         """A feature drop: ingest, who is who, partitions, de-identify, stage, gate (nothing to align or distribute)."""

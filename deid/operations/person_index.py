@@ -1,0 +1,430 @@
+"""One person index per project, across datasets: the same people never start a second lineage.
+
+The lineage (:mod:`deid.release.lineage`) keeps successive releases of *one dataset* from leaking
+by differencing (m-invariance, Xiao & Tao, SIGMOD 2007). Its unit is a dataset name, so the same
+people dropped under another name would start a second, independent lineage, and two releases
+of overlapping clusters give faces away (``|C2| M2 - |C1| M1``; Ganta, Kasiviswanathan & Smith,
+KDD 2008). This index is looked up by every run whatever its dataset name:
+
+- every record a lineage run takes in is registered with its dataset: the keyed digest of its
+  source bytes' SHA-256 (the record fingerprint) and of its normalised steward id
+  (:func:`deid.anonymise.identity.normalize_subject_id`); the subject id it was listed under is
+  kept sealed (AES-256-GCM) beside its fingerprint, so a re-keyed record (the same bytes under a
+  new id) is recognised as that person and can be listed under the registered id again;
+- a drop whose records (or, with ``DEID_CROSS_DATASET_IDS=project``, whose steward ids) are
+  registered under another dataset is, by ``DEID_CROSS_DATASET``, refused naming that dataset
+  (``refuse``, the default) or planned in that dataset's lineage (``route``, said in the report).
+
+Identical bytes are the same person whatever the id. Steward ids are taken as project-wide only
+with ``DEID_CROSS_DATASET_IDS=project``; by default (``linked``) an id counts across datasets only
+towards a dataset the drop already shares a photograph with (the sites of one project often number
+their participants from 1 each).
+
+The drop's people are claimed in the same transaction as the lookup (before the run's stages), so
+two concurrent runs under different names cannot both miss each other; a refused drop claims
+nothing. Storage: ``<data>/private/person_index.sqlite`` (0600), or the table
+``deid_person_index`` of ``DEID_DATABASE_URL`` (several machines; the same server as the run
+ledger and the lineage registries). Nothing is stored in clear but dataset names: digests are
+HMAC-SHA256 under a key derived (HKDF-SHA256) from the steward's linkage key, so without the key the
+index cannot be joined with a manifest. A lookup is a primary-key (B-tree) probe per digest:
+``O(log n)`` per record (``bench/bench_person_index.py``).
+
+References
+----------
+X. Xiao, Y. Tao. m-Invariance: towards privacy preserving re-publication of dynamic datasets.
+SIGMOD 2007, 689-700.
+S. R. Ganta, S. P. Kasiviswanathan, A. Smith. Composition attacks and auxiliary information in
+data privacy. KDD 2008, 265-273.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import random
+import secrets
+import sqlite3
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from deid.anonymise.identity import normalize_subject_id
+from deid.errors import ConfigError, DataError, EnvironmentFailure, StateError
+from deid.operations.ledger import postgres_conninfo, redact_url
+
+log = logging.getLogger(__name__)
+
+__all__ = ["CROSS_DATASET_POLICIES", "ID_SCOPES", "INDEX_FILE", "Matches", "PersonIndex", "Routing", "decide"]
+
+CROSS_DATASET_POLICIES = ("refuse", "route")
+ID_SCOPES = ("linked", "project")
+INDEX_FILE = "person_index.sqlite"
+FINGERPRINT, STEWARD_ID, KEY_CHECK = "fp", "id", "key"
+KEY_BYTES = 32
+NONCE_BYTES = 12
+_BATCH = 500  # digests per IN (...) probe: far below SQLite's and PostgreSQL's parameter limits
+
+_SQLITE_SCHEMA = ("CREATE TABLE IF NOT EXISTS deid_person_index (kind TEXT NOT NULL, digest TEXT NOT NULL, "
+                  "dataset TEXT NOT NULL, person BLOB, PRIMARY KEY (kind, digest, dataset)) WITHOUT ROWID")
+_POSTGRES_SCHEMA = ("CREATE TABLE IF NOT EXISTS deid_person_index (kind TEXT NOT NULL, digest TEXT NOT NULL, "
+                    "dataset TEXT NOT NULL, person BYTEA, PRIMARY KEY (kind, digest, dataset))")
+_INSERT = "INSERT INTO deid_person_index (kind, digest, dataset, person) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
+
+
+def _derive(key: bytes, purpose: str) -> bytes:
+    if not isinstance(key, bytes | bytearray) or len(key) != KEY_BYTES:
+        got = f"{len(key)} bytes" if isinstance(key, bytes | bytearray) else type(key).__name__
+        raise ConfigError(f"person index key must be {KEY_BYTES} bytes (the linkage key), got {got}; load it with "
+                          "deid.release.linkage.ensure_linkage_key")
+    return HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=b"deid-person-index",
+                info=f"deid-person-index-v1|{purpose}".encode()).derive(bytes(key))
+
+
+def check_policy(policy: str, id_scope: str) -> None:
+    """Refuse an unknown ``DEID_CROSS_DATASET`` or ``DEID_CROSS_DATASET_IDS`` value, naming the valid ones."""
+    if policy not in CROSS_DATASET_POLICIES:
+        raise ConfigError(f"DEID_CROSS_DATASET={policy!r} must be one of {CROSS_DATASET_POLICIES}: 'refuse' stops a "
+                          "drop whose people another dataset released, 'route' plans it in that dataset's lineage")
+    if id_scope not in ID_SCOPES:
+        raise ConfigError(f"DEID_CROSS_DATASET_IDS={id_scope!r} must be one of {ID_SCOPES}: 'project' when steward "
+                          "ids name the same person in every dataset of the project, else 'linked'")
+
+
+# --------------------------------------------------------------------------- the decision (pure)
+
+
+@dataclass(frozen=True)
+class Matches:
+    """What the index holds for a drop: per dataset, the drop's records and ids registered there.
+
+    ``records[dataset]``: ``{row: registered subject id}`` of the drop rows whose fingerprint is
+    registered under ``dataset``; ``ids[dataset]``: the drop's subject ids (as listed) whose
+    normalised form is registered there.
+    """
+
+    records: dict[str, dict[int, str]] = field(default_factory=dict)
+    ids: dict[str, set[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Where a drop's lineage is planned, and under which ids.
+
+    ``dataset``: the lineage to plan in (the drop's own, or the one it was routed to);
+    ``routed_from``: the drop's own dataset when routed, else None; ``aliases``: subject id as listed
+    -> the id its photographs are registered under (re-keyed records); ``overlap``: people of the drop
+    per other dataset that holds them; ``note``: the sentence for the report (empty: nothing to say).
+    """
+
+    dataset: str
+    routed_from: str | None = None
+    aliases: dict[str, str] = field(default_factory=dict)
+    overlap: dict[str, int] = field(default_factory=dict)
+    note: str = ""
+
+
+def decide(matches: Matches, subject_ids: Sequence[str], *, dataset: str, policy: str = "refuse",
+           id_scope: str = "linked") -> Routing:
+    """Decide a drop's lineage from what the person index holds (pure).
+
+    Parameters
+    ----------
+    matches : Matches
+        :meth:`PersonIndex.lookup` of the drop.
+    subject_ids : sequence of str
+        Each drop row's subject id as listed (rows as in ``matches``).
+    dataset : str
+        The drop's dataset name (``dataset:`` in drop.yaml, default its name).
+    policy : {"refuse", "route"}
+        ``DEID_CROSS_DATASET``.
+    id_scope : {"linked", "project"}
+        ``DEID_CROSS_DATASET_IDS``: whether a steward id alone ties a person to another dataset.
+
+    Returns
+    -------
+    Routing
+
+    Raises
+    ------
+    DataError
+        The drop holds people of another dataset and ``policy="refuse"``, people of two datasets
+        besides (or of the drop's own and another), or an id whose photographs are registered under
+        two different people: the message names the datasets and what to do.
+    """
+    check_policy(policy, id_scope)
+    ids = [str(s) for s in subject_ids]
+    people: dict[str, set[str]] = defaultdict(set)  # dataset -> the drop's subject ids found there
+    for ds_name, rows in matches.records.items():
+        people[ds_name].update(ids[r] for r in rows)
+    for ds_name, found in matches.ids.items():
+        if id_scope == "project" or ds_name in matches.records or ds_name == dataset:
+            people[ds_name].update(found)
+    others = sorted(d for d in people if d != dataset)
+    overlap = {d: len(people[d]) for d in others}
+    if not others:
+        return Routing(dataset=dataset, aliases=_aliases(matches.records.get(dataset, {}), ids, dataset))
+    named = ", ".join(f"{d!r} ({overlap[d]} people)" for d in others)
+    if policy == "refuse":
+        raise DataError(
+            f"the drop of dataset {dataset!r} holds people already registered under dataset {named} in this project's "
+            "person index (the same photographs or steward ids): releasing them independently would let the two "
+            "lineages be differenced (DEID_CROSS_DATASET=refuse); set `dataset: "
+            f"{others[0]}` in drop.yaml to release it in that lineage, or DEID_CROSS_DATASET=route")
+    if len(others) > 1 or dataset in people:
+        mine = f" and {len(people[dataset])} of its own dataset {dataset!r}" if dataset in people else ""
+        raise DataError(
+            f"the drop of dataset {dataset!r} holds people of datasets {named}{mine}: one run plans in one lineage "
+            "(DEID_CROSS_DATASET=route); split the drop by the dataset its people were released in")
+    target = others[0]
+    aliases = _aliases(matches.records.get(target, {}), ids, target)
+    note = (f"person index: {overlap[target]} of the drop's people are registered under dataset {target!r}: the drop "
+            f"of dataset {dataset!r} is planned in {target!r}'s lineage (DEID_CROSS_DATASET=route)"
+            + (f"; {len(aliases)} subject ids re-keyed (their photographs are registered under another id) are "
+               "listed under their registered ids" if aliases else ""))
+    return Routing(dataset=target, routed_from=dataset, aliases=aliases, overlap=overlap, note=note)
+
+
+def _aliases(rows: dict[int, str], ids: list[str], dataset: str) -> dict[str, str]:
+    """Subject id as listed -> the id its registered photographs carry, where the two differ."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for r, registered in rows.items():
+        if normalize_subject_id(registered) != normalize_subject_id(ids[r]):
+            found[ids[r]].add(registered)
+    both = {s: sorted(r) for s, r in found.items() if len(r) > 1}
+    if both:
+        raise DataError(f"{len(both)} subject ids of the drop list photographs registered under different people of "
+                        f"dataset {dataset!r}; one id must be one person: fix the manifest")
+    return {s: next(iter(r)) for s, r in sorted(found.items())}
+
+
+# --------------------------------------------------------------------------- storage
+
+
+class _Tx:
+    """One open transaction: ``?`` placeholders on either backend."""
+
+    def __init__(self, cursor: Any, postgres: bool):
+        self.cur, self.pg = cursor, postgres
+
+    def run(self, sql: str, params: Sequence = ()) -> None:
+        self.cur.execute(sql.replace("?", "%s") if self.pg else sql, tuple(params))
+
+    def many(self, sql: str, rows: Sequence[Sequence]) -> None:
+        self.cur.executemany(sql.replace("?", "%s") if self.pg else sql, rows)
+
+    def all(self, sql: str, params: Sequence = ()) -> list[tuple]:
+        self.run(sql, params)
+        return [tuple(r) for r in self.cur.fetchall()]
+
+
+class _SQLite:
+    retryable: tuple[type[BaseException], ...] = ()
+    attempts = 1  # SQLite waits for the lock (30 s busy timeout) instead of aborting
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if not self.path.exists():
+            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))  # private from the first byte
+        with closing(sqlite3.connect(self.path, timeout=30.0)) as db:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute(_SQLITE_SCHEMA)
+
+    def describe(self) -> str:
+        return str(self.path)
+
+    @contextmanager
+    def tx(self) -> Iterator[_Tx]:
+        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
+        with closing(db):
+            db.execute("BEGIN IMMEDIATE")  # lookup and claim under one writer lock
+            try:
+                yield _Tx(db.cursor(), False)
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
+
+
+class _Postgres:
+    attempts = 30
+
+    def __init__(self, url: str):
+        try:
+            import psycopg  # noqa: PLC0415 - only when PostgreSQL is configured
+            from psycopg import errors  # noqa: PLC0415
+        except ImportError as exc:  # pragma: no cover - psycopg is a pinned dependency
+            raise EnvironmentFailure("DEID_DATABASE_URL is set but the PostgreSQL driver is missing; "
+                                     "pip install 'psycopg[binary]==3.3.9' (a deid dependency)") from exc
+        self._psycopg, self.url = psycopg, url
+        self.conninfo = postgres_conninfo(url)
+        self.retryable = (errors.SerializationFailure, errors.DeadlockDetected, errors.UniqueViolation)
+        with self._connect() as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(hashtext('deid.person_index.schema'))")
+            conn.execute(_POSTGRES_SCHEMA)
+
+    def describe(self) -> str:
+        return redact_url(self.url)
+
+    def _connect(self):
+        try:
+            return self._psycopg.connect(self.conninfo, connect_timeout=30, application_name="deid-person-index")
+        except self._psycopg.OperationalError as exc:
+            raise EnvironmentFailure(f"person index database {redact_url(self.url)} (DEID_DATABASE_URL) is "
+                                     f"unreachable: {str(exc).strip()}; start PostgreSQL or fix the URL") from None
+
+    @contextmanager
+    def tx(self) -> Iterator[_Tx]:
+        with self._connect() as conn:  # commits on a clean exit
+            conn.isolation_level = self._psycopg.IsolationLevel.SERIALIZABLE
+            with conn.cursor() as cur:
+                yield _Tx(cur, True)
+
+
+class PersonIndex:
+    """The project's person index (see the module docstring).
+
+    Parameters
+    ----------
+    location : path or str
+        A SQLite file (created 0600 with its parent), or a PostgreSQL URL (``DEID_DATABASE_URL``).
+    key : bytes
+        The steward's 32-byte linkage key; the digest and sealing keys are derived from it.
+    """
+
+    def __init__(self, location: str | os.PathLike, key: bytes):
+        self._digest_key, self._seal_key = _derive(key, "digest"), _derive(key, "seal")
+        if isinstance(location, str) and "://" in location:
+            self._store: _SQLite | _Postgres = _Postgres(location)
+        else:
+            self._store = _SQLite(Path(location))
+
+    @classmethod
+    def open(cls, data_dir: str | os.PathLike, key: bytes, *, database_url: str | None = None) -> PersonIndex:
+        """``<data_dir>/private/person_index.sqlite``, or the database at ``database_url`` when set."""
+        return cls(database_url or Path(data_dir) / "private" / INDEX_FILE, key)
+
+    @property
+    def where(self) -> str:
+        return self._store.describe()
+
+    def _digest(self, kind: str, value: str) -> str:
+        return hmac.new(self._digest_key, f"{kind}|{value}".encode(), hashlib.sha256).hexdigest()
+
+    def _seal(self, digest: str, dataset: str, subject_id: str) -> bytes:
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        return nonce + AESGCM(self._seal_key).encrypt(nonce, subject_id.encode(), f"{digest}|{dataset}".encode())
+
+    def _open(self, digest: str, dataset: str, blob: bytes) -> str:
+        try:
+            return AESGCM(self._seal_key).decrypt(bytes(blob[:NONCE_BYTES]), bytes(blob[NONCE_BYTES:]),
+                                                  f"{digest}|{dataset}".encode()).decode()
+        except InvalidTag:
+            raise StateError(f"person index {self.where}: an entry does not authenticate under this project's linkage "
+                             "key (tampered, or another key); restore the index from backup") from None
+
+    def _run(self, op):
+        for attempt in range(1, self._store.attempts + 1):
+            try:
+                with self._store.tx() as tx:
+                    return op(tx)
+            except self._store.retryable as exc:
+                if attempt == self._store.attempts:
+                    raise StateError(f"person index {self.where}: aborted {attempt} times by concurrent writers "
+                                     f"({type(exc).__name__}); run again") from None
+                time.sleep(random.uniform(0.005, 0.02 * attempt))  # noqa: S311 - jitter, not a secret
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _check_key(self, tx: _Tx, *, write: bool) -> None:
+        """The index was written under this project's linkage key (another key would find no one: a silent miss)."""
+        mine = self._digest(KEY_CHECK, "deid-person-index-v1")
+        got = [d for (d,) in tx.all("SELECT digest FROM deid_person_index WHERE kind = ?", (KEY_CHECK,))]
+        if got and mine not in got:
+            raise StateError(f"person index {self.where} was written under another linkage key: with this key no "
+                             "registered person would be found; configure the project's linkage key (DEID_LINKAGE_KEY)")
+        if not got and write:
+            tx.run(_INSERT, (KEY_CHECK, mine, "", None))
+
+    def _lookup(self, tx: _Tx, fp_digests: list[str], id_digests: dict[str, list[str]]) -> Matches:
+        self._check_key(tx, write=False)
+        by_fp: dict[str, list[int]] = defaultdict(list)
+        for row, d in enumerate(fp_digests):
+            by_fp[d].append(row)
+        records: dict[str, dict[int, str]] = defaultdict(dict)
+        ids: dict[str, set[str]] = defaultdict(set)
+        for kind, wanted in ((FINGERPRINT, list(by_fp)), (STEWARD_ID, list(id_digests))):
+            for a in range(0, len(wanted), _BATCH):
+                chunk = wanted[a:a + _BATCH]
+                got = tx.all(f"SELECT digest, dataset, person FROM deid_person_index WHERE kind = ? AND digest IN "
+                             f"({', '.join('?' * len(chunk))})", (kind, *chunk))
+                for digest, ds_name, person in got:
+                    if kind == FINGERPRINT:
+                        who = self._open(digest, ds_name, person)
+                        for row in by_fp[digest]:
+                            records[ds_name][row] = who
+                    else:
+                        ids[ds_name].update(id_digests[digest])
+        return Matches(records=dict(records), ids=dict(ids))
+
+    def _digests(self, subject_ids: Sequence[str], fingerprints: Sequence[str]):
+        if len(subject_ids) != len(fingerprints):
+            raise ConfigError(f"fingerprints has {len(fingerprints)} entries but subject_ids has {len(subject_ids)}; "
+                              "pass the source_sha256 of every record")
+        fps = [self._digest(FINGERPRINT, str(f)) for f in fingerprints]
+        id_digests: dict[str, list[str]] = defaultdict(list)
+        for s in dict.fromkeys(map(str, subject_ids)):
+            id_digests[self._digest(STEWARD_ID, normalize_subject_id(s))].append(s)
+        return fps, dict(id_digests)
+
+    def lookup(self, subject_ids: Sequence[str], fingerprints: Sequence[str]) -> Matches:
+        """What the index holds for these records (subject id as listed, source SHA-256 each), in any dataset."""
+        fps, id_digests = self._digests(subject_ids, fingerprints)
+        return self._run(lambda tx: self._lookup(tx, fps, id_digests))
+
+    def _insert(self, tx: _Tx, dataset: str, subject_ids: Sequence[str], fps: list[str],
+                id_digests: dict[str, list[str]]) -> None:
+        self._check_key(tx, write=True)
+        rows = [(FINGERPRINT, d, dataset, self._seal(d, dataset, str(s))) for d, s in dict(zip(fps, subject_ids)).items()]
+        rows += [(STEWARD_ID, d, dataset, None) for d in id_digests]
+        for a in range(0, len(rows), 5000):
+            tx.many(_INSERT, rows[a:a + 5000])
+
+    def register(self, dataset: str, subject_ids: Sequence[str], fingerprints: Sequence[str]) -> None:
+        """Register records (subject id, source SHA-256 each) under ``dataset``; already registered ones are kept."""
+        fps, id_digests = self._digests(subject_ids, fingerprints)
+        self._run(lambda tx: self._insert(tx, dataset, list(map(str, subject_ids)), fps, id_digests))
+
+    def claim(self, dataset: str, subject_ids: Sequence[str], fingerprints: Sequence[str], *,
+              policy: str = "refuse", id_scope: str = "linked") -> Routing:
+        """Look the drop up, decide its lineage (:func:`decide`) and register its people there, in one transaction.
+
+        A refused drop (:class:`~deid.errors.DataError`) registers nothing. Re-keyed records are
+        registered under the id they were aliased to.
+        """
+        check_policy(policy, id_scope)
+        ids = list(map(str, subject_ids))
+        fps, id_digests = self._digests(ids, fingerprints)
+
+        def op(tx: _Tx) -> Routing:
+            routing = decide(self._lookup(tx, fps, id_digests), ids, dataset=dataset, policy=policy,
+                             id_scope=id_scope)
+            final = [routing.aliases.get(s, s) for s in ids]
+            _, final_ids = self._digests(final, fingerprints) if routing.aliases else (fps, id_digests)
+            self._insert(tx, routing.dataset, final, fps, final_ids)
+            return routing
+        return self._run(op)
+
+    def count(self) -> int:
+        """Rows held (fingerprints and ids of every dataset)."""
+        return int(self._run(lambda tx: tx.all("SELECT count(*) FROM deid_person_index WHERE kind <> ?",
+                                               (KEY_CHECK,)))[0][0])
