@@ -209,7 +209,7 @@ class _Run:
             # member the identical image have registered averages to keep; the others are gated on their own.
             notes = []
             lineage_dataset = ing.dataset
-            if config.lineage_applies:
+            if config.lineage_applies and ing.proceed:
                 # One person index per project (issue 27): people another dataset registered are never released
                 # in a lineage of their own; routed into that dataset's lineage or refused (DEID_CROSS_DATASET).
                 ing, routing = s.claim_people(ing, config)
