@@ -110,6 +110,6 @@ def test_second_drop_of_a_dataset_reuses_every_cluster_bit_for_bit(project, pref
     blob[-5] ^= 0x01
     entry.write_bytes(bytes(blob))
     with pytest.raises(StateError, match="does not authenticate"):
-        run_flow(str(tmp_path / "d2"), k=3)
+        run_flow(str(tmp_path / "d1"), k=3)  # d1 declares DATASET (d2 is routed there only under route)
     assert sorted(p.name for p in (project / "data" / "releases").iterdir()) == sorted(
         [r1["release_id"], r2["release_id"]])

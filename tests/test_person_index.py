@@ -19,7 +19,7 @@ import pytest
 
 from deid.errors import DataError, StateError
 from deid.operations import stages
-from deid.operations.person_index import Matches, PersonIndex, decide
+from deid.operations.person_index import DescriptorSearch, Matches, PersonIndex, decide
 from deid.release.lineage import build_release, empty_state
 
 KEY = bytes(range(32))
@@ -183,3 +183,34 @@ def test_the_index_holds_no_id_or_fingerprint_in_clear_and_refuses_another_key(t
     assert sum(len(v) for v in index.lookup(COHORT_A, fps).records.values()) == 6
     with pytest.raises(StateError, match="another linkage key"):
         PersonIndex.open(tmp_path, bytes(32)).lookup(COHORT_A, fps)
+
+
+def _people_descriptors(n_people: int, per: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Synthetic 128-d descriptors shaped like dlib's: people ~0.8 apart, photos of one person ~0.3."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0, 0.05, (n_people, 128))
+    return centres, np.repeat(centres, per, axis=0) + rng.normal(0, 0.02, (n_people * per, 128))
+
+
+def test_other_photographs_of_registered_people_under_new_ids_are_matched_by_face(tmp_path):
+    index = PersonIndex.open(tmp_path, KEY)
+    centres, faces = _people_descriptors(20, 2, 1)
+    index.register_faces("cohort-a", [f"participant-{i // 2:02d}" for i in range(40)], faces)
+    rng = np.random.default_rng(2)
+    # A third drop: new photographs of 10 of them under new ids, and 10 people never registered.
+    probes = np.vstack([centres[:10] + rng.normal(0, 0.02, (10, 128)), rng.normal(0, 0.05, (10, 128))])
+    found = index.match_faces(probes)
+    assert [(m.row, m.dataset, m.subject_id) for m in found] == [(i, "cohort-a", f"participant-{i:02d}")
+                                                                 for i in range(10)]
+    assert all(m.distance < 0.45 for m in found)
+
+
+def test_the_inverted_file_finds_what_the_exact_search_finds():
+    centres, faces = _people_descriptors(2500, 2, 3)
+    probes = centres[::10] + np.random.default_rng(4).normal(0, 0.02, (250, 128))
+    exact_i, exact_d = DescriptorSearch(faces).search(probes)  # below exact_below: every probe against all
+    ivf = DescriptorSearch(faces, exact_below=1000)
+    assert ivf.lists is not None and len(ivf.lists) == 71 and max(map(len, ivf.lists)) < len(faces) / 8
+    ivf_i, ivf_d = ivf.search(probes)
+    assert np.all(ivf_d >= exact_d - 1e-5)  # never nearer than the true nearest (a miss, not a false match)
+    assert np.mean(ivf_i // 2 == exact_i // 2) >= 0.95  # the same person found

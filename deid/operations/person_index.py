@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -64,7 +65,8 @@ from deid.operations.ledger import postgres_conninfo, redact_url
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CROSS_DATASET_POLICIES", "ID_SCOPES", "INDEX_FILE", "Matches", "PersonIndex", "Routing", "decide"]
+__all__ = ["CROSS_DATASET_POLICIES", "ID_SCOPES", "INDEX_FILE", "DescriptorSearch", "FaceMatch", "Matches", "PersonIndex",
+           "Routing", "decide"]
 
 CROSS_DATASET_POLICIES = ("refuse", "route")
 ID_SCOPES = ("linked", "project")
@@ -81,6 +83,11 @@ _SQLITE_SCHEMA = ("CREATE TABLE IF NOT EXISTS deid_person_index (kind TEXT NOT N
                   "dataset TEXT NOT NULL, person BLOB, PRIMARY KEY (kind, digest, dataset)) WITHOUT ROWID")
 _POSTGRES_SCHEMA = ("CREATE TABLE IF NOT EXISTS deid_person_index (kind TEXT NOT NULL, digest BYTEA NOT NULL, "
                     "dataset TEXT NOT NULL, person BYTEA, PRIMARY KEY (kind, digest, dataset))")
+# Face descriptors (dlib's 128-d, where a run computed them), each sealed with the subject id it was listed under.
+_SQLITE_DESCRIPTORS = ("CREATE TABLE IF NOT EXISTS deid_person_descriptors (id INTEGER PRIMARY KEY, dataset TEXT NOT "
+                       "NULL, sealed BLOB NOT NULL)")
+_POSTGRES_DESCRIPTORS = ("CREATE TABLE IF NOT EXISTS deid_person_descriptors (id BIGSERIAL PRIMARY KEY, dataset TEXT "
+                         "NOT NULL, sealed BYTEA NOT NULL)")
 _INSERT = "INSERT INTO deid_person_index (kind, digest, dataset, person) VALUES (?, ?, ?, ?) ON CONFLICT DO NOTHING"
 
 
@@ -210,6 +217,100 @@ def _aliases(rows: dict[int, str], ids: list[str], dataset: str) -> dict[str, st
     return {s: next(iter(r)) for s, r in sorted(found.items())}
 
 
+# --------------------------------------------------------------------------- face descriptors (pure)
+
+
+@dataclass(frozen=True)
+class FaceMatch:
+    """A drop face within the same-person distance of a registered face: drop row, dataset, registered id, distance."""
+
+    row: int
+    dataset: str
+    subject_id: str
+    distance: float
+
+
+class DescriptorSearch:
+    """Nearest registered face descriptor of each probe, sub-linear in the number registered.
+
+    An inverted file (IVF; Sivic & Zisserman, ICCV 2003; Jegou, Douze & Schmid, TPAMI 2011): the
+    registered descriptors are split by a coarse k-means quantiser into about ``sqrt(n)`` lists; a
+    probe is compared with the list centroids and then, exactly, with the members of its
+    ``nprobe`` nearest lists: ``O(sqrt(n) + nprobe * sqrt(n))`` distances per probe instead of
+    ``n``. Below ``exact_below`` descriptors every probe is compared with all of them.
+
+    A probe's true nearest neighbour can sit in a list that is not probed (a miss, never a false
+    match): the bench reports the recall against the exact search.
+
+    Parameters
+    ----------
+    vectors : ndarray (n, d)
+        The registered descriptors.
+    nprobe : int
+        Lists searched per probe.
+    seed : int
+        Of the quantiser's k-means (the same index for the same descriptors; not a secret).
+    """
+
+    def __init__(self, vectors: np.ndarray, *, nprobe: int = 8, exact_below: int = 20_000, seed: int = 0,
+                 iterations: int = 8, train_sample: int = 65_536):
+        X = np.ascontiguousarray(vectors, dtype=np.float32)
+        if X.ndim != 2:
+            raise ConfigError(f"vectors has shape {X.shape}; pass an (n, d) array of face descriptors")
+        self.X, self.nprobe = X, max(1, int(nprobe))
+        self.sq = np.einsum("ij,ij->i", X, X)
+        self.lists: list[np.ndarray] | None = None
+        n = len(X)
+        if n < exact_below:
+            return
+        n_lists = int(min(4096, max(16, round(np.sqrt(n)))))
+        rng = np.random.default_rng(seed)
+        # 32 training points per list (faiss's guideline is 30-256): the quantiser only has to split the space.
+        train = X[np.sort(rng.choice(n, min(n, train_sample, 32 * n_lists), replace=False))]
+        C = train[rng.choice(len(train), n_lists, replace=False)].copy()
+        for _ in range(iterations):  # Lloyd's k-means on the sample; empty lists keep their centroid
+            a = self._nearest(train, C)
+            order = np.argsort(a, kind="stable")
+            counts = np.bincount(a, minlength=n_lists)
+            full = np.flatnonzero(counts)
+            sums = np.add.reduceat(train[order], np.concatenate([[0], np.cumsum(counts)[:-1]])[full], axis=0)
+            C[full] = sums / counts[full, None]
+        self.C = C
+        assign = np.concatenate([self._nearest(X[a:a + 65_536], C) for a in range(0, n, 65_536)])
+        order = np.argsort(assign, kind="stable")
+        bounds = np.searchsorted(assign[order], np.arange(n_lists + 1))
+        self.lists = [order[bounds[i]:bounds[i + 1]] for i in range(n_lists)]
+
+    @staticmethod
+    def _nearest(X: np.ndarray, C: np.ndarray) -> np.ndarray:
+        return np.argmin(np.einsum("ij,ij->i", C, C)[None, :] - 2.0 * X @ C.T, axis=1)
+
+    def search(self, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(index of the nearest registered descriptor, its Euclidean distance) of each probe."""
+        Q = np.ascontiguousarray(probes, dtype=np.float32).reshape(-1, self.X.shape[1])
+        idx = np.full(len(Q), -1, np.int64)
+        dist = np.full(len(Q), np.inf)
+        if not len(self.X):
+            return idx, dist
+        if self.lists is None:
+            for a in range(0, len(Q), 256):
+                q = Q[a:a + 256]
+                d2 = self.sq[None, :] - 2.0 * q @ self.X.T + np.einsum("ij,ij->i", q, q)[:, None]
+                j = np.argmin(d2, axis=1)
+                idx[a:a + 256], dist[a:a + 256] = j, np.sqrt(np.maximum(d2[np.arange(len(q)), j], 0))
+            return idx, dist
+        dc = np.einsum("ij,ij->i", self.C, self.C)[None, :] - 2.0 * Q @ self.C.T
+        near = np.argsort(dc, axis=1)[:, :self.nprobe]
+        for i, q in enumerate(Q):
+            cand = np.concatenate([self.lists[c] for c in near[i]])
+            if not len(cand):
+                continue
+            d2 = self.sq[cand] - 2.0 * (self.X[cand] @ q) + float(q @ q)
+            j = int(np.argmin(d2))
+            idx[i], dist[i] = cand[j], float(np.sqrt(max(d2[j], 0.0)))
+        return idx, dist
+
+
 # --------------------------------------------------------------------------- storage
 
 
@@ -242,6 +343,7 @@ class _SQLite:
         with closing(sqlite3.connect(self.path, timeout=30.0)) as db:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute(_SQLITE_SCHEMA)
+            db.execute(_SQLITE_DESCRIPTORS)
 
     def describe(self) -> str:
         return str(self.path)
@@ -279,6 +381,7 @@ class _Postgres:
         with self._connect() as conn:
             conn.execute("SELECT pg_advisory_xact_lock(hashtext('deid.person_index.schema'))")
             conn.execute(_POSTGRES_SCHEMA)
+            conn.execute(_POSTGRES_DESCRIPTORS)
 
     def describe(self) -> str:
         return redact_url(self.url)
@@ -437,6 +540,55 @@ class PersonIndex:
             self._insert(tx, routing.dataset, final, fps, final_ids)
             return routing
         return self._run(op)
+
+    def register_faces(self, dataset: str, subject_ids: Sequence[str], descriptors: np.ndarray) -> None:
+        """Register face descriptors (one per record, with the subject id it is listed under) under ``dataset``."""
+        D = np.asarray(descriptors, dtype="<f4")
+        if D.ndim != 2 or len(D) != len(subject_ids):
+            raise ConfigError(f"descriptors has shape {D.shape} for {len(subject_ids)} subject ids; pass one (d,) "
+                              "descriptor per record")
+        rows = []
+        for s, v in zip(map(str, subject_ids), D):
+            nonce = secrets.token_bytes(NONCE_BYTES)
+            body = len(s.encode()).to_bytes(2, "big") + s.encode() + v.tobytes()
+            rows.append((dataset, nonce + self._aead.encrypt(nonce, body, b"descriptor|" + dataset.encode())))
+
+        def op(tx: _Tx) -> None:
+            self._check_key(tx, write=True)
+            for a in range(0, len(rows), 5000):
+                tx.many("INSERT INTO deid_person_descriptors (dataset, sealed) VALUES (?, ?)", rows[a:a + 5000])
+        self._run(op)
+
+    def face_search(self, *, nprobe: int = 8) -> tuple[DescriptorSearch, list[tuple[str, str]]]:
+        """The registered descriptors opened and indexed; (search, (dataset, subject id) of each)."""
+        def op(tx: _Tx):
+            self._check_key(tx, write=False)
+            return tx.all("SELECT dataset, sealed FROM deid_person_descriptors ORDER BY id")
+        owners, vecs = [], []
+        for ds_name, blob in self._run(op):
+            blob = bytes(blob)
+            try:
+                body = self._aead.decrypt(blob[:NONCE_BYTES], blob[NONCE_BYTES:], b"descriptor|" + ds_name.encode())
+            except InvalidTag:
+                raise StateError(f"person index {self.where}: a face descriptor does not authenticate under this "
+                                 "project's linkage key; restore the index from backup") from None
+            n = int.from_bytes(body[:2], "big")
+            owners.append((ds_name, body[2:2 + n].decode()))
+            vecs.append(np.frombuffer(body[2 + n:], "<f4"))
+        X = np.vstack(vecs) if vecs else np.zeros((0, 128), np.float32)
+        return DescriptorSearch(X, nprobe=nprobe), owners
+
+    def match_faces(self, descriptors: np.ndarray, *, threshold: float | None = None,
+                    nprobe: int = 8) -> list[FaceMatch]:
+        """Drop faces whose nearest registered face is within ``threshold`` (default: the recogniser's
+        same-person distance, :data:`deid.evaluation.recognizer.SAME_PERSON_THRESHOLD`)."""
+        if threshold is None:
+            from deid.evaluation.recognizer import SAME_PERSON_THRESHOLD  # noqa: PLC0415 - dlib only when needed
+            threshold = SAME_PERSON_THRESHOLD
+        search, owners = self.face_search(nprobe=nprobe)
+        idx, dist = search.search(np.asarray(descriptors, np.float32))
+        return [FaceMatch(row=i, dataset=owners[j][0], subject_id=owners[j][1], distance=float(d))
+                for i, (j, d) in enumerate(zip(idx.tolist(), dist.tolist())) if j >= 0 and d < threshold]
 
     def count(self) -> int:
         """Rows held (fingerprints and ids of every dataset)."""
