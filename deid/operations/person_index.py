@@ -280,6 +280,9 @@ class DescriptorSearch:
         order = np.argsort(assign, kind="stable")
         bounds = np.searchsorted(assign[order], np.arange(n_lists + 1))
         self.lists = [order[bounds[i]:bounds[i + 1]] for i in range(n_lists)]
+        # The descriptors stored list by list: a probe reads its lists as contiguous slices (no gather).
+        self._order, self._bounds = order, bounds
+        self._Xs, self._sqs = X[order], self.sq[order]
 
     @staticmethod
     def _nearest(X: np.ndarray, C: np.ndarray) -> np.ndarray:
@@ -301,13 +304,19 @@ class DescriptorSearch:
             return idx, dist
         dc = np.einsum("ij,ij->i", self.C, self.C)[None, :] - 2.0 * Q @ self.C.T
         near = np.argsort(dc, axis=1)[:, :self.nprobe]
+        b = self._bounds
         for i, q in enumerate(Q):
-            cand = np.concatenate([self.lists[c] for c in near[i]])
-            if not len(cand):
-                continue
-            d2 = self.sq[cand] - 2.0 * (self.X[cand] @ q) + float(q @ q)
-            j = int(np.argmin(d2))
-            idx[i], dist[i] = cand[j], float(np.sqrt(max(d2[j], 0.0)))
+            best, at = np.inf, -1
+            for c in near[i].tolist():
+                lo, hi = int(b[c]), int(b[c + 1])
+                if hi == lo:
+                    continue
+                d2 = self._sqs[lo:hi] - 2.0 * (self._Xs[lo:hi] @ q)
+                j = int(np.argmin(d2))
+                if d2[j] < best:
+                    best, at = float(d2[j]), lo + j
+            if at >= 0:
+                idx[i], dist[i] = self._order[at], float(np.sqrt(max(best + float(q @ q), 0.0)))
         return idx, dist
 
 

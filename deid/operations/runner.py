@@ -41,7 +41,7 @@ from deid.heap import release_free_memory
 from deid.intake.drop import DROP_YAML, MANIFEST, read_drop_file
 from deid.intake.features import run_kind
 from deid.operations.executors import Executor, LocalExecutor, PoolExecutor
-from deid.operations.features import FeatureSteps, feature_report
+from deid.operations.features import FeatureSteps, feature_report, vector_fingerprints
 from deid.release.lineage_anchor import head_doc
 from deid.release.publish import discard, new_release_id
 from deid.reporting.report import SigningInfo, dataset_fingerprint, validate_report
@@ -304,12 +304,24 @@ class _Run:
         if isinstance(ing, UnreadableDrop):
             return self.unreadable(ing)
         fault_point("ingest")
-        # Successive releases of one dataset: the same lineage registry as faces (k-Same family only).
-        lineage_state = self.steps.open_lineage(ing.drop.dataset, config) if config.lineage_applies else None
+        # Successive releases of one dataset: the same lineage registry as faces (k-Same family only), and the same
+        # person index across datasets (a record's fingerprint: its vector's bytes).
+        routing = None
+        if config.lineage_applies:
+            drop = ing.drop
+            routing = pipeline.claim_records(config, drop.dataset, list(drop.subject_ids),
+                                             vector_fingerprints(drop.vectors))
+            if routing.aliases:
+                ing = replace(ing, drop=replace(drop, subject_ids=tuple(routing.aliases.get(s, s)
+                                                                        for s in drop.subject_ids)))
+        lineage_state = (self.steps.open_lineage(routing.dataset if routing else ing.drop.dataset, config)
+                         if config.lineage_applies else None)
         with _timed(timings, "identity"):
             identity = f.identify(ing, config)
         with _timed(timings, "partition"):
             part = f.partition(ing, identity, config, lineage_state=lineage_state)
+        if routing is not None and routing.note:
+            part = replace(part, notes=(*part.notes, routing.note))
         with _timed(timings, "deidentify"):
             deid = f.deidentify(ing, identity, part, layout, config)
         lin = None
@@ -336,7 +348,8 @@ class _Run:
             ingested=ing, identity=identity, partitioned=part, deidentified=deid, staged=staged, gate=g,
             counts=counts, quarantine_by_reason=by_reason, timings=timings, signing=self.signing,
             versions=run_versions(), lineage=lin, validation=validation)
-        return self.commit(report, staged, dataset=ing.drop.dataset, validation=validation, timings=timings, lin=lin)
+        dataset = lin.state.dataset if lin is not None else ing.drop.dataset  # a routed drop's lineage
+        return self.commit(report, staged, dataset=dataset, validation=validation, timings=timings, lin=lin)
 
     def commit(self, report, staged, *, dataset: str, validation, timings: dict[str, dict],
                lin=None) -> RunResult:
