@@ -168,6 +168,9 @@ def test_decide_counts_ids_towards_a_dataset_the_drop_shares_a_photo_with():
         decide(Matches(records={"x": {0: "a"}, "mine": {1: "b"}}), ids, dataset="mine", policy="route")
     with pytest.raises(DataError, match="different people"):
         decide(Matches(records={"mine": {0: "p", 1: "q"}}), ["a", "a", "c"], dataset="mine")
+    with pytest.raises(DataError, match="different people"):  # one photo registered under its id, one under another
+        decide(Matches(records={"mine": {0: "a", 1: "q"}}), ["a", "a", "c"], dataset="mine")
+    assert decide(Matches(records={"mine": {0: "A ", 1: "q"}}), ["a", "b", "c"], dataset="mine").aliases == {"b": "q"}
     with pytest.raises(Exception, match="DEID_CROSS_DATASET="):
         decide(Matches(), ids, dataset="mine", policy="merge")
 

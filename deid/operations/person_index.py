@@ -206,15 +206,14 @@ def decide(matches: Matches, subject_ids: Sequence[str], *, dataset: str, policy
 
 def _aliases(rows: dict[int, str], ids: list[str], dataset: str) -> dict[str, str]:
     """Subject id as listed -> the id its registered photographs carry, where the two differ."""
-    found: dict[str, set[str]] = defaultdict(set)
+    found: dict[str, dict[str, str]] = defaultdict(dict)  # id as listed -> {normalised registered id: registered id}
     for r, registered in rows.items():
-        if normalize_subject_id(registered) != normalize_subject_id(ids[r]):
-            found[ids[r]].add(registered)
-    both = {s: sorted(r) for s, r in found.items() if len(r) > 1}
+        found[ids[r]].setdefault(normalize_subject_id(registered), registered)
+    both = [s for s, r in found.items() if len(r) > 1]
     if both:
         raise DataError(f"{len(both)} subject ids of the drop list photographs registered under different people of "
                         f"dataset {dataset!r}; one id must be one person: fix the manifest")
-    return {s: next(iter(r)) for s, r in sorted(found.items())}
+    return {s: reg for s, r in sorted(found.items()) for norm, reg in r.items() if norm != normalize_subject_id(s)}
 
 
 # --------------------------------------------------------------------------- face descriptors (pure)
