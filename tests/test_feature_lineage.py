@@ -127,6 +127,7 @@ def test_the_same_vectors_under_another_dataset_name_are_refused_naming_the_data
     res = run_release(_drop(root, "renamed", set(range(30, 50)), dataset="voices-renamed"), _config(root))
     assert res.verdict == "rejected" and res.release_dir is None
     assert "registered under dataset 'voices' (20 people)" in " ".join(res.report.reasons)
+    assert [(c.name, c.passed) for c in res.report.checks] == [("person_index", False)]
     assert sorted(p.name for p in (root / "data" / "releases").iterdir()) == before
 
 

@@ -65,8 +65,8 @@ from deid.operations.ledger import postgres_conninfo, redact_url
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CROSS_DATASET_POLICIES", "ID_SCOPES", "INDEX_FILE", "DescriptorSearch", "FaceMatch", "Matches", "PersonIndex",
-           "Routing", "decide"]
+__all__ = ["CROSS_DATASET_POLICIES", "ID_SCOPES", "INDEX_FILE", "CrossDatasetRefusal", "DescriptorSearch", "FaceMatch",
+           "Matches", "PersonIndex", "Routing", "decide"]
 
 CROSS_DATASET_POLICIES = ("refuse", "route")
 ID_SCOPES = ("linked", "project")
@@ -111,6 +111,12 @@ def check_policy(policy: str, id_scope: str) -> None:
 
 
 # --------------------------------------------------------------------------- the decision (pure)
+
+
+class CrossDatasetRefusal(DataError):
+    """A drop holding people another dataset's lineage holds (the signed rejection's check ``person_index``)."""
+
+    check = "person_index"
 
 
 @dataclass(frozen=True)
@@ -185,14 +191,14 @@ def decide(matches: Matches, subject_ids: Sequence[str], *, dataset: str, policy
         return Routing(dataset=dataset, aliases=_aliases(matches.records.get(dataset, {}), ids, dataset))
     named = ", ".join(f"{d!r} ({overlap[d]} people)" for d in others)
     if policy == "refuse":
-        raise DataError(
+        raise CrossDatasetRefusal(
             f"the drop of dataset {dataset!r} holds people already registered under dataset {named} in this project's "
             "person index (the same photographs or steward ids): releasing them independently would let the two "
             "lineages be differenced (DEID_CROSS_DATASET=refuse); set `dataset: "
             f"{others[0]}` in drop.yaml to release it in that lineage, or DEID_CROSS_DATASET=route")
     if len(others) > 1 or dataset in people:
         mine = f" and {len(people[dataset])} of its own dataset {dataset!r}" if dataset in people else ""
-        raise DataError(
+        raise CrossDatasetRefusal(
             f"the drop of dataset {dataset!r} holds people of datasets {named}{mine}: one run plans in one lineage "
             "(DEID_CROSS_DATASET=route); split the drop by the dataset its people were released in")
     target = others[0]

@@ -477,7 +477,8 @@ class _Run:
         self.abandon()
         if (self.report_dir / "report.json.sig").exists():
             raise exc
-        signed = self.sign_rejection(reason, check="gate_error")
+        # A refusal with its own check (e.g. the person index's, naming the other dataset), else gate_error.
+        signed = self.sign_rejection(reason, check=getattr(exc, "check", "gate_error"))
         if signed is None:
             raise StateError(f"{reason}; and its signed rejection could not be written (see the log)") from exc
         report, path = signed
