@@ -90,7 +90,7 @@ def bench(out: Path, n: int, probe: int) -> dict:
     return row
 
 
-def bench_faces(out: Path, n: int, probe: int) -> dict:
+def bench_faces(out: Path, n: int, probe: int, nprobe: int = 16) -> dict:
     import numpy as np  # noqa: PLC0415
 
     from deid.operations.person_index import DescriptorSearch  # noqa: PLC0415
@@ -111,7 +111,7 @@ def bench_faces(out: Path, n: int, probe: int) -> dict:
                              centres[who] + rng.normal(0, 0.02, (b - a, 128)).astype(np.float32))
     t_reg = time.perf_counter() - t0
     t1 = time.perf_counter()
-    search, owners = index.face_search()
+    search, owners = index.face_search(nprobe=nprobe)
     t_open = time.perf_counter() - t1
     half = probe // 2
     known = rng.choice(people, half, replace=False)
@@ -126,7 +126,7 @@ def bench_faces(out: Path, n: int, probe: int) -> dict:
     exact = DescriptorSearch(search.X, exact_below=len(search.X) + 1)
     ei, _ = exact.search(probes[:100])
     agree = float(np.mean(ei // 2 == idx[:100] // 2))
-    row = {"registered_faces": n, "register_s": round(t_reg, 1), "open_and_build_s": round(t_open, 1),
+    row = {"registered_faces": n, "nprobe": nprobe, "register_s": round(t_reg, 1), "open_and_build_s": round(t_open, 1),
            "lists": None if search.lists is None else len(search.lists), "probes": probe,
            "search_s": round(t_search, 3), "search_ms_per_probe": round(t_search / probe * 1e3, 3),
            "recall_at_0.45": recall, "false_matches": false, "agrees_with_exact": agree}
@@ -177,6 +177,7 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="+", type=int, default=[10_000, 100_000, 1_000_000])
     ap.add_argument("--probe", type=int, default=1000)
     ap.add_argument("--faces", action="store_true", help="face descriptors (nearest-neighbour search)")
+    ap.add_argument("--nprobe", type=int, default=16, help="--faces: inverted lists searched per probe")
     ap.add_argument("--london", action="store_true", help="recall and false matches on London with dlib")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO)
@@ -185,7 +186,7 @@ def main() -> None:
         return
     if a.faces:
         for n in a.sizes:
-            bench_faces(a.out, n, a.probe)
+            bench_faces(a.out, n, a.probe, a.nprobe)
         return
     rows = [bench(a.out, n, a.probe) for n in a.sizes]
     bad = [r for r in rows if r["hits"] != a.probe // 2]

@@ -257,7 +257,7 @@ class DescriptorSearch:
         Of the quantiser's k-means (the same index for the same descriptors; not a secret).
     """
 
-    def __init__(self, vectors: np.ndarray, *, nprobe: int = 8, exact_below: int = 20_000, seed: int = 0,
+    def __init__(self, vectors: np.ndarray, *, nprobe: int = 16, exact_below: int = 20_000, seed: int = 0,
                  iterations: int = 8, train_sample: int = 65_536):
         X = np.ascontiguousarray(vectors, dtype=np.float32)
         if X.ndim != 2:
@@ -573,7 +573,7 @@ class PersonIndex:
                 tx.many("INSERT INTO deid_person_descriptors (dataset, sealed) VALUES (?, ?)", rows[a:a + 5000])
         self._run(op)
 
-    def face_search(self, *, nprobe: int = 8) -> tuple[DescriptorSearch, list[tuple[str, str]]]:
+    def face_search(self, *, nprobe: int = 16) -> tuple[DescriptorSearch, list[tuple[str, str]]]:
         """The registered descriptors opened and indexed; (search, (dataset, subject id) of each)."""
         def op(tx: _Tx):
             self._check_key(tx, write=False)
@@ -593,7 +593,7 @@ class PersonIndex:
         return DescriptorSearch(X, nprobe=nprobe), owners
 
     def match_faces(self, descriptors: np.ndarray, *, threshold: float | None = None,
-                    nprobe: int = 8) -> list[FaceMatch]:
+                    nprobe: int = 16) -> list[FaceMatch]:
         """Drop faces whose nearest registered face is within ``threshold`` (default: the recogniser's
         same-person distance, :data:`deid.evaluation.recognizer.SAME_PERSON_THRESHOLD`)."""
         if threshold is None:
