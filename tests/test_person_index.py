@@ -117,6 +117,8 @@ def test_a_renamed_dataset_is_routed_into_the_lineage_that_released_its_people(t
     assert routing.aliases == ({f"rekeyed-{n:02d}": f"participant-{n:02d}" for n in range(6)} if rekey else {})
     assert _leaks(first, second) == (0, 0)
     assert len(second[2]) == 9  # every record released: the six returning ones and one new cluster of three
+    new_photos = _drop(["x"] * 3, [6, 7, 8]).column("source_sha256").to_pylist()
+    assert {d: len(r) for d, r in index.lookup(["x"] * 3, new_photos).records.items()} == {"cohort-a": 3}
     # A third run of cohort-b goes to cohort-a again (its people are registered there, never under cohort-b).
     again = _run(index, states, "cohort-b", _cohort_b(rekey), "rel-3", policy="route")
     assert again[0].dataset == "cohort-a" and _leaks(first, again) == (0, 0) and "cohort-b" not in states

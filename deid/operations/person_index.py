@@ -510,11 +510,14 @@ class PersonIndex:
         if len(subject_ids) != len(fingerprints):
             raise ConfigError(f"fingerprints has {len(fingerprints)} entries but subject_ids has {len(subject_ids)}; "
                               "pass the source_sha256 of every record")
-        fps = [self._digest(FINGERPRINT, str(f)) for f in fingerprints]
+        return [self._digest(FINGERPRINT, str(f)) for f in fingerprints], self._id_digests(subject_ids)
+
+    def _id_digests(self, subject_ids: Sequence[str]) -> dict[bytes, list[str]]:
+        """Digest of each distinct normalised id -> the ids as listed that normalise to it."""
         id_digests: dict[bytes, list[str]] = defaultdict(list)
         for s in dict.fromkeys(map(str, subject_ids)):
             id_digests[self._digest(STEWARD_ID, normalize_subject_id(s))].append(s)
-        return fps, dict(id_digests)
+        return dict(id_digests)
 
     def lookup(self, subject_ids: Sequence[str], fingerprints: Sequence[str]) -> Matches:
         """What the index holds for these records (subject id as listed, source SHA-256 each), in any dataset."""
@@ -547,11 +550,15 @@ class PersonIndex:
         fps, id_digests = self._digests(ids, fingerprints)
 
         def op(tx: _Tx) -> Routing:
-            routing = decide(self._lookup(tx, fps, id_digests), ids, dataset=dataset, policy=policy,
-                             id_scope=id_scope)
-            final = [routing.aliases.get(s, s) for s in ids]
-            _, final_ids = self._digests(final, fingerprints) if routing.aliases else (fps, id_digests)
-            self._insert(tx, routing.dataset, final, fps, final_ids)
+            matches = self._lookup(tx, fps, id_digests)
+            routing = decide(matches, ids, dataset=dataset, policy=policy, id_scope=id_scope)
+            # Records registered there already are not sealed and written again (a re-drop: most of them).
+            known = matches.records.get(routing.dataset, {})
+            keep = [r for r in range(len(ids)) if r not in known]
+            final = [routing.aliases.get(ids[r], ids[r]) for r in keep]
+            new_fps = [fps[r] for r in keep]
+            final_ids = self._id_digests(final) if routing.aliases or len(keep) < len(ids) else id_digests
+            self._insert(tx, routing.dataset, final, new_fps, final_ids)
             return routing
         return self._run(op)
 
