@@ -15,13 +15,14 @@ KEY = bytes(range(32))
 
 @pytest.fixture
 def url(pg_url):  # noqa: F811
-    """The server with no lineage tables (each test starts from nothing)."""
+    """The server with no lineage tables and no person index (each test starts from nothing)."""
     import psycopg
 
     from deid.operations.ledger import postgres_conninfo
 
     with psycopg.connect(postgres_conninfo(pg_url), autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS deid_lineage_entries, deid_lineage_heads, deid_lineage_images")
+        conn.execute("DROP TABLE IF EXISTS deid_lineage_entries, deid_lineage_heads, deid_lineage_images, "
+                     "deid_person_index, deid_person_descriptors")
     return pg_url
 
 
@@ -215,7 +216,6 @@ def test_the_person_index_on_postgres_claims_refuses_and_routes_across_datasets(
     from deid.errors import DataError
     from deid.operations.person_index import PersonIndex
 
-    _sql(url, "DROP TABLE IF EXISTS deid_person_index")
     index = PersonIndex(url, KEY)
     people, fps = [f"participant-{n}" for n in range(4)], [f"{n:064x}" for n in range(4)]
     assert index.claim("cohort-a", people, fps).dataset == "cohort-a"
