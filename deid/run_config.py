@@ -92,6 +92,8 @@ class RunConfig:
     lineage_policy: str = "invariant"
     lineage_absent: str = "republish"
     color_auto_max: int = 20_000  # DEID_COLOR_AUTO_MAX: auto chooses colour for a first release up to this many records
+    cross_dataset: str = "refuse"  # DEID_CROSS_DATASET (deid.operations.person_index)
+    cross_dataset_ids: str = "linked"  # DEID_CROSS_DATASET_IDS
     color_auto: bool = False  # DEID_COLOR=auto: the run decides after ingest (deid.operations.pipeline.resolve_color)
     color_reason: str = ""  # why the run releases colour or grey (the report's configuration.color_decision)
     keep_staging: StagingRetention = StagingRetention()  # DEID_KEEP_STAGING: applied at the run's end
@@ -144,7 +146,8 @@ class RunConfig:
             ksame_block_size=s.ksame_block_size,
             dask_address=s.dask_address, seed_fixed=s.seed is not None,
             duplicate_ids=s.duplicate_ids, identity_embed_max=s.identity_embed_max, lineage_policy=s.lineage_policy,
-            lineage_absent=s.lineage_absent, keep_staging=s.staging_retention, sensitive_l=s.sensitive_l,
+            lineage_absent=s.lineage_absent, cross_dataset=s.cross_dataset, cross_dataset_ids=s.cross_dataset_ids,
+            keep_staging=s.staging_retention, sensitive_l=s.sensitive_l,
             color_auto=s.color == "auto", color_auto_max=s.color_auto_max,
             color_reason="" if s.color == "auto" else f"DEID_COLOR={str(s.color).lower()}",
             signing_key=s.signing_key, linkage_key=s.linkage_key, signing_passphrase=s.signing_key_passphrase,

@@ -122,6 +122,12 @@ class Settings(BaseSettings):
     lineage_absent: Literal["republish", "suppress"] = Field(
         default="republish", description="a registered cluster with absent members: republished with counterfeit "
                                          "records, or suppressed in this release")
+    cross_dataset: Literal["refuse", "route"] = Field(
+        default="refuse", description="a drop holding people another dataset of the project registered (the person "
+                                      "index): refused naming that dataset, or planned in that dataset's lineage")
+    cross_dataset_ids: Literal["linked", "project"] = Field(
+        default="linked", description="steward ids name one person across the project's datasets (project), or only "
+                                      "towards a dataset the drop shares a photograph with (linked)")
     duplicate_ids: Literal["merge", "quarantine"] = Field(
         default="merge", description="records whose faces match under different subject ids: one person, or withheld")
     identity_embed_max: int = Field(

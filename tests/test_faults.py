@@ -143,17 +143,21 @@ def test_rare_labels_stay_out_of_the_report_and_formulas_out_of_release_csv(proj
         monkeypatch.setenv(key, value)
     # 30 people: label cells of ~7 people, so the cross-fitted utility check (which
     # de-identifies 4/5 of the people per fold) is not starved of whole cells.
-    drop = make_synthetic_drop(tmp_path / "drop", people=30, images_per_person=2, seed=1)
-    lines = (drop / "manifest.csv").read_text().splitlines()
-    out = [lines[0]]
-    for line in lines[1:]:
-        cells = line.split(",")
-        if cells[1] == "s00001":
-            cells[3] = "RAREVALUE"  # one person: a partition of 1 < k people, suppressed
-        if cells[2] == "female":
-            cells[2] = '=HYPERLINK("http://x")'.replace(",", ";")
-        out.append(",".join(cells))
-    (drop / "manifest.csv").write_text("\n".join(out) + "\n")
+    def rare_drop(name: str, seed: int) -> tuple[Path, list[str]]:
+        drop = make_synthetic_drop(tmp_path / name, people=30, images_per_person=2, seed=seed)
+        lines = (drop / "manifest.csv").read_text().splitlines()
+        out = [lines[0]]
+        for line in lines[1:]:
+            cells = line.split(",")
+            if cells[1] == "s00001":
+                cells[3] = "RAREVALUE"  # one person: a partition of 1 < k people, suppressed
+            if cells[2] == "female":
+                cells[2] = '=HYPERLINK("http://x")'.replace(",", ";")
+            out.append(",".join(cells))
+        (drop / "manifest.csv").write_text("\n".join(out) + "\n")
+        return drop, out
+
+    drop, out = rare_drop("drop", 1)
     result = run_flow(str(drop), k=3).summary()
     assert result["verdict"] == "released", result["reasons"]
     assert result["dataset"]["records_suppressed"] >= 1
@@ -176,9 +180,12 @@ def test_rare_labels_stay_out_of_the_report_and_formulas_out_of_release_csv(proj
     # Issue 28: merging the small partition instead kept the rare value in the would-be release, and the
     # rejection's reasons, report.html and validation page named it; now counted, never named. No report
     # (the released one, the rejection, the validation pages, the catalogue) names a subject id either.
-    merged = run_flow(str(drop), k=3, small_partitions="merge", name="rare-merge").summary()  # a first release
+    # A first release: other people (another seed, the same ids and labels). The same photographs under another
+    # dataset name would be refused by the project's person index (issue 27), before the gate.
+    other, out2 = rare_drop("other", 2)
+    merged = run_flow(str(other), k=3, small_partitions="merge", name="rare-merge").summary()
     assert merged["verdict"] == "rejected" and any("expectations_release" in r for r in merged["reasons"])
-    subjects = {line.split(",")[1] for line in out[1:]}
+    subjects = {line.split(",")[1] for line in out[1:] + out2[1:]}
     write_index(project / "reports")
     # Every kind of file the issue names was written and read: both runs' reports and pages, a validation
     # page of each, and the catalogue.

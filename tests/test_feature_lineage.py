@@ -30,7 +30,7 @@ DATASET = "voices"
 SYNTH = synthetic_features(people=50, per_person=2, dim=16, seed=3)
 
 
-def _drop(root: Path, name: str, people: set[int], *, broken: bool = False) -> Path:
+def _drop(root: Path, name: str, people: set[int], *, broken: bool = False, dataset: str = DATASET) -> Path:
     """A drop of dataset ``voices`` holding the synthetic people ``people`` (both records each).
 
     ``broken``: row 5 holds a NaN, row 8 an expression drop.yaml's ``label_values`` does not declare.
@@ -38,7 +38,7 @@ def _drop(root: Path, name: str, people: set[int], *, broken: bool = False) -> P
     idx = [i for i, p in enumerate(SYNTH.people) if int(p[1:]) in people]
     vectors = SYNTH.vectors[idx].copy()
     labels = {x: [v[i] for i in idx] for x, v in SYNTH.labels.items()}
-    extra = {"dataset": DATASET}
+    extra = {"dataset": dataset}
     if broken:
         vectors[4, 3] = np.nan
         labels["expression"][7] = "e9"
@@ -118,6 +118,17 @@ def test_second_feature_release_keeps_every_returning_vector_and_no_cluster_diff
         assert checks[name]["passed"], checks[name]
     assert "70 released records of 35 returning people" in checks["lineage_returning_identical"]["detail"]
     assert report["privacy"]["max_person_share"] <= 1.0 / K + 1e-12
+
+
+def test_the_same_vectors_under_another_dataset_name_are_refused_naming_the_dataset(two_releases):
+    """Issue 27: the project's person index holds the released people's vector fingerprints, whatever the name."""
+    root, first, second = two_releases
+    before = sorted(p.name for p in (root / "data" / "releases").iterdir())
+    res = run_release(_drop(root, "renamed", set(range(30, 50)), dataset="voices-renamed"), _config(root))
+    assert res.verdict == "rejected" and res.release_dir is None
+    assert "registered under dataset 'voices' (20 people)" in " ".join(res.report.reasons)
+    assert [(c.name, c.passed) for c in res.report.checks] == [("person_index", False)]
+    assert sorted(p.name for p in (root / "data" / "releases").iterdir()) == before
 
 
 def _bypass(ingested, identity, config, *, lineage_state=None, logger=None):

@@ -15,13 +15,14 @@ KEY = bytes(range(32))
 
 @pytest.fixture
 def url(pg_url):  # noqa: F811
-    """The server with no lineage tables (each test starts from nothing)."""
+    """The server with no lineage tables and no person index (each test starts from nothing)."""
     import psycopg
 
     from deid.operations.ledger import postgres_conninfo
 
     with psycopg.connect(postgres_conninfo(pg_url), autocommit=True) as conn:
-        conn.execute("DROP TABLE IF EXISTS deid_lineage_entries, deid_lineage_heads, deid_lineage_images")
+        conn.execute("DROP TABLE IF EXISTS deid_lineage_entries, deid_lineage_heads, deid_lineage_images, "
+                     "deid_person_index, deid_person_descriptors")
     return pg_url
 
 
@@ -208,3 +209,21 @@ def test_a_database_registry_rolled_back_to_an_earlier_dump_is_refused_before_a_
     assert Registry.open(config.data_path, "ward", reg.key, database_url=url).load().head == s1.head  # valid alone
     with pytest.raises(StateError, match=f"rolled back.*rel-2 names registry head entry {s2.seq:08d}"):
         pipeline.open_lineage("ward", config)
+
+
+def test_the_person_index_on_postgres_claims_refuses_and_routes_across_datasets(url):
+    """Issue 27: the project's person index in DEID_DATABASE_URL, as in SQLite (tests/test_person_index.py)."""
+    from deid.errors import DataError
+    from deid.operations.person_index import PersonIndex
+
+    index = PersonIndex(url, KEY)
+    people, fps = [f"participant-{n}" for n in range(4)], [f"{n:064x}" for n in range(4)]
+    assert index.claim("cohort-a", people, fps).dataset == "cohort-a"
+    held = index.count()
+    with pytest.raises(DataError, match="registered under dataset 'cohort-a' \\(4 people\\)"):
+        index.claim("cohort-b", [f"rekeyed-{n}" for n in range(4)], fps)
+    assert index.count() == held
+    routed = PersonIndex(url, KEY).claim("cohort-b", [f"rekeyed-{n}" for n in range(4)], fps, policy="route")
+    assert routed.dataset == "cohort-a" and routed.aliases == {f"rekeyed-{n}": f"participant-{n}" for n in range(4)}
+    stored = b"".join(bytes(r[0]) + bytes(r[1] or b"") for r in _sql(url, "SELECT digest, person FROM deid_person_index"))
+    assert b"participant-" not in stored and not any(f.encode() in stored for f in fps)

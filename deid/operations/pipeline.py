@@ -753,6 +753,47 @@ def open_lineage(dataset: str, config: RunConfig, *, logger: Logger | None = Non
     return state
 
 
+def claim_records(config: RunConfig, dataset: str, subject_ids: Sequence[str], fingerprints: Sequence[str], *,
+                  logger: Logger | None = None):
+    """The person index's :meth:`~deid.operations.person_index.PersonIndex.claim` of a drop's records (faces or
+    feature vectors): its :class:`~deid.operations.person_index.Routing`, logged."""
+    from deid.operations.person_index import PersonIndex  # noqa: PLC0415
+
+    url = config.database_url
+    url = url.get_secret_value() if hasattr(url, "get_secret_value") else url
+    index = PersonIndex.open(config.data_path, linkage_key(config)[0], database_url=url)
+    routing = index.claim(dataset, subject_ids, fingerprints, policy=config.cross_dataset,
+                          id_scope=config.cross_dataset_ids)
+    lg = logger or log
+    if routing.note:
+        lg.warning("%s", routing.note)
+    elif routing.aliases:
+        lg.warning("person index: %d re-keyed subject ids of dataset %r (their records are registered under another "
+                   "id) are listed under their registered ids", len(routing.aliases), routing.dataset)
+    return routing
+
+
+def claim_people(ingested: Ingested, config: RunConfig, *, logger: Logger | None = None):
+    """Look the drop's people up in the project's person index and claim them for a lineage.
+
+    Returns ``(ingested, routing)``: the drop with re-keyed subject ids listed under their registered
+    ids (:attr:`~deid.operations.person_index.Routing.aliases`), and where its lineage is planned
+    (:class:`~deid.operations.person_index.Routing`). A drop holding people another dataset
+    registered is refused (:class:`~deid.errors.DataError`, naming it) under ``DEID_CROSS_DATASET=refuse``.
+    """
+    meta = ingested.metadata
+    subjects = [str(s) for s in meta.column("subject_id").to_pylist()]
+    routing = claim_records(config, ingested.dataset, subjects,
+                            [str(f) for f in meta.column("source_sha256").to_pylist()], logger=logger)
+    if routing.aliases:
+        column = pa.array([routing.aliases.get(s, s) for s in subjects], pa.string())
+        meta = meta.set_column(meta.column_names.index("subject_id"), meta.schema.field("subject_id"), column)
+        ingested = replace(ingested, metadata=meta, people=pc.count_distinct(column).as_py())
+    del subjects
+    release_free_memory()  # a million records' ids, fingerprints and digests (~1 GB): not held through the run
+    return ingested, routing
+
+
 def apply_lineage(partitioned: Partitioned, deidentified: Deidentified, aligned: Aligned, layout: StagingLayout,
                   config: RunConfig, *, release_id: str, logger: Logger | None = None) -> LineageApplied:
     """The release as the lineage sees it: new clusters registered as made, returning people's registered

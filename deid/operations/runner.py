@@ -45,7 +45,7 @@ from deid.heap import release_free_memory
 from deid.intake.drop import DROP_YAML, MANIFEST, read_drop_file
 from deid.intake.features import run_kind
 from deid.operations.executors import Executor, LocalExecutor, PoolExecutor
-from deid.operations.features import FeatureSteps, feature_report
+from deid.operations.features import FeatureSteps, feature_report, vector_fingerprints
 from deid.release.lineage_anchor import head_doc
 from deid.release.publish import discard, new_release_id
 from deid.reporting.report import Report, SigningInfo, dataset_fingerprint, validate_report
@@ -75,6 +75,7 @@ class Steps:
     recover: Callable[..., Any] = pipeline.recover_leftovers
     ingest: Callable[..., Any] = pipeline.ingest_drop
     open_lineage: Callable[..., Any] = pipeline.open_lineage
+    claim_people: Callable[..., Any] = pipeline.claim_people
     align: Callable[..., Any] = pipeline.align
     featurize: Callable[..., Any] = pipeline.featurize
     partition: Callable[..., Any] = pipeline.partition
@@ -215,7 +216,16 @@ class _Run:
             fault_point("ingest")
             # Successive releases of one dataset (deid.release.lineage): only methods that give every cluster
             # member the identical image have registered averages to keep; the others are gated on their own.
-            lineage_state = s.open_lineage(ing.dataset, config) if config.lineage_applies else None
+            notes: list[str] = []
+            lineage_dataset = ing.dataset
+            if config.lineage_applies and ing.proceed:
+                # One person index per project (issue 27): people another dataset registered are never released
+                # in a lineage of their own; routed into that dataset's lineage or refused (DEID_CROSS_DATASET).
+                ing, routing = s.claim_people(ing, config)
+                lineage_dataset = routing.dataset
+                if routing.note:
+                    notes.append(routing.note)
+            lineage_state = s.open_lineage(lineage_dataset, config) if config.lineage_applies else None
             # DEID_COLOR=auto decided from the ingested images (pure and cheap: the sample was taken at ingest).
             config = self.config = pipeline.resolve_color(config, ing, lineage_state)
             # A colour mode or face size other than the lineage's (returning people's images would change)
@@ -224,7 +234,6 @@ class _Run:
                                      pipeline.lineage_size_check(config, lineage_state)) if c is not None)
             if held:
                 ing = replace(ing, checks=(*ing.checks, *held))
-            notes: list[str] = []
             if config.spec.partitions_by_labels and not ing.labels:
                 notes.append(f"{config.method} without utility labels runs as k-Same (one partition); utility is "
                              "not applicable")
@@ -299,7 +308,9 @@ class _Run:
                 ingested=ing, aligned=aligned, partitioned=part, deidentified=deid, lineage=lin, staged=staged,
                 gate=g, counts=counts, quarantine_by_reason=by_reason, validation=validation, notes=notes,
                 timings=timings, signing=self.signing, versions=run_versions())
-        return self.commit(report, staged, dataset=ing.dataset, validation=validation, timings=timings, lin=lin)
+        # The lineage the release is registered in: the one planned (a routed drop's is another dataset's).
+        dataset = lin.state.dataset if lin is not None else ing.dataset
+        return self.commit(report, staged, dataset=dataset, validation=validation, timings=timings, lin=lin)
 
     def walk_features(self) -> RunResult:
         """A feature drop: ingest, who is who, partitions, de-identify, stage, gate (nothing to align or distribute)."""
@@ -310,12 +321,24 @@ class _Run:
         if isinstance(ing, UnreadableDrop):
             return self.unreadable(ing)
         fault_point("ingest")
-        # Successive releases of one dataset: the same lineage registry as faces (k-Same family only).
-        lineage_state = self.steps.open_lineage(ing.drop.dataset, config) if config.lineage_applies else None
+        # Successive releases of one dataset: the same lineage registry as faces (k-Same family only), and the same
+        # person index across datasets (a record's fingerprint: its vector's bytes).
+        routing = None
+        if config.lineage_applies:
+            drop = ing.drop
+            routing = pipeline.claim_records(config, drop.dataset, list(drop.subject_ids),
+                                             vector_fingerprints(drop.vectors))
+            if routing.aliases:
+                ing = replace(ing, drop=replace(drop, subject_ids=tuple(routing.aliases.get(s, s)
+                                                                        for s in drop.subject_ids)))
+        lineage_state = (self.steps.open_lineage(routing.dataset if routing else ing.drop.dataset, config)
+                         if config.lineage_applies else None)
         with _timed(timings, "identity"):
             identity = f.identify(ing, config)
         with _timed(timings, "partition"):
             part = f.partition(ing, identity, config, lineage_state=lineage_state)
+        if routing is not None and routing.note:
+            part = replace(part, notes=(*part.notes, routing.note))
         with _timed(timings, "deidentify"):
             deid = f.deidentify(ing, identity, part, layout, config)
         lin = None
@@ -342,7 +365,8 @@ class _Run:
             ingested=ing, identity=identity, partitioned=part, deidentified=deid, staged=staged, gate=g,
             counts=counts, quarantine_by_reason=by_reason, timings=timings, signing=self.signing,
             versions=run_versions(), lineage=lin, validation=validation)
-        return self.commit(report, staged, dataset=ing.drop.dataset, validation=validation, timings=timings, lin=lin)
+        dataset = lin.state.dataset if lin is not None else ing.drop.dataset  # a routed drop's lineage
+        return self.commit(report, staged, dataset=dataset, validation=validation, timings=timings, lin=lin)
 
     def commit(self, report: Report, staged: Staged | None, *, dataset: str, validation: Mapping[str, Any],
                timings: Timings, lin: LineageApplied | None = None) -> RunResult:
@@ -473,7 +497,8 @@ class _Run:
         self.abandon()
         if (self.report_dir / "report.json.sig").exists():
             raise exc
-        signed = self.sign_rejection(reason, check="gate_error")
+        # A refusal with its own check (e.g. the person index's, naming the other dataset), else gate_error.
+        signed = self.sign_rejection(reason, check=getattr(exc, "check", "gate_error"))
         if signed is None:
             raise StateError(f"{reason}; and its signed rejection could not be written (see the log)") from exc
         report, path = signed

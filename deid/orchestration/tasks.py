@@ -42,6 +42,12 @@ def ingest(drop, layout, config, executor=None):
     return pipeline.ingest_drop(drop, layout, config, logger=get_run_logger(), executor=executor)
 
 
+@task(name="person-index", **TASK)
+def claim_people(ingested, config):
+    """Look the drop's people up in the project's person index: refused or routed when another dataset holds them."""
+    return pipeline.claim_people(ingested, config, logger=get_run_logger())
+
+
 @task(name="lineage-open", **TASK)
 def open_lineage(dataset, config):
     """Load and verify the dataset's lineage registry; settle releases an interrupted run left pending."""
@@ -203,7 +209,8 @@ FEATURE_STEPS = FeatureSteps(**{name: _opaque(t) for name, t in dict(
 
 # The run's stages as Prefect tasks, for deid.operations.runner.run_release (which owns their order).
 STEPS = Steps(**{name: _opaque(t) for name, t in dict(
-    preflight=preflight, recover=recover, ingest=ingest, open_lineage=open_lineage, align=align,
+    preflight=preflight, recover=recover, ingest=ingest, claim_people=claim_people, open_lineage=open_lineage,
+    align=align,
     featurize=featurize, partition=partition, deidentify=deidentify, apply_lineage=apply_lineage,
     register_lineage=register_lineage, stage=stage, gate=gate, dataset_card=dataset_card, attest=attest,
     write_report=write_report,

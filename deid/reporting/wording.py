@@ -17,6 +17,7 @@ __all__ = ["check_requirement", "measured", "status_text", "threshold_text"]
 _REQUIREMENTS = {
     "drop_readable": "The drop can be read",
     "gate_error": "The drop can be judged (no stage or attacker refused its data)",
+    "person_index": "The drop's people belong to no other dataset's lineage (the project's person index)",
     "released_in_clusters": "Every released image is shared by a cluster of at least k distinct people",
     "partition_clusters": "Every label partition keeps enough clusters (no partition collapsed into a few faces)",
     "drop_not_empty": "The drop has records",

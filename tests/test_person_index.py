@@ -1,0 +1,221 @@
+"""One person index per project across datasets (issue 27 item 2), on tiny in-memory drops.
+
+The renamed-dataset scenario: dataset ``cohort-a`` is released, then the same photographs (plus
+three new people) arrive as ``cohort-b``, with the same ids or re-keyed ones. Each drop goes through
+the person index, the lineage plan of the dataset the index routes it to, and ``build_release``,
+with k-Same's clusters stood in for by consecutive groups of the new records. Measured across the two
+releases: cluster pairs whose member records differ by 1..k-1, and returning records released with
+another image. The control (no index: ``cohort-b`` in a lineage of its own) shows the leak the
+figures would catch.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from deid.errors import DataError, StateError
+from deid.operations import stages
+from deid.operations.person_index import DescriptorSearch, Matches, PersonIndex, decide
+from deid.release.lineage import build_release, empty_state
+
+KEY = bytes(range(32))
+K = 3
+SHAPE = (2, 3)
+
+
+def _photo(n: int) -> bytes:
+    return np.random.default_rng(n).integers(0, 256, 6, dtype=np.uint8).tobytes()
+
+
+def _drop(people: list[str], photos: list[int]) -> pa.Table:
+    """One record per (person, photo number); the fingerprint is the photo's bytes' SHA-256, whatever the id."""
+    px = [_photo(n) for n in photos]
+    return pa.table({"record_id": [f"r{i:04d}" for i in range(len(people))], "subject_id": people, "pixels": px,
+                     "source_sha256": [hashlib.sha256(p).hexdigest() for p in px]})
+
+
+def _release(faces: pa.Table, state, release_id: str):
+    """The lineage release of ``faces`` planned on ``state``: new records clustered in consecutive groups of >= K."""
+    sources = faces.select(["record_id", "source_sha256"])
+    plan = stages.plan_lineage(faces, sources, state, key=KEY, k=K, policy="invariant", absent="republish",
+                               labels=[], select=False)
+    new = list(plan.new_records)
+    groups = [new[a:a + K] for a in range(0, len(new) - len(new) % K, K)]
+    if len(new) % K:
+        groups[-1] += new[len(new) - len(new) % K:]
+    pix = np.stack([np.frombuffer(p, np.uint8) for p in faces.column("pixels").to_pylist()]) if len(faces) else None
+    labels = np.zeros(len(new), np.int64)
+    images = np.zeros((len(new), 6), np.uint8)
+    at = {i: n for n, i in enumerate(new)}
+    for g, members in enumerate(groups):
+        avg = np.rint(pix[members].mean(axis=0)).astype(np.uint8)
+        for i in members:
+            labels[at[i]], images[at[i]] = g, avg
+    rel = build_release(plan, state, release_id=release_id, method="k-same", new_labels=labels, new_images=images,
+                        shape=SHAPE)
+    return rel, state.with_entry(rel.to_entry())
+
+
+def _run(index: PersonIndex | None, states: dict, dataset: str, faces: pa.Table, release_id: str, **policy):
+    """One run: the person index decides the lineage (None: no index, the drop's own), then plan and release."""
+    routing = None
+    if index is not None:
+        ids = faces.column("subject_id").to_pylist()
+        routing = index.claim(dataset, ids, faces.column("source_sha256").to_pylist(), **policy)
+        dataset = routing.dataset
+        faces = faces.set_column(1, "subject_id", pa.array([routing.aliases.get(s, s) for s in ids]))
+    state = states.get(dataset) or empty_state(dataset)
+    rel, states[dataset] = _release(faces, state, release_id)
+    clusters = {key: ({fp for fp, _ in c.members}, c.image.tobytes())
+                for key, (c, _) in rel.released_clusters(state).items()}
+    images = {rel.fingerprints[i]: clusters[key][1] for i, key in enumerate(rel.record_cluster) if key is not None}
+    return routing, clusters, images
+
+
+def _leaks(first, second) -> tuple[int, int]:
+    """(cluster pairs across the two releases whose members differ by 1..K-1 records, returning records with
+    another image)."""
+    (_, c1, im1), (_, c2, im2) = first, second
+    pairs = sum(1 for m1, _ in c1.values() for m2, _ in c2.values() if m1 & m2 and 1 <= len(m1 ^ m2) <= K - 1)
+    changed = sum(1 for fp, img in im2.items() if fp in im1 and im1[fp] != img)
+    return pairs, changed
+
+
+COHORT_A = ["participant-%02d" % i for i in range(6)]
+# The same six photographs in another order with three new people: consecutive groups then mix them.
+ORDER = [0, 1, 2, 6, 3, 4, 5, 7, 8]
+
+
+def _cohort_b(rekey: bool) -> pa.Table:
+    ids = [("rekeyed-%02d" if rekey or n >= 6 else "participant-%02d") % n for n in ORDER]
+    return _drop(ids, ORDER)
+
+
+def test_without_the_index_a_renamed_dataset_leaks(tmp_path):
+    """The control: cohort-b in its own lineage re-clusters cohort-a's records; the figures catch it."""
+    states: dict = {}
+    first = _run(None, states, "cohort-a", _drop(COHORT_A, list(range(6))), "rel-1")
+    second = _run(None, states, "cohort-b", _cohort_b(False), "rel-2")
+    assert _leaks(first, second) == (1, 3)
+
+
+@pytest.mark.parametrize("rekey", [False, True], ids=["same-ids", "rekeyed-ids"])
+def test_a_renamed_dataset_is_routed_into_the_lineage_that_released_its_people(tmp_path, rekey):
+    index = PersonIndex.open(tmp_path, KEY)
+    states: dict = {}
+    first = _run(index, states, "cohort-a", _drop(COHORT_A, list(range(6))), "rel-1")
+    assert first[0].dataset == "cohort-a" and not first[0].note
+    second = _run(index, states, "cohort-b", _cohort_b(rekey), "rel-2", policy="route")
+    routing = second[0]
+    assert routing.dataset == "cohort-a" and routing.routed_from == "cohort-b" and routing.overlap == {"cohort-a": 6}
+    assert "cohort-a" in routing.note and "DEID_CROSS_DATASET=route" in routing.note
+    # Re-keyed records are the registered people again (found by their bytes), listed under their registered ids.
+    assert routing.aliases == ({f"rekeyed-{n:02d}": f"participant-{n:02d}" for n in range(6)} if rekey else {})
+    assert _leaks(first, second) == (0, 0)
+    assert len(second[2]) == 9  # every record released: the six returning ones and one new cluster of three
+    new_photos = _drop(["x"] * 3, [6, 7, 8]).column("source_sha256").to_pylist()
+    assert {d: len(r) for d, r in index.lookup(["x"] * 3, new_photos).records.items()} == {"cohort-a": 3}
+    # A third run of cohort-b goes to cohort-a again (its people are registered there, never under cohort-b).
+    again = _run(index, states, "cohort-b", _cohort_b(rekey), "rel-3", policy="route")
+    assert again[0].dataset == "cohort-a" and _leaks(first, again) == (0, 0) and "cohort-b" not in states
+
+
+def test_a_renamed_dataset_is_refused_naming_the_other_dataset_and_claims_nothing(tmp_path):
+    index = PersonIndex.open(tmp_path, KEY)
+    states: dict = {}
+    _run(index, states, "cohort-a", _drop(COHORT_A, list(range(6))), "rel-1")
+    held = index.count()
+    for rekey in (False, True):
+        with pytest.raises(DataError, match="registered under dataset 'cohort-a' \\(6 people\\).*dataset: cohort-a"):
+            _run(index, states, "cohort-b", _cohort_b(rekey), "rel-2")  # refuse is the default
+    assert index.count() == held and "cohort-b" not in states
+    # Under its registered name the drop is that lineage's next release.
+    ok = _run(index, states, "cohort-a", _cohort_b(True), "rel-2")
+    assert ok[0].dataset == "cohort-a" and ok[0].routed_from is None and len(ok[0].aliases) == 6
+
+
+def test_rekeyed_ids_in_the_same_dataset_are_aliases_not_a_state_error(tmp_path):
+    states: dict = {}
+    first = _run(None, states, "cohort-a", _drop(COHORT_A, list(range(6))), "rel-1")
+    with pytest.raises(StateError, match="another subject id"):  # without the index: the lineage is blocked
+        _run(None, dict(states), "cohort-a", _cohort_b(True), "rel-2")
+    index = PersonIndex.open(tmp_path, KEY)
+    index.register("cohort-a", COHORT_A, _drop(COHORT_A, list(range(6))).column("source_sha256").to_pylist())
+    second = _run(index, states, "cohort-a", _cohort_b(True), "rel-2")
+    assert _leaks(first, second) == (0, 0)
+
+
+def test_steward_ids_alone_count_only_when_the_project_says_they_are_project_wide(tmp_path):
+    index = PersonIndex.open(tmp_path, KEY)
+    states: dict = {}
+    _run(index, states, "site-1", _drop(COHORT_A, list(range(6))), "rel-1")
+    other_people = _drop(COHORT_A, list(range(100, 106)))  # the same ids, other photographs
+    assert _run(index, states, "site-2", other_people, "rel-2")[0].dataset == "site-2"  # linked (default)
+    with pytest.raises(DataError, match="'site-1'"):
+        _run(index, states, "site-3", _drop(COHORT_A, list(range(200, 206))), "rel-3", id_scope="project")
+
+
+def test_decide_counts_ids_towards_a_dataset_the_drop_shares_a_photo_with():
+    ids = ["a", "b", "c"]
+    shared = Matches(records={"x": {0: "a"}}, ids={"x": {"a", "b"}, "y": {"c"}})
+    r = decide(shared, ids, dataset="mine", policy="route")
+    assert r.dataset == "x" and r.overlap == {"x": 2}  # "b" by id (corroborated), "c" not (no photo shared with y)
+    with pytest.raises(DataError, match="'x'.*'y'"):
+        decide(shared, ids, dataset="mine", policy="route", id_scope="project")  # two other lineages: refused
+    with pytest.raises(DataError, match="own dataset 'mine'"):
+        decide(Matches(records={"x": {0: "a"}, "mine": {1: "b"}}), ids, dataset="mine", policy="route")
+    with pytest.raises(DataError, match="different people"):
+        decide(Matches(records={"mine": {0: "p", 1: "q"}}), ["a", "a", "c"], dataset="mine")
+    with pytest.raises(DataError, match="different people"):  # one photo registered under its id, one under another
+        decide(Matches(records={"mine": {0: "a", 1: "q"}}), ["a", "a", "c"], dataset="mine")
+    assert decide(Matches(records={"mine": {0: "A ", 1: "q"}}), ["a", "b", "c"], dataset="mine").aliases == {"b": "q"}
+    with pytest.raises(Exception, match="DEID_CROSS_DATASET="):
+        decide(Matches(), ids, dataset="mine", policy="merge")
+
+
+def test_the_index_holds_no_id_or_fingerprint_in_clear_and_refuses_another_key(tmp_path):
+    index = PersonIndex.open(tmp_path, KEY)
+    faces = _drop(COHORT_A, list(range(6)))
+    fps = faces.column("source_sha256").to_pylist()
+    index.register("cohort-a", COHORT_A, fps)
+    raw = b"".join(p.read_bytes() for p in (Path(tmp_path) / "private").iterdir())
+    assert b"participant-" not in raw and not any(f.encode() in raw for f in fps) and b"cohort-a" in raw
+    assert (Path(tmp_path) / "private" / "person_index.sqlite").stat().st_mode & 0o077 == 0
+    assert sum(len(v) for v in index.lookup(COHORT_A, fps).records.values()) == 6
+    with pytest.raises(StateError, match="another linkage key"):
+        PersonIndex.open(tmp_path, bytes(32)).lookup(COHORT_A, fps)
+
+
+def _people_descriptors(n_people: int, per: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Synthetic 128-d descriptors shaped like dlib's: people ~0.8 apart, photos of one person ~0.3."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(0, 0.05, (n_people, 128))
+    return centres, np.repeat(centres, per, axis=0) + rng.normal(0, 0.02, (n_people * per, 128))
+
+
+def test_other_photographs_of_registered_people_under_new_ids_are_matched_by_face(tmp_path):
+    index = PersonIndex.open(tmp_path, KEY)
+    centres, faces = _people_descriptors(20, 2, 1)
+    index.register_faces("cohort-a", [f"participant-{i // 2:02d}" for i in range(40)], faces)
+    rng = np.random.default_rng(2)
+    # A third drop: new photographs of 10 of them under new ids, and 10 people never registered.
+    probes = np.vstack([centres[:10] + rng.normal(0, 0.02, (10, 128)), rng.normal(0, 0.05, (10, 128))])
+    found = index.match_faces(probes)
+    assert [(m.row, m.dataset, m.subject_id) for m in found] == [(i, "cohort-a", f"participant-{i:02d}")
+                                                                 for i in range(10)]
+    assert all(m.distance < 0.45 for m in found)
+
+
+def test_the_inverted_file_finds_what_the_exact_search_finds():
+    centres, faces = _people_descriptors(2500, 2, 3)
+    probes = centres[::10] + np.random.default_rng(4).normal(0, 0.02, (250, 128))
+    exact_i, exact_d = DescriptorSearch(faces).search(probes)  # below exact_below: every probe against all
+    ivf = DescriptorSearch(faces, exact_below=1000)
+    assert ivf.lists is not None and len(ivf.lists) == 71 and max(map(len, ivf.lists)) < len(faces) / 8
+    ivf_i, ivf_d = ivf.search(probes)
+    assert np.all(ivf_d >= exact_d - 1e-5)  # never nearer than the true nearest (a miss, not a false match)
+    assert np.mean(ivf_i // 2 == exact_i // 2) >= 0.95  # the same person found
