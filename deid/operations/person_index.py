@@ -527,7 +527,8 @@ class PersonIndex:
     def _insert(self, tx: _Tx, dataset: str, subject_ids: Sequence[str], fps: list[bytes],
                 id_digests: dict[bytes, list[str]]) -> None:
         self._check_key(tx, write=True)
-        rows = [(FINGERPRINT, d, dataset, self._seal(d, dataset, str(s))) for d, s in dict(zip(fps, subject_ids)).items()]
+        rows: list[tuple[str, bytes, str, bytes | None]] = [
+            (FINGERPRINT, d, dataset, self._seal(d, dataset, str(s))) for d, s in dict(zip(fps, subject_ids)).items()]
         rows += [(STEWARD_ID, d, dataset, None) for d in id_digests]
         rows.sort(key=lambda r: (r[0], r[1]))  # in key order: B-tree appends, not a random page per row
         for a in range(0, len(rows), 5000):
