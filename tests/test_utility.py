@@ -524,3 +524,28 @@ def test_a_fold_suppressed_down_to_one_value_is_no_evidence_of_a_lost_label():
                             k=5, n_components=5, repeats=1)
     assert "taught g a single value" in ev.detail and ev.suppressed_training_records > 0, ev.detail
     assert not ev.label_lost and ev.majority_status != "fail", ev.detail
+
+
+def test_pixel_pca_drops_the_directions_rounding_alone_makes():
+    """A release spanning 4 directions, rounded to uint8: the PCA keeps those 4, not 40 of rounding noise.
+
+    Without the floor the second standardisation of :func:`_svm` scaled the rounding-noise components up to
+    unit variance (a per-frame expression release: held-out accuracy 0.30, 0.67 with the floor; London
+    unchanged). Data that are not integers get no floor.
+    """
+    from deid.evaluation.utility import PixelPCA
+
+    rng = np.random.default_rng(0)
+    basis = rng.normal(size=(4, 900))
+    signal = 120 + rng.normal(size=(300, 4)) * 6 @ basis
+    rounded = np.clip(np.round(signal), 0, 255)
+    assert PixelPCA(40).fit(rounded).n_components_ == 4
+    from sklearn.preprocessing import StandardScaler
+
+    from deid.evaluation.utility import GramPCA
+    assert GramPCA(40).fit(StandardScaler().fit_transform(rounded)).n_components_ == 40  # what the floor removes
+    assert PixelPCA(40).fit(signal).n_components_ == 4  # exactly rank 4 (+ centring): no floor needed
+    noisy = signal + rng.normal(scale=3.0, size=signal.shape)  # real variation in every direction, not integers
+    assert PixelPCA(40).fit(noisy).n_components_ == 40
+    originals = np.clip(np.round(noisy), 0, 255)  # integers, but varying far above rounding in 40 directions
+    assert PixelPCA(40).fit(originals).n_components_ == 40

@@ -75,12 +75,23 @@ class GramPCA(TransformerMixin, BaseEstimator):
         O(n^2 p) Gram matrix stays small at scale; None uses every row.
     random_state : int, default 0
         Seed of that subset.
+    noise_var : ndarray of shape (p,) or None, default None
+        Variance of each input feature's measurement noise (for pixels standardised by a scale
+        ``s``: uint8 rounding, ``1 / (12 s**2)``). A direction whose variance is within the
+        Marchenko-Pastur upper edge of that noise projected on it, ``(1 + sqrt(p / n))**2`` times
+        it, is indistinguishable from noise and dropped: a release spanning few directions and
+        rounded to uint8 otherwise fills the remaining components with rounding noise, which the
+        standardisation after the PCA scales up to unit variance (measured on a per-frame
+        expression release: held-out accuracy 0.30 on the rounded release, 0.80 before rounding).
+        See Marchenko & Pastur (1967), and Johnstone (2001) for the edge as a noise threshold.
     """
 
-    def __init__(self, n_components: int = 50, *, max_samples: int | None = None, random_state: int = 0):
+    def __init__(self, n_components: int = 50, *, max_samples: int | None = None, random_state: int = 0,
+                 noise_var: np.ndarray | None = None):
         self.n_components = n_components
         self.max_samples = max_samples
         self.random_state = random_state
+        self.noise_var = noise_var
 
     def fit(self, X, y=None):
         X = np.asarray(X, dtype=np.float64)
@@ -93,6 +104,13 @@ class GramPCA(TransformerMixin, BaseEstimator):
         order = np.argsort(w)[::-1]
         w, V = w[order], V[:, order]
         keep = int(min(self.n_components, np.count_nonzero(w > w[0] * 1e-12)))
+        if keep and self.noise_var is not None:
+            units = (V[:, :keep].T @ Xc) / np.sqrt(w[:keep])[:, None]
+            n, p = X.shape
+            edge = (1.0 + np.sqrt(p / n)) ** 2 * ((units ** 2) @ np.asarray(self.noise_var, dtype=np.float64))
+            above = w[:keep] / n > edge
+            # Components come in decreasing variance; keep the leading run above the noise edge.
+            keep = int(np.argmin(above)) if not above.all() else keep
         if keep == 0:  # identical rows (a release of one image): one zero direction, every score 0
             self.components_ = np.zeros((1, X.shape[1]))
         else:
@@ -102,6 +120,39 @@ class GramPCA(TransformerMixin, BaseEstimator):
 
     def transform(self, X):
         return (np.asarray(X, dtype=np.float64) - self.mean_) @ self.components_.T
+
+
+class PixelPCA(TransformerMixin, BaseEstimator):
+    """Standardised pixels, then :class:`GramPCA` with the pixels' rounding noise as its floor.
+
+    When every training value is an integer (uint8 images), the rounding noise of pixel j after
+    standardisation by its scale ``s_j`` has variance ``1 / (12 s_j**2)``; :class:`GramPCA` drops
+    the directions that noise alone could make. Non-integer data (features, float releases) get
+    no floor: nothing is known of their noise.
+
+    Parameters
+    ----------
+    n_components, max_samples, random_state
+        As :class:`GramPCA`.
+    """
+
+    def __init__(self, n_components: int = 50, *, max_samples: int | None = None, random_state: int = 0):
+        self.n_components = n_components
+        self.max_samples = max_samples
+        self.random_state = random_state
+
+    def fit(self, X, y=None):
+        X = np.asarray(X, dtype=np.float64)
+        self.scaler_ = StandardScaler().fit(X)
+        quantised = bool(np.all(X == np.round(X)))
+        noise = (1.0 / 12.0) / self.scaler_.scale_ ** 2 if quantised else None
+        self.pca_ = GramPCA(self.n_components, max_samples=self.max_samples, random_state=self.random_state,
+                            noise_var=noise).fit(self.scaler_.transform(X))
+        self.n_components_ = self.pca_.n_components_
+        return self
+
+    def transform(self, X):
+        return self.pca_.transform(self.scaler_.transform(np.asarray(X, dtype=np.float64)))
 
 
 def _codes(values: Sequence[Hashable], name: str, n: int) -> np.ndarray:
@@ -375,7 +426,8 @@ def _components(n_components: Any) -> int | None:
 
 
 def _svm(n_components: int | None, n_train: int, p: int, seed: int):
-    """StandardScaler -> PCA -> StandardScaler -> LinearSVC; StandardScaler -> LinearSVC without PCA.
+    """StandardScaler -> PCA (above the rounding-noise floor, :class:`PixelPCA`) -> StandardScaler -> LinearSVC;
+    StandardScaler -> LinearSVC without PCA.
 
     The PCA scores are standardised before the SVM: raw scores have variances in the
     thousands, which makes liblinear's dual solver behave like a hard-margin SVM and crawl
@@ -392,7 +444,7 @@ def _svm(n_components: int | None, n_train: int, p: int, seed: int):
     if n_components is None:
         return make_pipeline(StandardScaler(), LinearSVC(C=1.0, max_iter=10_000, random_state=seed))
     nc = max(1, min(n_components, min(n_train, PCA_FIT_ROWS) - 1, p))
-    return make_pipeline(StandardScaler(), GramPCA(n_components=nc, max_samples=PCA_FIT_ROWS, random_state=seed),
+    return make_pipeline(PixelPCA(n_components=nc, max_samples=PCA_FIT_ROWS, random_state=seed),
                          StandardScaler(), LinearSVC(C=1.0, max_iter=10_000, random_state=seed))
 
 
