@@ -115,8 +115,8 @@ def main() -> int:
                                 for m in manifests)
                 print(f"re-release images bit-identical to the first release's: {first == again} "
                       f"({sum(again.values())} images)")
-                digests[code] = [hashlib.sha256(m.read_bytes()).hexdigest()[:16] for m in manifests]
-                print(f"release digests (sha256 of MANIFEST.sha256): {digests[code]}")
+                digests[code] = [hashlib.sha256("\n".join(sorted(ln.split()[0] for ln in m.read_text().splitlines() if ln.strip())).encode()).hexdigest()[:16] for m in manifests]
+                print(f"release digests (sha256 of the sorted image sha256s in MANIFEST.sha256): {digests[code]}")
         if args.seed and len(digests) > 1:
             print(f"release digests equal across checkouts: {len({tuple(v) for v in digests.values()}) == 1}")
     finally:
