@@ -49,20 +49,21 @@ def run(code: Path, project: Path, args: list[str], env0: dict) -> tuple[subproc
     return proc, time.perf_counter() - t
 
 
+def printed(proc: subprocess.CompletedProcess, prefix: str) -> str | None:
+    """The value of the run's output line ``prefix: value`` (None: no such line)."""
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith(prefix + ": ")]
+    return line[0].split(": ", 1)[1].strip() if line else None
+
+
 def report_of(proc: subprocess.CompletedProcess) -> dict:
-    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("report: ")]
-    if not line:
+    path = printed(proc, "signed report")
+    if not path:
         raise SystemExit(f"no report:\n{proc.stdout[-3000:]}\n{proc.stderr[-4000:]}")
-    return json.loads(Path(line[0].split(": ", 1)[1]).read_text())
+    return json.loads(Path(path).read_text())
 
 
 def stage_wall(v) -> float:
     return float(v["wall"]) if isinstance(v, dict) else float(v)
-
-
-def newest_release(project: Path) -> Path:
-    rels = [p for p in (project / "data" / "releases").rglob("MANIFEST.sha256")]
-    return max(rels, key=lambda p: p.stat().st_mtime).parent
 
 
 def main() -> int:
@@ -103,8 +104,8 @@ def main() -> int:
                 proc, wall = run(code, project, ["run", str(drop), "--k", str(args.k)], env0)
                 rep = report_of(proc)
                 stages = {k: stage_wall(v) for k, v in rep["configuration"]["stage_seconds"].items()}
-                rel = newest_release(project) if rep["verdict"] == "pass" else None
-                manifests.append(rel / "MANIFEST.sha256" if rel else None)
+                rel = printed(proc, "release")
+                manifests.append(Path(rel) / "MANIFEST.sha256" if rel else None)
                 print(f"{what}: verdict {rep['verdict']}, wall {wall:.1f} s = {wall / dec:.2f}x decode, load at start "
                       f"{at}; stages " + ", ".join(f"{k} {v:.1f}" for k, v in stages.items()), flush=True)
                 for line in proc.stdout.splitlines() + proc.stderr.splitlines():
