@@ -45,8 +45,16 @@ def run(code: Path, project: Path, args: list[str], env0: dict) -> tuple[subproc
     env = {**env0, "DEID_PROJECT_DIR": str(project), "PREFECT_HOME": str(project / "prefect"),
            "PYTHONPATH": str(code)}
     t = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "deid.cli", *args], env=env, capture_output=True, text=True)
+    # cwd=code: ``python -m`` puts the working directory first on the path, before PYTHONPATH.
+    proc = subprocess.run([sys.executable, "-m", "deid.cli", *args], env=env, capture_output=True, text=True,
+                          cwd=code)
     return proc, time.perf_counter() - t
+
+
+def git_head(code: Path) -> str:
+    """The checkout's commit (``-`` when it is not a git checkout)."""
+    got = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return got.stdout.strip() or "-"
 
 
 def printed(proc: subprocess.CompletedProcess, prefix: str) -> str | None:
@@ -96,7 +104,7 @@ def main() -> int:
         for code in codes:
             project = work / f"project-{len(digests)}"
             dec, _ = parallel_decode_wall(files, args.workers)
-            print(f"== {code}: plain decode of {len(files)} files on {args.workers} processes {dec:.1f} s "
+            print(f"== {code} (git {git_head(code)}): plain decode of {len(files)} files on {args.workers} processes {dec:.1f} s "
                   f"(load {load()})", flush=True)
             manifests = []
             for what in ("first release", "re-release"):
