@@ -5,7 +5,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deid.release.lineage import empty_state, release_from_clusters
+from deid.release.lineage import build_release, empty_state, plan_release, release_from_clusters
 from deid.release.lineage_checks import _pairs, differencing_attack
 
 KEY = bytes(range(32))
@@ -140,3 +140,104 @@ def test_pairs_through_the_tree_keep_the_structural_pairs_and_all_neighbours_whe
     exact = set(zip(bi.tolist(), bj.tolist()))
     assert len(got - {(0, 49), (3, 2), (59, 0)}) == 180 and len(exact) == 180
     assert len(exact & got) >= 0.8 * len(exact)   # (1 + eps)-approximate: most of the exact neighbours
+
+
+# --------------------------------------------------------------------------- the release run's content index (issue 32)
+
+
+def _two_releases():
+    """The scenario of the member-search test above: swaps, added faces, pixel copies under new records."""
+    rng = np.random.default_rng(3)
+    faces = rng.integers(0, 256, (260, P), dtype=np.uint8)
+    people = [f"p{i}" for i in range(260)]
+    fps = [f"f{i}" for i in range(260)]
+    lab1 = np.full(260, -1)
+    lab1[:200] = np.arange(200) // 5
+    s0 = empty_state("scale")
+    s1 = s0.with_entry(release(s0, faces, people, fps, lab1, "r1").to_entry())
+    drop = list(range(50, 200)) + list(range(200, 250))
+    X2 = np.vstack([faces[drop], faces[[60, 61, 62, 63, 250]], faces[[70, 71, 72, 73, 74, 251]]])
+    ppl2 = [people[i] for i in drop] + ["p60", "p61", "p62", "p63", "p250", "p70", "p71", "p72", "p73", "p74", "p251"]
+    fps2 = [fps[i] for i in drop] + [f"copy{i}" for i in range(11)]
+    lab2 = np.full(len(X2), -1)
+    pos = {g: n for n, g in enumerate(drop)}
+    for c, g in enumerate([[50, 51, 52, 53, 200], [55, 56, 57, 58, 59, 201], [90, 91, 92, 93, 94],
+                           [202, 203, 204, 205, 206]]):
+        lab2[[pos[x] for x in g]] = c
+    lab2[200:205] = 4
+    lab2[205:211] = 5
+    lab2[[pos[x] for x in range(100, 150)]] = 6 + np.arange(50) // 5
+    return s1, release(s1, X2, ppl2, fps2, lab2, "r2"), X2, ppl2
+
+
+def test_the_content_index_finds_every_match_of_all_pairs_and_tests_only_pairs_that_can_differ():
+    s1, r2, X2, ppl2 = _two_releases()
+    ref = differencing_attack(s1, r2, X2, original_people=ppl2, exhaustive_below=EXHAUSTIVE)   # all pairs
+    got = differencing_attack(s1, r2, X2, original_people=ppl2, pairs="content")
+    republished = {c.key for c, _ in r2.released_clusters(s1).values() if c.key in s1.clusters}
+    assert "content index" in got.mode and got.people_identified == ref.people_identified
+    assert {"p54", "p200", "p201", "p64", "p250", "p251"} <= got.people_identified
+    # Every match of all pairs whose attacked cluster is first released now; a republished cluster's pairs
+    # (tested when it was first released) are not attacked again.
+    want = {m for m in summary(ref)[0] if m[0] not in republished}
+    assert set(summary(got)[0]) == want
+    assert got.n_cluster_pairs < ref.n_cluster_pairs / 20    # the pairs sharing content, not all of them
+    # The same release with members' pixels no gallery holds (another drop's records): each pair is its own
+    # content, and the swaps and added faces across releases (shared fingerprints) are still tested.
+    far = differencing_attack(s1, r2, X2, original_people=ppl2, original_records=[f"x{i}" for i in range(len(X2))],
+                              pairs="content")
+    assert far.n_cluster_pairs > 0
+
+
+def test_a_release_of_returning_clusters_only_tests_nothing_and_reads_nothing():
+    s1, _, X2, ppl2 = _two_releases()
+    faces = np.asarray(X2)[:150]
+    fps = [f"f{i}" for i in range(50, 200)]
+    plan = plan_release(s1, ppl2[:150], fps, key=KEY, k=5)       # every record returns: no new cluster
+    r = build_release(plan, s1, release_id="r3", method="k-same", new_labels=np.zeros(0, int),
+                      new_images=np.zeros((0, P), np.uint8), shape=(P,))
+    assert not r.new_clusters and r.republished
+
+    class Unread:
+        shape = faces.shape
+
+        def __getitem__(self, idx):
+            raise AssertionError("no original is read when no cluster is first released")
+
+    res = differencing_attack(s1, r, Unread(), original_people=ppl2[:150], original_records=fps, pairs="content")
+    assert res.passed and res.n_cluster_pairs == 0 and "no cluster first released now" in res.mode
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2 ** 16), k=st.integers(2, 5), extra=st.integers(0, 3), swap=st.booleans(),
+       copies=st.booleans())
+def test_property_the_content_index_finds_a_planted_one_record_difference(seed, k, extra, swap, copies):
+    rng = np.random.default_rng(seed)
+    s = k + extra
+    n_bg = 6 * s
+    faces = rng.integers(0, 256, (n_bg + s + 2, P), dtype=np.uint8)
+    people = [f"p{i}" for i in range(len(faces))]
+    fps = [f"f{i}" for i in range(len(faces))]
+    lab = np.full(len(faces), -1)
+    lab[:n_bg] = np.arange(n_bg) // s
+    leak = list(range(n_bg, n_bg + s))
+    a, b = n_bg + s, n_bg + s + 1
+    lab[leak] = 6
+    sibling = leak[:-1] + [a] if swap else leak + [a]
+    s0 = empty_state("scale")
+    if copies:   # pixel copies under new records, in one release
+        X = np.vstack([faces, faces[sibling]])
+        ppl = people + [people[i] for i in sibling]
+        lab2 = np.concatenate([lab, np.full(len(sibling), 7)])
+        lab2[a] = lab2[b] = -1
+        state, rel = s0, release(s0, X, ppl, fps + [f"copy{i}" for i in range(len(sibling))], lab2, "r1", k=k)
+    else:        # across two releases
+        lab[a] = lab[b] = -1
+        state = s0.with_entry(release(s0, faces, people, fps, lab, "r1", k=k).to_entry())
+        lab2 = np.full(len(faces), -1)
+        lab2[sibling] = 0
+        X, ppl = faces, people
+        rel = release(state, X, ppl, fps, lab2, "r2", k=k)
+    got = differencing_attack(state, rel, X, original_people=ppl, pairs="content")
+    assert ({people[leak[-1]], people[a]} if swap else {people[a]}) <= got.people_identified
+    assert any(m.kind == ("pair" if swap else "single") for m in got.matches)

@@ -854,7 +854,7 @@ def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, threads: int =
     clusters (on ``threads``) and against the ``published`` releases the registry does not remember
     (:func:`published_outside_registry`)."""
     from deid.release.lineage_checks import (  # noqa: PLC0415
-        check_structure, differencing_attack, published_differencing_attack)
+        REPUBLISHED_ONLY, DifferencingResult, check_structure, differencing_attack, published_differencing_attack)
 
     import shutil  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
@@ -881,13 +881,20 @@ def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, threads: int =
             [c.key for c, _ in released], [c.image for c, _ in released],
             [sorted({len(c.records), n} - {0}) for c, n in released], published, X, original_people=people)
 
-    if len(rows) >= 2:
+    if len(rows) >= 2 and not rel.new_clusters and not published:
+        # Every released cluster is a registered one, tested against every registered cluster when it was
+        # first released: no pair can differ now, and no original is read (issue 32).
+        attack = DifferencingResult(0, 0, REPUBLISHED_ONLY, (), frozenset(), 1.0)
+        (logger or log).info(f"lineage differencing attack: {attack.mode}")
+        checks.append(attack.to_check().to_gate_check())
+    elif len(rows) >= 2:
         # The originals stay on disk (one file of raw rows next to the aligned parts), read as the attack needs them.
         tmp = Path(tempfile.mkdtemp(prefix=".lineage-originals-", dir=Path(paths[0]).parent.parent))
         try:
             X = stages.RowFile.from_aligned(paths, rows, tmp / "originals.u8")
+            # Only pairs whose basis contents can differ by fewer than k records are attacked (issue 32).
             attack = differencing_attack(lin.state, rel, X, original_people=people, original_records=records,
-                                         threads=threads)
+                                         threads=threads, pairs="content")
             pub = attack_published(X, people)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

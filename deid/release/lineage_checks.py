@@ -22,7 +22,7 @@ from deid.release.lineage import LineageCluster, LineageRelease, LineageState, l
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DifferencingMatch", "DifferencingResult", "LineageCheck", "PublishedDifferencingResult", "check_label_mix",
+__all__ = ["REPUBLISHED_ONLY", "DifferencingMatch", "DifferencingResult", "LineageCheck", "PublishedDifferencingResult", "check_label_mix",
            "check_structure", "differencing_attack", "published_differencing_attack"]
 
 
@@ -263,6 +263,10 @@ class _Averages:
         return stored_rows(self.images, idx)
 
 
+# The mode of an attack with no cluster first released now: nothing can differ that was not tested before.
+REPUBLISHED_ONLY = "no cluster first released now (republished clusters were tested when first released)"
+
+
 def _cluster_sizes(c: LineageCluster, *more: int) -> list[int]:
     return sorted({len(c.records), *more} - {0})
 
@@ -273,7 +277,7 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
                         n_components: int = 50, max_pairs: int = 200_000, neighbors: int = 10,
                         candidates: int = 16, block: int = 1024, unit: str = "grey level",
                         pca_sample: int = 20_000, threads: int = 1, exhaustive_below: int = 1000,
-                        max_person_clusters: int = 64) -> DifferencingResult:
+                        max_person_clusters: int = 64, pairs: str = "nearest") -> DifferencingResult:
     """Difference every released average of this release against every registered one and every other one
     of this release; match to originals.
 
@@ -362,6 +366,21 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
         Up to this many originals every test searches the whole gallery (the reference search).
     max_person_clusters : int
         In neighbour mode, a person in more registered clusters than this adds no structural pairs.
+    pairs : {"nearest", "content"}
+        Which pairs of averages are tested. ``"nearest"`` (the reference search above): all pairs up
+        to ``max_pairs``, else nearest neighbours and structural pairs. ``"content"`` (the release
+        run's, issue 32): only clusters first released now are attacked (a republished cluster is
+        the registered one, tested against every registered cluster when it was first released;
+        it stays in the registered side with this release's size too), against the clusters whose
+        basis can differ from theirs by at most ``max(2, k - 1)`` records, counted on content: an
+        index from each member's content (the digest of its original's pixels when the gallery
+        holds it, else its source fingerprint) to the clusters holding it (:func:`_content_pairs`).
+        Every exact difference the attack can verify is one face or one swapped pair of faces, so
+        two clusters whose bases differ in more than two contents cannot give one; pixel copies
+        under other fingerprints count as the same content. A near-copy (not pixel-identical) under
+        another fingerprint is not a shared content: only ``"nearest"`` pairs averages by pixels.
+        Each average in a tested pair is read once; with no pair to test nothing else is read.
+        Needs ``original_records``; without it ``"nearest"`` is used.
 
     Returns
     -------
@@ -381,19 +400,51 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
                           "the source fingerprint of each original, in the originals' order")
     if not tolerance > 0:
         raise ConfigError(f"tolerance={tolerance!r} must be > 0 {unit}s, e.g. 1.0 grey level for faces")
+    if pairs not in ("nearest", "content"):
+        raise ConfigError(f"pairs={pairs!r} is not a pair search; pass 'nearest' (the reference) or 'content'")
+    by_content = pairs == "content" and original_records is not None
     released = release.released_clusters(state)
     new = [(c, _cluster_sizes(c, n)) for c, n in released.values()]
-    reg = [(c, _cluster_sizes(c, *state.released_sizes.get(c.key, ()))) for c in state.clusters.values()]
+    if by_content:
+        # A republished cluster is the registered one (same basis, bit-identical image): every pair it makes
+        # was tested when it was first released. It stays on the registered side, with this release's size.
+        now = {c.key: n for c, n in released.values()}
+        new = [(c, s) for c, s in new if c.key not in state.clusters]
+        reg = [(c, _cluster_sizes(c, *state.released_sizes.get(c.key, ()), *([now[c.key]] if c.key in now else [])))
+               for c in state.clusters.values()]
+    else:
+        reg = [(c, _cluster_sizes(c, *state.released_sizes.get(c.key, ()))) for c in state.clusters.values()]
     # This release's own new clusters are differenced too, the first release's included: two clusters of
     # one release that share all but a few people's (near-)identical photos leak exactly as a pair across
     # releases does (measured: London photos each copied ten times, 40 people recovered).
     reg += [(c, sizes) for c, sizes in new if c.key not in state.clusters]
     if not new or not reg:
-        return DifferencingResult(0, 0, "nothing to compare", (), frozenset(), tolerance, unit)
-    for c, _ in new + reg:
+        return DifferencingResult(0, 0, REPUBLISHED_ONLY if by_content and reg else "nothing to compare", (),
+                                  frozenset(), tolerance, unit)
+    for c, _ in new if by_content else new + reg:   # content: the averages of tested pairs are checked below
         if c.image.shape[0] != X.shape[1]:
             raise ConfigError(f"cluster averages have {c.image.shape[0]} values but originals {X.shape[1]}; pass the "
                               "aligned faces at the canonical size (or the drop's vectors of the same dimension)")
+    if by_content:
+        kmax = max([release.k, *(c.k for c, _ in new), *(c.k for c, _ in reg)])
+        content = _content_ids(X, original_records, [c for c, _ in new] + [c for c, _ in reg])
+        ci, cj = _content_pairs([c for c, _ in new], [c for c, _ in reg], content, max(2, kmax - 1))
+        same = np.array([new[a][0].image_sha256 == reg[b][0].image_sha256 for a, b in zip(ci.tolist(), cj.tolist())],
+                        dtype=bool)
+        ci, cj = ci[~same], cj[~same]
+        mode = f"clusters whose basis contents differ by at most {max(2, kmax - 1)} records (content index)"
+        if not len(ci):
+            return DifferencingResult(0, 0, mode, (), frozenset(), tolerance, unit)
+        # Only the clusters of tested pairs go on, their averages read once, in memory (a handful of clusters).
+        u1, ci = np.unique(ci, return_inverse=True)
+        u2, cj = np.unique(cj, return_inverse=True)
+        new = [new[a] for a in u1.tolist()]
+        reg = [reg[b] for b in u2.tolist()]
+        for c, _ in reg:
+            if c.image.shape[0] != X.shape[1]:
+                raise ConfigError(f"cluster averages have {c.image.shape[0]} values but originals {X.shape[1]}; pass "
+                                  "the aligned faces at the canonical size (or the drop's vectors of the same "
+                                  "dimension)")
 
     n_orig = X.shape[0]
     fit_rows = (np.arange(n_orig) if n_orig <= pca_sample else
@@ -409,6 +460,9 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
     # faces have 1.5 GB of them, issue 13) and are read and converted a chunk of rows at a time.
     M1 = _Averages([c.image for c, _ in new])
     M2 = M1 if [c.key for c, _ in reg] == [c.key for c, _ in new] else _Averages([c.image for c, _ in reg])
+    if by_content:   # each average read once (a registered one is decrypted from its pack once, not per test)
+        M1, M2 = M1[np.arange(len(M1))], (None if M2 is M1 else M2[np.arange(len(M2))])
+        M2 = M1 if M2 is None else M2
 
     def project(M: "_Averages") -> np.ndarray:
         return np.vstack([np.asarray(M[a:a + 4096], dtype=np.float32) @ Wz.T for a in range(0, len(M), 4096)])
@@ -419,12 +473,15 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
     h1 = [c.image_sha256 for c, _ in new]
     h2 = [c.image_sha256 for c, _ in reg]
 
-    all_pairs = len(new) * len(reg) <= max_pairs
-    structural = None if all_pairs else _structural_pairs([c for c, _ in new], [c for c, _ in reg],
-                                                          max_person_clusters)
-    pairs_i, pairs_j = _pairs(Y1, Y2, all_pairs, neighbors, structural=structural, threads=threads)
-    mode = "all pairs" if all_pairs else (f"{neighbors} nearest registered averages per released one and those "
-                                          "sharing a record or a person")
+    if by_content:
+        pairs_i, pairs_j = ci.astype(np.int64), cj.astype(np.int64)
+    else:
+        all_pairs = len(new) * len(reg) <= max_pairs
+        structural = None if all_pairs else _structural_pairs([c for c, _ in new], [c for c, _ in reg],
+                                                              max_person_clusters)
+        pairs_i, pairs_j = _pairs(Y1, Y2, all_pairs, neighbors, structural=structural, threads=threads)
+        mode = "all pairs" if all_pairs else (f"{neighbors} nearest registered averages per released one and those "
+                                              "sharing a record or a person")
     # Image hashes as integer codes: millions of pairs compared as arrays, not as Python objects (issue 13).
     codes: dict[str, int] = {}
     c1 = np.array([codes.setdefault(h, len(codes)) for h in h1], dtype=np.int64)
@@ -512,6 +569,64 @@ def _tests(pairs_i: np.ndarray, pairs_j: np.ndarray, sizes1: Sequence[Sequence[i
     t = np.concatenate(parts) if parts else np.zeros((0, 7), dtype=np.int64)
     t = t[np.lexsort((t[:, 2], t[:, 1], t[:, 0]))]
     return np.ascontiguousarray(t[:, 3:], dtype=np.int64)
+
+
+def _content_ids(X: Any, records: Sequence[str], clusters: Sequence[LineageCluster],
+                 chunk: int = 4096) -> dict[str, str]:
+    """Member fingerprint -> content id: ``"px:"`` and the digest of its original's values when the gallery holds it.
+
+    Only the rows of the ``clusters``' members are read (ascending, a chunk at a time). Two records
+    with the same pixels (a copy under another fingerprint) get the same id; a fingerprint the
+    gallery lacks is its own content (:func:`_content_pairs` maps it to itself).
+    """
+    import hashlib  # noqa: PLC0415
+
+    members = set().union(*(c.records for c in clusters)) if clusters else set()
+    row_of: dict[str, int] = {}
+    for r, f in enumerate(records):
+        if f in members:
+            row_of.setdefault(f, r)
+    rows = np.array(sorted(set(row_of.values())), dtype=np.int64)
+    digest: dict[int, str] = {}
+    for a in range(0, len(rows), chunk):
+        part = rows[a:a + chunk]
+        block = np.ascontiguousarray(np.asarray(X[part]))
+        for r, row in zip(part.tolist(), block):
+            digest[r] = "px:" + hashlib.blake2b(row.tobytes(), digest_size=16).hexdigest()
+    return {f: digest[r] for f, r in row_of.items()}
+
+
+def _content_pairs(new: Sequence[LineageCluster], reg: Sequence[LineageCluster], content: dict[str, str],
+                   max_diff: int) -> tuple[np.ndarray, np.ndarray]:
+    """(i, j) of every ``new[i]`` and ``reg[j]`` whose basis content multisets differ by at most ``max_diff`` records.
+
+    An inverted index from content to the registered clusters holding it: a pair is looked at only
+    if it shares a content (or both clusters are so small that, disjoint, they still differ by at
+    most ``max_diff``). ``|A ^ B| = |A| + |B| - 2 |A & B|`` on multisets of contents.
+    """
+    def bag(c: LineageCluster) -> Counter:
+        return Counter(content.get(f, "fp:" + f) for f in c.records)
+
+    index: dict[str, list[tuple[int, int]]] = defaultdict(list)
+    size2 = np.array([len(c.records) for c in reg], dtype=np.int64)
+    for j, c in enumerate(reg):
+        for cid, m in bag(c).items():
+            index[cid].append((j, m))
+    small2 = np.flatnonzero(size2 < max_diff)   # disjoint pairs of tiny clusters can differ by few records too
+    out_i: list[int] = []
+    out_j: list[int] = []
+    for i, c in enumerate(new):
+        overlap: dict[int, int] = defaultdict(int)
+        for cid, n in bag(c).items():
+            for j, m in index.get(cid, ()):
+                overlap[j] += min(n, m)
+        n1 = len(c.records)
+        js = {j for j, ov in overlap.items() if n1 + int(size2[j]) - 2 * ov <= max_diff}
+        if n1 < max_diff:
+            js.update(int(j) for j in small2 if n1 + int(size2[j]) <= max_diff)
+        out_i.extend([i] * len(js))
+        out_j.extend(sorted(js))
+    return np.asarray(out_i, dtype=np.int64), np.asarray(out_j, dtype=np.int64)
 
 
 def _structural_pairs(new: Sequence[LineageCluster], reg: Sequence[LineageCluster],
