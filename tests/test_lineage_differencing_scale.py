@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from deid.release.lineage import build_release, empty_state, plan_release, release_from_clusters
@@ -212,6 +212,9 @@ def test_a_release_of_returning_clusters_only_tests_nothing_and_reads_nothing():
 @given(seed=st.integers(0, 2 ** 16), k=st.integers(2, 5), extra=st.integers(0, 3), swap=st.booleans(),
        copies=st.booleans())
 def test_property_the_content_index_finds_a_planted_one_record_difference(seed, k, extra, swap, copies):
+    # A swap differs by two people's records: a leak only when 2 < k (lineage_checks.check_structure's rule;
+    # at k=2 it gives a - b, two people's faces, and neither the all-pairs search nor the index reports it).
+    assume(k >= 3 or not swap)
     rng = np.random.default_rng(seed)
     s = k + extra
     n_bg = 6 * s
