@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
@@ -215,6 +216,9 @@ def test_property_the_content_index_finds_a_planted_one_record_difference(seed, 
     # A swap differs by two people's records: a leak only when 2 < k (lineage_checks.check_structure's rule;
     # at k=2 it gives a - b, two people's faces, and neither the all-pairs search nor the index reports it).
     assume(k >= 3 or not swap)
+    # A swap between clusters of one release whose other members are pixel copies: a known gap of both
+    # searches (test_known_gap_a_swap_among_pixel_copies_within_one_release), kept out of this property.
+    assume(not (swap and copies))
     rng = np.random.default_rng(seed)
     s = k + extra
     n_bg = 6 * s
@@ -244,3 +248,31 @@ def test_property_the_content_index_finds_a_planted_one_record_difference(seed, 
     got = differencing_attack(state, rel, X, original_people=ppl, pairs="content")
     assert ({people[leak[-1]], people[a]} if swap else {people[a]}) <= got.people_identified
     assert any(m.kind == ("pair" if swap else "single") for m in got.matches)
+
+
+@pytest.mark.xfail(strict=True, reason="known gap (issue 32 note): within one release, a cluster and one made of "
+                   "pixel copies of all but one of its members differ by a swapped pair; neither the all-pairs "
+                   "search nor the content index finds it on random faces (seed 166, k=3: 0 people identified)")
+@pytest.mark.parametrize("pairs", ["content", "nearest"])
+def test_known_gap_a_swap_among_pixel_copies_within_one_release(pairs):
+    seed, k, extra = 166, 3, 1
+    rng = np.random.default_rng(seed)
+    s = k + extra
+    n_bg = 6 * s
+    faces = rng.integers(0, 256, (n_bg + s + 2, P), dtype=np.uint8)
+    people = [f"p{i}" for i in range(len(faces))]
+    fps = [f"f{i}" for i in range(len(faces))]
+    lab = np.full(len(faces), -1)
+    lab[:n_bg] = np.arange(n_bg) // s
+    leak = list(range(n_bg, n_bg + s))
+    a, b = n_bg + s, n_bg + s + 1
+    lab[leak] = 6
+    sibling = leak[:-1] + [a]
+    X = np.vstack([faces, faces[sibling]])
+    ppl = people + [people[i] for i in sibling]
+    lab2 = np.concatenate([lab, np.full(len(sibling), 7)])
+    lab2[a] = lab2[b] = -1
+    s0 = empty_state("scale")
+    rel = release(s0, X, ppl, fps + [f"copy{i}" for i in range(len(sibling))], lab2, "r1", k=k)
+    got = differencing_attack(s0, rel, X, original_people=ppl, pairs=pairs)
+    assert {people[leak[-1]], people[a]} <= got.people_identified
