@@ -458,18 +458,26 @@ def identity_first_pass(record_ids: pa.ChunkedArray, aligned: Aligned, shape_hw:
     back from the aligned parts and embedded over the executor (:func:`embed_faces`).
     """
     ids = stages._array(record_ids)
+    # Each part row's place in ``ids`` (-1: not asked for), from one hash of ``ids``: hashing the ids
+    # once per aligned part (1,954 parts at 1M faces) made this pass ~1 ms a face, 10x its features.
+    part_ids = [pq.read_table(p, columns=["record_id"]).column("record_id") for p in aligned.parts]
+    at = pc.index_in(pa.chunked_array([c for a in part_ids for c in a.chunks], pa.string()), value_set=ids)
+    at = at.fill_null(-1).to_numpy()
+    bounds = np.cumsum([0, *(len(a) for a in part_ids)])
+    del part_ids
     model, cheap = None, None
     progress = Progress("partition: identity first pass").start(len(ids))
-    for part in aligned.parts:
-        t = pq.read_table(part, columns=["record_id", "pixels"])
-        t = t.filter(pc.is_in(t.column("record_id"), value_set=ids))
-        if not t.num_rows:
+    for i, part in enumerate(aligned.parts):
+        dest = at[bounds[i]:bounds[i + 1]]
+        keep = np.flatnonzero(dest >= 0)
+        if not len(keep):
             continue
+        t = pq.read_table(part, columns=["pixels"]).take(pa.array(keep))
         rows = np.frombuffer(b"".join(t.column("pixels").to_pylist()), np.uint8).reshape(t.num_rows, -1)
         if model is None:
             model = stages.CheapIdentityFeatures(shape_hw).fit(rows[:: max(1, len(rows) // 4000)])
             cheap = np.zeros((len(ids), model.n_components), np.float32)
-        cheap[stages.positions_in(t.column("record_id"), ids).to_numpy()] = model.transform(rows)
+        cheap[dest[keep]] = model.transform(rows)
         progress.advance(t.num_rows)
     progress.finish()
 
