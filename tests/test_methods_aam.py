@@ -138,3 +138,30 @@ def test_errors_name_the_parameter():
         KSameAAM(1, shape=SHAPE).fit(x, people=people)
     with pytest.raises(ConfigError, match="options="):
         deidentify(x, shape=SHAPE, people=people, method="k-same-aam", k=2, options={"warp": 1})
+
+
+def test_the_partition_stage_releases_k_same_aam_and_says_where_its_shapes_came_from(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from deid.operations import stages
+
+    x, people, points = moved_faces(n_people=6, per_person=1, seed=8)
+    for with_points in (True, False):
+        root = tmp_path / f"partition-{with_points}"
+        root.mkdir()
+        pq.write_table(pa.table({
+            "record_id": [f"r{i:03d}" for i in range(len(x))], "subject_id": [f"s{p}" for p in people],
+            "features": pa.array([[0.0] * 4] * len(x), pa.list_(pa.float32())),
+            "pixels": [row.tobytes() for row in x],
+            "points": [p.ravel().tolist() if with_points else None for p in points]}), root / "part-0.parquet")
+        part = stages.deidentify_partition(str(root), str(tmp_path / f"out-{with_points}" / "d.parquet"), k=2,
+                                           method="k-same-aam", shape=SHAPE)
+        assert part.shape_sources == {"points" if with_points else "flow": len(part.clusters)}
+        assert all(c.people >= 2 for c in part.clusters) and sum(c.size for c in part.clusters) == len(x)
+        got = pq.read_table(part.path)
+        released = np.frombuffer(b"".join(got.column("pixels").to_pylist()), np.uint8).reshape(len(x), -1)
+        want, _ = deidentify(x, shape=SHAPE, people=[f"s{p}" for p in people], method="k-same-aam", k=2,
+                             points=points if with_points else None)
+        order = [int(r[1:]) for r in got.column("record_id").to_pylist()]
+        np.testing.assert_array_equal(released, want[order])

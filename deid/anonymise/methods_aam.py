@@ -261,6 +261,30 @@ def flow_shapes(faces: np.ndarray, *, flow: str = "farneback", n_iter: int = 1, 
     return shapes
 
 
+def given_shapes(points: Sequence[Any] | None, frame: Sequence[int]) -> np.ndarray | None:
+    """The landmark sets (n, p, 2) :class:`KSameAAM` fits its shape model to, or None: it places a grid by flow.
+
+    The given ``points`` (one entry per face, None or (p, 2) in canonical pixels) when every face
+    has some, all of the same number, keeping the landmarks inside the (height, width) ``frame``
+    (with :data:`deid.anonymise.methods_ksame.MESH_MARGIN`) on every face, at least 3 of them.
+    """
+    pts = check_points(points, len(points)) if points is not None else []
+    if not pts or any(p is None for p in pts) or len({len(p) for p in pts if p is not None}) != 1:
+        if any(p is not None for p in pts):
+            logger.info("k-same-aam: %d of %d faces have landmark points (all need the same number); placing a "
+                        "grid by optical flow on every face", sum(p is not None for p in pts), len(pts))
+        return None
+    given = np.stack([p for p in pts if p is not None])
+    h, w, m = frame[0], frame[1], MESH_MARGIN
+    inside = ((given[..., 0] >= -m) & (given[..., 0] <= w - 1 + m) & (given[..., 1] >= -m)
+              & (given[..., 1] <= h - 1 + m)).all(axis=0)
+    if inside.sum() < 3:
+        logger.info("k-same-aam: only %d landmarks inside the frame on every face; placing a grid by flow",
+                    int(inside.sum()))
+        return None
+    return given[:, inside]
+
+
 class KSameAAM(BaseEstimator):
     """k-Same-M on a fitted shape and appearance model (AAM): cluster in parameter space, render the mean.
 
@@ -344,19 +368,9 @@ class KSameAAM(BaseEstimator):
                               "flow landmarks; a frame gets at least 2 x 2 of them); e.g. 8")
 
     def _shapes(self, faces: np.ndarray, pts: list[np.ndarray | None]) -> tuple[np.ndarray, str]:
-        n, h, w = faces.shape
-        if all(p is not None for p in pts) and len({len(p) for p in pts if p is not None}) == 1:
-            given = np.stack([p for p in pts if p is not None])
-            m = MESH_MARGIN
-            inside = ((given[..., 0] >= -m) & (given[..., 0] <= w - 1 + m) & (given[..., 1] >= -m)
-                      & (given[..., 1] <= h - 1 + m)).all(axis=0)
-            if inside.sum() >= 3:
-                return given[:, inside], "points"
-            logger.info("k-same-aam: only %d landmarks inside the frame on every face; placing a grid by flow",
-                        int(inside.sum()))
-        elif any(p is not None for p in pts):
-            logger.info("k-same-aam: %d of %d faces have landmark points (all need the same number); placing a "
-                        "grid by optical flow on every face", sum(p is not None for p in pts), n)
+        given = given_shapes(pts, faces.shape[1:])
+        if given is not None:
+            return given, "points"
         return flow_shapes(faces, flow=self.flow, n_iter=int(self.n_iter), step=int(self.grid_step)), "flow"
 
     def fit(self, X: Any, *, people: Sequence[Hashable], points: Sequence[Any] | None = None) -> "KSameAAM":
