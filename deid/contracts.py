@@ -332,7 +332,7 @@ class ClusterInfo:
 class Deidentified:
     """De-identified parts (one per partition) and their clusters.
 
-    ``shape_sources``: for k-same-m, how many clusters took their shape from landmark points and
+    ``shape_sources``: for k-same-m and k-same-aam, how many clusters took their shape from landmark points and
     how many from optical flow (``{"points": n, "flow": m}``); empty for other methods.
     ``suppressed``: records withheld as near copies (:mod:`deid.anonymise.near_copy`), in no part;
     ``near_copies``: what that repair did (:class:`~deid.anonymise.near_copy.NearCopyRepair`; None:

@@ -9,7 +9,7 @@ from method_checks import check_claimed_structure
 from deid.anonymise.methods import REGISTRY, deidentify
 
 SHAPE = (12, 10)
-NEW = ("k-same-eigen", "k-same-m", "multi-factor", "selective-mean", "attribute-preserving")
+NEW = ("k-same-eigen", "k-same-m", "k-same-aam", "multi-factor", "selective-mean", "attribute-preserving")
 
 
 @settings(max_examples=10, deadline=None)

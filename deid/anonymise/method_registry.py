@@ -90,6 +90,9 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
                _formal("the eigenface reconstruction of the mean coefficients")),
     MethodSpec("k-same-m", "k", True, True, True,
                _formal("the shape-and-appearance (landmark or optical-flow registered) average")),
+    # k-Same-M as the paper fits it: clusters in an AAM's parameter space (deid.anonymise.methods_aam).
+    MethodSpec("k-same-aam", "k", True, True, True,
+               _formal("the rendering of the mean parameters of a fitted shape-and-appearance model (AAM)")),
     MethodSpec("multi-factor", "k", False, False, True,
                _empirical("identity factors are k-Same averaged over >= k people and every face keeps a non-identity "
                           "factor: its labels' effects by default, so the faces of an identity cluster x label cell "

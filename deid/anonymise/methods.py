@@ -3,8 +3,9 @@
 ``k-same`` and ``k-same-select`` count distinct people per cluster and carry the formal
 k-Same guarantee. ``k-same-naive`` (Newton et al.'s formulation, which counts images),
 ``blur`` and ``pixelate`` (the ad-hoc methods of Gross et al. 2005 §4.2) exist so that
-the gate and the study can show where they fail. ``k-same-eigen`` and ``k-same-m``
-(:mod:`deid.anonymise.methods_ksame`) form each cluster's face differently but keep the k-Same
+the gate and the study can show where they fail. ``k-same-eigen``, ``k-same-m``
+(:mod:`deid.anonymise.methods_ksame`) and ``k-same-aam`` (:mod:`deid.anonymise.methods_aam`, clusters in a fitted
+shape-and-appearance model's parameter space) form each cluster's face differently but keep the k-Same
 structure (identical image per cluster). ``multi-factor`` (:mod:`deid.anonymise.methods_factor`),
 ``selective-mean`` (:mod:`deid.anonymise.methods_selective`) and ``attribute-preserving``
 (:mod:`deid.anonymise.methods_attribute`) give faces individual releases: no formal guarantee, the
@@ -40,6 +41,7 @@ from deid.anonymise.method_registry import (  # noqa: F401 (re-exported: the reg
     guarantee,
     method_spec,
 )
+from deid.anonymise.methods_aam import KSameAAM
 from deid.anonymise.methods_attribute import AttributePreserving
 from deid.anonymise.methods_factor import MultiFactor
 from deid.anonymise.methods_ksame import KSameEigen, KSameM, check_images, check_shape, to_uint8
@@ -169,8 +171,9 @@ def deidentify(
     The k-Same family clusters faces by Euclidean distance between their eigenface
     coefficients (``n_components`` PCA components fitted on ``images``, as the release flow
     does) and releases one face per cluster: the pixel mean (``k-same``, ``k-same-select``,
-    ``k-same-naive``), the reconstruction of the mean coefficients (``k-same-eigen``) or the
-    shape-and-appearance average (``k-same-m``).
+    ``k-same-naive``), the reconstruction of the mean coefficients (``k-same-eigen``), the
+    shape-and-appearance average (``k-same-m``) or, for ``k-same-aam``, the rendering of the mean
+    parameters of a fitted shape-and-appearance model, in whose parameter space it also clusters.
 
     Parameters
     ----------
@@ -196,7 +199,8 @@ def deidentify(
         Further parameters of the method's estimator (e.g. ``{"flow": "dis"}`` for k-same-m).
     points : sequence, length n, optional
         Per face, its landmarks (n_points, 2) in canonical pixels or None; k-same-m takes its
-        clusters' shape from them where every member has some (other methods ignore them).
+        clusters' shape from them where every member has some, k-same-aam its shape model where every
+        face has some (other methods ignore them).
     sequences, frames : sequence, length n, optional
         Per face, its image-sequence key (None: a still image) and frame number. With
         ``multi-factor`` the faces are de-identified by
@@ -302,6 +306,8 @@ _ESTIMATORS: dict[str, Callable[..., Any]] = {
                                                                           random_state=seed, **o),
     "k-same-m": lambda k, shape, n_components, seed, **o: KSameM(k, shape=shape, n_components=n_components,
                                                                   random_state=seed, **o),
+    "k-same-aam": lambda k, shape, n_components, seed, **o: KSameAAM(k, shape=shape, n_components=n_components,
+                                                                      random_state=seed, **o),
     "multi-factor": lambda k, shape, n_components, seed, **o: MultiFactor(k, n_components=n_components,
                                                                           random_state=seed, **o),
     # Per-frame expression with privacy: MultiFactor's "label-groups" mode (a sequence drop's options may name it).
@@ -316,11 +322,11 @@ _ESTIMATORS: dict[str, Callable[..., Any]] = {
 _USES_LABELS: frozenset[str] = frozenset({"multi-factor", "multi-factor-expression", "selective-mean",
                                           "attribute-preserving"})
 # Methods whose estimator takes landmark points.
-_USES_POINTS: frozenset[str] = frozenset({"k-same-m"})
+_USES_POINTS: frozenset[str] = frozenset({"k-same-m", "k-same-aam"})
 
 
 def uses_points(method: str) -> bool:
-    """Whether the method's estimator takes landmark points (k-same-m's cluster shapes)."""
+    """Whether the method's estimator takes landmark points (k-same-m's cluster shapes, k-same-aam's shape model)."""
     return method in _USES_POINTS
 
 

@@ -456,7 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("drop")
     r.add_argument("--k", type=_k, default=None, help="minimum distinct people per cluster (default 5)")
     r.add_argument("--method", choices=[*METHODS, *FEATURE_ONLY_METHODS], default=None,
-                   help="k-same-select (default), k-same, k-same-eigen or k-same-m (formal k-Same guarantee); "
+                   help="k-same-select (default), k-same, k-same-eigen, k-same-m or k-same-aam (formal k-Same guarantee); "
                         "multi-factor, multi-factor-expression (video: expression per frame), selective-mean, "
                         "attribute-preserving (the gate's attacks decide); "
                         "k-same-naive, blur and pixelate are for comparison (the gate rejects them); feature drops: "

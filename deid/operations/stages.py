@@ -35,6 +35,7 @@ from deid.heap import release_free_memory
 from deid.release.linkage import COUNTERFEIT_PREFIX  # staging id of a counterfeit record (private linkage only)
 from deid.anonymise.method_registry import COLOR_METHODS, REGISTRY
 from deid.anonymise.methods import deidentify as deidentify_images
+from deid.anonymise.methods_aam import given_shapes
 from deid.anonymise.methods_ksame import shape_sources
 from deid.schemas import arrow as schemas
 
@@ -59,7 +60,7 @@ class DeidentifiedPart:
     path: str
     records: int
     clusters: tuple[ClusterInfo, ...]
-    shape_sources: dict[str, int] | None = None  # k-same-m: clusters shaped from landmark points / optical flow
+    shape_sources: dict[str, int] | None = None  # k-same-m, k-same-aam: clusters shaped from points / optical flow
     suppressed: tuple[str, ...] = ()  # records withheld as near copies (not in the part)
     near_copies: NearCopyRepair | None = None  # the near-copy repair (None: the method gets none)
 
@@ -473,6 +474,9 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
         if method == "k-same-m" and len(ids):  # the report says where the clusters' shapes came from
             for source in shape_sources(labels_, points):
                 sources[source] = sources.get(source, 0) + 1
+        elif method == "k-same-aam" and len(ids):  # one shape model per partition: its clusters share its source
+            source = "points" if shape is not None and given_shapes(points, shape) is not None else "flow"
+            sources[source] = sources.get(source, 0) + int(labels_.max()) + 1
     else:
         model = KSame(k, count="people" if spec.counts_people else "images", block_size=block_size,
                       map_blocks=map_blocks).fit(X, people=people, images=images)
