@@ -824,9 +824,9 @@ def search_people(config: RunConfig, routing, lineage_state, *, listed: pa.Array
     people = [identity.person[r] for r in rows.tolist()]
     # People the lineage holds already (released under its pseudonyms) were found by the lookup: not matched again.
     distinct = sorted(set(people))
-    held = set(lineage_state.released_people) | set(lineage_state.person_clusters)
+    released, clusters = lineage_state.released_people, lineage_state.person_clusters  # looked up, not copied
     known = {p for p, h in zip(distinct, pseudonymize(linkage_key(config)[0], lineage_state.dataset, distinct))
-             if h in held}
+             if h in released or h in clusters}
     index = person_index(config)
     faces = index.route_faces(routing, people, descriptors, threshold=float(cal["threshold"]), known=known,
                               held=len(known), policy=config.cross_dataset)
