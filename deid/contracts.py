@@ -308,6 +308,11 @@ class Partitioned:
     quarantined: tuple[Quarantined, ...] = ()
     lineage: LineagePlanned | None = None
     inputs: MethodInputs = field(default_factory=MethodInputs)
+    # The person index's face search (issue 27): its ``person_index`` check, the report's note when it routed the
+    # drop, and the staged descriptors the release registers (None: nothing to register).
+    checks: tuple[Check, ...] = ()
+    notes: tuple[str, ...] = ()
+    person_faces: Path | None = None
 
     @property
     def gate_keys(self) -> dict[tuple[str, ...], str]:

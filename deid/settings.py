@@ -124,7 +124,8 @@ class Settings(BaseSettings):
                                          "records, or suppressed in this release")
     cross_dataset: Literal["refuse", "route"] = Field(
         default="refuse", description="a drop holding people another dataset of the project registered (the person "
-                                      "index): refused naming that dataset, or planned in that dataset's lineage")
+                                      "index: same photograph, steward id, or face): refused naming that dataset, or "
+                                      "planned in that dataset's lineage")
     cross_dataset_ids: Literal["linked", "project"] = Field(
         default="linked", description="steward ids name one person across the project's datasets (project), or only "
                                       "towards a dataset the drop shares a photograph with (linked)")

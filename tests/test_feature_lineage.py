@@ -128,6 +128,10 @@ def test_the_same_vectors_under_another_dataset_name_are_refused_naming_the_data
     assert res.verdict == "rejected" and res.release_dir is None
     assert "registered under dataset 'voices' (20 people)" in " ".join(res.report.reasons)
     assert [(c.name, c.passed) for c in res.report.checks] == [("person_index", False)]
+    # A refusal, worded as one (not "the drop could not be judged"); the released runs say vectors get no face search.
+    assert res.report.reasons[0].startswith("the drop of dataset 'voices-renamed' holds people"), res.report.reasons
+    searched = {c["name"]: c for c in json.loads(second.report_path.read_text())["checks"]}["person_index"]
+    assert searched["passed"] and "face search: not applicable (a feature drop has no faces)" in searched["detail"]
     assert sorted(p.name for p in (root / "data" / "releases").iterdir()) == before
 
 

@@ -146,6 +146,15 @@ def test_synthetic_release_end_to_end_and_verify(demo, tmp_path):
     released_ids = set(pq.read_table(Path(result["release_dir"]) / "release.parquet").column("record_id").to_pylist())
     assert {r["released_record_id"] for r in rows} == released_ids
     assert all(r["subject_id"] and r["source_image"].startswith("images/") for r in rows)
+    # The person index's face search ran (issue 27): no one was registered before, so its 60 people were searched
+    # and none matched; the release registered its faces with its lineage.
+    searched = {c["name"]: c for c in report["checks"]}["person_index"]
+    assert searched["passed"] and searched["detail"].startswith("face search: 0 of the 60 people"), searched
+    from deid.operations.person_index import PersonIndex
+
+    key = load_linkage_key(project / "data" / "keys" / "dev_linkage.key")
+    owners = PersonIndex.open(project / "data", key).face_search()[1]
+    assert len(owners) == 120 - ds["records_quarantined"] and {d for d, _ in owners} == {report["lineage"]["dataset"]}
     # The staging quarantine table exists even when empty; nothing left behind in releases/.
     staging = project / "data" / "staging" / report["release_id"]
     assert (staging / ".complete").exists() and pq.read_table(staging / "quarantine.parquet").num_rows == 0

@@ -227,3 +227,12 @@ def test_the_person_index_on_postgres_claims_refuses_and_routes_across_datasets(
     assert routed.dataset == "cohort-a" and routed.aliases == {f"rekeyed-{n}": f"participant-{n}" for n in range(4)}
     stored = b"".join(bytes(r[0]) + bytes(r[1] or b"") for r in _sql(url, "SELECT digest, person FROM deid_person_index"))
     assert b"participant-" not in stored and not any(f.encode() in stored for f in fps)
+    # A claim a later stage refuses is withdrawn; one routed later (by face) is moved, as in SQLite.
+    new = [f"{n:064x}" for n in range(10, 14)]
+    claim = index.claim("cohort-c", [f"new-{n}" for n in range(4)], new)
+    assert index.count() == held + 8 and len(claim.claimed) == len(claim.claimed_ids) == 4 * 16
+    index.withdraw(claim)
+    assert index.count() == held and index.lookup([f"new-{n}" for n in range(4)], new).records == {}
+    moved = index.resettle(index.claim("cohort-c", [f"new-{n}" for n in range(4)], new), "cohort-a",
+                           ["participant-0", *(f"new-{n}" for n in range(1, 4))], new)
+    assert moved.dataset == "cohort-a" and set(index.lookup(["x"] * 4, new).records) == {"cohort-a"}

@@ -19,7 +19,7 @@ import pytest
 
 from deid.errors import DataError, StateError
 from deid.operations import stages
-from deid.operations.person_index import DescriptorSearch, Matches, PersonIndex, decide
+from deid.operations.person_index import CrossDatasetRefusal, DescriptorSearch, Matches, PersonIndex, decide, decide_faces
 from deid.release.lineage import build_release, empty_state
 
 KEY = bytes(range(32))
@@ -219,3 +219,105 @@ def test_the_inverted_file_finds_what_the_exact_search_finds():
     ivf_i, ivf_d = ivf.search(probes)
     assert np.all(ivf_d >= exact_d - 1e-5)  # never nearer than the true nearest (a miss, not a false match)
     assert np.mean(ivf_i // 2 == exact_i // 2) >= 0.95  # the same person found
+    # Every registered face within a radius: the inverted file finds the exact search's pairs it can reach (its
+    # lists), never one the exact search does not have.
+    exact = set(zip(*[a.tolist() for a in DescriptorSearch(faces).within(probes, 0.45)[:2]]))
+    found = set(zip(*[a.tolist() for a in ivf.within(probes, 0.45)[:2]]))
+    assert found <= exact and len(found) >= 0.95 * len(exact) and len(exact) >= 2 * len(probes)
+
+
+def test_decide_faces_takes_more_than_one_pair_for_a_person_of_several_photographs():
+    owners = [("cohort-a", "P-1"), ("cohort-a", "P-1"), ("cohort-a", "q"), ("cohort-c", "z")]
+    one_pair = [(0, 0, 0.3)]  # drop person "x" (two photographs) within the threshold of one of P-1's by one pair
+    both = [(0, 0, 0.3), (1, 1, 0.35)]
+    people = ["x", "x", "y"]
+    kw = dict(lineage="cohort-b", dataset="cohort-b", threshold=0.4, policy="route")
+    assert decide_faces(one_pair, people, owners, **kw).matched == {}
+    routed = decide_faces(both, people, owners, **kw)
+    assert routed.dataset == "cohort-a" and routed.routed_from == "cohort-b" and routed.aliases == {"x": "p-1"}
+    assert routed.matched == {"cohort-a": 1} and routed.searched == 2 and "1 of the 2 people" in routed.detail()
+    # One photograph against one registered: one pair is all the evidence there can be.
+    assert decide_faces([(2, 2, 0.3)], people, owners, **kw).aliases == {"y": "q"}
+    assert decide_faces(both, people, owners, **{**kw, "known": {"x"}}).matched == {}  # found by the lookup already
+    with pytest.raises(CrossDatasetRefusal, match="'cohort-a' \\(1 people\\).*'cohort-c' \\(1 people\\)"):
+        decide_faces([*both, (2, 3, 0.2)], people, owners, **kw)  # two other lineages: refused under route too
+    with pytest.raises(CrossDatasetRefusal, match="of the lineage 'cohort-b'"):
+        decide_faces(both, people, owners, **{**kw, "held": 3})  # the drop's lineage holds some of its people
+    # In the drop's own lineage a match under another id is that registered person, whatever the policy.
+    own = decide_faces(both, people, owners, **{**kw, "lineage": "cohort-a", "policy": "refuse"})
+    assert own.dataset == "cohort-a" and own.routed_from is None and own.aliases == {"x": "p-1"}
+
+
+@pytest.mark.slow
+@pytest.mark.london
+@pytest.mark.xdist_group("london-dlib")  # London embedded once per worker (helpers.london_descriptors)
+@pytest.mark.parametrize("policy", ["refuse", "route"])
+def test_other_photographs_of_released_people_under_new_ids_and_another_name_are_found_by_face(project, policy):
+    """Issue 27's must-show: cohort-a released the neutral photographs of 50 London people; a drop of dataset
+    cohort-b holds the smiling photographs of 10 of them under new ids, and both photographs of 52 people never
+    released. The fingerprint and id lookup finds no one; the face search, at identity resolution's calibrated
+    threshold, finds the 10 (recall 10/10) and none of the 52 strangers."""
+    from helpers import load_london_aligned, london_descriptors
+
+    from deid.anonymise.identity import resolve_people
+    from deid.contracts import StagingLayout
+    from deid.operations import pipeline
+    from deid.release.lineage import empty_state
+    from deid.run_config import RunConfig
+    from deid.settings import Settings
+
+    pixels, people, _, expr = load_london_aligned()
+    E, people, expr = london_descriptors(), np.array(people), np.array(expr)
+    persons = sorted(set(people.tolist()))
+    cohort, returning, strangers = set(persons[:50]), set(persons[:10]), set(persons[50:])
+    config = RunConfig.resolve(Settings(cross_dataset=policy))
+
+    def run_rows(dataset: str, rows: list[int], prefix: str, release_id: str):
+        """A face run's person-index steps on these rows: the claim, identity resolution, the face search."""
+        ids = [f"{prefix}-{people[i]}" for i in rows]
+        fps = [hashlib.sha256(pixels[i].tobytes()).hexdigest() for i in rows]
+        routing = pipeline.claim_records(config, dataset, ids, fps)
+        identity = resolve_people(ids, embeddings=E[rows])  # as the partition stage resolves a drop of <= 2000 faces
+        layout = StagingLayout.for_run(config.data_path, release_id)
+        layout.root.mkdir(parents=True)
+        found = pipeline.search_people(
+            config, routing, empty_state(routing.dataset), listed=pa.array(ids), identity=identity,
+            record_ids=pa.array([f"r{i:05d}" for i in range(len(rows))]), rows=np.arange(len(rows)),
+            descriptors=E[rows], metadata=pa.table({"subject_id": ids, "source_sha256": fps}), quarantined=(),
+            layout=layout)
+        return routing, identity, ids, fps, found
+
+    a_rows = [i for i in range(len(people)) if people[i] in cohort and expr[i] == "neutral"]
+    routing_a, _, _, _, (aliases, state, check, note, faces) = run_rows("cohort-a", a_rows, "participant", "rel-a")
+    assert routing_a.dataset == "cohort-a" and not aliases and check.value == 0 and not note
+    # Released: its faces registered with it (pipeline.register_person_faces, as _Run.commit does).
+    assert pipeline.register_person_faces(config, "cohort-a", faces) == len(a_rows) == 50
+
+    b_rows = [i for i in range(len(people)) if people[i] in strangers or people[i] in returning and expr[i] != "neutral"]
+    assert len(b_rows) == 114
+    expected = {f"b-{p}": f"participant-{p}" for p in sorted(returning)}
+    index = pipeline.person_index(config)
+    if policy == "refuse":
+        with pytest.raises(CrossDatasetRefusal) as err:
+            run_rows("cohort-b", b_rows, "b", "rel-b")
+        msg = str(err.value)
+        assert msg.startswith("the drop of dataset 'cohort-b' holds people whose faces match people registered under "
+                              "dataset 'cohort-a' (10 people)"), msg
+        assert "10 of the 62 people searched" in msg and "dataset: cohort-a" in msg
+        ids_b = [f"b-{people[i]}" for i in b_rows]
+        fps_b = [hashlib.sha256(pixels[i].tobytes()).hexdigest() for i in b_rows]
+        assert index.lookup(ids_b, fps_b).records == {}  # the refused drop's claim was withdrawn: it claims nothing
+        # Under its registered name the drop is cohort-a's next release, the 10 planned as their registered people.
+        routing, _, _, _, (aliases, state, check, note, _) = run_rows("cohort-a", b_rows, "b", "rel-b2")
+        assert state.dataset == "cohort-a" and routing.dataset == "cohort-a"
+    else:
+        routing, _, ids_b, fps_b, (aliases, state, check, note, faces) = run_rows("cohort-b", b_rows, "b", "rel-b")
+        assert routing.dataset == "cohort-b" and routing.held == 0  # the lookup found no photograph or id
+        assert state.dataset == "cohort-a" and "'cohort-a'" in note and "DEID_CROSS_DATASET=route" in note
+        # The claim moved with the drop: its photographs are registered under cohort-a, the 10 under their ids.
+        assert set(index.lookup(ids_b, fps_b).records) == {"cohort-a"}
+        assert pipeline.register_person_faces(config, "cohort-a", faces) == 114
+    # The recall: the 10 returning people found, each as their registered person; no stranger matched.
+    assert aliases == expected
+    assert check.name == "person_index" and check.passed and (check.value, check.n) == (10, 62)
+    assert "face search: 10 of the 62 people" in check.detail

@@ -19,18 +19,17 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import random
-import sqlite3
 import time
-from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from typing import Callable, TypeVar
 
 from deid.intake.drop import DROP_YAML, MANIFEST, READY
 from deid.intake.features import run_kind
-from deid.errors import ConfigError, DropError, EnvironmentFailure, StateError
+from deid.errors import ConfigError, DropError, StateError
+from deid.operations.sqlstore import PostgresStore, SQLiteStore, Tx, run_tx
+# Re-exported: the lineage registries and the tests take the URL helpers from here.
+from deid.operations.sqlstore import postgres_conninfo as postgres_conninfo, redact_url as redact_url
 from deid.reporting.report import hash_file, scan_tree
 
 log = logging.getLogger(__name__)
@@ -64,6 +63,7 @@ CREATE TABLE IF NOT EXISTS sightings (
     PRIMARY KEY (drop_path, fingerprint)
 );
 """
+_STATEMENTS = tuple(s.strip() for s in _SCHEMA.split(";") if s.strip())
 
 
 def drop_fingerprint(drop_dir: str | os.PathLike) -> str:
@@ -141,137 +141,6 @@ class Claim:
     entry: Entry
 
 
-def redact_url(url: str) -> str:
-    """``url`` with its password replaced by ``***`` (for logs and error messages)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)
-    user = netloc[0].split(":", 1)[0]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc[1]}"))
-
-
-def postgres_conninfo(url: str) -> str:
-    """The libpq URL of ``DEID_DATABASE_URL``: ``postgresql://`` as is, a SQLAlchemy ``+driver`` suffix dropped.
-
-    So the URL Prefect's server is given (``postgresql+asyncpg://...``) can be given to deid too.
-    """
-    scheme, sep, rest = url.partition("://")
-    base = scheme.split("+", 1)[0].lower()
-    if not sep or base not in ("postgresql", "postgres"):
-        raise ConfigError(f"DEID_DATABASE_URL={redact_url(url)!r} must be a PostgreSQL URL, "
-                          "postgresql://user:password@host:5432/dbname (or postgresql+asyncpg://..., the form "
-                          "Prefect takes); leave it unset for the embedded SQLite ledger")
-    return f"postgresql://{rest}"
-
-
-class _Query:
-    """One open transaction: ``?`` placeholders, rows as dicts, on either backend."""
-
-    def __init__(self, cursor: Any, paramstyle: str):
-        self._cur = cursor
-        self._pg = paramstyle == "format"
-
-    def run(self, sql: str, params: tuple = ()) -> None:
-        self._cur.execute(sql.replace("?", "%s") if self._pg else sql, params)
-
-    def one(self, sql: str, params: tuple = ()) -> dict | None:
-        self.run(sql, params)
-        row = self._cur.fetchone()
-        return None if row is None else dict(row)
-
-    def all(self, sql: str, params: tuple = ()) -> list[dict]:
-        self.run(sql, params)
-        return [dict(r) for r in self._cur.fetchall()]
-
-
-class _SQLiteStore:
-    """The embedded ledger: one file; ``BEGIN IMMEDIATE`` makes every operation the only writer."""
-
-    retryable: tuple[type[BaseException], ...] = ()
-    attempts = 1  # SQLite waits for the lock (30 s busy timeout) instead of aborting
-
-    def __init__(self, path: Path):
-        self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with closing(sqlite3.connect(path, timeout=30.0)) as db:
-            db.execute("PRAGMA journal_mode=WAL")  # readers never block the writer
-            db.executescript(_SCHEMA)
-
-    def describe(self) -> str:
-        return str(self.path)
-
-    @contextmanager
-    def tx(self) -> Iterator[_Query]:
-        # One connection per operation: the watcher, the server's flow runs and the nightly
-        # run are separate processes; SQLite's file locks serialise them.
-        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-        db.row_factory = sqlite3.Row
-        with closing(db):
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield _Query(db.cursor(), "qmark")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
-
-
-class _PostgresStore:
-    """The shared ledger on PostgreSQL (``DEID_DATABASE_URL``), for runs on several machines.
-
-    Every operation is one ``SERIALIZABLE`` transaction, retried when PostgreSQL aborts it as a
-    serialization failure or deadlock (and on a unique violation: two first inserts of one key).
-    Why SERIALIZABLE, and not row locks: each operation reads an entry and decides from it
-    (claim, sight), and the entry may not exist yet -- ``SELECT ... FOR UPDATE`` cannot lock a
-    row that is not there, so two claims of a new fingerprint would both see nothing. Under
-    serializable snapshot isolation the outcome is that of some serial order of the operations,
-    like SQLite's one writer at a time, without a lock on the whole table; the primary keys stay
-    as the last line (one row per fingerprint, one per sighting). Operations are short and
-    re-run from the start (``now`` read again), so a retry is always safe.
-    """
-
-    attempts = 30
-
-    def __init__(self, url: str):
-        try:
-            import psycopg  # noqa: PLC0415 - only when PostgreSQL is configured
-            from psycopg import errors  # noqa: PLC0415
-            from psycopg.rows import dict_row  # noqa: PLC0415
-        except ImportError as exc:  # pragma: no cover - psycopg is a pinned dependency
-            raise EnvironmentFailure("DEID_DATABASE_URL is set but the PostgreSQL driver is missing; "
-                              "pip install 'psycopg[binary]==3.3.9' (a deid dependency)") from exc
-        self._psycopg = psycopg
-        self._dict_row = dict_row
-        self.conninfo = postgres_conninfo(url)
-        self.url = url
-        self.retryable = (errors.SerializationFailure, errors.DeadlockDetected, errors.UniqueViolation)
-        with self._connect() as conn:
-            # CREATE TABLE IF NOT EXISTS is not safe against itself run concurrently (catalog
-            # unique violations): the first process creates, the others wait and find the tables.
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext('deid.ledger.schema'))")
-            for stmt in filter(str.strip, _SCHEMA.split(";")):
-                conn.execute(stmt)
-
-    def describe(self) -> str:
-        return redact_url(self.url)
-
-    def _connect(self):
-        try:
-            return self._psycopg.connect(self.conninfo, row_factory=self._dict_row, connect_timeout=30,
-                                         application_name="deid-ledger")
-        except self._psycopg.OperationalError as exc:
-            raise EnvironmentFailure(f"ledger database {redact_url(self.url)} (DEID_DATABASE_URL) is unreachable: "
-                                     f"{str(exc).strip()}; start PostgreSQL or fix the URL") from None
-
-    @contextmanager
-    def tx(self) -> Iterator[_Query]:
-        with self._connect() as conn:  # commits on a clean exit (a serialization failure may surface here)
-            conn.isolation_level = self._psycopg.IsolationLevel.SERIALIZABLE
-            with conn.cursor() as cur:
-                yield _Query(cur, "format")
-
-
 def open_ledger(settings=None) -> "Ledger":
     """The project's ledger: PostgreSQL at ``DEID_DATABASE_URL`` if set, else ``<data dir>/ledger.sqlite``."""
     from deid.settings import Settings  # noqa: PLC0415
@@ -299,35 +168,31 @@ class Ledger:
             raise ConfigError(f"stale_after={stale_after!r} must be a positive number of seconds, e.g. 21600")
         self.stale_after = stale_after
         if isinstance(location, str) and "://" in location:
-            self._store: _SQLiteStore | _PostgresStore = _PostgresStore(location)
+            # SERIALIZABLE, not row locks: claim and sight read an entry that may not exist yet and decide from
+            # it; the primary keys stay as the last line (one row per fingerprint, one per sighting).
+            self._store: SQLiteStore | PostgresStore = PostgresStore(
+                location, _STATEMENTS, lock="deid.ledger.schema", application="deid-ledger",
+                what="ledger database {url} (DEID_DATABASE_URL)", dict_rows=True)
             self.path: Path | None = None
         else:
             self.path = Path(location)
-            self._store = _SQLiteStore(self.path)
+            self._store = SQLiteStore(self.path, _STATEMENTS, dict_rows=True)
 
     @property
     def location(self) -> str:
         """Where the ledger lives (file path, or the database URL without its password)."""
         return self._store.describe()
 
-    def _run(self, op: Callable[[_Query], T]) -> T:
-        """Run ``op`` in one transaction; re-run it from the start when the database aborted it."""
-        for attempt in range(1, 1 + self._store.attempts):
-            try:
-                with self._store.tx() as db:
-                    return op(db)
-            except self._store.retryable as exc:
-                if attempt == self._store.attempts:
-                    raise
-                log.debug("ledger transaction retried (%s, attempt %d)", type(exc).__name__, attempt)
-                time.sleep(random.uniform(0.005, 0.02 * attempt))  # noqa: S311 - jitter, not a secret
-        raise AssertionError("unreachable")  # pragma: no cover
+    def _run(self, op: Callable[[Tx], T]) -> T:
+        """Run ``op`` in one transaction; re-run it from the start when the database aborted it (``now`` read
+        again: a retry is always safe)."""
+        return run_tx(self._store, op)
 
     @staticmethod
     def _entry(row: dict | None) -> Entry | None:
         return None if row is None else Entry(**row)
 
-    def _get(self, db: _Query, fingerprint: str) -> Entry | None:
+    def _get(self, db: Tx, fingerprint: str) -> Entry | None:
         return self._entry(db.one("SELECT * FROM drops WHERE fingerprint=?", (fingerprint,)))
 
     def get(self, fingerprint: str) -> Entry | None:
@@ -358,7 +223,7 @@ class Ledger:
         """
         path = str(drop_path)
 
-        def op(db: _Query) -> str:
+        def op(db: Tx) -> str:
             now = time.time()
             seen = db.one("SELECT outcome FROM sightings WHERE drop_path=? AND fingerprint=?", (path, fingerprint))
             entry = self._get(db, fingerprint)
@@ -388,7 +253,7 @@ class Ledger:
         when it is released, rejected, or running elsewhere.
         """
 
-        def op(db: _Query) -> Claim:
+        def op(db: Tx) -> Claim:
             now = time.time()
             entry = self._get(db, fingerprint)
             if entry is not None and entry.status != QUEUED and not self._open(entry, now):
@@ -414,7 +279,7 @@ class Ledger:
         return self._set(fingerprint, by, status=FAILED, error=error[:2000])
 
     def _set(self, fingerprint: str, by: str, **fields) -> Entry:
-        def op(db: _Query) -> Entry:
+        def op(db: Tx) -> Entry:
             entry = self._get(db, fingerprint)
             if entry is None or entry.status != RUNNING or entry.claimed_by != by:
                 raise StateError(f"fingerprint {fingerprint} is not running under claim {by!r} "

@@ -13,7 +13,12 @@ KDD 2008). This index is looked up by every run whatever its dataset name:
   new id) is recognised as that person and can be listed under the registered id again;
 - a drop whose records (or, with ``DEID_CROSS_DATASET_IDS=project``, whose steward ids) are
   registered under another dataset is, by ``DEID_CROSS_DATASET``, refused naming that dataset
-  (``refuse``, the default) or planned in that dataset's lineage (``route``, said in the report).
+  (``refuse``, the default) or planned in that dataset's lineage (``route``, said in the report);
+- a released face run also registers its faces' dlib descriptors (sealed with the subject id), and
+  every face run searches its people the lookup did not find among them (:meth:`PersonIndex.route_faces`,
+  :func:`decide_faces`) at identity resolution's calibrated threshold: other photographs of a
+  registered person under a new id are that person, refused or routed as above (the claim
+  withdrawn, or moved to that lineage: :meth:`PersonIndex.withdraw`, :meth:`PersonIndex.resettle`).
 
 Identical bytes are the same person whatever the id. Steward ids are taken as project-wide only
 with ``DEID_CROSS_DATASET_IDS=project``; by default (``linked``) an id counts across datasets only
@@ -42,16 +47,12 @@ import hashlib
 import hmac
 import logging
 import os
-import random
 import secrets
-import sqlite3
-import time
-from collections import defaultdict
-from collections.abc import Iterator, Sequence
-from contextlib import closing, contextmanager
-from dataclasses import dataclass, field
+from collections import Counter, defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
@@ -60,12 +61,14 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from deid.anonymise.identity import normalize_subject_id
-from deid.errors import ConfigError, DataError, EnvironmentFailure, StateError
-from deid.operations.ledger import postgres_conninfo, redact_url
+from deid.errors import ConfigError, DataError, StateError
+from deid.operations.sqlstore import PostgresStore, SQLiteStore, Tx, run_tx
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 __all__ = ["CROSS_DATASET_POLICIES", "ID_SCOPES", "INDEX_FILE", "CrossDatasetRefusal", "DescriptorSearch", "FaceMatch",
+           "FaceRouting", "decide_faces",
            "Matches", "PersonIndex", "Routing", "decide"]
 
 CROSS_DATASET_POLICIES = ("refuse", "route")
@@ -139,7 +142,10 @@ class Routing:
     ``dataset``: the lineage to plan in (the drop's own, or the one it was routed to);
     ``routed_from``: the drop's own dataset when routed, else None; ``aliases``: subject id as listed
     -> the id its photographs are registered under (re-keyed records); ``overlap``: people of the drop
-    per other dataset that holds them; ``note``: the sentence for the report (empty: nothing to say).
+    per other dataset that holds them; ``note``: the sentence for the report (empty: nothing to say);
+    ``held``: people of the drop that ``dataset`` held before this claim (by photograph or id);
+    ``claimed`` / ``claimed_ids``: the fingerprint and id digests this claim added (16 bytes each,
+    concatenated), what :meth:`PersonIndex.withdraw` takes back if a later stage refuses the drop.
     """
 
     dataset: str
@@ -147,6 +153,14 @@ class Routing:
     aliases: dict[str, str] = field(default_factory=dict)
     overlap: dict[str, int] = field(default_factory=dict)
     note: str = ""
+    held: int = 0
+    claimed: bytes = field(default=b"", repr=False, compare=False)
+    claimed_ids: bytes = field(default=b"", repr=False, compare=False)
+
+    @property
+    def own_dataset(self) -> str:
+        """The drop's own dataset name (``dataset:`` in drop.yaml)."""
+        return self.routed_from or self.dataset
 
 
 def decide(matches: Matches, subject_ids: Sequence[str], *, dataset: str, policy: str = "refuse",
@@ -188,7 +202,8 @@ def decide(matches: Matches, subject_ids: Sequence[str], *, dataset: str, policy
     others = sorted(d for d in people if d != dataset)
     overlap = {d: len(people[d]) for d in others}
     if not others:
-        return Routing(dataset=dataset, aliases=_aliases(matches.records.get(dataset, {}), ids, dataset))
+        return Routing(dataset=dataset, aliases=_aliases(matches.records.get(dataset, {}), ids, dataset),
+                       held=len(people.get(dataset, ())))
     named = ", ".join(f"{d!r} ({overlap[d]} people)" for d in others)
     if policy == "refuse":
         raise CrossDatasetRefusal(
@@ -207,7 +222,8 @@ def decide(matches: Matches, subject_ids: Sequence[str], *, dataset: str, policy
             f"of dataset {dataset!r} is planned in {target!r}'s lineage (DEID_CROSS_DATASET=route)"
             + (f"; {len(aliases)} subject ids re-keyed (their photographs are registered under another id) are "
                "listed under their registered ids" if aliases else ""))
-    return Routing(dataset=target, routed_from=dataset, aliases=aliases, overlap=overlap, note=note)
+    return Routing(dataset=target, routed_from=dataset, aliases=aliases, overlap=overlap, note=note,
+                   held=overlap[target])
 
 
 def _aliases(rows: dict[int, str], ids: list[str], dataset: str) -> dict[str, str]:
@@ -233,6 +249,148 @@ class FaceMatch:
     dataset: str
     subject_id: str
     distance: float
+
+
+# A descriptor this close to a registered one is that registered face again (the same photograph re-dropped): not
+# registered twice. Two photographs of one person are >= 0.1 apart in dlib's space; float32 rounding is ~3e-4.
+COPY_DISTANCE = 0.01
+
+
+@dataclass(frozen=True)
+class FaceRouting:
+    """What the face search found for a drop: its people matched to people the index registered.
+
+    ``dataset``: the lineage to plan in (the claim's, or the one matched faces routed the drop to);
+    ``routed_from``: the lineage planned before, when routed; ``aliases``: drop person -> the registered
+    person (in ``dataset``) it is planned as; ``matched``: drop people matched per dataset;
+    ``searched``: drop people searched (with a descriptor, not found by the fingerprint and id lookup);
+    ``faces``: descriptors of the drop; ``registered``: descriptors in the index; ``threshold``: the
+    same-person distance used; ``fresh``: descriptor rows with no registered copy (registered with the
+    release); ``note``: the sentence for the report (empty: nothing to say).
+    """
+
+    dataset: str
+    threshold: float
+    searched: int = 0
+    faces: int = 0
+    registered: int = 0
+    matched: dict[str, int] = field(default_factory=dict)
+    aliases: dict[str, str] = field(default_factory=dict)
+    routed_from: str | None = None
+    fresh: tuple[int, ...] = ()
+    note: str = ""
+
+    @property
+    def n_matched(self) -> int:
+        return sum(self.matched.values())
+
+    def detail(self) -> str:
+        """The ``person_index`` check's detail: what was searched, how, and what was found (the recall's numerator)."""
+        found = ", ".join(f"{n} of dataset {d!r}" for d, n in sorted(self.matched.items())) or "none"
+        return (f"face search: {self.n_matched} of the {self.searched} people the fingerprint and id lookup did not "
+                f"find matched a registered person by face ({found}); {self.faces} descriptors of the drop searched "
+                f"among {self.registered} registered, at identity resolution's calibrated threshold "
+                f"{self.threshold:.3f} (more than one matching pair for a person of several photographs)"
+                + (f"; {self.note}" if self.note else ""))
+
+
+def decide_faces(pairs: Sequence[tuple[int, int, float]], people: Sequence[str], owners: Sequence[tuple[str, str]], *,
+                 lineage: str, dataset: str, threshold: float, known: frozenset[str] | set[str] = frozenset(),
+                 held: int = 0, policy: str = "refuse") -> FaceRouting:
+    """Decide a drop's lineage from its faces' matches among the registered faces (pure).
+
+    A drop person A matches a registered person B when at least ``min(2, |A| |B|)`` of their cross
+    pairs lie within ``threshold`` (|A|, |B|: their descriptors): the rule of identity resolution's
+    merges (:func:`deid.anonymise.identity._evidence_merges`), one pair being evidence only where no
+    second pair exists. Of several matching registered people the one with most pairs (then the
+    nearest) is taken. Matches in ``lineage`` are planned as those people; matches in another dataset
+    are refused naming it (``policy="refuse"``) or route the drop there (``"route"``), unless the drop
+    also holds people of ``lineage`` or of a third dataset (refused either way: one run, one lineage).
+
+    Parameters
+    ----------
+    pairs : sequence of (int, int, float)
+        (descriptor row, registered descriptor, distance) within ``threshold``
+        (:meth:`DescriptorSearch.within`).
+    people : sequence of str
+        The drop person (identity resolution's effective id) of each descriptor row.
+    owners : sequence of (str, str)
+        (dataset, subject id) of each registered descriptor.
+    lineage : str
+        The lineage the drop is planned in so far (the claim's :attr:`Routing.dataset`).
+    dataset : str
+        The drop's own dataset name (named in the messages).
+    threshold : float
+        Identity resolution's calibrated same-person distance (stated in the detail).
+    known : set of str
+        Drop people ``lineage`` holds already (found by the fingerprint and id lookup): not matched again.
+    held : int
+        People of the drop ``lineage`` held before this run.
+    policy : {"refuse", "route"}
+        ``DEID_CROSS_DATASET``.
+
+    Returns
+    -------
+    FaceRouting
+
+    Raises
+    ------
+    CrossDatasetRefusal
+        People matched in another dataset under ``refuse``, or in two lineages under ``route``.
+
+    References
+    ----------
+    D. E. King. High quality face recognition with deep metric learning. dlib blog, 2017.
+    X. Xiao, Y. Tao. m-Invariance: towards privacy preserving re-publication of dynamic datasets. SIGMOD 2007.
+    """
+    check_policy(policy, ID_SCOPES[0])
+    rows_of = Counter(people)
+    keys = [(d, normalize_subject_id(s)) for d, s in owners]
+    size = Counter(keys)
+    evidence: dict[str, dict[tuple[str, str], list]] = defaultdict(dict)  # drop person -> {registered: [pairs, d]}
+    for r, j, d in pairs:
+        a, b = people[r], keys[j]
+        if a in known or b == (lineage, a):
+            continue
+        e = evidence[a].setdefault(b, [0, np.inf])
+        e[0] += 1
+        e[1] = min(e[1], float(d))
+    match: dict[str, tuple[str, str]] = {}
+    for a, cands in evidence.items():
+        ok = [(-c, d, b) for b, (c, d) in cands.items() if c >= min(2, rows_of[a] * size[b])]
+        if ok:
+            match[a] = min(ok)[2]
+    matched = dict(sorted(Counter(ds for ds, _ in match.values()).items()))
+    searched = len(set(rows_of) - set(known))
+    base = FaceRouting(dataset=lineage, threshold=float(threshold), searched=searched, faces=len(people),
+                       registered=len(owners), matched=matched)
+    others = [d for d in matched if d != lineage]
+    mine = {a: reg for a, (ds, reg) in sorted(match.items()) if ds == lineage}
+    if not others:
+        note = (f"{len(mine)} people of the drop match people of {lineage!r} registered under other ids by face: "
+                "planned as those people" if mine else "")
+        return replace(base, aliases=mine, note=note)
+    named = ", ".join(f"{d!r} ({matched[d]} people)" for d in others)
+    how = (f"other photographs under other ids, found by face at the recogniser's threshold {threshold:.3f}: "
+           f"{sum(matched[d] for d in others)} of the {searched} people searched")
+    if policy == "refuse":
+        raise CrossDatasetRefusal(
+            f"the drop of dataset {dataset!r} holds people whose faces match people registered under dataset {named} "
+            f"in this project's person index ({how}): releasing them independently would let the two lineages be "
+            f"differenced (DEID_CROSS_DATASET=refuse); set `dataset: {others[0]}` in drop.yaml to release it in that "
+            "lineage, or DEID_CROSS_DATASET=route")
+    if len(others) > 1 or held or mine:
+        also = f" and {max(held, len(mine))} of the lineage {lineage!r} it is planned in" if held or mine else ""
+        raise CrossDatasetRefusal(
+            f"the drop of dataset {dataset!r} holds people whose faces match people of datasets {named}{also} ({how}): "
+            "one run plans in one lineage (DEID_CROSS_DATASET=route); split the drop by the dataset its people were "
+            "released in")
+    target = others[0]
+    aliases = {a: reg for a, (ds, reg) in sorted(match.items()) if ds == target}
+    note = (f"person index: {matched[target]} of the drop's people match people registered under dataset {target!r} "
+            f"by face (other photographs under other ids): the drop of dataset {dataset!r} is planned in {target!r}'s "
+            "lineage, those people under their registered ids (DEID_CROSS_DATASET=route)")
+    return replace(base, dataset=target, routed_from=lineage, aliases=aliases, note=note)
 
 
 class DescriptorSearch:
@@ -324,95 +482,45 @@ class DescriptorSearch:
                 idx[i], dist[i] = self._order[at], float(np.sqrt(max(best + float(q @ q), 0.0)))
         return idx, dist
 
+    def within(self, probes: np.ndarray, radius: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every registered descriptor within ``radius`` of each probe: (probe, registered index, distance) arrays.
+
+        The inverted file looks in the probe's ``nprobe`` nearest lists, as :meth:`search` does (a
+        pair in a list not searched is missed, never invented).
+        """
+        Q = np.ascontiguousarray(probes, dtype=np.float32).reshape(-1, self.X.shape[1])
+        r2 = float(radius) ** 2
+        ps: list[np.ndarray] = []
+        js: list[np.ndarray] = []
+        ds: list[np.ndarray] = []
+        if len(self.X) and len(Q) and self.lists is None:
+            for a in range(0, len(Q), 256):
+                q = Q[a:a + 256]
+                d2 = self.sq[None, :] - 2.0 * q @ self.X.T + np.einsum("ij,ij->i", q, q)[:, None]
+                i, j = np.nonzero(d2 < r2)
+                ps.append(i + a)
+                js.append(j)
+                ds.append(np.sqrt(np.maximum(d2[i, j], 0)))
+        elif len(self.X) and len(Q):
+            near = np.argsort(np.einsum("ij,ij->i", self.C, self.C)[None, :] - 2.0 * Q @ self.C.T, axis=1)
+            b = self._bounds
+            for p, q in enumerate(Q):
+                qq = float(q @ q)
+                for c in near[p, :self.nprobe].tolist():
+                    lo, hi = int(b[c]), int(b[c + 1])
+                    d2 = self._sqs[lo:hi] - 2.0 * (self._Xs[lo:hi] @ q) + qq
+                    j = np.flatnonzero(d2 < r2)
+                    if len(j):
+                        ps.append(np.full(len(j), p))
+                        js.append(self._order[lo + j])
+                        ds.append(np.sqrt(np.maximum(d2[j], 0)))
+        if not ps:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0)
+        return (np.concatenate(ps).astype(np.int64), np.concatenate(js).astype(np.int64),
+                np.concatenate(ds).astype(np.float64))
+
 
 # --------------------------------------------------------------------------- storage
-
-
-class _Tx:
-    """One open transaction: ``?`` placeholders on either backend."""
-
-    def __init__(self, cursor: Any, postgres: bool):
-        self.cur, self.pg = cursor, postgres
-
-    def run(self, sql: str, params: Sequence = ()) -> None:
-        self.cur.execute(sql.replace("?", "%s") if self.pg else sql, tuple(params))
-
-    def many(self, sql: str, rows: Sequence[Sequence]) -> None:
-        self.cur.executemany(sql.replace("?", "%s") if self.pg else sql, rows)
-
-    def all(self, sql: str, params: Sequence = ()) -> list[tuple]:
-        self.run(sql, params)
-        return [tuple(r) for r in self.cur.fetchall()]
-
-
-class _SQLite:
-    retryable: tuple[type[BaseException], ...] = ()
-    attempts = 1  # SQLite waits for the lock (30 s busy timeout) instead of aborting
-
-    def __init__(self, path: Path):
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        if not self.path.exists():
-            os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o600))  # private from the first byte
-        with closing(sqlite3.connect(self.path, timeout=30.0)) as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute(_SQLITE_SCHEMA)
-            db.execute(_SQLITE_DESCRIPTORS)
-
-    def describe(self) -> str:
-        return str(self.path)
-
-    @contextmanager
-    def tx(self) -> Iterator[_Tx]:
-        db = sqlite3.connect(self.path, timeout=30.0, isolation_level=None)
-        with closing(db):
-            # WAL: NORMAL syncs at checkpoints (a committed claim survives a process crash, as the ledger's do);
-            # a 64 MiB page cache holds the upper B-tree levels of a million-face index.
-            db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("PRAGMA cache_size=-65536")
-            db.execute("BEGIN IMMEDIATE")  # lookup and claim under one writer lock
-            try:
-                yield _Tx(db.cursor(), False)
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
-            db.execute("COMMIT")
-
-
-class _Postgres:
-    attempts = 30
-
-    def __init__(self, url: str):
-        try:
-            import psycopg  # noqa: PLC0415 - only when PostgreSQL is configured
-            from psycopg import errors  # noqa: PLC0415
-        except ImportError as exc:  # pragma: no cover - psycopg is a pinned dependency
-            raise EnvironmentFailure("DEID_DATABASE_URL is set but the PostgreSQL driver is missing; "
-                                     "pip install 'psycopg[binary]==3.3.9' (a deid dependency)") from exc
-        self._psycopg, self.url = psycopg, url
-        self.conninfo = postgres_conninfo(url)
-        self.retryable = (errors.SerializationFailure, errors.DeadlockDetected, errors.UniqueViolation)
-        with self._connect() as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(hashtext('deid.person_index.schema'))")
-            conn.execute(_POSTGRES_SCHEMA)
-            conn.execute(_POSTGRES_DESCRIPTORS)
-
-    def describe(self) -> str:
-        return redact_url(self.url)
-
-    def _connect(self):
-        try:
-            return self._psycopg.connect(self.conninfo, connect_timeout=30, application_name="deid-person-index")
-        except self._psycopg.OperationalError as exc:
-            raise EnvironmentFailure(f"lineage database {redact_url(self.url)} (DEID_DATABASE_URL; the person index) "
-                                     f"is unreachable: {str(exc).strip()}; start PostgreSQL or fix the URL") from None
-
-    @contextmanager
-    def tx(self) -> Iterator[_Tx]:
-        with self._connect() as conn:  # commits on a clean exit
-            conn.isolation_level = self._psycopg.IsolationLevel.SERIALIZABLE
-            with conn.cursor() as cur:
-                yield _Tx(cur, True)
 
 
 class PersonIndex:
@@ -431,9 +539,14 @@ class PersonIndex:
         # Keyed once; each digest copies it (the key's pads are not recomputed per record).
         self._hmac = hmac.new(_derive(key, "digest"), digestmod=hashlib.sha256)
         if isinstance(location, str) and "://" in location:
-            self._store: _SQLite | _Postgres = _Postgres(location)
+            self._store: SQLiteStore | PostgresStore = PostgresStore(
+                location, (_POSTGRES_SCHEMA, _POSTGRES_DESCRIPTORS), lock="deid.person_index.schema",
+                application="deid-person-index", what="lineage database {url} (DEID_DATABASE_URL; the person index)")
         else:
-            self._store = _SQLite(Path(location))
+            # WAL: NORMAL syncs at checkpoints (a committed claim survives a process crash, as the ledger's do);
+            # a 64 MiB page cache holds the upper B-tree levels of a million-face index.
+            self._store = SQLiteStore(Path(location), (_SQLITE_SCHEMA, _SQLITE_DESCRIPTORS), private=True,
+                                      pragmas=("PRAGMA synchronous=NORMAL", "PRAGMA cache_size=-65536"))
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike, key: bytes, *, database_url: str | None = None) -> PersonIndex:
@@ -462,19 +575,14 @@ class PersonIndex:
             raise StateError(f"person index {self.where}: an entry does not authenticate under this project's linkage "
                              "key (tampered, or another key); restore the index from backup") from None
 
-    def _run(self, op):
-        for attempt in range(1, self._store.attempts + 1):
-            try:
-                with self._store.tx() as tx:
-                    return op(tx)
-            except self._store.retryable as exc:
-                if attempt == self._store.attempts:
-                    raise StateError(f"person index {self.where}: aborted {attempt} times by concurrent writers "
-                                     f"({type(exc).__name__}); run again") from None
-                time.sleep(random.uniform(0.005, 0.02 * attempt))  # noqa: S311 - jitter, not a secret
-        raise AssertionError("unreachable")  # pragma: no cover
+    def _run(self, op: Callable[[Tx], T]) -> T:
+        """``op`` in one transaction (lookup and claim under one writer lock), re-run when the database aborted it."""
+        def exhausted(attempt: int, exc: BaseException) -> StateError:
+            return StateError(f"person index {self.where}: aborted {attempt} times by concurrent writers "
+                              f"({type(exc).__name__}); run again")
+        return run_tx(self._store, op, exhausted=exhausted)
 
-    def _check_key(self, tx: _Tx, *, write: bool) -> None:
+    def _check_key(self, tx: Tx, *, write: bool) -> None:
         """The index was written under this project's linkage key (another key would find no one: a silent miss)."""
         mine = self._digest(KEY_CHECK, "deid-person-index-v1")
         got = [bytes(d) for (d,) in tx.all("SELECT digest FROM deid_person_index WHERE kind = ?", (KEY_CHECK,))]
@@ -484,7 +592,7 @@ class PersonIndex:
         if not got and write:
             tx.run(_INSERT, (KEY_CHECK, mine, "", None))
 
-    def _lookup(self, tx: _Tx, fp_digests: list[bytes], id_digests: dict[bytes, list[str]]) -> Matches:
+    def _lookup(self, tx: Tx, fp_digests: list[bytes], id_digests: dict[bytes, list[str]]) -> Matches:
         self._check_key(tx, write=False)
         by_fp: dict[bytes, list[int]] = defaultdict(list)
         for row, d in enumerate(fp_digests):
@@ -524,7 +632,7 @@ class PersonIndex:
         fps, id_digests = self._digests(subject_ids, fingerprints)
         return self._run(lambda tx: self._lookup(tx, fps, id_digests))
 
-    def _insert(self, tx: _Tx, dataset: str, subject_ids: Sequence[str], fps: list[bytes],
+    def _insert(self, tx: Tx, dataset: str, subject_ids: Sequence[str], fps: list[bytes],
                 id_digests: dict[bytes, list[str]]) -> None:
         self._check_key(tx, write=True)
         rows: list[tuple[str, bytes, str, bytes | None]] = [
@@ -544,24 +652,102 @@ class PersonIndex:
         """Look the drop up, decide its lineage (:func:`decide`) and register its people there, in one transaction.
 
         A refused drop (:class:`~deid.errors.DataError`) registers nothing. Re-keyed records are
-        registered under the id they were aliased to.
+        registered under the id they were aliased to. The routing carries what was added
+        (:attr:`Routing.claimed`), so a stage that refuses the drop later takes it back (:meth:`withdraw`).
         """
         check_policy(policy, id_scope)
         ids = list(map(str, subject_ids))
         fps, id_digests = self._digests(ids, fingerprints)
+        return self._run(lambda tx: self._claim(tx, dataset, ids, fps, id_digests, policy=policy, id_scope=id_scope))
 
-        def op(tx: _Tx) -> Routing:
-            matches = self._lookup(tx, fps, id_digests)
-            routing = decide(matches, ids, dataset=dataset, policy=policy, id_scope=id_scope)
-            # Records registered there already are not sealed and written again (a re-drop: most of them).
-            known = matches.records.get(routing.dataset, {})
-            keep = [r for r in range(len(ids)) if r not in known]
-            final = [routing.aliases.get(ids[r], ids[r]) for r in keep]
-            new_fps = [fps[r] for r in keep]
-            final_ids = self._id_digests(final) if routing.aliases or len(keep) < len(ids) else id_digests
-            self._insert(tx, routing.dataset, final, new_fps, final_ids)
-            return routing
+    def _claim(self, tx: Tx, dataset: str, ids: list[str], fps: list[bytes], id_digests: dict[bytes, list[str]], *,
+               policy: str, id_scope: str) -> Routing:
+        matches = self._lookup(tx, fps, id_digests)
+        routing = decide(matches, ids, dataset=dataset, policy=policy, id_scope=id_scope)
+        # Records registered there already are not sealed and written again (a re-drop: most of them).
+        known = matches.records.get(routing.dataset, {})
+        keep = [r for r in range(len(ids)) if r not in known]
+        final = [routing.aliases.get(ids[r], ids[r]) for r in keep]
+        new_fps = [fps[r] for r in keep]
+        final_ids = self._id_digests(final) if routing.aliases or len(keep) < len(ids) else id_digests
+        self._insert(tx, routing.dataset, final, new_fps, final_ids)
+        # What this claim added: ids neither found there by the lookup nor the registered ids re-keyed records took.
+        found, targets = matches.ids.get(routing.dataset, set()), set(routing.aliases.values())
+        added_ids = [d for d, names in final_ids.items() if not any(n in found or n in targets for n in names)]
+        return replace(routing, claimed=b"".join(dict.fromkeys(new_fps)), claimed_ids=b"".join(added_ids))
+
+    def _delete(self, tx: Tx, routing: Routing) -> None:
+        for kind, blob in ((FINGERPRINT, routing.claimed), (STEWARD_ID, routing.claimed_ids)):
+            digests = [blob[a:a + DIGEST_BYTES] for a in range(0, len(blob), DIGEST_BYTES)]
+            for a in range(0, len(digests), _BATCH):
+                chunk = digests[a:a + _BATCH]
+                tx.run(f"DELETE FROM deid_person_index WHERE kind = ? AND dataset = ? AND digest IN "
+                       f"({', '.join('?' * len(chunk))})", (kind, routing.dataset, *chunk))
+
+    def withdraw(self, routing: Routing) -> None:
+        """Take back what :meth:`claim` added (:attr:`Routing.claimed`): a drop refused after its claim claims nothing.
+
+        Rows registered before the claim (people the lineage held) stay.
+        """
+        self._run(lambda tx: self._delete(tx, routing))
+
+    def resettle(self, routing: Routing, dataset: str, subject_ids: Sequence[str], fingerprints: Sequence[str], *,
+                 id_scope: str = "linked") -> Routing:
+        """Move a claim to the lineage of ``dataset`` (a drop routed there after its claim, e.g. by face), in one
+        transaction: what the claim added is withdrawn and the drop claimed in ``dataset`` (``subject_ids``: as
+        the drop is now listed, e.g. under registered ids)."""
+        check_policy("route", id_scope)
+        ids = list(map(str, subject_ids))
+        fps, id_digests = self._digests(ids, fingerprints)
+
+        def op(tx: Tx) -> Routing:
+            self._delete(tx, routing)
+            moved = self._claim(tx, dataset, ids, fps, id_digests, policy="route", id_scope=id_scope)
+            if moved.dataset != dataset:  # the drop's records are registered in a third lineage: never planned twice
+                raise CrossDatasetRefusal(f"the drop's records are registered under dataset {moved.dataset!r}, not "
+                                          f"{dataset!r}: one run plans in one lineage; split the drop")
+            return replace(moved, routed_from=routing.own_dataset, note=routing.note)
         return self._run(op)
+
+    def route_faces(self, routing: Routing, people: Sequence[str], descriptors: np.ndarray, *, threshold: float,
+                    known: frozenset[str] | set[str] = frozenset(), held: int = 0, policy: str = "refuse",
+                    nprobe: int = 16) -> FaceRouting:
+        """Search a drop's faces among the registered ones and decide (:func:`decide_faces`).
+
+        Parameters
+        ----------
+        routing : Routing
+            The drop's :meth:`claim`.
+        people, descriptors
+            The drop person (identity resolution's effective id) and dlib descriptor of each embedded face.
+        threshold : float
+            Identity resolution's calibrated same-person distance.
+        known, held, policy
+            As :func:`decide_faces`; ``held`` adds to the people the claim found in its lineage.
+
+        Returns
+        -------
+        FaceRouting
+            When it routes the drop (``routed_from``), move the claim with :meth:`resettle`.
+
+        Raises
+        ------
+        CrossDatasetRefusal
+            As :func:`decide_faces`; the claim is withdrawn first (a refused drop claims nothing).
+        """
+        search, owners = self.face_search(nprobe=nprobe)
+        D = np.asarray(descriptors, np.float32)
+        probe, reg, dist = search.within(D, max(float(threshold), COPY_DISTANCE))
+        pairs = [(int(p), int(j), float(d)) for p, j, d in zip(probe, reg, dist) if d < threshold]
+        copies = set(probe[dist < COPY_DISTANCE].tolist())
+        try:
+            faces = decide_faces(pairs, [str(p) for p in people], owners, lineage=routing.dataset,
+                                 dataset=routing.own_dataset, threshold=threshold, known=known,
+                                 held=routing.held + held, policy=policy)
+        except CrossDatasetRefusal:
+            self.withdraw(routing)
+            raise
+        return replace(faces, fresh=tuple(i for i in range(len(D)) if i not in copies))
 
     def register_faces(self, dataset: str, subject_ids: Sequence[str], descriptors: np.ndarray) -> None:
         """Register face descriptors (one per record, with the subject id it is listed under) under ``dataset``."""
@@ -575,7 +761,7 @@ class PersonIndex:
             body = len(s.encode()).to_bytes(2, "big") + s.encode() + v.tobytes()
             rows.append((dataset, nonce + self._aead.encrypt(nonce, body, b"descriptor|" + dataset.encode())))
 
-        def op(tx: _Tx) -> None:
+        def op(tx: Tx) -> None:
             self._check_key(tx, write=True)
             for a in range(0, len(rows), 5000):
                 tx.many("INSERT INTO deid_person_descriptors (dataset, sealed) VALUES (?, ?)", rows[a:a + 5000])
@@ -583,7 +769,7 @@ class PersonIndex:
 
     def face_search(self, *, nprobe: int = 16) -> tuple[DescriptorSearch, list[tuple[str, str]]]:
         """The registered descriptors opened and indexed; (search, (dataset, subject id) of each)."""
-        def op(tx: _Tx):
+        def op(tx: Tx):
             self._check_key(tx, write=False)
             return tx.all("SELECT dataset, sealed FROM deid_person_descriptors ORDER BY id")
         owners, vecs = [], []

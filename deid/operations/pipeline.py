@@ -615,12 +615,15 @@ def _plan_lineage(faces: pa.Table, metadata: pa.Table, state, layout: StagingLay
 
 
 def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layout: StagingLayout,
-              config: RunConfig, executor: Executor, *, lineage_state=None, logger: Logger | None = None) -> Partitioned:
+              config: RunConfig, executor: Executor, *, lineage_state=None, routing=None,
+              logger: Logger | None = None) -> Partitioned:
     """Resolve who is who, then split the faces by utility labels into Hive-partitioned Parquet.
 
     With a ``lineage_state`` (:class:`deid.release.lineage.LineageState`) the lineage is planned on the
     effective persons first: only new people are partitioned (and clustered); the returning
     people's records go to ``partition=lineage`` and the records the plan holds back are suppressed.
+    With the claim's ``routing`` (:func:`claim_people`) the people the person index's lookup did not find are
+    searched by face among the registered faces first (:func:`search_people`): a match is refused or routed.
     """
     from deid.anonymise.partition import plan_partitions  # noqa: PLC0415
 
@@ -630,17 +633,43 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
     faces = load_faces(ingested.metadata, aligned, featurized, labels, pixels=False)
     embeddings = (embed_faces(load_faces(ingested.metadata, aligned, featurized, labels), config.shape_hw, executor)
                   if 0 < faces.num_rows <= config.identity_embed_max else None)
-    first_pass = {}
+    first_pass: dict = {}
+    embedded: dict[str, np.ndarray] = {}  # the faces the recogniser embedded: searched in the person index too
     if embeddings is None and faces.num_rows > config.identity_embed_max > 0:
         # Above the budget: a cheap pass (self-quotient images) over every face flags the closest cross-id pairs, and the
         # recogniser embeds only those (and references for its calibration): identity at any size (issue 27).
         first_pass = identity_first_pass(faces.column("record_id"), aligned, config.shape_hw, executor, lg=lg)
+        embed = first_pass["embed"]
+
+        def kept(positions: np.ndarray) -> np.ndarray:
+            embedded["rows"], embedded["E"] = np.asarray(positions, np.int64), embed(positions)
+            return embedded["E"]
+        first_pass["embed"] = kept
+    elif embeddings is not None:
+        embedded = {"rows": np.arange(faces.num_rows), "E": embeddings}
+    # As listed, before identity resolution replaces them by the effective person (columns: no copy).
+    listed, record_ids = stages._array(faces.column("subject_id")), stages._array(faces.column("record_id"))
     faces, identity, dup_quarantined = stages.resolve_identities(faces, policy=config.duplicate_ids,
                                                                  embeddings=embeddings, **first_pass,
                                                                  embed_budget=config.identity_embed_max)
     if identity.normalized_merges or identity.face_merges:
         lg.warning("partition: %d subject ids merged by normalisation, %d groups by matching faces (%s)",
                     identity.normalized_merges, len(identity.face_merges), config.duplicate_ids)
+    checks: tuple[Check, ...] = ()
+    notes: tuple[str, ...] = ()
+    person_faces = None
+    if lineage_state is not None and routing is not None:
+        # One person index per project (issue 27): the people the claim's lookup did not find, searched by face.
+        aliases, lineage_state, check, note, person_faces = search_people(
+            config, routing, lineage_state, listed=listed, record_ids=record_ids, identity=identity,
+            rows=embedded.get("rows", np.zeros(0, np.int64)), descriptors=embedded.get("E", np.zeros((0, 128))),
+            metadata=ingested.metadata, quarantined=dup_quarantined, layout=layout, lg=lg)
+        checks, notes = (check,), ((note,) if note else ())
+        if aliases:
+            column = pa.array([aliases.get(p, p) for p in stages._array(faces.column("subject_id")).to_pylist()],
+                              pa.string())
+            faces = faces.set_column(faces.schema.get_field_index("subject_id"), "subject_id", column)
+    del listed, record_ids
     planned, held_back = None, []
     if lineage_state is not None:
         faces, planned, held_back = _plan_lineage(faces, ingested.metadata, lineage_state, layout, config, labels,
@@ -661,7 +690,7 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
             lg.warning("partition: %s", why)
     return Partitioned(root=layout.partitions_dir, partitions=parts, suppressed=suppressed, small=small,
                        failed=plan.failed, identity=identity.summary(), quarantined=tuple(dup_quarantined),
-                       lineage=planned, inputs=inputs)
+                       lineage=planned, inputs=inputs, checks=checks, notes=notes, person_faces=person_faces)
 
 
 def _label_rows(faces: pa.Table, labels: Sequence[str]) -> list[dict[str, str]]:
@@ -761,17 +790,102 @@ def open_lineage(dataset: str, config: RunConfig, *, logger: Logger | None = Non
     return state
 
 
-def claim_records(config: RunConfig, dataset: str, subject_ids: Sequence[str], fingerprints: Sequence[str], *,
-                  logger: Logger | None = None):
-    """The person index's :meth:`~deid.operations.person_index.PersonIndex.claim` of a drop's records (faces or
-    feature vectors): its :class:`~deid.operations.person_index.Routing`, logged."""
+def person_index(config: RunConfig):
+    """The project's :class:`~deid.operations.person_index.PersonIndex` (under the data dir, or DEID_DATABASE_URL)."""
     from deid.operations.person_index import PersonIndex  # noqa: PLC0415
 
     url = config.database_url
     url = url.get_secret_value() if hasattr(url, "get_secret_value") else url
-    index = PersonIndex.open(config.data_path, linkage_key(config)[0], database_url=url)
-    routing = index.claim(dataset, subject_ids, fingerprints, policy=config.cross_dataset,
-                          id_scope=config.cross_dataset_ids)
+    return PersonIndex.open(config.data_path, linkage_key(config)[0], database_url=url)
+
+
+PERSON_FACES = "person_faces.npz"  # in the run's private staging: the descriptors the release registers
+
+
+def search_people(config: RunConfig, routing, lineage_state, *, listed: pa.Array, record_ids: pa.Array, identity,
+                  rows: np.ndarray, descriptors: np.ndarray, metadata: pa.Table, quarantined: Sequence[Quarantined],
+                  layout: StagingLayout, lg=log):
+    """The person index's face search of a drop (issue 27): its people the fingerprint and id lookup did not find,
+    searched among the faces other datasets (and other ids of its own) registered.
+
+    ``listed``, ``record_ids``: each face's subject id as listed (before identity resolution;
+    ``identity.person`` is its effective person) and record id; ``rows``, ``descriptors``: the faces
+    identity resolution embedded and their dlib descriptors; ``metadata``: the drop's records as claimed.
+    At identity resolution's calibrated threshold, a match is that registered person
+    (:meth:`~deid.operations.person_index.PersonIndex.route_faces`): under ``DEID_CROSS_DATASET=refuse`` a
+    person of another dataset refuses the drop naming it (the claim withdrawn), under ``route`` the drop is
+    planned in that dataset's lineage as those people (the claim moved there).
+
+    Returns ``(aliases, lineage_state, check, note, faces_file)``: drop person -> registered person;
+    the lineage to plan in (another dataset's, opened, when routed); the ``person_index`` check (its
+    detail states how many people were matched by face); the report note (empty: none); the staged
+    descriptors the release registers (None: nothing to register).
+    """
+    from deid.release.lineage import pseudonymize  # noqa: PLC0415
+
+    cal = identity.calibration
+    if cal is None or not len(rows):
+        detail = ("face search: not run (identity resolution embedded no face of the drop, so there is no calibrated "
+                  "same-person distance); the person index looked the drop up by fingerprint and steward id only")
+        return {}, lineage_state, Check("person_index", True, 0, None, detail), "", None
+    rows = np.asarray(rows, np.int64)
+    people = [identity.person[r] for r in rows.tolist()]
+    # People the lineage holds already (released under its pseudonyms) were found by the lookup: not matched again.
+    distinct = sorted(set(people))
+    released, clusters = lineage_state.released_people, lineage_state.person_clusters  # looked up, not copied
+    known = {p for p, h in zip(distinct, pseudonymize(linkage_key(config)[0], lineage_state.dataset, distinct))
+             if h in released or h in clusters}
+    index = person_index(config)
+    faces = index.route_faces(routing, people, descriptors, threshold=float(cal["threshold"]), known=known,
+                              held=len(known), policy=config.cross_dataset)
+    lg.info("partition: %s", faces.detail())
+    if faces.routed_from is not None:
+        lg.warning("%s", faces.note)
+        # The drop's records move to the lineage it is planned in, the matched people's under their registered ids.
+        person_of = dict(zip(listed.take(pa.array(rows)).to_pylist(), people))
+        final = [faces.aliases.get(person_of.get(s, ""), s) for s in metadata.column("subject_id").to_pylist()]
+        index.resettle(routing, faces.dataset, final, [str(f) for f in metadata.column("source_sha256").to_pylist()],
+                       id_scope=config.cross_dataset_ids)
+        lineage_state = open_lineage(faces.dataset, config, logger=lg)
+        blocked = [c for c in (lineage_color_check(config, lineage_state), lineage_size_check(config, lineage_state))
+                   if c is not None and not c.passed]
+        if blocked:
+            raise DataError("; ".join(c.detail for c in blocked))
+    elif faces.note:
+        lg.warning("person index: %s", faces.note)
+    # Registered with the release (register_person_faces): the faces with no registered copy, of records not
+    # quarantined, under the person they are planned as.
+    out = {q.record_id for q in quarantined}
+    fresh = np.asarray(faces.fresh, np.int64)
+    ids = record_ids.take(pa.array(rows[fresh])).to_pylist() if len(fresh) else []
+    keep = [int(i) for i, r in zip(fresh.tolist(), ids) if r not in out]
+    path = None
+    if keep:
+        path = layout.root / PERSON_FACES
+        np.savez(path, people=np.array([faces.aliases.get(people[i], people[i]) for i in keep], dtype=str),
+                 descriptors=np.asarray(descriptors, np.float32)[keep])
+    check = Check("person_index", True, faces.n_matched, None, faces.detail(), n=faces.searched)
+    return faces.aliases, lineage_state, check, faces.note, path
+
+
+def register_person_faces(config: RunConfig, dataset: str, path: Path | None, *, logger: Logger | None = None) -> int:
+    """Register a released drop's face descriptors (staged by :func:`search_people`) under ``dataset``, sealed
+    (AES-256-GCM under the linkage key, as the rest of the person index); the number registered."""
+    if path is None or not Path(path).is_file():
+        return 0
+    with np.load(path) as z:
+        people, descriptors = z["people"].tolist(), z["descriptors"]
+    person_index(config).register_faces(dataset, people, descriptors)
+    (logger or log).info("person index: %d face descriptors registered under dataset %r", len(people), dataset)
+    return len(people)
+
+
+def claim_records(config: RunConfig, dataset: str, subject_ids: Sequence[str], fingerprints: Sequence[str], *,
+                  logger: Logger | None = None):
+    """The person index's :meth:`~deid.operations.person_index.PersonIndex.claim` of a drop's records (faces or
+    feature vectors): its :class:`~deid.operations.person_index.Routing`, logged."""
+    routing = person_index(config).claim(dataset, subject_ids, fingerprints, policy=config.cross_dataset,
+                                         id_scope=config.cross_dataset_ids)
     lg = logger or log
     if routing.note:
         lg.warning("%s", routing.note)

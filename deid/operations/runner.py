@@ -45,7 +45,9 @@ from deid.heap import release_free_memory
 from deid.intake.drop import DROP_YAML, MANIFEST, read_drop_file
 from deid.intake.features import run_kind
 from deid.operations.executors import Executor, LocalExecutor, PoolExecutor
+from deid.evaluation.checks import Check
 from deid.operations.features import FeatureSteps, feature_report, vector_fingerprints
+from deid.operations.person_index import CrossDatasetRefusal
 from deid.release.lineage_anchor import head_doc
 from deid.release.publish import discard, new_release_id
 from deid.reporting.report import Report, SigningInfo, dataset_fingerprint, validate_report
@@ -218,6 +220,7 @@ class _Run:
             # member the identical image have registered averages to keep; the others are gated on their own.
             notes: list[str] = []
             lineage_dataset = ing.dataset
+            routing: Any = None  # the person index claim (deid.operations.person_index.Routing)
             if config.lineage_applies and ing.proceed:
                 # One person index per project (issue 27): people another dataset registered are never released
                 # in a lineage of their own; routed into that dataset's lineage or refused (DEID_CROSS_DATASET).
@@ -247,7 +250,9 @@ class _Run:
                 with _timed(timings, "featurize"):
                     feats = s.featurize(aligned, layout, config, executor)
                 with _timed(timings, "partition"):
-                    part = s.partition(ing, aligned, feats, layout, config, executor, lineage_state=lineage_state)
+                    part = s.partition(ing, aligned, feats, layout, config, executor, lineage_state=lineage_state,
+                                       **({"routing": routing} if routing is not None else {}))
+                notes.extend(part.notes)
                 if part.partitions:
                     with _timed(timings, "deidentify"):
                         deid = s.deidentify(part, ing.labels, layout, config, executor)
@@ -290,7 +295,7 @@ class _Run:
                 with _timed(timings, "stage"):
                     staged = s.stage(deid, ing, self.layout, config, release_id=self.release_id, lineage=lin,
                                      executor=executor)
-            extra_checks = (*ing.checks, *aligned.checks, *(lin.checks if lin else ()),
+            extra_checks = (*ing.checks, *aligned.checks, *part.checks, *(lin.checks if lin else ()),
                             *(staged.checks if staged else ()))
             validation = {**ing.validation, **({"aligned": aligned.validation} if aligned.validation else {}),
                           **({"release": staged.validation} if staged else {})}
@@ -310,7 +315,8 @@ class _Run:
                 timings=timings, signing=self.signing, versions=run_versions())
         # The lineage the release is registered in: the one planned (a routed drop's is another dataset's).
         dataset = lin.state.dataset if lin is not None else ing.dataset
-        return self.commit(report, staged, dataset=dataset, validation=validation, timings=timings, lin=lin)
+        return self.commit(report, staged, dataset=dataset, validation=validation, timings=timings, lin=lin,
+                           person_faces=part.person_faces)
 
     def walk_features(self) -> RunResult:
         """A feature drop: ingest, who is who, partitions, de-identify, stage, gate (nothing to align or distribute)."""
@@ -337,8 +343,12 @@ class _Run:
             identity = f.identify(ing, config)
         with _timed(timings, "partition"):
             part = f.partition(ing, identity, config, lineage_state=lineage_state)
-        if routing is not None and routing.note:
-            part = replace(part, notes=(*part.notes, routing.note))
+        if routing is not None:
+            # Vectors have no face to search: the person index looked them up by fingerprint and id only.
+            detail = ("face search: not applicable (a feature drop has no faces); the person index looked its records "
+                      "up by vector fingerprint and steward id only")
+            part = replace(part, notes=(*part.notes, *((routing.note,) if routing.note else ())),
+                           checks=(*part.checks, Check("person_index", True, 0, None, detail)))
         with _timed(timings, "deidentify"):
             deid = f.deidentify(ing, identity, part, layout, config)
         lin = None
@@ -369,7 +379,7 @@ class _Run:
         return self.commit(report, staged, dataset=dataset, validation=validation, timings=timings, lin=lin)
 
     def commit(self, report: Report, staged: Staged | None, *, dataset: str, validation: Mapping[str, Any],
-               timings: Timings, lin: LineageApplied | None = None) -> RunResult:
+               timings: Timings, lin: LineageApplied | None = None, person_faces: Path | None = None) -> RunResult:
         """The order of commitment after the gate: validate the report, card, attestation, sign, then publish or withhold."""
         s, config, passed = self.steps, self.config, report.verdict == "released"
         # Before anything is committed: a report the schema refuses stops the run with nothing registered,
@@ -382,6 +392,9 @@ class _Run:
             # on can never let the next run re-cluster these people; the next run settles the status.
             with _timed(timings, "register"):
                 registered = s.register_lineage(dataset, lin.state, config, lin.release)
+                # The faces go with the people (issue 27): a later drop of other photographs of them under new ids and
+                # another dataset name is found by face. A rejected run registers none.
+                pipeline.register_person_faces(config, dataset, person_faces, logger=self.logger)
             fault_point("register")
             if registered is not None and report.lineage:
                 # The signed report binds the registry head after this release's entry: a registry later
@@ -492,7 +505,9 @@ class _Run:
 
         Nothing is published; a report already signed (the error came after it) is never replaced.
         """
-        reason = f"{UNUSABLE_DROP}: {exc}"
+        # A refusal (e.g. the person index naming the dataset that holds the drop's people) is a verdict on the
+        # drop, worded as such; any other error says the drop could not be judged.
+        reason = str(exc) if isinstance(exc, CrossDatasetRefusal) else f"{UNUSABLE_DROP}: {exc}"
         self.logger.error("release %s: %s", self.release_id, reason)
         self.abandon()
         if (self.report_dir / "report.json.sig").exists():

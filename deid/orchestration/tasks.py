@@ -67,10 +67,10 @@ def featurize(aligned, layout, config, executor):
 
 
 @task(name="partition", **TASK)
-def partition(ingested, aligned, featurized, layout, config, executor, *, lineage_state=None):
+def partition(ingested, aligned, featurized, layout, config, executor, *, lineage_state=None, routing=None):
     """Resolve who is who, then split the faces by utility labels into Hive-partitioned Parquet."""
     return pipeline.partition(ingested, aligned, featurized, layout, config, executor, lineage_state=lineage_state,
-                              logger=get_run_logger())
+                              routing=routing, logger=get_run_logger())
 
 
 @task(name="deidentify", **RETRY)
