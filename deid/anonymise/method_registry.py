@@ -136,6 +136,8 @@ def method_spec(method: str) -> MethodSpec:
 METHODS: tuple[str, ...] = tuple(REGISTRY)
 # Methods whose strength is k (the gate's 1/k bound is the reference for them).
 K_METHODS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.strength == "k")
+# Methods that release clusters of >= k distinct people (what a method releasing one image per face is told to use).
+CLUSTER_METHODS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if s.clustered and s.counts_people)
 # Which keyword sets each method's strength.
 STRENGTH: dict[str, str] = {n: s.strength for n, s in REGISTRY.items()}
 

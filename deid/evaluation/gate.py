@@ -29,6 +29,7 @@ import numpy as np
 from scipy.stats import beta
 
 from deid.anonymise.ksame import feasible_clusters
+from deid.anonymise.method_registry import CLUSTER_METHODS
 from deid.evaluation.attacks import ATTACKERS, DEEP_ATTACKERS, FEATURE_ATTACKERS, MODES, attack_all
 from deid.evaluation.scoring import unique_rows
 from deid.evaluation.checks import INSUFFICIENT, STATUSES, Check, Status  # noqa: F401 (re-exported)
@@ -462,7 +463,7 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
         checks.append(Check("released_in_clusters", False, 1, f">= {k} distinct people per released image",
                             f"method {config.method} releases one image per face (no cluster of k people shares "
                             "it): a release needs every image shared by >= k distinct people; use a k-Same "
-                            "method (k-same-select, k-same, k-same-eigen, k-same-m, multi-factor)"))
+                            f"method ({', '.join(CLUSTER_METHODS)})"))
     base = FEATURE_RELEASE_BASE_COLUMNS if inputs.kind == "features" else RELEASE_BASE_COLUMNS
     columns = inputs.release_columns or (*base, *config.labels)
     allowed = set(base) | set(config.labels)
