@@ -99,9 +99,9 @@ def warm_worker(*, recognizer: bool = True) -> None:
     import deid.operations.stages  # noqa: F401, PLC0415
 
     if recognizer:
-        from deid.evaluation.recognizer import _dlib_model  # noqa: PLC0415
+        from deid.alignment.dlib_models import dlib_model  # noqa: PLC0415
 
-        _dlib_model("recognizer")
+        dlib_model("recognizer")
 
 
 class PoolExecutor:
