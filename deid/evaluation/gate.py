@@ -924,7 +924,7 @@ def evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any = None,
         The released records with their originals, people, clusters and labels.
     config : GateConfig
         k, method, bounds and sample sizes.
-    executor : deid.operations.executors.Executor, optional
+    executor : deid.pool.Executor, optional
         Runs the attackers and the utility protocols as separate calls (e.g. on a small run's
         process pool, :func:`parallel_parts`); the result is the same as without it.
     helper : GateHelper, optional
@@ -1223,7 +1223,7 @@ def _start_helper() -> Any:
     process is free; nothing is computed twice, so the CPU added is the helper's start (imports,
     the dlib model, the inputs sent: ~2-4 s measured on a busy machine).
     """
-    from deid.operations.executors import PoolExecutor  # noqa: PLC0415 (no import cycle: executors is light)
+    from deid.pool import PoolExecutor  # noqa: PLC0415 (a base module: the pool without the stages' warm-up)
 
     return PoolExecutor(2, warm=None)
 
