@@ -144,6 +144,7 @@ class PoolExecutor:
         # thread that hands it the next call only when its last one is done (a pool queues calls
         # ahead, and a queued call can no longer run here; ``ahead`` allows that many), and this
         # process takes the next call between its own. Callers put their longest calls first.
+        pool = self._pool  # not None here (the early return above); the feeders' closure reads it
         todo = deque(range(len(calls)))
         out: list[Any] = [None] * len(calls)
         finished: queue.SimpleQueue = queue.SimpleQueue()
@@ -160,7 +161,7 @@ class PoolExecutor:
                             i = todo.popleft()
                         except IndexError:
                             break
-                        sent.append((i, self._pool.submit(fn, **calls[i])))
+                        sent.append((i, pool.submit(fn, **calls[i])))
                     if not sent:
                         return
                     i, fut = sent.popleft()
