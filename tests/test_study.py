@@ -192,7 +192,8 @@ def test_example_grid_shows_released_faces_only(synthetic_aligned, tmp_path):
     from dataclasses import replace
 
     import cv2
-    from deid.study import StudyConfig, example_grid, run_study, write_examples
+    from deid.study import StudyConfig, run_study
+    from deid.study.plots import example_grid, write_examples
 
     pixels, people, labels, shape = synthetic_aligned
     cfg = StudyConfig(ks=(2,), sigmas=(0.5,), blocks=(2,), methods=("k-same", "blur", "pixelate"),
