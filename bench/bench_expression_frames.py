@@ -33,12 +33,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_sequence_modes import openness_kept  # noqa: E402
+from bench_sequence_modes import openness_kept, print_gate_rows, sequence_gate, worst_attack  # noqa: E402
 from bench_sequences import SHAPE, aligned_sequence_drop  # noqa: E402
 
 from deid.anonymise.methods import deidentify, method_runner  # noqa: E402
 from deid.anonymise.sequences import sequence_options  # noqa: E402
-from deid.evaluation.gate import GateConfig, GateInputs, evaluate  # noqa: E402
 from deid.evaluation.sequences import sequence_linkage_check  # noqa: E402
 from deid.evaluation.utility import paired_bootstrap  # noqa: E402
 
@@ -53,30 +52,20 @@ def release(X, col, k: int, method: str):
 
 
 def gate(X, col, k: int, method: str, rel, clusters) -> None:
-    labels = {"gender": col["gender"], "expression": col["expression"]}
     t0 = time.process_time()
     linkage = sequence_linkage_check(col["sequence"], list(clusters), col["subject_id"], k=k)
-    inputs = GateInputs.from_arrays(
-        shape=SHAPE, people=col["subject_id"], released=rel, originals=X, clusters=np.asarray(clusters, dtype=object),
-        labels={x: np.asarray(v, dtype=object) for x, v in labels.items()}, records_in=len(X),
-        extra_checks=(linkage,),
-        deidentify=method_runner(method, shape=SHAPE, k=k, seed=1, options=sequence_options(method)))
-    res = evaluate(inputs, GateConfig(k=k, method=method, labels=("gender", "expression")))
+    res = sequence_gate(X, col, k, method, rel, clusters,
+                        method_runner(method, shape=SHAPE, k=k, seed=1, options=sequence_options(method)),
+                        extra_checks=(linkage,))
     P = np.asarray(col["subject_id"], dtype=object)
     sizes = [len(set(P[np.asarray(clusters) == c])) for c in np.unique(clusters)]
     print(f"  {method} k={k}: {len(sizes)} clusters of >= {min(sizes)} people; gate "
           f"{'RELEASES' if res.passed else 'REJECTS'} ({time.process_time() - t0:.0f} cpu s); exact bound "
           f"{res.exact_bound}, max person share {res.max_person_share}; {linkage.name} {linkage.value}")
-    worst = max(res.reidentification, key=lambda r: r["upper"])
+    worst = worst_attack(res)
     print(f"    worst attack {worst['attacker']}/{worst['mode']} {worst['rate']:.3f} [{worst['lower']:.3f}, "
           f"{worst['upper']:.3f}] on {worst['n_probes']} distinct probes (1/k = {1 / k:.3f})")
-    for r in res.reidentification:
-        if r["mode"] == "parrot":
-            print(f"    parrot {r['attacker']}: {r['rate']:.3f} [{r['lower']:.3f}, {r['upper']:.3f}] n={r['n_probes']}")
-    for u in res.utility:
-        if u.get("status") and u.get("protocol", "cross-fit") == "cross-fit":
-            print(f"    utility {u['label']}: {u['status']}, originals {u['accuracy_original']:.3f} vs release "
-                  f"{u['accuracy_release']:.3f}, delta [{u['delta_lower']:+.3f}, {u['delta_upper']:+.3f}]")
+    print_gate_rows(res, parrot=True)
     print("    failed: " + ("; ".join(f"{c.name} ({c.detail[:160]})" for c in res.checks if not c.passed)
                             or "nothing"))
 

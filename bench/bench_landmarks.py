@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 
 from deid.anonymise.methods import deidentify
 from deid.anonymise.methods_ksame import KSameM, landmark_average, model_average, sharpness
-from deid.evaluation.study import _aligner_params
+from deid.study import _aligner_params
 from deid.intake.drop import read_drop
 from deid.intake.ingest import ingest
 from deid.intake.london import import_london

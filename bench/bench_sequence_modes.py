@@ -53,25 +53,51 @@ from deid.evaluation.sequences import label_agreement  # noqa: E402
 from deid.evaluation.utility import _svm  # noqa: E402
 
 
+def sequence_gate(X, col, k: int, method: str, released, clusters, deidentify, *, extra_checks=()):
+    """The gate (default settings) on a sequence release with the drop's two labels, as the release flow runs it.
+
+    ``deidentify``: the method re-applied by the parrot attacker and the utility folds.
+    """
+    labels = {"gender": col["gender"], "expression": col["expression"]}
+    inputs = GateInputs.from_arrays(
+        shape=SHAPE, people=col["subject_id"], released=released, originals=X,
+        clusters=np.asarray(clusters, dtype=object),
+        labels={x: np.asarray(v, dtype=object) for x, v in labels.items()}, records_in=len(X),
+        extra_checks=tuple(extra_checks), deidentify=deidentify)
+    return evaluate(inputs, GateConfig(k=k, method=method, labels=tuple(labels)))
+
+
+def worst_attack(res) -> dict:
+    """The attack row with the highest upper bound (the one the gate decides on)."""
+    return max(res.reidentification, key=lambda r: r["upper"])
+
+
+def print_gate_rows(res, *, parrot: bool) -> None:
+    """The gate's parrot attack rows (if ``parrot``), then its cross-fit utility rows, one line each."""
+    if parrot:
+        for r in res.reidentification:
+            if r["mode"] == "parrot":
+                print(f"    parrot {r['attacker']}: {r['rate']:.3f} [{r['lower']:.3f}, {r['upper']:.3f}] "
+                      f"n={r['n_probes']}")
+    for u in res.utility:
+        if u.get("status") and u.get("protocol", "cross-fit") == "cross-fit":
+            print(f"    utility {u['label']}: {u['status']}, originals {u['accuracy_original']:.3f} vs release "
+                  f"{u['accuracy_release']:.3f}, delta [{u['delta_lower']:+.3f}, {u['delta_upper']:+.3f}]")
+
+
 def gate(X, col, k: int, mode: str) -> None:
     labels = {"gender": col["gender"], "expression": col["expression"]}
     opts = {"non_identity": mode}
     t0 = time.process_time()
     rel, clusters = deidentify(X, shape=SHAPE, people=col["subject_id"], method="multi-factor", k=k, labels=labels,
                                sequences=col["sequence"], frames=col["frame"], options=opts)
-    inputs = GateInputs.from_arrays(
-        shape=SHAPE, people=col["subject_id"], released=rel, originals=X, clusters=np.asarray(clusters, dtype=object),
-        labels={x: np.asarray(v, dtype=object) for x, v in labels.items()}, records_in=len(X),
-        deidentify=method_runner("multi-factor", shape=SHAPE, k=k, seed=1, options=opts))
-    res = evaluate(inputs, GateConfig(k=k, method="multi-factor", labels=("gender", "expression")))
-    worst = max(res.reidentification, key=lambda r: r["upper"])
+    res = sequence_gate(X, col, k, "multi-factor", rel, clusters,
+                        method_runner("multi-factor", shape=SHAPE, k=k, seed=1, options=opts))
+    worst = worst_attack(res)
     print(f"k={k} {mode}: gate {'passed' if res.passed else 'failed'} ({time.process_time() - t0:.0f} cpu s); "
           f"exact bound {res.exact_bound}; worst attack {worst['attacker']}/{worst['mode']} {worst['rate']:.3f} "
           f"[{worst['lower']:.3f}, {worst['upper']:.3f}] on {worst['n_probes']} distinct probes")
-    for u in res.utility:
-        if u.get("status") and u.get("protocol", "cross-fit") == "cross-fit":
-            print(f"    utility {u['label']}: {u['status']}, originals {u['accuracy_original']:.3f} vs release "
-                  f"{u['accuracy_release']:.3f}, delta [{u['delta_lower']:+.3f}, {u['delta_upper']:+.3f}]")
+    print_gate_rows(res, parrot=False)
     print("    failed: " + (", ".join(c.name for c in res.checks if not c.passed) or "nothing"))
 
 
@@ -165,24 +191,15 @@ def label_groups_gate(X, col, k: int) -> None:
     rel, groups = label_groups(X, people=col["subject_id"], labels=labels, k=k)
     P = np.asarray(col["subject_id"], dtype=object)
     sizes = [len(set(P[groups == g])) for g in np.unique(groups)]
-    inputs = GateInputs.from_arrays(
-        shape=SHAPE, people=col["subject_id"], released=rel, originals=X, clusters=groups.astype(str).astype(object),
-        labels={x: np.asarray(v, dtype=object) for x, v in labels.items()}, records_in=len(X),
-        deidentify=functools.partial(_label_groups_runner, k=k))
-    res = evaluate(inputs, GateConfig(k=k, method="multi-factor", labels=("gender", "expression")))
-    worst = max(res.reidentification, key=lambda r: r["upper"])
+    res = sequence_gate(X, col, k, "multi-factor", rel, groups.astype(str).astype(object),
+                        functools.partial(_label_groups_runner, k=k))
+    worst = worst_attack(res)
     print(f"k={k} label-groups: {len(sizes)} groups of >= {min(sizes)} people; gate "
           f"{'passed' if res.passed else 'failed'} ({time.process_time() - t0:.0f} cpu s); exact bound "
           f"{res.exact_bound}, max person share {res.max_person_share}; worst attack {worst['attacker']}/"
           f"{worst['mode']} {worst['rate']:.3f} [{worst['lower']:.3f}, {worst['upper']:.3f}] on {worst['n_probes']} "
           "distinct probes")
-    for r in res.reidentification:
-        if r["mode"] == "parrot":
-            print(f"    parrot {r['attacker']}: {r['rate']:.3f} [{r['lower']:.3f}, {r['upper']:.3f}] n={r['n_probes']}")
-    for u in res.utility:
-        if u.get("status") and u.get("protocol", "cross-fit") == "cross-fit":
-            print(f"    utility {u['label']}: {u['status']}, originals {u['accuracy_original']:.3f} vs release "
-                  f"{u['accuracy_release']:.3f}, delta [{u['delta_lower']:+.3f}, {u['delta_upper']:+.3f}]")
+    print_gate_rows(res, parrot=True)
     print("    failed: " + (", ".join(c.name for c in res.checks if not c.passed) or "nothing"))
     for name, R in (("source frames", X), ("label-groups", rel),
                     *((mode, deidentify(X, shape=SHAPE, people=col["subject_id"], method="multi-factor", k=k,

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from deid.alignment.features import Eigenfaces
 from deid.anonymise.methods import deidentify
 from deid.evaluation.sequences import identity_spread, label_agreement
-from deid.evaluation.study import _aligner_params
+from deid.study import _aligner_params
 from deid.intake.drop import read_drop
 from deid.intake.ingest import ingest
 from deid.intake.synth_sequences import make_sequence_drop

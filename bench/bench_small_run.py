@@ -10,7 +10,7 @@ released with ``deid run D --k 5``. Three ways of running it:
   one first, on ``--port``); ``deid run`` finds it through the server's port file;
 - ``plain``: the Prefect-free runner, :func:`deid.operations.runner.run_release`, in one process
   (its default executor), to separate Prefect's cost from deid's;
-- ``plain-pool``: the same runner on the :class:`~deid.operations.executors.PoolExecutor` a small
+- ``plain-pool``: the same runner on the :class:`~deid.pool.PoolExecutor` a small
   drop gets in the flow (``DEID_DASK_WORKERS`` processes, this one included).
 
 Usage::
@@ -58,11 +58,11 @@ from deid.reporting.report import stage_usage_of
 config = RunConfig.resolve(Settings(), k=int(sys.argv[2]))
 if sys.argv[3] == "pool":
     import contextlib
-    from deid.operations.executors import PoolExecutor, warm_validation
+    from deid.operations.executors import PoolExecutor, warm_validation, warm_worker
 
     @contextlib.contextmanager
     def pool(cfg):
-        ex = PoolExecutor(cfg.dask_workers, validate=warm_validation)
+        ex = PoolExecutor(cfg.dask_workers, warm=warm_worker, validate=warm_validation)
         try:
             yield ex
         finally:

@@ -38,28 +38,11 @@ VICTIM = "001"
 
 
 def london_aligned() -> tuple[np.ndarray, list[str], list[str]]:
-    """Aligned London faces (92 x 81 grey), their person ids and expression."""
-    from deid.alignment.canonical import FaceAligner
-    from deid.alignment.eyes import EyePair
-    from deid.errors import RecordError
-    from deid.intake.imaging import decode_gray
+    """Aligned London faces (92 x 81 grey), their person ids and expression (neutral | smile)."""
+    from deid.alignment.london import align_london
 
-    aligner = FaceAligner()
-    faces, people, expr = [], [], []
-    for folder, ex in (("neutral_front", "neutral"), ("smiling_front", "smiling")):
-        for f in sorted((LONDON / folder).glob("*.jpg")):
-            eyes = None
-            if f.with_suffix(".tem").is_file():
-                lines = f.with_suffix(".tem").read_text().splitlines()
-                eyes = EyePair(*[tuple(float(v) for v in lines[1 + i].split()[:2]) for i in range(2)])
-            try:
-                face = aligner.align(decode_gray(f.read_bytes()), eyes)
-            except RecordError:
-                continue
-            faces.append(face.image.reshape(-1))
-            people.append(f.name[:3])
-            expr.append(ex)
-    return np.array(faces), people, expr
+    faces, people, _, expr = align_london(LONDON)
+    return faces, people, expr
 
 
 def synthetic_aligned(people: int, seed: int = 11) -> tuple[np.ndarray, list[str]]:
@@ -308,7 +291,7 @@ def main() -> None:
         print(f"   noisy copies merged with their original: {sum(per[204 + i] == per[i] for i in range(5))}/5; "
               f"re-lit copies merged with their original: {sum(per[209 + i] == per[7] for i in range(5))}/5")
     victim_n = faces[[i for i, (p, e) in enumerate(zip(people, expr)) if p == VICTIM and e == "neutral"][0]]
-    victim_s = faces[[i for i, (p, e) in enumerate(zip(people, expr)) if p == VICTIM and e == "smiling"][0]]
+    victim_s = faces[[i for i, (p, e) in enumerate(zip(people, expr)) if p == VICTIM and e == "smile"][0]]
     if want is None or "ramps" in want:
         sf, sid = synthetic_aligned(925)
         keep = [i for i, p in enumerate(people) if p != VICTIM]

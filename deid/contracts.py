@@ -22,7 +22,7 @@ import numpy as np
 
 from deid.evaluation.checks import Check
 from deid.errors import Quarantined
-from deid.operations.safety import COMPLETE_MARKER, LOCK_NAME, RELEASE_SUBDIR
+from deid.run_files import COMPLETE_MARKER, LOCK_NAME, RELEASE_SUBDIR
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     import pyarrow as pa

@@ -1,6 +1,6 @@
 """Content-keyed memoisation of pure computations that are repeated on identical inputs.
 
-The comparison study (:mod:`deid.evaluation.study`) judges every method at every strength with
+The comparison study (:mod:`deid.study`) judges every method at every strength with
 the whole gate, so the same computations on the same originals come back at every point: the
 eigenface fit of the drop, the originals' side of every utility protocol, the attackers fitted
 on the originals, and the parrot attacker's re-run of the method on the very originals the

@@ -176,7 +176,7 @@ class PartsProgress:
     """Progress of named parts of unequal cost run at once on ``workers`` processes, longest first.
 
     The parts start in list order on whichever process is free (as
-    :meth:`deid.operations.executors.PoolExecutor.map` starts its calls), so which parts run when is
+    :meth:`deid.pool.PoolExecutor.map` starts its calls), so which parts run when is
     known from the completions alone. A line when each part is done (its measured seconds), and a
     heartbeat every ``every_seconds`` from a thread while parts run, naming the running parts.
 

@@ -10,11 +10,12 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from deid.anonymise.method_registry import METHODS
-from deid.anonymise.partition import POLICIES
 
 # The method names come from the registry (deid.anonymise.method_registry), the one list of methods.
 Method = Literal[METHODS]  # type: ignore[valid-type]
-SMALL_PARTITION_POLICIES: tuple[str, ...] = POLICIES  # deid.anonymise.partition: the one list
+# What a partition with fewer than k people becomes (deid.anonymise.partition.plan_partitions, which reads
+# this list): the setting's one list of values, here so that this base module imports no partition code.
+SMALL_PARTITION_POLICIES: tuple[str, ...] = ("suppress", "merge", "fail")
 SmallPartitionPolicy = Literal[SMALL_PARTITION_POLICIES]  # type: ignore[valid-type]
 
 

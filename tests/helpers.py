@@ -24,7 +24,7 @@ def load_london_aligned(*, smiling: str = "smiling") -> tuple[np.ndarray, list[s
     if not (LONDON / "london_info.csv").is_file():
         pytest.fail(f"the London set is missing at {LONDON}; see ../shared/datasets/london/README.md")
     faces, people, gender, expr = _london_aligned()
-    return faces.copy(), list(people), list(gender), [smiling if e == "smiling" else e for e in expr]
+    return faces.copy(), list(people), list(gender), [smiling if e == "smile" else e for e in expr]
 
 
 def london_descriptors() -> np.ndarray:
@@ -45,31 +45,9 @@ def _london_descriptors() -> np.ndarray:
 
 @functools.cache
 def _london_aligned() -> tuple[np.ndarray, tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
-    from deid.alignment.eyes import EyePair
-    from deid.alignment.canonical import FaceAligner
-    from deid.errors import RecordError
-    from deid.intake.imaging import decode_gray
+    from deid.alignment.london import align_london
 
-    with open(LONDON / "london_info.csv", newline="") as fh:
-        info = {r["face_id"].zfill(3): r["face_gender"] for r in csv.DictReader(fh)}
-    aligner = FaceAligner()
-    faces, people, gender, expr = [], [], [], []
-    for folder, ex in (("neutral_front", "neutral"), ("smiling_front", "smiling")):
-        for f in sorted((LONDON / folder).glob("*.jpg")):
-            eyes = None
-            if f.with_suffix(".tem").is_file():
-                lines = f.with_suffix(".tem").read_text().splitlines()
-                eyes = EyePair(*[tuple(float(v) for v in lines[1 + i].split()[:2]) for i in range(2)])
-            try:
-                face = aligner.align(decode_gray(f.read_bytes()), eyes)
-            except RecordError:
-                continue
-            faces.append(face.image.reshape(-1))
-            people.append(f.name[:3])
-            gender.append(info[f.name[:3]])
-            expr.append(ex)
-    faces = np.array(faces)
-    faces.setflags(write=False)
+    faces, people, gender, expr = align_london(LONDON)
     return faces, tuple(people), tuple(gender), tuple(expr)
 
 

@@ -12,7 +12,7 @@ from deid.anonymise.method_registry import COLOR_METHODS, REGISTRY
 from deid.reporting.report import Check, Report, Utility, report_problems
 from deid.reporting.report_build import build_rejection, dataset_summary
 from deid.run_config import RunConfig
-from deid.operations.safety import COMPLETE_MARKER, LOCK_NAME, RELEASE_SUBDIR
+from deid.run_files import COMPLETE_MARKER, LOCK_NAME, RELEASE_SUBDIR
 from deid.settings import Settings
 
 

@@ -15,11 +15,11 @@ from deid.evaluation.gate import (
     GateInputs,
     attack_sample,
     clopper_pearson,
-    cluster_shares,
     closeness_check,
     evaluate,
     identical_within_clusters,
 )
+from deid.anonymise.clusters import cluster_shares
 from deid.anonymise.methods import deidentify, method_runner
 
 SHAPE = (24, 20)

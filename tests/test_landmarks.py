@@ -223,7 +223,7 @@ def test_deidentify_passes_points_into_label_partitions():
 @pytest.mark.slow
 @pytest.mark.london
 def test_london_landmark_k_same_m_ghosts_less_than_pixel_k_same(london_dir, tmp_path):
-    from deid.evaluation.study import _aligner_params
+    from deid.study import _aligner_params
     from deid.intake.london import import_london
     from deid.operations.stages import align_batch, read_pixels
     import pyarrow.parquet as pq

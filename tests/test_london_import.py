@@ -10,7 +10,7 @@ import pytest
 
 from deid.intake.drop import read_drop
 from deid.errors import ConfigError, DropError
-from deid.intake.london import import_london, read_tem_eyes
+from deid.intake.london import import_london, london_photos, read_tem_eyes
 
 
 def _fake_london(root, n=3):
@@ -39,6 +39,19 @@ def test_import_fake_layout(tmp_path):
     assert all(r.eyes is None for r in d.rows if r.labels["expression"] == "smile")
     assert (drop / "_READY").exists()
     assert not any(p.is_symlink() for p in drop.rglob("*"))
+
+
+def test_london_photos_reads_the_layout_in_place(tmp_path):
+    """The in-memory loader's view (tests/helpers.py, bench/): neutral photos first, by name; .tem pupils or None."""
+    src = _fake_london(tmp_path / "src")
+    (src / "neutral_front" / "002_03.tem").write_text("2\n50\t31\n30\t30\n")  # points given right eye first
+    photos = london_photos(src)
+    assert [(p.path.relative_to(src).as_posix(), p.person, p.gender, p.expression) for p in photos] == [
+        ("neutral_front/001_03.jpg", "001", "female", "neutral"), ("neutral_front/002_03.jpg", "002", "male", "neutral"),
+        ("neutral_front/003_03.jpg", "003", "female", "neutral"), ("smiling_front/001_08.jpg", "001", "female", "smile"),
+        ("smiling_front/002_08.jpg", "002", "male", "smile"), ("smiling_front/003_08.jpg", "003", "female", "smile")]
+    assert [p.eyes for p in photos] == [((21.0, 30.0), (41.0, 31.0)), ((30.0, 30.0), (50.0, 31.0)),
+                                        ((23.0, 30.0), (43.0, 31.0)), None, None, None]
 
 
 def test_import_refuses_wrong_layout_and_non_empty_target(tmp_path):

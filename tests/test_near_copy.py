@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deid.anonymise.near_copy import NearCopyRepair, repair_in_memory
-from deid.evaluation.gate import GateConfig, cluster_shares
+from deid.anonymise.clusters import cluster_shares
+from deid.evaluation.gate import GateConfig
 from deid.evaluation.leaks import mean_abs_difference
 from deid.operations import stages
 

@@ -68,7 +68,7 @@ def test_two_releases_of_a_random_method_differ_and_only_a_known_seed_lets_the_p
 
 def test_flow_features_and_study_take_the_parrot_seed_from_the_one_policy(tmp_path, monkeypatch):
     from deid.contracts import Deidentified, Partitioned, RecordCounts
-    from deid.evaluation import study
+    from deid import study
     from deid.evaluation.gate import GateConfig
     from deid.operations import pipeline
     from deid.run_config import RunConfig

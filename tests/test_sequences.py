@@ -27,7 +27,7 @@ SHAPE = (92, 81)
 @pytest.fixture(scope="module")
 def sequence_drop(tmp_path_factory):
     """12 synthetic people x 2 sequences (talking, smiling) x 8 frames, ingested and aligned (~2 s)."""
-    from deid.evaluation.study import _aligner_params
+    from deid.study import _aligner_params
     from deid.operations.stages import align_batch, read_pixels
 
     root = tmp_path_factory.mktemp("seq")

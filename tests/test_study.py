@@ -1,4 +1,4 @@
-"""Tests of the comparison study (deid.evaluation.study, ``deid study``) and the leak checks (deid.evaluation.leaks)."""
+"""Tests of the comparison study (deid.study, ``deid study``) and the leak checks (deid.evaluation.leaks)."""
 from __future__ import annotations
 
 import csv
@@ -85,7 +85,7 @@ def _f(x: str) -> float:
 
 
 def test_study_cli_on_a_small_synthetic_drop(tmp_path, capsys, monkeypatch):
-    from deid.evaluation.study import CSV_COLUMNS
+    from deid.study import CSV_COLUMNS
     monkeypatch.setenv("DEID_MIN_PROBES", "4")  # 24 faces: rates from 12 probes are judged, not "insufficient"
     from deid.cli import main
     from deid.intake.synth import make_synthetic_drop
@@ -153,7 +153,7 @@ def test_study_cli_on_a_small_synthetic_drop(tmp_path, capsys, monkeypatch):
 
 @pytest.fixture(scope="module")
 def synthetic_aligned(tmp_path_factory):
-    import deid.evaluation.study as study
+    import deid.study as study
     from deid.intake.synth import make_synthetic_drop
 
     tmp = tmp_path_factory.mktemp("study")
@@ -172,7 +172,7 @@ def _cheap_gate(**kw):
 
 def test_every_registry_method_runs_in_the_study(synthetic_aligned):
     from deid.anonymise.methods import METHODS, STRENGTH
-    from deid.evaluation.study import StudyConfig, run_study, summary
+    from deid.study import StudyConfig, run_study, summary
 
     pixels, people, labels, shape = synthetic_aligned
     res = run_study(pixels, people, labels, shape,
@@ -192,7 +192,8 @@ def test_example_grid_shows_released_faces_only(synthetic_aligned, tmp_path):
     from dataclasses import replace
 
     import cv2
-    from deid.evaluation.study import StudyConfig, example_grid, run_study, write_examples
+    from deid.study import StudyConfig, run_study
+    from deid.study.plots import example_grid, write_examples
 
     pixels, people, labels, shape = synthetic_aligned
     cfg = StudyConfig(ks=(2,), sigmas=(0.5,), blocks=(2,), methods=("k-same", "blur", "pixelate"),
@@ -222,7 +223,7 @@ def test_example_grid_shows_released_faces_only(synthetic_aligned, tmp_path):
 
 
 def test_study_config_names_bad_values():
-    from deid.evaluation.study import StudyConfig, _points
+    from deid.study import StudyConfig, _points
 
     with pytest.raises(ConfigError, match="methods="):
         _points(StudyConfig(methods=("median",)))
@@ -236,7 +237,7 @@ def test_study_config_names_bad_values():
 
 
 def test_load_aligned_uses_its_cache(tmp_path, monkeypatch):
-    import deid.evaluation.study as study
+    import deid.study as study
     from deid.intake.synth import make_synthetic_drop
 
     drop = make_synthetic_drop(tmp_path / "drop", people=3, images_per_person=2, seed=1)
@@ -268,7 +269,7 @@ def _london_aligned():
 def test_london_study_supports_the_issue_claims():
     from deid.evaluation.attacks import ATTACKERS, DEEP_ATTACKERS
     from deid.evaluation.gate import GateConfig
-    from deid.evaluation.study import StudyConfig, run_study, summary
+    from deid.study import StudyConfig, run_study, summary
 
     pixels, people, labels, shape = _london_aligned()
     assert len(pixels) >= 190

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import deid.anonymise.methods as methods
-import deid.evaluation.study as study
+import deid.study as study
 from deid.anonymise.sequences import sequence_options
 from deid.evaluation.gate import GateConfig
 from deid.intake.synth import make_synthetic_drop

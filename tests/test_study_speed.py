@@ -10,7 +10,7 @@ from deid.memo import Memo, digest, key_for
 
 @pytest.fixture(scope="module")
 def small_aligned(tmp_path_factory):
-    import deid.evaluation.study as study
+    import deid.study as study
     from deid.intake.synth import make_synthetic_drop
 
     tmp = tmp_path_factory.mktemp("speed")
@@ -21,7 +21,7 @@ def small_aligned(tmp_path_factory):
 
 def _config(workers: int = 1):
     from deid.evaluation.gate import GateConfig
-    from deid.evaluation.study import StudyConfig
+    from deid.study import StudyConfig
 
     gate = GateConfig(k=2, method="k-same", attackers=("pca-whitened-cosine",), repeats=1, folds=3)
     # A fixed seed (as DEID_SEED): the rows must be reproducible to compare them, and the parrot then re-runs
@@ -64,7 +64,7 @@ def test_memo_returns_copies_and_stays_within_its_bytes():
 def test_memoised_study_gives_exactly_the_unmemoised_rows(small_aligned, monkeypatch):
     from deid.anonymise import methods
     from deid.evaluation import utility
-    from deid.evaluation.study import run_study
+    from deid.study import run_study
 
     pixels, people, labels, shape = small_aligned
     for m in (methods._DEIDENTIFIED, utility._CV, utility._ORIGINAL_FOLDS):
@@ -81,7 +81,7 @@ def test_memoised_study_gives_exactly_the_unmemoised_rows(small_aligned, monkeyp
 
 @pytest.mark.slow
 def test_parallel_study_gives_the_rows_of_the_serial_one(small_aligned):
-    from deid.evaluation.study import run_study
+    from deid.study import run_study
 
     pixels, people, labels, shape = small_aligned
     serial = run_study(pixels, people, labels, shape, _config(1))

@@ -14,6 +14,7 @@ from typing import Any
 import cv2
 import numpy as np
 
+from deid.alignment.dlib_models import dlib_model
 from deid.errors import ConfigError, RecordError
 
 logger = logging.getLogger(__name__)
@@ -105,11 +106,9 @@ def five_points(gray: np.ndarray, box: tuple[float, float, float, float]) -> np.
     """
     import dlib  # noqa: PLC0415 - only when landmarks are used
 
-    from deid.evaluation.recognizer import _dlib_model  # noqa: PLC0415
-
     x, y, w, h = box
     rect = dlib.rectangle(int(round(x)), int(round(y)), int(round(x + w)), int(round(y + h)))
-    shape = _dlib_model("shape5")(gray, rect)
+    shape = dlib_model("shape5")(gray, rect)
     return np.array([(float(shape.part(i).x), float(shape.part(i).y)) for i in range(5)], dtype=np.float64)
 
 
@@ -386,8 +385,6 @@ class HaarEyeDetector:
         resampled so the padded shorter side is ``HOG_WORK_SIDE`` pixels; detections down to the
         score ``HOG_THRESHOLD`` are kept (dlib's default is 0).
         """
-        from deid.evaluation.recognizer import _dlib_model  # noqa: PLC0415
-
         h, w = gray.shape
         p = int(self.HOG_PAD * min(h, w))
         padded = cv2.copyMakeBorder(gray, p, p, p, p, cv2.BORDER_REPLICATE) if p else gray
@@ -396,7 +393,7 @@ class HaarEyeDetector:
         work = cv2.resize(padded, (max(1, round(pw * s)), max(1, round(ph * s))),
                           interpolation=cv2.INTER_AREA if s < 1 else cv2.INTER_LINEAR)
         sx, sy = pw / work.shape[1], ph / work.shape[0]
-        found, _, _ = _dlib_model("hog").run(work, 0, self.HOG_THRESHOLD)
+        found, _, _ = dlib_model("hog").run(work, 0, self.HOG_THRESHOLD)
         boxes = [(r.left() * sx - p, r.top() * sy - p, r.width() * sx, r.height() * sy) for r in found]
         return sorted(boxes, key=lambda b: b[2] * b[3], reverse=True)
 

@@ -30,6 +30,7 @@ from typing import Callable, Hashable, Iterable, Sequence
 
 import numpy as np
 
+from deid.anonymise.clusters import cluster_shares
 from deid.errors import StateError
 from deid.bound import within_bound
 
@@ -189,12 +190,10 @@ def relabel(labels: np.ndarray, plan: RepairPlan) -> np.ndarray:
 def check_merged(labels: np.ndarray, people: Sequence[Hashable], plan: RepairPlan, *, k: int) -> None:
     """Raise :class:`StateError` unless every merged cluster holds >= k people and no person above 1/k of it.
 
-    The gate's own per-cluster count (:func:`deid.evaluation.gate.cluster_shares`) on the merged clusters.
+    The gate's own per-cluster count (:func:`deid.anonymise.clusters.cluster_shares`) on the merged clusters.
     """
     if not plan.merges:
         return
-    from deid.evaluation.gate import cluster_shares  # noqa: PLC0415 (the gate's imports only when clusters merged)
-
     merged = np.isin(labels, [p for _, p in plan.merges])
     idx = np.flatnonzero(merged)
     _, distinct, shares = cluster_shares(list(labels[idx]), [people[i] for i in idx])

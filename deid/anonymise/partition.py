@@ -4,8 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from deid.errors import ConfigError
-
-POLICIES = ("suppress", "merge", "fail")
+from deid.settings import SMALL_PARTITION_POLICIES as POLICIES  # the setting's values, declared there
 
 
 @dataclass

@@ -51,7 +51,7 @@ def summary_table(rows: list[dict]) -> list[str]:
     """The study's summary as markdown lines: one row per method and strength, the k-based
     methods grouped by k, with the gate's verdict, the worst attack with its interval, the
     exact share and the cross-fitted utility per label."""
-    from deid.evaluation.study import summary  # noqa: PLC0415
+    from deid.study import summary  # noqa: PLC0415
 
     points = summary(rows)
     labels = list(dict.fromkeys(lab for s in points for lab in s["utility"]))
@@ -74,8 +74,8 @@ def summary_table(rows: list[dict]) -> list[str]:
 
 
 def _progress() -> None:
-    """One log line per studied point (deid.evaluation.study at INFO) even when the CLI logs only warnings."""
-    log = logging.getLogger("deid.evaluation.study")
+    """One log line per studied point (deid.study at INFO) even when the CLI logs only warnings."""
+    log = logging.getLogger("deid.study")
     if log.getEffectiveLevel() > logging.INFO:
         log.setLevel(logging.INFO)
 
@@ -86,7 +86,7 @@ def cmd_study(args) -> int:
     from deid.errors import ConfigError  # noqa: PLC0415
     from deid.evaluation.gate import GateConfig  # noqa: PLC0415
     from deid.settings import Settings  # noqa: PLC0415 - keep `deid --help` fast
-    from deid.evaluation.study import StudyConfig, study_drop  # noqa: PLC0415
+    from deid.study import StudyConfig, study_drop  # noqa: PLC0415
 
     drop = Path(args.drop)
     if not drop.is_dir():

@@ -28,6 +28,7 @@ from typing import Any, Callable, Hashable, Literal, Mapping, Sequence
 import numpy as np
 from scipy.stats import beta
 
+from deid.anonymise.clusters import cluster_shares, value_codes
 from deid.anonymise.ksame import feasible_clusters
 from deid.anonymise.method_registry import CLUSTER_METHODS
 from deid.evaluation.attacks import ATTACKERS, DEEP_ATTACKERS, FEATURE_ATTACKERS, MODES, attack_all
@@ -309,31 +310,11 @@ def clopper_pearson(successes: float, n: int, *, confidence: float = 0.95) -> tu
 # --------------------------------------------------------------------------- structure
 
 
-def cluster_shares(clusters: Sequence[Hashable], people: Sequence[Hashable]) -> tuple[dict, dict, dict]:
-    """Per cluster: its size, its number of distinct people and its largest one-person share."""
-    c_codes, c_keys = _codes(clusters)
-    p_codes, _ = _codes(people)
-    sizes = np.bincount(c_codes, minlength=len(c_keys))
-    pairs, counts = np.unique(np.stack([c_codes, p_codes]), axis=1, return_counts=True)
-    distinct = np.bincount(pairs[0], minlength=len(c_keys))
-    top = np.zeros(len(c_keys), dtype=np.int64)
-    np.maximum.at(top, pairs[0], counts)
-    return ({c_keys[i]: int(sizes[i]) for i in range(len(c_keys))},
-            {c_keys[i]: int(distinct[i]) for i in range(len(c_keys))},
-            {c_keys[i]: float(top[i] / sizes[i]) for i in range(len(c_keys))})
-
-
-def _codes(values: Sequence[Hashable]) -> tuple[np.ndarray, list]:
-    index: dict = {}
-    codes = np.fromiter((index.setdefault(v, len(index)) for v in values), dtype=np.int64, count=len(values))
-    return codes, list(index)
-
-
 def identical_within_clusters(image_index: Sequence[int], clusters: Sequence[Hashable] | None) -> bool:
     """True when every cluster's released rows are one distinct image (the k-Same structure)."""
     if clusters is None or len(image_index) == 0:
         return False
-    c_codes, _ = _codes(list(clusters))
+    c_codes, _ = value_codes(list(clusters))
     pairs = np.unique(np.stack([c_codes, np.asarray(image_index, dtype=np.int64)]), axis=1)
     return bool(pairs.shape[1] == len(np.unique(c_codes)))
 
@@ -503,9 +484,9 @@ def partition_grouping(inputs: GateInputs, k: int, *, per_person: bool = False) 
     label value.
     """
     parts = inputs.partitions if inputs.partitions is not None else np.zeros(inputs.n, dtype=object)
-    p_codes, p_keys = _codes(parts)  # the columns as they are: no list copy of a million records
-    c_codes, _ = _codes(inputs.clusters)
-    who, _ = _codes(inputs.people)
+    p_codes, p_keys = value_codes(parts)  # the columns as they are: no list copy of a million records
+    c_codes, _ = value_codes(inputs.clusters)
+    who, _ = value_codes(inputs.people)
     image = np.asarray(inputs.image_index)
     rows = []
     for j, key in enumerate(p_keys):
@@ -560,7 +541,7 @@ def closeness_check(inputs: GateInputs, config: GateConfig) -> Check:
     name = "cluster_not_close_to_one_member"
     if inputs.clusters is None or inputs.n == 0 or not _clustered(config.method):
         return Check(name, True, None, None, "not applicable: no clusters", status="not_applicable")
-    c_codes, keys = _codes(list(inputs.clusters))
+    c_codes, keys = value_codes(list(inputs.clusters))
     if len(keys) < 5:
         return Check(name, True, None, None, f"not applicable: {len(keys)} clusters are too few for a typical "
                      "distance (needs 5)", status="not_applicable")
@@ -597,7 +578,7 @@ def attack_sample(inputs: GateInputs, *, max_records: int, seed: int, min_units:
     if n <= max_records:
         return np.arange(n)
     units = inputs.clusters if inputs.clusters is not None and len(set(inputs.clusters)) < inputs.n else inputs.people
-    codes, keys = _codes(list(units))
+    codes, keys = value_codes(list(units))
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(keys))
     sizes = np.bincount(codes, minlength=len(keys))
@@ -944,7 +925,7 @@ def evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any = None,
         The released records with their originals, people, clusters and labels.
     config : GateConfig
         k, method, bounds and sample sizes.
-    executor : deid.operations.executors.Executor, optional
+    executor : deid.pool.Executor, optional
         Runs the attackers and the utility protocols as separate calls (e.g. on a small run's
         process pool, :func:`parallel_parts`); the result is the same as without it.
     helper : GateHelper, optional
@@ -1243,7 +1224,7 @@ def _start_helper() -> Any:
     process is free; nothing is computed twice, so the CPU added is the helper's start (imports,
     the dlib model, the inputs sent: ~2-4 s measured on a busy machine).
     """
-    from deid.operations.executors import PoolExecutor  # noqa: PLC0415 (no import cycle: executors is light)
+    from deid.pool import PoolExecutor  # noqa: PLC0415 (a base module: the pool without the stages' warm-up)
 
     return PoolExecutor(2, warm=None)
 
@@ -1328,7 +1309,7 @@ def people_sample(inputs: GateInputs, *, max_records: int, seed: int) -> np.ndar
     """Indices of all records of a seeded random sample of whole people, at most ``max_records``."""
     if inputs.n <= max_records:
         return np.arange(inputs.n)
-    codes, keys = _codes(list(inputs.people))
+    codes, keys = value_codes(list(inputs.people))
     order = np.random.default_rng(seed).permutation(len(keys))
     sizes = np.bincount(codes, minlength=len(keys))
     take = order[np.cumsum(sizes[order]) <= max_records]

@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import threading
 from dataclasses import dataclass
 from numbers import Integral
 from typing import Any, Hashable, Sequence
@@ -33,7 +32,8 @@ import cv2
 import numpy as np
 from sklearn.base import BaseEstimator
 
-from deid.errors import ConfigError, EnvironmentFailure
+from deid.alignment.dlib_models import dlib_model
+from deid.errors import ConfigError
 from deid.memo import RowCache
 from deid.neighbours import distance_blocks
 
@@ -88,42 +88,6 @@ def chip_eyes(size: int = CHIP_SIZE, padding: float = CHIP_PADDING) -> tuple[tup
     left = ((t[2][0] + t[3][0]) / 2, (t[2][1] + t[3][1]) / 2)
     right = ((t[0][0] + t[1][0]) / 2, (t[0][1] + t[1][1]) / 2)
     return left, right
-
-
-# ------------------------------------------------------------------------------------------- models
-# dlib models keep per-call state (the network stores each layer's output, the detectors scratch
-# buffers), so one instance must not serve two threads at once (Dask workers run several): loaded
-# lazily, once per thread (0.1-0.3 s each).
-_models = threading.local()
-
-
-def _dlib_model(kind: str) -> Any:
-    """dlib model of this thread: 'recognizer' (ResNet), 'shape5' (5-point landmarks) or 'hog' (face detector)."""
-    cache: dict[str, Any] | None = getattr(_models, "cache", None)
-    if cache is None:
-        cache = _models.cache = {}
-    model = cache.get(kind)
-    if model is not None:
-        return model
-    try:
-        import dlib  # noqa: PLC0415 - optional heavy import, only when a model is used
-        import face_recognition_models as frm  # noqa: PLC0415
-    except ImportError as exc:  # pragma: no cover - both are pinned dependencies
-        raise EnvironmentFailure(
-            f"the dlib recogniser needs the pinned packages dlib-bin and face-recognition-models ({exc}); "
-            "install the project's dependencies (pip install -e .)"
-        ) from None
-    if kind == "recognizer":
-        model = dlib.face_recognition_model_v1(frm.face_recognition_model_location())
-    elif kind == "shape5":
-        model = dlib.shape_predictor(frm.pose_predictor_five_point_model_location())
-    elif kind == "hog":
-        model = dlib.get_frontal_face_detector()
-    else:
-        raise ValueError(f"unknown dlib model {kind!r}")
-    cache[kind] = model
-    logger.debug("loaded dlib model %s", kind)
-    return model
 
 
 # ------------------------------------------------------------------------------ descriptor cache
@@ -300,7 +264,7 @@ class DlibEmbedder(BaseEstimator):
         return a[rows], np.array([d for _, d in hits], dtype=np.float32).reshape(len(hits), 128)
 
     def _compute(self, a: np.ndarray) -> np.ndarray:
-        model = _dlib_model("recognizer")
+        model = dlib_model("recognizer")
         chips = self.chips(a)
         out = np.empty((len(a), 128), dtype=np.float32)
         bs = int(self.batch_size)

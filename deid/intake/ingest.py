@@ -22,7 +22,7 @@ from deid.errors import Quarantined, RecordError
 from deid.intake.drop import open_drop_file
 from deid.intake.imaging import decoded_bytes, header_size, max_decoded_bytes, sniff_format
 from deid.intake.video import encode_png, frame_record_id, is_video, segment_messages, track_video, video_rate
-from deid.operations.safety import fault_enospc
+from deid.faults import fault_enospc
 from deid.schemas import arrow as schemas
 
 log = logging.getLogger(__name__)

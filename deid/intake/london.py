@@ -9,6 +9,7 @@ import csv
 import logging
 import os
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -63,6 +64,46 @@ def _place(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
+def read_london_info(info_path: Path) -> dict[str, str]:
+    """``london_info.csv``: each participant's 3-digit id -> gender (female/male)."""
+    with open(info_path, newline="", encoding="utf-8-sig") as fh:
+        reader = csv.DictReader(fh)
+        need = {"face_id", "face_gender"}
+        if not need <= set(reader.fieldnames or []):
+            raise DropError(f"{info_path}: needs columns {sorted(need)}; found {reader.fieldnames}")
+        return {row["face_id"].strip().zfill(3): _gender(row["face_gender"], f"{info_path} face_id={row['face_id']}")
+                for row in reader}
+
+
+@dataclass(frozen=True)
+class LondonPhoto:
+    """One front photo of the London set where it lies (read in place, never copied)."""
+
+    path: Path
+    person: str  # the participant's 3-digit id (the file name's first three characters)
+    gender: str  # female | male (london_info.csv)
+    expression: str  # a key of FOLDERS: neutral | smile
+    eyes: tuple[tuple[float, float], tuple[float, float]] | None  # the .tem pupils (left, right); None: detect
+
+
+def london_photos(src: str | os.PathLike) -> list[LondonPhoto]:
+    """Every front photo of the London set at ``src``: the neutral folder, then the smiling one, by file name.
+
+    The order and the eyes are those the tests and benchmarks have always aligned (their London
+    loader, :func:`deid.alignment.london.align_london`): a photo's pupils from its ``.tem`` file
+    when it has one (:func:`read_tem_eyes`), else None (the aligner detects them).
+    """
+    src = Path(src)
+    info = read_london_info(src / "london_info.csv")
+    photos = []
+    for expression, (folder, suffix) in FOLDERS.items():
+        for f in sorted((src / folder).glob(f"*_{suffix}.jpg")):
+            tem = f.with_suffix(".tem")
+            person = f.name[:3]
+            photos.append(LondonPhoto(f, person, info[person], expression, read_tem_eyes(tem) if tem.is_file() else None))
+    return photos
+
+
 def import_london(src: str | os.PathLike, drop_dir: str | os.PathLike, *, name: str = "london") -> Path:
     """Convert the London set at ``src`` into a drop at ``drop_dir``.
 
@@ -86,13 +127,7 @@ def import_london(src: str | os.PathLike, drop_dir: str | os.PathLike, *, name: 
         raise DropError(f"{src} is not the London set's layout: missing {', '.join(str(m) for m in missing)}")
     if drop.exists() and (not drop.is_dir() or any(drop.iterdir())):
         raise ConfigError(f"drop directory {drop} exists and is not empty; choose a new directory")
-    with open(info_path, newline="", encoding="utf-8-sig") as fh:
-        reader = csv.DictReader(fh)
-        need = {"face_id", "face_gender"}
-        if not need <= set(reader.fieldnames or []):
-            raise DropError(f"{info_path}: needs columns {sorted(need)}; found {reader.fieldnames}")
-        people = {row["face_id"].strip().zfill(3): _gender(row["face_gender"], f"{info_path} face_id={row['face_id']}")
-                  for row in reader}
+    people = read_london_info(info_path)
     rows = []
     for sid, gender in sorted(people.items()):
         for expression, (folder, suffix) in FOLDERS.items():

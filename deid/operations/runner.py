@@ -126,7 +126,7 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
     steps : Steps, keyword-only
         The stage functions (default: :mod:`deid.operations.pipeline`'s, in this process).
     cluster : callable, keyword-only
-        ``cluster(config)`` -> context manager yielding the :class:`~deid.operations.executors.Executor` the
+        ``cluster(config)`` -> context manager yielding the :class:`~deid.pool.Executor` the
         heavy stages run on (default: this process).
     run_id : str, optional
         The orchestrator's run id, recorded in the report (default: the release id).

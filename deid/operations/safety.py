@@ -19,13 +19,11 @@ sharing a staging directory must run on one host or on a filesystem with working
 from __future__ import annotations
 
 import base64
-import errno
 import fcntl
 import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import time
 from dataclasses import dataclass, field
@@ -33,6 +31,9 @@ from pathlib import Path
 from typing import Callable
 
 from deid.errors import ConfigError, EnvironmentFailure
+# The file names and the fault hooks are base facts (the lower layers name and call them too): re-exported here.
+from deid.faults import FAULT_ENV, FAULT_STAGES, fault_enospc, fault_point
+from deid.run_files import ADDENDUM_NAME, ADDENDUM_SIG_NAME, COMPLETE_MARKER, LOCK_NAME
 
 log = logging.getLogger(__name__)
 
@@ -41,41 +42,6 @@ __all__ = [
     "Recovery", "RunLock", "fault_enospc", "fault_point", "is_live", "preflight_locations", "recover",
     "write_signed_addendum",
 ]
-
-LOCK_NAME = ".run.lock"
-COMPLETE_MARKER = ".complete"
-ADDENDUM_NAME = "addendum.json"
-ADDENDUM_SIG_NAME = "addendum.json.sig"
-RELEASE_SUBDIR = "release"  # the would-be release inside a run's staging directory
-
-# --------------------------------------------------------------------------- fault injection (tests only)
-
-FAULT_ENV = "DEID_FAULT_INJECT"
-# Stage boundaries at which `kill:after:<stage>` SIGKILLs the run (the process itself, exactly
-# like `kill -9` from outside at that moment, but deterministic).
-FAULT_STAGES = ("ingest", "align", "gate", "register", "sign", "publish")
-# Locations at which `enospc:<location>` raises ENOSPC as a full disk would.
-FAULT_LOCATIONS = ("data", "stage", "reports")
-
-
-def _faults() -> set[str]:
-    # Read directly (not through Settings): a test-only hook that must also work in a bare subprocess.
-    return {s.strip() for s in os.environ.get(FAULT_ENV, "").split(",") if s.strip()}
-
-
-def fault_point(stage: str) -> None:
-    """Test hook: with ``DEID_FAULT_INJECT=kill:after:<stage>`` the run kills itself (SIGKILL) here."""
-    if f"kill:after:{stage}" in _faults():
-        log.warning("fault injection: SIGKILL after %s", stage)
-        logging.shutdown()
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-def fault_enospc(location: str, path: os.PathLike | str) -> None:
-    """Test hook: with ``DEID_FAULT_INJECT=enospc:<location>`` raise ENOSPC for a write to ``path``."""
-    if f"enospc:{location}" in _faults():
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
-
 
 # --------------------------------------------------------------------------- pre-flight
 

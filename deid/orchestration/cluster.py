@@ -1,7 +1,7 @@
 """The Dask cluster the heavy stages run on: a LocalCluster by default, or DEID_DASK_ADDRESS.
 
 A small drop (at most ``DEID_LOCAL_POOL_MAX_RECORDS`` manifest rows) runs on a
-:class:`~deid.operations.executors.PoolExecutor` instead: the same stage functions on
+:class:`~deid.pool.PoolExecutor` instead: the same stage functions on
 ``DEID_DASK_WORKERS`` local processes, without a scheduler and nannies to start.
 """
 from __future__ import annotations

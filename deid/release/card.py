@@ -30,7 +30,7 @@ from deid.release.manifest import MANIFEST_NAME
 from deid.release.publish import VIDEO_FPS, VIDEOS
 from deid.intake.drop import DEFAULT_LICENSE
 from deid.errors import ConfigError, DataError
-from deid.reporting.html_report import strip_urls
+from deid.urls import strip_urls
 
 CARD_NAME = "README.md"
 # Hugging Face's size_categories buckets.

@@ -7,7 +7,7 @@ written. They are written into the release once, as ``MANIFEST.sha256``: one lin
 ``<sha256 hex>  <path>`` per image, sorted by path, the format of ``sha256sum`` (so
 ``sha256sum -c MANIFEST.sha256`` in the release directory checks every image without deid). The
 signed report lists every *other* release file as before (the tables, the card, the manifest
-itself) and describes the manifest (:class:`~deid.reporting.report.FileManifest`: its sha256, line
+itself) and describes the manifest (:class:`~deid.release.hashing.FileManifest`: its sha256, line
 count and the images' total size), so the Ed25519 signature covers every released byte while the
 report stays a few kilobytes; ``deid verify`` checks the signature, then the manifest's hash, then
 streams the manifest (:func:`read_manifest`) to check every image and that no other file exists.
@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from deid.errors import DataError, StateError
-from deid.reporting.report import Artifact, FileManifest, hash_file, iter_tree
+from deid.release.hashing import Artifact, FileManifest, hash_file, iter_tree
 
 logger = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from deid.errors import ConfigError, DataError, StateError
 from deid.release.manifest import ReleaseFiles, sort_paths
-from deid.operations.safety import fault_enospc
+from deid.faults import fault_enospc
 from deid.schemas import arrow as schemas
 
 RELEASE_TABLE = "release.parquet"

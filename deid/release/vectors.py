@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deid.errors import ConfigError, DataError
-from deid.operations.safety import fault_enospc
+from deid.faults import fault_enospc
 from deid.release.publish import METADATA_CSV, RELEASE_TABLE, StagedRelease, _write_csv
 from deid.schemas import arrow as schemas
 

@@ -2,7 +2,7 @@
 
 Every page deid writes (report.html, the validation page, the catalogue) is self-contained: inline
 CSS, images as data URIs, a Content-Security-Policy that forbids fetching anything, and no
-``http://``/``https://`` text at all (:func:`strip_urls`), so it renders offline years later and
+``http://``/``https://`` text at all (:func:`deid.urls.strip_urls`), so it renders offline years later and
 cannot leak that it was opened.
 """
 from __future__ import annotations
@@ -13,10 +13,10 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from deid.urls import strip_urls  # re-exported: the pages' URL rule is the card's too
+
 __all__ = ["CSS", "document", "esc", "fmt", "round_numbers", "strip_urls", "table"]
 
-# A URL up to whitespace, a quote or bracket; trailing sentence punctuation stays in the text.
-_URL = re.compile(r"(?i)\b(?:https?|ftp)://[^\s\"'<>)]*?(?=[.,;:!?]*(?:[\s\"'<>)]|$))")
 # A decimal number with 3 or more decimals, not part of a version string, identifier or range.
 _LONG_DECIMAL = re.compile(r"(?<![\w.])([-+]?\d+\.\d{3,})(?![\w]|\.\d)")
 
@@ -64,15 +64,6 @@ def esc(value: Any) -> str:
     if value is None:
         return "&mdash;"
     return html.escape(str(value), quote=True)
-
-
-def strip_urls(text: str) -> str:
-    """Replace every ``http(s)://`` or ``ftp://`` URL in ``text`` by ``[link removed]``.
-
-    Report text comes from manifests, settings and gate details the steward does not control;
-    a URL in it would otherwise appear in a page promised to reference nothing external.
-    """
-    return _URL.sub("[link removed]", text)
 
 
 def round_numbers(text: str, digits: int = 3) -> str:

@@ -11,7 +11,7 @@ import math
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import metadata, resources
@@ -22,6 +22,8 @@ import jsonschema
 
 from deid.errors import REASONS, ConfigError, StateError
 from deid.evaluation.checks import INSUFFICIENT
+# The released files' records and their hashing belong to the release (its manifest and verifier use them): re-exported.
+from deid.release.hashing import Artifact, FileManifest, hash_file, iter_tree, scan_tree
 from deid.release.signing import SigningKey, canonical_json, sign_bytes
 from deid.bound import within_bound
 
@@ -55,7 +57,6 @@ REPORT_NAME = "report.json"
 SIGNATURE_NAME = "report.json.sig"
 SCHEMA_NAME = "report.schema.json"
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_CHUNK = 1 << 20
 DEFAULT_VERSION_PACKAGES = (
     "deid", "numpy", "opencv-python-headless", "scikit-learn", "pyarrow", "cryptography", "prefect", "dask",
 )
@@ -181,41 +182,6 @@ class Utility:
                    deidentified_accuracy=row.get("deidentified_accuracy"), tolerance=row["tolerance"],
                    detail=row.get("detail"), protocol=row.get("protocol"),
                    extra={k: v for k, v in row.items() if k not in known})
-
-
-@dataclass(slots=True)
-class Artifact:
-    """One released file: POSIX path relative to the release dir, sha256 hex, size in bytes."""
-
-    path: str
-    sha256: str
-    bytes: int
-
-
-@dataclass(frozen=True)
-class FileManifest:
-    """The release's file manifest as the signed report describes it (issue 13: a million images).
-
-    ``path`` (a release file, also listed in ``artifacts`` with this ``sha256``) lists every file under
-    the ``covers`` directories, one ``<sha256 hex>  <path>`` line each (``sha256sum`` format), sorted
-    by path; ``files`` is its number of lines and ``bytes`` the listed files' total size.
-    """
-
-    path: str
-    sha256: str
-    files: int
-    bytes: int
-    covers: tuple[str, ...] = ("images/",)
-    format: Literal["sha256sum"] = "sha256sum"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"path": self.path, "sha256": self.sha256, "format": self.format, "covers": list(self.covers),
-                "files": int(self.files), "bytes": int(self.bytes)}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> FileManifest:
-        return cls(path=d["path"], sha256=d["sha256"], files=d["files"], bytes=d["bytes"],
-                   covers=tuple(d["covers"]), format=d["format"])
 
 
 @dataclass
@@ -413,50 +379,6 @@ def dataset_fingerprint(manifest_bytes: bytes, source_sha256s: Iterable[str]) ->
     for hl in sorted(hashes):
         digest.update(hl.encode("ascii") + b"\n")
     return "sha256:" + digest.hexdigest()
-
-
-def hash_file(path: Path) -> tuple[str, int]:
-    """(sha256 hex, size in bytes) of one file, read in 1 MiB chunks."""
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-            size += len(chunk)
-    return digest.hexdigest(), size
-
-
-def iter_tree(root: Path) -> Iterator[tuple[str, os.DirEntry, bool]]:
-    """(POSIX relative path, directory entry, is a regular file) of everything under ``root`` but its
-    directories, in no particular order; a symlink (even to a directory) or a fifo is yielded as not regular.
-
-    One ``os.scandir`` per directory and no Path per file: a release holds a million images.
-    """
-    stack = [(os.fspath(root), "")]
-    while stack:
-        path, prefix = stack.pop()
-        with os.scandir(path) as it:
-            for e in it:
-                rel = prefix + e.name
-                if e.is_symlink():
-                    yield rel, e, False  # a symlinked directory is never descended into
-                elif e.is_dir(follow_symlinks=False):
-                    stack.append((e.path, rel + "/"))
-                else:
-                    yield rel, e, e.is_file(follow_symlinks=False)
-
-
-def scan_tree(root: Path) -> tuple[dict[str, str], list[str]]:
-    """Regular files under ``root`` by POSIX relative path (-> the file's path, a str), and the relative paths of
-    anything else (symlinks, fifos)."""
-    files: dict[str, str] = {}
-    others: list[str] = []
-    for rel, e, regular in iter_tree(Path(root)):
-        if regular:
-            files[rel] = e.path  # a str: a Path per file held ~0.5 KB each
-        else:
-            others.append(rel)
-    return {rel: files[rel] for rel in sorted(files)}, sorted(others)
 
 
 def _hash_regular_files(root: Path, *, what: str, missing: str, special: str,
