@@ -1,11 +1,11 @@
 """k-Same-M on a fitted AAM (``k-same-aam``) against today's k-Same-M (``k-same-m``) on London, at k=5.
 
 The London set is imported to a temporary drop and aligned by the release pipeline's own steps
-(:func:`deid.evaluation.study.load_aligned`: the neutral photos carry their 189 .tem landmarks in
+(:func:`deid.study.load_aligned`: the neutral photos carry their 189 .tem landmarks in
 canonical pixels, the smiling ones none). Both methods run as ``deid run`` runs them (label
 partitions gender x expression, the points where given: shape from points in the neutral
 partitions, optical flow in the smiling ones) and are judged by the release gate itself
-(:func:`deid.evaluation.study.run_study`: exact k checks, every attacker x mode with the parrot
+(:func:`deid.study.run_study`: exact k checks, every attacker x mode with the parrot
 re-running the method, cross-fitted utility). Printed per method: the gate's verdict, its worst
 attack with the one-sided interval, the exact max person share, the cross-fitted utility per
 label (original -> release accuracy, the drop with its interval, held-out test images), and the
@@ -57,7 +57,7 @@ def main() -> None:
     from deid.anonymise.methods import deidentify
     from deid.anonymise.methods_ksame import sharpness
     from deid.evaluation.gate import GateConfig
-    from deid.evaluation.study import StudyConfig, load_aligned, run_study, summary
+    from deid.study import StudyConfig, load_aligned, run_study, summary
     from deid.intake.london import import_london
     from deid.settings import Settings
 
