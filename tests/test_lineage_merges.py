@@ -157,7 +157,7 @@ def test_the_pipeline_keys_the_lineage_by_normalised_steward_ids_and_overlays_th
 # --------------------------------------------------------------------------- property over sequences of drops
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), k=st.integers(2, 3), absent=st.sampled_from(["republish", "suppress"]),
        n_drops=st.integers(2, 4))
 def test_property_merges_that_appear_and_disappear_keep_the_lineage_invariants(data, k, absent, n_drops):
