@@ -185,11 +185,12 @@ def check_merges(plan: LineagePlan) -> LineageCheck | None:
     refuse = m["policy"] == "refuse"
     why = ", ".join(f"{n} {r}" for r, n in m["withheld_by_reason"].items())
     detail = (f"{m['rechecked_clusters']} registered clusters re-checked under this run's merges "
-              f"({m['merged_people']} people under several ids, {m['aliased_records']} records under another id than "
-              f"registered): {withheld} fall below k={plan.k} people or hold one person above 1/k"
-              + (f" ({why})" if why else "") + f"; DEID_LINEAGE_MERGES={m['policy']}: "
-              + ("withheld from this release, the rest released" if not refuse else
-                 "the run is refused" if withheld else "nothing to refuse"))
+              f"({m['merged_people']} of the drop's people under several ids, {m['aliased_records']} records under "
+              f"another id than registered): {withheld} fall below k={plan.k} people or hold one person above 1/k"
+              + (f" ({why})" if why else "")
+              + (f"; DEID_LINEAGE_MERGES={m['policy']}: " + ("the run is refused" if refuse else
+                                                            "withheld from this release, the rest released")
+                 if withheld else ": none withheld for a merge"))
     if refuse and withheld:
         detail += ("; set DEID_LINEAGE_MERGES=withhold to release without them, or check the merges in the report's "
                    "configuration.identity")
