@@ -91,6 +91,7 @@ class RunConfig:
     sensitive_l: int = 2  # DEID_SENSITIVE_L: distinct values every cluster needs to release a sensitive column
     lineage_policy: str = "invariant"
     lineage_absent: str = "republish"
+    lineage_merges: str = "withhold"  # DEID_LINEAGE_MERGES (deid.release.lineage.MERGE_POLICIES)
     color_auto_max: int = 20_000  # DEID_COLOR_AUTO_MAX: auto chooses colour for a first release up to this many records
     cross_dataset: str = "refuse"  # DEID_CROSS_DATASET (deid.operations.person_index)
     cross_dataset_ids: str = "linked"  # DEID_CROSS_DATASET_IDS
@@ -146,7 +147,7 @@ class RunConfig:
             ksame_block_size=s.ksame_block_size,
             dask_address=s.dask_address, seed_fixed=s.seed is not None,
             duplicate_ids=s.duplicate_ids, identity_embed_max=s.identity_embed_max, lineage_policy=s.lineage_policy,
-            lineage_absent=s.lineage_absent, cross_dataset=s.cross_dataset, cross_dataset_ids=s.cross_dataset_ids,
+            lineage_absent=s.lineage_absent, lineage_merges=s.lineage_merges, cross_dataset=s.cross_dataset, cross_dataset_ids=s.cross_dataset_ids,
             keep_staging=s.staging_retention, sensitive_l=s.sensitive_l,
             color_auto=s.color == "auto", color_auto_max=s.color_auto_max,
             color_reason="" if s.color == "auto" else f"DEID_COLOR={str(s.color).lower()}",

@@ -123,6 +123,11 @@ class Settings(BaseSettings):
     lineage_absent: Literal["republish", "suppress"] = Field(
         default="republish", description="a registered cluster with absent members: republished with counterfeit "
                                          "records, or suppressed in this release")
+    lineage_merges: Literal["withhold", "refuse"] = Field(
+        default="withhold", description="a registered cluster that this run's identity merges (or its registered "
+                                        "photos under another subject id) leave below k people or with one person "
+                                        "above 1/k: withheld from this release, or the run refused (gate check "
+                                        "lineage_merges)")
     cross_dataset: Literal["refuse", "route"] = Field(
         default="refuse", description="a drop holding people another dataset of the project registered (the person "
                                       "index: same photograph, steward id, or face): refused naming that dataset, or "

@@ -50,7 +50,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deid.anonymise.features import deidentify_vectors, feature_guarantee, vector_method_runner
-from deid.anonymise.identity import PeopleResolution, resolve_people
+from deid.anonymise.identity import PeopleResolution, normalize_subject_id, resolve_people
 from deid.anonymise.methods import K_METHODS, method_spec
 from deid.anonymise.partition import PartitionPlan, plan_partitions
 from deid.anonymise.randomness import ReleaseSeed
@@ -338,10 +338,12 @@ def plan_feature_lineage(drop: FeatureDrop, identity: FeatureIdentity, state, co
     parts = [tuple(str(drop.label_values[x][i]) for x in labels) for i in rows] if select and labels else None
     # Every record's labels: new clusters register them, so their later counterfeits reproduce the label mix.
     record_labels = [tuple(str(drop.label_values[x][i]) for x in labels) for i in rows]
-    plan = plan_release(state, [identity.person[i] for i in rows], vector_fingerprints(drop.vectors[rows]),
+    # Keyed by the normalised steward id (what cannot flip between runs); this run's merges overlay the k rules.
+    normal = {s: normalize_subject_id(s) for s in dict.fromkeys(drop.subject_ids[i] for i in rows)}
+    plan = plan_release(state, [normal[drop.subject_ids[i]] for i in rows], vector_fingerprints(drop.vectors[rows]),
                         key=linkage_key(config)[0], k=config.k, policy=config.lineage_policy,
                         absent=config.lineage_absent, partitions=parts, record_labels=record_labels,
-                        label_names=labels)
+                        label_names=labels, persons=[identity.person[i] for i in rows], merges=config.lineage_merges)
     new = np.zeros(len(drop.record_ids), dtype=bool)
     new[rows[list(plan.new_records)]] = True
     (logger or log).info("partition: lineage of %s (%s): %d records of returning people, %d new records, %d held back",
@@ -468,14 +470,18 @@ def feature_lineage_checks(lin: LineagePlanned, rel, originals: np.ndarray, *,
     drop's vectors (``originals``, one per plan record), exact within
     :data:`FEATURE_DIFFERENCE_TOLERANCE` of the mean feature standard deviation.
     """
-    from deid.release.lineage_checks import check_structure, differencing_attack  # noqa: PLC0415
+    from deid.release.lineage_checks import check_merges, check_structure, differencing_attack  # noqa: PLC0415
 
     checks = [c.to_gate_check() for c in check_structure(lin.state, rel)]
+    merges = check_merges(lin.plan)
+    if merges is not None:   # a merge between runs re-checked registered clusters (issue 27)
+        checks.append(merges.to_gate_check())
     X = np.asarray(originals, dtype=np.float32)
     if len(X) >= 2:
         spread = float(np.mean(X.std(axis=0, dtype=np.float64)))
         tol = max(FEATURE_DIFFERENCE_TOLERANCE * spread, float(np.finfo(np.float32).tiny))
-        attack = differencing_attack(lin.state, rel, X, original_people=lin.plan.pseudonyms, tolerance=tol,
+        attack = differencing_attack(lin.state, rel, X, original_people=[rel.person(p) for p in lin.plan.pseudonyms],
+                                     tolerance=tol,
                                      unit="feature units")
         (logger or log).info("lineage differencing attack: %d cluster pairs, %d tests, %d matches",
                              attack.n_cluster_pairs, attack.n_tests, len(attack.matches))

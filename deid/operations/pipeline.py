@@ -593,12 +593,14 @@ def write_partitions(faces: pa.Table, groups: Mapping[tuple, list[int]], layout:
 def _plan_lineage(faces: pa.Table, metadata: pa.Table, state, layout: StagingLayout, config: RunConfig,
                   labels: Sequence[str], *, lg, aligned: Aligned) -> tuple[pa.Table, LineagePlanned, list[str]]:
     """Plan the lineage on the effective persons; stage the returning people's records; keep the new ones."""
-    sources = metadata.select(["record_id", "source_sha256"])  # looked up as columns (issue 13)
+    # Looked up as columns (issue 13); the manifest's subject ids key the lineage, merges overlay it (issue 27).
+    sources = metadata.select(["record_id", "source_sha256", "subject_id"])
     # Per label partition, the lineage holds back fewer than k new people (they wait): the `suppress`
     # policy. Under `merge` or `fail` it plans on one partition and the small-partition policy decides.
     plan = stages.plan_lineage(faces, sources, state, key=linkage_key(config)[0], k=config.k,
                                policy=config.lineage_policy, absent=config.lineage_absent, labels=list(labels),
-                               select=config.select(labels) and config.small_partitions == "suppress")
+                               select=config.select(labels) and config.small_partitions == "suppress",
+                               merges=config.lineage_merges)
     ids = faces.column("record_id").to_pylist()
     held_back = [ids[i] for i, _ in plan.suppressed]
     returning = sorted(i for r in plan.republish for i in r.records)
@@ -976,7 +978,8 @@ def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, threads: int =
     clusters (on ``threads``) and against the ``published`` releases the registry does not remember
     (:func:`published_outside_registry`)."""
     from deid.release.lineage_checks import (  # noqa: PLC0415
-        REPUBLISHED_ONLY, DifferencingResult, check_structure, differencing_attack, published_differencing_attack)
+        REPUBLISHED_ONLY, DifferencingResult, check_merges, check_structure, differencing_attack,
+        published_differencing_attack)
 
     import shutil  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
@@ -990,9 +993,12 @@ def lineage_checks(lin: LineagePlanned, rel, aligned: Aligned, *, threads: int =
     keep = np.flatnonzero(pc.is_in(pa.array(lin.record_ids, pa.string()), value_set=present.combine_chunks())
                           .to_numpy(zero_copy_only=False)).tolist()
     rows = [lin.record_ids[i] for i in keep]
-    people = [lin.plan.pseudonyms[i] for i in keep]
+    people = [rel.person(lin.plan.pseudonyms[i]) for i in keep]   # people counted under this run's merges
     records = [lin.plan.fingerprints[i] for i in keep]
     checks = [c.to_gate_check() for c in check_structure(lin.state, rel)]
+    merges = check_merges(lin.plan)
+    if merges is not None:   # a merge between runs re-checked registered clusters (issue 27)
+        checks.append(merges.to_gate_check())
     pub = None
 
     def attack_published(X, people):

@@ -26,7 +26,7 @@ from deid.alignment.align import align_records
 from deid.contracts import LINEAGE_PARTITION, ClusterInfo, CounterfeitRow, ReleaseRows, StagingLayout
 from deid.errors import ConfigError, Quarantined, StateError
 from deid.alignment.features import Eigenfaces, IlluminationFeatures
-from deid.anonymise.identity import PeopleResolution, resolve_people
+from deid.anonymise.identity import PeopleResolution, normalize_subject_id, resolve_people
 from deid.anonymise.ksame import KSame, _factorize, group_people
 from deid.anonymise.near_copy import (NearCopyRepair, RepairPlan, check_merged, closest_member, cluster_centroids,
                                       plan_repair, relabel, repair_in_memory, summarize)
@@ -1117,20 +1117,28 @@ def resolve_identities(faces: pa.Table, *, policy: str = "merge", embeddings: np
 
 
 def plan_lineage(faces: pa.Table, sources: Mapping[str, str] | pa.Table, state, *, key: bytes, k: int, policy: str,
-                 absent: str, labels: list[str], select: bool):
+                 absent: str, labels: list[str], select: bool, merges: str = "withhold"):
     """The lineage plan over the resolved faces (``subject_id`` = effective person), in table order.
 
     ``sources`` maps record_id -> source_sha256: a mapping, or a table with those two columns (the
-    ingested table's; looked up as columns, no dict of a million ids). Partitions are the label
-    tuples when the method partitions by labels (k-Same-Select), else none.
+    ingested table's; looked up as columns, no dict of a million ids). A table that also has the
+    manifest's ``subject_id`` keys the lineage by each record's normalised steward id, the resolved
+    person being the overlay of this run's merges for the k rules (issue 27: a merge that holds in one
+    run and not the next never re-keys a record); otherwise the resolved ``subject_id`` is both.
+    Partitions are the label tuples when the method partitions by labels (k-Same-Select), else none.
     """
     from deid.release.lineage import plan_release  # noqa: PLC0415 - crypto imports only where needed
 
     n = faces.num_rows
     ids = _array(faces.column("record_id"))
+    stewards: list | None = None
     if isinstance(sources, pa.Table):
         at = positions_in(ids, sources.column("record_id"))  # as the mapping's lookup: every face has its source
         fingerprints = _array(sources.column("source_sha256")).take(at).to_pylist()
+        if "subject_id" in sources.column_names and n:
+            raw = shared_objects(_array(sources.column("subject_id")).take(at)).tolist()
+            normal = {s: normalize_subject_id(s) for s in dict.fromkeys(raw)}  # one str per distinct id
+            stewards = [normal[s] for s in raw]
     else:
         fingerprints = [sources[r] for r in ids.to_pylist()]
     # Every record's labels: new clusters register them, so their later counterfeits reproduce the label mix.
@@ -1138,8 +1146,13 @@ def plan_lineage(faces: pa.Table, sources: Mapping[str, str] | pa.Table, state, 
     record_labels = _label_tuples(faces, labels)
     parts = record_labels if select and labels else None
     people = shared_objects(_array(faces.column("subject_id"))).tolist() if n else []
-    return plan_release(state, people, fingerprints, key=key, k=k, policy=policy, absent=absent, partitions=parts,
-                        record_labels=record_labels, label_names=labels)
+    persons = None
+    if stewards is None:
+        stewards = people        # no manifest ids given: the resolved ids are the keys, no overlay
+    else:
+        persons = people
+    return plan_release(state, stewards, fingerprints, key=key, k=k, policy=policy, absent=absent, partitions=parts,
+                        record_labels=record_labels, label_names=labels, persons=persons, merges=merges)
 
 
 def label_combinations(faces: pa.Table, labels: Sequence[str]) -> tuple[list[tuple], np.ndarray]:
@@ -1350,13 +1363,14 @@ def registered_row_labels(release, state, record_ids: list[str], labels: list[st
 def republished_for_gate(release, state):
     """The gate's view of the republished clusters (:class:`deid.evaluation.gate.Republished`).
 
-    Per republished cluster: the person (pseudonym) of each registered basis record, its counterfeit
-    rows and its stored image.
+    Per republished cluster: the person (pseudonym) of each registered basis record, under this run's
+    merges (two steward ids it resolves to one person count once), its counterfeit rows and its stored image.
     """
     from deid.evaluation.gate import Republished  # noqa: PLC0415 (the gate's imports are not needed on workers)
 
+    person = getattr(release, "person", lambda p: p)
     return Republished(
-        members={r.key: tuple(sorted(p for _, p in state.clusters[r.key].members)) for r in release.republished},
+        members={r.key: tuple(sorted(person(p) for _, p in state.clusters[r.key].members)) for r in release.republished},
         counterfeits={r.key: int(r.n_counterfeit) for r in release.republished},
         images={r.key: state.clusters[r.key].image for r in release.republished})
 

@@ -38,7 +38,7 @@ import hmac
 import json
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -53,6 +53,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "ABSENT_POLICIES",
     "COLOUR_MODES",
+    "MERGE_POLICIES",
     "POLICIES",
     "LineageCluster",
     "LineageError",
@@ -85,6 +86,11 @@ POLICIES = ("invariant", "release-once")
 # clusters (a returning person's image is bit-identical, so a colour cluster is never republished in grey).
 COLOUR_MODES = ("colour", "grey")
 ABSENT_POLICIES = ("republish", "suppress")
+# A registered cluster that this run's merges (identity resolution, or registered bytes under another steward id)
+# leave with fewer than k people, or with one person above 1/k of its averaged records: withheld from this release
+# (its records suppressed), or the run refused (the gate's lineage_merges check fails). Either way it is never
+# republished while the merge holds.
+MERGE_POLICIES = ("withhold", "refuse")
 ENTRY_FORMAT = "deid-lineage-entry-v1"
 GENESIS_PREV = "0" * 64
 KEY_BYTES = 32
@@ -98,6 +104,8 @@ SURPLUS = "returning_surplus_over_1_k"   # absent=suppress: a returning person's
 MEMBER_ABSENT = "member_absent"
 BELOW_K = "registered_cluster_below_k"
 RETIRED = "release_once"
+MERGED_BELOW_K = "merged_below_k"          # this run's merges leave fewer than k people among its basis records
+MERGED_OVER_SHARE = "merged_over_1_k"      # ... or one person holding more than 1/k of them
 
 
 class LineageError(StateError):
@@ -683,10 +691,29 @@ class LineagePlan:
     n_waiting_people: int
     label_names: tuple[str, ...] = ()
     record_labels: tuple[tuple[str, ...], ...] | None = None   # per drop record, released label values
+    merges: str = "withhold"                                   # MERGE_POLICIES (DEID_LINEAGE_MERGES)
+    # The overlay for the k rules: pseudonym -> the pseudonym representing its person in this run, for the
+    # pseudonyms this run joins to another (identity merges, registered bytes under another steward id).
+    merged: Mapping[str, str] = field(default_factory=dict)
+    # merged_people (groups of several pseudonyms), aliased_records (registered under another pseudonym),
+    # rechecked_clusters (registered clusters holding a joined pseudonym): the report's lineage.merges.
+    merge_counts: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def n_counterfeit(self) -> int:
         return sum(r.n_counterfeit for r in self.republish)
+
+    @property
+    def withheld_by_merges(self) -> tuple[tuple[str, str], ...]:
+        """The registered clusters this run's merges withhold: (key, :data:`MERGED_BELOW_K` or
+        :data:`MERGED_OVER_SHARE`)."""
+        return tuple(x for x in self.suppressed_clusters if x[1] in (MERGED_BELOW_K, MERGED_OVER_SHARE))
+
+    def merges_summary(self) -> dict[str, Any]:
+        """The report's ``merges`` entry: the policy and counts (no pseudonym, fingerprint or cluster key)."""
+        reasons = Counter(r for _, r in self.withheld_by_merges)
+        return {"policy": self.merges, **{f: int(self.merge_counts.get(f, 0)) for f in _MERGE_COUNT_FIELDS},
+                "withheld_clusters": sum(reasons.values()), "withheld_by_reason": dict(sorted(reasons.items()))}
 
     def summary(self) -> dict[str, Any]:
         """Counts and decisions for the signed report: no pseudonym, fingerprint or cluster key."""
@@ -698,7 +725,11 @@ class LineagePlan:
                 "suppressed_registered_clusters": len(self.suppressed_clusters),
                 "new_records": len(self.new_records), "new_people": self.n_new_people,
                 "returning_people": self.n_returning_people, "waiting_people": self.n_waiting_people,
-                "suppressed_records": len(self.suppressed), "suppressed_by_reason": dict(sorted(reasons.items()))}
+                "suppressed_records": len(self.suppressed), "suppressed_by_reason": dict(sorted(reasons.items())),
+                "merges": self.merges_summary()}
+
+
+_MERGE_COUNT_FIELDS = ("merged_people", "aliased_records", "rechecked_clusters")
 
 
 def _check_policy(policy: str, absent: str, k: Any) -> None:
@@ -729,7 +760,8 @@ def _partition_keys(partitions: Sequence[Hashable] | None, n: int) -> tuple[tupl
 def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerprints: Sequence[str], *,
                  key: bytes, k: int, policy: str = "invariant", absent: str = "republish",
                  partitions: Sequence[Hashable] | None = None,
-                 record_labels: Sequence[Sequence[Hashable]] | None = None, label_names: Sequence[str] = ()) -> LineagePlan:
+                 record_labels: Sequence[Sequence[Hashable]] | None = None, label_names: Sequence[str] = (),
+                 persons: Sequence[Hashable] | None = None, merges: str = "withhold") -> LineagePlan:
     """Plan a new release of a dataset so that it adds no information about anyone already released.
 
     m-invariance adapted to face averages (Xiao & Tao 2007). Policy ``invariant``:
@@ -760,6 +792,17 @@ def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerp
     Policy ``release-once``: every record of a person already released (or a registered record) is
     suppressed (``released_before``); only new people are clustered; registered clusters retire.
 
+    Records are keyed by what cannot flip between runs: the source fingerprint and the normalised
+    steward id (``people``). Who is one person is an *overlay* for the k rules (issue 27): this
+    run's identity merges (``persons``, the effective person of each record) and registered bytes
+    now listed under another steward id (the same photograph: the same person under an alias) join
+    pseudonyms for every count above (people per cluster, 1/k shares, new people per partition), and
+    a person is returning when anyone they are joined with is. A merge can thus neither re-key nor
+    block the lineage; it can only leave a registered cluster with fewer than ``k`` people among its
+    basis records, or one person above 1/k of them: such a cluster is re-checked and withheld
+    (``merged_below_k``, ``merged_over_1_k``; with ``merges="refuse"`` the gate's ``lineage_merges``
+    check also fails the run). An un-merge only adds people to a count: nothing changes.
+
     Parameters
     ----------
     state : LineageState
@@ -782,36 +825,65 @@ def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerp
         (:meth:`LineageRelease.republished_labels`).
     label_names : sequence of str
         The names of the labels in ``record_labels``.
+    persons : sequence of hashable, optional
+        The effective person of each record after this run's identity resolution
+        (:func:`deid.anonymise.identity.resolve_people`); default ``people`` (no merges).
+    merges : {"withhold", "refuse"}
+        What a registered cluster the merges leave below k people or above 1/k does: withheld from
+        this release, or also the run refused by the gate (``DEID_LINEAGE_MERGES``).
 
     Returns
     -------
     LineagePlan
     """
     _check_policy(policy, absent, k)
+    if merges not in MERGE_POLICIES:
+        raise ConfigError(f"merges={merges!r} must be one of {MERGE_POLICIES} (DEID_LINEAGE_MERGES); 'withhold' "
+                          "leaves out a registered cluster that this run's merges put below k people")
     n = len(people)
     if len(record_fingerprints) != n:
         raise ConfigError(f"record_fingerprints has {len(record_fingerprints)} entries but people has {n}; "
                           "pass the source_sha256 of every record")
+    if persons is not None and len(persons) != n:
+        raise ConfigError(f"persons has {len(persons)} entries but people has {n}; pass the effective person of "
+                          "every record (or None: no merges)")
     pseud = pseudonymize(key, state.dataset, people)
     fps = tuple(str(f) for f in record_fingerprints)
     parts = _partition_keys(partitions, n)
     labs = _record_labels(record_labels, label_names, n)
-    _check_consistent(state, pseud, fps)
-    registered_people = set(state.person_clusters)
-    returning = {p for p in pseud if p in registered_people or p in state.released_people}
+    effective: list[str] | None = None
+    if persons is not None:
+        # Only the records a merge moved are pseudonymised again (one HMAC per distinct id; issue 13).
+        moved = [i for i, (a, b) in enumerate(zip(people, persons)) if str(a) != str(b)]
+        if moved:
+            effective = list(pseud)
+            for i, e in zip(moved, pseudonymize(key, state.dataset, [persons[i] for i in moved])):
+                effective[i] = e
+    merged, n_aliased = _overlay(state, pseud, fps, effective)
+
+    def root(p: str) -> str:
+        return merged.get(p, p)
+
+    members_of: dict[str, set[str]] = defaultdict(set)   # root -> its pseudonyms (joined groups only)
+    for p, r in merged.items():
+        members_of[r].add(p)
+    # A person is returning when anyone this run joins them with was registered or released.
+    returning = {r for r in {root(p) for p in pseud}
+                 if any(m in state.person_clusters or m in state.released_people for m in members_of.get(r, (r,)))}
     suppressed: list[tuple[int, str]] = []
     assigned: dict[str, list[int]] = defaultdict(list)
     new_idx: list[int] = []
     for i, (p, f) in enumerate(zip(pseud, fps)):
         known_record = f in state.record_cluster
-        if p not in returning and not known_record:
+        if root(p) not in returning and not known_record:
             new_idx.append(i)
         elif policy == "release-once":
             suppressed.append((i, RELEASED_BEFORE))
         elif known_record:
             assigned[state.record_cluster[f]].append(i)
         else:
-            choice = _choose_cluster(state, p, None if parts is None else parts[i], assigned, pseud)
+            choice = _choose_cluster(state, p, None if parts is None else parts[i], assigned, pseud,
+                                     others=members_of.get(root(p), ()), root=root)
             if choice is None:
                 suppressed.append((i, PARTITION_MISMATCH))
             else:
@@ -819,24 +891,28 @@ def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerp
 
     republish: list[Republish] = []
     suppressed_clusters: list[tuple[str, str]] = []
+    rechecked = 0
     if policy == "invariant":
         for ckey in sorted(state.clusters):
             c = state.clusters[ckey]
             recs = assigned.get(ckey, [])
-            present = {pseud[i] for i in recs}
             reason = None
             if len(c.people) < k:
                 reason = BELOW_K
-            elif absent == "suppress" and not c.people <= present:
+            elif merged and any(p in merged for p in c.people):
+                rechecked += 1
+                reason = _merge_recheck(c, root, k)
+            if reason is None and absent == "suppress" and not {root(p) for p in c.people} <= {root(pseud[i])
+                                                                                             for i in recs}:
                 reason = MEMBER_ABSENT
             if reason is not None:
                 suppressed_clusters.append((ckey, reason))
                 suppressed.extend((i, CLUSTER_SUPPRESSED) for i in recs)
                 continue
             if absent == "suppress":
-                recs, surplus = _trim_surplus(recs, pseud, fps, c, k)
+                recs, surplus = _trim_surplus(recs, pseud, fps, c, k, root=root)
                 suppressed.extend((i, SURPLUS) for i in surplus)
-            pad = _counterfeits_needed(c, recs, pseud, k) if absent == "republish" else 0
+            pad = _counterfeits_needed(c, recs, pseud, k, root=root) if absent == "republish" else 0
             if recs or pad:
                 republish.append(Republish(c, tuple(sorted(recs)), pad))
     else:
@@ -849,13 +925,17 @@ def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerp
     new_records: list[int] = []
     waiting: set[str] = set()
     for g, idx in groups.items():
-        who = {pseud[i] for i in idx}
+        who = {root(pseud[i]) for i in idx}
         if len(who) < k:
             waiting |= who
             suppressed.extend((i, WAITING) for i in idx)
         else:
             new_records.extend(idx)
-    n_new_people = len({pseud[i] for i in new_idx})
+    n_new_people = len({root(pseud[i]) for i in new_idx})
+    withheld = sum(r in (MERGED_BELOW_K, MERGED_OVER_SHARE) for _, r in suppressed_clusters)
+    if withheld:
+        logger.warning("lineage %s: %d registered clusters withheld: this run's merges leave them below k=%d people "
+                       "or one person above 1/k (%s)", state.dataset, withheld, k, merges)
     if waiting:
         logger.info("lineage %s: %d new people wait for more (fewer than k=%d new people in their partition)",
                     state.dataset, len(waiting), k)
@@ -864,8 +944,10 @@ def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerp
         based_on_head=state.head, pseudonyms=tuple(pseud), fingerprints=fps, partitions=parts,
         republish=tuple(republish), new_records=tuple(sorted(new_records)),
         suppressed=tuple(sorted(suppressed)), suppressed_clusters=tuple(suppressed_clusters),
-        n_new_people=n_new_people, n_returning_people=len(returning), n_waiting_people=len(waiting),
-        label_names=tuple(map(str, label_names)), record_labels=labs,
+        n_new_people=n_new_people, n_returning_people=len(returning),
+        n_waiting_people=len(waiting), label_names=tuple(map(str, label_names)), record_labels=labs,
+        merges=merges, merged=merged,
+        merge_counts={"merged_people": len(members_of), "aliased_records": n_aliased, "rechecked_clusters": rechecked},
     )
 
 
@@ -881,21 +963,27 @@ def _record_labels(record_labels: Sequence[Sequence[Hashable]] | None, label_nam
     return out
 
 
-def _counterfeits_needed(c: LineageCluster, recs: Sequence[int], pseud: Sequence[str], k: int) -> int:
+def _same(p: str) -> str:
+    return p
+
+
+def _counterfeits_needed(c: LineageCluster, recs: Sequence[int], pseud: Sequence[str], k: int, *,
+                         root: Callable[[str], str] = _same) -> int:
     """Counterfeit rows a republished cluster needs (``absent="republish"``).
 
     At least its first released size (so an absent member's rows look as before) and at least
     ``k`` times the rows of the person with the most of them: every row carries the same image,
     so a recogniser that names one person for it is right on at most that person's share of the
     rows. A counterfeit belongs to no one, so it dilutes a returning person who brought new photos
-    exactly as an absent member's row would.
+    exactly as an absent member's row would. ``root`` maps a pseudonym to its person under this
+    run's merges (:func:`plan_release`).
     """
-    top = max(Counter(pseud[i] for i in recs).values(), default=0)
+    top = max(Counter(root(pseud[i]) for i in recs).values(), default=0)
     return max(0, c.n_released - len(recs), k * top - len(recs))
 
 
 def _trim_surplus(recs: Sequence[int], pseud: Sequence[str], fps: Sequence[str], c: LineageCluster,
-                  k: int) -> tuple[list[int], list[int]]:
+                  k: int, *, root: Callable[[str], str] = _same) -> tuple[list[int], list[int]]:
     """``absent="suppress"`` (no counterfeits): withhold a person's rows above 1/k of the cluster's rows.
 
     As the partition stage does for new clusters. New photos go first, then registered ones, the
@@ -904,35 +992,90 @@ def _trim_surplus(recs: Sequence[int], pseud: Sequence[str], fps: Sequence[str],
     keep = sorted(recs, key=lambda i: (fps[i] in c.records, -i))  # new photos first, then by index
     surplus: list[int] = []
     while keep:
-        counts = Counter(pseud[i] for i in keep)
+        counts = Counter(root(pseud[i]) for i in keep)
         person, top = max(counts.items(), key=lambda x: (x[1], x[0]))
         if k * top <= len(keep):
             break
-        drop = next(i for i in keep if pseud[i] == person)
+        drop = next(i for i in keep if root(pseud[i]) == person)
         keep.remove(drop)
         surplus.append(drop)
     return sorted(keep), surplus
 
 
-def _check_consistent(state: LineageState, pseud: Sequence[str], fps: Sequence[str]) -> None:
-    # A registered photo now credited to someone else would move a face between identities; refuse.
+def _overlay(state: LineageState, pseud: Sequence[str], fps: Sequence[str],
+             effective: Sequence[str] | None) -> tuple[dict[str, str], int]:
+    """Who is one person in this run, over the pseudonyms of the steward ids: ``(merged, n_aliased)``.
+
+    Joins each record's pseudonym with its effective person's (this run's identity merges) and with
+    the pseudonym its source bytes were registered under, when that differs (the same photograph is
+    the same person: a re-keyed id, or a merge an earlier run registered under one id). ``merged``
+    maps every pseudonym of a group of several to the group's smallest (order-free); pseudonyms on
+    their own are not in it. ``n_aliased``: records whose registered pseudonym differs from today's.
+    Before, such a record stopped the lineage for good (a state error, issue 27); the join keeps it
+    in its registered cluster and counts its ids as one person.
+    """
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        r = x
+        while parent.get(r, r) != r:
+            r = parent[r]
+        while parent.get(x, x) != r:
+            parent[x], x = r, parent[x]
+        return r
+
+    def union(a: str, b: str) -> None:
+        ra, rb = find(a), find(b)
+        if ra != rb:
+            lo, hi = sorted((ra, rb))
+            parent[hi] = lo
+            parent.setdefault(lo, lo)
+
+    if effective is not None:
+        for p, e in zip(pseud, effective):
+            if p != e:
+                union(p, e)
+    aliased = 0
     for p, f in zip(pseud, fps):
         ckey = state.record_cluster.get(f)
-        if ckey is not None and ckey in state.clusters and f in state.clusters[ckey].records \
-                and p not in state.clusters[ckey].people:
-            raise LineageError(
-                f"a record registered in cluster {ckey} of dataset {state.dataset!r} is now listed under another "
-                "subject id; fix the manifest (the same image must keep its subject id across drops)")
+        c = state.clusters.get(ckey) if ckey is not None else None
+        if c is None or (f, p) in c.members:   # unregistered, or registered under this pseudonym (a set lookup)
+            continue
+        registered = next((q for g, q in c.members if g == f), None)  # a basis record's registered pseudonym
+        if registered is not None and registered != p:
+            aliased += 1
+            union(p, registered)
+    return {x: find(x) for x in list(parent)}, aliased
+
+
+def _merge_recheck(c: LineageCluster, root: Callable[[str], str], k: int) -> str | None:
+    """Why a registered cluster may not be republished under this run's merges (None: it may).
+
+    Its basis records (the records averaged into its image) must still hold ``k`` distinct people,
+    none of them above 1/k of the records: the k-Same guarantee of the stored image, re-counted.
+    """
+    counts = Counter(root(p) for _, p in c.members)
+    if len(counts) < k:
+        return MERGED_BELOW_K
+    if k * max(counts.values()) > len(c.members):
+        return MERGED_OVER_SHARE
+    return None
 
 
 def _choose_cluster(state: LineageState, person: str, part: tuple[str, ...] | None,
-                    assigned: Mapping[str, list[int]], pseud: Sequence[str]) -> str | None:
-    cands = [c for c in state.person_clusters.get(person, ()) if c in state.clusters]
+                    assigned: Mapping[str, list[int]], pseud: Sequence[str], *, others: Iterable[str] = (),
+                    root: Callable[[str], str] = _same) -> str | None:
+    """The registered cluster of a new record of a returning person: one of their own clusters, or (an id
+    first seen now, joined with registered ones by this run's merges) one of the clusters of those ids."""
+    own = state.person_clusters.get(person, ())
+    keys = own or tuple(sorted({c for q in others for c in state.person_clusters.get(q, ())}))
+    cands = [c for c in keys if c in state.clusters]
     if part is not None:
         cands = [c for c in cands if state.clusters[c].partition == part]
     if not cands:
         return None
-    return min(cands, key=lambda c: (sum(pseud[i] == person for i in assigned.get(c, ())), c))
+    me = root(person)
+    return min(cands, key=lambda c: (sum(root(pseud[i]) == me for i in assigned.get(c, ())), c))
 
 
 # --------------------------------------------------------------------------- the release as the lineage sees it
@@ -981,6 +1124,12 @@ class LineageRelease:
     record_cluster: tuple[str | None, ...]
     counts: Mapping[str, int]
     color: bool = False   # released in colour: every new cluster holds its colour average, republished ones too
+    # This run's overlay for the k rules (:attr:`LineagePlan.merged`): the gate counts people through it.
+    merged: Mapping[str, str] = field(default_factory=dict)
+
+    def person(self, pseudonym: str) -> str:
+        """The person ``pseudonym`` counts as in this release (its group's pseudonym under this run's merges)."""
+        return self.merged.get(pseudonym, pseudonym)
 
     def released_clusters(self, state: LineageState) -> dict[str, tuple[LineageCluster, int]]:
         """key -> (cluster with its basis, records released with it in this release)."""
@@ -1181,7 +1330,7 @@ def build_release(plan: LineagePlan, state: LineageState, *, release_id: str, me
                           new_clusters=tuple(new), republished=tuple(rep),
                           suppressed_clusters=plan.suppressed_clusters, pseudonyms=plan.pseudonyms,
                           fingerprints=plan.fingerprints, record_cluster=tuple(record_cluster), counts=counts,
-                          color=color)
+                          color=color, merged=plan.merged)
 
 
 def release_from_clusters(state: LineageState, people: Sequence[Hashable], record_fingerprints: Sequence[str], *,

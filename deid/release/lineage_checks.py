@@ -18,12 +18,13 @@ from typing import Any, Hashable, Sequence
 import numpy as np
 
 from deid.errors import ConfigError
-from deid.release.lineage import LineageCluster, LineageRelease, LineageState, label_mix, stored_rows
+from deid.release.lineage import (LineageCluster, LineagePlan, LineageRelease, LineageState, label_mix,
+                                  stored_rows)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["REPUBLISHED_ONLY", "DifferencingMatch", "DifferencingResult", "LineageCheck", "PublishedDifferencingResult", "check_label_mix",
-           "check_structure", "differencing_attack", "published_differencing_attack"]
+__all__ = ["REPUBLISHED_ONLY", "DifferencingMatch", "DifferencingResult", "LineageCheck", "PublishedDifferencingResult",
+           "check_label_mix", "check_merges", "check_structure", "differencing_attack", "published_differencing_attack"]
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,16 @@ def check_structure(state: LineageState, release: LineageRelease) -> tuple[Linea
     Only pairs sharing a record are compared member by member; a disjoint pair differs by all its
     records, whose people number ``|P1 | P2| >= k`` unless both clusters are tiny (checked too).
     Republished clusters were compared when first released; only their image is checked again.
+
+    People are counted under the release's merges (:attr:`LineageRelease.merged`: two steward ids this
+    run resolves to one person, or registered bytes under another id, count once).
     """
     released = release.released_clusters(state)
+    person = release.person
+
+    def n_people(pseudonyms) -> int:
+        return len({person(p) for p in pseudonyms})
+
     by_record: dict[str, set[str]] = defaultdict(set)
     for c in state.clusters.values():
         for r in c.records:
@@ -87,19 +96,19 @@ def check_structure(state: LineageState, release: LineageRelease) -> tuple[Linea
     kmax = max([release.k, *(c.k for c in state.clusters.values())])
     # A disjoint pair differs by all its records, of |P1 | P2| >= max(|P1|, |P2|) people: only two
     # clusters both below k people can fall short, so only those are compared beyond overlaps.
-    tiny = [c2 for c2 in state.clusters.values() if len(c2.people) < kmax]
+    tiny = [c2 for c2 in state.clusters.values() if n_people(c2.people) < kmax]
     for key, (c1, _) in released.items():
         if key in state.clusters:
             continue
         cands = set().union(*(by_record.get(r, ()) for r in c1.records))
-        if len(c1.people) < kmax:
-            cands |= {c2.key for c2 in tiny if len(c1.people | c2.people) < max(release.k, c1.k, c2.k)}
+        if n_people(c1.people) < kmax:
+            cands |= {c2.key for c2 in tiny if n_people(c1.people | c2.people) < max(release.k, c1.k, c2.k)}
         for k2 in sorted(cands):
             c2 = state.clusters[k2]
             n_pairs += 1
             kk = max(release.k, c1.k, c2.k)
             delta = c1.members ^ c2.members
-            d_people = len({p for _, p in delta})
+            d_people = n_people(p for _, p in delta)
             problem = None
             if delta and d_people < kk:
                 problem = f"differ by {len(delta)} record(s) of {d_people} person(s)"
@@ -125,6 +134,10 @@ def _check_returning(state: LineageState, release: LineageRelease,
                      released: dict[str, tuple[LineageCluster, int]]) -> LineageCheck:
     person_images = {p: {state.clusters[c].image_sha256 for c in keys if c in state.clusters}
                      for p, keys in state.person_clusters.items()}
+    # An id first seen now that this run joins with registered people: one of their images.
+    joined: dict[str, set[str]] = defaultdict(set)
+    for q, r in release.merged.items():
+        joined[r].add(q)
     bad: list[dict] = []
     n_checked = 0
     people_checked: set[str] = set()
@@ -138,6 +151,8 @@ def _check_returning(state: LineageState, release: LineageRelease,
             want = {state.clusters[reg].image_sha256}
         elif p in person_images:
             want = person_images[p]
+        elif any(q in person_images for q in joined.get(release.person(p), ())):
+            want = set().union(*(person_images.get(q, set()) for q in joined[release.person(p)]))
         elif p in state.released_people:
             want = set()  # released before, in a cluster no longer registered: any image is new information
         if want is None:
@@ -152,6 +167,34 @@ def _check_returning(state: LineageState, release: LineageRelease,
         "lineage_returning_identical", not bad, n_bad_people, 0,
         f"{n_checked} released records of {len(people_checked)} returning people checked; {len(bad)} records of "
         f"{n_bad_people} people carry an image other than their registered one", tuple(bad))
+
+
+def check_merges(plan: LineagePlan) -> LineageCheck | None:
+    """``lineage_merges``: the registered clusters this run's merges put below k people or above 1/k.
+
+    A merge between runs (identity resolution joining two steward ids, or registered bytes listed under
+    another id) re-checks every registered cluster holding one of the joined people
+    (:func:`deid.release.lineage.plan_release`); those that fail are withheld from the release. Under
+    ``merges="withhold"`` the check passes and says how many; under ``"refuse"`` any such cluster fails
+    it (the gate publishes nothing). None when this run re-checked no cluster (no merge touches the lineage).
+    """
+    m = plan.merges_summary()
+    if not m["rechecked_clusters"]:
+        return None
+    withheld = m["withheld_clusters"]
+    refuse = m["policy"] == "refuse"
+    why = ", ".join(f"{n} {r}" for r, n in m["withheld_by_reason"].items())
+    detail = (f"{m['rechecked_clusters']} registered clusters re-checked under this run's merges "
+              f"({m['merged_people']} of the drop's people under several ids, {m['aliased_records']} records under "
+              f"another id than registered): {withheld} fall below k={plan.k} people or hold one person above 1/k"
+              + (f" ({why})" if why else "")
+              + (f"; DEID_LINEAGE_MERGES={m['policy']}: " + ("the run is refused" if refuse else
+                                                            "withheld from this release, the rest released")
+                 if withheld else ": none withheld for a merge"))
+    if refuse and withheld:
+        detail += ("; set DEID_LINEAGE_MERGES=withhold to release without them, or check the merges in the report's "
+                   "configuration.identity")
+    return LineageCheck("lineage_merges", not (refuse and withheld), withheld, 0 if refuse else None, detail)
 
 
 def check_label_mix(state: LineageState, release: LineageRelease,

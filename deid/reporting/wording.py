@@ -47,6 +47,8 @@ _REQUIREMENTS = {
     "lineage_published_differencing": "Differencing the published releases the registry does not remember exposes "
                                       "nobody",
     "lineage_label_mix": "Every released cluster keeps its registered label mix",
+    "lineage_merges": "No registered cluster is republished that this run's identity merges leave below k people "
+                      "or with one person above 1/k",
     "membership_advantage": "Telling members from non-members by their photo gives little advantage (not bounded by k)",
     "sensitive_l_diversity": "Every cluster holds at least l distinct values of each sensitive column (else withheld)",
 }
