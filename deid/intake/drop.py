@@ -204,6 +204,16 @@ class Drop:
         return len(self.rows) + len(self.quarantined)
 
 
+def check_dataset_name(dataset: str) -> str:
+    """A dataset name usable as a directory name (letters, digits, ``._-``; not starting with a dot)."""
+    ok = isinstance(dataset, str) and 0 < len(dataset) <= 128 and not dataset.startswith(".") and all(
+        c.isalnum() or c in "._-" for c in dataset)
+    if not ok:
+        raise ConfigError(f"dataset={dataset!r} must be 1-128 letters, digits, '.', '_' or '-' not starting "
+                          "with '.', e.g. the drop's name; set `dataset:` in drop.yaml")
+    return dataset
+
+
 def record_id_for_row(row: int) -> str:
     """Staging record id (internal only; released records get fresh random ids)."""
     return f"r{row:08d}"
@@ -700,7 +710,6 @@ def _attribution(root: Path, meta: dict) -> dict[str, str]:
 
 def _dataset_name(root: Path, declared: object, drop_name: str) -> str:
     """The drop's dataset (its release lineage): ``dataset:`` as declared, else the drop's name made name-safe."""
-    from deid.release.lineage import check_dataset_name  # noqa: PLC0415 - crypto imports only where needed
 
     if declared is None:
         # A slug that starts and ends with a letter or digit ("../../x" gave "-..-x", an option-like name).

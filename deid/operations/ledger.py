@@ -27,9 +27,9 @@ from typing import Callable, TypeVar
 from deid.intake.drop import DROP_YAML, MANIFEST, READY
 from deid.intake.features import run_kind
 from deid.errors import ConfigError, DropError, StateError
-from deid.operations.sqlstore import PostgresStore, SQLiteStore, Tx, run_tx
+from deid.sqlstore import PostgresStore, SQLiteStore, Tx, run_tx
 # Re-exported: the lineage registries and the tests take the URL helpers from here.
-from deid.operations.sqlstore import postgres_conninfo as postgres_conninfo, redact_url as redact_url
+from deid.sqlstore import postgres_conninfo as postgres_conninfo, redact_url as redact_url
 from deid.reporting.report import hash_file, scan_tree
 
 log = logging.getLogger(__name__)

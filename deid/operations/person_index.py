@@ -62,7 +62,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from deid.anonymise.identity import normalize_subject_id
 from deid.errors import ConfigError, DataError, StateError
-from deid.operations.sqlstore import PostgresStore, SQLiteStore, Tx, run_tx
+from deid.sqlstore import PostgresStore, SQLiteStore, Tx, run_tx
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -47,6 +47,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from deid.errors import ConfigError, StateError
+from deid.intake.drop import check_dataset_name
 
 logger = logging.getLogger(__name__)
 
@@ -143,16 +144,6 @@ def pseudonymize(key: bytes, dataset: str, people: Sequence[Hashable]) -> list[s
             h = memo[s] = hmac.new(pkey, s.encode("utf-8"), hashlib.sha256).hexdigest()
         out.append(h)
     return out
-
-
-def check_dataset_name(dataset: str) -> str:
-    """A dataset name usable as a directory name (letters, digits, ``._-``; not starting with a dot)."""
-    ok = isinstance(dataset, str) and 0 < len(dataset) <= 128 and not dataset.startswith(".") and all(
-        c.isalnum() or c in "._-" for c in dataset)
-    if not ok:
-        raise ConfigError(f"dataset={dataset!r} must be 1-128 letters, digits, '.', '_' or '-' not starting "
-                          "with '.', e.g. the drop's name; set `dataset:` in drop.yaml")
-    return dataset
 
 
 def image_sha256(image: np.ndarray) -> str:

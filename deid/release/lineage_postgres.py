@@ -69,7 +69,7 @@ class PostgresStore:
         except ImportError as exc:  # pragma: no cover - psycopg is a pinned dependency
             raise ConfigError("DEID_DATABASE_URL is set but the PostgreSQL driver is missing; "
                               "pip install 'psycopg[binary]==3.3.9' (a deid dependency)") from exc
-        from deid.operations.ledger import postgres_conninfo, redact_url  # noqa: PLC0415
+        from deid.sqlstore import postgres_conninfo, redact_url  # noqa: PLC0415
 
         self._psycopg = psycopg
         self.url, self.dataset = url, dataset
