@@ -322,3 +322,41 @@ def test_other_photographs_of_released_people_under_new_ids_and_another_name_are
     assert aliases == expected
     assert check.name == "person_index" and check.passed and (check.value, check.n) == (10, 62)
     assert "face search: 10 of the 62 people" in check.detail
+
+
+def test_face_search_says_which_people_it_did_not_search_by_face(project):
+    """Face search sees only the faces identity resolution embedded (at most DEID_IDENTITY_EMBED_MAX): the check
+    says how many of the drop's people were looked up by fingerprint and id only, and says nothing of the kind
+    when every person was embedded."""
+    from helpers import load_london_aligned, london_descriptors
+
+    from deid.anonymise.identity import resolve_people
+    from deid.contracts import StagingLayout
+    from deid.operations import pipeline
+    from deid.release.lineage import empty_state
+    from deid.run_config import RunConfig
+    from deid.settings import Settings
+
+    pixels, people, _, expr = load_london_aligned()
+    E, people, expr = london_descriptors(), np.array(people), np.array(expr)
+    rows = [i for i in range(len(people)) if expr[i] == "neutral"][:50]
+    ids = [f"p-{people[i]}" for i in rows]
+    fps = [hashlib.sha256(pixels[i].tobytes()).hexdigest() for i in rows]
+    config = RunConfig.resolve(Settings())
+    details = []
+    for n, release_id in ((20, "rel-part"), (50, "rel-all")):
+        routing = pipeline.claim_records(config, f"cohort-{n}", ids, fps)
+        identity = resolve_people(ids, embeddings=E[rows])
+        layout = StagingLayout.for_run(config.data_path, release_id)
+        layout.root.mkdir(parents=True)
+        _, _, check, _, _ = pipeline.search_people(
+            config, routing, empty_state(routing.dataset), listed=pa.array(ids), identity=identity,
+            record_ids=pa.array([f"r{i:05d}" for i in range(len(rows))]), rows=np.arange(n),
+            descriptors=E[rows][:n], metadata=pa.table({"subject_id": ids, "source_sha256": fps}), quarantined=(),
+            layout=layout)
+        assert check.passed and check.n == n
+        details.append(check.detail)
+        pipeline.person_index(config).withdraw(routing)  # the next drop holds the same people: not a refusal here
+    assert "30 of the drop's 50 people had no face embedded" in details[0], details[0]
+    assert "identity resolution embedded 20 faces" in details[0]
+    assert "no face embedded" not in details[1], details[1]

@@ -866,7 +866,17 @@ def search_people(config: RunConfig, routing, lineage_state, *, listed: pa.Array
         path = layout.root / PERSON_FACES
         np.savez(path, people=np.array([faces.aliases.get(people[i], people[i]) for i in keep], dtype=str),
                  descriptors=np.asarray(descriptors, np.float32)[keep])
-    check = Check("person_index", True, faces.n_matched, None, faces.detail(), n=faces.searched)
+    detail = faces.detail()
+    # Face search sees only the faces identity resolution embedded (at most DEID_IDENTITY_EMBED_MAX, chosen by
+    # the cheap first pass): a drop's other people were looked up by fingerprint and steward id only. Said in
+    # the check, so a large drop's report never reads as if all its people had been searched by face.
+    unembedded = identity.n_people - len(distinct)
+    if unembedded > 0:
+        detail += (f"; {unembedded} of the drop's {identity.n_people} people had no face embedded (identity "
+                   f"resolution embedded {len(rows)} faces: at most DEID_IDENTITY_EMBED_MAX="
+                   f"{config.identity_embed_max}, those its cheap first pass flagged): they were looked up by "
+                   "fingerprint and steward id only, not by face")
+    check = Check("person_index", True, faces.n_matched, None, detail, n=faces.searched)
     return faces.aliases, lineage_state, check, faces.note, path
 
 
