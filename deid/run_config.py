@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deid.errors import ConfigError
-from deid.anonymise.method_registry import COLOR_METHODS, FEATURE_METHODS, REGISTRY, MethodSpec, method_spec
+from deid.anonymise.method_registry import COLOR_METHODS, FEATURE_METHODS, IMAGE_ONLY_METHODS, REGISTRY, MethodSpec, method_spec
 from deid.anonymise.randomness import ReleaseSeed
 from deid.settings import SMALL_PARTITION_POLICIES, Settings, StagingRetention
 
@@ -242,7 +242,7 @@ def _check_run(k: Any, method: Any, kind: Any = "images") -> None:
         raise ConfigError(f"kind={kind!r} must be 'images' or 'features' (drop.yaml's kind)")
     if kind == "features" and method not in FEATURE_METHODS:
         raise ConfigError(f"method={method!r} does not run on feature vectors; use one of {list(FEATURE_METHODS)} "
-                          "(blur, pixelate, k-same-eigen and k-same-m need face images); e.g. --method k-same-select")
+                          f"({', '.join(IMAGE_ONLY_METHODS)} need face images); e.g. --method k-same-select")
     if kind == "images" and method not in REGISTRY:
         raise ConfigError(f"method={method!r} must be one of {list(REGISTRY)}; e.g. --method k-same-select")
 

@@ -47,3 +47,22 @@ def test_run_rejects_bad_k_with_usage_error(tmp_path):
     with pytest.raises(SystemExit) as exc:
         main(["run", str(tmp_path), "--k", "1"])
     assert exc.value.code == EXIT_BAD_INPUT
+
+
+def test_method_help_and_messages_come_from_the_registry():
+    """One method list (issue 30): the CLI's --method help names every registered method once, in its group, and
+    the feature-drop refusal names exactly the registry's image-only methods; a method added to the registry
+    appears in both without another edit."""
+    from deid.anonymise.method_registry import FEATURE_ONLY, IMAGE_ONLY_METHODS, REGISTRY, method_help
+    from deid.errors import ConfigError
+    from deid.run_config import _check_run
+
+    text = method_help()
+    head = text.split(". Feature drops take")[0]
+    for name in (*REGISTRY, *FEATURE_ONLY):
+        assert head.count(name + ",") + head.count(name + ":") + head.count(name + " (") == 1, name
+    assert set(IMAGE_ONLY_METHODS) == {n for n, s in REGISTRY.items() if not s.on_features}
+    assert {"blur", "pixelate", "k-same-aam"} <= set(IMAGE_ONLY_METHODS)
+    with pytest.raises(ConfigError) as err:
+        _check_run(5, "k-same-aam", "features")
+    assert ", ".join(IMAGE_ONLY_METHODS) + " need face images" in str(err.value)

@@ -17,7 +17,8 @@ their output, the eigenface space they cluster in and, for some, the image shape
 * ``noise`` adds Gaussian noise of ``sigma`` feature standard deviations to each vector: the
   control without a guarantee (the feature analogue of blur), which the gate must reject.
 
-Image-only methods (blur, pixelate, k-Same-Eigen, k-Same-M) need a face and are refused.
+Image-only methods (:data:`~deid.anonymise.method_registry.IMAGE_ONLY_METHODS`: blur, pixelate, the
+k-Same-Eigen/-M/-AAM family, per-frame expression) need a face and are refused.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 import numpy as np
 
 from deid.anonymise.ksame import KSame, KSameSelect
+from deid.anonymise.method_registry import IMAGE_ONLY_METHODS
 from deid.anonymise.methods import FEATURE_METHODS, K_METHODS, method_spec
 from deid.anonymise.methods_attribute import AttributePreserving
 from deid.anonymise.methods_factor import MultiFactor
@@ -58,7 +60,7 @@ def check_feature_method(method: Any) -> str:
     """The method name if it runs on feature vectors, else a ConfigError listing those that do."""
     if method not in FEATURE_METHODS:
         raise ConfigError(f"method={method!r} does not run on feature vectors; use one of {list(FEATURE_METHODS)} "
-                          "(blur, pixelate, k-same-eigen and k-same-m need face images)")
+                          f"({', '.join(IMAGE_ONLY_METHODS)} need face images)")
     return method
 
 

@@ -24,6 +24,15 @@ def _empirical(why: str) -> Callable[[int | None], str]:
     return lambda k: f"no formal guarantee; the empirical attacks decide ({why})"
 
 
+# How the CLI help presents each group of methods, in this order.
+GROUPS: dict[str, str] = {
+    "formal": "formal k-Same guarantee",
+    "empirical": "the gate's attacks decide",
+    "comparison": "for comparison: the gate rejects them",
+    "control": "a control the gate must reject",
+}
+
+
 @dataclass(frozen=True)
 class MethodSpec:
     """What the rest of deid needs to know about one de-identification method.
@@ -51,6 +60,14 @@ class MethodSpec:
         It clusters *people*, not images: every face of a person takes the person's one
         de-identified identity (multi-factor), so a partition allows at most ``floor(people / k)``
         identity clusters, however many faces (video frames) each person has.
+    group : str
+        How the CLI help and the messages present it (:data:`GROUPS`): ``formal`` (the k-Same
+        guarantee), ``empirical`` (the gate's attacks decide), ``comparison`` (kept to show what the
+        gate rejects) or ``control`` (feature drops' analogue of blur).
+    on_features : bool
+        It also runs on feature-vector drops (:mod:`deid.anonymise.features`).
+    note : str
+        A few words the CLI help adds after its name (e.g. what kind of drop it is for).
     """
 
     name: str
@@ -62,6 +79,13 @@ class MethodSpec:
     cluster_mean: bool = False
     counts_people: bool = True
     clusters_people: bool = False
+    group: str = "formal"
+    on_features: bool = False
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        if self.group not in GROUPS:
+            raise ValueError(f"MethodSpec {self.name!r}: group={self.group!r} must be one of {list(GROUPS)}")
 
     @property
     def repairs_near_copies(self) -> bool:
@@ -77,12 +101,13 @@ class MethodSpec:
 _NAIVE = ("no formal guarantee: clusters count images, not people, so one person's images can make up "
           "several of the k members of a cluster")
 REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
-    MethodSpec("k-same-select", "k", True, True, True, _formal("the pixel average"), cluster_mean=True),
-    MethodSpec("k-same", "k", False, True, True, _formal("the pixel average"), cluster_mean=True),
+    MethodSpec("k-same-select", "k", True, True, True, _formal("the pixel average"), cluster_mean=True,
+               on_features=True, note="default"),
+    MethodSpec("k-same", "k", False, True, True, _formal("the pixel average"), cluster_mean=True, on_features=True),
     MethodSpec("k-same-naive", "k", False, True, True, lambda k: _NAIVE, cluster_mean=True,
-               counts_people=False),
-    MethodSpec("blur", "sigma", False, False, False, lambda k: "no formal guarantee"),
-    MethodSpec("pixelate", "block", False, False, False, lambda k: "no formal guarantee"),
+               counts_people=False, group="comparison", on_features=True),
+    MethodSpec("blur", "sigma", False, False, False, lambda k: "no formal guarantee", group="comparison"),
+    MethodSpec("pixelate", "block", False, False, False, lambda k: "no formal guarantee", group="comparison"),
     # k-Same-Eigen and k-Same-M run inside the label partitions, as k-Same-Select does: without
     # them London at k=5 fails the gate's utility checks (gender/expression cv accuracy 0.68/0.67
     # and 0.71/0.70 against 0.88/0.91 on the originals); with them both are released.
@@ -97,19 +122,21 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
                _empirical("identity factors are k-Same averaged over >= k people and every face keeps a non-identity "
                           "factor: its labels' effects by default, so the faces of an identity cluster x label cell "
                           "share one image and the gate can find the exact bound in the data; its own residual in "
-                          "the other modes"), clusters_people=True),
+                          "the other modes"), clusters_people=True, group="empirical", on_features=True),
     MethodSpec("multi-factor-expression", "k", False, False, True,
                _empirical("multi-factor with per-frame expression: identity factors are k-Same averaged over >= k "
                           "people and each face's own expression residual is replaced by the mean over a group of "
                           ">= k distinct people's faces with the same labels in its identity cluster; a group's faces "
-                          "share one image, so the gate can find the exact bound in the data"), clusters_people=True),
+                          "share one image, so the gate can find the exact bound in the data"), clusters_people=True,
+               group="empirical", note="video: expression per frame"),
     MethodSpec("selective-mean", "k", False, False, False,
                _empirical("each face is a weighted mean over its own random set of k faces of k people, in which "
-                          "it keeps a higher weight on label-relevant features; sets overlap, there are no clusters")),
+                          "it keeps a higher weight on label-relevant features; sets overlap, there are no clusters"),
+               group="empirical", on_features=True),
     MethodSpec("attribute-preserving", "k", False, False, False,
                _empirical("each face is the average of k random faces of k other people (drawn with the release's "
                           "secret seed), moved to its labels by a linear transfer in eigenface space (not the "
-                          "paper's GAN); no clusters")),
+                          "paper's GAN); no clusters"), group="empirical", on_features=True),
 )}
 
 # Methods of feature-vector releases (deid.anonymise.features). ``noise`` (Gaussian noise on each
@@ -118,10 +145,25 @@ REGISTRY: dict[str, MethodSpec] = {s.name: s for s in (
 # CLI's DEID_METHOD, the study).
 FEATURE_ONLY: dict[str, MethodSpec] = {s.name: s for s in (
     MethodSpec("noise", "sigma", False, False, False,
-               lambda k: "no formal guarantee: each vector plus Gaussian noise (a control, like blur for faces)"),
+               lambda k: "no formal guarantee: each vector plus Gaussian noise (a control, like blur for faces)",
+               group="control", on_features=True, note="feature drops"),
 )}
-FEATURE_METHODS: tuple[str, ...] = ("k-same-select", "k-same", "k-same-naive", "multi-factor", "selective-mean",
-                                    "attribute-preserving", *FEATURE_ONLY)
+# Methods of feature-vector drops: those of REGISTRY that also run on vectors, then the feature-only ones.
+FEATURE_METHODS: tuple[str, ...] = (*(n for n, s in REGISTRY.items() if s.on_features), *FEATURE_ONLY)
+# Face methods that need face images (never run on feature vectors): what a feature drop's message names.
+IMAGE_ONLY_METHODS: tuple[str, ...] = tuple(n for n, s in REGISTRY.items() if not s.on_features)
+
+
+def method_help() -> str:
+    """The ``--method`` help of the CLI, from the registry: each group of methods with what it promises."""
+    specs = [*REGISTRY.values(), *FEATURE_ONLY.values()]
+    parts = []
+    for group, says in GROUPS.items():
+        names = [s.name + (f" ({s.note})" if s.note else "") for s in specs if s.group == group]
+        if names:
+            parts.append(f"{', '.join(names)}: {says}")
+    return ("; ".join(parts) + f". Feature drops take {', '.join(FEATURE_METHODS)}; "
+            f"{', '.join(IMAGE_ONLY_METHODS)} need face images")
 
 
 def method_spec(method: str) -> MethodSpec:

@@ -40,7 +40,7 @@ from deid.errors import (  # noqa: E402
     VerificationError,
     WrongKey,
 )
-from deid.anonymise.method_registry import FEATURE_ONLY, METHODS  # noqa: E402  (light: the CLI keeps heavy imports lazy)
+from deid.anonymise.method_registry import FEATURE_ONLY, METHODS, method_help  # noqa: E402  (light: the CLI keeps heavy imports lazy)
 from deid.settings import SMALL_PARTITION_POLICIES  # noqa: E402
 
 FEATURE_ONLY_METHODS = tuple(FEATURE_ONLY)  # methods of feature drops only (the registry's FEATURE_ONLY)
@@ -456,11 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("drop")
     r.add_argument("--k", type=_k, default=None, help="minimum distinct people per cluster (default 5)")
     r.add_argument("--method", choices=[*METHODS, *FEATURE_ONLY_METHODS], default=None,
-                   help="k-same-select (default), k-same, k-same-eigen, k-same-m or k-same-aam (formal k-Same guarantee); "
-                        "multi-factor, multi-factor-expression (video: expression per frame), selective-mean, "
-                        "attribute-preserving (the gate's attacks decide); "
-                        "k-same-naive, blur and pixelate are for comparison (the gate rejects them); feature drops: "
-                        "the k-Same family, multi-factor, selective-mean, attribute-preserving, and noise (control)")
+                   help=method_help())
     r.add_argument("--sigma", type=float, default=None,
                    help="blur strength (canonical pixels), method blur; feature drops, method noise: the noise in "
                         "feature standard deviations (e.g. 0.1)")

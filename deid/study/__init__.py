@@ -235,6 +235,7 @@ class StudyResult:
 
 def _points(cfg: StudyConfig, kind: str = "images") -> list[tuple[str, str, float, int]]:
     """(method, strength name, strength, k of the gate) for every point of the study."""
+    from deid.anonymise.method_registry import IMAGE_ONLY_METHODS  # noqa: PLC0415
     from deid.anonymise.methods import FEATURE_METHODS, METHODS, method_spec  # noqa: PLC0415
 
     valid = list(FEATURE_METHODS) if kind == "features" else list(METHODS)
@@ -242,7 +243,7 @@ def _points(cfg: StudyConfig, kind: str = "images") -> list[tuple[str, str, floa
     bad = [m for m in methods if m not in valid]
     if bad or not methods:
         raise ConfigError(f"methods={methods!r} must be a non-empty subset of {valid}"
-                          + (" (a feature drop: blur, pixelate, k-same-eigen and k-same-m need face images)"
+                          + (f" (a feature drop: {', '.join(IMAGE_ONLY_METHODS)} need face images)"
                              if kind == "features" else ""))
     ranges = {"k": list(cfg.ks), "sigma": list(cfg.sigmas), "block": list(cfg.blocks)}
     bad_k = [k for k in ranges["k"] if isinstance(k, bool) or int(k) != k or k < 2]
