@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deid.errors import ConfigError
-from deid.anonymise.method_registry import COLOR_METHODS, FEATURE_METHODS, IMAGE_ONLY_METHODS, REGISTRY, MethodSpec, method_spec
+from deid.method_registry import COLOR_METHODS, FEATURE_METHODS, IMAGE_ONLY_METHODS, REGISTRY, MethodSpec, method_spec
 from deid.anonymise.randomness import ReleaseSeed
 from deid.settings import SMALL_PARTITION_POLICIES, Settings, StagingRetention
 

@@ -9,9 +9,9 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from deid.anonymise.method_registry import METHODS
+from deid.method_registry import METHODS
 
-# The method names come from the registry (deid.anonymise.method_registry), the one list of methods.
+# The method names come from the registry (deid.method_registry), the one list of methods.
 Method = Literal[METHODS]  # type: ignore[valid-type]
 # What a partition with fewer than k people becomes (deid.anonymise.partition.plan_partitions, which reads
 # this list): the setting's one list of values, here so that this base module imports no partition code.

@@ -53,7 +53,7 @@ def test_method_help_and_messages_come_from_the_registry():
     """One method list (issue 30): the CLI's --method help names every registered method once, in its group, and
     the feature-drop refusal names exactly the registry's image-only methods; a method added to the registry
     appears in both without another edit."""
-    from deid.anonymise.method_registry import FEATURE_ONLY, IMAGE_ONLY_METHODS, REGISTRY, method_help
+    from deid.method_registry import FEATURE_ONLY, IMAGE_ONLY_METHODS, REGISTRY, method_help
     from deid.errors import ConfigError
     from deid.run_config import _check_run
 

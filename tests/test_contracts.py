@@ -8,7 +8,7 @@ import pytest
 from deid.evaluation.checks import Check as GateCheck
 from deid.contracts import Partitioned, PartitionInfo, RecordCounts, SmallPartition, StagingLayout
 from deid.errors import ConfigError
-from deid.anonymise.method_registry import COLOR_METHODS, REGISTRY
+from deid.method_registry import COLOR_METHODS, REGISTRY
 from deid.reporting.report import Check, Report, Utility, report_problems
 from deid.reporting.report_build import build_rejection, dataset_summary
 from deid.run_config import RunConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deid.anonymise.method_registry import REGISTRY, guarantee
+from deid.method_registry import REGISTRY, guarantee
 from deid.anonymise.methods import deidentify, method_runner
 from deid.anonymise.methods_factor import MultiFactor, label_groups
 from deid.anonymise.sequences import sequence_options, sequence_warning

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from deid.anonymise.method_registry import release_guarantee
+from deid.method_registry import release_guarantee
 from deid.anonymise.methods import deidentify
 from deid.anonymise.methods_factor import MultiFactor, release_cells
 from deid.evaluation.gate import GateConfig, GateInputs, structural_checks

@@ -184,7 +184,7 @@ def test_report_html_shows_the_repair_with_its_threshold():
 
 
 def test_only_the_identical_mean_people_counting_methods_are_repaired():
-    from deid.anonymise.method_registry import REGISTRY
+    from deid.method_registry import REGISTRY
 
     assert {m for m, s in REGISTRY.items() if s.repairs_near_copies} == {"k-same", "k-same-select"}
 

@@ -17,7 +17,7 @@ their output, the eigenface space they cluster in and, for some, the image shape
 * ``noise`` adds Gaussian noise of ``sigma`` feature standard deviations to each vector: the
   control without a guarantee (the feature analogue of blur), which the gate must reject.
 
-Image-only methods (:data:`~deid.anonymise.method_registry.IMAGE_ONLY_METHODS`: blur, pixelate, the
+Image-only methods (:data:`~deid.method_registry.IMAGE_ONLY_METHODS`: blur, pixelate, the
 k-Same-Eigen/-M/-AAM family, per-frame expression) need a face and are refused.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any, Callable, Hashable, Mapping, Sequence
 import numpy as np
 
 from deid.anonymise.ksame import KSame, KSameSelect
-from deid.anonymise.method_registry import IMAGE_ONLY_METHODS
+from deid.method_registry import IMAGE_ONLY_METHODS
 from deid.anonymise.methods import FEATURE_METHODS, K_METHODS, method_spec
 from deid.anonymise.methods_attribute import AttributePreserving
 from deid.anonymise.methods_factor import MultiFactor

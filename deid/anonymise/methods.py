@@ -28,7 +28,7 @@ from deid.errors import ConfigError
 from deid.memo import Memo, plain, key_for
 from deid.alignment.features import Eigenfaces
 from deid.anonymise.ksame import KSame, KSameSelect
-from deid.anonymise.method_registry import (  # noqa: F401 (re-exported: the registry is the one method list)
+from deid.method_registry import (  # noqa: F401 (re-exported: the registry is the one method list)
     COLOR_METHODS,
     FEATURE_METHODS,
     FEATURE_ONLY,

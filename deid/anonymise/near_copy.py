@@ -7,7 +7,7 @@ fell from 3.11 grey levels at 10,000 faces to 1.95 at 1,000,000, issue 13). The 
 de-identification stage repair the few clusters concerned instead of losing the whole release.
 
 The rule (:func:`plan_repair`), per label partition and for methods whose every cluster member
-receives the cluster's identical pixel mean (:attr:`deid.anonymise.method_registry.MethodSpec.repairs_near_copies`):
+receives the cluster's identical pixel mean (:attr:`deid.method_registry.MethodSpec.repairs_near_copies`):
 
 1. a cluster is a *near copy* when one of its members' aligned faces lies below ``threshold``
    (the gate's ``leak_threshold``, mean absolute grey difference, the measure of

@@ -40,7 +40,7 @@ from deid.errors import (  # noqa: E402
     VerificationError,
     WrongKey,
 )
-from deid.anonymise.method_registry import FEATURE_ONLY, METHODS, method_help  # noqa: E402  (light: the CLI keeps heavy imports lazy)
+from deid.method_registry import FEATURE_ONLY, METHODS, method_help  # noqa: E402  (light: the CLI keeps heavy imports lazy)
 from deid.settings import SMALL_PARTITION_POLICIES  # noqa: E402
 
 FEATURE_ONLY_METHODS = tuple(FEATURE_ONLY)  # methods of feature drops only (the registry's FEATURE_ONLY)

@@ -30,7 +30,7 @@ from scipy.stats import beta
 
 from deid.anonymise.clusters import cluster_shares, value_codes
 from deid.anonymise.ksame import feasible_clusters
-from deid.anonymise.method_registry import CLUSTER_METHODS
+from deid.method_registry import CLUSTER_METHODS
 from deid.evaluation.attacks import ATTACKERS, DEEP_ATTACKERS, FEATURE_ATTACKERS, MODES, attack_all
 from deid.evaluation.scoring import unique_rows
 from deid.evaluation.checks import INSUFFICIENT, STATUSES, Check, Status  # noqa: F401 (re-exported)

@@ -51,7 +51,7 @@ from deid.contracts import (
     UnreadableDrop,
 )
 from deid.errors import ConfigError, DataError, Quarantined, RecordError, StateError
-from deid.anonymise.method_registry import COLOR_METHODS
+from deid.method_registry import COLOR_METHODS
 from deid.heap import release_free_memory
 from deid.anonymise.near_copy import NearCopyRepair
 from deid.anonymise.sequences import sequence_warning

@@ -33,7 +33,7 @@ from deid.anonymise.near_copy import (NearCopyRepair, RepairPlan, check_merged, 
 from deid.evaluation.leaks import mean_abs_difference
 from deid.heap import release_free_memory
 from deid.release.linkage import COUNTERFEIT_PREFIX  # staging id of a counterfeit record (private linkage only)
-from deid.anonymise.method_registry import COLOR_METHODS, REGISTRY
+from deid.method_registry import COLOR_METHODS, REGISTRY
 from deid.anonymise.methods import deidentify as deidentify_images
 from deid.anonymise.methods_aam import given_shapes
 from deid.anonymise.methods_ksame import shape_sources
@@ -433,7 +433,7 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     ``map_blocks`` runs its blocks (e.g. one Dask task per block); the clusters do not depend on it.
 
     ``near_copy_threshold`` (the gate's leak threshold): for a method that
-    :attr:`~deid.anonymise.method_registry.MethodSpec.repairs_near_copies`, a cluster whose released
+    :attr:`~deid.method_registry.MethodSpec.repairs_near_copies`, a cluster whose released
     image lies below it from a member's own aligned face is merged with its nearest cluster, or its
     records are suppressed (:mod:`deid.anonymise.near_copy`); they are then left out of the part and
     listed in ``suppressed``. None, or any other method: no repair (the gate judges the clusters as made).

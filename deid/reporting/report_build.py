@@ -30,7 +30,7 @@ from deid.contracts import (
     SmallPartition,
     Staged,
 )
-from deid.anonymise.method_registry import guarantee, release_guarantee
+from deid.method_registry import guarantee, release_guarantee
 from deid.reporting.report import (
     Artifact,
     FileManifest,

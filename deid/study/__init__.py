@@ -235,7 +235,7 @@ class StudyResult:
 
 def _points(cfg: StudyConfig, kind: str = "images") -> list[tuple[str, str, float, int]]:
     """(method, strength name, strength, k of the gate) for every point of the study."""
-    from deid.anonymise.method_registry import IMAGE_ONLY_METHODS  # noqa: PLC0415
+    from deid.method_registry import IMAGE_ONLY_METHODS  # noqa: PLC0415
     from deid.anonymise.methods import FEATURE_METHODS, METHODS, method_spec  # noqa: PLC0415
 
     valid = list(FEATURE_METHODS) if kind == "features" else list(METHODS)
