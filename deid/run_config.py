@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from deid.errors import ConfigError
 from deid.method_registry import COLOR_METHODS, FEATURE_METHODS, IMAGE_ONLY_METHODS, REGISTRY, MethodSpec, method_spec
 from deid.anonymise.randomness import ReleaseSeed
-from deid.settings import SMALL_PARTITION_POLICIES, Settings, StagingRetention
+from deid.settings import SMALL_PARTITION_POLICIES, Settings, StagingRetention, check_range
 
 if TYPE_CHECKING:
     from deid.evaluation.gate import GateConfig
@@ -235,9 +235,7 @@ class RunConfig:
 
 def _check_run(k: Any, method: Any, kind: Any = "images") -> None:
     """The run's k, method and drop kind; every message names the parameter, its value, the valid range and the fix."""
-    if isinstance(k, bool) or not isinstance(k, int) or not 2 <= k <= 1000:
-        raise ConfigError(f"k={k!r} must be an integer from 2 to 1000 (the minimum number of distinct people per "
-                          "cluster); e.g. --k 5")
+    check_range("k", k, meaning="the minimum number of distinct people per cluster", example="--k 5")
     if kind not in ("images", "features"):
         raise ConfigError(f"kind={kind!r} must be 'images' or 'features' (drop.yaml's kind)")
     if kind == "features" and method not in FEATURE_METHODS:
@@ -260,12 +258,9 @@ def _check(c: RunConfig) -> None:
     if c.small_partitions not in SMALL_PARTITION_POLICIES:
         raise ConfigError(f"small_partitions={c.small_partitions!r} must be one of {list(SMALL_PARTITION_POLICIES)}; "
                           "e.g. --small-partitions suppress")
-    if isinstance(c.sigma, bool) or not isinstance(c.sigma, int | float) or not 0 < c.sigma <= 100:
-        raise ConfigError(f"sigma={c.sigma!r} must be a number in (0, 100] (Gaussian blur in canonical pixels; "
-                          "noise on feature drops: feature standard deviations); e.g. --sigma 4")
-    if isinstance(c.block, bool) or not isinstance(c.block, int) or not 1 <= c.block <= 64:
-        raise ConfigError(f"block={c.block!r} must be an integer from 1 to 64 (pixels per pixelation block side); "
-                          "e.g. --block 8")
+    check_range("sigma", c.sigma, meaning="Gaussian blur in canonical pixels; noise on feature drops: feature "
+                "standard deviations", example="--sigma 4")
+    check_range("block", c.block, meaning="pixels per pixelation block side", example="--block 8")
     if c.labels is not None:
         bad = [x for x in c.labels if not isinstance(x, str) or not x.strip()]
         if bad or not c.labels:

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from deid.errors import ConfigError
 from deid.method_registry import METHODS
 
 # The method names come from the registry (deid.method_registry), the one list of methods.
@@ -248,3 +249,54 @@ class Settings(BaseSettings):
         """Eye centres in canonical pixel coordinates (left, right)."""
         w, h = self.canonical_size
         return ((self.eye_left[0] * w, self.eye_left[1] * h), (self.eye_right[0] * w, self.eye_right[1] * h))
+
+
+def declared_range(name: str) -> tuple[float | None, bool, float | None, bool, bool]:
+    """The range :class:`Settings` declares for ``name`` (its Field's ``ge``/``gt``/``le``/``lt``): ``(low,
+    low_inclusive, high, high_inclusive, integer)``. Each range is declared once, on the setting; every check of
+    that parameter (settings, run configuration, CLI) reads it here."""
+    field = Settings.model_fields[name]
+    low = high = None
+    low_in = high_in = True
+    for m in field.metadata:
+        for attr, is_low, inclusive in (("ge", True, True), ("gt", True, False), ("le", False, True),
+                                        ("lt", False, False)):
+            bound = getattr(m, attr, None)
+            if bound is not None:
+                if is_low:
+                    low, low_in = bound, inclusive
+                else:
+                    high, high_in = bound, inclusive
+    return low, low_in, high, high_in, field.annotation in (int, "int")
+
+
+def range_text(name: str) -> str:
+    """``name``'s declared range in words: "an integer from 2 to 1000", "a number in (0, 100]"."""
+    low, low_in, high, high_in, integer = declared_range(name)
+    if integer and low_in and high_in and low is not None and high is not None:
+        return f"an integer from {low:g} to {high:g}"
+    kind = "an integer" if integer else "a number"
+    if low is not None and high is not None:
+        return f"{kind} in {'[' if low_in else '('}{low:g}, {high:g}{']' if high_in else ')'}"
+    if low is not None:
+        return f"{kind} {'>=' if low_in else '>'} {low:g}"
+    if high is not None:
+        return f"{kind} {'<=' if high_in else '<'} {high:g}"
+    return kind
+
+
+def in_declared_range(name: str, value: object) -> bool:
+    """Whether ``value`` is of ``name``'s declared kind and within its declared range (booleans never are)."""
+    low, low_in, high, high_in, integer = declared_range(name)
+    if isinstance(value, bool) or not isinstance(value, int if integer else int | float):
+        return False
+    v = float(value)  # type: ignore[arg-type]
+    return ((low is None or (v >= low if low_in else v > low))
+            and (high is None or (v <= high if high_in else v < high)))
+
+
+def check_range(name: str, value: object, *, meaning: str, example: str) -> None:
+    """Raise :class:`~deid.errors.ConfigError` naming the parameter, its value, its declared range
+    (:func:`declared_range`), what it means and an example, unless ``value`` is within that range."""
+    if not in_declared_range(name, value):
+        raise ConfigError(f"{name}={value!r} must be {range_text(name)} ({meaning}); e.g. {example}")

@@ -41,7 +41,7 @@ from deid.errors import (  # noqa: E402
     WrongKey,
 )
 from deid.method_registry import FEATURE_ONLY, METHODS, method_help  # noqa: E402  (light: the CLI keeps heavy imports lazy)
-from deid.settings import SMALL_PARTITION_POLICIES  # noqa: E402
+from deid.settings import SMALL_PARTITION_POLICIES, in_declared_range, range_text  # noqa: E402
 
 FEATURE_ONLY_METHODS = tuple(FEATURE_ONLY)  # methods of feature drops only (the registry's FEATURE_ONLY)
 EXIT_OK, EXIT_REJECTED, EXIT_BAD_INPUT = 0, 1, 2
@@ -120,9 +120,9 @@ def _k(value: str) -> int:
     try:
         k = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--k={value!r} must be an integer >= 2") from None
-    if k < 2:
-        raise argparse.ArgumentTypeError(f"--k={k} must be >= 2: k=1 is no anonymity")
+        raise argparse.ArgumentTypeError(f"--k={value!r} must be {range_text('k')}") from None
+    if not in_declared_range("k", k):  # the range Settings declares for k, not a copy
+        raise argparse.ArgumentTypeError(f"--k={k} must be {range_text('k')}" + (": k=1 is no anonymity" if k == 1 else ""))
     return k
 
 
