@@ -4,8 +4,12 @@ Each stage of :mod:`deid.operations.pipeline` takes contracts in and returns one
 Prefect flow (:mod:`deid.orchestration`) or the plain runner (:mod:`deid.operations.runner`) calls it::
 
     drop -> Ingested -> Aligned -> Featurized -> Partitioned -> Deidentified [-> LineageApplied]
-         -> Staged -> GateResult (deid.evaluation.gate) -> Report (deid.reporting.report) -> SignedReport [-> Published]
-         -> RunResult
+         -> Staged (deid.release.staged) -> GateResult (deid.evaluation.gate) -> Report (deid.reporting.report)
+         -> SignedReport [-> Published] -> RunResult (deid.operations.run_result)
+
+The contracts that hold a higher layer's types live in that layer (:class:`~deid.release.staged.Staged`,
+:class:`~deid.operations.run_result.RunResult`), so this base module depends on no layer above evaluation's
+checks.
 
 All are frozen dataclasses; paths are :class:`~pathlib.Path`; quarantine records stay
 :class:`~deid.errors.Quarantined` and checks :class:`~deid.evaluation.checks.Check` from the stage that
@@ -16,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -28,8 +32,6 @@ if TYPE_CHECKING:  # pragma: no cover - typing only
     import pyarrow as pa
 
     from deid.anonymise.near_copy import NearCopyRepair
-    from deid.release.manifest import ReleaseFiles
-    from deid.reporting.report import Artifact, DatasetSummary, FileManifest, Privacy, Report, Utility
 
 # Drop-level checks that, failed, send the run straight to a (rejected) gate.
 BLOCKING_DROP_CHECKS = ("drop_not_empty", "enough_people", "lineage_color", "lineage_canonical_size")
@@ -428,28 +430,6 @@ class ReleaseRows:
 
 
 @dataclass(frozen=True)
-class Staged:
-    """The would-be release inside the staging directory, validated, with its linkage record beside it.
-
-    ``artifacts`` lists every release file outside the manifest's directories (the manifest
-    included), ``manifest`` describes ``MANIFEST.sha256`` (the images) and ``images`` holds the
-    images' (path, sha256, bytes) as columns (:class:`~deid.release.manifest.ReleaseFiles`).
-    """
-
-    dir: Path
-    artifacts: tuple[Artifact, ...]
-    columns: tuple[str, ...]
-    records: int
-    validation: Mapping[str, Any]
-    checks: tuple[Check, ...]
-    file_metadata: Mapping[str, list[str]]
-    linkage: Path
-    videos: tuple[str, ...] = ()  # videos/<random id>.avi, one per image sequence
-    manifest: FileManifest | None = None
-    images: ReleaseFiles | None = None
-
-
-@dataclass(frozen=True)
 class RecordCounts:
     """Where every record of the drop went; the gate's accounting checks and the report's tiles read this.
 
@@ -496,60 +476,3 @@ class Published:
 
     path: Path
     linkage: Path
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """What one release run produced: the verdict, the signed report (typed) and where everything is."""
-
-    release_id: str
-    verdict: Literal["released", "rejected"]
-    report: Report
-    report_path: Path
-    public_key: Path | None
-    key_origin: str
-    staging: Path | None = None
-    release_dir: Path | None = None
-    linkage: Path | None = None
-    timings: Mapping[str, Mapping[str, float | None]] = field(default_factory=dict)  # stage -> wall, cpu, peaks
-    recovered: tuple[str, ...] = ()
-    input_error: str | None = None
-
-    @property
-    def released(self) -> bool:
-        return self.verdict == "released"
-
-    @property
-    def reasons(self) -> list[str]:
-        return list(self.report.reasons)
-
-    @property
-    def report_dir(self) -> Path:
-        return self.report_path.parent
-
-    @property
-    def dataset(self) -> DatasetSummary:
-        """The report's :class:`~deid.reporting.report.DatasetSummary` (records in, released, withheld ...)."""
-        return self.report.dataset
-
-    @property
-    def privacy(self) -> Privacy | None:
-        return self.report.privacy
-
-    @property
-    def utility(self) -> list[Utility]:
-        return self.report.utility
-
-    def summary(self) -> dict[str, Any]:
-        """JSON-ready summary (paths as strings, the report's dataset, privacy and utility sections)."""
-        d = self.report.to_dict()
-
-        def text(p: Path | None) -> str | None:
-            return None if p is None else str(p)
-
-        return {"release_id": self.release_id, "verdict": self.verdict, "reasons": list(d["reasons"]),
-                "report": str(self.report_path), "report_dir": str(self.report_dir),
-                "release_dir": text(self.release_dir), "public_key": text(self.public_key),
-                "key_origin": self.key_origin, "staging": text(self.staging), "linkage": text(self.linkage),
-                "input_error": self.input_error, "dataset": d["dataset"], "privacy": d["privacy"],
-                "utility": d["utility"], "timings": dict(self.timings), "recovered": list(self.recovered)}

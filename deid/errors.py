@@ -87,7 +87,7 @@ class ReleaseRejected(DeidError):
     """The gate rejected the release (a verdict, signed and reported, not a failure of the run).
 
     Carried by the ``Rejected`` state of the Prefect flow run; ``result`` is the run's
-    :class:`~deid.contracts.RunResult` (or the deployment's summary row).
+    :class:`~deid.operations.run_result.RunResult` (or the deployment's summary row).
     """
 
     def __init__(self, message: str, *, result: object = None):

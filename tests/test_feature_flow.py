@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from deid.contracts import RunResult
+from deid.operations.run_result import RunResult
 from deid.errors import ConfigError, DropError
 from deid.intake.synth_features import make_feature_drop
 from deid.operations.ledger import Ledger, drop_fingerprint

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from deid.reporting import report_build
-from deid.contracts import RunResult
+from deid.operations.run_result import RunResult
 from deid.errors import StateError
 from deid.reporting.report import report_problems
 from deid.run_config import RunConfig

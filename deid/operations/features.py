@@ -62,11 +62,11 @@ from deid.contracts import (
     RecordCounts,
     ReleaseRows,
     SmallPartition,
-    Staged,
     StagingLayout,
     UnreadableDrop,
     small_detail,
 )
+from deid.release.staged import Staged
 from deid.errors import ConfigError, DataError, Quarantined
 from deid.evaluation.gate import Check, GateInputs, GateResult, evaluate
 from deid.evaluation.validation import drop_checks, validation_section

@@ -46,10 +46,10 @@ from deid.contracts import (
     ReleaseRows,
     SignedReport,
     SmallPartition,
-    Staged,
     StagingLayout,
     UnreadableDrop,
 )
+from deid.release.staged import Staged
 from deid.errors import ConfigError, DataError, Quarantined, RecordError, StateError
 from deid.method_registry import COLOR_METHODS
 from deid.heap import release_free_memory

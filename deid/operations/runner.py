@@ -13,7 +13,7 @@ unpublished.
 
 A feature drop (``drop.yaml`` ``kind: features``) runs its own stages (:class:`~deid.operations.features.FeatureSteps`:
 nothing to align, featurize or distribute) inside the same order of commitment, to the same
-:class:`~deid.contracts.RunResult` and report model.
+:class:`~deid.operations.run_result.RunResult` and report model.
 """
 from __future__ import annotations
 
@@ -34,12 +34,12 @@ from deid.contracts import (
     Partitioned,
     Published,
     RecordCounts,
-    RunResult,
     SignedReport,
-    Staged,
     StagingLayout,
     UnreadableDrop,
 )
+from deid.operations.run_result import RunResult
+from deid.release.staged import Staged
 from deid.errors import ConfigError, DataError, EnvironmentFailure, RecordError, StateError
 from deid.heap import release_free_memory
 from deid.intake.drop import DROP_YAML, MANIFEST, read_drop_file

@@ -10,7 +10,7 @@ free), run with the Prefect tasks of :mod:`deid.orchestration.tasks` on a Dask c
 - artifacts: the verdict with its reasons and guarantee, every check, and where report.html is.
 
 Call it through :func:`run_flow` (or ``release(..., return_state=True)`` and :func:`outcome`) to
-get the :class:`~deid.contracts.RunResult` of either verdict; called plainly, a rejected release
+get the :class:`~deid.operations.run_result.RunResult` of either verdict; called plainly, a rejected release
 raises :class:`~deid.errors.ReleaseRejected`.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
-from deid.contracts import RunResult
+from deid.operations.run_result import RunResult
 from deid.errors import ReleaseRejected
 from deid.intake.features import run_kind
 from deid.run_config import RunConfig
@@ -127,7 +127,7 @@ def outcome(state: State):
 
 
 def run_flow(drop: str, **params) -> RunResult:
-    """Run the release flow and return its :class:`~deid.contracts.RunResult`, released or rejected.
+    """Run the release flow and return its :class:`~deid.operations.run_result.RunResult`, released or rejected.
 
     A failure of Prefect itself after the run signed its verdict (the API lost while the flow's
     final state or its events were sent) returns that signed result with a warning: the release

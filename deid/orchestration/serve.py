@@ -23,7 +23,7 @@ from prefect.artifacts import create_markdown_artifact  # noqa: E402 (after the 
 from prefect.runtime import flow_run  # noqa: E402 (after the poll frequency is set)
 from prefect.states import Completed  # noqa: E402 (after the poll frequency is set)
 
-from deid.contracts import RunResult  # noqa: E402 (after the poll frequency is set)
+from deid.operations.run_result import RunResult  # noqa: E402 (after the poll frequency is set)
 from deid.operations.ledger import Ledger, drop_fingerprint, open_ledger, ready_drops  # noqa: E402 (after the poll frequency is set)
 from deid.settings import Settings  # noqa: E402 (after the poll frequency is set)
 from deid.orchestration.flow import REJECTED, update_run, run_annotation, run_flow  # noqa: E402 (after the poll frequency is set)

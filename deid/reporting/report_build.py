@@ -28,8 +28,8 @@ from deid.contracts import (
     Partitioned,
     RecordCounts,
     SmallPartition,
-    Staged,
 )
+from deid.release.staged import Staged
 from deid.method_registry import guarantee, release_guarantee
 from deid.reporting.report import (
     Artifact,
