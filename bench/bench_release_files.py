@@ -222,7 +222,7 @@ def child(mode: str, work: Path) -> dict:
 
 
 def verify_child(mode: str, work: Path) -> dict:
-    from deid.release.verify import verify_report
+    from deid.reporting.verify import verify_report
 
     _warm_up()
     base = _rss_mib()

@@ -30,7 +30,7 @@ _API = {
     "evaluate": "deid.evaluation.gate",
     "RunConfig": "deid.run_config",
     "run_release": "deid.operations.runner",
-    "verify_report": "deid.release.verify",
+    "verify_report": "deid.reporting.verify",
     "run_study": "deid.study",
 }
 __all__ = ["__version__", *_API]

@@ -1,4 +1,4 @@
-"""A release verifies alone: its signed ATTESTATION.json (deid.release.attestation, deid.release.verify.verify_release).
+"""A release verifies alone: its signed ATTESTATION.json (deid.release.attestation, deid.reporting.verify.verify_release).
 
 Small synthetic releases (a few files, no run): the flow test (tests/test_flow.py) checks a real release.
 """
@@ -14,7 +14,7 @@ from deid.errors import BadSignature, HashMismatch, MissingFile, UnlistedFile, V
 from deid.release.attestation import ATTESTATION_NAME, ATTESTATION_SIG_NAME, write_attestation
 from deid.release.manifest import list_release
 from deid.release.signing import ensure_signing_key, write_keypair
-from deid.release.verify import verify_release
+from deid.reporting.verify import verify_release
 from deid.reporting.attestation import attestation_from_report
 from deid.reporting.report import (
     Check,

@@ -211,7 +211,7 @@ def _released_faces(result) -> Counter:
 @pytest.mark.slow
 def test_a_colour_drop_is_released_in_colour_by_default_and_returning_people_keep_their_colour_face(tmp_path):
     from deid.operations.runner import run_release  # noqa: PLC0415
-    from deid.release.verify import verify_report  # noqa: PLC0415
+    from deid.reporting.verify import verify_report  # noqa: PLC0415
 
     # No manifest eyes: the eyes are detected, so the pose is estimated too (manifest eyes are trusted as given).
     # No labels: six people cannot keep a label learnable at k=3, and the release must pass to be registered.

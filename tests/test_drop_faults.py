@@ -16,7 +16,7 @@ from deid.intake.synth import make_synthetic_drop
 from deid.operations.ledger import drop_fingerprint
 from deid.orchestration.cluster import manifest_rows
 from deid.operations.runner import UNUSABLE_DROP, run_release
-from deid.release.verify import verify_report
+from deid.reporting.verify import verify_report
 from deid.run_config import RunConfig
 from deid.settings import Settings
 

@@ -21,7 +21,7 @@ from helpers import identifying_text_in_reports
 
 from deid.operations.safety import ADDENDUM_NAME, FAULT_ENV
 from deid.intake.synth import make_synthetic_drop
-from deid.release.verify import verify_report
+from deid.reporting.verify import verify_report
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from deid.errors import ConfigError, DropError
 from deid.intake.synth_features import make_feature_drop
 from deid.operations.ledger import Ledger, drop_fingerprint
 from deid.orchestration.watch import Watcher
-from deid.release.verify import verify_release, verify_report
+from deid.reporting.verify import verify_release, verify_report
 from deid.reporting.report import report_problems
 from deid.run_config import RunConfig
 from deid.settings import Settings

@@ -22,7 +22,7 @@ from deid.operations.features import resolve_feature_people
 from deid.operations.runner import run_release
 from deid.release.linkage import load_linkage_key, read_linkage
 from deid.release.vectors import read_vector_release
-from deid.release.verify import verify_report
+from deid.reporting.verify import verify_report
 from deid.run_config import RunConfig
 from deid.settings import Settings
 

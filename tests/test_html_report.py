@@ -22,7 +22,7 @@ from deid.reporting.html_report import (
 from deid.release.publish import stage_release
 from deid.reporting.report import dataset_fingerprint
 from deid.release.signing import ensure_signing_key, write_keypair
-from deid.release.verify import verify_report
+from deid.reporting.verify import verify_report
 
 URL = re.compile(r"(?i)(https?|ftp)://")
 SHAPE = (92, 81)

@@ -21,7 +21,7 @@ from deid.operations.runner import run_release
 from deid.release.lineage import GENESIS_PREV, LineageError, LineageState
 from deid.release.lineage_anchor import SignedHead, check_registry_head
 from deid.release.lineage_registry import lineage_dir
-from deid.release.verify import verify_report
+from deid.reporting.verify import verify_report
 from deid.run_config import RunConfig
 from deid.settings import Settings
 

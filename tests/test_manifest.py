@@ -21,7 +21,7 @@ from deid.errors import BadSignature, DataError, HashMismatch, MissingFile, Stat
 from deid.release.manifest import MANIFEST_NAME, ReleaseFiles, list_release, read_manifest
 from deid.release.publish import stage_release
 from deid.release.signing import canonical_json, ensure_signing_key, sign_bytes, write_keypair
-from deid.release.verify import verify_report
+from deid.reporting.verify import verify_report
 from deid.reporting.html_report import released_files
 from deid.reporting.report import Report, hash_tree, report_problems, write_signed_report
 

@@ -15,7 +15,7 @@ import pytest
 from ops_helpers import SITES, api, browser, chromium, drop_into, runs_for, wait_for
 
 from deid.operations.ledger import Ledger
-from deid.release.verify import verify_report
+from deid.reporting.verify import verify_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.ops, pytest.mark.xdist_group("ops")]
 RESENT = "site-a-2026-01-resent"

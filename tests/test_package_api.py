@@ -16,7 +16,7 @@ def test_version_is_the_installed_distributions():
 
 def test_every_public_name_resolves_to_its_module_object():
     from deid.evaluation.gate import evaluate
-    from deid.release.verify import verify_report
+    from deid.reporting.verify import verify_report
 
     assert deid.evaluate is evaluate and deid.verify_report is verify_report
     for name in deid.__all__:

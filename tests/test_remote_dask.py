@@ -25,7 +25,7 @@ from ops_helpers import QUICK_GATE, Proc, clean_env, free_port, wait_for
 
 from deid.anonymise.ksame import KSame, plan_blocks
 from deid.intake.synth import make_synthetic_drop
-from deid.release.verify import verify_report
+from deid.reporting.verify import verify_report
 
 pytestmark = [pytest.mark.slow, pytest.mark.ops]
 ROOT = Path(__file__).resolve().parents[1]

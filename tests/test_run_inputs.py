@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from deid.intake.synth import make_synthetic_drop
-from deid.release.verify import verify_report
+from deid.reporting.verify import verify_report
 
 ROOT = Path(__file__).resolve().parents[1]
 DEID = [sys.executable, "-m", "deid.cli"]

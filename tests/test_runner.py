@@ -15,7 +15,7 @@ from deid.run_config import RunConfig
 from deid.operations.runner import run_release
 from deid.settings import Settings
 from deid.intake.synth import make_synthetic_drop
-from deid.release.verify import verify_report
+from deid.reporting.verify import verify_report
 
 # The runner's subject is the walk and the report, not the gate's figures: the deep recogniser on a
 # small sample, no per-face recogniser identity check, one repeat of the older utility protocols.

@@ -12,7 +12,7 @@ from deid.intake.synth import make_synthetic_drop
 from deid.operations import pipeline
 from deid.operations.runner import Steps, run_release
 from deid.release.lineage_registry import Registry
-from deid.release.verify import verify_report
+from deid.reporting.verify import verify_report
 from deid.run_config import RunConfig
 from deid.settings import Settings
 

@@ -349,7 +349,7 @@ BAD_MANIFESTS = {
 @pytest.mark.slow
 @pytest.mark.parametrize("case", sorted(BAD_MANIFESTS))
 def test_unreadable_drop_exits_2_with_one_message_and_a_signed_rejection(case, project, prefect_server, capsys):
-    from deid.release.verify import verify_report
+    from deid.reporting.verify import verify_report
 
     raw, message = BAD_MANIFESTS[case]
     drop = _drop(project / "drop", [], {"a.png": _png()})

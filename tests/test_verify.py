@@ -1,4 +1,4 @@
-"""End-to-end: sign a report over a release directory, then tamper with it (deid.release.verify)."""
+"""End-to-end: sign a report over a release directory, then tamper with it (deid.reporting.verify)."""
 from __future__ import annotations
 
 import json
@@ -24,7 +24,7 @@ from deid.reporting.report import (
     write_signed_report,
 )
 from deid.release.signing import canonical_json, ensure_signing_key, write_keypair
-from deid.release.verify import INTEGRITY_ONLY_NOTE, verify_report
+from deid.reporting.verify import INTEGRITY_ONLY_NOTE, verify_report
 
 
 @pytest.fixture(scope="module")

@@ -357,7 +357,7 @@ def cmd_verify(args) -> int:
     from deid.release.attestation import ATTESTATION_NAME
     from deid.release.manifest import MANIFEST_NAME
     from deid.release.signing import load_public_key
-    from deid.release.verify import verify_release, verify_report
+    from deid.reporting.verify import verify_release, verify_report
     from deid.reporting.report import REPORT_NAME
 
     # A mistyped path is bad input (exit 2), not a verification failure: nothing was there to check.

@@ -12,7 +12,7 @@ files' sha256) and before the one ``rename`` that publishes.
 It names no subject, source path, linkage or seed: only what the dataset card already says
 publicly, plus file hashes; ``deid/schemas/attestation.schema.json`` (closed objects) is checked
 before it is signed and when it is verified. ``deid verify RELEASE_DIR --public-key KEY`` checks it
-(:func:`deid.release.verify.verify_release`); :data:`NO_DEID_CHECK` does the same with ``openssl``
+(:func:`deid.reporting.verify.verify_release`); :data:`NO_DEID_CHECK` does the same with ``openssl``
 and ``sha256sum`` (:data:`PYTHON_SIGNATURE_CHECK`: the signature with Python's ``cryptography``
 where ``openssl`` is missing), the commands the dataset card and README.md show.
 """

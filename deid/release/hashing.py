@@ -2,7 +2,7 @@
 
 :class:`Artifact` (one file: path, sha256, bytes) and :class:`FileManifest` (the release's
 ``sha256sum``-format manifest) are the report's records of a release's bytes; the release's
-manifest writer (:mod:`deid.release.manifest`) and verifier (:mod:`deid.release.verify`) hash and
+manifest writer (:mod:`deid.release.manifest`) and verifier (:mod:`deid.reporting.verify`) hash and
 walk with the same functions as the report (:mod:`deid.reporting.report`, which re-exports them),
 so a file is hashed one way everywhere.
 """
@@ -55,7 +55,7 @@ class FileManifest:
                    covers=tuple(d["covers"]), format=d["format"])
 
 
-def hash_file(path: Path) -> tuple[str, int]:
+def hash_file(path: str | os.PathLike[str]) -> tuple[str, int]:
     """(sha256 hex, size in bytes) of one file, read in 1 MiB chunks."""
     digest = hashlib.sha256()
     size = 0

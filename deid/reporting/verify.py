@@ -27,7 +27,6 @@ from deid.errors import (
     WrongKey,
 )
 from deid.release.hashing import hash_file, iter_tree, scan_tree
-# The report's file names and schema check: the one upward import left (verify belongs in reporting; see pyproject).
 from deid.reporting.report import REPORT_NAME, SIGNATURE_NAME, report_problems
 from deid.release.attestation import ATTESTATION_FORMAT, ATTESTATION_NAME, ATTESTATION_SIG_NAME, attestation_problems
 from deid.release.manifest import read_manifest
@@ -313,7 +312,7 @@ def verify_report(
                 if verify_bytes(payload, signature, key):
                     authenticated = True
                     notes.append(f"signature verified with {given}")
-                    if signing.get("key_origin") == "development":
+                    if isinstance(signing, dict) and signing.get("key_origin") == "development":
                         notes.append("signed with a development key: not for production releases")
                 else:
                     problems.append(BadSignature(f"bad signature: {SIGNATURE_NAME} does not match {REPORT_NAME} under {given}"))
