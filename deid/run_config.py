@@ -89,6 +89,7 @@ class RunConfig:
     duplicate_ids: str = "merge"
     identity_embed_max: int = 2000
     sensitive_l: int = 2  # DEID_SENSITIVE_L: distinct values every cluster needs to release a sensitive column
+    sensitive_diversity: str = "distinct"  # DEID_SENSITIVE_DIVERSITY: distinct or entropy l-diversity
     lineage_policy: str = "invariant"
     lineage_absent: str = "republish"
     lineage_merges: str = "withhold"  # DEID_LINEAGE_MERGES (deid.release.lineage.MERGE_POLICIES)
@@ -149,6 +150,7 @@ class RunConfig:
             duplicate_ids=s.duplicate_ids, identity_embed_max=s.identity_embed_max, lineage_policy=s.lineage_policy,
             lineage_absent=s.lineage_absent, lineage_merges=s.lineage_merges, cross_dataset=s.cross_dataset, cross_dataset_ids=s.cross_dataset_ids,
             keep_staging=s.staging_retention, sensitive_l=s.sensitive_l,
+            sensitive_diversity=s.sensitive_diversity,
             color_auto=s.color == "auto", color_auto_max=s.color_auto_max,
             color_reason="" if s.color == "auto" else f"DEID_COLOR={str(s.color).lower()}",
             signing_key=s.signing_key, linkage_key=s.linkage_key, signing_passphrase=s.signing_key_passphrase,

@@ -166,6 +166,10 @@ class Settings(BaseSettings):
         default=2, ge=1, le=1000,
         description="drop.yaml's sensitive columns are released only when every cluster holds at least this many "
                     "distinct values of each (distinct l-diversity), else withheld from the release")
+    sensitive_diversity: Literal["distinct", "entropy"] = Field(
+        default="distinct",
+        description="how DEID_SENSITIVE_L is measured in every cluster: distinct (at least l distinct values) or "
+                    "entropy (the entropy of the cluster's values at least log(l): stricter when one value dominates)")
     max_quarantine_fraction: float = Field(default=0.05, ge=0.0, le=1.0,
                                            description="a drop quarantining more than this fraction fails the gate")
     cv_folds: int = Field(default=5, ge=2, le=20, description="folds (of people) of the cross-fitted utility protocol")

@@ -100,6 +100,34 @@ def test_identical_feature_vectors_end_in_a_signed_rejection_not_an_attacker_err
     assert not list((tmp_path / "project" / "data" / "releases").glob("*"))
 
 
+def test_any_other_error_inside_the_gate_ends_in_a_signed_rejection_that_quotes_no_data(tmp_path):
+    """A defect (not a DataError) raised in the gate: exit 70 as before, but never without a signed report."""
+    from dataclasses import replace
+
+    from deid.cli import EXIT_STATE, exit_code_for
+    from deid.operations.features import FeatureSteps
+    from deid.operations.runner import Steps
+
+    def broken_gate(*args, **kwargs):
+        raise KeyError("p03")  # an unexpected message may quote data: a subject id here
+
+    drop = write_feature_drop(tmp_path / "drop", vectors=np.random.default_rng(0).normal(size=(24, 8)),
+                              subject_ids=[f"p{i // 2:02d}" for i in range(24)])
+    config = RunConfig.resolve(Settings(project_dir=tmp_path / "project", **QUICK), k=3)
+    with pytest.raises(KeyError) as err:
+        run_release(drop, config, steps=replace(Steps(), features=replace(FeatureSteps(), gate=broken_gate)))
+    assert exit_code_for(err.value) == EXIT_STATE
+    (path,) = (tmp_path / "project" / "reports").glob("*/report.json")
+    report = json.loads(path.read_text())
+    (reason,) = report["reasons"]
+    assert report["verdict"] == "rejected" and reason.startswith("internal error (not a verdict on the data): KeyError")
+    assert [c["name"] for c in report["checks"]] == ["internal"] and "p03" not in path.read_text()
+    pub = tmp_path / "project" / "data" / "keys" / "dev_signing.pub.pem"
+    assert verify_report(path.parent, public_key=pub).authenticated
+    assert not list((tmp_path / "project" / "data" / "releases").glob("*"))
+    assert not list((tmp_path / "project" / "data" / "staging").glob("*"))
+
+
 def test_a_feature_table_that_decodes_past_the_limit_is_refused_from_its_metadata(tmp_path):
     """300 x 100,000 zeros: a 2 KB Parquet file decoding to 240 MB (3.2 GB for a run) is refused before decoding."""
     import pyarrow as pa
@@ -127,6 +155,65 @@ def test_a_feature_table_that_decodes_past_the_limit_is_refused_from_its_metadat
     assert len(read_feature_drop(small, max_bytes=10_000).record_ids) == 6
     with pytest.raises(DropError, match="DEID_FEATURE_MAX_BYTES=100"):
         read_feature_drop(small, max_bytes=100)
+
+
+def test_a_run_on_a_feature_bomb_is_a_signed_rejection_naming_the_limit(tmp_path):
+    """The decompression limit in a run: refused at ingest from the Parquet metadata, exit 2, a signed rejection."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    drop = tmp_path / "bomb"
+    drop.mkdir()
+    n, d = 300, 10_000  # 24 MB decoded from a few KB, under a 10 MB limit
+    table = pa.table({"subject_id": pa.array([f"p{i // 2}" for i in range(n)]),
+                      "features": pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(n * d), pa.float64()), d)})
+    pq.write_table(table, drop / "v.parquet", compression="zstd")
+    (drop / "drop.yaml").write_text("kind: features\nfeatures: v.parquet\nname: bomb\n")
+    config = RunConfig.resolve(Settings(project_dir=tmp_path / "project", feature_max_bytes=10_000_000, **QUICK),
+                               k=3, kind="features")
+    result = _within(60, run_release, drop, config)
+    # input_error: `deid run` prints the signed rejection's summary, then exits 2 (deid.cli.cmd_run).
+    assert result.verdict == "rejected" and "DEID_FEATURE_MAX_BYTES=10,000,000" in result.input_error
+    report = json.loads(result.report_path.read_text())
+    (reason,) = report["reasons"]
+    assert reason.startswith("unreadable drop: ") and "decodes to 24,0" in reason, reason
+    assert str(tmp_path) not in result.report_path.read_text()
+    assert verify_report(result.report_dir, public_key=result.public_key).authenticated
+    assert not list((tmp_path / "project" / "data" / "releases").glob("*"))
+
+
+def test_a_feature_table_without_rows_says_so(tmp_path):
+    """A 0-row table was told "the manifest has no data rows" (a feature drop has no manifest)."""
+    drop = write_feature_drop(tmp_path / "empty", vectors=np.zeros((0, 8)), subject_ids=[])
+    config = RunConfig.resolve(Settings(project_dir=tmp_path / "project", **QUICK), k=3, kind="features")
+    result = _within(60, run_release, drop, config)
+    assert result.verdict == "rejected"
+    report = json.loads(result.report_path.read_text())
+    text = " ".join(report["reasons"])
+    assert "the feature table has no rows" in text and "manifest" not in text, report["reasons"]
+    assert verify_report(result.report_dir, public_key=result.public_key).authenticated
+
+
+def test_the_watcher_names_a_fifo_or_symlinked_manifest_and_never_waits_on_it(tmp_path):
+    """The watcher said "has no manifest.csv" for a manifest that is there but is not a regular file."""
+    from deid.operations.ledger import Ledger
+    from deid.orchestration.watch import Watcher
+
+    incoming = tmp_path / "incoming"
+    for name in ("fifo", "linked"):
+        (incoming / name).mkdir(parents=True)
+        (incoming / name / "_READY").write_bytes(b"")
+    os.mkfifo(incoming / "fifo" / MANIFEST)
+    (tmp_path / "elsewhere.csv").write_text("image,subject_id\na.png,s1\n")
+    (incoming / "linked" / MANIFEST).symlink_to(tmp_path / "elsewhere.csv")
+    sent: list = []
+    w = Watcher(incoming, Ledger(tmp_path / "ledger.sqlite"), emit=lambda d, fp: sent.append(d) or "ev")
+    rows = _within(10, w.scan)
+    assert sorted(Path(r["drop"]).name for r in rows) == ["fifo", "linked"] and not sent
+    for r in rows:
+        assert r["outcome"] == "error" and "manifest.csv is not a regular file" in r["error"], r
+        assert "has no manifest.csv" not in r["error"]
+    assert w.scan() == []  # reported once per _READY
 
 
 def test_a_path_as_dataset_name_is_refused_and_drop_names_become_safe_slugs(tmp_path):

@@ -86,7 +86,8 @@ EXIT_MEANINGS: dict[int, tuple[str, str]] = {
     EXIT_STATE: ("stored state or internal error (`StateError`: a tampered, rolled-back or deleted lineage registry, "
                  "after signing a rejection with check `state` naming it; publishing failed after signing, and a "
                  "signed `addendum.json` says it was not published; keys present but inconsistent, e.g. a `.pub.pem` "
-                 "of another key; a ledger entry not claimed; a staged release the run cannot hash)", ""),
+                 "of another key; a ledger entry not claimed; a staged release the run cannot hash; an internal error, a "
+                 "defect, after signing a rejection with check `internal` naming its type)", ""),
     EXIT_ENVIRONMENT: ("environment failure (`EnvironmentFailure`, `OSError`): disk full, I/O error, permissions, a "
                        "pinned package missing, the lineage database unreachable (never \"rejected\"; a signed "
                        "rejection with check `environment` when the reports disk allows)", ""),

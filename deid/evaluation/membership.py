@@ -50,7 +50,8 @@ SCOPE: dict[str, str] = {
                         "DEID_MEMBERSHIP_MAX_ADVANTAGE. Homogeneity: the people of a cluster share its partition "
                         "labels, so linking someone to their cluster reveals those labels with certainty; a column "
                         "declared sensitive (drop.yaml 'sensitive') is never a partition label and is released only "
-                        "when every cluster holds at least DEID_SENSITIVE_L distinct values of it.",
+                        "when every cluster is l-diverse in it (at least DEID_SENSITIVE_L distinct values, or with "
+                        "DEID_SENSITIVE_DIVERSITY=entropy an entropy of at least log(l)).",
 }
 """What the k-anonymity guarantee covers and what it leaves open, in the words the report and the dataset card use."""
 

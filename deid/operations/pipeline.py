@@ -1236,7 +1236,8 @@ def _sensitive_columns(rows: ReleaseRows, ingested: Ingested, config: RunConfig)
         "the release republishes registered clusters whose counterfeit rows carry no sensitive values")
     values = {x: [meta[x][at[rows.record_ids[i]]] for i in real] for x in names}
     clusters = [rows.clusters[i] for i in real] if config.spec.clustered else None
-    released, check = sensitive_release(clusters, values, l=config.sensitive_l, why_not=why_not)
+    released, check = sensitive_release(clusters, values, l=config.sensitive_l, measure=config.sensitive_diversity,
+                                        why_not=why_not)
     return {x: tuple(values[x]) for x in released}, check
 
 

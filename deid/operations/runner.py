@@ -137,9 +137,10 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
     -------
     RunResult
         Released or rejected: both are results. Failures that are not a verdict raise
-        (:class:`~deid.errors.EnvironmentFailure` and :class:`~deid.errors.StateError` after signing a
-        rejection naming the fault, unless a report was already signed; ...), leaving nothing
-        half-published.
+        (:class:`~deid.errors.EnvironmentFailure`, :class:`~deid.errors.StateError` and any unexpected
+        exception, a defect, after signing a rejection naming the fault, with check ``environment``,
+        ``state`` or ``internal``, unless a report was already signed; an interrupt signs nothing),
+        leaving nothing half-published.
     """
     kind = run_kind(drop)
     if kind != config.kind:
@@ -173,7 +174,15 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
         # and says why in a signed report (invariant 4); the error still reaches the caller (exit 70).
         run.fail(f"state error (not a verdict on the data): {exc}", check="state")
         raise
-    except BaseException:
+    except Exception as exc:
+        # Anything else is a defect (e.g. a NumPy error inside an attacker): still never a run that ends without
+        # a signed report (invariant 4). Its type only: an unexpected message may quote data (a subject id in a
+        # KeyError); the log and `deid run --debug` carry it. The error reaches the caller (exit 70).
+        run.logger.error("release %s: internal error: %s: %s", release_id, type(exc).__name__, exc)
+        run.fail(f"internal error (not a verdict on the data): {type(exc).__name__} raised during the run; nothing "
+                 "was published; the run's log has the message (`deid run --debug` the traceback)", check="internal")
+        raise
+    except BaseException:  # interrupted (Ctrl-C, SystemExit): no report, nothing published
         run.abandon()
         raise
     finally:

@@ -136,6 +136,7 @@ def configuration(config: RunConfig, *, ingested: Ingested, aligned: Aligned, pa
         # drop.yaml's sensitive columns: names only (never values); the check sensitive_l_diversity says which
         # were released (every cluster l-diverse) and which withheld.
         "sensitive_columns": list(getattr(ingested, "sensitive", ())), "sensitive_l": config.sensitive_l,
+        "sensitive_diversity": config.sensitive_diversity,
         "dask": config.dask_address or f"LocalCluster({config.dask_workers} workers)",
         "ksame_block_size": config.ksame_block_size,
         "stage_seconds": dict(timings),
