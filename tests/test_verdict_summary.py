@@ -151,3 +151,24 @@ def test_a_utility_line_says_what_its_gate_check_decided():
     lines = dict(verdict_summary(r).figures)
     gender = [v for key, v in lines.items() if key.startswith("utility gender")]
     assert gender and gender[0].endswith("inconclusive"), lines
+
+
+def test_attackers_and_modes_named_outside_report_html_are_explained():
+    """Issue 29 item 10: the CLI and the Prefect verdict name "pca-mahalanobis (naive)"; they say what that is."""
+    from deid.reporting.wording import ATTACKER_WORDS, MODE_WORDS
+
+    s = verdict_summary(_inconclusive_release(), report_html="reports/rel-x/report.html")
+    reid = dict(s.figures)["re-identification"]
+    named = [n for n in (*ATTACKER_WORDS, *MODE_WORDS) if n in reid.replace("(", " ").replace(")", " ").split()]
+    assert named and [t for t, _ in s.terms] == named, (reid, s.terms)
+    lines = s.text_lines()
+    assert [x for x in lines if x.startswith("term: ")] == [f"term: {n} = {w}" for n, w in s.terms]
+    assert lines[-1] == "report: reports/rel-x/report.html"
+    assert not any(x.startswith("term: ") for x in s.text_lines(terms=False))
+    page = _RENDER.render(s.markdown())
+    assert "<h2>Terms</h2>" in page and all(f"<strong>{n}</strong>" in page for n in named)
+    # A method's name is no mode (k-same-naive), and nothing named is nothing explained.
+    r = _k_too_large()
+    r["method"] = "k-same-naive"
+    r["checks"][2]["detail"] += " with k-same-naive"
+    assert verdict_summary(r).terms == ()
