@@ -172,3 +172,19 @@ def test_attackers_and_modes_named_outside_report_html_are_explained():
     r["method"] = "k-same-naive"
     r["checks"][2]["detail"] += " with k-same-naive"
     assert verdict_summary(r).terms == ()
+
+
+def test_a_figure_without_a_limit_is_report_only_not_not_applicable():
+    """Seen on a screenshot: membership AUC 0.95 beside "not applicable" reads as "irrelevant"; it is measured and
+    reported, judged by nothing (no DEID_MEMBERSHIP_MAX_ADVANTAGE)."""
+    r = _inconclusive_release()
+    r["checks"].append({"name": "membership_advantage", "passed": True, "status": "not_applicable", "value": 0.9508,
+                        "threshold": None, "interval": [0.873, 0.998], "n": 102,
+                        "detail": "AUC 0.975; report only (DEID_MEMBERSHIP_MAX_ADVANTAGE unset)"})
+    rows = {x["check"].replace("\\_", "_"): x for x in check_rows(r)}
+    assert rows["membership_advantage"]["result"] == "report only (no limit set)"
+    assert rows["lineage_label_mix"]["result"] == "not applicable"  # nothing measured: still not applicable
+    n = len(r["checks"])
+    assert checks_description(r) == f"{n} gate checks: 1 inconclusive, {n - 3} pass, 1 report only, 1 not applicable"
+    page = render_report_html(r)
+    assert '<span class="na">report only (no limit set)</span>' in page and '<span class="na">not applicable</span>' in page

@@ -24,7 +24,7 @@ from deid.errors import REASONS, ConfigError
 from deid.reporting.html_charts import Chart, cluster_chart, partition_chart, partition_name, reid_chart, utility_chart
 from deid.reporting.html_page import document, esc, fmt, round_numbers, strip_urls, table
 from deid.reporting.verdict import NOTHING_RELEASED, VerdictSummary, verdict_summary
-from deid.reporting.wording import attack_terms, check_requirement, measured, threshold_text
+from deid.reporting.wording import attack_terms, check_requirement, measured, report_only, threshold_text
 from deid.reporting.html_validation import (
     VALIDATION_HTML,
     build_offline_data_docs,
@@ -181,7 +181,7 @@ def _status(c: Mapping[str, Any]) -> str:
         return ('<span class="inconclusive">inconclusive</span> '
                 + ("(not blocking)" if c.get("passed") else '<span class="fail">(blocks)</span>'))
     if status == "not_applicable":
-        return '<span class="na">not applicable</span>'
+        return f'<span class="na">{"report only (no limit set)" if report_only(c) else "not applicable"}</span>'
     return '<span class="pass">pass</span>' if c.get("passed") else '<span class="fail">FAIL</span>'
 
 

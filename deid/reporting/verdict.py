@@ -30,7 +30,15 @@ from typing import Any
 
 from deid.reporting.html_page import round_numbers
 from deid.reporting.markdown import md, md_cell, truncate
-from deid.reporting.wording import ATTACKER_WORDS, MODE_WORDS, check_requirement, measured, status_text, threshold_text
+from deid.reporting.wording import (
+    ATTACKER_WORDS,
+    MODE_WORDS,
+    check_requirement,
+    measured,
+    report_only,
+    status_text,
+    threshold_text,
+)
 
 __all__ = ["NOTHING_RELEASED", "VerdictSummary", "check_rows", "checks_description", "root_cause_order",
            "verdict_summary"]
@@ -266,9 +274,10 @@ def checks_description(report: Any) -> str:
     checks = [c for c in _as_dict(report).get("checks") or [] if isinstance(c, Mapping)]
     counts: dict[str, int] = {}
     for c in checks:
-        word = str(c.get("status") or ("pass" if c.get("passed") else "fail")).replace("_", " ")
+        word = "report only" if report_only(c) else str(c.get("status") or ("pass" if c.get("passed") else "fail")
+                                                        ).replace("_", " ")
         counts[word] = counts.get(word, 0) + 1
-    order = ["fail", "inconclusive", "pass", "not applicable"]
+    order = ["fail", "inconclusive", "pass", "report only", "not applicable"]
     parts = [f"{counts[w]} {w.upper() if w == 'fail' else w}" for w in sorted(counts, key=lambda w: (
         order.index(w) if w in order else len(order), w))]
     return f"{len(checks)} gate checks" + (": " + ", ".join(parts) if parts else "")

@@ -11,8 +11,8 @@ from typing import Any
 
 from deid.reporting.html_page import fmt, round_numbers
 
-__all__ = ["ATTACKER_WORDS", "MODE_WORDS", "attack_terms", "check_requirement", "measured", "status_text",
-           "threshold_text"]
+__all__ = ["ATTACKER_WORDS", "MODE_WORDS", "attack_terms", "check_requirement", "measured", "report_only",
+           "status_text", "threshold_text"]
 
 # What each gate check requires, in words (the check's code name is shown beside it).
 _REQUIREMENTS = {
@@ -137,5 +137,11 @@ def status_text(c: Mapping[str, Any]) -> str:
     if status == "inconclusive":
         return "inconclusive (not blocking)" if c.get("passed") else "inconclusive (blocks)"
     if status == "not_applicable":
-        return "not applicable"
+        return "report only (no limit set)" if report_only(c) else "not applicable"
     return "pass" if c.get("passed") else "FAIL"
+
+
+def report_only(c: Mapping[str, Any]) -> bool:
+    """A check that measured a figure but has no limit to judge it by (membership without
+    DEID_MEMBERSHIP_MAX_ADVANTAGE): "not applicable" beside an AUC of 0.95 read as "irrelevant"."""
+    return c.get("status") == "not_applicable" and c.get("value") is not None and c.get("threshold") is None
