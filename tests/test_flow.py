@@ -177,8 +177,6 @@ def test_recipient_verifies_the_release_directory_alone(demo, tmp_path):
     """Issue 29 item 8: only the release directory, copied elsewhere, verifies with the steward's public key
     (`deid verify` and the card's no-deid commands); one flipped image byte and one flipped attestation byte
     are caught with their exit codes; no source subject id of the drop is anywhere in the release."""
-    from helpers import run_no_deid_check
-
     from deid.release.attestation import ATTESTATION_NAME, ATTESTATION_SIG_NAME
 
     assert demo.run is not None and demo.run.returncode == 0, demo.run and demo.run.stderr[-3000:]
@@ -196,6 +194,24 @@ def test_recipient_verifies_the_release_directory_alone(demo, tmp_path):
         return subprocess.run([*demo.exe, "verify", str(root), "--public-key", str(pub)], cwd=tmp_path,
                               env=demo.env, capture_output=True, text=True, timeout=300)
 
+    _recipient_verifies(release, pub, verify, tmp_path, k=5)
+
+    # Every source subject id of the drop: in no file of the release (bytes), and in no report either.
+    with open(demo.drop / "manifest.csv", newline="", encoding="utf-8") as fh:
+        ids = sorted({row["subject_id"] for row in csv.DictReader(fh)})
+    assert len(ids) == 60
+    assert _bytes_found(release, ids) == []
+    assert identifying_text_in_reports(demo.project / "reports", ids) == []
+
+
+def _recipient_verifies(release: Path, pub: Path, verify, tmp_path: Path, *, k: int) -> None:
+    """What a recipient does with only the release directory, copied elsewhere: it verifies with the steward's
+    public key (``verify(root)``: `deid verify ROOT --public-key PUB`, and the card's no-deid commands), and one
+    flipped image byte (exit 6) and one flipped attestation byte (k -> k^1, exit 3) are caught both ways."""
+    from helpers import run_no_deid_check
+
+    from deid.release.attestation import ATTESTATION_NAME
+
     copies = {}
     for name in ("intact", "image", "attestation"):
         copies[name] = tmp_path / name / "received"
@@ -206,7 +222,7 @@ def test_recipient_verifies_the_release_directory_alone(demo, tmp_path):
     runs = run_no_deid_check(copies["intact"], pub)
     assert [r.returncode for r in runs] == [0, 0, 0, 0], [(r.stdout, r.stderr) for r in runs]
 
-    image = next((copies["image"] / "images").iterdir())
+    image = sorted((copies["image"] / "images").iterdir())[0]
     data = bytearray(image.read_bytes())
     data[len(data) // 2] ^= 0x01
     image.write_bytes(bytes(data))
@@ -216,21 +232,18 @@ def test_recipient_verifies_the_release_directory_alone(demo, tmp_path):
 
     path = copies["attestation"] / ATTESTATION_NAME
     data = bytearray(path.read_bytes())
-    data[data.index(b'"k":5') + 4] ^= 0x01  # k=5 -> k=4: still canonical JSON, only the signature catches it
+    data[data.index(f'"k":{k}'.encode()) + 4] ^= 0x01  # k=5 -> k=4: still canonical JSON, only the signature catches it
     path.write_bytes(bytes(data))
     bad = verify(copies["attestation"])
     assert bad.returncode == 3 and "bad signature" in bad.stdout, bad.stdout + bad.stderr
     assert [r.returncode != 0 for r in run_no_deid_check(copies["attestation"], pub)] == [True, False, False, True]
 
-    # Every source subject id of the drop: in no file of the release (bytes), and in no report either.
-    with open(demo.drop / "manifest.csv", newline="", encoding="utf-8") as fh:
-        ids = sorted({row["subject_id"] for row in csv.DictReader(fh)})
-    assert len(ids) == 60
-    needles = [i.encode() for i in ids]
-    hits = [f"{p.relative_to(release)}: {n!r}" for p in release.rglob("*") if p.is_file()
-            for blob in [p.read_bytes()] for n in needles if n in blob]
-    assert hits == []
-    assert identifying_text_in_reports(demo.project / "reports", ids) == []
+
+def _bytes_found(root: Path, needles) -> list[str]:
+    """``"<file>: <needle>"`` for every needle found in the bytes of any file under ``root`` (the images too)."""
+    coded = [n.encode() for n in needles]
+    return [f"{p.relative_to(root)}: {n!r}" for p in sorted(root.rglob("*")) if p.is_file()
+            for blob in [p.read_bytes()] for n in coded if n in blob]
 
 
 def test_failed_gate_publishes_nothing_but_signs_a_rejection(project, prefect_server, tmp_path):
@@ -337,11 +350,38 @@ def _run_log_messages(run_id: str) -> list[str]:
     return [log.message for log in logs]
 
 
+def _greppable_london_ids(drop: Path) -> tuple[list[str], list[str]]:
+    """Give London's people ids a grep can find, and return them with the source file stems.
+
+    London's subject ids are three digits (001-173): as text they are everywhere in a report (102 people,
+    0.120, a hash), so a grep for them finds nothing or everything. Each person keeps their number in a
+    distinctive id (``london-001``); the source file names carry the bare number, and their stems
+    (``001_03``, ``001_08``: digits, an underscore, digits) are as greppable as they are.
+    """
+    path = drop / "manifest.csv"
+    with open(path, newline="", encoding="utf-8") as fh:
+        rows = list(csv.DictReader(fh))
+    for r in rows:
+        r["subject_id"] = f"london-{r['subject_id']}"
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    stems = {Path(r[c]).stem for r in rows for c in ("image", "points") if r.get(c)}
+    return sorted({r["subject_id"] for r in rows}), sorted(stems)
+
+
 @pytest.mark.london
 def test_london_k5_k_same_select_is_released(project, prefect_server, london_dir, tmp_path):
+    """London at k=5 is released, and (issue 29 item 8) a recipient verifies it from the release directory alone;
+    no London subject id is in the release, in any report (of this run and of a rejected one) or artifact."""
     from deid.intake.london import import_london
 
     drop = import_london(london_dir, tmp_path / "london")
+    ids, stems = _greppable_london_ids(drop)
+    assert len(ids) == 102 and len(stems) == 204  # two photos per person (a .tem file is named as its photo)
+    manifest = (drop / "manifest.csv").read_text()
+    assert all(n in manifest for n in (*ids, *stems))  # what the searches below look for is what the run read
     result = _run(drop, k=5, method="k-same-select")
     assert result["verdict"] == "released", result["reasons"]
     assert result["dataset"]["records_in"] == 204
@@ -358,6 +398,28 @@ def test_london_k5_k_same_select_is_released(project, prefect_server, london_dir
         arts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id])))
     assert {a.key for a in arts} >= {"deid-verdict", "deid-checks", "deid-report"}
     pub = Path(result["public_key"])
+    # The recipient's side: the release directory alone, copied elsewhere, verified both ways; tampering caught.
+    release = Path(result["release_dir"])
+    _recipient_verifies(release, pub, lambda root: subprocess.run(
+        [sys.executable, "-m", "deid.cli", "verify", str(root), "--public-key", str(pub)], capture_output=True,
+        text=True, cwd=tmp_path, timeout=300), tmp_path / "recipient", k=5)
+    # No London subject id, nor a source file name (which carries it), in any file of the release, nor in any
+    # report of the project: this release's and a rejected run's (k above the people), their report.html,
+    # validation pages and the catalogue, nor in either run's Prefect artifacts.
+    rejected = _run(drop, k=200)
+    assert rejected["verdict"] == "rejected" and rejected["release_dir"] is None, rejected["reasons"]
+    needles = [*ids, *stems]
+    assert _bytes_found(release, needles) == []
+    assert identifying_text_in_reports(project / "reports", needles, must_read=(
+        f"{result['release_id']}/report.json", f"{result['release_id']}/report.html",
+        f"{result['release_id']}/validation/index.html", f"{rejected['release_id']}/report.json",
+        f"{rejected['release_id']}/report.html", "index.html")) == []
+    rejected_run = json.loads(Path(rejected["report"]).read_text())["run_id"]
+    with get_client(sync_client=True) as client:
+        arts = client.read_artifacts(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run_id, rejected_run])))
+    assert {a.key for a in arts} >= {"deid-verdict", "deid-checks"} and len({a.flow_run_id for a in arts}) == 2
+    shown = [f"{a.key}: {n}" for a in arts for n in needles if n in f"{a.description} {a.data}"]
+    assert shown == []
     cli = [sys.executable, "-m", "deid.cli", "verify", result["report_dir"], "--public-key", str(pub)]
     ok = subprocess.run(cli, capture_output=True, text=True, cwd=ROOT)
     assert ok.returncode == 0, ok.stdout + ok.stderr

@@ -198,3 +198,42 @@ def test_chart_text_size_k_line_and_legend_outside_the_bars():
 def test_round_numbers_keeps_versions_ranges_and_signs():
     assert round_numbers("delta +0.0683333 [-0.0321, 0.0654] v1.24.1 2026.8.0 seeds 0..2 0.05") == \
         "delta +0.068 [-0.032, 0.065] v1.24.1 2026.8.0 seeds 0..2 0.05"
+
+
+def test_whiskers_past_1_over_k_are_explained_and_the_attackers_named():
+    """Issue 29 item 10: a released k-Same run's chart has whiskers far past 1/k (upper bounds 0.3 > 0.2 here);
+    the page says why it passes (the exact bound decides), and what each attacker and mode is."""
+    from deid.evaluation.attacks import ATTACKERS, FEATURE_ATTACKERS, MODES
+    from deid.reporting.wording import ATTACKER_WORDS, MODE_WORDS
+
+    assert set(ATTACKER_WORDS) == set(ATTACKERS) | set(FEATURE_ATTACKERS) and set(MODE_WORDS) == set(MODES)
+    doc = render_report_html(_report("released"))
+    section = doc[doc.index("<h2>Re-identification</h2>"):doc.index("<h2>Utility</h2>")]
+    note = section[section.index("Why whiskers past the 1/k line do not decide"):]
+    note = note[:note.index("</p>")]
+    assert "12 intervals reach past 1/k" in note and "identical image" in note and "0.200 (at most 1/k: it holds)" in note
+    glossary = section[section.index("<details class='glossary'"):]
+    for name in ("pca-mahalanobis", "fisherfaces", "lbp-chi2", "dlib-resnet", "naive", "reverse", "parrot"):
+        assert f"<dt><code>{name}</code></dt><dd>{html.escape(ATTACKER_WORDS.get(name) or MODE_WORDS[name])}</dd>" \
+            in glossary, name
+    assert "pca-whitened-cosine" not in glossary  # only the attackers the table shows
+    # Without the exact bound the same whiskers decide, and the page says so; within 1/k: nothing to explain.
+    r = _report("rejected")
+    r["privacy"]["exact_bound"] = False
+    assert "Whiskers past the 1/k line decide here" in render_report_html(r)
+    for row in r["privacy"]["reidentification"]:
+        row["upper"] = 0.19
+    assert "Whiskers past" not in render_report_html(r) and "whiskers past" not in render_report_html(r)
+
+
+def test_a_method_without_clusters_is_not_reported_as_forming_them():
+    """Issue 29 item 10: blur's report said "forms no clusters" (gate) and "204 clusters" (page)."""
+    r = _report("rejected")
+    r["method"] = "blur"
+    r["configuration"]["clusters"] = {"count": 60, "sizes": [1] * 60}
+    r["checks"].append({"name": "min_cluster_size", "passed": True, "status": "not_applicable", "value": None,
+                        "threshold": ">= 5", "detail": "not applicable: method blur forms no clusters"})
+    doc = render_report_html(r)
+    assert "Method blur forms no clusters: each of the 60 faces was de-identified on its own" in doc
+    assert "60 clusters" not in doc and "Cluster sizes" not in doc
+    assert "12 clusters of 5&ndash;7 records" in render_report_html(_report("rejected"))

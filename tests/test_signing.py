@@ -134,8 +134,10 @@ def test_passphrase_protected_key_roundtrips(tmp_path):
 
 
 def test_missing_and_foreign_keys_are_clear_errors(tmp_path):
-    with pytest.raises(ConfigError, match="does not exist"):
+    # Issue 29 item 10: what to do, as a command (`deid keygen`), never a Python function to call.
+    with pytest.raises(ConfigError, match="does not exist") as missing:
         load_private_key(tmp_path / "nope.pem")
+    assert "`deid keygen --out DIR`" in str(missing.value) and "write_keypair" not in str(missing.value)
     with pytest.raises(ConfigError, match="does not exist"):
         load_public_key(tmp_path / "nope.pub.pem")
     ec_key = ec.generate_private_key(ec.SECP256R1())
@@ -161,6 +163,25 @@ def test_ensure_signing_key_development_is_created_once(tmp_path):
     assert stat.S_IMODE(first.path.stat().st_mode) == 0o600
     second = ensure_signing_key(configured=None, keys_dir=keys_dir)
     assert second.fingerprint == first.fingerprint
+
+
+def test_development_key_warning_once_per_process_and_key(tmp_path, caplog):
+    """Issue 29 item 10: a run looks the key up more than once; one warning, naming `deid keygen`."""
+    import logging
+
+    from deid.release import signing
+
+    keys_dir = tmp_path / "keys"
+    with caplog.at_level(logging.WARNING, logger="deid.release.signing"):
+        for _ in range(3):
+            ensure_signing_key(configured=None, keys_dir=keys_dir)
+        signing.warn_development_key(keys_dir / "dev_signing.pem")
+    warned = [r.getMessage() for r in caplog.records if "development key" in r.getMessage()]
+    assert len(warned) == 1 and "`deid keygen --out DIR`" in warned[0], warned
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="deid.release.signing"):
+        ensure_signing_key(configured=None, keys_dir=tmp_path / "other")  # another key: its own warning
+    assert sum("development key" in r.getMessage() for r in caplog.records) == 1
 
 
 def test_ensure_signing_key_configured(tmp_path):

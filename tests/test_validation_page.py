@@ -92,6 +92,22 @@ def test_page_names_every_expectation_of_the_real_suites(real_suites, tmp_path):
     assert "2 unexpected of 13" in check.detail
 
 
+def test_page_says_whose_run_it_is_and_links_back(real_suites, tmp_path):
+    """Issue 29 item 10: opened on its own, the page says which run it belongs to and links back to report.html."""
+    from deid.reporting.html_report import run_title
+
+    run = run_title({"dataset": {"name": "clinic"}, "k": 5, "method": "k-same-select", "release_id": "rel-1",
+                     "verdict": "rejected"})
+    assert run == "clinic, k = 5, k-same-select, release rel-1 (REJECTED)"
+    _, html_path = build_offline_data_docs(real_suites, tmp_path / "validation", run=run, back_href="../report.html")
+    doc = html_path.read_text()
+    page = Page(doc)
+    assert page.headings[0] == ("h1", None, f"Data validation results: {run}")
+    assert f"<title>Data validation results: {html.escape(run)}</title>" in doc
+    assert '<a href="../report.html">' in doc and doc.index("../report.html") < doc.index("<h1>")
+    assert_validation_page_names_every_expectation(doc, suite_results(real_suites))  # the rest unchanged
+
+
 def test_report_html_counts_are_numbers(real_suites):
     report = {"release_id": "rel-x", "verdict": "rejected", "k": 2, "method": "k-same", "checks": [],
               "validation": {name: s.to_dict() for name, s in real_suites.items()}}
@@ -140,7 +156,11 @@ def test_a_real_runs_pages(project, prefect_server, tmp_path):
     suites = suite_results(report["validation"])
     assert suites == suite_results(on_disk) and [s.suite for s in suites] == [
         "manifest", "ingested", "aligned", "release"]
-    assert_validation_page_names_every_expectation((report_dir / "validation" / "index.html").read_text(), suites)
+    validation = (report_dir / "validation" / "index.html").read_text()
+    assert_validation_page_names_every_expectation(validation, suites)
+    # Whose page it is, and the way back (issue 29 item 10).
+    assert f"release {report['release_id']} (RELEASED)" in Page(validation).headings[0][2]
+    assert '<a href="../report.html">' in validation and (report_dir / "validation" / "../report.html").is_file()
 
     doc = (report_dir / "report.html").read_text()
     page = Page(doc)

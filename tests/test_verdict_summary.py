@@ -151,3 +151,40 @@ def test_a_utility_line_says_what_its_gate_check_decided():
     lines = dict(verdict_summary(r).figures)
     gender = [v for key, v in lines.items() if key.startswith("utility gender")]
     assert gender and gender[0].endswith("inconclusive"), lines
+
+
+def test_attackers_and_modes_named_outside_report_html_are_explained():
+    """Issue 29 item 10: the CLI and the Prefect verdict name "pca-mahalanobis (naive)"; they say what that is."""
+    from deid.reporting.wording import ATTACKER_WORDS, MODE_WORDS
+
+    s = verdict_summary(_inconclusive_release(), report_html="reports/rel-x/report.html")
+    reid = dict(s.figures)["re-identification"]
+    named = [n for n in (*ATTACKER_WORDS, *MODE_WORDS) if n in reid.replace("(", " ").replace(")", " ").split()]
+    assert named and [t for t, _ in s.terms] == named, (reid, s.terms)
+    lines = s.text_lines()
+    assert [x for x in lines if x.startswith("term: ")] == [f"term: {n} = {w}" for n, w in s.terms]
+    assert lines[-1] == "report: reports/rel-x/report.html"
+    assert not any(x.startswith("term: ") for x in s.text_lines(terms=False))
+    page = _RENDER.render(s.markdown())
+    assert "<h2>Terms</h2>" in page and all(f"<strong>{n}</strong>" in page for n in named)
+    # A method's name is no mode (k-same-naive), and nothing named is nothing explained.
+    r = _k_too_large()
+    r["method"] = "k-same-naive"
+    r["checks"][2]["detail"] += " with k-same-naive"
+    assert verdict_summary(r).terms == ()
+
+
+def test_a_figure_without_a_limit_is_report_only_not_not_applicable():
+    """Seen on a screenshot: membership AUC 0.95 beside "not applicable" reads as "irrelevant"; it is measured and
+    reported, judged by nothing (no DEID_MEMBERSHIP_MAX_ADVANTAGE)."""
+    r = _inconclusive_release()
+    r["checks"].append({"name": "membership_advantage", "passed": True, "status": "not_applicable", "value": 0.9508,
+                        "threshold": None, "interval": [0.873, 0.998], "n": 102,
+                        "detail": "AUC 0.975; report only (DEID_MEMBERSHIP_MAX_ADVANTAGE unset)"})
+    rows = {x["check"].replace("\\_", "_"): x for x in check_rows(r)}
+    assert rows["membership_advantage"]["result"] == "report only (no limit set)"
+    assert rows["lineage_label_mix"]["result"] == "not applicable"  # nothing measured: still not applicable
+    n = len(r["checks"])
+    assert checks_description(r) == f"{n} gate checks: 1 inconclusive, {n - 3} pass, 1 report only, 1 not applicable"
+    page = render_report_html(r)
+    assert '<span class="na">report only (no limit set)</span>' in page and '<span class="na">not applicable</span>' in page

@@ -70,7 +70,8 @@ def catalogue_text(entries: list[CatalogueEntry]) -> str:
         lines.append(f"  dataset {e.dataset or '-'}; date {e.created_at or '-'}; k {e.k if e.k is not None else '-'}; "
                      f"method {e.method or '-'}")
         if isinstance(e.summary, VerdictSummary):
-            lines += [f"  {line}" for line in e.summary.text_lines()[1:]]  # the verdict is in the first line
+            # The verdict is in the first line; the terms would repeat for every run (report.html has them).
+            lines += [f"  {line}" for line in e.summary.text_lines(terms=False)[1:]]
         if e.report_html is None:
             lines.append(f"  report: {e.report_path} (no report.html)")
     released = sum(e.verdict == "released" and e.status is None for e in entries)

@@ -56,6 +56,9 @@ pre { background: #f8f9fa; border: 1px solid var(--line); padding: .6rem; overfl
 code { background: #f1f3f4; padding: 0 .2rem; font-size: .88em; }
 small.code { display: block; color: var(--muted); }
 details summary { cursor: pointer; color: var(--muted); }
+.note { border-left: 4px solid var(--line); padding: .3rem 1rem; background: #f8f9fa; }
+dl { margin: .4rem 0; } dt { margin-top: .3rem; } dd { margin-left: 1.5rem; color: #3c4043; }
+nav.back { margin-bottom: .6rem; }
 """
 
 

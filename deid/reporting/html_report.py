@@ -24,7 +24,7 @@ from deid.errors import REASONS, ConfigError
 from deid.reporting.html_charts import Chart, cluster_chart, partition_chart, partition_name, reid_chart, utility_chart
 from deid.reporting.html_page import document, esc, fmt, round_numbers, strip_urls, table
 from deid.reporting.verdict import NOTHING_RELEASED, VerdictSummary, verdict_summary
-from deid.reporting.wording import check_requirement, measured, threshold_text
+from deid.reporting.wording import attack_terms, check_requirement, measured, report_only, threshold_text
 from deid.reporting.html_validation import (
     VALIDATION_HTML,
     build_offline_data_docs,
@@ -181,7 +181,7 @@ def _status(c: Mapping[str, Any]) -> str:
         return ('<span class="inconclusive">inconclusive</span> '
                 + ("(not blocking)" if c.get("passed") else '<span class="fail">(blocks)</span>'))
     if status == "not_applicable":
-        return '<span class="na">not applicable</span>'
+        return f'<span class="na">{"report only (no limit set)" if report_only(c) else "not applicable"}</span>'
     return '<span class="pass">pass</span>' if c.get("passed") else '<span class="fail">FAIL</span>'
 
 
@@ -286,6 +286,7 @@ def _reidentification(r: Mapping[str, Any]) -> str:
                f"every rate at or below 1/k = {bound:.3f}. Bars are rates, whiskers their one-sided "
                f"{_num(sample.get('confidence', 0.95), 2)} confidence intervals.</p>")
     out.append(_chart(reid_chart(reid, bound)))
+    out.append(_whiskers_past_bound(r, reid, bound))
     rows = [[esc(x["attacker"]), esc(x["mode"]), _num(x["rate"]),
              esc(f"[{x['lower']:.3f}, {x['upper']:.3f}]" if x.get("lower") is not None else ""),
              esc(x.get("n_probes")),
@@ -302,8 +303,44 @@ def _reidentification(r: Mapping[str, Any]) -> str:
                    f"records (whole {esc(sample.get('unit'))}s sampled, seed {esc(sample.get('seed'))}); one-sided "
                    f"{_num(sample.get('confidence'), 2)} Clopper-Pearson bounds, Bonferroni over "
                    f"{esc(sample.get('bonferroni_over'))} attacker x mode pairs.</p>")
+    out.append(_glossary(reid))
     out.append(_membership(privacy))
     return "".join(out)
+
+
+def _whiskers_past_bound(r: Mapping[str, Any], reid: Sequence[Mapping[str, Any]], bound: float) -> str:
+    """Why intervals reaching past 1/k do or do not decide (a released k-Same run's chart shows such whiskers)."""
+    past = [x for x in reid if x.get("upper") is not None and x.get("status") != "insufficient_evidence"
+            and not within_bound(float(x["upper"]), limit=bound)]
+    if not past:
+        return ""
+    privacy = r.get("privacy") or {}
+    n = len(past)
+    some = f"{n} interval{'s' if n > 1 else ''} reach{'' if n > 1 else 'es'} past 1/k"
+    if privacy.get("exact_bound"):
+        share = privacy.get("max_person_share")
+        exact = (f"the largest one-person share of a cluster, {_num(share)}"
+                 + (" (at most 1/k: it holds)" if isinstance(share, int | float) and within_bound(share, limit=bound)
+                    else " (above 1/k: it fails)") if isinstance(share, int | float) else "the largest one-person share")
+        return (f"<p class='note'><b>Why whiskers past the 1/k line do not decide:</b> {some}: a rate measured on a "
+                "sample of probes is uncertain, most of all in a small release. Here every member of a cluster "
+                "received the identical image (checked from the pixels), so no recogniser can name the right person "
+                f"more often than {exact}. That exact bound decides; an attack fails the gate only if even its "
+                "lower bound is above 1/k.</p>")
+    return (f"<p class='note'><b>Whiskers past the 1/k line decide here:</b> {some}. This release's clusters are "
+            "not identical copies, so no exact bound stands in for the attacks: every upper bound must be at or "
+            "below 1/k.</p>")
+
+
+def _glossary(reid: Sequence[Mapping[str, Any]]) -> str:
+    """The attackers and modes of the table, in words (the reasons and the charts use their names)."""
+    terms = attack_terms([x.get("attacker") for x in reid], [x.get("mode") for x in reid])
+    if not terms:
+        return ""
+    return ("<details class='glossary' id='attackers'><summary><b>The attackers and modes</b></summary><dl>"
+            + "".join(f"<dt><code>{esc(name)}</code></dt><dd>{esc(words)}</dd>" for name, words in terms)
+            + "</dl><p class='muted'>Each attacker is a face recogniser fitted on the original faces; a rate is the "
+            "share of probes it matched to the right person (ties credited fractionally).</p></details>")
 
 
 def _membership(privacy: Mapping[str, Any]) -> str:
@@ -376,13 +413,26 @@ def _partitions(r: Mapping[str, Any]) -> str:
                            esc(g.get("feasible_max"))] for g in grouping], num=(1, 2, 3, 4, 5)))
     clusters = cfg.get("clusters") or {}
     sizes = list(clusters.get("sizes") or [])
-    if sizes:
+    if sizes and not forms_clusters(r):
+        # Blur, pixelate, selective-mean ...: the de-identify stage lists each face as its own "cluster" of one,
+        # which the gate reads as no clusters at all; "204 clusters of 1-1 records" said the opposite.
+        out.append(f"<h3>No clusters</h3><p>Method {esc(r.get('method'))} forms no clusters: each of the "
+                   f"{len(sizes)} faces was de-identified on its own, so no released face is shared by k = {k} "
+                   "distinct people (the checks <code>min_cluster_size</code> and "
+                   "<code>released_in_clusters</code>).</p>")
+    elif sizes:
         out.append(f"<h3>Cluster sizes</h3><p>{esc(clusters.get('count', len(sizes)))} clusters of "
                    f"{min(sizes)}&ndash;{max(sizes)} records; every cluster needs at least k = {k}.</p>")
         out.append(_chart(cluster_chart(sizes, k)))
     if not partitions and not sizes:
         out.append("<p class='muted'>No partitions or clusters (nothing was de-identified).</p>")
     return "".join(out)
+
+
+def forms_clusters(r: Mapping[str, Any]) -> bool:
+    """Did the run's method form clusters? No when the gate found none (``min_cluster_size`` not applicable)."""
+    return not any(isinstance(c, Mapping) and c.get("name") == "min_cluster_size"
+                   and c.get("status") == "not_applicable" for c in r.get("checks") or [])
 
 
 def _near_copy_html(near: Mapping[str, Any]) -> str:
@@ -565,6 +615,13 @@ def render_report_html(
 # --------------------------------------------------------------------------- all together
 
 
+def run_title(r: Mapping[str, Any]) -> str:
+    """Which run a page belongs to: ``london, k = 5, k-same-select, release rel-... (RELEASED)``."""
+    ds = r.get("dataset") or {}
+    return (f"{ds.get('name') or 'dataset'}, k = {r.get('k')}, {r.get('method')}, release {r.get('release_id')} "
+            f"({str(r.get('verdict')).upper()})")
+
+
 def write_report_bundle(
     report_dir: Path,
     report: Mapping[str, Any],
@@ -593,7 +650,8 @@ def write_report_bundle(
         validation_results = d.get("validation") or None
     href = None
     if validation_results is not None:
-        build_offline_data_docs(validation_results, report_dir / VALIDATION_DIR)
+        build_offline_data_docs(validation_results, report_dir / VALIDATION_DIR, run=run_title(d),
+                                back_href=f"../{REPORT_HTML}")
         href = f"{VALIDATION_DIR}/{VALIDATION_HTML}"
     hint = public_key_hint or (str(signing_key.public_path) if signing_key.public_path else "KEY.pub.pem")
     page = render_report_html(d, sample_images=sample_images, gx_results=validation_results,

@@ -63,14 +63,21 @@ def _expectation_rows(s: SuiteResult) -> list[list[str]]:
     ] for e in s.expectations]
 
 
-def render_validation_html(results: Any, *, title: str = "Data validation results") -> str:
+def render_validation_html(results: Any, *, title: str = "Data validation results", run: str | None = None,
+                           back_href: str | None = None) -> str:
     """Offline HTML of the run's validation: per suite, every expectation with its arguments, observation, result.
 
     ``results``: anything :func:`deid.evaluation.validation.suite_results` accepts (the flow's mapping table ->
-    SuiteResult, report.json's ``validation``, GX result objects).
+    SuiteResult, report.json's ``validation``, GX result objects). ``run``: which run this is (dataset, k,
+    method, release id, verdict), in the page's title and under its heading, so a page opened on its own
+    says whose it is; ``back_href``: a link back to the run's report.html (relative: the page stays offline).
     """
     suites = suite_results(results)
-    parts = [f"<h1>{esc(title)}</h1>",
+    if run:
+        title = f"{title}: {run}"
+    parts = [f"<nav class='back'><a href=\"{esc(back_href)}\">&larr; back to the run's report.html</a></nav>"
+             if back_href else "",
+             f"<h1>{esc(title)}</h1>",
              "<p class='muted'>Great Expectations suites run on each table of the run; every expectation "
              "is listed with its arguments, what was observed and whether it passed.</p>",
              validation_summary_table(suites, href="")]
@@ -85,11 +92,13 @@ def render_validation_html(results: Any, *, title: str = "Data validation result
     return document(title, "".join(parts), viewport=False)
 
 
-def build_offline_data_docs(validation_results: Any, out_dir: Path) -> list[Path]:
+def build_offline_data_docs(validation_results: Any, out_dir: Path, *, run: str | None = None,
+                            back_href: str | None = None) -> list[Path]:
     """Write the run's validation results for offline reading: ``validation_results.json`` and ``index.html``.
 
     Returns the written paths. The JSON is one :meth:`SuiteResult.to_dict` per suite (what
-    report.json's ``validation`` holds); the HTML is :func:`render_validation_html`.
+    report.json's ``validation`` holds); the HTML is :func:`render_validation_html` (with ``run`` and
+    ``back_href``).
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -98,5 +107,5 @@ def build_offline_data_docs(validation_results: Any, out_dir: Path) -> list[Path
     json_path.write_text(json.dumps([s.to_dict() for s in suites], indent=2, sort_keys=True, default=str) + "\n",
                          encoding="utf-8")
     html_path = out_dir / VALIDATION_HTML
-    html_path.write_text(render_validation_html(suites), encoding="utf-8")
+    html_path.write_text(render_validation_html(suites, run=run, back_href=back_href), encoding="utf-8")
     return [json_path, html_path]

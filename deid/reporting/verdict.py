@@ -13,7 +13,8 @@ they all say the same thing in the same order:
 4. warnings (checks the data could not decide, a development signing key);
 5. key figures, rounded for people, with their intervals and sample sizes (report.json keeps them
    exact), absent figures left out rather than printed as ``None``;
-6. where report.html is.
+6. the terms: what each attacker and mode named above is (``pca-whitened-cosine``, ``parrot``), in words;
+7. where report.html is.
 
 The builder reads the report's JSON form and only the fields it knows, so fields added to the
 report later pass through untouched.
@@ -21,6 +22,7 @@ report later pass through untouched.
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,7 +30,15 @@ from typing import Any
 
 from deid.reporting.html_page import round_numbers
 from deid.reporting.markdown import md, md_cell, truncate
-from deid.reporting.wording import check_requirement, measured, status_text, threshold_text
+from deid.reporting.wording import (
+    ATTACKER_WORDS,
+    MODE_WORDS,
+    check_requirement,
+    measured,
+    report_only,
+    status_text,
+    threshold_text,
+)
 
 __all__ = ["NOTHING_RELEASED", "VerdictSummary", "check_rows", "checks_description", "root_cause_order",
            "verdict_summary"]
@@ -79,6 +89,8 @@ class VerdictSummary:
     warnings : not blocking, but the reader must know (undecided checks, a development key).
     figures : ``(label, text)`` key figures, rounded, with intervals and sample sizes.
     report_html : where report.html is, when known.
+    terms : ``(name, meaning)`` of each attacker and mode the lines above name (a reader outside
+        report.html meets ``pca-whitened-cosine (parrot)`` with no table beside it).
     """
 
     verdict: str
@@ -89,18 +101,21 @@ class VerdictSummary:
     warnings: tuple[str, ...]
     figures: tuple[tuple[str, str], ...]
     report_html: str | None = None
+    terms: tuple[tuple[str, str], ...] = ()
 
     @property
     def released(self) -> bool:
         return self.verdict == "released"
 
-    def text_lines(self) -> list[str]:
-        """The summary as plain ``key: value`` lines (the ``deid run`` output)."""
+    def text_lines(self, *, terms: bool = True) -> list[str]:
+        """The summary as plain ``key: value`` lines (the ``deid run`` output); ``terms=False`` leaves the
+        attackers' and modes' meanings out (a list of many runs, where they would repeat)."""
         lines = [f"verdict: {self.headline}", f"guarantee: {self.guarantee}"]
         lines += [f"  cause: {c}" for c in self.causes]
         lines += [f"  then: {c}" for c in self.consequences]
         lines += [f"warning: {w}" for w in self.warnings]
         lines += [f"{label}: {text}" for label, text in self.figures]
+        lines += [f"term: {name} = {words}" for name, words in self.terms] if terms else []
         if self.report_html:
             lines.append(f"report: {self.report_html}")
         return lines
@@ -116,6 +131,8 @@ class VerdictSummary:
             lines += ["## Warnings (not blocking)", "", *[f"- {md(w)}" for w in self.warnings], ""]
         if self.figures:
             lines += ["## Key figures", "", *[f"- **{md(label)}**: {md(text)}" for label, text in self.figures], ""]
+        if self.terms:
+            lines += ["## Terms", "", *[f"- **{md(name)}**: {md(words)}" for name, words in self.terms], ""]
         if self.report_html and self.report_html.startswith(("http://", "https://")):
             # Served by `deid server` (a link that opens); a local path as code (a browser will not follow it).
             lines += [f"**report.html**: [{md(self.report_html)}]({self.report_html.replace(')', '%29')})", ""]
@@ -150,6 +167,13 @@ def _sentence(c: Mapping[str, Any], verb: str) -> str:
         evidence.append(f"measured {measured(c)}, required {threshold_text(name, c.get('threshold'))}")
     inner = "; ".join([x for x in (detail, *evidence) if x])
     return f"{text} ({inner})" if inner else text
+
+
+def _named_terms(texts: Sequence[str]) -> list[tuple[str, str]]:
+    """The attackers, then the modes, that ``texts`` name as words of their own (``k-same-naive`` names no mode)."""
+    text = " ".join(texts)
+    return [(name, words[name]) for words in (ATTACKER_WORDS, MODE_WORDS) for name in words
+            if re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", text)]
 
 
 def _num(value: Any, digits: int = 3) -> str:
@@ -238,9 +262,11 @@ def verdict_summary(report: Any, *, report_html: str | Path | None = None) -> Ve
     headline = verdict.upper() + (" (unreadable drop)" if "drop_readable" in failed
                                   else " (unusable drop)" if "gate_error" in failed else "")
     guarantee = str(d.get("guarantee") or "no formal guarantee") if released else NOTHING_RELEASED
+    figures = _figures(d)
+    terms = _named_terms([*causes, *consequences, *warnings, *(text for _, text in figures)])
     return VerdictSummary(verdict=verdict, headline=headline, guarantee=guarantee, causes=tuple(causes),
-                          consequences=tuple(consequences), warnings=tuple(warnings), figures=tuple(_figures(d)),
-                          report_html=None if report_html is None else str(report_html))
+                          consequences=tuple(consequences), warnings=tuple(warnings), figures=tuple(figures),
+                          report_html=None if report_html is None else str(report_html), terms=tuple(terms))
 
 
 def checks_description(report: Any) -> str:
@@ -248,9 +274,10 @@ def checks_description(report: Any) -> str:
     checks = [c for c in _as_dict(report).get("checks") or [] if isinstance(c, Mapping)]
     counts: dict[str, int] = {}
     for c in checks:
-        word = str(c.get("status") or ("pass" if c.get("passed") else "fail")).replace("_", " ")
+        word = "report only" if report_only(c) else str(c.get("status") or ("pass" if c.get("passed") else "fail")
+                                                        ).replace("_", " ")
         counts[word] = counts.get(word, 0) + 1
-    order = ["fail", "inconclusive", "pass", "not applicable"]
+    order = ["fail", "inconclusive", "pass", "report only", "not applicable"]
     parts = [f"{counts[w]} {w.upper() if w == 'fail' else w}" for w in sorted(counts, key=lambda w: (
         order.index(w) if w in order else len(order), w))]
     return f"{len(checks)} gate checks" + (": " + ", ".join(parts) if parts else "")

@@ -11,7 +11,8 @@ from typing import Any
 
 from deid.reporting.html_page import fmt, round_numbers
 
-__all__ = ["check_requirement", "measured", "status_text", "threshold_text"]
+__all__ = ["ATTACKER_WORDS", "MODE_WORDS", "attack_terms", "check_requirement", "measured", "report_only",
+           "status_text", "threshold_text"]
 
 # What each gate check requires, in words (the check's code name is shown beside it).
 _REQUIREMENTS = {
@@ -52,6 +53,37 @@ _REQUIREMENTS = {
     "membership_advantage": "Telling members from non-members by their photo gives little advantage (not bounded by k)",
     "sensitive_l_diversity": "Every cluster holds at least l distinct values of each sensitive column (else withheld)",
 }
+# What each re-identification attacker is and what each mode lets it do, for a reader who meets the
+# names in a reason or a chart ("pca-whitened-cosine (parrot)"). The attackers of deid.evaluation.attacks.
+ATTACKER_WORDS = {
+    "pca-mahalanobis": "eigenfaces (PCA of the original faces) compared by Mahalanobis distance",
+    "pca-whitened-cosine": "eigenfaces whitened and compared by cosine (the CSU face-recognition baseline)",
+    "fisherfaces": "Fisherfaces: eigenfaces, then a linear discriminant trained to tell the people apart",
+    "lbp-chi2": "local binary pattern histograms (skin texture) compared by chi-square distance",
+    "release-refit-pca": "eigenfaces fitted on the released faces themselves, then whitened cosine",
+    "dlib-resnet": "dlib's deep face-recognition network (a ResNet's 128-value face descriptors)",
+    "feature-whitened-cosine": "the feature vectors whitened and compared by cosine",
+    "feature-euclidean": "the feature vectors compared by Euclidean distance",
+    "identity-classifier": "a classifier trained on the original vectors to say who a record is",
+}
+MODE_WORDS = {
+    "naive": "each released face is looked up among the originals (who is this released face?)",
+    "reverse": "each original is looked up among the released faces (which released face is this person?)",
+    "parrot": "the attacker first de-identifies its own copies of the originals with the same method, then "
+              "looks each released face up among them (the strongest mode against averaging)",
+}
+
+
+def attack_terms(attackers: Any, modes: Any = ()) -> list[tuple[str, str]]:
+    """``(name, meaning)`` of each attacker then each mode named, in first-seen order (unknown names: no entry)."""
+    out: list[tuple[str, str]] = []
+    for names, words in ((attackers, ATTACKER_WORDS), (modes, MODE_WORDS)):
+        for n in dict.fromkeys(str(x) for x in names):
+            if n in words:
+                out.append((n, words[n]))
+    return out
+
+
 # Reports signed before thresholds carried their direction: the direction of their bare numbers.
 _LEGACY_DIRECTION = {"quarantine_fraction": "<=", "enough_people": ">=", "records_accounted": "=",
                      "min_cluster_size": ">=", "min_distinct_people_per_cluster": ">="}
@@ -105,5 +137,11 @@ def status_text(c: Mapping[str, Any]) -> str:
     if status == "inconclusive":
         return "inconclusive (not blocking)" if c.get("passed") else "inconclusive (blocks)"
     if status == "not_applicable":
-        return "not applicable"
+        return "report only (no limit set)" if report_only(c) else "not applicable"
     return "pass" if c.get("passed") else "FAIL"
+
+
+def report_only(c: Mapping[str, Any]) -> bool:
+    """A check that measured a figure but has no limit to judge it by (membership without
+    DEID_MEMBERSHIP_MAX_ADVANTAGE): "not applicable" beside an AUC of 0.95 read as "irrelevant"."""
+    return c.get("status") == "not_applicable" and c.get("value") is not None and c.get("threshold") is None
