@@ -231,7 +231,7 @@ def test_faces_carry_signal_through_the_project_aligner(drop60):
     from deid.evaluation.attackers import WhitenedCosineAttacker
     from deid.evaluation.scoring import reidentification_rate
     from deid.intake.drop import read_drop
-    from deid.evaluation.utility import grouped_cv_accuracy
+    from deid.evaluation.utility_protocols import grouped_cv_accuracy
 
     d = read_drop(drop60)
     aligner = FaceAligner()
