@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deid.operations import stages
-from deid.release.lineage import derive_key, empty_state, pseudonymize
+from deid.release.lineage_state import derive_key, empty_state, pseudonymize
 
 KEY = bytes(range(32))
 
