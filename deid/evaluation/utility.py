@@ -42,7 +42,8 @@ from deid.progress import Progress, track
 
 logger = logging.getLogger(__name__)
 
-
+# The comparison study measures every point against the same originals: each cross-fit fold's
+# originals-trained predictions are computed once (deid.memo).
 _ORIGINAL_FOLDS = Memo("cross_fit_originals", max_bytes=32_000_000)
 
 

@@ -43,7 +43,7 @@ class UtilityResult:
 
 
 # The comparison study measures every point against the same originals: their grouped-CV
-# accuracy and each cross-fit fold's originals-trained predictions are computed once (deid.memo).
+# accuracy is computed once (deid.memo; the cross-fit's originals side: deid.evaluation.utility).
 _CV = Memo("grouped_cv_accuracy", max_bytes=8_000_000)
 
 

@@ -30,63 +30,34 @@ from deid.intake.drop import check_dataset_name
 
 logger = logging.getLogger(__name__)
 
-
 POLICIES = ("invariant", "release-once")
-
 
 # How a lineage's faces are released: every release of a dataset keeps the mode of its first registered
 # clusters (a returning person's image is bit-identical, so a colour cluster is never republished in grey).
 COLOUR_MODES = ("colour", "grey")
-
-
 ABSENT_POLICIES = ("republish", "suppress")
-
 
 # A registered cluster that this run's merges (identity resolution, or registered bytes under another steward id)
 # leave with fewer than k people, or with one person above 1/k of its averaged records: withheld from this release
 # (its records suppressed), or the run refused (the gate's lineage_merges check fails). Either way it is never
 # republished while the merge holds.
 MERGE_POLICIES = ("withhold", "refuse")
-
-
 ENTRY_FORMAT = "deid-lineage-entry-v1"
-
-
 GENESIS_PREV = "0" * 64
-
-
 KEY_BYTES = 32
-
 
 # Suppression reasons of single records (stable codes: the report counts them).
 WAITING = "waiting_for_k_new_people"
-
-
 RELEASED_BEFORE = "released_before"  # release-once
-
-
 PARTITION_MISMATCH = "returning_partition_mismatch"
-
-
 CLUSTER_SUPPRESSED = "registered_cluster_suppressed"
-
-
 SURPLUS = "returning_surplus_over_1_k"   # absent=suppress: a returning person's rows above 1/k of the cluster
-
 
 # Reasons a registered cluster is not republished.
 MEMBER_ABSENT = "member_absent"
-
-
 BELOW_K = "registered_cluster_below_k"
-
-
 RETIRED = "release_once"
-
-
 MERGED_BELOW_K = "merged_below_k"          # this run's merges leave fewer than k people among its basis records
-
-
 MERGED_OVER_SHARE = "merged_over_1_k"      # ... or one person holding more than 1/k of them
 
 
