@@ -19,7 +19,9 @@ import pytest
 
 from deid.errors import DataError, StateError
 from deid.operations import stages
-from deid.operations.person_index import CrossDatasetRefusal, DescriptorSearch, Matches, PersonIndex, decide, decide_faces
+from deid.operations.descriptor_search import DescriptorSearch
+from deid.operations.person_index import PersonIndex
+from deid.operations.person_routing import CrossDatasetRefusal, Matches, decide, decide_faces
 from deid.release.lineage import build_release
 from deid.release.lineage_state import empty_state
 
