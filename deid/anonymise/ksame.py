@@ -88,7 +88,7 @@ def _check_params(k: Any, count: Any, block_size: Any = None, map_blocks: Any = 
         raise ConfigError(f"count={count!r} must be one of {_COUNTS}; use 'people' unless reproducing Newton et al.'s image-counting k-Same")
 
 
-def _check_arrays(X: Any, images: Any, *, keep_float32: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def _check_arrays(X: Any, images: Any, *, keep_float32: bool = False) -> tuple[np.ndarray, Any]:
     X = as_features(X) if keep_float32 else np.asarray(X, dtype=np.float64)
     if X.ndim != 2 or X.shape[0] == 0 or X.shape[1] == 0:
         raise ConfigError(f"X has shape {X.shape}; it must be a non-empty 2-D array (n_faces, n_features) of PCA coefficients")
@@ -126,7 +126,7 @@ def feasible_clusters(counts: Any, k: int) -> int:
     return n // k
 
 
-def _cluster_summaries(labels: np.ndarray, people_codes: np.ndarray, people_keys: list, images: np.ndarray | None
+def _cluster_summaries(labels: np.ndarray, people_codes: np.ndarray, people_keys: list, images: Any
                        ) -> dict[str, Any]:
     n_clusters = int(labels.max()) + 1
     order = np.argsort(labels, kind="stable")
@@ -155,7 +155,8 @@ def _to_uint8(averages: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(averages), 0, 255).astype(np.uint8)[labels]
 
 
-def _check_shares(codes: np.ndarray, k: int, count: str, partition: Hashable | None, keys: list | None = None) -> None:
+def _check_shares(codes: np.ndarray, k: int, count: str, partition: Hashable | None,
+                  keys: Sequence[Hashable] | None = None) -> None:
     """Refuse data where some person holds more than ``floor(n/k)`` images: no grouping can hide them."""
     if count != "people":
         return
@@ -280,7 +281,8 @@ class KSame(BaseEstimator):
         logger.debug("k-Same k=%d: %d faces -> %d clusters", self.k, X.shape[0], self.n_clusters_)
         return self
 
-    def _labels(self, X: np.ndarray, codes: np.ndarray, partition: Hashable | None, keys: list | None = None
+    def _labels(self, X: np.ndarray, codes: np.ndarray, partition: Hashable | None,
+                keys: Sequence[Hashable] | None = None
                 ) -> tuple[np.ndarray, int]:
         k = int(self.k)
         unit = codes if self.count == "people" else np.arange(X.shape[0])

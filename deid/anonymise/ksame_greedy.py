@@ -99,7 +99,7 @@ def greedy_labels(X: np.ndarray, codes: np.ndarray, k: int) -> tuple[np.ndarray,
         centroid = total / n_alive
         far = sq - 2.0 * (Xw @ centroid)
         far[~alive] = -np.inf
-        in_forced = None
+        in_forced: Any = None
         if forced.size:
             in_forced = np.zeros(left.size, dtype=bool)
             in_forced[forced] = True

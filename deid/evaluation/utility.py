@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass
 from functools import partial
 from numbers import Real
-from typing import Any, Callable, Hashable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence, cast
 
 import numpy as np
 
@@ -89,8 +89,8 @@ def _trim_rows(rows: np.ndarray, people: np.ndarray, k: int) -> np.ndarray:
 
 
 def _deidentify_fold(deidentify: Callable[..., Any], X: np.ndarray, people: np.ndarray, parts: list | None,
-                     k: int | None, labels: Mapping[str, Sequence[Hashable]] | None = None,
-                     points: Sequence[Any] | None = None) -> FoldRun:
+                     k: int | None, labels: Mapping[str, Any] | None = None,
+                     points: Any = None) -> FoldRun:
     """De-identify one training fold as the flow would: small partitions suppressed, dominant people trimmed.
 
     ``labels`` holds the fold's own label values (row i of ``X``); the method receives the
@@ -291,7 +291,7 @@ def _check_arguments(images: Any, deidentify: Any, *, tolerance: Any, folds: Any
     if not callable(deidentify):
         raise ConfigError(f"deidentify={deidentify!r} must be a callable deidentify(images, people=..., partitions=..., labels=...), "
                           "e.g. functools.partial(deid.anonymise.methods.deidentify, shape=(h, w), method='k-same', k=5)")
-    if isinstance(tolerance, bool) or not isinstance(tolerance, Real) or not 0 <= tolerance <= 1:
+    if isinstance(tolerance, bool) or not isinstance(tolerance, Real) or not 0 <= cast(float, tolerance) <= 1:
         raise ConfigError(f"tolerance={tolerance!r} must be a number in [0, 1] (accuracy loss; setting "
                           "utility_tolerance); pass e.g. 0.05")
     check_folds(folds)
@@ -430,7 +430,7 @@ def _pool_fold(s: _Sample, pooled: dict[str, PooledPredictions], run: FoldRun, t
     """One fold's held-out predictions, per label: the originals' classifier (``p_orig``), the classifier trained on
     the fold's release and (with the actual release) on its rows of the training people, and the majority class."""
     kept = tr[run.keep]
-    Zr = embed(run.released.astype(np.float64), s.X[te], n_components, seed)
+    Zr = embed(cast(np.ndarray, run.released).astype(np.float64), s.X[te], n_components, seed)
     Za = None if s.R is None else embed(s.R[tr], s.X[te], n_components, seed)
     for name, d in pooled.items():
         y = s.ys[name]

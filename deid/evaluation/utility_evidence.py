@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from numbers import Real
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, cast
 
 import numpy as np
 
 from deid.errors import ConfigError
-from deid.evaluation.utility_folds import check_int, codes_of
+from deid.evaluation.utility_folds import Values, check_int, codes_of
 
 
 STATUSES: tuple[str, ...] = ("pass", "fail", "inconclusive", "not_applicable")
@@ -119,7 +119,7 @@ class UtilityEvidence:
         return out
 
 
-def paired_bootstrap(people: Sequence[Hashable], a: Any, b: Any, *, n_boot: int = 2000, confidence: float = 0.95,
+def paired_bootstrap(people: Values, a: Any, b: Any, *, n_boot: int = 2000, confidence: float = 0.95,
                      seed: int = 0) -> tuple[float, float, float]:
     """Mean of ``a - b`` over items, with one-sided bounds from a bootstrap over people.
 
@@ -184,7 +184,7 @@ def paired_bootstrap(people: Sequence[Hashable], a: Any, b: Any, *, n_boot: int 
 
 
 def check_confidence(confidence: Any) -> None:
-    if isinstance(confidence, bool) or not isinstance(confidence, Real) or not 0.5 < confidence < 1:
+    if isinstance(confidence, bool) or not isinstance(confidence, Real) or not 0.5 < cast(float, confidence) < 1:
         raise ConfigError(f"confidence={confidence!r} must be a number in (0.5, 1) (one-sided level); pass e.g. 0.95")
 
 
@@ -221,7 +221,7 @@ def blank_evidence(label: str, status: str, detail: str, *, tolerance: float, n_
                 testable_margin=None, folds_used=0, suppressed_training_records=0, sample=sample, seed=int(seed),
                 detail=detail)
     base.update(kw)
-    return UtilityEvidence(**base)
+    return UtilityEvidence(**base)  # type: ignore[arg-type]  # the fields' values, by name
 
 
 @dataclass

@@ -16,8 +16,11 @@ from sklearn.model_selection import GroupKFold, StratifiedGroupKFold
 
 from deid.errors import ConfigError, DataError
 
+# Per-image values (labels, people, groups): a sequence, or an array of them.
+Values = Sequence[Hashable] | np.ndarray
 
-def codes_of(values: Sequence[Hashable], name: str, n: int) -> np.ndarray:
+
+def codes_of(values: Values, name: str, n: int) -> np.ndarray:
     seq = list(values)
     if len(seq) != n:
         raise ConfigError(f"{name} has {len(seq)} entries but images has {n} rows; pass one value per image")
@@ -42,7 +45,7 @@ def check_folds(folds: Any) -> None:
     check_int("folds", folds, 2, " (setting cv_folds); pass e.g. folds=5")
 
 
-def grouped_splits(y: Sequence[Hashable], *, groups: Sequence[Hashable], folds: int = 5, seed: int = 0) -> tuple[list[tuple[np.ndarray, np.ndarray]], str]:
+def grouped_splits(y: Values, *, groups: Values, folds: int = 5, seed: int = 0) -> tuple[list[tuple[np.ndarray, np.ndarray]], str]:
     """Cross-validation splits in which no group straddles training and test data.
 
     Uses ``StratifiedGroupKFold(shuffle=True, random_state=seed)``; falls back to
@@ -130,7 +133,8 @@ def _stratified_group_kfold(y_codes: np.ndarray, g_codes: np.ndarray, n_splits: 
         counts = per_fold[None] + eye * y_counts_per_group[g]  # candidate f: the group added to fold f
         evals = np.mean(np.std(counts / scale, axis=1), axis=1)
         sizes = per_fold.sum(axis=1)
-        best, best_eval, best_size = None, np.inf, np.inf
+        best: Any = None
+        best_eval, best_size = np.inf, np.inf
         for f in range(n_splits):
             e = float(evals[f])
             close = abs(e - best_eval) <= 1e-08 + 1e-05 * abs(best_eval)  # np.isclose's defaults

@@ -104,7 +104,7 @@ def grouped_cv_accuracy(
 
 
 def _grouped_cv_accuracy(X: np.ndarray, y: Sequence[Hashable], *, groups: Sequence[Hashable], folds: int,
-                         n_components: int, seed: int, repeats: int) -> UtilityResult:
+                         n_components: int | None, seed: int, repeats: int) -> UtilityResult:
     n, p = X.shape
     check_components(n_components)
     check_folds(folds)

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -143,11 +144,11 @@ def _lzw_literal_codes(data: bytes) -> bytes:
     """GIF LZW data that codes every pixel as a literal (9-bit codes, a clear code every 250)."""
     px = np.frombuffer(data, dtype=np.uint8).astype(np.uint16)
     n_chunks = max(1, -(-px.size // 250))
-    codes = []
+    codes: list[np.ndarray] = []
     for c in range(n_chunks):
-        codes.append(np.uint16([256]))  # clear: the decoder's table never outgrows 9 bits
+        codes.append(np.array([256], dtype=np.uint16))  # clear: the decoder's table never outgrows 9 bits
         codes.append(px[c * 250:(c + 1) * 250])
-    codes.append(np.uint16([257]))  # end of information
+    codes.append(np.array([257], dtype=np.uint16))  # end of information
     seq = np.concatenate(codes)
     bits = ((seq[:, None] >> np.arange(9, dtype=np.uint16)) & 1).astype(np.uint8).ravel()
     return np.packbits(bits, bitorder="little").tobytes()
@@ -193,7 +194,7 @@ def _faces_of(spec: SynthSpec, n: int):
             expression = _expression(i, rng)
             values = (person.gender, expression)
         # A second stream for the new variations, so the default drawing consumes rng as before.
-        extra = seeded_rng(spec.seed, n, i, 1) if (spec.lighting != "normal" or spec.background != "plain") else None
+        extra: Any = seeded_rng(spec.seed, n, i, 1) if (spec.lighting != "normal" or spec.background != "plain") else None
         if spec.lighting == "side" and lighting == "normal":
             lighting = "left" if extra.random() < 0.5 else "right"
         # Its own stream too: a pose spread changes only the yaw of the otherwise identical drop.
@@ -255,7 +256,7 @@ def _frames(spec: SynthSpec, n: int, i: int, img: np.ndarray, eyes):
     for _ in range(1, spec.frames_per_sequence):
         dx, dy = r.uniform(-shift, shift, 2) if shift else (0.0, 0.0)
         m = cv2.getRotationMatrix2D(((lx + rx) / 2, (ly + ry) / 2), float(r.uniform(-turn, turn)) if turn else 0.0, 1.0)
-        m[:, 2] += (dx, dy)
+        m[:, 2] += (dx, dy)  # type: ignore[arg-type]
         im = cv2.warpAffine(img, m, (img.shape[1], img.shape[0]), flags=cv2.INTER_LINEAR,
                             borderMode=cv2.BORDER_REFLECT)
         if sigma:

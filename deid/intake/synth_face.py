@@ -97,7 +97,7 @@ def make_person(seed: int, number: int) -> SynthPerson:
         jaw_w=float(r.uniform(0.90, 1.0) if male else r.uniform(0.72, 0.85)),
         eye_rx=float(r.uniform(0.16, 0.22)),
         eye_ry=float(r.uniform(0.075, 0.105)),
-        iris=tuple(float(v) for v in _IRIS[r.integers(len(_IRIS))] + r.normal(0, 8, 3)),
+        iris=tuple(float(v) for v in _IRIS[r.integers(len(_IRIS))] + r.normal(0, 8, 3)),  # type: ignore[arg-type]
         brow_dy=float(r.uniform(0.20, 0.34)),
         brow_thick=float(r.uniform(0.07, 0.10) if male else r.uniform(0.035, 0.06)),
         brow_angle=float(r.uniform(-12, 12)),
@@ -108,8 +108,8 @@ def make_person(seed: int, number: int) -> SynthPerson:
         mouth_w=float(r.uniform(0.50, 0.72)),
         mouth_curve=float(r.uniform(-0.03, 0.02)),
         lip_thick=float(r.uniform(0.035, 0.06)),
-        skin=tuple(float(v) for v in np.clip(skin, 0, 255)),
-        hair=tuple(float(v) for v in np.clip(hair, 0, 255)),
+        skin=tuple(float(v) for v in np.clip(skin, 0, 255)),  # type: ignore[arg-type]
+        hair=tuple(float(v) for v in np.clip(hair, 0, 255)),  # type: ignore[arg-type]
         hairline=float(r.uniform(-0.85, -0.55)),
         long_hair=not male,
         hair_volume=float(r.uniform(0.05, 0.18)),
@@ -178,7 +178,7 @@ class _Pen:
                 surface: bool = False):
         sq = self._squeeze(surface)
         ax = (max(1, int(round(axes[0] * sq * self.s * _ONE))), max(1, int(round(axes[1] * self.s * _ONE))))
-        cv2.ellipse(self.img, self._p(*c, surface), ax, angle + self.deg, start, end, colour,
+        cv2.ellipse(self.img, self._p(c[0], c[1], surface), ax, angle + self.deg, start, end, colour,
                     -1 if thick is None else self._t(thick), cv2.LINE_AA, _SHIFT)
 
     def circle(self, c, r, colour, *, thick: float | None = None, surface: bool = False):
@@ -243,7 +243,7 @@ def _background_fast(rng: np.random.Generator, size: int) -> np.ndarray:
     q = size // 4
     fine = rng.normal(0, 6, (q, q, 3)).astype(np.float32)
     tex = cv2.add(cv2.resize(low, (q, q), interpolation=cv2.INTER_CUBIC), fine)
-    small = cv2.add(tex, (*(float(v) for v in base), 0.0), dtype=cv2.CV_8U)  # rounds and saturates
+    small = cv2.add(tex, (*(float(v) for v in base), 0.0), dtype=cv2.CV_8U)  # type: ignore[call-overload]  # rounds, saturates
     return cv2.resize(small, (size, size), interpolation=cv2.INTER_LINEAR)
 
 

@@ -169,7 +169,7 @@ class MemberGallery:
         self.rows2, self.full2 = [m for m, _ in m2], np.array([f for _, f in m2], dtype=bool)
         self.Zc, self.Zw, self.muz, self.sd, self.candidates = Zc, Zw, muz, sd, candidates
         self.radius_per_size = float(radius_per_size)
-        self.tree = None
+        self.tree: Any = None
         if not (self.full1.all() and self.full2.all()):
             from scipy.spatial import cKDTree  # noqa: PLC0415 - only lineages with absent members need it
 

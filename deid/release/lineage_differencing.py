@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, Sequence, cast
 
 import numpy as np
 
@@ -196,22 +196,23 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
                                   frozenset(), tolerance, unit)
     for c, _ in new if by_content else new + reg:   # content: the averages of tested pairs are checked below
         _check_width(c, X)
+    content_ij: tuple[np.ndarray, np.ndarray] | None = None
     if by_content:
-        new, reg, content_ij, mode = _content_side(X, original_records, release, new, reg)
+        new, reg, content_ij, mode = _content_side(X, cast(Sequence[str], original_records), release, new, reg)
         if content_ij is None:
             return DifferencingResult(0, 0, mode, (), frozenset(), tolerance, unit)
     space = _Space.fit(X, n_components=n_components, pca_sample=pca_sample,
                        members_only=original_records is not None and X.shape[0] > exhaustive_below)
     # The averages stay where they are stored (a stored average is read from disk when asked: a million
     # faces have 1.5 GB of them, issue 13) and are read and converted a chunk of rows at a time.
-    M1 = Averages([c.image for c, _ in new])
-    M2 = M1 if [c.key for c, _ in reg] == [c.key for c, _ in new] else Averages([c.image for c, _ in reg])
+    M1: Any = Averages([c.image for c, _ in new])
+    M2: Any = M1 if [c.key for c, _ in reg] == [c.key for c, _ in new] else Averages([c.image for c, _ in reg])
     if by_content:   # each average read once (a registered one is decrypted from its pack once, not per test)
         M1, M2 = M1[np.arange(len(M1))], (None if M2 is M1 else M2[np.arange(len(M2))])
         M2 = M1 if M2 is None else M2
     Y1 = space.project(M1)                                 # linear projections: differences are exact
     Y2 = Y1 if M2 is M1 else space.project(M2)
-    if by_content:
+    if content_ij is not None:
         pairs_i, pairs_j = content_ij[0].astype(np.int64), content_ij[1].astype(np.int64)
     else:
         all_pairs = len(new) * len(reg) <= max_pairs
@@ -223,7 +224,7 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
     pairs_i, pairs_j = _different_images(new, reg, pairs_i, pairs_j)
     tests = size_tests(pairs_i, pairs_j, [s for _, s in new], [s for _, s in reg])
     gallery = (None if not space.members_only else
-               MemberGallery(original_records, [c for c, _ in new], [c for c, _ in reg], space.Zc, space.Zw, space.muz,
+               MemberGallery(cast(Sequence[str], original_records), [c for c, _ in new], [c for c, _ in reg], space.Zc, space.Zw, space.muz,
                              space.sd, candidates, tolerance * np.sqrt(X.shape[1])))
     attack = _BlockAttack(tests=tests, block=block, X=X, space=space, Y1=Y1, Y2=Y2, M1=M1, M2=M2, gallery=gallery,
                           candidates=candidates, tolerance=tolerance, keys1=[c.key for c, _ in new],
@@ -381,7 +382,7 @@ class _BlockAttack:
 
     def __post_init__(self) -> None:
         Zc = self.space.Zc
-        self.csq = np.einsum("ij,ij->i", Zc, Zc) if self.gallery is None else None
+        self.csq: Any = np.einsum("ij,ij->i", Zc, Zc) if self.gallery is None else None
 
     def run(self, threads: int) -> list[DifferencingMatch]:
         starts = range(0, len(self.tests), self.block)

@@ -156,7 +156,7 @@ def stored_rows(images: Sequence[Any], idx: Any) -> np.ndarray:
     the registry's sealed averages) are read in one call per source; other entries through
     ``np.asarray``. Issue 13: a matrix of every released average is never built.
     """
-    pos = range(len(images))[idx] if isinstance(idx, slice) else np.asarray(idx, dtype=np.int64).reshape(-1)
+    pos: Any = range(len(images))[idx] if isinstance(idx, slice) else np.asarray(idx, dtype=np.int64).reshape(-1)
     pos = list(pos) if isinstance(pos, range) else pos.tolist()
     if not pos:
         return np.zeros((0, images[0].shape[0] if len(images) else 0), dtype=np.uint8)
@@ -303,6 +303,7 @@ class LineageCluster:
         if dtype not in ("|u1", *VECTOR_DTYPES):
             raise LineageError(f"registered cluster {d.get('key')}: stored average dtype {dtype!r} is not uint8, "
                                "float32 or float64; the registry is corrupt")
+        image: Any
         if "image" in d:
             image = np.frombuffer(base64.b64decode(d["image"]), dtype=np.dtype(dtype)).copy()
         elif "image_at" in d and images is not None:

@@ -155,9 +155,9 @@ class _Gallery:
     Wz: np.ndarray
     mu: np.ndarray
     sd: np.ndarray
-    Zc: np.ndarray | None
-    Zw: np.ndarray | None
-    csq: np.ndarray | None
+    Zc: Any   # None without a gallery, as Zw and csq
+    Zw: Any
+    csq: Any
     muz: np.ndarray
 
     @classmethod
