@@ -6,7 +6,7 @@ Usage:
 
 N synthetic faces (N/2 people x 2, eigenface-like: a mean, 50 decaying components per person, a
 little noise per photo; 81x92 grey levels) are grouped into k=5 clusters of distinct people,
-released once, and attacked (:func:`deid.release.lineage_checks.differencing_attack`, every
+released once, and attacked (:func:`deid.release.lineage_differencing.differencing_attack`, every
 cluster against every other one of the release). Planted leaks: ``--leaks`` clusters get a
 sibling holding byte-identical copies (new records, same people) of four of its photos and one
 new person's photo (a swapped pair: two people found), and as many get a sibling with copies of
@@ -27,8 +27,9 @@ import time
 
 import numpy as np
 
-from deid.release.lineage import empty_state, release_from_clusters
-from deid.release.lineage_checks import differencing_attack
+from deid.release.lineage import release_from_clusters
+from deid.release.lineage_state import empty_state
+from deid.release.lineage_differencing import differencing_attack
 
 KEY = b"k" * 32
 

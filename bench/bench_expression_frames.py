@@ -13,7 +13,7 @@ the frames, as quarantined frames of a real video would), for each method:
   half of the people (2-fold cross-fit over people, so every frame is read once) reads each
   released frame: ``agreement`` = it gives the released frame the label it gives the same
   frame's source, ``accuracy`` = the released frame's true label; each with a bootstrap over
-  people (one-sided 95% bounds: a 90% two-sided interval, :func:`deid.evaluation.utility.paired_bootstrap`),
+  people (one-sided 95% bounds: a 90% two-sided interval, :func:`deid.evaluation.utility_evidence.paired_bootstrap`),
   and the difference between the two methods, paired frame by frame;
 * continuous expression: Pearson r between the drawn mouth openness and a ridge regressor trained on
   other people's source frames, over the talking frames and within the 'talk' label (as
@@ -39,7 +39,7 @@ from bench_sequences import SHAPE, aligned_sequence_drop  # noqa: E402
 from deid.anonymise.methods import deidentify, method_runner  # noqa: E402
 from deid.anonymise.sequences import sequence_options  # noqa: E402
 from deid.evaluation.sequences import sequence_linkage_check  # noqa: E402
-from deid.evaluation.utility import paired_bootstrap  # noqa: E402
+from deid.evaluation.utility_evidence import paired_bootstrap  # noqa: E402
 
 METHODS = ("multi-factor", "multi-factor-expression")
 SVMS = ("gate SVM", "no pixel scaling", "PCA 10")
@@ -118,7 +118,7 @@ def diagnose_utility(X, col, k: int, folds: int = 5) -> None:
     image, :class:`deid.anonymise.methods_factor.MultiFactor` clusters), (d) each method's release
     re-run on the training people (as the gate's cross-fit does), and multi-factor-expression's before
     its uint8 rounding; tested on the held-out people's
-    originals, with the gate's SVM (:func:`deid.evaluation.utility._svm`: standardise pixels, PCA 50,
+    originals, with the gate's SVM (:func:`deid.evaluation.utility_classifier.svm_pipeline`: standardise pixels, PCA 50,
     standardise, linear SVM) and without its first, per-pixel, standardisation (fitted on a release
     whose pixels barely vary, it blows up the held-out originals' variation there), and with 10
     instead of 50 components (a release spanning few directions, rounded to uint8, gives PCA 50
@@ -127,7 +127,7 @@ def diagnose_utility(X, col, k: int, folds: int = 5) -> None:
     from sklearn.pipeline import make_pipeline  # noqa: PLC0415
 
     from deid.anonymise.methods_factor import MultiFactor  # noqa: PLC0415
-    from deid.evaluation.utility import _svm  # noqa: PLC0415
+    from deid.evaluation.utility_classifier import svm_pipeline  # noqa: PLC0415
 
     P = np.asarray(col["subject_id"], dtype=object)
     who = np.array(sorted(set(P.tolist())), dtype=object)
@@ -153,7 +153,7 @@ def diagnose_utility(X, col, k: int, folds: int = 5) -> None:
             X[tr], people=list(P[tr]), labels=lab).released_
         for name, R in train.items():
             for svm in SVMS:
-                model = _svm(10 if svm == "PCA 10" else 50, len(R), R.shape[1], 0)
+                model = svm_pipeline(10 if svm == "PCA 10" else 50, len(R), R.shape[1], 0)
                 if svm == "no pixel scaling":
                     model = make_pipeline(*[s for _, s in model.steps[1:]])
                 for x, y in ys.items():

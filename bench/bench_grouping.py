@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from deid.anonymise.ksame import REFINE_SCHEDULE, KSame, blockwise_labels, plan_blocks
+from deid.anonymise.ksame import KSame
+from deid.anonymise.ksame_blocks import REFINE_SCHEDULE, blockwise_labels, plan_blocks
 
 
 def features(n_people: int, *, dim: int, images_per_person: int = 2, seed: int = 0):

@@ -153,12 +153,13 @@ def cmd_run(args) -> None:
 def substeps() -> None:
     """The lineage stage's steps as sub-stages of the RSS log (``lineage:<step>``)."""
     from deid.operations import pipeline, stages
-    from deid.release import lineage, lineage_checks
+    from deid.release import lineage, lineage_checks, lineage_differencing
 
     for mod, name in [(stages, "lineage_new_labels"), (stages, "distinct_rows"), (lineage, "build_release"),
                       (stages, "write_lineage_part"), (lineage_checks, "check_structure"),
-                      (lineage_checks, "differencing_attack"), (lineage_checks, "_structural_pairs"),
-                      (lineage_checks, "_pairs"), (lineage_checks, "_pca"), (pipeline, "lineage_checks")]:
+                      (lineage_checks, "differencing_attack"), (lineage_differencing, "structural_pairs"),
+                      (lineage_differencing, "average_pairs"), (lineage_differencing, "eigenfaces"),
+                      (pipeline, "lineage_checks")]:
         setattr(mod, name, staged(f"lineage:{name}", getattr(mod, name)))
     stages.RowFile.from_aligned = classmethod(staged("lineage:RowFile.from_aligned",
                                                      stages.RowFile.from_aligned.__func__))

@@ -97,7 +97,7 @@ def bench(out: Path, n: int, probe: int) -> dict:
 def bench_faces(out: Path, n: int, probe: int, nprobe: int = 16) -> dict:
     import numpy as np  # noqa: PLC0415
 
-    from deid.operations.person_index import DescriptorSearch  # noqa: PLC0415
+    from deid.operations.descriptor_search import DescriptorSearch  # noqa: PLC0415
 
     where = out / f"faces-{n}"
     where.mkdir(parents=True, exist_ok=True)

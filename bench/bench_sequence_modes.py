@@ -50,7 +50,7 @@ from deid.anonymise.methods_ksame import to_uint8  # noqa: E402
 from deid.intake.synth_sequences import SEQUENCE_KINDS, frame_states  # noqa: E402
 from deid.evaluation.gate import GateConfig, GateInputs, evaluate  # noqa: E402
 from deid.evaluation.sequences import label_agreement  # noqa: E402
-from deid.evaluation.utility import _svm  # noqa: E402
+from deid.evaluation.utility_classifier import svm_pipeline  # noqa: E402
 
 
 def sequence_gate(X, col, k: int, method: str, released, clusters, deidentify, *, extra_checks=()):
@@ -112,7 +112,7 @@ def directions(X, col, k: int, mode: str) -> None:
         tr = ~te
         lab = {"gender": [col["gender"][i] for i in np.flatnonzero(tr)], "expression": list(y[tr])}
         f = MultiFactor(k, non_identity=mode).fit(X[tr], people=list(P[tr]), labels=lab).released_
-        acc = [np.mean(_svm(50, len(R), X.shape[1], 0).fit(R, y[tr]).predict(X[te].astype(float)) == y[te])
+        acc = [np.mean(svm_pipeline(50, len(R), X.shape[1], 0).fit(R, y[tr]).predict(X[te].astype(float)) == y[te])
                for R in (np.clip(np.rint(f), 0, 255), f, X[tr].astype(float))]
         full = deidentify(X, shape=SHAPE, people=list(P), method="multi-factor", k=k,
                           labels={"gender": col["gender"], "expression": list(y)}, sequences=col["sequence"],

@@ -253,7 +253,7 @@ def small_detail(small: Sequence[SmallPartition]) -> str:
 
 @dataclass(frozen=True)
 class LineagePlanned:
-    """The lineage plan of the drop (:func:`deid.release.lineage.plan_release`) and where its returning records are."""
+    """The lineage plan of the drop (:func:`deid.release.lineage_plan.plan_release`) and where its returning records are."""
 
     plan: Any
     state: Any
@@ -368,7 +368,7 @@ class LineageApplied:
     """
 
     release: Any
-    state: Any  # the deid.release.lineage.LineageState the release was planned on
+    state: Any  # the deid.release.lineage_state.LineageState the release was planned on
     deidentified: Deidentified
     checks: tuple[Check, ...]
     republished: Any = None

@@ -92,7 +92,7 @@ class RunConfig:
     sensitive_diversity: str = "distinct"  # DEID_SENSITIVE_DIVERSITY: distinct or entropy l-diversity
     lineage_policy: str = "invariant"
     lineage_absent: str = "republish"
-    lineage_merges: str = "withhold"  # DEID_LINEAGE_MERGES (deid.release.lineage.MERGE_POLICIES)
+    lineage_merges: str = "withhold"  # DEID_LINEAGE_MERGES (deid.release.lineage_state.MERGE_POLICIES)
     color_auto_max: int = 20_000  # DEID_COLOR_AUTO_MAX: auto chooses colour for a first release up to this many records
     cross_dataset: str = "refuse"  # DEID_CROSS_DATASET (deid.operations.person_index)
     cross_dataset_ids: str = "linked"  # DEID_CROSS_DATASET_IDS

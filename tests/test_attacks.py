@@ -173,7 +173,7 @@ def load_london():
 def test_london_ksame_select_meets_one_over_k():
     from sklearn.decomposition import PCA
 
-    from deid.evaluation.utility import grouped_cv_accuracy
+    from deid.evaluation.utility_protocols import grouped_cv_accuracy
 
     faces, people, gender, expr = load_london()
     assert len(faces) >= 180  # 204 photos; a few smiling ones may fail eye detection

@@ -17,7 +17,7 @@ def test_verify_help_lists_every_code_of_the_table(capsys):
 
 
 def test_a_lineage_error_exits_as_stored_state(monkeypatch, tmp_path, capsys):
-    import deid.release.lineage as lineage
+    import deid.release.lineage_state as lineage
     import deid.release.lineage_registry as registry
     import deid.release.linkage as linkage
 

@@ -17,7 +17,8 @@ from deid.alignment.align import align_records
 from deid.alignment.eyes import EyePair
 from deid.alignment.pose import estimate_yaw
 from deid.intake.imaging import is_colour
-from deid.intake.synth import _seq, draw_face, make_person, make_synthetic_drop, zipf_counts
+from deid.intake.synth import make_synthetic_drop, zipf_counts
+from deid.intake.synth_face import draw_face, make_person, seeded_rng
 from deid.operations import pipeline, stages
 from deid.run_config import RunConfig
 from deid.settings import Settings
@@ -71,7 +72,7 @@ def test_colour_drops_have_differing_channels_and_grey_drops_do_not(tmp_path):
 def _yaws(yaw: float, people=range(1, 7)) -> list[float]:
     out = []
     for n in people:
-        img, (le, re_) = draw_face(make_person(0, n), expression="neutral", rng=_seq(0, n, 1), yaw=yaw)
+        img, (le, re_) = draw_face(make_person(0, n), expression="neutral", rng=seeded_rng(0, n, 1), yaw=yaw)
         out.append(estimate_yaw(cv2.cvtColor(img, cv2.COLOR_BGR2GRAY), EyePair(le, re_)))
     return out
 
@@ -116,13 +117,13 @@ def test_a_turned_face_is_quarantined_with_reason_pose(monkeypatch):
 
     real = align_mod._decode_for_alignment
     detected = lambda *a, **kw: (lambda r: (r[0], r[1], "landmarks", *r[3:]))(real(*a, **kw))  # noqa: E731
-    img, eyes = draw_face(make_person(0, 1), expression="neutral", rng=_seq(0, 1, 1), yaw=40)
+    img, eyes = draw_face(make_person(0, 1), expression="neutral", rng=seeded_rng(0, 1, 1), yaw=40)
     done, bad = _align_one(img, eyes, max_yaw=10.0)
     assert not bad and "yaw" not in done[0]  # manifest eyes: no estimate
     monkeypatch.setattr(align_mod, "_decode_for_alignment", detected)
     done, bad = _align_one(img, eyes, max_yaw=10.0)
     assert not done and [q.code for q in bad] == ["pose"] and "max_yaw_degrees=10" in bad[0].message
-    img, eyes = draw_face(make_person(0, 1), expression="neutral", rng=_seq(0, 1, 1))
+    img, eyes = draw_face(make_person(0, 1), expression="neutral", rng=seeded_rng(0, 1, 1))
     done, bad = _align_one(img, eyes, max_yaw=10.0)
     assert not bad and abs(done[0]["yaw"]) < 10
     done, _ = _align_one(img, eyes, max_yaw=None)

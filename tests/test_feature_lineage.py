@@ -18,7 +18,9 @@ from deid.intake.synth_features import synthetic_features
 from deid.operations.features import FeatureSteps, partition_features
 from deid.operations.runner import Steps, run_release
 from deid.errors import ConfigError
-from deid.release.lineage import LineageError, average_sha256, build_release, empty_state, plan_release
+from deid.release.lineage import build_release
+from deid.release.lineage_plan import plan_release
+from deid.release.lineage_state import LineageError, average_sha256, empty_state
 from deid.release.lineage_registry import Registry
 from deid.release.linkage import load_linkage_key, read_linkage
 from deid.release.vectors import read_vector_release

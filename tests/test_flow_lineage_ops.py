@@ -129,7 +129,8 @@ def test_a_run_whose_registry_moves_on_fails_and_the_ledger_runs_it_again(projec
                                                                           monkeypatch):
     import deid.operations.pipeline as ts
     from deid.run_config import RunConfig
-    from deid.release.lineage import build_release, plan_release
+    from deid.release.lineage import build_release
+    from deid.release.lineage_plan import plan_release
     from deid.orchestration.serve import release_incoming
 
     for name, value in OPS.items():

@@ -1,6 +1,6 @@
 """The gate on a lineage release (issue 10): absent members' counterfeits, returning people's new photos.
 
-Release 1 is k-Same on seeded synthetic faces; release 2 is planned by :func:`deid.release.lineage.plan_release`
+Release 1 is k-Same on seeded synthetic faces; release 2 is planned by :func:`deid.release.lineage_plan.plan_release`
 and judged by :func:`deid.evaluation.gate.evaluate` with the republished clusters (:class:`deid.evaluation.gate.Republished`):
 registered members for the structure, counterfeit rows attacked as released rows of no one.
 """
@@ -14,7 +14,9 @@ import pytest
 from deid.evaluation.attacks import attack_all
 from deid.evaluation.gate import GateConfig, GateInputs, Republished, evaluate
 from deid.anonymise.ksame import KSame
-from deid.release.lineage import build_release, empty_state, plan_release
+from deid.release.lineage import build_release
+from deid.release.lineage_plan import plan_release
+from deid.release.lineage_state import empty_state
 from deid.operations.stages import republished_for_gate
 
 SHAPE = (24, 20)

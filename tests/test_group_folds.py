@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.model_selection import StratifiedGroupKFold
 
-from deid.evaluation.utility import _stratified_group_kfold, grouped_splits
+from deid.evaluation.utility_folds import _stratified_group_kfold, grouped_splits
 
 
 @settings(max_examples=60, deadline=None)

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deid.errors import ConfigError
-from deid.anonymise.ksame import (DominantPersonError, InsufficientPeopleError, KSame, KSameSelect, _greedy_labels,
-                                  feasible_clusters,
-                        blockwise_labels, group_block, plan_blocks)
+from deid.anonymise.ksame import DominantPersonError, InsufficientPeopleError, KSame, KSameSelect, feasible_clusters
+from deid.anonymise.ksame_blocks import blockwise_labels, group_block, plan_blocks
+from deid.anonymise.ksame_greedy import greedy_labels
 
 
 def make_faces(images_per_person, *, d=6, p=12, seed=0, partitions=None):
@@ -325,7 +325,7 @@ def test_one_block_is_exactly_the_greedy(case):
     np.testing.assert_array_equal(greedy.labels_, one.labels_)
     assert [b.tolist() for b in plan_blocks(X, people, k=k, block_size=len(X))] == [list(range(len(X)))]
     res = group_block(X, people, k)
-    np.testing.assert_array_equal(res.labels, _greedy_labels(X, np.unique(people, return_inverse=True)[1], k)[0])
+    np.testing.assert_array_equal(res.labels, greedy_labels(X, np.unique(people, return_inverse=True)[1], k)[0])
     np.testing.assert_array_equal(res.labels, greedy.labels_)
 
 

@@ -72,7 +72,8 @@ def test_partitions_stream_their_pixels_from_the_aligned_parts(tmp_path):
 
 def test_grouping_from_float32_features_and_arrow_person_codes_equals_ksame_fit():
     """issue 13: the out-of-core grouping holds float32 features and integer person codes; same clusters."""
-    from deid.anonymise.ksame import _cluster_sse, _factorize, group_people, plan_blocks
+    from deid.anonymise.ksame import _factorize, group_people
+    from deid.anonymise.ksame_blocks import _cluster_sse, plan_blocks
     from deid.anonymise.near_copy import cluster_centroids
 
     rng = np.random.default_rng(3)

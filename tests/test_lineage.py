@@ -19,16 +19,11 @@ from hypothesis import strategies as st
 from deid.anonymise.ksame import KSame, KSameSelect
 from deid.anonymise.partition import plan_partitions
 from deid.errors import ConfigError
-from deid.release.lineage import (
-    LineageError,
-    build_release,
-    describe_lineage,
-    empty_state,
-    image_sha256,
-    plan_release,
-    release_from_clusters,
-)
-from deid.release.lineage_checks import check_structure, differencing_attack
+from deid.release.lineage import build_release, release_from_clusters
+from deid.release.lineage_plan import plan_release
+from deid.release.lineage_state import LineageError, describe_lineage, empty_state, image_sha256
+from deid.release.lineage_checks import check_structure
+from deid.release.lineage_differencing import differencing_attack
 from deid.release.lineage_registry import Registry, lineage_dir
 
 ROOT = Path(__file__).resolve().parents[1]

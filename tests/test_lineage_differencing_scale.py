@@ -6,8 +6,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from deid.release.lineage import build_release, empty_state, plan_release, release_from_clusters
-from deid.release.lineage_checks import _pairs, differencing_attack
+from deid.release.lineage import build_release, release_from_clusters
+from deid.release.lineage_plan import plan_release
+from deid.release.lineage_state import empty_state
+from deid.release.differencing_search import average_pairs
+from deid.release.lineage_differencing import differencing_attack
 
 KEY = bytes(range(32))
 P = 36   # pixels per tiny face
@@ -132,12 +135,12 @@ def test_pairs_through_the_tree_keep_the_structural_pairs_and_all_neighbours_whe
     Y1 = rng.normal(size=(60, 8)).astype(np.float32)
     Y2 = rng.normal(size=(50, 8)).astype(np.float32)
     structural = (np.array([0, 3, 59]), np.array([49, 2, 0]))
-    i, j = _pairs(Y1, Y2, False, 50, structural=structural, brute_max=0)    # k-d tree, every neighbour
+    i, j = average_pairs(Y1, Y2, False, 50, structural=structural, brute_max=0)    # k-d tree, every neighbour
     assert set(zip(i.tolist(), j.tolist())) == {(x, y) for x in range(60) for y in range(50)}
-    i, j = _pairs(Y1, Y2, False, 3, structural=structural, brute_max=0)
+    i, j = average_pairs(Y1, Y2, False, 3, structural=structural, brute_max=0)
     got = set(zip(i.tolist(), j.tolist()))
     assert {(0, 49), (3, 2), (59, 0)} <= got
-    bi, bj = _pairs(Y1, Y2, False, 3)                                       # exact, by blocks
+    bi, bj = average_pairs(Y1, Y2, False, 3)                                       # exact, by blocks
     exact = set(zip(bi.tolist(), bj.tolist()))
     assert len(got - {(0, 49), (3, 2), (59, 0)}) == 180 and len(exact) == 180
     assert len(exact & got) >= 0.8 * len(exact)   # (1 + eps)-approximate: most of the exact neighbours

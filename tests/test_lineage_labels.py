@@ -23,13 +23,9 @@ from hypothesis import strategies as st
 
 from deid.contracts import ReleaseRows
 from deid.operations import stages
-from deid.release.lineage import (
-    build_release,
-    empty_state,
-    label_mix,
-    plan_release,
-    replay,
-)
+from deid.release.lineage import build_release, label_mix
+from deid.release.lineage_plan import plan_release
+from deid.release.lineage_state import empty_state, replay
 from deid.release.lineage_checks import check_label_mix
 from deid.release.lineage_registry import Registry
 

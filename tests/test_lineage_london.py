@@ -14,8 +14,11 @@ from helpers import load_london_aligned
 
 from deid.alignment.features import Eigenfaces
 from deid.anonymise.ksame import KSameSelect
-from deid.release.lineage import build_release, empty_state, image_sha256, plan_release, release_from_clusters
-from deid.release.lineage_checks import check_structure, differencing_attack
+from deid.release.lineage import build_release, release_from_clusters
+from deid.release.lineage_plan import plan_release
+from deid.release.lineage_state import empty_state, image_sha256
+from deid.release.lineage_checks import check_structure
+from deid.release.lineage_differencing import differencing_attack
 
 pytestmark = [pytest.mark.slow, pytest.mark.london]
 

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 
 from deid.operations.stages import IndexedRows, RowFile
-from deid.release.lineage import LineageError, StoredImage, empty_state, release_from_clusters
-from deid.release.lineage_checks import check_structure, differencing_attack
+from deid.release.lineage import release_from_clusters
+from deid.release.lineage_state import LineageError, StoredImage, empty_state
+from deid.release.lineage_checks import check_structure
+from deid.release.lineage_differencing import differencing_attack
 from deid.release.lineage_registry import Registry
 
 KEY = bytes(range(32))

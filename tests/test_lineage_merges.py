@@ -23,7 +23,9 @@ from test_lineage import KEY, SHAPE, World
 
 from deid.errors import StateError
 from deid.operations import stages
-from deid.release.lineage import build_release, empty_state, image_sha256, plan_release
+from deid.release.lineage import build_release
+from deid.release.lineage_plan import plan_release
+from deid.release.lineage_state import empty_state, image_sha256
 from deid.release.lineage_checks import check_merges, check_structure
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from test_ledger_postgres import pg_url, race  # noqa: F401 - the module's throwaway PostgreSQL server
 
-from deid.release.lineage import LineageError, build_release, plan_release
+from deid.release.lineage import build_release
+from deid.release.lineage_plan import plan_release
+from deid.release.lineage_state import LineageError
 from deid.release.lineage_registry import Registry
 
 pytestmark = [pytest.mark.slow, pytest.mark.ops]

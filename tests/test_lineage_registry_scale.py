@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 
 from deid.release import lineage_registry as lr
-from deid.release.lineage import replay
+from deid.release.lineage_state import replay
 from tests.test_lineage import _two_releases
 
 
@@ -47,7 +47,7 @@ def test_an_entry_sealed_in_one_buffer_is_the_one_shot_aes_gcm_blob(tmp_path):
 
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    from deid.release.lineage import chain_hash, derive_key
+    from deid.release.lineage_state import chain_hash, derive_key
 
     reg = lr.Registry(tmp_path / "reg", key=bytes(range(32)), dataset="ds")
     for n in (0, 1, 15, 16, 17, 4096, 100_003):

@@ -18,7 +18,7 @@ from deid.cli import EXIT_STATE, exit_code_for
 from deid.errors import StateError
 from deid.intake.synth import make_synthetic_drop
 from deid.operations.runner import run_release
-from deid.release.lineage import GENESIS_PREV, LineageError, LineageState
+from deid.release.lineage_state import GENESIS_PREV, LineageError, LineageState
 from deid.release.lineage_anchor import SignedHead, check_registry_head
 from deid.release.lineage_registry import lineage_dir
 from deid.reporting.verify import verify_report
@@ -136,7 +136,7 @@ def test_the_differencing_attack_over_published_releases_finds_a_person_when_the
     cluster without the person who left (5) in release 3. Differencing the published averages gives her face,
     found in the gallery when she is there and as a face image on its own when she is not."""
     from deid.release.lineage_anchor import read_published_averages
-    from deid.release.lineage_checks import published_differencing_attack
+    from deid.release.published_differencing import published_differencing_attack
 
     hw = (24, 20)
     X = _faces(24, hw)

@@ -1,7 +1,7 @@
 """Property: in every release of a lineage, no person holds more than 1/k of a cluster's released rows.
 
 Random sequences of drops (people arriving, leaving, returning with photos never released before)
-through :func:`deid.release.lineage.plan_release`: a republished cluster's rows are this drop's records of it
+through :func:`deid.release.lineage_plan.plan_release`: a republished cluster's rows are this drop's records of it
 plus its counterfeits (rows of no one); a new cluster's rows are its records. The gate's
 ``max_person_share`` (:func:`deid.evaluation.gate.structural_checks`) must hold on them and on the registered
 members, whatever the drop.
@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from deid.evaluation.gate import GateConfig, GateInputs, structural_checks
-from deid.release.lineage import empty_state
+from deid.release.lineage_state import empty_state
 from deid.operations.stages import republished_for_gate
 from test_lineage import SHAPE, World, _release
 

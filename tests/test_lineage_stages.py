@@ -12,7 +12,8 @@ from deid.operations import stages
 from deid.intake.drop import read_drop
 from deid.errors import DropError, StateError
 from deid.evaluation.gate import registered_rows
-from deid.release.lineage import build_release, empty_state
+from deid.release.lineage import build_release
+from deid.release.lineage_state import empty_state
 from deid.release.linkage import build_linkage
 
 KEY = bytes(range(32))

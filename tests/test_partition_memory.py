@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deid.operations import stages
-from deid.release.lineage import derive_key, empty_state, pseudonymize
+from deid.release.lineage_state import derive_key, empty_state, pseudonymize
 
 KEY = bytes(range(32))
 
@@ -58,7 +58,7 @@ def _blocks_in_a_task(n: int) -> list:
 def test_map_on_cluster_in_a_worker_keeps_order_with_a_bounded_window():
     from distributed import Client, LocalCluster
 
-    from deid.anonymise.ksame import _Rows
+    from deid.anonymise.ksame_blocks import _Rows
     from deid.operations.executors import MAP_WINDOW
 
     n = 3 * MAP_WINDOW + 1  # more items than the window: later ones are submitted as earlier ones finish

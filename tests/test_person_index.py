@@ -19,8 +19,11 @@ import pytest
 
 from deid.errors import DataError, StateError
 from deid.operations import stages
-from deid.operations.person_index import CrossDatasetRefusal, DescriptorSearch, Matches, PersonIndex, decide, decide_faces
-from deid.release.lineage import build_release, empty_state
+from deid.operations.descriptor_search import DescriptorSearch
+from deid.operations.person_index import PersonIndex
+from deid.operations.person_routing import CrossDatasetRefusal, Matches, decide, decide_faces
+from deid.release.lineage import build_release
+from deid.release.lineage_state import empty_state
 
 KEY = bytes(range(32))
 K = 3
@@ -263,7 +266,7 @@ def test_other_photographs_of_released_people_under_new_ids_and_another_name_are
     from deid.anonymise.identity import resolve_people
     from deid.contracts import StagingLayout
     from deid.operations import pipeline
-    from deid.release.lineage import empty_state
+    from deid.release.lineage_state import empty_state
     from deid.run_config import RunConfig
     from deid.settings import Settings
 

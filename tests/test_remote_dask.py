@@ -23,7 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 from ops_helpers import QUICK_GATE, Proc, clean_env, free_port, wait_for
 
-from deid.anonymise.ksame import KSame, plan_blocks
+from deid.anonymise.ksame import KSame
+from deid.anonymise.ksame_blocks import plan_blocks
 from deid.intake.synth import make_synthetic_drop
 from deid.reporting.verify import verify_report
 

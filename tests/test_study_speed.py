@@ -63,16 +63,16 @@ def test_memo_returns_copies_and_stays_within_its_bytes():
 @pytest.mark.slow
 def test_memoised_study_gives_exactly_the_unmemoised_rows(small_aligned, monkeypatch):
     from deid.anonymise import methods
-    from deid.evaluation import utility
+    from deid.evaluation import utility, utility_protocols
     from deid.study import run_study
 
     pixels, people, labels, shape = small_aligned
-    for m in (methods._DEIDENTIFIED, utility._CV, utility._ORIGINAL_FOLDS):
+    for m in (methods._DEIDENTIFIED, utility_protocols._CV, utility._ORIGINAL_FOLDS):
         m.clear()
     fast = run_study(pixels, people, labels, shape, _config())
     # The parrot re-runs the release's own computation; the originals' utility side is shared by the points.
     # 4 points x 2 labels: 4 parrot re-runs, 6 originals' grouped CVs and 9 originals' folds need not be redone.
-    assert methods._DEIDENTIFIED.hits >= 4 and utility._CV.hits >= 6 and utility._ORIGINAL_FOLDS.hits >= 9
+    assert methods._DEIDENTIFIED.hits >= 4 and utility_protocols._CV.hits >= 6 and utility._ORIGINAL_FOLDS.hits >= 9
     monkeypatch.setattr(memo, "ENABLED", False)
     slow = run_study(pixels, people, labels, shape, _config())
     assert _rows(fast) == _rows(slow)

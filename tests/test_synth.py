@@ -15,7 +15,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.svm import LinearSVC
 
 from deid.errors import ConfigError
-from deid.intake.synth import CONDITIONS, EYE_COLUMNS, MANIFEST_COLUMNS, _seq, draw_face, make_person, make_synthetic_drop
+from deid.intake.synth import CONDITIONS, EYE_COLUMNS, MANIFEST_COLUMNS, make_synthetic_drop
+from deid.intake.synth_face import draw_face, make_person, seeded_rng
 
 CANON_W, CANON_H = 81, 92
 CANON_EYES = np.float32([[0.30 * CANON_W, 0.37 * CANON_H], [0.70 * CANON_W, 0.37 * CANON_H]])
@@ -231,7 +232,7 @@ def test_faces_carry_signal_through_the_project_aligner(drop60):
     from deid.evaluation.attackers import WhitenedCosineAttacker
     from deid.evaluation.scoring import reidentification_rate
     from deid.intake.drop import read_drop
-    from deid.evaluation.utility import grouped_cv_accuracy
+    from deid.evaluation.utility_protocols import grouped_cv_accuracy
 
     d = read_drop(drop60)
     aligner = FaceAligner()
@@ -260,7 +261,7 @@ def test_default_pixels_are_unchanged():
     # pixels drawn before the drop variants were added (seed 7, person 1, image 2, 96 px).
     import hashlib
 
-    img, _ = draw_face(make_person(7, 1), expression="smile", rng=_seq(7, 1, 2), image_size=96)
+    img, _ = draw_face(make_person(7, 1), expression="smile", rng=seeded_rng(7, 1, 2), image_size=96)
     assert hashlib.sha256(img.tobytes()).hexdigest() == "c18383cf8fd418c7cf0af77e1c111b30c77bada24bc9a344c70f335d7210551a"
 
 

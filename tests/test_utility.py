@@ -1,11 +1,13 @@
-"""Tests of the utility evaluation (deid.evaluation.utility)."""
+"""Tests of the utility evaluation (deid.evaluation.utility and its rooms: utility_folds, utility_classifier,
+utility_protocols, utility_evidence)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from deid.errors import ConfigError, DataError
-from deid.evaluation.utility import UtilityResult, grouped_cv_accuracy, grouped_splits
+from deid.evaluation.utility_folds import grouped_splits
+from deid.evaluation.utility_protocols import UtilityResult, grouped_cv_accuracy
 
 
 def faces(n_people=40, per_person=3, p=100, seed=0, separable=True):
@@ -106,7 +108,7 @@ def test_bad_inputs_are_rejected():
 def test_gram_pca_matches_full_svd_pca():
     from sklearn.decomposition import PCA
 
-    from deid.evaluation.utility import GramPCA
+    from deid.evaluation.utility_classifier import GramPCA
 
     rng = np.random.default_rng(3)
     X = rng.random((60, 500)) * 255
@@ -120,7 +122,7 @@ def test_gram_pca_matches_full_svd_pca():
 
 # --------------------------------------------------------------------------- protocols 2 and 3
 
-from deid.evaluation.utility import (  # noqa: E402
+from deid.evaluation.utility_protocols import (  # noqa: E402
     PROTOCOLS,
     train_original_test_release,
     train_release_test_heldout,
@@ -155,17 +157,17 @@ def test_protocol3_tests_on_originals_of_people_outside_the_training_half():
 
 
 def test_protocol3_never_tests_on_a_training_person(monkeypatch):
-    import deid.evaluation.utility as u
+    import deid.evaluation.utility_protocols as u
 
     X, y, people = faces(n_people=10, per_person=2, seed=25)
     seen = []
-    real = u._fit_predict
+    real = u.fit_predict
 
     def spy(Xtr, ytr, Xte, n_components, seed):
         seen.append((Xtr, Xte))
         return real(Xtr, ytr, Xte, n_components, seed)
 
-    monkeypatch.setattr(u, "_fit_predict", spy)
+    monkeypatch.setattr(u, "fit_predict", spy)
     # Released rows encode their person in pixel 0 so we can tell who trained.
     rel = X.copy()
     rel[:, 0] = people
@@ -200,7 +202,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from deid.anonymise.ksame import InsufficientPeopleError  # noqa: E402
-from deid.evaluation.utility import STATUSES, UtilityEvidence, cross_fit_utility, paired_bootstrap  # noqa: E402
+from deid.evaluation.utility import cross_fit_utility  # noqa: E402
+from deid.evaluation.utility_evidence import STATUSES, UtilityEvidence, paired_bootstrap  # noqa: E402
 
 
 def group_means(k, *, permute_seed=None):
@@ -449,7 +452,7 @@ def test_the_method_receives_each_training_rows_own_labels():
 
 # --------------------------------------------------------------------------- issue 26: folds and lost labels
 
-from deid.evaluation.utility import MAX_FOLDS, partition_safe_splits  # noqa: E402
+from deid.evaluation.utility_folds import MAX_FOLDS, partition_safe_splits  # noqa: E402
 
 
 @settings(max_examples=40, deadline=None)
@@ -529,11 +532,11 @@ def test_a_fold_suppressed_down_to_one_value_is_no_evidence_of_a_lost_label():
 def test_pixel_pca_drops_the_directions_rounding_alone_makes():
     """A release spanning 4 directions, rounded to uint8: the PCA keeps those 4, not 40 of rounding noise.
 
-    Without the floor the second standardisation of :func:`_svm` scaled the rounding-noise components up to
+    Without the floor the second standardisation of :func:`deid.evaluation.utility_classifier.svm_pipeline` scaled the rounding-noise components up to
     unit variance (a per-frame expression release: held-out accuracy 0.30, 0.67 with the floor; London
     unchanged). Data that are not integers get no floor.
     """
-    from deid.evaluation.utility import PixelPCA
+    from deid.evaluation.utility_classifier import PixelPCA
 
     rng = np.random.default_rng(0)
     basis = rng.normal(size=(4, 900))
@@ -542,7 +545,7 @@ def test_pixel_pca_drops_the_directions_rounding_alone_makes():
     assert PixelPCA(40).fit(rounded).n_components_ == 4
     from sklearn.preprocessing import StandardScaler
 
-    from deid.evaluation.utility import GramPCA
+    from deid.evaluation.utility_classifier import GramPCA
     assert GramPCA(40).fit(StandardScaler().fit_transform(rounded)).n_components_ == 40  # what the floor removes
     assert PixelPCA(40).fit(signal).n_components_ == 4  # exactly rank 4 (+ centring): no floor needed
     noisy = signal + rng.normal(scale=3.0, size=signal.shape)  # real variation in every direction, not integers

@@ -19,7 +19,7 @@ __all__ = ["NOSE_DEPTH_RATIO", "estimate_yaw", "yaw_from_points"]
 # Depth of the nose base (subnasale) in front of the eye centres, in inter-ocular distances: about
 # 3 cm for 6.3 cm between the pupils (Gee & Cipolla's model, ratio nose depth / eye-mouth 0.6 with
 # eye-mouth ~1.1 IOD, less the nose tip's overhang). Approximate: the estimate is a pose *spread*, not
-# a calibrated angle; synthetic drops draw their faces with the same ratio (deid.intake.synth._NOSE_DEPTH).
+# a calibrated angle; synthetic drops draw their faces with the same ratio (deid.intake.synth_face._NOSE_DEPTH).
 NOSE_DEPTH_RATIO = 0.5
 
 

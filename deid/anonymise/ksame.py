@@ -10,26 +10,28 @@ would otherwise let one person's images form a "cluster of k" on their own and r
 that person's face unchanged. Every cluster also keeps each person at most ``floor(size/k)``
 of its images (so at most 1/k of it), and above ``block_size`` faces the greedy runs in
 blocks of the feature space so that a million faces group in about a minute.
+
+This module holds the estimators (:class:`KSame`, :class:`KSameSelect`, :func:`group_people`), their
+checks and errors; the greedy is :mod:`deid.anonymise.ksame_greedy`, the blocks
+:mod:`deid.anonymise.ksame_blocks`.
 """
 from __future__ import annotations
 
 import logging
-from collections import abc
-from dataclasses import dataclass
-from functools import partial
 from numbers import Integral
 from typing import Any, Hashable, Sequence
 
 import numpy as np
 from sklearn.base import BaseEstimator
-from deid.blas import one_blas_thread
 
+from deid.anonymise.ksame_blocks import blockwise_labels
+from deid.anonymise.ksame_greedy import CHUNK_ROWS, as_features, greedy_labels
+from deid.blas import one_blas_thread
 from deid.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
 _COUNTS = ("people", "images")
-_ROWS = 8192  # rows of X a temporary copy holds at a time (issue 13: never a second copy of all of X)
 
 
 class InsufficientPeopleError(ConfigError):
@@ -52,9 +54,6 @@ class DominantPersonError(InsufficientPeopleError):
     Every cluster may hold at most ``floor(size / k)`` images of one person, so summed over
     clusters a person can have at most ``floor(n / k)`` images; beyond that no grouping exists.
     """
-
-
-# --------------------------------------------------------------------------- helpers
 
 
 def _factorize(values: Any, name: str, n: int) -> tuple[np.ndarray, list]:
@@ -89,19 +88,12 @@ def _check_params(k: Any, count: Any, block_size: Any = None, map_blocks: Any = 
         raise ConfigError(f"count={count!r} must be one of {_COUNTS}; use 'people' unless reproducing Newton et al.'s image-counting k-Same")
 
 
-def _features(X: Any) -> np.ndarray:
-    """``X`` as float64, or as float32 when it is float32: the grouping then converts a part at a time
-    (float32 to float64 is exact, so every sum and product is the one of the float64 copy; issue 13)."""
-    X = np.asarray(X)
-    return X if X.dtype == np.float32 else np.asarray(X, dtype=np.float64)
-
-
-def _check_arrays(X: Any, images: Any, *, keep_float32: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    X = _features(X) if keep_float32 else np.asarray(X, dtype=np.float64)
+def _check_arrays(X: Any, images: Any, *, keep_float32: bool = False) -> tuple[np.ndarray, Any]:
+    X = as_features(X) if keep_float32 else np.asarray(X, dtype=np.float64)
     if X.ndim != 2 or X.shape[0] == 0 or X.shape[1] == 0:
         raise ConfigError(f"X has shape {X.shape}; it must be a non-empty 2-D array (n_faces, n_features) of PCA coefficients")
     # A few thousand rows at a time: a whole-matrix mask is 1 byte per value (50 MB at a million 50-d rows).
-    if not all(np.isfinite(X[a:a + _ROWS]).all() for a in range(0, X.shape[0], _ROWS)):
+    if not all(np.isfinite(X[a:a + CHUNK_ROWS]).all() for a in range(0, X.shape[0], CHUNK_ROWS)):
         raise ConfigError("X contains NaN or infinite values; fix the feature extraction (PCA) before de-identification")
     if images is None:  # group only: the caller averages out of core (deid.operations.stages)
         return X, None
@@ -114,27 +106,6 @@ def _check_arrays(X: Any, images: Any, *, keep_float32: bool = False) -> tuple[n
     if not np.issubdtype(images.dtype, np.number):
         raise ConfigError(f"images has dtype {images.dtype}; pass uint8 or float pixel values")
     return X, images
-
-
-def _nearest_distinct(d: np.ndarray, codes: np.ndarray, need: int, n_alive: int) -> np.ndarray:
-    """Positions of the ``need`` nearest entries of ``d`` with pairwise distinct ``codes``.
-
-    Walks the faces by increasing distance (ties: lowest position first) and keeps the first
-    face of each person. Only a short head of the order is sorted; it grows when the head
-    does not hold enough distinct people.
-    """
-    m = min(n_alive, max(4 * need, 64))
-    while True:
-        if m >= n_alive:
-            order = np.argsort(d, kind="stable")[:n_alive]
-        else:
-            t = np.partition(d, m - 1)[m - 1]
-            cand = np.flatnonzero(d <= t)  # every tie at the threshold, in position order
-            order = cand[np.argsort(d[cand], kind="stable")]
-        _, first = np.unique(codes[order], return_index=True)
-        if len(first) >= need or m >= n_alive:
-            return order[np.sort(first)[:need]]
-        m *= 4
 
 
 def feasible_clusters(counts: Any, k: int) -> int:
@@ -155,143 +126,7 @@ def feasible_clusters(counts: Any, k: int) -> int:
     return n // k
 
 
-def _greedy_labels(X: np.ndarray, codes: np.ndarray, k: int) -> tuple[np.ndarray, int]:
-    """Cluster faces into groups of >= k distinct ``codes`` (people); returns (labels, n_leftover).
-
-    A capacity-constrained MDAV greedy (issue 26): it forms the feasible maximum of
-    ``floor(n / k)`` clusters (:func:`feasible_clusters`) unless a step below must take more than
-    ``k`` people, and never collapses a partition whose people hold skewed numbers of images.
-
-    Invariant, with ``r`` faces left: no person has more than ``T = floor(r / k)`` of them (true at
-    the start: the caller refused anyone above ``floor(n / k)``, :func:`_check_shares`). Each step
-    takes one image of each person of a set ``S`` of distinct people, ``|S| = max(k, |F|)``, where
-    ``F`` are the people at the cap ``T``: they must be in ``S`` or the ``T - 1`` clusters left could
-    not hold them. Afterwards every person has ``<= T - 1 <= floor((r - |S|) / k)`` left (for
-    ``|F| > k``: ``r - |F| >= |F| (T - 1) >= k (T - 1)``), so the invariant holds and every later
-    group can be filled with distinct people. With fewer than ``2k`` faces left, ``T = 1``: all of
-    them are distinct people and form the last group. No face is left over, every group holds
-    pairwise distinct people, so each person holds ``1 / size <= 1/k`` of any cluster.
-
-    Seed rule: the remaining face farthest from the centroid of the remaining faces (as in MDAV
-    microaggregation; among the forced people's faces when those fill the group alone); the group
-    is the seed, the forced people's faces nearest the seed, then the nearest faces of further
-    people. A last pass moves faces out of groups larger than ``k`` into nearer groups that lack
-    their person (:func:`_refine_moves`). Ties everywhere go to the lowest input index.
-
-    References
-    ----------
-    J. Domingo-Ferrer, V. Torra. Ordinal, continuous and heterogeneous k-anonymity through
-    microaggregation. Data Mining and Knowledge Discovery 11(2):195-212, 2005 (MDAV).
-    """
-    n = X.shape[0]
-    labels = np.full(n, -1, dtype=np.intp)
-    idx = np.arange(n)
-    Xw = X
-    sq = np.einsum("ij,ij->i", X, X)
-    cw = codes
-    alive = np.ones(n, dtype=bool)
-    n_alive = n
-    left = np.bincount(codes)
-    total = X.sum(axis=0)
-    g = 0
-    while n_alive >= 2 * k:
-        if 10 * n_alive <= 9 * len(idx):
-            # The distance passes are memory-bound, so keep the working copy within ~10% of
-            # the remaining faces; a copy every (len/10)/k groups costs far less than the
-            # passes over dead rows it saves.
-            idx, Xw, sq, cw = idx[alive], Xw[alive], sq[alive], cw[alive]
-            alive = np.ones(len(idx), dtype=bool)
-        cap = n_alive // k
-        forced = np.flatnonzero(left == cap) if int(left.max()) >= cap else np.empty(0, np.intp)
-        centroid = total / n_alive
-        far = sq - 2.0 * (Xw @ centroid)
-        far[~alive] = -np.inf
-        in_forced = None
-        if forced.size:
-            in_forced = np.zeros(left.size, dtype=bool)
-            in_forced[forced] = True
-            if forced.size >= k:  # the forced people alone fill the group: seed among their faces
-                far[~in_forced[cw]] = -np.inf
-        s = int(np.argmax(far))
-        d = sq - 2.0 * (Xw @ Xw[s])
-        d[~alive] = np.inf
-        d[s] = -np.inf  # the seed always heads its own group
-        need = k
-        if forced.size:
-            # Each forced person's face nearest the seed goes first (ranked at -inf; one per person).
-            cand = np.flatnonzero(alive & in_forced[cw])
-            cand = cand[cw[cand] != cw[s]]
-            if cand.size:
-                order = cand[np.lexsort((cand, d[cand], cw[cand]))]
-                first = order[np.r_[True, cw[order][1:] != cw[order][:-1]]]
-                d[first] = -np.inf
-            need = max(k, int(forced.size))
-        members = _nearest_distinct(d, cw, need, n_alive)
-        labels[idx[members]] = g
-        g += 1
-        alive[members] = False
-        n_alive -= len(members)
-        total = total - Xw[members].sum(axis=0)
-        np.subtract.at(left, cw[members], 1)
-    rest = idx[alive]
-    if rest.size:
-        labels[rest] = g  # T = 1: every remaining face is a distinct person (the invariant)
-        g += 1
-    if g > 1:
-        _refine_moves(X, codes, labels, k)
-    return labels, int(n - k * g)
-
-
-def _refine_moves(X: np.ndarray, codes: np.ndarray, labels: np.ndarray, k: int) -> int:
-    """Move faces out of groups larger than ``k`` into groups they are nearer, keeping every rule.
-
-    The greedy's last group (and a group that had to take more than ``k`` forced people) collects
-    faces far from each other. A face of such a group moves to the group whose mean is nearest it
-    when that group lacks its person and the move lowers the total within-cluster sum of squares
-    (Ward's criterion, ``|B|/(|B|+1) d(x, m_B)^2 < |A|/(|A|-1) d(x, m_A)^2``); the source keeps >= k
-    faces. Every group keeps pairwise distinct people, so the k rules hold after every move.
-    Returns the number of moves.
-    """
-    n_g = int(labels.max()) + 1
-    sizes = np.bincount(labels, minlength=n_g).astype(np.int64)
-    big = np.flatnonzero(sizes > k)
-    if big.size == 0:
-        return 0
-    Xd = np.asarray(X, dtype=np.float64)
-    sums = np.zeros((n_g, X.shape[1]))
-    np.add.at(sums, labels, Xd)
-    has = {(int(c), int(g)) for c, g in zip(codes.tolist(), labels.tolist())}
-    moves = 0
-    for i in np.flatnonzero(np.isin(labels, big)).tolist():
-        a = int(labels[i])
-        if sizes[a] <= k:
-            continue
-        means = sums / sizes[:, None]
-        dist = np.einsum("ij,ij->i", means - Xd[i], means - Xd[i])
-        cost_out = sizes[a] / (sizes[a] - 1) * dist[a]
-        gain = sizes / (sizes + 1) * dist
-        gain[a] = np.inf
-        p = int(codes[i])
-        for b in np.argsort(gain, kind="stable").tolist():
-            if gain[b] >= cost_out:
-                break
-            if (p, b) in has:
-                continue
-            labels[i] = b
-            sums[a] -= Xd[i]
-            sums[b] += Xd[i]
-            sizes[a] -= 1
-            sizes[b] += 1
-            has.discard((p, a))
-            has.add((p, b))
-            moves += 1
-            break
-    if moves:
-        logger.debug("k-Same: %d faces moved out of groups larger than k", moves)
-    return moves
-
-
-def _cluster_summaries(labels: np.ndarray, people_codes: np.ndarray, people_keys: list, images: np.ndarray | None
+def _cluster_summaries(labels: np.ndarray, people_codes: np.ndarray, people_keys: list, images: Any
                        ) -> dict[str, Any]:
     n_clusters = int(labels.max()) + 1
     order = np.argsort(labels, kind="stable")
@@ -320,237 +155,8 @@ def _to_uint8(averages: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(averages), 0, 255).astype(np.uint8)[labels]
 
 
-# --------------------------------------------------------------------------- blocks
-
-
-@dataclass(frozen=True)
-class BlockGrouping:
-    """k-Same grouping of one block: ``labels`` are 0-based within the block."""
-
-    labels: np.ndarray
-    n_leftover: int
-
-    @property
-    def n_clusters(self) -> int:
-        return int(self.labels.max()) + 1 if self.labels.size else 0
-
-
-def group_block(X: np.ndarray, codes: np.ndarray, k: int) -> BlockGrouping:
-    """The greedy k-Same grouping of one block (pure; map it over blocks on any executor).
-
-    ``codes`` are integer person codes (any non-negative ints); the block must hold >= k
-    distinct people and no person above ``floor(n/k)`` images, which :func:`plan_blocks`
-    guarantees for its blocks.
-    """
-    X = np.ascontiguousarray(X, dtype=np.float64)
-    _, local = np.unique(np.asarray(codes), return_inverse=True)
-    with one_blas_thread():
-        labels, n_left = _greedy_labels(X, local.astype(np.intp), int(k))
-    return BlockGrouping(labels, n_left)
-
-
-def _principal_direction(Xn: np.ndarray, *, overwrite: bool = False) -> np.ndarray:
-    """Leading eigenvector of the node's covariance, sign fixed (largest |component| > 0).
-
-    ``overwrite``: centre ``Xn`` (float64) in place instead of a centred copy (the same values).
-    """
-    if overwrite:
-        Xn -= Xn.mean(axis=0)
-        c = Xn
-    else:
-        c = Xn - Xn.mean(axis=0)
-    cov = c.T @ c
-    _, vecs = np.linalg.eigh(cov)
-    v = vecs[:, -1]
-    return v if v[np.argmax(np.abs(v))] >= 0 else -v
-
-
-def _node_projection(X: np.ndarray, node: np.ndarray | None) -> np.ndarray:
-    """Every row of ``X[node]`` (None: all of X) projected on the rows' principal direction, in float64.
-
-    A float32 ``X`` (what :func:`group_people` holds: half the memory) gives the same values as
-    its float64 copy, one float64 copy of the node at a time: centred in place for the covariance,
-    then made again for the projection.
-    """
-    if X.dtype == np.float64:
-        Xn = X if node is None else X[node]  # the root is X itself, other nodes one copy (issue 13)
-        return Xn @ _principal_direction(Xn)
-    Xn = (X if node is None else X[node]).astype(np.float64)
-    v = _principal_direction(Xn, overwrite=True)
-    del Xn
-    return (X if node is None else X[node]).astype(np.float64) @ v
-
-
-def plan_blocks(X: np.ndarray, codes: np.ndarray, *, k: int, block_size: int) -> list[np.ndarray]:
-    """Split faces into blocks of at most about ``block_size`` images for blockwise k-Same.
-
-    A k-d-tree-like recursive split of the feature space (principal-direction median
-    splits, as in the blocking step of large-scale microaggregation): a node with more than
-    ``block_size`` images is split at the image-count median of its *people* ordered by
-    their mean projection on the node's principal direction. Every person's images stay in
-    one block (the k rules are about people, and a person split across blocks could end up
-    above 1/k nowhere visible to one block's greedy). A split is made only when both sides
-    keep >= 2k distinct people and stay feasible (no person above ``floor(n_side / k)``
-    images), so the greedy inside every block can always satisfy the invariants; a node
-    that cannot be split that way stays one (larger) block.
-
-    Deterministic: ties in projection go to the lower person code; blocks come in
-    depth-first, low-side-first order. Returns sorted index arrays that partition
-    ``range(n)``.
-
-    References
-    ----------
-    J. Domingo-Ferrer, J. M. Mateo-Sanz. Practical data-oriented microaggregation for
-    statistical disclosure control. IEEE TKDE 14(1):189-201, 2002 (blocking for large data).
-    """
-    X = _features(X)
-    codes = np.asarray(codes)
-    n = X.shape[0]
-    k = int(k)
-    blocks: list[np.ndarray] = []
-    stack = [np.arange(n)]
-    while stack:
-        node = stack.pop()
-        if node.size <= block_size:
-            blocks.append(node)
-            continue
-        people, local = np.unique(codes[node], return_inverse=True)
-        n_people = people.size
-        if n_people < 4 * k:
-            blocks.append(node)
-            continue
-        proj = _node_projection(X, None if node.size == n else node)
-        cnt = np.bincount(local, minlength=n_people)
-        mean_proj = np.bincount(local, weights=proj, minlength=n_people) / cnt
-        order = np.lexsort((np.arange(n_people), mean_proj))
-        cum = np.cumsum(cnt[order])
-        j = int(np.searchsorted(cum, node.size / 2.0)) + 1  # people on the low side
-        j = min(max(j, 2 * k), n_people - 2 * k)
-        left_people = np.zeros(n_people, dtype=bool)
-        left_people[order[:j]] = True
-        n_left = int(cum[j - 1])
-        n_right = node.size - n_left
-        if (cnt[left_people].max() * k > n_left) or (cnt[~left_people].max() * k > n_right):
-            blocks.append(node)
-            continue
-        side = left_people[local]
-        stack.append(node[~side])  # popped second
-        stack.append(node[side])
-    logger.debug("k-Same blocks: %d faces -> %d blocks (largest %d)", n, len(blocks), max(b.size for b in blocks))
-    return blocks
-
-
-# Shares of the worst clusters (by mean squared distance to their centroid) dissolved and
-# regrouped in each refinement round; measured on 48-50-d Gaussian mixtures (bench/bench_grouping.py)
-# it takes blockwise WCSS from ~+14% to ~+2.5% over the single greedy at ~30% extra time.
-REFINE_SCHEDULE: tuple[float, ...] = (0.25, 0.12, 0.06, 0.03)
-
-
-def _cluster_sse(X: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(sum of squared distances to the mean, size) of every cluster ``0 .. labels.max()``."""
-    n_c = int(labels.max()) + 1
-    cnt = np.bincount(labels, minlength=n_c)
-    order = np.argsort(labels, kind="stable")
-    starts = np.r_[0, np.cumsum(cnt)[:-1]]
-    # The clusters' sums a run of whole clusters at a time, not a sorted copy of X (issue 13: X's size
-    # again); reduceat adds each cluster's rows in the same order either way, so the sums are the same.
-    sums = np.empty((n_c, X.shape[1]), np.float64)
-    c0 = 0
-    while c0 < n_c:
-        c1 = min(n_c, int(np.searchsorted(starts, starts[c0] + _ROWS, side="right")))
-        c1 = max(c1, c0 + 1)
-        a, z = int(starts[c0]), int(starts[c1 - 1] + cnt[c1 - 1])
-        sums[c0:c1] = np.add.reduceat(X[order[a:z]].astype(np.float64, copy=False), starts[c0:c1] - a, axis=0)
-        c0 = c1
-    if X.dtype == np.float64:
-        sq_rows = np.einsum("ij,ij->i", X, X)
-    else:  # each row's square in float64, as of X's float64 copy (row by row: the same sums)
-        sq_rows = np.concatenate([np.einsum("ij,ij->i", b, b) for b in
-                                  (X[a:a + _ROWS].astype(np.float64) for a in range(0, len(X), _ROWS))])
-    sq = np.bincount(labels, weights=sq_rows, minlength=n_c)
-    return np.maximum(sq - np.einsum("ij,ij->i", sums, sums) / cnt, 0.0), cnt
-
-
-def _feasible(codes: np.ndarray, k: int) -> bool:
-    cnt = np.bincount(codes)
-    return int(np.count_nonzero(cnt)) >= k and int(cnt.max()) * k <= codes.size
-
-
-class _Rows(abc.Sequence):
-    """``[A[b] for b in blocks]``, each block's rows copied only when asked for (a block map that runs a
-    few blocks at a time holds only those; issue 13)."""
-
-    def __init__(self, A: np.ndarray, blocks: list[np.ndarray]):
-        self.A, self.blocks = A, blocks
-
-    def __len__(self) -> int:
-        return len(self.blocks)
-
-    def __getitem__(self, i):
-        if isinstance(i, slice):
-            return [self.A[b] for b in self.blocks[i]]
-        return self.A[self.blocks[i]]
-
-
-def _map_blocks(X: np.ndarray, codes: np.ndarray, blocks: list[np.ndarray], k: int, map_blocks) -> np.ndarray:
-    results = list(map_blocks(partial(group_block, k=k), _Rows(X, blocks), _Rows(codes, blocks)))
-    labels = np.empty(X.shape[0], dtype=np.intp)
-    offset = 0
-    for b, res in zip(blocks, results):
-        labels[b] = res.labels + offset
-        offset += res.n_clusters
-    return labels
-
-
-def blockwise_labels(X: np.ndarray, codes: np.ndarray, *, k: int, block_size: int, map_blocks=map,
-                     schedule: tuple[float, ...] = REFINE_SCHEDULE) -> np.ndarray:
-    """Blockwise k-Same grouping with boundary refinement; ``map_blocks`` runs the blocks.
-
-    1. :func:`plan_blocks` splits the faces; :func:`group_block` groups each block.
-    2. Clusters at block boundaries are the costly ones (their faces' neighbours lie across
-       the cut; measured: the block greedy's worst clusters are its first seeds, the faces
-       farthest out along the cut). For each share ``f`` in ``schedule`` (default 25, 12,
-       6, 3%): the ``f`` share of clusters with the largest mean squared distance to their
-       centroid is dissolved, its
-       faces are re-blocked (new cuts, since they are a different set) and regrouped; the
-       new clusters replace the old ones only if their total within-cluster sum of squares
-       is smaller, and only if the dissolved faces form a feasible set (>= k people, no
-       person above ``floor(n/k)`` images).
-
-    With a single block (nothing to cut) the result is exactly the greedy's. Every cluster is
-    made by :func:`group_block` on a feasible block, so every cluster has
-    >= k distinct people and no person above ``floor(size/k)`` of its images. Deterministic
-    whatever ``map_blocks`` is, as long as it returns results in input order: e.g. the
-    builtin ``map``, or ``lambda f, *its: client.gather(client.map(f, *its))`` on Dask.
-    """
-    k = int(k)
-    blocks = plan_blocks(X, codes, k=k, block_size=block_size)
-    labels = _map_blocks(X, codes, blocks, k, map_blocks)
-    if len(blocks) == 1:
-        return labels  # no cut to refine across: exactly the greedy, as KSame.fit gives below block_size
-    for share in schedule:
-        sse, cnt = _cluster_sse(X, labels)
-        n_c = sse.size
-        m = int(share * n_c)
-        if m < 2:
-            continue
-        worst = np.zeros(n_c, dtype=bool)
-        worst[np.argsort(-(sse / cnt), kind="stable")[:m]] = True
-        redo = np.flatnonzero(worst[labels])
-        if not _feasible(codes[redo], k):
-            continue
-        XD, cD = X[redo], codes[redo]
-        new = _map_blocks(XD, cD, plan_blocks(XD, cD, k=k, block_size=block_size), k, map_blocks)
-        if _cluster_sse(XD, new)[0].sum() >= sse[worst].sum():
-            continue
-        renumber = np.cumsum(~worst) - 1
-        n_keep = int(renumber[-1]) + 1
-        labels = renumber[labels]
-        labels[redo] = new + n_keep
-    return labels
-
-
-def _check_shares(codes: np.ndarray, k: int, count: str, partition: Hashable | None, keys: list | None = None) -> None:
+def _check_shares(codes: np.ndarray, k: int, count: str, partition: Hashable | None,
+                  keys: Sequence[Hashable] | None = None) -> None:
     """Refuse data where some person holds more than ``floor(n/k)`` images: no grouping can hide them."""
     if count != "people":
         return
@@ -566,9 +172,6 @@ def _check_shares(codes: np.ndarray, k: int, count: str, partition: Hashable | N
             "drop some of that person's images, add images of other people, or lower k",
             k=k, n_people=int(np.count_nonzero(cnt)), partition=partition,
         )
-
-
-# --------------------------------------------------------------------------- estimators
 
 
 class KSame(BaseEstimator):
@@ -587,7 +190,7 @@ class KSame(BaseEstimator):
        faces of groups larger than ``k`` then move to nearer groups that lack their person.
 
     The result is the feasible maximum of ``floor(n / k)`` clusters (:func:`feasible_clusters`)
-    unless more than ``k`` people had to join one step; :func:`_greedy_labels` proves that every
+    unless more than ``k`` people had to join one step; :func:`greedy_labels` proves that every
     group holds pairwise distinct people, so no person holds more than ``1/k`` of a cluster.
 
     Above ``block_size`` faces the greedy (O(N^2)) runs inside blocks instead: the faces are
@@ -678,7 +281,8 @@ class KSame(BaseEstimator):
         logger.debug("k-Same k=%d: %d faces -> %d clusters", self.k, X.shape[0], self.n_clusters_)
         return self
 
-    def _labels(self, X: np.ndarray, codes: np.ndarray, partition: Hashable | None, keys: list | None = None
+    def _labels(self, X: np.ndarray, codes: np.ndarray, partition: Hashable | None,
+                keys: Sequence[Hashable] | None = None
                 ) -> tuple[np.ndarray, int]:
         k = int(self.k)
         unit = codes if self.count == "people" else np.arange(X.shape[0])
@@ -690,7 +294,7 @@ class KSame(BaseEstimator):
             # Thousands of small matrix-vector products: BLAS threads only add synchronisation
             # (and stall badly when other processes hold the cores), so run them single-threaded.
             with one_blas_thread():
-                return _greedy_labels(np.asarray(X, dtype=np.float64), unit, k)
+                return greedy_labels(np.asarray(X, dtype=np.float64), unit, k)
         with one_blas_thread():
             labels = blockwise_labels(X, unit, k=k, block_size=int(self.block_size), map_blocks=self.map_blocks or map)
         # Blockwise, "leftover" has no single meaning (each block and refinement round has its

@@ -9,7 +9,7 @@ EXIT_OK, EXIT_BAD_INPUT = 0, 2
 
 
 def format_lineage(desc: dict) -> str:
-    """Plain-text listing of :func:`deid.release.lineage.describe_lineage`."""
+    """Plain-text listing of :func:`deid.release.lineage_state.describe_lineage`."""
     lines = [f"dataset {desc['dataset']}: {len(desc['releases'])} releases, {desc['registered_clusters']} registered "
              f"clusters, {desc['registered_people']} registered people; {desc['entries']} registry entries, "
              f"head {desc['head'][:16]}; faces released in {desc.get('color_mode') or '(no release yet)'}"]
@@ -32,7 +32,7 @@ def format_lineage(desc: dict) -> str:
 
 def cmd_lineage(args) -> int:
     from deid.errors import ConfigError, VerificationError
-    from deid.release.lineage import describe_lineage
+    from deid.release.lineage_state import describe_lineage
     from deid.release.lineage_registry import Registry
     from deid.release.linkage import DEV_KEY_NAME, load_linkage_key
 

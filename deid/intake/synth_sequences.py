@@ -1,6 +1,6 @@
 """Synthetic image-sequence drops: cartoon people talking and smiling, frame by frame.
 
-Each person (:func:`deid.intake.synth.make_person`, the same people as the still drops of a
+Each person (:func:`deid.intake.synth_face.make_person`, the same people as the still drops of a
 seed) gets ``sequences_per_person`` sequences of ``frames`` frames, alternately *talking*
 (the mouth opens and closes: openness ``0.5 (1 - cos(2 pi t / 6))``, label ``talk`` when the
 mouth is at least half open, else ``neutral``) and *smiling* (neutral, then a smile over the
@@ -21,7 +21,8 @@ import numpy as np
 import yaml
 
 from deid.errors import ConfigError
-from deid.intake.synth import EYE_COLUMNS, LABELS, _check_int, _seq, draw_face, make_person
+from deid.intake.synth import EYE_COLUMNS, LABELS, check_int
+from deid.intake.synth_face import draw_face, make_person, seeded_rng
 
 log = logging.getLogger(__name__)
 
@@ -55,15 +56,15 @@ def draw_sequence(seed: int, number: int, index: int, *, frames: int = 12, image
     kind = SEQUENCE_KINDS[(index + number) % 2]
     for t, (drawn, label, mouth) in enumerate(frame_states(kind, frames)):
         # The same scene generators every frame: one background, placement, lighting and noise pattern.
-        img, (le, re_) = draw_face(person, expression=drawn, rng=_seq(seed, number, 10_000 + index),
+        img, (le, re_) = draw_face(person, expression=drawn, rng=seeded_rng(seed, number, 10_000 + index),
                                    image_size=image_size, mouth_open=mouth,
-                                   light_rng=_seq(seed, number, 10_000 + index, 1))
+                                   light_rng=seeded_rng(seed, number, 10_000 + index, 1))
         phase = 2.0 * math.pi * t / max(frames, 1)
         m = cv2.getRotationMatrix2D(((le[0] + re_[0]) / 2, (le[1] + re_[1]) / 2), 1.5 * math.sin(phase), 1.0)
         m[:, 2] += (1.0 * math.sin(phase), 0.7 * math.cos(phase) - 0.7)
         img = cv2.warpAffine(img, m, (img.shape[1], img.shape[0]), flags=cv2.INTER_LINEAR,
                              borderMode=cv2.BORDER_REFLECT)
-        noise = _seq(seed, number, 10_000 + index, 2 + t).normal(0, 2.0, img.shape)
+        noise = seeded_rng(seed, number, 10_000 + index, 2 + t).normal(0, 2.0, img.shape)
         img = np.clip(img + noise + 0.5, 0, 255).astype(np.uint8)
         eyes = tuple((float(m[0, 0] * x + m[0, 1] * y + m[0, 2]), float(m[1, 0] * x + m[1, 1] * y + m[1, 2]))
                      for x, y in (le, re_))
@@ -77,11 +78,11 @@ def make_sequence_drop(drop_dir, *, people: int, sequences_per_person: int = 2, 
     Labels are ``gender`` (constant per person) and ``expression`` (per frame: ``neutral``,
     ``talk`` or ``smile``). Sequence ids are ``<subject>-q<index>``; frames are numbered from 0.
     """
-    _check_int("people", people, 1, None, "ask for at least one synthetic person")
-    _check_int("sequences_per_person", sequences_per_person, 1, 100, "use e.g. 2 (one talking, one smiling)")
-    _check_int("frames", frames, 2, 10_000, "use e.g. 12 frames per sequence")
-    _check_int("seed", seed, 0, None, "pass a non-negative integer seed")
-    _check_int("image_size", image_size, 64, 4096, "use e.g. 200")
+    check_int("people", people, 1, None, "ask for at least one synthetic person")
+    check_int("sequences_per_person", sequences_per_person, 1, 100, "use e.g. 2 (one talking, one smiling)")
+    check_int("frames", frames, 2, 10_000, "use e.g. 12 frames per sequence")
+    check_int("seed", seed, 0, None, "pass a non-negative integer seed")
+    check_int("image_size", image_size, 64, 4096, "use e.g. 200")
     drop = Path(drop_dir)
     if drop.exists() and (not drop.is_dir() or any(drop.iterdir())):
         raise ConfigError(f"drop_dir={str(drop)!r} exists and is not an empty directory; pass a new or empty directory")

@@ -22,7 +22,8 @@ import numpy as np
 import yaml
 
 from deid.errors import ConfigError
-from deid.intake.synth import _check_int, make_person
+from deid.intake.synth import check_int
+from deid.intake.synth_face import make_person
 from deid.intake.synth_sequences import SEQUENCE_KINDS, draw_sequence
 from deid.intake.video import write_video
 
@@ -78,10 +79,10 @@ def make_video_drop(drop_dir, *, people: int, recordings: int = 2, seconds: floa
 
     Returns the drop directory; ``_READY`` is written last.
     """
-    _check_int("people", people, 1, None, "ask for at least one synthetic person")
-    _check_int("recordings", recordings, 1, 100, "use e.g. 2 (one talking, one smiling)")
-    _check_int("width", width, 96, 4096, "use e.g. 320")
-    _check_int("height", height, 96, 4096, "use e.g. 240")
+    check_int("people", people, 1, None, "ask for at least one synthetic person")
+    check_int("recordings", recordings, 1, 100, "use e.g. 2 (one talking, one smiling)")
+    check_int("width", width, 96, 4096, "use e.g. 320")
+    check_int("height", height, 96, 4096, "use e.g. 240")
     if not 0 < fps <= 60 or not 0 < seconds <= 3600:
         raise ConfigError(f"fps={fps!r} must be in (0, 60] and seconds={seconds!r} in (0, 3600]; e.g. --fps 5 --seconds 2")
     frames = max(2, round(seconds * fps))

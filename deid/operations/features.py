@@ -322,7 +322,7 @@ def vector_fingerprints(vectors: np.ndarray) -> list[str]:
 
 def plan_feature_lineage(drop: FeatureDrop, identity: FeatureIdentity, state, config: RunConfig, *,
                          logger: Logger | None = None) -> tuple[LineagePlanned, np.ndarray]:
-    """The lineage plan over the records the identity check kept (:func:`deid.release.lineage.plan_release`).
+    """The lineage plan over the records the identity check kept (:func:`deid.release.lineage_plan.plan_release`).
 
     Returns the plan (its ``record_ids`` the staging ids of the kept records, in order) and the mask
     of the records to partition and cluster: the new people's. As for faces, fewer than k new people
@@ -330,7 +330,7 @@ def plan_feature_lineage(drop: FeatureDrop, identity: FeatureIdentity, state, co
     the plan holds one partition and the small-partition policy decides.
     """
     from deid.operations.pipeline import linkage_key  # noqa: PLC0415
-    from deid.release.lineage import plan_release  # noqa: PLC0415 - crypto imports only where needed
+    from deid.release.lineage_plan import plan_release  # noqa: PLC0415 - crypto imports only where needed
 
     rows = np.flatnonzero(identity.keep)
     labels = list(drop.labels)
@@ -358,7 +358,7 @@ def partition_features(ingested: FeatureIngest, identity: FeatureIdentity, confi
                        lineage_state=None, logger: Logger | None = None) -> FeaturePartitioned:
     """The drop checks, then the label partitions (k-Same-Select partitions only when the drop has labels).
 
-    With a ``lineage_state`` (:class:`deid.release.lineage.LineageState`) the lineage is planned
+    With a ``lineage_state`` (:class:`deid.release.lineage_state.LineageState`) the lineage is planned
     first (:func:`plan_feature_lineage`): only the new people are partitioned and clustered; the
     records the plan holds back count as suppressed.
     """
@@ -470,7 +470,8 @@ def feature_lineage_checks(lin: LineagePlanned, rel, originals: np.ndarray, *,
     drop's vectors (``originals``, one per plan record), exact within
     :data:`FEATURE_DIFFERENCE_TOLERANCE` of the mean feature standard deviation.
     """
-    from deid.release.lineage_checks import check_merges, check_structure, differencing_attack  # noqa: PLC0415
+    from deid.release.lineage_checks import check_merges, check_structure  # noqa: PLC0415
+    from deid.release.lineage_differencing import differencing_attack  # noqa: PLC0415
 
     checks = [c.to_gate_check() for c in check_structure(lin.state, rel)]
     merges = check_merges(lin.plan)

@@ -47,7 +47,7 @@ from deid.intake.features import run_kind
 from deid.operations.executors import Executor, LocalExecutor, PoolExecutor
 from deid.evaluation.checks import Check
 from deid.operations.features import FeatureSteps, feature_report, vector_fingerprints
-from deid.operations.person_index import CrossDatasetRefusal
+from deid.operations.person_routing import CrossDatasetRefusal
 from deid.release.lineage_anchor import head_doc
 from deid.release.publish import discard, new_release_id
 from deid.reporting.report import Report, SigningInfo, dataset_fingerprint, validate_report
@@ -229,7 +229,7 @@ class _Run:
             # member the identical image have registered averages to keep; the others are gated on their own.
             notes: list[str] = []
             lineage_dataset = ing.dataset
-            routing: Any = None  # the person index claim (deid.operations.person_index.Routing)
+            routing: Any = None  # the person index claim (deid.operations.person_routing.Routing)
             if config.lineage_applies and ing.proceed:
                 # One person index per project (issue 27): people another dataset registered are never released
                 # in a lineage of their own; routed into that dataset's lineage or refused (DEID_CROSS_DATASET).

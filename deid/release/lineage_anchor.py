@@ -17,7 +17,7 @@ commits to every entry before it, so the highest head covers the earlier reports
 
 :func:`signed_lineage` also lists the releases of the dataset published on disk (signed
 ``released``, their directory present): :func:`read_published_averages` reads each one's released
-images and cluster ids, so the differencing attack (:func:`deid.release.lineage_checks.published_differencing_attack`)
+images and cluster ids, so the differencing attack (:func:`deid.release.published_differencing.published_differencing_attack`)
 also runs against releases the registry does not remember.
 """
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from deid.errors import ConfigError
-from deid.release.lineage import GENESIS_PREV, LineageError, LineageState
+from deid.release.lineage_state import GENESIS_PREV, LineageError, LineageState
 from deid.release.signing import verify_bytes
 
 logger = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from deid.errors import ConfigError, EnvironmentFailure
-from deid.release.lineage import LineageError
+from deid.release.lineage_state import LineageError
 
 logger = logging.getLogger(__name__)
 

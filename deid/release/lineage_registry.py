@@ -23,13 +23,13 @@ entry, and the entry records for each cluster ``image_at`` (pack, offset, length
 ``image_sha256``, so the hash chain covers every average (a colour release's clusters also have their
 BGR average sealed right after the grey one, ``color_at`` next to ``color_sha256``). Loading leaves them there: a cluster's
 average is read, authenticated and checked against its hash only when asked
-(:class:`deid.release.lineage.StoredImage`). Registries written before kept the averages inline
+(:class:`deid.release.lineage_state.StoredImage`). Registries written before kept the averages inline
 (base64 in the entry) and still load. A pack whose entry was never appended (a crash, a concurrent
 writer) is an orphan nothing refers to.
 
 Keys: the registry's AES key and HEAD key are derived from the steward's 32-byte key (the
 linkage key, :func:`deid.release.linkage.ensure_linkage_key`) by HKDF-SHA256 per purpose and dataset
-(:func:`deid.release.lineage.derive_key`); the same derivation gives the pseudonym key. A separate key
+(:func:`deid.release.lineage_state.derive_key`); the same derivation gives the pseudonym key. A separate key
 file with the same format works as well: pass its bytes instead.
 
 Lifecycle of a release: :meth:`Registry.append_release` after the gate passed and *before* the
@@ -72,20 +72,10 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from deid.errors import ConfigError
-from deid.release.lineage import (
-    ENTRY_FORMAT,
-    GENESIS_PREV,
-    LineageError,
-    LineageRelease,
-    LineageState,
-    StoredImage,
-    _stored,
-    canonical_bytes,
-    chain_hash,
-    check_dataset_name,
-    derive_key,
-    replay,
-)
+from deid.intake.drop import check_dataset_name
+from deid.release.lineage import LineageRelease
+from deid.release.lineage_state import (ENTRY_FORMAT, GENESIS_PREV, LineageError, LineageState, StoredImage, as_stored,
+                                        canonical_bytes, chain_hash, derive_key, replay)
 
 logger = logging.getLogger(__name__)
 
@@ -121,7 +111,7 @@ def _check_pack(pack: str) -> str:
 
 class SealedImages:
     """Reads the averages a registry sealed beside its entries (the source of their
-    :class:`~deid.release.lineage.StoredImage`): authenticated, and checked against their SHA-256.
+    :class:`~deid.release.lineage_state.StoredImage`): authenticated, and checked against their SHA-256.
 
     Holds the registry's location and key only (picklable); the store is opened when first read.
     """
@@ -384,7 +374,7 @@ class Registry:
         order: list[tuple[str, str]] = []   # (cluster key, "image" | "color") of each record, in pack order
 
         def seal(c, what: str, average: Any, want: str | None) -> bytes:
-            raw = _stored(np.asarray(average)).tobytes()
+            raw = as_stored(np.asarray(average)).tobytes()
             sha = hashlib.sha256(raw).hexdigest()
             if sha != want:
                 raise LineageError(f"new cluster {c.key}: its {'colour ' if what == 'color' else ''}average changed "
