@@ -35,13 +35,15 @@ def _cap_opencv_threads(n: int | None) -> None:
 
 
 def _decode_for_alignment(
-    data: bytes, eyes: Any, aligner: FaceAligner, max_pixels: int
+    data: bytes, eyes: Any, aligner: FaceAligner, max_pixels: int, face_box: Any = None,
 ) -> tuple[np.ndarray, EyePair | None, str, int, tuple[int, int] | None]:
     """Decode once at the coarsest resolution that suffices; returns (gray, full-res eyes, source, factor, size).
 
     JPEG is decoded reduced by libjpeg's DCT scaling (IMREAD_REDUCED_GRAYSCALE_*, which also applies
     the EXIF orientation); other formats are decoded in full, the warp and the detector area-shrink
-    only the part they need.
+    only the part they need. A video frame comes with its tracked ``face_box`` (a dlib HOG box, x, y,
+    w, h in its pixels): the eyes are the 5-point landmarks in it, one predictor pass and no face
+    search (source ``landmarks_tracked``); where they are implausible the face is searched as in a still.
     """
     jpeg = sniff_format(data) == "jpeg"
     size = upright_size(data) if jpeg else None
@@ -50,6 +52,11 @@ def _decode_for_alignment(
         f = aligner.reduction_for(eyes.distance) if (ok and size is not None) else 1
         return decode_gray_reduced(data, f, max_pixels=max_pixels), eyes, "manifest", f, size
     detector = aligner.detector if aligner.detector is not None else HaarEyeDetector()
+    if face_box is not None and hasattr(detector, "eyes_in_box"):
+        gray = decode_gray_reduced(data, 1, max_pixels=max_pixels)
+        found = detector.eyes_in_box(gray, tuple(float(v) for v in face_box))
+        if found is not None:
+            return gray, found, "landmarks_tracked", 1, size
     f = detector.reduction(*size) if (size is not None and hasattr(detector, "reduction")) else 1
     gray = decode_gray_reduced(data, f, max_pixels=max_pixels)
     found, source = aligner._find_eyes(gray)
@@ -86,7 +93,8 @@ def align_records(
     for rec in records:
         rid, image = str(rec.get("record_id", "")), str(rec.get("image", ""))
         try:
-            gray, eyes, source, f, size = _decode_for_alignment(rec["data"], rec.get("eyes"), aligner, max_pixels)
+            gray, eyes, source, f, size = _decode_for_alignment(rec["data"], rec.get("eyes"), aligner, max_pixels,
+                                                                rec.get("face_box"))
             face = aligner._align_full(_check_gray(gray), eyes, source, f, size)
             extra: dict[str, Any] = {}
             # Detected eyes only: detection costs ~50 ms a photo, the estimate 0.6 ms; eyes given in the

@@ -25,7 +25,7 @@ __all__ = ["EYE_SOURCES", "EyePair", "EyeDetection", "HaarEyeDetector", "five_po
 
 # Where an aligned face's eye positions came from; the aligned-table suite
 # (deid/schemas/expectations/aligned.json) lists the same values, tests/test_align.py checks it.
-EYE_SOURCES: tuple[str, ...] = ("manifest", "detected", "landmarks", "landmarks_hog", "face_geometry")
+EYE_SOURCES: tuple[str, ...] = ("manifest", "detected", "landmarks", "landmarks_hog", "face_geometry", "landmarks_tracked")
 
 @dataclass(frozen=True)
 class EyePair:
@@ -341,6 +341,15 @@ class HaarEyeDetector:
                 if best is None or score < best[0]:
                     best = (score, EyePair((a[0], a[1]), (b[0], b[1])))
         return None if best is None else best[1]
+
+    def eyes_in_box(self, gray: np.ndarray, box: tuple[float, float, float, float]) -> EyePair | None:
+        """Pupils from the 5-point landmarks in a dlib HOG face ``box`` (x, y, w, h) of ``gray``, or None.
+
+        For boxes that already are HOG detections (a video's tracked face, :mod:`deid.intake.video`):
+        one predictor pass, no face search; None when the landmark eyes are implausible for the box
+        (then the caller searches the face as for any still).
+        """
+        return self._landmark_pass(_check_gray(gray), box)
 
     def _landmark_eyes(self, gray: np.ndarray, box: tuple[float, float, float, float]) -> EyePair | None:
         """Pupils from the 5-point landmarks in ``box`` (x, y, w, h), or None when implausible.

@@ -21,11 +21,14 @@ from deid.intake.drop import Drop, read_drop_file
 from deid.errors import Quarantined, RecordError
 from deid.intake.drop import open_drop_file
 from deid.intake.imaging import decoded_bytes, header_size, max_decoded_bytes, sniff_format
-from deid.intake.video import encode_png, frame_record_id, is_video, segment_messages, track_video, video_rate
+from deid.intake.video import frame_record_id, is_video, segment_messages, staged_crop, track_video, video_rate
 from deid.faults import fault_enospc
 from deid.schemas import arrow as schemas
 
 log = logging.getLogger(__name__)
+
+# A video frame's staging columns: record_id, image, sequence, frame, face box in the staged crop (x, y, w, h).
+VideoFrame = tuple[str, str, str, int, tuple[float, float, float, float]]
 
 
 @dataclass(frozen=True, eq=False)
@@ -93,11 +96,11 @@ def _check_bytes(data: bytes, *, max_pixels: int) -> tuple[str, str] | None:
 
 
 def _batch_table(manifest: pa.Table, rows: list[int], digests: list[str], data: list[bytes],
-                 schema: pa.Schema, frames: list[tuple[str, str, str, int] | None] | None = None) -> pa.Table:
+                 schema: pa.Schema, frames: list[VideoFrame | None] | None = None) -> pa.Table:
     """The manifest's ``rows`` (their columns as read) with their source hash, size and bytes.
 
-    ``frames[j]`` (record_id, image, sequence, frame), when not None, replaces those columns of
-    row ``j``: a frame of the video on manifest row ``rows[j]`` (:mod:`deid.intake.video`).
+    ``frames[j]`` (record_id, image, sequence, frame, face box), when not None, replaces those
+    columns of row ``j``: a frame of the video on manifest row ``rows[j]`` (:mod:`deid.intake.video`).
     """
     t = manifest.take(pa.array(rows, pa.int64()))
     cols = {name: t.column(name) for name in t.column_names}
@@ -107,6 +110,9 @@ def _batch_table(manifest: pa.Table, rows: list[int], digests: list[str], data: 
             cols[name] = pa.array([o if f is None else f[c] for o, f in zip(old, frames)], cols[name].type)
     for name in ("eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"):  # a manifest without eye columns
         cols.setdefault(name, pa.nulls(len(rows), pa.float64()))
+    if "face_box" in schema.names:
+        cols["face_box"] = pa.array([None if f is None else list(f[4]) for f in (frames or [None] * len(rows))],
+                                    schema.field("face_box").type)
     cols.update(source_sha256=pa.array(digests, pa.string()), size=pa.array([len(d) for d in data], pa.int64()),
                 data=pa.array(data, pa.large_binary()))
     return pa.table([cols[f.name] for f in schema], schema=schema)
@@ -127,7 +133,8 @@ def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_s
     staged table is rewritten without them (from the staged table, not from the sources).
     """
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    schema = schemas.ingested([*drop.labels, *drop.sensitive], points=drop.has_points, sequences=drop.has_sequences)
+    schema = schemas.ingested([*drop.labels, *drop.sensitive], points=drop.has_points, sequences=drop.has_sequences,
+                              videos=drop.has_videos)
 
     tmp = out_path.with_suffix(".parquet.tmp")
     try:
@@ -150,11 +157,11 @@ def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pix
     chunk_rows: list[int] = []
     chunk_digests: list[str] = []
     chunk_data: list[bytes] = []
-    chunk_frames: list[tuple[str, str, str, int] | None] = []
+    chunk_frames: list[VideoFrame | None] = []
     frame_ids: list[str] = []  # staged record ids of video frames, in staging order (None-free)
     n_frames = 0
 
-    def stage(row: int, data: bytes, frame: tuple[str, str, str, int] | None = None) -> None:
+    def stage(row: int, data: bytes, frame: VideoFrame | None = None) -> None:
         nonlocal n_staged, staged_rows, n_frames
         digest = hashlib.sha256(data)
         raw.extend(digest.digest())
@@ -348,7 +355,8 @@ def _ingest_video(drop: Drop, rid: str, image: str, row: int, stage, *, max_pixe
                 dropped.append((tf.index, tf.seconds, tf.reason))
                 continue
             # The sequence key is the video's row id: private (the release gives sequences random ids).
-            stage(row, encode_png(tf.crop), (frame_record_id(rid, tf.index), f"{image}#{tf.index}", rid, tf.index))
+            data, face = staged_crop(tf)
+            stage(row, data, (frame_record_id(rid, tf.index), f"{image}#{tf.index}", rid, tf.index, face))
             kept += 1
     except RecordError as exc:
         if not kept and not dropped:

@@ -104,9 +104,10 @@ def align_batch(ingested_path: str, row_groups: list[int], out_path: str, aligne
     """Align the faces of some row groups of the ingested table; return counts and quarantine records."""
     pf = pq.ParquetFile(ingested_path)
     points = "points" in pf.schema_arrow.names  # landmarks go to canonical pixels with their face
+    boxes = "face_box" in pf.schema_arrow.names  # video frames: the tracked face box, eyes found in it
     table = pf.read_row_groups(
         row_groups, columns=["record_id", "image", "data", "eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y",
-                             *(["points"] if points else [])]
+                             *(["points"] if points else []), *(["face_box"] if boxes else [])]
     )
     skip = set(exclude)
     aligner = make_aligner(aligner_params)
@@ -118,7 +119,8 @@ def align_batch(ingested_path: str, row_groups: list[int], out_path: str, aligne
         lx, ly, rx, ry = (cols[c][i] for c in ("eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y"))
         eyes = EyePair((lx, ly), (rx, ry)) if lx is not None else None
         records.append({"record_id": rid, "image": cols["image"][i], "data": cols["data"][i], "eyes": eyes,
-                        **({"points": cols["points"][i]} if points else {})})
+                        **({"points": cols["points"][i]} if points else {}),
+                        **({"face_box": cols["face_box"][i]} if boxes else {})})
     del cols, table
     color = bool(aligner_params.get("color"))
     max_yaw = aligner_params.get("max_yaw")

@@ -25,13 +25,16 @@ EYES = [
 POINTS = pa.field("points", pa.list_(pa.float64()))
 # Image sequences: the steward's sequence id (private, never released) and the frame's position.
 SEQUENCE = [pa.field("sequence", pa.string()), pa.field("frame", pa.int64())]
+# A video frame's face box as tracked (x, y, width, height in the staged crop's pixels; null = a still).
+FACE_BOX = pa.field("face_box", pa.list_(pa.float64()))
 
 
-def ingested(labels: list[str], *, points: bool = False, sequences: bool = False) -> pa.Schema:
+def ingested(labels: list[str], *, points: bool = False, sequences: bool = False, videos: bool = False) -> pa.Schema:
     """Raw records: ids, labels, manual eye points (null = detect), source hash, size and bytes.
 
     ``points``: the drop has a points column (null = no landmarks for that record);
-    ``sequences``: the drop has sequence/frame columns (null = a still image).
+    ``sequences``: the drop has sequence/frame columns (null = a still image);
+    ``videos``: the drop names video files, whose frames carry their tracked ``face_box``.
     """
     return pa.schema(
         [
@@ -42,6 +45,7 @@ def ingested(labels: list[str], *, points: bool = False, sequences: bool = False
             *EYES,
             *([POINTS] if points else []),
             *(SEQUENCE if sequences else []),
+            *([FACE_BOX] if videos else []),
             pa.field("source_sha256", pa.string(), nullable=False),
             pa.field("size", pa.int64(), nullable=False),
             pa.field("data", pa.large_binary(), nullable=False),
