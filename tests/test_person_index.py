@@ -336,7 +336,6 @@ def test_face_search_says_which_people_it_did_not_search_by_face(project):
     from deid.anonymise.identity import resolve_people
     from deid.contracts import StagingLayout
     from deid.operations import pipeline
-    from deid.release.lineage import empty_state
     from deid.run_config import RunConfig
     from deid.settings import Settings
 
