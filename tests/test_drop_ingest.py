@@ -132,6 +132,54 @@ def test_ingest_stages_bytes_and_quarantines_bad_files(tmp_path):
     assert pq.read_table(q).num_rows == 5
 
 
+def test_reader_threads_stage_what_one_thread_stages_in_the_same_order(tmp_path):
+    """Files read ahead by several threads are staged in manifest order, hashed and quarantined as by one."""
+    files, rows = {}, []
+    for i in range(90):
+        name = f"d{i % 7}/sub{i % 3}/f{i}.png"  # 21 directories: more than a small cache keeps
+        files[name] = b"" if i % 17 == 5 else os.urandom(32) if i % 13 == 4 else _png(i, (24, 24))
+        rows.append(f"{name},s{i % 30},{'mf'[i % 2]},,,,")
+    rows.append("missing/none.png,s99,f,,,,")
+    d = read_drop(_write_drop(tmp_path / "drop", rows, files=files))
+    out = {}
+    for threads in (1, 4):
+        res = ingest(d, tmp_path / f"st{threads}" / "ingested.parquet", batch_size=8, read_threads=threads)
+        t = pq.read_table(res.path)
+        out[threads] = (t.column("record_id").to_pylist(), t.column("data").to_pylist(), t.column("source_sha256").to_pylist(),
+                        [(q.record_id, q.code) for q in res.quarantined], res.row_groups, dict(res.source_sha256))
+    assert out[1] == out[4]
+    ids, data, _, quarantined, _, _ = out[4]
+    assert ids == sorted(ids)  # manifest order
+    assert data == [files[f"d{i % 7}/sub{i % 3}/f{i}.png"] for i in range(90) if not (i % 17 == 5 or i % 13 == 4)]
+    assert {c for _, c in quarantined} == {"empty_file", "unsupported_format"}  # a missing file: read_drop's
+
+
+def test_kept_directories_read_the_same_bytes_and_still_refuse_links(tmp_path):
+    """The ingest's directory cache: same bytes, least recently used closed, a symlinked file refused at reading."""
+    from deid.errors import RecordError
+    from deid.intake.drop import DropDirectories, read_drop_file
+
+    root = tmp_path / "drop"
+    for i in range(6):
+        (root / f"a{i}" / "b").mkdir(parents=True)
+        (root / f"a{i}" / "b" / "x.bin").write_bytes(bytes([i]) * (i + 1))
+    (tmp_path / "outside.bin").write_bytes(b"secret")
+    (root / "a0" / "b" / "link.bin").symlink_to(tmp_path / "outside.bin")
+    before = len(os.listdir("/proc/self/fd"))
+    with DropDirectories(root, size=3) as dirs:
+        for _ in range(2):
+            for i in range(6):
+                assert read_drop_file(root, f"a{i}/b/x.bin", dirs=dirs) == bytes([i]) * (i + 1)
+        assert len(dirs._fds) == 3  # at most ``size`` directories kept open
+        with pytest.raises(RecordError) as exc:
+            read_drop_file(root, "a0/b/link.bin", dirs=dirs)
+        assert exc.value.code == "unsafe_path"
+        with pytest.raises(RecordError) as exc:
+            read_drop_file(root, "a9/b/x.bin", dirs=dirs)
+        assert exc.value.code == "missing_file"
+    assert len(os.listdir("/proc/self/fd")) == before  # every descriptor closed
+
+
 def test_partitions_suppress_merge_fail():
     labels = [{"g": "f", "e": "n"}] * 6 + [{"g": "f", "e": "s"}] * 2 + [{"g": "m", "e": "n"}] * 5
     people = [f"p{i}" for i in range(6)] + ["p0", "p1"] + [f"q{i}" for i in range(5)]

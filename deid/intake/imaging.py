@@ -74,7 +74,8 @@ def sniff_format(data: bytes) -> str | None:
     return None
 
 
-def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+def _jpeg_sof(data: bytes) -> int | None:
+    """Offset of the JPEG's start-of-frame segment (its size, precision and channels), or None."""
     i, n = 2, len(data)
     while i + 4 <= n:
         if data[i] != 0xFF:
@@ -83,21 +84,26 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
         if marker == 0xFF:  # fill byte
             i += 1
             continue
-        if marker in (0x01, *range(0xD0, 0xD8)):  # stand-alone markers
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # stand-alone markers
             i += 2
             continue
         if marker in (0xD9, 0xDA):  # EOI / SOS before any SOF: no frame header
             return None
-        (length,) = struct.unpack_from(">H", data, i + 2)
+        length = (data[i + 2] << 8) | data[i + 3]
         if length < 2:
             return None
         if marker in _SOF_MARKERS:
-            if i + 9 > n:
-                return None
-            height, width = struct.unpack_from(">HH", data, i + 5)
-            return (width, height)
+            return i if i + 9 <= n else None
         i += 2 + length
     return None
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    i = _jpeg_sof(data)
+    if i is None:
+        return None
+    height, width = struct.unpack_from(">HH", data, i + 5)
+    return (width, height)
 
 
 def _pnm_size(data: bytes) -> tuple[int, int] | None:
@@ -152,10 +158,13 @@ def _tiff_ifd0(data: bytes, base: int = 0) -> dict[int, int] | None:
     return tags
 
 
-def header_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) read from the image header without decoding, or None if it cannot be read."""
+def header_size(data: bytes, *, fmt: str | None = None) -> tuple[int, int] | None:
+    """(width, height) read from the image header without decoding, or None if it cannot be read.
+
+    ``fmt``: :func:`sniff_format` of ``data`` when the caller has it already.
+    """
     data = bytes(data[:65536]) if not isinstance(data, bytes) else data
-    fmt = sniff_format(data)
+    fmt = fmt or sniff_format(data)
     try:
         if fmt == "jpeg":
             return _jpeg_size(data)
@@ -212,17 +221,19 @@ def _tiff_samples(data: bytes) -> tuple[int, int] | None:
     return max(samples, 1), max(1, -(-bits // 8))
 
 
-def decoded_bytes(data: bytes) -> int | None:
+def decoded_bytes(data: bytes, *, fmt: str | None = None, size: tuple[int, int] | None = None) -> int | None:
     """Bytes of the decoded buffer, width x height x channels x bytes per sample, from the header only.
 
     A bit depth or channel count the header does not give is taken at its worst case for the
     format (OpenCV decodes palettes and GIF to 3-4 channels). None when the size is unreadable.
+    ``fmt`` and ``size``: :func:`sniff_format` and :func:`header_size` of ``data`` when the caller
+    has them already (the ingest reads each header once).
     """
-    size = header_size(data)
+    fmt = fmt or sniff_format(data)
+    size = size or header_size(data, fmt=fmt)
     if size is None:
         return None
     w, h = size
-    fmt = sniff_format(data)
     channels, per_sample = 4, 1
     try:
         if fmt == "png":
@@ -230,18 +241,10 @@ def decoded_bytes(data: bytes) -> int | None:
             channels = {0: 1, 2: 3, 3: 4, 4: 4, 6: 4}.get(color, 4)  # grey+alpha is decoded as BGRA
             per_sample = 2 if depth == 16 else 1
         elif fmt == "jpeg":
-            i, n = 2, len(data)
-            while i + 10 <= n and data[i] == 0xFF:
-                marker = data[i + 1]
-                if marker in _SOF_MARKERS:
-                    precision, channels = data[i + 4], data[i + 9]
-                    per_sample = 2 if precision > 8 else 1
-                    break
-                if marker == 0xFF:
-                    i += 1
-                    continue
-                (length,) = struct.unpack_from(">H", data, i + 2)
-                i += 2 + length
+            i = _jpeg_sof(data)
+            if i is not None and i + 10 <= len(data):
+                precision, channels = data[i + 4], data[i + 9]
+                per_sample = 2 if precision > 8 else 1
         elif fmt == "pnm":
             channels = 3 if data[1:2] in b"36" else 1
             tokens = data[2:64].split()

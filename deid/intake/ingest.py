@@ -8,7 +8,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import threading
+from collections import deque
 from collections.abc import Iterator, Mapping
+from contextlib import closing
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,9 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from deid.intake.drop import Drop, read_drop_file
+from deid.intake.drop import Drop, DropDirectories, open_drop_file, read_drop_file
 from deid.errors import Quarantined, RecordError
-from deid.intake.drop import open_drop_file
 from deid.intake.imaging import decoded_bytes, header_size, max_decoded_bytes, sniff_format
 from deid.intake.video import frame_record_id, is_video, segment_messages, staged_crop, track_video, video_rate
 from deid.faults import fault_enospc
@@ -80,19 +83,94 @@ def _check_bytes(data: bytes, *, max_pixels: int) -> tuple[str, str] | None:
     fmt = sniff_format(data)
     if fmt is None:
         return "unsupported_format", f"not a supported image format (first bytes {data[:8].hex()})"
-    size = header_size(data)
+    size = header_size(data, fmt=fmt)
     if size is not None and size[0] * size[1] > max_pixels:
         return "image_too_large", (
             f"{size[0]}x{size[1]} = {size[0] * size[1]} pixels exceeds max_pixels={max_pixels}; "
             "raise DEID_MAX_PIXELS if the image is genuine"
         )
-    need, limit = decoded_bytes(data), max_decoded_bytes(max_pixels)
+    need, limit = decoded_bytes(data, fmt=fmt, size=size), max_decoded_bytes(max_pixels)
     if need is not None and need > limit:
         return "image_too_large", (
             f"decoding needs {need} bytes (width x height x channels x bytes per sample), above "
             f"{limit} (3 bytes per pixel of max_pixels={max_pixels}); raise DEID_MAX_PIXELS if the image is genuine"
         )
     return None
+
+
+# Threads reading the drop's files ahead of the writer: opening, reading and hashing a file release the
+# GIL, so the files' I/O and sha256 overlap each other and the Parquet writes (measured in
+# bench/bench_ingest.py).
+READ_THREADS = 4
+VIDEO = "video"  # a row the reader leaves to the writer's thread (its frames are staged as they are tracked)
+
+# One read file: (bytes, raw sha256) when usable, else (None, (reason code, message)).
+_Read = tuple[bytes, bytes] | tuple[None, tuple[str, str]] | str
+
+
+def _read_rows(drop: Drop, images: list[str], dirs: threading.local, opened: list[DropDirectories], *,
+               max_pixels: int) -> list[_Read]:
+    """Read, check and hash the drop files ``images`` (a reader thread's share, in order)."""
+    mine = getattr(dirs, "cache", None)
+    if mine is None:
+        mine = dirs.cache = DropDirectories(drop.root)
+        opened.append(mine)
+    out: list[_Read] = []
+    for image in images:
+        if drop.has_videos and is_video(image):
+            out.append(VIDEO)
+            continue
+        try:
+            # Opened relative to the drop, following no symlink, at the moment of reading.
+            data = read_drop_file(drop.root, image, dirs=mine)
+        except RecordError as exc:
+            out.append((None, (exc.code, exc.message)))
+            continue
+        problem = _check_bytes(data, max_pixels=max_pixels)
+        out.append((None, problem) if problem else (data, hashlib.sha256(data).digest()))
+    return out
+
+
+def _read_ahead(drop: Drop, manifest: pa.Table, *, max_pixels: int, batch_size: int,
+                threads: int = READ_THREADS) -> Iterator[tuple[int, str, str, _Read]]:
+    """(row, record_id, image, what was read) for every manifest row, in manifest order.
+
+    ``threads`` threads read chunks of rows ahead of the caller; at most ``batch_size`` files are
+    read and not yet taken (with the caller's batch: ``2 x batch_size`` files in memory at most).
+    """
+    chunk = max(1, batch_size // (2 * threads))
+    window = max(1, batch_size // chunk)
+    local, opened = threading.local(), []
+    pending: deque = deque()
+    rows = ((start + j, rid, image) for batch, start in _batches(manifest)
+            for j, (rid, image) in enumerate(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist())))
+    try:
+        with ThreadPoolExecutor(threads, thread_name_prefix="deid-ingest") as pool:
+            def submit() -> bool:
+                part = [r for _, r in zip(range(chunk), rows)]
+                if part:
+                    pending.append((part, pool.submit(_read_rows, drop, [r[2] for r in part], local, opened,
+                                                      max_pixels=max_pixels)))
+                return bool(part)
+
+            while len(pending) < window and submit():
+                pass
+            while pending:
+                part, future = pending.popleft()
+                got = future.result()
+                submit()
+                for (row, rid, image), read in zip(part, got):
+                    yield row, rid, image, read
+    finally:
+        for cache in opened:
+            cache.close()
+
+
+def _batches(manifest: pa.Table) -> Iterator[tuple[pa.RecordBatch, int]]:
+    start = 0
+    for batch in manifest.select(["record_id", "image"]).to_batches(max_chunksize=4096):
+        yield batch, start
+        start += batch.num_rows
 
 
 def _batch_table(manifest: pa.Table, rows: list[int], digests: list[str], data: list[bytes],
@@ -123,7 +201,8 @@ def _batch_table(manifest: pa.Table, rows: list[int], digests: list[str], data: 
 _WRITER_OPTIONS = dict(compression={"data": "none"}, use_dictionary=False)
 
 
-def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_size: int = 64) -> IngestResult:
+def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_size: int = 64,
+           read_threads: int = READ_THREADS) -> IngestResult:
     """Stream the drop's usable rows into ``out_path`` (Parquet, one row group per batch).
 
     Each source file is read once and at most ``batch_size`` files are held in memory. Records whose
@@ -131,6 +210,8 @@ def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_s
     (``duplicate_across_people``): the same photo credited to two people would break the per-person
     count behind the k guarantee. Such clashes are only known at the end, so when there are any the
     staged table is rewritten without them (from the staged table, not from the sources).
+    ``read_threads`` threads read and hash the files ahead of the writer (at most ``2 x batch_size``
+    files in memory).
     """
     out_path.parent.mkdir(parents=True, exist_ok=True)
     schema = schemas.ingested([*drop.labels, *drop.sensitive], points=drop.has_points, sequences=drop.has_sequences,
@@ -138,7 +219,8 @@ def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_s
 
     tmp = out_path.with_suffix(".parquet.tmp")
     try:
-        return _ingest(drop, out_path, tmp, schema, max_pixels=max_pixels, batch_size=batch_size)
+        return _ingest(drop, out_path, tmp, schema, max_pixels=max_pixels, batch_size=batch_size,
+                       read_threads=read_threads)
     except BaseException:
         # A partial file of raw source bytes must not stay behind (e.g. on a full disk).
         tmp.unlink(missing_ok=True)
@@ -147,7 +229,7 @@ def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_s
 
 
 def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pixels: int,
-            batch_size: int) -> IngestResult:
+            batch_size: int, read_threads: int) -> IngestResult:
     quarantined: list[Quarantined] = []
     # Per record read: its manifest row and the raw sha256 of its bytes (columnar: issue 13).
     staged_rows = np.empty(len(drop.rows), np.int64)
@@ -161,10 +243,10 @@ def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pix
     frame_ids: list[str] = []  # staged record ids of video frames, in staging order (None-free)
     n_frames = 0
 
-    def stage(row: int, data: bytes, frame: VideoFrame | None = None) -> None:
+    def stage(row: int, data: bytes, frame: VideoFrame | None = None, *, digest: bytes | None = None) -> None:
         nonlocal n_staged, staged_rows, n_frames
-        digest = hashlib.sha256(data)
-        raw.extend(digest.digest())
+        digest = digest or hashlib.sha256(data).digest()
+        raw.extend(digest)
         if n_staged == len(staged_rows):  # video rows add records: grow the per-record arrays
             staged_rows = np.concatenate([staged_rows, np.empty(max(1024, len(staged_rows)), np.int64)])
         staged_rows[n_staged] = row
@@ -173,7 +255,7 @@ def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pix
             frame_ids.append(frame[0])
         n_staged += 1
         chunk_rows.append(row)
-        chunk_digests.append(digest.hexdigest())
+        chunk_digests.append(digest.hex())
         chunk_data.append(data)
         chunk_frames.append(frame)
         if len(chunk_rows) == batch_size:
@@ -193,29 +275,20 @@ def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pix
             chunk_digests.clear()
             chunk_data.clear()
 
-        start = 0
-        for batch in manifest.select(["record_id", "image"]).to_batches(max_chunksize=4096):
-            for j, (rid, image) in enumerate(zip(batch.column(0).to_pylist(), batch.column(1).to_pylist())):
-                if drop.has_videos and is_video(image):
-                    why, frames = _ingest_video(drop, rid, image, start + j, stage, max_pixels=max_pixels,
-                                                rates=sequence_fps)
+        with closing(_read_ahead(drop, manifest, max_pixels=max_pixels, batch_size=batch_size,
+                                 threads=read_threads)) as reads:
+            for row, rid, image, read in reads:
+                if isinstance(read, str):  # VIDEO
+                    why, frames = _ingest_video(drop, rid, image, row, stage, max_pixels=max_pixels, rates=sequence_fps)
                     quarantined.extend(why)
                     if frames is not None:  # expanded into frames: counted as frames from here on
                         video_count[0] += 1
                         video_count[1] += frames
                     continue
-                try:
-                    # Opened relative to the drop, following no symlink, at the moment of reading.
-                    data = read_drop_file(drop.root, image)
-                except RecordError as exc:
-                    quarantined.append(Quarantined(rid, image, exc.code, exc.message, "ingest"))
+                if read[0] is None:
+                    quarantined.append(Quarantined(rid, image, *read[1], "ingest"))
                     continue
-                problem = _check_bytes(data, max_pixels=max_pixels)
-                if problem:
-                    quarantined.append(Quarantined(rid, image, *problem, "ingest"))
-                    continue
-                stage(start + j, data)
-            start += batch.num_rows
+                stage(row, read[0], digest=read[1])
         if chunk_rows:
             flush()
 
