@@ -207,10 +207,16 @@ class Aligned:
 
 @dataclass(frozen=True)
 class Featurized:
-    """Eigenface features, one part per aligned part."""
+    """Eigenface features, one part per aligned part.
+
+    ``identity_dims``: the parts also hold the identity first pass's features (column ``identity``,
+    :func:`deid.operations.pipeline.identity_first_pass`), computed while the pixels were read for the
+    eigenfaces; 0 when the drop is small enough for the recogniser to embed every face.
+    """
 
     parts: tuple[Path, ...]
     n_components: int
+    identity_dims: int = 0
 
 
 @dataclass(frozen=True)

@@ -117,12 +117,13 @@ def test_image_check_is_off_without_the_recogniser(budget):
 
 
 def test_large_drop_first_pass_streams_parts_and_embeds_only_what_it_flags(tmp_path, monkeypatch):
-    """Above DEID_IDENTITY_EMBED_MAX the partition stage runs the cheap pass part by part and embeds the
-    flagged faces only (the recogniser replaced by a stand-in: its descriptors are the faces' own cheap features)."""
+    """Above DEID_IDENTITY_EMBED_MAX featurize computes the cheap pass part by part, the partition stage reads
+    it and embeds the flagged faces only (the recogniser replaced by a stand-in: its descriptors are the faces'
+    own cheap features)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from deid.contracts import Aligned
+    from deid.contracts import Aligned, Featurized
     from deid.operations import pipeline, stages
     from deid.operations.executors import LocalExecutor
 
@@ -144,8 +145,22 @@ def test_large_drop_first_pass_streams_parts_and_embeds_only_what_it_flags(tmp_p
         return stages.identity_cheap_features(got, shape, dims=8)
 
     monkeypatch.setattr(pipeline, "embed_faces", fake_embed)
-    out = pipeline.identity_first_pass(pa.chunked_array([pa.array(ids)]), Aligned(parts=tuple(parts)), (h, w),
-                                       LocalExecutor())
+    eigen = stages.fit_eigenfaces([str(p) for p in parts], n_components=4)
+    identity = stages.fit_identity_features(str(parts[0]), (h, w))
+    feats = [tmp_path / f"feat-{i}.parquet" for i in range(len(parts))]
+    for part, feat in zip(parts, feats):
+        stages.project_part(str(part), eigen, str(feat), identity=identity)
+    featurized = Featurized(parts=tuple(feats), n_components=4, identity_dims=identity.n_components)
+
+    def first_pass(order):
+        return pipeline.identity_first_pass(pa.chunked_array([pa.array([ids[i] for i in order])]),
+                                            Aligned(parts=tuple(parts)), featurized, (h, w), LocalExecutor())
+
+    # The model's features of the faces in memory, a part at a time, in the order of the ids asked for.
+    direct = np.vstack([identity.transform(faces[:30]), identity.transform(faces[30:])])
+    order = np.r_[30:61, 0:30]
+    np.testing.assert_array_equal(first_pass(order)["cheap"], direct[order])
+    out = first_pass(np.arange(61))
     assert out["cheap"].shape == (61, stages.IDENTITY_CHEAP_DIMS) and np.isfinite(out["cheap"]).all()
     rows, _ = cheap_candidates(out["cheap"], np.arange(61), 10)
     assert {0, 60} <= set(rows.tolist())  # the re-lit copy is its original's nearest face in the cheap space
@@ -160,3 +175,22 @@ def test_a_subset_without_ids_of_several_faces_is_judged_by_its_median_distance_
     cal = calibrate_recogniser(np.vstack([apart, alike]), np.arange(160))
     assert cal.informative[:80].all() and not cal.informative[80:].any()
     assert all(s["ids_with_several_faces"] == 0 for s in cal.subsets)
+
+
+def test_a_run_above_the_embedding_budget_reads_the_first_pass_featurize_computed(tmp_path):
+    """A release of more faces than DEID_IDENTITY_EMBED_MAX: featurize writes the first pass's features beside the
+    eigenfaces, the partition stage reads them and the recogniser embeds at most the budget's faces."""
+    import json
+
+    from deid.intake.synth import make_synthetic_drop
+    from deid.operations.runner import run_release
+    from deid.run_config import RunConfig
+    from deid.settings import Settings
+
+    drop = make_synthetic_drop(tmp_path / "drop", people=30, images_per_person=2, seed=3)
+    config = RunConfig.resolve(Settings(project_dir=tmp_path / "project", identity_embed_max=24, deep_attack_sample=20,
+                                        min_probes=4, cv_repeats=1), k=3)
+    run_release(drop, config)
+    [report_dir] = [p for p in config.reports_path.iterdir() if p.is_dir()]
+    recogniser = json.loads((report_dir / "report.json").read_text())["configuration"]["identity"]["recogniser"]
+    assert recogniser["records"] == 60 and 0 < recogniser["records_embedded"] <= 24

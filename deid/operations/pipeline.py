@@ -56,6 +56,7 @@ from deid.heap import release_free_memory
 from deid.anonymise.near_copy import NearCopyRepair
 from deid.anonymise.sequences import sequence_warning
 from deid.intake.drop import SEQUENCE_COLUMNS
+from deid.schemas import arrow as schemas
 from deid.operations.executors import Executor
 from deid.run_config import RunConfig
 
@@ -334,7 +335,12 @@ def align(ingested: Ingested, layout: StagingLayout, config: RunConfig, executor
 
 def featurize(aligned: Aligned, layout: StagingLayout, config: RunConfig, executor: Executor, *,
               logger: Logger | None = None) -> Featurized:
-    """Fit eigenfaces on the aligned set, then project every part (the model is shared with the workers once)."""
+    """Fit eigenfaces on the aligned set, then project every part (the model is shared with the workers once).
+
+    Above ``identity_embed_max`` faces the same reading of each part also computes the identity first
+    pass's features (:func:`identity_first_pass`): the pixels are read once, on the workers, instead of
+    a second pass over every part in this process.
+    """
     lg = logger or log
     (model,) = executor.map(stages.fit_eigenfaces, [dict(
         aligned_paths=[str(p) for p in aligned.parts], n_components=config.pca_components, seed=config.seed)])
@@ -342,13 +348,21 @@ def featurize(aligned: Aligned, layout: StagingLayout, config: RunConfig, execut
         f"{100 * float(np.sum(model.explained_variance_ratio_)):.1f}% of variance")
     shared = executor.share(model)
     outs = tuple(layout.feature_part(p) for p in aligned.parts)
-    progress = Progress("featurize: projecting", logger=lg).start(
-        sum(pq.ParquetFile(p).metadata.num_rows for p in aligned.parts))
-    n = sum(executor.map(stages.project_part, [dict(aligned_path=str(p), model=shared, out_path=str(o))
+    counts = [pq.ParquetFile(p).metadata.num_rows for p in aligned.parts]
+    identity = None
+    if sum(counts) > config.identity_embed_max > 0:
+        first = next(p for p, n in zip(aligned.parts, counts) if n)
+        (identity,) = executor.map(stages.fit_identity_features, [dict(aligned_path=str(first),
+                                                                        shape=tuple(config.shape_hw))])
+    shared_identity = executor.share(identity) if identity is not None else None
+    progress = Progress("featurize: projecting", logger=lg).start(sum(counts))
+    n = sum(executor.map(stages.project_part, [dict(aligned_path=str(p), model=shared, out_path=str(o),
+                                                    identity=shared_identity)
                                                 for p, o in zip(aligned.parts, outs)], on_done=progress.advance))
     progress.finish()
-    lg.info(f"featurize: {n} faces projected")
-    return Featurized(parts=outs, n_components=int(model.n_components_))
+    lg.info(f"featurize: {n} faces projected" + (" (and their identity first pass's features)" if identity else ""))
+    return Featurized(parts=outs, n_components=int(model.n_components_),
+                      identity_dims=int(identity.n_components) if identity is not None else 0)
 
 
 # --------------------------------------------------------------------------- partition -> de-identify
@@ -384,12 +398,24 @@ def load_faces(metadata: pa.Table, aligned: Aligned, featurized: Featurized, lab
 
 
 def _features_in_order(ids: pa.ChunkedArray | pa.Array, parts: Sequence[Path]) -> pa.Array:
-    """The feature parts' ``features`` rows in the order of ``ids``, each part copied into one buffer.
+    """The feature parts' ``features`` rows in the order of ``ids``, as a list column over one buffer."""
+    field = pq.read_schema(parts[0]).field("features") if parts else pa.field("features", pa.list_(pa.float32()))
+    out = _rows_in_order(ids, parts, "features")
+    n = len(ids)
+    if out.size >= 2 ** 31:  # the list type's int32 offsets (a take of the parts would refuse it too)
+        raise StateError(f"{n} faces x {out.shape[1]} features is too many values for one list column "
+                         f"({out.size} >= 2**31); lower DEID_PCA_COMPONENTS or release the drop in parts")
+    offsets = np.arange(n + 1, dtype=np.int64) * out.shape[1]
+    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(out.ravel()), type=field.type)
+
+
+def _rows_in_order(ids: pa.ChunkedArray | pa.Array, parts: Sequence[Path], column: str) -> np.ndarray:
+    """The feature parts' ``column`` (a list column of equal lengths) as a matrix in the order of ``ids``.
 
     Concatenating the parts and taking rows held the features three times at the peak (+0.7 GB at 1M
     faces); this holds the result and one part (issue 13). Every id must have a row.
     """
-    field = pq.read_schema(parts[0]).field("features") if parts else pa.field("features", pa.list_(pa.float32()))
+    field = pq.read_schema(parts[0]).field(column) if parts else pa.field(column, pa.list_(pa.float32()))
     part_ids = [pq.read_table(p, columns=["record_id"]).column("record_id") for p in parts]
     sizes = [len(a) for a in part_ids]
     at = stages.positions_in(ids, pa.chunked_array([c for a in part_ids for c in a.chunks], pa.string())).to_numpy()
@@ -399,7 +425,7 @@ def _features_in_order(ids: pa.ChunkedArray | pa.Array, parts: Sequence[Path]) -
     dest[at] = np.arange(n)
     out, start = None, 0
     for path, m in zip(parts, sizes):
-        col = stages._array(pq.read_table(path, columns=["features"]).column("features"))
+        col = stages._array(pq.read_table(path, columns=[column]).column(column))
         to, start = dest[start:start + m], start + m
         if not m:
             continue
@@ -414,11 +440,7 @@ def _features_in_order(ids: pa.ChunkedArray | pa.Array, parts: Sequence[Path]) -
         out[to[keep]] = X[keep]
     if out is None:
         out = np.zeros((n, 0), field.type.value_type.to_pandas_dtype())
-    if out.size >= 2 ** 31:  # the list type's int32 offsets (a take of the parts would refuse it too)
-        raise StateError(f"{n} faces x {out.shape[1]} features is too many values for one list column "
-                         f"({out.size} >= 2**31); lower DEID_PCA_COMPONENTS or release the drop in parts")
-    offsets = np.arange(n + 1, dtype=np.int64) * out.shape[1]
-    return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(out.ravel()), type=field.type)
+    return out
 
 
 def embed_faces(faces: pa.Table, shape_hw: tuple[int, int], executor: Executor) -> np.ndarray:
@@ -449,44 +471,40 @@ def embed_faces(faces: pa.Table, shape_hw: tuple[int, int], executor: Executor) 
     return E
 
 
-def identity_first_pass(record_ids: pa.ChunkedArray, aligned: Aligned, shape_hw: tuple[int, int],
-                        executor: Executor, *, lg=log) -> dict:
-    """The identity stage's cheap first pass over every face (self-quotient images), one aligned part at a time.
+def identity_first_pass(record_ids: pa.ChunkedArray, aligned: Aligned, featurized: Featurized,
+                        shape_hw: tuple[int, int], executor: Executor, *, lg=log) -> dict:
+    """The identity stage's cheap first pass over every face (self-quotient images), as featurize computed it.
 
     Returns ``cheap`` (:class:`~deid.operations.stages.CheapIdentityFeatures`, one row per record in the
-    order of ``record_ids``) and ``embed(positions)``: dlib descriptors of those records, their pixels read
-    back from the aligned parts and embedded over the executor (:func:`embed_faces`).
+    order of ``record_ids``, read from the feature parts' ``identity`` column: :func:`featurize`) and
+    ``embed(positions)``: dlib descriptors of those records, their pixels read back from the aligned
+    parts that hold them and embedded over the executor (:func:`embed_faces`).
     """
+    if not featurized.identity_dims:
+        raise StateError("the feature parts hold no identity first pass features (featurize computes them above "
+                         "DEID_IDENTITY_EMBED_MAX faces); re-run the release")
     ids = stages._array(record_ids)
-    # Each part row's place in ``ids`` (-1: not asked for), from one hash of ``ids``: hashing the ids
-    # once per aligned part (1,954 parts at 1M faces) made this pass ~1 ms a face, 10x its features.
-    part_ids = [pq.read_table(p, columns=["record_id"]).column("record_id") for p in aligned.parts]
-    at = pc.index_in(pa.chunked_array([c for a in part_ids for c in a.chunks], pa.string()), value_set=ids)
-    at = at.fill_null(-1).to_numpy()
-    bounds = np.cumsum([0, *(len(a) for a in part_ids)])
-    del part_ids
-    model, cheap = None, None
-    progress = Progress("partition: identity first pass").start(len(ids))
-    for i, part in enumerate(aligned.parts):
-        dest = at[bounds[i]:bounds[i + 1]]
-        keep = np.flatnonzero(dest >= 0)
-        if not len(keep):
-            continue
-        t = pq.read_table(part, columns=["pixels"]).take(pa.array(keep))
-        rows = np.frombuffer(b"".join(t.column("pixels").to_pylist()), np.uint8).reshape(t.num_rows, -1)
-        if model is None:
-            model = stages.CheapIdentityFeatures(shape_hw).fit(rows[:: max(1, len(rows) // 4000)])
-            cheap = np.zeros((len(ids), model.n_components), np.float32)
-        cheap[dest[keep]] = model.transform(rows)
-        progress.advance(t.num_rows)
-    progress.finish()
+    cheap = _rows_in_order(ids, featurized.parts, "identity")
+    lg.info("partition: identity first pass features of %d faces read", len(ids))
 
     def embed(positions: np.ndarray) -> np.ndarray:
         want = ids.take(pa.array(np.asarray(positions, dtype=np.int64)))
-        got = pa.concat_tables([pq.read_table(p, columns=["record_id", "pixels"],
-                                              filters=pc.is_in(pc.field("record_id"), value_set=want))
-                                for p in aligned.parts])
-        got = got.take(stages.positions_in(want, got.column("record_id")))
+        # Each wanted record's aligned part and row: only the parts holding one are read, whole (a
+        # filtered dataset read cost ~40 ms a part, 1,954 parts at 1M faces).
+        part_ids = [pq.read_table(p, columns=["record_id"]).column("record_id") for p in aligned.parts]
+        ends = np.cumsum([len(a) for a in part_ids])
+        where = stages.positions_in(want, pa.chunked_array([c for a in part_ids for c in a.chunks], pa.string()))
+        where = where.to_numpy()
+        del part_ids
+        part_of = np.searchsorted(ends, where, side="right")
+        pixels: list = [None] * len(want)
+        for p in np.unique(part_of).tolist():
+            mine = np.flatnonzero(part_of == p)
+            rows = where[mine] - (ends[p - 1] if p else 0)
+            col = pq.ParquetFile(aligned.parts[p]).read(columns=["pixels"]).column("pixels").take(pa.array(rows))
+            for j, v in zip(mine.tolist(), col.to_pylist()):
+                pixels[j] = v
+        got = pa.table({"record_id": want, "pixels": pa.array(pixels, pa.binary())})
         lg.info("partition: the recogniser embeds %d faces the identity first pass chose", got.num_rows)
         return embed_faces(got, shape_hw, executor)
 
@@ -496,9 +514,10 @@ def identity_first_pass(record_ids: pa.ChunkedArray, aligned: Aligned, shape_hw:
 def _write_hive(table: pa.Table, root: Path, key: str, basename: str) -> Path:
     """Append ``table`` to the Hive partition ``partition=<key>`` under ``root``."""
     table = table.append_column("partition", pa.array([key] * table.num_rows))
+    options = ds.ParquetFileFormat().make_write_options(**schemas.writer_options(table.column_names))
     ds.write_dataset(table, root, format="parquet", partitioning=ds.partitioning(
         pa.schema([("partition", pa.string())]), flavor="hive"), existing_data_behavior="overwrite_or_ignore",
-        basename_template=basename)
+        basename_template=basename, file_options=options)
     return root / f"partition={key}"
 
 
@@ -551,12 +570,13 @@ def write_with_pixels(targets: Sequence[tuple[pa.Table, Sequence[int], Path]], a
                 out = chunk(t, rows, got.column("pixels").take(pa.array(at, pa.int64())))
                 if t not in writers:
                     targets[t][2].parent.mkdir(parents=True, exist_ok=True)
-                    writers[t] = pq.ParquetWriter(targets[t][2], out.schema)
+                    writers[t] = pq.ParquetWriter(targets[t][2], out.schema, **schemas.writer_options(out.schema.names))
                 writers[t].write_table(out)
         for t, (_, _, path) in enumerate(targets):  # a table none of whose faces is aligned: an empty file
             if t not in writers:
                 path.parent.mkdir(parents=True, exist_ok=True)
-                pq.write_table(chunk(t, [], pa.array([], pa.binary())), path)
+                empty = chunk(t, [], pa.array([], pa.binary()))
+                pq.write_table(empty, path, **schemas.writer_options(empty.column_names))
     finally:
         for w in writers.values():
             w.close()
@@ -640,7 +660,8 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
     if embeddings is None and faces.num_rows > config.identity_embed_max > 0:
         # Above the budget: a cheap pass (self-quotient images) over every face flags the closest cross-id pairs, and the
         # recogniser embeds only those (and references for its calibration): identity at any size (issue 27).
-        first_pass = identity_first_pass(faces.column("record_id"), aligned, config.shape_hw, executor, lg=lg)
+        first_pass = identity_first_pass(faces.column("record_id"), aligned, featurized, config.shape_hw, executor,
+                                         lg=lg)
         embed = first_pass["embed"]
 
         def kept(positions: np.ndarray) -> np.ndarray:

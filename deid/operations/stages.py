@@ -83,7 +83,7 @@ class GateRecords:
 def _write_atomic(table: pa.Table, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    pq.write_table(table, tmp)
+    pq.write_table(table, tmp, **schemas.writer_options(table.column_names))
     os.replace(tmp, path)
 
 
@@ -397,18 +397,33 @@ def fit_eigenfaces(aligned_paths: list[str], n_components: int, seed: int = 0) -
     return model.fit(X)
 
 
-def project_part(aligned_path: str, model: Eigenfaces, out_path: str) -> int:
-    """Project one aligned part onto the eigenfaces; write (record_id, features)."""
+def _list_column(feats: np.ndarray, n: int) -> pa.ListArray:
+    """Rows of a float matrix as an Arrow list column (one buffer, no Python lists)."""
+    return pa.ListArray.from_arrays(
+        pa.array(np.arange(0, feats.size + 1, max(feats.shape[1], 1), dtype=np.int32)[: n + 1]),
+        pa.array(np.ascontiguousarray(feats, dtype=np.float32).ravel()))
+
+
+def project_part(aligned_path: str, model: Eigenfaces, out_path: str, identity=None) -> int:
+    """Project one aligned part onto the eigenfaces; write (record_id, features).
+
+    ``identity`` (a fitted :data:`CheapIdentityFeatures`): also write the identity first pass's
+    features of the part (column ``identity``), from the pixels read once for both.
+    """
     ids, X = read_pixels([aligned_path])
     feats = model.transform(X) if len(ids) else np.zeros((0, model.n_components_), np.float32)
-    out = pa.table(
-        {"record_id": ids, "features": pa.ListArray.from_arrays(
-            pa.array(np.arange(0, feats.size + 1, max(feats.shape[1], 1), dtype=np.int32)[: len(ids) + 1]),
-            pa.array(np.ascontiguousarray(feats, dtype=np.float32).ravel()))},
-        schema=schemas.features(),
-    )
-    _write_atomic(out, Path(out_path))
+    columns = {"record_id": ids, "features": _list_column(feats, len(ids))}
+    if identity is not None:
+        columns["identity"] = _list_column(identity.transform(X), len(ids))
+    _write_atomic(pa.table(columns, schema=schemas.features(identity=identity is not None)), Path(out_path))
     return len(ids)
+
+
+def fit_identity_features(aligned_path: str, shape: tuple[int, int]):
+    """The identity first pass's model (:data:`CheapIdentityFeatures`), fitted on the first aligned part
+    (at most ~4,000 of its faces, evenly spaced)."""
+    _, rows = read_pixels([aligned_path])
+    return CheapIdentityFeatures(shape).fit(rows[:: max(1, len(rows) // 4000)])
 
 
 def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: str = "k-same-select",
@@ -665,7 +680,7 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
         schema = schemas.deidentified()
         fd = os.open(spill / "averages", os.O_RDONLY)
         try:
-            with pq.ParquetWriter(tmp, schema) as writer:  # pass 3: every (kept) record its cluster's mean
+            with pq.ParquetWriter(tmp, schema, **schemas.writer_options(schema.names)) as writer:  # pass 3: every record its cluster's mean
                 for a in range(0, len(kept), _OUT_ROWS):
                     rows = kept[a: a + _OUT_ROWS]
                     labs = labels_[rows]
@@ -1254,7 +1269,7 @@ def write_lineage_part(partition_dir: str, out_path: str, release, state, record
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
-    with pq.ParquetWriter(tmp, schema) as writer:
+    with pq.ParquetWriter(tmp, schema, **schemas.writer_options(schema.names)) as writer:
         for a in range(0, len(ids), _OUT_ROWS):
             cs = pa.array(clusters[a:a + _OUT_ROWS], pa.string()).dictionary_encode()
             keys = cs.dictionary.to_pylist()
