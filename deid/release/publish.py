@@ -278,28 +278,51 @@ def _write_images(tmp_dir: Path, images, shape: tuple[int, ...], names, chunk: i
     del order
     sha = np.zeros((n, 32), np.uint8)
     sizes = np.zeros(n, np.int64)
-    for c in range(0, len(starts), chunk):
-        reps = by_key[starts[c:c + chunk]]  # one record per distinct image
-        block = np.asarray(images[reps]) if index is not None else None
-        first = int(starts[c]) if len(starts) else 0
-        last = int(ends[min(c + chunk, len(starts)) - 1]) if len(starts) else 0
-        # This chunk's members' file names (an Arrow column is read a chunk at a time).
-        chunk_names = names.take(pa.array(by_key[first:last])).to_pylist() if arrow else \
-            [names[i] for i in by_key[first:last].tolist()]
-        for j, (a, b) in enumerate(zip(starts[c:c + chunk].tolist(), ends[c:c + chunk].tolist())):
-            img = block[j] if block is not None else images[int(reps[j])]
-            ok, buf = cv2.imencode(".png", np.asarray(img).reshape(shape))
-            if not ok:
-                raise RuntimeError(f"PNG encoding failed for a {shape} image")
-            data = buf.tobytes()
-            members = rank[by_key[a:b]]
-            sha[members] = np.frombuffer(hashlib.sha256(data).digest(), np.uint8)
-            sizes[members] = len(data)
-            for name in chunk_names[a - first:b - first]:
-                fault_enospc("stage", tmp_dir / name)
-                with open(tmp_dir / name, "wb") as fh:
-                    fh.write(data)
+    dfd = os.open(tmp_dir, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for c in range(0, len(starts), chunk):
+            reps = by_key[starts[c:c + chunk]]  # one record per distinct image
+            block = np.asarray(images[reps]) if index is not None else None
+            first = int(starts[c]) if len(starts) else 0
+            last = int(ends[min(c + chunk, len(starts)) - 1]) if len(starts) else 0
+            # This chunk's members' file names (an Arrow column is read a chunk at a time).
+            chunk_names = names.take(pa.array(by_key[first:last])).to_pylist() if arrow else \
+                [names[i] for i in by_key[first:last].tolist()]
+            for j, (a, b) in enumerate(zip(starts[c:c + chunk].tolist(), ends[c:c + chunk].tolist())):
+                img = block[j] if block is not None else images[int(reps[j])]
+                ok, buf = cv2.imencode(".png", np.asarray(img).reshape(shape))
+                if not ok:
+                    raise RuntimeError(f"PNG encoding failed for a {shape} image")
+                data = buf.tobytes()
+                members = rank[by_key[a:b]]
+                sha[members] = np.frombuffer(hashlib.sha256(data).digest(), np.uint8)
+                sizes[members] = len(data)
+                mine = chunk_names[a - first:b - first]
+                if mine:
+                    fault_enospc("stage", tmp_dir / mine[0])
+                for name in mine:
+                    _write_file(dfd, name, data, tmp_dir)
+    finally:
+        os.close(dfd)
     return ReleaseFiles.from_sorted(paths, sha, sizes)
+
+
+_CREATE = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0)
+
+
+def _write_file(dir_fd: int, name: str, data: bytes, where: Path) -> None:
+    """``data`` into the file ``name`` under the directory ``dir_fd`` (``where``), as ``open(..., "wb")`` writes
+    it, without a file object or a path object per file (a million release files). An error names the file."""
+    try:
+        fd = os.open(name, _CREATE, 0o666, dir_fd=dir_fd)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, os.path.join(where, name)) from None
 
 
 def _sequence_ids(sequences: list | None, frames: list | None, n: int) -> list[tuple[str | None, int | None]] | None:
