@@ -99,9 +99,10 @@ def _check_bytes(data: bytes, *, max_pixels: int) -> tuple[str, str] | None:
 
 
 # Threads reading the drop's files ahead of the writer: opening, reading and hashing a file release the
-# GIL, so the files' I/O and sha256 overlap each other and the Parquet writes (measured in
-# bench/bench_ingest.py).
-READ_THREADS = 4
+# GIL, so one reader overlaps the files' I/O and sha256 with the Parquet writes. More readers contend for
+# the GIL on their many short calls: bench/bench_ingest.py on a 100k-face drop, quiet 2-core machine, wall
+# 4.6-6.8 s with one reader, 6.4-8.4 s with two, 9.1 s with four (one thread, before: 11.9 s).
+READ_THREADS = 1
 VIDEO = "video"  # a row the reader leaves to the writer's thread (its frames are staged as they are tracked)
 
 # One read file: (bytes, raw sha256) when usable, else (None, (reason code, message)).
@@ -208,7 +209,7 @@ def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_s
     count behind the k guarantee. Such clashes are only known at the end, so when there are any the
     staged table is rewritten without them (from the staged table, not from the sources).
     ``read_threads`` threads read and hash the files ahead of the writer (at most ``2 x batch_size``
-    files in memory).
+    files in memory; :data:`READ_THREADS`).
     """
     out_path.parent.mkdir(parents=True, exist_ok=True)
     schema = schemas.ingested([*drop.labels, *drop.sensitive], points=drop.has_points, sequences=drop.has_sequences,
