@@ -1,9 +1,10 @@
 """Throughput of the ingest (the drop's files into the staged Parquet table) by reader threads.
 
-Usage: .venv/bin/python bench/bench_ingest.py DROP [--threads 1 4] [--repeat 1]
+Usage: .venv/bin/python bench/bench_ingest.py DROP [--threads 1 4] [--repeat 1] [--cold]
 
 Each variant runs ``deid.intake.ingest.ingest`` in a fresh child process on the same drop (the
-files read once before, so every variant reads from the page cache) and prints wall seconds, CPU
+files read once before, so every variant reads from the page cache; with ``--cold`` the page cache
+is dropped before each variant instead, as root: every file read from the disk) and prints wall seconds, CPU
 seconds (user + system of the child), records per second, the child's peak RSS, and the ratio of
 wall time to the first variant's, measured in this run. A floor is measured in the same way: the
 same files read and hashed (sha256) in one thread, nothing checked or written. The staged tables of
@@ -20,7 +21,6 @@ import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -83,11 +83,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--batch", type=int, default=512, help="files per row group (a 1M run's: 512)")
     ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--cold", action="store_true", help="drop the page cache before each variant (root)")
     args = ap.parse_args()
     drop = args.drop.resolve()
-    subprocess.run(f"cat {drop}/manifest.csv > /dev/null; find {drop} -type f -exec cat {{}} + > /dev/null",
-                   shell=True, check=True)  # every variant reads from the page cache
-    print(f"drop {drop}  load average {os.getloadavg()[0]:.2f}")
+
+    def prepare() -> None:
+        if args.cold:  # every file from the disk (the drop's directory entries too)
+            subprocess.run("sync; echo 3 > /proc/sys/vm/drop_caches", shell=True, check=True)
+        else:  # every variant reads from the page cache
+            subprocess.run(f"cat {drop}/manifest.csv > /dev/null; find {drop} -type f -exec cat {{}} + > /dev/null",
+                           shell=True, check=True)
+    prepare()
+    print(f"drop {drop}  load average {os.getloadavg()[0]:.2f}  {'cold' if args.cold else 'warm'} page cache")
     print(f"{'variant':<22}{'wall s':>9}{'CPU s':>9}{'records/s':>12}{'peak RSS MiB':>14}{'x first':>9}  staged")
     first = None
     with tempfile.TemporaryDirectory(dir=drop.parent) as tmp:
@@ -98,6 +105,7 @@ def main() -> None:
                                                                        batch=args.batch, threads=threads), out))
         for _ in range(args.repeat):
             for name, code, out in rows:
+                prepare()
                 r = run_child(code)
                 if out is None:
                     ratio = ""

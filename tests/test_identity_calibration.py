@@ -194,3 +194,27 @@ def test_a_run_above_the_embedding_budget_reads_the_first_pass_featurize_compute
     [report_dir] = [p for p in config.reports_path.iterdir() if p.is_dir()]
     recogniser = json.loads((report_dir / "report.json").read_text())["configuration"]["identity"]["recogniser"]
     assert recogniser["records"] == 60 and 0 < recogniser["records_embedded"] <= 24
+
+
+def test_self_quotient_images_are_the_formula_exactly_for_grey_and_colour_faces():
+    """The first pass's self-quotient images (a face's own log term looked up for grey uint8 faces) equal
+    log1p(face) - log1p(blur(face)), halved and standardised, computed directly: every grey level, every offset."""
+    import cv2
+
+    from deid.alignment.features import IlluminationFeatures
+
+    h, w = 23, 19
+    rng = np.random.default_rng(5)
+    grey = rng.integers(0, 256, (40, h * w), dtype=np.uint8)
+    grey[0] = np.arange(h * w) % 256  # every level, at offsets that cycle through the row
+    colour = rng.integers(0, 256, (5, h * w * 3), dtype=np.uint8)
+    model = IlluminationFeatures((h, w))
+
+    def direct(r):
+        f = r.reshape(h, w, -1).mean(axis=2, dtype=np.float32) if r.size != h * w else r.reshape(h, w).astype(np.float32)
+        q = np.log1p(f) - np.log1p(cv2.GaussianBlur(f, (0, 0), model.sigma))
+        q = cv2.resize(q, (w // 2, h // 2), interpolation=cv2.INTER_AREA).ravel()
+        return (q - q.mean()) / (q.std() + 1e-6)
+
+    for rows in (grey, colour):
+        np.testing.assert_array_equal(model.quotient(rows), np.vstack([direct(r) for r in rows]))

@@ -99,10 +99,13 @@ def _check_bytes(data: bytes, *, max_pixels: int) -> tuple[str, str] | None:
 
 
 # Threads reading the drop's files ahead of the writer: opening, reading and hashing a file release the
-# GIL, so one reader overlaps the files' I/O and sha256 with the Parquet writes. More readers contend for
-# the GIL on their many short calls: bench/bench_ingest.py on a 100k-face drop, quiet 2-core machine, wall
-# 4.6-6.8 s with one reader, 6.4-8.4 s with two, 9.1 s with four (one thread, before: 11.9 s).
-READ_THREADS = 1
+# GIL, so readers overlap the files' I/O with each other and with the Parquet writes. A new drop is read
+# from the disk, where several reads in flight pay; from the page cache the readers only contend for the
+# GIL. bench/bench_ingest.py, 100k faces (7.9 KB JPEGs), quiet 2-core machine, wall seconds by readers:
+# cold cache 1: 19.1, 2: 15.3, 3: 12.2, 4: 12.7-13.4, 8: 16.4; warm cache 1: 3.5-6.8, 3: 6.8-8.5
+# (before the readers: 11.9 warm). The 1M run reads its drop from the disk (ingest: 311 s wall, ~190 s
+# of it waiting for reads).
+READ_THREADS = 3
 VIDEO = "video"  # a row the reader leaves to the writer's thread (its frames are staged as they are tracked)
 
 # One read file: (bytes, raw sha256) when usable, else (None, (reason code, message)).
