@@ -263,9 +263,16 @@ def test_property_the_content_index_finds_a_planted_one_record_difference(seed, 
 
 @pytest.mark.xfail(strict=True, reason="known gap (issue 32 note): within one release, a cluster and one made of "
                    "pixel copies of all but one of its members differ by a swapped pair; neither the all-pairs "
-                   "search nor the content index finds it on random faces (seed 166, k=3: 0 people identified)")
+                   "search nor the content index finds every such swap on random faces (k=3: 79 of seeds 0-399 "
+                   "missed by both on an AVX2 machine; which seeds depends on the machine's floating point)")
 @pytest.mark.parametrize("pairs", ["content", "nearest"])
 def test_known_gap_a_swap_among_pixel_copies_within_one_release(pairs):
-    state, rel, X, ppl, planted = _planted(166, 3, 1, swap=True, copies=True)
-    got = differencing_attack(state, rel, X, original_people=ppl, pairs=pairs)
-    assert planted <= got.people_identified
+    # Forty planted releases, not one seed: which swaps the searches miss moves with the BLAS kernels (seed 166
+    # was missed on one machine and is found on another), the gap does not (~20% of seeds missed).
+    missed = []
+    for seed in range(40):
+        state, rel, X, ppl, planted = _planted(seed, 3, 1, swap=True, copies=True)
+        got = differencing_attack(state, rel, X, original_people=ppl, pairs=pairs)
+        if not planted <= got.people_identified:
+            missed.append(seed)
+    assert not missed, f"swaps among pixel copies missed for seeds {missed}"
