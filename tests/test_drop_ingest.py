@@ -166,7 +166,7 @@ def test_kept_directories_read_the_same_bytes_and_still_refuse_links(tmp_path):
     (tmp_path / "outside.bin").write_bytes(b"secret")
     (root / "a0" / "b" / "link.bin").symlink_to(tmp_path / "outside.bin")
     before = len(os.listdir("/proc/self/fd"))
-    with DropDirectories(root, size=3) as dirs:
+    with DropDirectories(size=3) as dirs:
         for _ in range(2):
             for i in range(6):
                 assert read_drop_file(root, f"a{i}/b/x.bin", dirs=dirs) == bytes([i]) * (i + 1)

@@ -92,7 +92,8 @@ class IlluminationFeatures:
     at most 4,000 faces. Measured on London (204 aligned faces): five copies of one photo under linear light
     ramps (gains 0.55-1.45) lie within 0.08 x the median nearest-other-person distance of each other;
     neutral vs smiling photos of one person 0.72 x (median), nearest other person >= 0.80 x (1st
-    percentile). About 0.25 ms of CPU per 92 x 81 face (measured 2026-11-29; 0.36 before the looked-up log and the standardisation of all rows at once): the identity stage's first pass at any size
+    percentile). About 0.25 ms of CPU per 92 x 81 face on an AVX2 machine (0.36 before the face's own log
+    term was looked up and the rows standardised at once): the identity stage's first pass at any size
     (:func:`deid.anonymise.identity.cheap_candidates`) and the within-cluster check's.
 
     Rows are flat uint8 faces, grey (h*w) or RGB (h*w*3, averaged to grey); ``transform`` returns float32

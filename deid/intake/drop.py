@@ -229,8 +229,7 @@ class DropDirectories:
     at the moment it is read. One cache per thread: descriptors are not shared between threads.
     """
 
-    def __init__(self, root: str | os.PathLike, *, size: int = 64):
-        self.root = Path(root)
+    def __init__(self, *, size: int = 64):
         self.size = max(1, int(size))
         self._fds: dict[tuple[str, ...], int] = {}  # insertion order = least recently used first
 

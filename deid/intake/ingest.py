@@ -117,7 +117,7 @@ def _read_rows(drop: Drop, images: list[str], dirs: threading.local, opened: lis
     """Read, check and hash the drop files ``images`` (a reader thread's share, in order)."""
     mine = getattr(dirs, "cache", None)
     if mine is None:
-        mine = dirs.cache = DropDirectories(drop.root)
+        mine = dirs.cache = DropDirectories()
         opened.append(mine)
     out: list[_Read] = []
     for image in images:
@@ -198,8 +198,6 @@ def _batch_table(manifest: pa.Table, rows: list[int], digests: list[str], data: 
     cols.update(source_sha256=pa.array(digests, pa.string()), size=pa.array([len(d) for d in data], pa.int64()),
                 data=pa.array(data, pa.large_binary()))
     return pa.table([cols[f.name] for f in schema], schema=schema)
-
-
 
 
 def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_size: int = 64,
