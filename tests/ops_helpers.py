@@ -3,10 +3,13 @@
 The ``stack`` fixture (a Prefect server, `deid serve` and `deid watch`) is registered in
 conftest.py, so every ops module shares one: mark its tests ``xdist_group("ops")`` (one worker).
 Everything is on loopback, bounded in time, and every process started here is stopped in a
-fixture teardown (process groups: SIGTERM, then SIGKILL).
+fixture teardown (process groups: SIGTERM, then SIGKILL). A test process killed before its teardown
+(SIGKILL, a CI timeout) takes them with it: each is started with the kernel's parent-death signal, so no
+stack outlives its test session to watch a later session's directories.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
@@ -30,6 +33,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM this process when the test process that started it dies.
+
+    Without it a killed pytest leaves its stack running: a leftover ``deid watch`` keeps scanning its
+    incoming directory, which a later session with the same ``--basetemp`` recreates, and races that
+    session's watcher for its drops (seen: a drop released by a stale stack's ``deid serve``, which the
+    new session's Prefect server never heard of).
+    """
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 class Proc:
     """A started process group with its log file; ``stop()`` is idempotent."""
 
@@ -38,7 +55,8 @@ class Proc:
         self.log = logs / f"{name}.log"
         self._fh = open(self.log, "wb")
         self.p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=self._fh, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True)
+                                  stdin=subprocess.DEVNULL, start_new_session=True,
+                                  preexec_fn=_die_with_parent if sys.platform == "linux" else None)
 
     def alive(self) -> bool:
         return self.p.poll() is None
