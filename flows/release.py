@@ -1,7 +1,7 @@
 """The ``release`` flow: a dropped dataset in, a gated k-anonymous release (or a signed rejection) out.
 
 The flow is a thin shell around :func:`deid.operations.runner.run_release` (the stages' one order, Prefect
-free), run with the Prefect tasks of :mod:`deid.orchestration.tasks` on a Dask cluster. What Prefect adds:
+free), run with the Prefect tasks of :mod:`deid.tasks.stages` on a Dask cluster. What Prefect adds:
 
 - the run is named after the dataset, k and method, records the parameters actually used
   (defaults resolved) and is tagged with its verdict and release id;
@@ -32,7 +32,7 @@ from deid.operations.runner import run_release
 from deid.settings import Settings
 from deid.orchestration.cluster import dask_executor
 from deid.orchestration.logs import progress_to_ui
-from deid.orchestration.tasks import STEPS
+from deid.tasks.stages import STEPS
 from deid.reporting.markdown import md
 from deid.reporting.verdict import check_rows, checks_description, root_cause_order, verdict_summary
 
@@ -106,7 +106,7 @@ def _record_ingest(step, drop: str):
 
 
 def recording_steps(drop: str):
-    """:data:`~deid.orchestration.tasks.STEPS` whose ingest steps record the parameters used once drop.yaml is read."""
+    """:data:`~deid.tasks.stages.STEPS` whose ingest steps record the parameters used once drop.yaml is read."""
     return replace(STEPS, ingest=_record_ingest(STEPS.ingest, drop),
                    features=replace(STEPS.features, ingest=_record_ingest(STEPS.features.ingest, drop)))
 

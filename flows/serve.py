@@ -1,6 +1,6 @@
 """Deployments: a nightly ``release`` over the incoming directory and ``release-on-drop`` on ``deid.drop.ready``.
 
-Both wrap :func:`deid.orchestration.flow.release` (run as a subflow) with the ledger: a flow claims the
+Both wrap :func:`deid.flows.release.release` (run as a subflow) with the ledger: a flow claims the
 drop's fingerprint before running and records the verdict after, so a duplicate event, a
 re-drop, or the nightly run meeting a drop already released never releases the same content
 twice. A rejected drop is settled too (ledger ``rejected``): no deployment retries it. Its
@@ -26,7 +26,7 @@ from prefect.states import Completed  # noqa: E402 (after the poll frequency is 
 from deid.operations.run_result import RunResult  # noqa: E402 (after the poll frequency is set)
 from deid.operations.ledger import Ledger, drop_fingerprint, open_ledger, ready_drops  # noqa: E402 (after the poll frequency is set)
 from deid.settings import Settings  # noqa: E402 (after the poll frequency is set)
-from deid.orchestration.flow import REJECTED, update_run, run_annotation, run_flow  # noqa: E402 (after the poll frequency is set)
+from deid.flows.release import REJECTED, update_run, run_annotation, run_flow  # noqa: E402 (after the poll frequency is set)
 from deid.reporting.markdown import md_cell  # noqa: E402 (after the poll frequency is set)
 
 EVENT = "deid.drop.ready"
