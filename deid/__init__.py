@@ -1,7 +1,8 @@
 """deid: release face datasets with a formal guarantee (k-Same, k-Same-Select), judged by a gate.
 
-The package is the Prefect-free core; ``deid.orchestration`` adapts it to Prefect. The names below are
-the public API, imported on first use (``import deid`` stays light: the command line imports Prefect,
+The package is the Prefect-free core; ``deid.flows`` (the flows and deployments, ``flows/`` in the repository),
+``deid.tasks`` (the tasks, ``tasks/``) and ``deid.orchestration`` (their plumbing) adapt it to Prefect. The names
+below are the public API, imported on first use (``import deid`` stays light: the command line imports Prefect,
 scikit-learn and dlib only when a command needs them).
 
 - :func:`read_drop`, :func:`make_synthetic_drop`: a drop (manifest + files) read, or made for tests.

@@ -1,7 +1,7 @@
 """The typed contracts between the release stages, and the staging layout every stage writes into.
 
 Each stage of :mod:`deid.operations.pipeline` takes contracts in and returns one out, the same whether the
-Prefect flow (:mod:`deid.orchestration`) or the plain runner (:mod:`deid.operations.runner`) calls it::
+Prefect flow (:mod:`deid.flows.release`) or the plain runner (:mod:`deid.operations.runner`) calls it::
 
     drop -> Ingested -> Aligned -> Featurized -> Partitioned -> Deidentified [-> LineageApplied]
          -> Staged (deid.release.staged) -> GateResult (deid.evaluation.gate) -> Report (deid.reporting.report)

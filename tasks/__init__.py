@@ -1,3 +1,6 @@
-"""The release flow's Prefect tasks live in :mod:`deid.orchestration.tasks` (one-line adapters around
-:mod:`deid.operations.pipeline`); ``STEPS`` hands them to :func:`deid.operations.runner.run_release`."""
-from deid.orchestration.tasks import STEPS  # noqa: F401
+"""The Prefect tasks of the release flow, installed as ``deid.tasks``.
+
+:mod:`deid.tasks.stages` holds the one-line task adapters around the core stages
+(:mod:`deid.operations.pipeline`) and :data:`~deid.tasks.stages.STEPS`, which hands them to
+:func:`deid.operations.runner.run_release`. Importing this package loads nothing.
+"""

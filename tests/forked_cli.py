@@ -22,7 +22,7 @@ from types import SimpleNamespace
 ZYGOTE = r"""
 import json, os, sys
 import great_expectations, sklearn  # noqa: F401 - what every `deid run` imports
-import deid.cli, deid.orchestration.flow  # noqa: F401
+import deid.cli, deid.flows.release  # noqa: F401
 import threading
 assert threading.active_count() == 1, "the zygote must not fork with threads running"
 print("ready", flush=True)

@@ -81,7 +81,7 @@ def test_london_in_colour_at_128x160_is_released_with_colour_samples(project, pr
     from deid.release.card import split_card
     from deid.intake.london import import_london
     from deid.reporting.verify import verify_report
-    from deid.orchestration.flow import run_flow
+    from deid.flows.release import run_flow
 
     monkeypatch.setenv("DEID_COLOR", "true")
     # Colour is the subject: identity and the gate's attacks run on grey, exactly as in

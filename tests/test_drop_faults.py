@@ -236,7 +236,7 @@ def test_a_prefect_api_lost_after_the_verdict_is_a_warning_and_the_signed_result
     import httpx
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from deid.orchestration import flow
+    from deid.flows import release as flow
 
     with socket.socket() as s:  # a port nothing listens on: the lost server
         s.bind(("127.0.0.1", 0))

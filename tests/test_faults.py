@@ -136,7 +136,7 @@ def test_rare_labels_stay_out_of_the_report_and_formulas_out_of_release_csv(proj
     """A suppressed partition is described by counts only; a formula label is neutralised in release.csv."""
     import csv
 
-    from deid.orchestration.flow import run_flow
+    from deid.flows.release import run_flow
     from deid.reporting.catalogue_page import write_index
 
     for key, value in FAST.items():
@@ -240,7 +240,7 @@ def test_publish_failing_after_signing_leaves_a_signed_addendum_and_nothing_publ
 
     import deid.release.publish
     from deid.errors import EnvironmentFailure
-    from deid.orchestration.flow import run_flow
+    from deid.flows.release import run_flow
 
     for key, value in FAST.items():
         monkeypatch.setenv(key, value)

@@ -118,7 +118,7 @@ def test_the_flow_releases_feature_content_once(feature_drop, project, prefect_s
     """release-on-drop (deid serve's deployment) -> run_flow -> the runner; the same content again is a duplicate."""
     from prefect.client.orchestration import get_client
 
-    from deid.orchestration.serve import release_on_drop
+    from deid.flows.serve import release_on_drop
 
     row = release_on_drop(drop=str(feature_drop))
     assert row["status"] == "released", row
@@ -147,7 +147,7 @@ def test_the_flow_releases_feature_content_once(feature_drop, project, prefect_s
 
 @pytest.mark.slow  # the Prefect flow
 def test_the_flow_rejects_the_noise_control(feature_drop, project, prefect_server):
-    from deid.orchestration.flow import REJECTED, outcome, release
+    from deid.flows.release import REJECTED, outcome, release
 
     state = release(drop=str(feature_drop), k=K, method="noise", sigma=0.1, return_state=True)
     assert state.is_failed() and state.name == REJECTED

@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _run(drop: Path, **params) -> dict:
-    from deid.orchestration.flow import run_flow
+    from deid.flows.release import run_flow
 
     return run_flow(str(drop), **params).summary()
 

@@ -47,7 +47,7 @@ def _released_by_source(result: dict, key: bytes) -> dict[str, bytes]:
 def test_second_drop_of_a_dataset_reuses_every_cluster_bit_for_bit(project, prefect_server, tmp_path, capsys,
                                                                     monkeypatch):
     from deid.cli.lineage import cmd_lineage
-    from deid.orchestration.flow import run_flow
+    from deid.flows.release import run_flow
 
     # Lineage is the subject (who returns is known by subject id): the recogniser identity check,
     # which on synthetic faces only looks for near-copies, is skipped (tests/test_flow.py runs it), the

@@ -61,7 +61,7 @@ def test_kills_between_registering_and_publishing_are_reconciled_by_the_next_run
                                                                                  monkeypatch, request):
     from prefect.settings import PREFECT_API_URL
 
-    from deid.orchestration.flow import run_flow
+    from deid.flows.release import run_flow
 
     for name, value in OPS.items():
         monkeypatch.setenv(name, value)
@@ -131,7 +131,7 @@ def test_a_run_whose_registry_moves_on_fails_and_the_ledger_runs_it_again(projec
     from deid.run_config import RunConfig
     from deid.release.lineage import build_release
     from deid.release.lineage_plan import plan_release
-    from deid.orchestration.serve import release_incoming
+    from deid.flows.serve import release_incoming
 
     for name, value in OPS.items():
         monkeypatch.setenv(name, value)

@@ -76,7 +76,7 @@ def _report(result: dict) -> dict:
 def test_absent_members_new_photo_suppress_and_release_once_through_the_flow(project, prefect_server, tmp_path,
                                                                               monkeypatch, capsys):
     from deid.cli.lineage import cmd_lineage
-    from deid.orchestration.flow import run_flow
+    from deid.flows.release import run_flow
 
     monkeypatch.setenv("DEID_IDENTITY_EMBED_MAX", "0")
     key_path = project / "data" / "keys" / "dev_linkage.key"

@@ -119,7 +119,7 @@ def test_settings_choose_postgres_and_urls_are_checked(pg_url, tmp_path, monkeyp
     monkeypatch.setenv("DEID_DATABASE_URL", pg_url.replace("postgresql://", "postgresql+asyncpg://"))
     led = open_ledger(Settings())
     assert led.path is None and led.location.startswith("postgresql+asyncpg://deid@/postgres")
-    from deid.orchestration.serve import ledger  # what the release-on-drop and release-incoming flows claim through
+    from deid.flows.serve import ledger  # what the release-on-drop and release-incoming flows claim through
 
     assert ledger().location == led.location
     assert postgres_conninfo("postgres://u:pw@h:5/db") == "postgresql://u:pw@h:5/db"

@@ -41,7 +41,7 @@ RUN_ENV = {**QUICK_GATE, "DEID_KSAME_BLOCK_SIZE": str(BLOCK_SIZE), "DEID_ALIGN_B
 
 FLOW = """
 import json, sys
-from deid.orchestration.flow import run_flow
+from deid.flows.release import run_flow
 if __name__ == "__main__":
     result = run_flow(sys.argv[1], k=%d, method="k-same")
     print("RESULT " + json.dumps(result.summary()))

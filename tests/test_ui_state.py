@@ -20,7 +20,7 @@ QUICK = {**QUICK_GATE, "DEID_DASK_WORKERS": "1"}
 # A deployment calls the flow with the drop only: the flow resolves k and method itself.
 FLOW_DEFAULTS = """
 import sys
-from deid.orchestration.flow import run_flow
+from deid.flows.release import run_flow
 if __name__ == "__main__":
     result = run_flow(sys.argv[1], method="blur")
     print("VERDICT", result.verdict, result.release_id)

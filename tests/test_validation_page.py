@@ -134,7 +134,7 @@ class _Lines(logging.Handler):
 def test_a_real_runs_pages(project, prefect_server, tmp_path):
     """One flow run: its validation page names every expectation, report.html reads at a glance,
     and the long stages reported their progress (throttled)."""
-    from deid.orchestration.flow import run_flow
+    from deid.flows.release import run_flow
 
     # Our own handler: Prefect's logging set-up replaces the root handlers pytest's caplog relies on.
     progress_log = logging.getLogger("deid.progress")

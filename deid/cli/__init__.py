@@ -216,7 +216,7 @@ def cmd_run(args) -> int:
         close_prestarted()
         raise
     try:
-        from deid.orchestration.flow import run_flow  # noqa: PLC0415 - Prefect is heavy; only `run` needs it
+        from deid.flows.release import run_flow  # noqa: PLC0415 - Prefect is heavy; only `run` needs it
 
         if not args.debug:
             _quiet_prefect_tracebacks()

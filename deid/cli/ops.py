@@ -96,7 +96,7 @@ def _need_api(cmd: str) -> str | None:
 
 def cmd_serve(args) -> int:
     _quiet_env()
-    from deid.orchestration import serve as s  # sets PREFECT_RUNNER_POLL_FREQUENCY before prefect loads
+    from deid.flows import serve as s  # sets PREFECT_RUNNER_POLL_FREQUENCY before prefect loads
 
     url = _need_api("serve")
     if url is None:

@@ -1,6 +1,6 @@
 """Data validation: Great Expectations suites over the manifest and the staged tables, and drop-level checks.
 
-The suites live as JSON under ``deid/schemas/expectations/<name>.json`` (``suite.to_json_dict()`` output).
+The suites live as JSON under ``schemas/expectations/<name>.json`` (``suite.to_json_dict()`` output).
 Besides ordinary expectations, each suite's ``meta["deid"]`` declares:
 
 - ``required``: parameters :func:`run_suite` must be given (e.g. ``labels``, ``k``);
@@ -310,7 +310,7 @@ def run_suite(name: str, dataframe, *, labels: list[str] = (), label_sets: dict[
     Parameters
     ----------
     name : {'manifest', 'ingested', 'aligned', 'release'}
-        The suite (``deid/schemas/expectations/<name>.json``).
+        The suite (``schemas/expectations/<name>.json``).
     dataframe : pandas.DataFrame or pyarrow.Table
         The table; ``pixels``/``data`` byte columns are dropped after the derived columns are made.
     labels : list of str

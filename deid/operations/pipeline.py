@@ -4,7 +4,7 @@ Each function here is one stage of a release run (see :mod:`deid.contracts` for 
 heavy per-part work goes to an :class:`~deid.pool.Executor` as the worker functions of
 :mod:`deid.operations.stages`; ``logger`` (optional, default this module's) receives the stage's
 progress and warnings, e.g. Prefect's run logger. :mod:`deid.operations.runner` calls them in order; the Prefect tasks of
-:mod:`deid.orchestration.tasks` are one-line adapters around them.
+:mod:`deid.tasks.stages` are one-line adapters around them.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """A release run, start to end, without Prefect: the one definition of the stages' order.
 
 :func:`run_release` is what ``deid run`` does; the Prefect flow
-(:mod:`deid.orchestration.flow`) calls it too, with :class:`Steps` whose stages are Prefect
+(:mod:`deid.flows.release`) calls it too, with :class:`Steps` whose stages are Prefect
 tasks wrapping the same :mod:`deid.operations.pipeline` functions, so the order lives here only.
 
 Order of commitment (see :mod:`deid.operations.safety`): pre-flight (signing key, writable locations) ->

@@ -1,7 +1,10 @@
-"""The Prefect layer: the ``release`` flow, its tasks, the deployments, the drop watcher, the Dask cluster.
+"""The Prefect plumbing that is neither a flow nor a task: the API server connection (:mod:`.prefect_api`), the
+run logs and progress in the UI (:mod:`.logs`), the Dask cluster (:mod:`.cluster`), the drop watcher
+(:mod:`.watch`) and the reports server (:mod:`.reports_server`).
 
-The only part of deid that imports Prefect (``tests/test_core_purity.py`` checks the core never
-does). The stages' order and logic live in the core (:mod:`deid.operations.runner`, :mod:`deid.operations.pipeline`);
-the tasks here are one-line adapters. Import the submodules (:mod:`.flow`, :mod:`.serve`, ...)
-explicitly: importing this package loads nothing.
+The flows and deployments are :mod:`deid.flows`, the tasks :mod:`deid.tasks`; these modules serve them and the
+command line (``deid run``, ``deid server``, ``deid watch``) without loading a flow. With those two, the only
+part of deid that imports Prefect (``tests/test_core_purity.py`` checks the core never does). The stages' order
+and logic live in the core (:mod:`deid.operations.runner`, :mod:`deid.operations.pipeline`). Import the
+submodules explicitly: importing this package loads nothing.
 """

@@ -10,7 +10,7 @@ after the dataset card and the manifest and before the report is signed (the rep
 files' sha256) and before the one ``rename`` that publishes.
 
 It names no subject, source path, linkage or seed: only what the dataset card already says
-publicly, plus file hashes; ``deid/schemas/attestation.schema.json`` (closed objects) is checked
+publicly, plus file hashes; ``schemas/attestation.schema.json`` (closed objects) is checked
 before it is signed and when it is verified. ``deid verify RELEASE_DIR --public-key KEY`` checks it
 (:func:`deid.reporting.verify.verify_release`); :data:`NO_DEID_CHECK` does the same with ``openssl``
 and ``sha256sum`` (:data:`PYTHON_SIGNATURE_CHECK`: the signature with Python's ``cryptography``
@@ -68,7 +68,7 @@ def load_schema() -> dict[str, Any]:
 
 
 def attestation_problems(attestation: Any) -> list[str]:
-    """Every way ``attestation`` breaks ``deid/schemas/attestation.schema.json`` (empty list: valid)."""
+    """Every way ``attestation`` breaks ``schemas/attestation.schema.json`` (empty list: valid)."""
     validator = jsonschema.Draft202012Validator(load_schema())
     errors = sorted(validator.iter_errors(attestation), key=lambda e: (list(map(str, e.absolute_path)), e.message))
     return [f"$.{'.'.join(map(str, e.absolute_path))}: {e.message}" for e in errors]

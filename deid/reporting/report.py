@@ -199,7 +199,7 @@ class SigningInfo:
 
 @dataclass
 class Report:
-    """The signed record of one run, released or rejected (see ``deid/schemas/report.schema.json``)."""
+    """The signed record of one run, released or rejected (see ``schemas/report.schema.json``)."""
 
     release_id: str
     verdict: Literal["released", "rejected"]
@@ -671,7 +671,7 @@ def validate_report(report: Mapping[str, Any]) -> None:
     problems = report_problems(report)
     if problems:
         raise StateError(
-            f"report does not match deid/schemas/{SCHEMA_NAME} ({len(problems)} problem(s)): "
+            f"report does not match schemas/{SCHEMA_NAME} ({len(problems)} problem(s)): "
             + "; ".join(problems[:20])
             + ("" if len(problems) <= 20 else f"; … and {len(problems) - 20} more")
         )

@@ -1,1 +1,0 @@
-"""Data contracts: Arrow schemas, the report JSON schema and the Expectation suites (importlib.resources)."""
