@@ -16,7 +16,7 @@ cartoon faces (rendered in memory and aligned by deid), the aligned faces of:
 * ``feature``: one feature vector under five ids with Gaussian noise of 0.4 x the median
   nearest-other-person distance, among 400 synthetic people x 2.
 
-and runs :func:`deid.anonymise.identity.resolve_people` (cheap first pass on LBP histograms, the
+and runs :func:`deid.anonymise.identity.resolve_people` (cheap first pass on self-quotient images, the
 dlib recogniser on what it flags, calibration on the drop's own faces) on each, then prints the merges,
 the calibrated threshold with its estimated false-merge and miss rates, and the within-cluster check
 (:func:`deid.evaluation.identity_checks.within_cluster_check`) on a k-Same release of each drop.
