@@ -33,7 +33,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 # One Dask worker per flow run's LocalCluster: the suite already runs on two pytest workers (one per
 # core), so a second Dask worker per run would only add a process start and a model load. The
 # multi-worker path (tasks spread over workers, one killed mid-run) is tested by
-# tests/test_remote_dask.py, and the demo test (tests/test_flow.py) runs `deid run` with the defaults.
+# tests/ops/test_remote_dask.py, and the demo test (tests/flow/test_flow.py) runs `deid run` with the defaults.
 os.environ.setdefault("DEID_DASK_WORKERS", "1")
 
 # Weights of the heaviest tests (nodeid prefixes), in seconds: they start first, heaviest first (a
@@ -43,44 +43,44 @@ os.environ.setdefault("DEID_DASK_WORKERS", "1")
 # raised where a test's work runs elsewhere: in-process flows on the session's Dask worker
 # (booked to the fixture, not the test) and the ops stack's runs (in `deid serve`'s children).
 HEAVY = {
-    "tests/test_faults.py::test_fault_matrix": 160,
-    "tests/test_ops.py::test_drops": 70,
-    "tests/test_ops.py::": 15,
-    "tests/test_ops_lineage.py::": 35,
-    "tests/test_flow.py::test_demo": 58,
-    "tests/test_color.py::test_london_in_colour": 40,
-    "tests/test_remote_dask.py::": 45,
-    "tests/test_flow.py::test_london_gate_rejects": 12,
-    "tests/test_flow_lineage.py::": 20,
-    "tests/test_flow.py::test_london_k5": 35,
-    "tests/test_flow.py::test_real_drop_shapes": 12,
-    "tests/test_flow.py::test_skewed_photo_counts": 15,
-    "tests/test_video_drop.py::test_video_files_through": 19,
-    "tests/test_faults.py::test_rare_labels": 19,
-    "tests/test_recognizer.py::test_london": 21,
-    "tests/test_study.py::test_london_study": 33,
-    "tests/test_faults.py::test_kill_9": 13,
-    "tests/test_faults.py::": 12,
-    "tests/test_flow.py::": 8,
-    "tests/test_flow_lineage_policies.py::": 35,
-    "tests/test_flow_lineage_ops.py::test_kills": 37,
-    "tests/test_flow_lineage_ops.py::": 10,
-    "tests/test_ui_state.py::": 20,
-    "tests/test_ops_rejected.py::": 45,
-    "tests/test_ops_api_lost.py::": 27,  # its own Prefect server and one `deid run` subprocess
-    "tests/test_validation_page.py::test_a_real_runs_pages": 15,
-    "tests/test_features_london.py::": 17,
-    "tests/test_run_inputs.py::test_a_drop_without": 12,
-    "tests/test_runner.py::test_released_and_rejected": 8,
+    "tests/ops/test_faults.py::test_fault_matrix": 160,
+    "tests/ops/test_ops.py::test_drops": 70,
+    "tests/ops/test_ops.py::": 15,
+    "tests/ops/test_ops_lineage.py::": 35,
+    "tests/flow/test_flow.py::test_demo": 58,
+    "tests/flow/test_color.py::test_london_in_colour": 40,
+    "tests/ops/test_remote_dask.py::": 45,
+    "tests/flow/test_flow.py::test_london_gate_rejects": 12,
+    "tests/flow/test_flow_lineage.py::": 20,
+    "tests/flow/test_flow.py::test_london_k5": 35,
+    "tests/flow/test_flow.py::test_real_drop_shapes": 12,
+    "tests/flow/test_flow.py::test_skewed_photo_counts": 15,
+    "tests/integration/intake/test_video_drop.py::test_video_files_through": 19,
+    "tests/ops/test_faults.py::test_rare_labels": 19,
+    "tests/integration/evaluation/test_recognizer.py::test_london": 21,
+    "tests/integration/study/test_study.py::test_london_study": 33,
+    "tests/ops/test_faults.py::test_kill_9": 13,
+    "tests/ops/test_faults.py::": 12,
+    "tests/flow/test_flow.py::": 8,
+    "tests/flow/test_flow_lineage_policies.py::": 35,
+    "tests/ops/test_flow_lineage_ops.py::test_kills": 37,
+    "tests/ops/test_flow_lineage_ops.py::": 10,
+    "tests/ops/test_ui_state.py::": 20,
+    "tests/ops/test_ops_rejected.py::": 45,
+    "tests/ops/test_ops_api_lost.py::": 27,  # its own Prefect server and one `deid run` subprocess
+    "tests/flow/test_validation_page.py::test_a_real_runs_pages": 15,
+    "tests/integration/test_features_london.py::": 17,
+    "tests/flow/test_run_inputs.py::test_a_drop_without": 12,
+    "tests/integration/operations/test_runner.py::test_released_and_rejected": 8,
     # Not marked slow, but seconds each (every attacker, the deep one included, on small faces).
-    "tests/test_attacks.py::test_parrot_defeats": 16,
-    "tests/test_study.py::test_every_registry_method": 15,
-    "tests/test_attacks.py::test_every_attacker_reidentifies": 12,
-    "tests/test_attacks.py::test_every_attacker_and_mode": 11,
-    "tests/test_study.py::test_study_cli": 9,
-    "tests/test_attacks.py::test_attack_all_is_invariant": 8,
-    "tests/test_study_speed.py::": 6,
-    "tests/test_core_purity.py::test_the_command_line": 6,
+    "tests/integration/evaluation/test_attacks.py::test_parrot_defeats": 16,
+    "tests/integration/study/test_study.py::test_every_registry_method": 15,
+    "tests/integration/evaluation/test_attacks.py::test_every_attacker_reidentifies": 12,
+    "tests/integration/evaluation/test_attacks.py::test_every_attacker_and_mode": 11,
+    "tests/integration/study/test_study.py::test_study_cli": 9,
+    "tests/integration/evaluation/test_attacks.py::test_attack_all_is_invariant": 8,
+    "tests/integration/study/test_study_speed.py::": 6,
+    "tests/integration/test_core_purity.py::test_the_command_line": 6,
 }
 
 
