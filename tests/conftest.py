@@ -99,13 +99,49 @@ def _module_fixtures(item: pytest.Item) -> list[str]:
                   if defs and defs[-1].scope in ("module", "class") and defs[-1].baseid == module)
 
 
+TESTS = Path(__file__).resolve().parent
+# The tiers, one directory each under tests/ (pyproject's markers say what each holds).
+TIERS = ("unit", "integration", "flow", "ops")
+
+
+def _tier(path: Path) -> str | None:
+    """The tier of a test file: the first directory under tests/ when it is a tier, else None."""
+    parts = Path(path).resolve().relative_to(TESTS).parts
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else None
+
+
+def _mark_tiers(items: list[pytest.Item]) -> None:
+    """Give every test exactly one tier, its directory's; refuse a test outside a tier directory.
+
+    A tier mark written in a test file must be its directory's (e.g. ``pytest.mark.ops`` in tests/ops/):
+    a file whose tests change tier moves to that tier's directory.
+    """
+    outside = sorted({str(item.path.relative_to(TESTS.parent)) for item in items if _tier(item.path) is None})
+    if outside:
+        raise pytest.UsageError(
+            f"test files outside a tier directory: {', '.join(outside)}; every test file lives under "
+            f"tests/<tier>/ with <tier> one of {', '.join(TIERS)} (pyproject.toml [tool.pytest.ini_options] "
+            "markers says what each holds): git mv the file there")
+    wrong = []
+    for item in items:
+        tier = _tier(item.path)
+        written = {m.name for m in item.iter_markers() if m.name in TIERS} - {tier}
+        if written:
+            wrong.append(f"{item.nodeid} is marked {'/'.join(sorted(written))} but lives in tests/{tier}/")
+        item.add_marker(tier)
+    if wrong:
+        raise pytest.UsageError("a tier mark that contradicts its directory (move the file or drop the mark): "
+                                + "; ".join(wrong[:5]) + (f" (and {len(wrong) - 5} more)" if len(wrong) > 5 else ""))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Heaviest tests first; tests sharing a module-scoped fixture of their module go to one worker.
+    """Tier marks; heaviest tests first; tests sharing a module-scoped fixture of their module go to one worker.
 
     The sort is stable (equal weights keep the file order, so a module's tests stay together). A
     test that already carries an ``xdist_group`` mark keeps it (e.g. the ops stack's "ops").
     """
+    _mark_tiers(items)
     for item in items:
         shared = _module_fixtures(item)
         if shared and not item.get_closest_marker("xdist_group"):
