@@ -10,6 +10,7 @@ is one for the whole session (started by the xdist controller, tests/prefect_sha
 """
 from __future__ import annotations
 
+import json
 import os
 from contextlib import ExitStack
 from pathlib import Path
@@ -36,59 +37,26 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 # tests/ops/test_remote_dask.py, and the demo test (tests/flow/test_flow.py) runs `deid run` with the defaults.
 os.environ.setdefault("DEID_DASK_WORKERS", "1")
 
-# Weights of the heaviest tests (nodeid prefixes), in seconds: they start first, heaviest first (a
-# group counts the sum of its tests), so no worker is left with a long test at the end. Order only:
-# a test not listed is weighted by its markers, and a renamed test just loses its place in the
-# queue. From `pytest --cpu-report` (CPU of the test process and the children it waited for),
-# raised where a test's work runs elsewhere: in-process flows on the session's Dask worker
-# (booked to the fixture, not the test) and the ops stack's runs (in `deid serve`'s children).
-HEAVY = {
-    "tests/ops/test_faults.py::test_fault_matrix": 160,
-    "tests/ops/test_ops.py::test_drops": 70,
-    "tests/ops/test_ops.py::": 15,
-    "tests/ops/test_ops_lineage.py::": 35,
-    "tests/flow/test_flow.py::test_demo": 58,
-    "tests/flow/test_color.py::test_london_in_colour": 40,
-    "tests/ops/test_remote_dask.py::": 45,
-    "tests/flow/test_flow.py::test_london_gate_rejects": 12,
-    "tests/flow/test_flow_lineage.py::": 20,
-    "tests/flow/test_flow.py::test_london_k5": 35,
-    "tests/flow/test_flow.py::test_real_drop_shapes": 12,
-    "tests/flow/test_flow.py::test_skewed_photo_counts": 15,
-    "tests/integration/intake/test_video_drop.py::test_video_files_through": 19,
-    "tests/ops/test_faults.py::test_rare_labels": 19,
-    "tests/integration/evaluation/test_recognizer.py::test_london": 21,
-    "tests/integration/study/test_study.py::test_london_study": 33,
-    "tests/ops/test_faults.py::test_kill_9": 13,
-    "tests/ops/test_faults.py::": 12,
-    "tests/flow/test_flow.py::": 8,
-    "tests/flow/test_flow_lineage_policies.py::": 35,
-    "tests/ops/test_flow_lineage_ops.py::test_kills": 37,
-    "tests/ops/test_flow_lineage_ops.py::": 10,
-    "tests/ops/test_ui_state.py::": 20,
-    "tests/ops/test_ops_rejected.py::": 45,
-    "tests/ops/test_ops_api_lost.py::": 27,  # its own Prefect server and one `deid run` subprocess
-    "tests/flow/test_validation_page.py::test_a_real_runs_pages": 15,
-    "tests/integration/test_features_london.py::": 17,
-    "tests/flow/test_run_inputs.py::test_a_drop_without": 12,
-    "tests/integration/operations/test_runner.py::test_released_and_rejected": 8,
-    # Not marked slow, but seconds each (every attacker, the deep one included, on small faces).
-    "tests/integration/evaluation/test_attacks.py::test_parrot_defeats": 16,
-    "tests/integration/study/test_study.py::test_every_registry_method": 15,
-    "tests/integration/evaluation/test_attacks.py::test_every_attacker_reidentifies": 12,
-    "tests/integration/evaluation/test_attacks.py::test_every_attacker_and_mode": 11,
-    "tests/integration/study/test_study.py::test_study_cli": 9,
-    "tests/integration/evaluation/test_attacks.py::test_attack_all_is_invariant": 8,
-    "tests/integration/study/test_study_speed.py::": 6,
-    "tests/integration/test_core_purity.py::test_the_command_line": 6,
-}
+# CPU seconds of the heaviest tests (keys: node ids or their prefixes, e.g. a module's "path::"), written by
+# `pytest --cpu-report --write-durations tests/durations.json` (tests/cpu_report.py; docs/development.md).
+# Order only: the heaviest start first (a group counts the sum of its tests), so no worker is left with a
+# long test at the end. A test not in the file is weighted by its tier (and `slow`): a new or renamed test
+# just loses its place in the queue until the file is refreshed.
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
+TIER_WEIGHTS = {"unit": 0.0, "integration": 0.5, "flow": 5.0, "ops": 10.0}
 
 
-def _weight(item: pytest.Item) -> float:
-    for prefix, seconds in HEAVY.items():
-        if item.nodeid.startswith(prefix):
-            return seconds
-    return 5.0 if item.get_closest_marker("slow") else 0.0
+def _durations() -> dict[str, float]:
+    return json.loads(DURATIONS.read_text(encoding="utf-8")) if DURATIONS.is_file() else {}
+
+
+def _weight(item: pytest.Item, durations: dict[str, float]) -> float:
+    """The item's longest matching prefix in the durations file, else its tier's weight (5 s at least if slow)."""
+    match = max((prefix for prefix in durations if item.nodeid.startswith(prefix)), key=len, default=None)
+    if match is not None:
+        return durations[match]
+    tier = next((TIER_WEIGHTS[m.name] for m in item.iter_markers() if m.name in TIER_WEIGHTS), 0.0)
+    return max(tier, 5.0) if item.get_closest_marker("slow") else tier
 
 
 def _module_fixtures(item: pytest.Item) -> list[str]:
@@ -152,11 +120,12 @@ def pytest_collection_modifyitems(config, items):
                        for m in item.iter_markers("xdist_group"))
         return "@".join(marks) or item.nodeid
 
+    durations = _durations()
     weight: dict[str, float] = {}
     first: dict[str, int] = {}
     for i, item in enumerate(items):
         u = unit(item)
-        weight[u] = weight.get(u, 0.0) + _weight(item)
+        weight[u] = weight.get(u, 0.0) + _weight(item, durations)
         first.setdefault(u, i)
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (-weight[unit(item)], first[unit(item)], order[id(item)]))
