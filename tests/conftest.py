@@ -17,13 +17,12 @@ from pathlib import Path
 
 import pytest
 import prefect_shared
+from helpers import LONDON  # the London set's one definition
 # The session's ops stack (Prefect server, serve, watch) and its first two releases.
 from ops_helpers import stack, two_releases  # noqa: F401
 
 pytest_plugins = ["cpu_report"]  # `pytest --cpu-report`: CPU seconds per test (tests/cpu_report.py)
 
-ROOT = Path(__file__).resolve().parents[1]
-LONDON = ROOT.parent / "shared" / "datasets" / "london"
 
 # Keep Prefect's state out of the user's home and quiet, before anything imports prefect.
 os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -152,7 +151,7 @@ def pytest_collection_modifyitems_xdist_groups(config, items):
 def london_dir() -> Path:
     """The real London set; its absence is a failure, never a skip (CI always has it)."""
     if not (LONDON / "london_info.csv").is_file():
-        pytest.fail(f"the London face set is missing: expected {LONDON} (see DEVELOPERS.md, Data)")
+        pytest.fail(f"the London face set is missing: expected {LONDON} (README.md, Data and credits)")
     return LONDON
 
 

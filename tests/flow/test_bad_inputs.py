@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from helpers import LONDON
+from helpers import LONDON, assert_nothing_published
 
 from deid.intake.drop import read_drop
 from deid.errors import REASONS
@@ -251,7 +251,7 @@ def test_manifest_that_is_not_csv_exits_2_and_writes_no_release(project, prefect
     assert main(["run", str(drop), "--k", "2"]) == 2
     assert "not" in capsys.readouterr().err
     releases = project / "data" / "releases"
-    assert not releases.exists() or not any(releases.iterdir())
+    assert_nothing_published(releases)
     # The run started, so it signed a rejection naming the reason (issue 11).
     (report,) = (project / "reports").glob("*/report.json")
     assert json.loads(report.read_text())["verdict"] == "rejected"

@@ -8,6 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import assert_nothing_published
 
 from deid.operations.run_result import RunResult
 from deid.errors import ConfigError, DropError
@@ -99,7 +100,8 @@ def test_a_feature_publish_failing_after_signing_gets_the_runners_signed_addendu
     assert add["event"] == "publish_failed" and add["release_published"] is False
     res = verify_report(report_dir, public_key=project / "data" / "keys" / "dev_signing.pub.pem")
     assert res.authenticated and any(n.startswith("addendum: publish_failed") for n in res.notes)
-    assert not list((project / "data" / "releases").iterdir()) and not list((project / "data" / "staging").iterdir())
+    assert_nothing_published(project / "data" / "releases")
+    assert not list((project / "data" / "staging").iterdir())
     assert not (project / "data" / "private").exists() or not list((project / "data" / "private").rglob("*.bin"))
 
 
@@ -154,7 +156,7 @@ def test_the_flow_rejects_the_noise_control(feature_drop, project, prefect_serve
     res = outcome(state)
     assert res.verdict == "rejected" and res.release_dir is None
     assert not (res.staging / "release").exists() and not (res.staging / "linkage.bin").exists()
-    assert not (project / "data" / "releases").exists() or not any((project / "data" / "releases").iterdir())
+    assert_nothing_published(project / "data" / "releases")
     report = json.loads(res.report_path.read_text())
     assert report_problems(report) == [] and report["dataset"]["records_released"] == 0
     checks = {c["name"]: c for c in report["checks"]}

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import cv2
 import pyarrow.parquet as pq
 import pytest
-from helpers import identifying_text_in_reports
+from helpers import identifying_text_in_reports, assert_nothing_published
 
 from deid.release.card import split_card
 from deid.intake.synth import make_synthetic_drop
@@ -253,7 +253,7 @@ def test_failed_gate_publishes_nothing_but_signs_a_rejection(project, prefect_se
     assert result["verdict"] == "rejected"
     assert result["release_dir"] is None
     assert any("small_partitions" in r for r in result["reasons"])
-    assert not (project / "data" / "releases").exists() or not any((project / "data" / "releases").iterdir())
+    assert_nothing_published(project / "data" / "releases")
     report = json.loads(Path(result["report"]).read_text())
     assert report["verdict"] == "rejected" and report["artifacts"] == []
     res = verify_report(Path(result["report_dir"]), public_key=Path(result["public_key"]))
@@ -458,7 +458,7 @@ def test_london_gate_rejects_k_same_naive_and_publishes_nothing(project, prefect
     result = _run(london_drop, k=5, method="k-same-naive")
     assert result["verdict"] == "rejected"
     assert result["release_dir"] is None
-    assert not (project / "data" / "releases").exists() or not any((project / "data" / "releases").iterdir())
+    assert_nothing_published(project / "data" / "releases")
     report = json.loads(Path(result["report"]).read_text())
     rows = report["privacy"]["reidentification"]
     assert {r["attacker"] for r in rows} >= {"pca-mahalanobis", "pca-whitened-cosine", "fisherfaces", "lbp-chi2",

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import assert_nothing_published
 
 from deid.intake.synth import make_synthetic_drop
 from deid.reporting.verify import verify_report
@@ -74,4 +75,4 @@ def test_a_drop_without_manifest_and_a_mistyped_label(project, prefect_server, t
     # No absolute path in a report: the drop is named by its directory name.
     assert not [p for p in reports if str(tmp_path) in p.read_text() or "/tmp/" in p.read_text()], reasons
     assert any(r.startswith("unreadable drop: fifo-drop/manifest.csv: ") for r in reasons), reasons
-    assert not (project / "data" / "releases").exists() or not any((project / "data" / "releases").iterdir())
+    assert_nothing_published(project / "data" / "releases")

@@ -19,6 +19,7 @@ import cv2
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from helpers import assert_nothing_published
 
 from deid.intake.drop import read_drop
 from deid.errors import ConfigError, DataError, DropError, EnvironmentFailure, RecordError, StateError
@@ -187,7 +188,8 @@ def test_run_checks_the_signing_key_before_any_work(tmp_path, monkeypatch, capsy
     err = capsys.readouterr().err
     assert {"mode_0644": "chmod 600", "missing": "does not exist", "wrong_passphrase": "wrong passphrase"}[case] in err
     assert err.count("\n") == 1
-    assert not list((tmp_path / "data" / "staging").iterdir()) and not list((tmp_path / "data" / "releases").iterdir())
+    assert not list((tmp_path / "data" / "staging").iterdir())
+    assert_nothing_published(tmp_path / "data" / "releases")
     assert not list((tmp_path / "reports").iterdir())
 
 
@@ -365,7 +367,8 @@ def test_unreadable_drop_exits_2_with_one_message_and_a_signed_rejection(case, p
     res = verify_report(report_dir, public_key=project / "data" / "keys" / "dev_signing.pub.pem")
     assert res.ok and res.authenticated, res.problems
     # No empty staging directory left behind, nothing released.
-    assert not list((project / "data" / "staging").iterdir()) and not list((project / "data" / "releases").iterdir())
+    assert not list((project / "data" / "staging").iterdir())
+    assert_nothing_published(project / "data" / "releases")
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import assert_nothing_published
 
 from deid.errors import DropError, RecordError
 from deid.intake.drop import MANIFEST, open_drop_file, read_drop_file
@@ -97,7 +98,7 @@ def test_identical_feature_vectors_end_in_a_signed_rejection_not_an_attacker_err
     assert [c["name"] for c in report["checks"] if not c["passed"]] == ["gate_error"]
     res = verify_report(result.report_dir, public_key=result.public_key)
     assert res.authenticated, res.problems
-    assert not list((tmp_path / "project" / "data" / "releases").glob("*"))
+    assert_nothing_published(tmp_path / "project" / "data" / "releases")
 
 
 def test_any_other_error_inside_the_gate_ends_in_a_signed_rejection_that_quotes_no_data(tmp_path):
@@ -124,7 +125,7 @@ def test_any_other_error_inside_the_gate_ends_in_a_signed_rejection_that_quotes_
     assert [c["name"] for c in report["checks"]] == ["internal"] and "p03" not in path.read_text()
     pub = tmp_path / "project" / "data" / "keys" / "dev_signing.pub.pem"
     assert verify_report(path.parent, public_key=pub).authenticated
-    assert not list((tmp_path / "project" / "data" / "releases").glob("*"))
+    assert_nothing_published(tmp_path / "project" / "data" / "releases")
     assert not list((tmp_path / "project" / "data" / "staging").glob("*"))
 
 
@@ -179,7 +180,7 @@ def test_a_run_on_a_feature_bomb_is_a_signed_rejection_naming_the_limit(tmp_path
     assert reason.startswith("unreadable drop: ") and "decodes to 24,0" in reason, reason
     assert str(tmp_path) not in result.report_path.read_text()
     assert verify_report(result.report_dir, public_key=result.public_key).authenticated
-    assert not list((tmp_path / "project" / "data" / "releases").glob("*"))
+    assert_nothing_published(tmp_path / "project" / "data" / "releases")
 
 
 def test_a_feature_table_without_rows_says_so(tmp_path):

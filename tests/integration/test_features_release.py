@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
+from helpers import assert_nothing_published
 from hypothesis import given, settings as hsettings, strategies as st
 
 from deid.anonymise.features import deidentify_vectors, vector_method_runner
@@ -123,7 +124,7 @@ def test_datasets_loads_the_feature_release(released, monkeypatch, tmp_path):
 def test_noise_control_is_rejected_by_the_feature_attacks(synth_drop, tmp_path):
     res = _release(synth_drop, tmp_path, method="noise", sigma=0.1)
     assert res.verdict == "rejected" and res.release_dir is None
-    assert not any((tmp_path / "data" / "releases").iterdir())
+    assert_nothing_published(tmp_path / "data" / "releases")
     assert not (Path(res.staging) / "release").exists()
     report = json.loads(Path(res.report).read_text())
     check = {c["name"]: c for c in report["checks"]}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from forked_cli import ForkedCli
-from helpers import identifying_text_in_reports
+from helpers import identifying_text_in_reports, assert_nothing_published
 
 from deid.operations.safety import ADDENDUM_NAME, FAULT_ENV
 from deid.intake.synth import make_synthetic_drop
@@ -261,7 +261,7 @@ def test_publish_failing_after_signing_leaves_a_signed_addendum_and_nothing_publ
     # The report is genuine, the release it describes was never published, and verify says both.
     assert not res.ok and res.authenticated and any("not found" in p for p in res.problems)
     assert any(n.startswith("addendum: publish_failed") for n in res.notes)
-    assert not list((project / "data" / "releases").iterdir())
+    assert_nothing_published(project / "data" / "releases")
     assert not list((project / "data" / "staging").iterdir())
     assert not (project / "data" / "private").exists() or not list((project / "data" / "private").rglob("*.bin"))
     # A forged addendum does not verify.

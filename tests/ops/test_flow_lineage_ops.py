@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import assert_nothing_published
 
 from deid.operations.ledger import FAILED, RELEASED, Ledger, drop_fingerprint
 from deid.release.lineage_registry import Registry, lineage_dir
@@ -158,7 +159,7 @@ def test_a_run_whose_registry_moves_on_fails_and_the_ledger_runs_it_again(projec
     assert row["status"] == "failed" and "moved on" in row["error"], row
     led = Ledger(project / "data" / "ledger.sqlite")
     assert led.get(drop_fingerprint(drop)).status == FAILED
-    assert not list((project / "data" / "releases").iterdir())
+    assert_nothing_published(project / "data" / "releases")
     # Failed before its report was signed: a signed rejection says why (check "state"), nothing else signed.
     (sig,) = (project / "reports").glob("*/report.json.sig")
     rejection = json.loads((sig.parent / "report.json").read_text())

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import assert_nothing_published
 
 from deid.reporting import report_build
 from deid.operations.run_result import RunResult
@@ -110,7 +111,7 @@ def test_a_report_the_schema_refuses_stops_the_run_before_anything_is_published(
     with pytest.raises(StateError, match="schema"):
         _run(tmp_path, drop, k=3)
     project = tmp_path / "project"
-    assert not (project / "data" / "releases").exists() or not any((project / "data" / "releases").iterdir())
+    assert_nothing_published(project / "data" / "releases")
     # The refused report was never signed; the run's signed rejection says why (invariant 4).
     (signed,) = [json.loads(p.read_text()) for p in (project / "reports").glob("*/report.json")]
     assert signed["verdict"] == "rejected" and signed["k"] == 3 and signed["artifacts"] == []

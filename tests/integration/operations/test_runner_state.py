@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers import assert_nothing_published
 
 from deid.errors import StateError
 from deid.intake.synth import make_synthetic_drop
@@ -47,7 +48,7 @@ def test_a_tampered_registry_stops_the_run_with_a_signed_rejection_saying_why(tm
     assert check["name"] == "state" and not check["passed"] and "does not authenticate" in check["detail"]
     assert "lineage of dataset 'ward'" in report["reasons"][0]
     assert verify_report(report_dir, public_key=config.data_path / "keys" / "dev_signing.pub.pem").ok
-    assert not any((config.data_path / "releases").glob("*"))  # nothing published
+    assert_nothing_published(config.data_path / "releases")  # nothing published
 
 
 def test_a_state_error_after_signing_never_replaces_the_signed_report(tmp_path):
