@@ -56,11 +56,12 @@ layers: layout-view
 docs: $(DOCS_STAMP)
 	$(BIN)/mkdocs build --strict
 
-## test: the whole suite (unit, property, London and flow integration tests), on $(TEST_WORKERS) processes
+## test: the whole suite, every tier (tests/unit, tests/integration, tests/flow, tests/ops), on $(TEST_WORKERS) processes
 test: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
-## test-fast: everything but the slow tier
+## test-fast: every tier but the tests marked slow (a tier says what a test touches, `slow` how long it takes:
+## the ops tier is slow throughout, the unit tier never; the flow and integration tiers hold both)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder -m "not slow"
 

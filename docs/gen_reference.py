@@ -5,7 +5,7 @@ An mkdocs hook (``hooks:`` in mkdocs.yml): :func:`on_page_markdown` replaces the
 :func:`settings_markdown` (from :class:`deid.settings.Settings`: name, default, valid values, description) and
 :func:`exit_codes_markdown` (from :data:`deid.cli.EXIT_MEANINGS`, :data:`deid.cli.EXIT_BY_TYPE` and
 :data:`deid.cli.VERIFY_EXIT`, with each exception type's docstring). So the tables cannot drift from the code;
-``tests/test_docs_reference.py`` checks that every setting and code is in them and that every ``DEID_*`` name the
+``tests/integration/test_docs_reference.py`` checks that every setting and code is in them and that every ``DEID_*`` name the
 code reads is documented.
 """
 from __future__ import annotations

@@ -10,19 +10,19 @@ is one for the whole session (started by the xdist controller, tests/prefect_sha
 """
 from __future__ import annotations
 
+import json
 import os
 from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
 import prefect_shared
+from helpers import LONDON  # the London set's one definition
 # The session's ops stack (Prefect server, serve, watch) and its first two releases.
 from ops_helpers import stack, two_releases  # noqa: F401
 
 pytest_plugins = ["cpu_report"]  # `pytest --cpu-report`: CPU seconds per test (tests/cpu_report.py)
 
-ROOT = Path(__file__).resolve().parents[1]
-LONDON = ROOT.parent / "shared" / "datasets" / "london"
 
 # Keep Prefect's state out of the user's home and quiet, before anything imports prefect.
 os.environ.setdefault("DO_NOT_TRACK", "1")
@@ -33,62 +33,29 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 # One Dask worker per flow run's LocalCluster: the suite already runs on two pytest workers (one per
 # core), so a second Dask worker per run would only add a process start and a model load. The
 # multi-worker path (tasks spread over workers, one killed mid-run) is tested by
-# tests/test_remote_dask.py, and the demo test (tests/test_flow.py) runs `deid run` with the defaults.
+# tests/ops/test_remote_dask.py, and the demo test (tests/flow/test_flow.py) runs `deid run` with the defaults.
 os.environ.setdefault("DEID_DASK_WORKERS", "1")
 
-# Weights of the heaviest tests (nodeid prefixes), in seconds: they start first, heaviest first (a
-# group counts the sum of its tests), so no worker is left with a long test at the end. Order only:
-# a test not listed is weighted by its markers, and a renamed test just loses its place in the
-# queue. From `pytest --cpu-report` (CPU of the test process and the children it waited for),
-# raised where a test's work runs elsewhere: in-process flows on the session's Dask worker
-# (booked to the fixture, not the test) and the ops stack's runs (in `deid serve`'s children).
-HEAVY = {
-    "tests/test_faults.py::test_fault_matrix": 160,
-    "tests/test_ops.py::test_drops": 70,
-    "tests/test_ops.py::": 15,
-    "tests/test_ops_lineage.py::": 35,
-    "tests/test_flow.py::test_demo": 58,
-    "tests/test_color.py::test_london_in_colour": 40,
-    "tests/test_remote_dask.py::": 45,
-    "tests/test_flow.py::test_london_gate_rejects": 12,
-    "tests/test_flow_lineage.py::": 20,
-    "tests/test_flow.py::test_london_k5": 35,
-    "tests/test_flow.py::test_real_drop_shapes": 12,
-    "tests/test_flow.py::test_skewed_photo_counts": 15,
-    "tests/test_video_drop.py::test_video_files_through": 19,
-    "tests/test_faults.py::test_rare_labels": 19,
-    "tests/test_recognizer.py::test_london": 21,
-    "tests/test_study.py::test_london_study": 33,
-    "tests/test_faults.py::test_kill_9": 13,
-    "tests/test_faults.py::": 12,
-    "tests/test_flow.py::": 8,
-    "tests/test_flow_lineage_policies.py::": 35,
-    "tests/test_flow_lineage_ops.py::test_kills": 37,
-    "tests/test_flow_lineage_ops.py::": 10,
-    "tests/test_ui_state.py::": 20,
-    "tests/test_ops_rejected.py::": 45,
-    "tests/test_ops_api_lost.py::": 27,  # its own Prefect server and one `deid run` subprocess
-    "tests/test_validation_page.py::test_a_real_runs_pages": 15,
-    "tests/test_features_london.py::": 17,
-    "tests/test_run_inputs.py::test_a_drop_without": 12,
-    "tests/test_runner.py::test_released_and_rejected": 8,
-    # Not marked slow, but seconds each (every attacker, the deep one included, on small faces).
-    "tests/test_attacks.py::test_parrot_defeats": 16,
-    "tests/test_study.py::test_every_registry_method": 15,
-    "tests/test_attacks.py::test_every_attacker_reidentifies": 12,
-    "tests/test_attacks.py::test_every_attacker_and_mode": 11,
-    "tests/test_study.py::test_study_cli": 9,
-    "tests/test_attacks.py::test_attack_all_is_invariant": 8,
-    "tests/test_study_speed.py::": 6,
-    "tests/test_core_purity.py::test_the_command_line": 6,
-}
+# CPU seconds of the heaviest tests (keys: node ids or their prefixes, e.g. a module's "path::"), written by
+# `pytest --cpu-report --write-durations tests/durations.json` (tests/cpu_report.py; docs/development.md).
+# Order only: the heaviest start first (a group counts the sum of its tests), so no worker is left with a
+# long test at the end. A test not in the file is weighted by its tier (and `slow`): a new or renamed test
+# just loses its place in the queue until the file is refreshed.
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
+TIER_WEIGHTS = {"unit": 0.0, "integration": 0.5, "flow": 5.0, "ops": 10.0}
 
 
-def _weight(item: pytest.Item) -> float:
-    for prefix, seconds in HEAVY.items():
-        if item.nodeid.startswith(prefix):
-            return seconds
-    return 5.0 if item.get_closest_marker("slow") else 0.0
+def _durations() -> dict[str, float]:
+    return json.loads(DURATIONS.read_text(encoding="utf-8")) if DURATIONS.is_file() else {}
+
+
+def _weight(item: pytest.Item, durations: dict[str, float]) -> float:
+    """The item's longest matching prefix in the durations file, else its tier's weight (5 s at least if slow)."""
+    match = max((prefix for prefix in durations if item.nodeid.startswith(prefix)), key=len, default=None)
+    if match is not None:
+        return durations[match]
+    tier = next((TIER_WEIGHTS[m.name] for m in item.iter_markers() if m.name in TIER_WEIGHTS), 0.0)
+    return max(tier, 5.0) if item.get_closest_marker("slow") else tier
 
 
 def _module_fixtures(item: pytest.Item) -> list[str]:
@@ -99,13 +66,49 @@ def _module_fixtures(item: pytest.Item) -> list[str]:
                   if defs and defs[-1].scope in ("module", "class") and defs[-1].baseid == module)
 
 
+TESTS = Path(__file__).resolve().parent
+# The tiers, one directory each under tests/ (pyproject's markers say what each holds).
+TIERS = ("unit", "integration", "flow", "ops")
+
+
+def _tier(path: Path) -> str | None:
+    """The tier of a test file: the first directory under tests/ when it is a tier, else None."""
+    parts = Path(path).resolve().relative_to(TESTS).parts
+    return parts[0] if len(parts) > 1 and parts[0] in TIERS else None
+
+
+def _mark_tiers(items: list[pytest.Item]) -> None:
+    """Give every test exactly one tier, its directory's; refuse a test outside a tier directory.
+
+    A tier mark written in a test file must be its directory's (e.g. ``pytest.mark.ops`` in tests/ops/):
+    a file whose tests change tier moves to that tier's directory.
+    """
+    outside = sorted({str(item.path.relative_to(TESTS.parent)) for item in items if _tier(item.path) is None})
+    if outside:
+        raise pytest.UsageError(
+            f"test files outside a tier directory: {', '.join(outside)}; every test file lives under "
+            f"tests/<tier>/ with <tier> one of {', '.join(TIERS)} (pyproject.toml [tool.pytest.ini_options] "
+            "markers says what each holds): git mv the file there")
+    wrong = []
+    for item in items:
+        tier = _tier(item.path)
+        written = {m.name for m in item.iter_markers() if m.name in TIERS} - {tier}
+        if written:
+            wrong.append(f"{item.nodeid} is marked {'/'.join(sorted(written))} but lives in tests/{tier}/")
+        item.add_marker(tier)
+    if wrong:
+        raise pytest.UsageError("a tier mark that contradicts its directory (move the file or drop the mark): "
+                                + "; ".join(wrong[:5]) + (f" (and {len(wrong) - 5} more)" if len(wrong) > 5 else ""))
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Heaviest tests first; tests sharing a module-scoped fixture of their module go to one worker.
+    """Tier marks; heaviest tests first; tests sharing a module-scoped fixture of their module go to one worker.
 
     The sort is stable (equal weights keep the file order, so a module's tests stay together). A
     test that already carries an ``xdist_group`` mark keeps it (e.g. the ops stack's "ops").
     """
+    _mark_tiers(items)
     for item in items:
         shared = _module_fixtures(item)
         if shared and not item.get_closest_marker("xdist_group"):
@@ -116,11 +119,12 @@ def pytest_collection_modifyitems(config, items):
                        for m in item.iter_markers("xdist_group"))
         return "@".join(marks) or item.nodeid
 
+    durations = _durations()
     weight: dict[str, float] = {}
     first: dict[str, int] = {}
     for i, item in enumerate(items):
         u = unit(item)
-        weight[u] = weight.get(u, 0.0) + _weight(item)
+        weight[u] = weight.get(u, 0.0) + _weight(item, durations)
         first.setdefault(u, i)
     order = {id(item): i for i, item in enumerate(items)}
     items.sort(key=lambda item: (-weight[unit(item)], first[unit(item)], order[id(item)]))
@@ -147,7 +151,7 @@ def pytest_collection_modifyitems_xdist_groups(config, items):
 def london_dir() -> Path:
     """The real London set; its absence is a failure, never a skip (CI always has it)."""
     if not (LONDON / "london_info.csv").is_file():
-        pytest.fail(f"the London face set is missing: expected {LONDON} (see DEVELOPERS.md, Data)")
+        pytest.fail(f"the London face set is missing: expected {LONDON} (README.md, Data and credits)")
     return LONDON
 
 

@@ -8,11 +8,18 @@ fixtures that start them record that teardown as their own line (``fixture:<name
 test's. Grandchildren orphaned by a SIGKILL of their parent's group are not counted by the kernel.
 Under pytest-xdist every worker reports its figures to the controller, which prints one table.
 Off by default (the hooks then do nothing).
+
+``--write-durations PATH`` (implies ``--cpu-report``) also writes the figures to PATH, the JSON file
+(node id -> CPU seconds) tests/conftest.py orders the queue by: every test of the run that used at
+least ``MIN_SECONDS``, merged into the file's other entries (a run of one tier refreshes that tier; an
+entry the run measured a test under, the test's own id or a prefix of it, is replaced).
 """
 from __future__ import annotations
 
+import json
 import resource
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +27,7 @@ _TESTS: dict[str, float] = {}
 _FIXTURES: dict[str, float] = {}
 _ENABLED = False
 _REMOTE: list[dict] = []  # what each xdist worker reported (controller side)
+MIN_SECONDS = 1.0  # --write-durations keeps the tests that cost at least this: the rest weigh by their tier
 
 
 def cpu() -> float:
@@ -42,10 +50,15 @@ def fixture_teardown(name: str):
 def pytest_addoption(parser):
     parser.addoption("--cpu-report", action="store", nargs="?", const="40", default=None, metavar="N",
                      help="print the N tests (default 40) that used the most CPU (user+sys, own + waited children)")
+    parser.addoption("--write-durations", action="store", default=None, metavar="PATH",
+                     help="also write every test's CPU seconds (>= 1 s) to PATH, merged into it (tests/durations.json "
+                          "orders the queue, tests/conftest.py); implies --cpu-report")
 
 
 def pytest_configure(config):
     global _ENABLED
+    if config.getoption("--write-durations") and config.getoption("--cpu-report") is None:
+        config.option.cpu_report = "40"
     _ENABLED = config.getoption("--cpu-report") is not None
     if _ENABLED:
         _TESTS.clear()
@@ -99,3 +112,20 @@ def pytest_terminal_summary(terminalreporter, config):
         tr.write_line(f"[{who}] tests {sum(r.get('tests', {}).values()):.1f} s, {fixtures or 'no fixture line'}, "
                       f"process total {r.get('total', 0.0):.1f} s")
     tr.write_line(f"all tests {sum(tests.values()):.1f} s CPU")
+    target = config.getoption("--write-durations")
+    if target:
+        written = write_durations(Path(target), tests)
+        tr.write_line(f"wrote {written} durations to {target}")
+
+
+def write_durations(path: Path, tests: dict[str, float]) -> int:
+    """Merge the measured tests (>= ``MIN_SECONDS``) into the durations file at ``path``; return its size.
+
+    An old entry goes when this run measured a test under it (the same id, or a prefix of a measured id such
+    as a module's ``path::``): the run's figures replace it. The others stay (tests this run did not run).
+    """
+    old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    kept = {key: seconds for key, seconds in old.items() if not any(nodeid.startswith(key) for nodeid in tests)}
+    kept.update({nodeid: round(seconds, 1) for nodeid, seconds in tests.items() if seconds >= MIN_SECONDS})
+    path.write_text(json.dumps(dict(sorted(kept.items())), indent=1) + "\n", encoding="utf-8")
+    return len(kept)

@@ -200,7 +200,7 @@ def stack(tmp_path_factory):
 
 
 SITES = ("site-a-2026-01", "site-b-2026-01")
-DATASET = "site-clinic"  # drop a's dataset: tests/test_ops_lineage.py drops its second release
+DATASET = "site-clinic"  # drop a's dataset: tests/ops/test_ops_lineage.py drops its second release
 
 
 def synthetic_drop(path: Path, people: int, seed: int, *, dataset: str | None = None) -> Path:

@@ -47,7 +47,7 @@ So what a second face can do between detections: anywhere outside the crop, anyt
 of it is released; the next full detection, at most N - 1 frames later, sees it); into the
 crop, nothing unnoticed: entering changes the cells it covers, which runs the full detection on
 that very frame, and the frame is masked or quarantined by the rules above
-(``tests/test_video_tracking.py`` shows the check is what catches it). What following does not
+(``tests/integration/intake/test_video_tracking.py`` shows the check is what catches it). What following does not
 see is what the detector would not see either: a face inside the subject's own box (occluding
 it; the correlation drops when much of the box changes) or one whose every cell stays within
 :data:`CHANGE_MAX` of the background's range. A frame with no texture in the box (sd below

@@ -255,7 +255,7 @@ def abandon_api(timeout: float = 1.0) -> None:
     """Stop talking to a Prefect API that stopped answering: nothing queued is retried, nothing new is sent.
 
     Called once a run's outcome is signed and the API is found lost (issue 28). Without it a run killed
-    server mid-gate took 139-200 s to exit (measured, ``tests/test_ops_api_lost.py``): the flow engine
+    server mid-gate took 139-200 s to exit (measured, ``tests/ops/test_ops_api_lost.py``): the flow engine
     retried each final-state call ``PREFECT_CLIENT_MAX_RETRIES`` (5) times with 2-32 s back-off, twice
     (Completed, then the failure of that), and the events worker spent ~7 s on each queued event
     (10 websocket reconnections) and drained the rest at interpreter exit without a time limit.

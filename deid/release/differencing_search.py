@@ -315,7 +315,7 @@ def best_pairs(Dw: np.ndarray, Zw: np.ndarray, candidates: int, sd: np.ndarray |
     With ``sd`` (the whitening scale) the combinations are compared unwhitened, as the pixel check
     that follows measures them: whitening multiplies the rounding error of the averages in the
     low-variance components, where a wrong pair can then come out nearest (seen on 36-pixel random
-    faces at k=2, tests/test_lineage_differencing_scale.py).
+    faces at k=2, tests/unit/release/test_lineage_differencing_scale.py).
     """
     Zw = np.asarray(Zw)   # every original is scored: the whole matrix, for this call only
     t = min(candidates, Zw.shape[0])
