@@ -9,9 +9,7 @@ subject id"). Tiny synthetic worlds from tests/integration/release/test_lineage.
 """
 from __future__ import annotations
 
-import json
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -22,13 +20,13 @@ from jsonschema import Draft202012Validator
 from integration.release.test_lineage import KEY, SHAPE, World
 
 from deid.errors import StateError
+from deid.reporting.report import load_schema
 from deid.operations import stages
 from deid.release.lineage import build_release
 from deid.release.lineage_plan import plan_release
 from deid.release.lineage_state import empty_state, image_sha256
 from deid.release.lineage_checks import check_merges, check_structure
 
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def _groups(ids, pairs) -> dict[str, str]:
@@ -152,7 +150,7 @@ def test_the_pipeline_keys_the_lineage_by_normalised_steward_ids_and_overlays_th
     assert plan.pseudonyms == plan_release(s1, w.people[:6], w.fps[:6], key=KEY, k=3).pseudonyms
     assert plan.merge_counts == {"merged_people": 1, "aliased_records": 0, "rechecked_clusters": 1}
     assert [r for _, r in plan.withheld_by_merges] == ["merged_below_k"]
-    schema = json.loads((ROOT / "deid" / "schemas" / "report.schema.json").read_text())
+    schema = load_schema()  # the report schema the run validates against, from the installed deid.schemas
     Draft202012Validator(schema["properties"]["lineage"]).validate({**plan.summary(), "applied": True})
 
 
