@@ -64,4 +64,4 @@ def test_no_print_in_core():
 
 def test_the_exemption_is_by_name_only():
     assert _exempt("deid.orchestration") and _exempt("deid.orchestration.flow") and _exempt("deid.cli.ops")
-    assert not _exempt("deid.orchestration_extra") and not _exempt("deid.operations.stages")
+    assert not _exempt("deid.orchestration_extra") and not _exempt("deid.operations.worker_align")
