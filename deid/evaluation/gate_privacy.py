@@ -238,22 +238,7 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool, rows:
     level = 1.0 - (1.0 - config.confidence) / m
     bound = 1.0 / k
     need = config.min_probes
-    failing, thin = [], []
-    for r in rows:
-        lo, hi = clopper_pearson(r["rate"] * r["n_probes"], r["n_probes"], confidence=level)
-        r["lower"], r["upper"] = round(lo, 6), round(hi, 6)
-        r["rate"] = round(r["rate"], 6)
-        r.pop("credit", None)
-        above = not within_bound(lo if exact else hi, limit=bound)
-        if r["n_probes"] < need:
-            # Too few distinct probes to be evidence: kept in the report with its n and interval, never the
-            # headline, never deciding (a [0, 1] interval from one probe says nothing about the release).
-            r["status"] = INSUFFICIENT
-            thin.append(r)
-        else:
-            r["status"] = "fail" if above else "pass"
-            if above:
-                failing.append(r)
+    failing, thin = _rate_statuses(rows, level=level, bound=bound, exact=exact, need=need)
     sample = {"records": int(len(idx)), "of": inputs.n, "seed": config.seed,
               "unit": "cluster" if inputs.clusters is not None else "person", "confidence": config.confidence,
               "bonferroni_over": m, "min_probes": need, "insufficient": len(thin)}
@@ -271,20 +256,64 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool, rows:
                      "neither the headline nor deciding")
     deciding = [r for r in rows if r["status"] != INSUFFICIENT]
     if not deciding:
-        most = max(rows, key=lambda r: r["n_probes"])
-        units = len(set(inputs.clusters.tolist())) if inputs.clusters is not None else len(set(inputs.people.tolist()))
-        why = (f"insufficient evidence: every one of {m} attacker x mode pairs had fewer than {need} distinct probes "
-               f"(at most {most['n_probes']}, {most['attacker']}/{most['mode']}; the release has {units} "
-               f"{'clusters' if inputs.clusters is not None else 'people'}), so no rate is a headline or a decision")
-        if exact:
-            detail = (why + "; every cluster's members share one image, so the exact structural checks "
-                      "(min_distinct_people_per_cluster, max_person_share) decide privacy" + fake_note)
+        return [_inconclusive_rate_check(inputs, rows, need=need, exact=exact, bound=bound, note=fake_note)], \
+            rows, None, sample
+    check, max_rate = _decided_rate_check(deciding, failing, m=m, need=need, exact=exact, bound=bound,
+                                          confidence=config.confidence, note=thin_note + fake_note)
+    return [check], rows, max_rate, sample
+
+
+def _rate_statuses(rows: list[dict], *, level: float, bound: float, exact: bool,
+                   need: int) -> tuple[list[dict], list[dict]]:
+    """Each attack row's one-sided Clopper-Pearson interval at ``level`` and its status, set in place (rates
+    rounded, tie credit dropped); returns (the failing rows, the rows short of ``need`` distinct probes).
+
+    An exact release fails a row only if its lower bound exceeds ``bound``, any other if its upper bound does.
+    """
+    failing, thin = [], []
+    for r in rows:
+        lo, hi = clopper_pearson(r["rate"] * r["n_probes"], r["n_probes"], confidence=level)
+        r["lower"], r["upper"] = round(lo, 6), round(hi, 6)
+        r["rate"] = round(r["rate"], 6)
+        r.pop("credit", None)
+        above = not within_bound(lo if exact else hi, limit=bound)
+        if r["n_probes"] < need:
+            # Too few distinct probes to be evidence: kept in the report with its n and interval, never the
+            # headline, never deciding (a [0, 1] interval from one probe says nothing about the release).
+            r["status"] = INSUFFICIENT
+            thin.append(r)
         else:
-            detail = (why + "; the clusters are not identical copies, so no exact bound stands in for the attacks: "
-                      "nothing shows the release keeps 1/k (more records, or a k-Same method)" + fake_note)
-        check = Check("reidentification_rate", exact, None, f"<= {bound:.4f}", detail, status="inconclusive",
-                      interval=(most["lower"], most["upper"]), n=most["n_probes"])
-        return [check], rows, None, sample
+            r["status"] = "fail" if above else "pass"
+            if above:
+                failing.append(r)
+    return failing, thin
+
+
+def _inconclusive_rate_check(inputs: GateInputs, rows: list[dict], *, need: int, exact: bool, bound: float,
+                             note: str) -> Check:
+    """The ``reidentification_rate`` check when every attack row is short of ``need`` distinct probes:
+    inconclusive, passing only an exact release (its structural checks decide); ``note``: the counterfeits'."""
+    m = len(rows)
+    most = max(rows, key=lambda r: r["n_probes"])
+    units = len(set(inputs.clusters.tolist())) if inputs.clusters is not None else len(set(inputs.people.tolist()))
+    why = (f"insufficient evidence: every one of {m} attacker x mode pairs had fewer than {need} distinct probes "
+           f"(at most {most['n_probes']}, {most['attacker']}/{most['mode']}; the release has {units} "
+           f"{'clusters' if inputs.clusters is not None else 'people'}), so no rate is a headline or a decision")
+    if exact:
+        detail = (why + "; every cluster's members share one image, so the exact structural checks "
+                  "(min_distinct_people_per_cluster, max_person_share) decide privacy" + note)
+    else:
+        detail = (why + "; the clusters are not identical copies, so no exact bound stands in for the attacks: "
+                  "nothing shows the release keeps 1/k (more records, or a k-Same method)" + note)
+    return Check("reidentification_rate", exact, None, f"<= {bound:.4f}", detail, status="inconclusive",
+                 interval=(most["lower"], most["upper"]), n=most["n_probes"])
+
+
+def _decided_rate_check(deciding: list[dict], failing: list[dict], *, m: int, need: int, exact: bool, bound: float,
+                        confidence: float, note: str) -> tuple[Check, float]:
+    """The ``reidentification_rate`` check decided by the ``deciding`` rows (those with at least ``need``
+    distinct probes) and the headline ``max_rate``, their highest rate; ``note``: the short rows' and the
+    counterfeits'."""
     worst = max(deciding, key=lambda r: r["rate"])
     max_rate = worst["rate"]
     rule = ("fails only if a lower bound exceeds 1/k (the exact bound max_person_share decides)" if exact
@@ -292,15 +321,14 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool, rows:
     detail = (f"max over {len(deciding)} attacker x mode pairs with at least {need} distinct probes: "
               f"{worst['attacker']}/{worst['mode']} {worst['rate']:.3f} "
               f"[{worst['lower']:.3f}, {worst['upper']:.3f}] on {worst['n_probes']} distinct probes; "
-              f"one-sided {config.confidence:.0%} Clopper-Pearson, Bonferroni over {m}; {rule}")
+              f"one-sided {confidence:.0%} Clopper-Pearson, Bonferroni over {m}; {rule}")
     if failing:
         f0 = max(failing, key=lambda r: r["upper"])
         detail += (f"; {len(failing)} failing, e.g. {f0['attacker']}/{f0['mode']} {f0['rate']:.3f} "
                    f"[{f0['lower']:.3f}, {f0['upper']:.3f}]")
-    detail += thin_note + fake_note
-    check = Check("reidentification_rate", not failing, max_rate, f"<= {bound:.4f}", detail,
-                  interval=(worst["lower"], worst["upper"]), n=worst["n_probes"])
-    return [check], rows, max_rate, sample
+    detail += note
+    return Check("reidentification_rate", not failing, max_rate, f"<= {bound:.4f}", detail,
+                 interval=(worst["lower"], worst["upper"]), n=worst["n_probes"]), max_rate
 
 
 def membership_disclosure(inputs: GateInputs, config: GateConfig) -> dict:

@@ -111,42 +111,8 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
     min_people = share = None
     exact = False
     if n and inputs.clusters is not None and forms_clusters(config.method):
-        rep = inputs.republished
-        clusters, people = list(inputs.clusters), list(inputs.people)
-        row_shares: dict = {}
-        real_shares: dict = {}
-        if rep is not None and rep.members:
-            row_shares, real_shares = republished_row_shares(clusters, people, rep)
-            clusters, people = registered_rows(clusters, people, rep.members)
-        sizes, distinct, shares = cluster_shares(clusters, people)
-        shares = {c: max(v, row_shares.get(c, 0.0)) for c, v in shares.items()}
-        min_size, min_people, share = min(sizes.values()), min(distinct.values()), max(shares.values())
-        exact = identical_within_clusters(inputs.image_index, list(inputs.clusters))
-        unit, copy = ("records", "vector") if inputs.kind == "features" else ("images", "image")
-        note = ""
-        if row_shares:
-            n_fake = sum(int(rep.counterfeits.get(c, 0)) for c in row_shares)
-            note = (f"; {len(row_shares)} republished clusters counted on their registered members, and on their "
-                    f"released rows with {n_fake} counterfeit rows of no one (largest share "
-                    f"{max(row_shares.values()):.3f})")
-        checks.append(Check("min_cluster_size", min_size >= k, min_size, f">= {k}",
-                            f"{len(sizes)} clusters; smallest has {min_size} {unit}" + note))
-        checks.append(Check("min_distinct_people_per_cluster", min_people >= k, min_people, f">= {k}",
-                            f"smallest number of distinct people in a cluster: {min_people}" + note))
-        worst = max(shares, key=shares.get)
-        presence = ""
-        if real_shares:
-            presence = (f"; an attacker who knows exactly who is in this drop knows a republished cluster's real rows "
-                        f"belong to its present members: up to {max(real_shares.values()):.3f} of them to one person "
-                        "(1.0: one member present; DEID_LINEAGE_ABSENT=suppress withholds clusters with absent "
-                        "members)")
-        checks.append(Check(
-            "max_person_share", within_bound(share, k), round(share, 6), f"<= {1.0 / k:.4f}",
-            f"largest share of one person's {unit} in a cluster: {share:.3f} (cluster of {sizes[worst]} {unit}, "
-            f"{distinct[worst]} people); " + (f"every cluster's members received the identical {copy}, so this is "
-                                               "the exact bound on any recogniser's success"
-                                               if exact else "clusters are not identical copies: the empirical "
-                                               "attacks decide") + note + presence))
+        cluster_checks, min_people, share, exact = _cluster_checks(inputs, config)
+        checks.extend(cluster_checks)
     elif n:
         checks.append(Check("min_cluster_size", True, None, f">= {k}",
                             f"not applicable: method {config.method} forms no clusters, so nothing structural "
@@ -178,6 +144,52 @@ def structural_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Chec
         checks.append(Check("small_partitions", False, "fail", "every partition >= k people",
                             inputs.partition_detail or "a label partition has fewer than k distinct people"))
     checks.append(quarantine_fraction_check(inputs.records_in, inputs.quarantined, config.max_quarantine_fraction))
+    return checks, min_people, share, exact
+
+
+def _cluster_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check], int, float, bool]:
+    """The cluster checks of a clustered release (``min_cluster_size``, ``min_distinct_people_per_cluster``,
+    ``max_person_share``), republished lineage clusters counted as :func:`structural_checks` says; returns them
+    with the fewest distinct people in a cluster, the largest person share and whether the clusters are
+    identical copies (the exact bound)."""
+    k = config.k
+    checks: list[Check] = []
+    rep = inputs.republished
+    clusters, people = list(inputs.clusters), list(inputs.people)
+    row_shares: dict = {}
+    real_shares: dict = {}
+    if rep is not None and rep.members:
+        row_shares, real_shares = republished_row_shares(clusters, people, rep)
+        clusters, people = registered_rows(clusters, people, rep.members)
+    sizes, distinct, shares = cluster_shares(clusters, people)
+    shares = {c: max(v, row_shares.get(c, 0.0)) for c, v in shares.items()}
+    min_size, min_people, share = min(sizes.values()), min(distinct.values()), max(shares.values())
+    exact = identical_within_clusters(inputs.image_index, list(inputs.clusters))
+    unit, copy = ("records", "vector") if inputs.kind == "features" else ("images", "image")
+    note = ""
+    if row_shares:
+        n_fake = sum(int(rep.counterfeits.get(c, 0)) for c in row_shares)
+        note = (f"; {len(row_shares)} republished clusters counted on their registered members, and on their "
+                f"released rows with {n_fake} counterfeit rows of no one (largest share "
+                f"{max(row_shares.values()):.3f})")
+    checks.append(Check("min_cluster_size", min_size >= k, min_size, f">= {k}",
+                        f"{len(sizes)} clusters; smallest has {min_size} {unit}" + note))
+    checks.append(Check("min_distinct_people_per_cluster", min_people >= k, min_people, f">= {k}",
+                        f"smallest number of distinct people in a cluster: {min_people}" + note))
+    worst = max(shares, key=shares.get)
+    presence = ""
+    if real_shares:
+        presence = (f"; an attacker who knows exactly who is in this drop knows a republished cluster's real rows "
+                    f"belong to its present members: up to {max(real_shares.values()):.3f} of them to one person "
+                    "(1.0: one member present; DEID_LINEAGE_ABSENT=suppress withholds clusters with absent "
+                    "members)")
+    checks.append(Check(
+        "max_person_share", within_bound(share, k), round(share, 6), f"<= {1.0 / k:.4f}",
+        f"largest share of one person's {unit} in a cluster: {share:.3f} (cluster of {sizes[worst]} {unit}, "
+        f"{distinct[worst]} people); " + (f"every cluster's members received the identical {copy}, so this is "
+                                           "the exact bound on any recogniser's success"
+                                           if exact else "clusters are not identical copies: the empirical "
+                                           "attacks decide") + note + presence))
     return checks, min_people, share, exact
 
 

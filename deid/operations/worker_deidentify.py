@@ -102,22 +102,9 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     spec = REGISTRY.get(method)
     sources: dict[str, int] = {}
     if spec is None or not spec.cluster_mean:  # (an unknown name gets deid.anonymise.methods' ConfigError)
-        # Every other method (registry in deid.anonymise.methods) runs on the pixels; those without
-        # clusters (blur, pixelate, selective-mean, attribute-preserving) get one per record.
-        points = table.column("points").to_pylist() if has_points else None
-        released, found = deidentify_images(images, shape=shape, people=list(people), method=method, k=k,
-                                            sigma=sigma, block=block, seed=seed,
-                                            labels={x: table.column(x).to_pylist() for x in labels} or None,
-                                            points=points,
-                                            sequences=table.column("sequence").to_pylist() if seq_cols else None,
-                                            frames=table.column("frame").to_pylist() if seq_cols else None)
-        labels_ = np.arange(len(ids)) if found is None else found
-        if method == "k-same-m" and len(ids):  # the report says where the clusters' shapes came from
-            for source in shape_sources(labels_, points):
-                sources[source] = sources.get(source, 0) + 1
-        elif method == "k-same-aam" and len(ids):  # one shape model per partition: its clusters share its source
-            source = "points" if shape is not None and given_shapes(points, shape) is not None else "flow"
-            sources[source] = sources.get(source, 0) + int(labels_.max()) + 1
+        released, labels_, sources = _method_on_pixels(table, images, people, method=method, k=k, shape=shape,
+                                                       sigma=sigma, block=block, seed=seed, labels=labels,
+                                                       has_points=has_points, sequences=bool(seq_cols))
     else:
         model = KSame(k, count="people" if spec.counts_people else "images", block_size=block_size,
                       map_blocks=map_blocks).fit(X, people=people, images=images)
@@ -128,23 +115,8 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     suppressed: tuple[str, ...] = ()
     colour = None
     if color_dir is not None:
-        if method not in COLOR_METHODS:
-            raise ConfigError(f"method={method!r} cannot release colour; with DEID_COLOR=true use one of "
-                              f"{list(COLOR_METHODS)}")
-        faces = _colour_faces(color_dir, ids)
-        colour = _colour_means(faces, labels_)
-        released = colour_to_grey(colour)
-        if repair is not None and len(ids):
-            # The gate compares the grey of the colour mean with the grey original: so does the repair.
-            labels_, near = repair_in_memory(
-                labels_, X, people, released, images, lambda m: colour_to_grey(_colour_means(faces[m], None))[0],
-                k=k, threshold=repair, distance=mean_abs_difference)
-            if near.near_copy_clusters:
-                keep = labels_ >= 0
-                suppressed = tuple(r for r, kept in zip(ids, keep) if not kept)
-                ids, people, labels_ = [r for r, kept in zip(ids, keep) if kept], people[keep], labels_[keep]
-                colour = _colour_means(faces[keep], labels_)
-                released = colour_to_grey(colour)
+        ids, people, labels_, released, colour, near, suppressed = _colour_release(
+            color_dir, ids, people, labels_, X, images, method=method, k=k, repair=repair)
     columns = {"record_id": ids, "cluster": [names[c] for c in labels_]}
     if colour is not None:
         columns["color"] = [r.tobytes() for r in colour]
@@ -157,6 +129,68 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     release_free_memory()  # what the stage freed goes back to the OS (issue 13)
     return DeidentifiedPart(path=out_path, records=len(ids), clusters=summary,
                             shape_sources=sources, suppressed=suppressed, near_copies=near)
+
+
+def _method_on_pixels(table: pa.Table, images: np.ndarray, people: np.ndarray, *, method: str, k: int,
+                      shape: tuple[int, int] | None, sigma: float | None, block: int | None, seed: int,
+                      labels: Sequence[str], has_points: bool,
+                      sequences: bool) -> tuple[np.ndarray, np.ndarray, dict[str, int]]:
+    """A method other than a k-Same cluster mean on the partition's pixels (:func:`deid.anonymise.methods.deidentify`).
+
+    Returns the released images, each record's cluster (methods without clusters: blur, pixelate,
+    selective-mean, attribute-preserving, get one per record) and, for k-same-m and k-same-aam, where
+    the clusters' shapes came from (the report says).
+    """
+    n = table.num_rows
+    sources: dict[str, int] = {}
+    # Every other method (registry in deid.anonymise.methods) runs on the pixels; those without
+    # clusters (blur, pixelate, selective-mean, attribute-preserving) get one per record.
+    points = table.column("points").to_pylist() if has_points else None
+    released, found = deidentify_images(images, shape=shape, people=list(people), method=method, k=k,
+                                        sigma=sigma, block=block, seed=seed,
+                                        labels={x: table.column(x).to_pylist() for x in labels} or None,
+                                        points=points,
+                                        sequences=table.column("sequence").to_pylist() if sequences else None,
+                                        frames=table.column("frame").to_pylist() if sequences else None)
+    labels_ = np.arange(n) if found is None else found
+    if method == "k-same-m" and n:  # the report says where the clusters' shapes came from
+        for source in shape_sources(labels_, points):
+            sources[source] = sources.get(source, 0) + 1
+    elif method == "k-same-aam" and n:  # one shape model per partition: its clusters share its source
+        source = "points" if shape is not None and given_shapes(points, shape) is not None else "flow"
+        sources[source] = sources.get(source, 0) + int(labels_.max()) + 1
+    return released, labels_, sources
+
+
+def _colour_release(color_dir: str, ids: list, people: np.ndarray, labels_: np.ndarray, X: np.ndarray,
+                    images: np.ndarray, *, method: str, k: int, repair: float | None):
+    """``DEID_COLOR``: each cluster's mean per colour channel (BGR) released, and the grey of that colour face
+    as its ``pixels`` (what the gate attacks); with ``repair`` (the near-copy threshold), the near copies
+    repaired on that grey.
+
+    Returns ``(ids, people, labels_, released grey, colour, near-copy repair or None, suppressed ids)``:
+    the records the repair suppressed are left out of the first three.
+    """
+    near: NearCopyRepair | None = None
+    suppressed: tuple[str, ...] = ()
+    if method not in COLOR_METHODS:
+        raise ConfigError(f"method={method!r} cannot release colour; with DEID_COLOR=true use one of "
+                          f"{list(COLOR_METHODS)}")
+    faces = _colour_faces(color_dir, ids)
+    colour = _colour_means(faces, labels_)
+    released = colour_to_grey(colour)
+    if repair is not None and len(ids):
+        # The gate compares the grey of the colour mean with the grey original: so does the repair.
+        labels_, near = repair_in_memory(
+            labels_, X, people, released, images, lambda m: colour_to_grey(_colour_means(faces[m], None))[0],
+            k=k, threshold=repair, distance=mean_abs_difference)
+        if near.near_copy_clusters:
+            keep = labels_ >= 0
+            suppressed = tuple(r for r, kept in zip(ids, keep) if not kept)
+            ids, people, labels_ = [r for r, kept in zip(ids, keep) if kept], people[keep], labels_[keep]
+            colour = _colour_means(faces[keep], labels_)
+            released = colour_to_grey(colour)
+    return ids, people, labels_, released, colour, near, suppressed
 
 
 def _cluster_summary(names: list[str], labels_: np.ndarray, people) -> tuple[ClusterInfo, ...]:
@@ -224,53 +258,10 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
     out.parent.mkdir(parents=True, exist_ok=True)
     spill = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        handles = [open(spill / f"b{b:05d}", "wb") for b in range(n_buckets)]  # noqa: SIM115
-        try:
-            row = 0
-            for batch in stream_rows(files, ["pixels"], _SPILL_ROWS):  # pass 1: spill by bucket, in record order
-                pix = pixel_rows(batch.column(0))
-                bb = bucket_of_row[row: row + len(pix)]
-                for b in np.unique(bb):
-                    handles[b].write(pix[bb == b].tobytes())
-                row += len(pix)
-        finally:
-            for h in handles:
-                h.close()
-        by_bucket = np.argsort(bucket_of_row, kind="stable")  # each bucket's rows in record order
-        bounds = np.r_[0, np.cumsum(np.bincount(bucket_of_row, minlength=n_buckets))]
+        _spill_by_bucket(files, spill, bucket_of_row, n_buckets)
         repair = near_copy_threshold is not None
         own = np.empty(len(ids), np.float64) if repair else None
-        with open(spill / "averages", "wb") as avg:  # pass 2: cluster means, cluster c at row c
-            for b in range(n_buckets):
-                rows = by_bucket[bounds[b]:bounds[b + 1]]
-                data = np.fromfile(spill / f"b{b:05d}", dtype=np.uint8).reshape(len(rows), p)
-                if not repair:  # the repair reads members back from the buckets
-                    (spill / f"b{b:05d}").unlink()
-                labs = labels_[rows]
-                order = np.argsort(labs, kind="stable")
-                labs = labs[order]
-                starts = np.flatnonzero(np.r_[True, labs[1:] != labs[:-1]])
-                ends = np.r_[starts[1:], len(labs)]
-                members = rows[order]
-                # A few hundred clusters at a time (issue 13: the whole bucket's float64 sums were ~8x its
-                # pixels); each cluster's mean is computed as for the whole bucket, so the bytes are the same.
-                for c0 in range(0, len(starts), _MEAN_CLUSTERS):
-                    c1 = min(c0 + _MEAN_CLUSTERS, len(starts))
-                    a, z = int(starts[c0]), int(ends[c1 - 1])
-                    chunk = data[order[a:z]]  # these clusters' rows, grouped by cluster
-                    sums = np.add.reduceat(chunk, starts[c0:c1] - a, axis=0, dtype=np.uint32)
-                    means = sums / sizes[labs[starts[c0:c1]]][:, None]  # float64, rounded and clipped in place
-                    del sums
-                    np.rint(means, out=means)
-                    means = np.clip(means, 0, 255, out=means).astype(np.uint8)
-                    if repair:  # every member against its cluster's released mean (what the gate measures)
-                        seg = np.repeat(np.arange(c1 - c0), ends[c0:c1] - starts[c0:c1])
-                        mine = members[a:z]
-                        for s in range(0, len(seg), _DISTANCE_ROWS):  # a few MB of int16 at a time
-                            own[mine[s:s + _DISTANCE_ROWS]] = mean_abs_difference(
-                                means[seg[s:s + _DISTANCE_ROWS]], chunk[s:s + _DISTANCE_ROWS])
-                    avg.write(means.tobytes())
-                del data, chunk
+        by_bucket, bounds = _bucket_means(spill, labels_, sizes, bucket_of_row, n_buckets, p, own)
         near = suppressed = None
         if repair:
             features = lambda: (feature_rows(b.column(0)) for b in stream_rows(files, ["features"]))  # noqa: E731
@@ -280,25 +271,7 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
             suppressed = tuple(ids.take(pa.array(dropped, pa.int64())).to_pylist())
             for b in range(n_buckets):
                 (spill / f"b{b:05d}").unlink()
-        kept = np.flatnonzero(labels_ >= 0)
-        tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
-        schema = schemas.deidentified()
-        fd = os.open(spill / "averages", os.O_RDONLY)
-        try:
-            with pq.ParquetWriter(tmp, schema, **schemas.writer_options(schema.names)) as writer:  # pass 3: every record its cluster's mean
-                for a in range(0, len(kept), OUT_ROWS):
-                    rows = kept[a: a + OUT_ROWS]
-                    labs = labels_[rows]
-                    uniq, inv = np.unique(labs, return_inverse=True)
-                    means = np.empty((len(uniq), p), dtype=np.uint8)
-                    for j, c in enumerate(uniq):
-                        means[j] = np.frombuffer(os.pread(fd, p, int(c) * p), dtype=np.uint8)
-                    writer.write_batch(pa.record_batch(
-                        [ids.take(pa.array(rows, pa.int64())), pa.array([names[c] for c in labs], pa.string()),
-                         binary_rows(means[inv])], schema=schema))
-        finally:
-            os.close(fd)
-        os.replace(tmp, out)
+        kept = _write_released_means(out, spill, ids, labels_, names, p)
     finally:
         shutil.rmtree(spill, ignore_errors=True)
     # Each cluster's size and distinct people (merged clusters grew, merged-away and suppressed ones are gone).
@@ -308,6 +281,96 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
     release_free_memory()  # what the stage freed goes back to the OS: a worker holds it for no one (issue 13)
     return DeidentifiedPart(path=out_path, records=n_kept, clusters=summary, shape_sources={},
                             suppressed=suppressed or (), near_copies=near)
+
+
+def _spill_by_bucket(files: list[str], spill: Path, bucket_of_row: np.ndarray, n_buckets: int) -> None:
+    """Pass 1 of :func:`_ksame_out_of_core`: every face's pixels appended to its bucket's spill file
+    (``spill/bNNNNN``), in record order."""
+    handles = [open(spill / f"b{b:05d}", "wb") for b in range(n_buckets)]  # noqa: SIM115
+    try:
+        row = 0
+        for batch in stream_rows(files, ["pixels"], _SPILL_ROWS):  # pass 1: spill by bucket, in record order
+            pix = pixel_rows(batch.column(0))
+            bb = bucket_of_row[row: row + len(pix)]
+            for b in np.unique(bb):
+                handles[b].write(pix[bb == b].tobytes())
+            row += len(pix)
+    finally:
+        for h in handles:
+            h.close()
+
+
+def _bucket_means(spill: Path, labels_: np.ndarray, sizes: np.ndarray, bucket_of_row: np.ndarray, n_buckets: int,
+                  p: int, own: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Pass 2 of :func:`_ksame_out_of_core`: each bucket read back and its clusters' means appended to
+    ``spill/averages`` (cluster c at row c).
+
+    With ``own`` (the near-copy repair), every member's distance to its cluster's mean is written into
+    it and the buckets are kept (the repair reads members back from them); without, each bucket's
+    file goes once read. Returns (each bucket's rows in record order, the buckets' bounds in them).
+    """
+    by_bucket = np.argsort(bucket_of_row, kind="stable")  # each bucket's rows in record order
+    bounds = np.r_[0, np.cumsum(np.bincount(bucket_of_row, minlength=n_buckets))]
+    repair = own is not None
+    with open(spill / "averages", "wb") as avg:  # pass 2: cluster means, cluster c at row c
+        for b in range(n_buckets):
+            rows = by_bucket[bounds[b]:bounds[b + 1]]
+            data = np.fromfile(spill / f"b{b:05d}", dtype=np.uint8).reshape(len(rows), p)
+            if not repair:  # the repair reads members back from the buckets
+                (spill / f"b{b:05d}").unlink()
+            labs = labels_[rows]
+            order = np.argsort(labs, kind="stable")
+            labs = labs[order]
+            starts = np.flatnonzero(np.r_[True, labs[1:] != labs[:-1]])
+            ends = np.r_[starts[1:], len(labs)]
+            members = rows[order]
+            # A few hundred clusters at a time (issue 13: the whole bucket's float64 sums were ~8x its
+            # pixels); each cluster's mean is computed as for the whole bucket, so the bytes are the same.
+            for c0 in range(0, len(starts), _MEAN_CLUSTERS):
+                c1 = min(c0 + _MEAN_CLUSTERS, len(starts))
+                a, z = int(starts[c0]), int(ends[c1 - 1])
+                chunk = data[order[a:z]]  # these clusters' rows, grouped by cluster
+                sums = np.add.reduceat(chunk, starts[c0:c1] - a, axis=0, dtype=np.uint32)
+                means = sums / sizes[labs[starts[c0:c1]]][:, None]  # float64, rounded and clipped in place
+                del sums
+                np.rint(means, out=means)
+                means = np.clip(means, 0, 255, out=means).astype(np.uint8)
+                if repair:  # every member against its cluster's released mean (what the gate measures)
+                    seg = np.repeat(np.arange(c1 - c0), ends[c0:c1] - starts[c0:c1])
+                    mine = members[a:z]
+                    for s in range(0, len(seg), _DISTANCE_ROWS):  # a few MB of int16 at a time
+                        own[mine[s:s + _DISTANCE_ROWS]] = mean_abs_difference(
+                            means[seg[s:s + _DISTANCE_ROWS]], chunk[s:s + _DISTANCE_ROWS])
+                avg.write(means.tobytes())
+            del data, chunk
+    return by_bucket, bounds
+
+
+def _write_released_means(out: Path, spill: Path, ids: pa.Array, labels_: np.ndarray, names: list[str],
+                          p: int) -> np.ndarray:
+    """Pass 3 of :func:`_ksame_out_of_core`: the partition's record order streamed again, every kept record
+    (label >= 0) written with its cluster's mean (read from ``spill/averages`` with ``pread``) into the
+    de-identified part ``out`` (atomically); returns the kept records' rows."""
+    kept = np.flatnonzero(labels_ >= 0)
+    tmp = out.with_name(f".{out.name}.{uuid.uuid4().hex}.tmp")
+    schema = schemas.deidentified()
+    fd = os.open(spill / "averages", os.O_RDONLY)
+    try:
+        with pq.ParquetWriter(tmp, schema, **schemas.writer_options(schema.names)) as writer:  # pass 3: every record its cluster's mean
+            for a in range(0, len(kept), OUT_ROWS):
+                rows = kept[a: a + OUT_ROWS]
+                labs = labels_[rows]
+                uniq, inv = np.unique(labs, return_inverse=True)
+                means = np.empty((len(uniq), p), dtype=np.uint8)
+                for j, c in enumerate(uniq):
+                    means[j] = np.frombuffer(os.pread(fd, p, int(c) * p), dtype=np.uint8)
+                writer.write_batch(pa.record_batch(
+                    [ids.take(pa.array(rows, pa.int64())), pa.array([names[c] for c in labs], pa.string()),
+                     binary_rows(means[inv])], schema=schema))
+    finally:
+        os.close(fd)
+    os.replace(tmp, out)
+    return kept
 
 
 def _grouping_inputs(files: list[str]) -> tuple[pa.Array, np.ndarray, Sequence, np.ndarray]:

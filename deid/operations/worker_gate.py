@@ -138,6 +138,25 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     ids_a = _concat(ids, pa.string())
     del ids
 
+    fetch = _record_fetcher(pairs, ids_a, batch_rows, skip)
+    return GateRecords(
+        record_ids=StringColumn(ids_a),
+        people=shared_objects(_concat(people, pa.string())),
+        clusters=shared_objects(_concat(clusters, pa.string())),
+        partitions=shared_objects(_concat(partitions, pa.string())),
+        labels={x: shared_objects(_concat(v, pa.string())) for x, v in label_values.items()},
+        image_index=np.concatenate(image_index) if image_index else np.zeros(0, np.int64),
+        own_distance=np.concatenate(own) if own else np.zeros(0),
+        fetch=fetch,
+        points=record_points,
+    )
+
+
+def _record_fetcher(pairs: list[tuple[str, str]], ids_a: pa.Array, batch_rows: int,
+                    skip: frozenset[str]) -> Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """:attr:`GateRecords.fetch`: ``fetch(idx) -> (released, originals)`` pixel rows of the records at ``idx``
+    (positions in ``ids_a``), read by streaming the (partition, de-identified part) ``pairs`` again; the last
+    sample asked for is kept (the gate asks for the same records several times in a row)."""
     memo: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
 
     def fetch(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -167,17 +186,7 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
         memo[key] = out
         return out
 
-    return GateRecords(
-        record_ids=StringColumn(ids_a),
-        people=shared_objects(_concat(people, pa.string())),
-        clusters=shared_objects(_concat(clusters, pa.string())),
-        partitions=shared_objects(_concat(partitions, pa.string())),
-        labels={x: shared_objects(_concat(v, pa.string())) for x, v in label_values.items()},
-        image_index=np.concatenate(image_index) if image_index else np.zeros(0, np.int64),
-        own_distance=np.concatenate(own) if own else np.zeros(0),
-        fetch=fetch,
-        points=record_points,
-    )
+    return fetch
 
 
 def _concat(arrays: list[pa.Array], type_: pa.DataType) -> pa.Array:
