@@ -42,16 +42,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from deid.errors import ConfigError, DataError, DropError, Quarantined, RecordError
-from deid.intake.drop import (
-    DROP_YAML,
-    _dataset_name,
-    _attribution,
-    _license,
-    _read_drop_text,
-    _read_yaml,
-    read_drop_file,
-    record_id_for_row,
-)
+from deid.intake.drop import DROP_YAML, _dataset_name, _attribution, _license, _read_yaml, record_id_for_row
+from deid.intake.drop_files import read_drop_file, read_drop_text
 
 log = logging.getLogger(__name__)
 
@@ -371,7 +363,7 @@ def _feature_drop_yaml(drop_dir: str | os.PathLike) -> tuple[Path, bytes, dict]:
     if not root.is_dir():
         raise DropError(f"drop directory {root} does not exist or is not a directory")
     root = root.resolve()
-    config_bytes = _read_drop_text(root, DROP_YAML)
+    config_bytes = read_drop_text(root, DROP_YAML)
     if config_bytes is None:
         raise DropError(f"{root} has no {DROP_YAML}; a feature drop needs one with 'kind: features' and "
                         "'features: <table>.parquet'")

@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from deid.intake.drop import Drop, DropDirectories, open_drop_file, read_drop_file
+from deid.intake.drop import Drop
+from deid.intake.drop_files import DropDirectories, open_drop_file, read_drop_file
 from deid.errors import Quarantined, RecordError
 from deid.intake.imaging import decoded_bytes, header_size, max_decoded_bytes, sniff_format
 from deid.intake.video import frame_record_id, is_video, segment_messages, staged_crop, track_video, video_rate

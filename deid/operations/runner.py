@@ -43,7 +43,8 @@ from deid.operations.run_result import RunResult
 from deid.release.staged import Staged
 from deid.errors import ConfigError, DataError, EnvironmentFailure, RecordError, StateError
 from deid.heap import release_free_memory
-from deid.intake.drop import DROP_YAML, MANIFEST, read_drop_file
+from deid.intake.drop import DROP_YAML, MANIFEST
+from deid.intake.drop_files import read_drop_file
 from deid.intake.features import run_kind
 from deid.operations.executors import Executor, LocalExecutor, PoolExecutor
 from deid.evaluation.checks import Check
