@@ -193,7 +193,7 @@ def identity_first_pass(record_ids: pa.ChunkedArray, aligned: Aligned, featurize
                         shape_hw: tuple[int, int], executor: Executor, *, lg=log) -> dict:
     """The identity stage's cheap first pass over every face (self-quotient images), as featurize computed it.
 
-    Returns ``cheap`` (:class:`~deid.operations.stages.CheapIdentityFeatures`, one row per record in the
+    Returns ``cheap`` (:class:`~deid.operations.worker_featurize.CheapIdentityFeatures`, one row per record in the
     order of ``record_ids``, read from the feature parts' ``identity`` column: :func:`featurize`) and
     ``embed(positions)``: dlib descriptors of those records, their pixels read back from the aligned
     parts that hold them and embedded over the executor (:func:`embed_faces`).

@@ -66,7 +66,7 @@ def _release_rows(deidentified: Deidentified, metadata: pa.Table, labels: Sequen
 
     An image-sequence drop adds each record's (private) sequence key and frame number: the release
     gets fresh sequence ids, renumbered frames and one video per sequence. The images are an
-    :class:`~deid.operations.stages.IndexedRows`: the parts are streamed and each cluster's image
+    :class:`~deid.operations.worker_rows.IndexedRows`: the parts are streamed and each cluster's image
     is kept once, in ``spill`` on disk when given (issue 13: never every released image at once).
     """
     seq = [c for c in SEQUENCE_COLUMNS if c in metadata.column_names]
