@@ -56,7 +56,7 @@ def bootstrap_diff(a: np.ndarray, b: np.ndarray, *, reps: int = 2000, seed: int 
 def main() -> None:
     from deid.anonymise.methods import deidentify
     from deid.anonymise.methods_ksame import sharpness
-    from deid.evaluation.gate import GateConfig
+    from deid.evaluation.gate_types import GateConfig
     from deid.study import StudyConfig, load_aligned, run_study, summary
     from deid.intake.london import import_london
     from deid.settings import Settings

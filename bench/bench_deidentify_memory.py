@@ -8,7 +8,7 @@ Usage:
     # One partition in a fresh process (no Dask; blocks grouped serially), its RSS sampled every 10 ms
     # with the deid function then running, so each step's growth is attributed:
     .venv/bin/python bench/bench_deidentify_memory.py direct /tmp/p4/staging/partitions --out OUT [--partition p000]
-    # The stage as a run does it (pipeline.deidentify on a 2-worker LocalCluster), each worker's peak
+    # The stage as a run does it (deidentify_lineage.deidentify on a 2-worker LocalCluster), each worker's peak
     # RSS during the stage and its RSS after it:
     .venv/bin/python bench/bench_deidentify_memory.py dask /tmp/p4/staging/partitions --out OUT --labels gender expression
     # Proof of no change: released pixels per record and the clustering (cluster names are random,
@@ -53,7 +53,7 @@ def _where(frame) -> str:
 
 
 def _calls(partitions: Path, labels: list[str], k: int) -> list[dict]:
-    """The calls pipeline.deidentify makes for the partitions of ``partitions`` (its _index.json)."""
+    """The calls deidentify_lineage.deidentify makes for the partitions of ``partitions`` (its _index.json)."""
     from deid.run_config import RunConfig
     from deid.settings import Settings
 
@@ -72,7 +72,7 @@ def direct(args) -> dict:
     import pyarrow as pa
 
     from deid.heap import release_free_memory
-    from deid.operations import stages
+    from deid.operations import worker_deidentify
 
     calls = _calls(Path(args.partitions), args.labels, args.k)
     call = next(c for c in calls if Path(c["partition_dir"]).name == f"partition={args.partition}") \
@@ -102,7 +102,7 @@ def direct(args) -> dict:
     th = threading.Thread(target=sample, daemon=True)
     th.start()
     c0, t0 = time.process_time(), time.perf_counter()
-    res = stages.deidentify_partition(**call)
+    res = worker_deidentify.deidentify_partition(**call)
     cpu, wall = time.process_time() - c0, time.perf_counter() - t0
     stop.set()
     th.join()
@@ -140,11 +140,11 @@ def _worker_state() -> dict:
 
 
 def dask(args) -> dict:
-    """pipeline.deidentify on a LocalCluster (2 workers), every child process's RSS sampled every 0.2 s."""
+    """deidentify_lineage.deidentify on a LocalCluster (2 workers), every child process's RSS sampled every 0.2 s."""
     import psutil
 
     from deid.contracts import Partitioned, PartitionInfo, StagingLayout
-    from deid.operations import pipeline
+    from deid.operations import deidentify_lineage
     from deid.orchestration.cluster import dask_executor
     from deid.run_config import RunConfig
     from deid.settings import Settings
@@ -187,9 +187,9 @@ def dask(args) -> dict:
         time.sleep(1.0)
         phase[0] = "deidentify"
         if args.serial_blocks:  # each partition's blocks grouped inside its own task (no block tasks)
-            pipeline.map_on_cluster = None
+            deidentify_lineage.map_on_cluster = None
         c0, t0 = time.process_time(), time.perf_counter()
-        d = pipeline.deidentify(Partitioned(root=src, partitions=parts), tuple(args.labels), layout, config, ex)
+        d = deidentify_lineage.deidentify(Partitioned(root=src, partitions=parts), tuple(args.labels), layout, config, ex)
         cpu, wall = time.process_time() - c0, time.perf_counter() - t0
         phase[0] = "after"
         time.sleep(2.0)

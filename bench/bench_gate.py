@@ -7,7 +7,7 @@ Each size runs in two child processes: one writes the synthetic staging, a fresh
 so the printed peak RSS (VmHWM) is the gate's alone (the writer's is printed beside it): smooth
 random 81x92 faces, two per person, grouped into k-Same clusters of k distinct people, written in
 the staging layout the flow uses (a Hive label partition + its de-identified part), then
-``deid.operations.stages.gate_records`` (streamed) + ``deid.evaluation.gate.evaluate`` exactly as the gate task runs
+``deid.operations.worker_gate.gate_records`` (streamed) + ``deid.evaluation.gate.evaluate`` exactly as the gate task runs
 them. Printed per size: the gate's wall seconds, CPU seconds (user + sys) and peak RSS, and the
 align stage's CPU on the same number of faces (a synthetic JPEG drop, the manifest's eye points,
 one core; measured at that size up to ``--align-max``, else 1,000 faces' CPU per face x faces),
@@ -130,9 +130,10 @@ class _ChildPeak:
 
 def child(n_faces: int, k: int, attackers: str, work: str, labels: bool = False, helper: bool = True) -> None:
     """The gate alone, in a fresh process, on a staging another process wrote (so its peak is the gate's)."""
-    from deid.evaluation.gate import GateConfig, GateInputs, evaluate
+    from deid.evaluation.gate_types import GateConfig, GateInputs
+    from deid.evaluation.gate import evaluate
     from deid.anonymise.methods import method_runner
-    from deid.operations.stages import gate_records
+    from deid.operations.worker_gate import gate_records
 
     root, parts = str(Path(work) / "partitions"), [str(Path(work) / "deidentified" / "partition=p000.parquet")]
     t0, c0 = time.perf_counter(), _cpu()
@@ -171,7 +172,7 @@ def align_cost(n: int = 1000) -> tuple[float, float]:
     from deid.intake.drop import read_drop
     from deid.intake.ingest import ingest
     from deid.settings import Settings
-    from deid.operations.stages import align_batch
+    from deid.operations.worker_align import align_batch
     from deid.intake.synth import make_synthetic_drop
 
     s = Settings()

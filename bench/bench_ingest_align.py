@@ -6,7 +6,7 @@ Prints, for the London drop and a synthetic JPEG drop of N faces, seconds per im
 detect, warp and featurize (decode at the reduction align_records uses: by the manifest eye distance,
 or by the image size for detection; detect on that reduced image; warp from it), and the ratio (ingest + align + featurize) / (IMREAD_REDUCED_GRAYSCALE_4
 decode of the same files); the peak RSS of ingest on a synthetic drop (child process, ru_maxrss);
-and the speed-up of 2 Dask workers over 1 for the align stage (deid.operations.stages.align_batch per row group).
+and the speed-up of 2 Dask workers over 1 for the align stage (deid.operations.worker_align.align_batch per row group).
 """
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ def bench_drop(label: str, drop_dir: Path, work: Path, detect_sample: int) -> di
     from deid.alignment.features import Eigenfaces
     from deid.intake.imaging import decode_gray_reduced, upright_size
     from deid.intake.ingest import ingest
-    from deid.operations.stages import make_aligner
+    from deid.operations.worker_align import make_aligner
 
     cv2.setNumThreads(1)  # as a Dask worker (align_records caps it too): the baseline gets the same
     drop = read_drop(drop_dir)
@@ -188,7 +188,7 @@ def ingest_rss(drop_dir: Path, work: Path) -> float:
 def dask_speedup(ingested: str, row_groups: int, work: Path) -> dict:
     from dask.distributed import Client, LocalCluster
 
-    from deid.operations.stages import align_batch
+    from deid.operations.worker_align import align_batch
 
     times = {}
     for workers in (1, 2):

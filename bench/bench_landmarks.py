@@ -26,7 +26,8 @@ from deid.study import _aligner_params
 from deid.intake.drop import read_drop
 from deid.intake.ingest import ingest
 from deid.intake.london import import_london
-from deid.operations.stages import align_batch, read_pixels
+from deid.operations.worker_align import align_batch
+from deid.operations.worker_rows import read_pixels
 
 LONDON = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "london"
 

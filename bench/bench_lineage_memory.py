@@ -110,7 +110,7 @@ def release_digest(staged_release: Path) -> str:
 
 
 def cmd_run(args) -> None:
-    from deid.operations import pipeline
+    from deid.operations import deidentify_lineage
     from deid.operations.runner import Steps, run_release
     from deid.orchestration.cluster import dask_executor
     from deid.run_config import RunConfig
@@ -123,7 +123,7 @@ def cmd_run(args) -> None:
         with open(out / "lineage_inputs.pkl", "wb") as fh:
             pickle.dump(dict(part=part, deid=deid, aligned=aligned, layout=layout, config=config,
                              release_id=release_id), fh, protocol=5)
-        lin = pipeline.apply_lineage(part, deid, aligned, layout, config, release_id=release_id, logger=logger)
+        lin = deidentify_lineage.apply_lineage(part, deid, aligned, layout, config, release_id=release_id, logger=logger)
         saved["lin"] = lin
         return lin
 
@@ -145,28 +145,29 @@ def cmd_run(args) -> None:
             break
     if lin is not None and result.verdict != "released":
         forced = dataclasses.replace(config, data_path=out / "forced")
-        staged("register-forced", pipeline.register_lineage)(result.report.dataset.name, lin.state, forced,
+        staged("register-forced", deidentify_lineage.register_lineage)(result.report.dataset.name, lin.state, forced,
                                                              lin.release)
     return digest, result
 
 
 def substeps() -> None:
     """The lineage stage's steps as sub-stages of the RSS log (``lineage:<step>``)."""
-    from deid.operations import pipeline, stages
+    from deid.operations import deidentify_lineage, worker_lineage, worker_rows
     from deid.release import lineage, lineage_checks, lineage_differencing
 
-    for mod, name in [(stages, "lineage_new_labels"), (stages, "distinct_rows"), (lineage, "build_release"),
-                      (stages, "write_lineage_part"), (lineage_checks, "check_structure"),
-                      (lineage_checks, "differencing_attack"), (lineage_differencing, "structural_pairs"),
+    # distinct_rows as worker_lineage calls it (its own name for worker_rows.distinct_rows).
+    for mod, name in [(worker_lineage, "lineage_new_labels"), (worker_lineage, "distinct_rows"),
+                      (lineage, "build_release"), (worker_lineage, "write_lineage_part"),
+                      (lineage_checks, "check_structure"), (lineage_checks, "differencing_attack"), (lineage_differencing, "structural_pairs"),
                       (lineage_differencing, "average_pairs"), (lineage_differencing, "eigenfaces"),
-                      (pipeline, "lineage_checks")]:
+                      (deidentify_lineage, "lineage_checks")]:
         setattr(mod, name, staged(f"lineage:{name}", getattr(mod, name)))
-    stages.RowFile.from_aligned = classmethod(staged("lineage:RowFile.from_aligned",
-                                                     stages.RowFile.from_aligned.__func__))
+    worker_rows.RowFile.from_aligned = classmethod(staged("lineage:RowFile.from_aligned",
+                                                     worker_rows.RowFile.from_aligned.__func__))
 
 
 def cmd_lineage(args) -> None:
-    from deid.operations import pipeline
+    from deid.operations import deidentify_lineage
 
     substeps()
     out = Path(args.out)
@@ -176,7 +177,7 @@ def cmd_lineage(args) -> None:
         import tracemalloc
 
         tracemalloc.start(10)
-    lin = staged("lineage", pipeline.apply_lineage)(d["part"], d["deid"], d["aligned"], d["layout"], d["config"],
+    lin = staged("lineage", deidentify_lineage.apply_lineage)(d["part"], d["deid"], d["aligned"], d["layout"], d["config"],
                                                    release_id=d["release_id"])
     if args.tracemalloc:
         snap = tracemalloc.take_snapshot()
@@ -190,13 +191,13 @@ def cmd_lineage(args) -> None:
     reg_root = out / f"forced-{int(time.time())}"
     forced = dataclasses.replace(d["config"], data_path=reg_root)
     dataset = d["part"].lineage.state.dataset
-    state = staged("register", pipeline.register_lineage)(dataset, lin.state, forced, lin.release)
+    state = staged("register", deidentify_lineage.register_lineage)(dataset, lin.state, forced, lin.release)
     if args.tracemalloc:
         cur, peak = tracemalloc.get_traced_memory()
         logging.getLogger("bench").info("tracemalloc register: peak %.2f GiB", peak / 2**30)
     if args.reload:
         STAGE[0] = "reload"
-        state = staged("reload", pipeline.open_lineage)(dataset, forced)
+        state = staged("reload", deidentify_lineage.open_lineage)(dataset, forced)
         logging.getLogger("bench").info("reloaded: %d clusters", len(state.clusters))
     checks = {c.name: (c.passed, c.value) for c in lin.checks}
     logging.getLogger("bench").info("lineage checks %s; counts %s", checks, dict(lin.release.counts))

@@ -102,7 +102,7 @@ def deep_size(obj, seen: set | None = None) -> int:
 def prepare(drop: str, staging: Path, k: int) -> None:
     """The stages before partition, into ``staging`` (what the measurement reads)."""
     from deid.contracts import StagingLayout
-    from deid.operations import pipeline
+    from deid.operations import featurize_partition, ingest_align
     from deid.orchestration.cluster import dask_executor
     from deid.run_config import RunConfig
     from deid.settings import Settings
@@ -111,9 +111,9 @@ def prepare(drop: str, staging: Path, k: int) -> None:
     staging.mkdir(parents=True, exist_ok=True)
     config = RunConfig.resolve(Settings(), k=k)
     with dask_executor(config, drop=drop) as executor:
-        ingested = pipeline.ingest_drop(drop, layout, config, executor=executor)
-        aligned = pipeline.align(ingested, layout, config, executor)
-        pipeline.featurize(aligned, layout, config, executor)
+        ingested = ingest_align.ingest_drop(drop, layout, config, executor=executor)
+        aligned = ingest_align.align(ingested, layout, config, executor)
+        featurize_partition.featurize(aligned, layout, config, executor)
 
 
 def main() -> None:
@@ -135,7 +135,7 @@ def main() -> None:
     import pyarrow.parquet as pq
 
     from deid.contracts import Aligned, Featurized, StagingLayout
-    from deid.operations import pipeline
+    from deid.operations import deidentify_lineage, featurize_partition
     from deid.orchestration.cluster import dask_executor
     from deid.run_config import RunConfig
     from deid.settings import Settings
@@ -170,9 +170,9 @@ def main() -> None:
 
     try:
         with dask_executor(config) as executor:
-            state = pipeline.open_lineage("drop", config) if config.lineage_applies else None
+            state = deidentify_lineage.open_lineage("drop", config) if config.lineage_applies else None
             report["rss_before_partition_MiB"] = round(psutil.Process().memory_info().rss / MiB)
-            part = stage("partition", pipeline.partition, ingested, aligned, feats, layout, config, executor,
+            part = stage("partition", featurize_partition.partition, ingested, aligned, feats, layout, config, executor,
                          lineage_state=state)
             time.sleep(1.5)
             report["rss_after_partition_MiB"] = round(psutil.Process().memory_info().rss / MiB)
@@ -189,7 +189,7 @@ def main() -> None:
                 ctypes.CDLL("libc.so.6").malloc_trim(0)
                 report["rss_after_partition_trimmed_MiB"] = round(psutil.Process().memory_info().rss / MiB)
             if args.stop_after == "deidentify":
-                deid = stage("deidentify", pipeline.deidentify, part, ingested.labels, layout, config, executor)
+                deid = stage("deidentify", deidentify_lineage.deidentify, part, ingested.labels, layout, config, executor)
                 report["records"] = deid.records
                 report["clusters"] = len(deid.clusters)
     finally:

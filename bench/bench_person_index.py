@@ -144,7 +144,7 @@ def bench_london(out: Path) -> dict:
     sys.path.insert(0, str(ROOT / "tests"))
     from helpers import load_london_aligned, london_descriptors  # noqa: PLC0415
 
-    from deid.evaluation.gate import clopper_pearson  # noqa: PLC0415
+    from deid.evaluation.gate_privacy import clopper_pearson  # noqa: PLC0415
 
     _, people, _, expr = load_london_aligned()
     E, people, expr = london_descriptors(), np.array(people), np.array(expr)

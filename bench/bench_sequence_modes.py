@@ -48,7 +48,8 @@ from deid.anonymise.methods import deidentify, method_runner  # noqa: E402
 from deid.anonymise.methods_factor import MultiFactor, group_means, group_within_clusters  # noqa: E402
 from deid.anonymise.methods_ksame import to_uint8  # noqa: E402
 from deid.intake.synth_sequences import SEQUENCE_KINDS, frame_states  # noqa: E402
-from deid.evaluation.gate import GateConfig, GateInputs, evaluate  # noqa: E402
+from deid.evaluation.gate_types import GateConfig, GateInputs  # noqa: E402
+from deid.evaluation.gate import evaluate  # noqa: E402
 from deid.evaluation.sequences import label_agreement  # noqa: E402
 from deid.evaluation.utility_classifier import svm_pipeline  # noqa: E402
 

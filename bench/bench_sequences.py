@@ -30,7 +30,8 @@ from deid.study import _aligner_params
 from deid.intake.drop import read_drop
 from deid.intake.ingest import ingest
 from deid.intake.synth_sequences import make_sequence_drop
-from deid.operations.stages import align_batch, read_pixels
+from deid.operations.worker_align import align_batch
+from deid.operations.worker_rows import read_pixels
 from deid.release.publish import RELEASE_TABLE, read_video, stage_release
 
 SHAPE = (92, 81)

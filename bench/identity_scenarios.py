@@ -127,7 +127,7 @@ class CachedEmbed:
 
 
 def lbp_features(faces: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
-    from deid.operations.stages import identity_cheap_features
+    from deid.operations.worker_featurize import identity_cheap_features
 
     return identity_cheap_features(faces, shape)
 

@@ -27,7 +27,7 @@ _API = {
     "read_drop": "deid.intake.drop",
     "make_synthetic_drop": "deid.intake.synth",
     "deidentify": "deid.anonymise.methods",
-    "GateConfig": "deid.evaluation.gate",
+    "GateConfig": "deid.evaluation.gate_types",
     "evaluate": "deid.evaluation.gate",
     "RunConfig": "deid.run_config",
     "run_release": "deid.operations.runner",

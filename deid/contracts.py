@@ -1,6 +1,6 @@
 """The typed contracts between the release stages, and the staging layout every stage writes into.
 
-Each stage of :mod:`deid.operations.pipeline` takes contracts in and returns one out, the same whether the
+Each stage (:class:`deid.operations.runner.Steps`) takes contracts in and returns one out, the same whether the
 Prefect flow (:mod:`deid.flows.release`) or the plain runner (:mod:`deid.operations.runner`) calls it::
 
     drop -> Ingested -> Aligned -> Featurized -> Partitioned -> Deidentified [-> LineageApplied]
@@ -198,7 +198,7 @@ class Aligned:
     eye_sources: Mapping[str, int] = field(default_factory=dict)
     validation: Mapping[str, Any] | None = None
     checks: tuple[Check, ...] = ()
-    pose: Mapping[str, Any] = field(default_factory=dict)  # the pose spread (deid.operations.stages.pose_spread)
+    pose: Mapping[str, Any] = field(default_factory=dict)  # the pose spread (deid.operations.worker_align.pose_spread)
 
     @property
     def n_aligned(self) -> int:
@@ -210,7 +210,7 @@ class Featurized:
     """Eigenface features, one part per aligned part.
 
     ``identity_dims``: the parts also hold the identity first pass's features (column ``identity``,
-    :func:`deid.operations.pipeline.identity_first_pass`), computed while the pixels were read for the
+    :func:`deid.operations.featurize_partition.identity_first_pass`), computed while the pixels were read for the
     eigenfaces; 0 when the drop is small enough for the recogniser to embed every face.
     """
 
@@ -369,7 +369,7 @@ class LineageApplied:
 
     ``deidentified`` now includes the returning people's part (their registered averages);
     ``republished`` is the gate's view of the clusters released again
-    (:class:`deid.evaluation.gate.Republished`: registered members, counterfeit rows, stored
+    (:class:`deid.evaluation.gate_types.Republished`: registered members, counterfeit rows, stored
     images), or None when there are none.
     """
 
@@ -399,7 +399,7 @@ class CounterfeitRow:
 class ReleaseRows:
     """Every record of the would-be release, in staging order, before the release shuffles and renames them.
 
-    ``vectors`` (n, d), an array or an array-like indexed by row (:class:`deid.operations.stages.IndexedRows`:
+    ``vectors`` (n, d), an array or an array-like indexed by row (:class:`deid.operations.worker_rows.IndexedRows`:
     each cluster's image stored once): flat faces (uint8 grey, or BGR with ``shape`` (h, w, 3)) or a feature drop's
     float vectors (``shape`` (d,)); ``clusters`` the internal cluster names; ``labels`` label name ->
     per-record values; ``record_ids`` the staging ids (counterfeits included). An image-sequence drop
@@ -424,7 +424,7 @@ class ReleaseRows:
             return self
         extra = [np.asarray(f.average, dtype=self.vectors.dtype).reshape(1, -1) for f in fakes]
         none = (None,) * len(fakes)
-        # A matrix-like that keeps each distinct row once (deid.operations.stages.IndexedRows) appends in place.
+        # A matrix-like that keeps each distinct row once (deid.operations.worker_rows.IndexedRows) appends in place.
         vectors = (self.vectors.with_rows(np.vstack(extra)) if hasattr(self.vectors, "with_rows") else
                    np.vstack([self.vectors, *extra]))
         return replace(self, vectors=vectors,

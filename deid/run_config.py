@@ -3,7 +3,7 @@
 :meth:`RunConfig.resolve` takes :class:`deid.settings.Settings` (the environment) and what the
 CLI or the flow's caller chose (k, method, labels ...), fills every default, checks every value
 and returns a frozen :class:`RunConfig` that is passed explicitly to every stage
-(:mod:`deid.operations.pipeline`). Nothing downstream reads the environment again.
+(:class:`deid.operations.runner.Steps`). Nothing downstream reads the environment again.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from deid.anonymise.randomness import ReleaseSeed
 from deid.settings import SMALL_PARTITION_POLICIES, Settings, StagingRetention, check_range
 
 if TYPE_CHECKING:
-    from deid.evaluation.gate import GateConfig
+    from deid.evaluation.gate_types import GateConfig
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class AlignerParams:
         return int(self.size[1]), int(self.size[0])
 
     def to_dict(self) -> dict[str, Any]:
-        """What :func:`deid.operations.stages.make_aligner` takes (picklable, no deid import needed to read it)."""
+        """What :func:`deid.operations.worker_align.make_aligner` takes (picklable, no deid import needed to read it)."""
         return {"size": list(self.size), "eye_left": list(self.eye_left), "eye_right": list(self.eye_right),
                 "max_upsample": self.max_upsample, "min_eye_distance": self.min_eye_distance, "color": self.color,
                 "max_yaw": self.max_yaw}
@@ -62,7 +62,7 @@ RUN_PARAMETERS = ("k", "method", "labels", "small_partitions", "name", "sigma", 
 class RunConfig:
     """Everything one release run is configured with; see :meth:`resolve`.
 
-    ``gate`` holds the run's k and method and every gate setting (:data:`deid.evaluation.gate.GATE_SETTINGS`),
+    ``gate`` holds the run's k and method and every gate setting (:data:`deid.evaluation.gate_types.GATE_SETTINGS`),
     stored once: ``k``, ``method``, ``pca_components`` and ``seed`` read it.
     """
 
@@ -96,7 +96,7 @@ class RunConfig:
     color_auto_max: int = 20_000  # DEID_COLOR_AUTO_MAX: auto chooses colour for a first release up to this many records
     cross_dataset: str = "refuse"  # DEID_CROSS_DATASET (deid.operations.person_index)
     cross_dataset_ids: str = "linked"  # DEID_CROSS_DATASET_IDS
-    color_auto: bool = False  # DEID_COLOR=auto: the run decides after ingest (deid.operations.pipeline.resolve_color)
+    color_auto: bool = False  # DEID_COLOR=auto: the run decides after ingest (deid.operations.ingest_align.resolve_color)
     color_reason: str = ""  # why the run releases colour or grey (the report's configuration.color_decision)
     keep_staging: StagingRetention = StagingRetention()  # DEID_KEEP_STAGING: applied at the run's end
     signing_key: Path | None = None
@@ -130,7 +130,7 @@ class RunConfig:
         ConfigError
             Naming the parameter, its value, the valid range and what to do.
         """
-        from deid.evaluation.gate import GateConfig  # noqa: PLC0415 - the gate imports scipy and the attacks
+        from deid.evaluation.gate_types import GateConfig  # noqa: PLC0415 - the gate imports scipy and the attacks
 
         s = settings or Settings()
         if kind == "features" and (method or s.method) == "noise" and sigma is None:
@@ -231,7 +231,7 @@ class RunConfig:
         return p
 
     def gate_config(self, labels: tuple[str, ...] | list[str]) -> GateConfig:
-        """The gate's :class:`~deid.evaluation.gate.GateConfig` for the drop's labels."""
+        """The gate's :class:`~deid.evaluation.gate_types.GateConfig` for the drop's labels."""
         return replace(self.gate, labels=tuple(labels))
 
 

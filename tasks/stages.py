@@ -1,4 +1,4 @@
-"""Thin Prefect tasks around the core stages (:mod:`deid.operations.pipeline`): contracts in, a contract out.
+"""Thin Prefect tasks around the core stages (:class:`deid.operations.runner.Steps`): contracts in, a contract out.
 
 Each task only adds what Prefect gives: a task run in the UI, its log lines (the stage logs its
 progress and warnings to the run logger) and retries. The order of the stages is :mod:`deid.operations.runner`'s;
@@ -14,7 +14,8 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.utilities.annotations import opaque
 
-from deid.operations import features, pipeline
+from deid.operations import (deidentify_lineage, features, featurize_partition, gate_publish, ingest_align, person_search,
+                             release_staging, run_setup)
 from deid.operations.features import FeatureSteps
 from deid.operations.runner import Steps
 
@@ -27,76 +28,76 @@ RETRY = dict(retries=1, retry_delay_seconds=2, **TASK)
 @task(name="preflight", **TASK)
 def preflight(config):
     """Before any work: the signing key loads (readable, mode 0600, passphrase) and every location is writable."""
-    return pipeline.preflight(config)
+    return run_setup.preflight(config)
 
 
 @task(name="recover", **TASK)
 def recover(config):
     """Remove what killed runs left (temporary releases, dead runs' staging, partial files)."""
-    return pipeline.recover_leftovers(config, logger=get_run_logger())
+    return run_setup.recover_leftovers(config, logger=get_run_logger())
 
 
 @task(name="ingest", **TASK)
 def ingest(drop, layout, config, executor=None):
     """Validate the manifest and stage the image bytes as Parquet."""
-    return pipeline.ingest_drop(drop, layout, config, logger=get_run_logger(), executor=executor)
+    return ingest_align.ingest_drop(drop, layout, config, logger=get_run_logger(), executor=executor)
 
 
 @task(name="person-index", **TASK)
 def claim_people(ingested, config):
     """Look the drop's people up in the project's person index: refused or routed when another dataset holds them."""
-    return pipeline.claim_people(ingested, config, logger=get_run_logger())
+    return person_search.claim_people(ingested, config, logger=get_run_logger())
 
 
 @task(name="lineage-open", **TASK)
 def open_lineage(dataset, config):
     """Load and verify the dataset's lineage registry; settle releases an interrupted run left pending."""
-    return pipeline.open_lineage(dataset, config, logger=get_run_logger())
+    return deidentify_lineage.open_lineage(dataset, config, logger=get_run_logger())
 
 
 @task(name="align", **RETRY)
 def align(ingested, layout, config, executor):
     """Align every face on the cluster, one task per Parquet row group."""
-    return pipeline.align(ingested, layout, config, executor, logger=get_run_logger())
+    return ingest_align.align(ingested, layout, config, executor, logger=get_run_logger())
 
 
 @task(name="featurize", **RETRY)
 def featurize(aligned, layout, config, executor):
     """Fit eigenfaces on the aligned set, then project every part on the cluster."""
-    return pipeline.featurize(aligned, layout, config, executor, logger=get_run_logger())
+    return featurize_partition.featurize(aligned, layout, config, executor, logger=get_run_logger())
 
 
 @task(name="partition", **TASK)
 def partition(ingested, aligned, featurized, layout, config, executor, *, lineage_state=None, routing=None):
     """Resolve who is who, then split the faces by utility labels into Hive-partitioned Parquet."""
-    return pipeline.partition(ingested, aligned, featurized, layout, config, executor, lineage_state=lineage_state,
+    return featurize_partition.partition(ingested, aligned, featurized, layout, config, executor, lineage_state=lineage_state,
                               routing=routing, logger=get_run_logger())
 
 
 @task(name="deidentify", **RETRY)
 def deidentify(partitioned, labels, layout, config, executor):
     """De-identify each partition (k-Same family, or a comparison filter), one Dask task per partition."""
-    return pipeline.deidentify(partitioned, labels, layout, config, executor, logger=get_run_logger())
+    return deidentify_lineage.deidentify(partitioned, labels, layout, config, executor, logger=get_run_logger())
 
 
 @task(name="lineage-release", **TASK)
 def apply_lineage(partitioned, deidentified, aligned, layout, config, *, release_id):
     """The release as the lineage sees it, the returning people's registered averages, the lineage checks."""
-    return pipeline.apply_lineage(partitioned, deidentified, aligned, layout, config, release_id=release_id,
+    return deidentify_lineage.apply_lineage(partitioned, deidentified, aligned, layout, config, release_id=release_id,
                                   logger=get_run_logger())
 
 
 @task(name="lineage-register", **TASK)
 def register_lineage(dataset, state, config, rel=None, *, mark=None, release_id=None):
     """Append a release to the registry (pending), or mark it ``published`` / ``abandoned``."""
-    return pipeline.register_lineage(dataset, state, config, rel, mark=mark, release_id=release_id,
+    return deidentify_lineage.register_lineage(dataset, state, config, rel, mark=mark, release_id=release_id,
                                      logger=get_run_logger())
 
 
 @task(name="stage-release", **TASK)
 def stage(deidentified, ingested, layout, config, *, release_id, lineage=None, executor=None):
     """Write the would-be release inside the run's staging directory and validate exactly that."""
-    return pipeline.stage(deidentified, ingested, layout, config, release_id=release_id, lineage=lineage,
+    return release_staging.stage(deidentified, ingested, layout, config, release_id=release_id, lineage=lineage,
                           logger=get_run_logger(), executor=executor)
 
 
@@ -104,44 +105,44 @@ def stage(deidentified, ingested, layout, config, *, release_id, lineage=None, e
 def gate(deidentified, partitioned, config, *, labels, counts, extra_checks=(), staged=None, lineage=None,
          executor=None, helper=None):
     """Run the core gate on the would-be release and its originals (a large release's helper started ahead)."""
-    return pipeline.gate(deidentified, partitioned, config, labels=labels, counts=counts, extra_checks=extra_checks,
+    return gate_publish.gate(deidentified, partitioned, config, labels=labels, counts=counts, extra_checks=extra_checks,
                          staged=staged, lineage=lineage, logger=get_run_logger(), executor=executor, helper=helper)
 
 
 @task(name="dataset-card", **TASK)
 def dataset_card(staged, report):
     """Write the dataset card (the gate's figures) into the staged release, then hash every release file."""
-    return pipeline.dataset_card(staged, report, logger=get_run_logger())
+    return gate_publish.dataset_card(staged, report, logger=get_run_logger())
 
 
 @task(name="attestation", **TASK)
 def attest(staged, report, config):
     """Write the release's signed ATTESTATION.json into the staged release (before the report is signed)."""
-    return pipeline.attest(staged, report, config, logger=get_run_logger())
+    return gate_publish.attest(staged, report, config, logger=get_run_logger())
 
 
 @task(name="report", **TASK)
 def write_report(report, config, *, validation=None, staged=None):
     """Render report.html and the validation page, then sign report.json (released or rejected)."""
-    return pipeline.write_report(report, config, validation=validation, staged=staged, logger=get_run_logger())
+    return gate_publish.write_report(report, config, validation=validation, staged=staged, logger=get_run_logger())
 
 
 @task(name="publish", **TASK)
 def publish(staged, config, *, release_id):
     """File the linkage record, then publish by one atomic rename (called only after the report is signed)."""
-    return pipeline.publish(staged, config, release_id=release_id, logger=get_run_logger())
+    return gate_publish.publish(staged, config, release_id=release_id, logger=get_run_logger())
 
 
 @task(name="addendum", **TASK)
 def publish_failed(report_dir, config, *, release_id, error):
     """A publish that failed after the report was signed: say so in a signed addendum."""
-    return pipeline.publish_failed_addendum(report_dir, config, release_id=release_id, error=error)
+    return gate_publish.publish_failed_addendum(report_dir, config, release_id=release_id, error=error)
 
 
 @task(name="withhold", **TASK)
 def withhold(staged):
     """A rejected run publishes nothing: drop the staged release and its linkage record."""
-    pipeline.withhold(staged, logger=get_run_logger())
+    gate_publish.withhold(staged, logger=get_run_logger())
 
 
 @task(name="feature-ingest", **TASK)

@@ -3,7 +3,7 @@
 The k-Same guarantee is a statement about these counts (every released cluster holds >= k distinct
 people, no person above 1/k of it; Newton, Sweeney & Malin 2005). The anonymise layer checks its own
 repairs with them (:func:`deid.anonymise.near_copy.check_merged`) and the gate checks the release
-with the same function (:func:`deid.evaluation.gate.structural_checks`), so the two cannot count
+with the same function (:func:`deid.evaluation.gate_structure.structural_checks`), so the two cannot count
 differently.
 
 References

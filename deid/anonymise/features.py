@@ -172,7 +172,7 @@ def vector_method_runner(method: str, *, k: int | None = None, sigma: float | No
     """``f(vectors, people=..., partitions=..., labels=...) -> released``: the run's method on other vectors.
 
     The gate's parrot attacker de-identifies its gallery with it, and the cross-fitted utility
-    protocol the training people (:class:`deid.evaluation.gate.GateInputs.deidentify`).
+    protocol the training people (:class:`deid.evaluation.gate_types.GateInputs.deidentify`).
     """
     check_feature_method(method)
 

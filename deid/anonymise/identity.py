@@ -588,24 +588,8 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
             raise ConfigError(f"features has {X.shape[0]} rows but subject_ids has {n}; pass one row per record")
         match(f"{space} near-duplicate", X, None, near_duplicate_ratio)
     calibration = None
-    rows = None
-    if embeddings is not None and n >= 2:
-        E = np.asarray(embeddings, dtype=np.float64)
-        if E.shape[0] != n:
-            raise ConfigError(f"embeddings has {E.shape[0]} rows but subject_ids has {n}; pass one row per record")
-        rows = np.arange(n)
-    elif embed is not None and n >= 2 and embed_budget >= 2:
-        C = cheap if cheap is not None else X
-        if C is None:
-            C = np.zeros((n, 1))
-        if C.shape[0] != n:
-            raise ConfigError(f"cheap has {C.shape[0]} rows but subject_ids has {n}; pass one row per record")
-        rows, n_flagged = cheap_candidates(C, _person_codes(ids), embed_budget, references=min(400, embed_budget // 4))
-        E = np.asarray(embed(rows), dtype=np.float64)
-        if E.shape != (len(rows), E.shape[1] if E.ndim == 2 else -1):
-            raise ConfigError(f"embed returned shape {E.shape}; expected ({len(rows)}, d), one row per position")
-        log.info("identity: the cheap first pass flagged %d of %d records; the recogniser embedded %d", n_flagged, n,
-                 len(rows))
+    rows, E = _recogniser_rows(ids, embeddings=embeddings, embed=embed, cheap=cheap, X=X,
+                               embed_budget=embed_budget)
     if rows is not None:
         codes = _person_codes([ids[i] for i in rows])
         cap = MAX_SAME_PERSON if same_person_distance is None else float(same_person_distance)
@@ -625,3 +609,29 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
                     normalized_merges, len(merges), len(flagged))
     return PeopleResolution(person=person, normalized_merges=normalized_merges, face_merges=tuple(merges),
                             flagged_records=tuple(sorted(flagged)), calibration=calibration)
+
+
+def _recogniser_rows(ids: list[str], *, embeddings, embed, cheap, X, embed_budget: int):
+    """The records the recogniser's descriptors cover and those descriptors (float64): every record with
+    ``embeddings``; else, with ``embed``, the ones the cheap first pass picks within ``embed_budget``; else
+    ``(None, None)``."""
+    n = len(ids)
+    rows = E = None
+    if embeddings is not None and n >= 2:
+        E = np.asarray(embeddings, dtype=np.float64)
+        if E.shape[0] != n:
+            raise ConfigError(f"embeddings has {E.shape[0]} rows but subject_ids has {n}; pass one row per record")
+        rows = np.arange(n)
+    elif embed is not None and n >= 2 and embed_budget >= 2:
+        C = cheap if cheap is not None else X
+        if C is None:
+            C = np.zeros((n, 1))
+        if C.shape[0] != n:
+            raise ConfigError(f"cheap has {C.shape[0]} rows but subject_ids has {n}; pass one row per record")
+        rows, n_flagged = cheap_candidates(C, _person_codes(ids), embed_budget, references=min(400, embed_budget // 4))
+        E = np.asarray(embed(rows), dtype=np.float64)
+        if E.shape != (len(rows), E.shape[1] if E.ndim == 2 else -1):
+            raise ConfigError(f"embed returned shape {E.shape}; expected ({len(rows)}, d), one row per position")
+        log.info("identity: the cheap first pass flagged %d of %d records; the recogniser embedded %d", n_flagged, n,
+                 len(rows))
+    return rows, E

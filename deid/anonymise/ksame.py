@@ -95,7 +95,7 @@ def _check_arrays(X: Any, images: Any, *, keep_float32: bool = False) -> tuple[n
     # A few thousand rows at a time: a whole-matrix mask is 1 byte per value (50 MB at a million 50-d rows).
     if not all(np.isfinite(X[a:a + CHUNK_ROWS]).all() for a in range(0, X.shape[0], CHUNK_ROWS)):
         raise ConfigError("X contains NaN or infinite values; fix the feature extraction (PCA) before de-identification")
-    if images is None:  # group only: the caller averages out of core (deid.operations.stages)
+    if images is None:  # group only: the caller averages out of core (deid.operations.worker_deidentify)
         return X, None
     images = np.asarray(images)
     if images.ndim != 2 or images.shape[0] != X.shape[0]:
@@ -313,7 +313,7 @@ def group_people(X: Any, codes: Any, *, k: int = 5, count: str = "people", block
                  map_blocks=None, names: Sequence[Hashable] | None = None) -> np.ndarray:
     """The cluster labels of ``KSame(k, ...).fit(X, people=...)``, from integer person codes.
 
-    For callers that average the clusters themselves, out of core (:mod:`deid.operations.stages`):
+    For callers that average the clusters themselves, out of core (:mod:`deid.operations.worker_deidentify`):
     no per-cluster summaries, and the people as integer ``codes`` numbered in order of first
     appearance (as :meth:`KSame.fit` numbers its ``people``; then the labels are the same), not one
     Python object per face (issue 13). ``names[c]`` is the person of code ``c``, for error messages.

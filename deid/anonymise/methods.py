@@ -256,23 +256,8 @@ def deidentify(
         if partitions is None or not REGISTRY[method].partitions_by_labels:
             return _fit_estimator(method, a, people, labels, k=k, shape=(h, w), n_components=n_components, seed=seed,
                                   options=opts, points=points)
-        # As k-Same-Select: the method runs on its own inside each utility-label partition.
-        keys = list(partitions)
-        if len(keys) != len(a):
-            raise ConfigError(f"partitions has {len(keys)} entries but images has {len(a)} rows; one key per face")
-        released = np.empty(a.shape, dtype=np.uint8)
-        clusters = np.empty(len(a), dtype=np.intp)
-        offset = 0
-        for key in dict.fromkeys(keys):
-            idx = np.array([i for i, v in enumerate(keys) if v == key])
-            sub_labels = None if labels is None else {n: [list(v)[i] for i in idx] for n, v in labels.items()}
-            rel, lab = _fit_estimator(method, a[idx], [people[i] for i in idx], sub_labels, k=k, shape=(h, w),
-                                      n_components=n_components, seed=seed, options=opts,
-                                      points=None if points is None else [points[i] for i in idx])
-            released[idx] = rel
-            clusters[idx] = lab + offset
-            offset = int(clusters[idx].max()) + 1
-        return released, clusters
+        return _fit_per_partition(method, a, people, labels, partitions, k=k, shape=(h, w), n_components=n_components,
+                                  seed=seed, options=opts, points=points)
     X = Eigenfaces(n_components, random_state=seed).fit_transform(a)
     if method == "k-same-select":
         if partitions is None:
@@ -283,6 +268,31 @@ def deidentify(
         model = KSame(k, count="images" if method == "k-same-naive" else "people")
         released = model.fit_transform(X, people=people, images=a)
     return released, model.labels_.copy()
+
+
+def _fit_per_partition(method: str, a: np.ndarray, people: list, labels: Mapping[str, Sequence[Hashable]] | None,
+                       partitions: Sequence[Hashable], *, k: int | None, shape: tuple[int, int],
+                       n_components: int | None, seed: int, options: dict,
+                       points: list | None) -> tuple[np.ndarray, np.ndarray]:
+    """An estimator method run on its own inside each utility-label partition (as k-Same-Select): the released
+    images and each face's cluster, numbered across the partitions."""
+    # As k-Same-Select: the method runs on its own inside each utility-label partition.
+    keys = list(partitions)
+    if len(keys) != len(a):
+        raise ConfigError(f"partitions has {len(keys)} entries but images has {len(a)} rows; one key per face")
+    released = np.empty(a.shape, dtype=np.uint8)
+    clusters = np.empty(len(a), dtype=np.intp)
+    offset = 0
+    for key in dict.fromkeys(keys):
+        idx = np.array([i for i, v in enumerate(keys) if v == key])
+        sub_labels = None if labels is None else {n: [list(v)[i] for i in idx] for n, v in labels.items()}
+        rel, lab = _fit_estimator(method, a[idx], [people[i] for i in idx], sub_labels, k=k, shape=shape,
+                                  n_components=n_components, seed=seed, options=options,
+                                  points=None if points is None else [points[i] for i in idx])
+        released[idx] = rel
+        clusters[idx] = lab + offset
+        offset = int(clusters[idx].max()) + 1
+    return released, clusters
 
 
 def _fit_estimator(method: str, a: np.ndarray, people: list, labels: Mapping[str, Sequence[Hashable]] | None, *,

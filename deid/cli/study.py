@@ -84,7 +84,7 @@ def cmd_study(args) -> int:
     from dataclasses import replace  # noqa: PLC0415
 
     from deid.errors import ConfigError  # noqa: PLC0415
-    from deid.evaluation.gate import GateConfig  # noqa: PLC0415
+    from deid.evaluation.gate_types import GateConfig  # noqa: PLC0415
     from deid.settings import Settings  # noqa: PLC0415 - keep `deid --help` fast
     from deid.study import StudyConfig, study_drop  # noqa: PLC0415
 
@@ -95,7 +95,7 @@ def cmd_study(args) -> int:
     settings = Settings()
     out = Path(args.out) if args.out else settings.data_path / "study" / drop.resolve().name
     try:
-        # The gate the release flow would run (deid/operations/pipeline.py), with the study's overrides.
+        # The gate the release flow would run (deid/operations/gate_publish.py), with the study's overrides.
         overrides = {"leak_threshold": args.leak_threshold, "deep_attack_sample": args.deep_sample,
                      "repeats": args.repeats, "seed": args.seed}
         gate = GateConfig.from_settings(settings, k=2, method="k-same",

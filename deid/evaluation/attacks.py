@@ -203,6 +203,17 @@ def attack_all(
     Face de-identification. In Protecting Privacy in Video Surveillance, Springer, 2009.
     """
     modes = list(modes)
+    names, known, shape, sets = _attack_inputs(originals, original_people, released, released_people, shape=shape,
+                                               modes=modes, parrot=parrot, attackers=attackers)
+    return _score_pairs(names, modes, known, shape, sets, rtol=rtol, on_pair=on_pair)
+
+
+def _attack_inputs(originals: Any, original_people: Sequence[Hashable], released: Any,
+                   released_people: Sequence[Hashable], *, shape: tuple[int, ...], modes: list[str],
+                   parrot: Callable[[np.ndarray], np.ndarray] | None, attackers: Iterable[str] | None):
+    """:func:`attack_all`'s arguments checked: ``(attacker names, every attacker by name, shape, sets)`` with
+    ``sets`` the ``originals``, ``released`` and ``parrot`` (None without the parrot mode) image matrices and
+    their people."""
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise ConfigError(f"modes={modes!r} must be a non-empty subset of {MODES}")
@@ -239,6 +250,14 @@ def attack_all(
             raise ConfigError(f"parrot(originals) returned shape {gallery_parrot.shape}; it must keep the originals' shape {orig.shape}")
     sets = {"originals": (orig, original_people), "released": (rel, released_people),
             "parrot": (gallery_parrot, original_people)}
+    return names, known, shape, sets
+
+
+def _score_pairs(names: list[str], modes: list[str], known: dict[str, Any], shape: tuple[int, ...],
+                 sets: dict[str, tuple[Any, list]], *, rtol: float,
+                 on_pair: Callable[[str, str], None] | None) -> list[dict]:
+    """:func:`attack_all`'s rows: every attacker fitted once per training set and scored in every mode, each
+    set's distinct rows found once."""
     distinct: dict[str, tuple[np.ndarray, np.ndarray, list]] = {}
 
     def distinct_rows(key: str) -> tuple[np.ndarray, np.ndarray, list]:

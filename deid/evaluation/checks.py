@@ -9,7 +9,7 @@ STATUSES: tuple[str, ...] = ("pass", "fail", "inconclusive", "not_applicable")
 
 INSUFFICIENT = "insufficient_evidence"
 """Status of a re-identification row (not a check) from fewer distinct probes than the gate's ``min_probes``:
-reported with its n and interval, never the headline, never deciding (:func:`deid.evaluation.gate.privacy_checks`)."""
+reported with its n and interval, never the headline, never deciding (:func:`deid.evaluation.gate_privacy.privacy_checks`)."""
 
 
 @dataclass(frozen=True)

@@ -148,7 +148,7 @@ def cluster_figures(clusters: Sequence[Any] | np.ndarray, people: Sequence[Any] 
 
 def _decide(figs: list[dict], *, space: str, threshold_text: str, checked: int, total: int, confidence: float,
             extra: str = "") -> Check:
-    from deid.evaluation.gate import clopper_pearson  # noqa: PLC0415 - the gate imports this module lazily
+    from deid.evaluation.gate_privacy import clopper_pearson  # noqa: PLC0415 - the gate imports this module lazily
 
     bad = [f for f in figs if f["one_person"] or f["at_one_member"]]
     normal = [f["median_pairwise"] for f in figs if not (f["one_person"] or f["at_one_member"])

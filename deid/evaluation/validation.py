@@ -494,7 +494,7 @@ def validate_feature_table(drop, *, staged: bool = False) -> SuiteResult:
     import pyarrow as pa  # noqa: PLC0415
     import pyarrow.parquet as pq  # noqa: PLC0415
 
-    from deid.intake.drop import read_drop_file  # noqa: PLC0415
+    from deid.intake.drop_files import read_drop_file  # noqa: PLC0415
 
     labels = list(drop.labels)
     if staged:

@@ -6,11 +6,12 @@ image (:mod:`deid.intake.points`), optional ``sequence`` and ``frame`` columns f
 sequences), an optional ``drop.yaml`` (``name``, ``labels``, ``sensitive``,
 ``license``, ``license_name``, ``license_link``, ``citation``) and the images. Problems with the drop as a whole raise :class:`~deid.errors.DropError`; problems with
 one row quarantine that row with a stable reason code and never stop the run.
+
+The drop's files are opened by :mod:`deid.intake.drop_files`.
 """
 from __future__ import annotations
 
 import csv
-import errno
 from array import array
 import logging
 import math
@@ -28,6 +29,8 @@ import yaml
 from deid.errors import ConfigError, DropError, Quarantined, RecordError
 from deid.intake.points import POINTS_COLUMN, read_points
 from deid.intake.video import check_fps, is_video
+
+from deid.intake.drop_files import read_drop_text
 
 log = logging.getLogger(__name__)
 
@@ -219,144 +222,6 @@ def record_id_for_row(row: int) -> str:
     return f"r{row:08d}"
 
 
-class DropDirectories:
-    """Directory descriptors of one drop, each opened as :func:`open_drop_file` opens it, kept for the next file.
-
-    Reading a drop of a million files component by component opens every directory on every path
-    again (three ``open`` calls a file for ``images/x.jpg``): the ingest keeps the directories it
-    opened, at most ``size`` of them (least recently used closed first). A kept directory was opened
-    with ``O_NOFOLLOW`` at its first use; every file is still opened afresh, without following a link,
-    at the moment it is read. One cache per thread: descriptors are not shared between threads.
-    """
-
-    def __init__(self, *, size: int = 64):
-        self.size = max(1, int(size))
-        self._fds: dict[tuple[str, ...], int] = {}  # insertion order = least recently used first
-
-    def nearest(self, parts: tuple[str, ...]) -> tuple[int, int | None]:
-        """(i, fd): the longest kept prefix ``parts[:i]`` of a directory path and its descriptor (or (0, None))."""
-        for i in range(len(parts), -1, -1):
-            fd = self._fds.pop(parts[:i], None)
-            if fd is not None:
-                self._fds[parts[:i]] = fd  # most recently used
-                return i, fd
-        return 0, None
-
-    def keep(self, parts: tuple[str, ...], fd: int) -> None:
-        """Keep ``fd``, the directory ``parts`` (the cache owns it from now on)."""
-        self._fds[parts] = fd
-        while len(self._fds) > self.size:
-            oldest = next(iter(self._fds))
-            os.close(self._fds.pop(oldest))
-
-    def close(self) -> None:
-        while self._fds:
-            os.close(self._fds.popitem()[1])
-
-    def __enter__(self) -> "DropDirectories":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-
-def open_drop_file(root: str | os.PathLike, relative: str, *, dirs: DropDirectories | None = None) -> int:
-    """Open the drop file ``root/relative`` read-only as a regular file; return the fd (the caller closes it).
-
-    The one way a drop file is opened (manifest, drop.yaml, images, points, feature tables; also
-    by the orchestration's row count and the rejection's fingerprint). Each component is opened
-    with ``O_NOFOLLOW`` relative to its parent's descriptor, so a file swapped for a symlink after
-    the manifest was read is refused at the moment of reading; the last one with ``O_NONBLOCK`` and
-    checked with ``fstat`` to be a regular file, so a FIFO or device is refused at once instead of
-    blocking the run forever waiting for a writer. ``dirs`` (the ingest's, for ``root``) keeps the
-    directories on the way open for the next file (:class:`DropDirectories`).
-
-    Raises
-    ------
-    RecordError
-        ``unsafe_path`` (``..``, absolute, a symlink), ``missing_file``, ``not_regular_file``
-        (FIFO, device, directory), ``unreadable_file``.
-    """
-    return _open_drop_file(root, relative, dirs=dirs)[0]
-
-
-def _open_drop_file(root: str | os.PathLike, relative: str, *,
-                    dirs: DropDirectories | None = None) -> tuple[int, int]:
-    """:func:`open_drop_file`, with the size ``fstat`` gave at opening."""
-    parts = tuple(p for p in str(relative).split("/") if p and p != ".")  # PurePosixPath's parts, once per file
-    if not parts or str(relative).startswith("/") or ".." in parts:
-        raise RecordError("unsafe_path", f"path {relative!r} must be a relative path inside the drop")
-    start, fd = dirs.nearest(parts[:-1]) if dirs is not None else (0, None)
-    owned = fd is None  # a descriptor from ``dirs`` belongs to it and is never closed here
-    if fd is None:
-        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-        if dirs is not None:
-            dirs.keep((), fd)
-            owned = False
-    try:
-        for i in range(start, len(parts)):
-            part, last = parts[i], i == len(parts) - 1
-            # O_NONBLOCK: opening a FIFO must not wait for a writer.
-            flags = os.O_RDONLY | os.O_NOFOLLOW | (os.O_NONBLOCK if last else os.O_DIRECTORY)
-            try:
-                nfd = os.open(part, flags, dir_fd=fd)
-            except OSError as exc:
-                where = "/".join(parts[: i + 1])
-                if exc.errno == errno.ENOENT:
-                    raise RecordError("missing_file", f"{relative!r} does not exist in the drop") from None
-                if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(Path(root).joinpath(*parts[: i + 1]))):
-                    raise RecordError("unsafe_path", f"{where!r} is a symlink; drop files are read without "
-                                                     "following links (copy the file into the drop)") from None
-                if exc.errno == errno.ENOTDIR:
-                    raise RecordError("missing_file", f"{relative!r} does not exist in the drop ({where!r} is not a directory)") from None
-                raise RecordError("unreadable_file", f"{relative!r} could not be opened: {os.strerror(exc.errno)}") from None
-            if owned:
-                os.close(fd)
-            fd, owned = nfd, True
-            if dirs is not None and not last:
-                dirs.keep(parts[: i + 1], fd)
-                owned = False
-        st = os.fstat(fd)
-        mode = st.st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
-            raise RecordError("not_regular_file", f"{relative!r} is {kind}, not a regular file")
-        out, fd = fd, -1
-        return out, st.st_size
-    finally:
-        if fd != -1 and owned:
-            os.close(fd)
-
-
-def read_drop_file(root: Path, relative: str, *, dirs: DropDirectories | None = None) -> bytes:
-    """The bytes of one drop file, opened with :func:`open_drop_file` (no symlink followed, never blocking)."""
-    fd, size = _open_drop_file(root, relative, dirs=dirs)
-    try:
-        # One read of the size fstat gave, no buffered file object per file; a file that grew, shrank
-        # or was read short is read to its end.
-        data = os.read(fd, size + 1)
-        if len(data) == size:
-            return data
-        chunks = [data]
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    except OSError as exc:
-        raise RecordError("unreadable_file", f"{relative!r} could not be read: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-
-
-def _read_drop_text(root: Path, name: str) -> bytes | None:
-    """``manifest.csv`` / ``drop.yaml`` bytes (None if absent); a symlink or non-file is a DropError."""
-    try:
-        return read_drop_file(root, name)
-    except RecordError as exc:
-        if exc.code == "missing_file":
-            return None
-        raise DropError(f"{root / name}: {exc.message}; it must be a regular file inside the drop") from None
-
-
 def _yaml_problem(exc: Exception) -> str:
     """A YAML parser error in one line (PyYAML's spans several, with a caret under the bad character)."""
     mark, problem = getattr(exc, "problem_mark", None), getattr(exc, "problem", None)
@@ -367,7 +232,7 @@ def _yaml_problem(exc: Exception) -> str:
 
 def _read_yaml(root: Path) -> dict:
     path = root / DROP_YAML
-    raw = _read_drop_text(root, DROP_YAML)
+    raw = read_drop_text(root, DROP_YAML)
     if raw is None:
         return {}
     try:
@@ -553,48 +418,14 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
         When the drop as a whole is unusable: no directory, no manifest, not CSV, a required
         or declared label column missing, or no labels declared.
     """
-    root = Path(drop_dir)
-    if not root.is_dir():
-        raise DropError(f"drop directory {root} does not exist or is not a directory")
-    root = root.resolve()
-    manifest = root / MANIFEST
-    manifest_raw = _read_drop_text(root, MANIFEST)
-    if manifest_raw is None:
-        raise DropError(f"{root} has no {MANIFEST}; a drop needs a manifest with columns image,subject_id,<labels>")
-    meta = _read_yaml(root)
-    if meta.get("kind", "images") != "images":
-        raise DropError(f"{root / DROP_YAML}: kind={meta.get('kind')!r}: not an image drop; a feature drop (kind: "
-                        "features) is read by deid.intake.features.read_feature_drop (deid run routes it there)")
-    raw, header, body = _parse_manifest(manifest, manifest_raw)
-
+    root, manifest, meta, (raw, header, body) = _image_drop_manifest(drop_dir)
     missing = [c for c in REQUIRED_COLUMNS if c not in header]
     if missing:
         raise DropError(f"{manifest}: missing required column(s) {missing}; found columns {header}")
-    if labels is None:
-        labels = meta.get("labels")
-        if isinstance(labels, str):
-            labels = [s.strip() for s in labels.split(",") if s.strip()]
-        elif labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
-            raise DropError(
-                f"{root / DROP_YAML}: 'labels' must be a list of column names, e.g. 'labels: [gender, expression]'; "
-                f"got a {type(labels).__name__} ({labels!r}); or pass --labels gender,expression")
-    # No labels is a normal drop: k-Same runs without partitions and utility is not applicable.
-    labels = [str(x) for x in labels or []]
-    bad = [x for x in labels if x in RESERVED_COLUMNS]
-    if bad:
-        raise DropError(f"labels {bad} are reserved manifest columns; utility labels must be other columns")
-    absent = [x for x in labels if x not in header]
-    if absent:
-        raise DropError(f"{manifest}: declared label column(s) {absent} are missing; found columns {header}")
+    labels = _drop_labels(labels, meta, root, manifest, header)
     sensitive = _sensitive(root, meta, labels, header)
     extra = [c for c in header if c not in RESERVED_COLUMNS and c not in labels and c not in sensitive]
-    eye_cols_present = [c for c in EYE_COLUMNS if c in header]
-    if eye_cols_present and len(eye_cols_present) != len(EYE_COLUMNS):
-        raise DropError(f"{manifest}: eye columns must come as all four of {list(EYE_COLUMNS)}; found {eye_cols_present}")
-    seq_cols_present = [c for c in SEQUENCE_COLUMNS if c in header]
-    if seq_cols_present and len(seq_cols_present) != len(SEQUENCE_COLUMNS):
-        raise DropError(f"{manifest}: an image-sequence drop needs both columns {list(SEQUENCE_COLUMNS)}; found "
-                        f"{seq_cols_present}")
+    eye_cols_present, seq_cols_present = _optional_columns(manifest, header)
     has_points = POINTS_COLUMN in header
 
     idx = {c: i for i, c in enumerate(header)}
@@ -620,66 +451,13 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
         if len(cells) > len(header) and any(cells[len(header):]):
             quarantine(rid, cells[idx["image"]], "bad_row", f"row {n} has {len(cells)} cells, header has {len(header)}")
             continue
-        image = cells[idx["image"]]
-        subject = cells[idx["subject_id"]]
-        key, why, mode = _safe_relative(root, image, parents)
-        if key is None:
-            quarantine(rid, image, "unsafe_path", str(why))
+        values, why, video = _manifest_row(n, rid, cells, root=root, idx=idx, parents=parents, seen_paths=seen_paths,
+                                           labels=labels, sensitive=sensitive, eye_cols=bool(eye_cols_present),
+                                           sequences=bool(seq_cols_present), has_points=has_points)
+        videos += video
+        if why is not None:
+            quarantine(rid, cells[idx["image"]], *why)
             continue
-        if key in seen_paths:
-            quarantine(rid, image, "duplicate_path", f"{image!r} is listed again (first on row {seen_paths[key]})")
-            continue
-        seen_paths[key] = n
-        if not subject:
-            quarantine(rid, image, "missing_subject_id", f"row {n}: subject_id is empty")
-            continue
-        empty = [x for x in (*labels, *sensitive) if not cells[idx[x]]]
-        if empty:
-            quarantine(rid, image, "missing_label", f"row {n}: label(s) {empty} empty")
-            continue
-        eyes = None
-        if eye_cols_present:
-            eyes, why = _parse_eyes([cells[idx[c]] for c in EYE_COLUMNS])
-            if why:
-                quarantine(rid, image, "bad_eye_points", f"row {n}: {why}")
-                continue
-        sequence = frame = None
-        if seq_cols_present:
-            sequence, frame, why = _parse_sequence([cells[idx[c]] for c in SEQUENCE_COLUMNS])
-            if why:
-                quarantine(rid, image, "bad_sequence", f"row {n}: {why}")
-                continue
-        if is_video(image):
-            if sequence is not None:
-                quarantine(rid, image, "bad_sequence", f"row {n}: a video file is a sequence by itself; leave its "
-                           "sequence and frame cells empty")
-                continue
-            videos += 1
-        # Cheap early look (the lstat above, no link followed); the file is checked again when it is opened.
-        if mode is None:
-            quarantine(rid, image, "missing_file", f"{image!r} does not exist in the drop")
-            continue
-        if not stat.S_ISREG(mode) and not stat.S_ISLNK(mode):
-            kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
-            quarantine(rid, image, "not_regular_file", f"{image!r} is {kind}; list image files only")
-            continue
-        points = None
-        if has_points and cells[idx[POINTS_COLUMN]]:
-            # A named points file must be usable (like eye points: a bad value quarantines the record,
-            # an empty cell means "none"): the steward said this face has landmarks.
-            try:
-                points = tuple(map(tuple, read_points(root, cells[idx[POINTS_COLUMN]]).tolist()))
-            except RecordError as exc:
-                quarantine(rid, image, exc.code, f"row {n}: {exc.message}")
-                continue
-        values = {"record_id": rid, "image": key, "subject_id": subject,
-                  **{x: cells[idx[x]] for x in (*labels, *sensitive)}}
-        if eye_cols_present:
-            values.update(zip(EYE_COLUMNS, (*eyes[0], *eyes[1]) if eyes else (None,) * 4))
-        if has_points:
-            values[POINTS_COLUMN] = None if points is None else [v for pt in points for v in pt]
-        if seq_cols_present:
-            values.update(sequence=sequence, frame=frame)
         rows.add(n, values)
     del body, parents, seen_paths
     rows = rows.build()
@@ -687,13 +465,7 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
     if has_points or seq_cols_present:
         rows = _check_points_and_sequences(rows, quarantine)
     if videos and not seq_cols_present:
-        # Ingest gives each video's frames a sequence and a frame number: the table carries both columns.
-        from deid.schemas import arrow as schemas  # noqa: PLC0415
-
-        t = rows.table
-        for f in schemas.SEQUENCE:
-            t = t.append_column(f, pa.nulls(t.num_rows, f.type))
-        rows = ManifestRows(t, rows.rows, rows.root, rows.labels)
+        rows = _with_sequence_columns(rows)
 
     drop_name = name or meta.get("name") or root.name
     if extra:
@@ -703,6 +475,135 @@ def read_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None = None, n
                 dataset=_dataset_name(root, meta.get("dataset"), str(drop_name)), has_points=has_points,
                 has_sequences=bool(seq_cols_present) or videos > 0, has_videos=videos > 0, fps=fps,
                 sensitive=sensitive)
+
+
+def _image_drop_manifest(drop_dir: str | os.PathLike) -> tuple[Path, Path, dict, tuple]:
+    """An image drop's resolved directory, manifest path, ``drop.yaml`` and parsed manifest
+    (``(raw bytes, header, body rows)``); a missing directory or manifest, or a drop of another kind, is a
+    :class:`~deid.errors.DropError`."""
+    root = Path(drop_dir)
+    if not root.is_dir():
+        raise DropError(f"drop directory {root} does not exist or is not a directory")
+    root = root.resolve()
+    manifest = root / MANIFEST
+    manifest_raw = read_drop_text(root, MANIFEST)
+    if manifest_raw is None:
+        raise DropError(f"{root} has no {MANIFEST}; a drop needs a manifest with columns image,subject_id,<labels>")
+    meta = _read_yaml(root)
+    if meta.get("kind", "images") != "images":
+        raise DropError(f"{root / DROP_YAML}: kind={meta.get('kind')!r}: not an image drop; a feature drop (kind: "
+                        "features) is read by deid.intake.features.read_feature_drop (deid run routes it there)")
+    raw, header, body = _parse_manifest(manifest, manifest_raw)
+    return root, manifest, meta, (raw, header, body)
+
+
+def _optional_columns(manifest: Path, header: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The manifest's eye columns and image-sequence columns present (each all or none)."""
+    eye_cols_present = [c for c in EYE_COLUMNS if c in header]
+    if eye_cols_present and len(eye_cols_present) != len(EYE_COLUMNS):
+        raise DropError(f"{manifest}: eye columns must come as all four of {list(EYE_COLUMNS)}; found {eye_cols_present}")
+    seq_cols_present = [c for c in SEQUENCE_COLUMNS if c in header]
+    if seq_cols_present and len(seq_cols_present) != len(SEQUENCE_COLUMNS):
+        raise DropError(f"{manifest}: an image-sequence drop needs both columns {list(SEQUENCE_COLUMNS)}; found "
+                        f"{seq_cols_present}")
+    return eye_cols_present, seq_cols_present
+
+
+def _with_sequence_columns(rows: ManifestRows) -> ManifestRows:
+    """``rows`` with empty sequence and frame columns: a drop of video files without them (ingest numbers the
+    frames)."""
+    # Ingest gives each video's frames a sequence and a frame number: the table carries both columns.
+    from deid.schemas import arrow as schemas  # noqa: PLC0415
+
+    t = rows.table
+    for f in schemas.SEQUENCE:
+        t = t.append_column(f, pa.nulls(t.num_rows, f.type))
+    return ManifestRows(t, rows.rows, rows.root, rows.labels)
+
+
+def _drop_labels(labels: list[str] | None, meta: dict, root: Path, manifest: Path, header: Sequence[str]) -> list[str]:
+    """The drop's utility label columns: ``labels`` (the caller's), else ``drop.yaml``'s, each a manifest column
+    that is not reserved; none is a normal drop (k-Same without partitions, utility not applicable)."""
+    if labels is None:
+        labels = meta.get("labels")
+        if isinstance(labels, str):
+            labels = [s.strip() for s in labels.split(",") if s.strip()]
+        elif labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
+            raise DropError(
+                f"{root / DROP_YAML}: 'labels' must be a list of column names, e.g. 'labels: [gender, expression]'; "
+                f"got a {type(labels).__name__} ({labels!r}); or pass --labels gender,expression")
+    # No labels is a normal drop: k-Same runs without partitions and utility is not applicable.
+    labels = [str(x) for x in labels or []]
+    bad = [x for x in labels if x in RESERVED_COLUMNS]
+    if bad:
+        raise DropError(f"labels {bad} are reserved manifest columns; utility labels must be other columns")
+    absent = [x for x in labels if x not in header]
+    if absent:
+        raise DropError(f"{manifest}: declared label column(s) {absent} are missing; found columns {header}")
+    return labels
+
+
+def _manifest_row(n: int, rid: str, cells: list[str], *, root: Path, idx: dict[str, int], parents: dict[str, str],
+                  seen_paths: dict[str, int], labels: list[str], sensitive: list[str], eye_cols: bool, sequences: bool,
+                  has_points: bool) -> tuple[dict | None, tuple[str, str] | None, bool]:
+    """Manifest row ``n`` (record ``rid``, its ``cells`` stripped and padded to the header) checked and read.
+
+    Returns ``(values, None, video)`` for a record, ``(None, (code, message), video)`` for one to
+    quarantine; ``video``: the row names a video file (counted by :func:`read_drop` even when the row is
+    quarantined after that check). ``seen_paths`` and ``parents`` are updated.
+    """
+    image = cells[idx["image"]]
+    video = False
+    subject = cells[idx["subject_id"]]
+    key, why, mode = _safe_relative(root, image, parents)
+    if key is None:
+        return None, ("unsafe_path", str(why)), video
+    if key in seen_paths:
+        return None, ("duplicate_path", f"{image!r} is listed again (first on row {seen_paths[key]})"), video
+    seen_paths[key] = n
+    if not subject:
+        return None, ("missing_subject_id", f"row {n}: subject_id is empty"), video
+    empty = [x for x in (*labels, *sensitive) if not cells[idx[x]]]
+    if empty:
+        return None, ("missing_label", f"row {n}: label(s) {empty} empty"), video
+    eyes = None
+    if eye_cols:
+        eyes, why = _parse_eyes([cells[idx[c]] for c in EYE_COLUMNS])
+        if why:
+            return None, ("bad_eye_points", f"row {n}: {why}"), video
+    sequence = frame = None
+    if sequences:
+        sequence, frame, why = _parse_sequence([cells[idx[c]] for c in SEQUENCE_COLUMNS])
+        if why:
+            return None, ("bad_sequence", f"row {n}: {why}"), video
+    if is_video(image):
+        if sequence is not None:
+            return None, ("bad_sequence", f"row {n}: a video file is a sequence by itself; leave its "
+                                          "sequence and frame cells empty"), video
+        video = True
+    # Cheap early look (the lstat above, no link followed); the file is checked again when it is opened.
+    if mode is None:
+        return None, ("missing_file", f"{image!r} does not exist in the drop"), video
+    if not stat.S_ISREG(mode) and not stat.S_ISLNK(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+        return None, ("not_regular_file", f"{image!r} is {kind}; list image files only"), video
+    points = None
+    if has_points and cells[idx[POINTS_COLUMN]]:
+        # A named points file must be usable (like eye points: a bad value quarantines the record,
+        # an empty cell means "none"): the steward said this face has landmarks.
+        try:
+            points = tuple(map(tuple, read_points(root, cells[idx[POINTS_COLUMN]]).tolist()))
+        except RecordError as exc:
+            return None, (exc.code, f"row {n}: {exc.message}"), video
+    values = {"record_id": rid, "image": key, "subject_id": subject,
+              **{x: cells[idx[x]] for x in (*labels, *sensitive)}}
+    if eye_cols:
+        values.update(zip(EYE_COLUMNS, (*eyes[0], *eyes[1]) if eyes else (None,) * 4))
+    if has_points:
+        values[POINTS_COLUMN] = None if points is None else [v for pt in points for v in pt]
+    if sequences:
+        values.update(sequence=sequence, frame=frame)
+    return values, None, video
 
 
 def _sensitive(root: Path, meta: dict, labels: Sequence[str], header: Sequence[str]) -> list[str]:

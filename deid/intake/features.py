@@ -42,16 +42,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from deid.errors import ConfigError, DataError, DropError, Quarantined, RecordError
-from deid.intake.drop import (
-    DROP_YAML,
-    _dataset_name,
-    _attribution,
-    _license,
-    _read_drop_text,
-    _read_yaml,
-    read_drop_file,
-    record_id_for_row,
-)
+from deid.intake.drop import DROP_YAML, _dataset_name, _attribution, _license, _read_yaml, record_id_for_row
+from deid.intake.drop_files import read_drop_file, read_drop_text
 
 log = logging.getLogger(__name__)
 
@@ -290,37 +282,13 @@ def read_feature_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None =
     DropError
         When the drop as a whole is unusable (see the module docstring).
     """
-    root = Path(drop_dir)
-    if not root.is_dir():
-        raise DropError(f"drop directory {root} does not exist or is not a directory")
-    root = root.resolve()
-    config_bytes = _read_drop_text(root, DROP_YAML)
-    if config_bytes is None:
-        raise DropError(f"{root} has no {DROP_YAML}; a feature drop needs one with 'kind: features' and "
-                        "'features: <table>.parquet'")
-    meta = _read_yaml(root)
-    if meta.get("kind") != "features":
-        raise DropError(f"{root / DROP_YAML}: kind={meta.get('kind')!r}; a feature drop needs 'kind: features'")
+    root, config_bytes, meta = _feature_drop_yaml(drop_dir)
     relative, column, declared = _config(root, meta)
     path = root / relative
     if max_bytes is None:
         from deid.settings import FEATURE_MAX_BYTES as max_bytes  # noqa: PLC0415 - the setting's default, declared there
     table, sha = _read_table(root, relative, max_bytes=max_bytes)
-    if labels is None:
-        labels = meta.get("labels")
-        if isinstance(labels, str):
-            labels = [s.strip() for s in labels.split(",") if s.strip()]
-        elif labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
-            raise DropError(f"{root / DROP_YAML}: 'labels' must be a list of column names, e.g. 'labels: [gender, "
-                            f"accent]'; got a {type(labels).__name__} ({labels!r}); or pass --labels gender,accent")
-    labels = [str(x) for x in labels or []]
-    sensitive = meta.get("sensitive") or []
-    sensitive = [s.strip() for s in sensitive.split(",")] if isinstance(sensitive, str) else list(sensitive)
-    if set(map(str, sensitive)) & set(labels):
-        raise ConfigError(f"{root / DROP_YAML}: sensitive column(s) {sorted(set(map(str, sensitive)) & set(labels))} "
-                          "are also labels; a sensitive column is never a label: remove it from 'labels' or 'sensitive'")
-    if sensitive:  # a feature release carries its labels only: a sensitive column stays out of it
-        log.info("feature drop: sensitive column(s) %s are kept out of the release", sensitive)
+    labels = _feature_labels(labels, meta, root)
     bad = [x for x in labels if x in (*RESERVED, column)]
     if bad:
         raise DropError(f"labels {bad} are the id, subject or vector columns; utility labels must be other columns")
@@ -344,16 +312,7 @@ def read_feature_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None =
     label_cells = {x: _text_cells(table.column(x)) for x in labels}
     has_ids = "record_id" in table.column_names
     own_ids = _text_cells(table.column("record_id")) if has_ids else [f"row {i}" for i in range(1, n + 1)]
-    # Which rows' vectors can be read: not null and of the right length; then null elements and non-finite values.
-    right = valid & (lengths == dim)
-    take = np.flatnonzero(right)
-    vectors = np.zeros((len(take), dim), dtype=np.float64)
-    null_elem = np.zeros(len(take), dtype=bool)
-    if len(take):
-        values = col.take(pa.array(take, pa.int64())).flatten()
-        null_elem = ~np.asarray(values.is_valid().to_numpy(zero_copy_only=False), dtype=bool).reshape(len(take), dim).all(axis=1)
-        vectors = values.cast(pa.float64()).to_numpy(zero_copy_only=False).reshape(len(take), dim)
-    where = {int(r): j for j, r in enumerate(take)}
+    vectors, null_elem, where = _readable_vectors(col, valid, lengths, dim)
 
     quarantined: list[Quarantined] = []
     keep_rows: list[int] = []
@@ -367,44 +326,14 @@ def read_feature_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None =
         def q(code: str, message: str) -> None:
             quarantined.append(Quarantined(rid, ref, code, message, "features"))
 
-        if has_ids and own_ids[i] is None:
-            q("missing_record_id", f"row {row}: record_id is empty")
-            continue
-        if has_ids:
-            if own_ids[i] in seen:
-                q("duplicate_record_id", f"row {row}: record_id {own_ids[i]!r} is listed again (first on row "
-                                         f"{seen[own_ids[i]]})")
-                continue
-            seen[own_ids[i]] = row
-        if subjects[i] is None:
-            q("missing_subject_id", f"row {row}: subject_id is empty")
-            continue
-        empty = [x for x in labels if label_cells[x][i] is None]
-        if empty:
-            q("missing_label", f"row {row}: label(s) {empty} empty")
-            continue
-        if label_sets is not None:
-            odd = [x for x in labels if label_cells[x][i] not in label_sets[x]]
-            if odd:
-                q("undeclared_label", f"row {row}: label(s) {odd} hold a value drop.yaml's label_values does not "
-                                      "declare; add it there or fix the row")
-                continue
-        if not valid[i]:
-            q("missing_features", f"row {row}: column {column!r} is null; give a vector of {dim} numbers")
-            continue
-        if lengths[i] != dim:
-            q("wrong_length", f"row {row}: column {column!r} holds {lengths[i]} values; every vector must have "
-                              f"dim={dim}")
+        why = _feature_row_problem(i, row, own_ids=own_ids, has_ids=has_ids, seen=seen, subjects=subjects,
+                                   labels=labels, label_cells=label_cells, label_sets=label_sets, valid=valid,
+                                   lengths=lengths, dim=dim, column=column, where=where, null_elem=null_elem,
+                                   vectors=vectors)
+        if why is not None:
+            q(*why)
             continue
         j = where[i]
-        if null_elem[j]:
-            q("missing_features", f"row {row}: column {column!r} holds null values; give {dim} numbers")
-            continue
-        if not np.isfinite(vectors[j]).all():
-            bad_at = int(np.flatnonzero(~np.isfinite(vectors[j]))[0])
-            q("non_finite_features", f"row {row}: column {column!r} holds {vectors[j][bad_at]} at position "
-                                     f"{bad_at}; every value must be finite")
-            continue
         keep_rows.append(i)
         keep_vec.append(j)
     extra = tuple(c for c in table.column_names if c not in (*RESERVED, column, *labels))
@@ -425,6 +354,99 @@ def read_feature_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None =
         attribution=_attribution(root, meta),
         dataset=_dataset_name(root, meta.get("dataset"), str(drop_name)),
         value_type=str(col.type.value_type), label_sets=label_sets)
+
+
+def _feature_drop_yaml(drop_dir: str | os.PathLike) -> tuple[Path, bytes, dict]:
+    """A feature drop's resolved directory, its ``drop.yaml`` bytes and contents; a missing directory or
+    ``drop.yaml``, or a drop of another kind, is a :class:`~deid.errors.DropError`."""
+    root = Path(drop_dir)
+    if not root.is_dir():
+        raise DropError(f"drop directory {root} does not exist or is not a directory")
+    root = root.resolve()
+    config_bytes = read_drop_text(root, DROP_YAML)
+    if config_bytes is None:
+        raise DropError(f"{root} has no {DROP_YAML}; a feature drop needs one with 'kind: features' and "
+                        "'features: <table>.parquet'")
+    meta = _read_yaml(root)
+    if meta.get("kind") != "features":
+        raise DropError(f"{root / DROP_YAML}: kind={meta.get('kind')!r}; a feature drop needs 'kind: features'")
+    return root, config_bytes, meta
+
+
+def _feature_labels(labels: list[str] | None, meta: dict, root: Path) -> list[str]:
+    """The feature drop's utility label columns: ``labels`` (the caller's), else ``drop.yaml``'s; a sensitive
+    column (``drop.yaml``'s ``sensitive``) is never one, and stays out of the release."""
+    if labels is None:
+        labels = meta.get("labels")
+        if isinstance(labels, str):
+            labels = [s.strip() for s in labels.split(",") if s.strip()]
+        elif labels is not None and not (isinstance(labels, list) and all(isinstance(x, str) for x in labels)):
+            raise DropError(f"{root / DROP_YAML}: 'labels' must be a list of column names, e.g. 'labels: [gender, "
+                            f"accent]'; got a {type(labels).__name__} ({labels!r}); or pass --labels gender,accent")
+    labels = [str(x) for x in labels or []]
+    sensitive = meta.get("sensitive") or []
+    sensitive = [s.strip() for s in sensitive.split(",")] if isinstance(sensitive, str) else list(sensitive)
+    if set(map(str, sensitive)) & set(labels):
+        raise ConfigError(f"{root / DROP_YAML}: sensitive column(s) {sorted(set(map(str, sensitive)) & set(labels))} "
+                          "are also labels; a sensitive column is never a label: remove it from 'labels' or 'sensitive'")
+    if sensitive:  # a feature release carries its labels only: a sensitive column stays out of it
+        log.info("feature drop: sensitive column(s) %s are kept out of the release", sensitive)
+    return labels
+
+
+def _readable_vectors(col: pa.ChunkedArray, valid: np.ndarray, lengths: np.ndarray,
+                      dim: int) -> tuple[np.ndarray, np.ndarray, dict[int, int]]:
+    """The vectors of the rows that can be read (not null, ``dim`` long) as float64 rows, whether each holds a
+    null element, and each such row's place among them."""
+    # Which rows' vectors can be read: not null and of the right length; then null elements and non-finite values.
+    right = valid & (lengths == dim)
+    take = np.flatnonzero(right)
+    vectors = np.zeros((len(take), dim), dtype=np.float64)
+    null_elem = np.zeros(len(take), dtype=bool)
+    if len(take):
+        values = col.take(pa.array(take, pa.int64())).flatten()
+        null_elem = ~np.asarray(values.is_valid().to_numpy(zero_copy_only=False), dtype=bool).reshape(len(take), dim).all(axis=1)
+        vectors = values.cast(pa.float64()).to_numpy(zero_copy_only=False).reshape(len(take), dim)
+    where = {int(r): j for j, r in enumerate(take)}
+    return vectors, null_elem, where
+
+
+def _feature_row_problem(i: int, row: int, *, own_ids: list, has_ids: bool, seen: dict[str, int], subjects: list,
+                         labels: list[str], label_cells: dict[str, list], label_sets: dict | None, valid: np.ndarray,
+                         lengths: np.ndarray, dim: int, column: str, where: dict[int, int], null_elem: np.ndarray,
+                         vectors: np.ndarray) -> tuple[str, str] | None:
+    """Why row ``i`` (``row``: its 1-based number) of a feature table is quarantined, as (code, message); None:
+    it is a record. ``seen`` (record id -> first row) is updated."""
+    if has_ids and own_ids[i] is None:
+        return ("missing_record_id", f"row {row}: record_id is empty")
+    if has_ids:
+        if own_ids[i] in seen:
+            return ("duplicate_record_id", f"row {row}: record_id {own_ids[i]!r} is listed again (first on row "
+                                           f"{seen[own_ids[i]]})")
+        seen[own_ids[i]] = row
+    if subjects[i] is None:
+        return ("missing_subject_id", f"row {row}: subject_id is empty")
+    empty = [x for x in labels if label_cells[x][i] is None]
+    if empty:
+        return ("missing_label", f"row {row}: label(s) {empty} empty")
+    if label_sets is not None:
+        odd = [x for x in labels if label_cells[x][i] not in label_sets[x]]
+        if odd:
+            return ("undeclared_label", f"row {row}: label(s) {odd} hold a value drop.yaml's label_values does not "
+                                        "declare; add it there or fix the row")
+    if not valid[i]:
+        return ("missing_features", f"row {row}: column {column!r} is null; give a vector of {dim} numbers")
+    if lengths[i] != dim:
+        return ("wrong_length", f"row {row}: column {column!r} holds {lengths[i]} values; every vector must have "
+                                f"dim={dim}")
+    j = where[i]
+    if null_elem[j]:
+        return ("missing_features", f"row {row}: column {column!r} holds null values; give {dim} numbers")
+    if not np.isfinite(vectors[j]).all():
+        bad_at = int(np.flatnonzero(~np.isfinite(vectors[j]))[0])
+        return ("non_finite_features", f"row {row}: column {column!r} holds {vectors[j][bad_at]} at position "
+                                       f"{bad_at}; every value must be finite")
+    return None
 
 
 def write_feature_drop(drop_dir: str | os.PathLike, *, vectors: Any, subject_ids: list[str],

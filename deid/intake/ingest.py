@@ -21,7 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from deid.intake.drop import Drop, DropDirectories, open_drop_file, read_drop_file
+from deid.intake.drop import Drop
+from deid.intake.drop_files import DropDirectories, open_drop_file, read_drop_file
 from deid.errors import Quarantined, RecordError
 from deid.intake.imaging import decoded_bytes, header_size, max_decoded_bytes, sniff_format
 from deid.intake.video import frame_record_id, is_video, segment_messages, staged_crop, track_video, video_rate
@@ -292,6 +293,24 @@ def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pix
             flush()
 
     staged_rows = staged_rows[:n_staged]
+    ids, digests, hexes = _staged_ids_and_digests(manifest, staged_rows, frame_at, frame_ids, raw)
+    n_final = n_staged
+    clashes = _clashes(drop, staged_rows, digests)
+    if clashes:
+        quarantined.extend(clashes)
+        n_final -= len(clashes)
+        n_groups = _rewrite_without(tmp, {q.record_id for q in clashes}, schema, batch_size)
+    tmp.replace(out_path)
+    log.info("ingested %d records (%d quarantined) into %s", n_final, len(quarantined), out_path)
+    return IngestResult(out_path, n_final, quarantined, SourceHashes(ids, hexes), n_groups,
+                        video_rows=video_count[0], video_frames=video_count[1], sequence_fps=sequence_fps)
+
+
+def _staged_ids_and_digests(manifest: pa.Table, staged_rows: np.ndarray, frame_at: list[int], frame_ids: list[str],
+                            raw: bytearray) -> tuple[pa.Array, pa.FixedSizeBinaryArray, pa.StringArray]:
+    """The staged records' ids (a video's frames have their own) and the raw sha256 of their bytes, as binary and
+    as hex columns; ``raw`` (the digests' bytes, in staging order) is emptied."""
+    n_staged = len(staged_rows)
     ids = manifest.column("record_id").take(pa.array(staged_rows)).combine_chunks()
     if frame_at:  # a video's frames have their own record ids
         listed = ids.to_pylist()
@@ -304,16 +323,7 @@ def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pix
                                         pa.py_buffer(_hex(sha).tobytes()))
     raw.clear()  # the digests' bytes (the closure above holds the name, so it is emptied, not deleted)
     del sha
-    n_final = n_staged
-    clashes = _clashes(drop, staged_rows, digests)
-    if clashes:
-        quarantined.extend(clashes)
-        n_final -= len(clashes)
-        n_groups = _rewrite_without(tmp, {q.record_id for q in clashes}, schema, batch_size)
-    tmp.replace(out_path)
-    log.info("ingested %d records (%d quarantined) into %s", n_final, len(quarantined), out_path)
-    return IngestResult(out_path, n_final, quarantined, SourceHashes(ids, hexes), n_groups,
-                        video_rows=video_count[0], video_frames=video_count[1], sequence_fps=sequence_fps)
+    return ids, digests, hexes
 
 
 _HEX = np.frombuffer(b"0123456789abcdef", np.uint8)

@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 import numpy as np
 
 from deid.errors import RecordError
+from deid.intake.drop_files import read_drop_file
 
 POINTS_COLUMN = "points"
 MIN_POINTS = 3  # a triangle: fewer cannot carry a shape
@@ -115,8 +116,6 @@ def read_points(root: Path, relative: str) -> np.ndarray:
     A file that does not exist is ``missing_points_file``; every other problem is ``bad_points``
     (an unsafe path, a non-regular or unreadable file, or a parse error of :func:`parse_points`).
     """
-    from deid.intake.drop import read_drop_file  # noqa: PLC0415 - drop imports this module
-
     try:
         data = read_drop_file(root, relative)
     except RecordError as exc:

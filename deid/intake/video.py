@@ -6,7 +6,7 @@ sequence = the recording, frame = the index in the resampled stream -- which the
 path then handles exactly as a drop of pre-extracted frames (``sequence``/``frame`` columns).
 
 Decoding streams: :func:`iter_frames` holds one decoded frame at a time (OpenCV's FFmpeg
-backend reads the file through a descriptor opened by :func:`deid.intake.drop.open_drop_file`,
+backend reads the file through a descriptor opened by :func:`deid.intake.drop_files.open_drop_file`,
 so the symlink and regular-file rules of every drop file hold). The rate is ``fps:`` in
 ``drop.yaml`` or the source's own; a lower rate keeps the frame nearest each sample time.
 

@@ -1,6 +1,6 @@
 """Where the heavy stage functions run: in this process, or on a Dask cluster.
 
-A stage of :mod:`deid.operations.pipeline` hands its per-part work (plain functions of :mod:`deid.operations.stages`
+A stage (:class:`deid.operations.runner.Steps`) hands its per-part work (plain functions of the ``worker_*`` modules
 with paths and small parameters) to an executor; it never knows which one. Dask workers import
 only the core, never Prefect.
 """
@@ -29,7 +29,9 @@ def warm_worker(*, recognizer: bool = True) -> None:
     Only a run whose identity check embeds its faces needs the recogniser early (partition); a
     later use (a gate attack in this process) loads it then.
     """
-    import deid.operations.stages  # noqa: F401, PLC0415
+    # Every worker function's module (their imports are what a stage waits for).
+    from deid.operations import (worker_align, worker_deidentify, worker_featurize,  # noqa: F401, PLC0415
+                                 worker_gate, worker_lineage, worker_partition)
 
     if recognizer:
         from deid.alignment.dlib_models import dlib_model  # noqa: PLC0415

@@ -68,7 +68,9 @@ from deid.contracts import (
 )
 from deid.release.staged import Staged
 from deid.errors import ConfigError, DataError, Quarantined
-from deid.evaluation.gate import Check, GateInputs, GateResult, evaluate
+from deid.evaluation.checks import Check
+from deid.evaluation.gate_types import GateInputs, GateResult
+from deid.evaluation.gate import evaluate
 from deid.evaluation.validation import drop_checks, validation_section
 from deid.intake.features import INGESTED, FeatureDrop, read_feature_drop
 from deid.reporting.report import Report, SigningInfo, dataset_fingerprint
@@ -329,7 +331,7 @@ def plan_feature_lineage(drop: FeatureDrop, identity: FeatureIdentity, state, co
     per label partition wait (the ``suppress`` small-partition policy); under ``merge`` or ``fail``
     the plan holds one partition and the small-partition policy decides.
     """
-    from deid.operations.pipeline import linkage_key  # noqa: PLC0415
+    from deid.operations.run_setup import linkage_key  # noqa: PLC0415
     from deid.release.lineage_plan import plan_release  # noqa: PLC0415 - crypto imports only where needed
 
     rows = np.flatnonzero(identity.keep)
@@ -400,7 +402,7 @@ def deidentify_feature_partitions(ingested: FeatureIngest, identity: FeatureIden
 def _gate_partition(part: FeaturePartitioned, select: bool) -> Callable[[tuple[str, ...]], str]:
     """The gate partition of a returning person's record: the new records' partition of its label values.
 
-    As :func:`deid.operations.stages._lineage_partition_key` for faces: the gate's utility protocol
+    As :func:`deid.operations.worker_lineage.lineage_partition_key` for faces: the gate's utility protocol
     re-runs the method per partition, so returning records join the partition of the same labels
     (k-Same-Select), or the single partition of plain k-Same.
     """
@@ -421,7 +423,7 @@ def apply_feature_lineage(ingested: FeatureIngest, identity: FeatureIdentity, pa
     :class:`FeatureDeidentified` with the returning records added (their registered cluster key as
     cluster); the counterfeits of republished clusters are added by :func:`stage_features`.
     """
-    from deid.operations import stages  # noqa: PLC0415
+    from deid.operations import worker_lineage  # noqa: PLC0415
     from deid.release.lineage import build_release  # noqa: PLC0415
 
     lg = logger or log
@@ -459,7 +461,7 @@ def apply_feature_lineage(ingested: FeatureIngest, identity: FeatureIdentity, pa
     lg.info("lineage-release: %s", dict(rel.counts))
     checks = feature_lineage_checks(lin, rel, drop.vectors[rows], logger=lg)
     return LineageApplied(release=rel, state=state, deidentified=out, checks=checks,
-                          republished=stages.republished_for_gate(rel, state), record_ids=lin.record_ids)
+                          republished=worker_lineage.republished_for_gate(rel, state), record_ids=lin.record_ids)
 
 
 def feature_lineage_checks(lin: LineagePlanned, rel, originals: np.ndarray, *,
@@ -493,14 +495,14 @@ def feature_lineage_checks(lin: LineagePlanned, rel, originals: np.ndarray, *,
 def _release_rows(drop: FeatureDrop, deid: FeatureDeidentified, lineage: LineageApplied | None,
                   *, logger: Logger | None = None) -> ReleaseRows:
     """Vectors, clusters, labels and staging ids of the would-be release, as the lineage makes them
-    (:func:`deid.operations.stages.lineage_release_rows`: registered labels, counterfeits of republished
+    (:func:`deid.operations.worker_lineage.lineage_release_rows`: registered labels, counterfeits of republished
     clusters with their stored vector and no source, marked only in the linkage record)."""
-    from deid.operations import stages  # noqa: PLC0415
+    from deid.operations import worker_lineage  # noqa: PLC0415
 
     rows = ReleaseRows(vectors=deid.vectors.reshape(-1, drop.dim), shape=(drop.dim,), clusters=tuple(deid.clusters),
                        labels={x: tuple(drop.label_values[x][i] for i in deid.rows) for x in drop.labels},
                        record_ids=tuple(drop.record_ids[i] for i in deid.rows))
-    return stages.lineage_release_rows(
+    return worker_lineage.lineage_release_rows(
         rows, lineage, drop.labels, lambda: {x: Counter(drop.label_values[x]).most_common(1)[0][0] for x in drop.labels},
         logger=logger)
 
@@ -512,7 +514,7 @@ def stage_features(ingested: FeatureIngest, deid: FeatureDeidentified, layout: S
     With a lineage, the counterfeit records of its republished clusters are added (stored vector,
     labels of their partition); only the private linkage record marks them.
     """
-    from deid.operations.pipeline import linkage_key  # noqa: PLC0415
+    from deid.operations.run_setup import linkage_key  # noqa: PLC0415
     from deid.release.linkage import build_linkage, write_linkage  # noqa: PLC0415
     from deid.release.manifest import list_release  # noqa: PLC0415
     from deid.release.publish import discard  # noqa: PLC0415
@@ -521,7 +523,7 @@ def stage_features(ingested: FeatureIngest, deid: FeatureDeidentified, layout: S
     lg = logger or log
     drop, tmp = ingested.drop, layout.release_dir
     from deid.evaluation.validation import suite_check, validate_feature_release  # noqa: PLC0415
-    from deid.operations.pipeline import lineage_label_mix, releasable_label_sets  # noqa: PLC0415
+    from deid.operations.release_staging import lineage_label_mix, releasable_label_sets  # noqa: PLC0415
     from deid.release.publish import RELEASE_TABLE  # noqa: PLC0415
 
     rows = _release_rows(drop, deid, lineage, logger=lg)

@@ -261,6 +261,32 @@ def decide_faces(pairs: Sequence[tuple[int, int, float]], people: Sequence[str],
     """
     check_policy(policy, ID_SCOPES[0])
     rows_of = Counter(people)
+    match = _face_matches(pairs, people, owners, rows_of, lineage=lineage, known=known)
+    matched = dict(sorted(Counter(ds for ds, _ in match.values()).items()))
+    searched = len(set(rows_of) - set(known))
+    base = FaceRouting(dataset=lineage, threshold=float(threshold), searched=searched, faces=len(people),
+                       registered=len(owners), matched=matched)
+    others = [d for d in matched if d != lineage]
+    mine = {a: reg for a, (ds, reg) in sorted(match.items()) if ds == lineage}
+    if not others:
+        note = (f"{len(mine)} people of the drop match people of {lineage!r} registered under other ids by face: "
+                "planned as those people" if mine else "")
+        return replace(base, aliases=mine, note=note)
+    _refuse_unroutable(others, matched, mine, dataset=dataset, lineage=lineage, threshold=threshold,
+                       searched=searched, held=held, policy=policy)
+    target = others[0]
+    aliases = {a: reg for a, (ds, reg) in sorted(match.items()) if ds == target}
+    note = (f"person index: {matched[target]} of the drop's people match people registered under dataset {target!r} "
+            f"by face (other photographs under other ids): the drop of dataset {dataset!r} is planned in {target!r}'s "
+            "lineage, those people under their registered ids (DEID_CROSS_DATASET=route)")
+    return replace(base, dataset=target, routed_from=lineage, aliases=aliases, note=note)
+
+
+def _face_matches(pairs: Sequence[tuple[int, int, float]], people: Sequence[str], owners: Sequence[tuple[str, str]],
+                  rows_of: Counter, *, lineage: str, known: frozenset[str] | set[str]) -> dict[str, tuple[str, str]]:
+    """Each drop person's matching registered (dataset, subject id), by :func:`decide_faces`' rule: at least
+    ``min(2, |A| |B|)`` cross pairs within the threshold, the one with most pairs (then the nearest) taken.
+    ``rows_of``: each drop person's number of descriptor rows."""
     keys = [(d, normalize_subject_id(s)) for d, s in owners]
     size = Counter(keys)
     evidence: dict[str, dict[tuple[str, str], list]] = defaultdict(dict)  # drop person -> {registered: [pairs, d]}
@@ -276,16 +302,13 @@ def decide_faces(pairs: Sequence[tuple[int, int, float]], people: Sequence[str],
         ok = [(-c, d, b) for b, (c, d) in cands.items() if c >= min(2, rows_of[a] * size[b])]
         if ok:
             match[a] = min(ok)[2]
-    matched = dict(sorted(Counter(ds for ds, _ in match.values()).items()))
-    searched = len(set(rows_of) - set(known))
-    base = FaceRouting(dataset=lineage, threshold=float(threshold), searched=searched, faces=len(people),
-                       registered=len(owners), matched=matched)
-    others = [d for d in matched if d != lineage]
-    mine = {a: reg for a, (ds, reg) in sorted(match.items()) if ds == lineage}
-    if not others:
-        note = (f"{len(mine)} people of the drop match people of {lineage!r} registered under other ids by face: "
-                "planned as those people" if mine else "")
-        return replace(base, aliases=mine, note=note)
+    return match
+
+
+def _refuse_unroutable(others: list[str], matched: dict[str, int], mine: dict[str, str], *, dataset: str,
+                       lineage: str, threshold: float, searched: int, held: int, policy: str) -> None:
+    """Raise :class:`CrossDatasetRefusal` for people matched in the ``others`` datasets: always under
+    ``refuse``; under ``route`` when they are in more than one lineage (the drop's own included)."""
     named = ", ".join(f"{d!r} ({matched[d]} people)" for d in others)
     how = (f"other photographs under other ids, found by face at the recogniser's threshold {threshold:.3f}: "
            f"{sum(matched[d] for d in others)} of the {searched} people searched")
@@ -301,9 +324,3 @@ def decide_faces(pairs: Sequence[tuple[int, int, float]], people: Sequence[str],
             f"the drop of dataset {dataset!r} holds people whose faces match people of datasets {named}{also} ({how}): "
             "one run plans in one lineage (DEID_CROSS_DATASET=route); split the drop by the dataset its people were "
             "released in")
-    target = others[0]
-    aliases = {a: reg for a, (ds, reg) in sorted(match.items()) if ds == target}
-    note = (f"person index: {matched[target]} of the drop's people match people registered under dataset {target!r} "
-            f"by face (other photographs under other ids): the drop of dataset {dataset!r} is planned in {target!r}'s "
-            "lineage, those people under their registered ids (DEID_CROSS_DATASET=route)")
-    return replace(base, dataset=target, routed_from=lineage, aliases=aliases, note=note)

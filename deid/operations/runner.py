@@ -2,7 +2,7 @@
 
 :func:`run_release` is what ``deid run`` does; the Prefect flow
 (:mod:`deid.flows.release`) calls it too, with :class:`Steps` whose stages are Prefect
-tasks wrapping the same :mod:`deid.operations.pipeline` functions, so the order lives here only.
+tasks wrapping the same stage functions, so the order lives here only.
 
 Order of commitment (see :mod:`deid.operations.safety`): pre-flight (signing key, writable locations) ->
 recovery of killed runs' leftovers -> lock the run's staging directory -> work, staging the
@@ -25,7 +25,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ContextManager
 
-from deid.operations import pipeline
+from deid.operations import (deidentify_lineage, featurize_partition, gate_publish, ingest_align, person_search,
+                             release_staging, run_setup)
 from deid.contracts import (
     Aligned,
     Deidentified,
@@ -42,7 +43,8 @@ from deid.operations.run_result import RunResult
 from deid.release.staged import Staged
 from deid.errors import ConfigError, DataError, EnvironmentFailure, RecordError, StateError
 from deid.heap import release_free_memory
-from deid.intake.drop import DROP_YAML, MANIFEST, read_drop_file
+from deid.intake.drop import DROP_YAML, MANIFEST
+from deid.intake.drop_files import read_drop_file
 from deid.intake.features import run_kind
 from deid.operations.executors import Executor, LocalExecutor, PoolExecutor
 from deid.evaluation.checks import Check
@@ -73,25 +75,25 @@ def local_cluster(config: RunConfig) -> Iterator[Executor]:
 class Steps:
     """The stage functions a run calls, in :func:`run_release`'s order; the Prefect flow swaps in its tasks."""
 
-    preflight: Callable[..., Any] = pipeline.preflight
-    recover: Callable[..., Any] = pipeline.recover_leftovers
-    ingest: Callable[..., Any] = pipeline.ingest_drop
-    open_lineage: Callable[..., Any] = pipeline.open_lineage
-    claim_people: Callable[..., Any] = pipeline.claim_people
-    align: Callable[..., Any] = pipeline.align
-    featurize: Callable[..., Any] = pipeline.featurize
-    partition: Callable[..., Any] = pipeline.partition
-    deidentify: Callable[..., Any] = pipeline.deidentify
-    apply_lineage: Callable[..., Any] = pipeline.apply_lineage
-    register_lineage: Callable[..., Any] = pipeline.register_lineage
-    stage: Callable[..., Any] = pipeline.stage
-    gate: Callable[..., Any] = pipeline.gate
-    dataset_card: Callable[..., Any] = pipeline.dataset_card
-    attest: Callable[..., Any] = pipeline.attest
-    write_report: Callable[..., Any] = pipeline.write_report
-    publish: Callable[..., Any] = pipeline.publish
-    publish_failed: Callable[..., Any] = pipeline.publish_failed_addendum
-    withhold: Callable[..., Any] = pipeline.withhold
+    preflight: Callable[..., Any] = run_setup.preflight
+    recover: Callable[..., Any] = run_setup.recover_leftovers
+    ingest: Callable[..., Any] = ingest_align.ingest_drop
+    open_lineage: Callable[..., Any] = deidentify_lineage.open_lineage
+    claim_people: Callable[..., Any] = person_search.claim_people
+    align: Callable[..., Any] = ingest_align.align
+    featurize: Callable[..., Any] = featurize_partition.featurize
+    partition: Callable[..., Any] = featurize_partition.partition
+    deidentify: Callable[..., Any] = deidentify_lineage.deidentify
+    apply_lineage: Callable[..., Any] = deidentify_lineage.apply_lineage
+    register_lineage: Callable[..., Any] = deidentify_lineage.register_lineage
+    stage: Callable[..., Any] = release_staging.stage
+    gate: Callable[..., Any] = gate_publish.gate
+    dataset_card: Callable[..., Any] = gate_publish.dataset_card
+    attest: Callable[..., Any] = gate_publish.attest
+    write_report: Callable[..., Any] = gate_publish.write_report
+    publish: Callable[..., Any] = gate_publish.publish
+    publish_failed: Callable[..., Any] = gate_publish.publish_failed_addendum
+    withhold: Callable[..., Any] = gate_publish.withhold
     features: FeatureSteps = FeatureSteps()  # the stages of a feature drop (the commitment steps above are shared)
 
 
@@ -124,7 +126,7 @@ def run_release(drop: str | Path, config: RunConfig, *, steps: Steps = Steps(),
         The run's configuration (:meth:`RunConfig.resolve`); its ``kind`` is set to the drop's
         (and the configuration checked again) before any work.
     steps : Steps, keyword-only
-        The stage functions (default: :mod:`deid.operations.pipeline`'s, in this process).
+        The stage functions (default: :class:`Steps`'s, in this process).
     cluster : callable, keyword-only
         ``cluster(config)`` -> context manager yielding the :class:`~deid.pool.Executor` the
         heavy stages run on (default: this process).
@@ -239,11 +241,11 @@ class _Run:
                     notes.append(routing.note)
             lineage_state = s.open_lineage(lineage_dataset, config) if config.lineage_applies else None
             # DEID_COLOR=auto decided from the ingested images (pure and cheap: the sample was taken at ingest).
-            config = self.config = pipeline.resolve_color(config, ing, lineage_state)
+            config = self.config = ingest_align.resolve_color(config, ing, lineage_state)
             # A colour mode or face size other than the lineage's (returning people's images would change)
             # blocks the drop before any work: a signed rejection saying what to set.
-            held = tuple(c for c in (pipeline.lineage_color_check(config, lineage_state),
-                                     pipeline.lineage_size_check(config, lineage_state)) if c is not None)
+            held = tuple(c for c in (ingest_align.lineage_color_check(config, lineage_state),
+                                     ingest_align.lineage_size_check(config, lineage_state)) if c is not None)
             if held:
                 ing = replace(ing, checks=(*ing.checks, *held))
             if config.spec.partitions_by_labels and not ing.labels:
@@ -289,7 +291,7 @@ class _Run:
         """Stage the would-be release, gate it (its parts on ``executor``), sign the report, publish if it passed."""
         s, config = self.steps, self.config
         quarantined = (*ing.quarantined, *aligned.quarantined, *part.quarantined)
-        by_reason = pipeline.quarantine_summary(quarantined, self.layout)
+        by_reason = gate_publish.quarantine_summary(quarantined, self.layout)
         # Suppressed: small partitions and waiting newcomers (partition stage), near copies (de-identify stage).
         counts = RecordCounts(records_in=ing.records_in, judged=deid.records,
                               suppressed=len(part.suppressed) + len(deid.suppressed),
@@ -297,7 +299,7 @@ class _Run:
         staged = None
         # A large release's gate helper starts now: it reads the gate's inputs and runs the deep attackers
         # on the core staging leaves idle (the stages' workers are gone); a small run's pool has warm processes.
-        helper = pipeline.start_gate(deid, part, config, labels=ing.labels, counts=counts, lineage=lin) \
+        helper = gate_publish.start_gate(deid, part, config, labels=ing.labels, counts=counts, lineage=lin) \
             if executor is None else None
         try:
             if deid.parts:
@@ -318,7 +320,7 @@ class _Run:
         fault_point("gate")
         with _timed(timings, "report"):
             report = build_report(
-                release_id=self.release_id, run_id=self.run_id, created_at=pipeline.now_iso(), config=config,
+                release_id=self.release_id, run_id=self.run_id, created_at=run_setup.now_iso(), config=config,
                 ingested=ing, aligned=aligned, partitioned=part, deidentified=deid, lineage=lin, staged=staged,
                 gate=g, counts=counts, quarantine_by_reason=by_reason, validation=validation, notes=notes,
                 timings=timings, signing=self.signing, versions=run_versions())
@@ -341,7 +343,7 @@ class _Run:
         routing = None
         if config.lineage_applies:
             drop = ing.drop
-            routing = pipeline.claim_records(config, drop.dataset, list(drop.subject_ids),
+            routing = person_search.claim_records(config, drop.dataset, list(drop.subject_ids),
                                              vector_fingerprints(drop.vectors))
             if routing.aliases:
                 ing = replace(ing, drop=replace(drop, subject_ids=tuple(routing.aliases.get(s, s)
@@ -367,7 +369,7 @@ class _Run:
                 lin = f.apply_lineage(ing, identity, part, deid, config, release_id=self.release_id)
             deid = lin.deidentified
         quarantined = (*ing.drop.quarantined, *identity.quarantined)
-        by_reason = pipeline.quarantine_summary(quarantined, layout)
+        by_reason = gate_publish.quarantine_summary(quarantined, layout)
         counts = RecordCounts(records_in=ing.drop.records_in, judged=len(deid.rows), suppressed=part.suppressed,
                               quarantined=len(quarantined))
         staged = None
@@ -380,7 +382,7 @@ class _Run:
             g = f.gate(ing, identity, part, deid, config, counts=counts, staged=staged, lineage=lin)
         fault_point("gate")
         report = feature_report(
-            release_id=self.release_id, run_id=self.run_id, created_at=pipeline.now_iso(), config=config,
+            release_id=self.release_id, run_id=self.run_id, created_at=run_setup.now_iso(), config=config,
             ingested=ing, identity=identity, partitioned=part, deidentified=deid, staged=staged, gate=g,
             counts=counts, quarantine_by_reason=by_reason, timings=timings, signing=self.signing,
             versions=run_versions(), lineage=lin, validation=validation)
@@ -403,7 +405,7 @@ class _Run:
                 registered = s.register_lineage(dataset, lin.state, config, lin.release)
                 # The faces go with the people (issue 27): a later drop of other photographs of them under new ids and
                 # another dataset name is found by face. A rejected run registers none.
-                pipeline.register_person_faces(config, dataset, person_faces, logger=self.logger)
+                person_search.register_person_faces(config, dataset, person_faces, logger=self.logger)
             fault_point("register")
             if registered is not None and report.lineage:
                 # The signed report binds the registry head after this release's entry: a registry later
@@ -537,7 +539,7 @@ class _Run:
             raw = read_drop_file(Path(self.drop), DROP_YAML if self.config.kind == "features" else MANIFEST)
         except (RecordError, OSError):
             raw = b""
-        report = build_rejection(release_id=self.release_id, run_id=self.run_id, created_at=pipeline.now_iso(),
+        report = build_rejection(release_id=self.release_id, run_id=self.run_id, created_at=run_setup.now_iso(),
                                  config=self.config, drop=self.drop, reason=reason,
                                  fingerprint=dataset_fingerprint(raw, []), signing=self.signing,
                                  versions=run_versions(), check=check)

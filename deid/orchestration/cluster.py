@@ -59,11 +59,12 @@ def dask_cluster(address: str | None, *, workers: int = 2) -> Iterator[str]:
 def manifest_rows(drop: str | Path | None, *, stop_after: int) -> int | None:
     """Rows of the drop's manifest.csv, counting at most ``stop_after + 1``; None if it cannot be read.
 
-    Opened as every drop file is (:func:`deid.intake.drop.open_drop_file`): a FIFO, device or
+    Opened as every drop file is (:func:`deid.intake.drop_files.open_drop_file`): a FIFO, device or
     symlink is None here at once (the ingest then signs the rejection naming it), never a wait.
     """
     from deid.errors import RecordError  # noqa: PLC0415
-    from deid.intake.drop import MANIFEST, open_drop_file  # noqa: PLC0415
+    from deid.intake.drop import MANIFEST  # noqa: PLC0415
+    from deid.intake.drop_files import open_drop_file  # noqa: PLC0415
 
     if drop is None:
         return None

@@ -323,7 +323,9 @@ def connect(data_path: Path, *, log_path: Path) -> PrefectApi:
 
 # What a run imports later anyway (validation, the gate, dlib, report.html): imported while a temporary
 # server boots, when this process would otherwise only wait.
-WARM_MODULES = ("great_expectations", "great_expectations.data_context.types.base", "deid.operations.stages",
+WARM_MODULES = ("great_expectations", "great_expectations.data_context.types.base", "deid.operations.worker_align",
+                "deid.operations.worker_deidentify", "deid.operations.worker_featurize", "deid.operations.worker_gate",
+                "deid.operations.worker_lineage", "deid.operations.worker_partition",
                 "deid.evaluation.gate", "deid.evaluation.recognizer", "deid.reporting.html_report")
 
 

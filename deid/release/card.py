@@ -271,9 +271,37 @@ class DatasetCard:
         ]
 
     def _render(self, intro: list[str]) -> str:
+        lines = [*intro, *self._gate_figures()]
+        lines += ["", "## What k-Same protects and what it does not", "",
+                  f"- Protected: {SCOPE['protects']}", f"- Not protected: {SCOPE['does_not_protect']}"]
+        if self.warnings:
+            lines += ["", "Not decided by the data (the gate released, and says so):", ""]
+            lines += [f"- {_md(w)}" for w in self.warnings]
+        lines += _verifying_section()
+        lines += self._licence_lines()
+        if self.citation:
+            lines += ["", "This release is derived from the source dataset: every face (or record) is replaced by one "
+                      "computed from its cluster, as described above. Credit the source wherever this release or "
+                      "results derived from it are shown.", "", "## Citation", "", "Cite the source dataset as:", "",
+                      _md(self.citation)]
+        body = "\n".join(lines) + "\n"
+        header = self.header()
+        # No address anywhere in the card (steward text is inert), except the header's license_link: the one
+        # field the Hub reads a link from, set explicitly by the steward and checked when drop.yaml was read.
+        token = f"license-link-{uuid.uuid4().hex}"
+        link = header.get("license_link")
+        if link is not None:
+            header["license_link"] = token
+        head = yaml.safe_dump(header, sort_keys=False, allow_unicode=True, width=1000)
+        card = strip_urls(f"---\n{head}---\n\n{body}")
+        if link is not None:
+            card = card.replace(token, yaml.safe_dump(link, width=1000).removesuffix("\n...\n").strip(), 1)
+        return card
+
+    def _gate_figures(self) -> list[str]:
+        """The card's section of the gate's figures: privacy, membership and the utility table."""
         fig = self.figures
         lines = [
-            *intro,
             "",
             "## What the gate measured before release",
             "",
@@ -302,44 +330,11 @@ class DatasetCard:
             lines += [f"| {_md(u.label)} | {_f(u.original_accuracy)} | {_f(u.deidentified_accuracy)} | "
                       f"[{_f(u.delta_lower)}, {_f(u.delta_upper)}] | {u.n_test if u.n_test is not None else '-'} | "
                       f"{_md(u.status or '-')} |" for u in fig.utility]
-        lines += ["", "## What k-Same protects and what it does not", "",
-                  f"- Protected: {SCOPE['protects']}", f"- Not protected: {SCOPE['does_not_protect']}"]
-        if self.warnings:
-            lines += ["", "Not decided by the data (the gate released, and says so):", ""]
-            lines += [f"- {_md(w)}" for w in self.warnings]
-        lines += [
-            "",
-            "## Verifying this release",
-            "",
-            f"`{ATTESTATION_NAME}` is the data steward's signed statement about this release (verdict, k, method, "
-            "guarantee, the gate's checks and figures, the signer's key fingerprint) and lists the sha256 of every "
-            f"file here, this card included (the images through `{MANIFEST_NAME}`, whose sha256 it lists); "
-            f"`{ATTESTATION_SIG_NAME}` is its Ed25519 signature (64 raw bytes). Get the steward's public key from the "
-            "steward (a key shipped with the data proves nothing), save it as `STEWARD.pub.pem`, and in this "
-            "directory run:",
-            "",
-            "```",
-            "deid verify . --public-key STEWARD.pub.pem",
-            "```",
-            "",
-            "Exit code 0 means the attestation is signed by that key and every file matches; a changed, missing "
-            "or extra file fails (exit 3 bad signature, 4 wrong key, 5 missing file, 6 hash mismatch, 7 extra "
-            "file). Without `--public-key` only integrity is checked (exit 8). Without deid, the same checks but "
-            "the one for extra files (each command exits non-zero on a failure):",
-            "",
-            "```",
-            *NO_DEID_CHECK,
-            "```",
-            "",
-            "Without `openssl` (3.0 or later), check the signature with Python's `cryptography` package instead:",
-            "",
-            "```",
-            PYTHON_SIGNATURE_CHECK,
-            "```",
-            "",
-            "## Licence",
-            "",
-        ]
+        return lines
+
+    def _licence_lines(self) -> list[str]:
+        """The licence section: the steward's licence, or the default and where to ask."""
+        lines = ["", "## Licence", ""]
         if self.license:
             lines.append(f"`{_md(self.license)}`"
                          + (f" ({_md(self.license_name)})" if self.license_name else "")
@@ -348,24 +343,7 @@ class DatasetCard:
         else:
             lines.append(f"`{DEFAULT_LICENSE}`: the data steward set no licence (`license:` in drop.yaml); ask the "
                          "steward for the terms of use before using or sharing this data.")
-        if self.citation:
-            lines += ["", "This release is derived from the source dataset: every face (or record) is replaced by one "
-                      "computed from its cluster, as described above. Credit the source wherever this release or "
-                      "results derived from it are shown.", "", "## Citation", "", "Cite the source dataset as:", "",
-                      _md(self.citation)]
-        body = "\n".join(lines) + "\n"
-        header = self.header()
-        # No address anywhere in the card (steward text is inert), except the header's license_link: the one
-        # field the Hub reads a link from, set explicitly by the steward and checked when drop.yaml was read.
-        token = f"license-link-{uuid.uuid4().hex}"
-        link = header.get("license_link")
-        if link is not None:
-            header["license_link"] = token
-        head = yaml.safe_dump(header, sort_keys=False, allow_unicode=True, width=1000)
-        card = strip_urls(f"---\n{head}---\n\n{body}")
-        if link is not None:
-            card = card.replace(token, yaml.safe_dump(link, width=1000).removesuffix("\n...\n").strip(), 1)
-        return card
+        return lines
 
 
 def _f(value: float | None) -> str:
@@ -397,3 +375,37 @@ def split_card(text: str) -> tuple[dict[str, Any], str]:
     if not isinstance(header, dict):
         raise DataError(f"the card's YAML header is a {type(header).__name__}, not a mapping")
     return header, text[end + 5:]
+
+
+def _verifying_section() -> list[str]:
+    """The card's section on verifying the release: the attestation, ``deid verify`` and the checks without deid."""
+    return [
+        "",
+        "## Verifying this release",
+        "",
+        f"`{ATTESTATION_NAME}` is the data steward's signed statement about this release (verdict, k, method, "
+        "guarantee, the gate's checks and figures, the signer's key fingerprint) and lists the sha256 of every "
+        f"file here, this card included (the images through `{MANIFEST_NAME}`, whose sha256 it lists); "
+        f"`{ATTESTATION_SIG_NAME}` is its Ed25519 signature (64 raw bytes). Get the steward's public key from the "
+        "steward (a key shipped with the data proves nothing), save it as `STEWARD.pub.pem`, and in this "
+        "directory run:",
+        "",
+        "```",
+        "deid verify . --public-key STEWARD.pub.pem",
+        "```",
+        "",
+        "Exit code 0 means the attestation is signed by that key and every file matches; a changed, missing "
+        "or extra file fails (exit 3 bad signature, 4 wrong key, 5 missing file, 6 hash mismatch, 7 extra "
+        "file). Without `--public-key` only integrity is checked (exit 8). Without deid, the same checks but "
+        "the one for extra files (each command exits non-zero on a failure):",
+        "",
+        "```",
+        *NO_DEID_CHECK,
+        "```",
+        "",
+        "Without `openssl` (3.0 or later), check the signature with Python's `cryptography` package instead:",
+        "",
+        "```",
+        PYTHON_SIGNATURE_CHECK,
+        "```",
+    ]

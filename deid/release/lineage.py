@@ -47,8 +47,8 @@ from deid.release.lineage_state import (ENTRY_FORMAT, LineageCluster, LineageErr
 
 logger = logging.getLogger(__name__)
 
-# Imported above for the stage modules that take them from here (deid.operations.pipeline and stages, split
-# later: issue 30); they are defined in lineage_state and lineage_plan.
+# Imported above for the stage modules that take them from here (deid.operations.deidentify_lineage,
+# person_search and worker_lineage); they are defined in lineage_state and lineage_plan.
 __all__ = [
     "LineageError",
     "LineageRelease",

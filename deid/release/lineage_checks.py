@@ -245,7 +245,7 @@ def check_label_mix(state: LineageState, release: LineageRelease,
         tuple(findings))
 
 
-# The differencing attacks' names, read from here by deid.operations.pipeline (split later: issue 30), resolved
+# The differencing attacks' names, read from here by deid.operations.deidentify_lineage, resolved
 # on first use: their modules import LineageCheck from this one.
 _MOVED = {"REPUBLISHED_ONLY": "deid.release.lineage_differencing", "DifferencingResult": "deid.release.lineage_differencing",
           "differencing_attack": "deid.release.lineage_differencing",

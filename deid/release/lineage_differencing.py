@@ -146,7 +146,7 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
     originals : array-like (n, n_pixels), or a row source
         Aligned original faces the attacker may hold (the gate passes the drop's aligned faces).
         Any object with ``shape`` and ``__getitem__`` for integer index arrays (e.g.
-        :class:`deid.operations.stages.RowFile`, rows read from disk) is read a chunk of rows at
+        :class:`deid.operations.worker_rows.RowFile`, rows read from disk) is read a chunk of rows at
         a time and never held whole (issue 13: a million faces are 7.5 GB of uint8, 30 GB as float32).
     original_people : sequence, optional
         Person of each original, to count the people identified.

@@ -108,7 +108,7 @@ class StoredImage:
     """A stored average kept outside memory and read on demand (issue 13: a million faces register
     200,000 averages, 1.5 GB of pixels, which no stage should hold at once).
 
-    ``source.read_image(key)`` returns the pixels (a row of a :class:`deid.operations.stages.RowFile`
+    ``source.read_image(key)`` returns the pixels (a row of a :class:`deid.operations.worker_rows.RowFile`
     in the staging directory, or a sealed side file of the registry, verified against ``sha256`` when
     read); ``sha256`` is :func:`average_sha256` of them, known without reading. ``np.asarray`` reads
     it (nothing is cached), so a cluster holding one behaves as one holding the array. Picklable when

@@ -60,7 +60,7 @@ KEY_BYTES = 32
 NONCE_BYTES = 12
 LINKAGE_NAME = "linkage.bin"
 DEV_KEY_NAME = "dev_linkage.key"
-COUNTERFEIT_PREFIX = "counterfeit-"  # staging id of a lineage counterfeit record (deid.operations.stages.COUNTERFEIT_PREFIX)
+COUNTERFEIT_PREFIX = "counterfeit-"  # staging id of a lineage counterfeit record (deid.operations.worker_lineage.counterfeit_rows)
 # Column order of the CSV export; records may carry more keys, which follow in sorted order.
 LINKAGE_COLUMNS = (
     "released_record_id", "released_image", "cluster_id", "source_record_id", "subject_id", "source_image",

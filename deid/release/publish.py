@@ -256,7 +256,7 @@ def _write_images(tmp_dir: Path, images, shape: tuple[int, ...], names, chunk: i
     """Write ``images[i]`` as PNG to ``tmp_dir / names[i]``; returns (path, sha256, bytes) of every file written.
 
     A k-Same release gives every member of a cluster the same image: when ``images`` says which
-    rows are the same (an ``index`` of distinct rows, :class:`deid.operations.stages.IndexedRows`),
+    rows are the same (an ``index`` of distinct rows, :class:`deid.operations.worker_rows.IndexedRows`),
     each distinct image is read, encoded and hashed once and its bytes written to every member's
     file (the files are byte for byte what one encoding per record gives: PNG encoding is
     deterministic). Distinct rows are read in order, a chunk at a time (issue 13).

@@ -1,7 +1,7 @@
 """The signed report of a run, built by pure functions from the stage contracts.
 
 :func:`build_report` turns what the stages returned (:mod:`deid.contracts`) and the gate's
-:class:`~deid.evaluation.gate.GateResult` into the typed :class:`~deid.reporting.report.Report`; the runner validates
+:class:`~deid.evaluation.gate_types.GateResult` into the typed :class:`~deid.reporting.report.Report`; the runner validates
 it against the JSON schema before anything is committed. The record counts of the tiles
 (``dataset``) and of the gate's accounting checks come from one :class:`RecordCounts`, so a
 rejected run's report cannot contradict itself: what the gate judged is *withheld*, not
@@ -48,7 +48,7 @@ from deid.release.lineage_anchor import head_doc
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
     from deid.anonymise.near_copy import NearCopyRepair
-    from deid.evaluation.gate import GateResult
+    from deid.evaluation.gate_types import GateResult
 
 VERSION_PACKAGES = ("deid", "prefect", "dask", "distributed", "numpy", "opencv-python-headless", "scikit-learn",
                     "pyarrow", "cryptography")

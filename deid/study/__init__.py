@@ -28,7 +28,8 @@ from deid.anonymise.randomness import ReleaseSeed
 from deid.contracts import MethodInputs
 from deid.evaluation.checks import Check
 from deid.errors import ConfigError, DataError
-from deid.evaluation.gate import GateConfig, GateInputs, GateResult, evaluate
+from deid.evaluation.gate_types import GateConfig, GateInputs, GateResult
+from deid.evaluation.gate import evaluate
 from deid.bound import within_bound
 
 logger = logging.getLogger(__name__)
@@ -89,7 +90,8 @@ def load_aligned(drop_dir: str | Path, workdir: str | Path, *, labels: list[str]
     """
     from deid.intake.drop import read_drop  # noqa: PLC0415
     from deid.intake.ingest import ingest  # noqa: PLC0415
-    from deid.operations.stages import align_batch, read_pixels  # noqa: PLC0415
+    from deid.operations.worker_align import align_batch  # noqa: PLC0415
+    from deid.operations.worker_rows import read_pixels  # noqa: PLC0415
 
     work = Path(workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -194,7 +196,7 @@ def load_features(drop_dir: str | Path, *, labels: list[str] | None = None) -> S
 class StudyConfig:
     """The strengths to study and the gate that judges every point.
 
-    ``gate`` is a template :class:`deid.evaluation.gate.GateConfig` (confidence, sample caps, attackers,
+    ``gate`` is a template :class:`deid.evaluation.gate_types.GateConfig` (confidence, sample caps, attackers,
     modes, folds, repeats, seed, ...); its ``k``, ``method`` and ``labels`` are replaced per
     point. Methods whose strength is not k (blur, pixelate) are judged against the smallest
     k studied, the most lenient 1/k bound. ``methods=None`` studies every method of
@@ -332,7 +334,7 @@ def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray
     partitions, labels, landmark ``points`` and ``sequences``/``frames`` passed as the release flow
     passes them: :class:`deid.contracts.MethodInputs` decides, as in the flow's gate, whether the
     gate's re-runs get the points and the sequence model), then calls
-    :func:`deid.evaluation.gate.evaluate` on :meth:`deid.evaluation.gate.GateInputs.from_arrays` with the run's
+    :func:`deid.evaluation.gate.evaluate` on :meth:`deid.evaluation.gate_types.GateInputs.from_arrays` with the run's
     method runner (parrot attacker, cross-fitted utility) and the template gate config, so
     every point carries exactly the gate's verdict: every attacker x mode rate with its
     one-sided Clopper-Pearson interval (Bonferroni over the attacker x mode family), the
@@ -535,7 +537,7 @@ def summary(rows: list[dict]) -> list[dict]:
                                  "utility": {}, "evidence": {}, "seconds": None})
         kind = r["kind"]
         if kind == "privacy" and r.get("status") == "insufficient_evidence":
-            continue  # too few distinct probes: never the worst attack (deid.evaluation.gate.privacy_checks)
+            continue  # too few distinct probes: never the worst attack (deid.evaluation.gate_privacy.privacy_checks)
         if kind == "privacy":
             if s["max_rate"] is None or r["rate"] > s["max_rate"]:
                 s.update(max_rate=r["rate"], worst=f"{r['attacker']}/{r['mode']}", lower=r["lower"],

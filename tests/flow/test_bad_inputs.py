@@ -23,7 +23,7 @@ from deid.intake.drop import read_drop
 from deid.errors import REASONS
 from deid.intake.ingest import ingest, write_quarantine
 from deid.settings import Settings
-from deid.operations.stages import align_batch
+from deid.operations.worker_align import align_batch
 from deid.evaluation.validation import drop_checks, quarantine_fraction_check
 
 EYES = ((60.0, 80.0), (140.0, 84.0))

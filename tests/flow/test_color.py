@@ -14,7 +14,7 @@ import pytest
 
 from deid.errors import StateError
 from deid.intake.imaging import decode_color_reduced, decode_gray_reduced
-from deid.operations.stages import _colour_faces, _colour_means, colour_to_grey
+from deid.operations.worker_deidentify import _colour_faces, _colour_means, colour_to_grey
 from deid.schemas import arrow as schemas
 
 

@@ -17,7 +17,7 @@ from deid.evaluation import gate as gate_module
 from deid.evaluation.leaks import avi_has_metadata
 from deid.intake.synth import make_synthetic_drop
 from deid.intake.synth_sequences import make_sequence_drop
-from deid.operations import pipeline
+from deid.operations import release_staging
 from deid.operations.runner import Steps, run_release
 from deid.release.publish import RELEASE_TABLE, read_video
 from deid.run_config import RunConfig
@@ -82,7 +82,7 @@ def test_a_sequence_drop_is_staged_as_videos_and_judged_with_intervals(tmp_path)
 
     def stage_and_look(deidentified, ingested, layout, config, **kw):
         # The staged release is inspected before the gate: a rejected run withholds it afterwards.
-        staged = pipeline.stage(deidentified, ingested, layout, config, **kw)
+        staged = release_staging.stage(deidentified, ingested, layout, config, **kw)
         table = pq.read_table(staged.dir / RELEASE_TABLE).to_pydict()
         seen.update(table=table, videos={v: len(read_video(staged.dir / v)) for v in staged.videos},
                     metadata={v: avi_has_metadata((staged.dir / v).read_bytes()) for v in staged.videos},

@@ -22,7 +22,7 @@ from deid.reporting.html_validation import build_offline_data_docs
 from deid.intake.ingest import ingest
 from deid.release.publish import stage_release
 from deid.settings import Settings
-from deid.operations.stages import align_batch
+from deid.operations.worker_align import align_batch
 from deid.intake.synth import make_synthetic_drop
 from deid.evaluation.validation import (
     SuiteResult,

@@ -86,4 +86,4 @@ def test_no_print_in_core():
 def test_the_exemption_is_by_name_only():
     assert _exempt("deid.orchestration") and _exempt("deid.flows.release") and _exempt("deid.cli.ops")
     assert _exempt("deid.tasks.stages") and not _exempt("deid.tasks_extra") and not _exempt("deid.schemas.arrow")
-    assert not _exempt("deid.orchestration_extra") and not _exempt("deid.operations.stages")
+    assert not _exempt("deid.orchestration_extra") and not _exempt("deid.operations.worker_align")

@@ -11,7 +11,8 @@ import pytest
 from helpers import assert_nothing_published
 
 from deid.errors import DropError, RecordError
-from deid.intake.drop import MANIFEST, open_drop_file, read_drop_file
+from deid.intake.drop import MANIFEST
+from deid.intake.drop_files import open_drop_file, read_drop_file
 from deid.intake.features import write_feature_drop
 from deid.intake.synth import make_synthetic_drop
 from deid.operations.ledger import drop_fingerprint

@@ -49,7 +49,7 @@ def _bad_setting(tmp_path, monkeypatch):
 
 
 def _bad_gate_setting(tmp_path, monkeypatch):
-    from deid.evaluation.gate import GateConfig
+    from deid.evaluation.gate_types import GateConfig
 
     GateConfig.from_settings(_settings(tmp_path), k=5, method="k-same", confidence=0.2)
 

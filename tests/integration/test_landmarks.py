@@ -225,7 +225,8 @@ def test_deidentify_passes_points_into_label_partitions():
 def test_london_landmark_k_same_m_ghosts_less_than_pixel_k_same(london_dir, tmp_path):
     from deid.study import _aligner_params
     from deid.intake.london import import_london
-    from deid.operations.stages import align_batch, read_pixels
+    from deid.operations.worker_align import align_batch
+    from deid.operations.worker_rows import read_pixels
     import pyarrow.parquet as pq
 
     d = read_drop(import_london(london_dir, tmp_path / "drop"))

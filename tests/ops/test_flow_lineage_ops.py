@@ -128,7 +128,7 @@ def test_kills_between_registering_and_publishing_are_reconciled_by_the_next_run
 
 def test_a_run_whose_registry_moves_on_fails_and_the_ledger_runs_it_again(project, prefect_server, tmp_path,
                                                                           monkeypatch):
-    import deid.operations.pipeline as ts
+    import deid.operations.deidentify_lineage as ts
     from deid.run_config import RunConfig
     from deid.release.lineage import build_release
     from deid.release.lineage_plan import plan_release

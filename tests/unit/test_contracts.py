@@ -43,7 +43,7 @@ def test_staging_layout_names_every_path_under_the_run_directory(tmp_path):
 
 
 def test_the_colour_part_of_the_worker_follows_the_layout(tmp_path):
-    from deid.operations.stages import color_part
+    from deid.operations.worker_align import color_part
 
     layout = StagingLayout(tmp_path)
     assert color_part(layout.aligned_part(3)) == layout.color_part(layout.aligned_part(3))

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from deid.errors import ConfigError
 from deid.alignment.features import Eigenfaces
 from deid.anonymise.identity import normalize_subject_id, resolve_people
-from deid.operations.stages import resolve_identities
+from deid.operations.worker_partition import resolve_identities
 
 
 def test_normalisation_merges_case_width_and_invisible_characters():

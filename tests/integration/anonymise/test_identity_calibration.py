@@ -124,7 +124,7 @@ def test_large_drop_first_pass_streams_parts_and_embeds_only_what_it_flags(tmp_p
     import pyarrow.parquet as pq
 
     from deid.contracts import Aligned, Featurized
-    from deid.operations import pipeline, stages
+    from deid.operations import featurize_partition, worker_featurize
     from deid.operations.executors import LocalExecutor
 
     rng = np.random.default_rng(10)
@@ -142,18 +142,18 @@ def test_large_drop_first_pass_streams_parts_and_embeds_only_what_it_flags(tmp_p
     def fake_embed(table, shape, executor):
         got = np.frombuffer(b"".join(table.column("pixels").to_pylist()), np.uint8).reshape(table.num_rows, -1)
         asked.append(table.column("record_id").to_pylist())
-        return stages.identity_cheap_features(got, shape, dims=8)
+        return worker_featurize.identity_cheap_features(got, shape, dims=8)
 
-    monkeypatch.setattr(pipeline, "embed_faces", fake_embed)
-    eigen = stages.fit_eigenfaces([str(p) for p in parts], n_components=4)
-    identity = stages.fit_identity_features(str(parts[0]), (h, w))
+    monkeypatch.setattr(featurize_partition, "embed_faces", fake_embed)
+    eigen = worker_featurize.fit_eigenfaces([str(p) for p in parts], n_components=4)
+    identity = worker_featurize.fit_identity_features(str(parts[0]), (h, w))
     feats = [tmp_path / f"feat-{i}.parquet" for i in range(len(parts))]
     for part, feat in zip(parts, feats):
-        stages.project_part(str(part), eigen, str(feat), identity=identity)
+        worker_featurize.project_part(str(part), eigen, str(feat), identity=identity)
     featurized = Featurized(parts=tuple(feats), n_components=4, identity_dims=identity.n_components)
 
     def first_pass(order):
-        return pipeline.identity_first_pass(pa.chunked_array([pa.array([ids[i] for i in order])]),
+        return featurize_partition.identity_first_pass(pa.chunked_array([pa.array([ids[i] for i in order])]),
                                             Aligned(parts=tuple(parts)), featurized, (h, w), LocalExecutor())
 
     # The model's features of the faces in memory, a part at a time, in the order of the ids asked for.
@@ -161,7 +161,7 @@ def test_large_drop_first_pass_streams_parts_and_embeds_only_what_it_flags(tmp_p
     order = np.r_[30:61, 0:30]
     np.testing.assert_array_equal(first_pass(order)["cheap"], direct[order])
     out = first_pass(np.arange(61))
-    assert out["cheap"].shape == (61, stages.IDENTITY_CHEAP_DIMS) and np.isfinite(out["cheap"]).all()
+    assert out["cheap"].shape == (61, worker_featurize.IDENTITY_CHEAP_DIMS) and np.isfinite(out["cheap"]).all()
     rows, _ = cheap_candidates(out["cheap"], np.arange(61), 10)
     assert {0, 60} <= set(rows.tolist())  # the re-lit copy is its original's nearest face in the cheap space
     E = out["embed"](np.array([60, 0, 5]))

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deid.operations import stages
+from deid.operations import worker_lineage
 from deid.release.lineage_state import derive_key, empty_state, pseudonymize
 
 KEY = bytes(range(32))
@@ -36,8 +36,8 @@ def test_plan_lineage_from_the_ingested_columns_equals_the_dict_lookup_and_share
     fps = {r: hashlib.sha256(r.encode()).hexdigest() for r in faces.column("record_id").to_pylist()}
     table = pa.table({"record_id": list(fps)[::-1], "source_sha256": list(fps.values())[::-1]})
     kw = dict(key=KEY, k=3, policy="invariant", absent="republish", labels=["gender", "expression"], select=True)
-    by_dict = stages.plan_lineage(faces, fps, empty_state("ds"), **kw)
-    by_cols = stages.plan_lineage(faces, table, empty_state("ds"), **kw)
+    by_dict = worker_lineage.plan_lineage(faces, fps, empty_state("ds"), **kw)
+    by_cols = worker_lineage.plan_lineage(faces, table, empty_state("ds"), **kw)
     for f in dataclasses.fields(by_dict):
         assert getattr(by_cols, f.name) == getattr(by_dict, f.name), f.name
     # The values the per-record form had (a null label is "None"), each distinct combination one tuple object.
@@ -76,7 +76,7 @@ def test_a_bucket_averaged_a_few_clusters_at_a_time_releases_the_same_bytes(tmp_
     from unit.anonymise.test_ksame_out_of_core import _partition
 
     from deid.anonymise.ksame import KSame
-    from deid.operations import stages as st
+    from deid.operations import worker_deidentify as st
 
     who, X, pix = _partition(tmp_path / "p")
     want = KSame(3, block_size=40).fit_transform(X, people=who, images=pix)
@@ -146,7 +146,7 @@ def test_load_faces_places_each_faces_features_as_concatenating_and_taking_did(t
     """issue 13: the features are copied part by part into one buffer, in record order, not concatenated and taken."""
     import pyarrow.compute as pc
 
-    from deid.operations.pipeline import load_faces
+    from deid.operations.featurize_partition import load_faces
 
     aligned, feats = _staged_parts(tmp_path / "s", n=30)
     meta = _faces(32)  # two records (r00030, r00031) never aligned: not faces
@@ -165,7 +165,7 @@ def test_load_faces_names_a_face_without_features_and_refuses_ragged_parts(tmp_p
 
     from deid.contracts import Featurized
     from deid.errors import StateError
-    from deid.operations.pipeline import load_faces
+    from deid.operations.featurize_partition import load_faces
 
     aligned, feats = _staged_parts(tmp_path / "s", n=30)
     short = pq.read_table(feats.parts[1])
@@ -185,7 +185,7 @@ def test_load_faces_names_a_face_without_features_and_refuses_ragged_parts(tmp_p
 def test_partitions_written_from_row_indices_hold_the_rows_a_copy_of_each_would(tmp_path):
     """write_partitions hands write_with_pixels each partition's rows of one table, not a copy per partition."""
     from deid.contracts import StagingLayout
-    from deid.operations.pipeline import load_faces, write_partitions
+    from deid.operations.featurize_partition import load_faces, write_partitions
 
     aligned, feats = _staged_parts(tmp_path / "s", n=30)
     faces = load_faces(_faces(30), aligned, feats, ["gender", "expression"], pixels=False)

@@ -69,8 +69,8 @@ def test_two_releases_of_a_random_method_differ_and_only_a_known_seed_lets_the_p
 def test_flow_features_and_study_take_the_parrot_seed_from_the_one_policy(tmp_path, monkeypatch):
     from deid.contracts import Deidentified, Partitioned, RecordCounts
     from deid import study
-    from deid.evaluation.gate import GateConfig
-    from deid.operations import pipeline
+    from deid.evaluation.gate_types import GateConfig
+    from deid.operations import gate_publish
     from deid.run_config import RunConfig
     from deid.settings import Settings
 
@@ -83,7 +83,7 @@ def test_flow_features_and_study_take_the_parrot_seed_from_the_one_policy(tmp_pa
     monkeypatch.setattr(ReleaseSeed, "for_parrot", spy)
     # The flow's gate inputs (images).
     config = RunConfig.resolve(Settings(project_dir=tmp_path), method="selective-mean", k=3).for_release()
-    inputs = pipeline.gate_inputs(Deidentified(), Partitioned(root=tmp_path), config, labels=[],
+    inputs = gate_publish.gate_inputs(Deidentified(), Partitioned(root=tmp_path), config, labels=[],
                                   counts=RecordCounts(records_in=0))
     assert calls == [config.release_seed] and inputs.deidentify.seed == 424242
     # The feature path's gate inputs: its parrot runner too (an empty release: no vectors to attack).
@@ -114,7 +114,7 @@ def test_flow_features_and_study_take_the_parrot_seed_from_the_one_policy(tmp_pa
 def test_a_release_keeps_its_seed_in_the_linkage_record_and_no_report_holds_it(tmp_path):
     """One small flow run of a random method, DEID_SEED unset: the seed from the private record, grepped."""
     from deid.intake.synth import make_synthetic_drop
-    from deid.operations import pipeline
+    from deid.operations import release_staging
     from deid.operations.runner import Steps, run_release
     from deid.release.linkage import ensure_linkage_key, read_linkage_seed
     from deid.run_config import RunConfig
@@ -127,7 +127,7 @@ def test_a_release_keeps_its_seed_in_the_linkage_record_and_no_report_holds_it(t
     seeds = []
 
     def stage(*args, **kwargs):
-        staged = pipeline.stage(*args, **kwargs)
+        staged = release_staging.stage(*args, **kwargs)
         key = ensure_linkage_key(configured=None, keys_dir=args[3].keys_dir)[0]
         seeds.append(read_linkage_seed(staged.linkage, key))  # read before a rejection withholds it
         return staged

@@ -13,7 +13,7 @@ from deid.alignment.features import Eigenfaces
 from deid.anonymise.methods import deidentify
 from deid.anonymise.sequences import SequenceMultiFactor, check_sequences
 from deid.errors import REASONS, DataError
-from deid.evaluation.gate import clopper_pearson
+from deid.evaluation.gate_privacy import clopper_pearson
 from deid.evaluation.sequences import identity_spread, label_agreement
 from deid.evaluation.validation import validate_release
 from deid.intake.drop import read_drop
@@ -28,7 +28,8 @@ SHAPE = (92, 81)
 def sequence_drop(tmp_path_factory):
     """12 synthetic people x 2 sequences (talking, smiling) x 8 frames, ingested and aligned (~2 s)."""
     from deid.study import _aligner_params
-    from deid.operations.stages import align_batch, read_pixels
+    from deid.operations.worker_align import align_batch
+    from deid.operations.worker_rows import read_pixels
 
     root = tmp_path_factory.mktemp("seq")
     drop = make_sequence_drop(root / "drop", people=12, frames=8, image_size=128)

@@ -1,7 +1,7 @@
 """The gate on a lineage release (issue 10): absent members' counterfeits, returning people's new photos.
 
 Release 1 is k-Same on seeded synthetic faces; release 2 is planned by :func:`deid.release.lineage_plan.plan_release`
-and judged by :func:`deid.evaluation.gate.evaluate` with the republished clusters (:class:`deid.evaluation.gate.Republished`):
+and judged by :func:`deid.evaluation.gate.evaluate` with the republished clusters (:class:`deid.evaluation.gate_types.Republished`):
 registered members for the structure, counterfeit rows attacked as released rows of no one.
 """
 from __future__ import annotations
@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 from deid.evaluation.attacks import attack_all
-from deid.evaluation.gate import GateConfig, GateInputs, Republished, evaluate
+from deid.evaluation.gate_types import GateConfig, GateInputs, Republished
+from deid.evaluation.gate import evaluate
 from deid.anonymise.ksame import KSame
 from deid.release.lineage import build_release
 from deid.release.lineage_plan import plan_release
 from deid.release.lineage_state import empty_state
-from deid.operations.stages import republished_for_gate
+from deid.operations.worker_lineage import republished_for_gate
 
 SHAPE = (24, 20)
 KEY = bytes(range(32))

@@ -6,7 +6,8 @@ from dataclasses import replace
 import numpy as np
 
 from deid.anonymise.methods import deidentify, method_runner
-from deid.evaluation.gate import GateConfig, GateInputs, evaluate
+from deid.evaluation.gate_types import GateConfig, GateInputs
+from deid.evaluation.gate import evaluate
 from deid.operations.executors import PoolExecutor
 
 SHAPE = (24, 20)
@@ -40,7 +41,7 @@ def test_the_parallel_gate_gives_the_serial_figures(caplog, monkeypatch):
     import functools
     import logging
 
-    from deid.evaluation import gate as g
+    from deid.evaluation import gate_parts as g  # where the gate's parts report their progress
 
     inputs = _gate_inputs()
     config = GateConfig(k=5, method="k-same-select", labels=("bright",), repeats=1, deep_attack_sample=5, min_probes=1,
@@ -92,7 +93,7 @@ def test_the_pool_loads_the_recogniser_only_for_a_run_that_embeds_its_faces(tmp_
 def test_a_large_release_runs_its_gate_on_a_helper_process_with_the_serial_figures():
     """helper_min_records: the gate's parts (light attackers together, protocols, cross-fit, leaks) on this
     process and one spawned helper give the serial figures; nothing is computed twice."""
-    from deid.evaluation import gate as g
+    from deid.evaluation import gate as g, gate_parts
 
     inputs = _gate_inputs(n_people=20, seed=2)
     config = GateConfig(k=5, method="k-same-select", labels=("bright",), repeats=1,
@@ -110,4 +111,4 @@ def test_a_large_release_runs_its_gate_on_a_helper_process_with_the_serial_figur
     assert helped.reidentification == serial.reidentification and len(serial.reidentification) == 6
     assert helped.utility == serial.utility and any(r.get("protocol") == "cross-fit" for r in serial.utility)
     assert (helped.max_rate, helped.attack_sample) == (serial.max_rate, serial.attack_sample)
-    assert not g._helper_size(inputs, config) and g._helper_size(inputs, replace(config, helper_min_records=40))
+    assert not gate_parts.helper_size(inputs, config) and gate_parts.helper_size(inputs, replace(config, helper_min_records=40))

@@ -160,7 +160,7 @@ def test_the_stage_releases_a_column_only_when_every_cluster_is_l_diverse():
     import pyarrow as pa
 
     from deid.contracts import ReleaseRows
-    from deid.operations.pipeline import _sensitive_columns
+    from deid.operations.release_staging import _sensitive_columns
 
     meta = pa.table({"record_id": [f"r{i}" for i in range(6)],
                      "diagnosis": ["flu", "hiv", "flu", "hiv", "flu", "none"], "cohort": ["a"] * 6})

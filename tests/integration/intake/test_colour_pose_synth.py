@@ -19,7 +19,7 @@ from deid.alignment.pose import estimate_yaw
 from deid.intake.imaging import is_colour
 from deid.intake.synth import make_synthetic_drop, zipf_counts
 from deid.intake.synth_face import draw_face, make_person, seeded_rng
-from deid.operations import pipeline, stages
+from deid.operations import ingest_align, worker_align
 from deid.run_config import RunConfig
 from deid.settings import Settings
 
@@ -105,7 +105,7 @@ def test_frames_per_sequence_are_nearly_identical(tmp_path):
 def _align_one(img: np.ndarray, eyes, max_yaw):
     ok, buf = cv2.imencode(".png", img)
     rec = {"record_id": "r1", "image": "x.png", "data": buf.tobytes(), "eyes": None if eyes is None else EyePair(*eyes)}
-    aligner = stages.make_aligner(RunConfig.resolve(Settings()).aligner.to_dict())
+    aligner = worker_align.make_aligner(RunConfig.resolve(Settings()).aligner.to_dict())
     return align_records([rec], aligner, max_yaw=max_yaw)
 
 
@@ -131,11 +131,11 @@ def test_a_turned_face_is_quarantined_with_reason_pose(monkeypatch):
 
 
 def test_pose_spread_quantiles_from_the_histogram():
-    h = stages.yaw_histogram([0.4, -1.5, 2.2, None, -30.0])
+    h = worker_align.yaw_histogram([0.4, -1.5, 2.2, None, -30.0])
     assert sum(h) == 4 and h[0] == 1 and h[30] == 1
-    spread = stages.pose_spread(h, max_yaw=30.0, quarantined=2)
+    spread = worker_align.pose_spread(h, max_yaw=30.0, quarantined=2)
     assert spread["faces"] == 4 and spread["abs_yaw_p50"] == 2 and spread["abs_yaw_max"] == 31
-    assert stages.pose_spread((), max_yaw=None, quarantined=0) == {"estimated": False, "max_yaw_degrees": None}
+    assert worker_align.pose_spread((), max_yaw=None, quarantined=0) == {"estimated": False, "max_yaw_degrees": None}
 
 
 def _config(tmp_path, **kw) -> RunConfig:
@@ -147,48 +147,48 @@ def test_auto_colour_follows_the_drop_then_the_lineage(tmp_path):
     # stores colour averages, so a returning person's colour image can be republished bit for bit.
     config = _config(tmp_path)
     assert config.color_auto and not config.color and config.lineage_policy == "invariant"
-    colour = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(62, 64)))
+    colour = ingest_align.resolve_color(config, SimpleNamespace(colour_sample=(62, 64)))
     assert colour.color and colour.color_reason == "auto: 97% of 64 sampled images colour: colour"
-    grey = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(3, 64)))
+    grey = ingest_align.resolve_color(config, SimpleNamespace(colour_sample=(3, 64)))
     assert not grey.color and grey.color_reason.endswith(": grey")
-    big = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(64, 64), staged=config.color_auto_max + 1))
+    big = ingest_align.resolve_color(config, SimpleNamespace(colour_sample=(64, 64), staged=config.color_auto_max + 1))
     assert not big.color and "DEID_COLOR_AUTO_MAX=20000" in big.color_reason
-    assert pipeline.resolve_color(config, SimpleNamespace(colour_sample=(64, 64), staged=config.color_auto_max)).color
-    assert pipeline.lineage_color_check(colour, None) is None   # no lineage, or nothing registered yet: no mode
-    assert pipeline.lineage_color_check(colour, SimpleNamespace(color_mode=None, dataset="d")) is None
+    assert ingest_align.resolve_color(config, SimpleNamespace(colour_sample=(64, 64), staged=config.color_auto_max)).color
+    assert ingest_align.lineage_color_check(colour, None) is None   # no lineage, or nothing registered yet: no mode
+    assert ingest_align.lineage_color_check(colour, SimpleNamespace(color_mode=None, dataset="d")) is None
     # Later releases follow the lineage's mode whatever the drop is, and say so.
     greyed = SimpleNamespace(color_mode="grey", dataset="d")
     coloured = SimpleNamespace(color_mode="colour", dataset="d")
-    follows = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(64, 64)), greyed)
+    follows = ingest_align.resolve_color(config, SimpleNamespace(colour_sample=(64, 64)), greyed)
     assert not follows.color and "'d' was released in grey" in follows.color_reason
-    assert pipeline.lineage_color_check(follows, greyed).passed
-    follows = pipeline.resolve_color(config, SimpleNamespace(colour_sample=(0, 64)), coloured)
+    assert ingest_align.lineage_color_check(follows, greyed).passed
+    follows = ingest_align.resolve_color(config, SimpleNamespace(colour_sample=(0, 64)), coloured)
     assert follows.color and follows.color_reason.endswith(": colour")
-    assert pipeline.lineage_color_check(follows, coloured).passed
+    assert ingest_align.lineage_color_check(follows, coloured).passed
     # An explicit setting against the lineage's mode, or a grey-only method on a colour lineage: the
     # blocking check fails and says what to set.
     forced = _config(tmp_path, color=False)
-    assert pipeline.resolve_color(forced, SimpleNamespace(colour_sample=(64, 64)), coloured) is forced
-    bad = pipeline.lineage_color_check(forced, coloured)
+    assert ingest_align.resolve_color(forced, SimpleNamespace(colour_sample=(64, 64)), coloured) is forced
+    bad = ingest_align.lineage_color_check(forced, coloured)
     assert not bad.passed and (bad.value, bad.threshold) == ("grey", "= colour") and "unset DEID_COLOR" in bad.detail
-    assert not pipeline.lineage_color_check(_config(tmp_path, color=True), greyed).passed
-    eigen = pipeline.resolve_color(RunConfig.resolve(Settings(project_dir=tmp_path), method="k-same-eigen"),
+    assert not ingest_align.lineage_color_check(_config(tmp_path, color=True), greyed).passed
+    eigen = ingest_align.resolve_color(RunConfig.resolve(Settings(project_dir=tmp_path), method="k-same-eigen"),
                                    SimpleNamespace(colour_sample=(64, 64)), coloured)
     assert not eigen.color and "method k-same-eigen releases grey" in eigen.color_reason
-    bad = pipeline.lineage_color_check(eigen, coloured)
+    bad = ingest_align.lineage_color_check(eigen, coloured)
     assert not bad.passed and "k-same-select" in bad.detail
-    blur = pipeline.resolve_color(RunConfig.resolve(Settings(project_dir=tmp_path), method="blur"),
+    blur = ingest_align.resolve_color(RunConfig.resolve(Settings(project_dir=tmp_path), method="blur"),
                                   SimpleNamespace(colour_sample=(64, 64)))
     assert not blur.color and "method blur" in blur.color_reason
     # The canonical size is the lineage's too (a stored average has the size it was released at).
     sized = SimpleNamespace(clusters={"c": SimpleNamespace(shape=(92, 81))}, dataset="d")
-    assert pipeline.lineage_size_check(config, SimpleNamespace(clusters={}, dataset="d")) is None
-    assert pipeline.lineage_size_check(config, sized).passed
-    bad = pipeline.lineage_size_check(_config(tmp_path, canonical_width=128, canonical_height=160), sized)
+    assert ingest_align.lineage_size_check(config, SimpleNamespace(clusters={}, dataset="d")) is None
+    assert ingest_align.lineage_size_check(config, sized).passed
+    bad = ingest_align.lineage_size_check(_config(tmp_path, canonical_width=128, canonical_height=160), sized)
     assert not bad.passed and (bad.value, bad.threshold) == ("128x160", "= 81x92")
     fixed = _config(tmp_path, color=False)
     assert not fixed.color_auto and fixed.color_reason == "DEID_COLOR=false"
-    assert pipeline.resolve_color(fixed, SimpleNamespace(colour_sample=(64, 64))) is fixed
+    assert ingest_align.resolve_color(fixed, SimpleNamespace(colour_sample=(64, 64))) is fixed
     assert _config(tmp_path, color=True).color
 
 
@@ -198,8 +198,8 @@ def test_colour_sample_reads_the_staged_bytes(tmp_path):
     data = [(d / r["image"]).read_bytes() for d in (colour, grey) for r in _manifest(d)]
     path = tmp_path / "ingested.parquet"
     pq.write_table(pa.table({"data": data}), path, row_group_size=2)
-    assert pipeline.colour_sample(path, 3, max_pixels=10**8) == (3, 5)
-    assert pipeline.colour_sample(path, 3, max_pixels=10**8, n=2) == (1, 2)  # first and last row group, one each
+    assert ingest_align.colour_sample(path, 3, max_pixels=10**8) == (3, 5)
+    assert ingest_align.colour_sample(path, 3, max_pixels=10**8, n=2) == (1, 2)  # first and last row group, one each
 
 
 def _released_faces(result) -> Counter:

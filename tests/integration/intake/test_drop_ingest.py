@@ -157,7 +157,7 @@ def test_reader_threads_stage_what_one_thread_stages_in_the_same_order(tmp_path)
 def test_kept_directories_read_the_same_bytes_and_still_refuse_links(tmp_path):
     """The ingest's directory cache: same bytes, least recently used closed, a symlinked file refused at reading."""
     from deid.errors import RecordError
-    from deid.intake.drop import DropDirectories, read_drop_file
+    from deid.intake.drop_files import DropDirectories, read_drop_file
 
     root = tmp_path / "drop"
     for i in range(6):

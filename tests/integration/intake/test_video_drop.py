@@ -162,7 +162,7 @@ def test_video_files_through_the_release_flow_at_k5(tmp_path):
     import json
 
     from deid.evaluation.leaks import avi_has_metadata
-    from deid.operations import pipeline
+    from deid.operations import release_staging
     from deid.operations.runner import Steps, run_release
     from deid.release.publish import RELEASE_TABLE, read_video
     from deid.run_config import RunConfig
@@ -174,7 +174,7 @@ def test_video_files_through_the_release_flow_at_k5(tmp_path):
     seen = {}
 
     def stage_and_look(deidentified, ingested, layout, config, **kw):
-        staged = pipeline.stage(deidentified, ingested, layout, config, **kw)
+        staged = release_staging.stage(deidentified, ingested, layout, config, **kw)
         seen.update(table=pq.read_table(staged.dir / RELEASE_TABLE).to_pydict(),
                     videos={v: read_video(staged.dir / v) for v in staged.videos},
                     rates={v: cv2.VideoCapture(str(staged.dir / v)).get(cv2.CAP_PROP_FPS) for v in staged.videos},

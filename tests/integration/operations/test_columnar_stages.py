@@ -13,7 +13,7 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from deid.errors import StateError
 from deid.intake.drop import ManifestRow, read_drop
 from deid.intake.ingest import ingest
-from deid.operations.stages import StringColumn, shared_objects
+from deid.operations.worker_rows import StringColumn, shared_objects
 from deid.release.linkage import (
     MAGIC,
     NONCE_BYTES,
@@ -100,13 +100,13 @@ def test_gate_columns_share_one_str_per_value():
 
 
 def test_label_rows_share_one_dict_per_combination():
-    from deid.operations.pipeline import _label_rows, _shared_tuple
+    from deid.operations.featurize_partition import _label_rows, shared_tuple
 
     faces = pa.table({"g": ["f", "m", "f", "f"], "e": ["x", "y", "x", "y"], "subject_id": ["a", "b", "a", "c"]})
     rows = _label_rows(faces, ["g", "e"])
     assert rows == [{"g": "f", "e": "x"}, {"g": "m", "e": "y"}, {"g": "f", "e": "x"}, {"g": "f", "e": "y"}]
     assert rows[0] is rows[2] and _label_rows(faces, []) == [{}] * 4
-    people = _shared_tuple(faces.column("subject_id"))
+    people = shared_tuple(faces.column("subject_id"))
     assert people == ("a", "b", "a", "c") and people[0] is people[2]
 
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 
 from deid.errors import DataError, StateError
-from deid.operations import stages
+from deid.operations import worker_lineage
 from deid.operations.descriptor_search import DescriptorSearch
 from deid.operations.person_index import PersonIndex
 from deid.operations.person_routing import CrossDatasetRefusal, Matches, decide, decide_faces
@@ -44,7 +44,7 @@ def _drop(people: list[str], photos: list[int]) -> pa.Table:
 def _release(faces: pa.Table, state, release_id: str):
     """The lineage release of ``faces`` planned on ``state``: new records clustered in consecutive groups of >= K."""
     sources = faces.select(["record_id", "source_sha256"])
-    plan = stages.plan_lineage(faces, sources, state, key=KEY, k=K, policy="invariant", absent="republish",
+    plan = worker_lineage.plan_lineage(faces, sources, state, key=KEY, k=K, policy="invariant", absent="republish",
                                labels=[], select=False)
     new = list(plan.new_records)
     groups = [new[a:a + K] for a in range(0, len(new) - len(new) % K, K)]
@@ -265,7 +265,7 @@ def test_other_photographs_of_released_people_under_new_ids_and_another_name_are
 
     from deid.anonymise.identity import resolve_people
     from deid.contracts import StagingLayout
-    from deid.operations import pipeline
+    from deid.operations import person_search
     from deid.release.lineage_state import empty_state
     from deid.run_config import RunConfig
     from deid.settings import Settings
@@ -280,11 +280,11 @@ def test_other_photographs_of_released_people_under_new_ids_and_another_name_are
         """A face run's person-index steps on these rows: the claim, identity resolution, the face search."""
         ids = [f"{prefix}-{people[i]}" for i in rows]
         fps = [hashlib.sha256(pixels[i].tobytes()).hexdigest() for i in rows]
-        routing = pipeline.claim_records(config, dataset, ids, fps)
+        routing = person_search.claim_records(config, dataset, ids, fps)
         identity = resolve_people(ids, embeddings=E[rows])  # as the partition stage resolves a drop of <= 2000 faces
         layout = StagingLayout.for_run(config.data_path, release_id)
         layout.root.mkdir(parents=True)
-        found = pipeline.search_people(
+        found = person_search.search_people(
             config, routing, empty_state(routing.dataset), listed=pa.array(ids), identity=identity,
             record_ids=pa.array([f"r{i:05d}" for i in range(len(rows))]), rows=np.arange(len(rows)),
             descriptors=E[rows], metadata=pa.table({"subject_id": ids, "source_sha256": fps}), quarantined=(),
@@ -294,13 +294,13 @@ def test_other_photographs_of_released_people_under_new_ids_and_another_name_are
     a_rows = [i for i in range(len(people)) if people[i] in cohort and expr[i] == "neutral"]
     routing_a, _, _, _, (aliases, state, check, note, faces) = run_rows("cohort-a", a_rows, "participant", "rel-a")
     assert routing_a.dataset == "cohort-a" and not aliases and check.value == 0 and not note
-    # Released: its faces registered with it (pipeline.register_person_faces, as _Run.commit does).
-    assert pipeline.register_person_faces(config, "cohort-a", faces) == len(a_rows) == 50
+    # Released: its faces registered with it (person_search.register_person_faces, as _Run.commit does).
+    assert person_search.register_person_faces(config, "cohort-a", faces) == len(a_rows) == 50
 
     b_rows = [i for i in range(len(people)) if people[i] in strangers or people[i] in returning and expr[i] != "neutral"]
     assert len(b_rows) == 114
     expected = {f"b-{p}": f"participant-{p}" for p in sorted(returning)}
-    index = pipeline.person_index(config)
+    index = person_search.person_index(config)
     if policy == "refuse":
         with pytest.raises(CrossDatasetRefusal) as err:
             run_rows("cohort-b", b_rows, "b", "rel-b")
@@ -320,7 +320,7 @@ def test_other_photographs_of_released_people_under_new_ids_and_another_name_are
         assert state.dataset == "cohort-a" and "'cohort-a'" in note and "DEID_CROSS_DATASET=route" in note
         # The claim moved with the drop: its photographs are registered under cohort-a, the 10 under their ids.
         assert set(index.lookup(ids_b, fps_b).records) == {"cohort-a"}
-        assert pipeline.register_person_faces(config, "cohort-a", faces) == 114
+        assert person_search.register_person_faces(config, "cohort-a", faces) == 114
     # The recall: the 10 returning people found, each as their registered person; no stranger matched.
     assert aliases == expected
     assert check.name == "person_index" and check.passed and (check.value, check.n) == (10, 62)
@@ -335,7 +335,7 @@ def test_face_search_says_which_people_it_did_not_search_by_face(project):
 
     from deid.anonymise.identity import resolve_people
     from deid.contracts import StagingLayout
-    from deid.operations import pipeline
+    from deid.operations import person_search
     from deid.run_config import RunConfig
     from deid.settings import Settings
 
@@ -347,18 +347,18 @@ def test_face_search_says_which_people_it_did_not_search_by_face(project):
     config = RunConfig.resolve(Settings())
     details = []
     for n, release_id in ((20, "rel-part"), (50, "rel-all")):
-        routing = pipeline.claim_records(config, f"cohort-{n}", ids, fps)
+        routing = person_search.claim_records(config, f"cohort-{n}", ids, fps)
         identity = resolve_people(ids, embeddings=E[rows])
         layout = StagingLayout.for_run(config.data_path, release_id)
         layout.root.mkdir(parents=True)
-        _, _, check, _, _ = pipeline.search_people(
+        _, _, check, _, _ = person_search.search_people(
             config, routing, empty_state(routing.dataset), listed=pa.array(ids), identity=identity,
             record_ids=pa.array([f"r{i:05d}" for i in range(len(rows))]), rows=np.arange(n),
             descriptors=E[rows][:n], metadata=pa.table({"subject_id": ids, "source_sha256": fps}), quarantined=(),
             layout=layout)
         assert check.passed and check.n == n
         details.append(check.detail)
-        pipeline.person_index(config).withdraw(routing)  # the next drop holds the same people: not a refusal here
+        person_search.person_index(config).withdraw(routing)  # the next drop holds the same people: not a refusal here
     assert "30 of the drop's 50 people had no face embedded" in details[0], details[0]
     assert "identity resolution embedded 20 faces" in details[0]
     assert "no face embedded" not in details[1], details[1]

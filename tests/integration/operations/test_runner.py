@@ -26,7 +26,7 @@ QUICK = dict(identity_embed_max=0, deep_attack_sample=20, min_probes=4, cv_repea
 def _run(tmp_path: Path, drop: Path, settings: dict | None = None, *, gate_helper: bool = False,
          **params) -> RunResult:
     config = RunConfig.resolve(Settings(project_dir=tmp_path / "project", **QUICK, **(settings or {})), **params)
-    if gate_helper:  # the gate helper a large release starts before staging (pipeline.start_gate), at this size
+    if gate_helper:  # the gate helper a large release starts before staging (gate_publish.start_gate), at this size
         config = dataclasses.replace(config, gate=dataclasses.replace(config.gate, helper_min_records=1))
     return run_release(drop, config)
 
@@ -57,7 +57,7 @@ def test_a_drop_with_fewer_than_k_people_is_rejected_without_prefect(tmp_path):
 
 @pytest.mark.slow
 def test_released_and_rejected_runs_agree_with_themselves(tmp_path, monkeypatch):
-    from deid.operations import pipeline
+    from deid.operations import gate_publish
 
     drop = make_synthetic_drop(tmp_path / "drop", people=12, images_per_person=2, seed=1)
     # A leak threshold of 14 grey levels makes this drop's closest cluster (13.18 from a member's own face)
@@ -65,8 +65,8 @@ def test_released_and_rejected_runs_agree_with_themselves(tmp_path, monkeypatch)
     # threshold, passes instead of rejecting the release.
     near = {"leak_threshold": 14.0}
     helpers = []
-    start = pipeline.start_gate
-    monkeypatch.setattr(pipeline, "start_gate", lambda *a, **kw: helpers.append(start(*a, **kw)) or helpers[-1])
+    start = gate_publish.start_gate
+    monkeypatch.setattr(gate_publish, "start_gate", lambda *a, **kw: helpers.append(start(*a, **kw)) or helpers[-1])
     released = _run(tmp_path, drop, near, k=3, gate_helper=True)
     assert [type(h).__name__ for h in helpers] == ["GateHelper"]  # started before staging, gave the gate its inputs
     assert released.verdict == "released", released.reasons
@@ -120,7 +120,7 @@ def test_a_report_the_schema_refuses_stops_the_run_before_anything_is_published(
     assert not any((project / "data" / "staging").iterdir())  # the failed run's staging went too
     # Nor registered in the dataset's lineage: the next release plans as if this run never happened.
     from deid.release.lineage_registry import Registry
-    from deid.operations.pipeline import linkage_key
+    from deid.operations.run_setup import linkage_key
 
     config = RunConfig.resolve(Settings(project_dir=project))
     assert Registry.open(config.data_path, "drop", linkage_key(config)[0]).load().releases == ()

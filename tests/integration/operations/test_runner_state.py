@@ -10,7 +10,7 @@ from helpers import assert_nothing_published
 
 from deid.errors import StateError
 from deid.intake.synth import make_synthetic_drop
-from deid.operations import pipeline
+from deid.operations import gate_publish, run_setup
 from deid.operations.runner import Steps, run_release
 from deid.release.lineage_registry import Registry
 from deid.reporting.verify import verify_report
@@ -33,7 +33,7 @@ def test_a_tampered_registry_stops_the_run_with_a_signed_rejection_saying_why(tm
     with open(drop / "drop.yaml", "a", encoding="utf-8") as fh:
         fh.write("dataset: ward\n")
     config = _config(tmp_path)
-    reg = Registry.open(config.data_path, "ward", pipeline.linkage_key(config)[0])
+    reg = Registry.open(config.data_path, "ward", run_setup.linkage_key(config)[0])
     reg.init()
     entry = reg.root / "00000000.entry"
     blob = bytearray(entry.read_bytes())
@@ -55,7 +55,7 @@ def test_a_state_error_after_signing_never_replaces_the_signed_report(tmp_path):
     drop = make_synthetic_drop(tmp_path / "drop", people=2, images_per_person=2, seed=1)  # < k people: rejected
 
     def write_then_fail(*args, **kwargs):
-        pipeline.write_report(*args, **kwargs)
+        gate_publish.write_report(*args, **kwargs)
         raise StateError("simulated: the lineage moved on after the report was signed")
 
     config = _config(tmp_path)

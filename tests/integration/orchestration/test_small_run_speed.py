@@ -6,7 +6,7 @@ import os
 import time
 
 from deid.operations.executors import LocalExecutor, PoolExecutor
-from deid.operations.pipeline import validate_off_main
+from deid.operations.run_setup import validate_off_main
 
 
 def whoami(**kwargs) -> tuple[int, dict]:

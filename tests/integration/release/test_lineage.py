@@ -459,7 +459,7 @@ def test_registry_round_trip_in_colour_keeps_each_released_colour_average_and_th
     s2 = reg.append_release(loaded, r2)
     assert reg.load().color_mode == "colour" and s2.color_mode == "colour"
     # A member absent: the counterfeit covering them carries the stored colour average, as the flow stages it.
-    from deid.operations.stages import counterfeit_rows
+    from deid.operations.worker_lineage import counterfeit_rows
     plan, r3 = _colour_release(w, range(1, 12), s2, rid="rel-d", seed=4)
     fakes = counterfeit_rows(r3, s2, [], {}, {})
     assert plan.n_counterfeit == len(fakes) >= 1
@@ -587,25 +587,25 @@ def test_describe_and_cli_list_releases_and_members_only_with_key(tmp_path, caps
 def test_marking_published_appends_to_the_registered_state_without_reading_the_registry_again(tmp_path, monkeypatch):
     # Issue 13: at 1M faces, reading and replaying the whole registry to append a one-line status entry held
     # 1.9 GiB; the run passes the state its registration returned. A stale state falls back to reading it.
-    from deid.operations import pipeline
+    from deid.operations import deidentify_lineage
 
     _, reg, s2 = _two_releases(tmp_path)  # rel-b registered, pending
     _, reg_b, _ = _two_releases(tmp_path / "b")
     loads = []
     real_load = Registry.load
     monkeypatch.setattr(Registry, "load", lambda self: loads.append(self.root) or real_load(self))
-    monkeypatch.setattr(pipeline, "_registry", lambda dataset, config: reg)
-    marked = pipeline.register_lineage("synthetic", s2, None, mark="published", release_id="rel-b")
+    monkeypatch.setattr(deidentify_lineage, "_registry", lambda dataset, config: reg)
+    marked = deidentify_lineage.register_lineage("synthetic", s2, None, mark="published", release_id="rel-b")
     assert loads == []
     assert {r.release_id: r.status for r in marked.releases} == {"rel-a": "published", "rel-b": "published"}
     again = real_load(reg)
     assert (again.seq, again.head) == (marked.seq, marked.head)
     assert {r.release_id: r.status for r in again.releases}["rel-b"] == "published"
     # A state from before rel-b was registered: the registry is read again and rel-b marked on it.
-    monkeypatch.setattr(pipeline, "_registry", lambda dataset, config: reg_b)
+    monkeypatch.setattr(deidentify_lineage, "_registry", lambda dataset, config: reg_b)
     stale = real_load(reg_b)
     stale = type(stale)(dataset=stale.dataset)  # an empty state: not the registry's head
-    marked_b = pipeline.register_lineage("synthetic", stale, None, mark="published", release_id="rel-b")
+    marked_b = deidentify_lineage.register_lineage("synthetic", stale, None, mark="published", release_id="rel-b")
     assert loads, "a stale state must send the mark through a fresh read of the registry"
     assert {r.release_id: r.status for r in marked_b.releases}["rel-b"] == "published"
     assert (real_load(reg_b).seq, real_load(reg_b).head) == (marked_b.seq, marked_b.head)

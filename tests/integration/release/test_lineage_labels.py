@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from deid.contracts import ReleaseRows
-from deid.operations import stages
+from deid.operations import worker_lineage
 from deid.release.lineage import build_release, label_mix
 from deid.release.lineage_plan import plan_release
 from deid.release.lineage_state import empty_state, replay
@@ -76,8 +76,8 @@ def _rows(rel, state, drop_labels: list[tuple[str, str]]) -> list[tuple[str, tup
                        clusters=tuple(c for c in rel.record_cluster if c is not None),
                        labels={x: tuple(lab[j] for lab, k in zip(drop_labels, kept) if k) for j, x in enumerate(NAMES)},
                        record_ids=tuple(i for i, k in zip(ids, kept) if k))
-    rows = stages.registered_row_labels(rel, state, ids, NAMES, rows)
-    fakes = stages.counterfeit_rows(rel, state, NAMES, {}, {"gender": "f", "expression": "smile"})
+    rows = worker_lineage.registered_row_labels(rel, state, ids, NAMES, rows)
+    fakes = worker_lineage.counterfeit_rows(rel, state, NAMES, {}, {"gender": "f", "expression": "smile"})
     out = list(zip(rows.clusters, rows.label_rows(NAMES)))
     return out + [(f.cluster, tuple(f.labels[x] for x in NAMES)) for f in fakes]
 

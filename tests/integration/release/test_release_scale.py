@@ -5,7 +5,7 @@ import hashlib
 
 import numpy as np
 
-from deid.operations.stages import IndexedRows
+from deid.operations.worker_rows import IndexedRows
 from deid.release.manifest import list_release
 from deid.release.publish import stage_release
 from deid.reporting.report import hash_tree

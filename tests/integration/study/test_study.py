@@ -163,7 +163,7 @@ def synthetic_aligned(tmp_path_factory):
 
 
 def _cheap_gate(**kw):
-    from deid.evaluation.gate import GateConfig
+    from deid.evaluation.gate_types import GateConfig
 
     # min_probes=4: the tiny studied drops' rates are judged, not "insufficient evidence" (DEID_MIN_PROBES=20).
     kw.setdefault("min_probes", 4)
@@ -251,7 +251,7 @@ def test_load_aligned_uses_its_cache(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("should have been served from the cache")
 
-    monkeypatch.setattr("deid.operations.stages.align_batch", boom)
+    monkeypatch.setattr("deid.operations.worker_align.align_batch", boom)
     again = study.load_aligned(drop, tmp_path / "w")
     np.testing.assert_array_equal(again.pixels, pixels)
     assert list(again.people) == list(people) and again.shape == shape
@@ -268,7 +268,7 @@ def _london_aligned():
 @pytest.mark.slow
 def test_london_study_supports_the_issue_claims():
     from deid.evaluation.attacks import ATTACKERS, DEEP_ATTACKERS
-    from deid.evaluation.gate import GateConfig
+    from deid.evaluation.gate_types import GateConfig
     from deid.study import StudyConfig, run_study, summary
 
     pixels, people, labels, shape = _london_aligned()

@@ -12,7 +12,7 @@ import pytest
 import deid.anonymise.methods as methods
 import deid.study as study
 from deid.anonymise.sequences import sequence_options
-from deid.evaluation.gate import GateConfig
+from deid.evaluation.gate_types import GateConfig
 from deid.intake.synth import make_synthetic_drop
 from deid.intake.synth_sequences import make_sequence_drop
 from helpers import add_points

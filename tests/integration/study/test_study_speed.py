@@ -20,7 +20,7 @@ def small_aligned(tmp_path_factory):
 
 
 def _config(workers: int = 1):
-    from deid.evaluation.gate import GateConfig
+    from deid.evaluation.gate_types import GateConfig
     from deid.study import StudyConfig
 
     gate = GateConfig(k=2, method="k-same", attackers=("pca-whitened-cosine",), repeats=1, folds=3)

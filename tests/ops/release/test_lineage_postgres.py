@@ -173,7 +173,7 @@ def test_a_release_run_keeps_its_lineage_in_the_database(url, tmp_path):
     result = run_release(drop, config)
     assert result.verdict == "released", result.report.reasons
     assert not (config.data_path / "private" / "lineage").exists()
-    from deid.operations.pipeline import linkage_key
+    from deid.operations.run_setup import linkage_key
 
     state = Registry.open(config.data_path, "mix", linkage_key(config)[0], database_url=url).load()
     assert [(r.release_id, r.status) for r in state.releases] == [(result.release_id, "published")]
@@ -185,14 +185,14 @@ def test_a_database_registry_rolled_back_to_an_earlier_dump_is_refused_before_a_
     import base64
 
     from deid.errors import StateError
-    from deid.operations import pipeline
+    from deid.operations import deidentify_lineage, run_setup
     from deid.release.lineage_anchor import head_doc
     from deid.release.signing import canonical_json, sign_bytes
     from deid.run_config import RunConfig
     from deid.settings import Settings
 
     config = RunConfig.resolve(Settings(project_dir=tmp_path / "project", database_url=url), k=2)
-    reg = Registry.open(config.data_path, "ward", pipeline.linkage_key(config)[0], database_url=url)
+    reg = Registry.open(config.data_path, "ward", run_setup.linkage_key(config)[0], database_url=url)
     s1 = reg.mark_published(reg.append_release(reg.load(), _release(reg.load(), "rel-1", ["ann", "bob"], 10)),
                             "rel-1")
     dump = (_sql(url, "SELECT seq, blob FROM deid_lineage_entries WHERE dataset = 'ward'"),
@@ -203,14 +203,14 @@ def test_a_database_registry_rolled_back_to_an_earlier_dump_is_refused_before_a_
     payload = canonical_json({"release_id": "rel-2", "verdict": "released",
                               "lineage": {"dataset": "ward", "registry_head": head_doc(s2)}})
     (d / "report.json").write_bytes(payload)
-    (d / "report.json.sig").write_bytes(base64.b64encode(sign_bytes(payload, pipeline.signing_key(config).private_key)))
-    assert pipeline.open_lineage("ward", config).seq >= s2.seq   # the registry reaches the signed head
+    (d / "report.json.sig").write_bytes(base64.b64encode(sign_bytes(payload, run_setup.signing_key(config).private_key)))
+    assert deidentify_lineage.open_lineage("ward", config).seq >= s2.seq   # the registry reaches the signed head
 
     _sql(url, "DELETE FROM deid_lineage_entries WHERE dataset = 'ward' AND seq > %s", (max(s for s, _ in dump[0]),))
     _sql(url, "UPDATE deid_lineage_heads SET seq = %s, blob = %s WHERE dataset = 'ward'", dump[1][0])
     assert Registry.open(config.data_path, "ward", reg.key, database_url=url).load().head == s1.head  # valid alone
     with pytest.raises(StateError, match=f"rolled back.*rel-2 names registry head entry {s2.seq:08d}"):
-        pipeline.open_lineage("ward", config)
+        deidentify_lineage.open_lineage("ward", config)
 
 
 def test_the_person_index_on_postgres_claims_refuses_and_routes_across_datasets(url):

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deid.anonymise.ksame import KSame
-from deid.operations import stages
+from deid.operations import worker_deidentify, worker_rows
 
 
 def _partition(root, n=90, d=6, p=40, people=30, seed=0):
@@ -26,8 +26,8 @@ def _partition(root, n=90, d=6, p=40, people=30, seed=0):
 def test_out_of_core_release_equals_the_in_memory_k_same(tmp_path, monkeypatch):
     who, X, pix = _partition(tmp_path / "p")
     # Buckets of ~5 faces: many spill files, clusters never split between them.
-    monkeypatch.setattr(stages, "AVERAGE_BUCKET_BYTES", 5 * pix.shape[1])
-    part = stages.deidentify_partition(str(tmp_path / "p"), str(tmp_path / "out" / "d.parquet"), k=3,
+    monkeypatch.setattr(worker_deidentify, "AVERAGE_BUCKET_BYTES", 5 * pix.shape[1])
+    part = worker_deidentify.deidentify_partition(str(tmp_path / "p"), str(tmp_path / "out" / "d.parquet"), k=3,
                                        method="k-same-select", block_size=40)
     want = KSame(3, block_size=40).fit_transform(X, people=who, images=pix)
     got = pq.read_table(part.path)
@@ -46,7 +46,7 @@ def test_out_of_core_release_equals_the_in_memory_k_same(tmp_path, monkeypatch):
 
 def test_partitions_stream_their_pixels_from_the_aligned_parts(tmp_path):
     from deid.contracts import Aligned, StagingLayout
-    from deid.operations.pipeline import write_partitions
+    from deid.operations.featurize_partition import write_partitions
 
     rng = np.random.default_rng(1)
     ids = [f"r{i:08d}" for i in range(12)]
@@ -83,7 +83,7 @@ def test_grouping_from_float32_features_and_arrow_person_codes_equals_ksame_fit(
     who[5] = who[77] = None  # a missing person is a person too, numbered where it first appears
     want = KSame(4, block_size=60).fit(X, people=who, images=None).labels_
     people = pa.array(who, pa.string())
-    codes, _ = _factorize(stages.shared_objects(people), "people", n)
+    codes, _ = _factorize(worker_rows.shared_objects(people), "people", n)
     enc = pa.array([w for w in who if w is not None]).dictionary_encode()  # Arrow numbers by first appearance
     assert enc.indices.to_pylist() == _factorize([w for w in who if w is not None], "people", n - 2)[0].tolist()
     got = group_people(X, codes, k=4, block_size=60)
@@ -104,7 +104,7 @@ def test_grouping_inputs_read_codes_ids_and_float32_features(tmp_path):
 
     who, X, _ = _partition(tmp_path / "p")
     files = sorted(str(f) for f in (tmp_path / "p").iterdir())
-    ids, codes, names, feats = stages._grouping_inputs(files)
+    ids, codes, names, feats = worker_deidentify._grouping_inputs(files)
     assert ids.to_pylist() == [f"r{i:04d}" for i in range(90)]
     np.testing.assert_array_equal(codes, _factorize(list(who), "people", 90)[0])
     assert [names[c] for c in codes] == list(who)

@@ -144,7 +144,7 @@ def test_the_partition_stage_releases_k_same_aam_and_says_where_its_shapes_came_
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from deid.operations import stages
+    from deid.operations import worker_deidentify
 
     x, people, points = moved_faces(n_people=6, per_person=1, seed=8)
     for with_points in (True, False):
@@ -155,7 +155,7 @@ def test_the_partition_stage_releases_k_same_aam_and_says_where_its_shapes_came_
             "features": pa.array([[0.0] * 4] * len(x), pa.list_(pa.float32())),
             "pixels": [row.tobytes() for row in x],
             "points": [p.ravel().tolist() if with_points else None for p in points]}), root / "part-0.parquet")
-        part = stages.deidentify_partition(str(root), str(tmp_path / f"out-{with_points}" / "d.parquet"), k=2,
+        part = worker_deidentify.deidentify_partition(str(root), str(tmp_path / f"out-{with_points}" / "d.parquet"), k=2,
                                            method="k-same-aam", shape=SHAPE)
         assert part.shape_sources == {"points" if with_points else "flow": len(part.clusters)}
         assert all(c.people >= 2 for c in part.clusters) and sum(c.size for c in part.clusters) == len(x)

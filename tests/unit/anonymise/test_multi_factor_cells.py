@@ -6,7 +6,8 @@ import numpy as np
 from deid.method_registry import release_guarantee
 from deid.anonymise.methods import deidentify
 from deid.anonymise.methods_factor import MultiFactor, release_cells
-from deid.evaluation.gate import GateConfig, GateInputs, structural_checks
+from deid.evaluation.gate_types import GateConfig, GateInputs
+from deid.evaluation.gate_structure import structural_checks
 
 SHAPE = (8, 7)
 K = 3

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from deid.anonymise.near_copy import NearCopyRepair, repair_in_memory
 from deid.anonymise.clusters import cluster_shares
-from deid.evaluation.gate import GateConfig
+from deid.evaluation.gate_types import GateConfig
 from deid.evaluation.leaks import mean_abs_difference
-from deid.operations import stages
+from deid.operations import worker_deidentify, worker_gate
 
 P = 64  # pixels per face
 THRESHOLD = GateConfig(k=5, method="k-same").leak_threshold  # the gate's own threshold, not a copy of it
@@ -110,9 +110,9 @@ def _write_partition(root, pix, labels, people):
 def test_the_out_of_core_stage_repairs_only_the_identical_image_family(tmp_path, monkeypatch, method):
     pix, labels, _, people = _planted(1, groups=5, same_centre=True)
     ids = _write_partition(tmp_path / "partition=p000", pix, labels, people)
-    monkeypatch.setattr(stages, "AVERAGE_BUCKET_BYTES", 7 * P)  # several buckets: members read back from them
-    monkeypatch.setattr(stages, "_DISTANCE_ROWS", 3)  # and each bucket measured in several pieces
-    part = stages.deidentify_partition(str(tmp_path / "partition=p000"), str(tmp_path / "out" / "partition=p000.parquet"),
+    monkeypatch.setattr(worker_deidentify, "AVERAGE_BUCKET_BYTES", 7 * P)  # several buckets: members read back from them
+    monkeypatch.setattr(worker_deidentify, "_DISTANCE_ROWS", 3)  # and each bucket measured in several pieces
+    part = worker_deidentify.deidentify_partition(str(tmp_path / "partition=p000"), str(tmp_path / "out" / "partition=p000.parquet"),
                                        k=5, method=method,
                                        shape=(8, 8), sigma=2.0, block=2, block_size=None,
                                        near_copy_threshold=THRESHOLD)
@@ -134,7 +134,7 @@ def test_the_out_of_core_stage_repairs_only_the_identical_image_family(tmp_path,
     _, distinct, shares = cluster_shares(got["cluster"], [people[where[r]] for r in got["record_id"]])
     assert min(distinct.values()) >= 5 and max(shares.values()) <= 1 / 5
     # The gate pairs the partition with its part, skipping the suppressed records.
-    rec = stages.gate_records(str(tmp_path), [part.path], labels=[], skip=part.suppressed)
+    rec = worker_gate.gate_records(str(tmp_path), [part.path], labels=[], skip=part.suppressed)
     assert list(rec.record_ids) == got["record_id"] and rec.own_distance.min() >= THRESHOLD
 
 
@@ -144,12 +144,12 @@ def test_the_colour_path_repairs_on_the_grey_the_gate_attacks(tmp_path):
     pix, labels, _, people = _planted(7, groups=4)
     colour = np.repeat(pix, 3, axis=1)  # cluster 0: f, f+-d, f+-e in all three channels, its colour mean is f
     colour[5:] = np.random.default_rng(6).integers(0, 256, (15, 3 * P))  # the other clusters in colour
-    grey = stages.colour_to_grey(colour)
+    grey = worker_deidentify.colour_to_grey(colour)
     ids = _write_partition(tmp_path / "partition=p000", grey, labels, people)
     (tmp_path / "colour").mkdir()
     pq.write_table(pa.table({"record_id": [f"r{i:03d}" for i in range(20)], "color": [c.tobytes() for c in colour]},
                             schema=schemas.aligned_color()), tmp_path / "colour" / "part-0.parquet")
-    part = stages.deidentify_partition(str(tmp_path / "partition=p000"), str(tmp_path / "out" / "partition=p000.parquet"),
+    part = worker_deidentify.deidentify_partition(str(tmp_path / "partition=p000"), str(tmp_path / "out" / "partition=p000.parquet"),
                                        k=5, method="k-same", color_dir=str(tmp_path / "colour"), block_size=None,
                                        near_copy_threshold=THRESHOLD)
     rep = part.near_copies
@@ -160,7 +160,7 @@ def test_the_colour_path_repairs_on_the_grey_the_gate_attacks(tmp_path):
     where = [int(r[1:]) for r in got["record_id"]]
     assert mean_abs_difference(released, grey[where]).min() >= THRESHOLD
     # The released grey is the grey of the released colour (what the gate attacks is what is published).
-    np.testing.assert_array_equal(released, stages.colour_to_grey(
+    np.testing.assert_array_equal(released, worker_deidentify.colour_to_grey(
         np.frombuffer(b"".join(got["color"]), np.uint8).reshape(20, -1)))
 
 

@@ -9,16 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from deid.evaluation.gate import (
-    Check,
-    GateConfig,
-    GateInputs,
-    attack_sample,
-    clopper_pearson,
-    closeness_check,
-    evaluate,
-    identical_within_clusters,
-)
+from deid.evaluation.checks import Check
+from deid.evaluation.gate_types import GateConfig, GateInputs
+from deid.evaluation.gate_privacy import attack_sample, clopper_pearson
+from deid.evaluation.gate_structure import closeness_check, identical_within_clusters
+from deid.evaluation.gate import evaluate
 from deid.anonymise.clusters import cluster_shares
 from deid.anonymise.methods import deidentify, method_runner
 
@@ -258,7 +253,7 @@ def test_utility_is_cross_fitted_and_a_label_permuted_release_fails():
 
 
 def test_inconclusive_utility_blocks_only_when_configured():
-    from deid.evaluation.gate import utility_status_check
+    from deid.evaluation.gate_utility import utility_status_check
 
     kw = dict(status="inconclusive", value=0.03, threshold="<= 0.05", detail="")
     assert utility_status_check("u", inconclusive="release", **kw).passed
@@ -267,11 +262,11 @@ def test_inconclusive_utility_blocks_only_when_configured():
 
 
 def test_gate_records_stream_the_staging_layout(tmp_path):
-    """deid.operations.stages.gate_records: per-record facts by streaming, pixels fetched only on request."""
+    """deid.operations.worker_gate.gate_records: per-record facts by streaming, pixels fetched only on request."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from deid.operations.stages import gate_records
+    from deid.operations.worker_gate import gate_records
 
     faces, people = _faces(20)
     paths = []
@@ -303,7 +298,7 @@ def test_a_partition_collapsed_into_one_face_fails_and_the_report_states_each_pa
     # Issue 26: 10 people with skewed photo counts in partition A released as ONE cluster (every k rule
     # holds: 10 people, no one above 1/5), partition B grouped properly. A keeps 1 of its 10 feasible
     # clusters: the partition_clusters check fails and names A; per-partition counts are exact.
-    from deid.evaluation.gate import partition_clusters_check, partition_grouping
+    from deid.evaluation.gate_structure import partition_clusters_check, partition_grouping
     counts = [10, 8, 6, 5, 5, 4, 4, 3, 3, 2]  # 50 records, top person 10 = floor(50/5): feasible max 10
     people = np.asarray([f"a{i}" for i, c in enumerate(counts) for _ in range(c)]
                         + [f"b{i}" for i in range(10)], dtype=object)
@@ -329,9 +324,9 @@ def test_a_partition_collapsed_into_one_face_fails_and_the_report_states_each_pa
     # at most floor(people / k) clusters: A's 10 people allow 2, B's 10 people 2.
     per = {r["partition"]: r["feasible_max"] for r in partition_grouping(inputs, 5, per_person=True)}
     assert per == {"A": 2, "B": 2}
-    from deid.evaluation.gate import _clusters_people
+    from deid.evaluation.gate_structure import clusters_people
 
-    assert _clusters_people("multi-factor") and not _clusters_people("k-same-select")
+    assert clusters_people("multi-factor") and not clusters_people("k-same-select")
 
 
 def test_gate_reports_partition_grouping_of_a_ksame_release():

@@ -5,7 +5,9 @@ import numpy as np
 
 from deid.anonymise.methods import deidentify
 from deid.evaluation.checks import INSUFFICIENT
-from deid.evaluation.gate import GateConfig, GateInputs, attack_sample, evaluate, privacy_checks
+from deid.evaluation.gate_types import GateConfig, GateInputs
+from deid.evaluation.gate_privacy import attack_sample, privacy_checks
+from deid.evaluation.gate import evaluate
 
 SHAPE = (24, 20)
 
@@ -95,7 +97,7 @@ def test_attack_sample_takes_at_least_min_units_whole_clusters():
 
 
 def test_a_release_that_loses_its_label_fails_the_gate_even_when_inconclusive_is_released():
-    from deid.evaluation.gate import cross_fit_checks
+    from deid.evaluation.gate_utility import cross_fit_checks
 
     rng = np.random.default_rng(7)
     n_people = 100

@@ -4,7 +4,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 from deid.evaluation.checks import Check
-from deid.evaluation.gate import GateConfig, GateHelper, evaluate
+from deid.evaluation.gate_types import GateConfig
+from deid.evaluation.gate_parts import GateHelper
+from deid.evaluation.gate import evaluate
 from integration.evaluation.test_gate_parallel import _gate_inputs
 
 CONFIG = GateConfig(k=5, method="k-same-select", labels=("bright",), repeats=1, deep_attack_sample=5, min_probes=1,

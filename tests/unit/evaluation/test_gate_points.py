@@ -8,7 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from deid.anonymise.methods import deidentify, method_runner
-from deid.evaluation.gate import GateConfig, GateInputs, privacy_checks, utility_checks
+from deid.evaluation.gate_types import GateConfig, GateInputs
+from deid.evaluation.gate_privacy import privacy_checks
+from deid.evaluation.gate_utility import utility_checks
 
 SHAPE = (24, 20)
 K = 3

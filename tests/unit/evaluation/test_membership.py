@@ -121,7 +121,7 @@ def test_report_html_and_card_state_membership_beside_one_over_k():
 
 def test_the_setting_reaches_the_gate_once(monkeypatch):
     from deid.errors import ConfigError
-    from deid.evaluation.gate import GATE_SETTINGS, GateConfig
+    from deid.evaluation.gate_types import GATE_SETTINGS, GateConfig
     from deid.settings import Settings
 
     assert GATE_SETTINGS["membership_max_advantage"] == "membership_max_advantage"

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from deid.operations import pipeline, stages
+from deid.operations import featurize_partition, worker_partition, worker_rows
 
 
 def test_lineage_originals_row_file_reads_the_asked_records_in_their_order(tmp_path):
@@ -20,7 +20,7 @@ def test_lineage_originals_row_file_reads_the_asked_records_in_their_order(tmp_p
                        row_group_size=2)
         paths.append(str(p))
     want = ["r7", "r0", "r5", "r2"]
-    rows = stages.RowFile.from_aligned(paths, want, tmp_path / "originals.u8")
+    rows = worker_rows.RowFile.from_aligned(paths, want, tmp_path / "originals.u8")
     assert rows.shape == (4, 12) and len(rows) == 4
     np.testing.assert_array_equal(rows[np.arange(4)], X[[7, 0, 5, 2]])  # a run of rows: one read
     np.testing.assert_array_equal(rows[[3, 1]], X[[2, 0]])
@@ -46,8 +46,8 @@ def test_embed_faces_sends_each_distinct_face_once(monkeypatch):
                 on_done(o)
             return out
 
-    monkeypatch.setattr(stages, "embed_faces", fake_embed)
+    monkeypatch.setattr(worker_partition, "embed_faces", fake_embed)
     monkeypatch.setattr("deid.evaluation.recognizer.DlibEmbedder.prime", lambda self, X, E: None)
-    E = pipeline.embed_faces(pa.table({"pixels": [r.tobytes() for r in rows]}), shape, TwoChunks())
+    E = featurize_partition.embed_faces(pa.table({"pixels": [r.tobytes() for r in rows]}), shape, TwoChunks())
     assert sorted(sent) == sorted(f.tobytes() for f in faces)  # each distinct face embedded once
     np.testing.assert_array_equal(E, rows[:, :4].astype(np.float32))  # every row gets its own face's descriptor

@@ -4,7 +4,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from deid.alignment.features import Eigenfaces
-from deid.operations.stages import fit_eigenfaces, read_pixels
+from deid.operations.worker_featurize import fit_eigenfaces
+from deid.operations.worker_rows import read_pixels
 from deid.schemas import arrow as schemas
 
 

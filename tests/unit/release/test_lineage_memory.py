@@ -13,7 +13,7 @@ import pickle
 import numpy as np
 import pytest
 
-from deid.operations.stages import IndexedRows, RowFile
+from deid.operations.worker_rows import IndexedRows, RowFile
 from deid.release.lineage import release_from_clusters
 from deid.release.lineage_state import LineageError, StoredImage, empty_state
 from deid.release.lineage_checks import check_structure
@@ -122,7 +122,7 @@ def test_new_records_get_their_cluster_numbered_in_record_order_and_their_image_
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from deid.operations.stages import lineage_new_labels
+    from deid.operations.worker_lineage import lineage_new_labels
 
     rng = np.random.default_rng(3)
     ids = [f"r{i:04d}" for i in range(60)]

@@ -21,7 +21,7 @@ from integration.release.test_lineage import KEY, SHAPE, World
 
 from deid.errors import StateError
 from deid.reporting.report import load_schema
-from deid.operations import stages
+from deid.operations import worker_lineage
 from deid.release.lineage import build_release
 from deid.release.lineage_plan import plan_release
 from deid.release.lineage_state import empty_state, image_sha256
@@ -139,13 +139,13 @@ def test_registered_photos_under_another_id_and_a_merge_registered_before_are_al
 
 
 def test_the_pipeline_keys_the_lineage_by_normalised_steward_ids_and_overlays_the_resolved_persons():
-    """stages.plan_lineage: the manifest's subject ids (normalised) are the keys, the resolved ones the overlay."""
+    """worker_lineage.plan_lineage: the manifest's subject ids (normalised) are the keys, the resolved ones the overlay."""
     w, s1, _ = _first_release()
     faces = pa.table({"record_id": [f"r{i}" for i in range(6)],
                       "subject_id": ["p000", "p000", "p002", "p003", "p004", "p005"]})   # resolved: p001 -> p000
     sources = pa.table({"record_id": [f"r{i}" for i in range(6)], "source_sha256": w.fps[:6],
                         "subject_id": [" P000", "p001", "p002", "p003", "p004", "p005"]})  # as in the manifest
-    plan = stages.plan_lineage(faces, sources, s1, key=KEY, k=3, policy="invariant", absent="republish", labels=[],
+    plan = worker_lineage.plan_lineage(faces, sources, s1, key=KEY, k=3, policy="invariant", absent="republish", labels=[],
                                select=False, merges="withhold")
     assert plan.pseudonyms == plan_release(s1, w.people[:6], w.fps[:6], key=KEY, k=3).pseudonyms
     assert plan.merge_counts == {"merged_people": 1, "aliased_records": 0, "rechecked_clusters": 1}

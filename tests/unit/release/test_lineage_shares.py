@@ -3,7 +3,7 @@
 Random sequences of drops (people arriving, leaving, returning with photos never released before)
 through :func:`deid.release.lineage_plan.plan_release`: a republished cluster's rows are this drop's records of it
 plus its counterfeits (rows of no one); a new cluster's rows are its records. The gate's
-``max_person_share`` (:func:`deid.evaluation.gate.structural_checks`) must hold on them and on the registered
+``max_person_share`` (:func:`deid.evaluation.gate_structure.structural_checks`) must hold on them and on the registered
 members, whatever the drop.
 """
 from __future__ import annotations
@@ -14,9 +14,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from deid.evaluation.gate import GateConfig, GateInputs, structural_checks
+from deid.evaluation.gate_types import GateConfig, GateInputs
+from deid.evaluation.gate_structure import structural_checks
 from deid.release.lineage_state import empty_state
-from deid.operations.stages import republished_for_gate
+from deid.operations.worker_lineage import republished_for_gate
 from integration.release.test_lineage import SHAPE, World, _release
 
 

@@ -1,4 +1,4 @@
-"""The flow's lineage glue (deid.operations.stages, deid.intake.drop, deid.release.linkage) on tiny in-memory tables (issue 10)."""
+"""The flow's lineage glue (deid.operations.worker_lineage, deid.intake.drop, deid.release.linkage) on tiny in-memory tables (issue 10)."""
 from __future__ import annotations
 
 import hashlib
@@ -8,13 +8,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from deid.operations import stages
+from deid.operations import worker_lineage
 from deid.intake.drop import read_drop
 from deid.errors import DropError, StateError
-from deid.evaluation.gate import registered_rows
+from deid.evaluation.gate_structure import registered_rows
 from deid.release.lineage import build_release
 from deid.release.lineage_state import empty_state
-from deid.release.linkage import build_linkage
+from deid.release.linkage import COUNTERFEIT_PREFIX, build_linkage
 
 KEY = bytes(range(32))
 K = 3
@@ -39,7 +39,7 @@ def _first_release(tmp_path):
     people = [f"p{i}" for i in range(6)]
     faces = _faces(people)
     state = empty_state("ds")
-    plan = stages.plan_lineage(faces, _sources(faces), state, key=KEY, k=K, policy="invariant", absent="republish",
+    plan = worker_lineage.plan_lineage(faces, _sources(faces), state, key=KEY, k=K, policy="invariant", absent="republish",
                                labels=["gender"], select=False)
     assert list(plan.new_records) == list(range(6)) and not plan.republish
     ids = faces.column("record_id").to_pylist()
@@ -47,7 +47,7 @@ def _first_release(tmp_path):
     part = tmp_path / "deid.parquet"
     img = [np.full(6, 10, np.uint8).tobytes()] * 3 + [np.full(6, 200, np.uint8).tobytes()] * 3
     pq.write_table(pa.table({"record_id": ids, "cluster": ["a"] * 3 + ["b"] * 3, "pixels": img}), part)
-    labels, images = stages.lineage_new_labels(plan, ids, [str(part)])
+    labels, images = worker_lineage.lineage_new_labels(plan, ids, [str(part)])
     assert labels.tolist() == [0, 0, 0, 1, 1, 1] and images[0, 0] == 10 and images[5, 0] == 200
     rel = build_release(plan, state, release_id="rel-1", method="k-same", new_labels=labels, new_images=images,
                         shape=SHAPE)
@@ -58,7 +58,7 @@ def test_returning_records_carry_the_registered_average_and_new_people_are_plann
     faces1, state = _first_release(tmp_path)
     # Drop 2: the same six photos (same fingerprints) and four new people.
     faces2 = pa.concat_tables([faces1, _faces([f"p{i}" for i in range(6, 10)], offset=100)])
-    plan = stages.plan_lineage(faces2, _sources(faces2), state, key=KEY, k=K, policy="invariant",
+    plan = worker_lineage.plan_lineage(faces2, _sources(faces2), state, key=KEY, k=K, policy="invariant",
                                absent="republish", labels=["gender"], select=False)
     assert sorted(i for r in plan.republish for i in r.records) == list(range(6))
     assert list(plan.new_records) == [6, 7, 8, 9] and plan.n_counterfeit == 0
@@ -69,7 +69,7 @@ def test_returning_records_carry_the_registered_average_and_new_people_are_plann
     pdir = tmp_path / "partitions" / "partition=lineage"
     pdir.mkdir(parents=True)
     pq.write_table(faces2.take(pa.array([5, 0, 3], pa.int64())), pdir / "part-0.parquet")
-    out = stages.write_lineage_part(str(pdir), str(tmp_path / "out.parquet"), rel, state, ids)
+    out = worker_lineage.write_lineage_part(str(pdir), str(tmp_path / "out.parquet"), rel, state, ids)
     got = pq.read_table(out.path).to_pydict()
     assert got["record_id"] == ["r00000005", "r00000000", "r00000003"]
     for rid, px in zip(got["record_id"], got["pixels"]):
@@ -77,7 +77,7 @@ def test_returning_records_carry_the_registered_average_and_new_people_are_plann
         assert px == state.clusters[key].image.tobytes()  # bit-identical to the registered average
     assert sorted(c.size for c in out.clusters) == [1, 2]
     # The gate's k checks count the registered members of a republished cluster, not its released rows.
-    rep = stages.republished_for_gate(rel, state)
+    rep = worker_lineage.republished_for_gate(rel, state)
     members = rep.members
     assert sorted(map(len, members.values())) == [3, 3] and not any(rep.counterfeits.values())
     a, b = sorted(members)
@@ -89,13 +89,13 @@ def test_returning_records_carry_the_registered_average_and_new_people_are_plann
 def test_absent_members_get_counterfeits_with_their_partition_labels(tmp_path):
     faces1, state = _first_release(tmp_path)
     faces2 = faces1.take(pa.array([0, 3], pa.int64()))  # one member of each cluster returns
-    plan = stages.plan_lineage(faces2, _sources(faces2), state, key=KEY, k=K, policy="invariant",
+    plan = worker_lineage.plan_lineage(faces2, _sources(faces2), state, key=KEY, k=K, policy="invariant",
                                absent="republish", labels=["gender"], select=False)
     assert plan.n_counterfeit == 4
     rel = build_release(plan, state, release_id="rel-2", method="k-same", new_labels=[], new_images=np.zeros(
         (0, 6), np.uint8), shape=SHAPE)
-    rows = stages.counterfeit_rows(rel, state, ["gender"], {}, {"gender": "f"})
-    assert len(rows) == 4 and all(r.record_id.startswith(stages.COUNTERFEIT_PREFIX) for r in rows)
+    rows = worker_lineage.counterfeit_rows(rel, state, ["gender"], {}, {"gender": "f"})
+    assert len(rows) == 4 and all(r.record_id.startswith(COUNTERFEIT_PREFIX) for r in rows)
     assert {r.average.tobytes() for r in rows} == {c.image.tobytes() for c in state.clusters.values()}
     # The absent members' registered labels (p1, p2 "f" in the first cluster; p4, p5 "m"), not the fallback.
     first = min(state.clusters)
@@ -112,7 +112,7 @@ def test_absent_members_get_counterfeits_with_their_partition_labels(tmp_path):
 
 def test_a_pending_release_with_a_later_release_is_never_abandoned(tmp_path):
     _, state = _first_release(tmp_path)
-    assert stages.lineage_can_abandon(state, "rel-1")
+    assert worker_lineage.lineage_can_abandon(state, "rel-1")
     later = state.with_entry({"kind": "release", "release_id": "rel-2", "k": K, "method": "k-same",
                               "policy": "invariant", "absent": "republish", "based_on_seq": state.seq,
                               "based_on_head": state.head, "new_clusters": [], "republished": [],
@@ -120,7 +120,7 @@ def test_a_pending_release_with_a_later_release_is_never_abandoned(tmp_path):
                                   ("new_clusters", "republished_clusters", "suppressed_clusters", "records_released",
                                    "counterfeit_records", "new_people", "returning_people", "waiting_people",
                                    "suppressed_records"), 0)})
-    assert not stages.lineage_can_abandon(later, "rel-1") and stages.lineage_can_abandon(later, "rel-2")
+    assert not worker_lineage.lineage_can_abandon(later, "rel-1") and worker_lineage.lineage_can_abandon(later, "rel-2")
 
 
 @pytest.mark.parametrize("yaml_text, name, expected", [
