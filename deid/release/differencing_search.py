@@ -305,6 +305,12 @@ class Whitened:
         return out if dtype is None else out.astype(dtype, copy=False)
 
 
+EXHAUSTIVE_PAIRS_MAX = 64
+"""Up to this many originals, :func:`best_pairs` compares every pair (n^2 per difference) instead of preselecting
+``candidates`` on each side: cheap there, and where the preselection is weakest (few originals, little structure
+for the alignment to rank by)."""
+
+
 def best_pairs(Dw: np.ndarray, Zw: np.ndarray, candidates: int, sd: np.ndarray | None = None) -> np.ndarray:
     """For each whitened difference D, the pair (a, b), a != b, of originals with Z_a - Z_b nearest to D.
 
@@ -316,8 +322,14 @@ def best_pairs(Dw: np.ndarray, Zw: np.ndarray, candidates: int, sd: np.ndarray |
     that follows measures them: whitening multiplies the rounding error of the averages in the
     low-variance components, where a wrong pair can then come out nearest (seen on 36-pixel random
     faces at k=2, tests/unit/release/test_lineage_differencing_scale.py).
+
+    Up to :data:`EXHAUSTIVE_PAIRS_MAX` originals every pair is compared: the preselection missed the true
+    pair of a swap among 37 random 36-pixel faces (its ``a`` not among the 16 most aligned), which every
+    pair finds (hypothesis, the content-index property of the same tests).
     """
     Zw = np.asarray(Zw)   # every original is scored: the whole matrix, for this call only
+    if Zw.shape[0] <= max(candidates, EXHAUSTIVE_PAIRS_MAX):
+        return _all_pairs(Dw, Zw, sd)
     t = min(candidates, Zw.shape[0])
     u = Dw @ Zw.T                                                  # (B, n)
     A = np.argpartition(-u, t - 1, axis=1)[:, :t]                  # (B, t)
@@ -331,6 +343,27 @@ def best_pairs(Dw: np.ndarray, Zw: np.ndarray, candidates: int, sd: np.ndarray |
     ia, ic = np.divmod(flat, t)
     rows = np.arange(len(Dw))
     return np.stack([A[rows, ia], C[rows, ic]], axis=1)
+
+
+def _all_pairs(Dw: np.ndarray, Zw: np.ndarray, sd: np.ndarray | None, chunk: int = 256) -> np.ndarray:
+    """:func:`best_pairs` over every pair (a, b), a != b: ``|W_a - W_b - E|^2 = |G_a|^2 + |W_b|^2 - 2 G_a . W_b``
+    with ``G_a = W_a - E`` (W, E: Z and D unwhitened by ``sd`` when given), a (chunk, n, n) block at a time.
+    (-1, -1) when there are fewer than two originals."""
+    n = Zw.shape[0]
+    out = np.full((len(Dw), 2), -1, dtype=np.int64)
+    if n < 2:
+        return out
+    W = Zw * sd if sd is not None else Zw
+    E = Dw * sd if sd is not None else Dw
+    ww = np.einsum("nq,nq->n", W, W)
+    diag = np.eye(n, dtype=bool)
+    for s in range(0, len(E), chunk):
+        G = W[None, :, :] - E[s:s + chunk, None, :]                           # (b, n, q): row a, G_a
+        d = np.einsum("bnq,bnq->bn", G, G)[:, :, None] + ww[None, None, :] - 2.0 * (G @ W.T)   # (b, a, b')
+        d[:, diag] = np.inf                                                  # a != b
+        ia, ib = np.divmod(np.argmin(d.reshape(len(d), -1), axis=1), n)
+        out[s:s + chunk] = np.stack([ia, ib], axis=1)
+    return out
 
 
 def _best_pairs_among(Dw: np.ndarray, Zw: np.ndarray, cand: np.ndarray, candidates: int,
