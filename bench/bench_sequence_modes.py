@@ -47,6 +47,7 @@ from bench_sequences import SHAPE, aligned_sequence_drop  # noqa: E402
 from deid.anonymise.methods import deidentify, method_runner  # noqa: E402
 from deid.anonymise.methods_factor import MultiFactor, group_means, group_within_clusters  # noqa: E402
 from deid.anonymise.methods_ksame import to_uint8  # noqa: E402
+from deid.evaluation.gate_rows import AttackRow  # noqa: E402
 from deid.intake.synth_sequences import SEQUENCE_KINDS, frame_states  # noqa: E402
 from deid.evaluation.gate_types import GateConfig, GateInputs  # noqa: E402
 from deid.evaluation.gate import evaluate  # noqa: E402
@@ -68,22 +69,22 @@ def sequence_gate(X, col, k: int, method: str, released, clusters, deidentify, *
     return evaluate(inputs, GateConfig(k=k, method=method, labels=tuple(labels)))
 
 
-def worst_attack(res) -> dict:
+def worst_attack(res) -> AttackRow:
     """The attack row with the highest upper bound (the one the gate decides on)."""
-    return max(res.reidentification, key=lambda r: r["upper"])
+    return max(res.reidentification, key=lambda r: r.upper)
 
 
 def print_gate_rows(res, *, parrot: bool) -> None:
     """The gate's parrot attack rows (if ``parrot``), then its cross-fit utility rows, one line each."""
     if parrot:
         for r in res.reidentification:
-            if r["mode"] == "parrot":
-                print(f"    parrot {r['attacker']}: {r['rate']:.3f} [{r['lower']:.3f}, {r['upper']:.3f}] "
-                      f"n={r['n_probes']}")
+            if r.mode == "parrot":
+                print(f"    parrot {r.attacker}: {r.rate:.3f} [{r.lower:.3f}, {r.upper:.3f}] n={r.n_probes}")
     for u in res.utility:
-        if u.get("status") and u.get("protocol", "cross-fit") == "cross-fit":
-            print(f"    utility {u['label']}: {u['status']}, originals {u['accuracy_original']:.3f} vs release "
-                  f"{u['accuracy_release']:.3f}, delta [{u['delta_lower']:+.3f}, {u['delta_upper']:+.3f}]")
+        ev = u.evidence
+        if ev.get("status") and (u.protocol or "cross-fit") == "cross-fit":
+            print(f"    utility {u.label}: {ev['status']}, originals {ev['accuracy_original']:.3f} vs release "
+                  f"{ev['accuracy_release']:.3f}, delta [{ev['delta_lower']:+.3f}, {ev['delta_upper']:+.3f}]")
 
 
 def gate(X, col, k: int, mode: str) -> None:
@@ -96,8 +97,8 @@ def gate(X, col, k: int, mode: str) -> None:
                         method_runner("multi-factor", shape=SHAPE, k=k, seed=1, options=opts))
     worst = worst_attack(res)
     print(f"k={k} {mode}: gate {'passed' if res.passed else 'failed'} ({time.process_time() - t0:.0f} cpu s); "
-          f"exact bound {res.exact_bound}; worst attack {worst['attacker']}/{worst['mode']} {worst['rate']:.3f} "
-          f"[{worst['lower']:.3f}, {worst['upper']:.3f}] on {worst['n_probes']} distinct probes")
+          f"exact bound {res.exact_bound}; worst attack {worst.attacker}/{worst.mode} {worst.rate:.3f} "
+          f"[{worst.lower:.3f}, {worst.upper:.3f}] on {worst.n_probes} distinct probes")
     print_gate_rows(res, parrot=False)
     print("    failed: " + (", ".join(c.name for c in res.checks if not c.passed) or "nothing"))
 
@@ -197,8 +198,8 @@ def label_groups_gate(X, col, k: int) -> None:
     worst = worst_attack(res)
     print(f"k={k} label-groups: {len(sizes)} groups of >= {min(sizes)} people; gate "
           f"{'passed' if res.passed else 'failed'} ({time.process_time() - t0:.0f} cpu s); exact bound "
-          f"{res.exact_bound}, max person share {res.max_person_share}; worst attack {worst['attacker']}/"
-          f"{worst['mode']} {worst['rate']:.3f} [{worst['lower']:.3f}, {worst['upper']:.3f}] on {worst['n_probes']} "
+          f"{res.exact_bound}, max person share {res.max_person_share}; worst attack {worst.attacker}/"
+          f"{worst.mode} {worst.rate:.3f} [{worst.lower:.3f}, {worst.upper:.3f}] on {worst.n_probes} "
           "distinct probes")
     print_gate_rows(res, parrot=True)
     print("    failed: " + (", ".join(c.name for c in res.checks if not c.passed) or "nothing"))

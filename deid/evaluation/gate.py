@@ -32,6 +32,7 @@ from deid.evaluation.gate_parts import (GateHelper, helper_size, parallel_parts,
 from deid.evaluation.gate_privacy import leak_checks, membership_disclosure, privacy_checks
 from deid.evaluation.gate_structure import (closeness_check, clusters_people, forms_clusters, partition_clusters_check,
                                             partition_grouping, structural_checks)
+from deid.evaluation.gate_rows import AttackRow, UtilityRow
 from deid.evaluation.gate_types import GateConfig, GateInputs, GateResult
 
 log = logging.getLogger(__name__)
@@ -89,8 +90,8 @@ def _evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any, pool: An
             checks.append(partition_clusters_check(grouping, config))
     checks.extend(inputs.extra_checks)
     inputs = read_samples_once(inputs, config)
-    reid: list[dict] = []
-    util: list[dict] = []
+    reid: list[AttackRow] = []
+    util: list[UtilityRow] = []
     max_rate = None
     sample = None
     membership = None

@@ -19,6 +19,7 @@ from deid.progress import PartsProgress, Progress
 
 from deid.evaluation.gate_privacy import (attack_groups, attack_modes, attack_rows, gate_attack_sample, leak_checks,
                                           membership_disclosure)
+from deid.evaluation.gate_rows import AttackRow, UtilityRow
 from deid.evaluation.gate_types import GateConfig, GateInputs
 from deid.evaluation.gate_utility import cross_fit_checks, people_sample, protocol_rows, utility_checks
 
@@ -74,8 +75,8 @@ class ParallelParts:
     """What :func:`parallel_parts` (or :func:`serial_parts`) computed: the attack rows in gate order, the utility
     checks and rows, and (when computed there) the leak checks and the membership disclosure."""
 
-    attack_rows: list[dict]
-    utility: tuple[list[Check], list[dict]]
+    attack_rows: list[AttackRow]
+    utility: tuple[list[Check], list[UtilityRow]]
     leaks: list[Check] | None = None
     membership: dict | None = None
 
@@ -186,10 +187,10 @@ def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any, *, lar
         progress.finish()
     done = {(c["part"], c.get("attackers", ())): r for c, (_, _, r) in zip(calls, out)}
     done.update({key: wait() for key, wait in ready.items()})
-    by_attacker: dict[str, list[dict]] = {}
+    by_attacker: dict[str, list[AttackRow]] = {}
     for (part, _), result in done.items():
         for r in result if part == "attack" else ():
-            by_attacker.setdefault(r["attacker"], []).append(r)
+            by_attacker.setdefault(r.attacker, []).append(r)
     rows = [r for _, group in groups for name in group for r in by_attacker.get(name, [])]
     utility = ((done["cross-fit", ()][0], done["cross-fit", ()][1] + done["protocols", ()]) if config.labels else
                utility_checks(inputs, config))
@@ -327,7 +328,7 @@ def _prepare_inputs(build: Callable[..., GateInputs], config: GateConfig, kwargs
     return inputs
 
 
-def _prepared_deep_attacks(config: GateConfig) -> dict[tuple, list[dict]]:
+def _prepared_deep_attacks(config: GateConfig) -> dict[tuple, list[AttackRow]]:
     """A :class:`GateHelper`'s second job: each deep attacker's rows (:func:`attack_rows`) on the first job's inputs."""
     inputs = _PREPARED.pop("inputs", None)
     if inputs is None or not inputs.n or not isinstance(inputs.fetch, SampleFetch):

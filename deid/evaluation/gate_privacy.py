@@ -25,6 +25,7 @@ from deid.evaluation.leaks import (
 from deid.progress import Progress
 from deid.bound import within_bound
 
+from deid.evaluation.gate_rows import AttackRow
 from deid.evaluation.gate_types import COUNTERFEIT, GateConfig, GateInputs
 
 log = logging.getLogger(__name__)
@@ -154,7 +155,7 @@ def attack_groups(inputs: GateInputs, config: GateConfig) -> list[tuple[int | No
 
 
 def attack_rows(inputs: GateInputs, config: GateConfig, *, cap: int | None, attackers: Sequence[str],
-                on_pair: Callable[[str, str], None] | None = None) -> list[dict]:
+                on_pair: Callable[[str, str], None] | None = None) -> list[AttackRow]:
     """Rates of ``attackers`` in every mode on the attacked sample (at most ``cap`` records of it).
 
     Rows of one attacker do not depend on which others run in the same call: the gate may run
@@ -179,17 +180,18 @@ def attack_rows(inputs: GateInputs, config: GateConfig, *, cap: int | None, atta
     rows = attack_all(originals=originals[sub], original_people=people[sub], released=rel,
                       released_people=np.concatenate([people[sub], no_one]), shape=inputs.shape, modes=modes,
                       parrot=parrot, attackers=list(attackers), on_pair=on_pair)
-    for r in rows:
-        r["records"] = int(len(sub))
-    return rows
+    # The tie credit behind each rate is not reported (the rate is the credited share).
+    return [AttackRow(attacker=r["attacker"], mode=r["mode"], rate=r["rate"], n_probes=r["n_probes"],
+                      records=int(len(sub))) for r in rows]
 
 
-def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool, rows: list[dict] | None = None
-                   ) -> tuple[list[Check], list[dict], float | None, dict]:
+def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool, rows: list[AttackRow] | None = None
+                   ) -> tuple[list[Check], list[AttackRow], float | None, dict]:
     """Every attacker in every mode on a bounded sample, each rate with its interval.
 
     ``rows``: the attack rows (:func:`attack_rows` of every :func:`attack_groups` group, in that
-    order) when they were computed elsewhere; by default they are computed here.
+    order) when they were computed elsewhere; by default they are computed here. Returned scored: new rows
+    with their interval and status.
 
     Counterfeit rows of republished lineage clusters (``inputs.republished``) are attacked as what
     they are in the release: rows that carry their cluster's stored image and labels, under a
@@ -238,7 +240,7 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool, rows:
     level = 1.0 - (1.0 - config.confidence) / m
     bound = 1.0 / k
     need = config.min_probes
-    failing, thin = _rate_statuses(rows, level=level, bound=bound, exact=exact, need=need)
+    rows, failing, thin = _rate_statuses(rows, level=level, bound=bound, exact=exact, need=need)
     sample = {"records": int(len(idx)), "of": inputs.n, "seed": config.seed,
               "unit": "cluster" if inputs.clusters is not None else "person", "confidence": config.confidence,
               "bonferroni_over": m, "min_probes": need, "insufficient": len(thin)}
@@ -250,11 +252,11 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool, rows:
                      "one (no original)")
     thin_note = ""
     if thin:
-        most = max(r["n_probes"] for r in thin)
+        most = max(r.n_probes for r in thin)
         thin_note = (f"; {len(thin)} of {m} pairs insufficient evidence (fewer than {need} distinct probes, at most "
-                     f"{most}: {', '.join(sorted({r['attacker'] + '/' + r['mode'] for r in thin}))}): reported, "
+                     f"{most}: {', '.join(sorted({r.name for r in thin}))}): reported, "
                      "neither the headline nor deciding")
-    deciding = [r for r in rows if r["status"] != INSUFFICIENT]
+    deciding = [r for r in rows if r.deciding]
     if not deciding:
         return [_inconclusive_rate_check(inputs, rows, need=need, exact=exact, bound=bound, note=fake_note)], \
             rows, None, sample
@@ -263,41 +265,41 @@ def privacy_checks(inputs: GateInputs, config: GateConfig, *, exact: bool, rows:
     return [check], rows, max_rate, sample
 
 
-def _rate_statuses(rows: list[dict], *, level: float, bound: float, exact: bool,
-                   need: int) -> tuple[list[dict], list[dict]]:
-    """Each attack row's one-sided Clopper-Pearson interval at ``level`` and its status, set in place (rates
-    rounded, tie credit dropped); returns (the failing rows, the rows short of ``need`` distinct probes).
+def _rate_statuses(rows: list[AttackRow], *, level: float, bound: float, exact: bool,
+                   need: int) -> tuple[list[AttackRow], list[AttackRow], list[AttackRow]]:
+    """Each attack row with its one-sided Clopper-Pearson interval at ``level`` and its status (rate rounded);
+    returns (every scored row, the failing ones, the ones short of ``need`` distinct probes).
 
     An exact release fails a row only if its lower bound exceeds ``bound``, any other if its upper bound does.
     """
-    failing, thin = [], []
-    for r in rows:
-        lo, hi = clopper_pearson(r["rate"] * r["n_probes"], r["n_probes"], confidence=level)
-        r["lower"], r["upper"] = round(lo, 6), round(hi, 6)
-        r["rate"] = round(r["rate"], 6)
-        r.pop("credit", None)
+    scored: list[AttackRow] = []
+    failing: list[AttackRow] = []
+    thin: list[AttackRow] = []
+    for row in rows:
+        lo, hi = clopper_pearson(row.rate * row.n_probes, row.n_probes, confidence=level)
         above = not within_bound(lo if exact else hi, limit=bound)
-        if r["n_probes"] < need:
-            # Too few distinct probes to be evidence: kept in the report with its n and interval, never the
-            # headline, never deciding (a [0, 1] interval from one probe says nothing about the release).
-            r["status"] = INSUFFICIENT
+        # Too few distinct probes to be evidence: kept in the report with its n and interval, never the
+        # headline, never deciding (a [0, 1] interval from one probe says nothing about the release).
+        short = row.n_probes < need
+        r = replace(row, rate=round(row.rate, 6), lower=round(lo, 6), upper=round(hi, 6),
+                    status=INSUFFICIENT if short else "fail" if above else "pass")
+        scored.append(r)
+        if short:
             thin.append(r)
-        else:
-            r["status"] = "fail" if above else "pass"
-            if above:
-                failing.append(r)
-    return failing, thin
+        elif above:
+            failing.append(r)
+    return scored, failing, thin
 
 
-def _inconclusive_rate_check(inputs: GateInputs, rows: list[dict], *, need: int, exact: bool, bound: float,
+def _inconclusive_rate_check(inputs: GateInputs, rows: list[AttackRow], *, need: int, exact: bool, bound: float,
                              note: str) -> Check:
     """The ``reidentification_rate`` check when every attack row is short of ``need`` distinct probes:
     inconclusive, passing only an exact release (its structural checks decide); ``note``: the counterfeits'."""
     m = len(rows)
-    most = max(rows, key=lambda r: r["n_probes"])
+    most = max(rows, key=lambda r: r.n_probes)
     units = len(set(inputs.clusters.tolist())) if inputs.clusters is not None else len(set(inputs.people.tolist()))
     why = (f"insufficient evidence: every one of {m} attacker x mode pairs had fewer than {need} distinct probes "
-           f"(at most {most['n_probes']}, {most['attacker']}/{most['mode']}; the release has {units} "
+           f"(at most {most.n_probes}, {most.name}; the release has {units} "
            f"{'clusters' if inputs.clusters is not None else 'people'}), so no rate is a headline or a decision")
     if exact:
         detail = (why + "; every cluster's members share one image, so the exact structural checks "
@@ -306,29 +308,29 @@ def _inconclusive_rate_check(inputs: GateInputs, rows: list[dict], *, need: int,
         detail = (why + "; the clusters are not identical copies, so no exact bound stands in for the attacks: "
                   "nothing shows the release keeps 1/k (more records, or a k-Same method)" + note)
     return Check("reidentification_rate", exact, None, f"<= {bound:.4f}", detail, status="inconclusive",
-                 interval=(most["lower"], most["upper"]), n=most["n_probes"])
+                 interval=(most.lower, most.upper), n=most.n_probes)
 
 
-def _decided_rate_check(deciding: list[dict], failing: list[dict], *, m: int, need: int, exact: bool, bound: float,
+def _decided_rate_check(deciding: list[AttackRow], failing: list[AttackRow], *, m: int, need: int, exact: bool, bound: float,
                         confidence: float, note: str) -> tuple[Check, float]:
     """The ``reidentification_rate`` check decided by the ``deciding`` rows (those with at least ``need``
     distinct probes) and the headline ``max_rate``, their highest rate; ``note``: the short rows' and the
     counterfeits'."""
-    worst = max(deciding, key=lambda r: r["rate"])
-    max_rate = worst["rate"]
+    worst = max(deciding, key=lambda r: r.rate)
+    max_rate = worst.rate
     rule = ("fails only if a lower bound exceeds 1/k (the exact bound max_person_share decides)" if exact
             else "every upper bound must be <= 1/k (no exact bound: clusters are not identical copies)")
     detail = (f"max over {len(deciding)} attacker x mode pairs with at least {need} distinct probes: "
-              f"{worst['attacker']}/{worst['mode']} {worst['rate']:.3f} "
-              f"[{worst['lower']:.3f}, {worst['upper']:.3f}] on {worst['n_probes']} distinct probes; "
+              f"{worst.name} {worst.rate:.3f} "
+              f"[{worst.lower:.3f}, {worst.upper:.3f}] on {worst.n_probes} distinct probes; "
               f"one-sided {confidence:.0%} Clopper-Pearson, Bonferroni over {m}; {rule}")
     if failing:
-        f0 = max(failing, key=lambda r: r["upper"])
-        detail += (f"; {len(failing)} failing, e.g. {f0['attacker']}/{f0['mode']} {f0['rate']:.3f} "
-                   f"[{f0['lower']:.3f}, {f0['upper']:.3f}]")
+        f0 = max(failing, key=lambda r: r.upper or 0.0)
+        detail += (f"; {len(failing)} failing, e.g. {f0.name} {f0.rate:.3f} "
+                   f"[{f0.lower:.3f}, {f0.upper:.3f}]")
     detail += note
     return Check("reidentification_rate", not failing, max_rate, f"<= {bound:.4f}", detail,
-                 interval=(worst["lower"], worst["upper"]), n=worst["n_probes"]), max_rate
+                 interval=(worst.lower, worst.upper), n=worst.n_probes), max_rate
 
 
 def membership_disclosure(inputs: GateInputs, config: GateConfig) -> dict:

@@ -15,6 +15,7 @@ import numpy as np
 from deid.evaluation.attacks import MODES
 from deid.evaluation.scoring import unique_rows
 from deid.evaluation.checks import Check
+from deid.evaluation.gate_rows import AttackRow, UtilityRow
 from deid.errors import ConfigError
 from deid.evaluation.leaks import (
     FEATURE_NEAR_COPY_RATIO,
@@ -225,8 +226,8 @@ class GateResult:
     """Every check, the attack rates with their intervals, and the utility evidence."""
 
     checks: tuple[Check, ...]
-    reidentification: tuple[dict, ...] = ()
-    utility: tuple[dict, ...] = ()
+    reidentification: tuple[AttackRow, ...] = ()
+    utility: tuple[UtilityRow, ...] = ()
     max_rate: float | None = None
     min_people: int | None = None
     max_person_share: float | None = None
@@ -248,7 +249,7 @@ class GateResult:
     def warnings(self) -> list[str]:
         out = [f"{c.name}: {c.detail}" for c in self.checks if c.passed and c.status == "inconclusive"]
         # A skipped cross-fit fold is a defect of the evidence, never silent (deid.evaluation.utility).
-        out += [f"utility_{u['label']}: {u['folds_skipped']} of {u.get('folds_run')} cross-fit fold(s) skipped: "
-                + "; ".join(u.get("skipped_folds") or []) for u in self.utility
-                if u.get("protocol") == "cross-fit" and u.get("folds_skipped")]
+        out += [f"utility_{u.label}: {u.evidence['folds_skipped']} of {u.evidence.get('folds_run')} cross-fit "
+                "fold(s) skipped: " + "; ".join(u.evidence.get("skipped_folds") or []) for u in self.utility
+                if u.protocol == "cross-fit" and u.evidence.get("folds_skipped")]
         return out

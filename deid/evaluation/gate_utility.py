@@ -12,6 +12,7 @@ from deid.evaluation.checks import Check
 from deid.progress import Progress
 
 from deid.evaluation.gate_privacy import attack_sample, points_of
+from deid.evaluation.gate_rows import UtilityRow
 from deid.evaluation.gate_types import GateConfig, GateInputs
 
 
@@ -26,7 +27,7 @@ def people_sample(inputs: GateInputs, *, max_records: int, seed: int) -> np.ndar
     return np.flatnonzero(np.isin(codes, take if len(take) else order[:1]))
 
 
-def utility_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check], list[dict]]:
+def utility_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check], list[UtilityRow]]:
     """Utility per label, decided by mechanism-level cross-fitting; the older protocols are extra evidence.
 
     The gate's protocol (:func:`deid.evaluation.utility.cross_fit_utility`): the run's method
@@ -43,12 +44,12 @@ def utility_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check],
     return checks, rows + protocol_rows(inputs, config)
 
 
-def cross_fit_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check], list[dict]]:
+def cross_fit_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check], list[UtilityRow]]:
     """The deciding utility checks and their rows (:func:`utility_checks`); none without the run's method."""
     from deid.anonymise.methods import K_METHODS, method_spec  # noqa: PLC0415
     from deid.evaluation.utility import cross_fit_utility  # noqa: PLC0415 (sklearn import cost)
 
-    rows: list[dict] = []
+    rows: list[UtilityRow] = []
     checks: list[Check] = []
     if inputs.deidentify is None:
         return checks, rows
@@ -67,9 +68,6 @@ def cross_fit_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check
         n_components=n_components, seed=config.seed,
         progress=Progress(f"gate: utility cross-fit on {len(idx)} records", unit="folds"))
     for ev in evidence:
-        row = ev.to_dict()
-        row.update(protocol="cross-fit", original_accuracy=ev.accuracy_original,
-                   deidentified_accuracy=ev.accuracy_release)
         status, detail = ev.decision, ev.detail
         if ev.label_lost:
             # Released accuracy at or below the majority-class rate, upper bound included: the label is lost,
@@ -84,8 +82,9 @@ def cross_fit_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check
             detail = (f"cross-fit failed only after withholding {ev.suppressed_training_records} training "
                       f"records in label cells below k (the release itself kept them), and the release's own "
                       f"rows did not fail: inconclusive. {detail}")
-        row["gate_status"] = status
-        rows.append(row)
+        rows.append(UtilityRow.from_dict({**ev.to_dict(), "protocol": "cross-fit",
+                                          "original_accuracy": ev.accuracy_original,
+                                          "deidentified_accuracy": ev.accuracy_release, "gate_status": status}))
         interval = None if ev.delta_lower is None else (ev.delta_lower, ev.delta_upper)
         checks.append(utility_status_check(
             f"utility_{ev.label}", status=status, value=None if ev.delta is None else round(ev.delta, 4),
@@ -94,7 +93,7 @@ def cross_fit_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check
     return checks, rows
 
 
-def protocol_rows(inputs: GateInputs, config: GateConfig) -> list[dict]:
+def protocol_rows(inputs: GateInputs, config: GateConfig) -> list[UtilityRow]:
     """The earlier utility protocols' rows, evidence only (:func:`utility_checks`).
 
     On whole clusters of the attacked sample, at most ``evidence_sample`` records (the same seed:
@@ -104,7 +103,7 @@ def protocol_rows(inputs: GateInputs, config: GateConfig) -> list[dict]:
     """
     from deid.evaluation.utility import utility_protocols  # noqa: PLC0415 (sklearn import cost)
 
-    rows: list[dict] = []
+    rows: list[UtilityRow] = []
     # Earlier protocols (Gross et al. 2005 grouped CV; Moriarty et al.; consumer), on a bounded sample.
     idx = attack_sample(inputs, max_records=min(config.attack_sample, config.evidence_sample), seed=config.seed)
     unit = "cluster" if inputs.clusters is not None else "person"
@@ -118,11 +117,9 @@ def protocol_rows(inputs: GateInputs, config: GateConfig) -> list[dict]:
                                  released_groups=inputs.clusters[idx] if inputs.clusters is not None else None,
                                  folds=config.folds, repeats=config.repeats, seed=config.seed,
                                  **({"n_components": None} if inputs.kind == "features" else {})):
-        row["tolerance"] = config.tolerance
-        row["evidence_only"] = True
-        row["detail"] = f"{note}. {row['detail']}"
-        row.update(sample_records=int(len(idx)), sample_of=inputs.n, sample_seed=config.seed)
-        rows.append(row)
+        rows.append(UtilityRow.from_dict({**row, "tolerance": config.tolerance, "evidence_only": True,
+                                          "detail": f"{note}. {row['detail']}", "sample_records": int(len(idx)),
+                                          "sample_of": inputs.n, "sample_seed": config.seed}))
     return rows
 
 

@@ -73,6 +73,7 @@ from deid.evaluation.gate_types import GateInputs, GateResult
 from deid.evaluation.gate import evaluate
 from deid.evaluation.validation import drop_checks, validation_section
 from deid.intake.features import INGESTED, FeatureDrop, read_feature_drop
+from deid.operations import stage_signatures as sig
 from deid.reporting.report import Report, SigningInfo, dataset_fingerprint
 from deid.reporting.report_build import dataset_summary, lineage_section, shared_configuration, verdict_fields
 from deid.run_config import RunConfig
@@ -584,13 +585,13 @@ def gate_features(ingested: FeatureIngest, identity: FeatureIdentity, part: Feat
 class FeatureSteps:
     """The feature stages :func:`deid.operations.runner.run_release` calls, in its order; the flow swaps in tasks."""
 
-    ingest: Callable[..., Any] = ingest_features
-    identify: Callable[..., Any] = identify_features
-    partition: Callable[..., Any] = partition_features
-    deidentify: Callable[..., Any] = deidentify_feature_partitions
-    apply_lineage: Callable[..., Any] = apply_feature_lineage
-    stage: Callable[..., Any] = stage_features
-    gate: Callable[..., Any] = gate_features
+    ingest: sig.FeatureIngestStage = ingest_features
+    identify: sig.FeatureIdentifyStage = identify_features
+    partition: sig.FeaturePartitionStage = partition_features
+    deidentify: sig.FeatureDeidentifyStage = deidentify_feature_partitions
+    apply_lineage: sig.FeatureApplyLineageStage = apply_feature_lineage
+    stage: sig.FeatureStageStage = stage_features
+    gate: sig.FeatureGateStage = gate_features
 
 
 # --------------------------------------------------------------------------- the report

@@ -179,7 +179,7 @@ def write_report(report, config: RunConfig, *, validation: Mapping | None = None
     report_dir = config.reports_path / report.release_id
     fault_enospc("reports", report_dir)
     samples = sample_release_images(staged.dir, n=24, seed=0) if staged and report.verdict == "released" else None
-    path = write_report_bundle(report_dir, report.to_dict(), key, sample_images=samples,
+    path = write_report_bundle(report_dir, report, key, sample_images=samples,
                                validation_results=dict(validation) if validation else None)
     (logger or log).info(f"report: {path} ({report.verdict})")
     return SignedReport(path=Path(path), public_key=key.public_path, key_origin=key.origin)

@@ -23,7 +23,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, ContextManager
+from typing import Any, ContextManager, cast
 
 from deid.operations import (deidentify_lineage, featurize_partition, gate_publish, ingest_align, person_search,
                              release_staging, run_setup)
@@ -39,6 +39,7 @@ from deid.contracts import (
     StagingLayout,
     UnreadableDrop,
 )
+from deid.operations import stage_signatures as sig
 from deid.operations.run_result import RunResult
 from deid.release.staged import Staged
 from deid.errors import ConfigError, DataError, EnvironmentFailure, RecordError, StateError
@@ -48,7 +49,7 @@ from deid.intake.drop_files import read_drop_file
 from deid.intake.features import run_kind
 from deid.operations.executors import Executor, LocalExecutor, PoolExecutor
 from deid.evaluation.checks import Check
-from deid.operations.features import FeatureSteps, feature_report, vector_fingerprints
+from deid.operations.features import FeatureDeidentified, FeatureSteps, feature_report, vector_fingerprints
 from deid.operations.person_routing import CrossDatasetRefusal
 from deid.release.lineage_anchor import head_doc
 from deid.release.publish import discard, new_release_id
@@ -73,27 +74,31 @@ def local_cluster(config: RunConfig) -> Iterator[Executor]:
 
 @dataclass(frozen=True)
 class Steps:
-    """The stage functions a run calls, in :func:`run_release`'s order; the Prefect flow swaps in its tasks."""
+    """The stage functions a run calls, in :func:`run_release`'s order; the Prefect flow swaps in its tasks.
 
-    preflight: Callable[..., Any] = run_setup.preflight
-    recover: Callable[..., Any] = run_setup.recover_leftovers
-    ingest: Callable[..., Any] = ingest_align.ingest_drop
-    open_lineage: Callable[..., Any] = deidentify_lineage.open_lineage
-    claim_people: Callable[..., Any] = person_search.claim_people
-    align: Callable[..., Any] = ingest_align.align
-    featurize: Callable[..., Any] = featurize_partition.featurize
-    partition: Callable[..., Any] = featurize_partition.partition
-    deidentify: Callable[..., Any] = deidentify_lineage.deidentify
-    apply_lineage: Callable[..., Any] = deidentify_lineage.apply_lineage
-    register_lineage: Callable[..., Any] = deidentify_lineage.register_lineage
-    stage: Callable[..., Any] = release_staging.stage
-    gate: Callable[..., Any] = gate_publish.gate
-    dataset_card: Callable[..., Any] = gate_publish.dataset_card
-    attest: Callable[..., Any] = gate_publish.attest
-    write_report: Callable[..., Any] = gate_publish.write_report
-    publish: Callable[..., Any] = gate_publish.publish
-    publish_failed: Callable[..., Any] = gate_publish.publish_failed_addendum
-    withhold: Callable[..., Any] = gate_publish.withhold
+    Each field is typed with its stage's call signature (:mod:`deid.operations.stage_signatures`): mypy checks
+    that the defaults here and the Prefect tasks (:data:`deid.tasks.stages.STEPS`) take what the runner passes.
+    """
+
+    preflight: sig.Preflight = run_setup.preflight
+    recover: sig.Recover = run_setup.recover_leftovers
+    ingest: sig.Ingest = ingest_align.ingest_drop
+    open_lineage: sig.OpenLineage = deidentify_lineage.open_lineage
+    claim_people: sig.ClaimPeople = person_search.claim_people
+    align: sig.Align = ingest_align.align
+    featurize: sig.Featurize = featurize_partition.featurize
+    partition: sig.Partition = featurize_partition.partition
+    deidentify: sig.Deidentify = deidentify_lineage.deidentify
+    apply_lineage: sig.ApplyLineage = deidentify_lineage.apply_lineage
+    register_lineage: sig.RegisterLineage = deidentify_lineage.register_lineage
+    stage: sig.Stage = release_staging.stage
+    gate: sig.Gate = gate_publish.gate
+    dataset_card: sig.DatasetCard = gate_publish.dataset_card
+    attest: sig.Attest = gate_publish.attest
+    write_report: sig.WriteReport = gate_publish.write_report
+    publish: sig.Publish = gate_publish.publish
+    publish_failed: sig.PublishFailed = gate_publish.publish_failed_addendum
+    withhold: sig.Withhold = gate_publish.withhold
     features: FeatureSteps = FeatureSteps()  # the stages of a feature drop (the commitment steps above are shared)
 
 
@@ -367,7 +372,9 @@ class _Run:
             # New clusters registered as made; returning people's records carry their stored vectors.
             with _timed(timings, "lineage"):
                 lin = f.apply_lineage(ing, identity, part, deid, config, release_id=self.release_id)
-            deid = lin.deidentified
+            # A feature run's lineage holds the feature release's rows (apply_feature_lineage), though the
+            # contract names the image run's type.
+            deid = cast(FeatureDeidentified, lin.deidentified)
         quarantined = (*ing.drop.quarantined, *identity.quarantined)
         by_reason = gate_publish.quarantine_summary(quarantined, layout)
         counts = RecordCounts(records_in=ing.drop.records_in, judged=len(deid.rows), suppressed=part.suppressed,

@@ -17,10 +17,13 @@ import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deid.reporting.html_page import esc
 from deid.bound import within_bound
+
+if TYPE_CHECKING:  # pragma: no cover - typing only (deid.reporting.report imports the page modules lazily)
+    from deid.reporting.report import Reidentification, Utility
 
 __all__ = ["FONT_PT", "FONT_PX", "MAX_WIDTH_PX", "Chart", "cluster_chart", "partition_chart", "partition_name",
            "reid_chart", "utility_chart"]
@@ -176,16 +179,16 @@ def _hbars(names: Sequence[str], series: Sequence[tuple[str, str, Sequence[float
     return svg.done(width, bottom + _AXIS, alt)
 
 
-def reid_chart(reid: Sequence[Mapping[str, Any]], bound: float) -> Chart | None:
+def reid_chart(reid: Sequence[Reidentification], bound: float) -> Chart | None:
     """Re-identification rate per attacker and mode (horizontal bars), its confidence interval and 1/k."""
     if not reid:
         return None
-    rates = [float(r["rate"]) for r in reid]
+    rates = [float(r.rate) for r in reid]
     over = [not within_bound(r, limit=bound) for r in rates]
-    intervals = [(i, float(r["lower"]), float(r["upper"])) for i, r in enumerate(reid)
-                 if r.get("lower") is not None and r.get("upper") is not None]
+    intervals = [(i, float(r.lower), float(r.upper)) for i, r in enumerate(reid)
+                 if r.lower is not None and r.upper is not None]
     top = max([bound, *rates, *[u for _, _, u in intervals]])
-    return _hbars([f"{r['attacker']} \u00b7 {r['mode']}" for r in reid], [("rate \u2264 1/k", _BLUE, rates)],
+    return _hbars([f"{r.attacker} \u00b7 {r.mode}" for r in reid], [("rate \u2264 1/k", _BLUE, rates)],
                   width=960, xmax=min(1.0, top * 1.08) if top > 0 else 1.0,
                   xlabel="re-identification rate (share of probes matched to the right person)",
                   alt="re-identification rate per attacker and mode, with confidence intervals and the 1/k bound",
@@ -194,18 +197,18 @@ def reid_chart(reid: Sequence[Mapping[str, Any]], bound: float) -> Chart | None:
                   extra_legend=[("bar", _RED, "rate > 1/k")] if any(over) else ())
 
 
-def _utility_name(u: Mapping[str, Any]) -> str:
-    return f"{u['label']} \u00b7 {u['protocol']}" if u.get("protocol") else str(u["label"])
+def _utility_name(u: Utility) -> str:
+    return f"{u.label} \u00b7 {u.protocol}" if u.protocol else str(u.label)
 
 
-def utility_chart(utility: Sequence[Mapping[str, Any]]) -> Chart | None:
+def utility_chart(utility: Sequence[Utility]) -> Chart | None:
     """Classifier accuracy per label and protocol: on the originals vs on the release."""
-    rows = [u for u in utility if u.get("original_accuracy") is not None or u.get("deidentified_accuracy") is not None]
+    rows = [u for u in utility if u.original_accuracy is not None or u.deidentified_accuracy is not None]
     if not rows:
         return None
     return _hbars([_utility_name(u) for u in rows],
-                  [("originals", _GREY, [u.get("original_accuracy") or 0.0 for u in rows]),
-                   ("release", _BLUE, [u.get("deidentified_accuracy") or 0.0 for u in rows])],
+                  [("originals", _GREY, [u.original_accuracy or 0.0 for u in rows]),
+                   ("release", _BLUE, [u.deidentified_accuracy or 0.0 for u in rows])],
                   width=960, xmax=1.0, xlabel="classifier accuracy",
                   alt="classifier accuracy per label and protocol, originals vs release")
 

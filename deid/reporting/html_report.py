@@ -10,6 +10,7 @@ published release directory by :func:`sample_release_images`; this module never 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import logging
 import os
 import random
@@ -23,6 +24,9 @@ from deid.anonymise.near_copy import NEAR_COPY
 from deid.errors import REASONS, ConfigError
 from deid.reporting.html_charts import Chart, cluster_chart, partition_chart, partition_name, reid_chart, utility_chart
 from deid.reporting.html_page import document, esc, fmt, round_numbers, strip_urls, table
+from deid.release.signing import SigningKey
+from deid.reporting.report import (Check, Privacy, Reidentification, Report, SigningInfo, hash_report_files,
+                                   stage_usage_of, write_signed_report)
 from deid.reporting.verdict import NOTHING_RELEASED, VerdictSummary, verdict_summary
 from deid.reporting.wording import attack_terms, check_requirement, measured, report_only, threshold_text
 from deid.reporting.html_validation import (
@@ -175,14 +179,19 @@ def sample_release_images(release_dir: Path, n: int = 24, seed: int = 0) -> list
 # --------------------------------------------------------------------------- words for numbers
 
 
-def _status(c: Mapping[str, Any]) -> str:
-    status = str(c.get("status") or ("pass" if c.get("passed") else "fail"))
+def _status(c: Check) -> str:
+    status = str(c.status or ("pass" if c.passed else "fail"))
     if status == "inconclusive":
         return ('<span class="inconclusive">inconclusive</span> '
-                + ("(not blocking)" if c.get("passed") else '<span class="fail">(blocks)</span>'))
+                + ("(not blocking)" if c.passed else '<span class="fail">(blocks)</span>'))
     if status == "not_applicable":
-        return f'<span class="na">{"report only (no limit set)" if report_only(c) else "not applicable"}</span>'
-    return '<span class="pass">pass</span>' if c.get("passed") else '<span class="fail">FAIL</span>'
+        return f'<span class="na">{"report only (no limit set)" if report_only(_check_json(c)) else "not applicable"}</span>'
+    return '<span class="pass">pass</span>' if c.passed else '<span class="fail">FAIL</span>'
+
+
+def _check_json(c: Check) -> dict[str, Any]:
+    """A check as the wording shared with the CLI and the Markdown summary reads it (its report.json form)."""
+    return dataclasses.asdict(c)
 
 
 def _summary_item(text: str, note: str = "") -> str:
@@ -218,16 +227,20 @@ def _num(v: Any, digits: int = 3) -> str:
 # --------------------------------------------------------------------------- the page's sections
 
 
-def _header(r: Mapping[str, Any]) -> str:
-    ds = r.get("dataset", {}) or {}
-    verdict = str(r["verdict"])
+def _header(r: Report) -> str:
+    verdict = str(r.verdict)
     summary = verdict_summary(r)  # the same verdict summary the CLI and the Prefect UI show
     out = [f'<header><span class="verdict {esc(verdict)}">{esc(summary.headline)}</span>',
-           f"<h1>{esc(ds.get('name', 'dataset'))}: k = {int(r['k'])}, {esc(r.get('method'))}</h1>",
-           f'<div class="muted">release {esc(r.get("release_id"))} &middot; run {esc(r.get("run_id"))} '
-           f"&middot; {esc(r.get('created_at'))}</div></header>"]
+           f"<h1>{esc(r.dataset.name)}: k = {int(r.k)}, {esc(r.method)}</h1>",
+           f'<div class="muted">release {esc(r.release_id)} &middot; run {esc(r.run_id)} '
+           f"&middot; {esc(r.created_at)}</div></header>"]
     out.append(summary_html(summary))
     return "".join(out)
+
+
+def _privacy(r: Report) -> Privacy:
+    """The report's privacy section; a report without one states the bound alone (as its JSON does)."""
+    return r.privacy if r.privacy is not None else Privacy(bound=1.0 / r.k)
 
 
 def summary_html(summary: VerdictSummary, *, figures: bool = False, fold_warnings: bool = False) -> str:
@@ -250,48 +263,48 @@ def summary_html(summary: VerdictSummary, *, figures: bool = False, fold_warning
     return out
 
 
-def _tiles(r: Mapping[str, Any]) -> str:
-    ds = r.get("dataset", {}) or {}
-    privacy = r.get("privacy") or {}
-    tiles = [("records in", ds.get("records_in")), ("released", ds.get("records_released")),
-             *([("withheld (rejected)", ds["records_withheld"])] if ds.get("records_withheld") else []),
-             ("suppressed", ds.get("records_suppressed")), ("quarantined", ds.get("records_quarantined")),
-             ("max re-identification", _num(privacy.get("max_rate"))), ("bound 1/k", _num(privacy.get("bound"))),
-             ("min people per cluster", privacy.get("min_distinct_people_per_cluster")),
-             ("max person share", _num(privacy.get("max_person_share")))]
+def _tiles(r: Report) -> str:
+    ds = r.dataset
+    privacy = _privacy(r)
+    tiles = [("records in", ds.records_in), ("released", ds.records_released),
+             *([("withheld (rejected)", ds.records_withheld)] if ds.records_withheld else []),
+             ("suppressed", ds.records_suppressed), ("quarantined", ds.records_quarantined),
+             ("max re-identification", _num(privacy.max_rate)), ("bound 1/k", _num(privacy.bound)),
+             ("min people per cluster", privacy.min_distinct_people_per_cluster),
+             ("max person share", _num(privacy.max_person_share))]
     return ('<div class="summary">' + "".join(f"<div><b>{esc(v)}</b><span class='muted'>{esc(label)}</span></div>"
                                                for label, v in tiles) + "</div>")
 
 
-def _checks(r: Mapping[str, Any]) -> str:
-    checks = list(r.get("checks") or [])
+def _checks(r: Report) -> str:
+    checks = r.checks
     if not checks:
         return "<h2>Checks</h2><p class='muted'>No checks were run.</p>"
-    rows = [[f"{esc(check_requirement(str(c['name'])))}<small class='code'>{esc(c['name'])}</small>",
-             esc(measured(c)), esc(threshold_text(str(c["name"]), c.get("threshold"))), _status(c),
-             esc(round_numbers(str(c.get("detail") or "")))]
+    rows = [[f"{esc(check_requirement(str(c.name)))}<small class='code'>{esc(c.name)}</small>",
+             esc(measured(_check_json(c))), esc(threshold_text(str(c.name), c.threshold)), _status(c),
+             esc(round_numbers(str(c.detail or "")))]
             for c in checks]
     return "<h2>Checks</h2>" + table(["requirement", "measured", "required", "result", "detail"], rows)
 
 
-def _reidentification(r: Mapping[str, Any]) -> str:
-    privacy = r.get("privacy") or {}
-    reid = list(privacy.get("reidentification") or [])
+def _reidentification(r: Report) -> str:
+    privacy = _privacy(r)
+    reid = privacy.reidentification
     out = ["<h2>Re-identification</h2>"]
     if not reid:
         return out[0] + "<p class='muted'>No re-identification attack was run.</p>"
-    bound = float(privacy.get("bound") or 1.0 / int(r["k"]))
-    sample = privacy.get("attack_sample") or {}
+    bound = float(privacy.bound or 1.0 / int(r.k))
+    sample = privacy.attack_sample or {}
     out.append(f"<p>Each attacker tries to match released faces to the right person; a formal release keeps "
                f"every rate at or below 1/k = {bound:.3f}. Bars are rates, whiskers their one-sided "
                f"{_num(sample.get('confidence', 0.95), 2)} confidence intervals.</p>")
     out.append(_chart(reid_chart(reid, bound)))
-    out.append(_whiskers_past_bound(r, reid, bound))
-    rows = [[esc(x["attacker"]), esc(x["mode"]), _num(x["rate"]),
-             esc(f"[{x['lower']:.3f}, {x['upper']:.3f}]" if x.get("lower") is not None else ""),
-             esc(x.get("n_probes")),
-             ('<span class="muted">insufficient evidence</span>' if x.get("status") == "insufficient_evidence" else
-              '<span class="pass">&le; 1/k</span>' if within_bound(x["rate"], limit=bound) else '<span class="fail">&gt; 1/k</span>')]
+    out.append(_whiskers_past_bound(privacy, reid, bound))
+    rows = [[esc(x.attacker), esc(x.mode), _num(x.rate),
+             esc(f"[{x.lower:.3f}, {x.upper:.3f}]" if x.lower is not None else ""),
+             esc(x.n_probes),
+             ('<span class="muted">insufficient evidence</span>' if x.status == "insufficient_evidence" else
+              '<span class="pass">&le; 1/k</span>' if within_bound(x.rate, limit=bound) else '<span class="fail">&gt; 1/k</span>')]
             for x in reid]
     out.append(table(["attacker", "mode", "rate", "interval", "probes", "point estimate"], rows, num=(2, 3, 4)))
     if sample.get("insufficient"):
@@ -308,17 +321,16 @@ def _reidentification(r: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
-def _whiskers_past_bound(r: Mapping[str, Any], reid: Sequence[Mapping[str, Any]], bound: float) -> str:
+def _whiskers_past_bound(privacy: Privacy, reid: Sequence[Reidentification], bound: float) -> str:
     """Why intervals reaching past 1/k do or do not decide (a released k-Same run's chart shows such whiskers)."""
-    past = [x for x in reid if x.get("upper") is not None and x.get("status") != "insufficient_evidence"
-            and not within_bound(float(x["upper"]), limit=bound)]
+    past = [x for x in reid if x.upper is not None and x.status != "insufficient_evidence"
+            and not within_bound(float(x.upper), limit=bound)]
     if not past:
         return ""
-    privacy = r.get("privacy") or {}
     n = len(past)
     some = f"{n} interval{'s' if n > 1 else ''} reach{'' if n > 1 else 'es'} past 1/k"
-    if privacy.get("exact_bound"):
-        share = privacy.get("max_person_share")
+    if privacy.exact_bound:
+        share = privacy.max_person_share
         exact = (f"the largest one-person share of a cluster, {_num(share)}"
                  + (" (at most 1/k: it holds)" if isinstance(share, int | float) and within_bound(share, limit=bound)
                     else " (above 1/k: it fails)") if isinstance(share, int | float) else "the largest one-person share")
@@ -332,9 +344,9 @@ def _whiskers_past_bound(r: Mapping[str, Any], reid: Sequence[Mapping[str, Any]]
             "below 1/k.</p>")
 
 
-def _glossary(reid: Sequence[Mapping[str, Any]]) -> str:
+def _glossary(reid: Sequence[Reidentification]) -> str:
     """The attackers and modes of the table, in words (the reasons and the charts use their names)."""
-    terms = attack_terms([x.get("attacker") for x in reid], [x.get("mode") for x in reid])
+    terms = attack_terms([x.attacker for x in reid], [x.mode for x in reid])
     if not terms:
         return ""
     return ("<details class='glossary' id='attackers'><summary><b>The attackers and modes</b></summary><dl>"
@@ -343,10 +355,11 @@ def _glossary(reid: Sequence[Mapping[str, Any]]) -> str:
             "share of probes it matched to the right person (ties credited fractionally).</p></details>")
 
 
-def _membership(privacy: Mapping[str, Any]) -> str:
+def _membership(privacy: Privacy) -> str:
     """Membership beside the 1/k rate, and in words what k-Same protects and what it does not."""
     out = []
-    m = privacy.get("membership") or {}
+    # Free-form: the membership attack's figures (deid.evaluation.membership) and the scope's sentences.
+    m = privacy.membership or {}
     if m.get("status") == "measured":
         a, t = m["auc_interval"], m["tpr_interval"]
         out.append(f"<p><b>Membership</b> (not bounded by k): {esc(m['attacker'])} tells members from non-members "
@@ -355,32 +368,32 @@ def _membership(privacy: Mapping[str, Any]) -> str:
                    f"{esc(m['members'])} members vs {esc(m['non_members'])} non-members. 0.5 is a coin.</p>")
     elif m:
         out.append(f"<p class='muted'><b>Membership</b> not measured: {esc(m.get('reason', ''))}</p>")
-    scope = privacy.get("scope") or {}
+    scope = privacy.scope or {}
     if scope:
         out.append(f"<p class='muted'><b>k-Same protects</b>: {esc(scope.get('protects', ''))} "
                    f"<b>It does not protect</b>: {esc(scope.get('does_not_protect', ''))}</p>")
     return "".join(out)
 
 
-def _utility(r: Mapping[str, Any]) -> str:
-    utility = list(r.get("utility") or [])
+def _utility(r: Report) -> str:
+    utility = r.utility
     if not utility:
-        labels = (r.get("configuration") or {}).get("labels") or []
+        labels = r.configuration.get("labels") or []
         # Labels declared but nothing measured: the run stopped before the utility check (e.g. too few people).
         why = (f"Not measured: the drop declares {esc(', '.join(map(str, labels)))}, but the run was rejected "
-               "before the gate measured utility (see the reasons above)." if labels and r.get("verdict") == "rejected"
+               "before the gate measured utility (see the reasons above)." if labels and r.verdict == "rejected"
                else "No utility labels were measured.")
         return f"<h2>Utility</h2><p class='muted'>{why}</p>"
     out = ["<h2>Utility</h2>", "<p>Can a classifier still learn each label from the release? Accuracy on the "
            "originals vs on the release; the gate decides from the cross-fit rows, the others are evidence.</p>",
            _chart(utility_chart(utility))]
-    has_protocol = any(u.get("protocol") for u in utility)
+    has_protocol = any(u.protocol for u in utility)
     rows = []
     for u in utility:
-        o, d = u.get("original_accuracy"), u.get("deidentified_accuracy")
-        detail = round_numbers(str(u.get("detail") or ""))
-        rows.append([esc(u["label"]), *([esc(u.get("protocol"))] if has_protocol else []), _num(o), _num(d),
-                     _num(None if o is None or d is None else o - d), esc(f"<= {fmt(u.get('tolerance'))}"),
+        o, d = u.original_accuracy, u.deidentified_accuracy
+        detail = round_numbers(str(u.detail or ""))
+        rows.append([esc(u.label), *([esc(u.protocol)] if has_protocol else []), _num(o), _num(d),
+                     _num(None if o is None or d is None else o - d), esc(f"<= {fmt(u.tolerance)}"),
                      f"<details><summary>how measured</summary>{esc(detail)}</details>" if detail else ""])
     off = 1 if has_protocol else 0
     out.append(table(["label", *(["protocol"] if has_protocol else []), "originals", "release", "drop",
@@ -388,9 +401,10 @@ def _utility(r: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
-def _partitions(r: Mapping[str, Any]) -> str:
-    cfg = r.get("configuration") or {}
-    k = int(r["k"])
+def _partitions(r: Report) -> str:
+    # Free-form: the configuration's partitions and clusters (deid.reporting.report_build.shared_configuration).
+    cfg = r.configuration
+    k = int(r.k)
     out = ["<h2>Partitions and clusters</h2>"]
     partitions = list(cfg.get("partitions") or [])
     if partitions:
@@ -401,7 +415,7 @@ def _partitions(r: Mapping[str, Any]) -> str:
         out.append(table([head, "records", "people"],
                          [[esc(partition_name(p.get("key"))), esc(p.get("records")), esc(p.get("people"))]
                           for p in partitions], num=(1, 2)))
-    grouping = list((r.get("privacy") or {}).get("partitions") or [])
+    grouping = list(_privacy(r).partitions or [])
     if grouping:
         names = {p.get("name"): partition_name(p.get("key")) for p in partitions if p.get("name")}
         out.append("<h3>Clusters formed per partition</h3><p>A person with c photos needs c different clusters, so a "
@@ -416,7 +430,7 @@ def _partitions(r: Mapping[str, Any]) -> str:
     if sizes and not forms_clusters(r):
         # Blur, pixelate, selective-mean ...: the de-identify stage lists each face as its own "cluster" of one,
         # which the gate reads as no clusters at all; "204 clusters of 1-1 records" said the opposite.
-        out.append(f"<h3>No clusters</h3><p>Method {esc(r.get('method'))} forms no clusters: each of the "
+        out.append(f"<h3>No clusters</h3><p>Method {esc(r.method)} forms no clusters: each of the "
                    f"{len(sizes)} faces was de-identified on its own, so no released face is shared by k = {k} "
                    "distinct people (the checks <code>min_cluster_size</code> and "
                    "<code>released_in_clusters</code>).</p>")
@@ -429,10 +443,9 @@ def _partitions(r: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
-def forms_clusters(r: Mapping[str, Any]) -> bool:
+def forms_clusters(r: Report) -> bool:
     """Did the run's method form clusters? No when the gate found none (``min_cluster_size`` not applicable)."""
-    return not any(isinstance(c, Mapping) and c.get("name") == "min_cluster_size"
-                   and c.get("status") == "not_applicable" for c in r.get("checks") or [])
+    return not any(c.name == "min_cluster_size" and c.status == "not_applicable" for c in r.checks)
 
 
 def _near_copy_html(near: Mapping[str, Any]) -> str:
@@ -448,18 +461,18 @@ def _near_copy_html(near: Mapping[str, Any]) -> str:
             + (f"; closest released average now {after:.3f} from a member" if after is not None else "") + ".</p>")
 
 
-def _withheld(r: Mapping[str, Any]) -> str:
-    ds = r.get("dataset", {}) or {}
-    cfg = r.get("configuration") or {}
+def _withheld(r: Report) -> str:
+    ds = r.dataset
+    cfg = r.configuration
     # Reports before records_withheld counted a rejected run's would-be release as suppressed.
-    why = "small partitions" if "records_withheld" in ds else "small partitions or a rejected run"
-    if (ds.get("near_copy_repair") or {}).get("records_suppressed"):
+    why = "small partitions" if ds.records_withheld is not None else "small partitions or a rejected run"
+    if (ds.near_copy_repair or {}).get("records_suppressed"):
         why += ", near copies"
     out = ["<h2>Suppressed and quarantined records</h2>",
-           f"<p>{esc(ds.get('records_suppressed', 0))} suppressed ({why}), "
-           + (f"{esc(ds['records_withheld'])} withheld because the run was rejected, " if ds.get("records_withheld")
-              else "") + f"{esc(ds.get('records_quarantined', 0))} quarantined.</p>"]
-    near = ds.get("near_copy_repair")
+           f"<p>{esc(ds.records_suppressed)} suppressed ({why}), "
+           + (f"{esc(ds.records_withheld)} withheld because the run was rejected, " if ds.records_withheld
+              else "") + f"{esc(ds.records_quarantined)} quarantined.</p>"]
+    near = ds.near_copy_repair
     if near and near.get("near_copy_clusters"):
         out.append(_near_copy_html(near))
     small = cfg.get("small_partitions_detail") or []
@@ -468,7 +481,7 @@ def _withheld(r: Mapping[str, Any]) -> str:
         out.append(table(["partition below k", "records", "people", "action"],
                          [[f"#{i}", esc(s.get("records")), esc(s.get("people")), esc(s.get("action"))]
                           for i, s in enumerate(small, start=1)], num=(1, 2)))
-    by_reason = ds.get("quarantine_by_reason") or {}
+    by_reason = ds.quarantine_by_reason
     if by_reason:
         out.append(table(["reason", "records", "meaning"], [
             [f"<code>{esc(code)}</code>", esc(count), esc(REASONS.get(code, ""))]
@@ -507,33 +520,32 @@ def _validation(results: Any, href: str | None) -> str:
     return "".join(out)
 
 
-def released_files(r: Mapping[str, Any]) -> int:
+def released_files(r: Report) -> int:
     """How many files the report's release holds: those it lists, and those its file manifest lists."""
-    return len(r.get("artifacts") or []) + int((r.get("file_manifest") or {}).get("files") or 0)
+    return len(r.artifacts) + (r.file_manifest.files if r.file_manifest is not None else 0)
 
 
-def _provenance(r: Mapping[str, Any], public_key_hint: str, report_dir_hint: str | None) -> str:
-    ds = r.get("dataset", {}) or {}
-    signing = r.get("signing") or {}
+def _provenance(r: Report, public_key_hint: str, report_dir_hint: str | None) -> str:
+    signing = r.signing
     out = ["<h2>Provenance</h2>", table(["", ""], [
-        ["dataset fingerprint", f"<code>{esc(ds.get('fingerprint'))}</code>"],
-        ["run id", f"<code>{esc(r.get('run_id'))}</code>"],
-        ["release id", f"<code>{esc(r.get('release_id'))}</code>"],
-        ["release directory", esc(r.get("release_dir"))],
-        ["signer's key fingerprint", f"<code>{esc(signing.get('public_key_fingerprint'))}</code> "
-                                     f"({esc(signing.get('algorithm', 'ed25519'))}, {esc(signing.get('key_origin'))} key)"],
+        ["dataset fingerprint", f"<code>{esc(r.dataset.fingerprint)}</code>"],
+        ["run id", f"<code>{esc(r.run_id)}</code>"],
+        ["release id", f"<code>{esc(r.release_id)}</code>"],
+        ["release directory", esc(r.release_dir)],
+        ["signer's key fingerprint", f"<code>{esc(signing.public_key_fingerprint)}</code> "
+                                     f"({esc(signing.algorithm)}, {esc(signing.key_origin)} key)"],
         ["released files", esc(released_files(r))],
     ], cls="kv")]
-    if signing.get("key_origin") == "development":
+    if signing.key_origin == "development":
         out.append("<p class='fail'>Signed with a development key: not for production releases.</p>")
-    report_dir = report_dir_hint or f"reports/{r.get('release_id')}"
+    report_dir = report_dir_hint or f"reports/{r.release_id}"
     out += ["<h3>How to verify</h3>",
             "<p>report.json is signed (Ed25519 over its canonical JSON, in report.json.sig) and lists the "
             "SHA-256 of every released file (the images through the release's file manifest, whose SHA-256 it "
             "lists), of this page and of the validation results. With the signer's "
             "public key obtained from a channel you trust (never from beside the report), run:</p>",
             f"<pre>deid verify {esc(report_dir)} --public-key {esc(public_key_hint)}</pre>",
-            f"<p class='muted'>The key's fingerprint must be <code>{esc(signing.get('public_key_fingerprint'))}</code>. "
+            f"<p class='muted'>The key's fingerprint must be <code>{esc(signing.public_key_fingerprint)}</code>. "
             "Without --public-key only integrity is checked, not who signed.</p>"]
     return "".join(out)
 
@@ -549,8 +561,6 @@ def _setting_value(key: str, value: Any) -> str:
 
 def _stage_usage_text(value: Any) -> str:
     """``wall`` seconds, then ``(CPU s, peak MiB of the run process / summed over its processes)`` when known."""
-    from deid.reporting.report import stage_usage_of  # noqa: PLC0415 - avoid a cycle at import
-
     u = stage_usage_of(value)
     extra = [f"CPU {u['cpu']:.1f}"] if u["cpu"] is not None else []
     if u["peak_rss_mib"] is not None:
@@ -571,7 +581,7 @@ def _configuration(cfg: Mapping[str, Any]) -> str:
 
 
 def render_report_html(
-    report: Mapping[str, Any],
+    report: Report,
     *,
     sample_images: Sequence[np.ndarray] | None = None,
     gx_results: Any = None,
@@ -583,7 +593,9 @@ def render_report_html(
 
     Parameters
     ----------
-    report : the report dict (as signed; ``report_files`` is not needed and cannot include this page).
+    report : Report
+        The run's report (as signed; ``report_files`` is not needed and cannot include this page). A
+        report.json read back: :meth:`Report.from_dict <deid.reporting.report.Report.from_dict>`.
     sample_images : de-identified faces to show, uint8 arrays; pass only released images
         (:func:`sample_release_images`). Ignored for a rejected run, which released nothing.
     gx_results : the run's validation results (anything :func:`deid.evaluation.validation.suite_results`
@@ -592,8 +604,8 @@ def render_report_html(
     public_key_hint, report_dir_hint : shown in the "how to verify" command.
     """
     r = report
-    verdict = str(r["verdict"])
-    versions = r.get("versions") or {}
+    verdict = str(r.verdict)
+    versions = r.versions
     body = "".join([
         _header(r),
         _tiles(r),
@@ -602,30 +614,29 @@ def render_report_html(
         _utility(r),
         _partitions(r),
         _withheld(r),
-        _faces(verdict, sample_images, r.get("configuration") or {}),
-        _validation(gx_results if gx_results is not None else r.get("validation"), validation_href),
+        _faces(verdict, sample_images, r.configuration),
+        _validation(gx_results if gx_results is not None else r.validation, validation_href),
         _provenance(r, public_key_hint, report_dir_hint),
         "<h2>Versions</h2>" + (table(["package", "version"], [[esc(p), esc(v)] for p, v in sorted(versions.items())])
                                if versions else "<p class='muted'>not recorded</p>"),
-        _configuration(r.get("configuration") or {}),
+        _configuration(r.configuration),
     ])
-    return document(f"deid report {r.get('release_id')}: {verdict}", body)
+    return document(f"deid report {r.release_id}: {verdict}", body)
 
 
 # --------------------------------------------------------------------------- all together
 
 
-def run_title(r: Mapping[str, Any]) -> str:
+def run_title(r: Report) -> str:
     """Which run a page belongs to: ``london, k = 5, k-same-select, release rel-... (RELEASED)``."""
-    ds = r.get("dataset") or {}
-    return (f"{ds.get('name') or 'dataset'}, k = {r.get('k')}, {r.get('method')}, release {r.get('release_id')} "
-            f"({str(r.get('verdict')).upper()})")
+    return (f"{r.dataset.name or 'dataset'}, k = {r.k}, {r.method}, release {r.release_id} "
+            f"({str(r.verdict).upper()})")
 
 
 def write_report_bundle(
     report_dir: Path,
-    report: Mapping[str, Any],
-    signing_key,
+    report: Report,
+    signing_key: SigningKey,
     *,
     sample_images: Sequence[np.ndarray] | None = None,
     validation_results: Any = None,
@@ -633,31 +644,30 @@ def write_report_bundle(
 ) -> Path:
     """Write report.html, the offline validation results, and the signed report.json listing their hashes.
 
-    ``signing_key`` is a :class:`deid.release.signing.SigningKey`; ``report["signing"]`` is set from it.
+    ``signing_key`` is a :class:`deid.release.signing.SigningKey`; the report's ``signing`` is set from it.
     ``validation_results`` defaults to the report's ``validation`` section. Order matters: the HTML
-    and validation files are written first, hashed into ``report["report_files"]``, and only then
-    is report.json signed. Returns report.json's path.
+    and validation files are written first, hashed into ``report_files``, and only then is report.json
+    signed. Returns report.json's path.
     """
-    from deid.reporting.report import hash_report_files, write_signed_report  # noqa: PLC0415 - avoid a cycle at import
-
     report_dir = Path(report_dir)
     report_dir.mkdir(parents=True, exist_ok=True)
-    d = dict(report)
-    d["signing"] = {"algorithm": "ed25519", "public_key_fingerprint": signing_key.fingerprint,
-                    "key_origin": signing_key.origin}
-    d.pop("report_files", None)
+    d = dataclasses.replace(report, signing=SigningInfo.from_key(signing_key), report_files=None).to_dict()
+    # The page shows the report as it is signed: its JSON form, read back (numbers and lists as report.json has them).
+    signed = Report.from_dict(d)
     if validation_results is None:
-        validation_results = d.get("validation") or None
+        validation_results = signed.validation or None
     href = None
     if validation_results is not None:
-        build_offline_data_docs(validation_results, report_dir / VALIDATION_DIR, run=run_title(d),
+        build_offline_data_docs(validation_results, report_dir / VALIDATION_DIR, run=run_title(signed),
                                 back_href=f"../{REPORT_HTML}")
         href = f"{VALIDATION_DIR}/{VALIDATION_HTML}"
     hint = public_key_hint or (str(signing_key.public_path) if signing_key.public_path else "KEY.pub.pem")
-    page = render_report_html(d, sample_images=sample_images, gx_results=validation_results,
+    page = render_report_html(signed, sample_images=sample_images, gx_results=validation_results,
                               validation_href=href, public_key_hint=hint, report_dir_hint=str(report_dir))
     tmp = report_dir / f".{REPORT_HTML}.tmp"
     tmp.write_text(page, encoding="utf-8")
     os.replace(tmp, report_dir / REPORT_HTML)
     d["report_files"] = hash_report_files(report_dir)
     return write_signed_report(report_dir, d, signing_key)
+
+

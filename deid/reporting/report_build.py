@@ -165,7 +165,9 @@ def privacy_section(gate: GateResult, k: int) -> Privacy:
         max_person_share=gate.max_person_share, exact_bound=gate.exact_bound, attack_sample=gate.attack_sample,
         partitions=[dict(r) for r in getattr(gate, "partitions", ())] or None,
         membership=getattr(gate, "membership", None), scope=dict(SCOPE),
-        reidentification=[Reidentification(**r) for r in gate.reidentification])
+        reidentification=[Reidentification(attacker=r.attacker, mode=r.mode, rate=r.rate, n_probes=r.n_probes,
+                                           records=r.records, lower=r.lower, upper=r.upper, status=r.status)
+                          for r in gate.reidentification])
 
 
 def exact_bound_holds(gate: GateResult, k: int) -> bool:
@@ -193,7 +195,7 @@ def verdict_fields(*, release_id: str, run_id: str, created_at: str, config: Run
         release_id=release_id, run_id=run_id, verdict="released" if passed else "rejected", k=config.k,
         method=config.method, created_at=created_at, reasons=list(gate.reasons), warnings=list(gate.warnings),
         guarantee=guarantee_text, dataset=dataset, checks=[Check.from_gate(c) for c in gate.checks],
-        privacy=privacy_section(gate, config.k), utility=[Utility.from_row(u) for u in gate.utility],
+        privacy=privacy_section(gate, config.k), utility=[Utility.from_row(u.to_dict()) for u in gate.utility],
         artifacts=list(artifacts) if passed else [], file_manifest=file_manifest if passed else None,
         release_dir=str(config.releases_dir / release_id) if passed else None, signing=signing,
         versions=dict(versions))

@@ -294,27 +294,28 @@ def gate_rows(result: GateResult, base: dict, *, k: int, confidence: float) -> l
     for r in result.reidentification:
         # The gate's rule: with identical copies per cluster a rate fails only if its lower
         # bound exceeds 1/k (the exact share decides); otherwise its upper bound must not.
-        failing = not within_bound(r["lower"] if result.exact_bound else r["upper"], limit=bound)
-        rows.append({**base, "kind": "privacy", "attacker": r["attacker"], "mode": r["mode"], "rate": r["rate"],
-                     "lower": r["lower"], "upper": r["upper"], "n": r["n_probes"], "records": r.get("records"),
+        failing = not within_bound(r.lower if result.exact_bound else r.upper, limit=bound)
+        rows.append({**base, "kind": "privacy", "attacker": r.attacker, "mode": r.mode, "rate": r.rate,
+                     "lower": r.lower, "upper": r.upper, "n": r.n_probes, "records": r.records,
                      "confidence": confidence, "bonferroni": m, "bound": bound,
-                     "status": r.get("status") or ("fail" if failing else "pass")})
+                     "status": r.status or ("fail" if failing else "pass")})
     for u in result.utility:
-        if u.get("protocol") == "cross-fit":
-            rows.append({**base, "kind": "utility", "label": u["label"], "protocol": "cross-fit",
-                         "accuracy": u["accuracy_release"], "original_accuracy": u["accuracy_original"],
-                         "delta": u["delta"], "lower": u["delta_lower"], "upper": u["delta_upper"],
-                         "n": u["n_test_images"], "threshold": u["tolerance"], "status": u["decision"],
-                         "confidence": u["confidence"], "detail": u["detail"]})
+        ev = u.evidence
+        if u.protocol == "cross-fit":
+            rows.append({**base, "kind": "utility", "label": u.label, "protocol": "cross-fit",
+                         "accuracy": ev["accuracy_release"], "original_accuracy": ev["accuracy_original"],
+                         "delta": ev["delta"], "lower": ev["delta_lower"], "upper": ev["delta_upper"],
+                         "n": ev["n_test_images"], "threshold": u.tolerance, "status": ev["decision"],
+                         "confidence": ev["confidence"], "detail": u.detail})
         else:
-            rows.append({**base, "kind": "utility", "label": u["label"], "protocol": u["protocol"],
-                         "accuracy": u["deidentified_accuracy"], "original_accuracy": u["original_accuracy"],
-                         "status": "evidence", "detail": u["detail"]})
+            rows.append({**base, "kind": "utility", "label": u.label, "protocol": u.protocol,
+                         "accuracy": u.deidentified_accuracy, "original_accuracy": u.original_accuracy,
+                         "status": "evidence", "detail": u.detail})
     leak = next((c for c in result.checks if c.name == "no_near_copies"), None)
-    worst = max(result.reidentification, key=lambda r: r["upper"], default=None)
+    worst = max(result.reidentification, key=lambda r: r.upper or 0.0, default=None)
     rows.append({**base, "kind": "verdict", "verdict": "pass" if result.passed else "fail",
                  "status": "pass" if result.passed else "fail", "rate": result.max_rate,
-                 "upper": None if worst is None else worst["upper"], "bonferroni": m, "confidence": confidence,
+                 "upper": None if worst is None else worst.upper, "bonferroni": m, "confidence": confidence,
                  "bound": bound, "max_person_share": result.max_person_share, "exact_bound": result.exact_bound,
                  "min_distance": None if leak is None else leak.value,
                  "detail": "; ".join(result.reasons) if not result.passed else "; ".join(result.warnings)})

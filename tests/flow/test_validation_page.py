@@ -9,6 +9,7 @@ from __future__ import annotations
 import html
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +20,7 @@ from pagecheck import Page, assert_validation_page_names_every_expectation
 from deid.intake.drop import read_drop
 from deid.reporting.html_report import render_report_html
 from deid.reporting.html_validation import build_offline_data_docs
+from deid.reporting.report import DatasetSummary, Report, SigningInfo
 from deid.intake.ingest import ingest
 from deid.release.publish import stage_release
 from deid.settings import Settings
@@ -34,6 +36,14 @@ from deid.evaluation.validation import (
     validate_manifest,
     validate_release,
 )
+
+
+def _rejected(release_id: str, *, k: int, method: str) -> Report:
+    """A rejected run's report with nothing measured (the dataset "clinic")."""
+    return Report(release_id=release_id, verdict="rejected", k=k, method=method, run_id="run-1",
+                  dataset=DatasetSummary(name="clinic", fingerprint="sha256:" + "0" * 64, records_in=0,
+                                         records_released=0, records_suppressed=0, records_quarantined=0),
+                  signing=SigningInfo(public_key_fingerprint="sha256:" + "0" * 64, key_origin="development"))
 
 
 def _aligner() -> dict:
@@ -96,8 +106,7 @@ def test_page_says_whose_run_it_is_and_links_back(real_suites, tmp_path):
     """Issue 29 item 10: opened on its own, the page says which run it belongs to and links back to report.html."""
     from deid.reporting.html_report import run_title
 
-    run = run_title({"dataset": {"name": "clinic"}, "k": 5, "method": "k-same-select", "release_id": "rel-1",
-                     "verdict": "rejected"})
+    run = run_title(_rejected("rel-1", k=5, method="k-same-select"))
     assert run == "clinic, k = 5, k-same-select, release rel-1 (REJECTED)"
     _, html_path = build_offline_data_docs(real_suites, tmp_path / "validation", run=run, back_href="../report.html")
     doc = html_path.read_text()
@@ -109,8 +118,8 @@ def test_page_says_whose_run_it_is_and_links_back(real_suites, tmp_path):
 
 
 def test_report_html_counts_are_numbers(real_suites):
-    report = {"release_id": "rel-x", "verdict": "rejected", "k": 2, "method": "k-same", "checks": [],
-              "validation": {name: s.to_dict() for name, s in real_suites.items()}}
+    report = replace(_rejected("rel-x", k=2, method="k-same"),
+                     validation={name: s.to_dict() for name, s in real_suites.items()})
     page = Page(render_report_html(report, validation_href="validation/index.html"))
     table = page.table_after("suite")
     assert [r[0] for r in table[1:]] == ["manifest", "ingested", "aligned", "release"]

@@ -85,7 +85,7 @@ def test_absent_members_counterfeits_are_attacked_as_rows_of_no_one():
         assert checks[name].passed, checks[name].detail
     assert res.max_person_share <= 1 / K + 1e-12 and res.exact_bound
     # Identical rows per cluster: every rate, counterfeits included, is at most the row share.
-    assert all(r["rate"] <= 1 / K + 1e-9 for r in res.reidentification), res.reidentification
+    assert all(r.rate <= 1 / K + 1e-9 for r in res.reidentification), res.reidentification
     assert "counted on their registered members" in checks["min_distinct_people_per_cluster"].detail
     assert "who is in this drop" in checks["max_person_share"].detail
     # The drop's real rows alone (the old measure: counterfeits dropped, gallery of present people):
@@ -94,7 +94,7 @@ def test_absent_members_counterfeits_are_attacked_as_rows_of_no_one():
     alone = attack_all(originals=originals, original_people=inputs.people, released=released,
                        released_people=inputs.people, shape=SHAPE, modes=("naive",), attackers=ATTACKERS)
     assert max(r["rate"] for r in alone) > 1 / K
-    with_them = max(r["rate"] for r in res.reidentification)  # max_rate is None when every row is short of probes
+    with_them = max(r.rate for r in res.reidentification)  # max_rate is None when every row is short of probes
     print(f"\nabsent members: {plan.n_counterfeit} counterfeits; max rate with them "
           f"{with_them:.3f}, drop rows alone {max(r['rate'] for r in alone):.3f} (1/k = {1 / K:.3f})")
 

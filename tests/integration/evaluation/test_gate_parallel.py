@@ -72,7 +72,7 @@ def test_the_parallel_gate_gives_the_serial_figures(caplog, monkeypatch):
     assert sorted(parts) == ["attack"] * 3 + ["cross-fit", "protocols"]
     assert parallel.checks == serial.checks
     assert parallel.reidentification == serial.reidentification and len(serial.reidentification) == 9
-    assert parallel.utility == serial.utility and any(r.get("protocol") == "cross-fit" for r in serial.utility)
+    assert parallel.utility == serial.utility and any(r.protocol == "cross-fit" for r in serial.utility)
     assert (parallel.max_rate, parallel.attack_sample) == (serial.max_rate, serial.attack_sample)
 
 
@@ -109,6 +109,6 @@ def test_a_large_release_runs_its_gate_on_a_helper_process_with_the_serial_figur
     assert calls == [{"large": True}]
     assert helped.checks == serial.checks and any(c.name == "no_near_copies" for c in serial.checks)
     assert helped.reidentification == serial.reidentification and len(serial.reidentification) == 6
-    assert helped.utility == serial.utility and any(r.get("protocol") == "cross-fit" for r in serial.utility)
+    assert helped.utility == serial.utility and any(r.protocol == "cross-fit" for r in serial.utility)
     assert (helped.max_rate, helped.attack_sample) == (serial.max_rate, serial.attack_sample)
     assert not gate_parts.helper_size(inputs, config) and gate_parts.helper_size(inputs, replace(config, helper_min_records=40))

@@ -94,7 +94,7 @@ def test_signed_manifest_release_verifies_and_counts_every_file(signed, keys):
     assert result.ok and result.authenticated, result.problems
     report = json.loads((report_dir / "report.json").read_bytes())
     assert not any(a["path"].startswith("images/") for a in report["artifacts"])
-    assert released_files(report) == sum(1 for p in release.rglob("*") if p.is_file())
+    assert released_files(Report.from_dict(report)) == sum(1 for p in release.rglob("*") if p.is_file())
     assert any("9 of 9 files listed in MANIFEST.sha256 checked" in n for n in result.notes)
 
 

@@ -13,6 +13,7 @@ from deid.anonymise.clusters import cluster_shares
 from deid.evaluation.gate_types import GateConfig
 from deid.evaluation.leaks import mean_abs_difference
 from deid.operations import worker_deidentify, worker_gate
+from deid.reporting.report import Report
 
 P = 64  # pixels per face
 THRESHOLD = GateConfig(k=5, method="k-same").leak_threshold  # the gate's own threshold, not a copy of it
@@ -178,7 +179,7 @@ def test_report_html_shows_the_repair_with_its_threshold():
               "utility": [], "artifacts": [], "release_dir": None, "versions": {}, "configuration": {},
               "signing": {"algorithm": "ed25519", "public_key_fingerprint": "sha256:" + "0" * 64,
                           "key_origin": "development"}}
-    doc = render_report_html(report)
+    doc = render_report_html(Report.from_dict(report))
     assert "Near-copy repair" in doc and "2 of 200 clusters" in doc and "1 merged" in doc and "(5 records)" in doc
     assert f"within {THRESHOLD:g} grey levels" in doc or f"within {THRESHOLD} grey levels" in doc
 

@@ -86,10 +86,10 @@ def test_ksame_release_passes_privacy_with_exact_bound():
     rate = checks["reidentification_rate"]
     assert rate.passed and rate.interval[0] <= rate.value <= rate.interval[1] and rate.n > 0
     for row in res.reidentification:
-        assert 0 <= row["lower"] <= row["rate"] <= row["upper"] <= 1
+        assert 0 <= row.lower <= row.rate <= row.upper <= 1
         # Naive and parrot probes are the distinct released images only (N/k of them).
-        if row["mode"] in ("naive", "parrot"):
-            assert row["n_probes"] == len(set(clusters.tolist()))
+        if row.mode in ("naive", "parrot"):
+            assert row.n_probes == len(set(clusters.tolist()))
     assert checks["utility"].status == "not_applicable" and checks["utility"].passed
     assert res.passed, res.reasons
 
@@ -174,10 +174,10 @@ def test_large_release_is_attacked_on_a_reported_sample():
     # 50 records are 10 clusters of 5, fewer than min_probes (20) distinct released images: the sample
     # takes 20 whole clusters (100 of 120 records) so naive and parrot probes are evidence.
     assert res.attack_sample["records"] == 100 and res.attack_sample["of"] == 120
-    assert all(r["records"] == 100 for r in res.reidentification)
+    assert all(r.records == 100 for r in res.reidentification)
     res = evaluate(_inputs(released, faces, people, clusters.astype(object)), _fast(attack_sample=50, min_probes=10))
     assert res.attack_sample["records"] == 50 and res.attack_sample["of"] == 120
-    assert all(r["records"] == 50 for r in res.reidentification)
+    assert all(r.records == 50 for r in res.reidentification)
 
 
 def test_the_gate_reads_the_release_pixels_once():
@@ -234,9 +234,9 @@ def test_utility_is_cross_fitted_and_a_label_permuted_release_fails():
     util = next(c for c in res.checks if c.name == "utility_bright")
     assert util.status in ("pass", "inconclusive") and util.passed
     assert util.interval is not None and util.n > 0
-    row = next(r for r in res.utility if r.get("protocol") == "cross-fit")
-    assert row["gate_status"] == util.status and row["n_test_people"] > 0
-    assert any(r.get("evidence_only") for r in res.utility)  # the earlier protocols, reported only
+    row = next(r for r in res.utility if r.protocol == "cross-fit")
+    assert row.evidence["gate_status"] == util.status and row.evidence["n_test_people"] > 0
+    assert any(r.evidence.get("evidence_only") for r in res.utility)  # the earlier protocols, reported only
     # Negative control: each cluster's image swapped with a cluster of the other label, which
     # is the release's label column permuted across clusters.
     keys = np.unique(clusters)

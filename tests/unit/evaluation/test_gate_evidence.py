@@ -5,6 +5,7 @@ import numpy as np
 
 from deid.anonymise.methods import deidentify
 from deid.evaluation.checks import INSUFFICIENT
+from deid.evaluation.gate_rows import AttackRow
 from deid.evaluation.gate_types import GateConfig, GateInputs
 from deid.evaluation.gate_privacy import attack_sample, privacy_checks
 from deid.evaluation.gate import evaluate
@@ -37,40 +38,40 @@ def _gate(released, faces, people, clusters, **kw):
 def test_a_probe_starved_row_is_insufficient_evidence_and_never_the_headline():
     faces, people, released, clusters = _release()
     res = _gate(released, faces, people, clusters)  # min_probes 20: naive has 8 distinct released images
-    rows = {r["mode"]: r for r in res.reidentification}
-    assert rows["naive"]["n_probes"] == 8 and rows["naive"]["status"] == INSUFFICIENT
-    assert 0 <= rows["naive"]["lower"] <= rows["naive"]["upper"] <= 1  # kept with its n and interval
-    assert rows["reverse"]["n_probes"] == 40 and rows["reverse"]["status"] in ("pass", "fail")
-    assert res.max_rate == rows["reverse"]["rate"]
+    rows = {r.mode: r for r in res.reidentification}
+    assert rows["naive"].n_probes == 8 and rows["naive"].status == INSUFFICIENT
+    assert 0 <= rows["naive"].lower <= rows["naive"].upper <= 1  # kept with its n and interval
+    assert rows["reverse"].n_probes == 40 and rows["reverse"].status in ("pass", "fail")
+    assert res.max_rate == rows["reverse"].rate
     check = next(c for c in res.checks if c.name == "reidentification_rate")
     assert check.n == 40 and "insufficient evidence" in check.detail
     assert res.attack_sample["min_probes"] == 20 and res.attack_sample["insufficient"] == 1
     # With the minimum at 8 the same row is evidence again, and may be the headline.
     res8 = _gate(released, faces, people, clusters, min_probes=8)
-    assert all(r["status"] != INSUFFICIENT for r in res8.reidentification)
-    assert res8.max_rate == max(r["rate"] for r in res8.reidentification)
+    assert all(r.status != INSUFFICIENT for r in res8.reidentification)
+    assert res8.max_rate == max(r.rate for r in res8.reidentification)
 
 
 def test_the_headline_ignores_a_high_rate_from_one_probe():
     # The case: a headline 0.167 from one distinct probe. Rows as attack_rows gives them.
     faces, people, released, clusters = _release()
     inputs = GateInputs.from_arrays(shape=SHAPE, people=people, released=released, originals=faces, clusters=clusters)
-    rows = [{"attacker": "a", "mode": "naive", "rate": 1.0, "n_probes": 1, "credit": 5.0},
-            {"attacker": "a", "mode": "reverse", "rate": 0.1, "n_probes": 100, "credit": 10.0},
-            {"attacker": "b", "mode": "naive", "rate": 0.15, "n_probes": 20, "credit": 3.0}]
+    rows = [AttackRow("a", "naive", rate=1.0, n_probes=1), AttackRow("a", "reverse", rate=0.1, n_probes=100),
+            AttackRow("b", "naive", rate=0.15, n_probes=20)]
     for exact in (True, False):
         checks, out, max_rate, _ = privacy_checks(inputs, GateConfig(k=5, method="k-same"), exact=exact,
-                                                  rows=[dict(r) for r in rows])
-        assert [r["status"] for r in out][0] == INSUFFICIENT and out[0]["upper"] == 1.0
+                                                  rows=rows)
+        assert [r.status for r in out][0] == INSUFFICIENT and out[0].upper == 1.0
+        assert all(r.status is None for r in rows)  # scored rows are new rows: the input is left as it was
         assert max_rate == 0.15 and checks[0].value == 0.15 and checks[0].n == 20  # 20 probes: just enough
         # The one-probe rate (1.0 > 1/k) would fail on its own; it decides nothing.
-        assert checks[0].passed == (out[1]["status"] == out[2]["status"] == "pass")
+        assert checks[0].passed == (out[1].status == out[2].status == "pass")
 
 
 def test_when_no_rate_has_enough_probes_the_exact_checks_decide():
     faces, people, released, clusters = _release()
     res = _gate(released, faces, people, clusters, min_probes=50)  # the whole release has 40 records
-    assert res.max_rate is None and all(r["status"] == INSUFFICIENT for r in res.reidentification)
+    assert res.max_rate is None and all(r.status == INSUFFICIENT for r in res.reidentification)
     check = next(c for c in res.checks if c.name == "reidentification_rate")
     assert check.status == "inconclusive" and check.passed and check.value is None
     assert "exact structural checks" in check.detail
@@ -119,4 +120,4 @@ def test_a_release_that_loses_its_label_fails_the_gate_even_when_inconclusive_is
                         n_components=10)
     checks, rows = cross_fit_checks(inputs, config)
     assert checks[0].status == "fail" and not checks[0].passed and "loses g" in checks[0].detail
-    assert rows[0]["label_lost"] and rows[0]["gate_status"] == "fail"
+    assert rows[0].evidence["label_lost"] and rows[0].evidence["gate_status"] == "fail"

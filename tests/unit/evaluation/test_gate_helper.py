@@ -44,6 +44,6 @@ def test_a_helper_started_before_the_gate_gives_the_gates_figures_and_runs_the_d
     assert [c.name for c in serial.checks].count("from_staging") == 1
     assert next(c for c in serial.checks if c.name == "no_source_metadata").status == "fail"
     assert helped.reidentification == serial.reidentification
-    assert {r["attacker"] for r in serial.reidentification} == {"pca-whitened-cosine", "dlib-resnet"}
+    assert {r.attacker for r in serial.reidentification} == {"pca-whitened-cosine", "dlib-resnet"}
     assert helped.utility == serial.utility and (helped.max_rate, helped.attack_sample) == (serial.max_rate,
                                                                                           serial.attack_sample)

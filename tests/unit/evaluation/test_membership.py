@@ -99,7 +99,7 @@ def test_report_html_and_card_state_membership_beside_one_over_k():
     from deid.reporting.html_report import _membership
     import jsonschema
 
-    from deid.reporting.report import load_schema
+    from deid.reporting.report import Privacy, load_schema
     from deid.release.card import DatasetCard, split_card
 
     report = _report("rel-0123456789abcdef", 12)
@@ -111,7 +111,7 @@ def test_report_html_and_card_state_membership_beside_one_over_k():
     jsonschema.validate(dict(SCOPE), schema["scope"])
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**figures, "subject_ids": ["001"]}, schema["membership"])
-    html = _membership(report["privacy"])
+    html = _membership(Privacy(bound=report["privacy"]["bound"], membership=figures, scope=dict(SCOPE)))
     assert "AUC 0.700 [0.600, 0.800]" in html and "30 members vs 30 non-members" in html
     assert "k-Same protects" in html and "does not protect" in html
     _, body = split_card(DatasetCard.from_report(report).render())

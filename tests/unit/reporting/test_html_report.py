@@ -20,7 +20,7 @@ from deid.reporting.html_report import (
     write_report_bundle,
 )
 from deid.release.publish import stage_release
-from deid.reporting.report import dataset_fingerprint
+from deid.reporting.report import Report, dataset_fingerprint
 from deid.release.signing import ensure_signing_key, write_keypair
 from deid.reporting.verify import verify_report
 
@@ -113,7 +113,7 @@ def _decode(png: bytes) -> np.ndarray:
 def test_html_is_offline_and_complete(world):
     _, release_dir, _, _ = world
     report = _report(release_dir)
-    doc = render_report_html(report, sample_images=sample_release_images(release_dir))
+    doc = render_report_html(Report.from_dict(report), sample_images=sample_release_images(release_dir))
     assert not URL.search(doc), URL.search(doc)
     # every resource reference is an inline data: URI (or an in-page anchor)
     for ref in RESOURCE_ATTR.findall(doc):
@@ -141,7 +141,7 @@ def test_sample_grid_contains_only_released_images(world):
     project, release_dir, centroids, originals = world
     samples = sample_release_images(release_dir, n=24, seed=5)
     assert len(samples) == 3  # one per released cluster
-    doc = render_report_html(_report(release_dir), sample_images=samples)
+    doc = render_report_html(Report.from_dict(_report(release_dir)), sample_images=samples)
     embedded = [_decode(p) for p in _data_uris(doc, "sample")]
     assert len(embedded) == 3
     released = [cv2.imread(str(p), cv2.IMREAD_UNCHANGED) for p in sorted((release_dir / "images").glob("*.png"))]
@@ -178,7 +178,7 @@ def test_sample_release_images_ignores_anything_outside_images(world, tmp_path):
 def test_rejected_report_shows_reasons_and_no_faces(world):
     _, release_dir, _, _ = world
     report = _report(None, verdict="rejected")
-    doc = render_report_html(report, sample_images=sample_release_images(release_dir))
+    doc = render_report_html(Report.from_dict(report), sample_images=sample_release_images(release_dir))
     assert "REJECTED" in doc and "re-identification 0.4 &gt; 1/k" in doc
     assert not URL.search(doc) and "[link removed]" in doc
     assert _data_uris(doc, "sample") == []
@@ -230,7 +230,7 @@ def test_bundle_verifies_and_detects_tampering(world, keys):
     project, release_dir, _, _ = world
     signing_key, pub, other_pub = keys
     report_dir = project / "reports" / "rel-test"
-    path = write_report_bundle(report_dir, _report(release_dir), signing_key,
+    path = write_report_bundle(report_dir, Report.from_dict(_report(release_dir)), signing_key,
                                sample_images=sample_release_images(release_dir), validation_results=_gx_like())
     report = json.loads(path.read_text())
     assert [f["path"] for f in report["report_files"]] == [

@@ -11,6 +11,7 @@ from deid.reporting import html_charts
 from deid.reporting.html_charts import FONT_PX, MAX_WIDTH_PX
 from deid.reporting.html_page import round_numbers
 from deid.reporting.html_report import check_requirement, render_report_html, threshold_text
+from deid.reporting.report import Reidentification, Report
 
 GUARANTEE = ("formal: 1/k = 1/5 bound on re-identification by any recogniser, because every released face is the "
              "pixel average of a cluster of at least k=5 distinct people (Newton et al. 2005)")
@@ -72,12 +73,13 @@ def _report(verdict: str = "rejected") -> dict:
         },
         "signing": {"algorithm": "ed25519", "public_key_fingerprint": "sha256:" + "0" * 64, "key_origin": "development"},
         "versions": {"deid": "0.1.0"},
+        "artifacts": [], "release_dir": None,
     }
 
 
 @pytest.fixture(scope="module")
 def rejected() -> tuple[str, Page]:
-    doc = render_report_html(_report())
+    doc = render_report_html(Report.from_dict(_report()))
     return doc, Page(doc)
 
 
@@ -88,7 +90,7 @@ def test_guarantee_sentence_sits_under_the_verdict(rejected):
     assert "<p class='guarantee nothing'><b>Guarantee:</b> none: nothing released</p>" in doc
     assert doc.index("REJECTED") < doc.index("none: nothing released") < doc.index("<h2>Checks</h2>")
     assert html.escape(GUARANTEE) not in doc and "formal:" not in doc
-    released = render_report_html(_report("released"))
+    released = render_report_html(Report.from_dict(_report("released")))
     assert released.index("RELEASED") < released.index(f"<p class='guarantee'><b>Guarantee of this release:</b> "
                                                         f"{html.escape(GUARANTEE)}") < released.index("<h2>Checks</h2>")
 
@@ -163,8 +165,9 @@ def test_chart_text_size_k_line_and_legend_outside_the_bars():
     from xml.etree import ElementTree
 
     r = _report()
-    charts = {"reid": html_charts.reid_chart(r["privacy"]["reidentification"], 0.2),
-              "utility": html_charts.utility_chart(r["utility"]),
+    typed = Report.from_dict(r)
+    charts = {"reid": html_charts.reid_chart(typed.privacy.reidentification, 0.2),
+              "utility": html_charts.utility_chart(typed.utility),
               "partitions": html_charts.partition_chart(r["configuration"]["partitions"], 5),
               "clusters": html_charts.cluster_chart(r["configuration"]["clusters"]["sizes"], 5)}
     for name, chart in charts.items():
@@ -188,8 +191,8 @@ def test_chart_text_size_k_line_and_legend_outside_the_bars():
     labels = [t.text for t in ElementTree.fromstring(charts["partitions"].svg).findall("text[@class='ylabel']")]
     assert labels == ["female / neutral", "female / smile", "male / neutral", "male / smile"]
     # A rate above 1/k is drawn red, and the legend says what red means.
-    over = html_charts.reid_chart([{"attacker": "a", "mode": "naive", "rate": 0.5, "lower": 0.3, "upper": 0.7},
-                                   {"attacker": "b", "mode": "naive", "rate": 0.1}], 0.2)
+    over = html_charts.reid_chart([Reidentification("a", "naive", 0.5, lower=0.3, upper=0.7),
+                                   Reidentification("b", "naive", 0.1)], 0.2)
     assert "rate &gt; 1/k" in over.svg or "rate > 1/k" in over.svg
     fills = [b.get("fill") for b in ElementTree.fromstring(over.svg).findall("rect[@class='bar']")]
     assert fills[0] != fills[1]
@@ -207,7 +210,7 @@ def test_whiskers_past_1_over_k_are_explained_and_the_attackers_named():
     from deid.reporting.wording import ATTACKER_WORDS, MODE_WORDS
 
     assert set(ATTACKER_WORDS) == set(ATTACKERS) | set(FEATURE_ATTACKERS) and set(MODE_WORDS) == set(MODES)
-    doc = render_report_html(_report("released"))
+    doc = render_report_html(Report.from_dict(_report("released")))
     section = doc[doc.index("<h2>Re-identification</h2>"):doc.index("<h2>Utility</h2>")]
     note = section[section.index("Why whiskers past the 1/k line do not decide"):]
     note = note[:note.index("</p>")]
@@ -220,10 +223,10 @@ def test_whiskers_past_1_over_k_are_explained_and_the_attackers_named():
     # Without the exact bound the same whiskers decide, and the page says so; within 1/k: nothing to explain.
     r = _report("rejected")
     r["privacy"]["exact_bound"] = False
-    assert "Whiskers past the 1/k line decide here" in render_report_html(r)
+    assert "Whiskers past the 1/k line decide here" in render_report_html(Report.from_dict(r))
     for row in r["privacy"]["reidentification"]:
         row["upper"] = 0.19
-    assert "Whiskers past" not in render_report_html(r) and "whiskers past" not in render_report_html(r)
+    assert "Whiskers past" not in render_report_html(Report.from_dict(r)) and "whiskers past" not in render_report_html(Report.from_dict(r))
 
 
 def test_a_method_without_clusters_is_not_reported_as_forming_them():
@@ -233,7 +236,7 @@ def test_a_method_without_clusters_is_not_reported_as_forming_them():
     r["configuration"]["clusters"] = {"count": 60, "sizes": [1] * 60}
     r["checks"].append({"name": "min_cluster_size", "passed": True, "status": "not_applicable", "value": None,
                         "threshold": ">= 5", "detail": "not applicable: method blur forms no clusters"})
-    doc = render_report_html(r)
+    doc = render_report_html(Report.from_dict(r))
     assert "Method blur forms no clusters: each of the 60 faces was de-identified on its own" in doc
     assert "60 clusters" not in doc and "Cluster sizes" not in doc
-    assert "12 clusters of 5&ndash;7 records" in render_report_html(_report("rejected"))
+    assert "12 clusters of 5&ndash;7 records" in render_report_html(Report.from_dict(_report("rejected")))

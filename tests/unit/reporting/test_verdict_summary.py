@@ -112,7 +112,7 @@ def test_rejected_summary_states_no_guarantee_and_the_root_cause_first():
     lines = s.text_lines()
     assert lines[:3] == ["verdict: REJECTED", f"guarantee: {NOTHING_RELEASED}", f"  cause: {s.causes[0]}"]
     assert lines[-1] == "report: reports/rel-x/report.html"
-    page = render_report_html(_k_too_large())
+    page = render_report_html(Report.from_dict(_k_too_large()))
     assert "class='guarantee'" not in page and GUARANTEE not in page
     assert page.index("12 distinct usable people") < page.index("At least one record is released</b>")
     # Labels declared, nothing measured: said so, not "No utility labels were measured" (seen on a screenshot).
@@ -186,5 +186,5 @@ def test_a_figure_without_a_limit_is_report_only_not_not_applicable():
     assert rows["lineage_label_mix"]["result"] == "not applicable"  # nothing measured: still not applicable
     n = len(r["checks"])
     assert checks_description(r) == f"{n} gate checks: 1 inconclusive, {n - 3} pass, 1 report only, 1 not applicable"
-    page = render_report_html(r)
+    page = render_report_html(Report.from_dict(r))
     assert '<span class="na">report only (no limit set)</span>' in page and '<span class="na">not applicable</span>' in page
