@@ -2,11 +2,7 @@
 registry opened and settled, the release as the lineage sees it (with the gate's lineage checks and the
 differencing attacks), and the release registered or marked.
 
-The stage functions take contracts (:mod:`deid.contracts`) in and return one out, with no Prefect: the heavy
-per-part work goes to an :class:`~deid.pool.Executor` as the ``worker_*`` modules' functions; ``logger``
-(optional, default this module's) receives the stage's progress and warnings, e.g. Prefect's run logger.
-:mod:`deid.operations.runner` calls them in order; the Prefect tasks of :mod:`deid.tasks.stages` are
-one-line adapters around them.
+One function per stage, with the contract :mod:`deid.operations` describes.
 """
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
 """The stage stage: the would-be release written inside the run's private staging and validated
 (its rows, the releasable label values, the sensitive columns, the lineage's label mix, the linkage record).
 
-The stage functions take contracts (:mod:`deid.contracts`) in and return one out, with no Prefect: the heavy
-per-part work goes to an :class:`~deid.pool.Executor` as the ``worker_*`` modules' functions; ``logger``
-(optional, default this module's) receives the stage's progress and warnings, e.g. Prefect's run logger.
-:mod:`deid.operations.runner` calls them in order; the Prefect tasks of :mod:`deid.tasks.stages` are
-one-line adapters around them.
+One function per stage, with the contract :mod:`deid.operations` describes.
 """
 from __future__ import annotations
 
