@@ -30,10 +30,12 @@ $(DOCS_STAMP): pyproject.toml $(STAMP)
 	@touch $(DOCS_STAMP)
 
 ## check: lint (ruff: syntax and pyflakes), types (mypy: the contract modules strict, a shrinking baseline), the
-## layers contract (import-linter), all configured in pyproject.toml and run by .pre-commit-config.yaml too; and
-## the docs site built --strict (make docs)
+## layers contract (import-linter), all configured in pyproject.toml and run by .pre-commit-config.yaml too; no
+## function in the package over 80 lines (.ci/function_lengths.py, a shrinking allowlist); and the docs site built
+## --strict (make docs)
 check: $(STAMP)
 	$(BIN)/ruff check deid flows tasks schemas tests bench docs .ci
+	$(BIN)/python .ci/function_lengths.py
 	$(MAKE) types layers docs
 
 ## layout-view: build/layout/deid, the package as installed (deid/ with flows/, tasks/, schemas/ linked in as deid.flows,

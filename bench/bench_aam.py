@@ -12,7 +12,8 @@ label (original -> release accuracy, the drop with its interval, held-out test i
 sharpness of the released faces (variance of the Laplacian, one face per cluster; mean with a
 95% bootstrap interval over clusters), per shape source, with the AAM - k-Same-M difference.
 
-    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/bench_aam.py [--k 5] [--attackers fast|all]
+    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/bench_aam.py [--k 5] [--attackers fast|all] \
+        [--london PATH]
 
 ``--attackers fast`` (default) runs the eigenface, LBP and release-refit attackers without dlib;
 ``all`` adds dlib-resnet (~20 s more CPU per method). ``--seed`` fixes the methods' seed (default
@@ -32,8 +33,8 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
+from london_set import add_london_option, london_dir  # noqa: E402
 
-LONDON = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "london"
 METHODS = ("k-same-m", "k-same-aam")
 FAST = ("pca-mahalanobis", "pca-whitened-cosine", "fisherfaces", "lbp-chi2", "release-refit-pca")
 
@@ -65,10 +66,12 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--attackers", choices=("fast", "all"), default="fast")
     ap.add_argument("--seed", type=int, default=0)
+    add_london_option(ap)
     args = ap.parse_args()
+    london = london_dir(args.london)
     work = Path(tempfile.mkdtemp(prefix="bench_aam_"))
     try:
-        d = load_aligned(import_london(LONDON, work / "drop"), work / "aligned")
+        d = load_aligned(import_london(london, work / "drop"), work / "aligned")
     finally:
         shutil.rmtree(work, ignore_errors=True)  # the drop and the ingested table hold copies of the photos
     x, people, shape = d.pixels, d.people, d.shape

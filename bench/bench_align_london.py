@@ -27,8 +27,7 @@ from deid.alignment.canonical import FaceAligner, _scale_eyes  # noqa: E402
 from deid.alignment.align import align_records  # noqa: E402
 from deid.errors import RecordError  # noqa: E402
 from deid.intake.imaging import decode_gray, decode_gray_reduced, upright_size  # noqa: E402
-
-DEFAULT_LONDON = ROOT.parent / "shared" / "datasets" / "london"
+from london_set import add_london_option, london_dir  # noqa: E402
 
 
 def read_tem(path: Path) -> EyePair:
@@ -53,15 +52,16 @@ def timed(fn, *args):
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--london", type=Path, default=DEFAULT_LONDON)
+    add_london_option(ap)
     ap.add_argument("--limit", type=int, default=0, help="only the first N images of each folder")
     ap.add_argument("--threads", type=int, default=1, help="cv2.setNumThreads (1 = one core, as a worker)")
     args = ap.parse_args()
     cv2.setNumThreads(args.threads)
-    neutral = sorted((args.london / "neutral_front").glob("*.jpg"))
-    smiling = sorted((args.london / "smiling_front").glob("*.jpg"))
+    london = london_dir(args.london)
+    neutral = sorted((london / "neutral_front").glob("*.jpg"))
+    smiling = sorted((london / "smiling_front").glob("*.jpg"))
     if not neutral:
-        print(f"London set not found at {args.london}", file=sys.stderr)
+        print(f"London set has no neutral_front/*.jpg at {london}", file=sys.stderr)
         return 2
     if args.limit:
         neutral, smiling = neutral[: args.limit], smiling[: args.limit]

@@ -1,6 +1,6 @@
 """Feature drops at k=5: the gate's figures and CPU time, synthetic and (with --london) London's dlib embeddings.
 
-    PYTHONPATH=$PWD python bench/bench_features.py [--people 100 --per-person 3 --dim 32] [--london]
+    PYTHONPATH=$PWD python bench/bench_features.py [--people 100 --per-person 3 --dim 32] [--london [PATH]]
 
 Prints, per run: verdict, every attacker x mode rate with its one-sided Clopper-Pearson interval
 and number of distinct probes, the cross-fitted utility per label, and CPU seconds. Everything is
@@ -23,6 +23,7 @@ from deid.intake.synth_features import make_feature_drop  # noqa: E402
 from deid.operations.runner import run_release  # noqa: E402
 from deid.run_config import RunConfig  # noqa: E402
 from deid.settings import Settings  # noqa: E402
+from london_set import add_london_option, london_dir  # noqa: E402
 
 
 def run(drop: Path, root: Path, title: str, **kw) -> None:
@@ -51,7 +52,7 @@ def main() -> None:
     p.add_argument("--people", type=int, default=100)
     p.add_argument("--per-person", type=int, default=3)
     p.add_argument("--dim", type=int, default=32)
-    p.add_argument("--london", action="store_true", help="also the dlib embeddings of ../shared/datasets/london")
+    add_london_option(p, optional=True)
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -59,12 +60,13 @@ def main() -> None:
         title = f"synthetic {args.people} people x {args.per_person}, {args.dim}-d"
         run(drop, tmp / "a", f"{title}, k-same-select")
         run(drop, tmp / "b", f"{title}, noise sigma 0.1 (control)", method="noise", sigma=0.1)
-        if args.london:
+        if args.london is not None:
+            from deid.alignment.london import align_london
             from deid.evaluation.recognizer import DlibEmbedder
-            from helpers import load_london_aligned
 
+            london = london_dir(args.london)
             c0 = time.process_time()
-            faces, people, gender, expression = load_london_aligned(smiling="smile")
+            faces, people, gender, expression = align_london(london)
             vectors = DlibEmbedder().transform(faces)
             print(f"\nLondon: {len(faces)} faces aligned and embedded in {time.process_time() - c0:.1f} s cpu")
             ldrop = write_feature_drop(tmp / "london", vectors=vectors, subject_ids=people,

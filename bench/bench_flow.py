@@ -1,7 +1,7 @@
 """Benchmark the whole `deid run` on the London drop (or a synthetic one): per-stage seconds per image.
 
 Usage:
-    .venv/bin/python bench/bench_flow.py                       # London set, k=5
+    .venv/bin/python bench/bench_flow.py                       # London set, k=5 (--london PATH: another copy)
     .venv/bin/python bench/bench_flow.py --synthetic 2000      # synthetic drop of 2000 faces
     .venv/bin/python bench/bench_flow.py --london-records 20000  # London photos reused to make 20,000 records
     .venv/bin/python bench/bench_flow.py --synthetic 100000 --fast-synth  # issue 13's scale runs (10k, 100k, 1M)
@@ -39,9 +39,9 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+from london_set import add_london_option, london_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-LONDON = ROOT.parent / "shared" / "datasets" / "london"
 
 
 def decode_cost(files: list[Path]) -> tuple[float, float]:
@@ -189,6 +189,7 @@ def main() -> int:
     ap.add_argument("--fast-synth", action="store_true", help="deid synth --fast (million-face images)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (default: delete it)")
     ap.add_argument("--drop", default=None, help="an existing synthetic drop to run (with --synthetic N: no new one)")
+    add_london_option(ap)
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="deid-bench-"))
     # This checkout's code (a worktree has no .venv of its own), on the interpreter running the bench.
@@ -210,10 +211,8 @@ def main() -> int:
               f"{s_wall:.1f} s wall, {s_cpu:.1f} s CPU = {1000 * s_cpu / (2 * people):.2f} ms CPU per face, "
               f"peak RSS {s_peak.peak / 2**20:.0f} MiB", flush=True)
     else:
-        if not LONDON.is_dir():
-            print(f"London set missing at {LONDON}", file=sys.stderr)
-            return 2
-        subprocess.run([*deid, "import", "london", str(LONDON), str(drop)], check=True, env=env)
+        london = london_dir(args.london)
+        subprocess.run([*deid, "import", "london", str(london), str(drop)], check=True, env=env)
         if args.london_records:
             expand_london(drop, args.london_records)
     files = sorted(p for p in (drop / "images_x" if args.london_records else drop).rglob("*")

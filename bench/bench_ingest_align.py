@@ -1,6 +1,7 @@
 """Throughput of ingest + align + featurize against plain reduced-resolution JPEG decoding.
 
 Usage: .venv/bin/python bench/bench_ingest_align.py [--n 20000] [--rss-n 100000] [--no-dask] [--no-london]
+    [--london PATH]
 
 Prints, for the London drop and a synthetic JPEG drop of N faces, seconds per image for decode,
 detect, warp and featurize (decode at the reduction align_records uses: by the manifest eye distance,
@@ -26,15 +27,15 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-LONDON = ROOT.parent / "shared" / "datasets" / "london"
+from london_set import add_london_option, london_dir  # noqa: E402
 
 
-def london_drop(dst: Path) -> Path:
+def london_drop(london: Path, dst: Path) -> Path:
     """A London drop in a temp dir (copies; eye points of the neutral photos from the .tem files)."""
     rows = []
     for folder, expr in (("neutral_front", "neutral"), ("smiling_front", "smile")):
         (dst / folder).mkdir(parents=True)
-        for p in sorted((LONDON / folder).glob("*.jpg")):
+        for p in sorted((london / folder).glob("*.jpg")):
             shutil.copyfile(p, dst / folder / p.name)
             eyes = ["", "", "", ""]
             if p.with_suffix(".tem").exists():
@@ -212,6 +213,7 @@ def main() -> None:
     ap.add_argument("--detect-sample", type=int, default=200, help="images sampled for decode/detect/warp timings")
     ap.add_argument("--no-dask", action="store_true")
     ap.add_argument("--no-london", action="store_true")
+    add_london_option(ap)
     args = ap.parse_args()
 
     from deid.intake.synth import make_synthetic_drop
@@ -219,7 +221,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="deid-bench-") as tmp:
         work = Path(tmp)
         if not args.no_london:
-            bench_drop("london", london_drop(work / "london"), work, args.detect_sample)
+            bench_drop("london", london_drop(london_dir(args.london), work / "london"), work, args.detect_sample)
         t0 = time.perf_counter()
         synth = make_synthetic_drop(work / "synth", people=max(1, args.n // 2), images_per_person=2, seed=0,
                                     image_format="jpg")

@@ -7,7 +7,7 @@ pixels with their face), then, on the neutral faces of each gender (the label pa
 k-Same-M runs in), forms the *same* clusters three ways and reports the sharpness (variance of
 the Laplacian) of the cluster faces: higher is sharper, ghosted averages score low.
 
-    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/bench_landmarks.py --k 2,3,5,10
+    PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/bench_landmarks.py --k 2,3,5,10 [--london PATH]
 """
 from __future__ import annotations
 
@@ -28,12 +28,11 @@ from deid.intake.ingest import ingest
 from deid.intake.london import import_london
 from deid.operations.worker_align import align_batch
 from deid.operations.worker_rows import read_pixels
+from london_set import add_london_option, london_dir
 
-LONDON = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "london"
 
-
-def aligned_london(work: Path):
-    drop = import_london(LONDON, work / "drop")
+def aligned_london(london: Path, work: Path):
+    drop = import_london(london, work / "drop")
     d = read_drop(drop)
     res = ingest(d, work / "ingested.parquet")
     params = _aligner_params()
@@ -55,11 +54,13 @@ def aligned_london(work: Path):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--k", default="5", help="comma-separated k values (default 5)")
+    add_london_option(ap)
     args = ap.parse_args()
+    london = london_dir(args.london)
     ks = [int(v) for v in args.k.split(",")]
     work = Path(tempfile.mkdtemp(prefix="bench_landmarks_"))
     try:
-        X, people, gender, expression, points, shape = aligned_london(work)
+        X, people, gender, expression, points, shape = aligned_london(london, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)  # the ingested table holds copies of the photos
     h, w = shape

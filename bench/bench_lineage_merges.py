@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 import cv2
+from london_set import add_london_option, london_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = (("default", {}), ("no recogniser", {"DEID_IDENTITY_EMBED_MAX": "0"}), ("default again", {}))
@@ -33,16 +34,17 @@ def _deid(args: list[str], env: dict[str, str]) -> int:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--london", default=str(ROOT.parent / "shared" / "datasets" / "london"))
+    add_london_option(ap)
     ap.add_argument("--out", default=None, help="project directory (default: a new temporary one)")
     ap.add_argument("--k", type=int, default=5)
     a = ap.parse_args()
+    london = london_dir(a.london)
     out = Path(a.out or tempfile.mkdtemp(prefix="deid-merges-"))
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "DEID_PROJECT_DIR": str(out), "PYTHONPATH": str(ROOT), "DO_NOT_TRACK": "1",
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     drop = out / "drops" / "london"
-    if _deid(["import", "london", a.london, str(drop)], env):
+    if _deid(["import", "london", str(london), str(drop)], env):
         print("import failed")
         return 1
     (drop / "extra").mkdir(exist_ok=True)

@@ -38,6 +38,7 @@ from deid.release.linkage import linkage_path, load_linkage_key, read_linkage  #
 from deid.release.lineage_registry import lineage_dir  # noqa: E402
 from deid.run_config import RunConfig  # noqa: E402
 from deid.settings import Settings  # noqa: E402
+from london_set import add_london_option, london_dir  # noqa: E402
 
 DATASET = "london-rollback"
 
@@ -72,14 +73,14 @@ def _drops(full: Path, out: Path, leaving: int) -> tuple[Path, Path, Path, str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--london", default=str(ROOT.parent / "shared" / "datasets" / "london"))
+    add_london_option(ap)
     ap.add_argument("--out", required=True, help="a scratch directory outside the repo")
     ap.add_argument("--leaving", type=int, default=12)
     args = ap.parse_args()
     out = Path(args.out)
     full = out / "all"
     if not (full / "manifest.csv").exists():
-        import_london(Path(args.london), full)
+        import_london(london_dir(args.london), full)
     r1d, r2d, r3d, leaver = _drops(full, out, args.leaving)
     config = RunConfig.resolve(Settings(project_dir=out / "project", identity_embed_max=0, deep_attack_sample=20,
                                         cv_repeats=1), k=5)

@@ -18,10 +18,10 @@ Two controls on the same people and attackers bracket the scale:
   its interval covering 0.5.
 
     PYTHONPATH=$PWD OPENBLAS_NUM_THREADS=1 .venv/bin/python bench/bench_membership.py \
-        [--ks 5,10] [--synth-people 100] [--deep] [--only london|synth]
+        [--ks 5,10] [--synth-people 100] [--deep] [--only london|synth] [--london PATH]
 
-London is read in place from ``../shared/datasets/london`` (imported to a temporary drop, removed
-after alignment); the synthetic drop is ``deid synth``'s (drawn by OpenCV, no real faces). Prints
+London is read in place from ``--london`` (default: the tests' London path, bench/london_set.py;
+imported to a temporary drop, removed after alignment); the synthetic drop is ``deid synth``'s (drawn by OpenCV, no real faces). Prints
 one row per (drop, release): members vs non-members, the strongest attacker, AUC [lower, upper],
 advantage 2 AUC - 1 and TPR at 1% FPR [lower, upper], and the CPU seconds.
 """
@@ -38,11 +38,10 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 import numpy as np  # noqa: E402
+from london_set import add_london_option, london_dir  # noqa: E402
 
-LONDON = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "london"
 
-
-def aligned(which: str, work: Path, synth_people: int):
+def aligned(which: str, work: Path, synth_people: int, london: Path | None):
     """The aligned faces of London or of a synthetic drop (the drop's copies removed after alignment)."""
     from deid.intake.london import import_london
     from deid.intake.synth import make_synthetic_drop
@@ -50,7 +49,7 @@ def aligned(which: str, work: Path, synth_people: int):
 
     try:
         if which == "london":
-            drop = import_london(LONDON, work / "drop")
+            drop = import_london(london, work / "drop")
         else:
             drop = make_synthetic_drop(work / "drop", people=synth_people, images_per_person=2, seed=28, fast=True)
         return load_aligned(drop, work / "aligned")
@@ -79,7 +78,9 @@ def main() -> None:
     ap.add_argument("--deep", action="store_true", help="add the deep recogniser (dlib-resnet)")
     ap.add_argument("--only", choices=("london", "synth"))
     ap.add_argument("--seed", type=int, default=0, help="member split, bootstrap and the method's seed")
+    add_london_option(ap)
     args = ap.parse_args()
+    london = None if args.only == "synth" else london_dir(args.london)
     ks = [int(k) for k in args.ks.split(",")]
     attackers = {a: f for a, f in ATTACKERS.items() if args.deep or a not in DEEP_ATTACKERS}
     print(f"attackers: {', '.join(attackers)}; one-sided 95% bounds, Bonferroni over {len(attackers)}")
@@ -88,7 +89,7 @@ def main() -> None:
     for which in ("london", "synth"):
         if args.only and which != args.only:
             continue
-        d = aligned(which, Path(tempfile.mkdtemp(prefix=f"bench_membership_{which}_")), args.synth_people)
+        d = aligned(which, Path(tempfile.mkdtemp(prefix=f"bench_membership_{which}_")), args.synth_people, london)
         x, people, shape = d.pixels, np.asarray(d.people, dtype=object), d.shape
         names = list(d.labels)
         # The partition keys the flow gives k-Same-Select: one per combination of the drop's labels.

@@ -15,8 +15,8 @@ agreement with an exact search on 100 of the probes.
 drop claimed in an empty index (every record looked up and registered), then claimed again by its
 next run (every record found); wall and CPU seconds of each.
 
-``--london``: the real recogniser on the London set (/work/shared/datasets/london, aligned and embedded
-with dlib as the tests do, ~30 s): the people split in two halves; each half's neutral photographs
+``--london [PATH]``: the real recogniser on the London set (default: the tests' London path, see
+bench/london_set.py; aligned and embedded with dlib as the tests do, ~30 s): the people split in two halves; each half's neutral photographs
 are registered under one dataset, then every smiling photograph is looked up under a new id. Recall:
 smiling photographs of registered people matched to their own registered id (distance < 0.45);
 false matches: smiling photographs of the other half matched to anyone. Both with Clopper-Pearson
@@ -47,6 +47,7 @@ if str(ROOT) not in sys.path and "PYTHONPATH" not in os.environ:
     sys.path.insert(0, str(ROOT))
 
 from deid.operations.person_index import PersonIndex  # noqa: E402
+from london_set import add_london_option, london_dir  # noqa: E402
 
 log = logging.getLogger("bench_person_index")
 KEY = bytes(range(32))
@@ -138,16 +139,15 @@ def bench_faces(out: Path, n: int, probe: int, nprobe: int = 16) -> dict:
     return row
 
 
-def bench_london(out: Path) -> dict:
+def bench_london(out: Path, london: Path) -> dict:
     import numpy as np  # noqa: PLC0415
 
-    sys.path.insert(0, str(ROOT / "tests"))
-    from helpers import load_london_aligned, london_descriptors  # noqa: PLC0415
-
+    from deid.alignment.london import align_london  # noqa: PLC0415
     from deid.evaluation.gate_privacy import clopper_pearson  # noqa: PLC0415
+    from deid.evaluation.recognizer import DlibEmbedder  # noqa: PLC0415
 
-    _, people, _, expr = load_london_aligned()
-    E, people, expr = london_descriptors(), np.array(people), np.array(expr)
+    faces, people, _, expr = align_london(london)
+    E, people, expr = DlibEmbedder().transform(faces), np.array(people), np.array(expr)
     persons = sorted(set(people.tolist()))
     hits = n_known = false = n_other = 0
     for half in (0, 1):
@@ -200,15 +200,15 @@ def main() -> None:
     ap.add_argument("--probe", type=int, default=1000)
     ap.add_argument("--faces", action="store_true", help="face descriptors (nearest-neighbour search)")
     ap.add_argument("--nprobe", type=int, default=16, help="--faces: inverted lists searched per probe")
-    ap.add_argument("--london", action="store_true", help="recall and false matches on London with dlib")
+    add_london_option(ap, optional=True)
     ap.add_argument("--claim", type=int, default=0, help="records of a drop claimed twice (a run's own cost)")
     a = ap.parse_args()
     logging.basicConfig(level=logging.INFO)
     if a.claim:
         bench_claim(a.out, a.claim)
         return
-    if a.london:
-        bench_london(a.out)
+    if a.london is not None:
+        bench_london(a.out, london_dir(a.london))
         return
     if a.faces:
         for n in a.sizes:

@@ -30,6 +30,7 @@ Run::
     OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 PYTHONPATH=$PWD .venv/bin/python bench/compare.py
     ... bench/compare.py --part ksame --faces 2000      # (a) only
     ... bench/compare.py --part pipeline --photos 40    # (b) on the first 40 London photos
+    ... bench/compare.py --london PATH                  # London elsewhere than the tests' default
 """
 from __future__ import annotations
 
@@ -45,9 +46,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+from london_set import add_london_option, london_dir
 
 ROOT = Path(__file__).resolve().parents[1]
-LONDON = ROOT.parent / "shared" / "datasets" / "london"
 
 
 # --------------------------------------------------------------------------- (a) k-Same
@@ -194,20 +195,18 @@ def _run_measured(cmd: list[str], env: dict) -> tuple[subprocess.CompletedProces
     return res, wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def compare_pipeline(n_photos: int, k: int, backend: str) -> dict:
-    if not (LONDON / "london_info.csv").is_file():
-        raise SystemExit(f"the London set is missing at {LONDON}")
+def compare_pipeline(london: Path, n_photos: int, k: int, backend: str) -> dict:
     work = Path(tempfile.mkdtemp(prefix="deid-compare-"))
     try:
-        return _compare_pipeline(work, n_photos, k, backend)
+        return _compare_pipeline(london, work, n_photos, k, backend)
     finally:
         shutil.rmtree(work, ignore_errors=True)  # the copied photos, the run's data and deface's outputs
 
 
-def _compare_pipeline(work: Path, n_photos: int, k: int, backend: str) -> dict:
+def _compare_pipeline(london: Path, work: Path, n_photos: int, k: int, backend: str) -> dict:
     from deid.intake.london import import_london
 
-    drop = import_london(LONDON, work / "drop")
+    drop = import_london(london, work / "drop")
     if n_photos < 204:  # keep whole people: the first n_photos rows of the manifest (2 per person)
         lines = (drop / "manifest.csv").read_text().splitlines()
         (drop / "manifest.csv").write_text("\n".join(lines[: 1 + n_photos]) + "\n")
@@ -258,11 +257,13 @@ def main() -> int:
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--deface-backend", choices=("auto", "onnxrt", "opencv"), default="auto",
                     help="CenterFace runtime (auto: onnxruntime when installed, deface's fast path)")
+    add_london_option(ap)
     args = ap.parse_args()
+    london = london_dir(args.london) if args.part in ("all", "pipeline") else None
     if args.part in ("all", "ksame"):
         print_ksame(compare_ksame(args.faces, args.k), args.k)
     if args.part in ("all", "pipeline"):
-        print_pipeline(compare_pipeline(args.photos, args.k, args.deface_backend))
+        print_pipeline(compare_pipeline(london, args.photos, args.k, args.deface_backend))
     return 0
 
 

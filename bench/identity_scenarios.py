@@ -1,7 +1,7 @@
 """Issue 27's Sybil drops and London figures for identity resolution, built in memory.
 
 Usage:
-    PYTHONPATH=$PWD .venv/bin/python bench/identity_scenarios.py [--cache /tmp/deid-identity-cache]
+    PYTHONPATH=$PWD .venv/bin/python bench/identity_scenarios.py [--cache /tmp/deid-identity-cache] [--london PATH]
 
 Builds, from the London set (read in place, never copied into the repository) and ``deid synth``
 cartoon faces (rendered in memory and aligned by deid), the aligned faces of:
@@ -32,16 +32,16 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+from london_set import add_london_option, london_dir
 
-LONDON = Path("/work/shared/datasets/london")
 VICTIM = "001"
 
 
-def london_aligned() -> tuple[np.ndarray, list[str], list[str]]:
+def london_aligned(london: Path) -> tuple[np.ndarray, list[str], list[str]]:
     """Aligned London faces (92 x 81 grey), their person ids and expression (neutral | smile)."""
     from deid.alignment.london import align_london
 
-    faces, people, _, expr = align_london(LONDON)
+    faces, people, _, expr = align_london(london)
     return faces, people, expr
 
 
@@ -262,11 +262,12 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=Path("/tmp/deid-identity-cache"))
     ap.add_argument("--budget", type=int, default=2000)
     ap.add_argument("--only", default="")
+    add_london_option(ap)
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     shape = (92, 81)
     embed = CachedEmbed(args.cache)
-    faces, people, expr = london_aligned()
+    faces, people, expr = london_aligned(london_dir(args.london))
     want = set(args.only.split(",")) if args.only else None
 
     if want is None or "london" in want:

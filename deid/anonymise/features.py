@@ -127,7 +127,7 @@ def deidentify_vectors(
     """
     check_feature_method(method)
     a = check_vectors(vectors)
-    n, d = a.shape
+    n = len(a)
     people = list(people)
     if len(people) != n:
         raise ConfigError(f"people has {len(people)} entries but vectors has {n} rows; pass one person id per record")
@@ -139,32 +139,69 @@ def deidentify_vectors(
     opts = dict(options or {})
     clusters: np.ndarray | None
     if method == "noise":
-        if isinstance(sigma, bool) or not isinstance(sigma, Real) or not 0 < sigma <= 100:
-            raise ConfigError(f"sigma={sigma!r} must be a number in (0, 100]: the noise's standard deviation in "
-                              "units of each feature's standard deviation; e.g. --sigma 0.1")
-        out = z + np.random.default_rng(seed).normal(0.0, float(sigma), size=z.shape)
-        clusters = None
+        out, clusters = _noise(z, sigma, seed), None
     elif method in ("k-same", "k-same-naive", "k-same-select"):
-        count = "images" if method == "k-same-naive" else "people"
-        if method == "k-same-select" and partitions is not None:
-            keys = list(partitions)
-            if len(keys) != n:
-                raise ConfigError(f"partitions has {len(keys)} entries but vectors has {n} rows; one key per record")
-            model = KSameSelect(k, count=count, **opts).fit(z, people=people, images=z, partitions=keys)
-        else:
-            model = KSame(k, count=count, **opts).fit(z, people=people, images=z)
-        out = model.averages_[model.labels_]
-        clusters = model.labels_.copy()
+        out, clusters = _ksame_vectors(method, z, people, partitions, k=k, options=opts)
     else:
-        # A PCA with every component the records span: the linear models live in the feature
-        # space itself (rotated), not in a truncated eigenface basis.
-        nc = int(min(d, max(n - 1, 1)))
-        est = _ESTIMATORS[method](k, n_components=nc, random_state=seed, **opts)
-        est.fit(z, people=people, labels=labels)
-        out = est.released_
-        found = getattr(est, "labels_", None)
-        clusters = None if found is None else np.asarray(found).copy()
+        out, clusters = _estimator_vectors(method, z, people, labels, k=k, seed=seed, options=opts)
     return mean + out * sd, clusters
+
+
+def _noise(z: np.ndarray, sigma: Any, seed: int) -> np.ndarray:
+    """``noise`` on standardised vectors: ``z`` plus Gaussian noise of standard deviation ``sigma`` (seeded).
+
+    Raises
+    ------
+    ConfigError
+        ``sigma`` not a number in (0, 100].
+    """
+    if isinstance(sigma, bool) or not isinstance(sigma, Real) or not 0 < sigma <= 100:
+        raise ConfigError(f"sigma={sigma!r} must be a number in (0, 100]: the noise's standard deviation in "
+                          "units of each feature's standard deviation; e.g. --sigma 0.1")
+    return z + np.random.default_rng(seed).normal(0.0, float(sigma), size=z.shape)
+
+
+def _ksame_vectors(method: str, z: np.ndarray, people: list, partitions: Sequence[Hashable] | None, *,
+                   k: int | None, options: dict) -> tuple[np.ndarray, np.ndarray]:
+    """The k-Same family on standardised vectors ``z``: each record's cluster mean, and its cluster.
+
+    ``k-same-naive`` counts records, the others people; ``k-same-select`` clusters inside each of
+    ``partitions`` (without partitions it is k-Same).
+
+    Returns
+    -------
+    released : ndarray of shape (n, d)
+    clusters : ndarray of shape (n,)
+    """
+    count = "images" if method == "k-same-naive" else "people"
+    if method == "k-same-select" and partitions is not None:
+        keys = list(partitions)
+        if len(keys) != len(z):
+            raise ConfigError(f"partitions has {len(keys)} entries but vectors has {len(z)} rows; one key per record")
+        model = KSameSelect(k, count=count, **options).fit(z, people=people, images=z, partitions=keys)
+    else:
+        model = KSame(k, count=count, **options).fit(z, people=people, images=z)
+    return model.averages_[model.labels_], model.labels_.copy()
+
+
+def _estimator_vectors(method: str, z: np.ndarray, people: list, labels: Mapping[str, Sequence[Hashable]] | None, *,
+                       k: int | None, seed: int, options: dict) -> tuple[np.ndarray, np.ndarray | None]:
+    """``multi-factor``, ``selective-mean`` or ``attribute-preserving`` on standardised vectors ``z``.
+
+    Returns
+    -------
+    released : ndarray of shape (n, d)
+    clusters : ndarray of shape (n,) or None
+        The estimator's ``labels_`` when it has them.
+    """
+    n, d = z.shape
+    # A PCA with every component the records span: the linear models live in the feature
+    # space itself (rotated), not in a truncated eigenface basis.
+    nc = int(min(d, max(n - 1, 1)))
+    est = _ESTIMATORS[method](k, n_components=nc, random_state=seed, **options)
+    est.fit(z, people=people, labels=labels)
+    found = getattr(est, "labels_", None)
+    return est.released_, None if found is None else np.asarray(found).copy()
 
 
 def vector_method_runner(method: str, *, k: int | None = None, sigma: float | None = None,

@@ -269,8 +269,6 @@ def calibrate_recogniser(E: np.ndarray, codes: np.ndarray, *, max_threshold: flo
     ----------
     P. J. Rousseeuw, C. Croux. Alternatives to the median absolute deviation. JASA 88:1273-1283, 1993.
     """
-    from scipy.stats import beta, norm  # noqa: PLC0415
-
     E = np.asarray(E, dtype=np.float64)
     codes = np.asarray(codes)
     n = len(E)
@@ -278,6 +276,37 @@ def calibrate_recogniser(E: np.ndarray, codes: np.ndarray, *, max_threshold: flo
         raise ConfigError(f"false_merge_target={false_merge_target!r} must be in (0, 0.5); e.g. 0.001")
     _, d_same, _, d_other = _nearest_by_code(E, codes) if n >= 2 else (None, np.full(n, np.inf), None,
                                                                        np.full(n, np.inf))
+    labels = _descriptor_subsets(E)
+    informative = np.zeros(n, bool)
+    subsets = []
+    for s in range(int(labels.max()) + 1 if n else 1):
+        rows = np.flatnonzero(labels == s)
+        entry = _judge_subset(E, codes, rows, d_same, d_other, seed=s, confidence=confidence,
+                              min_identified=min_identified, min_median_other=min_median_other)
+        informative[rows] = entry["informative"]
+        subsets.append(entry)
+    threshold, tail = _tail_threshold(d_other[informative & np.isfinite(d_other)], any_informative=informative.any(),
+                                      max_threshold=max_threshold, duplicate=duplicate,
+                                      false_merge_target=false_merge_target)
+    ref_inf = informative & np.isfinite(d_same) & np.isfinite(d_other)
+    n_ref = int(np.count_nonzero(ref_inf))
+    false_merge = _interval(int(np.count_nonzero(d_other[ref_inf] < threshold)), n_ref, confidence)
+    miss = _interval(int(np.count_nonzero(d_same[ref_inf] >= threshold)), n_ref, confidence)
+    if not informative.all():
+        log.warning("identity: the recogniser does not separate %d of %d embedded faces (their subsets); only "
+                    "near-copies (distance < %.2f) merge there", int(np.count_nonzero(~informative)), n, duplicate)
+    return Calibration(threshold, float(duplicate), informative, tuple(subsets), false_merge, miss, tail,
+                       float(false_merge_target))
+
+
+def _descriptor_subsets(E: np.ndarray) -> np.ndarray:
+    """Step 1 of :func:`calibrate_recogniser`: the subset of each descriptor row, ``0..n_subsets-1``.
+
+    k-means (:func:`_kmeans`) with one subset per :data:`SUBSET_SIZE` rows, at most :data:`MAX_SUBSETS`; a
+    subset of fewer than :data:`MIN_SUBSET` rows joins the nearest larger one. One subset (all zeros) below
+    ``2 * SUBSET_SIZE`` rows.
+    """
+    n = len(E)
     labels = np.zeros(n, np.int64)
     n_sub = int(min(MAX_SUBSETS, max(1, n // SUBSET_SIZE)))
     if n_sub > 1:
@@ -291,41 +320,80 @@ def calibrate_recogniser(E: np.ndarray, codes: np.ndarray, *, max_threshold: flo
             small = ~np.isin(labels, big)
             labels[small] = big[np.argmin(((E[small][:, None, :] - centres[None]) ** 2).sum(-1), axis=1)]
         labels = np.unique(labels, return_inverse=True)[1].ravel()
-        n_sub = int(labels.max()) + 1
-    informative = np.zeros(n, bool)
-    subsets = []
-    for s in range(n_sub):
-        rows = np.flatnonzero(labels == s)
-        ref = rows[np.isfinite(d_same[rows]) & np.isfinite(d_other[rows])]
-        ref_ids = len(np.unique(codes[ref]))
-        finite = d_other[rows][np.isfinite(d_other[rows])]
-        med = float(np.median(finite)) if len(finite) else float("nan")
-        entry = {"records": int(len(rows)), "ids_with_several_faces": int(ref_ids),
-                 "median_nearest_other": None if np.isnan(med) else round(med, 4)}
-        if ref_ids >= 3:
-            hit = int(np.count_nonzero(d_same[ref] < d_other[ref]))
-            lo = 0.0 if hit == 0 else float(beta.ppf(1 - confidence, hit, len(ref) - hit + 1))
-            ok = lo >= min_identified
-            entry.update(identified=_interval(hit, len(ref), confidence), rule=f"identified lower bound >= "
-                         f"{min_identified:g}")
-        else:
-            # No ids of several faces to judge by: the old rule, the median distance between random pairs of
-            # different ids (London 0.83, cartoons 0.47), within this subset only.
-            rng = np.random.default_rng(s)
-            a, b = rng.choice(rows, 20_000), rng.choice(rows, 20_000)
-            keep = codes[a] != codes[b]
-            pair_med = float(np.median(np.linalg.norm(E[a[keep]] - E[b[keep]], axis=1))) if keep.any() else float("nan")
-            ok = not np.isnan(pair_med) and pair_med >= min_median_other
-            entry.update(median_other_pair=None if np.isnan(pair_med) else round(pair_med, 4),
-                         rule=f"median distance between different ids >= {min_median_other:g}")
-        entry["informative"] = bool(ok)
-        informative[rows] = ok
-        subsets.append(entry)
+    return labels
+
+
+def _judge_subset(E: np.ndarray, codes: np.ndarray, rows: np.ndarray, d_same: np.ndarray, d_other: np.ndarray, *,
+                  seed: int, confidence: float, min_identified: float, min_median_other: float) -> dict:
+    """Step 2 of :func:`calibrate_recogniser`: is one subset of descriptors informative, and the evidence.
+
+    Parameters
+    ----------
+    E, codes : ndarray
+        All descriptors and their id codes.
+    rows : ndarray of int
+        The subset's rows.
+    d_same, d_other : ndarray of shape (n,)
+        Each row's distance to its nearest row of the same id and of another id (inf: none).
+    seed : int
+        Seed of the random pairs of the rule without ids of several faces (the subset's number).
+    confidence, min_identified, min_median_other : float
+        As in :func:`calibrate_recogniser`.
+
+    Returns
+    -------
+    dict
+        The subset's entry of :attr:`Calibration.subsets`: records, ids with several faces, median nearest other
+        id, the rule and its evidence, and ``informative`` (bool).
+    """
+    from scipy.stats import beta  # noqa: PLC0415
+
+    ref = rows[np.isfinite(d_same[rows]) & np.isfinite(d_other[rows])]
+    ref_ids = len(np.unique(codes[ref]))
+    finite = d_other[rows][np.isfinite(d_other[rows])]
+    med = float(np.median(finite)) if len(finite) else float("nan")
+    entry = {"records": int(len(rows)), "ids_with_several_faces": int(ref_ids),
+             "median_nearest_other": None if np.isnan(med) else round(med, 4)}
+    if ref_ids >= 3:
+        hit = int(np.count_nonzero(d_same[ref] < d_other[ref]))
+        lo = 0.0 if hit == 0 else float(beta.ppf(1 - confidence, hit, len(ref) - hit + 1))
+        ok = lo >= min_identified
+        entry.update(identified=_interval(hit, len(ref), confidence), rule=f"identified lower bound >= "
+                     f"{min_identified:g}")
+    else:
+        # No ids of several faces to judge by: the old rule, the median distance between random pairs of
+        # different ids (London 0.83, cartoons 0.47), within this subset only.
+        rng = np.random.default_rng(seed)
+        a, b = rng.choice(rows, 20_000), rng.choice(rows, 20_000)
+        keep = codes[a] != codes[b]
+        pair_med = float(np.median(np.linalg.norm(E[a[keep]] - E[b[keep]], axis=1))) if keep.any() else float("nan")
+        ok = not np.isnan(pair_med) and pair_med >= min_median_other
+        entry.update(median_other_pair=None if np.isnan(pair_med) else round(pair_med, 4),
+                     rule=f"median distance between different ids >= {min_median_other:g}")
+    entry["informative"] = bool(ok)
+    return entry
+
+
+def _tail_threshold(o: np.ndarray, *, any_informative: bool, max_threshold: float, duplicate: float,
+                    false_merge_target: float) -> tuple[float, float | None]:
+    """Step 3 of :func:`calibrate_recogniser`: the merge threshold from the informative rows' distances to their
+    nearest other id ``o``.
+
+    The lower tail of a normal with ``o``'s median and MAD (x 1.4826) at ``false_merge_target``, capped at
+    ``max_threshold`` and floored at ``duplicate``; ``max_threshold`` with fewer than two distances; ``duplicate``
+    when no row is informative.
+
+    Returns
+    -------
+    threshold : float
+    tail : float or None
+        The tail before the cap and floor (None: not modelled).
+    """
+    from scipy.stats import norm  # noqa: PLC0415
+
     tail = None
     threshold = duplicate
-    ref_inf = informative & np.isfinite(d_same) & np.isfinite(d_other)
-    if informative.any():
-        o = d_other[informative & np.isfinite(d_other)]
+    if any_informative:
         if len(o) >= 2:
             med = float(np.median(o))
             sigma = 1.4826 * float(np.median(np.abs(o - med)))
@@ -333,14 +401,7 @@ def calibrate_recogniser(E: np.ndarray, codes: np.ndarray, *, max_threshold: flo
             threshold = float(min(max_threshold, max(duplicate, tail)))
         else:
             threshold = float(max_threshold)
-    n_ref = int(np.count_nonzero(ref_inf))
-    false_merge = _interval(int(np.count_nonzero(d_other[ref_inf] < threshold)), n_ref, confidence)
-    miss = _interval(int(np.count_nonzero(d_same[ref_inf] >= threshold)), n_ref, confidence)
-    if not informative.all():
-        log.warning("identity: the recogniser does not separate %d of %d embedded faces (their subsets); only "
-                    "near-copies (distance < %.2f) merge there", int(np.count_nonzero(~informative)), n, duplicate)
-    return Calibration(threshold, float(duplicate), informative, tuple(subsets), false_merge, miss, tail,
-                       float(false_merge_target))
+    return threshold, tail
 
 
 def _kmeans(E: np.ndarray, k: int, *, iterations: int = 30, seed: int = 0) -> np.ndarray:
@@ -554,31 +615,10 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
     ids = [normal[s] for s in subject_ids]
     n = len(ids)
     normalized_merges = len(normal) - len(set(normal.values()))
-    if not 0 < near_duplicate_ratio < 1:
-        raise ConfigError(f"near_duplicate_ratio={near_duplicate_ratio!r} must be in (0, 1); e.g. 0.2")
-    if isinstance(embed_budget, bool) or not isinstance(embed_budget, int) or embed_budget < 0:
-        raise ConfigError(f"embed_budget={embed_budget!r} must be an integer >= 0 (faces the recogniser may embed); "
-                          "e.g. 2000")
+    _check_resolve(near_duplicate_ratio, embed_budget)
     uf = _UnionFind(sorted(set(ids)))
     merges: list[dict] = []
     flagged: set[int] = set()
-
-    def match(space: str, X: np.ndarray, threshold_sq: float | None, ratio: float | None) -> None:
-        codes = _person_codes(ids)
-        groups = [np.arange(n)] if n <= _EXACT_LIMIT else _buckets(X, _BUCKET)
-        for idx in groups:
-            if len(np.unique(codes[idx])) < 2:
-                continue
-            arg, d2 = _nearest_other(X[idx].astype(np.float64), codes[idx])
-            limit = threshold_sq if threshold_sq is not None else (ratio ** 2) * float(np.median(d2))
-            for i in np.flatnonzero(d2 < limit):
-                a, b = int(idx[i]), int(idx[arg[i]])
-                if uf.union(ids[a], ids[b]):
-                    merges.append({"ids": sorted({ids[a], ids[b]}), "records": sorted((a, b)), "evidence": space,
-                                   "distance": round(float(np.sqrt(d2[i])), 4),
-                                   "threshold": round(float(np.sqrt(limit)), 4)})
-                flagged.update((a, b))
-
     X = None
     if features is not None and n >= 3:
         # float32 stays float32 (converted a bucket or chunk at a time: the same values as a float64 copy).
@@ -586,29 +626,106 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
             else np.asarray(features, dtype=np.float64)
         if X.shape[0] != n:
             raise ConfigError(f"features has {X.shape[0]} rows but subject_ids has {n}; pass one row per record")
-        match(f"{space} near-duplicate", X, None, near_duplicate_ratio)
+        _near_duplicate_merges(ids, X, f"{space} near-duplicate", near_duplicate_ratio, uf, merges, flagged)
     calibration = None
     rows, E = _recogniser_rows(ids, embeddings=embeddings, embed=embed, cheap=cheap, X=X,
                                embed_budget=embed_budget)
     if rows is not None:
-        codes = _person_codes([ids[i] for i in rows])
         cap = MAX_SAME_PERSON if same_person_distance is None else float(same_person_distance)
-        cal = calibrate_recogniser(E, codes, max_threshold=cap, false_merge_target=false_merge_target)
-        for a, b, d, count, matched in _evidence_merges(E, codes, cal):
-            ra, rb = int(rows[a]), int(rows[b])
-            if uf.union(ids[ra], ids[rb]):
-                merges.append({"ids": sorted({ids[ra], ids[rb]}), "records": sorted((ra, rb)),
-                               "evidence": "face recogniser", "distance": round(d, 4),
-                               "threshold": round(cal.threshold if cal.informative[a] and cal.informative[b]
-                                                  else cal.duplicate, 4), "matching_pairs": int(count)})
-            flagged.update(int(rows[r]) for r in matched)
-        calibration = {**cal.to_dict(), "records_embedded": int(len(rows)), "records": n}
+        calibration = _recogniser_merges(ids, rows, E, cap, false_merge_target, uf, merges, flagged)
     person = tuple(str(uf.find(x)) for x in ids)
     if normalized_merges or merges:
         log.warning("identity: %d ids merged by normalisation, %d by matching faces (%d records)",
                     normalized_merges, len(merges), len(flagged))
     return PeopleResolution(person=person, normalized_merges=normalized_merges, face_merges=tuple(merges),
                             flagged_records=tuple(sorted(flagged)), calibration=calibration)
+
+
+def _check_resolve(near_duplicate_ratio: float, embed_budget: int) -> None:
+    """:func:`resolve_people`'s ``near_duplicate_ratio`` (in (0, 1)) and ``embed_budget`` (an integer >= 0) checked.
+
+    Raises
+    ------
+    ConfigError
+        Either out of range; the message names it and a value to pass.
+    """
+    if not 0 < near_duplicate_ratio < 1:
+        raise ConfigError(f"near_duplicate_ratio={near_duplicate_ratio!r} must be in (0, 1); e.g. 0.2")
+    if isinstance(embed_budget, bool) or not isinstance(embed_budget, int) or embed_budget < 0:
+        raise ConfigError(f"embed_budget={embed_budget!r} must be an integer >= 0 (faces the recogniser may embed); "
+                          "e.g. 2000")
+
+
+def _near_duplicate_merges(ids: list[str], X: np.ndarray, evidence: str, ratio: float, uf: _UnionFind,
+                           merges: list[dict], flagged: set[int]) -> None:
+    """The near-duplicate rule of :func:`resolve_people`: records under different ids closer than ``ratio`` x the
+    median nearest-other-id distance are one person.
+
+    Exact nearest neighbours up to ``_EXACT_LIMIT`` records, within buckets of ``_BUCKET`` above.
+
+    Parameters
+    ----------
+    ids : list of str
+        The normalised id of each record.
+    X : ndarray of shape (n, d)
+        The records' eigenface coefficients or feature vectors (float32 or float64).
+    evidence : str
+        What a merge names as its evidence (e.g. ``"eigenface near-duplicate"``).
+    ratio : float
+        The near-duplicate ratio.
+    uf, merges, flagged
+        Updated: the ids joined, one entry per join (ids, records, evidence, distance, threshold), and the records
+        matched.
+    """
+    n = len(ids)
+    codes = _person_codes(ids)
+    groups = [np.arange(n)] if n <= _EXACT_LIMIT else _buckets(X, _BUCKET)
+    for idx in groups:
+        if len(np.unique(codes[idx])) < 2:
+            continue
+        arg, d2 = _nearest_other(X[idx].astype(np.float64), codes[idx])
+        limit = (ratio ** 2) * float(np.median(d2))
+        for i in np.flatnonzero(d2 < limit):
+            a, b = int(idx[i]), int(idx[arg[i]])
+            if uf.union(ids[a], ids[b]):
+                merges.append({"ids": sorted({ids[a], ids[b]}), "records": sorted((a, b)), "evidence": evidence,
+                               "distance": round(float(np.sqrt(d2[i])), 4),
+                               "threshold": round(float(np.sqrt(limit)), 4)})
+            flagged.update((a, b))
+
+
+def _recogniser_merges(ids: list[str], rows: np.ndarray, E: np.ndarray, cap: float, false_merge_target: float,
+                       uf: _UnionFind, merges: list[dict], flagged: set[int]) -> dict:
+    """The face recogniser's rule of :func:`resolve_people`: the threshold calibrated on the drop's descriptors
+    (:func:`calibrate_recogniser`), groups of ids joined on enough evidence (:func:`_evidence_merges`).
+
+    Parameters
+    ----------
+    ids : list of str
+        The normalised id of each record.
+    rows, E : ndarray
+        The records embedded and their descriptors, row for row (:func:`_recogniser_rows`).
+    cap, false_merge_target : float
+        The calibration's largest threshold and target false-merge share.
+    uf, merges, flagged
+        Updated as by :func:`_near_duplicate_merges` (a merge also counts its matching pairs).
+
+    Returns
+    -------
+    dict
+        The calibration as :attr:`PeopleResolution.calibration` reports it.
+    """
+    codes = _person_codes([ids[i] for i in rows])
+    cal = calibrate_recogniser(E, codes, max_threshold=cap, false_merge_target=false_merge_target)
+    for a, b, d, count, matched in _evidence_merges(E, codes, cal):
+        ra, rb = int(rows[a]), int(rows[b])
+        if uf.union(ids[ra], ids[rb]):
+            merges.append({"ids": sorted({ids[ra], ids[rb]}), "records": sorted((ra, rb)),
+                           "evidence": "face recogniser", "distance": round(d, 4),
+                           "threshold": round(cal.threshold if cal.informative[a] and cal.informative[b]
+                                              else cal.duplicate, 4), "matching_pairs": int(count)})
+        flagged.update(int(rows[r]) for r in matched)
+    return {**cal.to_dict(), "records_embedded": int(len(rows)), "records": len(ids)}
 
 
 def _recogniser_rows(ids: list[str], *, embeddings, embed, cheap, X, embed_budget: int):

@@ -148,24 +148,12 @@ def _memoised(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 @_memoised
-def deidentify(
-    images: Any,
-    *,
-    shape: tuple[int, int],
-    people: Sequence[Hashable],
-    partitions: Sequence[Hashable] | None = None,
-    method: str,
-    k: int | None = None,
-    sigma: float | None = None,
-    block: int | None = None,
-    n_components: int = 50,
-    seed: int = 0,
-    labels: Mapping[str, Sequence[Hashable]] | None = None,
-    options: Mapping[str, Any] | None = None,
-    points: Sequence[Any] | None = None,
-    sequences: Sequence[Hashable | None] | None = None,
-    frames: Sequence[Any] | None = None,
-) -> tuple[np.ndarray, np.ndarray | None]:
+def deidentify(images: Any, *, shape: tuple[int, int], people: Sequence[Hashable],
+               partitions: Sequence[Hashable] | None = None, method: str, k: int | None = None,
+               sigma: float | None = None, block: int | None = None, n_components: int = 50, seed: int = 0,
+               labels: Mapping[str, Sequence[Hashable]] | None = None, options: Mapping[str, Any] | None = None,
+               points: Sequence[Any] | None = None, sequences: Sequence[Hashable | None] | None = None,
+               frames: Sequence[Any] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """De-identify aligned faces with one of :data:`METHODS`.
 
     The k-Same family clusters faces by Euclidean distance between their eigenface
@@ -218,39 +206,17 @@ def deidentify(
     """
     _check_method(method)
     a, h, w = _check_images(images, shape)
-    given = {"k": k, "sigma": sigma, "block": block}
-    need = STRENGTH[method]
-    if given[need] is None:
-        raise ConfigError(f"method={method!r} needs {need}=...; e.g. --{need} {dict(k=5, sigma=4, block=8)[need]}")
-    extra = [name for name, v in given.items() if v is not None and name != need]
-    if extra:
-        logger.debug("deidentify %s: ignoring %s", method, extra)
+    _check_strength(method, k=k, sigma=sigma, block=block)
     opts = dict(options or {})
     if method == "blur":
         return blur(a, shape=(h, w), sigma=sigma), None
     if method == "pixelate":
         return pixelate(a, shape=(h, w), block=block), None
-    people = list(people)
-    if len(people) != len(a):
-        raise ConfigError(f"people has {len(people)} entries but images has {len(a)} rows; pass one person id per face")
-    if points is not None and method in _USES_POINTS:
-        points = list(points)
-        if len(points) != len(a):
-            raise ConfigError(f"points has {len(points)} entries but images has {len(a)} rows; one entry per face")
-    elif points is not None:
-        logger.debug("deidentify %s: landmark points not used by this method", method)
-        points = None
+    people, points = _per_face(method, people, points, len(a))
     if sequences is not None and any(s is not None for s in sequences):
-        why = sequence_warning(method)
-        if why is None:
-            opts = {**(sequence_options(method) or {}), **opts}  # the method's own mode unless options name one
-            try:
-                model = SequenceMultiFactor(k, n_components=n_components, random_state=seed, **opts)
-            except TypeError as exc:
-                raise ConfigError(f"options={opts!r} for method={method!r} on sequences: {exc}") from None
-            released = model.fit_transform(a, people=people, labels=labels, sequences=list(sequences),
-                                           frames=None if frames is None else list(frames))
-            return released, model.labels_.copy()
+        if (why := sequence_warning(method)) is None:
+            return _deidentify_sequences(method, a, people, labels, sequences, frames, k=k, n_components=n_components,
+                                         seed=seed, options=opts)
         logger.warning("deidentify: %s", why)
     if method in _ESTIMATORS:
         if partitions is None or not REGISTRY[method].partitions_by_labels:
@@ -258,7 +224,82 @@ def deidentify(
                                   options=opts, points=points)
         return _fit_per_partition(method, a, people, labels, partitions, k=k, shape=(h, w), n_components=n_components,
                                   seed=seed, options=opts, points=points)
+    return _ksame_family(method, a, people, partitions, k=k, n_components=n_components, seed=seed)
+
+
+def _check_strength(method: str, *, k: int | None, sigma: float | None, block: int | None) -> None:
+    """The strength :data:`STRENGTH` names for ``method`` is given (the others are ignored, logged at debug).
+
+    Raises
+    ------
+    ConfigError
+        The method's strength is None.
+    """
+    given = {"k": k, "sigma": sigma, "block": block}
+    need = STRENGTH[method]
+    if given[need] is None:
+        raise ConfigError(f"method={method!r} needs {need}=...; e.g. --{need} {dict(k=5, sigma=4, block=8)[need]}")
+    extra = [name for name, v in given.items() if v is not None and name != need]
+    if extra:
+        logger.debug("deidentify %s: ignoring %s", method, extra)
+
+
+def _per_face(method: str, people: Sequence[Hashable], points: Sequence[Any] | None,
+              n: int) -> tuple[list, list | None]:
+    """The person of each of the ``n`` faces, as a list; the landmark points as a list when ``method`` uses them,
+    None when not given or not used (logged at debug).
+
+    Raises
+    ------
+    ConfigError
+        ``people``, or ``points`` that the method uses, not one entry per face.
+    """
+    people = list(people)
+    if len(people) != n:
+        raise ConfigError(f"people has {len(people)} entries but images has {n} rows; pass one person id per face")
+    if points is not None and method in _USES_POINTS:
+        points = list(points)
+        if len(points) != n:
+            raise ConfigError(f"points has {len(points)} entries but images has {n} rows; one entry per face")
+        return people, points
+    if points is not None:
+        logger.debug("deidentify %s: landmark points not used by this method", method)
+    return people, None
+
+
+def _deidentify_sequences(method: str, a: np.ndarray, people: list, labels: Mapping[str, Sequence[Hashable]] | None,
+                          sequences: Sequence[Hashable | None], frames: Sequence[Any] | None, *, k: int | None,
+                          n_components: int, seed: int, options: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Faces with image sequences, by :class:`deid.anonymise.sequences.SequenceMultiFactor` (the method's own
+    sequence mode unless ``options`` name one): the released faces and their clusters.
+
+    Raises
+    ------
+    ConfigError
+        ``options`` the estimator does not take.
+    """
+    opts = {**(sequence_options(method) or {}), **options}  # the method's own mode unless options name one
+    try:
+        model = SequenceMultiFactor(k, n_components=n_components, random_state=seed, **opts)
+    except TypeError as exc:
+        raise ConfigError(f"options={opts!r} for method={method!r} on sequences: {exc}") from None
+    released = model.fit_transform(a, people=people, labels=labels, sequences=list(sequences),
+                                   frames=None if frames is None else list(frames))
+    return released, model.labels_.copy()
+
+
+def _ksame_family(method: str, a: np.ndarray, people: list, partitions: Sequence[Hashable] | None, *, k: int | None,
+                  n_components: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """``k-same``, ``k-same-naive`` or ``k-same-select``: clusters by distance between eigenface coefficients
+    (``n_components``, fitted on ``a``), each face released as its cluster's pixel mean; and the clusters.
+
+    Raises
+    ------
+    ConfigError
+        ``k-same-select`` without ``partitions``.
+    """
     X = Eigenfaces(n_components, random_state=seed).fit_transform(a)
+    model: KSame | KSameSelect
     if method == "k-same-select":
         if partitions is None:
             raise ConfigError("method='k-same-select' needs partitions=[one utility-label key per face], e.g. (gender, expression) tuples")

@@ -3,11 +3,14 @@ utility protocol.
 
 Made by the gate (:mod:`deid.evaluation.gate_privacy`, :mod:`deid.evaluation.gate_utility`), held by
 :class:`~deid.evaluation.gate_types.GateResult`, read by the report builder (:mod:`deid.reporting.report_build`).
-Frozen: a later step (the attack rows' intervals and statuses) makes new rows with :func:`dataclasses.replace`.
-``to_dict`` is each row as the report writes it.
+:class:`AttackRow` is also the report's own row (``deid.reporting.report.Reidentification`` is this class: the
+report sits above the gate and uses its type, one definition for both). Frozen: a later step (the attack rows'
+intervals and statuses) makes new rows with :func:`dataclasses.replace`. ``to_dict`` is each row as the report
+writes it.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +22,8 @@ from deid.evaluation.checks import INSUFFICIENT
 class AttackRow:
     """One attacker in one mode on the attacked sample: its rate, with its interval and status once scored.
 
-    ``n_probes``: distinct probes the rate is over; ``records``: the sample the attacker saw; ``lower``,
+    ``n_probes``: distinct probes the rate is over (the gate always sets it; None only in a report row read
+    back without it, as the report schema allows); ``records``: the sample the attacker saw; ``lower``,
     ``upper``: the one-sided Clopper-Pearson bounds (Bonferroni over every row) and ``status`` (``pass``,
     ``fail`` or :data:`INSUFFICIENT`), None until :func:`deid.evaluation.gate_privacy.privacy_checks` scored
     the row.
@@ -28,7 +32,7 @@ class AttackRow:
     attacker: str
     mode: str
     rate: float
-    n_probes: int
+    n_probes: int | None = None
     records: int | None = None
     lower: float | None = None
     upper: float | None = None
@@ -36,8 +40,7 @@ class AttackRow:
 
     def to_dict(self) -> dict[str, Any]:
         """The row as the report writes it (``privacy.reidentification[]``), keys in field order."""
-        return {"attacker": self.attacker, "mode": self.mode, "rate": self.rate, "n_probes": self.n_probes,
-                "records": self.records, "lower": self.lower, "upper": self.upper, "status": self.status}
+        return dataclasses.asdict(self)
 
     @property
     def deciding(self) -> bool:

@@ -377,32 +377,79 @@ def same_person_pairs(embeddings: Any, ids: Sequence[Hashable], *, threshold: fl
         if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 2 and math.isfinite(v)):
             raise ConfigError(f"{name}={v!r} must be a distance in [0, 2] (descriptors have unit-scale length)")
     codes = np.unique(np.array([str(type(x)) + repr(x) for x in ids], dtype=object), return_inverse=True)[1]
-    # Informativeness: median distance over random pairs of records with different ids.
-    rng = np.random.default_rng(seed)
-    med, n_sampled = float("nan"), 0
-    if n >= 2 and len(np.unique(codes)) >= 2:
-        a = rng.integers(0, n, size=int(sample_pairs) * 2)
-        b = rng.integers(0, n, size=int(sample_pairs) * 2)
-        keep = codes[a] != codes[b]
-        a, b = a[keep][: int(sample_pairs)], b[keep][: int(sample_pairs)]
-        n_sampled = len(a)
-        if n_sampled:
-            med = float(np.median(np.linalg.norm(e[a] - e[b], axis=1)))
+    med, n_sampled = _median_other_distance(e, codes, sample_pairs=int(sample_pairs), seed=seed)
     informative = not (med < min_median_distance)  # nan (nothing to compare) counts as informative
     t = float(threshold if informative else duplicate_threshold)
     if not informative:
         logger.warning("same person: median distance between different ids %.3f < %.2f: the recogniser does not "
                        "separate these faces; matching near-copies only (distance < %.2f)", med, min_median_distance, t)
+    return SamePersonMatches(_pairs_within(e, codes, ids, t, block=int(block)), t, informative, med, n_sampled, n)
+
+
+def _median_other_distance(e: np.ndarray, codes: np.ndarray, *, sample_pairs: int, seed: int) -> tuple[float, int]:
+    """Informativeness of the descriptors (:func:`same_person_pairs`): the median distance over at most
+    ``sample_pairs`` random pairs of records with different ids (seeded), and how many pairs it is over.
+
+    Parameters
+    ----------
+    e : ndarray of shape (n, d)
+        The descriptors.
+    codes : ndarray of shape (n,)
+        An integer per record, equal for records of the same id.
+    sample_pairs, seed : int
+        The most pairs sampled; the seed of the draw.
+
+    Returns
+    -------
+    median : float
+        NaN when there is no pair of different ids.
+    n_sampled : int
+    """
+    n = len(e)
+    rng = np.random.default_rng(seed)
+    med, n_sampled = float("nan"), 0
+    if n >= 2 and len(np.unique(codes)) >= 2:
+        a = rng.integers(0, n, size=sample_pairs * 2)
+        b = rng.integers(0, n, size=sample_pairs * 2)
+        keep = codes[a] != codes[b]
+        a, b = a[keep][:sample_pairs], b[keep][:sample_pairs]
+        n_sampled = len(a)
+        if n_sampled:
+            med = float(np.median(np.linalg.norm(e[a] - e[b], axis=1)))
+    return med, n_sampled
+
+
+def _pairs_within(e: np.ndarray, codes: np.ndarray, ids: list, t: float, *, block: int) -> tuple[SamePersonPair, ...]:
+    """Every pair of records under different ids (``codes``) whose descriptors ``e`` are closer than ``t``: an exact
+    search over the upper triangle, in row blocks of at most ``block`` rows and ~16 M distances (64 MB float32).
+
+    Parameters
+    ----------
+    e : ndarray of shape (n, d), float32
+        The descriptors.
+    codes : ndarray of shape (n,)
+        An integer per record, equal for records of the same id.
+    ids : list, length n
+        The subject ids the pairs name.
+    t : float
+        The match distance (strict).
+    block : int
+        The most rows per block.
+
+    Returns
+    -------
+    tuple of SamePersonPair
+        In row order (``i``, then ``j``).
+    """
     pairs: list[SamePersonPair] = []
-    # Exact search over the upper triangle, in row blocks of at most ~16 M distances (64 MB float32).
-    for s, d2 in distance_blocks(e, max_cells=16_000_000, max_rows=int(block), upper=True):
+    for s, d2 in distance_blocks(e, max_cells=16_000_000, max_rows=block, upper=True):
         ii, jj = np.nonzero(d2 < t * t)
         for i, j in zip(ii + s, jj + s):
             if j > i and codes[i] != codes[j]:
                 dist = float(np.linalg.norm(e[i].astype(np.float64) - e[j]))
                 if dist < t:
                     pairs.append(SamePersonPair(int(i), int(j), ids[i], ids[j], dist))
-    return SamePersonMatches(tuple(pairs), t, informative, med, n_sampled, n)
+    return tuple(pairs)
 
 
 # ------------------------------------------------------------------------------------- attacker

@@ -17,6 +17,27 @@ bounds and a pass / fail / inconclusive status. The rooms it uses:
 - :mod:`deid.evaluation.utility_evidence`: the bootstrap bounds, the decision and the label-lost rule;
 - :mod:`deid.evaluation.utility_protocols`: the three older protocols (:func:`utility_protocols`),
   extra evidence for the report and the study (imported here for the gate).
+
+**The cross-fit.** People are split into grouped folds (stratified by the joint label values where
+possible, seeded). For each fold, only the *training* people's faces are de-identified with the
+method (the same method and k as the release); a linear SVM is trained on that release and,
+separately, on the same people's originals, and both are tested on the held-out people's
+*original* faces. Every held-out image thus gets two paired predictions; Δ = accuracy(originals) -
+accuracy(release) is bounded by a paired bootstrap over held-out people and decided against the
+tolerance (:class:`~deid.evaluation.utility_evidence.UtilityEvidence`). The release-trained
+classifier must also beat the majority class of the training labels.
+
+**Repeats.** One cross-fit's Δ moves with the fold assignment (London k=5, gender: -0.049 to
++0.010 over seeds 0-4); three repeats with new folds (seed, seed + 1, ...), their predictions
+pooled (each held-out image then counts once per repeat, still bootstrapped by person), averaged
+it to -0.021 to +0.003 and made the decision the same for every seed, at 0.8 s CPU per repeat on
+London. So the default is 3 repeats up to :data:`AUTO_REPEAT_IMAGES` (sampled) images and 1 above:
+with more people the fold assignment matters less and a repeat costs more.
+
+**The sample.** At most ``max_images`` images (a seeded uniform sample of whole people) are used,
+so the check stays cheap at any drop size: 1,000 images of 500 people resolve a margin of about
+0.02 (London's 204 images of 102 people: 0.03), well inside a 0.05 tolerance; each fold re-runs
+the method on 80% of them.
 """
 from __future__ import annotations
 
@@ -154,37 +175,17 @@ AUTO_REPEAT_IMAGES = 600
 """:func:`cross_fit_utility` repeats the cross-fit 3 times up to this many images, once above."""
 
 
-def cross_fit_utility(
-    images: Any,
-    *,
-    people: Sequence[Hashable],
-    labels: Mapping[str, Sequence[Hashable]],
-    deidentify: Callable[..., Any],
-    partitions: Sequence[Hashable] | None = None,
-    points: Sequence[Any] | None = None,
-    k: int | None = None,
-    released: Any = None,
-    tolerance: float = 0.05,
-    folds: int = 5,
-    repeats: int | None = None,
-    n_boot: int = 2000,
-    confidence: float = 0.95,
-    max_images: int = 1000,
-    n_components: int | None = 50,
-    seed: int = 0,
-    progress: Progress | None = None,
-) -> list[UtilityEvidence]:
+def cross_fit_utility(images: Any, *, people: Sequence[Hashable], labels: Mapping[str, Sequence[Hashable]],
+                      deidentify: Callable[..., Any], partitions: Sequence[Hashable] | None = None,
+                      points: Sequence[Any] | None = None, k: int | None = None, released: Any = None,
+                      tolerance: float = 0.05, folds: int = 5, repeats: int | None = None, n_boot: int = 2000,
+                      confidence: float = 0.95, max_images: int = 1000, n_components: int | None = 50, seed: int = 0,
+                      progress: Progress | None = None) -> list[UtilityEvidence]:
     """Utility of a de-identification method by mechanism-level cross-fitting over people.
 
-    People are split into ``folds`` grouped folds (stratified by the joint label values
-    where possible, seeded). For each fold, only the *training* people's faces are
-    de-identified with ``deidentify`` (the same method and k as the release); a linear SVM
-    (:func:`svm_pipeline`) is trained on that release and, separately, on the same people's
-    originals, and both are tested on the held-out people's *original* faces. Every
-    held-out image thus gets two paired predictions; Δ = accuracy(originals) -
-    accuracy(release) is bounded by :func:`paired_bootstrap` over held-out people and
-    decided against ``tolerance`` (see :class:`UtilityEvidence`). The release-trained
-    classifier must also beat the majority class of the training labels.
+    Per grouped fold of people, the method de-identifies only the training people's faces; SVMs trained on that
+    release and on the same people's originals are tested on the held-out people's originals; their accuracy loss
+    Δ is bounded over people and decided against ``tolerance`` (the cross-fit in full: the module docstring).
 
     Parameters
     ----------
@@ -195,46 +196,35 @@ def cross_fit_utility(
     labels : mapping of str to sequence, each length n
         Utility label values per face, e.g. ``{"gender": [...], "expression": [...]}``.
     deidentify : callable
-        ``deidentify(images, people=list, partitions=list | None, labels=dict | None) -> released`` or
-        ``(released, clusters)``, e.g. ``functools.partial(deid.anonymise.methods.deidentify,
-        shape=(h, w), method=m, k=k, sigma=s, block=b, n_components=c, seed=seed)``.
-        It may raise :class:`deid.anonymise.ksame.InsufficientPeopleError`; that partition's training
-        records are then suppressed (the flow's ``suppress`` policy) and counted.
+        ``deidentify(images, people=list, partitions=list | None, labels=dict | None) -> released`` or ``(released,
+        clusters)``, e.g. ``functools.partial(deid.anonymise.methods.deidentify, shape=(h, w), method=m, k=k, sigma=s,
+        block=b, n_components=c, seed=seed)``. It may raise :class:`deid.anonymise.ksame.InsufficientPeopleError`;
+        that partition's training records are then suppressed (the flow's ``suppress`` policy) and counted.
     partitions : sequence of hashable, length n, optional
-        Partition key of each face for k-Same-Select (the tuple of all utility label
-        values); None for methods that do not partition.
+        Partition key of each face for k-Same-Select (the tuple of all utility label values); None for methods
+        that do not partition.
     points : sequence, length n, optional
-        Landmark points of each face as the release's method got them (k-same-m); the folds'
-        rows go to ``deidentify(..., points=...)``. None: the keyword is not passed.
+        Landmark points of each face as the release's method got them (k-same-m); the folds' rows go to
+        ``deidentify(..., points=...)``. None: the keyword is not passed.
     k : int, optional
-        The method's k. With ``partitions``, training partitions with fewer than k people
-        are suppressed up front instead of one error at a time.
+        The method's k. With ``partitions``, training partitions with fewer than k people are suppressed up
+        front instead of one error at a time.
     released : array-like of shape (n, n_pixels), optional
-        The actual release, row i being face i's released image. Adds the ``actual_*``
-        evidence: trained on the released rows of the training people.
+        The actual release, row i being face i's released image. Adds the ``actual_*`` evidence: trained on
+        the released rows of the training people.
     tolerance : float, default 0.05
         Largest acceptable accuracy loss Δ.
     folds : int, default 5
         Grouped folds over people (reduced to the number of people).
     repeats : int or None, default None
-        How many times the cross-fit is repeated with new folds (seed, seed + 1, ...);
-        predictions are pooled (each held-out image then counts ``repeats`` times, still
-        bootstrapped by person). One cross-fit's Δ moves with the fold assignment (London
-        k=5, gender: -0.049 to +0.010 over seeds 0-4); three repeats averaged it to -0.021 to
-        +0.003 and made the decision the same for every seed, at 0.8 s CPU per repeat on
-        London. None: 3 when the (sampled) data hold at most :data:`AUTO_REPEAT_IMAGES`
-        images, else 1 (with more people the fold assignment matters less and a repeat
-        costs more).
+        How many times the cross-fit is repeated with new folds (seed, seed + 1, ...), predictions pooled.
+        None: 3 when the (sampled) data hold at most :data:`AUTO_REPEAT_IMAGES` images, else 1.
     n_boot, confidence : int, float
         Bootstrap replicates and one-sided level of the bounds.
     max_images : int, default 1000
-        At most this many images (a seeded uniform sample of whole people) are used, so the
-        check stays cheap at any drop size; the sample is stated in ``sample``. 1,000 images
-        of 500 people resolve a margin of about 0.02 (London's 204 images of 102 people:
-        0.03), well inside a 0.05 tolerance; each fold re-runs the method on 80% of them.
+        At most this many images (a seeded uniform sample of whole people, stated in ``sample``) are used.
     n_components, seed : int
-        PCA components of the SVM (None: no PCA, for feature vectors); seed of the sample,
-        folds, SVM and bootstrap.
+        PCA components of the SVM (None: no PCA, for feature vectors); seed of the sample, folds, SVM, bootstrap.
     progress : deid.progress.Progress, optional
         Told the number of folds (repeats x folds) and each fold done.
 
@@ -245,13 +235,10 @@ def cross_fit_utility(
 
     References
     ----------
-    R. Gross, E. Airoldi, B. Malin, L. Sweeney. Integrating utility into face
-    de-identification. PET 2005, LNCS 3856, 227-242 (utility as label accuracy);
-    V. Chernozhukov et al. Double/debiased machine learning. Econometrics J. 21, 2018
-    (cross-fitting: fit on some units, evaluate on the others, rotate).
+    R. Gross, E. Airoldi, B. Malin, L. Sweeney. Integrating utility into face de-identification. PET 2005,
+    LNCS 3856, 227-242 (utility as label accuracy); V. Chernozhukov et al. Double/debiased machine learning.
+    Econometrics J. 21, 2018 (cross-fitting: fit on some units, evaluate on the others, rotate).
     """
-    # Validate shapes on the whole input but convert only the sampled rows: a 100,000-face
-    # drop as float64 would be 6 GB.
     A = _check_arguments(images, deidentify, tolerance=tolerance, folds=folds, repeats=repeats, n_boot=n_boot,
                          confidence=confidence, max_images=max_images, n_components=n_components, k=k)
     s = _take_sample(A, people, labels, partitions=partitions, points=points, released=released,
@@ -261,30 +248,54 @@ def cross_fit_utility(
     evidence = partial(blank_evidence, tolerance=tolerance, n_boot=n_boot, confidence=confidence, sample=s.sample,
                        seed=seed)
     results, applicable = _applicable(s, evidence)
-    if not applicable:
-        return [results[name] for name in s.ys]
-    tally = _cross_fit_folds(s, applicable, deidentify, k=k, folds=int(folds), repeats=int(repeats),
-                             n_components=as_components(n_components), seed=seed, progress=progress)
+    if applicable:
+        tally = _cross_fit_folds(s, applicable, deidentify, k=k, folds=int(folds), repeats=int(repeats),
+                                 n_components=as_components(n_components), seed=seed, progress=progress)
+        for name in applicable:
+            results[name] = _pooled_evidence(name, tally, evidence, repeats=repeats, tolerance=tolerance,
+                                             n_boot=n_boot, confidence=confidence, seed=seed)
+    return [results[name] for name in s.ys]
+
+
+def _pooled_evidence(name: str, tally: _Tally, evidence: Callable[..., UtilityEvidence], *, repeats: int,
+                     tolerance: float, n_boot: int, confidence: float, seed: int) -> UtilityEvidence:
+    """One label's evidence from the cross-fit's pooled predictions (:func:`label_evidence`), its note saying how the
+    folds were made and what the folds suppressed or trimmed; logged when it has test images.
+
+    Parameters
+    ----------
+    name : str
+        The label.
+    tally : _Tally
+        The folds' pooled predictions and counts (:func:`_cross_fit_folds`).
+    evidence : callable
+        :func:`blank_evidence` bound to the run's settings.
+    repeats, tolerance, n_boot, confidence, seed
+        As in :func:`cross_fit_utility` (``repeats`` resolved).
+
+    Returns
+    -------
+    UtilityEvidence
+    """
     base_note = f"{tally.how}; {repeats} repeat(s)" + (
         f"; {tally.suppressed} training record(s) suppressed over all folds (partitions with fewer than k people)"
         if tally.suppressed else "") + (
         f"; {tally.trimmed} training record(s) trimmed over all folds as the flow trims them (one person's images "
         "above 1/k of a partition)" if tally.trimmed else "")
-    for name in applicable:
-        results[name] = label_evidence(name, tally.pooled[name], evidence, tolerance=tolerance, n_boot=n_boot,
-                                       confidence=confidence, seed=seed, base_note=base_note,
-                                       folds_run=tally.folds_run, suppressed=tally.suppressed, trimmed=tally.trimmed)
-        e = results[name]
-        if e.n_test_images:
-            logger.info("utility %s: %s (delta %.3f [%.3f, %.3f], %d test images of %d people)",
-                        name, e.decision, e.delta, e.delta_lower, e.delta_upper, e.n_test_images, e.n_test_people)
-    return [results[name] for name in s.ys]
+    e = label_evidence(name, tally.pooled[name], evidence, tolerance=tolerance, n_boot=n_boot,
+                       confidence=confidence, seed=seed, base_note=base_note,
+                       folds_run=tally.folds_run, suppressed=tally.suppressed, trimmed=tally.trimmed)
+    if e.n_test_images:
+        logger.info("utility %s: %s (delta %.3f [%.3f, %.3f], %d test images of %d people)",
+                    name, e.decision, e.delta, e.delta_lower, e.delta_upper, e.n_test_images, e.n_test_people)
+    return e
 
 
 def _check_arguments(images: Any, deidentify: Any, *, tolerance: Any, folds: Any, repeats: Any, n_boot: Any,
                      confidence: Any, max_images: Any, n_components: Any, k: Any) -> np.ndarray:
     """:func:`cross_fit_utility`'s arguments checked (each error names the parameter and what to pass); ``images``
-    as an array, not converted (only the sampled rows are)."""
+    as an array, not converted: shapes are validated on the whole input but only the sampled rows are converted
+    (a 100,000-face drop as float64 would be 6 GB)."""
     A = np.asarray(images)
     if A.ndim != 2 or A.shape[0] == 0 or A.shape[1] == 0:
         raise ConfigError(f"images has shape {A.shape}; it must be a non-empty 2-D array (n_images, n_pixels)")

@@ -33,8 +33,9 @@ import logging
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -289,23 +290,10 @@ def read_feature_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None =
         from deid.settings import FEATURE_MAX_BYTES as max_bytes  # noqa: PLC0415 - the setting's default, declared there
     table, sha = _read_table(root, relative, max_bytes=max_bytes)
     labels = _feature_labels(labels, meta, root)
-    bad = [x for x in labels if x in (*RESERVED, column)]
-    if bad:
-        raise DropError(f"labels {bad} are the id, subject or vector columns; utility labels must be other columns")
-    if "subject_id" not in table.column_names:
-        raise DropError(f"{path}: required column 'subject_id' is missing (found {table.column_names}); add one "
-                        "person id per record")
-    label_sets = _label_sets(root, meta, labels)
-    absent = [x for x in labels if x not in table.column_names]
-    if absent:
-        raise DropError(f"{path}: declared label column(s) {absent} are missing; found columns {table.column_names}")
+    label_sets = _checked_columns(root, path, meta, table, labels, column)
     col = _vector_column(path, table, column)
     n = table.num_rows
-    valid = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-    if pa.types.is_fixed_size_list(col.type):
-        lengths = np.full(n, col.type.list_size, dtype=np.int64)
-    else:
-        lengths = pc.list_value_length(col).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    valid, lengths = _vector_lengths(col, n)
     dim = _dimension(path, col, lengths, valid, declared)
 
     subjects = _text_cells(table.column("subject_id"))
@@ -313,29 +301,11 @@ def read_feature_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None =
     has_ids = "record_id" in table.column_names
     own_ids = _text_cells(table.column("record_id")) if has_ids else [f"row {i}" for i in range(1, n + 1)]
     vectors, null_elem, where = _readable_vectors(col, valid, lengths, dim)
-
-    quarantined: list[Quarantined] = []
-    keep_rows: list[int] = []
-    keep_vec: list[int] = []
-    seen: dict[str, int] = {}
-    for i in range(n):
-        row = i + 1
-        rid = record_id_for_row(row)
-        ref = own_ids[i] or f"row {row}"
-
-        def q(code: str, message: str) -> None:
-            quarantined.append(Quarantined(rid, ref, code, message, "features"))
-
-        why = _feature_row_problem(i, row, own_ids=own_ids, has_ids=has_ids, seen=seen, subjects=subjects,
-                                   labels=labels, label_cells=label_cells, label_sets=label_sets, valid=valid,
-                                   lengths=lengths, dim=dim, column=column, where=where, null_elem=null_elem,
-                                   vectors=vectors)
-        if why is not None:
-            q(*why)
-            continue
-        j = where[i]
-        keep_rows.append(i)
-        keep_vec.append(j)
+    check = partial(_feature_row_problem, own_ids=own_ids, has_ids=has_ids, seen={}, subjects=subjects, labels=labels,
+                    label_cells=label_cells, label_sets=label_sets, valid=valid, lengths=lengths, dim=dim,
+                    column=column, where=where, null_elem=null_elem, vectors=vectors)
+    keep_rows, quarantined = _sort_rows(n, own_ids, check)
+    keep_vec = [where[i] for i in keep_rows]
     extra = tuple(c for c in table.column_names if c not in (*RESERVED, column, *labels))
     if extra:
         log.info("feature table columns not used and kept out of the release: %s", list(extra))
@@ -354,6 +324,72 @@ def read_feature_drop(drop_dir: str | os.PathLike, *, labels: list[str] | None =
         attribution=_attribution(root, meta),
         dataset=_dataset_name(root, meta.get("dataset"), str(drop_name)),
         value_type=str(col.type.value_type), label_sets=label_sets)
+
+
+def _checked_columns(root: Path, path: Path, meta: dict, table: pa.Table, labels: list[str],
+                     column: str) -> dict[str, tuple[str, ...]] | None:
+    """The feature table's columns checked against drop.yaml (the labels are neither the id, subject nor vector
+    column; ``subject_id`` and every label column are present); returns drop.yaml's ``label_values``
+    (:func:`_label_sets`).
+
+    Raises
+    ------
+    DropError
+        A label names a reserved column, or a required column is missing.
+    """
+    bad = [x for x in labels if x in (*RESERVED, column)]
+    if bad:
+        raise DropError(f"labels {bad} are the id, subject or vector columns; utility labels must be other columns")
+    if "subject_id" not in table.column_names:
+        raise DropError(f"{path}: required column 'subject_id' is missing (found {table.column_names}); add one "
+                        "person id per record")
+    label_sets = _label_sets(root, meta, labels)
+    absent = [x for x in labels if x not in table.column_names]
+    if absent:
+        raise DropError(f"{path}: declared label column(s) {absent} are missing; found columns {table.column_names}")
+    return label_sets
+
+
+def _vector_lengths(col: pa.Array, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Whether each of the ``n`` rows holds a vector (not null), and its length (-1 for a null row)."""
+    valid = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    if pa.types.is_fixed_size_list(col.type):
+        lengths = np.full(n, col.type.list_size, dtype=np.int64)
+    else:
+        lengths = pc.list_value_length(col).fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    return valid, lengths
+
+
+def _sort_rows(n: int, own_ids: list, problem: Callable[[int, int], tuple[str, str] | None]
+               ) -> tuple[list[int], list[Quarantined]]:
+    """The ``n`` rows of a feature table sorted into records and quarantine, in row order.
+
+    Parameters
+    ----------
+    n : int
+        Rows in the table.
+    own_ids : list
+        The steward's record id of each row (None: none given), named in a quarantine entry.
+    problem : callable
+        ``problem(i, row) -> (code, message) | None``: why row ``i`` (``row``, its 1-based number) is quarantined
+        (:func:`_feature_row_problem`, bound to the table).
+
+    Returns
+    -------
+    keep : list of int
+        The rows that are records.
+    quarantined : list of Quarantined
+    """
+    quarantined: list[Quarantined] = []
+    keep: list[int] = []
+    for i in range(n):
+        row = i + 1
+        why = problem(i, row)
+        if why is not None:
+            quarantined.append(Quarantined(record_id_for_row(row), own_ids[i] or f"row {row}", *why, "features"))
+        else:
+            keep.append(i)
+    return keep, quarantined
 
 
 def _feature_drop_yaml(drop_dir: str | os.PathLike) -> tuple[Path, bytes, dict]:

@@ -340,33 +340,35 @@ def make_synthetic_drop(drop_dir, *, people: int, images_per_person: int = 2, se
 
     Parameters
     ----------
+    drop_dir : path
+        A new or empty directory to write the drop into.
+    people, images_per_person, seed : int
+        How many people, images of each (unless ``counts``), and the seed of every random draw.
+    image_size, image_format : int, str
+        Image side in pixels (the width with ``crop="tight"``); ``png``, ``jpg`` (or ``jpeg``), ``pgm`` or ``gif``.
+    name : str, optional
+        The drop's name in drop.yaml (default: the directory's name).
     condition_values : int, optional
-        2..11: instead of ``gender``/``expression``, one label ``condition`` with that many
-        values (Yale-like: normal, happy, leftlight, glasses, surprised, rightlight, sad,
-        noglasses, sleepy, centerlight, wink), image ``i`` of person ``n`` taking value
-        ``(i + n - 2) mod condition_values``.
+        2..11: instead of ``gender``/``expression``, one label ``condition`` with that many values (Yale-like:
+        normal, happy, leftlight, glasses, surprised, rightlight, sad, noglasses, sleepy, centerlight, wink),
+        image ``i`` of person ``n`` taking value ``(i + n - 2) mod condition_values``.
     crop : {"none", "tight"}
         "tight": the face fills the frame (ORL-like), ``image_size`` wide, 1.21x as high.
-    grey : bool
-        Single-channel images (always so for ``image_format`` "pgm" and "gif").
     lighting : {"normal", "side"}
         "side": every image lit strongly from a random side (the far half in shadow).
     background : {"plain", "clutter"}
         "clutter": an indoor-like coloured background (shelves, frames, a window).
-    labels : bool
-        False: no label columns and ``labels: []`` in drop.yaml.
-    eyes : bool
-        False: no eye columns, so alignment has to find the eyes.
-    workers : int
-        Processes drawing the images (1 = this process).
+    grey, labels, eyes : bool
+        Single-channel images (always so for ``image_format`` "pgm" and "gif"); False: no label columns and
+        ``labels: []`` in drop.yaml; False: no eye columns, so alignment has to find the eyes.
+    workers, chunk_people : int
+        Processes drawing the images (1 = this process); people per work item handed to a worker.
     quick_noise : bool
         Cheaper sensor noise (see :func:`draw_face`); the images differ from the default ones.
     fast : bool
         About 4x cheaper images for million-face drops (see :func:`draw_face`; JPEG quality 85
         instead of 92): the same people, placements, eye points and labels as the default
         drop, with another background texture and sensor noise.
-    chunk_people : int
-        People per work item handed to a worker.
     counts : list of int, optional
         Images of each person (person n gets ``counts[n - 1]``; ``len(counts) == people``), instead of
         ``images_per_person`` each: skewed drops, e.g. :func:`zipf_counts`, or one person holding half
@@ -378,41 +380,58 @@ def make_synthetic_drop(drop_dir, *, people: int, images_per_person: int = 2, se
         1..100; above 1 every image becomes that many near-identical consecutive frames (``frame_jitter``:
         "small" moves each later frame by <= 0.6 px, <= 0.8 degrees and fresh noise; "none" copies it),
         with manifest columns ``sequence`` (``<subject>-q<image>``) and ``frame``.
+
+    Returns
+    -------
+    Path
+        The drop directory.
+
+    Raises
+    ------
+    ConfigError
+        An argument out of range (the message names it and what to pass), or ``drop_dir`` not empty.
     """
-    counts = _check_drop(people=people, images_per_person=images_per_person, seed=seed, image_size=image_size,
+    spec = _checked_spec(people=people, images_per_person=images_per_person, seed=seed, image_size=image_size,
                          image_format=image_format, condition_values=condition_values, crop=crop, grey=grey,
                          lighting=lighting, background=background, labels=labels, eyes=eyes, workers=workers,
                          chunk_people=chunk_people, quick_noise=quick_noise, fast=fast, counts=counts,
                          pose_spread=pose_spread, frames_per_sequence=frames_per_sequence, frame_jitter=frame_jitter)
-    drop = Path(drop_dir)
-    if drop.exists() and (not drop.is_dir() or any(drop.iterdir())):
-        raise ConfigError(f"drop_dir={str(drop)!r} exists and is not an empty directory; "
-                          "pass a new or empty directory so no existing drop is mixed in")
-    if name is not None and (not isinstance(name, str) or not name.strip()):
-        raise ConfigError(f"name={name!r} must be a non-empty string or None (None = the directory name)")
-    spec = SynthSpec(seed=seed, images_per_person=images_per_person, image_size=image_size,
-                     image_format=image_format, condition_values=condition_values, crop=crop, grey=grey,
-                     lighting=lighting, background=background, labels=labels, eyes=eyes, quick_noise=quick_noise,
-                     fast=fast, counts=counts, pose_spread=float(pose_spread), frames_per_sequence=frames_per_sequence,
-                     frame_jitter=frame_jitter)
-    (drop / "images").mkdir(parents=True, exist_ok=True)
+    drop = _new_drop_dir(drop_dir, name)
     t0 = time.perf_counter()
     count = _write_images(spec, drop, people=people, workers=workers, chunk_people=chunk_people)
-    with open(drop / "drop.yaml", "w", encoding="utf-8") as fh:
-        yaml.safe_dump({"name": name or drop.resolve().name, "labels": list(spec.label_columns)}, fh, sort_keys=False)
-    # _READY last: consumers only pick up complete drops.
-    (drop / "_READY").write_bytes(b"")
+    _close_drop(drop, spec, name)
     dt = time.perf_counter() - t0
     log.info("synthetic drop %s: %d images of %d people in %.1f s (%.2f ms/image, %d workers)",
              drop, count, people, dt, 1000 * dt / max(count, 1), workers)
     return drop
 
 
-def _check_drop(*, people, images_per_person, seed, image_size, image_format, condition_values, crop, grey, lighting,
-                background, labels, eyes, workers, chunk_people, quick_noise, fast, counts, pose_spread,
-                frames_per_sequence, frame_jitter) -> tuple[int, ...] | None:
-    """:func:`make_synthetic_drop`'s arguments checked (each error names the argument and what to pass); the image
-    counts as a tuple (None: ``images_per_person`` each)."""
+def _new_drop_dir(drop_dir, name: str | None) -> Path:
+    """:func:`make_synthetic_drop`'s target directory, checked to be new or empty (no existing drop is mixed in), its
+    ``name`` checked (a non-empty string or None), and its ``images/`` made."""
+    drop = Path(drop_dir)
+    if drop.exists() and (not drop.is_dir() or any(drop.iterdir())):
+        raise ConfigError(f"drop_dir={str(drop)!r} exists and is not an empty directory; "
+                          "pass a new or empty directory so no existing drop is mixed in")
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise ConfigError(f"name={name!r} must be a non-empty string or None (None = the directory name)")
+    (drop / "images").mkdir(parents=True, exist_ok=True)
+    return drop
+
+
+def _close_drop(drop: Path, spec: SynthSpec, name: str | None) -> None:
+    """Write the drop's ``drop.yaml`` (its name, default the directory's, and label columns), then ``_READY``."""
+    with open(drop / "drop.yaml", "w", encoding="utf-8") as fh:
+        yaml.safe_dump({"name": name or drop.resolve().name, "labels": list(spec.label_columns)}, fh, sort_keys=False)
+    # _READY last: consumers only pick up complete drops.
+    (drop / "_READY").write_bytes(b"")
+
+
+def _checked_spec(*, people, images_per_person, seed, image_size, image_format, condition_values, crop, grey,
+                  lighting, background, labels, eyes, workers, chunk_people, quick_noise, fast, counts, pose_spread,
+                  frames_per_sequence, frame_jitter) -> SynthSpec:
+    """:func:`make_synthetic_drop`'s arguments checked (each error names the argument and what to pass), as the
+    :class:`SynthSpec` that decides the drop's bytes (``counts`` as a tuple; None: ``images_per_person`` each)."""
     _check(people=people, images_per_person=images_per_person, seed=seed, image_size=image_size,
            smallest=32 if crop == "tight" else 64)
     if counts is not None:
@@ -439,7 +458,11 @@ def _check_drop(*, people, images_per_person, seed, image_size, image_format, co
                         ("fast", fast)):
         if not isinstance(value, bool):
             raise ConfigError(f"{flag}={value!r} must be True or False")
-    return counts
+    return SynthSpec(seed=seed, images_per_person=images_per_person, image_size=image_size,
+                     image_format=image_format, condition_values=condition_values, crop=crop, grey=grey,
+                     lighting=lighting, background=background, labels=labels, eyes=eyes, quick_noise=quick_noise,
+                     fast=fast, counts=counts, pose_spread=float(pose_spread), frames_per_sequence=frames_per_sequence,
+                     frame_jitter=frame_jitter)
 
 
 def _write_images(spec: SynthSpec, drop: Path, *, people: int, workers: int, chunk_people: int) -> int:

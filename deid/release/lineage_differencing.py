@@ -5,6 +5,76 @@ the released pixels, as an attacker holding every release and a gallery of origi
 difference of two averages whose clusters differ by one face, or one swapped pair, is that face or
 pair, matched to the originals and verified in pixels (the search: :mod:`deid.release.differencing_search`).
 The gate fails on any exact match (:class:`DifferencingResult`).
+
+**The attack.** The attacker sees each release's images and cluster sizes. For a released cluster (average
+``M1``, plausible sizes ``s1``) and a registered one (``M2``, ``s2``) with ``|s1 - s2| <= 1``:
+
+- ``s1 = s2 = s``: ``s (M1 - M2)`` is ``a - b`` if the clusters differ by one swapped record;
+  matched against pairs of originals;
+- ``|s1 - s2| = 1``: ``s1 M1 - s2 M2`` (sign so that the larger cluster comes first) is the added
+  face ``x``; matched against single originals.
+
+Plausible sizes are those the releases show (records per image in each release) and the true
+basis sizes (the gate knows them: the strongest attacker). Matching is done in PCA space
+(eigenfaces of the originals; Turk & Pentland 1991). Every best candidate is verified in
+pixels: it is an *exact* match when the mean absolute error divided by ``max(s1, s2)`` is below
+``tolerance`` grey levels, i.e. the error at the scale of the released averages (uint8 rounding
+of two averages explains at most ``0.5 (s1 + s2) / max(s1, s2) <= 1`` grey level per pixel
+there; a wrong face is off by several). Pairs with identical images are skipped (their
+difference is a multiple of the image).
+
+**Which originals are candidates (issue 13: sub-quadratic, not weaker).** The gate is the
+strongest attacker: it knows every cluster's basis records. If ``s1 M1 - s2 M2`` is one face
+``x`` exactly, the two pixel multisets differ by ``x``, so ``x`` *is* a basis record of the
+larger cluster (or a record with the same pixels: a byte-identical copy under another
+fingerprint has the same pixels, and is found through the member itself); for a swapped pair
+``a - b``, ``a`` is a member of the first cluster and ``b`` of the second. So, above
+``exhaustive_below`` originals, each test searches only the members of its two clusters that
+are among this drop's originals (``original_records`` maps them to rows): O(cluster size) per
+test instead of O(N), and exact for the leak tested. This keeps the case that motivated
+differencing within a release: two clusters sharing byte-identical copies of some people's
+photos differ, in pixels, by the photos that are not shared, and those are members.
+
+The gallery is this drop's originals, as before: a member of a registered cluster that is not
+in this drop has no pixels here, and only a record of this drop with (nearly) its pixels under
+another fingerprint could match it. For a test whose cluster has such absent members, the
+search adds, from the whole gallery, the nearest original within the radius an exact
+difference can lie at (``tolerance * max(s1, s2) * sqrt(n_pixels)`` in PCA space, which is
+contractive: the rounding of two averages is at most ``0.5 (s1 + s2)`` per pixel), through a
+k-d tree: for a single face around the difference, for a pair around ``z_c - d`` and
+``z_c + d`` for each present member ``c``; a pair test whose clusters have no present member at
+all is searched over the whole gallery as before (``candidates`` most and least aligned
+originals, see :func:`~deid.release.differencing_search.best_pairs`). So every difference the
+exhaustive search could verify as an exact difference of two released averages is still a
+candidate: at least today's power. At or below ``exhaustive_below`` originals, or without
+``original_records``, the exhaustive search runs as before (its results on small drops are
+unchanged): single faces by nearest neighbour over all originals, pairs among the ``candidates``
+originals most and least aligned with the difference in whitened PCA space (measured on London,
+20 of 20 swapped pairs had ``a`` at rank 0 and ``b`` at rank <= 1).
+
+**Which pairs of averages are tested** (``pairs="nearest"``, the reference search). Up to
+``max_pairs`` cluster pairs are all tested; beyond that each released average is paired with (i)
+every registered average whose cluster shares a basis record or a person with it (all record-level
+leaks across releases share records; copies within a release share people; people in more than
+``max_person_clusters`` clusters add no pairs this way) and (ii) its ``neighbors`` nearest
+registered averages in PCA space (a difference of fewer than k records moves an average by at most
+that share of a face, so leaking pairs are near neighbours): exact nearest neighbours by blocks
+while ``len(released) * len(registered) <= 4e8``, above that a k-d tree's (1 + eps)-approximate
+nearest neighbours (``eps = 1``: 97% of the exact ten, 1 ms each, measured on 200k Gaussian 50-d
+points), O(N log N) instead of O(N^2). Work is vectorised in blocks of ``block`` tests.
+
+``pairs="content"`` (the release run's, issue 32): only clusters first released now are attacked
+(a republished cluster is the registered one, tested against every registered cluster when it was
+first released; it stays in the registered side with this release's size too), against the
+clusters whose basis can differ from theirs by at most ``max(2, k - 1)`` records, counted on
+content: an index from each member's content (the digest of its original's pixels when the gallery
+holds it, else its source fingerprint) to the clusters holding it
+(:func:`~deid.release.differencing_search.content_pairs`). Every exact difference the attack can
+verify is one face or one swapped pair of faces, so two clusters whose bases differ in more than
+two contents cannot give one; pixel copies under other fingerprints count as the same content. A
+near-copy (not pixel-identical) under another fingerprint is not a shared content: only
+``"nearest"`` pairs averages by pixels. Each average in a tested pair is read once; with no pair
+to test nothing else is read.
 """
 from __future__ import annotations
 
@@ -79,113 +149,50 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
                         candidates: int = 16, block: int = 1024, unit: str = "grey level",
                         pca_sample: int = 20_000, threads: int = 1, exhaustive_below: int = 1000,
                         max_person_clusters: int = 64, pairs: str = "nearest") -> DifferencingResult:
-    """Difference every released average of this release against every registered one and every other one
-    of this release; match to originals.
+    """Difference every released average of this release against every registered one and each other; match originals.
 
-    The attacker sees each release's images and cluster sizes. For a released cluster (average
-    ``M1``, plausible sizes ``s1``) and a registered one (``M2``, ``s2``) with ``|s1 - s2| <= 1``:
-
-    - ``s1 = s2 = s``: ``s (M1 - M2)`` is ``a - b`` if the clusters differ by one swapped record;
-      matched against pairs of originals;
-    - ``|s1 - s2| = 1``: ``s1 M1 - s2 M2`` (sign so that the larger cluster comes first) is the added
-      face ``x``; matched against single originals.
-
-    Plausible sizes are those the releases show (records per image in each release) and the true
-    basis sizes (the gate knows them: the strongest attacker). Matching is done in PCA space
-    (eigenfaces of the originals; Turk & Pentland 1991). Every best candidate is verified in
-    pixels: it is an *exact* match when the mean absolute error divided by ``max(s1, s2)`` is below
-    ``tolerance`` grey levels, i.e. the error at the scale of the released averages (uint8 rounding
-    of two averages explains at most ``0.5 (s1 + s2) / max(s1, s2) <= 1`` grey level per pixel
-    there; a wrong face is off by several). Pairs with identical images are skipped (their
-    difference is a multiple of the image).
-
-    **Which originals are candidates (issue 13: sub-quadratic, not weaker).** The gate is the
-    strongest attacker: it knows every cluster's basis records. If ``s1 M1 - s2 M2`` is one face
-    ``x`` exactly, the two pixel multisets differ by ``x``, so ``x`` *is* a basis record of the
-    larger cluster (or a record with the same pixels: a byte-identical copy under another
-    fingerprint has the same pixels, and is found through the member itself); for a swapped pair
-    ``a - b``, ``a`` is a member of the first cluster and ``b`` of the second. So, above
-    ``exhaustive_below`` originals, each test searches only the members of its two clusters that
-    are among this drop's originals (``original_records`` maps them to rows): O(cluster size) per
-    test instead of O(N), and exact for the leak tested. This keeps the case that motivated
-    differencing within a release: two clusters sharing byte-identical copies of some people's
-    photos differ, in pixels, by the photos that are not shared, and those are members.
-
-    The gallery is this drop's originals, as before: a member of a registered cluster that is not
-    in this drop has no pixels here, and only a record of this drop with (nearly) its pixels under
-    another fingerprint could match it. For a test whose cluster has such absent members, the
-    search adds, from the whole gallery, the nearest original within the radius an exact
-    difference can lie at (``tolerance * max(s1, s2) * sqrt(n_pixels)`` in PCA space, which is
-    contractive: the rounding of two averages is at most ``0.5 (s1 + s2)`` per pixel), through a
-    k-d tree: for a single face around the difference, for a pair around ``z_c - d`` and
-    ``z_c + d`` for each present member ``c``; a pair test whose clusters have no present member at
-    all is searched over the whole gallery as before (``candidates`` most and least aligned
-    originals, see :func:`best_pairs`). So every difference the exhaustive search could verify as
-    an exact difference of two released averages is still a candidate: at least today's power.
-    At or below ``exhaustive_below`` originals, or without ``original_records``, the exhaustive
-    search runs as before (its results on small drops are unchanged): single faces by nearest
-    neighbour over all originals, pairs among the ``candidates`` originals most and least aligned
-    with the difference in whitened PCA space (measured on London, 20 of 20 swapped pairs had
-    ``a`` at rank 0 and ``b`` at rank <= 1).
-
-    **Which pairs of averages are tested.** Up to ``max_pairs`` cluster pairs are all tested;
-    beyond that each released average is paired with (i) every registered average whose cluster
-    shares a basis record or a person with it (all record-level leaks across releases share
-    records; copies within a release share people; people in more than ``max_person_clusters``
-    clusters add no pairs this way) and (ii) its ``neighbors`` nearest registered averages in PCA
-    space (a difference of fewer than k records moves an average by at most that share of a face,
-    so leaking pairs are near neighbours): exact nearest neighbours by blocks while
-    ``len(released) * len(registered) <= 4e8``, above that a k-d tree's (1 + eps)-approximate
-    nearest neighbours (``eps = 1``: 97% of the exact ten, 1 ms each, measured on 200k Gaussian 50-d points),
-    O(N log N) instead of O(N^2). Work is vectorised in blocks of ``block`` tests.
+    The difference of two averages whose clusters differ by one face or one swapped pair is that face or pair: matched
+    to the originals in PCA space, verified in pixels (the attack, its candidates and pairs: the module docstring).
 
     Parameters
     ----------
     state, release
         The registered lineage and the release to check.
     originals : array-like (n, n_pixels), or a row source
-        Aligned original faces the attacker may hold (the gate passes the drop's aligned faces).
-        Any object with ``shape`` and ``__getitem__`` for integer index arrays (e.g.
-        :class:`deid.operations.worker_rows.RowFile`, rows read from disk) is read a chunk of rows at
-        a time and never held whole (issue 13: a million faces are 7.5 GB of uint8, 30 GB as float32).
+        Aligned original faces the attacker may hold (the gate passes the drop's aligned faces). Any object with
+        ``shape`` and ``__getitem__`` for integer index arrays (e.g. :class:`deid.operations.worker_rows.RowFile`)
+        is read a chunk of rows at a time and never held whole (issue 13: a million faces are 7.5 GB of uint8).
     original_people : sequence, optional
         Person of each original, to count the people identified.
     original_records : sequence of str, optional
-        Source fingerprint of each original (the registry's record ids), to find clusters' members
-        among them; by default ``release.fingerprints`` when there is one original per drop record.
+        Source fingerprint of each original (the registry's record ids), to find clusters' members among them;
+        by default ``release.fingerprints`` when there is one original per drop record.
     tolerance, unit : float, str
-        The exact-match bound and its unit: grey levels for faces; for feature vectors (registered
-        float averages, no rounding) the caller passes a small fraction of a feature's spread in the
-        vectors' own units (:func:`deid.operations.features.apply_feature_lineage`).
-    pca_sample : int
-        The eigenfaces are fitted on at most this many originals (a seeded sample; all of them
-        below it); every original is projected, in chunks.
-    threads : int
-        Blocks of tests run on this many threads (NumPy releases the GIL in their heavy passes); the
-        matches and their order do not depend on it.
-    exhaustive_below : int
-        Up to this many originals every test searches the whole gallery (the reference search).
-    max_person_clusters : int
-        In neighbour mode, a person in more registered clusters than this adds no structural pairs.
+        The exact-match bound and its unit: grey levels for faces; for feature vectors (float averages, no rounding)
+        a small fraction of a feature's spread, in their units (:func:`deid.operations.features.apply_feature_lineage`).
+    n_components, pca_sample : int
+        Eigenfaces fitted on at most ``pca_sample`` originals (a seeded sample); every original is projected.
+    max_pairs, neighbors, max_person_clusters : int
+        ``"nearest"``: all pairs up to ``max_pairs``, else the ``neighbors`` nearest registered averages and
+        the structural pairs (a person in more than ``max_person_clusters`` registered clusters adds none).
+    candidates, exhaustive_below : int
+        Originals most and least aligned with a pair difference that are tried; up to ``exhaustive_below``
+        originals every test searches the whole gallery (the reference search).
+    block, threads : int
+        Tests per vectorised block, and threads running blocks (the matches and their order do not depend on it).
     pairs : {"nearest", "content"}
-        Which pairs of averages are tested. ``"nearest"`` (the reference search above): all pairs up
-        to ``max_pairs``, else nearest neighbours and structural pairs. ``"content"`` (the release
-        run's, issue 32): only clusters first released now are attacked (a republished cluster is
-        the registered one, tested against every registered cluster when it was first released;
-        it stays in the registered side with this release's size too), against the clusters whose
-        basis can differ from theirs by at most ``max(2, k - 1)`` records, counted on content: an
-        index from each member's content (the digest of its original's pixels when the gallery
-        holds it, else its source fingerprint) to the clusters holding it (:func:`content_pairs`).
-        Every exact difference the attack can verify is one face or one swapped pair of faces, so
-        two clusters whose bases differ in more than two contents cannot give one; pixel copies
-        under other fingerprints count as the same content. A near-copy (not pixel-identical) under
-        another fingerprint is not a shared content: only ``"nearest"`` pairs averages by pixels.
-        Each average in a tested pair is read once; with no pair to test nothing else is read.
-        Needs ``original_records``; without it ``"nearest"`` is used.
+        Which pairs of averages are tested: the reference search, or (the release run's, issue 32) the clusters first
+        released now against those whose basis contents differ by <= ``max(2, k - 1)`` records (needs
+        ``original_records``: without them ``"nearest"`` is used).
 
     Returns
     -------
     DifferencingResult
+
+    Raises
+    ------
+    ConfigError
+        Originals, their people or records, the tolerance or ``pairs`` unusable, or averages of another width.
     """
     X, original_records = _check_inputs(originals, release, original_people=original_people,
                                         original_records=original_records, tolerance=tolerance, unit=unit, pairs=pairs)
@@ -203,40 +210,86 @@ def differencing_attack(state: LineageState, release: LineageRelease, originals:
             return DifferencingResult(0, 0, mode, (), frozenset(), tolerance, unit)
     space = _Space.fit(X, n_components=n_components, pca_sample=pca_sample,
                        members_only=original_records is not None and X.shape[0] > exhaustive_below)
-    # The averages stay where they are stored (a stored average is read from disk when asked: a million
-    # faces have 1.5 GB of them, issue 13) and are read and converted a chunk of rows at a time.
-    M1: Any = Averages([c.image for c, _ in new])
-    M2: Any = M1 if [c.key for c, _ in reg] == [c.key for c, _ in new] else Averages([c.image for c, _ in reg])
-    if by_content:   # each average read once (a registered one is decrypted from its pack once, not per test)
-        M1, M2 = M1[np.arange(len(M1))], (None if M2 is M1 else M2[np.arange(len(M2))])
-        M2 = M1 if M2 is None else M2
-    Y1 = space.project(M1)                                 # linear projections: differences are exact
-    Y2 = Y1 if M2 is M1 else space.project(M2)
+    M1, M2, Y1, Y2 = _averages(new, reg, space, by_content)
     if content_ij is not None:
         pairs_i, pairs_j = content_ij[0].astype(np.int64), content_ij[1].astype(np.int64)
     else:
-        all_pairs = len(new) * len(reg) <= max_pairs
-        structural = None if all_pairs else structural_pairs([c for c, _ in new], [c for c, _ in reg],
-                                                             max_person_clusters)
-        pairs_i, pairs_j = average_pairs(Y1, Y2, all_pairs, neighbors, structural=structural, threads=threads)
-        mode = "all pairs" if all_pairs else (f"{neighbors} nearest registered averages per released one and those "
-                                              "sharing a record or a person")
+        pairs_i, pairs_j, mode = _nearest_pairs(new, reg, Y1, Y2, max_pairs=max_pairs, neighbors=neighbors,
+                                                max_person_clusters=max_person_clusters, threads=threads)
     pairs_i, pairs_j = _different_images(new, reg, pairs_i, pairs_j)
     tests = size_tests(pairs_i, pairs_j, [s for _, s in new], [s for _, s in reg])
+    matches = _attack_tests(tests, X, space, new, reg, (M1, M2, Y1, Y2), original_records, block=block,
+                            candidates=candidates, tolerance=tolerance, threads=threads)
+    return DifferencingResult(len(pairs_i), len(tests), mode, tuple(matches), _identified(matches, original_people),
+                              tolerance, unit)
+
+
+def _attack_tests(tests: np.ndarray, X: Any, space: _Space, new: _Side, reg: _Side, averages: tuple,
+                  original_records: Sequence[str] | None, *, block: int, candidates: int, tolerance: float,
+                  threads: int) -> list[DifferencingMatch]:
+    """The size hypotheses ``tests`` (rows ``i, j, s1, s2``) attacked ``block`` at a time on ``threads``: the
+    candidates searched among the clusters' members when ``space.members_only`` (:class:`MemberGallery`), else over
+    the whole gallery; ``averages`` is ``(M1, M2, Y1, Y2)`` (:func:`_averages`). Returns the exact matches."""
+    M1, M2, Y1, Y2 = averages
     gallery = (None if not space.members_only else
-               MemberGallery(cast(Sequence[str], original_records), [c for c, _ in new], [c for c, _ in reg], space.Zc, space.Zw, space.muz,
-                             space.sd, candidates, tolerance * np.sqrt(X.shape[1])))
+               MemberGallery(cast(Sequence[str], original_records), [c for c, _ in new], [c for c, _ in reg], space.Zc,
+                             space.Zw, space.muz, space.sd, candidates, tolerance * np.sqrt(X.shape[1])))
     attack = _BlockAttack(tests=tests, block=block, X=X, space=space, Y1=Y1, Y2=Y2, M1=M1, M2=M2, gallery=gallery,
                           candidates=candidates, tolerance=tolerance, keys1=[c.key for c, _ in new],
                           keys2=[c.key for c, _ in reg])
-    matches = attack.run(threads)
+    return attack.run(threads)
+
+
+def _identified(matches: list[DifferencingMatch], original_people: Sequence[Hashable] | None) -> frozenset:
+    """The people the matches identify (their originals' people; the originals' rows without ``original_people``),
+    logged as a warning when there is any match."""
     if original_people is not None:
         people = frozenset(original_people[g] for m in matches for g in m.originals)
     else:
         people = frozenset(g for m in matches for g in m.originals)
     if matches:
         logger.warning("lineage differencing attack: %d exact matches, %d people identified", len(matches), len(people))
-    return DifferencingResult(len(pairs_i), len(tests), mode, tuple(matches), people, tolerance, unit)
+    return people
+
+
+def _averages(new: _Side, reg: _Side, space: _Space, by_content: bool) -> tuple[Any, Any, np.ndarray, np.ndarray]:
+    """The averages of both sides (``M1``: ``new``, ``M2``: ``reg``; one object when the sides are the same clusters)
+    and their projections ``Y1``, ``Y2`` on ``space`` (linear: differences of projections are exact).
+
+    The averages stay where they are stored (a stored average is read from disk when asked: a million faces have
+    1.5 GB of them, issue 13) and are read and converted a chunk of rows at a time; with ``by_content`` (a handful
+    of clusters) each is read once into memory (a registered one is decrypted from its pack once, not per test).
+    """
+    M1: Any = Averages([c.image for c, _ in new])
+    M2: Any = M1 if [c.key for c, _ in reg] == [c.key for c, _ in new] else Averages([c.image for c, _ in reg])
+    if by_content:
+        M1, M2 = M1[np.arange(len(M1))], (None if M2 is M1 else M2[np.arange(len(M2))])
+        M2 = M1 if M2 is None else M2
+    Y1 = space.project(M1)
+    Y2 = Y1 if M2 is M1 else space.project(M2)
+    return M1, M2, Y1, Y2
+
+
+def _nearest_pairs(new: _Side, reg: _Side, Y1: np.ndarray, Y2: np.ndarray, *, max_pairs: int, neighbors: int,
+                   max_person_clusters: int, threads: int) -> tuple[np.ndarray, np.ndarray, str]:
+    """``pairs="nearest"``: every pair of averages up to ``max_pairs``, else each released average's ``neighbors``
+    nearest registered ones (projections ``Y1``, ``Y2``) and the structural pairs (clusters sharing a basis record
+    or a person: :func:`~deid.release.differencing_search.structural_pairs`).
+
+    Returns
+    -------
+    pairs_i, pairs_j : ndarray of int
+        Rows of ``new`` and ``reg``.
+    mode : str
+        The search, as the result states it.
+    """
+    all_pairs = len(new) * len(reg) <= max_pairs
+    structural = None if all_pairs else structural_pairs([c for c, _ in new], [c for c, _ in reg],
+                                                         max_person_clusters)
+    pairs_i, pairs_j = average_pairs(Y1, Y2, all_pairs, neighbors, structural=structural, threads=threads)
+    mode = "all pairs" if all_pairs else (f"{neighbors} nearest registered averages per released one and those "
+                                          "sharing a record or a person")
+    return pairs_i, pairs_j, mode
 
 
 def _check_inputs(originals: Any, release: LineageRelease, *, original_people: Sequence[Hashable] | None,

@@ -6,6 +6,45 @@ absent or a returning person would exceed 1/k), clustered among the new people (
 suppressed with a reason; registered clusters this run's identity merges leave below k people are
 withheld. The result is a :class:`LineagePlan`; :func:`deid.release.lineage.build_release` turns it into
 the release once the new records are clustered.
+
+**The rules** (m-invariance adapted to face averages). Policy ``invariant``:
+
+1. A record already registered (same source fingerprint) goes to its registered cluster. A new
+   record of a returning person goes to one of that person's registered clusters: the one of
+   the record's partition (when ``partitions`` is given; none -> suppressed,
+   ``returning_partition_mismatch``), the one with the fewest of their records so far, then
+   the lowest key. Every such record is released as the cluster's *stored* average.
+2. Registered clusters never change: no new member joins, no average is recomputed.
+3. Records of people never released are ``new_records``: the caller runs k-Same on them only.
+   Fewer than ``k`` new people (per partition, when given) -> they wait (suppressed,
+   ``waiting_for_k_new_people``) until enough arrive.
+4. A registered cluster some of whose basis people have no record in it this time:
+   ``absent="republish"`` releases it anyway, padded with counterfeit records (stored average)
+   up to the size it was first released with; ``absent="suppress"`` suppresses the whole
+   cluster (its records too). With ``republish`` every registered cluster reappears at least at
+   its first size, whoever left, so absence reveals nothing; the counterfeits are counted in the
+   private registry only. A registered cluster with fewer than ``k`` people (``k`` was raised)
+   is suppressed.
+5. No person holds more than 1/k of a republished cluster's released rows (every row carries
+   the same image: a recogniser naming one person for it is right on that person's share of the
+   rows). A returning person with new photos could exceed it: ``republish`` adds counterfeits
+   until the cluster has at least ``k`` times that person's rows; ``suppress`` withholds the
+   surplus (``returning_surplus_over_1_k``, new photos first), as the partition stage does for
+   new clusters.
+
+Policy ``release-once``: every record of a person already released (or a registered record) is
+suppressed (``released_before``); only new people are clustered; registered clusters retire.
+
+**Who is one person.** Records are keyed by what cannot flip between runs: the source fingerprint
+and the normalised steward id (``people``). Who is one person is an *overlay* for the k rules
+(issue 27): this run's identity merges (``persons``, the effective person of each record) and
+registered bytes now listed under another steward id (the same photograph: the same person under an
+alias) join pseudonyms for every count above (people per cluster, 1/k shares, new people per
+partition), and a person is returning when anyone they are joined with is. A merge can thus neither
+re-key nor block the lineage; it can only leave a registered cluster with fewer than ``k`` people
+among its basis records, or one person above 1/k of them: such a cluster is re-checked and withheld
+(``merged_below_k``, ``merged_over_1_k``; with ``merges="refuse"`` the gate's ``lineage_merges``
+check also fails the run). An un-merge only adds people to a count: nothing changes.
 """
 from __future__ import annotations
 
@@ -132,44 +171,8 @@ def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerp
                  persons: Sequence[Hashable] | None = None, merges: str = "withhold") -> LineagePlan:
     """Plan a new release of a dataset so that it adds no information about anyone already released.
 
-    m-invariance adapted to face averages (Xiao & Tao 2007). Policy ``invariant``:
-
-    1. A record already registered (same source fingerprint) goes to its registered cluster. A new
-       record of a returning person goes to one of that person's registered clusters: the one of
-       the record's partition (when ``partitions`` is given; none -> suppressed,
-       ``returning_partition_mismatch``), the one with the fewest of their records so far, then
-       the lowest key. Every such record is released as the cluster's *stored* average.
-    2. Registered clusters never change: no new member joins, no average is recomputed.
-    3. Records of people never released are ``new_records``: the caller runs k-Same on them only.
-       Fewer than ``k`` new people (per partition, when given) -> they wait (suppressed,
-       ``waiting_for_k_new_people``) until enough arrive.
-    4. A registered cluster some of whose basis people have no record in it this time:
-       ``absent="republish"`` releases it anyway, padded with counterfeit records (stored average)
-       up to the size it was first released with; ``absent="suppress"`` suppresses the whole
-       cluster (its records too). With ``republish`` every registered cluster reappears at least at
-       its first size, whoever left, so absence reveals nothing; the counterfeits are counted in the
-       private registry only. A registered cluster with fewer than ``k`` people (``k`` was raised)
-       is suppressed.
-    5. No person holds more than 1/k of a republished cluster's released rows (every row carries
-       the same image: a recogniser naming one person for it is right on that person's share of the
-       rows). A returning person with new photos could exceed it: ``republish`` adds counterfeits
-       until the cluster has at least ``k`` times that person's rows; ``suppress`` withholds the
-       surplus (``returning_surplus_over_1_k``, new photos first), as the partition stage does for
-       new clusters.
-
-    Policy ``release-once``: every record of a person already released (or a registered record) is
-    suppressed (``released_before``); only new people are clustered; registered clusters retire.
-
-    Records are keyed by what cannot flip between runs: the source fingerprint and the normalised
-    steward id (``people``). Who is one person is an *overlay* for the k rules (issue 27): this
-    run's identity merges (``persons``, the effective person of each record) and registered bytes
-    now listed under another steward id (the same photograph: the same person under an alias) join
-    pseudonyms for every count above (people per cluster, 1/k shares, new people per partition), and
-    a person is returning when anyone they are joined with is. A merge can thus neither re-key nor
-    block the lineage; it can only leave a registered cluster with fewer than ``k`` people among its
-    basis records, or one person above 1/k of them: such a cluster is re-checked and withheld
-    (``merged_below_k``, ``merged_over_1_k``; with ``merges="refuse"`` the gate's ``lineage_merges``
-    check also fails the run). An un-merge only adds people to a count: nothing changes.
+    m-invariance adapted to face averages (Xiao & Tao 2007): the five rules of policy ``invariant``, policy
+    ``release-once`` and who is one person are in the module docstring (:mod:`deid.release.lineage_plan`).
 
     Parameters
     ----------
@@ -203,18 +206,14 @@ def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerp
     Returns
     -------
     LineagePlan
+
+    References
+    ----------
+    X. Xiao, Y. Tao. M-invariance: towards privacy preserving re-publication of dynamic datasets. SIGMOD 2007.
     """
     _check_policy(policy, absent, k)
-    if merges not in MERGE_POLICIES:
-        raise ConfigError(f"merges={merges!r} must be one of {MERGE_POLICIES} (DEID_LINEAGE_MERGES); 'withhold' "
-                          "leaves out a registered cluster that this run's merges put below k people")
     n = len(people)
-    if len(record_fingerprints) != n:
-        raise ConfigError(f"record_fingerprints has {len(record_fingerprints)} entries but people has {n}; "
-                          "pass the source_sha256 of every record")
-    if persons is not None and len(persons) != n:
-        raise ConfigError(f"persons has {len(persons)} entries but people has {n}; pass the effective person of "
-                          "every record (or None: no merges)")
+    _check_plan_inputs(merges, n, record_fingerprints, persons)
     pseud = pseudonymize(key, state.dataset, people)
     fps = tuple(str(f) for f in record_fingerprints)
     parts = partition_keys(partitions, n)
@@ -229,13 +228,7 @@ def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerp
         republish, suppressed_clusters, rechecked = [], [(ckey, RETIRED) for ckey in sorted(state.clusters)], 0
     new_records, waiting = _new_people(new_idx, parts, pseud, who.root, k, suppressed)
     n_new_people = len({who.root(pseud[i]) for i in new_idx})
-    withheld = sum(r in (MERGED_BELOW_K, MERGED_OVER_SHARE) for _, r in suppressed_clusters)
-    if withheld:
-        logger.warning("lineage %s: %d registered clusters withheld: this run's merges leave them below k=%d people "
-                       "or one person above 1/k (%s)", state.dataset, withheld, k, merges)
-    if waiting:
-        logger.info("lineage %s: %d new people wait for more (fewer than k=%d new people in their partition)",
-                    state.dataset, len(waiting), k)
+    _log_plan(state.dataset, suppressed_clusters, waiting, k=k, merges=merges)
     return LineagePlan(
         dataset=state.dataset, policy=policy, absent=absent, k=k, based_on_seq=state.seq,
         based_on_head=state.head, pseudonyms=tuple(pseud), fingerprints=fps, partitions=parts,
@@ -247,6 +240,39 @@ def plan_release(state: LineageState, people: Sequence[Hashable], record_fingerp
         merge_counts={"merged_people": len(who.members_of), "aliased_records": who.n_aliased,
                       "rechecked_clusters": rechecked},
     )
+
+
+def _check_plan_inputs(merges: str, n: int, record_fingerprints: Sequence[str],
+                       persons: Sequence[Hashable] | None) -> None:
+    """:func:`plan_release`'s ``merges`` policy checked, and ``record_fingerprints`` and ``persons`` (when given)
+    checked to hold one entry per record (``n``).
+
+    Raises
+    ------
+    ConfigError
+        Naming the argument and what to pass.
+    """
+    if merges not in MERGE_POLICIES:
+        raise ConfigError(f"merges={merges!r} must be one of {MERGE_POLICIES} (DEID_LINEAGE_MERGES); 'withhold' "
+                          "leaves out a registered cluster that this run's merges put below k people")
+    if len(record_fingerprints) != n:
+        raise ConfigError(f"record_fingerprints has {len(record_fingerprints)} entries but people has {n}; "
+                          "pass the source_sha256 of every record")
+    if persons is not None and len(persons) != n:
+        raise ConfigError(f"persons has {len(persons)} entries but people has {n}; pass the effective person of "
+                          "every record (or None: no merges)")
+
+
+def _log_plan(dataset: str, suppressed_clusters: Sequence[tuple[str, str]], waiting: Any, *, k: int,
+              merges: str) -> None:
+    """Log what a plan withholds for the merges (a warning) and who waits for more new people (info)."""
+    withheld = sum(r in (MERGED_BELOW_K, MERGED_OVER_SHARE) for _, r in suppressed_clusters)
+    if withheld:
+        logger.warning("lineage %s: %d registered clusters withheld: this run's merges leave them below k=%d people "
+                       "or one person above 1/k (%s)", dataset, withheld, k, merges)
+    if waiting:
+        logger.info("lineage %s: %d new people wait for more (fewer than k=%d new people in their partition)",
+                    dataset, len(waiting), k)
 
 
 def _effective(key: bytes, dataset: str, people: Sequence[Hashable], persons: Sequence[Hashable] | None,

@@ -83,10 +83,6 @@ def published_differencing_attack(current_keys: Sequence[str], current_images: S
       (per-pixel spread about ``sqrt(2 s) x`` a face's). This finds a person who left the drop,
       whose original is not in the gallery (the issue's 6 m2 - 5 m3).
 
-    Pairs: all while ``n_current * n_published <= max_pairs``, else each current average's
-    ``neighbors`` nearest published ones in PCA space (a leaking pair's averages differ by one
-    face over ``s``: near neighbours).
-
     Parameters
     ----------
     current_keys, current_images, current_sizes
@@ -97,6 +93,15 @@ def published_differencing_attack(current_keys: Sequence[str], current_images: S
         The drop's aligned faces (the gallery); None: only the image test runs.
     original_people : sequence, optional
         Person of each original, to count the people identified.
+    tolerance : float
+        The match bound, in grey levels at the averages' scale.
+    n_components, pca_sample : int
+        Eigenfaces of the gallery (else of the published averages), fitted on at most ``pca_sample`` rows.
+    max_pairs, neighbors, candidates, block : int
+        Pairs of averages: all while ``n_current * n_published <= max_pairs``, else each current average's
+        ``neighbors`` nearest published ones in PCA space (a leaking pair's averages differ by one face over
+        ``s``: near neighbours); the originals tried per pair difference (:func:`best_pairs`); size hypotheses
+        tested at a time.
 
     Returns
     -------
@@ -110,29 +115,17 @@ def published_differencing_attack(current_keys: Sequence[str], current_images: S
         return PublishedDifferencingResult(releases, 0, 0, (), frozenset(), tolerance)
     M1 = Averages(list(current_images))
     p_dim = int(np.asarray(M1[np.arange(1)]).shape[1])
-    X = originals if originals is None or hasattr(originals, "shape") else np.asarray(originals, np.float32)
-    if X is not None and (len(X.shape) != 2 or X.shape[0] < 2 or X.shape[1] != p_dim):
-        X = None   # no usable gallery: the image test only
-    if original_people is not None and X is not None and len(original_people) != X.shape[0]:
-        raise ConfigError(f"original_people has {len(original_people)} entries for {X.shape[0]} originals")
+    X = _usable_gallery(originals, original_people, p_dim)
     comparable = [p for p in published if p.images.shape[1] == p_dim and len(p.images)]
     skipped = tuple(p.release_id for p in published if p not in comparable)
     if not comparable:
         return PublishedDifferencingResult(releases, 0, 0, (), frozenset(), tolerance, skipped)
     g = _Gallery.fit(X, comparable, n_components=n_components, pca_sample=pca_sample)
-    Y1 = np.vstack([np.asarray(M1[np.arange(a, min(a + 4096, n1))], np.float32) @ g.Wz.T
-                    for a in range(0, n1, 4096)])
-    h1 = [hashlib.sha256(np.ascontiguousarray(np.asarray(M1[np.arange(i, i + 1)], np.uint8)).tobytes()).hexdigest()
-          for i in range(n1)]
+    Y1, h1 = _projected(M1, g, n1)
     matches: list[DifferencingMatch] = []
     n_pairs = n_tests = 0
     for pub in comparable:
-        M2 = pub.images
-        Y2 = M2.astype(np.float32) @ g.Wz.T
-        h2 = [hashlib.sha256(np.ascontiguousarray(r).tobytes()).hexdigest() for r in M2]
-        pi, pj = average_pairs(Y1, Y2, n1 * len(M2) <= max_pairs, neighbors)
-        keep = np.array([h1[a] != h2[b] for a, b in zip(pi.tolist(), pj.tolist())], dtype=bool)
-        pi, pj = pi[keep], pj[keep]
+        pi, pj = _pairs_to_test(Y1, h1, pub, g, all_pairs=n1 * len(pub.images) <= max_pairs, neighbors=neighbors)
         tests = size_tests(pi, pj, current_sizes, [[s] for s in pub.sizes])
         n_pairs, n_tests = n_pairs + len(pi), n_tests + len(tests)
         for start in range(0, len(tests), block):
@@ -144,6 +137,54 @@ def published_differencing_attack(current_keys: Sequence[str], current_images: S
         logger.warning("lineage differencing attack against published releases: %d matches, %d people identified",
                        len(matches), len(people))
     return PublishedDifferencingResult(releases, n_pairs, n_tests, tuple(matches), people, tolerance, skipped)
+
+
+def _usable_gallery(originals: Any | None, original_people: Sequence[Hashable] | None, p_dim: int) -> Any | None:
+    """The originals as the attack's gallery (a row source kept as it is, else float32), or None when they are not
+    usable (absent, fewer than two, or not ``p_dim`` pixels wide): then only the image test runs.
+
+    Raises
+    ------
+    ConfigError
+        ``original_people`` not one entry per original of a usable gallery.
+    """
+    X = originals if originals is None or hasattr(originals, "shape") else np.asarray(originals, np.float32)
+    if X is not None and (len(X.shape) != 2 or X.shape[0] < 2 or X.shape[1] != p_dim):
+        X = None   # no usable gallery: the image test only
+    if original_people is not None and X is not None and len(original_people) != X.shape[0]:
+        raise ConfigError(f"original_people has {len(original_people)} entries for {X.shape[0]} originals")
+    return X
+
+
+def _projected(M1: Averages, g: "_Gallery", n1: int) -> tuple[np.ndarray, list[str]]:
+    """This release's ``n1`` averages in the eigenfaces of ``g`` (read 4,096 rows at a time), and each one's SHA-256
+    (of its uint8 pixels)."""
+    Y1 = np.vstack([np.asarray(M1[np.arange(a, min(a + 4096, n1))], np.float32) @ g.Wz.T
+                    for a in range(0, n1, 4096)])
+    h1 = [hashlib.sha256(np.ascontiguousarray(np.asarray(M1[np.arange(i, i + 1)], np.uint8)).tobytes()).hexdigest()
+          for i in range(n1)]
+    return Y1, h1
+
+
+def _pairs_to_test(Y1: np.ndarray, h1: Sequence[str], pub: Any, g: "_Gallery", *, all_pairs: bool,
+                   neighbors: int) -> tuple[np.ndarray, np.ndarray]:
+    """The pairs (current average, published average) to difference against one published release ``pub``.
+
+    All pairs, or each current average's ``neighbors`` nearest published ones in the eigenfaces of ``g``
+    (:func:`average_pairs`); pairs of byte-identical images (``h1``: the current ones' SHA-256) are left out,
+    their difference being a multiple of the image.
+
+    Returns
+    -------
+    pi, pj : ndarray of int
+        Rows of the current and the published averages.
+    """
+    M2 = pub.images
+    Y2 = M2.astype(np.float32) @ g.Wz.T
+    h2 = [hashlib.sha256(np.ascontiguousarray(r).tobytes()).hexdigest() for r in M2]
+    pi, pj = average_pairs(Y1, Y2, all_pairs, neighbors)
+    keep = np.array([h1[a] != h2[b] for a, b in zip(pi.tolist(), pj.tolist())], dtype=bool)
+    return pi[keep], pj[keep]
 
 
 @dataclass(frozen=True)

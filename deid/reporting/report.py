@@ -22,6 +22,7 @@ import jsonschema
 
 from deid.errors import REASONS, ConfigError, StateError
 from deid.evaluation.checks import INSUFFICIENT
+from deid.evaluation.gate_rows import AttackRow
 # The released files' records and their hashing belong to the release (its manifest and verifier use them): re-exported.
 from deid.release.hashing import Artifact, FileManifest, hash_file, iter_tree, scan_tree
 from deid.release.signing import SigningKey, canonical_json, sign_bytes
@@ -127,18 +128,9 @@ class Check:
         return cls(**check.to_dict())
 
 
-@dataclass
-class Reidentification:
-    """Re-identification rate of one attacker in one mode, with its one-sided bounds and sample sizes."""
-
-    attacker: str
-    mode: str
-    rate: float
-    n_probes: int | None = None
-    records: int | None = None
-    lower: float | None = None
-    upper: float | None = None
-    status: str | None = None
+# Re-identification rate of one attacker in one mode, with its one-sided bounds and sample sizes: the gate's row,
+# one type for the gate and the report (the report is above the gate in the layers, so it uses the gate's type).
+Reidentification = AttackRow
 
 
 @dataclass

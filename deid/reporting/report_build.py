@@ -37,7 +37,6 @@ from deid.reporting.report import (
     Check,
     DatasetSummary,
     Privacy,
-    Reidentification,
     Report,
     SigningInfo,
     Utility,
@@ -165,9 +164,7 @@ def privacy_section(gate: GateResult, k: int) -> Privacy:
         max_person_share=gate.max_person_share, exact_bound=gate.exact_bound, attack_sample=gate.attack_sample,
         partitions=[dict(r) for r in getattr(gate, "partitions", ())] or None,
         membership=getattr(gate, "membership", None), scope=dict(SCOPE),
-        reidentification=[Reidentification(attacker=r.attacker, mode=r.mode, rate=r.rate, n_probes=r.n_probes,
-                                           records=r.records, lower=r.lower, upper=r.upper, status=r.status)
-                          for r in gate.reidentification])
+        reidentification=list(gate.reidentification))
 
 
 def exact_bound_holds(gate: GateResult, k: int) -> bool:
