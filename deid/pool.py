@@ -135,7 +135,6 @@ class PoolExecutor:
         calls = list(calls)
         if self._pool is None or len(calls) < 2:
             return LocalExecutor().map(fn, calls, on_done=on_done)
-        import concurrent.futures  # noqa: PLC0415
         import queue  # noqa: PLC0415
         import threading  # noqa: PLC0415
         from collections import deque  # noqa: PLC0415
@@ -144,36 +143,12 @@ class PoolExecutor:
         # thread that hands it the next call only when its last one is done (a pool queues calls
         # ahead, and a queued call can no longer run here; ``ahead`` allows that many), and this
         # process takes the next call between its own. Callers put their longest calls first.
-        pool = self._pool  # not None here (the early return above); the feeders' closure reads it
         todo = deque(range(len(calls)))
         out: list[Any] = [None] * len(calls)
         finished: queue.SimpleQueue = queue.SimpleQueue()
 
-        def feed() -> None:
-            sent: deque = deque()  # (index, future): the running call first, then those queued behind it
-            i = -1
-            try:
-                # A call queued behind submit()'s would wait there while this process could run it.
-                concurrent.futures.wait(self._submitted)
-                while True:
-                    while len(sent) <= max(0, int(ahead)):
-                        try:
-                            i = todo.popleft()
-                        except IndexError:
-                            break
-                        sent.append((i, pool.submit(fn, **calls[i])))
-                    if not sent:
-                        return
-                    i, fut = sent.popleft()
-                    out[i] = fut.result()
-                    finished.put((i, None))
-            except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
-                todo.clear()
-                for _, f in sent:
-                    f.cancel()
-                finished.put((i, exc))
-
-        feeders = [threading.Thread(target=feed, daemon=True) for _ in range(self.workers - 1)]
+        feeders = [threading.Thread(target=self._feed, args=(fn, calls, todo, out, finished, ahead), daemon=True)
+                   for _ in range(self.workers - 1)]
         for t in feeders:
             t.start()
         reported = 0
@@ -210,6 +185,41 @@ class PoolExecutor:
             for t in feeders:
                 t.join()
         return out
+
+    def _feed(self, fn, calls, todo, out, finished, ahead) -> None:
+        """One feeder thread of :meth:`map`: hands one pool process the next call when its last is done.
+
+        Takes call indices from ``todo`` (shared with the calling thread, which runs calls too), keeps
+        at most ``ahead`` calls queued behind the running one, stores results in ``out`` and puts
+        ``(index, None)`` on ``finished`` per result, or ``(index, exception)`` once on a failure (after
+        clearing ``todo`` and cancelling what it had queued), for the caller's thread to raise.
+        """
+        import concurrent.futures  # noqa: PLC0415
+        from collections import deque  # noqa: PLC0415
+
+        pool = self._pool  # not None: map only starts feeders with a pool
+        sent: deque = deque()  # (index, future): the running call first, then those queued behind it
+        i = -1
+        try:
+            # A call queued behind submit()'s would wait there while this process could run it.
+            concurrent.futures.wait(self._submitted)
+            while True:
+                while len(sent) <= max(0, int(ahead)):
+                    try:
+                        i = todo.popleft()
+                    except IndexError:
+                        break
+                    sent.append((i, pool.submit(fn, **calls[i])))
+                if not sent:
+                    return
+                i, fut = sent.popleft()
+                out[i] = fut.result()
+                finished.put((i, None))
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread
+            todo.clear()
+            for _, f in sent:
+                f.cancel()
+            finished.put((i, exc))
 
     def share(self, obj):
         return obj  # sent with each call (few calls per stage on a small drop)

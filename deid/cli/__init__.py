@@ -452,7 +452,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"deid {package_version()}",
                    help="print deid's version (the installed package's) and exit")
     sub = p.add_subparsers(dest="command", required=True)
+    _add_run(sub)
+    _add_synth(sub)
+    _add_import_verify_keygen(sub)
+    # Further command groups live in their own modules; each exposes register(subparsers).
+    for name in EXTENSIONS:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name != name:
+                raise
+            continue
+        module.register(sub)
+    return p
 
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    """``deid run DROP``: the release flow's parameters."""
     r = sub.add_parser("run", help="run the release flow on a drop")
     r.add_argument("drop")
     r.add_argument("--k", type=_k, default=None, help="minimum distinct people per cluster (default 5)")
@@ -467,6 +483,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--name", default=None, help="dataset name (default: drop.yaml's or the directory name)")
     r.set_defaults(func=cmd_run)
 
+
+def _add_synth(sub: argparse._SubParsersAction) -> None:
+    """``deid synth DROP``: the drop's shape (people, images, pose, frames, colour, crops) and its files."""
     s = sub.add_parser("synth", help="write a synthetic face drop (or, with --kind features, a feature drop)")
     s.add_argument("drop")
     s.add_argument("--kind", choices=["faces", "features"], default="faces",
@@ -512,6 +531,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="clutter: indoor-like colour background")
     s.add_argument("--no-labels", action="store_true", help="no label columns in the manifest")
     s.add_argument("--no-eyes", action="store_true", help="no eye columns: alignment must find the eyes")
+    _add_synth_files_and_video(s)
+    s.set_defaults(func=cmd_synth)
+
+
+def _add_synth_files_and_video(s: argparse.ArgumentParser) -> None:
+    """``deid synth``'s options for how the images are drawn, and for sequences and video recordings."""
     s.add_argument("--workers", type=int, default=1, help="processes drawing images (output is the same)")
     s.add_argument("--quick-noise", action="store_true",
                    help="cheaper sensor noise for million-face benchmarks (different images)")
@@ -531,8 +556,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--height", type=int, default=240, help="frame height with --video (default 240)")
     s.add_argument("--no-extras", action="store_true",
                    help="with --video: leave out the two-faces and face-leaves recordings")
-    s.set_defaults(func=cmd_synth)
 
+
+def _add_import_verify_keygen(sub: argparse._SubParsersAction) -> None:
+    """``deid import``, ``deid verify`` and ``deid keygen``."""
     i = sub.add_parser("import", help="convert a published dataset layout into a drop")
     i.add_argument("source", help="dataset kind: london")
     i.add_argument("src")
@@ -551,17 +578,6 @@ def build_parser() -> argparse.ArgumentParser:
     kg.add_argument("--out", default="data/keys")
     kg.add_argument("--passphrase-env", default=None, help="encrypt the private key with this env variable's value")
     kg.set_defaults(func=cmd_keygen)
-
-    # Further command groups live in their own modules; each exposes register(subparsers).
-    for name in EXTENSIONS:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise
-            continue
-        module.register(sub)
-    return p
 
 
 _exit_code: list[int] = []  # this process's own `deid run` (argv None): its exit code, for _exit_without_teardown

@@ -472,6 +472,15 @@ def report_problems(report: Mapping[str, Any]) -> list[str]:
         return problems
 
     # Rules a JSON Schema cannot express.
+    problems += _consistency_problems(report)
+    if report["verdict"] == "released":
+        problems += _released_problems(report)
+    return problems
+
+
+def _consistency_problems(report: Mapping[str, Any]) -> list[str]:
+    """The report's own rules for any verdict: the bound is 1/k, counts add up, reason codes known, paths once."""
+    problems: list[str] = []
     k = report["k"]
     privacy = report["privacy"]
     if not math.isclose(privacy["bound"], 1.0 / k, rel_tol=1e-12, abs_tol=0.0):
@@ -502,47 +511,55 @@ def report_problems(report: Mapping[str, Any]) -> list[str]:
     signed = sorted({REPORT_NAME, SIGNATURE_NAME} & set(report_paths))
     if signed:
         problems.append(f"$.report_files must not list {signed}: report.json cannot contain its own hash")
-    if report["verdict"] == "released":
-        failed = [c["name"] for c in report["checks"] if not c["passed"]]
-        if failed:
-            problems.append(f"verdict 'released' but checks failed: {failed}")
-        if ds["records_released"] < 1:
-            problems.append("verdict 'released' but $.dataset.records_released = 0")
-        mdp = privacy["min_distinct_people_per_cluster"]
-        if mdp is None or mdp < k:
+    return problems
+
+
+def _released_problems(report: Mapping[str, Any]) -> list[str]:
+    """What a released verdict needs: every check passed, records out, k people a cluster, attacks within 1/k."""
+    problems: list[str] = []
+    k = report["k"]
+    privacy = report["privacy"]
+    ds = report["dataset"]
+    failed = [c["name"] for c in report["checks"] if not c["passed"]]
+    if failed:
+        problems.append(f"verdict 'released' but checks failed: {failed}")
+    if ds["records_released"] < 1:
+        problems.append("verdict 'released' but $.dataset.records_released = 0")
+    mdp = privacy["min_distinct_people_per_cluster"]
+    if mdp is None or mdp < k:
+        problems.append(
+            f"verdict 'released' but $.privacy.min_distinct_people_per_cluster = {mdp!r}; "
+            f"every cluster must hold at least k = {k} distinct people"
+        )
+    max_rate = privacy["max_rate"]
+    bound = privacy["bound"]
+    # A rate from too few distinct probes (the gate's min_probes) is evidence of nothing: it never decides.
+    deciding = [r for r in privacy["reidentification"] if r.get("status") != INSUFFICIENT]
+    thin_only = bool(privacy["reidentification"]) and not deciding
+    # Every attack short of probes: only an exact structural bound (checked below) can decide alone.
+    if max_rate is None and not (thin_only and privacy.get("exact_bound")):
+        problems.append("verdict 'released' but $.privacy.max_rate is null: no attack was measured with enough "
+                        "distinct probes")
+    if privacy.get("exact_bound") and (max_rate is not None or thin_only):
+        # Identical images per cluster: the exact bound decides; an attack fails only by its lower bound.
+        share = privacy.get("max_person_share")
+        if share is None or not within_bound(share, limit=bound):
+            problems.append(f"verdict 'released' but $.privacy.max_person_share = {share!r} exceeds 1/k = "
+                            f"{privacy['bound']!r}")
+        bad = [r for r in deciding if not within_bound(r.get("lower", r["rate"]), limit=bound)]
+        if bad:
+            problems.append(f"verdict 'released' but {bad[0]['attacker']}/{bad[0]['mode']} has a lower bound "
+                            f"{bad[0].get('lower', bad[0]['rate'])!r} above 1/k = {privacy['bound']!r}")
+    elif max_rate is not None:
+        bad = [r for r in deciding if not within_bound(r.get("upper", r["rate"]), limit=bound)]
+        if bad:
             problems.append(
-                f"verdict 'released' but $.privacy.min_distinct_people_per_cluster = {mdp!r}; "
-                f"every cluster must hold at least k = {k} distinct people"
-            )
-        max_rate = privacy["max_rate"]
-        bound = privacy["bound"]
-        # A rate from too few distinct probes (the gate's min_probes) is evidence of nothing: it never decides.
-        deciding = [r for r in privacy["reidentification"] if r.get("status") != INSUFFICIENT]
-        thin_only = bool(privacy["reidentification"]) and not deciding
-        # Every attack short of probes: only an exact structural bound (checked below) can decide alone.
-        if max_rate is None and not (thin_only and privacy.get("exact_bound")):
-            problems.append("verdict 'released' but $.privacy.max_rate is null: no attack was measured with enough "
-                            "distinct probes")
-        if privacy.get("exact_bound") and (max_rate is not None or thin_only):
-            # Identical images per cluster: the exact bound decides; an attack fails only by its lower bound.
-            share = privacy.get("max_person_share")
-            if share is None or not within_bound(share, limit=bound):
-                problems.append(f"verdict 'released' but $.privacy.max_person_share = {share!r} exceeds 1/k = "
-                                f"{privacy['bound']!r}")
-            bad = [r for r in deciding if not within_bound(r.get("lower", r["rate"]), limit=bound)]
-            if bad:
-                problems.append(f"verdict 'released' but {bad[0]['attacker']}/{bad[0]['mode']} has a lower bound "
-                                f"{bad[0].get('lower', bad[0]['rate'])!r} above 1/k = {privacy['bound']!r}")
-        elif max_rate is not None:
-            bad = [r for r in deciding if not within_bound(r.get("upper", r["rate"]), limit=bound)]
-            if bad:
-                problems.append(
-                    f"verdict 'released' but {bad[0]['attacker']}/{bad[0]['mode']} re-identification "
-                    f"{bad[0]['rate']!r} (upper bound {bad[0].get('upper')!r}) is not shown to be at most 1/k = "
-                    f"{privacy['bound']!r}")
-        for r in deciding:
-            if max_rate is not None and r["rate"] > max_rate:
-                problems.append(f"$.privacy.max_rate = {max_rate!r} is below the {r['attacker']}/{r['mode']} rate {r['rate']!r}")
+                f"verdict 'released' but {bad[0]['attacker']}/{bad[0]['mode']} re-identification "
+                f"{bad[0]['rate']!r} (upper bound {bad[0].get('upper')!r}) is not shown to be at most 1/k = "
+                f"{privacy['bound']!r}")
+    for r in deciding:
+        if max_rate is not None and r["rate"] > max_rate:
+            problems.append(f"$.privacy.max_rate = {max_rate!r} is below the {r['attacker']}/{r['mode']} rate {r['rate']!r}")
     return problems
 
 

@@ -288,6 +288,24 @@ def verify_report(
     schema_problems = report_problems(report)
     problems.extend(VerificationError(f"schema: {p}") for p in schema_problems)
 
+    authenticated = _check_report_signature(report, payload, sig_path, public_key, problems, notes)
+
+    _check_report_release(report_dir, report, release_dir, bool(schema_problems), problems, notes)
+    if not schema_problems:
+        _check_report_files(report_dir, report, problems, notes)
+    _check_addendum(report_dir, public_key, problems, notes)
+
+    ok = not problems
+    logger.info("verified %s: ok=%s authenticated=%s problems=%d", report_dir, ok, authenticated, len(problems))
+    return VerifyResult(ok=ok, authenticated=authenticated, failures=problems, notes=notes)
+
+
+def _check_report_signature(report: dict, payload: bytes, sig_path: Path, public_key: Path | None,
+                            problems: list[VerificationError], notes: list[str]) -> bool:
+    """Check ``payload``'s signature file under ``public_key`` (integrity only without one): True when authentic.
+
+    Appends ``MissingFile``, ``WrongKey`` or ``BadSignature`` to ``problems`` and what was checked to ``notes``.
+    """
     signature: bytes | None = None
     if not sig_path.is_file():
         problems.append(MissingFile(f"missing file {sig_path}"))
@@ -316,8 +334,16 @@ def verify_report(
                         notes.append("signed with a development key: not for production releases")
                 else:
                     problems.append(BadSignature(f"bad signature: {SIGNATURE_NAME} does not match {REPORT_NAME} under {given}"))
+    return authenticated
 
-    if schema_problems:
+
+def _check_report_release(report_dir: Path, report: dict, release_dir: Path | None, schema_invalid: bool,
+                          problems: list[VerificationError], notes: list[str]) -> None:
+    """Check the release a report names: absent for a rejection, every file as listed for a release.
+
+    Not checked when the report does not match its schema (``schema_invalid``): its lists cannot be trusted.
+    """
+    if schema_invalid:
         notes.append("release and report files not checked: the report does not match its schema")
     elif report["verdict"] == "rejected":
         notes.append(f"verdict rejected ({'; '.join(report['reasons'])}): no release (release_dir null)")
@@ -334,13 +360,6 @@ def verify_report(
                 _check_manifested_release(root, report, problems, notes)
             else:  # a report older than the file manifest lists every released file itself
                 _check_release(root, report["artifacts"], problems)
-    if not schema_problems:
-        _check_report_files(report_dir, report, problems, notes)
-    _check_addendum(report_dir, public_key, problems, notes)
-
-    ok = not problems
-    logger.info("verified %s: ok=%s authenticated=%s problems=%d", report_dir, ok, authenticated, len(problems))
-    return VerifyResult(ok=ok, authenticated=authenticated, failures=problems, notes=notes)
 
 
 def _attestation_problem(att: Any) -> str | None:
@@ -349,6 +368,39 @@ def _attestation_problem(att: Any) -> str | None:
         return f"has format {att['format']!r}; this deid reads {ATTESTATION_FORMAT!r}"
     problems = attestation_problems(att)
     return None if not problems else "does not match its schema: " + "; ".join(problems[:5])
+
+
+def _check_attestation_signature(att: Any, payload: bytes, signature: bytes | None, shape: str | None,
+                                 public_key: Path | None, problems: list[VerificationError],
+                                 notes: list[str]) -> bool:
+    """Check an attestation's ``signature`` over ``payload`` under ``public_key``: True when authentic.
+
+    ``shape`` is why the attestation cannot be read (None when it can): a bad signature over bytes that no
+    longer parse is a forgery, reported as ``BadSignature``. Raises ``ConfigError`` for an unusable key.
+    """
+    authenticated = False
+    if public_key is None:
+        notes.append(INTEGRITY_ONLY_NOTE)
+    else:
+        key = load_public_key(Path(public_key))  # ConfigError: an unusable key is bad input (the CLI: exit 2)
+        given = public_key_fingerprint(key)
+        claimed = att.get("signer", {}).get("public_key_fingerprint") if isinstance(att, dict) and isinstance(
+            att.get("signer"), dict) else None
+        if signature is not None and verify_bytes(payload, signature, key):
+            authenticated = True
+            notes.append(f"attestation signature verified with {given}")
+            if claimed != given:  # signed by this key, yet naming another: not what deid writes
+                problems.append(WrongKey(f"wrong key: {ATTESTATION_NAME} names signer {claimed}, signed by {given}"))
+            elif att["signer"].get("key_origin") == "development":
+                notes.append("signed with a development key: not for production releases")
+        elif signature is not None:
+            if shape is None and claimed != given:
+                problems.append(WrongKey(f"wrong key: {ATTESTATION_NAME} names signer {claimed}, the given public "
+                                         f"key is {given}"))
+            else:  # the bytes were changed after signing (perhaps no longer even JSON), or the signature was
+                problems.append(BadSignature(f"bad signature: {ATTESTATION_SIG_NAME} does not match "
+                                             f"{ATTESTATION_NAME} under {given}"))
+    return authenticated
 
 
 def verify_release(release_dir: Path, *, public_key: Path | None = None) -> VerifyResult:
@@ -402,28 +454,7 @@ def verify_release(release_dir: Path, *, public_key: Path | None = None) -> Veri
         parse_error = f"{ATTESTATION_NAME} is not valid JSON: {exc}"
     shape = parse_error or (None if (why := _attestation_problem(att)) is None else f"{ATTESTATION_NAME} {why}")
 
-    authenticated = False
-    if public_key is None:
-        notes.append(INTEGRITY_ONLY_NOTE)
-    else:
-        key = load_public_key(Path(public_key))  # ConfigError: an unusable key is bad input (the CLI: exit 2)
-        given = public_key_fingerprint(key)
-        claimed = att.get("signer", {}).get("public_key_fingerprint") if isinstance(att, dict) and isinstance(
-            att.get("signer"), dict) else None
-        if signature is not None and verify_bytes(payload, signature, key):
-            authenticated = True
-            notes.append(f"attestation signature verified with {given}")
-            if claimed != given:  # signed by this key, yet naming another: not what deid writes
-                problems.append(WrongKey(f"wrong key: {ATTESTATION_NAME} names signer {claimed}, signed by {given}"))
-            elif att["signer"].get("key_origin") == "development":
-                notes.append("signed with a development key: not for production releases")
-        elif signature is not None:
-            if shape is None and claimed != given:
-                problems.append(WrongKey(f"wrong key: {ATTESTATION_NAME} names signer {claimed}, the given public "
-                                         f"key is {given}"))
-            else:  # the bytes were changed after signing (perhaps no longer even JSON), or the signature was
-                problems.append(BadSignature(f"bad signature: {ATTESTATION_SIG_NAME} does not match "
-                                             f"{ATTESTATION_NAME} under {given}"))
+    authenticated = _check_attestation_signature(att, payload, signature, shape, public_key, problems, notes)
     if shape is not None:
         problems.append(VerificationError(f"{shape}; files not checked"))
         return VerifyResult(ok=False, authenticated=False, failures=problems, notes=notes)

@@ -356,24 +356,12 @@ def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray
     Springer, 2009 (Fig. 12, the privacy-utility map).
     """
     cfg = cfg or StudyConfig()
-    names = list(cfg.labels) if cfg.labels else list(labels)
-    missing = [x for x in names if x not in labels]
-    if missing:
-        raise DataError(f"labels {missing} are not in the drop's labels {sorted(labels)}")
-    if kind not in ("images", "features"):
-        raise ConfigError(f"kind={kind!r} must be 'images' (aligned faces) or 'features' (feature vectors)")
-    if isinstance(cfg.workers, bool) or not isinstance(cfg.workers, int) or cfg.workers < 1:
-        raise ConfigError(f"workers={cfg.workers!r} must be an integer >= 1 (processes studying points in parallel)")
     pixels = np.asarray(pixels)
     n = len(pixels)
+    names = _checked_study_inputs(cfg, labels, kind, n, {"points": points, "sequences": sequences, "frames": frames})
     people = np.asarray(people, dtype=object)
     labs = {x: np.asarray(labels[x], dtype=object) for x in names}
     chosen = _example_records(people, cfg.examples, cfg.gate.seed)
-    for name, col in (("points", points), ("sequences", sequences), ("frames", frames)):
-        if col is not None and len(col) != n:
-            raise ConfigError(f"{name} has {len(col)} entries but pixels has {n} rows; one entry per record")
-    if kind == "features" and (points is not None or sequences is not None):
-        raise ConfigError("points and sequences are face-image inputs; a feature drop has neither")
     data = _PointData(pixels=pixels, people=people, labels=labs, shape=tuple(shape),
                       partitions=_partition_keys(labs, names, n), examples=chosen, gate=cfg.gate, kind=kind,
                       seed=cfg.seed,
@@ -382,23 +370,7 @@ def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray
                       frames=None if frames is None else list(frames))
     points = _points(cfg, kind)
     logger.info("study: %s", ReleaseSeed.draw(cfg.seed).statement)  # the flow's policy, as its report says
-    if cfg.workers == 1 or len(points) == 1:
-        results = [_study_point(data, point) for point in points]
-    else:
-        import multiprocessing  # noqa: PLC0415
-        from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
-
-        _prime_descriptors(data, n_points=len(points))
-        # Forked workers inherit the faces (and the originals' descriptors); each studies whole
-        # points, the costliest first so that no worker is left with a long one at the end
-        # (longest-processing-time-first; results are put back in the points' order).
-        order = sorted(range(len(points)), key=lambda i: _expected_cost(points[i]), reverse=True)
-        with ProcessPoolExecutor(min(cfg.workers, len(points)), mp_context=multiprocessing.get_context("fork"),
-                                 initializer=_set_worker_data, initargs=(data,)) as pool:
-            done = list(pool.map(_study_worker_point, [points[i] for i in order], chunksize=1))
-        results = [None] * len(points)
-        for i, r in zip(order, done):
-            results[i] = r
+    results = _study_all_points(data, points, cfg.workers)
     rows: list[dict] = []
     examples: dict[tuple[str, str, float], np.ndarray] = {}
     for (method, sname, strength, _), (point_rows, faces) in zip(points, results):
@@ -407,6 +379,55 @@ def run_study(pixels: np.ndarray, people: Sequence, labels: dict[str, np.ndarray
             examples[(method, sname, strength)] = faces
     return StudyResult(rows=rows, examples=examples, example_records=chosen[:0] if kind == "features" else chosen,
                        shape=tuple(shape))
+
+
+def _checked_study_inputs(cfg: StudyConfig, labels: dict[str, np.ndarray], kind: str, n: int,
+                          columns: dict[str, Sequence | None]) -> list[str]:
+    """The label names the study judges, after checking ``kind``, ``cfg.workers`` and the per-record ``columns``.
+
+    Raises
+    ------
+    DataError
+        A label of ``cfg.labels`` the drop does not have.
+    ConfigError
+        An unknown ``kind``, ``workers`` not an integer >= 1, a column not one entry per record, or points or
+        sequences given for a feature drop.
+    """
+    names = list(cfg.labels) if cfg.labels else list(labels)
+    missing = [x for x in names if x not in labels]
+    if missing:
+        raise DataError(f"labels {missing} are not in the drop's labels {sorted(labels)}")
+    if kind not in ("images", "features"):
+        raise ConfigError(f"kind={kind!r} must be 'images' (aligned faces) or 'features' (feature vectors)")
+    if isinstance(cfg.workers, bool) or not isinstance(cfg.workers, int) or cfg.workers < 1:
+        raise ConfigError(f"workers={cfg.workers!r} must be an integer >= 1 (processes studying points in parallel)")
+    for name, col in columns.items():
+        if col is not None and len(col) != n:
+            raise ConfigError(f"{name} has {len(col)} entries but pixels has {n} rows; one entry per record")
+    if kind == "features" and (columns["points"] is not None or columns["sequences"] is not None):
+        raise ConfigError("points and sequences are face-image inputs; a feature drop has neither")
+    return names
+
+
+def _study_all_points(data: _PointData, points: list, workers: int) -> list:
+    """Each point's ``(rows, example faces)``, in the points' order: here, or on ``workers`` forked processes."""
+    if workers == 1 or len(points) == 1:
+        return [_study_point(data, point) for point in points]
+    import multiprocessing  # noqa: PLC0415
+    from concurrent.futures import ProcessPoolExecutor  # noqa: PLC0415
+
+    _prime_descriptors(data, n_points=len(points))
+    # Forked workers inherit the faces (and the originals' descriptors); each studies whole
+    # points, the costliest first so that no worker is left with a long one at the end
+    # (longest-processing-time-first; results are put back in the points' order).
+    order = sorted(range(len(points)), key=lambda i: _expected_cost(points[i]), reverse=True)
+    with ProcessPoolExecutor(min(workers, len(points)), mp_context=multiprocessing.get_context("fork"),
+                             initializer=_set_worker_data, initargs=(data,)) as pool:
+        done = list(pool.map(_study_worker_point, [points[i] for i in order], chunksize=1))
+    results: list = [None] * len(points)
+    for i, r in zip(order, done):
+        results[i] = r
+    return results
 
 
 @dataclass(frozen=True, kw_only=True)
