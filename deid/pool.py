@@ -147,7 +147,8 @@ class PoolExecutor:
         out: list[Any] = [None] * len(calls)
         finished: queue.SimpleQueue = queue.SimpleQueue()
 
-        feeders = [threading.Thread(target=self._feed, args=(fn, calls, todo, out, finished, ahead), daemon=True)
+        feeders = [threading.Thread(target=self._feed, args=(self._pool, fn, calls, todo, out, finished, ahead),
+                                    daemon=True)
                    for _ in range(self.workers - 1)]
         for t in feeders:
             t.start()
@@ -186,10 +187,10 @@ class PoolExecutor:
                 t.join()
         return out
 
-    def _feed(self, fn, calls, todo, out, finished, ahead) -> None:
+    def _feed(self, pool, fn, calls, todo, out, finished, ahead) -> None:
         """One feeder thread of :meth:`map`: hands one pool process the next call when its last is done.
 
-        Takes call indices from ``todo`` (shared with the calling thread, which runs calls too), keeps
+        Submits to ``pool`` (this executor's process pool). Takes call indices from ``todo`` (shared with the calling thread, which runs calls too), keeps
         at most ``ahead`` calls queued behind the running one, stores results in ``out`` and puts
         ``(index, None)`` on ``finished`` per result, or ``(index, exception)`` once on a failure (after
         clearing ``todo`` and cancelling what it had queued), for the caller's thread to raise.
@@ -197,7 +198,6 @@ class PoolExecutor:
         import concurrent.futures  # noqa: PLC0415
         from collections import deque  # noqa: PLC0415
 
-        pool = self._pool  # not None: map only starts feeders with a pool
         sent: deque = deque()  # (index, future): the running call first, then those queued behind it
         i = -1
         try:
