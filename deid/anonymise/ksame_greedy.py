@@ -94,32 +94,7 @@ def greedy_labels(X: np.ndarray, codes: np.ndarray, k: int) -> tuple[np.ndarray,
             # passes over dead rows it saves.
             idx, Xw, sq, cw = idx[alive], Xw[alive], sq[alive], cw[alive]
             alive = np.ones(len(idx), dtype=bool)
-        cap = n_alive // k
-        forced = np.flatnonzero(left == cap) if int(left.max()) >= cap else np.empty(0, np.intp)
-        centroid = total / n_alive
-        far = sq - 2.0 * (Xw @ centroid)
-        far[~alive] = -np.inf
-        in_forced: Any = None
-        if forced.size:
-            in_forced = np.zeros(left.size, dtype=bool)
-            in_forced[forced] = True
-            if forced.size >= k:  # the forced people alone fill the group: seed among their faces
-                far[~in_forced[cw]] = -np.inf
-        s = int(np.argmax(far))
-        d = sq - 2.0 * (Xw @ Xw[s])
-        d[~alive] = np.inf
-        d[s] = -np.inf  # the seed always heads its own group
-        need = k
-        if forced.size:
-            # Each forced person's face nearest the seed goes first (ranked at -inf; one per person).
-            cand = np.flatnonzero(alive & in_forced[cw])
-            cand = cand[cw[cand] != cw[s]]
-            if cand.size:
-                order = cand[np.lexsort((cand, d[cand], cw[cand]))]
-                first = order[np.r_[True, cw[order][1:] != cw[order][:-1]]]
-                d[first] = -np.inf
-            need = max(k, int(forced.size))
-        members = _nearest_distinct(d, cw, need, n_alive)
+        members = _next_group(Xw, sq, cw, alive, n_alive, total / n_alive, left, k)
         labels[idx[members]] = g
         g += 1
         alive[members] = False
@@ -133,6 +108,42 @@ def greedy_labels(X: np.ndarray, codes: np.ndarray, k: int) -> tuple[np.ndarray,
     if g > 1:
         _refine_moves(X, codes, labels, k)
     return labels, int(n - k * g)
+
+
+def _next_group(Xw: np.ndarray, sq: np.ndarray, cw: np.ndarray, alive: np.ndarray, n_alive: int,
+                centroid: np.ndarray, left: np.ndarray, k: int) -> np.ndarray:
+    """One step of :func:`greedy_labels`: positions (in the working copy) of the next group's faces.
+
+    The seed is the live face farthest from ``centroid`` (among the forced people's faces when they
+    fill the group alone); then each forced person's face nearest the seed (people with ``left ==
+    n_alive // k`` faces left), then the nearest faces of further people, one per person, up to
+    ``max(k, forced)`` people.
+    """
+    cap = n_alive // k
+    forced = np.flatnonzero(left == cap) if int(left.max()) >= cap else np.empty(0, np.intp)
+    far = sq - 2.0 * (Xw @ centroid)
+    far[~alive] = -np.inf
+    in_forced: Any = None
+    if forced.size:
+        in_forced = np.zeros(left.size, dtype=bool)
+        in_forced[forced] = True
+        if forced.size >= k:  # the forced people alone fill the group: seed among their faces
+            far[~in_forced[cw]] = -np.inf
+    s = int(np.argmax(far))
+    d = sq - 2.0 * (Xw @ Xw[s])
+    d[~alive] = np.inf
+    d[s] = -np.inf  # the seed always heads its own group
+    need = k
+    if forced.size:
+        # Each forced person's face nearest the seed goes first (ranked at -inf; one per person).
+        cand = np.flatnonzero(alive & in_forced[cw])
+        cand = cand[cw[cand] != cw[s]]
+        if cand.size:
+            order = cand[np.lexsort((cand, d[cand], cw[cand]))]
+            first = order[np.r_[True, cw[order][1:] != cw[order][:-1]]]
+            d[first] = -np.inf
+        need = max(k, int(forced.size))
+    return _nearest_distinct(d, cw, need, n_alive)
 
 
 def _refine_moves(X: np.ndarray, codes: np.ndarray, labels: np.ndarray, k: int) -> int:
