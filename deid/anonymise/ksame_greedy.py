@@ -5,7 +5,8 @@ faces' features: it forms the feasible maximum of ``floor(n / k)`` clusters of p
 people (:func:`deid.anonymise.ksame.feasible_clusters`), seeding each at the face farthest from the
 remaining centroid and filling it with the nearest faces of further people (:func:`_nearest_distinct`),
 then moves faces out of groups larger than k where that lowers the within-cluster sum of squares
-(:func:`_refine_moves`). It is O(N^2): above a block size the faces are first split into blocks
+(:func:`_refine_moves`) and gives groups that repeat another's set of people other people
+(:mod:`deid.anonymise.ksame_sets`). It is O(N^2): above a block size the faces are first split into blocks
 (:mod:`deid.anonymise.ksame_blocks`); :class:`deid.anonymise.ksame.KSame` is the estimator.
 """
 from __future__ import annotations
@@ -14,6 +15,8 @@ import logging
 from typing import Any
 
 import numpy as np
+
+from deid.anonymise.ksame_sets import distinct_person_sets
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +71,11 @@ def greedy_labels(X: np.ndarray, codes: np.ndarray, k: int) -> tuple[np.ndarray,
     Seed rule: the remaining face farthest from the centroid of the remaining faces (as in MDAV
     microaggregation; among the forced people's faces when those fill the group alone); the group
     is the seed, the forced people's faces nearest the seed, then the nearest faces of further
-    people. A last pass moves faces out of groups larger than ``k`` into nearer groups that lack
-    their person (:func:`_refine_moves`). Ties everywhere go to the lowest input index.
+    people. A pass moves faces out of groups larger than ``k`` into nearer groups that lack
+    their person (:func:`_refine_moves`); a last one swaps faces so that no two groups hold the same
+    set of people where a rule-keeping swap allows (:func:`deid.anonymise.ksame_sets.distinct_person_sets`:
+    near-identical frames of one person otherwise land alongside the same other people in one group per
+    frame, and the release repeats near-identical averages). Ties everywhere go to the lowest input index.
 
     References
     ----------
@@ -107,6 +113,7 @@ def greedy_labels(X: np.ndarray, codes: np.ndarray, k: int) -> tuple[np.ndarray,
         g += 1
     if g > 1:
         _refine_moves(X, codes, labels, k)
+        distinct_person_sets(X, codes, labels, k)  # clusters repeating another's people get others (issue 26)
     return labels, int(n - k * g)
 
 
