@@ -81,6 +81,7 @@ class RunConfig:
     align_batch_size: int = 512
     dask_workers: int = 2
     ksame_block_size: int = 2000  # k-Same groups blockwise above this many faces (one Dask task per block)
+    pose_grouping_degrees: float = 0.0  # DEID_POSE_GROUPING_DEGREES: k-Same groups by yaw too (0: appearance only)
     dask_address: str | None = None
     seed_fixed: bool = False  # DEID_SEED was set (else a random method's release draws its own secret seed)
     # The method's random state (deid.anonymise.randomness): drawn from the OS unless DEID_SEED fixes it,
@@ -145,7 +146,7 @@ class RunConfig:
             labels=None if labels is None else tuple(labels), name=name or None, kind=kind or "images",
             data_path=s.data_path, reports_path=s.reports_path, aligner=AlignerParams.from_settings(s),
             max_pixels=s.max_pixels, feature_max_bytes=s.feature_max_bytes, align_batch_size=s.align_batch_size, dask_workers=s.dask_workers,
-            ksame_block_size=s.ksame_block_size,
+            ksame_block_size=s.ksame_block_size, pose_grouping_degrees=s.pose_grouping_degrees,
             dask_address=s.dask_address, seed_fixed=s.seed is not None,
             duplicate_ids=s.duplicate_ids, identity_embed_max=s.identity_embed_max, lineage_policy=s.lineage_policy,
             lineage_absent=s.lineage_absent, lineage_merges=s.lineage_merges, cross_dataset=s.cross_dataset, cross_dataset_ids=s.cross_dataset_ids,

@@ -194,6 +194,12 @@ class Settings(BaseSettings):
         description="faces whose estimated head yaw (dlib 5-point landmarks, ~0.6 ms per face) is beyond this many "
                     "degrees either way are quarantined with reason 'pose' (averaged with frontal faces they ghost); "
                     "90 = no pose limit and no estimate")
+    pose_grouping_degrees: float = Field(
+        default=0.0, ge=0.0, le=180.0,
+        description="k-Same groups faces by estimated head yaw (signed) as well as appearance: a yaw difference of "
+                    "this many degrees counts as much as the typical distance between two faces of a partition "
+                    "(deid.anonymise.ksame_pose); 0 = appearance only. Only faces with a pose estimate (eyes detected, "
+                    "DEID_MAX_YAW_DEGREES below 90) have a yaw; the others count as frontal")
     # Eye centres in the canonical image, as fractions of width/height.
     eye_left: tuple[float, float] = Field(default=(0.30, 0.37), description="left eye centre in the canonical face "
                                                                             "(x, y fractions of width and height)")

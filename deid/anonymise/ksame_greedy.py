@@ -5,7 +5,8 @@ faces' features: it forms the feasible maximum of ``floor(n / k)`` clusters of p
 people (:func:`deid.anonymise.ksame.feasible_clusters`), seeding each at the face farthest from the
 remaining centroid and filling it with the nearest faces of further people (:func:`_nearest_distinct`),
 then moves faces out of groups larger than k where that lowers the within-cluster sum of squares
-(:func:`_refine_moves`). It is O(N^2): above a block size the faces are first split into blocks
+(:func:`_refine_moves`) and gives groups that repeat another's set of people other people
+(:mod:`deid.anonymise.ksame_sets`). It is O(N^2): above a block size the faces are first split into blocks
 (:mod:`deid.anonymise.ksame_blocks`); :class:`deid.anonymise.ksame.KSame` is the estimator.
 """
 from __future__ import annotations
@@ -14,6 +15,8 @@ import logging
 from typing import Any
 
 import numpy as np
+
+from deid.anonymise.ksame_sets import distinct_person_sets
 
 logger = logging.getLogger(__name__)
 
@@ -68,8 +71,11 @@ def greedy_labels(X: np.ndarray, codes: np.ndarray, k: int) -> tuple[np.ndarray,
     Seed rule: the remaining face farthest from the centroid of the remaining faces (as in MDAV
     microaggregation; among the forced people's faces when those fill the group alone); the group
     is the seed, the forced people's faces nearest the seed, then the nearest faces of further
-    people. A last pass moves faces out of groups larger than ``k`` into nearer groups that lack
-    their person (:func:`_refine_moves`). Ties everywhere go to the lowest input index.
+    people. A pass moves faces out of groups larger than ``k`` into nearer groups that lack
+    their person (:func:`_refine_moves`); a last one swaps faces so that no two groups hold the same
+    set of people where a rule-keeping swap allows (:func:`deid.anonymise.ksame_sets.distinct_person_sets`:
+    near-identical frames of one person otherwise land alongside the same other people in one group per
+    frame, and the release repeats near-identical averages). Ties everywhere go to the lowest input index.
 
     References
     ----------
@@ -94,32 +100,7 @@ def greedy_labels(X: np.ndarray, codes: np.ndarray, k: int) -> tuple[np.ndarray,
             # passes over dead rows it saves.
             idx, Xw, sq, cw = idx[alive], Xw[alive], sq[alive], cw[alive]
             alive = np.ones(len(idx), dtype=bool)
-        cap = n_alive // k
-        forced = np.flatnonzero(left == cap) if int(left.max()) >= cap else np.empty(0, np.intp)
-        centroid = total / n_alive
-        far = sq - 2.0 * (Xw @ centroid)
-        far[~alive] = -np.inf
-        in_forced: Any = None
-        if forced.size:
-            in_forced = np.zeros(left.size, dtype=bool)
-            in_forced[forced] = True
-            if forced.size >= k:  # the forced people alone fill the group: seed among their faces
-                far[~in_forced[cw]] = -np.inf
-        s = int(np.argmax(far))
-        d = sq - 2.0 * (Xw @ Xw[s])
-        d[~alive] = np.inf
-        d[s] = -np.inf  # the seed always heads its own group
-        need = k
-        if forced.size:
-            # Each forced person's face nearest the seed goes first (ranked at -inf; one per person).
-            cand = np.flatnonzero(alive & in_forced[cw])
-            cand = cand[cw[cand] != cw[s]]
-            if cand.size:
-                order = cand[np.lexsort((cand, d[cand], cw[cand]))]
-                first = order[np.r_[True, cw[order][1:] != cw[order][:-1]]]
-                d[first] = -np.inf
-            need = max(k, int(forced.size))
-        members = _nearest_distinct(d, cw, need, n_alive)
+        members = _next_group(Xw, sq, cw, alive, n_alive, total / n_alive, left, k)
         labels[idx[members]] = g
         g += 1
         alive[members] = False
@@ -132,7 +113,44 @@ def greedy_labels(X: np.ndarray, codes: np.ndarray, k: int) -> tuple[np.ndarray,
         g += 1
     if g > 1:
         _refine_moves(X, codes, labels, k)
+        distinct_person_sets(X, codes, labels, k)  # clusters repeating another's people get others (issue 26)
     return labels, int(n - k * g)
+
+
+def _next_group(Xw: np.ndarray, sq: np.ndarray, cw: np.ndarray, alive: np.ndarray, n_alive: int,
+                centroid: np.ndarray, left: np.ndarray, k: int) -> np.ndarray:
+    """One step of :func:`greedy_labels`: positions (in the working copy) of the next group's faces.
+
+    The seed is the live face farthest from ``centroid`` (among the forced people's faces when they
+    fill the group alone); then each forced person's face nearest the seed (people with ``left ==
+    n_alive // k`` faces left), then the nearest faces of further people, one per person, up to
+    ``max(k, forced)`` people.
+    """
+    cap = n_alive // k
+    forced = np.flatnonzero(left == cap) if int(left.max()) >= cap else np.empty(0, np.intp)
+    far = sq - 2.0 * (Xw @ centroid)
+    far[~alive] = -np.inf
+    in_forced: Any = None
+    if forced.size:
+        in_forced = np.zeros(left.size, dtype=bool)
+        in_forced[forced] = True
+        if forced.size >= k:  # the forced people alone fill the group: seed among their faces
+            far[~in_forced[cw]] = -np.inf
+    s = int(np.argmax(far))
+    d = sq - 2.0 * (Xw @ Xw[s])
+    d[~alive] = np.inf
+    d[s] = -np.inf  # the seed always heads its own group
+    need = k
+    if forced.size:
+        # Each forced person's face nearest the seed goes first (ranked at -inf; one per person).
+        cand = np.flatnonzero(alive & in_forced[cw])
+        cand = cand[cw[cand] != cw[s]]
+        if cand.size:
+            order = cand[np.lexsort((cand, d[cand], cw[cand]))]
+            first = order[np.r_[True, cw[order][1:] != cw[order][:-1]]]
+            d[first] = -np.inf
+        need = max(k, int(forced.size))
+    return _nearest_distinct(d, cw, need, n_alive)
 
 
 def _refine_moves(X: np.ndarray, codes: np.ndarray, labels: np.ndarray, k: int) -> int:

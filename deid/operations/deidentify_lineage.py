@@ -47,6 +47,7 @@ def deidentify(partitioned: Partitioned, labels: Sequence[str], layout: StagingL
     calls = [dict(partition_dir=str(p.dir), out_path=str(layout.deidentified_part(p.dir)), k=config.k,
                   method=config.method, shape=config.shape_hw, sigma=config.sigma, block=config.block,
                   labels=list(labels), color_dir=color_dir, block_size=config.ksame_block_size,
+                  **({"pose_degrees": config.pose_grouping_degrees} if config.pose_grouping_degrees else {}),
                   map_blocks=map_on_cluster, seed=config.release_seed.value,
                   # The gate's own near-copy threshold: the stage repairs what the gate would reject.
                   near_copy_threshold=config.gate.leak_threshold) for p in partitioned.partitions]

@@ -83,7 +83,7 @@ def featurize(aligned: Aligned, layout: StagingLayout, config: RunConfig, execut
 
 
 def load_faces(metadata: pa.Table, aligned: Aligned, featurized: Featurized, labels: Sequence[str], *,
-               pixels: bool = True) -> pa.Table:
+               pixels: bool = True, yaw: bool = False) -> pa.Table:
     """One row per aligned face: record and subject ids, labels, pixels and eigenface features.
 
     ``pixels=False`` leaves the pixels out (:func:`write_with_pixels` attaches them while writing,
@@ -91,17 +91,22 @@ def load_faces(metadata: pa.Table, aligned: Aligned, featurized: Featurized, lab
 
     A drop with landmarks adds ``points`` (canonical pixels, as alignment moved them: k-same-m's
     shape), one with image sequences ``sequence`` and ``frame`` (multi-factor's one identity per
-    person; the release's videos): the de-identify stage reads them from the partitions.
+    person; the release's videos): the de-identify stage reads them from the partitions. ``yaw`` adds
+    each face's estimated head yaw when the aligned parts carry it (``DEID_POSE_GROUPING_DEGREES``: k-Same
+    groups by pose too, :mod:`deid.anonymise.ksame_pose`); otherwise the partitions stay as they were.
     """
     seq = [c for c in SEQUENCE_COLUMNS if c in metadata.column_names]
     meta = metadata.select(["record_id", "subject_id", *labels, *seq])
     names = pq.read_schema(aligned.parts[0]).names if aligned.parts else []
     pix_cols = ["pixels"] if pixels else []
-    pix = pa.concat_tables([pq.read_table(p, columns=["record_id", *pix_cols, *(["points"] if "points" in names else [])])
+    yaw_cols = ["yaw"] if yaw and "yaw" in names else []
+    pix = pa.concat_tables([pq.read_table(p, columns=["record_id", *pix_cols, *yaw_cols,
+                                                       *(["points"] if "points" in names else [])])
                             for p in aligned.parts])
     # Sorted before the list columns join: they are then placed once, straight into record order (a
     # sort after would copy the features again; issue 13).
-    faces = meta.join(pix.select(["record_id", *pix_cols]), "record_id", join_type="inner").sort_by("record_id")
+    faces = meta.join(pix.select(["record_id", *yaw_cols, *pix_cols]), "record_id",
+                      join_type="inner").sort_by("record_id")
     faces = faces.append_column("features", _features_in_order(faces.column("record_id"), featurized.parts))
     if "points" in names:  # Arrow joins cannot carry list columns: attached by position
         take = worker_rows.positions_in(faces.column("record_id"), pix.column("record_id"))
@@ -366,7 +371,8 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
     lg = logger or log
     labels = ingested.labels
     # No pixels in memory: the partitions get them streamed from the aligned parts (issue 13).
-    faces = load_faces(ingested.metadata, aligned, featurized, labels, pixels=False)
+    faces = load_faces(ingested.metadata, aligned, featurized, labels, pixels=False,
+                       yaw=bool(config.pose_grouping_degrees))
     embeddings = (embed_faces(load_faces(ingested.metadata, aligned, featurized, labels), config.shape_hw, executor)
                   if 0 < faces.num_rows <= config.identity_embed_max else None)
     first_pass: dict = {}

@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from deid.contracts import ClusterInfo
 from deid.errors import ConfigError, StateError
 from deid.anonymise.ksame import KSame, _factorize, group_people
+from deid.anonymise.ksame_pose import pose_features
 from deid.anonymise.near_copy import (NearCopyRepair, RepairPlan, check_merged, closest_member, cluster_centroids,
                                       plan_repair, relabel, repair_in_memory, summarize)
 from deid.evaluation.leaks import mean_abs_difference
@@ -55,7 +56,7 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
                          block: int | None = None, labels: tuple[str, ...] | list[str] = (),
                          color_dir: str | None = None, block_size: int | None = 2000,
                          map_blocks=None, near_copy_threshold: float | None = None,
-                         seed: int = 0) -> DeidentifiedPart:
+                         seed: int = 0, pose_degrees: float | None = None) -> DeidentifiedPart:
     """De-identify one partition: k-Same (k-Same-Select = this, once per label partition).
 
     ``k-same-naive`` counts images instead of people (Newton et al.'s formulation, for
@@ -81,20 +82,25 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
 
     ``seed``: the release's random state (:class:`deid.anonymise.randomness.ReleaseSeed`), for the
     methods that draw (selective-mean's sets, attribute-preserving's donors).
+
+    ``pose_degrees`` (``DEID_POSE_GROUPING_DEGREES``): a k-Same method groups by the faces' estimated yaw
+    (the partition's ``yaw`` column) as well as their features (:func:`deid.anonymise.ksame_pose.pose_features`);
+    None, or a partition without yaw: by the features alone.
     """
     spec = REGISTRY.get(method)
     repair = near_copy_threshold if spec is not None and spec.repairs_near_copies else None
     release_free_memory()  # what earlier calls on this worker freed but its allocators kept (issue 13)
     if spec is not None and spec.cluster_mean and color_dir is None:
         return _ksame_out_of_core(partition_dir, out_path, k=k, method=method, block_size=block_size,
-                                  map_blocks=map_blocks, near_copy_threshold=repair)
+                                  map_blocks=map_blocks, near_copy_threshold=repair, pose_degrees=pose_degrees)
     dataset = ds.dataset(partition_dir, format="parquet")
     # Canonical landmarks, when the aligned faces carry them (a drop with a points column): k-same-m's shape.
     has_points = "points" in dataset.schema.names
     # Image sequences (a drop with sequence/frame columns): multi-factor keeps one identity per person.
     seq_cols = ["sequence", "frame"] if "sequence" in dataset.schema.names else []
+    yaw_col = ["yaw"] if pose_degrees and "yaw" in dataset.schema.names else []
     table = dataset.to_table(columns=["record_id", "subject_id", "features", "pixels", *labels,
-                                      *(["points"] if has_points else []), *seq_cols])
+                                      *(["points"] if has_points else []), *seq_cols, *yaw_col])
     ids = table.column("record_id").to_pylist()
     people = np.asarray(table.column("subject_id").to_pylist(), dtype=object)
     X = feature_rows(table.column("features"))
@@ -106,8 +112,10 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
                                                        sigma=sigma, block=block, seed=seed, labels=labels,
                                                        has_points=has_points, sequences=bool(seq_cols))
     else:
+        Z = pose_features(X, table.column("yaw").to_pylist(), degrees=pose_degrees) if yaw_col else X
         model = KSame(k, count="people" if spec.counts_people else "images", block_size=block_size,
-                      map_blocks=map_blocks).fit(X, people=people, images=images)
+                      map_blocks=map_blocks).fit(Z, people=people, images=images)
+        del Z
         released = np.clip(np.rint(model.averages_[model.labels_]), 0, 255).astype(np.uint8)
         labels_ = model.labels_
     names = [uuid.uuid4().hex[:12] for _ in range(int(labels_.max()) + 1 if len(labels_) else 0)]
@@ -218,7 +226,8 @@ _MEAN_CLUSTERS = 64  # clusters averaged at a time in a bucket (~2.5 MB of their
 
 
 def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str, block_size: int | None,
-                       map_blocks, near_copy_threshold: float | None = None) -> DeidentifiedPart:
+                       map_blocks, near_copy_threshold: float | None = None,
+                       pose_degrees: float | None = None) -> DeidentifiedPart:
     """k-Same on one partition holding the features in memory and the pixels one bucket at a time.
 
     The grouping needs only the eigenface features (n x d). The averages are computed from the
@@ -234,12 +243,18 @@ def _ksame_out_of_core(partition_dir: str, out_path: str, *, k: int, method: str
     With ``near_copy_threshold``, pass (2) also measures every member against its cluster's mean
     (a bucket at a time) and the near-copy clusters are repaired before pass (3)
     (:func:`_repair_out_of_core`); their suppressed records are left out of the part.
+
+    With ``pose_degrees`` and a ``yaw`` column, the grouping's features get the yaw appended
+    (:func:`deid.anonymise.ksame_pose.pose_features`: one more float32 copy of the features).
     """
     import shutil  # noqa: PLC0415
     import tempfile  # noqa: PLC0415
 
-    files = list(ds.dataset(partition_dir, format="parquet").files)
+    dataset = ds.dataset(partition_dir, format="parquet")
+    files = list(dataset.files)
     ids, codes, who, X = _grouping_inputs(files)
+    if pose_degrees and "yaw" in dataset.schema.names:
+        X = pose_features(X, dataset.to_table(columns=["yaw"]).column("yaw").to_pylist(), degrees=pose_degrees)
     release_free_memory()  # what reading them left in Arrow's pool and the C heap (~30 MB at 200,000 faces)
     labels_ = group_people(X, codes, k=k, count="people" if REGISTRY[method].counts_people else "images",
                            block_size=block_size, map_blocks=map_blocks, names=who)

@@ -128,7 +128,9 @@ def configuration(config: RunConfig, *, ingested: Ingested, aligned: Aligned, pa
         "canonical_eyes": [list(config.aligner.eye_left), list(config.aligner.eye_right)],
         "deep_attack_sample": config.gate.deep_attack_sample, "leak_threshold": config.gate.leak_threshold,
         "eye_sources": dict(aligned.eye_sources),
-        "pose": dict(aligned.pose),
+        # The pose spread of the aligned faces; with DEID_POSE_GROUPING_DEGREES, the yaw weight k-Same grouped with.
+        "pose": {**aligned.pose, **({"grouping_degrees": config.pose_grouping_degrees}
+                                    if config.pose_grouping_degrees else {})},
         # Landmark points and image sequences the method was given; k-same-m's cluster shape sources.
         "method_inputs": {**partitioned.inputs.to_dict(), "shape_sources": dict(deidentified.shape_sources)},
         "extra_manifest_columns": list(ingested.extra_columns),

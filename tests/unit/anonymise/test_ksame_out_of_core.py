@@ -110,3 +110,30 @@ def test_grouping_inputs_read_codes_ids_and_float32_features(tmp_path):
     assert [names[c] for c in codes] == list(who)
     assert feats.dtype == np.float32
     np.testing.assert_array_equal(feats, X)
+
+
+def test_pose_grouping_reads_the_partitions_yaw_only_when_asked(tmp_path):
+    # DEID_POSE_GROUPING_DEGREES: the de-identify stage appends the partition's yaw to the features
+    # (deid.anonymise.ksame_pose); without it, or without a yaw column, the grouping is the plain one.
+    from deid.anonymise.ksame_pose import pose_features
+
+    who, X, pix = _partition(tmp_path / "p")
+    yaw = np.random.default_rng(4).uniform(-40, 40, len(who))
+    yaw[::7] = np.nan  # faces without an estimate
+    for f in sorted((tmp_path / "p").iterdir()):
+        t = pq.read_table(f)
+        rows = [int(r[1:]) for r in t.column("record_id").to_pylist()]
+        pq.write_table(t.append_column("yaw", pa.array([None if np.isnan(yaw[i]) else float(yaw[i]) for i in rows],
+                                                       pa.float32())), f)
+
+    def released(**kw):
+        part = worker_deidentify.deidentify_partition(str(tmp_path / "p"), str(tmp_path / "out" / "d.parquet"), k=3,
+                                                      method="k-same-select", block_size=40, **kw)
+        return np.frombuffer(b"".join(pq.read_table(part.path).column("pixels").to_pylist()), np.uint8).reshape(90, -1)
+
+    posed = KSame(3, block_size=40).fit_transform(pose_features(X, yaw.astype(np.float32), degrees=10),
+                                                    people=who, images=pix)
+    plain = KSame(3, block_size=40).fit_transform(X, people=who, images=pix)
+    assert not np.array_equal(posed, plain)
+    np.testing.assert_array_equal(released(pose_degrees=10), posed)
+    np.testing.assert_array_equal(released(), plain)
