@@ -93,31 +93,20 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     if spec is not None and spec.cluster_mean and color_dir is None:
         return _ksame_out_of_core(partition_dir, out_path, k=k, method=method, block_size=block_size,
                                   map_blocks=map_blocks, near_copy_threshold=repair, pose_degrees=pose_degrees)
-    dataset = ds.dataset(partition_dir, format="parquet")
-    # Canonical landmarks, when the aligned faces carry them (a drop with a points column): k-same-m's shape.
-    has_points = "points" in dataset.schema.names
-    # Image sequences (a drop with sequence/frame columns): multi-factor keeps one identity per person.
-    seq_cols = ["sequence", "frame"] if "sequence" in dataset.schema.names else []
-    yaw_col = ["yaw"] if pose_degrees and "yaw" in dataset.schema.names else []
-    table = dataset.to_table(columns=["record_id", "subject_id", "features", "pixels", *labels,
-                                      *(["points"] if has_points else []), *seq_cols, *yaw_col])
+    table, has_points, seq_cols, yaw_col = _read_partition(partition_dir, labels, pose_degrees)
     ids = table.column("record_id").to_pylist()
     people = np.asarray(table.column("subject_id").to_pylist(), dtype=object)
     X = feature_rows(table.column("features"))
     images = pixel_rows(table.column("pixels"))
-    spec = REGISTRY.get(method)
     sources: dict[str, int] = {}
     if spec is None or not spec.cluster_mean:  # (an unknown name gets deid.anonymise.methods' ConfigError)
         released, labels_, sources = _method_on_pixels(table, images, people, method=method, k=k, shape=shape,
                                                        sigma=sigma, block=block, seed=seed, labels=labels,
                                                        has_points=has_points, sequences=bool(seq_cols))
     else:
-        Z = pose_features(X, table.column("yaw").to_pylist(), degrees=pose_degrees) if yaw_col else X
-        model = KSame(k, count="people" if spec.counts_people else "images", block_size=block_size,
-                      map_blocks=map_blocks).fit(Z, people=people, images=images)
-        del Z
-        released = np.clip(np.rint(model.averages_[model.labels_]), 0, 255).astype(np.uint8)
-        labels_ = model.labels_
+        yaw = table.column("yaw").to_pylist() if yaw_col else None
+        released, labels_ = _ksame_in_memory(X, people, images, yaw, k=k, counts_people=spec.counts_people,
+                                             block_size=block_size, map_blocks=map_blocks, pose_degrees=pose_degrees)
     names = [uuid.uuid4().hex[:12] for _ in range(int(labels_.max()) + 1 if len(labels_) else 0)]
     near: NearCopyRepair | None = None
     suppressed: tuple[str, ...] = ()
@@ -137,6 +126,34 @@ def deidentify_partition(partition_dir: str, out_path: str, *, k: int, method: s
     release_free_memory()  # what the stage freed goes back to the OS (issue 13)
     return DeidentifiedPart(path=out_path, records=len(ids), clusters=summary,
                             shape_sources=sources, suppressed=suppressed, near_copies=near)
+
+
+def _read_partition(partition_dir: str, labels, pose_degrees: float | None) -> tuple[pa.Table, bool, list, list]:
+    """The partition's table with the columns its method needs: ``(table, has points, sequence cols, yaw col)``."""
+    dataset = ds.dataset(partition_dir, format="parquet")
+    # Canonical landmarks, when the aligned faces carry them (a drop with a points column): k-same-m's shape.
+    has_points = "points" in dataset.schema.names
+    # Image sequences (a drop with sequence/frame columns): multi-factor keeps one identity per person.
+    seq_cols = ["sequence", "frame"] if "sequence" in dataset.schema.names else []
+    yaw_col = ["yaw"] if pose_degrees and "yaw" in dataset.schema.names else []
+    table = dataset.to_table(columns=["record_id", "subject_id", "features", "pixels", *labels,
+                                      *(["points"] if has_points else []), *seq_cols, *yaw_col])
+    return table, has_points, seq_cols, yaw_col
+
+
+def _ksame_in_memory(X: np.ndarray, people: np.ndarray, images: np.ndarray, yaw: list | None, *, k: int,
+                     counts_people: bool, block_size: int | None, map_blocks,
+                     pose_degrees: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """A k-Same method on a partition held in memory: ``(released uint8 faces, cluster labels)``, row for row.
+
+    Groups on the features ``X``, with the estimated ``yaw`` appended when pose grouping is on
+    (:func:`deid.anonymise.ksame_pose.pose_features`); each face is replaced by its cluster's mean, rounded.
+    """
+    Z = pose_features(X, yaw, degrees=pose_degrees) if yaw is not None else X
+    model = KSame(k, count="people" if counts_people else "images", block_size=block_size,
+                  map_blocks=map_blocks).fit(Z, people=people, images=images)
+    released = np.clip(np.rint(model.averages_[model.labels_]), 0, 255).astype(np.uint8)
+    return released, model.labels_
 
 
 def _method_on_pixels(table: pa.Table, images: np.ndarray, people: np.ndarray, *, method: str, k: int,
