@@ -158,6 +158,15 @@ def pytest_terminal_summary(terminalreporter, config):
         tr.write_line(f"wrote {written} durations to {target}")
 
 
+def plain_nodeid(nodeid: str) -> str:
+    """The node id without the ``@<xdist group>`` pytest-xdist's ``loadgroup`` appends (after the parameters).
+
+    tests/conftest.py weighs a test by its node id at collection, before the group is appended.
+    """
+    head, bracket, tail = nodeid.rpartition("]")
+    return head + bracket + tail.split("@", 1)[0]
+
+
 def write_durations(path: Path, tests: dict[str, float]) -> int:
     """Merge the measured tests (>= ``MIN_SECONDS``) into the durations file at ``path``; return its size.
 
@@ -165,6 +174,7 @@ def write_durations(path: Path, tests: dict[str, float]) -> int:
     as a module's ``path::``): the run's figures replace it. The others stay (tests this run did not run).
     """
     old = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    tests = {plain_nodeid(nodeid): seconds for nodeid, seconds in tests.items()}
     kept = {key: seconds for key, seconds in old.items() if not any(nodeid.startswith(key) for nodeid in tests)}
     kept.update({nodeid: round(seconds, 1) for nodeid, seconds in tests.items() if seconds >= MIN_SECONDS})
     path.write_text(json.dumps(dict(sorted(kept.items())), indent=1) + "\n", encoding="utf-8")
