@@ -1,31 +1,25 @@
-"""Operations on a dataset's lineage registry through the real flow (issue 10): kills and a racing run.
+"""Operations on a dataset's lineage registry through the real flow (issue 10): kills.
 
-* A run SIGKILLed right after registering its pending entry (no report signed yet), then one killed
-  right after publishing (entry still pending): the next run reconciles (abandoned / published), the
-  chain continues, no half-written entry, nothing published without a verifying signed report.
-* A run whose dataset's registry moves on between planning and registering (another run of the
-  dataset registered first) fails with StateError, publishing nothing, with a signed rejection saying why; the ledger
-  marks the drop failed and the next ``release-incoming`` run claims it again and releases it,
-  planned on the new head.
+A run SIGKILLed right after registering its pending entry (no report signed yet), then one killed
+right after publishing (entry still pending): the next run reconciles (abandoned / published), the
+chain continues, no half-written entry, nothing published without a verifying signed report.
+A run racing another of its dataset (no process killed) is tests/flow/test_flow_lineage_race.py.
 """
 from __future__ import annotations
 
-import json
 import os
 import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import assert_nothing_published
+from forked_cli import ForkedCli
+from ops.test_faults import FAST, _leftovers, _releases_without_verified_report
 
-from deid.operations.ledger import FAILED, RELEASED, Ledger, drop_fingerprint
 from deid.release.lineage_registry import Registry, lineage_dir
 from deid.release.linkage import linkage_path, load_linkage_key, read_linkage
 from deid.operations.safety import FAULT_ENV
 from deid.intake.synth import make_synthetic_drop
-from forked_cli import ForkedCli
-from ops.test_faults import FAST, _leftovers, _releases_without_verified_report
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
@@ -124,56 +118,3 @@ def test_kills_between_registering_and_publishing_are_reconciled_by_the_next_run
     assert all(px(three[s]) == px(two[s]) for s in two)
     print(f"\nkills: register -> {r1.release_id} abandoned; publish -> {r2.release_id} published by the next run; "
           f"{len(state.entries)} chained entries, {len(two)} records bit-identical in the third release")
-
-
-def test_a_run_whose_registry_moves_on_fails_and_the_ledger_runs_it_again(project, prefect_server, tmp_path,
-                                                                          monkeypatch):
-    import deid.operations.deidentify_lineage as ts
-    from deid.run_config import RunConfig
-    from deid.release.lineage import build_release
-    from deid.release.lineage_plan import plan_release
-    from deid.flows.serve import release_incoming
-
-    for name, value in OPS.items():
-        monkeypatch.setenv(name, value)
-    incoming = tmp_path / "incoming"
-    drop = _drop(incoming / "site-b")
-    checks = ts.lineage_checks
-    other: list[str] = []
-
-    def racing(lin, rel, aligned, **kw):
-        # Another run of the dataset registers its release while this one is past planning (the flow
-        # plans, clusters and gates before it registers).
-        if not other:
-            reg = _registry(project)
-            current = reg.load()
-            p = plan_release(current, [], [], key=ts.linkage_key(RunConfig.resolve())[0], k=3)
-            o = build_release(p, current, release_id="other-run", method="k-same-select", new_labels=[],
-                              new_images=np.zeros((0, 92 * 81), np.uint8), shape=(92, 81))
-            reg.append_release(current, o)
-            other.append(o.release_id)
-        return checks(lin, rel, aligned, **kw)
-
-    monkeypatch.setattr(ts, "lineage_checks", racing)
-    (row,) = release_incoming(incoming=str(incoming))
-    assert row["status"] == "failed" and "moved on" in row["error"], row
-    led = Ledger(project / "data" / "ledger.sqlite")
-    assert led.get(drop_fingerprint(drop)).status == FAILED
-    assert_nothing_published(project / "data" / "releases")
-    # Failed before its report was signed: a signed rejection says why (check "state"), nothing else signed.
-    (sig,) = (project / "reports").glob("*/report.json.sig")
-    rejection = json.loads((sig.parent / "report.json").read_text())
-    assert rejection["verdict"] == "rejected" and [c["name"] for c in rejection["checks"]] == ["state"]
-    assert "moved on" in rejection["reasons"][0]
-    assert [(r.release_id, r.status) for r in _registry(project).load().releases] == [("other-run", "pending")]
-
-    monkeypatch.setattr(ts, "lineage_checks", checks)
-    (row,) = release_incoming(incoming=str(incoming))  # e.g. the nightly run: a failed drop is claimed again
-    assert row["status"] == "released", row
-    assert led.get(drop_fingerprint(drop)).status == RELEASED
-    state = _registry(project).load()
-    assert _kinds(state) == [("genesis", None), ("release", "other-run"), ("abandoned", "other-run"),
-                             ("release", row["release_id"]), ("published", row["release_id"])]
-    assert not _releases_without_verified_report(project)
-    print(f"\nracing run: StateError (registry moved on), ledger failed, claimed again: {row['release_id']} "
-          f"released, planned on entry {state.entries[3]['based_on_seq']}")

@@ -1,6 +1,7 @@
 """Membership disclosure (deid.evaluation.membership): AUC controls on small synthetic arrays, the check's rule."""
 import numpy as np
 import pytest
+from unit.evaluation.test_gate import BLUR_FACES
 
 from deid.evaluation.attacks import ATTACKERS
 from deid.evaluation.membership import auc, measure_membership, membership_check, tpr_at_fpr
@@ -132,6 +133,7 @@ def test_the_setting_reaches_the_gate_once(monkeypatch):
         GateConfig(k=5, method="k-same", membership_max_advantage=1.5)
 
 
+@BLUR_FACES  # the faces test_gate.py's blur test gates: their descriptors are in this process's cache then
 def test_the_gate_reports_membership_and_decides_only_when_set():
     from dataclasses import replace
 
