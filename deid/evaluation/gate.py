@@ -101,8 +101,8 @@ def _evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any, pool: An
             parts = parallel_parts(inputs, config, executor)
         elif worth_parallel(inputs, pool):
             # A GateHelper's pool holds the inputs it built: its parts are sent without them (HelperInputs).
-            parts = parallel_parts(inputs, config, pool, large=True,
-                                   **({"ready": ready, "prepared": True} if ready is not None else {}))
+            helped: dict[str, Any] = {"ready": ready, "prepared": True} if ready is not None else {}
+            parts = parallel_parts(inputs, config, pool, large=True, **helped)
         else:
             parts = serial_parts(inputs, config)
         p_checks, reid, max_rate, sample = privacy_checks(inputs, config, exact=exact, rows=parts.attack_rows)
