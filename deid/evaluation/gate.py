@@ -100,7 +100,9 @@ def _evaluate(inputs: GateInputs, config: GateConfig, *, executor: Any, pool: An
         if worth_parallel(inputs, executor):
             parts = parallel_parts(inputs, config, executor)
         elif worth_parallel(inputs, pool):
-            parts = parallel_parts(inputs, config, pool, large=True, **({"ready": ready} if ready else {}))
+            # A GateHelper's pool holds the inputs it built: its parts are sent without them (HelperInputs).
+            helped: dict[str, Any] = {"ready": ready, "prepared": True} if ready is not None else {}
+            parts = parallel_parts(inputs, config, pool, large=True, **helped)
         else:
             parts = serial_parts(inputs, config)
         p_checks, reid, max_rate, sample = privacy_checks(inputs, config, exact=exact, rows=parts.attack_rows)

@@ -8,12 +8,13 @@ from __future__ import annotations
 import logging
 import pickle
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from deid.evaluation.attacks import DEEP_ATTACKERS
+from deid.errors import StateError
 from deid.evaluation.checks import Check
 from deid.progress import PartsProgress, Progress
 
@@ -118,6 +119,8 @@ def gate_part(part: str, inputs: GateInputs, config: GateConfig, *, cap: int | N
 def _timed_part(label: str, **kwargs: Any) -> tuple[str, float, Any]:
     """:func:`gate_part` with its name and measured seconds (for the gate's progress lines and time left)."""
     t0 = time.perf_counter()
+    if isinstance(kwargs.get("inputs"), HelperInputs):
+        kwargs["inputs"] = kwargs["inputs"].inputs  # a part run in this process: the inputs themselves
     result = gate_part(**kwargs)
     return label, time.perf_counter() - t0, result
 
@@ -136,7 +139,7 @@ def _part_label(call: Mapping[str, Any]) -> str:
 
 
 def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any, *, large: bool = False,
-                   ready: Mapping[tuple, Callable[[], Any]] | None = None) -> ParallelParts:
+                   ready: Mapping[tuple, Callable[[], Any]] | None = None, prepared: bool = False) -> ParallelParts:
     """The attackers (one call each) and the two utility parts as calls of ``executor``, longest first.
 
     Every part is a deterministic function of the inputs (seeded samples, seeded methods, one
@@ -150,10 +153,13 @@ def parallel_parts(inputs: GateInputs, config: GateConfig, executor: Any, *, lar
     checks; no part is computed twice.
 
     ``ready``: parts a :class:`GateHelper` ran ahead, ``(part, attackers)`` -> a call that waits
-    for its result; they are not run again.
+    for its result; they are not run again. ``prepared``: ``executor`` is a :class:`GateHelper`'s pool,
+    whose process holds the per-record inputs it built: only the rest is sent (:class:`HelperInputs`).
     """
     ready = dict(ready or {})
-    shipped = replace(inputs, fetch=replace(inputs.fetch, fallback=None))
+    shipped: Any = replace(inputs, fetch=replace(inputs.fetch, fallback=None))
+    if prepared:
+        shipped = HelperInputs(shipped)
     groups = attack_groups(inputs, config)
     calls: list[dict] = []
     if config.labels and not large:
@@ -312,7 +318,40 @@ class GateHelper:
 
 
 _PREPARED: dict[str, GateInputs] = {}
-"""In a :class:`GateHelper` process: the inputs its first job built, for its second job."""
+"""In a :class:`GateHelper` process: the inputs its first job built, for its second job and the gate's parts."""
+
+# The fields of GateInputs that grow with the release (one entry per record, or per republished cluster): a
+# HelperInputs sent to the helper takes them from the inputs the helper built, never pickled again.
+_PER_RECORD = ("people", "image_index", "own_distance", "fetch", "clusters", "partitions", "labels", "points",
+               "republished")
+
+
+def _helper_inputs(n: int, rest: Mapping[str, Any]) -> GateInputs:
+    """In a :class:`GateHelper` process: the inputs it built (:data:`_PREPARED`) with the other fields ``rest``."""
+    inputs = _PREPARED.get("inputs")
+    if inputs is None or inputs.n != n:
+        raise StateError(f"gate: the helper process holds {'no inputs' if inputs is None else f'{inputs.n} records'}"
+                         f" but was sent a part on {n} records; the gate's parts must be sent to the GateHelper that "
+                         "built the inputs (a bug: report it)")
+    return replace(inputs, **rest)
+
+
+@dataclass(frozen=True)
+class HelperInputs:
+    """The gate's inputs as a part sent to a :class:`GateHelper` carries them: pickled without the per-record fields.
+
+    The helper built the inputs (:meth:`GateHelper.start`) and keeps them; the gate's own copy is
+    the one it sent back, plus what staging found (``file_metadata``, ``extra_checks``). Pickling
+    every record's person, cluster and labels again for each part held ~0.3 GiB more in this process
+    and ~0.4 GiB in the helper at a million records (issue 32); the helper now takes those from its
+    own copy and the rest from here, so each part sees the same inputs as before.
+    """
+
+    inputs: GateInputs
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        rest = {f.name: getattr(self.inputs, f.name) for f in fields(self.inputs) if f.name not in _PER_RECORD}
+        return _helper_inputs, (self.inputs.n, rest)
 
 
 def _prepare_inputs(build: Callable[..., GateInputs], config: GateConfig, kwargs: Mapping[str, Any]) -> GateInputs:
@@ -329,9 +368,16 @@ def _prepare_inputs(build: Callable[..., GateInputs], config: GateConfig, kwargs
 
 
 def _prepared_deep_attacks(config: GateConfig) -> dict[tuple, list[AttackRow]]:
-    """A :class:`GateHelper`'s second job: each deep attacker's rows (:func:`attack_rows`) on the first job's inputs."""
-    inputs = _PREPARED.pop("inputs", None)
+    """A :class:`GateHelper`'s second job: each deep attacker's rows (:func:`attack_rows`) on the first job's inputs.
+
+    The inputs stay in :data:`_PREPARED`: the gate's parts sent here later use them (:class:`HelperInputs`).
+    """
+    from deid.heap import release_free_memory  # noqa: PLC0415
+
+    inputs = _PREPARED.get("inputs")
     if inputs is None or not inputs.n or not isinstance(inputs.fetch, SampleFetch):
         return {}
-    return {("attack", (name,)): gate_part("attack", inputs, config, cap=cap, attackers=(name,))
+    rows = {("attack", (name,)): gate_part("attack", inputs, config, cap=cap, attackers=(name,))
             for cap, group in attack_groups(inputs, config) for name in group if name in DEEP_ATTACKERS}
+    release_free_memory()  # the embeddings' working memory: the helper then waits for the gate, holding nothing else
+    return rows

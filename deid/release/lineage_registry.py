@@ -313,16 +313,26 @@ class Registry:
     def _aad(self, magic: bytes, seq: int) -> bytes:
         return magic + self.dataset.encode() + b"\0" + seq.to_bytes(8, "big")
 
-    def _seal(self, magic: bytes, purpose: str, seq: int, payload: bytes) -> bytearray:
+    def _seal(self, magic: bytes, purpose: str, seq: int, payload: bytes | list[bytes]) -> bytearray:
         """``magic + nonce + AESGCM(key).encrypt(nonce, payload, aad)``, the same bytes, built in one buffer.
 
         The one-shot form held the payload, its ciphertext and their concatenation at once: one
         entry-sized copy more (a release entry is ~300 MB at a million faces; issue 13). GCM's streaming
-        encryptor writes the ciphertext straight after the header, then the tag.
+        encryptor writes the ciphertext straight after the header, then the tag. ``payload`` in pieces
+        (:func:`~deid.release.lineage_state.canonical_pieces`, the list emptied as they are sealed): each
+        piece is let go once encrypted, so the plaintext and the ciphertext are never both whole (issue 32).
         """
         nonce = secrets.token_bytes(NONCE_BYTES)
         enc = Cipher(algorithms.AES(derive_key(self.key, self.dataset, purpose)), modes.GCM(nonce)).encryptor()
         enc.authenticate_additional_data(self._aad(magic, seq))
+        if isinstance(payload, list):
+            sealed = bytearray(magic + nonce)
+            payload.reverse()  # popped from the end: the first piece first
+            while payload:
+                sealed += enc.update(payload.pop())
+            sealed += enc.finalize()
+            sealed += enc.tag
+            return sealed
         start = len(magic) + NONCE_BYTES
         out = bytearray(start + len(payload) + 15 + 16)  # update_into wants a block's slack beyond the data
         out[:start] = magic + nonce

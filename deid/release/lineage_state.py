@@ -427,16 +427,17 @@ class LineageState:
         return state._appended(body)[0]
 
     def _appended(self, body: Mapping[str, Any], *,
-                  made: Mapping[str, LineageCluster] | None = None) -> tuple["LineageState", bytes]:
+                  made: Mapping[str, LineageCluster] | None = None) -> tuple["LineageState", list[bytes]]:
         """The state after ``body`` (chained to this state, which has its genesis entry) and the new
-        entry's canonical bytes (hashed into the chain; what the registry encrypts).
+        entry's canonical bytes (hashed into the chain; what the registry encrypts), in pieces
+        (:func:`canonical_pieces`).
 
         ``made``: the clusters of a release entry already built (key -> cluster, as registered), used
         instead of decoding the entry again.
         """
         seq = self.seq + 1
         doc = {**body, "format": ENTRY_FORMAT, "dataset": self.dataset, "seq": seq, "prev": self.head}
-        payload = canonical_bytes(doc)
+        payload = canonical_pieces(doc)
         head = chain_hash(self.head, payload)
         if doc.get("kind") == "published" and doc.get("release_id") in {r.release_id for r in self.releases
                                                                         if r.status == "pending"}:
@@ -486,15 +487,56 @@ def empty_state(dataset: str) -> LineageState:
     return LineageState(dataset=check_dataset_name(dataset))
 
 
+def _canonical_json(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
 def canonical_bytes(doc: Mapping[str, Any]) -> bytes:
     """An entry's canonical JSON (sorted keys, no spaces, UTF-8): what is hashed and encrypted."""
-    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    return _canonical_json(doc).encode("utf-8")
 
 
-def chain_hash(prev: str, doc: Mapping[str, Any] | bytes) -> str:
-    """``sha256(previous chain hash bytes + canonical entry bytes)`` as hex (``doc`` or its canonical bytes)."""
+def canonical_pieces(doc: Mapping[str, Any], *, items: int = 32768) -> list[bytes]:
+    """:func:`canonical_bytes` of ``doc`` in pieces whose concatenation is exactly those bytes.
+
+    A top-level list longer than ``items`` (a release entry's ``new_clusters``) is encoded ``items``
+    elements at a time: JSON without spaces is the same text piecewise, keys sorted at every level.
+    At a million faces the entry is ~280 MB: in one piece it was held as a str and as its UTF-8 bytes
+    at once, then beside its ciphertext (issue 32); in pieces, one piece's str at a time, and the
+    registry seals them one after the other (:meth:`deid.release.lineage_registry.Registry._seal`).
+    32,768 clusters of k=5 are ~46 MB, above glibc's largest mmap threshold (32 MB): a piece freed once
+    sealed goes back to the OS at once (2,048 a piece were reused by nothing and kept: measured no gain).
+    """
+    if not all(isinstance(key, str) for key in doc):  # json.dumps converts other keys: left to it
+        return [canonical_bytes(doc)]
+    out: list[bytes] = []
+    text = "{"
+    for n, key in enumerate(sorted(doc)):
+        value = doc[key]
+        text += ("," if n else "") + _canonical_json(key) + ":"
+        if isinstance(value, list) and len(value) > items:
+            out.append((text + "[").encode("utf-8"))
+            for start in range(0, len(value), items):
+                part = _canonical_json(value[start:start + items])[1:-1]
+                out.append((("," if start else "") + part).encode("utf-8"))
+            text = "]"
+        else:
+            text += _canonical_json(value)
+    out.append((text + "}").encode("utf-8"))
+    return out
+
+
+def chain_hash(prev: str, doc: Mapping[str, Any] | bytes | Sequence[bytes]) -> str:
+    """``sha256(previous chain hash bytes + canonical entry bytes)`` as hex (``doc``, its canonical bytes, or
+    their pieces: :func:`canonical_pieces`)."""
     h = hashlib.sha256(bytes.fromhex(prev))
-    h.update(doc if isinstance(doc, bytes) else canonical_bytes(doc))  # no concatenated copy of a ~300 MB entry
+    if isinstance(doc, (bytes, bytearray)):
+        h.update(doc)  # no concatenated copy of a ~300 MB entry
+    elif isinstance(doc, Mapping):
+        h.update(canonical_bytes(doc))
+    else:
+        for piece in doc:
+            h.update(piece)
     return h.hexdigest()
 
 

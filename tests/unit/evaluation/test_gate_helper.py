@@ -47,3 +47,30 @@ def test_a_helper_started_before_the_gate_gives_the_gates_figures_and_runs_the_d
     assert {r.attacker for r in serial.reidentification} == {"pca-whitened-cosine", "dlib-resnet"}
     assert helped.utility == serial.utility and (helped.max_rate, helped.attack_sample) == (serial.max_rate,
                                                                                           serial.attack_sample)
+
+
+def test_a_part_sent_to_the_helper_carries_only_the_inputs_the_helper_did_not_build(monkeypatch):
+    """HelperInputs (issue 32): pickled without the per-record fields; unpickled in the helper, the inputs it built
+    with the fields the gate added (staging's checks and file metadata); elsewhere a StateError, never other inputs."""
+    import pickle
+
+    import pytest
+
+    from deid.errors import StateError
+    from deid.evaluation import gate_parts
+
+    built = gate_parts.read_samples_once(build(20, 2, "the run's"), CONFIG)  # as the helper keeps them
+    built = replace(built, fetch=replace(built.fetch, fallback=None))
+    sent = replace(built, **STAGING)
+    blob = pickle.dumps(gate_parts.HelperInputs(sent))
+    assert len(blob) < len(pickle.dumps(sent)) / 2
+    monkeypatch.setattr(gate_parts, "_PREPARED", {"inputs": built})
+    got = pickle.loads(blob)
+    assert got.people is built.people and got.clusters is built.clusters and got.fetch is built.fetch
+    assert (got.file_metadata, got.extra_checks) == (STAGING["file_metadata"], STAGING["extra_checks"])
+    monkeypatch.setattr(gate_parts, "_PREPARED", {"inputs": build(21, 2, "the run's")})
+    with pytest.raises(StateError, match=f"on {built.n} records"):
+        pickle.loads(blob)
+    monkeypatch.setattr(gate_parts, "_PREPARED", {})
+    with pytest.raises(StateError, match="no inputs"):
+        pickle.loads(blob)

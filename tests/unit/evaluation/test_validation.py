@@ -168,6 +168,19 @@ def test_release_suite_k_forbidden_columns_and_labels(tmp_path):
     assert not bad_check.passed and "subject_id" in bad_check.detail
 
 
+def test_a_validation_leaves_no_table_in_the_context():
+    """issue 32: the pandas engine's batch caches are emptied after each suite (a run's process held the last
+    validated table, a million rows, until the next validation); the next suite still validates its own table."""
+    from deid.evaluation import validation
+
+    sets = {"gender": ["f", "m"]}
+    assert validate_release(_release(), ["gender"], label_sets=sets, k=3).success
+    batches = validation._gx_state["source"].get_execution_engine().batch_manager
+    assert not batches.batch_data_cache and not batches.batch_cache and batches.active_batch_data is None
+    assert _failed(validate_release(_release().iloc[:-1], ["gender"], label_sets=sets, k=3)) == {
+        ("expect_column_values_to_be_between", "_cluster_size"): 2}
+
+
 def test_run_suite_parameter_errors():
     with pytest.raises(ConfigError, match="suite='nope'"):
         run_suite("nope", pd.DataFrame())

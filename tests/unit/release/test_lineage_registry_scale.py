@@ -63,3 +63,31 @@ def test_an_entry_sealed_in_one_buffer_is_the_one_shot_aes_gcm_blob(tmp_path):
 
     prev = "ab" * 32
     assert chain_hash(prev, b"{}") == hashlib.sha256(bytes.fromhex(prev) + b"{}").hexdigest()
+
+
+def test_an_entry_in_pieces_is_its_canonical_bytes_and_seals_to_the_one_shot_blob(tmp_path):
+    """issue 32: the canonical JSON encoded a slice of a long list at a time is the one-piece encoding, byte for
+    byte, and the pieces sealed one after the other are ``magic + nonce + AESGCM.encrypt(...)`` of their join."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    from deid.release.lineage_state import canonical_bytes, canonical_pieces, chain_hash, derive_key
+
+    w, reg, s2 = _two_releases(tmp_path)
+    odd = {"kind": "release", "z": [{"b": 1.5, "a": ["é", "\u2028", "\x00", None, True]}] * 5, "empty": [],
+           "a": {"y": [3, 2, 1], "x": "ü"}, "long": list(range(7)), "n": -0.0}
+    for doc in (*s2.entries, odd):
+        want = canonical_bytes(doc)
+        for items in (1, 2, 3, 2048):
+            pieces = canonical_pieces(doc, items=items)
+            assert b"".join(pieces) == want, (doc.get("kind"), items)
+            assert chain_hash("ab" * 32, pieces) == chain_hash("ab" * 32, want) == chain_hash("ab" * 32, doc)
+    release_doc = next(d for d in s2.entries if d["kind"] == "release")
+    assert len(canonical_pieces(release_doc, items=1)) >= len(release_doc["new_clusters"]) + 2 > 3
+    pieces = canonical_pieces(odd, items=2)
+    payload = b"".join(pieces)
+    blob = reg._seal(lr.MAGIC, "encrypt", 7, pieces)
+    assert pieces == []  # let go as they were sealed
+    nonce = bytes(blob[len(lr.MAGIC):len(lr.MAGIC) + lr.NONCE_BYTES])
+    assert bytes(blob) == lr.MAGIC + nonce + AESGCM(derive_key(reg.key, reg.dataset, "encrypt")).encrypt(
+        nonce, payload, reg._aad(lr.MAGIC, 7))
+    assert reg._open(lr.MAGIC, "encrypt", 7, bytes(blob), "entry") == payload

@@ -175,6 +175,33 @@ def test_sample_release_images_ignores_anything_outside_images(world, tmp_path):
         sample_release_images(tmp_path / "nowhere")
 
 
+def test_one_image_per_cluster_draws_what_sorting_and_drawing_in_python_drew(tmp_path):
+    """The Arrow grouping (issue 32: no Python dict per row) picks the paths the per-row dicts picked, seed for seed."""
+    import random
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from deid.reporting.html_report import _one_image_per_cluster
+
+    rng = np.random.default_rng(3)
+    # Cluster ids and paths out of order, of several sizes, with non-ASCII characters (code point = UTF-8 byte order).
+    clusters = [f"p{int(rng.integers(0, 3))}/c{int(c)}{'é' if c % 7 == 0 else ''}"
+                for c in rng.integers(0, 40, size=300)]
+    images = [f"images/{'ü' if i % 5 == 0 else ''}{int(x):08x}.png" for i, x in enumerate(rng.permutation(300))]
+    pq.write_table(pa.table({"image": images, "cluster_id": clusters}), tmp_path / "release.parquet")
+    for seed in range(5):
+        want_rng = random.Random(seed)
+        by_cluster: dict[str, list[str]] = {}
+        for c, im in zip(clusters, images):
+            by_cluster.setdefault(c, []).append(im)
+        order = sorted(by_cluster)
+        want_rng.shuffle(order)
+        want = [want_rng.choice(sorted(by_cluster[c])) for c in order]
+        got = list(_one_image_per_cluster(tmp_path / "release.parquet", random.Random(seed)))
+        assert got == want and len(got) == len(set(clusters))
+
+
 def test_rejected_report_shows_reasons_and_no_faces(world):
     _, release_dir, _, _ = world
     report = _report(None, verdict="rejected")
