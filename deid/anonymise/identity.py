@@ -41,7 +41,12 @@ MAX_SUBSETS = 8
 MIN_SUBSET = 30  # smaller k-means subsets join their nearest larger one
 CANDIDATES_PER_RECORD = 4  # nearest other-id neighbours per record in the cheap first pass
 _EXACT_LIMIT = 20_000
-_BUCKET = 2_000
+# Above _EXACT_LIMIT rows the nearest-other searches run within buckets of _BUCKET rows of _TREES trees
+# (principal directions, then random ones). 200,000 48-d Gaussian rows with 4,000 planted near pairs
+# (the figures in docs/pipeline.md): one tree of 2,000-row buckets missed 403 pairs (8.9 CPU-s), two
+# trees of 2,000 37 (16.8), three of 1,000 8 (16.6), four of 700 1 (20.8).
+_BUCKET = 1_000
+_TREES = 3
 _ROWS = 65_536  # rows converted to float64 at a time by the bucket split (3.2 MB at 50-d)
 
 
@@ -132,8 +137,12 @@ def _nearest_other(X: np.ndarray, codes: np.ndarray) -> tuple[np.ndarray, np.nda
     return arg, np.maximum(best, 0.0)
 
 
-def _buckets(X: np.ndarray, size: int) -> list[np.ndarray]:
+def _buckets(X: np.ndarray, size: int, *, seed: int | None = None) -> list[np.ndarray]:
     """Split rows at the median of the leading principal direction until buckets hold <= size.
+
+    With ``seed``, each node splits along a random unit direction instead (a random projection tree,
+    Dasgupta and Freund, STOC 2008): two near rows that one tree separates are rarely separated by a tree of
+    other directions too, so searching within the buckets of several trees misses far fewer near pairs.
 
     ``X`` may be float32 (the stage's features, half the memory of a float64 copy): each node is
     centred and projected in float64 a chunk of rows at a time, the same values as the float64
@@ -141,13 +150,19 @@ def _buckets(X: np.ndarray, size: int) -> list[np.ndarray]:
     so memory holds O(node) floats, not a float64 copy of the features (issue 13).
     """
     out, todo = [], [np.arange(len(X))]
+    rng = None if seed is None else np.random.default_rng(seed)
     while todo:
         idx = todo.pop()
         if len(idx) <= size:
             out.append(idx)
             continue
         mean = _node_mean(X, idx)
-        v = np.linalg.svd(X[idx[:: max(1, len(idx) // 2000)]].astype(np.float64) - mean, full_matrices=False)[2][0]
+        if rng is None:
+            v = np.linalg.svd(X[idx[:: max(1, len(idx) // 2000)]].astype(np.float64) - mean,
+                              full_matrices=False)[2][0]
+        else:
+            v = rng.standard_normal(X.shape[1])
+            v /= np.linalg.norm(v)
         proj = np.concatenate([(X[idx[a:a + _ROWS]].astype(np.float64) - mean) @ v
                                for a in range(0, len(idx), _ROWS)])
         order = np.argsort(proj, kind="stable")
@@ -213,9 +228,12 @@ class Calibration:
     """The recogniser's merge threshold for one drop, judged on that drop's own faces.
 
     ``informative[i]``: the recogniser separates the people of descriptor row i's subset (its pairs
-    merge below ``threshold``; elsewhere only near-copies below ``duplicate``). ``false_merge``: the
-    share of records of ids with several faces (informative subsets) whose nearest other id lies within
-    the threshold; ``miss``: the share whose own other face does not. Both with intervals.
+    merge below ``threshold``). ``row_threshold[i]``: the distance below which row i matches another id's
+    row (a pair matches below the smaller of its two rows'): ``threshold`` in informative subsets; in an
+    undecided subset that subset's own lower tail, never below ``duplicate`` nor above the cap.
+    ``false_merge``: the share of records of ids with several faces (informative subsets) whose nearest
+    other id lies within the threshold; ``miss``: the share whose own other face does not. Both with
+    intervals.
     """
 
     threshold: float
@@ -226,6 +244,7 @@ class Calibration:
     miss: dict
     tail_threshold: float | None
     false_merge_target: float
+    row_threshold: np.ndarray
 
     def to_dict(self) -> dict:
         return {"threshold": round(self.threshold, 4), "duplicate_threshold": self.duplicate,
@@ -250,7 +269,12 @@ def calibrate_recogniser(E: np.ndarray, codes: np.ndarray, *, max_threshold: flo
        ``min_median_other``.
     3. Over the informative rows, the distance to the nearest other id is modelled by its median and
        MAD (robust to a minority of copies planted under other ids); the threshold is its lower tail at
-       ``false_merge_target``, capped at ``max_threshold`` and floored at ``duplicate``.
+       ``false_merge_target``, capped at ``max_threshold`` and floored at ``duplicate``. An undecided
+       subset gets the same lower tail of its own rows' distances (floored at ``duplicate``): where
+       the recogniser does not separate people their nearest other ids are close and that tail stays at
+       ``duplicate``; where copies planted under other ids made some of its people "not identified"
+       (the victim's nearest other id is her own copy), the other people's distances stay far and the
+       copies still merge. Either way about ``false_merge_target`` of distinct people fall within it.
     4. The false-merge and miss rates are counted on the rows of ids with several faces, with intervals.
 
     Parameters
@@ -288,15 +312,25 @@ def calibrate_recogniser(E: np.ndarray, codes: np.ndarray, *, max_threshold: flo
     threshold, tail = _tail_threshold(d_other[informative & np.isfinite(d_other)], any_informative=informative.any(),
                                       max_threshold=max_threshold, duplicate=duplicate,
                                       false_merge_target=false_merge_target)
+    row_threshold = np.where(informative, threshold, float(duplicate))
+    for s, entry in enumerate(subsets):
+        rows = np.flatnonzero(labels == s)
+        if not entry["informative"]:
+            own = d_other[rows][np.isfinite(d_other[rows])]
+            t, _ = _tail_threshold(own, any_informative=len(own) >= MIN_SUBSET, max_threshold=max_threshold,
+                                   duplicate=duplicate, false_merge_target=false_merge_target)
+            row_threshold[rows] = t
+            entry["threshold"] = round(t, 4)
     ref_inf = informative & np.isfinite(d_same) & np.isfinite(d_other)
     n_ref = int(np.count_nonzero(ref_inf))
     false_merge = _interval(int(np.count_nonzero(d_other[ref_inf] < threshold)), n_ref, confidence)
     miss = _interval(int(np.count_nonzero(d_same[ref_inf] >= threshold)), n_ref, confidence)
     if not informative.all():
         log.warning("identity: the recogniser does not separate %d of %d embedded faces (their subsets); only "
-                    "near-copies (distance < %.2f) merge there", int(np.count_nonzero(~informative)), n, duplicate)
+                    "near-copies and pairs below their subset's own lower tail (distance < %.2f-%.2f) merge there",
+                    int(np.count_nonzero(~informative)), n, duplicate, float(row_threshold[~informative].max()))
     return Calibration(threshold, float(duplicate), informative, tuple(subsets), false_merge, miss, tail,
-                       float(false_merge_target))
+                       float(false_merge_target), row_threshold)
 
 
 def _descriptor_subsets(E: np.ndarray) -> np.ndarray:
@@ -430,16 +464,35 @@ def _kmeans(E: np.ndarray, k: int, *, iterations: int = 30, seed: int = 0) -> np
     return labels
 
 
+def _search_groups(X: np.ndarray) -> list[list[np.ndarray]]:
+    """The row groups a nearest-other search runs within: all rows up to ``_EXACT_LIMIT`` (exact); above it
+    the buckets of ``_TREES`` trees (:func:`_buckets`), principal directions then random directions (seeds 0,
+    1, ...), so a near pair is missed only when every tree splits it."""
+    n = len(X)
+    if n <= _EXACT_LIMIT:
+        return [[np.arange(n)]]
+    return [_buckets(X, _BUCKET, seed=None if t == 0 else t - 1) for t in range(_TREES)]
+
+
 def _knn_other(X: np.ndarray, codes: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
     """Each row's ``m`` nearest rows under other codes (indices, squared distances), exact and blocked.
 
-    Above ``_EXACT_LIMIT`` rows the search runs within buckets of the leading principal directions
-    (:func:`_buckets`): near neighbours share a bucket unless a split falls between them.
+    Above ``_EXACT_LIMIT`` rows the search runs within the buckets of several trees (:func:`_search_groups`)
+    and keeps each row's ``m`` nearest over all: near neighbours are found unless every tree splits them.
     """
     n = len(X)
     idx = np.full((n, m), -1, np.int64)
     d2 = np.full((n, m), np.inf)
-    groups = [np.arange(n)] if n <= _EXACT_LIMIT else _buckets(X, _BUCKET)
+    for groups in _search_groups(X):
+        _knn_in_groups(X, codes, m, groups, idx, d2)
+    idx[~np.isfinite(d2)] = -1
+    return idx, d2
+
+
+def _knn_in_groups(X: np.ndarray, codes: np.ndarray, m: int, groups: list[np.ndarray], idx: np.ndarray,
+                   d2: np.ndarray) -> None:
+    """One tree's share of :func:`_knn_other`: each row's ``m`` nearest other-code rows within its group, merged
+    into ``idx``/``d2`` (kept sorted, nearest first; a row found by several trees counted once)."""
     for g in groups:
         Xg = X[g].astype(np.float64)
         for s, d in distance_blocks(Xg, max_cells=4_000_000):
@@ -447,12 +500,21 @@ def _knn_other(X: np.ndarray, codes: np.ndarray, m: int) -> tuple[np.ndarray, np
             d[codes[g][rows, None] == codes[g][None, :]] = np.inf
             kk = min(m, d.shape[1])
             part = np.argpartition(d, kk - 1, axis=1)[:, :kk]
-            vals = np.take_along_axis(d, part, axis=1)
-            order = np.argsort(vals, axis=1, kind="stable")
-            idx[g[rows], :kk] = g[np.take_along_axis(part, order, axis=1)]
-            d2[g[rows], :kk] = np.maximum(np.take_along_axis(vals, order, axis=1), 0.0)
-    idx[~np.isfinite(d2)] = -1
-    return idx, d2
+            vals = np.maximum(np.take_along_axis(d, part, axis=1), 0.0)
+            new_idx = np.where(np.isfinite(vals), g[part], -1)
+            # Merge with what an earlier tree found: a neighbour found twice is kept once (its first copy).
+            at = g[rows]
+            cand_i = np.concatenate([idx[at], new_idx], axis=1)
+            cand_d = np.concatenate([d2[at], vals], axis=1)
+            order = np.argsort(cand_d, axis=1, kind="stable")
+            cand_i, cand_d = np.take_along_axis(cand_i, order, 1), np.take_along_axis(cand_d, order, 1)
+            dup = np.zeros(cand_i.shape, bool)
+            for c in range(1, cand_i.shape[1]):
+                dup[:, c] = ((cand_i[:, :c] == cand_i[:, c:c + 1]) & (cand_i[:, c:c + 1] >= 0)).any(1)
+            cand_d[dup] = np.inf
+            order = np.argsort(cand_d, axis=1, kind="stable")[:, :m]
+            idx[at] = np.take_along_axis(cand_i, order, 1)
+            d2[at] = np.take_along_axis(cand_d, order, 1)
 
 
 def cheap_candidates(X: np.ndarray, codes: np.ndarray, budget: int, *, per_record: int = CANDIDATES_PER_RECORD,
@@ -518,18 +580,19 @@ def _evidence_merges(E: np.ndarray, codes: np.ndarray, cal: Calibration) -> list
     A pair of rows under different ids matches below the calibrated threshold when both lie in informative
     subsets, below the near-copy distance otherwise. Two groups join when at least ``min(2, |A| |B|)`` of
     their cross pairs match (|A|: the group's embedded rows): one pair is evidence only where no second
-    pair exists. Groups grow closest pair first until no join is left.
+    pair exists, or when it is a near-copy (below ``cal.duplicate``: one photograph twice, re-lit or noised,
+    which two different people's photographs never are; a victim's second photograph is as far from her
+    planted copies as from any photograph of her). Groups grow closest pair first until no join is left.
     """
     n = len(E)
     pairs = []
     for s, d2 in distance_blocks(E, max_cells=4_000_000, upper=True):
-        for a, off in zip(*np.nonzero(d2 < max(cal.threshold, cal.duplicate) ** 2)):
+        for a, off in zip(*np.nonzero(d2 < float(cal.row_threshold.max(initial=cal.duplicate)) ** 2)):
             a, b = int(a + s), int(off + s)
             if b <= a or codes[a] == codes[b]:
                 continue
             d = float(np.sqrt(max(d2[a - s, off], 0.0)))
-            limit = cal.threshold if cal.informative[a] and cal.informative[b] else cal.duplicate
-            if d < limit:
+            if d < min(cal.row_threshold[a], cal.row_threshold[b]):
                 pairs.append((d, a, b))
     pairs.sort()
     members: dict[int, list[int]] = {}
@@ -548,7 +611,7 @@ def _evidence_merges(E: np.ndarray, codes: np.ndarray, cal: Calibration) -> list
                 key = (min(ga, gb), max(ga, gb))
                 count.setdefault(key, [d, a, b, 0])[3] += 1
         for (ga, gb), (d, a, b, c) in sorted(count.items(), key=lambda kv: kv[1][0]):
-            if c >= min(2, size[ga] * size[gb]):
+            if c >= min(2, size[ga] * size[gb]) or d < cal.duplicate:
                 rows = sorted({r for _, x, y in pairs for r in (x, y) if {group[x], group[y]} == {ga, gb}})
                 for r in members[gb]:
                     group[r] = ga
@@ -661,7 +724,8 @@ def _near_duplicate_merges(ids: list[str], X: np.ndarray, evidence: str, ratio: 
     """The near-duplicate rule of :func:`resolve_people`: records under different ids closer than ``ratio`` x the
     median nearest-other-id distance are one person.
 
-    Exact nearest neighbours up to ``_EXACT_LIMIT`` records, within buckets of ``_BUCKET`` above.
+    Exact nearest neighbours up to ``_EXACT_LIMIT`` records; above, the nearest found within the buckets of
+    several trees (:func:`_search_groups`), the median taken within each bucket of the first.
 
     Parameters
     ----------
@@ -677,19 +741,25 @@ def _near_duplicate_merges(ids: list[str], X: np.ndarray, evidence: str, ratio: 
         Updated: the ids joined, one entry per join (ids, records, evidence, distance, threshold), and the records
         matched.
     """
-    n = len(ids)
     codes = _person_codes(ids)
-    groups = [np.arange(n)] if n <= _EXACT_LIMIT else _buckets(X, _BUCKET)
-    for idx in groups:
+    trees = _search_groups(X)
+    best, arg = np.full(len(ids), np.inf), np.full(len(ids), -1, np.int64)
+    for idx in (g for groups in trees for g in groups):  # each row's nearest other id over every tree
         if len(np.unique(codes[idx])) < 2:
             continue
-        arg, d2 = _nearest_other(X[idx].astype(np.float64), codes[idx])
-        limit = (ratio ** 2) * float(np.median(d2))
-        for i in np.flatnonzero(d2 < limit):
-            a, b = int(idx[i]), int(idx[arg[i]])
+        j, d2 = _nearest_other(X[idx].astype(np.float64), codes[idx])
+        better = d2 < best[idx]
+        best[idx[better]], arg[idx[better]] = d2[better], idx[j[better]]
+    for idx in trees[0]:  # the scale: the median within each bucket of the first tree (the whole drop when exact)
+        d2 = best[idx]
+        if not np.isfinite(d2).any():
+            continue
+        limit = (ratio ** 2) * float(np.median(d2[np.isfinite(d2)]))
+        for i in idx[d2 < limit]:
+            a, b = int(i), int(arg[i])
             if uf.union(ids[a], ids[b]):
                 merges.append({"ids": sorted({ids[a], ids[b]}), "records": sorted((a, b)), "evidence": evidence,
-                               "distance": round(float(np.sqrt(d2[i])), 4),
+                               "distance": round(float(np.sqrt(best[i])), 4),
                                "threshold": round(float(np.sqrt(limit)), 4)})
             flagged.update((a, b))
 
@@ -722,8 +792,8 @@ def _recogniser_merges(ids: list[str], rows: np.ndarray, E: np.ndarray, cap: flo
         if uf.union(ids[ra], ids[rb]):
             merges.append({"ids": sorted({ids[ra], ids[rb]}), "records": sorted((ra, rb)),
                            "evidence": "face recogniser", "distance": round(d, 4),
-                           "threshold": round(cal.threshold if cal.informative[a] and cal.informative[b]
-                                              else cal.duplicate, 4), "matching_pairs": int(count)})
+                           "threshold": round(float(min(cal.row_threshold[a], cal.row_threshold[b])), 4),
+                           "matching_pairs": int(count)})
         flagged.update(int(rows[r]) for r in matched)
     return {**cal.to_dict(), "records_embedded": int(len(rows)), "records": len(ids)}
 

@@ -233,9 +233,10 @@ def image_check(clusters: Sequence[Any], people: Sequence[Any], originals: np.nd
     Er = emb.transform(released[rows]).astype(np.float64)
     codes = np.unique(who[np.concatenate([rows, ref])].astype(str), return_inverse=True)[1].ravel()
     cal = calibrate_recogniser(E, codes)
-    t = np.where(cal.informative, cal.threshold, cal.duplicate)[:len(rows)]
+    t = cal.row_threshold[:len(rows)]
     figs = cluster_figures(cl[rows], who[rows], E[:len(rows)], Er, t)
+    undecided = cal.row_threshold[~cal.informative]
     return _decide(figs, space="recogniser", threshold_text=f"the calibrated same-person distance {cal.threshold:.3f} "
-                   f"({int(np.count_nonzero(~cal.informative))} faces in subsets it does not separate: near-copy "
-                   f"{cal.duplicate:g})", checked=len(rows), total=total, confidence=confidence,
-                   extra=f"; {flagged_by}")
+                   f"({len(undecided)} faces in subsets it does not separate: their own lower tail, "
+                   f"{float(undecided.max(initial=cal.duplicate)):.3f} at most, near-copy {cal.duplicate:g} at least)",
+                   checked=len(rows), total=total, confidence=confidence, extra=f"; {flagged_by}")

@@ -36,6 +36,29 @@ def test_calibration_is_judged_per_subset_not_on_the_global_median():
     assert cal.miss["count"] <= cal.miss["n"] and cal.miss["interval"][0] <= cal.miss["rate"] <= cal.miss["interval"][1]
     # The global median between different ids is that of the majority: the old rule switched the recogniser off.
     assert np.median(np.linalg.norm(E[:300] - E[300:600], axis=1)) < 0.65
+    # Undecided subsets match below their own lower tail: near the near-copy distance where faces of different
+    # ids are close, so none of their distinct people (nor their own second photographs) fall within it.
+    undecided = cal.row_threshold[:600]
+    assert (undecided >= cal.duplicate).all() and (undecided < cal.threshold).all()
+    res = resolve_people(ids, embeddings=E)
+    assert res.n_people == 400 and not res.face_merges
+
+
+def test_planted_copies_that_make_their_subset_undecided_still_merge():
+    # 60 people x 2 photographs; 10 victims, each with 5 copies of her first photograph under 5 new ids, each
+    # copy 0.10 from it (the copies ~0.14 apart, her second photograph ~0.3 from them). A victim whose nearest
+    # other face is her own copy counts as "not identified": the copies pull a subset under the informative bar.
+    E, ids = _people(60, 2, spread=0.8, noise=0.3, seed=8)
+    rng = np.random.default_rng(9)
+    u = rng.normal(0, 1, (50, E.shape[1]))
+    copies = np.repeat(E[0:20:2], 5, axis=0) + 0.10 * u / np.linalg.norm(u, axis=1, keepdims=True)
+    X, all_ids = np.vstack([E, copies]), ids + [f"sybil{v}-{c}" for v in range(10) for c in range(5)]
+    cal = calibrate_recogniser(X, np.unique(all_ids, return_inverse=True)[1])
+    assert not all(s["informative"] for s in cal.subsets)  # the attack bites: a subset is undecided
+    res = resolve_people(all_ids, embeddings=X)
+    for v in range(10):
+        assert {res.person[2 * v]} == {res.person[120 + 5 * v + c] for c in range(5)}, f"victim {v}"
+    assert res.n_people == 60  # every copy with its victim, no two real people merged
 
 
 def test_sybil_copies_merge_where_the_recogniser_separates_and_different_people_do_not():
@@ -61,6 +84,44 @@ def test_one_close_pair_does_not_join_two_ids_with_several_faces():
     E[3] = E[1] + 0.01  # a second pair close: two pairs' evidence
     res = resolve_people(ids, embeddings=E)
     assert res.person[0] == res.person[2] and res.face_merges[0]["matching_pairs"] >= 2
+
+
+def _split_by(tree, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Which pairs (a[i], b[i]) a tree's buckets separate."""
+    bucket = np.zeros(max(a.max(), b.max()) + 1, np.int64)
+    for i, g in enumerate(tree):
+        bucket[g] = i
+    return bucket[a] != bucket[b]
+
+
+def test_the_search_above_the_exact_limit_finds_near_pairs_one_tree_splits(monkeypatch):
+    import deid.anonymise.identity as ident
+
+    monkeypatch.setattr(ident, "_EXACT_LIMIT", 500)
+    rng = np.random.default_rng(12)
+    X = rng.normal(0, 1, (4000, 16))
+    X[2000:] = X[:2000] + rng.normal(0, 0.02, (2000, 16))  # 2,000 near pairs under different ids
+    codes, a, b = np.arange(4000), np.arange(2000), np.arange(2000, 4000)
+    found = ident._knn_other(X, codes, 2)[0][a, 0] == b
+    trees = ident._search_groups(X)
+    principal = _split_by(trees[0], a, b)
+    every = np.logical_and.reduce([_split_by(t, a, b) for t in trees])
+    assert len(trees) >= 2 and principal.sum() >= 10  # the principal-direction tree alone separates some pairs
+    assert found[~every].all()  # a pair is missed only where every tree splits it
+    assert (~found).sum() <= every.sum() < principal.sum() / 4
+
+    # The near-duplicate rule searches every tree too: 400 copies among 4,000 rows (the median nearest-other
+    # distance is that of different rows), buckets of 200.
+    monkeypatch.setattr(ident, "_BUCKET", 200)
+    X[400:3600] = rng.normal(0, 1, (3200, 16))
+    X[3600:] = X[:400] + rng.normal(0, 0.02, (400, 16))
+    a, b = np.arange(400), np.arange(3600, 4000)
+    trees = ident._search_groups(X)
+    every = np.logical_and.reduce([_split_by(t, a, b) for t in trees])
+    assert _split_by(trees[0], a, b).sum() >= 5
+    res = resolve_people([str(c) for c in codes], X)
+    assert len(res.face_merges) >= 400 - every.sum() and res.n_people == 4000 - len(res.face_merges)
+    assert all(m["records"][1] - m["records"][0] == 3600 for m in res.face_merges)  # only the copies
 
 
 def test_cheap_first_pass_flags_the_planted_pair_within_budget():
