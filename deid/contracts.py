@@ -321,6 +321,9 @@ class Partitioned:
     checks: tuple[Check, ...] = ()
     notes: tuple[str, ...] = ()
     person_faces: Path | None = None
+    # Identity resolution's near misses (PeopleResolution.suspects) by staging record id, closest first: the gate's
+    # within-cluster check looks at their clusters whatever its sample.
+    identity_suspects: tuple[str, ...] = ()
 
     @property
     def gate_keys(self) -> dict[tuple[str, ...], str]:

@@ -94,6 +94,11 @@ class PeopleResolution:
     face_merges: tuple[dict, ...] = field(default_factory=tuple)
     flagged_records: tuple[int, ...] = field(default_factory=tuple)
     calibration: dict | None = None  # the recogniser's calibration on this drop (Calibration.to_dict), None: not run
+    # Near misses: embedded records within the same-person cap (MAX_SAME_PERSON) of a record of another effective
+    # person, closest first. Not merged (too little evidence, or a subset the recogniser does not separate), they
+    # are what a Sybil drop that identity resolution missed looks like: the gate's within-cluster check looks at
+    # their clusters whatever its sample (issue 27).
+    suspects: tuple[int, ...] = field(default_factory=tuple)
 
     @property
     def n_people(self) -> int:
@@ -690,18 +695,48 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
         if X.shape[0] != n:
             raise ConfigError(f"features has {X.shape[0]} rows but subject_ids has {n}; pass one row per record")
         _near_duplicate_merges(ids, X, f"{space} near-duplicate", near_duplicate_ratio, uf, merges, flagged)
-    calibration = None
+    calibration, suspects = None, ()
     rows, E = _recogniser_rows(ids, embeddings=embeddings, embed=embed, cheap=cheap, X=X,
                                embed_budget=embed_budget)
     if rows is not None:
         cap = MAX_SAME_PERSON if same_person_distance is None else float(same_person_distance)
         calibration = _recogniser_merges(ids, rows, E, cap, false_merge_target, uf, merges, flagged)
+        suspects = near_misses(E, [str(uf.find(ids[int(r)])) for r in rows], cap, rows=rows)
     person = tuple(str(uf.find(x)) for x in ids)
     if normalized_merges or merges:
         log.warning("identity: %d ids merged by normalisation, %d by matching faces (%d records)",
                     normalized_merges, len(merges), len(flagged))
     return PeopleResolution(person=person, normalized_merges=normalized_merges, face_merges=tuple(merges),
-                            flagged_records=tuple(sorted(flagged)), calibration=calibration)
+                            flagged_records=tuple(sorted(flagged)), calibration=calibration, suspects=suspects)
+
+
+def near_misses(E: np.ndarray, people: Sequence[str], within: float, *, rows: np.ndarray | None = None
+                ) -> tuple[int, ...]:
+    """The rows whose nearest row of another person lies within ``within``, closest first.
+
+    Parameters
+    ----------
+    E : ndarray of shape (m, d)
+        Descriptors.
+    people : sequence of str
+        Each row's effective person (after merges).
+    within : float
+        The distance (e.g. :data:`MAX_SAME_PERSON`).
+    rows : ndarray of int, optional
+        What to return for each row (e.g. its record position); default the row itself.
+
+    Returns
+    -------
+    tuple of int
+    """
+    if len(E) < 2:
+        return ()
+    codes = _person_codes(list(people))
+    arg, d2 = _nearest_other(np.asarray(E, dtype=np.float64), codes)
+    near = np.flatnonzero(d2 < within ** 2)
+    near = near[np.argsort(d2[near], kind="stable")]
+    out = near if rows is None else np.asarray(rows)[near]
+    return tuple(int(i) for i in out)
 
 
 def _check_resolve(near_duplicate_ratio: float, embed_budget: int) -> None:

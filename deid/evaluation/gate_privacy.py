@@ -393,19 +393,51 @@ def one_person_clusters_check(inputs: GateInputs, config: GateConfig) -> Check:
     """No released cluster is one person under several ids (:mod:`deid.evaluation.identity_checks`).
 
     The clusters of the gate's attack sample (whole clusters; every cluster of a release of at most
-    ``attack_sample`` records); faces go through a cheap first pass over every one of them, the
-    recogniser (at most ``identity_check_max`` faces) on the ones it flags.
+    ``attack_sample`` records), and those holding identity resolution's near misses (``inputs.suspects``,
+    whatever the sample: at scale the sample holds few clusters, and a Sybil drop resolution missed looks
+    like near misses); faces go through a cheap first pass over every one of them, the recogniser (at most
+    ``identity_check_max`` faces) on the ones it flags and on the near misses' clusters first.
     """
     from deid.evaluation import identity_checks  # noqa: PLC0415
 
-    idx = gate_attack_sample(inputs, config)  # the sample the leak checks read (read once: read_samples_once)
+    idx, must = identity_check_sample(inputs, config)  # read with the other samples (read_samples_once)
     released, originals = inputs.fetch(idx)
     clusters, people = np.asarray(inputs.clusters, dtype=object)[idx], inputs.people[idx]
     if inputs.kind == "features":
         return identity_checks.feature_check(clusters, people, originals, released, confidence=config.confidence)
     return identity_checks.image_check(clusters, people, originals, released, shape=tuple(inputs.shape),
                                        budget=config.identity_check_max, total=inputs.n,
-                                       confidence=config.confidence, seed=config.seed)
+                                       confidence=config.confidence, seed=config.seed, must=must)
+
+
+def identity_check_sample(inputs: GateInputs, config: GateConfig) -> tuple[np.ndarray, list]:
+    """The records the within-cluster check reads (the attack sample and the near misses' clusters, sorted) and those
+    clusters (:func:`suspect_clusters`, up to a third of ``identity_check_max`` records)."""
+    idx = gate_attack_sample(inputs, config)
+    must = suspect_clusters(inputs, limit=max(config.identity_check_max // 3, 0))
+    if must:
+        idx = np.union1d(idx, np.flatnonzero(np.isin(np.asarray(inputs.clusters, dtype=object),
+                                                     np.asarray(must, dtype=object))))
+    return idx, must
+
+
+def suspect_clusters(inputs: GateInputs, *, limit: int) -> list:
+    """The clusters of ``inputs.suspects`` (identity resolution's near misses, closest first), in that order, whole
+    clusters up to ``limit`` records (what the recogniser's share of the check can look at)."""
+    if inputs.suspects is None or not len(inputs.suspects) or inputs.clusters is None or limit <= 0:
+        return []
+    clusters = np.asarray(inputs.clusters, dtype=object)
+    sizes: dict = {}
+    for c in clusters.tolist():
+        sizes[c] = sizes.get(c, 0) + 1
+    out: list = []
+    used = 0
+    for c in dict.fromkeys(clusters[np.asarray(inputs.suspects, dtype=np.int64)].tolist()):
+        if c is None or (out and used + sizes[c] > limit):
+            continue
+        out.append(c)
+        used += sizes[c]
+    return out
 
 
 def feature_near_copy_check(inputs: GateInputs, config: GateConfig) -> Check:

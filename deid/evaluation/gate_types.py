@@ -163,6 +163,9 @@ class GateInputs:
     ``points``: each record's landmark points as the release's method got them (k-same-m's cluster
     shapes; None per record without, or None for a drop without points); ``deidentify`` gets those
     of the faces it re-runs, so the parrot and the utility protocol make what the release made.
+    ``suspects``: the records identity resolution found within the same-person distance of another person without
+    merging them (indices, closest first; None: none named): the within-cluster check looks at their clusters
+    beside its sample.
 
     ``kind`` is ``"images"`` (faces: ``shape`` = (height, width), ``own_distance`` in grey
     levels) or ``"features"`` (feature vectors: ``shape`` = (n_features,), ``own_distance``
@@ -191,6 +194,7 @@ class GateInputs:
     republished: Republished | None = None
     kind: Literal["images", "features"] = "images"
     points: Sequence[Any] | None = None
+    suspects: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ("images", "features"):

@@ -188,12 +188,13 @@ def feature_check(clusters: Sequence[Any], people: Sequence[Any], originals: np.
 
 def image_check(clusters: Sequence[Any], people: Sequence[Any], originals: np.ndarray, released: np.ndarray, *,
                 shape: tuple[int, int], budget: int, total: int | None = None, confidence: float = 0.95,
-                seed: int = 0) -> Check:
+                seed: int = 0, must: Sequence[Any] = ()) -> Check:
     """The check on aligned faces: a cheap first pass over every given cluster, the recogniser on the flagged ones.
 
     ``budget``: most faces (members and released images) the recogniser embeds; 0 turns the check off.
     ``total``: records in the release (the given ones may be a sample of whole clusters); ``seed`` draws the
-    calibration's reference faces from the unflagged clusters.
+    calibration's reference faces from the unflagged clusters. ``must``: clusters the recogniser sees first,
+    flagged or not (those holding identity resolution's near misses).
     """
     from deid.anonymise.identity import calibrate_recogniser  # noqa: PLC0415
     from deid.evaluation.leaks import other_person_scale  # noqa: PLC0415
@@ -216,10 +217,13 @@ def image_check(clusters: Sequence[Any], people: Sequence[Any], originals: np.nd
     keys = list(dict.fromkeys(cl.tolist()))
     hot = [keys[f["cluster"]] for f in sorted(figs, key=lambda f: (-f["alike_share"], f["released_nearest"]))
            if f["alike_share"] >= CHEAP_FLAG_SHARE or f["at_one_member"]]
-    rows = _rows_of(cl, hot, budget // 3)
+    must = [c for c in dict.fromkeys(must) if c in set(keys)]
+    cheap_only = [c for c in hot if c not in set(must)]
+    rows = _rows_of(cl, must + cheap_only, budget // 3)
     flagged_by = (f"a cheap first pass (self-quotient images, {CHEAP_SAME_RATIO:g} x their median nearest-other-person "
-                  f"distance) flagged {len(hot)} of {len(figs)} clusters; the recogniser checked "
-                  f"{len(set(cl[rows].tolist()))} of them")
+                  f"distance) flagged {len(hot)} of {len(figs)} clusters"
+                  + (f", identity resolution's near misses {len(must)} more" if len(must) else "")
+                  + f"; the recogniser checked {len(set(cl[rows].tolist()))} of them")
     if not len(rows):
         return Check(NAME, True, 0, 0, f"{flagged_by}; {n} of {total} records", n=0)
     from deid.evaluation.recognizer import DlibEmbedder  # noqa: PLC0415

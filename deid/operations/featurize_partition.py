@@ -398,6 +398,10 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
     if identity.normalized_merges or identity.face_merges:
         lg.warning("partition: %d subject ids merged by normalisation, %d groups by matching faces (%s)",
                     identity.normalized_merges, len(identity.face_merges), config.duplicate_ids)
+    suspects = tuple(record_ids.take(pa.array(identity.suspects, pa.int64())).to_pylist())
+    if suspects:
+        lg.info("partition: %d faces within the same-person distance of another person, not merged: the gate's "
+                "within-cluster check looks at their clusters", len(suspects))
     checks: tuple[Check, ...] = ()
     notes: tuple[str, ...] = ()
     person_faces = None
@@ -433,7 +437,8 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
             lg.warning("partition: %s", why)
     return Partitioned(root=layout.partitions_dir, partitions=parts, suppressed=suppressed, small=small,
                        failed=plan.failed, identity=identity.summary(), quarantined=tuple(dup_quarantined),
-                       lineage=planned, inputs=inputs, checks=checks, notes=notes, person_faces=person_faces)
+                       lineage=planned, inputs=inputs, checks=checks, notes=notes, person_faces=person_faces,
+                       identity_suspects=suspects)
 
 
 def _label_rows(faces: pa.Table, labels: Sequence[str]) -> list[dict[str, str]]:

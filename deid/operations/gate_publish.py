@@ -62,10 +62,10 @@ def gate_inputs(deidentified: Deidentified, partitioned: Partitioned, config: Ru
     rec = worker_gate.gate_records(str(partitioned.root), [str(p) for p in deidentified.parts], labels=list(labels),
                               select=config.select(labels), partition_keys=partitioned.gate_keys,
                               points=partitioned.inputs.gate_points(config.method),
-                              skip=deidentified.suppressed)
+                              skip=deidentified.suppressed, suspects=partitioned.identity_suspects)
     return GateInputs(shape=shape, people=rec.people, image_index=rec.image_index, own_distance=rec.own_distance,
                       fetch=rec.fetch, clusters=rec.clusters, partitions=rec.partitions, labels=rec.labels,
-                      points=rec.points, **common)
+                      points=rec.points, suspects=rec.suspects, **common)
 
 
 def start_gate(deidentified: Deidentified, partitioned: Partitioned, config: RunConfig, *, labels: Sequence[str],

@@ -38,6 +38,7 @@ class GateRecords:
     own_distance: np.ndarray
     fetch: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
     points: list | None = None  # per record, its canonical landmarks (None: none) when asked for
+    suspects: np.ndarray | None = None  # positions of the records named in gate_records' ``suspects``, in their order
 
 
 def _paired_batches(partition_dir: str, deid_path: str, columns: list[str], batch_rows: int,
@@ -75,7 +76,7 @@ def _paired_batches(partition_dir: str, deid_path: str, columns: list[str], batc
 
 def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[str], batch_rows: int = 4096,
                  select: bool = False, partition_keys: dict[tuple[str, ...], str] | None = None,
-                 points: bool = False, skip: Sequence[str] = ()) -> GateRecords:
+                 points: bool = False, skip: Sequence[str] = (), suspects: Sequence[str] = ()) -> GateRecords:
     """Per-record facts the gate needs, streamed: memory holds metadata, never all pixels.
 
     Returns :class:`GateRecords` for :class:`deid.evaluation.gate_types.GateInputs`: ``record_ids``, ``people`` (the
@@ -89,7 +90,9 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     the partition stage returned them (:attr:`deid.contracts.Partitioned.gate_keys`; read from
     ``_index.json`` when absent). ``points``: also each record's landmark points as the
     de-identify stage gave them to the method (None for a record or partition without).
-    ``skip``: the records the de-identify stage suppressed as near copies (in no part).
+    ``skip``: the records the de-identify stage suppressed as near copies (in no part). ``suspects``: record ids
+    (identity resolution's near misses, :attr:`deid.contracts.Partitioned.identity_suspects`) whose positions
+    ``suspects`` gives, in the order given (a record not released is left out).
     """
     import hashlib  # noqa: PLC0415
 
@@ -140,6 +143,7 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
 
     fetch = _record_fetcher(pairs, ids_a, batch_rows, skip)
     return GateRecords(
+        suspects=_positions(ids_a, suspects),
         record_ids=StringColumn(ids_a),
         people=shared_objects(_concat(people, pa.string())),
         clusters=shared_objects(_concat(clusters, pa.string())),
@@ -150,6 +154,15 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
         fetch=fetch,
         points=record_points,
     )
+
+
+def _positions(ids: pa.Array, wanted: Sequence[str]) -> np.ndarray | None:
+    """The positions in ``ids`` of the ``wanted`` record ids, in ``wanted``'s order (absent ones left out);
+    None when nothing is wanted."""
+    if not wanted:
+        return None
+    at = pc.index_in(pa.array(list(wanted), pa.string()), value_set=ids).drop_null()  # null: not released
+    return at.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
 def _record_fetcher(pairs: list[tuple[str, str]], ids_a: pa.Array, batch_rows: int,

@@ -279,3 +279,22 @@ def test_self_quotient_images_are_the_formula_exactly_for_grey_and_colour_faces(
 
     for rows in (grey, colour):
         np.testing.assert_array_equal(model.quotient(rows), np.vstack([direct(r) for r in rows]))
+
+
+def test_near_misses_name_the_copies_resolution_did_not_merge():
+    # 10 victims x 5 copies 0.2 from her photograph (copies ~0.28 apart): 50 of 170 faces, enough to drag the
+    # calibrated threshold under them. Resolution leaves them apart; its near misses name every one.
+    E, ids = _people(60, 2, spread=0.8, noise=0.3, seed=8)
+    rng = np.random.default_rng(9)
+    u = rng.normal(0, 1, (50, E.shape[1]))
+    copies = np.repeat(E[0:20:2], 5, axis=0) + 0.2 * u / np.linalg.norm(u, axis=1, keepdims=True)
+    X, all_ids = np.vstack([E, copies]), ids + [f"sybil{v}-{c}" for v in range(10) for c in range(5)]
+    res = resolve_people(all_ids, embeddings=X)
+    unmerged = [r for r in range(120, 170) if res.person[r] != res.person[2 * ((r - 120) // 5)]]
+    assert unmerged  # the attack beats resolution here
+    assert set(unmerged) <= set(res.suspects)
+    d = np.linalg.norm(X[list(res.suspects)][:, None] - X[None], axis=2)
+    assert np.all(np.diff([min(d[i][[j for j in range(170) if res.person[j] != res.person[s]]])
+                           for i, s in enumerate(res.suspects)]) >= -1e-12)  # closest first
+    clean, clean_ids = _people(200, 2, spread=0.8, noise=0.3, seed=10)
+    assert resolve_people(clean_ids, embeddings=clean).suspects == ()  # distinct people: no near misses

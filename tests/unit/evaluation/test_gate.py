@@ -299,6 +299,12 @@ def test_gate_records_stream_the_staging_layout(tmp_path):
         j = int(rec.record_ids[i][1:])
         assert np.array_equal(orig[n], faces[j])
         assert rec.own_distance[i] == pytest.approx(np.abs(rel[n].astype(int) - faces[j].astype(int)).mean())
+    assert rec.suspects is None  # none named
+    # Identity resolution's near misses by record id: their positions in the gate's order, as named; one not released
+    # (suppressed, quarantined) is left out.
+    rec = gate_records(str(tmp_path / "partitions"), paths, labels=["g"], batch_rows=3,
+                       suspects=["r013", "gone", "r002"])
+    assert [rec.record_ids[i] for i in rec.suspects] == ["r013", "r002"]
 
 
 def test_a_partition_collapsed_into_one_face_fails_and_the_report_states_each_partition():
@@ -344,3 +350,37 @@ def test_gate_reports_partition_grouping_of_a_ksame_release():
     assert res.partitions == ({"partition": "all", "records": 24, "people": 12, "clusters": 4, "faces": 4,
                                "feasible_max": 4},)
     assert check.passed and check.value == 1.0
+
+
+def test_the_within_cluster_check_looks_at_the_near_misses_clusters_outside_its_sample(monkeypatch):
+    """Identity resolution's near misses (``suspects``) put their clusters before the recogniser whatever the attack
+    sample, read with the other samples in one pass."""
+    from deid.evaluation import identity_checks
+    from deid.evaluation.gate_parts import read_samples_once
+    from deid.evaluation.gate_privacy import gate_attack_sample, one_person_clusters_check
+
+    faces, people = _faces(200)
+    clusters = np.asarray([f"c{i // 5:03d}" for i in range(200)], object)
+    seen = {}
+
+    def image_check(clusters, people, originals, released, *, must=(), **kw):
+        seen.update(clusters=set(clusters.tolist()), must=list(must), rows=len(clusters))
+        return Check("no_one_person_clusters", True, 0, "= 0", "stub")
+
+    monkeypatch.setattr(identity_checks, "image_check", image_check)
+    config = _fast(attack_sample=40, min_probes=5)
+    base = _inputs(faces, faces, people, clusters)
+    sampled = set(clusters[gate_attack_sample(base, config)].tolist())
+    outside = sorted(set(clusters.tolist()) - sampled)[:2]
+    suspects = np.flatnonzero(np.isin(clusters, outside))[[0, 5]]  # one record of each, the second cluster first
+    suspects = suspects[::-1].copy()
+    reads = []
+    inputs = replace(base, suspects=suspects)
+    counted = replace(inputs, fetch=lambda idx: (reads.append(len(idx)), inputs.fetch(idx))[1])
+    once = read_samples_once(counted, config)
+    one_person_clusters_check(once, config)
+    assert seen["must"] == outside[::-1]  # closest first, as named
+    assert set(outside) <= seen["clusters"] and sampled <= seen["clusters"]
+    assert seen["rows"] == 5 * len(sampled | set(outside)) and len(reads) == 1
+    one_person_clusters_check(base, config)  # without near misses: the sample only
+    assert seen["must"] == [] and seen["clusters"] == sampled
