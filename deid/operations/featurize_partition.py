@@ -395,13 +395,7 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
     faces, identity, dup_quarantined = worker_partition.resolve_identities(faces, policy=config.duplicate_ids,
                                                                  embeddings=embeddings, **first_pass,
                                                                  embed_budget=config.identity_embed_max)
-    if identity.normalized_merges or identity.face_merges:
-        lg.warning("partition: %d subject ids merged by normalisation, %d groups by matching faces (%s)",
-                    identity.normalized_merges, len(identity.face_merges), config.duplicate_ids)
-    suspects = tuple(record_ids.take(pa.array(identity.suspects, pa.int64())).to_pylist())
-    if suspects:
-        lg.info("partition: %d faces within the same-person distance of another person, not merged: the gate's "
-                "within-cluster check looks at their clusters", len(suspects))
+    suspects = _identity_outcome(identity, record_ids, config.duplicate_ids, lg)
     checks: tuple[Check, ...] = ()
     notes: tuple[str, ...] = ()
     person_faces = None
@@ -439,6 +433,20 @@ def partition(ingested: Ingested, aligned: Aligned, featurized: Featurized, layo
                        failed=plan.failed, identity=identity.summary(), quarantined=tuple(dup_quarantined),
                        lineage=planned, inputs=inputs, checks=checks, notes=notes, person_faces=person_faces,
                        identity_suspects=suspects)
+
+
+def _identity_outcome(identity, record_ids: pa.Array, policy: str, lg: Logger) -> tuple[str, ...]:
+    """Identity resolution's merges logged (``policy``: what was done with them), and its near misses
+    (:attr:`deid.anonymise.identity.PeopleResolution.suspects`, positions) as staging record ids, closest first: the
+    gate's within-cluster check looks at their clusters (issue 27)."""
+    if identity.normalized_merges or identity.face_merges:
+        lg.warning("partition: %d subject ids merged by normalisation, %d groups by matching faces (%s)",
+                   identity.normalized_merges, len(identity.face_merges), policy)
+    suspects = tuple(record_ids.take(pa.array(identity.suspects, pa.int64())).to_pylist())
+    if suspects:
+        lg.info("partition: %d faces within the same-person distance of another person, not merged: the gate's "
+                "within-cluster check looks at their clusters", len(suspects))
+    return suspects
 
 
 def _label_rows(faces: pa.Table, labels: Sequence[str]) -> list[dict[str, str]]:
