@@ -40,6 +40,11 @@ SUBSET_SIZE = 60  # descriptors per k-means subset (at most MAX_SUBSETS subsets)
 MAX_SUBSETS = 8
 MIN_SUBSET = 30  # smaller k-means subsets join their nearest larger one
 CANDIDATES_PER_RECORD = 4  # nearest other-id neighbours per record in the cheap first pass
+# A near miss (PeopleResolution.suspects): a face whose nearest face of another effective person is within the cap
+# and within this fraction of its subset's median nearest-other-id distance. Planted copies sit at 0.16-0.4 x (re-lit
+# ones, and copies 0.2 from their victim whose number dragged the threshold under them); London's closest two
+# participants at 0.458 are above the cap; faces the recogniser does not separate sit near 1 x their median.
+NEAR_MISS_RATIO = 0.5
 _EXACT_LIMIT = 20_000
 # Above _EXACT_LIMIT rows the nearest-other searches run within buckets of _BUCKET rows of _TREES trees
 # (principal directions, then random ones). 200,000 48-d Gaussian rows with 4,000 planted near pairs
@@ -94,8 +99,8 @@ class PeopleResolution:
     face_merges: tuple[dict, ...] = field(default_factory=tuple)
     flagged_records: tuple[int, ...] = field(default_factory=tuple)
     calibration: dict | None = None  # the recogniser's calibration on this drop (Calibration.to_dict), None: not run
-    # Near misses: embedded records within the same-person cap (MAX_SAME_PERSON) of a record of another effective
-    # person, closest first. Not merged (too little evidence, or a subset the recogniser does not separate), they
+    # Near misses: embedded records within the same-person cap (MAX_SAME_PERSON) and NEAR_MISS_RATIO x their subset's
+    # median nearest-other-id distance of a record of another effective person, closest first. Not merged (too little evidence, or a subset the recogniser does not separate), they
     # are what a Sybil drop that identity resolution missed looks like: the gate's within-cluster check looks at
     # their clusters whatever its sample (issue 27).
     suspects: tuple[int, ...] = field(default_factory=tuple)
@@ -250,6 +255,7 @@ class Calibration:
     tail_threshold: float | None
     false_merge_target: float
     row_threshold: np.ndarray
+    row_scale: np.ndarray  # each row's subset's median distance to the nearest other id (nan: none)
 
     def to_dict(self) -> dict:
         return {"threshold": round(self.threshold, 4), "duplicate_threshold": self.duplicate,
@@ -335,7 +341,18 @@ def calibrate_recogniser(E: np.ndarray, codes: np.ndarray, *, max_threshold: flo
                     "near-copies and pairs below their subset's own lower tail (distance < %.2f-%.2f) merge there",
                     int(np.count_nonzero(~informative)), n, duplicate, float(row_threshold[~informative].max()))
     return Calibration(threshold, float(duplicate), informative, tuple(subsets), false_merge, miss, tail,
-                       float(false_merge_target), row_threshold)
+                       float(false_merge_target), row_threshold, _subset_medians(labels, d_other))
+
+
+def _subset_medians(labels: np.ndarray, d_other: np.ndarray) -> np.ndarray:
+    """Each row's subset's median distance to the nearest other id (finite ones; nan where there is none)."""
+    out = np.full(len(labels), np.nan)
+    for s in np.unique(labels):
+        at = labels == s
+        finite = d_other[at][np.isfinite(d_other[at])]
+        if len(finite):
+            out[at] = float(np.median(finite))
+    return out
 
 
 def _descriptor_subsets(E: np.ndarray) -> np.ndarray:
@@ -700,8 +717,7 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
                                embed_budget=embed_budget)
     if rows is not None:
         cap = MAX_SAME_PERSON if same_person_distance is None else float(same_person_distance)
-        calibration = _recogniser_merges(ids, rows, E, cap, false_merge_target, uf, merges, flagged)
-        suspects = near_misses(E, [str(uf.find(ids[int(r)])) for r in rows], cap, rows=rows)
+        calibration, suspects = _recogniser_merges(ids, rows, E, cap, false_merge_target, uf, merges, flagged)
     person = tuple(str(uf.find(x)) for x in ids)
     if normalized_merges or merges:
         log.warning("identity: %d ids merged by normalisation, %d by matching faces (%d records)",
@@ -710,9 +726,10 @@ def resolve_people(subject_ids: Sequence[str], features: np.ndarray | None = Non
                             flagged_records=tuple(sorted(flagged)), calibration=calibration, suspects=suspects)
 
 
-def near_misses(E: np.ndarray, people: Sequence[str], within: float, *, rows: np.ndarray | None = None
-                ) -> tuple[int, ...]:
-    """The rows whose nearest row of another person lies within ``within``, closest first.
+def near_misses(E: np.ndarray, people: Sequence[str], within: float | np.ndarray, *,
+                rows: np.ndarray | None = None) -> tuple[int, ...]:
+    """The rows whose nearest row of another person lies within ``within`` (one distance, or one per row), closest
+    first.
 
     Parameters
     ----------
@@ -720,8 +737,8 @@ def near_misses(E: np.ndarray, people: Sequence[str], within: float, *, rows: np
         Descriptors.
     people : sequence of str
         Each row's effective person (after merges).
-    within : float
-        The distance (e.g. :data:`MAX_SAME_PERSON`).
+    within : float or ndarray of shape (m,)
+        The distance (e.g. :data:`MAX_SAME_PERSON`), or each row's.
     rows : ndarray of int, optional
         What to return for each row (e.g. its record position); default the row itself.
 
@@ -733,7 +750,7 @@ def near_misses(E: np.ndarray, people: Sequence[str], within: float, *, rows: np
         return ()
     codes = _person_codes(list(people))
     arg, d2 = _nearest_other(np.asarray(E, dtype=np.float64), codes)
-    near = np.flatnonzero(d2 < within ** 2)
+    near = np.flatnonzero(d2 < np.square(within))
     near = near[np.argsort(d2[near], kind="stable")]
     out = near if rows is None else np.asarray(rows)[near]
     return tuple(int(i) for i in out)
@@ -800,9 +817,10 @@ def _near_duplicate_merges(ids: list[str], X: np.ndarray, evidence: str, ratio: 
 
 
 def _recogniser_merges(ids: list[str], rows: np.ndarray, E: np.ndarray, cap: float, false_merge_target: float,
-                       uf: _UnionFind, merges: list[dict], flagged: set[int]) -> dict:
+                       uf: _UnionFind, merges: list[dict], flagged: set[int]) -> tuple[dict, tuple[int, ...]]:
     """The face recogniser's rule of :func:`resolve_people`: the threshold calibrated on the drop's descriptors
-    (:func:`calibrate_recogniser`), groups of ids joined on enough evidence (:func:`_evidence_merges`).
+    (:func:`calibrate_recogniser`), groups of ids joined on enough evidence (:func:`_evidence_merges`); then the
+    near misses (:attr:`PeopleResolution.suspects`).
 
     Parameters
     ----------
@@ -819,6 +837,8 @@ def _recogniser_merges(ids: list[str], rows: np.ndarray, E: np.ndarray, cap: flo
     -------
     dict
         The calibration as :attr:`PeopleResolution.calibration` reports it.
+    tuple of int
+        The near misses' record positions, closest first.
     """
     codes = _person_codes([ids[i] for i in rows])
     cal = calibrate_recogniser(E, codes, max_threshold=cap, false_merge_target=false_merge_target)
@@ -830,7 +850,9 @@ def _recogniser_merges(ids: list[str], rows: np.ndarray, E: np.ndarray, cap: flo
                            "threshold": round(float(min(cal.row_threshold[a], cal.row_threshold[b])), 4),
                            "matching_pairs": int(count)})
         flagged.update(int(rows[r]) for r in matched)
-    return {**cal.to_dict(), "records_embedded": int(len(rows)), "records": len(ids)}
+    within = np.fmin(cap, NEAR_MISS_RATIO * cal.row_scale)  # fmin: a row without a subset median gets the cap
+    suspects = near_misses(E, [str(uf.find(ids[int(r)])) for r in rows], within, rows=rows)
+    return {**cal.to_dict(), "records_embedded": int(len(rows)), "records": len(ids)}, suspects
 
 
 def _recogniser_rows(ids: list[str], *, embeddings, embed, cheap, X, embed_budget: int):
