@@ -436,7 +436,7 @@ def measure(inp: Input, budget: int) -> dict:
 def planted_figures(inp: Input, person: np.ndarray, embedded: set[int], undecided: set[int]) -> dict:
     """How many planted copies resolved to their victim's person, by kind, with intervals (``undecided``: the
     embedded records in subsets the calibration found the recogniser does not separate)."""
-    from deid.anonymise.identity import _interval  # noqa: PLC0415
+    from deid.anonymise.identity_calibration import rate_interval as _interval  # noqa: PLC0415
 
     out: dict = {}
     for kind in sorted({p["kind"] for p in inp.planted}) + ["all"]:

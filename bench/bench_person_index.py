@@ -103,7 +103,7 @@ def bench(out: Path, n: int, probe: int) -> dict:
 def bench_faces(out: Path, n: int, probe: int, nprobe: int = 16) -> dict:
     import numpy as np  # noqa: PLC0415
 
-    from deid.anonymise.identity import _interval  # noqa: PLC0415
+    from deid.anonymise.identity_calibration import rate_interval as _interval  # noqa: PLC0415
     from deid.operations.descriptor_search import DescriptorSearch  # noqa: PLC0415
 
     where = out / f"faces-{n}"

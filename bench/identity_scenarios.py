@@ -135,7 +135,7 @@ def lbp_features(faces: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
 def london_rates(faces: np.ndarray, people: list[str], expr: list[str], embed: CachedEmbed, res) -> None:
     """False-merge and miss rates on London at the calibrated threshold: every pair of different participants,
     and every neutral-smiling pair of one participant (the same person), with 95% Clopper-Pearson intervals."""
-    from deid.anonymise.identity import _interval
+    from deid.anonymise.identity_calibration import rate_interval as _interval
     from deid.evaluation.recognizer import embedding_distances
 
     t = res.calibration["threshold"]

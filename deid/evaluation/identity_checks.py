@@ -13,7 +13,7 @@ her face. After clustering, this check looks at every cluster again (issue 27):
   x the median nearest-other-person distance of a member.
 
 Faces are compared in the dlib recogniser's space (threshold calibrated on the checked originals by
-:func:`deid.anonymise.identity.calibrate_recogniser`), on the clusters a cheap first pass over every
+:func:`deid.anonymise.identity_calibration.calibrate_recogniser`), on the clusters a cheap first pass over every
 cluster flags (self-quotient images, :class:`deid.alignment.features.IlluminationFeatures`); feature
 vectors in their own space (threshold
 ``FEATURE_SAME_RATIO`` x the median nearest-other-person distance).
@@ -196,7 +196,7 @@ def image_check(clusters: Sequence[Any], people: Sequence[Any], originals: np.nd
     calibration's reference faces from the unflagged clusters. ``must``: clusters the recogniser sees first,
     flagged or not (those holding identity resolution's near misses).
     """
-    from deid.anonymise.identity import calibrate_recogniser  # noqa: PLC0415
+    from deid.anonymise.identity_calibration import calibrate_recogniser  # noqa: PLC0415
     from deid.evaluation.leaks import other_person_scale  # noqa: PLC0415
 
     n = len(people)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from deid.anonymise.identity import calibrate_recogniser, cheap_candidates, resolve_people
+from deid.anonymise.identity import cheap_candidates, resolve_people
+from deid.anonymise.identity_calibration import calibrate_recogniser
 from deid.evaluation import identity_checks
 
 
