@@ -143,7 +143,8 @@ def bench_faces(out: Path, n: int, probe: int, nprobe: int = 16) -> dict:
     w_hits = sum((i, f"person-{known[i]:07d}") in near for i in range(half))
     w_false = len({p for p, _ in near if p >= half})
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the bench's own exact search below
-    exact = DescriptorSearch(search.X, exact_below=len(search.X) + 1)
+    vectors = search.vectors()
+    exact = DescriptorSearch(vectors, exact_below=len(vectors) + 1)
     ei, _ = exact.search(probes[:100])
     agree = float(np.mean(ei // 2 == idx[:100] // 2))
     row = {"registered_faces": n, "nprobe": nprobe, "register_s": round(t_reg, 1),

@@ -96,6 +96,12 @@ class Tx:
         self.run(sql, params)
         return [self._row(r) for r in self.cur.fetchall()]
 
+    def each(self, sql: str, params: Sequence = (), *, batch: int = 10_000) -> Iterator[Any]:
+        """The rows one at a time, fetched ``batch`` at a time: a million rows never sit in memory together."""
+        self.run(sql, params)
+        while rows := self.cur.fetchmany(batch):
+            yield from (self._row(r) for r in rows)
+
 
 class SQLiteStore:
     """A SQLite file in WAL mode; every transaction ``BEGIN IMMEDIATE`` (the only writer; others wait 30 s).

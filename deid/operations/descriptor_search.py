@@ -39,6 +39,7 @@ class DescriptorSearch:
         if X.ndim != 2:
             raise ConfigError(f"vectors has shape {X.shape}; pass an (n, d) array of face descriptors")
         self.X, self.nprobe = X, max(1, int(nprobe))
+        self.n, self.d = X.shape
         self.sq = np.einsum("ij,ij->i", X, X)
         self.lists: list[np.ndarray] | None = None
         n = len(X)
@@ -61,9 +62,19 @@ class DescriptorSearch:
         order = np.argsort(assign, kind="stable")
         bounds = np.searchsorted(assign[order], np.arange(n_lists + 1))
         self.lists = [order[bounds[i]:bounds[i + 1]] for i in range(n_lists)]
-        # The descriptors stored list by list: a probe reads its lists as contiguous slices (no gather).
+        # The descriptors stored list by list: a probe reads its lists as contiguous slices (no gather). The
+        # inverted file reads only these: the input order's copy is let go (one copy of 1M descriptors, not two).
         self._order, self._bounds = order, bounds
         self._Xs, self._sqs = X[order], self.sq[order]
+        self.X, self.sq = np.zeros((0, self.d), np.float32), np.zeros(0, np.float32)  # not views: X is freed
+
+    def vectors(self) -> np.ndarray:
+        """The indexed descriptors in their input order (a copy when the inverted file holds them list by list)."""
+        if self.lists is None:
+            return self.X
+        out = np.empty_like(self._Xs)
+        out[self._order] = self._Xs
+        return out
 
     @staticmethod
     def _nearest(X: np.ndarray, C: np.ndarray) -> np.ndarray:
@@ -71,10 +82,10 @@ class DescriptorSearch:
 
     def search(self, probes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(index of the nearest registered descriptor, its Euclidean distance) of each probe."""
-        Q = np.ascontiguousarray(probes, dtype=np.float32).reshape(-1, self.X.shape[1])
+        Q = np.ascontiguousarray(probes, dtype=np.float32).reshape(-1, self.d)
         idx = np.full(len(Q), -1, np.int64)
         dist = np.full(len(Q), np.inf)
-        if not len(self.X):
+        if not self.n:
             return idx, dist
         if self.lists is None:
             for a in range(0, len(Q), 256):
@@ -106,12 +117,12 @@ class DescriptorSearch:
         The inverted file looks in the probe's ``nprobe`` nearest lists, as :meth:`search` does (a
         pair in a list not searched is missed, never invented).
         """
-        Q = np.ascontiguousarray(probes, dtype=np.float32).reshape(-1, self.X.shape[1])
+        Q = np.ascontiguousarray(probes, dtype=np.float32).reshape(-1, self.d)
         r2 = float(radius) ** 2
         ps: list[np.ndarray] = []
         js: list[np.ndarray] = []
         ds: list[np.ndarray] = []
-        if len(self.X) and len(Q) and self.lists is None:
+        if self.n and len(Q) and self.lists is None:
             for a in range(0, len(Q), 256):
                 q = Q[a:a + 256]
                 d2 = self.sq[None, :] - 2.0 * q @ self.X.T + np.einsum("ij,ij->i", q, q)[:, None]
@@ -119,7 +130,7 @@ class DescriptorSearch:
                 ps.append(i + a)
                 js.append(j)
                 ds.append(np.sqrt(np.maximum(d2[i, j], 0)))
-        elif len(self.X) and len(Q):
+        elif self.n and len(Q):
             near = np.argsort(np.einsum("ij,ij->i", self.C, self.C)[None, :] - 2.0 * Q @ self.C.T, axis=1)
             b = self._bounds
             for p, q in enumerate(Q):

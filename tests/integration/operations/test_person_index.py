@@ -228,6 +228,33 @@ def test_the_inverted_file_finds_what_the_exact_search_finds():
     exact = set(zip(*[a.tolist() for a in DescriptorSearch(faces).within(probes, 0.45)[:2]]))
     found = set(zip(*[a.tolist() for a in ivf.within(probes, 0.45)[:2]]))
     assert found <= exact and len(found) >= 0.95 * len(exact) and len(exact) >= 2 * len(probes)
+    # The inverted file keeps one copy of the descriptors (list by list), and gives them back in input order.
+    assert len(ivf.X) == 0 and np.array_equal(ivf.vectors(), faces.astype(np.float32))
+
+
+def test_the_registered_faces_open_a_batch_at_a_time_with_their_owners(tmp_path, monkeypatch):
+    """face_search decrypts row batches into one array (a million registered faces: no row list, no vector objects);
+    the owners come back row for row, a dataset name held once."""
+    from deid.operations.person_index import Owners
+    from deid import sqlstore
+
+    index = PersonIndex.open(tmp_path, KEY)
+    _, faces = _people_descriptors(30, 2, 5)
+    index.register_faces("cohort-a", [f"a-{i // 2}" for i in range(40)], faces[:40])
+    index.register_faces("cohort-b", [f"b-{i // 2}" for i in range(20)], faces[40:])
+    batches = []
+    each = sqlstore.Tx.each
+
+    def counted(self, sql, params=(), *, batch=10_000):
+        batches.append(sql)
+        return each(self, sql, params, batch=7)
+
+    monkeypatch.setattr(sqlstore.Tx, "each", counted)
+    search, owners = index.face_search()
+    assert batches and isinstance(owners, Owners) and len(owners) == 60
+    assert np.array_equal(search.vectors(), faces.astype(np.float32))
+    assert owners[0] == ("cohort-a", "a-0") and owners[39] == ("cohort-a", "a-19") and owners[59] == ("cohort-b", "b-9")
+    assert owners._names == ["cohort-a", "cohort-b"]
 
 
 def test_decide_faces_takes_more_than_one_pair_for_a_person_of_several_photographs():
