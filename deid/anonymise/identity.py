@@ -34,6 +34,11 @@ CANDIDATES_PER_RECORD = 4  # nearest other-id neighbours per record in the cheap
 # ones, and copies 0.2 from their victim whose number dragged the threshold under them); London's closest two
 # participants at 0.458 are above the cap; faces the recogniser does not separate sit near 1 x their median.
 NEAR_MISS_RATIO = 0.5
+# One pair joins two groups of several faces alone when it is a near copy: below the near-copy distance (0.12) and
+# below this fraction of its subset's median nearest-other-id distance. Real faces' subsets sit at 0.52-0.62
+# (London, and London at 48x48: the near-copy distance decides there); cartoons' at 0.18-0.25, where different
+# people lie 0.11-0.12 apart (three false merges in a 5,000-face `deid synth --fast` drop without this ratio).
+NEAR_COPY_RATIO = 0.25
 _EXACT_LIMIT = 20_000
 # Above _EXACT_LIMIT rows the nearest-other searches run within buckets of _BUCKET rows of _TREES trees
 # (principal directions, then random ones). 200,000 48-d Gaussian rows with 4,000 planted near pairs
@@ -304,9 +309,10 @@ def _evidence_merges(E: np.ndarray, codes: np.ndarray, cal: Calibration) -> list
     A pair of rows under different ids matches below the calibrated threshold when both lie in informative
     subsets, below the near-copy distance otherwise. Two groups join when at least ``min(2, |A| |B|)`` of
     their cross pairs match (|A|: the group's embedded rows): one pair is evidence only where no second
-    pair exists, or when it is a near-copy (below ``cal.duplicate``: one photograph twice, re-lit or noised,
-    which two different people's photographs never are; a victim's second photograph is as far from her
-    planted copies as from any photograph of her). Groups grow closest pair first until no join is left.
+    pair exists, or when it is a near-copy (below ``cal.duplicate`` and :data:`NEAR_COPY_RATIO` x its subset's
+    median nearest-other-id distance: one photograph twice, re-lit or noised; a victim's second photograph is as
+    far from her planted copies as from any photograph of her). Groups grow closest pair first until no join is
+    left.
     """
     n = len(E)
     pairs = []
@@ -319,6 +325,7 @@ def _evidence_merges(E: np.ndarray, codes: np.ndarray, cal: Calibration) -> list
             if d < min(cal.row_threshold[a], cal.row_threshold[b]):
                 pairs.append((d, a, b))
     pairs.sort()
+    near_copy = np.fmin(cal.duplicate, NEAR_COPY_RATIO * cal.row_scale)  # fmin: no subset median, the duplicate
     members: dict[int, list[int]] = {}
     for i, c in enumerate(codes.tolist()):
         members.setdefault(c, []).append(i)
@@ -335,7 +342,7 @@ def _evidence_merges(E: np.ndarray, codes: np.ndarray, cal: Calibration) -> list
                 key = (min(ga, gb), max(ga, gb))
                 count.setdefault(key, [d, a, b, 0])[3] += 1
         for (ga, gb), (d, a, b, c) in sorted(count.items(), key=lambda kv: kv[1][0]):
-            if c >= min(2, size[ga] * size[gb]) or d < cal.duplicate:
+            if c >= min(2, size[ga] * size[gb]) or d < near_copy[a] and d < near_copy[b]:
                 rows = sorted({r for _, x, y in pairs for r in (x, y) if {group[x], group[y]} == {ga, gb}})
                 for r in members[gb]:
                     group[r] = ga

@@ -299,3 +299,18 @@ def test_near_misses_name_the_copies_resolution_did_not_merge():
                            for i, s in enumerate(res.suspects)]) >= -1e-12)  # closest first
     clean, clean_ids = _people(200, 2, spread=0.8, noise=0.3, seed=10)
     assert resolve_people(clean_ids, embeddings=clean).suspects == ()  # distinct people: no near misses
+
+
+@pytest.mark.parametrize("spread, noise, merged", [(0.8, 0.3, True), (0.25, 0.1, False)])
+def test_one_near_copy_pair_joins_two_ids_only_where_different_people_lie_far_apart(spread, noise, merged):
+    # Ids 0 and 1 (two faces each) share one pair 0.11 apart, their other pairs far. Among real faces (nearest other
+    # id ~0.6 away) that is one photograph twice: joined. Where different people lie ~0.2 apart (cartoons) it is
+    # two people who look alike to the recogniser: not joined.
+    E, ids = _people(100, 2, spread=spread, noise=noise, seed=13)
+    u = np.random.default_rng(14).normal(0, 1, E.shape[1])
+    E[2] = E[0] + 0.11 * u / np.linalg.norm(u)
+    res = resolve_people(ids, embeddings=E)
+    medians = [s["median_nearest_other"] for s in res.calibration["subsets"]]
+    assert (min(medians) > 0.44) if merged else (max(medians) < 0.44)  # the premise: 0.11 / median vs 0.25
+    assert (res.person[0] == res.person[2]) is merged
+    assert res.n_people == 100 - merged  # nobody else
