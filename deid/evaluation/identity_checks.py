@@ -217,8 +217,10 @@ def image_check(clusters: Sequence[Any], people: Sequence[Any], originals: np.nd
     keys = list(dict.fromkeys(cl.tolist()))
     hot = [keys[f["cluster"]] for f in sorted(figs, key=lambda f: (-f["alike_share"], f["released_nearest"]))
            if f["alike_share"] >= CHEAP_FLAG_SHARE or f["at_one_member"]]
-    must = [c for c in dict.fromkeys(must) if c in set(keys)]
-    cheap_only = [c for c in hot if c not in set(must)]
+    present = set(keys)
+    must = [c for c in dict.fromkeys(must) if c in present]
+    first = set(must)
+    cheap_only = [c for c in hot if c not in first]
     rows = _rows_of(cl, must + cheap_only, budget // 3)
     flagged_by = (f"a cheap first pass (self-quotient images, {CHEAP_SAME_RATIO:g} x their median nearest-other-person "
                   f"distance) flagged {len(hot)} of {len(figs)} clusters"
