@@ -37,7 +37,7 @@ def read_samples_once(inputs: GateInputs, config: GateConfig) -> GateInputs:
         return inputs
     wanted = [gate_attack_sample(inputs, config)]
     if config.labels and inputs.deidentify is not None:
-        wanted.append(people_sample(inputs, max_records=config.utility_sample, seed=config.seed))
+        wanted.append(people_sample(inputs, max_records=config.utility_sample, seed=config.seed, labels=config.labels))
     union = np.unique(np.concatenate(wanted)).astype(np.int64)
     if isinstance(inputs.fetch, SampleFetch) and np.array_equal(inputs.fetch.index, union):
         return inputs  # read already (a helper's prepared inputs, GateHelper)
