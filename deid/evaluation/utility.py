@@ -22,7 +22,8 @@ bounds and a pass / fail / inconclusive status. The rooms it uses:
 possible, seeded). For each fold, only the *training* people's faces are de-identified with the
 method (the same method and k as the release); a linear SVM is trained on that release and,
 separately, on the same people's originals, and both are tested on the held-out people's
-*original* faces. Every held-out image thus gets two paired predictions; Δ = accuracy(originals) -
+*original* faces, both in the label-free representation (per-pixel scale, PCA, score scale) fitted on the
+fold's original training faces (:func:`_pool_fold` says why). Every held-out image thus gets two paired predictions; Δ = accuracy(originals) -
 accuracy(release) is bounded by a paired bootstrap over held-out people and decided against the
 tolerance (:class:`~deid.evaluation.utility_evidence.UtilityEvidence`). The release-trained
 classifier must also beat the majority class of the training labels.
@@ -35,7 +36,8 @@ London. So the default is 3 repeats up to :data:`AUTO_REPEAT_IMAGES` (sampled) i
 with more people the fold assignment matters less and a repeat costs more.
 
 **The sample.** At most ``max_images`` images (a seeded uniform sample of whole people) are used,
-so the check stays cheap at any drop size: 1,000 images of 500 people resolve a margin of about
+so the check stays cheap at any drop size (the gate first thins a person's many records, a recording's frames,
+so that more people fit: :func:`deid.evaluation.utility_folds.thin_people`): 1,000 images of 500 people resolve a margin of about
 0.02 (London's 204 images of 102 people: 0.03), well inside a 0.05 tolerance; each fold re-runs
 the method on 80% of them.
 """
