@@ -32,7 +32,7 @@ def people_sample(inputs: GateInputs, *, max_records: int, seed: int, labels: Se
     codes, keys = value_codes(list(inputs.people))
     strata = (value_codes([tuple(v) for v in zip(*(np.asarray(inputs.labels[x]).tolist() for x in labels))])[0]
               if labels else np.zeros(inputs.n, dtype=np.intp))
-    rows, cap = thin_people(np.asarray(codes), np.asarray(strata), max_records)
+    rows, cap = thin_people(np.asarray(codes), np.asarray(strata), max_records, seed)
     if cap is not None:
         logger.info("gate: utility sample thinned to at most %d records per person (%d of %d records) so that more "
                     "people fit %d records", cap, len(rows), inputs.n, max_records)

@@ -169,7 +169,7 @@ THIN_FLOOR = 4
 """Fewest records per person :func:`thin_people` keeps (a drop of stills, a few photos per person, is never thinned)."""
 
 
-def thin_people(pc: np.ndarray, strata: np.ndarray, max_records: int) -> tuple[np.ndarray, int | None]:
+def thin_people(pc: np.ndarray, strata: np.ndarray, max_records: int, seed: int = 0) -> tuple[np.ndarray, int | None]:
     """Rows keeping at most ``F`` records of each person, so that as many people as possible fit ``max_records``.
 
     The utility checks' intervals are bounded by people, not records (the bootstrap resamples
@@ -178,7 +178,10 @@ def thin_people(pc: np.ndarray, strata: np.ndarray, max_records: int) -> tuple[n
     margin of 0.059 that can never decide a 0.05 tolerance). ``F`` is the largest per-person count
     with which every person fits, and at least :data:`THIN_FLOOR` (then the caller samples whole
     thinned people as before). A person's kept records are evenly spaced over their records ordered by
-    ``strata`` (e.g. the joint label values) and position, so each of their label values keeps its share.
+    ``strata`` (e.g. the joint label values), so each of their label values keeps its share, and within a
+    stratum they are a seeded random choice: frames evenly spaced in time alias with a periodic motion (a
+    talking mouth's 6-frame cycle: every kept 'talk' frame closed-mouthed; measured on 300 people: the
+    actual release's rows then scored 0.872 against the folds' 0.961, a spurious fail).
 
     Parameters
     ----------
@@ -188,6 +191,8 @@ def thin_people(pc: np.ndarray, strata: np.ndarray, max_records: int) -> tuple[n
         A code per record whose values each person's kept records spread over (the joint label values).
     max_records : int
         The records budget.
+    seed : int, default 0
+        Seed of the choice within a stratum.
 
     Returns
     -------
@@ -211,7 +216,7 @@ def thin_people(pc: np.ndarray, strata: np.ndarray, max_records: int) -> tuple[n
     cap = lo
     if counts.max() <= cap:
         return np.arange(n), None
-    order = np.lexsort((np.arange(n), strata, pc))  # by person, then stratum, then position
+    order = np.lexsort((np.random.default_rng(seed).random(n), strata, pc))  # by person, stratum, then at random
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
     keep = []
     for who in np.flatnonzero(counts):

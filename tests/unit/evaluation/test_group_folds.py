@@ -51,6 +51,20 @@ def test_thin_people_spends_the_budget_on_people_not_on_frames():
     both = np.zeros((90, 2), dtype=int)
     np.add.at(both, (pc[rows], strata[rows]), 1)
     assert both.min() >= 5  # each person keeps both labels, evenly
+    assert np.array_equal(rows, thin_people(pc, strata, 1000)[0])  # seeded: the same rows again
+
+
+def test_thin_people_does_not_alias_with_a_periodic_motion():
+    """Frames kept at random within a label, not evenly spaced: a 6-frame talking cycle keeps every phase."""
+    from deid.evaluation.utility_folds import thin_people
+
+    pc = np.repeat(np.arange(300), 20)
+    strata = np.tile(np.repeat([0, 1], 10), 300)
+    phase = np.tile(np.arange(10) % 6, 600)  # the frame's place in the mouth's cycle
+    rows, cap = thin_people(pc, strata, 1200)
+    assert cap == 4
+    kept = np.bincount(phase[rows], minlength=6) / len(rows)
+    assert np.all(np.abs(kept - np.bincount(phase, minlength=6) / len(phase)) < 0.04)
 
 
 def test_thin_people_leaves_stills_and_small_drops_alone():
