@@ -39,7 +39,7 @@ def read_samples_once(inputs: GateInputs, config: GateConfig) -> GateInputs:
     if inputs.suspects is not None and len(inputs.suspects) and inputs.clusters is not None:
         wanted.append(identity_check_sample(inputs, config)[0])  # and the near misses' clusters
     if config.labels and inputs.deidentify is not None:
-        wanted.append(people_sample(inputs, max_records=config.utility_sample, seed=config.seed, labels=config.labels))
+        wanted.append(people_sample(inputs, max_records=config.utility_sample, seed=config.seed))
     union = np.unique(np.concatenate(wanted)).astype(np.int64)
     if isinstance(inputs.fetch, SampleFetch) and np.array_equal(inputs.fetch.index, union):
         return inputs  # read already (a helper's prepared inputs, GateHelper)
