@@ -45,15 +45,20 @@ def test_calibration_is_judged_per_subset_not_on_the_global_median():
     assert res.n_people == 400 and not res.face_merges
 
 
+def _sybil_drop(offset: float) -> tuple[np.ndarray, list[str]]:
+    """60 people x 2 photographs (rows 0-119), then 10 victims' (persons 0-9) first photographs copied 5 times each
+    under 5 new ids (rows 120-169, victim v's at 120 + 5v), each copy ``offset`` from the photograph."""
+    E, ids = _people(60, 2, spread=0.8, noise=0.3, seed=8)
+    u = np.random.default_rng(9).normal(0, 1, (50, E.shape[1]))
+    copies = np.repeat(E[0:20:2], 5, axis=0) + offset * u / np.linalg.norm(u, axis=1, keepdims=True)
+    return np.vstack([E, copies]), ids + [f"sybil{v}-{c}" for v in range(10) for c in range(5)]
+
+
 def test_planted_copies_that_make_their_subset_undecided_still_merge():
     # 60 people x 2 photographs; 10 victims, each with 5 copies of her first photograph under 5 new ids, each
     # copy 0.10 from it (the copies ~0.14 apart, her second photograph ~0.3 from them). A victim whose nearest
     # other face is her own copy counts as "not identified": the copies pull a subset under the informative bar.
-    E, ids = _people(60, 2, spread=0.8, noise=0.3, seed=8)
-    rng = np.random.default_rng(9)
-    u = rng.normal(0, 1, (50, E.shape[1]))
-    copies = np.repeat(E[0:20:2], 5, axis=0) + 0.10 * u / np.linalg.norm(u, axis=1, keepdims=True)
-    X, all_ids = np.vstack([E, copies]), ids + [f"sybil{v}-{c}" for v in range(10) for c in range(5)]
+    X, all_ids = _sybil_drop(0.10)
     cal = calibrate_recogniser(X, np.unique(all_ids, return_inverse=True)[1])
     assert not all(s["informative"] for s in cal.subsets)  # the attack bites: a subset is undecided
     res = resolve_people(all_ids, embeddings=X)
@@ -285,11 +290,7 @@ def test_self_quotient_images_are_the_formula_exactly_for_grey_and_colour_faces(
 def test_near_misses_name_the_copies_resolution_did_not_merge():
     # 10 victims x 5 copies 0.2 from her photograph (copies ~0.28 apart): 50 of 170 faces, enough to drag the
     # calibrated threshold under them. Resolution leaves them apart; its near misses name every one.
-    E, ids = _people(60, 2, spread=0.8, noise=0.3, seed=8)
-    rng = np.random.default_rng(9)
-    u = rng.normal(0, 1, (50, E.shape[1]))
-    copies = np.repeat(E[0:20:2], 5, axis=0) + 0.2 * u / np.linalg.norm(u, axis=1, keepdims=True)
-    X, all_ids = np.vstack([E, copies]), ids + [f"sybil{v}-{c}" for v in range(10) for c in range(5)]
+    X, all_ids = _sybil_drop(0.2)
     res = resolve_people(all_ids, embeddings=X)
     unmerged = [r for r in range(120, 170) if res.person[r] != res.person[2 * ((r - 120) // 5)]]
     assert unmerged  # the attack beats resolution here
