@@ -144,21 +144,24 @@ def calibrate_recogniser(E: np.ndarray, codes: np.ndarray, *, max_threshold: flo
                                                                        np.full(n, np.inf))
     labels = _descriptor_subsets(E)
     informative = np.zeros(n, bool)
-    subsets = []
+    row_scale = np.full(n, np.nan)  # each row's subset's median distance to the nearest other id
+    subsets, parts = [], []
     for s in range(int(labels.max()) + 1 if n else 1):
         rows = np.flatnonzero(labels == s)
+        own = d_other[rows][np.isfinite(d_other[rows])]  # the subset's finite nearest-other-id distances
+        if len(own):
+            row_scale[rows] = float(np.median(own))
         entry = _judge_subset(E, codes, rows, d_same, d_other, seed=s, confidence=confidence,
                               min_identified=min_identified, min_median_other=min_median_other)
         informative[rows] = entry["informative"]
         subsets.append(entry)
+        parts.append((rows, own))
     threshold, tail = _tail_threshold(d_other[informative & np.isfinite(d_other)],
                                       any_informative=bool(informative.any()), max_threshold=max_threshold,
                                       duplicate=duplicate, false_merge_target=false_merge_target)
     row_threshold = np.where(informative, threshold, float(duplicate))
-    for s, entry in enumerate(subsets):
-        rows = np.flatnonzero(labels == s)
+    for entry, (rows, own) in zip(subsets, parts):
         if not entry["informative"]:
-            own = d_other[rows][np.isfinite(d_other[rows])]
             t, _ = _tail_threshold(own, any_informative=len(own) >= MIN_SUBSET, max_threshold=max_threshold,
                                    duplicate=duplicate, false_merge_target=false_merge_target)
             row_threshold[rows] = t
@@ -172,18 +175,7 @@ def calibrate_recogniser(E: np.ndarray, codes: np.ndarray, *, max_threshold: flo
                     "near-copies and pairs below their subset's own lower tail (distance < %.2f-%.2f) merge there",
                     int(np.count_nonzero(~informative)), n, duplicate, float(row_threshold[~informative].max()))
     return Calibration(threshold, float(duplicate), informative, tuple(subsets), false_merge, miss, tail,
-                       float(false_merge_target), row_threshold, _subset_medians(labels, d_other))
-
-
-def _subset_medians(labels: np.ndarray, d_other: np.ndarray) -> np.ndarray:
-    """Each row's subset's median distance to the nearest other id (finite ones; nan where there is none)."""
-    out = np.full(len(labels), np.nan)
-    for s in np.unique(labels):
-        at = labels == s
-        finite = d_other[at][np.isfinite(d_other[at])]
-        if len(finite):
-            out[at] = float(np.median(finite))
-    return out
+                       float(false_merge_target), row_threshold, row_scale)
 
 
 def _descriptor_subsets(E: np.ndarray) -> np.ndarray:

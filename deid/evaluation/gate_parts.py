@@ -19,7 +19,7 @@ from deid.evaluation.checks import Check
 from deid.progress import PartsProgress, Progress
 
 from deid.evaluation.gate_privacy import (attack_groups, attack_modes, attack_rows, gate_attack_sample,
-                                          identity_check_sample, leak_checks, membership_disclosure)
+                                          leak_checks, membership_disclosure, near_miss_records)
 from deid.evaluation.gate_rows import AttackRow, UtilityRow
 from deid.evaluation.gate_types import GateConfig, GateInputs
 from deid.evaluation.gate_utility import cross_fit_checks, people_sample, protocol_rows, utility_checks
@@ -36,8 +36,7 @@ def read_samples_once(inputs: GateInputs, config: GateConfig) -> GateInputs:
     if not inputs.n:
         return inputs
     wanted = [gate_attack_sample(inputs, config)]
-    if inputs.suspects is not None and len(inputs.suspects) and inputs.clusters is not None:
-        wanted.append(identity_check_sample(inputs, config)[0])  # and the near misses' clusters
+    wanted.append(near_miss_records(inputs, config)[0])  # and the near misses' clusters (none: empty)
     if config.labels and inputs.deidentify is not None:
         wanted.append(people_sample(inputs, max_records=config.utility_sample, seed=config.seed))
     union = np.unique(np.concatenate(wanted)).astype(np.int64)

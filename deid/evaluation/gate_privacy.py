@@ -412,13 +412,18 @@ def one_person_clusters_check(inputs: GateInputs, config: GateConfig) -> Check:
 
 def identity_check_sample(inputs: GateInputs, config: GateConfig) -> tuple[np.ndarray, list]:
     """The records the within-cluster check reads (the attack sample and the near misses' clusters, sorted) and those
-    clusters (:func:`suspect_clusters`, up to a third of ``identity_check_max`` records)."""
-    idx = gate_attack_sample(inputs, config)
+    clusters (:func:`near_miss_records`)."""
+    extra, must = near_miss_records(inputs, config)
+    return np.union1d(gate_attack_sample(inputs, config), extra).astype(np.int64), must
+
+
+def near_miss_records(inputs: GateInputs, config: GateConfig) -> tuple[np.ndarray, list]:
+    """The records of the near misses' clusters (:func:`suspect_clusters`, up to a third of ``identity_check_max``
+    records) and those clusters."""
     must = suspect_clusters(inputs, limit=max(config.identity_check_max // 3, 0))
-    if must:
-        idx = np.union1d(idx, np.flatnonzero(np.isin(np.asarray(inputs.clusters, dtype=object),
-                                                     np.asarray(must, dtype=object))))
-    return idx, must
+    if not must:
+        return np.zeros(0, np.int64), must
+    return np.flatnonzero(np.isin(np.asarray(inputs.clusters, dtype=object), np.asarray(must, dtype=object))), must
 
 
 def suspect_clusters(inputs: GateInputs, *, limit: int) -> list:
