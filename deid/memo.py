@@ -191,3 +191,79 @@ class RowCache:
                 todo.setdefault(k, []).append(i)
         return todo
 
+
+
+class RowStore:
+    """Per-row results kept on disk between processes and runs, keyed as :class:`RowCache` keys them (opt-in).
+
+    Off unless the environment variable ``env`` names a directory. For work that embeds the same faces
+    again in other processes: a comparison study, a test suite, a steward re-running a drop with another
+    setting. A row found here is not recomputed; only results that are a deterministic function of the
+    key (the computation's parameters and the row's bytes) may be stored, so a hit is what recomputing
+    would give. One SQLite file per ``name`` (the computation and its model's version), shared by
+    concurrent processes. A store that cannot be read or written (locked past its timeout, a full disk, a
+    damaged file) counts as a miss and is logged: it never fails or changes the computation.
+
+    What it holds are the results themselves: for face descriptors, biometric templates of the faces.
+    Point ``env`` at private storage and remove the directory when the work is done.
+    """
+
+    TIMEOUT = 10.0  # seconds a process waits for another's write before counting a miss
+    CHUNK = 500  # keys per query (SQLite's bound-parameter limit is far above)
+
+    def __init__(self, name: str, env: str):
+        self.name = name
+        self.env = env
+
+    def path(self) -> str | None:
+        """The store's file, or None when the store is off (read from the environment at each call)."""
+        directory = os.environ.get(self.env, "").strip()
+        return os.path.join(directory, f"{self.name}.sqlite") if directory else None
+
+    def _connect(self, path: str):
+        import sqlite3  # noqa: PLC0415 - only when the store is on
+
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        con = sqlite3.connect(path, timeout=self.TIMEOUT)
+        con.execute("CREATE TABLE IF NOT EXISTS rows (key BLOB PRIMARY KEY, value BLOB NOT NULL)")
+        return con
+
+    def get_many(self, keys: list[bytes]) -> dict[bytes, bytes]:
+        """The stored values of those ``keys`` the store holds ({} when it is off or cannot be read)."""
+        path = self.path()
+        if path is None or not keys:
+            return {}
+        import sqlite3  # noqa: PLC0415
+
+        found: dict[bytes, bytes] = {}
+        try:
+            con = self._connect(path)
+            try:
+                for s in range(0, len(keys), self.CHUNK):
+                    part = keys[s:s + self.CHUNK]
+                    rows = con.execute(f"SELECT key, value FROM rows WHERE key IN ({','.join('?' * len(part))})",
+                                       part).fetchall()
+                    found.update((bytes(k), bytes(v)) for k, v in rows)
+            finally:
+                con.close()
+        except (sqlite3.Error, OSError) as exc:
+            logger.warning("row store %s not read (%s): computing instead", path, exc)
+            return {}
+        return found
+
+    def put_many(self, items: dict[bytes, bytes]) -> None:
+        """Store ``items`` (key -> value bytes); a key already stored keeps its value. Nothing when off."""
+        path = self.path()
+        if path is None or not items:
+            return
+        import sqlite3  # noqa: PLC0415
+
+        try:
+            con = self._connect(path)
+            try:
+                with con:
+                    con.executemany("INSERT OR IGNORE INTO rows (key, value) VALUES (?, ?)", list(items.items()))
+            finally:
+                con.close()
+        except (sqlite3.Error, OSError) as exc:
+            logger.warning("row store %s not written (%s): its rows will be computed again", path, exc)

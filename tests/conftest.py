@@ -10,8 +10,11 @@ is one for the whole session (started by the xdist controller, tests/prefect_sha
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
+import tempfile
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -35,6 +38,15 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 # multi-worker path (tasks spread over workers, one killed mid-run) is tested by
 # tests/ops/test_remote_dask.py, and the demo test (tests/flow/test_flow.py) runs `deid run` with the defaults.
 os.environ.setdefault("DEID_DASK_WORKERS", "1")
+# One dlib descriptor store for the session (deid.memo.RowStore, DEID_DESCRIPTOR_CACHE): the same synthetic and
+# London faces are embedded in many tests and in many processes (both xdist workers, their Dask workers, `deid run`
+# subprocesses and forked commands), each of which would run the network on them again (~0.09 CPU-s a face).
+# Set here, in the controller before it starts the workers, so every process of the session inherits one
+# directory; a fresh one per session, removed at its end, so nothing rests on an earlier session. A stored
+# descriptor is the one the network gives (tests/integration/evaluation/test_recognizer.py checks it).
+if "DEID_DESCRIPTOR_CACHE" not in os.environ:
+    os.environ["DEID_DESCRIPTOR_CACHE"] = _STORE = tempfile.mkdtemp(prefix="deid-test-descriptors-")
+    atexit.register(shutil.rmtree, _STORE, ignore_errors=True)
 
 # CPU seconds of the heaviest tests (keys: node ids or their prefixes, e.g. a module's "path::"), written by
 # `pytest --cpu-report --write-durations tests/durations.json` (tests/cpu_report.py; docs/development.md).

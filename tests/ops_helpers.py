@@ -127,7 +127,9 @@ QUICK_GATE = {"DEID_IDENTITY_EMBED_MAX": "0", "DEID_DEEP_ATTACK_SAMPLE": "20", "
 
 def clean_env(project: Path, prefect_home: Path, **extra: str) -> dict[str, str]:
     """The environment of a deid subprocess: no inherited PREFECT_*/DEID_*, no telemetry, one BLAS thread."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PREFECT_", "DEID_"))}
+    # The session's descriptor store (tests/conftest.py) stays: it changes no result, only what is computed again.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PREFECT_", "DEID_")) or k == "DEID_DESCRIPTOR_CACHE"}
     env.update(DEID_PROJECT_DIR=str(project), DO_NOT_TRACK="1", PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_HOME=str(prefect_home), PYTHONUNBUFFERED="1", OPENBLAS_NUM_THREADS="1",
                OMP_NUM_THREADS="1", **extra)

@@ -34,7 +34,7 @@ from sklearn.base import BaseEstimator
 
 from deid.alignment.dlib_models import dlib_model
 from deid.errors import ConfigError
-from deid.memo import RowCache
+from deid.memo import RowCache, RowStore
 from deid.neighbours import distance_blocks
 
 logger = logging.getLogger(__name__)
@@ -97,6 +97,15 @@ DESCRIPTOR_CACHE = RowCache(200_000)
 The same original faces are embedded by every mode of every attack and by the same-person check;
 a content key (embedder geometry + image bytes, not array identity) makes them cost once per
 process, whatever copies or float conversions the callers make."""
+
+DESCRIPTOR_STORE_ENV = "DEID_DESCRIPTOR_CACHE"
+DESCRIPTOR_STORE = RowStore("dlib_face_recognition_resnet_model_v1-descriptors-1", DESCRIPTOR_STORE_ENV)
+"""Descriptors kept between processes and runs when ``DEID_DESCRIPTOR_CACHE`` names a directory (off by default).
+
+Keyed as :data:`DESCRIPTOR_CACHE` keys them (geometry, jitters and the face's bytes), below it: a face this
+process has not embedded is looked up here before the network runs. For studies and test suites that embed
+the same faces in many processes; it holds biometric templates of those faces (see :class:`deid.memo.RowStore`).
+The model file is pinned (``face-recognition-models``); a change of model needs a new store name."""
 
 
 def _check_pair(name: str, value: Any) -> tuple[float, float]:
@@ -226,12 +235,18 @@ class DlibEmbedder(BaseEstimator):
         a = _to_uint8_rows(X, "X")
         out = np.empty((len(a), 128), dtype=np.float32)
         todo = DESCRIPTOR_CACHE.fill(out, DESCRIPTOR_CACHE.keys(a, base))
+        for k, raw in DESCRIPTOR_STORE.get_many(list(todo)).items():
+            d = np.frombuffer(raw, dtype=np.float32)
+            if d.shape == (128,):  # anything else is not a descriptor: computed again below
+                out[todo.pop(k)] = d
+                DESCRIPTOR_CACHE.put(k, d.copy())
         if todo:
             first = np.array([idx[0] for idx in todo.values()])
             desc = self._compute(a[first])
             for (k, idx), d in zip(todo.items(), desc):
                 out[idx] = d
                 DESCRIPTOR_CACHE.put(k, d.copy())
+            DESCRIPTOR_STORE.put_many({k: d.astype(np.float32).tobytes() for k, d in zip(todo, desc)})
             logger.debug("dlib: embedded %d distinct faces of %d rows", len(first), len(a))
         return out
 

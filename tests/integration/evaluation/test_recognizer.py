@@ -19,6 +19,7 @@ from deid.errors import ConfigError
 from deid.intake.imaging import decode_gray
 from deid.evaluation.recognizer import (
     DESCRIPTOR_CACHE,
+    DESCRIPTOR_STORE_ENV,
     SAME_PERSON_THRESHOLD,
     DlibEmbedder,
     DlibResNetAttacker,
@@ -38,7 +39,8 @@ def _faces(n: int, seed: int) -> np.ndarray:
 
 
 def _count_computed(monkeypatch) -> list[int]:
-    """Record how many rows each network call embeds."""
+    """Record how many rows each network call embeds (with no descriptor store: every miss is a call)."""
+    monkeypatch.delenv(DESCRIPTOR_STORE_ENV, raising=False)
     calls: list[int] = []
     real = DlibEmbedder._compute
 
@@ -87,6 +89,25 @@ def test_embedder_shape_determinism_and_dedup(monkeypatch):
     DESCRIPTOR_CACHE.clear()
     np.testing.assert_allclose(DlibEmbedder().transform(faces), a[:3], atol=1e-6)  # recomputed: same values
     assert calls == [3, 3]
+
+
+def test_a_descriptor_store_serves_another_process_the_same_descriptors(monkeypatch, tmp_path):
+    """DEID_DESCRIPTOR_CACHE: what one process embedded, the next reads instead of running the network."""
+    faces = _faces(3, seed=4)
+    monkeypatch.delenv(DESCRIPTOR_STORE_ENV, raising=False)
+    DESCRIPTOR_CACHE.clear()
+    plain = DlibEmbedder().transform(faces)  # no store: computed
+    monkeypatch.setenv(DESCRIPTOR_STORE_ENV, str(tmp_path / "store"))
+    DESCRIPTOR_CACHE.clear()
+    calls = []
+    real = DlibEmbedder._compute
+    monkeypatch.setattr(DlibEmbedder, "_compute", lambda self, a: calls.append(len(a)) or real(self, a))
+    first = DlibEmbedder().transform(faces)  # computed and stored
+    DESCRIPTOR_CACHE.clear()  # as a new process: only the store holds them
+    second = DlibEmbedder().transform(np.vstack([faces, _faces(1, seed=5)]))
+    assert calls == [3, 1]  # the stored three were read, only the new face ran through the network
+    np.testing.assert_array_equal(first, plain)
+    np.testing.assert_array_equal(second[:3], plain)
 
 
 @pytest.mark.parametrize(
