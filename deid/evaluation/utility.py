@@ -22,7 +22,8 @@ bounds and a pass / fail / inconclusive status. The rooms it uses:
 possible, seeded). For each fold, only the *training* people's faces are de-identified with the
 method (the same method and k as the release); a linear SVM is trained on that release and,
 separately, on the same people's originals, and both are tested on the held-out people's
-*original* faces. Every held-out image thus gets two paired predictions; Δ = accuracy(originals) -
+*original* faces, both in the label-free representation (per-pixel scale, PCA, score scale) fitted on the
+fold's original training faces (:func:`_pool_fold` says why). Every held-out image thus gets two paired predictions; Δ = accuracy(originals) -
 accuracy(release) is bounded by a paired bootstrap over held-out people and decided against the
 tolerance (:class:`~deid.evaluation.utility_evidence.UtilityEvidence`). The release-trained
 classifier must also beat the majority class of the training labels.
@@ -35,7 +36,8 @@ London. So the default is 3 repeats up to :data:`AUTO_REPEAT_IMAGES` (sampled) i
 with more people the fold assignment matters less and a repeat costs more.
 
 **The sample.** At most ``max_images`` images (a seeded uniform sample of whole people) are used,
-so the check stays cheap at any drop size: 1,000 images of 500 people resolve a margin of about
+so the check stays cheap at any drop size (the gate first thins a person's many records, a recording's frames,
+so that more people fit: :func:`deid.evaluation.utility_folds.thin_people`): 1,000 images of 500 people resolve a margin of about
 0.02 (London's 204 images of 102 people: 0.03), well inside a 0.05 tolerance; each fold re-runs
 the method on 80% of them.
 """
@@ -53,7 +55,8 @@ from deid.anonymise.ksame import DominantPersonError, InsufficientPeopleError
 from deid.anonymise.partition import _trim_dominant  # the flow's rule for a person above 1/k of a partition
 from deid.blas import one_blas_thread
 from deid.errors import ConfigError
-from deid.evaluation.utility_classifier import as_components, check_components, embed, face_matrix, svc_predict
+from deid.evaluation.utility_classifier import (as_components, check_components, embed, face_matrix, fitted_front,
+                                               svc_predict)
 from deid.evaluation.utility_evidence import (PooledPredictions, UtilityEvidence, blank_evidence, check_confidence,
                                              label_evidence)
 from deid.evaluation.utility_folds import check_folds, check_int, codes_of, partition_safe_splits, sample_people
@@ -439,10 +442,25 @@ def _cross_fit_folds(s: _Sample, applicable: list[str], deidentify: Callable[...
 def _pool_fold(s: _Sample, pooled: dict[str, PooledPredictions], run: FoldRun, tr: np.ndarray, te: np.ndarray,
                p_orig: dict[str, np.ndarray], *, n_components: int | None, seed: int, where: str) -> None:
     """One fold's held-out predictions, per label: the originals' classifier (``p_orig``), the classifier trained on
-    the fold's release and (with the actual release) on its rows of the training people, and the majority class."""
+    the fold's release and (with the actual release) on its rows of the training people, and the majority class.
+
+    Every classifier of the fold works in one label-free representation, the front of
+    :func:`~deid.evaluation.utility_classifier.svm_pipeline` (per-pixel scale, PCA basis, score scale) fitted on the
+    fold's *original* training faces, as the originals' classifier has it: the paired difference then measures
+    what the release teaches about the labels, not how a few distinct averages standardise real faces. Fitted on
+    the release itself, the per-pixel scale of a k-Same release (averages that barely vary where real faces vary
+    most) scaled those pixels up on the held-out faces: on a synthetic video drop (30 people, k=5, multi-factor;
+    a fold's release of 6 distinct images) the release's per-pixel spread was up to 23x below the originals'
+    and the tenth of the pixels with the largest ratio held 54% of the held-out faces' standardised energy;
+    gender trained on that release scored 0.765 on held-out originals, 0.959 in the originals' representation
+    (trained on the originals: 0.984). The representation holds no label: what a user of the release learns
+    from unlabelled real faces (any public face set gives a face space), not from the originals' labels.
+    """
     kept = tr[run.keep]
-    Zr = embed(cast(np.ndarray, run.released).astype(np.float64), s.X[te], n_components, seed)
-    Za = None if s.R is None else embed(s.R[tr], s.X[te], n_components, seed)
+    front = fitted_front(s.X[tr], n_components, seed)
+    Zte = front.transform(s.X[te])
+    Zr = (front.transform(cast(np.ndarray, run.released).astype(np.float64)), Zte)
+    Za = None if s.R is None else (front.transform(s.R[tr]), Zte)
     for name, d in pooled.items():
         y = s.ys[name]
         if len(np.unique(y[tr])) < 2:
@@ -455,8 +473,12 @@ def _pool_fold(s: _Sample, pooled: dict[str, PooledPredictions], run: FoldRun, t
             p_r = np.full(len(te), y[kept][0])
             d.single_taught += 1
         else:
-            p_r, _ = svc_predict(Zr[0], y[kept], Zr[1], seed)
-            d.values.update(np.unique(p_r).tolist())
+            # Predicted on the held-out faces and on the release's own faces: a classifier that names one value
+            # even there cannot tell the release's faces apart (the label is lost by construction); one that
+            # names one value on a handful of held-out faces only is small-sample evidence for the bounds.
+            both, _ = svc_predict(Zr[0], y[kept], np.vstack([Zr[1], Zr[0]]), seed)
+            p_r = both[:len(te)]
+            d.values.update(np.unique(both).tolist())
         majority = int(np.argmax(np.bincount(y[tr])))
         d.row.append(te)
         d.who.append(s.pc[te])
@@ -464,7 +486,8 @@ def _pool_fold(s: _Sample, pooled: dict[str, PooledPredictions], run: FoldRun, t
         d.r.append(p_r == y[te])
         d.m.append(y[te] == majority)
         if Za is not None:
-            p_a, _ = svc_predict(Za[0], y[tr], Za[1], seed)
+            both, _ = svc_predict(Za[0], y[tr], np.vstack([Za[1], Za[0]]), seed)
+            p_a = both[:len(te)]
             d.a.append(p_a == y[te])
-            d.a_values.update(np.unique(p_a).tolist())
+            d.a_values.update(np.unique(both).tolist())
         d.folds_used += 1

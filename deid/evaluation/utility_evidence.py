@@ -231,7 +231,7 @@ class PooledPredictions:
     ``row`` / ``who``: the test rows and their people; ``o``, ``r``, ``a``: whether the classifier trained on
     the originals, on the fold's release, on the actual release's rows was right; ``m``: whether the training
     side's majority class was; ``values`` / ``a_values``: the values the release's (the actual release's)
-    classifiers named; ``single_taught``: folds whose release taught a single value (suppression), predicted
+    classifiers named, on the held-out faces or on the release's faces they were trained on; ``single_taught``: folds whose release taught a single value (suppression), predicted
     constant by construction; ``skipped``: each fold that gave this label no evidence, with its reason.
     """
 
@@ -275,9 +275,9 @@ def label_evidence(name: str, d: PooledPredictions, evidence: Callable[..., Util
     gain, g_lo, g_up = paired_bootstrap(who, rr, m, n_boot=n_boot, confidence=confidence, seed=seed)
     status = _decide(lo, up, float(tolerance))
     majority_status = _majority(g_lo, g_up)
-    # A release whose classifier names one value for every held-out face (e.g. every partition averaged
-    # into one image) carries no label at all: lost, by construction rather than by a bound.
-    # Only a classifier that was taught both values and still names one counts (a fold whose training
+    # A release whose classifier names one value for every held-out face and every face of the release it was
+    # trained on (e.g. every partition averaged into one image) carries no label at all: lost, by construction
+    # rather than by a bound. Only a classifier that was taught both values and still names one counts (a fold whose training
     # side was suppressed down to one value proves nothing: see single_taught, reported in the detail).
     constant = 0 < len(d.values) < 2
     if constant:
