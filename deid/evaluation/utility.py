@@ -55,11 +55,11 @@ from deid.anonymise.ksame import DominantPersonError, InsufficientPeopleError
 from deid.anonymise.partition import _trim_dominant  # the flow's rule for a person above 1/k of a partition
 from deid.blas import one_blas_thread
 from deid.errors import ConfigError
-from deid.evaluation.utility_classifier import (as_components, check_components, embed, face_matrix, fitted_front,
-                                               svc_predict)
+from deid.evaluation.utility_classifier import as_components, check_components, embed, face_matrix, fitted_front
 from deid.evaluation.utility_evidence import (PooledPredictions, UtilityEvidence, blank_evidence, check_confidence,
                                              label_evidence)
 from deid.evaluation.utility_folds import check_folds, check_int, codes_of, partition_safe_splits, sample_people
+from deid.evaluation.utility_select import Candidate, Choice, choose, fit_svc
 from deid.evaluation.utility_protocols import utility_protocols  # noqa: F401 (the gate imports it from here)
 from deid.memo import Memo, digest, key_for_size
 from deid.progress import Progress, track
@@ -168,10 +168,18 @@ def _deidentify_fold(deidentify: Callable[..., Any], X: np.ndarray, people: np.n
 
 
 def _originals_fold(X: np.ndarray, ys: dict[str, np.ndarray], names: list[str], tr: np.ndarray, te: np.ndarray,
-                    n_components: int | None, seed: int) -> dict[str, np.ndarray]:
-    """Per label, the held-out predictions of the classifier trained on the fold's original training faces."""
+                    pc: np.ndarray, n_components: int | None, seed: int) -> dict[str, np.ndarray]:
+    """Per label, the held-out predictions of the classifier trained on the fold's original training faces, its C
+    chosen by the inner cross-validation over the training people (``pc``: person codes) of
+    :func:`deid.evaluation.utility_select.choose`."""
     Ztr, Zte = embed(X[tr], X[te], n_components, seed)
-    return {name: svc_predict(Ztr, ys[name][tr], Zte, seed)[0] for name in names if len(np.unique(ys[name][tr])) >= 2}
+    out = {}
+    for name in names:
+        y = ys[name][tr]
+        if len(np.unique(y)) >= 2:  # C chosen as the release's classifier's is (deid.evaluation.utility_select)
+            c = choose({"originals": Candidate(Ztr, Ztr)}, y, pc[tr], y, pc[tr], seed)
+            out[name] = fit_svc(Ztr, y, c.C, seed).predict(Zte)
+    return out
 
 
 AUTO_REPEAT_IMAGES = 600
@@ -431,7 +439,7 @@ def _cross_fit_folds(s: _Sample, applicable: list[str], deidentify: Callable[...
                 tally.suppressed += int(np.count_nonzero(~run.keep)) - run.trimmed
                 fold_key = None if originals_key is None else digest(originals_key, tr, te)
                 p_orig = _ORIGINAL_FOLDS.get_or_compute(fold_key, lambda: _originals_fold(s.X, s.ys, applicable, tr, te,
-                                                                                          n_components, seed))
+                                                                                          s.pc, n_components, seed))
                 _pool_fold(s, tally.pooled, run, tr, te, p_orig, n_components=n_components, seed=seed,
                            where=f"repeat {r} fold {f}")
     if progress is not None:
@@ -439,28 +447,44 @@ def _cross_fit_folds(s: _Sample, applicable: list[str], deidentify: Callable[...
     return tally
 
 
+def _side_views(front: Any, Zvalid: np.ndarray, Ztest: np.ndarray, rows: np.ndarray, Xtr: np.ndarray,
+                Xte: np.ndarray, n_components: int | None, seed: int) -> tuple[dict[str, Candidate], dict[str, np.ndarray]]:
+    """The two fronts a fold's release side is tried in (:mod:`deid.evaluation.utility_select`): the one fitted on
+    the fold's original training faces (``front``; ``Zvalid`` / ``Ztest``: those faces and the held-out faces in it)
+    and one fitted on the release's rows themselves; per front, the candidate and the held-out faces embedded."""
+    own = fitted_front(rows, n_components, seed)
+    return ({"originals": Candidate(front.transform(rows), Zvalid),
+             "release": Candidate(own.transform(rows), own.transform(Xtr))},
+            {"originals": Ztest, "release": own.transform(Xte)})
+
+
+def _side_predict(views: tuple[dict[str, Candidate], dict[str, np.ndarray]], y_rows: np.ndarray, p_rows: np.ndarray,
+                  y_tr: np.ndarray, p_tr: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, Choice]:
+    """The release side's SVM in the front and C :func:`~deid.evaluation.utility_select.choose` picks: its predictions
+    on the held-out faces, and on the held-out faces and the release's own rows (the label-lost rule's values)."""
+    cands, tests = views
+    c = choose(cands, y_rows, p_rows, y_tr, p_tr, seed)
+    model = fit_svc(cands[c.front].train, y_rows, c.C, seed)
+    both = model.predict(np.vstack([tests[c.front], cands[c.front].train]))
+    return both[:len(tests[c.front])], both, c
+
+
 def _pool_fold(s: _Sample, pooled: dict[str, PooledPredictions], run: FoldRun, tr: np.ndarray, te: np.ndarray,
                p_orig: dict[str, np.ndarray], *, n_components: int | None, seed: int, where: str) -> None:
     """One fold's held-out predictions, per label: the originals' classifier (``p_orig``), the classifier trained on
     the fold's release and (with the actual release) on its rows of the training people, and the majority class.
 
-    Every classifier of the fold works in one label-free representation, the front of
-    :func:`~deid.evaluation.utility_classifier.svm_pipeline` (per-pixel scale, PCA basis, score scale) fitted on the
-    fold's *original* training faces, as the originals' classifier has it: the paired difference then measures
-    what the release teaches about the labels, not how a few distinct averages standardise real faces. Fitted on
-    the release itself, the per-pixel scale of a k-Same release (averages that barely vary where real faces vary
-    most) scaled those pixels up on the held-out faces: on a synthetic video drop (30 people, k=5, multi-factor;
-    a fold's release of 6 distinct images) the release's per-pixel spread was up to 23x below the originals'
-    and the tenth of the pixels with the largest ratio held 54% of the held-out faces' standardised energy;
-    gender trained on that release scored 0.765 on held-out originals, 0.959 in the originals' representation
-    (trained on the originals: 0.984). The representation holds no label: what a user of the release learns
-    from unlabelled real faces (any public face set gives a face space), not from the originals' labels.
+    Each release-trained classifier works in the label-free front (per-pixel scale, PCA basis, score scale) fitted on
+    the fold's *original* training faces or in the one fitted on the release's rows, with the SVM's C, as an inner
+    cross-validation over the training people chooses (:mod:`deid.evaluation.utility_select` says why neither front
+    is right for every release); the held-out faces are never seen by the choice.
     """
     kept = tr[run.keep]
     front = fitted_front(s.X[tr], n_components, seed)
-    Zte = front.transform(s.X[te])
-    Zr = (front.transform(cast(np.ndarray, run.released).astype(np.float64)), Zte)
-    Za = None if s.R is None else (front.transform(s.R[tr]), Zte)
+    Zvalid, Ztest = front.transform(s.X[tr]), front.transform(s.X[te])
+    views = _side_views(front, Zvalid, Ztest, cast(np.ndarray, run.released).astype(np.float64), s.X[tr], s.X[te],
+                        n_components, seed)
+    actual = None if s.R is None else _side_views(front, Zvalid, Ztest, s.R[tr], s.X[tr], s.X[te], n_components, seed)
     for name, d in pooled.items():
         y = s.ys[name]
         if len(np.unique(y[tr])) < 2:
@@ -476,18 +500,17 @@ def _pool_fold(s: _Sample, pooled: dict[str, PooledPredictions], run: FoldRun, t
             # Predicted on the held-out faces and on the release's own faces: a classifier that names one value
             # even there cannot tell the release's faces apart (the label is lost by construction); one that
             # names one value on a handful of held-out faces only is small-sample evidence for the bounds.
-            both, _ = svc_predict(Zr[0], y[kept], np.vstack([Zr[1], Zr[0]]), seed)
-            p_r = both[:len(te)]
+            p_r, both, choice = _side_predict(views, y[kept], s.pc[kept], y[tr], s.pc[tr], seed)
             d.values.update(np.unique(both).tolist())
+            d.choices.append((choice.front, choice.C))
         majority = int(np.argmax(np.bincount(y[tr])))
         d.row.append(te)
         d.who.append(s.pc[te])
         d.o.append(p_o == y[te])
         d.r.append(p_r == y[te])
         d.m.append(y[te] == majority)
-        if Za is not None:
-            both, _ = svc_predict(Za[0], y[tr], np.vstack([Za[1], Za[0]]), seed)
-            p_a = both[:len(te)]
+        if actual is not None:
+            p_a, both, _ = _side_predict(actual, y[tr], s.pc[tr], y[tr], s.pc[tr], seed)
             d.a.append(p_a == y[te])
             d.a_values.update(np.unique(both).tolist())
         d.folds_used += 1
