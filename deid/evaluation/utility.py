@@ -464,8 +464,7 @@ def _side_predict(views: tuple[dict[str, Candidate], dict[str, np.ndarray]], y_r
     on the held-out faces, and on the held-out faces and the release's own rows (the label-lost rule's values)."""
     cands, tests = views
     c = choose(cands, y_rows, p_rows, y_tr, p_tr, seed)
-    model = fit_svc(cands[c.front].train, y_rows, c.C, seed)
-    both = model.predict(np.vstack([tests[c.front], cands[c.front].train]))
+    both = fit_svc(cands[c.front].train, y_rows, c.C, seed).predict(np.vstack([tests[c.front], cands[c.front].train]))
     return both[:len(tests[c.front])], both, c
 
 

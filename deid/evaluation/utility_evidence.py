@@ -257,7 +257,7 @@ class PooledPredictions:
         cs = sorted(set(c for _, c in self.choices))
         return [f"release's classifier chosen per fold by inner cross-validation over the training people: front "
                 f"fitted on the originals in {fronts.count('originals')}, on the release in {fronts.count('release')} "
-                f"of {len(fronts)} folds; C in {{{', '.join(f'{c:g}' for c in cs)}}}"]
+                f"of {len(fronts)} folds; C {', '.join(f'{c:g}' for c in cs)}"]
 
     def skip_note(self, folds_run: int) -> list[str]:
         """A skipped fold is a defect of the protocol, never silent: counted, each with its reason."""
