@@ -22,8 +22,9 @@ bounds and a pass / fail / inconclusive status. The rooms it uses:
 possible, seeded). For each fold, only the *training* people's faces are de-identified with the
 method (the same method and k as the release); a linear SVM is trained on that release and,
 separately, on the same people's originals, and both are tested on the held-out people's
-*original* faces, both in the label-free representation (per-pixel scale, PCA, score scale) fitted on the
-fold's original training faces (:func:`_pool_fold` says why). Every held-out image thus gets two paired predictions; Δ = accuracy(originals) -
+*original* faces; the originals' classifier in the label-free front (per-pixel scale, PCA, score scale) fitted on
+the fold's original training faces, the release's in that front or one fitted on the release, as an inner
+cross-validation over the training people chooses (:mod:`deid.evaluation.utility_select` says why). Every held-out image thus gets two paired predictions; Δ = accuracy(originals) -
 accuracy(release) is bounded by a paired bootstrap over held-out people and decided against the
 tolerance (:class:`~deid.evaluation.utility_evidence.UtilityEvidence`). The release-trained
 classifier must also beat the majority class of the training labels.

@@ -159,8 +159,9 @@ def svm_pipeline(n_components: int | None, n_train: int, p: int, seed: int):
 def fitted_front(Xfit: np.ndarray, n_components: int | None, seed: int):
     """The label-free front of :func:`svm_pipeline` (everything before the SVM) fitted on ``Xfit``.
 
-    It never sees labels, so one fit serves every label, and the cross-fit fits it on a fold's
-    *original* training faces for both of its classifiers (:func:`deid.evaluation.utility._pool_fold`).
+    It never sees labels, so one fit serves every label; the cross-fit fits it on a fold's *original* training
+    faces and on the fold's release, and the release's classifier works in the one an inner cross-validation
+    chooses (:mod:`deid.evaluation.utility_select`).
     """
     return svm_pipeline(n_components, len(Xfit), Xfit.shape[1], seed)[:-1].fit(Xfit)
 
