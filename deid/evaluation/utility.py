@@ -56,7 +56,8 @@ from deid.anonymise.ksame import DominantPersonError, InsufficientPeopleError
 from deid.anonymise.partition import _trim_dominant  # the flow's rule for a person above 1/k of a partition
 from deid.blas import one_blas_thread
 from deid.errors import ConfigError
-from deid.evaluation.utility_classifier import as_components, check_components, embed, face_matrix, fitted_front
+from deid.evaluation.utility_classifier import (as_components, check_components, embed, face_matrix, fitted_front,
+                                               svc_predict)
 from deid.evaluation.utility_evidence import (PooledPredictions, UtilityEvidence, blank_evidence, check_confidence,
                                              label_evidence)
 from deid.evaluation.utility_folds import check_folds, check_int, codes_of, partition_safe_splits, sample_people
@@ -169,18 +170,10 @@ def _deidentify_fold(deidentify: Callable[..., Any], X: np.ndarray, people: np.n
 
 
 def _originals_fold(X: np.ndarray, ys: dict[str, np.ndarray], names: list[str], tr: np.ndarray, te: np.ndarray,
-                    pc: np.ndarray, n_components: int | None, seed: int) -> dict[str, np.ndarray]:
-    """Per label, the held-out predictions of the classifier trained on the fold's original training faces, its C
-    chosen by the inner cross-validation over the training people (``pc``: person codes) of
-    :func:`deid.evaluation.utility_select.choose`."""
+                    n_components: int | None, seed: int) -> dict[str, np.ndarray]:
+    """Per label, the held-out predictions of the classifier trained on the fold's original training faces."""
     Ztr, Zte = embed(X[tr], X[te], n_components, seed)
-    out = {}
-    for name in names:
-        y = ys[name][tr]
-        if len(np.unique(y)) >= 2:  # C chosen as the release's classifier's is (deid.evaluation.utility_select)
-            c = choose({"originals": Candidate(Ztr, Ztr)}, y, pc[tr], y, pc[tr], seed)
-            out[name] = fit_svc(Ztr, y, c.C, seed).predict(Zte)
-    return out
+    return {name: svc_predict(Ztr, ys[name][tr], Zte, seed)[0] for name in names if len(np.unique(ys[name][tr])) >= 2}
 
 
 AUTO_REPEAT_IMAGES = 600
@@ -440,7 +433,7 @@ def _cross_fit_folds(s: _Sample, applicable: list[str], deidentify: Callable[...
                 tally.suppressed += int(np.count_nonzero(~run.keep)) - run.trimmed
                 fold_key = None if originals_key is None else digest(originals_key, tr, te)
                 p_orig = _ORIGINAL_FOLDS.get_or_compute(fold_key, lambda: _originals_fold(s.X, s.ys, applicable, tr, te,
-                                                                                          s.pc, n_components, seed))
+                                                                                          n_components, seed))
                 _pool_fold(s, tally.pooled, run, tr, te, p_orig, n_components=n_components, seed=seed,
                            where=f"repeat {r} fold {f}")
     if progress is not None:
@@ -475,7 +468,7 @@ def _pool_fold(s: _Sample, pooled: dict[str, PooledPredictions], run: FoldRun, t
     the fold's release and (with the actual release) on its rows of the training people, and the majority class.
 
     Each release-trained classifier works in the label-free front (per-pixel scale, PCA basis, score scale) fitted on
-    the fold's *original* training faces or in the one fitted on the release's rows, with the SVM's C, as an inner
+    the fold's *original* training faces or in the one fitted on the release's rows (SVM C=1), as an inner
     cross-validation over the training people chooses (:mod:`deid.evaluation.utility_select` says why neither front
     is right for every release); the held-out faces are never seen by the choice.
     """
