@@ -63,8 +63,8 @@ def gate(X, col, k: int, method: str, rel, clusters) -> None:
           f"{'RELEASES' if res.passed else 'REJECTS'} ({time.process_time() - t0:.0f} cpu s); exact bound "
           f"{res.exact_bound}, max person share {res.max_person_share}; {linkage.name} {linkage.value}")
     worst = worst_attack(res)
-    print(f"    worst attack {worst['attacker']}/{worst['mode']} {worst['rate']:.3f} [{worst['lower']:.3f}, "
-          f"{worst['upper']:.3f}] on {worst['n_probes']} distinct probes (1/k = {1 / k:.3f})")
+    print(f"    worst attack {worst.attacker}/{worst.mode} {worst.rate:.3f} [{worst.lower:.3f}, "
+          f"{worst.upper:.3f}] on {worst.n_probes} distinct probes (1/k = {1 / k:.3f})")
     print_gate_rows(res, parrot=True)
     print("    failed: " + ("; ".join(f"{c.name} ({c.detail[:160]})" for c in res.checks if not c.passed)
                             or "nothing"))

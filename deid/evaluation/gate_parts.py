@@ -38,7 +38,7 @@ def read_samples_once(inputs: GateInputs, config: GateConfig) -> GateInputs:
     wanted = [gate_attack_sample(inputs, config)]
     wanted.append(near_miss_records(inputs, config)[0])  # and the near misses' clusters (none: empty)
     if config.labels and inputs.deidentify is not None:
-        wanted.append(people_sample(inputs, max_records=config.utility_sample, seed=config.seed))
+        wanted.append(people_sample(inputs, max_records=config.utility_sample, seed=config.seed, labels=config.labels))
     union = np.unique(np.concatenate(wanted)).astype(np.int64)
     if isinstance(inputs.fetch, SampleFetch) and np.array_equal(inputs.fetch.index, union):
         return inputs  # read already (a helper's prepared inputs, GateHelper)

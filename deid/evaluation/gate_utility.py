@@ -3,28 +3,44 @@ trained on the release and on the originals, per label) and the earlier protocol
 """
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import Any, Sequence
 
 import numpy as np
 
 from deid.anonymise.clusters import value_codes
 from deid.evaluation.checks import Check
+from deid.evaluation.utility_folds import thin_people
 from deid.progress import Progress
 
 from deid.evaluation.gate_privacy import attack_sample, points_of
 from deid.evaluation.gate_rows import UtilityRow
 from deid.evaluation.gate_types import GateConfig, GateInputs
 
+logger = logging.getLogger(__name__)
 
-def people_sample(inputs: GateInputs, *, max_records: int, seed: int) -> np.ndarray:
-    """Indices of all records of a seeded random sample of whole people, at most ``max_records``."""
+
+def people_sample(inputs: GateInputs, *, max_records: int, seed: int, labels: Sequence[str] = ()) -> np.ndarray:
+    """Indices of the utility sample: a seeded random sample of whole people, at most ``max_records`` records.
+
+    People with many records (a recording's frames) are first thinned to the records per person with
+    which every person fits, spread over their values of ``labels``
+    (:func:`deid.evaluation.utility_folds.thin_people`): the intervals are bounded by people, not frames.
+    """
     if inputs.n <= max_records:
         return np.arange(inputs.n)
     codes, keys = value_codes(list(inputs.people))
+    strata = (value_codes([tuple(v) for v in zip(*(np.asarray(inputs.labels[x]).tolist() for x in labels))])[0]
+              if labels else np.zeros(inputs.n, dtype=np.intp))
+    rows, cap = thin_people(np.asarray(codes), np.asarray(strata), max_records, seed)
+    if cap is not None:
+        logger.info("gate: utility sample thinned to at most %d records per person (%d of %d records) so that more "
+                    "people fit %d records", cap, len(rows), inputs.n, max_records)
+    codes = np.asarray(codes)[rows]
     order = np.random.default_rng(seed).permutation(len(keys))
     sizes = np.bincount(codes, minlength=len(keys))
     take = order[np.cumsum(sizes[order]) <= max_records]
-    return np.flatnonzero(np.isin(codes, take if len(take) else order[:1]))
+    return rows[np.isin(codes, take if len(take) else order[:1])]
 
 
 def utility_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check], list[UtilityRow]]:
@@ -55,7 +71,7 @@ def cross_fit_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check
         return checks, rows
     # Feature vectors are classified as they are (standardised, no PCA): see deid.evaluation.utility._svm.
     n_components = None if inputs.kind == "features" else config.n_components
-    idx = people_sample(inputs, max_records=config.utility_sample, seed=config.seed)
+    idx = people_sample(inputs, max_records=config.utility_sample, seed=config.seed, labels=config.labels)
     released, originals = inputs.fetch(idx)
     labels = {x: np.asarray(inputs.labels[x])[idx] for x in config.labels}
     select = method_spec(config.method).partitions_by_labels and inputs.partitions is not None

@@ -22,7 +22,9 @@ bounds and a pass / fail / inconclusive status. The rooms it uses:
 possible, seeded). For each fold, only the *training* people's faces are de-identified with the
 method (the same method and k as the release); a linear SVM is trained on that release and,
 separately, on the same people's originals, and both are tested on the held-out people's
-*original* faces. Every held-out image thus gets two paired predictions; Δ = accuracy(originals) -
+*original* faces; the originals' classifier in the label-free front (per-pixel scale, PCA, score scale) fitted on
+the fold's original training faces, the release's in that front or one fitted on the release, as an inner
+cross-validation over the training people chooses (:mod:`deid.evaluation.utility_select` says why). Every held-out image thus gets two paired predictions; Δ = accuracy(originals) -
 accuracy(release) is bounded by a paired bootstrap over held-out people and decided against the
 tolerance (:class:`~deid.evaluation.utility_evidence.UtilityEvidence`). The release-trained
 classifier must also beat the majority class of the training labels.
@@ -35,7 +37,8 @@ London. So the default is 3 repeats up to :data:`AUTO_REPEAT_IMAGES` (sampled) i
 with more people the fold assignment matters less and a repeat costs more.
 
 **The sample.** At most ``max_images`` images (a seeded uniform sample of whole people) are used,
-so the check stays cheap at any drop size: 1,000 images of 500 people resolve a margin of about
+so the check stays cheap at any drop size (the gate first thins a person's many records, a recording's frames,
+so that more people fit: :func:`deid.evaluation.utility_folds.thin_people`): 1,000 images of 500 people resolve a margin of about
 0.02 (London's 204 images of 102 people: 0.03), well inside a 0.05 tolerance; each fold re-runs
 the method on 80% of them.
 """
@@ -53,10 +56,12 @@ from deid.anonymise.ksame import DominantPersonError, InsufficientPeopleError
 from deid.anonymise.partition import _trim_dominant  # the flow's rule for a person above 1/k of a partition
 from deid.blas import one_blas_thread
 from deid.errors import ConfigError
-from deid.evaluation.utility_classifier import as_components, check_components, embed, face_matrix, svc_predict
+from deid.evaluation.utility_classifier import (as_components, check_components, embed, face_matrix, fitted_front,
+                                               svc_predict)
 from deid.evaluation.utility_evidence import (PooledPredictions, UtilityEvidence, blank_evidence, check_confidence,
                                              label_evidence)
 from deid.evaluation.utility_folds import check_folds, check_int, codes_of, partition_safe_splits, sample_people
+from deid.evaluation.utility_select import Candidate, Choice, choose, fit_svc
 from deid.evaluation.utility_protocols import utility_protocols  # noqa: F401 (the gate imports it from here)
 from deid.memo import Memo, digest, key_for_size
 from deid.progress import Progress, track
@@ -436,13 +441,43 @@ def _cross_fit_folds(s: _Sample, applicable: list[str], deidentify: Callable[...
     return tally
 
 
+def _side_views(front: Any, Zvalid: np.ndarray, Ztest: np.ndarray, rows: np.ndarray, Xtr: np.ndarray,
+                Xte: np.ndarray, n_components: int | None, seed: int) -> tuple[dict[str, Candidate], dict[str, np.ndarray]]:
+    """The two fronts a fold's release side is tried in (:mod:`deid.evaluation.utility_select`): the one fitted on
+    the fold's original training faces (``front``; ``Zvalid`` / ``Ztest``: those faces and the held-out faces in it)
+    and one fitted on the release's rows themselves; per front, the candidate and the held-out faces embedded."""
+    own = fitted_front(rows, n_components, seed)
+    return ({"originals": Candidate(front.transform(rows), Zvalid),
+             "release": Candidate(own.transform(rows), own.transform(Xtr))},
+            {"originals": Ztest, "release": own.transform(Xte)})
+
+
+def _side_predict(views: tuple[dict[str, Candidate], dict[str, np.ndarray]], y_rows: np.ndarray, p_rows: np.ndarray,
+                  y_tr: np.ndarray, p_tr: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, Choice]:
+    """The release side's SVM in the front and C :func:`~deid.evaluation.utility_select.choose` picks: its predictions
+    on the held-out faces, and on the held-out faces and the release's own rows (the label-lost rule's values)."""
+    cands, tests = views
+    c = choose(cands, y_rows, p_rows, y_tr, p_tr, seed)
+    both = fit_svc(cands[c.front].train, y_rows, c.C, seed).predict(np.vstack([tests[c.front], cands[c.front].train]))
+    return both[:len(tests[c.front])], both, c
+
+
 def _pool_fold(s: _Sample, pooled: dict[str, PooledPredictions], run: FoldRun, tr: np.ndarray, te: np.ndarray,
                p_orig: dict[str, np.ndarray], *, n_components: int | None, seed: int, where: str) -> None:
     """One fold's held-out predictions, per label: the originals' classifier (``p_orig``), the classifier trained on
-    the fold's release and (with the actual release) on its rows of the training people, and the majority class."""
+    the fold's release and (with the actual release) on its rows of the training people, and the majority class.
+
+    Each release-trained classifier works in the label-free front (per-pixel scale, PCA basis, score scale) fitted on
+    the fold's *original* training faces or in the one fitted on the release's rows (SVM C=1), as an inner
+    cross-validation over the training people chooses (:mod:`deid.evaluation.utility_select` says why neither front
+    is right for every release); the held-out faces are never seen by the choice.
+    """
     kept = tr[run.keep]
-    Zr = embed(cast(np.ndarray, run.released).astype(np.float64), s.X[te], n_components, seed)
-    Za = None if s.R is None else embed(s.R[tr], s.X[te], n_components, seed)
+    front = fitted_front(s.X[tr], n_components, seed)
+    Zvalid, Ztest = front.transform(s.X[tr]), front.transform(s.X[te])
+    views = _side_views(front, Zvalid, Ztest, cast(np.ndarray, run.released).astype(np.float64), s.X[tr], s.X[te],
+                        n_components, seed)
+    actual = None if s.R is None else _side_views(front, Zvalid, Ztest, s.R[tr], s.X[tr], s.X[te], n_components, seed)
     for name, d in pooled.items():
         y = s.ys[name]
         if len(np.unique(y[tr])) < 2:
@@ -455,16 +490,20 @@ def _pool_fold(s: _Sample, pooled: dict[str, PooledPredictions], run: FoldRun, t
             p_r = np.full(len(te), y[kept][0])
             d.single_taught += 1
         else:
-            p_r, _ = svc_predict(Zr[0], y[kept], Zr[1], seed)
-            d.values.update(np.unique(p_r).tolist())
+            # Predicted on the held-out faces and on the release's own faces: a classifier that names one value
+            # even there cannot tell the release's faces apart (the label is lost by construction); one that
+            # names one value on a handful of held-out faces only is small-sample evidence for the bounds.
+            p_r, both, choice = _side_predict(views, y[kept], s.pc[kept], y[tr], s.pc[tr], seed)
+            d.values.update(np.unique(both).tolist())
+            d.choices.append((choice.front, choice.C))
         majority = int(np.argmax(np.bincount(y[tr])))
         d.row.append(te)
         d.who.append(s.pc[te])
         d.o.append(p_o == y[te])
         d.r.append(p_r == y[te])
         d.m.append(y[te] == majority)
-        if Za is not None:
-            p_a, _ = svc_predict(Za[0], y[tr], Za[1], seed)
+        if actual is not None:
+            p_a, both, _ = _side_predict(actual, y[tr], s.pc[tr], y[tr], s.pc[tr], seed)
             d.a.append(p_a == y[te])
-            d.a_values.update(np.unique(p_a).tolist())
+            d.a_values.update(np.unique(both).tolist())
         d.folds_used += 1

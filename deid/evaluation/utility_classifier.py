@@ -156,13 +156,23 @@ def svm_pipeline(n_components: int | None, n_train: int, p: int, seed: int):
                          StandardScaler(), LinearSVC(C=1.0, max_iter=10_000, random_state=seed))
 
 
+def fitted_front(Xfit: np.ndarray, n_components: int | None, seed: int):
+    """The label-free front of :func:`svm_pipeline` (everything before the SVM) fitted on ``Xfit``.
+
+    It never sees labels, so one fit serves every label; the cross-fit fits it on a fold's *original* training
+    faces and on the fold's release, and the release's classifier works in the one an inner cross-validation
+    chooses (:mod:`deid.evaluation.utility_select`).
+    """
+    return svm_pipeline(n_components, len(Xfit), Xfit.shape[1], seed)[:-1].fit(Xfit)
+
+
 def embed(Xtr: np.ndarray, Xte: np.ndarray, n_components: int | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """The label-free front of :func:`svm_pipeline` fitted on Xtr: standardised PCA scores of Xtr and Xte.
 
     Fitted once per training set and shared by every label, since only the SVM sees labels.
     """
-    front = svm_pipeline(n_components, len(Xtr), Xtr.shape[1], seed)[:-1]
-    return front.fit_transform(Xtr), front.transform(Xte)
+    front = fitted_front(Xtr, n_components, seed)
+    return front.transform(Xtr), front.transform(Xte)
 
 
 def svc_predict(Ztr: np.ndarray, ytr: np.ndarray, Zte: np.ndarray, seed: int) -> tuple[np.ndarray, bool]:

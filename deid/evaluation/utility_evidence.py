@@ -231,8 +231,9 @@ class PooledPredictions:
     ``row`` / ``who``: the test rows and their people; ``o``, ``r``, ``a``: whether the classifier trained on
     the originals, on the fold's release, on the actual release's rows was right; ``m``: whether the training
     side's majority class was; ``values`` / ``a_values``: the values the release's (the actual release's)
-    classifiers named; ``single_taught``: folds whose release taught a single value (suppression), predicted
-    constant by construction; ``skipped``: each fold that gave this label no evidence, with its reason.
+    classifiers named, on the held-out faces or on the release's faces they were trained on; ``single_taught``: folds whose release taught a single value (suppression), predicted
+    constant by construction; ``skipped``: each fold that gave this label no evidence, with its reason; ``choices``: the front and C the
+    inner cross-validation chose for the release's classifier, per fold (:mod:`deid.evaluation.utility_select`).
     """
 
     row: list[np.ndarray] = field(default_factory=list)
@@ -246,6 +247,17 @@ class PooledPredictions:
     single_taught: int = 0
     folds_used: int = 0
     skipped: list[str] = field(default_factory=list)
+    choices: list[tuple[str, float]] = field(default_factory=list)
+
+    def choice_note(self) -> list[str]:
+        """Which front and C the inner cross-validation chose for the release's classifier, over the folds."""
+        if not self.choices:
+            return []
+        fronts = [f for f, _ in self.choices]
+        cs = sorted(set(c for _, c in self.choices))
+        return [f"release's classifier chosen per fold by inner cross-validation over the training people: front "
+                f"fitted on the originals in {fronts.count('originals')}, on the release in {fronts.count('release')} "
+                f"of {len(fronts)} folds; C {', '.join(f'{c:g}' for c in cs)}"]
 
     def skip_note(self, folds_run: int) -> list[str]:
         """A skipped fold is a defect of the protocol, never silent: counted, each with its reason."""
@@ -275,9 +287,9 @@ def label_evidence(name: str, d: PooledPredictions, evidence: Callable[..., Util
     gain, g_lo, g_up = paired_bootstrap(who, rr, m, n_boot=n_boot, confidence=confidence, seed=seed)
     status = _decide(lo, up, float(tolerance))
     majority_status = _majority(g_lo, g_up)
-    # A release whose classifier names one value for every held-out face (e.g. every partition averaged
-    # into one image) carries no label at all: lost, by construction rather than by a bound.
-    # Only a classifier that was taught both values and still names one counts (a fold whose training
+    # A release whose classifier names one value for every held-out face and every face of the release it was
+    # trained on (e.g. every partition averaged into one image) carries no label at all: lost, by construction
+    # rather than by a bound. Only a classifier that was taught both values and still names one counts (a fold whose training
     # side was suppressed down to one value proves nothing: see single_taught, reported in the detail).
     constant = 0 < len(d.values) < 2
     if constant:
@@ -308,7 +320,7 @@ def label_evidence(name: str, d: PooledPredictions, evidence: Callable[..., Util
                    f"[{a_lo:+.3f}, {a_up:+.3f}] ({extra['actual_status']}); vs majority rate: gain "
                    f"{a_gain:+.3f} [{ag_lo:+.3f}, {ag_up:+.3f}] ({extra['actual_majority_status']})")
     return evidence(
-        name, status, "; ".join(msg + single + [base_note, *d.skip_note(folds_run)]), delta=delta, delta_lower=lo,
+        name, status, "; ".join(msg + single + d.choice_note() + [base_note, *d.skip_note(folds_run)]), delta=delta, delta_lower=lo,
         delta_upper=up,
         accuracy_original=float(o.mean()), accuracy_release=float(rr.mean()), majority_rate=float(m.mean()),
         majority_status=majority_status, gain_lower=g_lo, gain_upper=g_up, n_test_images=n_img,

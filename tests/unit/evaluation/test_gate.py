@@ -203,6 +203,26 @@ def test_the_gate_reads_the_release_pixels_once():
     assert next(c for c in res.checks if c.name == "utility_bright").n > 0
 
 
+def test_the_utility_sample_thins_frames_to_test_more_people():
+    """A person with many records (a recording's frames) is thinned so that every person fits the budget."""
+    from deid.evaluation.gate_utility import people_sample
+
+    faces, people = _faces(50, per_person=2, seed=3)
+    many = np.repeat(faces, 10, axis=0)  # 50 people x 20 records
+    who = np.repeat(people, 10)
+    label = np.asarray([("x", "y")[(i // 10) % 2] for i in range(len(who))], dtype=object)
+    inputs = _inputs(many, many, who, np.asarray(who, dtype=object), labels={"l": label})
+    idx = people_sample(inputs, max_records=400, seed=0, labels=("l",))
+    kept = np.unique(who[idx], return_counts=True)[1]
+    assert len(kept) == 50 and set(kept.tolist()) == {8} and len(idx) == 400  # was 20 people x 20 records
+    assert {tuple(np.unique(label[idx][who[idx] == p]).tolist()) for p in people} == {("x", "y")}
+    assert np.array_equal(idx, people_sample(inputs, max_records=400, seed=0, labels=("l",)))  # deterministic
+    # Two records per person: whole people sampled as before.
+    stills = _inputs(faces, faces, people, np.asarray(people, dtype=object))
+    idx = people_sample(stills, max_records=40, seed=0)
+    assert len(idx) == 40 and set(np.unique(people[idx], return_counts=True)[1].tolist()) == {2}
+
+
 def test_check_status_and_dict_round_trip():
     c = Check("x", True, 0.1, "<= 0.2", "d", status="inconclusive", interval=(0.0, 0.3), n=40)
     d = c.to_dict()
