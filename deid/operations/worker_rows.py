@@ -5,6 +5,7 @@ Nothing here is a stage's work; the ``worker_*`` modules (one per stage they ser
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import uuid
 from pathlib import Path
@@ -176,6 +177,16 @@ class IndexedRows:
                            np.vstack([self.extra, rows]))
 
 
+def image_digest(row) -> bytes:
+    """A 16-byte key of an image's bytes (a contiguous uint8 row or bytes) that tells distinct images apart in one
+    pass (never stored: only compared within the pass).
+
+    SHA-256 (the CPU's SHA instructions, through OpenSSL), cut to 16 bytes: 5.4 us per 81 x 92 face against
+    9.8 for BLAKE2b-128 (issue 32: every record of a release is keyed in the lineage, the stage and the gate).
+    """
+    return hashlib.sha256(row).digest()[:16]
+
+
 def distinct_rows(parts: Sequence[str], column: str = "pixels", *,
                   spill: Path | None = None) -> tuple[pa.Table, IndexedRows]:
     """(record_id, cluster, row) of every record of the de-identified ``parts`` and their ``column`` pixels.
@@ -184,8 +195,6 @@ def distinct_rows(parts: Sequence[str], column: str = "pixels", *,
     k-Same release holds one image per cluster), on disk in ``spill`` (a :class:`RowFile`) when
     given, else in memory. ``row`` indexes the returned matrix.
     """
-    import hashlib  # noqa: PLC0415
-
     seen: dict[tuple[str, bytes], int] = {}
     keys: list[pa.Table] = []
     held: list[np.ndarray] = []
@@ -200,7 +209,7 @@ def distinct_rows(parts: Sequence[str], column: str = "pixels", *,
             clusters = batch.column("cluster").to_pylist()
             rows = np.empty(len(clusters), dtype=np.int64)
             for r, c in enumerate(clusters):
-                key = (c, hashlib.blake2b(pix[r], digest_size=16).digest())
+                key = (c, image_digest(pix[r]))
                 j = seen.get(key)
                 if j is None:
                     j = seen[key] = len(seen)
