@@ -22,7 +22,8 @@ from deid.errors import StateError
 from deid.evaluation.leaks import mean_abs_difference
 
 from deid.operations.worker_lineage import lineage_partition_key
-from deid.operations.worker_rows import STREAM_BUFFER, StringColumn, as_array, image_digest, pixel_rows, shared_objects
+from deid.operations.worker_rows import STREAM_BUFFER, StringColumn, as_array, pixel_rows, shared_objects
+from deid.release.hashing import image_digest
 
 
 @dataclass(frozen=True)
