@@ -29,11 +29,35 @@ _PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def mean_abs_difference(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise mean absolute grey difference, in blocks (no full int16 copies)."""
+    """Row-wise mean absolute grey difference, in blocks (no full int16 copies).
+
+    Two uint8 arrays take :func:`_abs_diff_u8` (max - min in uint8, summed as integers): the same float64
+    values as the int16 mean (each row's sum is an exact integer either way, divided by the row's length
+    once), ~8x less CPU (issue 32: every record of a release is measured in de-identify and in the gate).
+    """
     out = np.empty(len(a), dtype=np.float64)
-    for s in range(0, len(a), 4096):
-        out[s:s + 4096] = np.abs(a[s:s + 4096].astype(np.int16) - b[s:s + 4096].astype(np.int16)).mean(axis=1)
+    a, b = np.asarray(a), np.asarray(b)
+    u8 = a.dtype == np.uint8 and b.dtype == np.uint8 and a.ndim == 2
+    step = 256 if u8 else 4096  # uint8 blocks of ~2 MB stay in cache
+    for s in range(0, len(a), step):
+        if u8:
+            d = _abs_diff_u8(a[s:s + step], b[s:s + step])
+            out[s:s + step] = d.sum(axis=1, dtype=_sum_type(d.shape[1])) / d.shape[1]
+        else:
+            out[s:s + 4096] = np.abs(a[s:s + 4096].astype(np.int16) - b[s:s + 4096].astype(np.int16)).mean(axis=1)
     return out
+
+
+def _abs_diff_u8(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``|a - b|`` of uint8 arrays (broadcast), exact, in uint8: ``max(a, b) - min(a, b)`` never wraps."""
+    d = np.maximum(a, b)
+    d -= np.minimum(a, b)
+    return d
+
+
+def _sum_type(values: int) -> type:
+    """The integer type a row of ``values`` uint8 differences sums in without overflow (uint32: ~3x faster)."""
+    return np.uint32 if values * 255 < 2 ** 32 else np.uint64
 
 
 def nearest_original_distance(released: Any, originals: Any, *, threshold: float = DEFAULT_THRESHOLD
@@ -65,12 +89,13 @@ def nearest_original_distance(released: Any, originals: Any, *, threshold: float
             raise ConfigError(f"{name} has shape {a.shape}; it must be a non-empty (n_images, n_pixels) array")
     if r.shape[1] != o.shape[1]:
         raise ConfigError(f"released faces have {r.shape[1]} pixels but originals {o.shape[1]}; compare aligned faces of the same size")
-    r = np.clip(np.rint(r), 0, 255).astype(np.int16)
-    o = np.clip(np.rint(o), 0, 255).astype(np.int16)
+    # Whole grey levels 0..255 as uint8: the same integer sums as int16 |r - o| (see mean_abs_difference).
+    r = np.clip(np.rint(r), 0, 255).astype(np.uint8)
+    o = np.clip(np.rint(o), 0, 255).astype(np.uint8)
     out = np.empty(len(r), dtype=np.float64)
     block = max(1, 2_000_000 // o.size)
     for s in range(0, len(r), block):
-        d = np.abs(r[s:s + block, None, :] - o[None, :, :]).sum(axis=2, dtype=np.int64)
+        d = _abs_diff_u8(r[s:s + block, None, :], o[None, :, :]).sum(axis=2, dtype=_sum_type(r.shape[1]))
         out[s:s + block] = d.min(axis=1) / r.shape[1]
     return out, float(threshold)
 

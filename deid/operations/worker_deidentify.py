@@ -362,7 +362,7 @@ def _bucket_means(spill: Path, labels_: np.ndarray, sizes: np.ndarray, bucket_of
                 c1 = min(c0 + _MEAN_CLUSTERS, len(starts))
                 a, z = int(starts[c0]), int(ends[c1 - 1])
                 chunk = data[order[a:z]]  # these clusters' rows, grouped by cluster
-                sums = np.add.reduceat(chunk, starts[c0:c1] - a, axis=0, dtype=np.uint32)
+                sums = _cluster_sums(chunk, starts[c0:c1] - a, ends[c0:c1] - a)
                 means = sums / sizes[labs[starts[c0:c1]]][:, None]  # float64, rounded and clipped in place
                 del sums
                 np.rint(means, out=means)
@@ -376,6 +376,16 @@ def _bucket_means(spill: Path, labels_: np.ndarray, sizes: np.ndarray, bucket_of
                 avg.write(means.tobytes())
             del data, chunk
     return by_bucket, bounds
+
+
+def _cluster_sums(rows: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Each segment ``rows[starts[i]:ends[i]]``'s column sums (uint8 rows, exact in uint32): what
+    ``np.add.reduceat(rows, starts, axis=0, dtype=np.uint32)`` gives for back-to-back segments, ~10x less CPU
+    (reduceat walks a segment's rows column by column: 18.5 -> 1.9 us a 81 x 92 face; issue 32)."""
+    out = np.empty((len(starts), rows.shape[1]), np.uint32)
+    for i, (a, z) in enumerate(zip(starts.tolist(), ends.tolist())):
+        np.add.reduce(rows[a:z], axis=0, dtype=np.uint32, out=out[i])
+    return out
 
 
 def _write_released_means(out: Path, spill: Path, ids: pa.Array, labels_: np.ndarray, names: list[str],

@@ -23,6 +23,7 @@ from deid.evaluation.leaks import mean_abs_difference
 
 from deid.operations.worker_lineage import lineage_partition_key
 from deid.operations.worker_rows import STREAM_BUFFER, StringColumn, as_array, pixel_rows, shared_objects
+from deid.release.hashing import image_digest
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,6 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
     (identity resolution's near misses, :attr:`deid.contracts.Partitioned.identity_suspects`) whose positions
     ``suspects`` gives, in the order given (a record not released is left out).
     """
-    import hashlib  # noqa: PLC0415
-
     pairs = []
     for path in sorted(deid_paths):
         name = Path(path).name[: -len(".parquet")]
@@ -134,7 +133,7 @@ def gate_records(partitions_root: str, deid_paths: list[str], *, labels: list[st
                 record_points += o.column("points").to_pylist() if with_points else [None] * r.num_rows
             a, b = pixel_rows(r.column("pixels")), pixel_rows(o.column("pixels"))
             image_index.append(np.fromiter(
-                (digests.setdefault(hashlib.blake2b(row, digest_size=16).digest(), len(digests)) for row in a),
+                (digests.setdefault(image_digest(row), len(digests)) for row in a),
                 dtype=np.int64, count=len(a)))
             own.append(mean_abs_difference(a, b))
     del digests

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from deid.errors import StateError
+from deid.release.hashing import image_digest
 from deid.schemas import arrow as schemas
 
 
@@ -184,8 +185,6 @@ def distinct_rows(parts: Sequence[str], column: str = "pixels", *,
     k-Same release holds one image per cluster), on disk in ``spill`` (a :class:`RowFile`) when
     given, else in memory. ``row`` indexes the returned matrix.
     """
-    import hashlib  # noqa: PLC0415
-
     seen: dict[tuple[str, bytes], int] = {}
     keys: list[pa.Table] = []
     held: list[np.ndarray] = []
@@ -200,7 +199,7 @@ def distinct_rows(parts: Sequence[str], column: str = "pixels", *,
             clusters = batch.column("cluster").to_pylist()
             rows = np.empty(len(clusters), dtype=np.int64)
             for r, c in enumerate(clusters):
-                key = (c, hashlib.blake2b(pix[r], digest_size=16).digest())
+                key = (c, image_digest(pix[r]))
                 j = seen.get(key)
                 if j is None:
                     j = seen[key] = len(seen)

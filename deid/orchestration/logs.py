@@ -80,37 +80,65 @@ class ProgressArtifacts(logging.Handler):
             self._cv.notify()
 
     def _send_loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._latest and not self._closed:
-                    self._cv.wait()
-                batch, self._latest = self._latest, {}
-                closed = self._closed
-            if batch and not self._failed:
-                self.send(batch)
-            if closed and not self._latest:
-                return
-            time.sleep(self.period)  # at most one update per stage per period
+        client = None
+        try:
+            while True:
+                with self._cv:
+                    while not self._latest and not self._closed:
+                        self._cv.wait()
+                    batch, self._latest = self._latest, {}
+                    closed = self._closed
+                if batch and not self._failed:
+                    client = client or self._client()
+                    self.send(batch, client=client)
+                if closed and not self._latest:
+                    return
+                time.sleep(self.period)  # at most one update per stage per period
+        finally:
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    client.__exit__(None, None, None)
 
-    def send(self, batch: dict[str, tuple[float, str]]) -> None:
-        """Create or update each stage's artifact (a failure stops the updates: the run goes on)."""
-        from prefect.artifacts import update_progress_artifact  # noqa: PLC0415
+    def _client(self) -> Any:
+        """One Prefect API client for the whole run: ``update_progress_artifact`` makes a client (and its TLS
+        context, ~20 ms of CPU) per call, once a second per stage for the length of the run (issue 32)."""
         from prefect.client.orchestration import get_client  # noqa: PLC0415
-        from prefect.client.schemas.actions import ArtifactCreate  # noqa: PLC0415
 
         try:
-            for stage, (progress, text) in batch.items():
-                if stage in self.ids:
-                    update_progress_artifact(self.ids[stage], progress=progress, description=text)
-                    continue
-                with get_client(sync_client=True) as client:
-                    self.ids[stage] = client.create_artifact(ArtifactCreate(
+            return get_client(sync_client=True).__enter__()
+        except Exception as exc:  # noqa: BLE001 - a progress bar must never fail or slow the run
+            self._stop(exc)
+            return None
+
+    def send(self, batch: dict[str, tuple[float, str]], *, client: Any = None) -> None:
+        """Create or update each stage's artifact (a failure stops the updates: the run goes on).
+
+        ``client``: an open sync Prefect client to send with (default: one for this call). An update is what
+        ``prefect.artifacts.update_progress_artifact`` sends: the share (0-100) and the line.
+        """
+        from prefect.client.orchestration import get_client  # noqa: PLC0415
+        from prefect.client.schemas.actions import ArtifactCreate, ArtifactUpdate  # noqa: PLC0415
+
+        if self._failed:
+            return
+        try:
+            with contextlib.nullcontext(client) if client is not None else get_client(sync_client=True) as api:
+                for stage, (progress, text) in batch.items():
+                    progress = max(0.0, min(float(progress), 100.0))
+                    if stage in self.ids:
+                        api.update_artifact(artifact_id=self.ids[stage], artifact=ArtifactUpdate(
+                            data=progress, **({"description": text} if text else {})))
+                        continue
+                    self.ids[stage] = api.create_artifact(ArtifactCreate(
                         key=_artifact_key(stage), type="progress", data=progress, description=text,
                         flow_run_id=self.flow_run_id)).id
         except Exception as exc:  # noqa: BLE001 - a progress bar must never fail or slow the run
-            self._failed = True
-            logging.getLogger(__name__).warning("progress artifacts stopped (the Prefect API refused or is "
-                                                "unreachable: %s); the run goes on", exc)
+            self._stop(exc)
+
+    def _stop(self, exc: Exception) -> None:
+        self._failed = True
+        logging.getLogger(__name__).warning("progress artifacts stopped (the Prefect API refused or is "
+                                            "unreachable: %s); the run goes on", exc)
 
     def close(self, timeout: float = 5.0) -> None:
         """Send the last lines (within ``timeout`` seconds) and stop the thread."""

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from deid.release.hashing import image_digest
 from deid.release.lineage_state import LineageCluster, stored_rows
 
 
@@ -66,8 +67,6 @@ def content_ids(X: Any, records: Sequence[str], clusters: Sequence[LineageCluste
     with the same pixels (a copy under another fingerprint) get the same id; a fingerprint the
     gallery lacks is its own content (:func:`content_pairs` maps it to itself).
     """
-    import hashlib  # noqa: PLC0415
-
     members = set().union(*(c.records for c in clusters)) if clusters else set()
     row_of: dict[str, int] = {}
     for r, f in enumerate(records):
@@ -79,7 +78,7 @@ def content_ids(X: Any, records: Sequence[str], clusters: Sequence[LineageCluste
         part = rows[a:a + chunk]
         block = np.ascontiguousarray(np.asarray(X[part]))
         for r, row in zip(part.tolist(), block):
-            digest[r] = "px:" + hashlib.blake2b(row.tobytes(), digest_size=16).hexdigest()
+            digest[r] = "px:" + image_digest(row).hex()
     return {f: digest[r] for f, r in row_of.items()}
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["Artifact", "FileManifest", "hash_file", "iter_tree", "scan_tree"]
+__all__ = ["Artifact", "FileManifest", "hash_file", "image_digest", "iter_tree", "scan_tree"]
 
 _CHUNK = 1 << 20
 
@@ -53,6 +53,16 @@ class FileManifest:
     def from_dict(cls, d: Mapping[str, Any]) -> FileManifest:
         return cls(path=d["path"], sha256=d["sha256"], files=d["files"], bytes=d["bytes"],
                    covers=tuple(d["covers"]), format=d["format"])
+
+
+def image_digest(row: Any) -> bytes:
+    """A 16-byte key of an image's bytes (a contiguous uint8 row, or bytes) that tells distinct images apart within
+    one pass; never stored or compared across runs.
+
+    SHA-256 (the CPU's SHA instructions, through OpenSSL) cut to 16 bytes: 5.4 us per 81 x 92 face against 9.8
+    for BLAKE2b-128 (issue 32: every record of a release is keyed in the lineage, the stage and the gate).
+    """
+    return hashlib.sha256(row).digest()[:16]
 
 
 def hash_file(path: str | os.PathLike[str]) -> tuple[str, int]:

@@ -137,3 +137,17 @@ def test_pose_grouping_reads_the_partitions_yaw_only_when_asked(tmp_path):
     assert not np.array_equal(posed, plain)
     np.testing.assert_array_equal(released(pose_degrees=10), posed)
     np.testing.assert_array_equal(released(), plain)
+
+
+def test_cluster_sums_are_reduceats_exact_sums():
+    """The averages' per-cluster sums (issue 32: one reduce per cluster) equal reduceat's, for any segment sizes."""
+    from deid.operations.worker_deidentify import _cluster_sums
+
+    rng = np.random.default_rng(7)
+    sizes = np.array([1, 2, 5, 9, 1, 300, 4])
+    rows = rng.integers(0, 256, (int(sizes.sum()), 7452), dtype=np.uint8)
+    rows[5:14] = 255  # the largest sums
+    starts = np.r_[0, np.cumsum(sizes)[:-1]]
+    got = _cluster_sums(rows, starts, starts + sizes)
+    assert got.dtype == np.uint32
+    np.testing.assert_array_equal(got, np.add.reduceat(rows, starts, axis=0, dtype=np.uint32))
