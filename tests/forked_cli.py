@@ -25,8 +25,8 @@ import great_expectations, sklearn  # noqa: F401 - what every `deid run` imports
 import deid.cli, deid.flows.release  # noqa: F401
 # What every run builds before its first check: Great Expectations' ephemeral context (each forked command
 # gets its own copy, as it would build its own).
-from deid.evaluation.validation import _gx
-_gx()
+from deid.evaluation.validation import warm_validation
+warm_validation()
 import threading
 assert threading.active_count() == 1, "the zygote must not fork with threads running"
 print("ready", flush=True)

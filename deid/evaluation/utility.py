@@ -56,7 +56,7 @@ from deid.anonymise.ksame import DominantPersonError, InsufficientPeopleError
 from deid.anonymise.partition import _trim_dominant  # the flow's rule for a person above 1/k of a partition
 from deid.blas import one_blas_thread
 from deid.errors import ConfigError
-from deid.evaluation.utility_classifier import (as_components, check_components, embed, face_matrix, fitted_front,
+from deid.evaluation.utility_classifier import (as_components, check_components, face_matrix, fit_embed,
                                                svc_predict)
 from deid.evaluation.utility_evidence import (PooledPredictions, UtilityEvidence, blank_evidence, check_confidence,
                                              label_evidence)
@@ -169,10 +169,10 @@ def _deidentify_fold(deidentify: Callable[..., Any], X: np.ndarray, people: np.n
     return FoldRun(None, keep, "every training record was suppressed (partitions with fewer than k people)", trimmed)
 
 
-def _originals_fold(X: np.ndarray, ys: dict[str, np.ndarray], names: list[str], tr: np.ndarray, te: np.ndarray,
-                    n_components: int | None, seed: int) -> dict[str, np.ndarray]:
-    """Per label, the held-out predictions of the classifier trained on the fold's original training faces."""
-    Ztr, Zte = embed(X[tr], X[te], n_components, seed)
+def _originals_fold(Ztr: np.ndarray, Zte: np.ndarray, ys: dict[str, np.ndarray], names: list[str], tr: np.ndarray,
+                    seed: int) -> dict[str, np.ndarray]:
+    """Per label, the held-out predictions of the classifier trained on the fold's original training faces (``Ztr``,
+    ``Zte``: the training and held-out faces in the front fitted on the training faces, :func:`_fold_front`)."""
     return {name: svc_predict(Ztr, ys[name][tr], Zte, seed)[0] for name in names if len(np.unique(ys[name][tr])) >= 2}
 
 
@@ -432,24 +432,47 @@ def _cross_fit_folds(s: _Sample, applicable: list[str], deidentify: Callable[...
                 tally.trimmed += run.trimmed
                 tally.suppressed += int(np.count_nonzero(~run.keep)) - run.trimmed
                 fold_key = None if originals_key is None else digest(originals_key, tr, te)
-                p_orig = _ORIGINAL_FOLDS.get_or_compute(fold_key, lambda: _originals_fold(s.X, s.ys, applicable, tr, te,
-                                                                                          n_components, seed))
-                _pool_fold(s, tally.pooled, run, tr, te, p_orig, n_components=n_components, seed=seed,
+                front = _fold_front(s.X[tr], s.X[te], n_components, seed)
+                p_orig = _ORIGINAL_FOLDS.get_or_compute(fold_key, lambda: _originals_fold(front[1], front[2], s.ys,
+                                                                                          applicable, tr, seed))
+                _pool_fold(s, tally.pooled, run, tr, te, p_orig, front, n_components=n_components, seed=seed,
                            where=f"repeat {r} fold {f}")
     if progress is not None:
         progress.finish()  # a repeat may yield fewer folds than asked
     return tally
 
 
+def _fold_front(Xtr: np.ndarray, Xte: np.ndarray, n_components: int | None, seed: int) -> tuple[Any, np.ndarray, np.ndarray]:
+    """The label-free front fitted on a fold's original training faces, those faces and the held-out faces in it: one
+    fit serves the originals' classifier and both release sides (:func:`_side_views`)."""
+    front, Ztr = fit_embed(Xtr, n_components, seed)
+    return front, Ztr, front.transform(Xte)
+
+
+class _HeldOut(dict):
+    """The held-out faces embedded per front, the release's own front's only when the choice asks for it."""
+
+    def __init__(self, originals: np.ndarray, own: Any, Xte: np.ndarray):
+        super().__init__(originals=originals)
+        self._own, self._Xte = own, Xte
+
+    def __missing__(self, key: str) -> np.ndarray:
+        if key != "release":
+            raise KeyError(key)
+        self[key] = value = self._own.transform(self._Xte)
+        return value
+
+
 def _side_views(front: Any, Zvalid: np.ndarray, Ztest: np.ndarray, rows: np.ndarray, Xtr: np.ndarray,
                 Xte: np.ndarray, n_components: int | None, seed: int) -> tuple[dict[str, Candidate], dict[str, np.ndarray]]:
     """The two fronts a fold's release side is tried in (:mod:`deid.evaluation.utility_select`): the one fitted on
     the fold's original training faces (``front``; ``Zvalid`` / ``Ztest``: those faces and the held-out faces in it)
-    and one fitted on the release's rows themselves; per front, the candidate and the held-out faces embedded."""
-    own = fitted_front(rows, n_components, seed)
+    and one fitted on the release's rows themselves; per front, the candidate and the held-out faces embedded (the
+    release front's when the choice picks it)."""
+    own, own_rows = fit_embed(rows, n_components, seed)
     return ({"originals": Candidate(front.transform(rows), Zvalid),
-             "release": Candidate(own.transform(rows), own.transform(Xtr))},
-            {"originals": Ztest, "release": own.transform(Xte)})
+             "release": Candidate(own_rows, own.transform(Xtr))},
+            _HeldOut(Ztest, own, Xte))
 
 
 def _side_predict(views: tuple[dict[str, Candidate], dict[str, np.ndarray]], y_rows: np.ndarray, p_rows: np.ndarray,
@@ -463,7 +486,8 @@ def _side_predict(views: tuple[dict[str, Candidate], dict[str, np.ndarray]], y_r
 
 
 def _pool_fold(s: _Sample, pooled: dict[str, PooledPredictions], run: FoldRun, tr: np.ndarray, te: np.ndarray,
-               p_orig: dict[str, np.ndarray], *, n_components: int | None, seed: int, where: str) -> None:
+               p_orig: dict[str, np.ndarray], fold_front: tuple[Any, np.ndarray, np.ndarray], *,
+               n_components: int | None, seed: int, where: str) -> None:
     """One fold's held-out predictions, per label: the originals' classifier (``p_orig``), the classifier trained on
     the fold's release and (with the actual release) on its rows of the training people, and the majority class.
 
@@ -473,8 +497,7 @@ def _pool_fold(s: _Sample, pooled: dict[str, PooledPredictions], run: FoldRun, t
     is right for every release); the held-out faces are never seen by the choice.
     """
     kept = tr[run.keep]
-    front = fitted_front(s.X[tr], n_components, seed)
-    Zvalid, Ztest = front.transform(s.X[tr]), front.transform(s.X[te])
+    front, Zvalid, Ztest = fold_front
     views = _side_views(front, Zvalid, Ztest, cast(np.ndarray, run.released).astype(np.float64), s.X[tr], s.X[te],
                         n_components, seed)
     actual = None if s.R is None else _side_views(front, Zvalid, Ztest, s.R[tr], s.X[tr], s.X[te], n_components, seed)

@@ -117,6 +117,18 @@ class PixelPCA(TransformerMixin, BaseEstimator):
     def transform(self, X):
         return self.pca_.transform(self.scaler_.transform(np.asarray(X, dtype=np.float64)))
 
+    def fit_transform(self, X, y=None, **fit_params):
+        """``fit(X).transform(X)``, bit for bit, standardising ``X`` once instead of twice."""
+        X = np.asarray(X, dtype=np.float64)
+        self.scaler_ = StandardScaler().fit(X)
+        quantised = bool(np.all(X == np.round(X)))
+        noise = (1.0 / 12.0) / self.scaler_.scale_ ** 2 if quantised else None
+        Xs = self.scaler_.transform(X)
+        self.pca_ = GramPCA(self.n_components, max_samples=self.max_samples, random_state=self.random_state,
+                            noise_var=noise).fit(Xs)
+        self.n_components_ = self.pca_.n_components_
+        return self.pca_.transform(Xs)
+
 
 # Basis of the SVM's PCA fitted on at most this many training faces: the Gram matrix costs
 # O(n^2 p): 4 s at n = 1,600 faces of 7,452 pixels on one core, 0.5 s at 600, 0.1 s at 300.
@@ -166,13 +178,19 @@ def fitted_front(Xfit: np.ndarray, n_components: int | None, seed: int):
     return svm_pipeline(n_components, len(Xfit), Xfit.shape[1], seed)[:-1].fit(Xfit)
 
 
+def fit_embed(Xfit: np.ndarray, n_components: int | None, seed: int) -> tuple[Any, np.ndarray]:
+    """:func:`fitted_front` and ``Xfit`` embedded in it: ``front.transform(Xfit)`` bit for bit, without a second pass."""
+    front = svm_pipeline(n_components, len(Xfit), Xfit.shape[1], seed)[:-1]
+    return front, front.fit_transform(Xfit)
+
+
 def embed(Xtr: np.ndarray, Xte: np.ndarray, n_components: int | None, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """The label-free front of :func:`svm_pipeline` fitted on Xtr: standardised PCA scores of Xtr and Xte.
 
     Fitted once per training set and shared by every label, since only the SVM sees labels.
     """
-    front = fitted_front(Xtr, n_components, seed)
-    return front.transform(Xtr), front.transform(Xte)
+    front, Ztr = fit_embed(Xtr, n_components, seed)
+    return Ztr, front.transform(Xte)
 
 
 def svc_predict(Ztr: np.ndarray, ytr: np.ndarray, Zte: np.ndarray, seed: int) -> tuple[np.ndarray, bool]:

@@ -66,6 +66,12 @@ def _gx():
         return _gx_state["gx"], _gx_state["batch"]
 
 
+def warm_validation() -> None:
+    """Great Expectations imported and this process's context made (~2-4 s of CPU), ahead of the first validation:
+    a pool process's first warm-up job, or a process that forks the commands it runs (tests/forked_cli.py)."""
+    _gx()
+
+
 def _forget_batches() -> None:
     """Drop the table the context's pandas engine keeps after a validation (with ``_lock`` held).
 

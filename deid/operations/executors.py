@@ -17,10 +17,11 @@ _clients: dict[str, Any] = {}
 
 
 def warm_validation() -> None:
-    """Great Expectations imported and its context made (~2 s of CPU): a pool process's first warm-up job."""
-    from deid.evaluation.validation import _gx  # noqa: PLC0415
+    """Great Expectations imported and its context made: a pool process's first warm-up job
+    (:func:`deid.evaluation.validation.warm_validation`)."""
+    from deid.evaluation.validation import warm_validation as warm  # noqa: PLC0415 - GX's import is slow: when asked
 
-    _gx()
+    warm()
 
 
 def warm_worker(*, recognizer: bool = True) -> None:
