@@ -14,10 +14,10 @@ in the same process times (process CPU time, so per core):
    search of a still (Haar face cascade, then landmarks), the warp);
 3. "followed": what they do now (``FaceTracker()``: the full detection every
    ``DETECT_EVERY`` frames or when following is uncertain, the face followed in between; the
-   crop, reduced to a face of at most ``STAGED_FACE_MAX`` px, and its PNG, ``staged_crop``;
+   crop, reduced to a face of at most ``STAGED_FACE_MAX`` px, and its bytes (BMP), ``staged_crop``;
    its eyes as ingest stages them, ``StagedEyes``: one 5-point landmark pass in the box on a
    detected frame, the detection's eyes moved with the face on a followed one whose eye band
-   matched; ``align_records`` with the staged eyes and face box: PNG decode, the warp, and the
+   matched; ``align_records`` with the staged eyes and face box: decode, the warp, and the
    landmark pass only where no eyes were staged). Neither estimates head yaw (the align stage
    does, ~0.6 ms, in both).
 
@@ -75,7 +75,7 @@ def followed(path: Path, steps: dict[str, float] | None = None, sources: dict[st
     eyes = StagedEyes(tracked_eyes_finder())
     n = aligned = detected = 0
     clock = time.process_time
-    t = {"decode": 0.0, "track+crop": 0.0, "stage (reduce+png+eyes)": 0.0, "align": 0.0}
+    t = {"decode": 0.0, "track+crop": 0.0, "stage (reduce+bytes+eyes)": 0.0, "align": 0.0}
     t0 = clock()
     for index, seconds, frame in iter_frames(path):
         t1 = clock()
@@ -91,7 +91,7 @@ def followed(path: Path, steps: dict[str, float] | None = None, sources: dict[st
             t4 = clock()
         t["decode"] += t1 - t0
         t["track+crop"] += t2 - t1
-        t["stage (reduce+png+eyes)"] += t3 - t2
+        t["stage (reduce+bytes+eyes)"] += t3 - t2
         t["align"] += t4 - t3
         t0 = t4
     if steps is not None:

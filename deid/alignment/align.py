@@ -24,7 +24,7 @@ __all__ = ["align_records", "tracked_eyes_finder"]
 def tracked_eyes_finder(detector: HaarEyeDetector | None = None):
     """The landmark pass alignment runs on a staged video frame, for ingest to run on detected frames only.
 
-    Returns ``find(png bytes, face box) -> (left x, y, right x, y) | None``: the grey decode and the
+    Returns ``find(staged bytes, face box) -> (left x, y, right x, y) | None``: the grey decode and the
     one 5-point landmark pass in the tracked box (:meth:`HaarEyeDetector.eyes_in_box`) that
     :func:`align_records` runs on a frame staged without eyes, so a detected frame's eyes are the same
     either way; ingest moves them with the face to the frames it follows
