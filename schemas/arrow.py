@@ -27,14 +27,19 @@ POINTS = pa.field("points", pa.list_(pa.float64()))
 SEQUENCE = [pa.field("sequence", pa.string()), pa.field("frame", pa.int64())]
 # A video frame's face box as tracked (x, y, width, height in the staged crop's pixels; null = a still).
 FACE_BOX = pa.field("face_box", pa.list_(pa.float64()))
+# A video frame's eyes as ingest found or followed them (left x, y, right x, y in the staged crop's pixels, then
+# 1.0 when moved with the face from its detection frame, 0.0 when found there; null = alignment finds them).
+FRAME_EYES = pa.field("frame_eyes", pa.list_(pa.float64()))
 
 
-def ingested(labels: list[str], *, points: bool = False, sequences: bool = False, videos: bool = False) -> pa.Schema:
+def ingested(labels: list[str], *, points: bool = False, sequences: bool = False, videos: bool = False,
+             video_eyes: bool = False) -> pa.Schema:
     """Raw records: ids, labels, manual eye points (null = detect), source hash, size and bytes.
 
     ``points``: the drop has a points column (null = no landmarks for that record);
     ``sequences``: the drop has sequence/frame columns (null = a still image);
-    ``videos``: the drop names video files, whose frames carry their tracked ``face_box``.
+    ``videos``: the drop names video files, whose frames carry their tracked ``face_box``;
+    ``video_eyes``: and their eyes as ingest found or followed them (``frame_eyes``).
     """
     return pa.schema(
         [
@@ -46,6 +51,7 @@ def ingested(labels: list[str], *, points: bool = False, sequences: bool = False
             *([POINTS] if points else []),
             *(SEQUENCE if sequences else []),
             *([FACE_BOX] if videos else []),
+            *([FRAME_EYES] if video_eyes else []),
             pa.field("source_sha256", pa.string(), nullable=False),
             pa.field("size", pa.int64(), nullable=False),
             pa.field("data", pa.large_binary(), nullable=False),

@@ -25,7 +25,8 @@ __all__ = ["EYE_SOURCES", "EyePair", "EyeDetection", "HaarEyeDetector", "five_po
 
 # Where an aligned face's eye positions came from; the aligned-table suite
 # (schemas/expectations/aligned.json) lists the same values, tests/integration/alignment/test_align.py checks it.
-EYE_SOURCES: tuple[str, ...] = ("manifest", "detected", "landmarks", "landmarks_hog", "face_geometry", "landmarks_tracked")
+EYE_SOURCES: tuple[str, ...] = ("manifest", "detected", "landmarks", "landmarks_hog", "face_geometry", "landmarks_tracked",
+                                 "landmarks_followed")
 
 @dataclass(frozen=True)
 class EyePair:

@@ -25,14 +25,16 @@ from deid.intake.drop import Drop
 from deid.intake.drop_files import DropDirectories, open_drop_file, read_drop_file
 from deid.errors import Quarantined, RecordError
 from deid.intake.imaging import decoded_bytes, header_size, max_decoded_bytes, sniff_format
-from deid.intake.video import frame_record_id, is_video, segment_messages, staged_crop, track_video, video_rate
+from deid.intake.video import (EyesFinder, StagedEyes, frame_record_id, is_video, segment_messages, staged_crop,
+                               track_video, video_rate)
 from deid.faults import fault_enospc
 from deid.schemas import arrow as schemas
 
 log = logging.getLogger(__name__)
 
 # A video frame's staging columns: record_id, image, sequence, frame, face box in the staged crop (x, y, w, h).
-VideoFrame = tuple[str, str, str, int, tuple[float, float, float, float]]
+# (record id, image, sequence, frame, face box, eyes: lx, ly, rx, ry, followed or None): deid.intake.video.StagedEyes
+VideoFrame = tuple[str, str, str, int, tuple[float, float, float, float], tuple[float, ...] | None]
 
 
 @dataclass(frozen=True, eq=False)
@@ -196,13 +198,16 @@ def _batch_table(manifest: pa.Table, rows: list[int], digests: list[str], data: 
     if "face_box" in schema.names:
         cols["face_box"] = pa.array([None if f is None else list(f[4]) for f in (frames or [None] * len(rows))],
                                     schema.field("face_box").type)
+    if "frame_eyes" in schema.names:
+        cols["frame_eyes"] = pa.array([None if f is None or f[5] is None else list(f[5])
+                                       for f in (frames or [None] * len(rows))], schema.field("frame_eyes").type)
     cols.update(source_sha256=pa.array(digests, pa.string()), size=pa.array([len(d) for d in data], pa.int64()),
                 data=pa.array(data, pa.large_binary()))
     return pa.table([cols[f.name] for f in schema], schema=schema)
 
 
 def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_size: int = 64,
-           read_threads: int = READ_THREADS) -> IngestResult:
+           read_threads: int = READ_THREADS, eyes_finder: EyesFinder | None = None) -> IngestResult:
     """Stream the drop's usable rows into ``out_path`` (Parquet, one row group per batch).
 
     Each source file is read once and at most ``batch_size`` files are held in memory. Records whose
@@ -211,16 +216,19 @@ def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_s
     count behind the k guarantee. Such clashes are only known at the end, so when there are any the
     staged table is rewritten without them (from the staged table, not from the sources).
     ``read_threads`` threads read and hash the files ahead of the writer (at most ``2 x batch_size``
-    files in memory; :data:`READ_THREADS`).
+    files in memory; :data:`READ_THREADS`). With ``eyes_finder`` (alignment's landmark pass on a staged
+    crop, :func:`deid.alignment.align.tracked_eyes_finder`) a video's frames are staged with their eyes
+    (``frame_eyes``): found on detected frames, moved with the face on followed ones
+    (:class:`deid.intake.video.StagedEyes`); without it alignment finds them in each frame's face box.
     """
     out_path.parent.mkdir(parents=True, exist_ok=True)
     schema = schemas.ingested([*drop.labels, *drop.sensitive], points=drop.has_points, sequences=drop.has_sequences,
-                              videos=drop.has_videos)
+                              videos=drop.has_videos, video_eyes=drop.has_videos and eyes_finder is not None)
 
     tmp = out_path.with_suffix(".parquet.tmp")
     try:
         return _ingest(drop, out_path, tmp, schema, max_pixels=max_pixels, batch_size=batch_size,
-                       read_threads=read_threads)
+                       read_threads=read_threads, eyes_finder=eyes_finder)
     except BaseException:
         # A partial file of raw source bytes must not stay behind (e.g. on a full disk).
         tmp.unlink(missing_ok=True)
@@ -229,7 +237,7 @@ def ingest(drop: Drop, out_path: Path, *, max_pixels: int = 100_000_000, batch_s
 
 
 def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pixels: int,
-            batch_size: int, read_threads: int) -> IngestResult:
+            batch_size: int, read_threads: int, eyes_finder: EyesFinder | None = None) -> IngestResult:
     quarantined: list[Quarantined] = []
     # Per record read: its manifest row and the raw sha256 of its bytes (columnar: issue 13).
     staged_rows = np.empty(len(drop.rows), np.int64)
@@ -279,7 +287,8 @@ def _ingest(drop: Drop, out_path: Path, tmp: Path, schema: pa.Schema, *, max_pix
                                  threads=read_threads)) as reads:
             for row, rid, image, read in reads:
                 if isinstance(read, str):  # VIDEO
-                    why, frames = _ingest_video(drop, rid, image, row, stage, max_pixels=max_pixels, rates=sequence_fps)
+                    why, frames = _ingest_video(drop, rid, image, row, stage, max_pixels=max_pixels, rates=sequence_fps,
+                                                eyes=StagedEyes(eyes_finder) if eyes_finder is not None else None)
                     quarantined.extend(why)
                     if frames is not None:  # expanded into frames: counted as frames from here on
                         video_count[0] += 1
@@ -415,7 +424,7 @@ def write_quarantine(records: list[Quarantined], path: Path) -> Path:
 
 
 def _ingest_video(drop: Drop, rid: str, image: str, row: int, stage, *, max_pixels: int,
-                  rates: dict[str, float]) -> tuple[list[Quarantined], int | None]:
+                  rates: dict[str, float], eyes: StagedEyes | None = None) -> tuple[list[Quarantined], int | None]:
     """Stage the tracked subject's face of every sampled frame of the video on manifest row ``row``.
 
     Frames stream from the decoder one at a time (:func:`deid.intake.video.track_video`). Frames
@@ -438,7 +447,8 @@ def _ingest_video(drop: Drop, rid: str, image: str, row: int, stage, *, max_pixe
                 continue
             # The sequence key is the video's row id: private (the release gives sequences random ids).
             data, face = staged_crop(tf)
-            stage(row, data, (frame_record_id(rid, tf.index), f"{image}#{tf.index}", rid, tf.index, face))
+            stage(row, data, (frame_record_id(rid, tf.index), f"{image}#{tf.index}", rid, tf.index, face,
+                              None if eyes is None else eyes(tf, data, face)))
             kept += 1
     except RecordError as exc:
         if not kept and not dropped:

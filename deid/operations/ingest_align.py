@@ -56,6 +56,7 @@ def ingest_drop(drop_dir: str | Path, layout: StagingLayout, config: RunConfig, 
     """
     from deid.intake.drop import read_drop  # noqa: PLC0415
     from deid.intake.ingest import ingest  # noqa: PLC0415
+    from deid.alignment.align import tracked_eyes_finder  # noqa: PLC0415
     from deid.reporting.report import dataset_fingerprint  # noqa: PLC0415
     from deid.evaluation.validation import drop_checks, suite_check  # noqa: PLC0415
 
@@ -67,7 +68,10 @@ def ingest_drop(drop_dir: str | Path, layout: StagingLayout, config: RunConfig, 
         return UnreadableDrop(str(exc))
     # Several align tasks per worker even on small drops, at most align_batch_size records each.
     batch = max(1, min(config.align_batch_size, math.ceil(len(drop.rows) / (4 * max(config.dask_workers, 1)))))
-    res = ingest(drop, layout.ingested, max_pixels=config.max_pixels, batch_size=batch)
+    # A video's frames are staged with their eyes: one landmark pass per detected frame, moved with the face on
+    # the frames followed in between (deid.intake.video.StagedEyes), instead of one per frame in alignment.
+    res = ingest(drop, layout.ingested, max_pixels=config.max_pixels, batch_size=batch,
+                 eyes_finder=tracked_eyes_finder() if drop.has_videos else None)
     names = pq.read_schema(res.path).names
     metadata = pq.read_table(res.path, columns=[c for c in names if c != "data"])
     people = pc.count_distinct(metadata.column("subject_id")).as_py()

@@ -54,9 +54,11 @@ def align_batch(ingested_path: str, row_groups: list[int], out_path: str, aligne
     pf = pq.ParquetFile(ingested_path)
     points = "points" in pf.schema_arrow.names  # landmarks go to canonical pixels with their face
     boxes = "face_box" in pf.schema_arrow.names  # video frames: the tracked face box, eyes found in it
+    staged_eyes = "frame_eyes" in pf.schema_arrow.names  # ... or found (followed) by ingest
     table = pf.read_row_groups(
         row_groups, columns=["record_id", "image", "data", "eye_left_x", "eye_left_y", "eye_right_x", "eye_right_y",
-                             *(["points"] if points else []), *(["face_box"] if boxes else [])]
+                             *(["points"] if points else []), *(["face_box"] if boxes else []),
+                             *(["frame_eyes"] if staged_eyes else [])]
     )
     skip = set(exclude)
     aligner = make_aligner(aligner_params)
@@ -69,7 +71,8 @@ def align_batch(ingested_path: str, row_groups: list[int], out_path: str, aligne
         eyes = EyePair((lx, ly), (rx, ry)) if lx is not None else None
         records.append({"record_id": rid, "image": cols["image"][i], "data": cols["data"][i], "eyes": eyes,
                         **({"points": cols["points"][i]} if points else {}),
-                        **({"face_box": cols["face_box"][i]} if boxes else {})})
+                        **({"face_box": cols["face_box"][i]} if boxes else {}),
+                        **({"frame_eyes": cols["frame_eyes"][i]} if staged_eyes else {})})
     del cols, table
     color = bool(aligner_params.get("color"))
     max_yaw = aligner_params.get("max_yaw")
