@@ -35,7 +35,8 @@ from deid.bound import within_bound
 logger = logging.getLogger(__name__)
 
 CACHE = "aligned.npz"
-CACHE_VERSION = 2  # 2: the landmark points and the sequence/frame columns are cached with the faces
+CACHE_VERSION = 3  # 2: the landmark points and the sequence/frame columns are cached with the faces; 3: video
+# frames aligned on the eyes ingest staged (as the flow aligns them)
 # Long format: one row per gate check, attacker x mode, label x utility protocol, and one
 # verdict row per (method, strength). ``lower``/``upper``/``n`` are a rate's one-sided
 # Clopper-Pearson bounds (Bonferroni over ``bonferroni`` pairs) and distinct probes, or the
@@ -89,6 +90,7 @@ def load_aligned(drop_dir: str | Path, workdir: str | Path, *, labels: list[str]
     the faces, so every method gets the inputs ``deid run`` gives it.
     """
     from deid.intake.drop import read_drop  # noqa: PLC0415
+    from deid.alignment.align import tracked_eyes_finder  # noqa: PLC0415
     from deid.intake.ingest import ingest  # noqa: PLC0415
     from deid.operations.worker_align import align_batch  # noqa: PLC0415
     from deid.operations.worker_rows import read_pixels  # noqa: PLC0415
@@ -109,7 +111,9 @@ def load_aligned(drop_dir: str | Path, workdir: str | Path, *, labels: list[str]
     ingested = work / "ingested.parquet"
     aligned = work / "aligned.parquet"
     try:
-        res = ingest(drop, ingested)
+        # A video's frames are staged with their eyes, as the release flow stages them (deid.operations.ingest_align):
+        # the study judges the faces the flow would release.
+        res = ingest(drop, ingested, eyes_finder=tracked_eyes_finder() if drop.has_videos else None)
         out = align_batch(str(ingested), list(range(res.row_groups)), str(aligned), params)
         import pyarrow.parquet as pq  # noqa: PLC0415
 

@@ -77,3 +77,20 @@ def test_the_study_runs_a_sequence_drop_with_the_flows_sequence_model(tmp_path, 
     with pytest.raises(Exception, match="sequences has 2 entries"):
         study.run_study(d.pixels, d.people, d.labels, d.shape, cfg, sequences=d.sequences[:2], frames=d.frames)
     np.testing.assert_array_equal(d.pixels, study.load_aligned(drop, tmp_path / "work", labels=["gender", "expression"]).pixels)
+
+
+def test_the_study_aligns_video_frames_on_the_eyes_ingest_staged_as_the_flow_does(tmp_path, monkeypatch):
+    """A video drop's frames reach the study's methods aligned as the flow aligns them: on the eyes ingest staged
+    (one landmark pass per detected frame, moved with the face on followed frames), not one pass per frame."""
+    import deid.study as study
+    from deid.alignment.eyes import HaarEyeDetector
+    from deid.intake.synth_videos import make_video_drop
+
+    drop = make_video_drop(tmp_path / "drop", people=2, recordings=1, seconds=2.0, fps=10.0, extras=False, seed=3)
+    passes = []
+    real = HaarEyeDetector.eyes_in_box
+    monkeypatch.setattr(HaarEyeDetector, "eyes_in_box", lambda self, *a, **k: (passes.append(1), real(self, *a, **k))[1])
+    d = study.load_aligned(drop, tmp_path / "w")
+    assert len(d.pixels) >= 30 and d.sequences is not None
+    # Fewer landmark passes than frames: the followed frames took the detection's eyes moved with the face.
+    assert 0 < len(passes) < len(d.pixels), (len(passes), len(d.pixels))
