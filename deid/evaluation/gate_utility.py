@@ -20,53 +20,27 @@ from deid.evaluation.gate_types import GateConfig, GateInputs
 logger = logging.getLogger(__name__)
 
 
-def _ranks(values: Sequence[Any]) -> np.ndarray:
-    """Each value's rank among the distinct values ordered by their text: a code that no record order changes."""
-    codes, keys = value_codes(list(values))
-    rank = np.empty(len(keys), dtype=np.intp)
-    rank[sorted(range(len(keys)), key=lambda i: str(keys[i]))] = np.arange(len(keys))
-    return rank[codes] if len(codes) else np.zeros(0, dtype=np.intp)
-
-
-def canonical_order(inputs: GateInputs) -> np.ndarray:
-    """The records in an order that does not follow the input: by person, label values, then own distance.
-
-    The utility cross-fit codes people and labels in order of appearance, deals grouped folds and
-    trains its SVMs in row order, so its figures followed the order records reached the gate (London
-    k-same k=5 with the utility sample set to 120, the same records shuffled: gender +0.089 before,
-    +0.103 after). Ordered by each record's person and label values (by their text) and then its
-    released image's mean distance to its original (a content figure), the same records give the same
-    figures in any order; records equal in all of these are the same photograph of the same person.
-    """
-    keys = [inputs.own_distance, *(_ranks(inputs.labels[x]) for x in sorted(inputs.labels)), _ranks(inputs.people)]
-    return np.lexsort(keys).astype(np.intp) if inputs.n else np.zeros(0, dtype=np.intp)
-
-
 def people_sample(inputs: GateInputs, *, max_records: int, seed: int, labels: Sequence[str] = ()) -> np.ndarray:
-    """Indices of the utility sample, in :func:`canonical_order`: a seeded random sample of whole people, at most
-    ``max_records`` records (every record when the release has no more).
+    """Indices of the utility sample: a seeded random sample of whole people, at most ``max_records`` records.
 
     People with many records (a recording's frames) are first thinned to the records per person with
     which every person fits, spread over their values of ``labels``
     (:func:`deid.evaluation.utility_folds.thin_people`): the intervals are bounded by people, not frames.
-    Which people and records are sampled, and their order, do not depend on the records' input order.
     """
-    canon = canonical_order(inputs)
     if inputs.n <= max_records:
-        return canon
-    codes = _ranks(inputs.people)[canon]  # 0..people-1 by the people's text; ascending along canon
-    strata = (_ranks([tuple(v) for v in zip(*(np.asarray(inputs.labels[x]).tolist() for x in labels))])[canon]
+        return np.arange(inputs.n)
+    codes, keys = value_codes(list(inputs.people))
+    strata = (value_codes([tuple(v) for v in zip(*(np.asarray(inputs.labels[x]).tolist() for x in labels))])[0]
               if labels else np.zeros(inputs.n, dtype=np.intp))
-    rows, cap = thin_people(codes, strata, max_records, seed)
+    rows, cap = thin_people(np.asarray(codes), np.asarray(strata), max_records, seed)
     if cap is not None:
         logger.info("gate: utility sample thinned to at most %d records per person (%d of %d records) so that more "
                     "people fit %d records", cap, len(rows), inputs.n, max_records)
-    codes = codes[rows]
-    n_people = int(codes.max()) + 1 if len(codes) else 0
-    order = np.random.default_rng(seed).permutation(n_people)
-    sizes = np.bincount(codes, minlength=n_people)
+    codes = np.asarray(codes)[rows]
+    order = np.random.default_rng(seed).permutation(len(keys))
+    sizes = np.bincount(codes, minlength=len(keys))
     take = order[np.cumsum(sizes[order]) <= max_records]
-    return canon[rows[np.isin(codes, take if len(take) else order[:1])]]
+    return rows[np.isin(codes, take if len(take) else order[:1])]
 
 
 def utility_checks(inputs: GateInputs, config: GateConfig) -> tuple[list[Check], list[UtilityRow]]:
