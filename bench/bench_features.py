@@ -1,10 +1,11 @@
 """Feature drops at k=5: the gate's figures and CPU time, synthetic and (with --london) London's dlib embeddings.
 
-    PYTHONPATH=$PWD python bench/bench_features.py [--people 100 --per-person 3 --dim 32] [--london [PATH]]
+    PYTHONPATH=$PWD python bench/bench_features.py [--people 150 --per-person 2 --dim 32] [--london [PATH]]
 
 Prints, per run: verdict, every attacker x mode rate with its one-sided Clopper-Pearson interval
 and number of distinct probes, the cross-fitted utility per label, and CPU seconds. Everything is
-written under a temporary directory (the London embeddings too: derived data, never kept).
+written under a temporary directory (the London embeddings too: derived data, never kept). The default
+synthetic drop is the one ``tests/integration/test_features_release.py`` releases (150 people x 2, seed 3).
 """
 from __future__ import annotations
 
@@ -49,8 +50,8 @@ def run(drop: Path, root: Path, title: str, **kw) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--people", type=int, default=100)
-    p.add_argument("--per-person", type=int, default=3)
+    p.add_argument("--people", type=int, default=150)
+    p.add_argument("--per-person", type=int, default=2)
     p.add_argument("--dim", type=int, default=32)
     add_london_option(p, optional=True)
     args = p.parse_args()

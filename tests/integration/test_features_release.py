@@ -29,12 +29,20 @@ from deid.settings import Settings
 
 K = 5
 BOUND = 1.0 / K
+PEOPLE, PER_PERSON = 150, 2
 
 
 @pytest.fixture(scope="module")
 def synth_drop(tmp_path_factory) -> Path:
-    """100 people x 3 records, 32-d, person label gender and record label expression (seeded)."""
-    return make_feature_drop(tmp_path_factory.mktemp("fdrop") / "synth", people=100, per_person=3, dim=32, seed=3)
+    """150 people x 2 records, 32-d, person label gender and record label expression (seeded).
+
+    300 records of 150 people rather than 100 x 3: the utility intervals are bounded by people (at 100 their
+    floor alone is 0.030, so a gender loss of ~0.01 passed tolerance 0.05 in 18 of 20 gate seeds with the records
+    in input order, 14 of 20 in the gate's canonical order: the verdict asserted below was a draw of the folds;
+    at 150 people 20 of 20 and 60 of 60 (seeds 0-59), issue 32), at the same cost.
+    """
+    return make_feature_drop(tmp_path_factory.mktemp("fdrop") / "synth", people=PEOPLE, per_person=PER_PERSON,
+                             dim=32, seed=3)
 
 
 def _release(drop: Path, root: Path, **kw) -> SimpleNamespace:
@@ -144,7 +152,7 @@ def _with_duplicates(src: Path, dst: Path, *, victims: int, k: int, noise: float
     vec, ids, labels = [d.vectors], list(d.subject_ids), {x: list(v) for x, v in d.label_values.items()}
     fake_of: dict[str, str] = {}
     for v in range(victims):
-        i = 3 * v  # the first record of person v
+        i = PER_PERSON * v  # the first record of person v
         for j in range(k):
             vec.append((d.vectors[i] + noise * sd * rng.standard_normal(d.dim))[None, :])
             fake = f"dup-{v}-{j}"
@@ -161,7 +169,7 @@ def test_one_vector_duplicated_under_k_ids_is_caught(synth_drop, tmp_path):
     res = _release(drop, tmp_path / "proj", method="k-same-select")
     report = json.loads(Path(res.report).read_text())
     ident = report["configuration"]["identity"]
-    assert ident["face_merges"] >= 3 * K and ident["people"] == 100  # every copy is its victim again
+    assert ident["face_merges"] >= 3 * K and ident["people"] == PEOPLE  # every copy is its victim again
     assert all(m["evidence"] == "feature near-duplicate" for m in ident["examples"])
     # Merged, the victims are one person each: the release (if any) still hides them among k people,
     # counted on who the records really are (without the merge, measured: a cluster of the victim and

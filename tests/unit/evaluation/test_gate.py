@@ -223,6 +223,29 @@ def test_the_utility_sample_thins_frames_to_test_more_people():
     assert len(idx) == 40 and set(np.unique(people[idx], return_counts=True)[1].tolist()) == {2}
 
 
+@pytest.mark.parametrize("utility_sample", [45, 1000])
+def test_the_utility_checks_do_not_follow_the_records_input_order(utility_sample):
+    """The same records in another order: the same people sampled, bit-identical utility checks and rows (issue 32)."""
+    from deid.evaluation.gate_utility import cross_fit_checks, people_sample
+
+    faces, people = _faces(24, per_person=3, seed=8)
+    side = np.asarray([("a", "b")[int(p[1:]) % 2] for p in people], dtype=object)
+    # A weak label signal (accuracy ~0.8, not 1.0): input order then moved the figures, sampled or whole.
+    faces = np.clip(faces.astype(int) + np.where(side == "a", 10, -10)[:, None], 0, 255).astype(np.uint8)
+    runner = method_runner("k-same", shape=SHAPE, k=3, n_components=10)
+    released = runner(faces, people=list(people))
+    config = _fast(k=3, labels=("side",), utility_sample=utility_sample, n_components=10, folds=3, repeats=1)
+    figures = []
+    for order in (np.arange(len(people)), np.random.default_rng(1).permutation(len(people))):
+        inputs = _inputs(released[order], faces[order], people[order], people[order], labels={"side": side[order]},
+                         deidentify=runner)
+        sampled = people_sample(inputs, max_records=utility_sample, seed=0, labels=("side",))
+        checks, rows = cross_fit_checks(inputs, config)
+        figures.append((people[order][sampled].tolist(), [c.to_dict() for c in checks], [r.to_dict() for r in rows]))
+    assert figures[0] == figures[1]
+    assert len(figures[0][2]) == 1 and figures[0][1][0]["n"] == min(utility_sample, len(people))
+
+
 def test_check_status_and_dict_round_trip():
     c = Check("x", True, 0.1, "<= 0.2", "d", status="inconclusive", interval=(0.0, 0.3), n=40)
     d = c.to_dict()
