@@ -12,7 +12,6 @@ from typing import Callable, Sequence
 import numpy as np
 from scipy.stats import beta
 
-from deid.anonymise.clusters import value_codes
 from deid.evaluation.attacks import ATTACKERS, DEEP_ATTACKERS, FEATURE_ATTACKERS, attack_all
 from deid.evaluation.scoring import unique_rows
 from deid.evaluation.checks import INSUFFICIENT, Check
@@ -26,6 +25,7 @@ from deid.progress import Progress
 from deid.bound import within_bound
 
 from deid.evaluation.gate_rows import AttackRow
+from deid.evaluation.gate_order import canonical_order, text_ranks
 from deid.evaluation.gate_types import COUNTERFEIT, GateConfig, GateInputs
 
 log = logging.getLogger(__name__)
@@ -59,11 +59,13 @@ def clopper_pearson(successes: float, n: int, *, confidence: float = 0.95) -> tu
 
 
 def attack_sample(inputs: GateInputs, *, max_records: int, seed: int, min_units: int = 0) -> np.ndarray:
-    """Indices of the records attacked: all of them, or whole clusters (or people) at random.
+    """Indices of the records attacked, in :func:`~deid.evaluation.gate_order.canonical_order`: all of them, or whole
+    clusters (or people) at random.
 
     Sampling whole clusters keeps every cluster's k people together, so the attacker still
     faces the k-way ambiguity the release has; the gallery shrinks to the sample's people,
-    which only makes the attacks stronger.
+    which only makes the attacks stronger. Which units are drawn, and the order the records
+    come in, follow the records and ``seed``, never their input order (issue 32).
 
     ``min_units``: at least this many whole clusters (people) when the release has them, even
     beyond ``max_records`` (the gate passes ``GateConfig.min_probes``). A k-Same cluster is one
@@ -71,16 +73,28 @@ def attack_sample(inputs: GateInputs, *, max_records: int, seed: int, min_units:
     distinct probes than a rate needs to be evidence (:func:`privacy_checks`). The extra units are
     the next ones of the same seeded order: the sample only grows.
     """
-    n = inputs.n
+    order = canonical_order(inputs)
+    units = inputs.clusters if inputs.clusters is not None and len(set(inputs.clusters)) < inputs.n else inputs.people
+    return order[units_sample(np.asarray(units, dtype=object)[order], max_records=max_records, seed=seed,
+                              min_units=min_units)]
+
+
+def units_sample(units: np.ndarray, *, max_records: int, seed: int, min_units: int = 0) -> np.ndarray:
+    """Positions in ``units`` (each record's cluster or person) of whole units drawn at random, ascending.
+
+    Every position when there are at most ``max_records``. Units are ranked by their text before the seeded
+    permutation (:func:`~deid.evaluation.gate_order.text_ranks`), so the draw does not depend on where in
+    ``units`` a unit first appears; ``min_units`` as :func:`attack_sample`.
+    """
+    n = len(units)
     if n <= max_records:
         return np.arange(n)
-    units = inputs.clusters if inputs.clusters is not None and len(set(inputs.clusters)) < inputs.n else inputs.people
-    codes, keys = value_codes(list(units))
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(keys))
-    sizes = np.bincount(codes, minlength=len(keys))
+    codes = text_ranks(units)
+    n_units = int(codes.max()) + 1
+    order = np.random.default_rng(seed).permutation(n_units)
+    sizes = np.bincount(codes, minlength=n_units)
     take = order[np.cumsum(sizes[order]) <= max_records]
-    if len(take) < min(max(int(min_units), 1), len(keys)):
+    if len(take) < min(max(int(min_units), 1), n_units):
         take = order[:max(int(min_units), 1)]
     return np.flatnonzero(np.isin(codes, take))
 
@@ -169,8 +183,11 @@ def attack_rows(inputs: GateInputs, config: GateConfig, *, cap: int | None, atta
     labs = {x: np.asarray(v)[idx] for x, v in inputs.labels.items()}
     sub = np.arange(len(idx))
     if cap is not None and len(idx) > cap:
-        sub_inputs = replace(inputs, people=people, clusters=None if inputs.clusters is None else inputs.clusters[idx])
-        sub = attack_sample(sub_inputs, max_records=cap, seed=config.seed + 1, min_units=config.min_probes)
+        # The deep attackers' share: whole units of the attacked sample, which is in canonical order already.
+        clusters = None if inputs.clusters is None else inputs.clusters[idx]
+        units = clusters if clusters is not None and len(set(clusters)) < len(idx) else people
+        sub = units_sample(np.asarray(units, dtype=object), max_records=cap, seed=config.seed + 1,
+                           min_units=config.min_probes)
     pts = points_of(inputs, idx)
     parrot = None if "parrot" not in modes else _parrot(
         inputs.deidentify, people[sub], None if parts is None else parts[sub], {x: v[sub] for x, v in labs.items()},

@@ -246,6 +246,30 @@ def test_the_utility_checks_do_not_follow_the_records_input_order(utility_sample
     assert len(figures[0][2]) == 1 and figures[0][1][0]["n"] == min(utility_sample, len(people))
 
 
+def test_the_attacked_records_and_rates_do_not_follow_the_records_input_order():
+    """The same release in another order: the same clusters attacked, the same deep sub-sample, bit-identical rows.
+
+    Coded in order of first appearance, both samples drew other units from the same seed when the records came in
+    another order (a helper process assembles its own inputs), and the parrot re-ran the method on the records in
+    that order (issue 32).
+    """
+    from deid.evaluation.gate_privacy import attack_rows, gate_attack_sample
+
+    faces, people = _faces(30, per_person=2, seed=11)
+    runner = method_runner("k-same", shape=SHAPE, k=3, n_components=10)
+    released, clusters = deidentify(faces, shape=SHAPE, people=people, method="k-same", k=3, n_components=10)
+    clusters = np.asarray([f"c{c}" for c in clusters], dtype=object)
+    config = _fast(k=3, attack_sample=36, min_probes=2)
+    figures = []
+    for order in (np.arange(len(people)), np.random.default_rng(2).permutation(len(people))):
+        inputs = _inputs(released[order], faces[order], people[order], clusters[order], deidentify=runner)
+        idx = gate_attack_sample(inputs, config)
+        rows = attack_rows(inputs, config, cap=18, attackers=["pca-whitened-cosine", "lbp-chi2"])
+        figures.append((people[order][idx].tolist(), [r.to_dict() for r in rows]))
+    assert figures[0] == figures[1]
+    assert len(figures[0][0]) < len(people) and {r["records"] for r in figures[0][1]} == {18}
+
+
 def test_check_status_and_dict_round_trip():
     c = Check("x", True, 0.1, "<= 0.2", "d", status="inconclusive", interval=(0.0, 0.3), n=40)
     d = c.to_dict()
