@@ -25,7 +25,7 @@ from deid.progress import Progress
 from deid.bound import within_bound
 
 from deid.evaluation.gate_rows import AttackRow
-from deid.evaluation.gate_order import canonical_order, text_ranks
+from deid.evaluation.gate_order import attack_units, canonical_order, sampling_units
 from deid.evaluation.gate_types import COUNTERFEIT, GateConfig, GateInputs
 
 log = logging.getLogger(__name__)
@@ -74,29 +74,26 @@ def attack_sample(inputs: GateInputs, *, max_records: int, seed: int, min_units:
     the next ones of the same seeded order: the sample only grows.
     """
     order = canonical_order(inputs)
-    units = inputs.clusters if inputs.clusters is not None and len(set(inputs.clusters)) < inputs.n else inputs.people
-    return order[units_sample(np.asarray(units, dtype=object)[order], max_records=max_records, seed=seed,
-                              min_units=min_units)]
+    return order[units_sample(attack_units(inputs)[order], max_records=max_records, seed=seed, min_units=min_units)]
 
 
 def units_sample(units: np.ndarray, *, max_records: int, seed: int, min_units: int = 0) -> np.ndarray:
-    """Positions in ``units`` (each record's cluster or person) of whole units drawn at random, ascending.
+    """Positions in ``units`` (each record's unit ranked by its text, 0..m-1) of whole units drawn at random, ascending.
 
-    Every position when there are at most ``max_records``. Units are ranked by their text before the seeded
-    permutation (:func:`~deid.evaluation.gate_order.text_ranks`), so the draw does not depend on where in
-    ``units`` a unit first appears; ``min_units`` as :func:`attack_sample`.
+    Every position when there are at most ``max_records``. The units are ranked by their text
+    (:func:`~deid.evaluation.gate_order.text_ranks`) before the seeded permutation, so the draw does not depend on
+    where in the records a unit first appears; ``min_units`` as :func:`attack_sample`.
     """
     n = len(units)
     if n <= max_records:
         return np.arange(n)
-    codes = text_ranks(units)
-    n_units = int(codes.max()) + 1
+    n_units = int(units.max()) + 1
     order = np.random.default_rng(seed).permutation(n_units)
-    sizes = np.bincount(codes, minlength=n_units)
+    sizes = np.bincount(units, minlength=n_units)
     take = order[np.cumsum(sizes[order]) <= max_records]
     if len(take) < min(max(int(min_units), 1), n_units):
         take = order[:max(int(min_units), 1)]
-    return np.flatnonzero(np.isin(codes, take))
+    return np.flatnonzero(np.isin(units, take))
 
 
 def gate_attack_sample(inputs: GateInputs, config: GateConfig) -> np.ndarray:
@@ -184,10 +181,8 @@ def attack_rows(inputs: GateInputs, config: GateConfig, *, cap: int | None, atta
     sub = np.arange(len(idx))
     if cap is not None and len(idx) > cap:
         # The deep attackers' share: whole units of the attacked sample, which is in canonical order already.
-        clusters = None if inputs.clusters is None else inputs.clusters[idx]
-        units = clusters if clusters is not None and len(set(clusters)) < len(idx) else people
-        sub = units_sample(np.asarray(units, dtype=object), max_records=cap, seed=config.seed + 1,
-                           min_units=config.min_probes)
+        units = sampling_units(None if inputs.clusters is None else inputs.clusters[idx], people)
+        sub = units_sample(units, max_records=cap, seed=config.seed + 1, min_units=config.min_probes)
     pts = points_of(inputs, idx)
     parrot = None if "parrot" not in modes else _parrot(
         inputs.deidentify, people[sub], None if parts is None else parts[sub], {x: v[sub] for x, v in labs.items()},

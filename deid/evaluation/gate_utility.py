@@ -32,7 +32,7 @@ def people_sample(inputs: GateInputs, *, max_records: int, seed: int, labels: Se
     """
     canon = canonical_order(inputs)
     if inputs.n <= max_records:
-        return canon
+        return canon.copy()
     codes = text_ranks(inputs.people)[canon]  # 0..people-1 by the people's text, ascending along canon
     strata = (text_ranks([tuple(v) for v in zip(*(np.asarray(inputs.labels[x]).tolist() for x in labels))])[canon]
               if labels else np.zeros(inputs.n, dtype=np.intp))
